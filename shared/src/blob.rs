@@ -1,0 +1,183 @@
+//! Content-addressed blobs: a SHA-256 hash names the bytes, and a store keeps them once.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+/// SHA-256 of a blob's bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct BlobHash(#[serde(with = "serde_bytes")] pub [u8; 32]);
+
+impl BlobHash {
+    pub fn of(bytes: &[u8]) -> Self {
+        Self(Sha256::digest(bytes).into())
+    }
+
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// The first 12 hex digits, as shown in binary placeholders and tables.
+    pub fn short(&self) -> String {
+        hex::encode(&self.0[..6])
+    }
+
+    pub fn from_hex(s: &str) -> Option<Self> {
+        let v = hex::decode(s).ok()?;
+        Some(Self(v.try_into().ok()?))
+    }
+}
+
+impl fmt::Display for BlobHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for BlobHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sha256:{}", self.short())
+    }
+}
+
+/// A failure of a blob store.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BlobError {
+    #[error("blob {0} is not in the store")]
+    Missing(BlobHash),
+    #[error("blob {expected} arrived with the wrong content (hash {actual})")]
+    Corrupt { expected: BlobHash, actual: BlobHash },
+    #[error("blob store failed: {0}")]
+    Backend(String),
+}
+
+/// Where blobs live. The local bus wraps one; the coordinator's is backed by its store.
+#[async_trait]
+pub trait BlobStore: Send + Sync + 'static {
+    /// Store `bytes` under their hash. Storing the same bytes twice is a no-op.
+    async fn put(&self, hash: BlobHash, bytes: Bytes) -> Result<(), BlobError>;
+    async fn get(&self, hash: &BlobHash) -> Result<Option<Bytes>, BlobError>;
+    /// Which of `hashes` the store lacks, in the order given.
+    async fn missing(&self, hashes: &[BlobHash]) -> Result<Vec<BlobHash>, BlobError>;
+}
+
+/// Fetch a blob that must exist, verifying its hash.
+pub async fn fetch(store: &dyn BlobStore, hash: &BlobHash) -> Result<Bytes, BlobError> {
+    let bytes = store.get(hash).await?.ok_or(BlobError::Missing(*hash))?;
+    let actual = BlobHash::of(&bytes);
+    if actual != *hash {
+        return Err(BlobError::Corrupt {
+            expected: *hash,
+            actual,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Blobs in memory: tests, and the worker's cache.
+#[derive(Default, Clone)]
+pub struct MemBlobStore {
+    inner: Arc<RwLock<HashMap<BlobHash, Bytes>>>,
+}
+
+impl MemBlobStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn insert(&self, bytes: Bytes) -> BlobHash {
+        let hash = BlobHash::of(&bytes);
+        if let Ok(mut map) = self.inner.write() {
+            map.entry(hash).or_insert(bytes);
+        }
+        hash
+    }
+
+    pub fn get_now(&self, hash: &BlobHash) -> Option<Bytes> {
+        self.inner.read().ok()?.get(hash).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.read().map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[async_trait]
+impl BlobStore for MemBlobStore {
+    async fn put(&self, hash: BlobHash, bytes: Bytes) -> Result<(), BlobError> {
+        let mut map = self
+            .inner
+            .write()
+            .map_err(|_| BlobError::Backend("poisoned lock".into()))?;
+        map.entry(hash).or_insert(bytes);
+        Ok(())
+    }
+
+    async fn get(&self, hash: &BlobHash) -> Result<Option<Bytes>, BlobError> {
+        Ok(self.get_now(hash))
+    }
+
+    async fn missing(&self, hashes: &[BlobHash]) -> Result<Vec<BlobHash>, BlobError> {
+        let map = self
+            .inner
+            .read()
+            .map_err(|_| BlobError::Backend("poisoned lock".into()))?;
+        Ok(hashes
+            .iter()
+            .filter(|h| !map.contains_key(h))
+            .copied()
+            .collect())
+    }
+}
+
+/// True when the bytes look binary: a NUL byte in the first 8192 bytes.
+pub fn is_binary(bytes: &[u8]) -> bool {
+    bytes.iter().take(8192).any(|b| *b == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_hex_round_trip() {
+        let h = BlobHash::of(b"hello");
+        assert_eq!(
+            h.to_hex(),
+            "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+        );
+        assert_eq!(BlobHash::from_hex(&h.to_hex()), Some(h));
+        assert_eq!(h.short(), "2cf24dba5fb0");
+    }
+
+    #[tokio::test]
+    async fn mem_store_dedups_and_verifies() {
+        let s = MemBlobStore::new();
+        let h = s.insert(Bytes::from_static(b"x"));
+        s.insert(Bytes::from_static(b"x"));
+        assert_eq!(s.len(), 1);
+        assert_eq!(fetch(&s, &h).await.unwrap(), Bytes::from_static(b"x"));
+        let other = BlobHash::of(b"y");
+        assert_eq!(s.missing(&[h, other]).await.unwrap(), vec![other]);
+        s.put(other, Bytes::from_static(b"not y")).await.unwrap();
+        assert!(matches!(fetch(&s, &other).await, Err(BlobError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn binary_detection() {
+        assert!(!is_binary(b"plain text\n"));
+        assert!(is_binary(b"a\0b"));
+        let mut late = vec![b'a'; 9000];
+        late[8500] = 0;
+        assert!(!is_binary(&late));
+    }
+}

@@ -1,0 +1,21 @@
+//! # forkfleet-shared
+//!
+//! Types and pure logic shared by the coordinator, the workers and the CLI. No service loops
+//! live here: only data, the rules over it, and the narrow bus interface with its in-process
+//! implementation.
+//!
+//! ## Layout
+//! - [`ids`]: UUID v7 newtypes (`RunId`, `ForkId`, ...).
+//! - [`path`]: workspace paths, normalised and confined to the root.
+//! - [`blob`], [`manifest`]: content-addressed blobs and workspace snapshots.
+//! - [`overlay`]: the copy-on-write view a branch works in, with its change log.
+//! - [`diff`]: the cross-branch diff report.
+//! - [`flush`]: replaying a branch's change log onto a parent, with conflict detection.
+//! - [`event`], [`state`]: run events and branch / fork states.
+pub mod ids;
+pub mod path;
+pub mod blob;
+pub mod manifest;
+pub mod overlay;
+pub mod event;
+pub mod state;

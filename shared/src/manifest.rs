@@ -1,0 +1,249 @@
+//! Workspace snapshots: a manifest of `path -> (hash, size, mode, binary)` plus the
+//! directories, taken from a real directory at fork time.
+
+use crate::blob::{is_binary, BlobHash};
+use crate::path::{PathError, WsPath};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// File mode bits kept in a manifest (the permission bits and the symlink marker).
+pub const MODE_FILE: u32 = 0o644;
+pub const MODE_EXEC: u32 = 0o755;
+pub const MODE_SYMLINK: u32 = 0o120000;
+
+/// One file in a snapshot or an overlay. A symlink's blob holds its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FileEntry {
+    pub hash: BlobHash,
+    pub size: u64,
+    pub mode: u32,
+    pub binary: bool,
+}
+
+impl FileEntry {
+    pub fn for_bytes(bytes: &[u8], mode: u32) -> Self {
+        Self {
+            hash: BlobHash::of(bytes),
+            size: bytes.len() as u64,
+            mode,
+            binary: is_binary(bytes),
+        }
+    }
+
+    pub fn is_symlink(&self) -> bool {
+        self.mode & 0o170000 == MODE_SYMLINK
+    }
+
+    /// Same content and same mode: nothing changed.
+    pub fn same_as(&self, other: &FileEntry) -> bool {
+        self.hash == other.hash && self.mode == other.mode
+    }
+}
+
+/// A workspace version: every file and every directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub files: BTreeMap<WsPath, FileEntry>,
+    /// Every directory, including empty ones (the root is implied).
+    pub dirs: BTreeSet<WsPath>,
+}
+
+/// What a path is in a manifest or an overlay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Node {
+    File(FileEntry),
+    Dir,
+    Missing,
+}
+
+impl Manifest {
+    pub fn node(&self, path: &WsPath) -> Node {
+        if path.is_root() || self.dirs.contains(path) {
+            return Node::Dir;
+        }
+        match self.files.get(path) {
+            Some(e) => Node::File(*e),
+            None => Node::Missing,
+        }
+    }
+
+    /// Files strictly below `dir`, in path order.
+    pub fn files_under<'a>(
+        &'a self,
+        dir: &'a WsPath,
+    ) -> impl Iterator<Item = (&'a WsPath, &'a FileEntry)> + 'a {
+        let prefix = dir.child_prefix();
+        self.files
+            .range::<str, _>((std::ops::Bound::Included(prefix.as_str()), std::ops::Bound::Unbounded))
+            .take_while(move |(p, _)| p.as_str().starts_with(prefix.as_str()))
+    }
+
+    /// Directories strictly below `dir`, in path order.
+    pub fn dirs_under<'a>(&'a self, dir: &'a WsPath) -> impl Iterator<Item = &'a WsPath> + 'a {
+        let prefix = dir.child_prefix();
+        self.dirs
+            .range::<str, _>((std::ops::Bound::Included(prefix.as_str()), std::ops::Bound::Unbounded))
+            .take_while(move |p| p.as_str().starts_with(prefix.as_str()))
+    }
+
+    /// Insert a file and every directory above it.
+    pub fn insert_file(&mut self, path: WsPath, entry: FileEntry) {
+        for a in path.ancestors() {
+            self.dirs.insert(a);
+        }
+        self.files.insert(path, entry);
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.files.values().map(|e| e.size).sum()
+    }
+
+    /// The manifest as one blob (what tasks and checkpoints refer to).
+    pub fn to_blob(&self) -> Result<Bytes, rmp_serde::encode::Error> {
+        rmp_serde::to_vec_named(self).map(Bytes::from)
+    }
+
+    pub fn from_blob(bytes: &[u8]) -> Result<Self, rmp_serde::decode::Error> {
+        rmp_serde::from_slice(bytes)
+    }
+}
+
+/// Why a workspace could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    #[error("workspace `{0}` does not exist or is not a directory")]
+    NotADirectory(PathBuf),
+    #[error("cannot read `{path}`: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("`{path}` has a name that is not valid UTF-8; forkfleet needs UTF-8 paths")]
+    NonUtf8 { path: PathBuf },
+    #[error(transparent)]
+    Path(#[from] PathError),
+}
+
+/// A scanned workspace: the manifest and the bytes of every file, by hash.
+pub struct Scan {
+    pub manifest: Manifest,
+    pub blobs: BTreeMap<BlobHash, Bytes>,
+}
+
+/// Read a directory into a manifest and its blobs. Entries whose name matches `exclude`
+/// (a top-level or nested directory or file name such as `.git`) are skipped. Symlinks are
+/// recorded as symlinks, never followed.
+pub fn scan_dir(root: &Path, exclude: &[String]) -> Result<Scan, ScanError> {
+    if !root.is_dir() {
+        return Err(ScanError::NotADirectory(root.to_path_buf()));
+    }
+    let mut scan = Scan {
+        manifest: Manifest::default(),
+        blobs: BTreeMap::new(),
+    };
+    let mut stack = vec![(root.to_path_buf(), WsPath::root())];
+    while let Some((dir, rel)) = stack.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|source| ScanError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        for entry in entries {
+            let entry = entry.map_err(|source| ScanError::Io {
+                path: dir.clone(),
+                source,
+            })?;
+            let os_name = entry.file_name();
+            let name = os_name.to_str().ok_or_else(|| ScanError::NonUtf8 {
+                path: entry.path(),
+            })?;
+            if exclude.iter().any(|x| x == name) {
+                continue;
+            }
+            let child = rel.join(name)?;
+            let full = entry.path();
+            let meta = std::fs::symlink_metadata(&full).map_err(|source| ScanError::Io {
+                path: full.clone(),
+                source,
+            })?;
+            let io = |source| ScanError::Io {
+                path: full.clone(),
+                source,
+            };
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&full).map_err(io)?;
+                let target = target.to_string_lossy().into_owned();
+                let bytes = Bytes::from(target.into_bytes());
+                let fe = FileEntry::for_bytes(&bytes, MODE_SYMLINK);
+                scan.blobs.insert(fe.hash, bytes);
+                scan.manifest.insert_file(child, fe);
+            } else if meta.is_dir() {
+                scan.manifest.dirs.insert(child.clone());
+                stack.push((full, child));
+            } else if meta.is_file() {
+                let bytes = Bytes::from(std::fs::read(&full).map_err(io)?);
+                let fe = FileEntry::for_bytes(&bytes, file_mode(&meta));
+                scan.blobs.insert(fe.hash, bytes);
+                scan.manifest.insert_file(child, fe);
+            }
+        }
+    }
+    Ok(scan)
+}
+
+#[cfg(unix)]
+fn file_mode(meta: &std::fs::Metadata) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    if meta.permissions().mode() & 0o111 != 0 {
+        MODE_EXEC
+    } else {
+        MODE_FILE
+    }
+}
+
+#[cfg(not(unix))]
+fn file_mode(_meta: &std::fs::Metadata) -> u32 {
+    MODE_FILE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scan_records_files_dirs_modes_and_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("src/empty")).unwrap();
+        std::fs::create_dir_all(dir.path().join(".git")).unwrap();
+        std::fs::write(dir.path().join(".git/HEAD"), "x").unwrap();
+        std::fs::write(dir.path().join("src/a.txt"), "hello\n").unwrap();
+        std::fs::write(dir.path().join("bin.dat"), [0u8, 1, 2]).unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink("src/a.txt", dir.path().join("link")).unwrap();
+        let scan = scan_dir(dir.path(), &[".git".to_string()]).unwrap();
+        let m = &scan.manifest;
+        let a = WsPath::parse("src/a.txt").unwrap();
+        assert_eq!(m.files[&a].size, 6);
+        assert!(!m.files[&a].binary);
+        assert!(m.files[&WsPath::parse("bin.dat").unwrap()].binary);
+        assert!(m.dirs.contains(&WsPath::parse("src/empty").unwrap()));
+        assert_eq!(m.node(&WsPath::parse("src").unwrap()), Node::Dir);
+        assert!(!m.files.keys().any(|p| p.as_str().starts_with(".git")));
+        #[cfg(unix)]
+        assert!(m.files[&WsPath::parse("link").unwrap()].is_symlink());
+        let under: Vec<_> = m
+            .files_under(&WsPath::parse("src").unwrap())
+            .map(|(p, _)| p.as_str().to_string())
+            .collect();
+        assert_eq!(under, vec!["src/a.txt"]);
+        let back = Manifest::from_blob(&m.to_blob().unwrap()).unwrap();
+        assert_eq!(&back, m);
+    }
+
+    #[test]
+    fn missing_workspace_is_an_error() {
+        let err = scan_dir(Path::new("/definitely/not/here"), &[]).err().unwrap();
+        assert!(err.to_string().contains("does not exist"));
+    }
+}

@@ -1,0 +1,115 @@
+//! Branch and fork states. The first terminal state of a branch is final.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum BranchState {
+    /// Created and queued, not yet picked up by a worker.
+    Pending,
+    Running,
+    Done,
+    Failed,
+    Terminated,
+    BudgetExhausted,
+    AggregateBudgetExhausted,
+}
+
+impl BranchState {
+    pub const ALL: [BranchState; 7] = [
+        BranchState::Pending,
+        BranchState::Running,
+        BranchState::Done,
+        BranchState::Failed,
+        BranchState::Terminated,
+        BranchState::BudgetExhausted,
+        BranchState::AggregateBudgetExhausted,
+    ];
+
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, BranchState::Pending | BranchState::Running)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BranchState::Pending => "pending",
+            BranchState::Running => "running",
+            BranchState::Done => "done",
+            BranchState::Failed => "failed",
+            BranchState::Terminated => "terminated",
+            BranchState::BudgetExhausted => "budget_exhausted",
+            BranchState::AggregateBudgetExhausted => "aggregate_budget_exhausted",
+        }
+    }
+
+    /// The state after a transition to `next`: a terminal state never changes, and a
+    /// running branch never goes back to pending. Returns `None` when nothing changes.
+    pub fn transition(self, next: BranchState) -> Option<BranchState> {
+        if self.is_terminal() || self == next {
+            return None;
+        }
+        if next == BranchState::Pending && self == BranchState::Running {
+            return None;
+        }
+        Some(next)
+    }
+}
+
+impl fmt::Display for BranchState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a fork is in its life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ForkState {
+    /// Branches are running.
+    Open,
+    /// Every branch reached a terminal state; waiting for a merge decision.
+    Settled,
+    /// A winner was merged into the parent.
+    Merged { winner: String },
+    /// Abandoned; nothing was merged.
+    Aborted,
+}
+
+impl ForkState {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ForkState::Open => "open",
+            ForkState::Settled => "settled",
+            ForkState::Merged { .. } => "merged",
+            ForkState::Aborted => "aborted",
+        }
+    }
+
+    pub fn is_resolved(&self) -> bool {
+        matches!(self, ForkState::Merged { .. } | ForkState::Aborted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_terminal_state_is_final() {
+        for t in BranchState::ALL.into_iter().filter(|s| s.is_terminal()) {
+            for n in BranchState::ALL {
+                assert_eq!(t.transition(n), None, "{t} -> {n} must not change");
+            }
+        }
+        assert_eq!(
+            BranchState::Pending.transition(BranchState::Running),
+            Some(BranchState::Running)
+        );
+        assert_eq!(BranchState::Running.transition(BranchState::Pending), None);
+        assert_eq!(
+            BranchState::Running.transition(BranchState::BudgetExhausted),
+            Some(BranchState::BudgetExhausted)
+        );
+    }
+}
