@@ -1,1 +1,163 @@
+//! # forkfleet-coordinator
+//!
+//! The process that owns forks: validation, state, the run store, a replica of every
+//! branch's change log, the diff and the merge. It never calls a model or runs a user
+//! command: workers do, and stream their events back over the bus.
+//!
+//! ## Layout
+//! - [`Coordinator`] (this file): start, handle, shutdown.
+//! - [`handle`]: [`CoordinatorHandle`], the API the CLI and the cluster service call.
+//! - [`store`]: [`RunStore`], sled under a data dir (runs, events, forks, branches,
+//!   checkpoints, blobs).
+//! - `create`: validation and the writes of a new fork (branch logs, prefix blob, tasks).
+//! - `replica`: one branch's replica; events applied once, in seq order.
+//! - `merge`: flushing a winner onto its parent and adopting its history.
+//! - `event_loop`: the consumer of the event stream (pump, apply, flush-then-ack).
+//! - `root`, `fork`: the actors.
+//!
+//! ## Actors
+//!
+//! ```text
+//! RootActor ─────────────── owns ForkId -> ForkHandle, loads forks on start,
+//!  │                        restarts a failed fork actor from the store
+//!  ├── ForkActor (fork A) ── state, replicas, waiters, version counter;
+//!  ├── ForkActor (fork B)    diffs and merges on blocking threads, results cast back
+//!  └── ...
+//!
+//! event loop (tasks, not actors) ──ApplyEvents──▶ ForkActor
+//! CoordinatorHandle ──▶ RootActor (route, list, find) ──▶ ForkActor (view, diff, merge)
+//! ```
+//!
+//! ## Durability
+//! An event is acked on the bus only after it is in sled and sled was flushed (the event
+//! loop batches: write a run of events, one `flush_async`, then the acks). On start every
+//! fork is reloaded and each branch's replica rebuilt from its stored log; unacked events
+//! are redelivered and applied idempotently by (run, seq).
 
+pub mod error;
+pub mod handle;
+pub mod store;
+
+mod create;
+mod event_loop;
+mod fork;
+mod merge;
+mod replica;
+mod root;
+
+pub use create::{fork_checkpoint_label, post_fork_checkpoint_label};
+pub use error::CoordinatorError;
+pub use handle::CoordinatorHandle;
+pub use store::{RunStore, SledBlobStore, StoreCounts};
+
+use event_loop::EventLoop;
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::protocol::DEFAULT_POOL;
+use ractor::{Actor, ActorRef};
+use root::{RootActor, RootArgs, RootHandle, RootMsg};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long shutdown waits for the actors to stop.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoordinatorConfig {
+    /// The task queue branch tasks go to.
+    pub pool: String,
+    /// The durable consumer name of the event stream.
+    pub durable: String,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        Self {
+            pool: DEFAULT_POOL.to_string(),
+            durable: "coordinator".to_string(),
+        }
+    }
+}
+
+/// A running coordinator: the actors and the event loop over one store and one bus.
+pub struct Coordinator {
+    handle: CoordinatorHandle,
+    root: ActorRef<RootMsg>,
+    root_join: Option<tokio::task::JoinHandle<()>>,
+    events: Option<EventLoop>,
+    store: RunStore,
+}
+
+impl Coordinator {
+    /// Load every fork from `store`, then start consuming the event stream.
+    pub async fn start(
+        config: CoordinatorConfig,
+        store: RunStore,
+        bus: Arc<dyn Bus>,
+    ) -> Result<Coordinator, CoordinatorError> {
+        let (root, root_join) = Actor::spawn(
+            None,
+            RootActor,
+            RootArgs {
+                store: store.clone(),
+                bus: bus.clone(),
+            },
+        )
+        .await
+        .map_err(|e| CoordinatorError::Internal(format!("cannot start the root actor: {e}")))?;
+        let root_handle = RootHandle::new(root.clone());
+        let events =
+            match EventLoop::start(&bus, &config.durable, root_handle.clone(), store.clone()).await
+            {
+                Ok(ev) => ev,
+                Err(e) => {
+                    stop_actors(&root).await;
+                    return Err(e);
+                }
+            };
+        tracing::info!(pool = %config.pool, durable = %config.durable, dir = %store.dir().display(), "coordinator.started");
+        Ok(Coordinator {
+            handle: CoordinatorHandle::new(root_handle, store.clone(), bus, config),
+            root,
+            root_join: Some(root_join),
+            events: Some(events),
+            store,
+        })
+    }
+
+    pub fn handle(&self) -> CoordinatorHandle {
+        self.handle.clone()
+    }
+
+    /// Stop consuming events (what was applied is flushed and acked), stop the actors,
+    /// and flush the store.
+    pub async fn shutdown(mut self) -> Result<(), CoordinatorError> {
+        if let Some(events) = self.events.take() {
+            events.stop().await;
+        }
+        stop_actors(&self.root).await;
+        if let Some(join) = self.root_join.take() {
+            let _ = join.await;
+        }
+        self.store.flush_async().await?;
+        tracing::info!("coordinator.stopped");
+        Ok(())
+    }
+}
+
+async fn stop_actors(root: &ActorRef<RootMsg>) {
+    root.stop_children_and_wait(None, Some(STOP_TIMEOUT)).await;
+    if let Err(e) = root.stop_and_wait(None, Some(STOP_TIMEOUT)).await {
+        tracing::warn!(error = %e, "coordinator: root actor did not stop in time");
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        // Dropped without `shutdown`: wind down in the background.
+        if let Some(events) = &self.events {
+            events.signal_stop();
+            self.root.stop_children(None);
+            self.root.stop(None);
+        }
+    }
+}

@@ -421,6 +421,9 @@ impl Overlay {
             match n {
                 OvNode::File(_) => {
                     candidates.insert(p);
+                    // A file that replaced a deleted directory hides the snapshot's files
+                    // below it.
+                    candidates.extend(self.base.files_under(p).map(|(bp, _)| bp));
                 }
                 OvNode::Whiteout | OvNode::Dir { opaque: true } => {
                     if self.base.files.contains_key(p) {

@@ -1,1 +1,200 @@
+//! # forkfleet-worker
+//!
+//! A worker pulls branch tasks from the bus, runs each branch as an agent loop against a
+//! copy-on-write overlay of the fork's workspace snapshot, and streams every event of the
+//! branch back over the bus to the coordinator.
+//!
+//! ## Layout
+//! - [`run`] / [`start`]: the service entry points (`run(config, bus, shutdown)` for the
+//!   `forkfleet worker` command, [`start`] + [`WorkerHandle::shutdown`] for embedding).
+//! - `node`: the node actor. Pulls tasks under a concurrency limit, spawns one branch
+//!   agent per task, keeps tasks alive with `in_progress` heartbeats, acks finished tasks
+//!   and naks the ones it hands back.
+//! - `agent`: the branch agent actor: the agent loop (model call, usage, tools, control
+//!   commands, terminal status), publishing events with consecutive seqs.
+//! - [`provider`]: the [`provider::ModelProvider`] trait and the scripted provider.
+//! - [`tools`]: read, write, edit, delete, list, glob and grep over the overlay.
+//! - [`cache`]: the per-worker blob cache and the decoded-blob memo shared by branches.
+//! - [`error`]: the one error type, [`WorkerError`].
+//!
+//! ## Supervision tree
+//!
+//! ```text
+//! WorkerHandle ──▶ NodeActor                    (one per worker; unsupervised)
+//!                   ├── puller task             (pulls tasks, one semaphore permit each)
+//!                   ├── heartbeat timer         (in_progress on running tasks)
+//!                   ├── BranchAgent  run A      (spawn_linked: the node sees it end)
+//!                   ├── BranchAgent  run B
+//!                   └── ...                     (at most `concurrency` at once)
+//! ```
+//!
+//! An agent that ends without having finished its branch (handed back at shutdown, or
+//! failed on a bus or blob store error) has its task nak'ed by the node, so another
+//! attempt picks it up; a finished branch's task is acked right after its terminal status
+//! is published.
 
+pub mod cache;
+pub mod error;
+pub mod provider;
+pub mod tools;
+
+mod agent;
+mod context;
+mod node;
+
+pub use error::WorkerError;
+
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::ids::WorkerId;
+use forkfleet_shared::protocol::DEFAULT_POOL;
+use node::{NodeActor, NodeArgs, NodeHandle};
+use ractor::Actor;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The task queue to pull from.
+    pub pool: String,
+    /// Most branches run at once.
+    pub concurrency: usize,
+    pub worker_id: WorkerId,
+    /// How long one pull waits for a task before looking again.
+    pub pull_wait: Duration,
+    /// How often running tasks' ack deadlines are extended; keep it well under the bus's
+    /// ack wait.
+    pub heartbeat: Duration,
+    /// Bytes of blobs the worker keeps in memory.
+    pub blob_cache_bytes: u64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            pool: DEFAULT_POOL.to_string(),
+            concurrency: 64,
+            worker_id: WorkerId::new(),
+            pull_wait: Duration::from_millis(200),
+            heartbeat: Duration::from_secs(10),
+            blob_cache_bytes: cache::DEFAULT_BLOB_CACHE_BYTES,
+        }
+    }
+}
+
+impl WorkerConfig {
+    fn validate(&self) -> Result<(), WorkerError> {
+        if self.concurrency == 0 {
+            return Err(WorkerError::Config("concurrency must be at least 1".into()));
+        }
+        if self.pool.is_empty() {
+            return Err(WorkerError::Config("pool must not be empty".into()));
+        }
+        if self.pull_wait.is_zero() {
+            return Err(WorkerError::Config(
+                "pull_wait must be more than 0 (a zero wait would spin)".into(),
+            ));
+        }
+        if self.heartbeat.is_zero() {
+            return Err(WorkerError::Config("heartbeat must be more than 0".into()));
+        }
+        Ok(())
+    }
+}
+
+/// A worker running in this process.
+pub struct WorkerHandle {
+    worker_id: WorkerId,
+    node: NodeHandle,
+    join: tokio::task::JoinHandle<()>,
+    exit: node::NodeExit,
+}
+
+impl WorkerHandle {
+    pub fn worker_id(&self) -> WorkerId {
+        self.worker_id
+    }
+
+    /// Branches running now.
+    pub async fn running(&self) -> Result<usize, WorkerError> {
+        self.node.running().await.map_err(WorkerError::NodeStopped)
+    }
+
+    /// True once the node has stopped (after a shutdown, or on its own).
+    pub fn is_stopped(&self) -> bool {
+        self.join.is_finished()
+    }
+
+    /// Stop pulling, hand back the branches still running (each stops at its next turn
+    /// boundary and its task is nak'ed), and wait until the node has stopped.
+    pub async fn shutdown(mut self) -> Result<(), WorkerError> {
+        if !self.join.is_finished() {
+            // An error here means the node stopped meanwhile; the join below tells why.
+            let _ = self.node.shutdown().await;
+        }
+        self.wait().await
+    }
+
+    /// Wait for the node to stop, and say whether it stopped cleanly.
+    async fn wait(&mut self) -> Result<(), WorkerError> {
+        let joined = (&mut self.join).await;
+        let exit = match self.exit.lock() {
+            Ok(mut exit) => exit.take(),
+            Err(_) => None,
+        };
+        match (exit, joined) {
+            (Some(Ok(())), _) => Ok(()),
+            (Some(Err(reason)), _) => Err(WorkerError::NodeStopped(reason)),
+            (None, Err(e)) => Err(WorkerError::NodeStopped(e.to_string())),
+            (None, Ok(())) => Err(WorkerError::NodeStopped("the worker node crashed".into())),
+        }
+    }
+}
+
+/// Start a worker in this process.
+pub async fn start(config: WorkerConfig, bus: Arc<dyn Bus>) -> Result<WorkerHandle, WorkerError> {
+    config.validate()?;
+    let worker_id = config.worker_id;
+    let ctx = Arc::new(context::WorkerCtx::new(
+        worker_id,
+        bus,
+        config.blob_cache_bytes,
+    ));
+    let exit = Arc::new(Mutex::new(None));
+    let args = NodeArgs {
+        config,
+        ctx,
+        exit: exit.clone(),
+    };
+    let (node, join) = Actor::spawn(None, NodeActor, args)
+        .await
+        .map_err(|e| WorkerError::Spawn(e.to_string()))?;
+    Ok(WorkerHandle {
+        worker_id,
+        node: NodeHandle::new(node),
+        join,
+        exit,
+    })
+}
+
+/// Run a worker until `shutdown` completes, then hand back what still runs and return.
+/// Returns early with an error if the node stops on its own (e.g. the bus went away).
+pub async fn run(
+    config: WorkerConfig,
+    bus: Arc<dyn Bus>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), WorkerError> {
+    let mut handle = start(config, bus).await?;
+    tokio::select! {
+        _ = shutdown => {}
+        res = handle.wait() => {
+            return match res {
+                Ok(()) => Err(WorkerError::NodeStopped("the node stopped without a shutdown".into())),
+                Err(e) => Err(e),
+            };
+        }
+    }
+    tracing::info!(worker.id = %handle.worker_id, "worker shutting down");
+    handle.shutdown().await
+}

@@ -1,0 +1,349 @@
+//! Creating a fork: validate, build every run's log, write, and prepare the branch tasks.
+//! Runs on a blocking thread (it reads the blob store and writes a few thousand keys).
+//!
+//! # Branch logs and tasks
+//! A branch run's log is:
+//!
+//! | seq                          | event                                         |
+//! |------------------------------|-----------------------------------------------|
+//! | 0                            | `Fork { fork_id, parent_run, fork_root, cutoff_seq, label }` |
+//! | 1 ..= P                      | the parent's conversational events (the prefix) |
+//! | P+1 ..                       | `System { extra_instructions }` if any, `Steer { steer }` if not empty (the tail) |
+//! | `first_seq` = 1 + P + tail   | the worker's first event                      |
+//!
+//! The prefix is one rmp blob `Vec<Event>` shared by every branch ([`BranchTask::prefix`]);
+//! the tail is per branch ([`BranchTask::tail`]). The `Fork` lineage event differs per
+//! branch and the model never needs it, so it lives in the store only: a worker's log is
+//! `[fork] ++ prefix ++ tail`, and it numbers its own events from `first_seq`.
+//!
+//! Nothing is written until everything is validated. The fork record is written last, so a
+//! crash half-way leaves only unreachable runs, never a half-made fork.
+
+use crate::error::{list, CoordinatorError};
+use crate::store::{encode, BranchRecord, ForkRecord, RunRecord, RunStore};
+use bytes::Bytes;
+use forkfleet_shared::api::{CheckpointView, CreateFork, ParentRun};
+use forkfleet_shared::blob::BlobHash;
+use forkfleet_shared::event::{events_from_messages, Event, Usage};
+use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::manifest::Manifest;
+use forkfleet_shared::protocol::BranchTask;
+use forkfleet_shared::spec::{check_depth, check_label, ForkPlan, SpecError};
+use forkfleet_shared::state::{BranchState, ForkState};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// A fork written to the store, ready for its actor and its tasks.
+pub(crate) struct PreparedFork {
+    pub fork: ForkRecord,
+    pub branches: Vec<BranchRecord>,
+    pub tasks: Vec<BranchTask>,
+    /// The fork-time snapshot, decoded once and shared by every replica.
+    pub base: Arc<Manifest>,
+    /// The prefix blob's bytes (also put on the bus's blob store for workers).
+    pub prefix_bytes: Bytes,
+}
+
+/// The checkpoint saved on the parent when a fork is created.
+pub fn fork_checkpoint_label(fork: ForkId) -> String {
+    format!("fork:{fork}")
+}
+
+/// The checkpoint saved on the parent after a merge.
+pub fn post_fork_checkpoint_label(fork: ForkId) -> String {
+    format!("post-fork:{fork}")
+}
+
+/// Checks that need no store: branches, labels, models, budgets.
+pub(crate) fn validate_plan(plan: &ForkPlan) -> Result<(), CoordinatorError> {
+    if plan.branches.is_empty() {
+        return Err(SpecError::NoBranches.into());
+    }
+    if plan.branches.len() > plan.limits.max_branches {
+        return Err(SpecError::TooManyBranches {
+            requested: plan.branches.len(),
+            max: plan.limits.max_branches,
+        }
+        .into());
+    }
+    for (field, v) in [
+        ("max_turns", plan.limits.max_turns),
+        ("max_output_tokens", plan.limits.max_output_tokens),
+    ] {
+        if v == 0 {
+            return Err(SpecError::ZeroLimit {
+                field: field.to_string(),
+            }
+            .into());
+        }
+    }
+    check_budget("aggregate_budget_usd", plan.aggregate_budget_usd)?;
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    for (i, b) in plan.branches.iter().enumerate() {
+        check_label(&b.label)?;
+        if b.label.is_empty() {
+            return Err(SpecError::BadLabel {
+                label: String::new(),
+                reason: "it is empty",
+            }
+            .into());
+        }
+        if !seen.insert(b.label.as_str()) {
+            return Err(CoordinatorError::DuplicateLabel(b.label.clone()));
+        }
+        if !plan.models.contains_key(&b.model) {
+            return Err(CoordinatorError::UnknownModel {
+                label: b.label.clone(),
+                model: b.model.clone(),
+                valid: list(plan.models.keys()),
+            });
+        }
+        if b.max_turns == 0 {
+            return Err(SpecError::ZeroLimit {
+                field: format!("branches[{i}].max_turns"),
+            }
+            .into());
+        }
+        check_budget(&format!("branches[{i}].budget_usd"), b.budget_usd)?;
+    }
+    Ok(())
+}
+
+fn check_budget(field: &str, v: Option<f64>) -> Result<(), CoordinatorError> {
+    match v {
+        Some(v) if !v.is_finite() || v < 0.0 => Err(SpecError::BadBudget {
+            field: field.to_string(),
+            value: v,
+        }
+        .into()),
+        _ => Ok(()),
+    }
+}
+
+/// The snapshot manifest, after checking that it and every blob the fork needs (files,
+/// scripts) are in the store.
+fn check_blobs(store: &RunStore, req: &CreateFork) -> Result<Manifest, CoordinatorError> {
+    let blobs = store.blobs();
+    let Some(bytes) = blobs.get_sync(&req.snapshot)? else {
+        return Err(CoordinatorError::missing_blobs(&[req.snapshot]));
+    };
+    let manifest = Manifest::from_blob(&bytes).map_err(|e| CoordinatorError::BadSnapshot {
+        hash: req.snapshot,
+        message: e.to_string(),
+    })?;
+    let mut needed: BTreeSet<BlobHash> = manifest.files.values().map(|e| e.hash).collect();
+    needed.extend(req.plan.models.values().filter_map(|m| m.script));
+    let mut missing = Vec::new();
+    for h in &needed {
+        if !blobs.contains(h)? {
+            missing.push(*h);
+        }
+    }
+    if !missing.is_empty() {
+        return Err(CoordinatorError::missing_blobs(&missing));
+    }
+    Ok(manifest)
+}
+
+/// The parent run (existing, or the new root run, not yet written) and its log.
+fn parent_run(
+    store: &RunStore,
+    req: &CreateFork,
+    now_ms: u64,
+) -> Result<(RunRecord, Vec<Event>, bool), CoordinatorError> {
+    match &req.parent {
+        ParentRun::New => {
+            let plan = &req.plan;
+            let mut log = Vec::new();
+            if let Some(text) = &plan.system_prompt {
+                log.push(Event::System { text: text.clone() });
+            }
+            log.extend(events_from_messages(&plan.history, &plan.model));
+            log.push(Event::UserMessage {
+                text: plan.goal.clone(),
+            });
+            let run_id = RunId::new();
+            let run = RunRecord {
+                run_id,
+                parent: None,
+                fork_id: None,
+                fork_root: run_id,
+                depth: 0,
+                workspace: req.snapshot,
+                next_seq: log.len() as u64,
+                created_at_ms: now_ms,
+            };
+            Ok((run, log, true))
+        }
+        ParentRun::Existing { run_id } => {
+            let run = store
+                .run(*run_id)?
+                .ok_or(CoordinatorError::UnknownRun(*run_id))?;
+            let log: Vec<Event> = store
+                .run_log(*run_id)?
+                .into_iter()
+                .map(|(_, e)| e)
+                .collect();
+            Ok((run, log, false))
+        }
+    }
+}
+
+/// Validate `req` and write the fork: the root run (for [`ParentRun::New`]), the prefix
+/// blob, every branch run with its log and record, checkpoint `fork:<id>` on the parent,
+/// and the fork record. Nothing is written on error.
+pub(crate) fn create_fork(
+    store: &RunStore,
+    req: CreateFork,
+    now_ms: u64,
+) -> Result<PreparedFork, CoordinatorError> {
+    validate_plan(&req.plan)?;
+    // A merge into an existing parent must not append while its log is read here.
+    let _parents = store.lock_parents();
+    let (parent, parent_log, new_root) = parent_run(store, &req, now_ms)?;
+    check_depth(parent.depth, req.plan.limits.max_depth)?;
+    let base = Arc::new(check_blobs(store, &req)?);
+
+    let prefix: Vec<Event> = parent_log
+        .iter()
+        .filter(|e| e.is_conversational())
+        .cloned()
+        .collect();
+    let prefix_bytes = Bytes::from(encode("history prefix", &prefix)?);
+    let prefix_hash = BlobHash::of(&prefix_bytes);
+    let prefix_len = prefix.len() as u64;
+    let cutoff_seq = (parent_log.len() as u64).saturating_sub(1);
+    let fork_id = ForkId::new();
+    let plan = &req.plan;
+
+    let mut branches = Vec::with_capacity(plan.branches.len());
+    let mut tasks = Vec::with_capacity(plan.branches.len());
+    let mut runs = Vec::with_capacity(plan.branches.len());
+    let mut logs: Vec<(RunId, Event, Vec<Event>)> = Vec::with_capacity(plan.branches.len());
+    for (i, b) in plan.branches.iter().enumerate() {
+        let run_id = RunId::new();
+        let mut tail = Vec::new();
+        if let Some(text) = &b.extra_instructions {
+            tail.push(Event::System { text: text.clone() });
+        }
+        if !b.steer.is_empty() {
+            tail.push(Event::Steer {
+                text: b.steer.clone(),
+            });
+        }
+        let first_seq = 1 + prefix_len + tail.len() as u64;
+        let model = plan.models.get(&b.model);
+        let index = u32::try_from(i).unwrap_or(u32::MAX);
+        tasks.push(BranchTask {
+            fork_id,
+            run_id,
+            label: b.label.clone(),
+            index,
+            model: b.model.clone(),
+            price: model.and_then(|m| m.price),
+            script: model.and_then(|m| m.script),
+            prefix: prefix_hash,
+            tail: tail.clone(),
+            snapshot: req.snapshot,
+            first_seq,
+            max_turns: b.max_turns,
+            max_output_tokens: plan.limits.max_output_tokens,
+            budget_usd: b.budget_usd,
+        });
+        runs.push(RunRecord {
+            run_id,
+            parent: Some(parent.run_id),
+            fork_id: Some(fork_id),
+            fork_root: parent.fork_root,
+            depth: parent.depth + 1,
+            workspace: req.snapshot,
+            next_seq: first_seq,
+            created_at_ms: now_ms,
+        });
+        branches.push(BranchRecord {
+            fork_id,
+            run_id,
+            index,
+            label: b.label.clone(),
+            model: b.model.clone(),
+            first_seq,
+            state: BranchState::Pending,
+            error: None,
+            turns: 0,
+            usage: Usage::default(),
+            cost_usd: 0.0,
+            changes: 0,
+            next_seq: first_seq,
+        });
+        let lineage = Event::Fork {
+            fork_id,
+            parent_run: parent.run_id,
+            fork_root: parent.fork_root,
+            cutoff_seq,
+            label: b.label.clone(),
+        };
+        logs.push((run_id, lineage, tail));
+    }
+    let fork = ForkRecord {
+        fork_id,
+        plan: req.plan.clone(),
+        parent_run: parent.run_id,
+        snapshot: req.snapshot,
+        workspace: req.workspace.clone(),
+        state: ForkState::Open,
+        created_at_ms: now_ms,
+        cutoff_seq,
+        prefix: prefix_hash,
+        prefix_len,
+    };
+
+    // ---- writes: everything is valid ----
+    if new_root {
+        store.put_events(
+            parent_log
+                .iter()
+                .enumerate()
+                .map(|(seq, e)| (parent.run_id, seq as u64, e)),
+        )?;
+        store.put_run(&parent)?;
+    }
+    store.blobs().put_trusted(prefix_hash, &prefix_bytes)?;
+    for (run_id, lineage, tail) in &logs {
+        let copied = prefix
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (*run_id, 1 + i as u64, e));
+        let tail_events = tail
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (*run_id, 1 + prefix_len + i as u64, e));
+        store.put_events(
+            std::iter::once((*run_id, 0u64, lineage))
+                .chain(copied)
+                .chain(tail_events),
+        )?;
+    }
+    for r in &runs {
+        store.put_run(r)?;
+    }
+    for b in &branches {
+        store.put_branch(b)?;
+    }
+    store.put_checkpoint(&CheckpointView {
+        run_id: parent.run_id,
+        label: fork_checkpoint_label(fork_id),
+        seq: cutoff_seq,
+        snapshot: req.snapshot,
+        created_at_ms: now_ms,
+    })?;
+    store.put_fork(&fork)?;
+    store.flush()?;
+
+    Ok(PreparedFork {
+        fork,
+        branches,
+        tasks,
+        base,
+        prefix_bytes,
+    })
+}

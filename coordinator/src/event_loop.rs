@@ -1,0 +1,257 @@
+//! The event loop: consumes the branch event stream and routes events to fork actors.
+//!
+//! Three tasks, so that no stage waits on another's I/O:
+//!
+//! ```text
+//!  bus.events(durable) ──▶ pump ──(bounded channel)──▶ apply ──(bounded)──▶ acker
+//!                          next()                      decode, group by     flush_async,
+//!                                                      fork, ForkMsg::      then ack every
+//!                                                      ApplyEvents          delivery
+//! ```
+//!
+//! - **apply** takes whatever is buffered (up to [`MAX_BATCH`] deliveries), decodes them,
+//!   and sends each fork one `ApplyEvents` call with its events in delivery order. The fork
+//!   actor writes them to sled (not flushed) and applies them.
+//! - **acker** takes every batch written so far, flushes the database once, and only then
+//!   acks them: an acked event is durable. While it flushes, apply goes on with the next
+//!   batch, so one fsync covers many batches under load.
+//! - A malformed or wrong-version message is logged with `tracing::error!` and acked; an
+//!   event of an unknown fork likewise. A batch a fork could not write is nak'ed for
+//!   redelivery. Nothing stops the loop but [`EventLoop::stop`] or a closed bus.
+
+use crate::error::CoordinatorError;
+use crate::fork::ForkHandle;
+use crate::root::RootHandle;
+use crate::store::RunStore;
+use forkfleet_shared::bus::{Bus, BusError, Delivery, EventConsumer};
+use forkfleet_shared::ids::ForkId;
+use forkfleet_shared::protocol::BranchEvent;
+use forkfleet_shared::wire;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+/// Most deliveries applied in one batch.
+const MAX_BATCH: usize = 256;
+/// Deliveries buffered between the pump and the apply task.
+const PUMP_BUFFER: usize = 256;
+/// Written batches waiting for the acker.
+const ACK_BUFFER: usize = 2;
+/// When a batch cannot be written, its redelivery waits this long.
+const RETRY_DELAY: Duration = Duration::from_secs(1);
+/// Back-off after a bus error other than a closed bus.
+const BUS_ERROR_BACKOFF: Duration = Duration::from_millis(200);
+
+pub(crate) struct EventLoop {
+    stop: watch::Sender<bool>,
+    pump: JoinHandle<Box<dyn EventConsumer>>,
+    apply: JoinHandle<()>,
+    acker: JoinHandle<()>,
+}
+
+impl EventLoop {
+    pub async fn start(
+        bus: &Arc<dyn Bus>,
+        durable: &str,
+        root: RootHandle,
+        store: RunStore,
+    ) -> Result<EventLoop, CoordinatorError> {
+        let consumer = bus.events(durable).await?;
+        let (stop, stop_rx) = watch::channel(false);
+        let (dtx, drx) = mpsc::channel(PUMP_BUFFER);
+        let (atx, arx) = mpsc::channel(ACK_BUFFER);
+        Ok(EventLoop {
+            pump: tokio::spawn(pump(consumer, dtx, stop_rx.clone())),
+            apply: tokio::spawn(apply(drx, atx, root, stop_rx)),
+            acker: tokio::spawn(acker(arx, store)),
+            stop,
+        })
+    }
+
+    /// Signal a stop without waiting (used when the coordinator is dropped).
+    pub fn signal_stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Stop consuming: the batch being applied is finished, flushed and acked; what was
+    /// buffered but not applied stays unacked and is redelivered to the next consumer.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        if let Err(e) = self.apply.await {
+            tracing::error!(error = %e, "coordinator.events: apply task failed");
+        }
+        if let Err(e) = self.acker.await {
+            tracing::error!(error = %e, "coordinator.events: acker task failed");
+        }
+        // The consumer is dropped last, after every ack.
+        match self.pump.await {
+            Ok(consumer) => drop(consumer),
+            Err(e) => tracing::error!(error = %e, "coordinator.events: pump task failed"),
+        }
+    }
+}
+
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn pump(
+    mut consumer: Box<dyn EventConsumer>,
+    tx: mpsc::Sender<Delivery>,
+    mut stop: watch::Receiver<bool>,
+) -> Box<dyn EventConsumer> {
+    loop {
+        let next = tokio::select! {
+            biased;
+            _ = stopped(&mut stop) => break,
+            next = consumer.next() => next,
+        };
+        match next {
+            Ok(d) => {
+                let sent = tokio::select! {
+                    biased;
+                    _ = stopped(&mut stop) => false,
+                    sent = tx.send(d) => sent.is_ok(),
+                };
+                if !sent {
+                    break;
+                }
+            }
+            Err(BusError::Closed) => {
+                tracing::info!("coordinator.events: the event stream closed");
+                break;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "coordinator.events: cannot read the event stream; retrying");
+                tokio::select! {
+                    _ = stopped(&mut stop) => break,
+                    _ = tokio::time::sleep(BUS_ERROR_BACKOFF) => {}
+                }
+            }
+        }
+    }
+    consumer
+}
+
+async fn apply(
+    mut rx: mpsc::Receiver<Delivery>,
+    acks: mpsc::Sender<Vec<Delivery>>,
+    root: RootHandle,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut routes: HashMap<ForkId, ForkHandle> = HashMap::new();
+    loop {
+        let first = tokio::select! {
+            biased;
+            _ = stopped(&mut stop) => break,
+            d = rx.recv() => match d {
+                Some(d) => d,
+                None => break,
+            },
+        };
+        let mut batch = Vec::with_capacity(rx.len().min(MAX_BATCH) + 1);
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(d) => batch.push(d),
+                Err(_) => break,
+            }
+        }
+        let done = apply_batch(batch, &mut routes, &root).await;
+        if acks.send(done).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Decode, route and apply one batch; the deliveries to ack once the store is flushed.
+async fn apply_batch(
+    batch: Vec<Delivery>,
+    routes: &mut HashMap<ForkId, ForkHandle>,
+    root: &RootHandle,
+) -> Vec<Delivery> {
+    let mut done = Vec::with_capacity(batch.len());
+    let mut groups: Vec<(ForkId, Vec<BranchEvent>, Vec<Delivery>)> = Vec::new();
+    for d in batch {
+        match wire::decode::<BranchEvent>(&d.payload) {
+            Ok(ev) => match groups.iter_mut().find(|g| g.0 == ev.fork_id) {
+                Some(g) => {
+                    g.1.push(ev);
+                    g.2.push(d);
+                }
+                None => groups.push((ev.fork_id, vec![ev], vec![d])),
+            },
+            Err(e) => {
+                tracing::error!(
+                    error = %e,
+                    attempt = d.attempt,
+                    bytes = d.payload.len(),
+                    "coordinator.events: undecodable message on the event stream; acked and dropped"
+                );
+                done.push(d);
+            }
+        }
+    }
+    for (fork_id, events, deliveries) in groups {
+        let handle = match routes.get(&fork_id) {
+            Some(h) => Some(h.clone()),
+            None => match root.lookup(fork_id).await {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::error!(fork.id = %fork_id, error = %e, "coordinator.events: cannot route events");
+                    nak_all(&deliveries).await;
+                    continue;
+                }
+            },
+        };
+        let Some(handle) = handle else {
+            tracing::error!(fork.id = %fork_id, events = events.len(), "coordinator.events: events of an unknown fork; acked and dropped");
+            done.extend(deliveries);
+            continue;
+        };
+        routes.insert(fork_id, handle.clone());
+        match handle.apply(events).await {
+            Ok(()) => done.extend(deliveries),
+            Err(e) => {
+                tracing::error!(fork.id = %fork_id, error = %e, "coordinator.events: events not applied; redelivery requested");
+                routes.remove(&fork_id);
+                nak_all(&deliveries).await;
+            }
+        }
+    }
+    done
+}
+
+async fn nak_all(deliveries: &[Delivery]) {
+    for d in deliveries {
+        if let Err(e) = d.nak(Some(RETRY_DELAY)).await {
+            tracing::warn!(error = %e, "coordinator.events: nak failed");
+        }
+    }
+}
+
+async fn acker(mut rx: mpsc::Receiver<Vec<Delivery>>, store: RunStore) {
+    while let Some(mut batch) = rx.recv().await {
+        while let Ok(more) = rx.try_recv() {
+            batch.extend(more);
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        match store.flush_async().await {
+            Ok(()) => {
+                for d in &batch {
+                    if let Err(e) = d.ack().await {
+                        tracing::warn!(error = %e, "coordinator.events: ack failed; the event will be redelivered");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, events = batch.len(), "coordinator.events: flush failed; redelivery requested");
+                nak_all(&batch).await;
+            }
+        }
+    }
+}

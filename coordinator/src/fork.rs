@@ -1,0 +1,493 @@
+//! The fork actor: one per fork. It owns the fork's state and every branch's replica,
+//! applies the branches' events in order, answers views, resolves settle waiters, and
+//! runs diffs and merges off its mailbox (on blocking threads).
+
+use crate::create::PreparedFork;
+use crate::error::{actor_call, list, CoordinatorError};
+use crate::merge::{self, MergeDone, MergeJob};
+use crate::replica::{BranchReplica, Placement};
+use crate::store::{encode, event_key, ForkRecord, RunStore};
+use forkfleet_shared::api::{ForkView, MergeOutcome};
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::diff::{diff_overlays, DiffOptions, DiffReport};
+use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::manifest::Manifest;
+use forkfleet_shared::overlay::Overlay;
+use forkfleet_shared::protocol::{now_ms, BranchEvent, Control, ControlCommand};
+use forkfleet_shared::state::ForkState as ForkPhase;
+use forkfleet_shared::wire;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{oneshot, watch};
+use tracing::Instrument;
+
+/// How long a call into a fork actor may take before the caller gives up.
+pub(crate) const CALL_TIMEOUT_MS: u64 = 30_000;
+/// A merge replays a change log and writes a transaction: allow it more.
+const MERGE_TIMEOUT_MS: u64 = 120_000;
+
+pub(crate) struct ForkActor;
+
+/// How the actor gets its fork: fresh from creation, or from the store on start.
+pub(crate) enum ForkArgs {
+    Created {
+        prepared: Box<PreparedFork>,
+        store: RunStore,
+        bus: Arc<dyn Bus>,
+    },
+    Load {
+        fork: ForkId,
+        store: RunStore,
+        bus: Arc<dyn Bus>,
+    },
+}
+
+pub(crate) struct ForkState {
+    store: RunStore,
+    bus: Arc<dyn Bus>,
+    record: ForkRecord,
+    base: Arc<Manifest>,
+    branches: Vec<BranchReplica>,
+    by_run: HashMap<RunId, usize>,
+    terminal: usize,
+    waiters: Vec<oneshot::Sender<ForkView>>,
+    version: watch::Sender<u64>,
+    merging: bool,
+}
+
+pub(crate) enum ForkMsg {
+    View(RpcReplyPort<ForkView>),
+    /// Write and apply a batch of events of this fork (in delivery order). The reply comes
+    /// once they are written to the store (not yet flushed).
+    ApplyEvents(Vec<BranchEvent>, RpcReplyPort<Result<(), CoordinatorError>>),
+    /// A receiver of the version counter.
+    Subscribe(RpcReplyPort<watch::Receiver<u64>>),
+    /// Answer with the view once every branch is terminal.
+    WaitSettled(oneshot::Sender<ForkView>),
+    Diff(
+        DiffOptions,
+        RpcReplyPort<Result<DiffReport, CoordinatorError>>,
+    ),
+    Merge(String, RpcReplyPort<Result<MergeOutcome, CoordinatorError>>),
+    /// A merge's blocking part finished.
+    MergeFinished(
+        Box<Result<MergeDone, CoordinatorError>>,
+        RpcReplyPort<Result<MergeOutcome, CoordinatorError>>,
+    ),
+}
+
+/// The only way other modules talk to a fork actor.
+#[derive(Clone)]
+pub(crate) struct ForkHandle {
+    actor: ActorRef<ForkMsg>,
+}
+
+fn call_error<T>(e: ractor::RactorErr<T>, what: &'static str, ms: u64) -> CoordinatorError {
+    actor_call(e, "fork actor", what, ms)
+}
+
+impl ForkHandle {
+    pub fn new(actor: ActorRef<ForkMsg>) -> Self {
+        Self { actor }
+    }
+
+    pub fn actor(&self) -> &ActorRef<ForkMsg> {
+        &self.actor
+    }
+
+    pub async fn view(&self) -> Result<ForkView, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::View, CALL_TIMEOUT_MS)
+            .map_err(|e| call_error(e, "reading a fork", CALL_TIMEOUT_MS))
+    }
+
+    pub async fn subscribe(&self) -> Result<watch::Receiver<u64>, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::Subscribe, CALL_TIMEOUT_MS)
+            .map_err(|e| call_error(e, "subscribing to a fork", CALL_TIMEOUT_MS))
+    }
+
+    pub async fn apply(&self, events: Vec<BranchEvent>) -> Result<(), CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::ApplyEvents, CALL_TIMEOUT_MS, events)
+            .map_err(|e| call_error(e, "applying events", CALL_TIMEOUT_MS))?
+    }
+
+    pub async fn wait_settled(&self, timeout: Duration) -> Result<ForkView, CoordinatorError> {
+        let (tx, rx) = oneshot::channel();
+        self.actor
+            .cast(ForkMsg::WaitSettled(tx))
+            .map_err(|_| CoordinatorError::Closed("fork actor"))?;
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(view)) => Ok(view),
+            Ok(Err(_)) => Err(CoordinatorError::Closed("fork actor")),
+            Err(_) => Err(CoordinatorError::Timeout {
+                what: "waiting for the fork to settle",
+                ms: timeout.as_millis() as u64,
+            }),
+        }
+    }
+
+    pub async fn diff(&self, opts: DiffOptions) -> Result<DiffReport, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::Diff, MERGE_TIMEOUT_MS, opts)
+            .map_err(|e| call_error(e, "a diff", MERGE_TIMEOUT_MS))?
+    }
+
+    pub async fn merge(&self, pick: String) -> Result<MergeOutcome, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::Merge, MERGE_TIMEOUT_MS, pick)
+            .map_err(|e| call_error(e, "a merge", MERGE_TIMEOUT_MS))?
+    }
+}
+
+impl ForkState {
+    fn view(&self) -> ForkView {
+        ForkView {
+            fork_id: self.record.fork_id,
+            parent_run: self.record.parent_run,
+            goal: self.record.plan.goal.clone(),
+            state: self.record.state.clone(),
+            created_at_ms: self.record.created_at_ms,
+            snapshot: self.record.snapshot,
+            workspace: self.record.workspace.clone(),
+            branches: self.branches.iter().map(|b| b.record.view()).collect(),
+        }
+    }
+
+    fn all_terminal(&self) -> bool {
+        self.terminal == self.branches.len()
+    }
+
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Settle the fork if every branch is terminal, and answer the waiters.
+    fn check_settled(&mut self) {
+        if !self.all_terminal() {
+            return;
+        }
+        if self.record.state == ForkPhase::Open {
+            self.record.state = ForkPhase::Settled;
+            if let Err(e) = self.store.put_fork(&self.record) {
+                tracing::error!(fork.id = %self.record.fork_id, error = %e, "fork.settle: cannot write the fork record");
+            }
+            tracing::info!(fork.id = %self.record.fork_id, branches = self.branches.len(), "fork.settled");
+        }
+        if !self.waiters.is_empty() {
+            let view = self.view();
+            for w in self.waiters.drain(..) {
+                let _ = w.send(view.clone());
+            }
+        }
+    }
+
+    /// Write a batch, then apply it. Nothing in memory changes unless the write succeeded.
+    fn apply_events(&mut self, events: Vec<BranchEvent>) -> Result<(), CoordinatorError> {
+        let fork_id = self.record.fork_id;
+        // Pass 1: write every event that is not a duplicate as of now.
+        // The first copy of a (run, seq) is the one applied, so it is the one written.
+        let mut batch = sled::Batch::default();
+        let mut written: HashSet<(RunId, u64)> = HashSet::with_capacity(events.len());
+        for ev in &events {
+            let Some(&i) = self.by_run.get(&ev.run_id) else {
+                continue;
+            };
+            if self.branches[i].placement(ev.seq) != Placement::Duplicate
+                && written.insert((ev.run_id, ev.seq))
+            {
+                batch.insert(&event_key(ev.run_id, ev.seq), encode("event", &ev.event)?);
+            }
+        }
+        if !written.is_empty() {
+            self.store.apply_event_batch(batch)?;
+        }
+        // Pass 2: apply in memory.
+        let mut changed = false;
+        for ev in events {
+            let Some(&i) = self.by_run.get(&ev.run_id) else {
+                tracing::error!(fork.id = %fork_id, run.id = %ev.run_id, seq = ev.seq, "fork.event: run is not a branch of this fork; dropped");
+                continue;
+            };
+            let b = &mut self.branches[i];
+            let effect = b.arrive(ev.seq, ev.event);
+            if effect.applied > 0 {
+                changed = true;
+            }
+            if effect.became_terminal {
+                self.terminal += 1;
+            }
+            if effect.state_changed {
+                let b = &self.branches[i];
+                tracing::debug!(fork.id = %fork_id, branch.label = %b.record.label, state = %b.record.state, "fork.branch_state");
+                if let Err(e) = self.store.put_branch(&b.record) {
+                    tracing::error!(fork.id = %fork_id, branch.label = %b.record.label, error = %e, "fork.branch_state: cannot write the branch record");
+                }
+            }
+        }
+        if changed {
+            self.check_settled();
+            self.bump();
+        }
+        Ok(())
+    }
+
+    /// The request checks of a merge; the winner's index.
+    fn check_merge(&self, pick: &str) -> Result<usize, CoordinatorError> {
+        let fork = self.record.fork_id;
+        match &self.record.state {
+            ForkPhase::Merged { winner } => {
+                return Err(CoordinatorError::AlreadyMerged {
+                    fork,
+                    winner: winner.clone(),
+                })
+            }
+            ForkPhase::Aborted => return Err(CoordinatorError::Aborted(fork)),
+            ForkPhase::Open | ForkPhase::Settled => {}
+        }
+        if self.merging {
+            return Err(CoordinatorError::MergeInProgress(fork));
+        }
+        let Some(i) = self.branches.iter().position(|b| b.record.label == pick) else {
+            return Err(CoordinatorError::UnknownLabel {
+                fork,
+                label: pick.to_string(),
+                valid: list(self.branches.iter().map(|b| b.record.label.as_str())),
+            });
+        };
+        let state = self.branches[i].record.state;
+        if !state.is_terminal() {
+            return Err(CoordinatorError::StillRunning {
+                label: pick.to_string(),
+                state,
+            });
+        }
+        Ok(i)
+    }
+}
+
+fn load(
+    store: &RunStore,
+    fork: ForkId,
+) -> Result<(ForkRecord, Arc<Manifest>, Vec<BranchReplica>), CoordinatorError> {
+    let record = store
+        .fork(fork)?
+        .ok_or_else(|| CoordinatorError::UnknownFork(fork.to_string()))?;
+    let base = load_manifest(store, &record)?;
+    let mut replicas = Vec::new();
+    for b in store.branches(fork)? {
+        let stored = store.stored_events(b.run_id)?;
+        replicas.push(BranchReplica::rebuild(b, base.clone(), stored));
+    }
+    Ok((record, base, replicas))
+}
+
+fn load_manifest(store: &RunStore, record: &ForkRecord) -> Result<Arc<Manifest>, CoordinatorError> {
+    let bytes = store
+        .blob(&record.snapshot)?
+        .ok_or_else(|| CoordinatorError::missing_blobs(&[record.snapshot]))?;
+    let m = Manifest::from_blob(&bytes).map_err(|e| CoordinatorError::BadSnapshot {
+        hash: record.snapshot,
+        message: e.to_string(),
+    })?;
+    Ok(Arc::new(m))
+}
+
+impl Actor for ForkActor {
+    type Msg = ForkMsg;
+    type State = ForkState;
+    type Arguments = ForkArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let (store, bus, record, base, branches) = match args {
+            ForkArgs::Created {
+                prepared,
+                store,
+                bus,
+            } => {
+                let PreparedFork {
+                    fork,
+                    branches,
+                    base,
+                    ..
+                } = *prepared;
+                let replicas = branches
+                    .into_iter()
+                    .map(|b| BranchReplica::new(b, base.clone()))
+                    .collect();
+                (store, bus, fork, base, replicas)
+            }
+            ForkArgs::Load { fork, store, bus } => {
+                let s = store.clone();
+                let (record, base, replicas) =
+                    tokio::task::spawn_blocking(move || load(&s, fork)).await??;
+                (store, bus, record, base, replicas)
+            }
+        };
+        let by_run = branches
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (b.record.run_id, i))
+            .collect();
+        let terminal = branches
+            .iter()
+            .filter(|b| b.record.state.is_terminal())
+            .count();
+        let (version, _) = watch::channel(0u64);
+        let mut state = ForkState {
+            store,
+            bus,
+            record,
+            base,
+            branches,
+            by_run,
+            terminal,
+            waiters: Vec::new(),
+            version,
+            merging: false,
+        };
+        // A fork whose branches all finished while the coordinator was down.
+        state.check_settled();
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ForkMsg::View(reply) => {
+                let _ = reply.send(state.view());
+            }
+            ForkMsg::ApplyEvents(events, reply) => {
+                let _ = reply.send(state.apply_events(events));
+            }
+            ForkMsg::Subscribe(reply) => {
+                let _ = reply.send(state.version.subscribe());
+            }
+            ForkMsg::WaitSettled(tx) => {
+                if state.all_terminal() {
+                    let _ = tx.send(state.view());
+                } else {
+                    state.waiters.retain(|w| !w.is_closed());
+                    state.waiters.push(tx);
+                }
+            }
+            ForkMsg::Diff(opts, reply) => {
+                let span = tracing::info_span!("fork.diff", fork.id = %state.record.fork_id, branches = state.branches.len());
+                let labelled: Vec<(String, Overlay)> = state
+                    .branches
+                    .iter()
+                    .map(|b| (b.record.label.clone(), b.overlay.clone()))
+                    .collect();
+                let base = state.base.clone();
+                let store = state.store.clone();
+                tokio::task::spawn_blocking(move || {
+                    let _enter = span.enter();
+                    let inputs: Vec<(&str, &Overlay)> =
+                        labelled.iter().map(|(l, o)| (l.as_str(), o)).collect();
+                    let lookup =
+                        |h: &forkfleet_shared::blob::BlobHash| store.blob(h).ok().flatten();
+                    let report = diff_overlays(&base, &inputs, &lookup, &opts);
+                    tracing::info!(paths = report.summary.total_paths_touched, "fork.diff done");
+                    let _ = reply.send(Ok(report));
+                });
+            }
+            ForkMsg::Merge(pick, reply) => {
+                let span = tracing::info_span!("fork.merge", fork.id = %state.record.fork_id, branch.label = %pick);
+                let i = match span.in_scope(|| state.check_merge(&pick)) {
+                    Ok(i) => i,
+                    Err(e) => {
+                        span.in_scope(|| tracing::info!(error = %e, "fork.merge refused"));
+                        let _ = reply.send(Err(e));
+                        return Ok(());
+                    }
+                };
+                state.merging = true;
+                let winner = &state.branches[i];
+                let job = MergeJob {
+                    store: state.store.clone(),
+                    fork: state.record.clone(),
+                    winner: winner.record.clone(),
+                    changes: winner.overlay.changes().to_vec(),
+                    fork_snapshot: state.base.clone(),
+                    now_ms: now_ms(),
+                };
+                tokio::spawn(
+                    async move {
+                        let result = tokio::task::spawn_blocking(move || merge::run(job))
+                            .await
+                            .map_err(CoordinatorError::from)
+                            .and_then(|r| r);
+                        if let Err(ractor::MessagingErr::SendErr(ForkMsg::MergeFinished(
+                            _,
+                            reply,
+                        ))) = myself.cast(ForkMsg::MergeFinished(Box::new(result), reply))
+                        {
+                            let _ = reply.send(Err(CoordinatorError::Closed("fork actor")));
+                        }
+                    }
+                    .instrument(span),
+                );
+            }
+            ForkMsg::MergeFinished(result, reply) => {
+                state.merging = false;
+                let done = match *result {
+                    Ok(done) => done,
+                    Err(e) => {
+                        tracing::error!(fork.id = %state.record.fork_id, error = %e, "fork.merge failed");
+                        let _ = reply.send(Err(e));
+                        return Ok(());
+                    }
+                };
+                state.record = done.fork;
+                let fork_id = state.record.fork_id;
+                // Clients applying the merge read the manifest from the bus's blob store.
+                let hash = done.outcome.merged_snapshot;
+                if let Err(e) = state.bus.blobs().put(hash, done.merged_manifest).await {
+                    tracing::warn!(fork.id = %fork_id, error = %e, "fork.merge: cannot publish the merged manifest");
+                }
+                // Stop the losers that are still running.
+                for b in state
+                    .branches
+                    .iter()
+                    .filter(|b| !b.record.state.is_terminal())
+                {
+                    let control = Control {
+                        run_id: b.record.run_id,
+                        command: ControlCommand::Terminate {
+                            reason: format!(
+                                "fork {fork_id} merged branch `{}`",
+                                done.outcome.winner
+                            ),
+                        },
+                    };
+                    match wire::encode(&control) {
+                        Ok(bytes) => {
+                            if let Err(e) = state.bus.send_control(b.record.run_id, bytes).await {
+                                tracing::warn!(fork.id = %fork_id, branch.label = %b.record.label, error = %e, "fork.merge: cannot send terminate");
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "fork.merge: cannot encode terminate")
+                        }
+                    }
+                }
+                tracing::info!(
+                    fork.id = %fork_id,
+                    branch.label = %done.outcome.winner,
+                    applied = done.outcome.report.applied_paths.len(),
+                    conflicts = done.outcome.report.conflicts.len(),
+                    "fork.merged"
+                );
+                state.bump();
+                let _ = reply.send(Ok(done.outcome));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,182 @@
+//! [`CoordinatorHandle`]: the coordinator's API. Cheap to clone; every method is bounded in
+//! time (actor calls time out) and slow store work runs on blocking threads.
+
+use crate::create;
+use crate::error::CoordinatorError;
+use crate::root::RootHandle;
+use crate::store::RunStore;
+use crate::CoordinatorConfig;
+use forkfleet_shared::api::{CheckpointView, CreateFork, ForkView, MergeOutcome};
+use forkfleet_shared::blob::BlobHash;
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::diff::{DiffOptions, DiffReport};
+use forkfleet_shared::event::Event;
+use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::protocol::now_ms;
+use forkfleet_shared::wire;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+#[derive(Clone)]
+pub struct CoordinatorHandle {
+    root: RootHandle,
+    store: RunStore,
+    bus: Arc<dyn Bus>,
+    config: Arc<CoordinatorConfig>,
+}
+
+impl CoordinatorHandle {
+    pub(crate) fn new(
+        root: RootHandle,
+        store: RunStore,
+        bus: Arc<dyn Bus>,
+        config: CoordinatorConfig,
+    ) -> Self {
+        Self {
+            root,
+            store,
+            bus,
+            config: Arc::new(config),
+        }
+    }
+
+    /// Validate and create a fork, enqueue one task per branch, and return its view
+    /// (branches pending). On a validation error nothing is written.
+    ///
+    /// The work runs in its own task: a caller that gives up half-way (a timeout, a
+    /// dropped request) cannot leave a fork written but not enqueued.
+    pub async fn create_fork(&self, req: CreateFork) -> Result<ForkView, CoordinatorError> {
+        let this = self.clone();
+        let span = tracing::info_span!(
+            "fork.create",
+            fork.id = tracing::field::Empty,
+            branches = req.plan.branches.len()
+        );
+        tokio::spawn(async move { this.create_inner(req).await }.instrument(span)).await?
+    }
+
+    async fn create_inner(&self, req: CreateFork) -> Result<ForkView, CoordinatorError> {
+        let store = self.store.clone();
+        let prepared =
+            tokio::task::spawn_blocking(move || create::create_fork(&store, req, now_ms()))
+                .await?
+                .inspect_err(|e| tracing::info!(error = %e, "fork.create refused"))?;
+        let fork_id = prepared.fork.fork_id;
+        tracing::Span::current().record("fork.id", tracing::field::display(fork_id));
+        // Workers read the prefix from the bus's blob store (the same store when embedded).
+        let prefix = prepared.fork.prefix;
+        self.bus
+            .blobs()
+            .put(prefix, prepared.prefix_bytes.clone())
+            .await
+            .map_err(forkfleet_shared::bus::BusError::from)?;
+        let mut payloads = Vec::with_capacity(prepared.tasks.len());
+        for t in &prepared.tasks {
+            payloads.push(wire::encode(t)?);
+        }
+        let fork = self.root.start_fork(prepared).await?;
+        let view = fork.view().await?;
+        for p in payloads {
+            self.bus.enqueue_task(&self.config.pool, p).await?;
+        }
+        tracing::info!(fork.id = %fork_id, branches = view.branches.len(), "fork.created");
+        Ok(view)
+    }
+
+    pub async fn fork(&self, id: ForkId) -> Result<ForkView, CoordinatorError> {
+        self.root.fork(id).await?.view().await
+    }
+
+    /// Every fork, newest first.
+    pub async fn forks(&self) -> Result<Vec<ForkView>, CoordinatorError> {
+        let mut out = Vec::new();
+        for f in self.root.list().await? {
+            match f.view().await {
+                Ok(v) => out.push(v),
+                // A fork actor restarting right now: leave it out of this listing.
+                Err(CoordinatorError::Closed(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// A fork by full id or unique prefix of its id.
+    pub async fn find_fork(&self, prefix: &str) -> Result<ForkId, CoordinatorError> {
+        self.root.find(prefix.to_string()).await
+    }
+
+    /// The fork's view once every branch is terminal. The fork actor answers when the last
+    /// branch finishes; nothing polls.
+    pub async fn wait_settled(
+        &self,
+        id: ForkId,
+        timeout: Duration,
+    ) -> Result<ForkView, CoordinatorError> {
+        self.root.fork(id).await?.wait_settled(timeout).await
+    }
+
+    /// A version counter bumped whenever the fork's view changes (at most once per batch
+    /// of events): wait with `changed()`, then read [`CoordinatorHandle::fork`]. If the
+    /// fork actor is restarted, `changed()` fails: subscribe again.
+    pub async fn changes(&self, id: ForkId) -> Result<watch::Receiver<u64>, CoordinatorError> {
+        self.root.fork(id).await?.subscribe().await
+    }
+
+    /// The cross-branch diff, computed on a blocking thread from the replicas.
+    pub async fn diff(
+        &self,
+        id: ForkId,
+        opts: DiffOptions,
+    ) -> Result<DiffReport, CoordinatorError> {
+        self.root.fork(id).await?.diff(opts).await
+    }
+
+    /// Merge the branch labelled `pick` into the fork's parent run.
+    pub async fn merge(&self, id: ForkId, pick: &str) -> Result<MergeOutcome, CoordinatorError> {
+        self.root.fork(id).await?.merge(pick.to_string()).await
+    }
+
+    /// A run's log, from seq 0 to the first gap.
+    pub async fn run_events(&self, run: RunId) -> Result<Vec<(u64, Event)>, CoordinatorError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            if store.run(run)?.is_none() {
+                return Err(CoordinatorError::UnknownRun(run));
+            }
+            store.run_log(run)
+        })
+        .await?
+    }
+
+    /// A run's checkpoints, oldest first.
+    pub async fn checkpoints(&self, run: RunId) -> Result<Vec<CheckpointView>, CoordinatorError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            if store.run(run)?.is_none() {
+                return Err(CoordinatorError::UnknownRun(run));
+            }
+            store.checkpoints(run)
+        })
+        .await?
+    }
+
+    /// A run's current workspace version (a `Manifest` blob).
+    pub async fn workspace(&self, run: RunId) -> Result<BlobHash, CoordinatorError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            store
+                .run(run)?
+                .map(|r| r.workspace)
+                .ok_or(CoordinatorError::UnknownRun(run))
+        })
+        .await?
+    }
+
+    /// The coordinator's store (blobs for diffs and merges, checkpoints).
+    pub fn store(&self) -> &RunStore {
+        &self.store
+    }
+}

@@ -1,0 +1,142 @@
+//! Merging a winner into its fork's parent. Runs on a blocking thread; the fork actor
+//! checks the request first (label, fork state, winner finished) and records the result.
+//!
+//! 1. Flush the winner's change log onto the parent's *current* workspace version
+//!    ([`ManifestTarget`]), conflicts detected against the fork-time snapshot, with the
+//!    plan's conflict policy; store the result as a manifest blob.
+//! 2. Adopt the winner's history: its conversational events after the copied prefix
+//!    (extra instructions, steer, model responses, tool results; never usage or file
+//!    changes), then a `BranchSummary` naming the winner, appended to the parent's log.
+//! 3. Checkpoint `post-fork:<fork id>` at the parent's new last seq, on the merged manifest.
+//! 4. The parent's record (workspace version, next seq), its new events, the checkpoint and
+//!    the fork record (`Merged { winner }`) are written in one transaction.
+
+use crate::create::post_fork_checkpoint_label;
+use crate::error::CoordinatorError;
+use crate::store::{BranchRecord, ForkRecord, RunStore};
+use forkfleet_shared::api::{CheckpointView, MergeOutcome};
+use forkfleet_shared::event::Event;
+use forkfleet_shared::flush::{flush, ManifestTarget};
+use forkfleet_shared::manifest::Manifest;
+use forkfleet_shared::overlay::ChangeOp;
+use forkfleet_shared::state::ForkState;
+use std::sync::Arc;
+
+pub(crate) struct MergeJob {
+    pub store: RunStore,
+    pub fork: ForkRecord,
+    pub winner: BranchRecord,
+    pub changes: Vec<ChangeOp>,
+    pub fork_snapshot: Arc<Manifest>,
+    pub now_ms: u64,
+}
+
+/// The merge's result: what the caller gets and the fork record as written.
+pub(crate) struct MergeDone {
+    pub outcome: MergeOutcome,
+    pub fork: ForkRecord,
+    pub merged_manifest: bytes::Bytes,
+}
+
+pub(crate) fn run(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
+    let MergeJob {
+        store,
+        fork,
+        winner,
+        changes,
+        fork_snapshot,
+        now_ms,
+    } = job;
+    let _parents = store.lock_parents();
+    let mut parent = store
+        .run(fork.parent_run)?
+        .ok_or(CoordinatorError::UnknownRun(fork.parent_run))?;
+
+    // 1. The workspace.
+    let current = if parent.workspace == fork.snapshot {
+        (*fork_snapshot).clone()
+    } else {
+        let bytes = store
+            .blob(&parent.workspace)?
+            .ok_or_else(|| CoordinatorError::missing_blobs(&[parent.workspace]))?;
+        Manifest::from_blob(&bytes).map_err(|e| CoordinatorError::BadSnapshot {
+            hash: parent.workspace,
+            message: e.to_string(),
+        })?
+    };
+    let mut target = ManifestTarget::new(current);
+    let report = flush(
+        &changes,
+        &fork_snapshot,
+        &mut target,
+        fork.plan.conflict_policy,
+    );
+    let merged = target.into_manifest();
+    let merged_bytes = merged
+        .to_blob()
+        .map_err(|e| CoordinatorError::codec("merged manifest", e))?;
+    let merged_hash = forkfleet_shared::blob::BlobHash::of(&merged_bytes);
+    store.blobs().put_trusted(merged_hash, &merged_bytes)?;
+
+    // 2. The history.
+    let adopt_from = 1 + fork.prefix_len;
+    let mut adopted: Vec<Event> = store
+        .run_log(winner.run_id)?
+        .into_iter()
+        .filter(|(seq, e)| *seq >= adopt_from && e.is_conversational())
+        .map(|(_, e)| e)
+        .collect();
+    adopted.push(Event::BranchSummary {
+        text: format!(
+            "fork {} merged branch `{}` (run {}): {}, {} turn(s), {} change(s), ${:.4}; {} path(s) applied, {} conflict(s) under {}",
+            fork.fork_id,
+            winner.label,
+            winner.run_id,
+            winner.state,
+            winner.turns,
+            changes.len(),
+            winner.cost_usd,
+            report.applied_paths.len(),
+            report.conflicts.len(),
+            fork.plan.conflict_policy,
+        ),
+    });
+    let first = parent.next_seq;
+    let events: Vec<(u64, Event)> = adopted
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| (first + i as u64, e))
+        .collect();
+    parent.next_seq = first + events.len() as u64;
+    parent.workspace = merged_hash;
+
+    // 3. The checkpoint, and 4. one transaction.
+    let checkpoint = CheckpointView {
+        run_id: parent.run_id,
+        label: post_fork_checkpoint_label(fork.fork_id),
+        seq: parent.next_seq - 1,
+        snapshot: merged_hash,
+        created_at_ms: now_ms,
+    };
+    let mut fork = fork;
+    fork.state = ForkState::Merged {
+        winner: winner.label.clone(),
+    };
+    store.commit_merge(&parent, &events, &checkpoint, &fork)?;
+
+    Ok(MergeDone {
+        outcome: MergeOutcome {
+            fork_id: fork.fork_id,
+            winner: winner.label.clone(),
+            winner_run: winner.run_id,
+            parent_run: parent.run_id,
+            report,
+            changes,
+            fork_snapshot: fork.snapshot,
+            merged_snapshot: merged_hash,
+            checkpoint: checkpoint.label,
+        },
+        fork,
+        merged_manifest: merged_bytes,
+    })
+}

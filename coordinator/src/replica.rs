@@ -1,0 +1,297 @@
+//! The coordinator's replica of one branch: its summary (state, turns, usage, cost) and its
+//! overlay, built by applying the branch's events in seq order exactly once.
+//!
+//! Delivery is at least once and may reorder after a redelivery, so every event is placed
+//! by its seq against `next_seq`, the seq the replica expects:
+//! - `seq < next_seq`, or already held: a duplicate, ignored;
+//! - `seq == next_seq`: applied, then every held successor that is now in order;
+//! - `seq > next_seq`: held until the gap fills.
+//!
+//! Held events are written to the store like applied ones (so their delivery can be acked);
+//! a replica rebuilt from the store re-holds whatever lies beyond a gap.
+
+use crate::store::BranchRecord;
+use forkfleet_shared::event::{Event, Usage};
+use forkfleet_shared::manifest::Manifest;
+use forkfleet_shared::overlay::Overlay;
+use forkfleet_shared::state::BranchState;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Where an arriving event goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placement {
+    Duplicate,
+    Hold,
+    Apply,
+}
+
+/// What applying events changed, for the caller's bookkeeping.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Effect {
+    /// The branch's state changed (its record is rewritten).
+    pub state_changed: bool,
+    /// The branch reached a terminal state.
+    pub became_terminal: bool,
+    /// Events applied (held successors included).
+    pub applied: usize,
+}
+
+pub(crate) struct BranchReplica {
+    pub record: BranchRecord,
+    pub overlay: Overlay,
+    held: BTreeMap<u64, Event>,
+}
+
+impl BranchReplica {
+    /// A replica of a branch with no worker events yet.
+    pub fn new(mut record: BranchRecord, base: Arc<Manifest>) -> Self {
+        record.state = BranchState::Pending;
+        record.error = None;
+        record.turns = 0;
+        record.usage = Usage::default();
+        record.cost_usd = 0.0;
+        record.changes = 0;
+        record.next_seq = record.first_seq;
+        Self {
+            record,
+            overlay: Overlay::new(base),
+            held: BTreeMap::new(),
+        }
+    }
+
+    /// Rebuild from the stored log (every stored event, gaps included, in seq order).
+    pub fn rebuild(record: BranchRecord, base: Arc<Manifest>, stored: Vec<(u64, Event)>) -> Self {
+        let mut r = Self::new(record, base);
+        for (seq, event) in stored {
+            if seq < r.record.first_seq {
+                continue; // lineage, copied prefix and tail: written at creation
+            }
+            r.arrive(seq, event);
+        }
+        r
+    }
+
+    pub fn placement(&self, seq: u64) -> Placement {
+        let next = self.record.next_seq;
+        if seq < next || self.held.contains_key(&seq) {
+            Placement::Duplicate
+        } else if seq > next {
+            Placement::Hold
+        } else {
+            Placement::Apply
+        }
+    }
+
+    /// Place one event: apply it (and held successors), hold it, or drop a duplicate.
+    pub fn arrive(&mut self, seq: u64, event: Event) -> Effect {
+        match self.placement(seq) {
+            Placement::Duplicate => Effect::default(),
+            Placement::Hold => {
+                self.held.insert(seq, event);
+                Effect::default()
+            }
+            Placement::Apply => {
+                let was_terminal = self.record.state.is_terminal();
+                let mut effect = Effect::default();
+                self.apply(event, &mut effect);
+                while let Some(next) = self.held.remove(&self.record.next_seq) {
+                    self.apply(next, &mut effect);
+                }
+                effect.became_terminal = !was_terminal && self.record.state.is_terminal();
+                effect
+            }
+        }
+    }
+
+    /// Events waiting for an earlier one.
+    #[cfg(test)]
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    fn apply(&mut self, event: Event, effect: &mut Effect) {
+        let r = &mut self.record;
+        match event {
+            Event::ModelResponse { .. } => r.turns += 1,
+            Event::Usage {
+                usage, cost_usd, ..
+            } => {
+                r.usage.add(&usage);
+                if cost_usd.is_finite() {
+                    r.cost_usd += cost_usd;
+                }
+            }
+            Event::FileChange { change } => {
+                let path = change.path().clone();
+                match self.overlay.apply(change) {
+                    Ok(()) => r.changes = self.overlay.changes().len() as u64,
+                    Err(e) => tracing::error!(
+                        branch.label = %r.label,
+                        run.id = %r.run_id,
+                        seq = r.next_seq,
+                        path = %path,
+                        error = %e,
+                        "fork.replica: file change does not apply to the replica"
+                    ),
+                }
+            }
+            Event::Status { state, error } => {
+                if let Some(next) = r.state.transition(state) {
+                    r.state = next;
+                    if error.is_some() {
+                        r.error = error;
+                    }
+                    effect.state_changed = true;
+                }
+            }
+            _ => {}
+        }
+        r.next_seq += 1;
+        effect.applied += 1;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use forkfleet_shared::ids::{ForkId, RunId};
+    use forkfleet_shared::manifest::FileEntry;
+    use forkfleet_shared::overlay::ChangeOp;
+    use forkfleet_shared::path::WsPath;
+
+    fn replica() -> BranchReplica {
+        let record = BranchRecord {
+            fork_id: ForkId::new(),
+            run_id: RunId::new(),
+            index: 0,
+            label: "a".into(),
+            model: "scripted:x".into(),
+            first_seq: 3,
+            state: BranchState::Done,
+            error: None,
+            turns: 9,
+            usage: Usage::default(),
+            cost_usd: 0.0,
+            changes: 0,
+            next_seq: 0,
+        };
+        BranchReplica::new(record, Arc::new(Manifest::default()))
+    }
+
+    fn status(state: BranchState) -> Event {
+        Event::Status { state, error: None }
+    }
+
+    fn write(p: &str) -> Event {
+        Event::FileChange {
+            change: ChangeOp::Write {
+                path: WsPath::parse(p).unwrap(),
+                entry: FileEntry::for_bytes(p.as_bytes(), 0o644),
+            },
+        }
+    }
+
+    #[test]
+    fn new_replica_starts_pending_at_first_seq() {
+        let r = replica();
+        assert_eq!(r.record.state, BranchState::Pending);
+        assert_eq!(r.record.turns, 0);
+        assert_eq!(r.record.next_seq, 3);
+        assert_eq!(r.placement(2), Placement::Duplicate);
+        assert_eq!(r.placement(4), Placement::Hold);
+    }
+
+    #[test]
+    fn out_of_order_and_duplicates_apply_once_in_order() {
+        let mut r = replica();
+        assert_eq!(r.arrive(5, write("b")).applied, 0);
+        assert_eq!(r.arrive(4, write("a")).applied, 0);
+        assert_eq!(r.arrive(4, write("a")), Effect::default());
+        assert_eq!(r.held(), 2);
+        let e = r.arrive(3, status(BranchState::Running));
+        assert_eq!(e.applied, 3);
+        assert!(e.state_changed && !e.became_terminal);
+        assert_eq!(r.held(), 0);
+        let paths: Vec<&str> = r
+            .overlay
+            .changes()
+            .iter()
+            .map(|c| c.path().as_str())
+            .collect();
+        assert_eq!(paths, ["a", "b"]);
+        assert_eq!(r.arrive(4, write("a")), Effect::default());
+        assert_eq!(r.record.next_seq, 6);
+        assert_eq!(r.record.changes, 2);
+    }
+
+    #[test]
+    fn first_terminal_state_is_final_and_counters_add_up() {
+        let mut r = replica();
+        r.arrive(3, status(BranchState::Running));
+        r.arrive(
+            4,
+            Event::ModelResponse {
+                model: "m".into(),
+                text: None,
+                tool_calls: vec![],
+            },
+        );
+        let usage = Usage {
+            input_tokens: 10,
+            output_tokens: 5,
+            cached_tokens: 0,
+        };
+        r.arrive(
+            5,
+            Event::Usage {
+                model: "m".into(),
+                usage,
+                cost_usd: 0.25,
+            },
+        );
+        let e = r.arrive(
+            6,
+            Event::Status {
+                state: BranchState::BudgetExhausted,
+                error: Some("budget".into()),
+            },
+        );
+        assert!(e.became_terminal);
+        let e = r.arrive(7, status(BranchState::Done));
+        assert!(!e.state_changed && e.applied == 1);
+        assert_eq!(r.record.state, BranchState::BudgetExhausted);
+        assert_eq!(r.record.error.as_deref(), Some("budget"));
+        assert_eq!(r.record.turns, 1);
+        assert_eq!(r.record.usage.input_tokens, 10);
+        assert!((r.record.cost_usd - 0.25).abs() < 1e-12);
+    }
+
+    #[test]
+    fn rebuild_skips_creation_events_and_reholds_past_a_gap() {
+        let base = replica();
+        let stored = vec![
+            (
+                0,
+                Event::Steer {
+                    text: "fork".into(),
+                },
+            ),
+            (
+                1,
+                Event::Steer {
+                    text: "prefix".into(),
+                },
+            ),
+            (3, status(BranchState::Running)),
+            (4, write("a")),
+            (6, write("c")),
+        ];
+        let r = BranchReplica::rebuild(base.record.clone(), Arc::new(Manifest::default()), stored);
+        assert_eq!(r.record.next_seq, 5);
+        assert_eq!(r.held(), 1);
+        assert_eq!(r.record.state, BranchState::Running);
+        assert_eq!(r.overlay.changes().len(), 1);
+    }
+}

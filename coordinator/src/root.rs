@@ -1,0 +1,225 @@
+//! The root actor: owns the forks (fork id -> fork actor), supervises them, and routes.
+//! On start it loads every fork of the store; a fork actor that fails is restarted from the
+//! store (its replica is rebuilt from the event log).
+
+use crate::create::PreparedFork;
+use crate::error::{actor_call, list, CoordinatorError};
+use crate::fork::{ForkActor, ForkArgs, ForkHandle, CALL_TIMEOUT_MS};
+use crate::store::RunStore;
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::ids::ForkId;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub(crate) struct RootActor;
+
+pub(crate) struct RootArgs {
+    pub store: RunStore,
+    pub bus: Arc<dyn Bus>,
+}
+
+pub(crate) struct RootState {
+    store: RunStore,
+    bus: Arc<dyn Bus>,
+    forks: BTreeMap<ForkId, ForkHandle>,
+}
+
+pub(crate) enum RootMsg {
+    /// Start the actor of a fork just written to the store.
+    StartFork(
+        Box<PreparedFork>,
+        RpcReplyPort<Result<ForkHandle, CoordinatorError>>,
+    ),
+    Lookup(ForkId, RpcReplyPort<Option<ForkHandle>>),
+    /// Every fork, newest first.
+    List(RpcReplyPort<Vec<ForkHandle>>),
+    Find(String, RpcReplyPort<Result<ForkId, CoordinatorError>>),
+}
+
+#[derive(Clone)]
+pub(crate) struct RootHandle(ActorRef<RootMsg>);
+
+fn call_error<T>(e: ractor::RactorErr<T>) -> CoordinatorError {
+    actor_call(e, "root actor", "a call to the root actor", CALL_TIMEOUT_MS)
+}
+
+impl RootHandle {
+    pub fn new(actor: ActorRef<RootMsg>) -> Self {
+        Self(actor)
+    }
+
+    pub async fn start_fork(&self, prepared: PreparedFork) -> Result<ForkHandle, CoordinatorError> {
+        ractor::call_t!(
+            self.0,
+            RootMsg::StartFork,
+            CALL_TIMEOUT_MS,
+            Box::new(prepared)
+        )
+        .map_err(call_error)?
+    }
+
+    pub async fn lookup(&self, id: ForkId) -> Result<Option<ForkHandle>, CoordinatorError> {
+        ractor::call_t!(self.0, RootMsg::Lookup, CALL_TIMEOUT_MS, id).map_err(call_error)
+    }
+
+    pub async fn fork(&self, id: ForkId) -> Result<ForkHandle, CoordinatorError> {
+        self.lookup(id)
+            .await?
+            .ok_or_else(|| CoordinatorError::UnknownFork(id.to_string()))
+    }
+
+    pub async fn list(&self) -> Result<Vec<ForkHandle>, CoordinatorError> {
+        ractor::call_t!(self.0, RootMsg::List, CALL_TIMEOUT_MS).map_err(call_error)
+    }
+
+    pub async fn find(&self, prefix: String) -> Result<ForkId, CoordinatorError> {
+        ractor::call_t!(self.0, RootMsg::Find, CALL_TIMEOUT_MS, prefix).map_err(call_error)?
+    }
+}
+
+impl RootState {
+    async fn spawn_fork(
+        &mut self,
+        myself: &ActorRef<RootMsg>,
+        id: ForkId,
+        args: ForkArgs,
+    ) -> Result<ForkHandle, CoordinatorError> {
+        let (actor, _join) = Actor::spawn_linked(None, ForkActor, args, myself.get_cell())
+            .await
+            .map_err(|e| {
+                CoordinatorError::Internal(format!("cannot start the actor of fork {id}: {e}"))
+            })?;
+        let handle = ForkHandle::new(actor);
+        self.forks.insert(id, handle.clone());
+        Ok(handle)
+    }
+
+    fn load_args(&self, fork: ForkId) -> ForkArgs {
+        ForkArgs::Load {
+            fork,
+            store: self.store.clone(),
+            bus: self.bus.clone(),
+        }
+    }
+
+    fn find(&self, prefix: &str) -> Result<ForkId, CoordinatorError> {
+        let needle = prefix.trim().to_ascii_lowercase();
+        if let Ok(id) = needle.parse::<ForkId>() {
+            return if self.forks.contains_key(&id) {
+                Ok(id)
+            } else {
+                Err(CoordinatorError::UnknownFork(prefix.to_string()))
+            };
+        }
+        if needle.is_empty() {
+            return Err(CoordinatorError::UnknownFork(prefix.to_string()));
+        }
+        let matches: Vec<ForkId> = self
+            .forks
+            .keys()
+            .filter(|id| id.to_string().starts_with(&needle))
+            .copied()
+            .collect();
+        match matches.as_slice() {
+            [] => Err(CoordinatorError::UnknownFork(prefix.to_string())),
+            [one] => Ok(*one),
+            many => Err(CoordinatorError::AmbiguousFork {
+                prefix: prefix.to_string(),
+                count: many.len(),
+                matches: list(many.iter()),
+            }),
+        }
+    }
+}
+
+impl Actor for RootActor {
+    type Msg = RootMsg;
+    type State = RootState;
+    type Arguments = RootArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let mut state = RootState {
+            store: args.store,
+            bus: args.bus,
+            forks: BTreeMap::new(),
+        };
+        let store = state.store.clone();
+        let records = tokio::task::spawn_blocking(move || store.forks()).await??;
+        for r in records {
+            let args = state.load_args(r.fork_id);
+            if let Err(e) = state.spawn_fork(&myself, r.fork_id, args).await {
+                // One unreadable fork must not keep the others down.
+                tracing::error!(fork.id = %r.fork_id, error = %e, "fork could not be loaded; skipped");
+            }
+        }
+        tracing::info!(forks = state.forks.len(), "coordinator.loaded");
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RootMsg::StartFork(prepared, reply) => {
+                let id = prepared.fork.fork_id;
+                let args = ForkArgs::Created {
+                    prepared,
+                    store: state.store.clone(),
+                    bus: state.bus.clone(),
+                };
+                let _ = reply.send(state.spawn_fork(&myself, id, args).await);
+            }
+            RootMsg::Lookup(id, reply) => {
+                let _ = reply.send(state.forks.get(&id).cloned());
+            }
+            RootMsg::List(reply) => {
+                let _ = reply.send(state.forks.values().rev().cloned().collect());
+            }
+            RootMsg::Find(prefix, reply) => {
+                let _ = reply.send(state.find(&prefix));
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, err) => {
+                let Some(id) = state
+                    .forks
+                    .iter()
+                    .find(|(_, h)| h.actor().get_id() == cell.get_id())
+                    .map(|(id, _)| *id)
+                else {
+                    return Ok(());
+                };
+                tracing::error!(fork.id = %id, error = %err, "fork actor failed; restarting it from the store");
+                state.forks.remove(&id);
+                let args = state.load_args(id);
+                if let Err(e) = state.spawn_fork(&myself, id, args).await {
+                    tracing::error!(fork.id = %id, error = %e, "fork actor could not be restarted");
+                }
+            }
+            SupervisionEvent::ActorTerminated(cell, _, _) => {
+                state
+                    .forks
+                    .retain(|_, h| h.actor().get_id() != cell.get_id());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,420 @@
+//! The run store: sled under a data dir.
+//!
+//! | tree          | key                                  | value (rmp, named fields)  |
+//! |---------------|--------------------------------------|----------------------------|
+//! | `runs`        | run id (16 bytes)                    | [`RunRecord`]              |
+//! | `events`      | run id ++ seq (u64 big-endian)       | [`Event`]                  |
+//! | `forks`       | fork id                              | [`ForkRecord`]             |
+//! | `branches`    | fork id ++ run id                    | [`BranchRecord`]           |
+//! | `checkpoints` | run id ++ checkpoint id              | [`CheckpointView`]         |
+//! | `blobs`       | blob hash (32 bytes)                 | the bytes                  |
+//!
+//! Ids are UUID v7, so every prefix scan comes back in creation order and a run's events
+//! in seq order. The event log is the source of truth for a branch: its record's counters
+//! are a snapshot written when its state changes, and the replica is rebuilt from the log
+//! on start.
+//!
+//! Writes are not flushed one by one: the event loop writes a batch, then
+//! [`RunStore::flush_async`], then acks (acked means durable). Creation and merge flush
+//! before they return.
+
+mod blobs;
+mod records;
+
+pub use blobs::SledBlobStore;
+pub(crate) use records::{BranchRecord, ForkRecord, RunRecord};
+
+use crate::error::CoordinatorError;
+use bytes::Bytes;
+use forkfleet_shared::api::CheckpointView;
+use forkfleet_shared::blob::{BlobHash, BlobStore};
+use forkfleet_shared::event::Event;
+use forkfleet_shared::ids::{CheckpointId, ForkId, RunId};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// sled's page cache; the default (1 GB) would let the store alone exceed the memory
+/// budget of a whole embedded run.
+const CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Entries per tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreCounts {
+    pub runs: usize,
+    pub events: usize,
+    pub forks: usize,
+    pub branches: usize,
+    pub checkpoints: usize,
+    pub blobs: usize,
+}
+
+/// The coordinator's durable state. Cheap to clone: every clone is the same database.
+#[derive(Clone)]
+pub struct RunStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    db: sled::Db,
+    runs: sled::Tree,
+    events: sled::Tree,
+    forks: sled::Tree,
+    branches: sled::Tree,
+    checkpoints: sled::Tree,
+    blobs: SledBlobStore,
+    /// Serialises the read-modify-write of parent runs (fork creation from an existing
+    /// run, merges), which several fork actors may do at once.
+    parent_lock: Mutex<()>,
+}
+
+pub(crate) fn event_key(run: RunId, seq: u64) -> [u8; 24] {
+    let mut k = [0u8; 24];
+    k[..16].copy_from_slice(run.as_bytes());
+    k[16..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+fn pair_key(a: &[u8; 16], b: &[u8; 16]) -> [u8; 32] {
+    let mut k = [0u8; 32];
+    k[..16].copy_from_slice(a);
+    k[16..].copy_from_slice(b);
+    k
+}
+
+pub(crate) fn encode<T: Serialize>(what: &'static str, v: &T) -> Result<Vec<u8>, CoordinatorError> {
+    rmp_serde::to_vec_named(v).map_err(|e| CoordinatorError::codec(what, e))
+}
+
+pub(crate) fn decode<T: DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<T, CoordinatorError> {
+    rmp_serde::from_slice(bytes).map_err(|e| CoordinatorError::codec(what, e))
+}
+
+impl RunStore {
+    /// Open (or create) the store in `data_dir`. A store another process holds open is a
+    /// [`CoordinatorError::StoreLocked`] naming the directory.
+    pub fn open(data_dir: &Path) -> Result<RunStore, CoordinatorError> {
+        let dir = data_dir.to_path_buf();
+        let db = sled::Config::new()
+            .path(&dir)
+            .cache_capacity(CACHE_BYTES)
+            .open()
+            .map_err(|e| {
+                let message = e.to_string();
+                if message.contains("could not acquire lock") {
+                    CoordinatorError::StoreLocked {
+                        dir: dir.clone(),
+                        message,
+                    }
+                } else {
+                    CoordinatorError::StoreOpen {
+                        dir: dir.clone(),
+                        message,
+                    }
+                }
+            })?;
+        let tree = |name: &str| db.open_tree(name);
+        let inner = Inner {
+            runs: tree("runs")?,
+            events: tree("events")?,
+            forks: tree("forks")?,
+            branches: tree("branches")?,
+            checkpoints: tree("checkpoints")?,
+            blobs: SledBlobStore::new(tree("blobs")?),
+            parent_lock: Mutex::new(()),
+            dir,
+            db,
+        };
+        Ok(RunStore {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The data dir this store lives in.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The store's blobs (tree `blobs`) as a [`BlobStore`], e.g. for a [`LocalBus`] in the
+    /// embedded mode so workers and coordinator share one copy.
+    ///
+    /// [`LocalBus`]: forkfleet_shared::bus::local::LocalBus
+    pub fn blob_store(&self) -> Arc<dyn BlobStore> {
+        Arc::new(self.inner.blobs.clone())
+    }
+
+    /// The concrete blob store, with its synchronous getter.
+    pub fn blobs(&self) -> &SledBlobStore {
+        &self.inner.blobs
+    }
+
+    /// A blob's bytes, synchronously (diffs and merges run on blocking threads).
+    pub fn blob(&self, hash: &BlobHash) -> Result<Option<Bytes>, CoordinatorError> {
+        self.inner.blobs.get_sync(hash)
+    }
+
+    /// How many entries each tree holds (for status output and tests).
+    pub fn counts(&self) -> Result<StoreCounts, CoordinatorError> {
+        let i = &self.inner;
+        Ok(StoreCounts {
+            runs: i.runs.len(),
+            events: i.events.len(),
+            forks: i.forks.len(),
+            branches: i.branches.len(),
+            checkpoints: i.checkpoints.len(),
+            blobs: i.blobs.len(),
+        })
+    }
+
+    /// Persist everything written so far.
+    pub async fn flush_async(&self) -> Result<(), CoordinatorError> {
+        self.inner.db.flush_async().await?;
+        Ok(())
+    }
+
+    pub(crate) fn flush(&self) -> Result<(), CoordinatorError> {
+        self.inner.db.flush()?;
+        Ok(())
+    }
+
+    pub(crate) fn lock_parents(&self) -> MutexGuard<'_, ()> {
+        // A poisoned lock only means another holder panicked; the data is in sled.
+        self.inner
+            .parent_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    // ---- runs ---------------------------------------------------------------------------
+
+    pub(crate) fn run(&self, id: RunId) -> Result<Option<RunRecord>, CoordinatorError> {
+        match self.inner.runs.get(id.as_bytes())? {
+            Some(v) => Ok(Some(decode("run record", &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn put_run(&self, run: &RunRecord) -> Result<(), CoordinatorError> {
+        self.inner
+            .runs
+            .insert(run.run_id.as_bytes(), encode("run record", run)?)?;
+        Ok(())
+    }
+
+    // ---- events -------------------------------------------------------------------------
+
+    /// Write a run of events atomically (not flushed).
+    pub(crate) fn put_events<'a>(
+        &self,
+        events: impl IntoIterator<Item = (RunId, u64, &'a Event)>,
+    ) -> Result<(), CoordinatorError> {
+        let mut batch = sled::Batch::default();
+        for (run, seq, event) in events {
+            batch.insert(&event_key(run, seq), encode("event", event)?);
+        }
+        self.inner.events.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Apply a batch of event writes built by the caller (keys from [`event_key`]).
+    pub(crate) fn apply_event_batch(&self, batch: sled::Batch) -> Result<(), CoordinatorError> {
+        self.inner.events.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Every stored event of a run, in seq order, gaps included (events held until an
+    /// earlier one arrives are stored too).
+    pub(crate) fn stored_events(&self, run: RunId) -> Result<Vec<(u64, Event)>, CoordinatorError> {
+        let mut out = Vec::new();
+        for kv in self.inner.events.scan_prefix(run.as_bytes()) {
+            let (k, v) = kv?;
+            let seq = k
+                .get(16..24)
+                .and_then(|s| <[u8; 8]>::try_from(s).ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| CoordinatorError::codec("event key", "not 24 bytes"))?;
+            out.push((seq, decode("event", &v)?));
+        }
+        Ok(out)
+    }
+
+    /// A run's log: its events from seq 0 up to the first gap.
+    pub fn run_log(&self, run: RunId) -> Result<Vec<(u64, Event)>, CoordinatorError> {
+        let mut events = self.stored_events(run)?;
+        let contiguous = events
+            .iter()
+            .enumerate()
+            .take_while(|(i, (seq, _))| *i as u64 == *seq)
+            .count();
+        events.truncate(contiguous);
+        Ok(events)
+    }
+
+    // ---- forks and branches -------------------------------------------------------------
+
+    pub(crate) fn put_fork(&self, fork: &ForkRecord) -> Result<(), CoordinatorError> {
+        self.inner
+            .forks
+            .insert(fork.fork_id.as_bytes(), encode("fork record", fork)?)?;
+        Ok(())
+    }
+
+    /// Every fork, oldest first.
+    pub(crate) fn forks(&self) -> Result<Vec<ForkRecord>, CoordinatorError> {
+        let mut out = Vec::new();
+        for kv in self.inner.forks.iter() {
+            let (_, v) = kv?;
+            out.push(decode("fork record", &v)?);
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn fork(&self, id: ForkId) -> Result<Option<ForkRecord>, CoordinatorError> {
+        match self.inner.forks.get(id.as_bytes())? {
+            Some(v) => Ok(Some(decode("fork record", &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn put_branch(&self, b: &BranchRecord) -> Result<(), CoordinatorError> {
+        self.inner.branches.insert(
+            pair_key(b.fork_id.as_bytes(), b.run_id.as_bytes()),
+            encode("branch record", b)?,
+        )?;
+        Ok(())
+    }
+
+    /// A fork's branches, in branch order.
+    pub(crate) fn branches(&self, fork: ForkId) -> Result<Vec<BranchRecord>, CoordinatorError> {
+        let mut out: Vec<BranchRecord> = Vec::new();
+        for kv in self.inner.branches.scan_prefix(fork.as_bytes()) {
+            let (_, v) = kv?;
+            out.push(decode("branch record", &v)?);
+        }
+        out.sort_by_key(|b| b.index);
+        Ok(out)
+    }
+
+    // ---- checkpoints --------------------------------------------------------------------
+
+    pub(crate) fn put_checkpoint(&self, c: &CheckpointView) -> Result<(), CoordinatorError> {
+        let key = pair_key(c.run_id.as_bytes(), CheckpointId::new().as_bytes());
+        self.inner
+            .checkpoints
+            .insert(key, encode("checkpoint", c)?)?;
+        Ok(())
+    }
+
+    /// A run's checkpoints, oldest first.
+    pub fn checkpoints(&self, run: RunId) -> Result<Vec<CheckpointView>, CoordinatorError> {
+        let mut out = Vec::new();
+        for kv in self.inner.checkpoints.scan_prefix(run.as_bytes()) {
+            let (_, v) = kv?;
+            out.push(decode("checkpoint", &v)?);
+        }
+        Ok(out)
+    }
+
+    /// Write everything a merge changes in one transaction: the parent's record, its new
+    /// events, the post-merge checkpoint and the fork record.
+    pub(crate) fn commit_merge(
+        &self,
+        parent: &RunRecord,
+        events: &[(u64, Event)],
+        checkpoint: &CheckpointView,
+        fork: &ForkRecord,
+    ) -> Result<(), CoordinatorError> {
+        use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+        let run_bytes = encode("run record", parent)?;
+        let fork_bytes = encode("fork record", fork)?;
+        let cp_bytes = encode("checkpoint", checkpoint)?;
+        let cp_key = pair_key(checkpoint.run_id.as_bytes(), CheckpointId::new().as_bytes());
+        let mut event_bytes = Vec::with_capacity(events.len());
+        for (seq, e) in events {
+            event_bytes.push((event_key(parent.run_id, *seq), encode("event", e)?));
+        }
+        let i = &self.inner;
+        (&i.runs, &i.events, &i.checkpoints, &i.forks)
+            .transaction(|(runs, evs, cps, forks)| {
+                for (k, v) in &event_bytes {
+                    evs.insert(&k[..], v.as_slice())?;
+                }
+                cps.insert(&cp_key[..], cp_bytes.as_slice())?;
+                runs.insert(parent.run_id.as_bytes(), run_bytes.as_slice())?;
+                forks.insert(fork.fork_id.as_bytes(), fork_bytes.as_slice())?;
+                Ok::<(), ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| match e {
+                TransactionError::Storage(e) => CoordinatorError::Store(e),
+                TransactionError::Abort(()) => {
+                    CoordinatorError::Internal("merge transaction aborted".into())
+                }
+            })?;
+        self.flush()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_stops_at_the_first_gap_and_events_sort_by_seq() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RunStore::open(dir.path()).unwrap();
+        let run = RunId::new();
+        let other = RunId::new();
+        let ev = |t: &str| Event::Steer { text: t.into() };
+        let evs: Vec<(u64, Event)> = [0u64, 1, 2, 256, 4]
+            .into_iter()
+            .map(|seq| (seq, ev(&seq.to_string())))
+            .collect();
+        store
+            .put_events(evs.iter().map(|(seq, e)| (run, *seq, e)))
+            .unwrap();
+        store.put_events([(other, 0, &ev("x"))]).unwrap();
+        let seqs: Vec<u64> = store
+            .stored_events(run)
+            .unwrap()
+            .iter()
+            .map(|e| e.0)
+            .collect();
+        assert_eq!(seqs, [0, 1, 2, 4, 256]);
+        assert_eq!(store.run_log(run).unwrap().len(), 3);
+        assert_eq!(
+            store.run_log(RunId::new()).unwrap(),
+            Vec::<(u64, Event)>::new()
+        );
+    }
+
+    #[test]
+    fn second_open_of_a_locked_dir_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let _store = RunStore::open(dir.path()).unwrap();
+        let err = RunStore::open(dir.path()).err().unwrap();
+        assert!(matches!(err, CoordinatorError::StoreLocked { .. }), "{err}");
+        assert!(err.to_string().contains(&dir.path().display().to_string()));
+    }
+
+    #[tokio::test]
+    async fn blobs_round_trip_and_verify() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RunStore::open(dir.path()).unwrap();
+        let blobs = store.blob_store();
+        let h = BlobHash::of(b"hello");
+        blobs.put(h, Bytes::from_static(b"hello")).await.unwrap();
+        assert_eq!(
+            store.blob(&h).unwrap().unwrap(),
+            Bytes::from_static(b"hello")
+        );
+        let other = BlobHash::of(b"nope");
+        assert_eq!(blobs.missing(&[h, other]).await.unwrap(), vec![other]);
+        assert!(blobs.put(other, Bytes::from_static(b"x")).await.is_err());
+    }
+}

@@ -1,0 +1,86 @@
+//! The records the store keeps, besides events, checkpoints and blobs.
+
+use forkfleet_shared::api::BranchView;
+use forkfleet_shared::blob::BlobHash;
+use forkfleet_shared::event::Usage;
+use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::spec::ForkPlan;
+use forkfleet_shared::state::{BranchState, ForkState};
+use serde::{Deserialize, Serialize};
+
+/// One run: a root run or a branch run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RunRecord {
+    pub run_id: RunId,
+    pub parent: Option<RunId>,
+    /// The fork that created this run (branch runs).
+    pub fork_id: Option<ForkId>,
+    /// The root run of the tree this run belongs to (itself for a root run).
+    pub fork_root: RunId,
+    /// 0 for a root run, the parent's depth + 1 for a branch run.
+    pub depth: u32,
+    /// The current workspace version (a `Manifest` blob). For a branch run the fork-time
+    /// snapshot its overlay applies to.
+    pub workspace: BlobHash,
+    /// The seq the next event takes: the last seq is `next_seq - 1`. For a branch run it
+    /// is written at creation and when its state changes; the log is authoritative.
+    pub next_seq: u64,
+    pub created_at_ms: u64,
+}
+
+/// One fork. Written at creation, when it settles and when it is merged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ForkRecord {
+    pub fork_id: ForkId,
+    pub plan: ForkPlan,
+    pub parent_run: RunId,
+    /// The fork-time workspace snapshot (a `Manifest` blob).
+    pub snapshot: BlobHash,
+    pub workspace: Option<String>,
+    pub state: ForkState,
+    pub created_at_ms: u64,
+    /// The parent's last event the branches' histories include.
+    pub cutoff_seq: u64,
+    /// The copied conversational prefix, shared by every branch (an rmp `Vec<Event>` blob).
+    pub prefix: BlobHash,
+    /// Events in the prefix: a branch log holds them at seqs `1..=prefix_len`.
+    pub prefix_len: u64,
+}
+
+/// One branch of a fork. Static fields plus a summary of its log as of its last state
+/// change; the in-memory replica rebuilds the summary from the log on start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct BranchRecord {
+    pub fork_id: ForkId,
+    pub run_id: RunId,
+    pub index: u32,
+    pub label: String,
+    pub model: String,
+    /// The seq the worker's first event takes (`1 + prefix_len + tail.len()`).
+    pub first_seq: u64,
+    pub state: BranchState,
+    pub error: Option<String>,
+    pub turns: u32,
+    pub usage: Usage,
+    pub cost_usd: f64,
+    /// Entries in the change log.
+    pub changes: u64,
+    /// The seq the next event takes.
+    pub next_seq: u64,
+}
+
+impl BranchRecord {
+    pub fn view(&self) -> BranchView {
+        BranchView {
+            label: self.label.clone(),
+            run_id: self.run_id,
+            state: self.state,
+            error: self.error.clone(),
+            turns: self.turns,
+            usage: self.usage,
+            cost_usd: self.cost_usd,
+            changes: self.changes as usize,
+            events: self.next_seq,
+        }
+    }
+}

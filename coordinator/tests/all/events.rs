@@ -1,0 +1,207 @@
+use crate::support::*;
+use bytes::Bytes;
+use forkfleet_shared::api::ParentRun;
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::event::Event;
+use forkfleet_shared::state::{BranchState, ForkState};
+
+#[tokio::test]
+async fn duplicate_and_out_of_order_events_apply_once_in_order() {
+    let fx = Fixture::start().await;
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    let view = fx.create(plan(&["solo"]), ParentRun::New, snap).await;
+    let (task, _d) = fx.pull().await;
+    let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
+    let blobs = fx.blobs();
+    let w1 = Step::Write("one.txt".into(), "1".into())
+        .into_event(&blobs)
+        .await;
+    let w2 = Step::Write("two.txt".into(), "2".into())
+        .into_event(&blobs)
+        .await;
+    let running = Step::Status(BranchState::Running).into_event(&blobs).await;
+
+    // Pending -> Running.
+    assert_eq!(view.branches[0].state, BranchState::Pending);
+    fx.publish(fork, run, s, running.clone()).await;
+    let v = wait_view(&h, fork, |v| v.branches[0].state == BranchState::Running).await;
+    assert_eq!(v.branches[0].events, s + 1);
+
+    // s+2 before s+1, duplicates of both and of s.
+    fx.publish(fork, run, s + 2, w2.clone()).await;
+    fx.publish(fork, run, s + 2, w2.clone()).await;
+    fx.publish(fork, run, s, running.clone()).await;
+    fx.publish(fork, run, s + 1, w1.clone()).await;
+    fx.publish(fork, run, s + 1, w1.clone()).await;
+    let v = wait_view(&h, fork, |v| v.branches[0].events == s + 3).await;
+    assert_eq!(v.branches[0].changes, 2);
+
+    // Running -> Done; a later status never changes a terminal state.
+    fx.publish(
+        fork,
+        run,
+        s + 3,
+        Event::Status {
+            state: BranchState::Done,
+            error: None,
+        },
+    )
+    .await;
+    fx.publish(
+        fork,
+        run,
+        s + 4,
+        Event::Status {
+            state: BranchState::Failed,
+            error: Some("late".into()),
+        },
+    )
+    .await;
+    let v = within(h.wait_settled(fork, T)).await.unwrap();
+    assert_eq!(v.state, ForkState::Settled);
+    assert_eq!(v.branches[0].state, BranchState::Done);
+    assert_eq!(v.branches[0].error, None);
+    // The Failed event is still recorded once the fork has settled.
+    let v = wait_view(&h, fork, |v| v.branches[0].events == s + 5).await;
+    assert_eq!(v.branches[0].state, BranchState::Done);
+
+    let log = within(h.run_events(run)).await.unwrap();
+    let tail: Vec<Event> = log[s as usize..].iter().map(|(_, e)| e.clone()).collect();
+    assert_eq!(tail.len(), 5);
+    assert_eq!(tail[0], running);
+    assert_eq!(tail[1], w1);
+    assert_eq!(tail[2], w2);
+    assert_eq!(
+        log.iter().map(|(q, _)| *q).collect::<Vec<_>>(),
+        (0..s + 5).collect::<Vec<_>>()
+    );
+
+    // The replica applied the writes in order: the diff sees both files.
+    let diff = within(h.diff(fork, Default::default())).await.unwrap();
+    let paths: Vec<&str> = diff.paths.iter().map(|p| p.path.as_str()).collect();
+    assert_eq!(paths, ["one.txt", "two.txt"]);
+}
+
+#[tokio::test]
+async fn garbage_on_the_event_stream_does_not_stop_the_loop() {
+    let fx = Fixture::start().await;
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    fx.create(plan(&["solo"]), ParentRun::New, snap).await;
+    let (task, _d) = fx.pull().await;
+
+    fx.bus
+        .publish_event(Bytes::from_static(b"\xff\x00 definitely not msgpack"))
+        .await
+        .unwrap();
+    // A well-formed envelope of a future version, and one of the wrong kind.
+    #[derive(serde::Serialize)]
+    struct Env<'a> {
+        v: u16,
+        kind: &'a str,
+        body: u32,
+    }
+    for env in [
+        Env {
+            v: 99,
+            kind: "branch_event",
+            body: 1,
+        },
+        Env {
+            v: 1,
+            kind: "branch_task",
+            body: 1,
+        },
+        Env {
+            v: 1,
+            kind: "branch_event",
+            body: 1,
+        },
+    ] {
+        let bytes = rmp_serde::to_vec_named(&env).unwrap();
+        fx.bus.publish_event(Bytes::from(bytes)).await.unwrap();
+    }
+    // An event of a fork that does not exist.
+    fx.publish(
+        forkfleet_shared::ids::ForkId::new(),
+        task.run_id,
+        task.first_seq,
+        Event::Status {
+            state: BranchState::Failed,
+            error: None,
+        },
+    )
+    .await;
+
+    fx.publish(
+        task.fork_id,
+        task.run_id,
+        task.first_seq,
+        Event::Status {
+            state: BranchState::Running,
+            error: None,
+        },
+    )
+    .await;
+    fx.publish(
+        task.fork_id,
+        task.run_id,
+        task.first_seq + 1,
+        Event::Status {
+            state: BranchState::Done,
+            error: None,
+        },
+    )
+    .await;
+    let v = within(h.wait_settled(task.fork_id, T)).await.unwrap();
+    assert_eq!(v.branches[0].state, BranchState::Done);
+}
+
+#[tokio::test]
+async fn a_fork_settles_when_every_branch_is_terminal_and_counts_add_up() {
+    let fx = Fixture::start().await;
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    let view = fx
+        .create(plan(&["a", "b", "c"]), ParentRun::New, snap)
+        .await;
+    let waiter = {
+        let h = h.clone();
+        let id = view.fork_id;
+        tokio::spawn(async move { h.wait_settled(id, T).await })
+    };
+    fx.fake_worker(3, |t| match t.label.as_str() {
+        "c" => vec![
+            Step::Status(BranchState::Running),
+            Step::Respond("one".into()),
+            Step::Usage(10, 5, 0.5),
+            Step::Respond("two".into()),
+            Step::Usage(10, 5, 0.25),
+            Step::Fail(
+                BranchState::BudgetExhausted,
+                "branch budget of $0.70 reached",
+            ),
+        ],
+        _ => simple(t, "a.txt"),
+    })
+    .await;
+    let v = within(waiter).await.unwrap().unwrap();
+    assert_eq!(v.state, ForkState::Settled);
+    assert!(v.settled());
+    let c = v.branch("c").unwrap();
+    assert_eq!(c.state, BranchState::BudgetExhausted);
+    assert_eq!(c.error.as_deref(), Some("branch budget of $0.70 reached"));
+    assert_eq!(c.turns, 2);
+    assert_eq!(c.usage.input_tokens, 20);
+    assert_eq!(c.usage.output_tokens, 10);
+    assert!((c.cost_usd - 0.75).abs() < 1e-9);
+    let a = v.branch("a").unwrap();
+    assert_eq!((a.state, a.turns, a.changes), (BranchState::Done, 1, 1));
+    assert!((v.total_cost_usd() - 0.77).abs() < 1e-9);
+    // The fork's state is durable: a new view agrees.
+    assert_eq!(
+        within(h.fork(view.fork_id)).await.unwrap().state,
+        ForkState::Settled
+    );
+}

@@ -1,0 +1,12 @@
+//! The coordinator through its public API, on a real sled store in a temp dir and the real
+//! LocalBus; a fake worker in the tests plays the workers' side of the bus.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+mod create;
+mod events;
+mod merge;
+mod perf;
+mod restart;
+mod validation;

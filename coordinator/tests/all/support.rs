@@ -1,0 +1,331 @@
+//! Test fixture: a real sled store in a temp dir, the real LocalBus, and a fake worker that
+//! pulls branch tasks from the bus and publishes scripted events.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
+use forkfleet_shared::api::{CreateFork, ForkView, ParentRun};
+use forkfleet_shared::blob::{BlobError, BlobHash, BlobStore};
+use forkfleet_shared::bus::local::LocalBus;
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::event::{Event, Message, Usage};
+use forkfleet_shared::flush::ConflictPolicy;
+use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::manifest::{FileEntry, Manifest, MODE_FILE};
+use forkfleet_shared::overlay::ChangeOp;
+use forkfleet_shared::path::WsPath;
+use forkfleet_shared::pricing::Price;
+use forkfleet_shared::protocol::{BranchEvent, BranchTask, DEFAULT_POOL};
+use forkfleet_shared::spec::{BranchPlan, ForkPlan, Limits, ModelPlan};
+use forkfleet_shared::state::BranchState;
+use forkfleet_shared::wire;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tempfile::TempDir;
+
+/// Every await in the tests is bounded by this.
+pub const T: Duration = Duration::from_secs(20);
+pub const MODEL: &str = "scripted:demo";
+
+pub async fn within<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(T, f).await.expect("timed out")
+}
+
+/// A blob store whose backing store can be swapped: the bus outlives a coordinator
+/// restart while the sled store (which holds the data dir's lock) is closed and reopened.
+#[derive(Clone)]
+pub struct SwitchBlobs(Arc<RwLock<Arc<dyn BlobStore>>>);
+
+impl SwitchBlobs {
+    fn new(inner: Arc<dyn BlobStore>) -> Self {
+        Self(Arc::new(RwLock::new(inner)))
+    }
+    fn set(&self, inner: Arc<dyn BlobStore>) {
+        *self.0.write().unwrap() = inner;
+    }
+    fn inner(&self) -> Arc<dyn BlobStore> {
+        self.0.read().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl BlobStore for SwitchBlobs {
+    async fn put(&self, hash: BlobHash, bytes: Bytes) -> Result<(), BlobError> {
+        self.inner().put(hash, bytes).await
+    }
+    async fn get(&self, hash: &BlobHash) -> Result<Option<Bytes>, BlobError> {
+        self.inner().get(hash).await
+    }
+    async fn missing(&self, hashes: &[BlobHash]) -> Result<Vec<BlobHash>, BlobError> {
+        self.inner().missing(hashes).await
+    }
+}
+
+pub struct Fixture {
+    pub dir: TempDir,
+    pub bus: LocalBus,
+    blobs: SwitchBlobs,
+    pub coord: Option<Coordinator>,
+}
+
+impl Fixture {
+    pub async fn start() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RunStore::open(dir.path()).unwrap();
+        let blobs = SwitchBlobs::new(store.blob_store());
+        let bus = LocalBus::new(Arc::new(blobs.clone()));
+        let coord = within(Coordinator::start(
+            CoordinatorConfig::default(),
+            store,
+            Arc::new(bus.clone()),
+        ))
+        .await
+        .unwrap();
+        Fixture {
+            dir,
+            bus,
+            blobs,
+            coord: Some(coord),
+        }
+    }
+
+    /// A handle to the running coordinator. Drop it before a restart: it keeps the store
+    /// (and its directory lock) open.
+    pub fn h(&self) -> CoordinatorHandle {
+        self.coord.as_ref().expect("running").handle()
+    }
+
+    /// Shut the coordinator down and close the store (the bus stays up).
+    pub async fn stop(&mut self) {
+        let coord = self.coord.take().expect("running");
+        within(coord.shutdown()).await.unwrap();
+        // The bus must not keep the old store (and its lock) alive.
+        self.blobs
+            .set(Arc::new(forkfleet_shared::blob::MemBlobStore::new()));
+    }
+
+    /// Reopen the store in the same dir and start a new coordinator on the same bus.
+    pub async fn restart(&mut self) {
+        if self.coord.is_some() {
+            self.stop().await;
+        }
+        let store = RunStore::open(self.dir.path()).unwrap();
+        self.blobs.set(store.blob_store());
+        let coord = within(Coordinator::start(
+            CoordinatorConfig::default(),
+            store,
+            Arc::new(self.bus.clone()),
+        ))
+        .await
+        .unwrap();
+        self.coord = Some(coord);
+    }
+
+    pub fn blobs(&self) -> Arc<dyn BlobStore> {
+        self.bus.blobs()
+    }
+
+    /// Upload files and their manifest; the manifest's hash.
+    pub async fn upload(&self, files: &[(&str, &str)]) -> BlobHash {
+        let mut m = Manifest::default();
+        for (p, content) in files {
+            let bytes = Bytes::from(content.to_string());
+            let e = FileEntry::for_bytes(&bytes, MODE_FILE);
+            self.blobs().put(e.hash, bytes).await.unwrap();
+            m.insert_file(WsPath::parse(p).unwrap(), e);
+        }
+        let bytes = m.to_blob().unwrap();
+        let h = BlobHash::of(&bytes);
+        self.blobs().put(h, bytes).await.unwrap();
+        h
+    }
+
+    pub async fn create(&self, plan: ForkPlan, parent: ParentRun, snapshot: BlobHash) -> ForkView {
+        within(self.h().create_fork(CreateFork {
+            plan,
+            parent,
+            snapshot,
+            workspace: Some("/tmp/ws".into()),
+        }))
+        .await
+        .unwrap()
+    }
+
+    /// Pull one task from the pool (there must be one).
+    pub async fn pull(&self) -> (BranchTask, forkfleet_shared::bus::Delivery) {
+        let d = within(self.bus.pull_task(DEFAULT_POOL, T))
+            .await
+            .unwrap()
+            .expect("a task");
+        (wire::decode::<BranchTask>(&d.payload).unwrap(), d)
+    }
+
+    pub async fn publish(&self, fork: ForkId, run: RunId, seq: u64, event: Event) {
+        let ev = BranchEvent {
+            fork_id: fork,
+            run_id: run,
+            seq,
+            at_ms: 0,
+            event,
+        };
+        self.bus
+            .publish_event(wire::encode(&ev).unwrap())
+            .await
+            .unwrap();
+    }
+
+    /// Publish `steps` as the events of `task`, from its first seq.
+    pub async fn play(&self, task: &BranchTask, steps: Vec<Step>) {
+        let blobs = self.blobs();
+        for (seq, step) in (task.first_seq..).zip(steps) {
+            let event = step.into_event(&blobs).await;
+            self.publish(task.fork_id, task.run_id, seq, event).await;
+        }
+    }
+
+    /// Run `n` tasks like a worker: per task, the events `script` returns.
+    pub async fn fake_worker(
+        &self,
+        n: usize,
+        script: impl Fn(&BranchTask) -> Vec<Step>,
+    ) -> Vec<BranchTask> {
+        let mut tasks = Vec::new();
+        for _ in 0..n {
+            let (task, delivery) = self.pull().await;
+            self.play(&task, script(&task)).await;
+            delivery.ack().await.unwrap();
+            tasks.push(task);
+        }
+        tasks
+    }
+}
+
+/// One scripted worker step.
+pub enum Step {
+    Status(BranchState),
+    Fail(BranchState, &'static str),
+    Respond(String),
+    Write(String, String),
+    Delete(String),
+    Usage(u64, u64, f64),
+}
+
+impl Step {
+    pub async fn into_event(self, blobs: &Arc<dyn BlobStore>) -> Event {
+        match self {
+            Step::Status(state) => Event::Status { state, error: None },
+            Step::Fail(state, e) => Event::Status {
+                state,
+                error: Some(e.into()),
+            },
+            Step::Respond(text) => Event::ModelResponse {
+                model: MODEL.into(),
+                text: Some(text),
+                tool_calls: vec![],
+            },
+            Step::Write(path, content) => {
+                let bytes = Bytes::from(content);
+                let entry = FileEntry::for_bytes(&bytes, MODE_FILE);
+                // Blob first, then the event.
+                blobs.put(entry.hash, bytes).await.unwrap();
+                Event::FileChange {
+                    change: ChangeOp::Write {
+                        path: WsPath::parse(&path).unwrap(),
+                        entry,
+                    },
+                }
+            }
+            Step::Delete(path) => Event::FileChange {
+                change: ChangeOp::Delete {
+                    path: WsPath::parse(&path).unwrap(),
+                },
+            },
+            Step::Usage(input, output, cost) => Event::Usage {
+                model: MODEL.into(),
+                usage: Usage {
+                    input_tokens: input,
+                    output_tokens: output,
+                    cached_tokens: 0,
+                },
+                cost_usd: cost,
+            },
+        }
+    }
+}
+
+/// The standard branch: running, a response, one write of `file` with a label-specific
+/// content, usage, done.
+pub fn simple(task: &BranchTask, file: &str) -> Vec<Step> {
+    vec![
+        Step::Status(BranchState::Running),
+        Step::Respond(format!("working on {}", task.label)),
+        Step::Write(file.into(), format!("{} was here\n", task.label)),
+        Step::Usage(100, 20, 0.01),
+        Step::Status(BranchState::Done),
+    ]
+}
+
+pub fn plan(labels: &[&str]) -> ForkPlan {
+    let mut models = BTreeMap::new();
+    models.insert(
+        MODEL.to_string(),
+        ModelPlan {
+            price: Some(Price {
+                input_per_mtok: 1.0,
+                output_per_mtok: 2.0,
+                cached_per_mtok: None,
+            }),
+            script: None,
+        },
+    );
+    ForkPlan {
+        goal: "make it better".into(),
+        system_prompt: Some("you are careful".into()),
+        history: vec![
+            Message::User {
+                text: "earlier question".into(),
+            },
+            Message::Assistant {
+                text: Some("earlier answer".into()),
+                tool_calls: vec![],
+            },
+        ],
+        model: MODEL.into(),
+        limits: Limits::default(),
+        conflict_policy: ConflictPolicy::KeepParent,
+        aggregate_budget_usd: None,
+        models,
+        branches: labels
+            .iter()
+            .map(|l| BranchPlan {
+                label: l.to_string(),
+                steer: format!("try {l}"),
+                model: MODEL.into(),
+                budget_usd: None,
+                extra_instructions: None,
+                max_turns: 10,
+            })
+            .collect(),
+    }
+}
+
+/// Wait until the fork's view satisfies `done`, woken by the fork's change counter.
+pub async fn wait_view(
+    h: &CoordinatorHandle,
+    id: ForkId,
+    done: impl Fn(&ForkView) -> bool,
+) -> ForkView {
+    within(async {
+        let mut rx = h.changes(id).await.unwrap();
+        loop {
+            let v = h.fork(id).await.unwrap();
+            if done(&v) {
+                return v;
+            }
+            rx.changed().await.unwrap();
+        }
+    })
+    .await
+}

@@ -1,0 +1,139 @@
+//! The bus: the one narrow interface between the coordinator, the workers and clients.
+//!
+//! Two implementations share these semantics and the same behavioural tests:
+//! [`local::LocalBus`] (in-process, for the embedded mode) and the NATS JetStream one.
+//!
+//! - **Task queue** per pool: at-least-once. A pulled task must be acked; `nak` hands it
+//!   back (optionally after a delay); `in_progress` extends the ack deadline; a task neither
+//!   acked nor extended within the ack wait is redelivered; after `max_deliver` deliveries
+//!   it is dead-lettered.
+//! - **Event stream**: every event a worker publishes reaches the durable consumer at
+//!   least once, in publish order per publisher; unacked events are redelivered.
+//! - **Control** per run: commands to one running branch, delivered in order.
+//! - **Blobs**: a content-addressed store.
+//! - **Request/reply**: a bounded-time call to a service by subject.
+
+pub mod local;
+
+use crate::blob::{BlobError, BlobStore};
+use crate::ids::RunId;
+use async_trait::async_trait;
+use bytes::Bytes;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+pub type BusResult<T> = Result<T, BusError>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    #[error("the bus is closed")]
+    Closed,
+    #[error("request to `{subject}` got no answer within {ms} ms")]
+    Timeout { subject: String, ms: u64 },
+    #[error("no service answers on `{0}`")]
+    NoResponders(String),
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    #[error("bus backend failed: {0}")]
+    Backend(String),
+}
+
+/// Settles one delivery.
+#[async_trait]
+pub trait Acker: Send + Sync {
+    async fn ack(&self) -> BusResult<()>;
+    async fn nak(&self, delay: Option<Duration>) -> BusResult<()>;
+    async fn in_progress(&self) -> BusResult<()>;
+}
+
+/// A message taken from the task queue or the event stream, to be acked.
+pub struct Delivery {
+    pub payload: Bytes,
+    /// 1 on the first delivery, 2 on the first redelivery, ...
+    pub attempt: u32,
+    acker: Box<dyn Acker>,
+}
+
+impl Delivery {
+    pub fn new(payload: Bytes, attempt: u32, acker: Box<dyn Acker>) -> Self {
+        Self {
+            payload,
+            attempt,
+            acker,
+        }
+    }
+
+    pub async fn ack(&self) -> BusResult<()> {
+        self.acker.ack().await
+    }
+
+    pub async fn nak(&self, delay: Option<Duration>) -> BusResult<()> {
+        self.acker.nak(delay).await
+    }
+
+    pub async fn in_progress(&self) -> BusResult<()> {
+        self.acker.in_progress().await
+    }
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("bytes", &self.payload.len())
+            .field("attempt", &self.attempt)
+            .finish()
+    }
+}
+
+/// The durable consumer of the event stream.
+#[async_trait]
+pub trait EventConsumer: Send {
+    /// The next event; waits until one arrives. `Err(Closed)` when the bus shuts down.
+    async fn next(&mut self) -> BusResult<Delivery>;
+}
+
+/// Answers one request.
+#[async_trait]
+pub trait Replier: Send {
+    async fn respond(self: Box<Self>, payload: Bytes) -> BusResult<()>;
+}
+
+/// A request received by a service.
+pub struct Request {
+    pub subject: String,
+    pub payload: Bytes,
+    reply: Box<dyn Replier>,
+}
+
+impl Request {
+    pub fn new(subject: String, payload: Bytes, reply: Box<dyn Replier>) -> Self {
+        Self {
+            subject,
+            payload,
+            reply,
+        }
+    }
+
+    pub async fn respond(self, payload: Bytes) -> BusResult<()> {
+        self.reply.respond(payload).await
+    }
+}
+
+#[async_trait]
+pub trait Bus: Send + Sync + 'static {
+    async fn enqueue_task(&self, pool: &str, payload: Bytes) -> BusResult<()>;
+    /// The next task of `pool`, waiting at most `wait`.
+    async fn pull_task(&self, pool: &str, wait: Duration) -> BusResult<Option<Delivery>>;
+
+    async fn publish_event(&self, payload: Bytes) -> BusResult<()>;
+    async fn events(&self, durable: &str) -> BusResult<Box<dyn EventConsumer>>;
+
+    async fn send_control(&self, run: RunId, payload: Bytes) -> BusResult<()>;
+    async fn watch_control(&self, run: RunId) -> BusResult<mpsc::UnboundedReceiver<Bytes>>;
+
+    fn blobs(&self) -> Arc<dyn BlobStore>;
+
+    async fn request(&self, subject: &str, payload: Bytes, timeout: Duration) -> BusResult<Bytes>;
+    async fn serve(&self, subject: &str) -> BusResult<mpsc::Receiver<Request>>;
+}

@@ -1,0 +1,88 @@
+//! Messages between the coordinator and the workers.
+//!
+//! - [`BranchTask`] on the task queue: run (or resume) one branch.
+//! - [`BranchEvent`] on the event stream: one event of a branch's log, numbered by
+//!   (run, seq) so delivery can be at-least-once and applying idempotent.
+//! - [`Control`] to a running branch: terminate or steer.
+
+use crate::blob::BlobHash;
+use crate::event::Event;
+use crate::ids::{ForkId, RunId};
+use crate::pricing::Price;
+use crate::wire::WireMessage;
+use serde::{Deserialize, Serialize};
+
+/// The queue branch tasks are published to (one pool for now).
+pub const DEFAULT_POOL: &str = "default";
+
+/// Run one branch: everything a worker needs, with large parts by blob reference.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BranchTask {
+    pub fork_id: ForkId,
+    pub run_id: RunId,
+    pub label: String,
+    /// Position of the branch in its fork, from 0.
+    pub index: u32,
+    pub model: String,
+    /// The model's price, when known (usage events carry the cost).
+    pub price: Option<Price>,
+    /// Scripted models: the script file.
+    pub script: Option<BlobHash>,
+    /// The events of the branch's log before the worker's first event (fork lineage,
+    /// copied prefix, extra instructions, steer), as an rmp blob of `Vec<Event>` shared
+    /// by all branches of the fork ...
+    pub prefix: BlobHash,
+    /// ... followed by these branch-specific events.
+    pub tail: Vec<Event>,
+    /// The fork-time workspace snapshot (a `Manifest` blob).
+    pub snapshot: BlobHash,
+    /// The seq the worker's first event takes.
+    pub first_seq: u64,
+    pub max_turns: u32,
+    pub max_output_tokens: u32,
+    pub budget_usd: Option<f64>,
+}
+
+impl WireMessage for BranchTask {
+    const KIND: &'static str = "branch_task";
+}
+
+/// One event of a branch run's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BranchEvent {
+    pub fork_id: ForkId,
+    pub run_id: RunId,
+    pub seq: u64,
+    pub at_ms: u64,
+    pub event: Event,
+}
+
+impl WireMessage for BranchEvent {
+    const KIND: &'static str = "branch_event";
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum ControlCommand {
+    Terminate { reason: String },
+    Steer { text: String },
+}
+
+/// A command to one running branch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Control {
+    pub run_id: RunId,
+    pub command: ControlCommand,
+}
+
+impl WireMessage for Control {
+    const KIND: &'static str = "control";
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,600 @@
+//! The fork spec: a TOML file a user writes, parsed strictly and validated into a
+//! [`ForkPlan`] before anything is created.
+//!
+//! Validation order follows the reference system: no branches, too many branches, depth;
+//! then labels (blank ones become `branch-{i+1}`, duplicates get `-2`, `-3`), budgets,
+//! models and prices, and finally the files the spec names (workspace, history, scripts).
+//! Every error names what was wrong and what is valid; nothing is created on error.
+
+use crate::blob::BlobHash;
+use crate::event::Message;
+use crate::flush::ConflictPolicy;
+use crate::pricing::{builtin_price, Price};
+use crate::script::{Script, ScriptError};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_MAX_BRANCHES: usize = 10;
+pub const DEFAULT_MAX_DEPTH: u32 = 2;
+pub const DEFAULT_MAX_TURNS: u32 = 50;
+pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 4096;
+pub const MAX_LABEL_LEN: usize = 64;
+/// Providers a model name may start with.
+pub const PROVIDERS: &[&str] = &["scripted"];
+
+/// The spec file as written. Unknown keys are errors that list the valid ones.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpecFile {
+    pub goal: String,
+    pub workspace: String,
+    pub model: String,
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    #[serde(default)]
+    pub history: Option<String>,
+    #[serde(default)]
+    pub exclude: Option<Vec<String>>,
+    #[serde(default)]
+    pub max_branches: Option<usize>,
+    #[serde(default)]
+    pub max_depth: Option<u32>,
+    #[serde(default)]
+    pub max_turns: Option<u32>,
+    #[serde(default)]
+    pub max_output_tokens: Option<u32>,
+    #[serde(default)]
+    pub conflict_policy: Option<ConflictPolicy>,
+    #[serde(default)]
+    pub budget_usd: Option<f64>,
+    #[serde(default)]
+    pub aggregate_budget_usd: Option<f64>,
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelSection>,
+    #[serde(default)]
+    pub branches: Vec<BranchSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// Scripted models: the script file, relative to the spec.
+    #[serde(default)]
+    pub script: Option<String>,
+    #[serde(default)]
+    pub price: Option<Price>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct BranchSection {
+    #[serde(default)]
+    pub label: Option<String>,
+    #[serde(default)]
+    pub steer: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub budget_usd: Option<f64>,
+    #[serde(default)]
+    pub extra_instructions: Option<String>,
+    #[serde(default)]
+    pub max_turns: Option<u32>,
+}
+
+/// Limits that hold for the whole fork.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub max_branches: usize,
+    pub max_depth: u32,
+    pub max_turns: u32,
+    pub max_output_tokens: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_branches: DEFAULT_MAX_BRANCHES,
+            max_depth: DEFAULT_MAX_DEPTH,
+            max_turns: DEFAULT_MAX_TURNS,
+            max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS,
+        }
+    }
+}
+
+/// A model as the fork uses it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelPlan {
+    pub price: Option<Price>,
+    /// Scripted models: the script file's blob.
+    pub script: Option<BlobHash>,
+}
+
+/// One branch, validated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BranchPlan {
+    pub label: String,
+    pub steer: String,
+    pub model: String,
+    pub budget_usd: Option<f64>,
+    pub extra_instructions: Option<String>,
+    pub max_turns: u32,
+}
+
+/// A validated fork: what the coordinator needs to create it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkPlan {
+    pub goal: String,
+    pub system_prompt: Option<String>,
+    /// An existing conversation the parent run starts from.
+    pub history: Vec<Message>,
+    pub model: String,
+    pub limits: Limits,
+    pub conflict_policy: ConflictPolicy,
+    pub aggregate_budget_usd: Option<f64>,
+    pub models: BTreeMap<String, ModelPlan>,
+    pub branches: Vec<BranchPlan>,
+}
+
+/// A spec loaded from disk: the plan plus what the client uploads with it.
+#[derive(Debug, Clone)]
+pub struct LoadedSpec {
+    pub plan: ForkPlan,
+    pub spec_path: PathBuf,
+    /// The workspace directory, absolute.
+    pub workspace: PathBuf,
+    pub exclude: Vec<String>,
+    /// Script files by hash.
+    pub blobs: BTreeMap<BlobHash, Bytes>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("cannot read spec `{path}`: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid spec `{path}`: {message}")]
+    Toml { path: PathBuf, message: String },
+    #[error("no branches: add at least one [[branches]] table with a `steer`")]
+    NoBranches,
+    #[error("{requested} branches requested, max_branches is {max}")]
+    TooManyBranches { requested: usize, max: usize },
+    #[error("fork depth {depth} reached: max_depth is {max} (root and branches down to depth {last} may fork)")]
+    DepthExceeded { depth: u32, max: u32, last: u32 },
+    #[error("branch label `{label}` is not valid: {reason}; labels are 1 to 64 characters of letters, digits, `-`, `_` and `.`, not starting with `.`")]
+    BadLabel { label: String, reason: &'static str },
+    #[error("`{field}` is {value}; budgets must be finite and zero or more (USD)")]
+    BadBudget { field: String, value: f64 },
+    #[error("`{field}` must be at least 1")]
+    ZeroLimit { field: String },
+    #[error("model `{model}` is not of the form provider:name; valid providers: {valid}")]
+    BadModelName { model: String, valid: String },
+    #[error("model `{model}` has unknown provider `{provider}`; valid providers: {valid}")]
+    UnknownProvider {
+        model: String,
+        provider: String,
+        valid: String,
+    },
+    #[error("scripted model `{model}` needs a script: add [models.\"{model}\"] script = \"FILE\"")]
+    NoScript { model: String },
+    #[error("script `{path}` of model `{model}`: {source}")]
+    Script {
+        model: String,
+        path: PathBuf,
+        source: ScriptError,
+    },
+    #[error("`{field}` sets a budget but model `{model}` has no known price; add [models.\"{model}\"] price = {{ input_per_mtok = ..., output_per_mtok = ... }}")]
+    NoPrice { model: String, field: String },
+    #[error("price of model `{model}`: {message}")]
+    BadPrice { model: String, message: String },
+    #[error("[models.\"{model}\"] is configured but no branch uses it and it is not the fork's model")]
+    UnusedModel { model: String },
+    #[error("workspace `{0}` does not exist or is not a directory")]
+    WorkspaceMissing(PathBuf),
+    #[error("history file `{path}`: {message}; expected a JSON array of messages such as [{{\"role\": \"user\", \"text\": \"...\"}}]")]
+    History { path: PathBuf, message: String },
+}
+
+impl SpecError {
+    /// Exit code 2 (bad input) for every spec error except an unreadable file system.
+    pub fn is_bad_input(&self) -> bool {
+        true
+    }
+}
+
+/// Read, parse and validate a spec file; read the files it names.
+pub fn load(spec_path: &Path) -> Result<LoadedSpec, SpecError> {
+    let text = std::fs::read_to_string(spec_path).map_err(|source| SpecError::Read {
+        path: spec_path.to_path_buf(),
+        source,
+    })?;
+    let file: SpecFile = toml::from_str(&text).map_err(|e| SpecError::Toml {
+        path: spec_path.to_path_buf(),
+        message: e.to_string().trim().to_string(),
+    })?;
+    let dir = spec_path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let dir = if dir.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        dir
+    };
+    let mut plan = validate(&file, 0)?;
+
+    let workspace = dir.join(&file.workspace);
+    if !workspace.is_dir() {
+        return Err(SpecError::WorkspaceMissing(workspace));
+    }
+    let workspace = workspace
+        .canonicalize()
+        .map_err(|_| SpecError::WorkspaceMissing(workspace.clone()))?;
+
+    if let Some(h) = &file.history {
+        let path = dir.join(h);
+        let text = std::fs::read_to_string(&path).map_err(|e| SpecError::History {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        plan.history = serde_json::from_str(&text).map_err(|e| SpecError::History {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+    }
+
+    let mut blobs = BTreeMap::new();
+    for (name, section) in &file.models {
+        let Some(script_file) = &section.script else {
+            continue;
+        };
+        let path = dir.join(script_file);
+        let text = std::fs::read_to_string(&path).map_err(|e| SpecError::Script {
+            model: name.clone(),
+            path: path.clone(),
+            source: ScriptError::Parse(e.to_string()),
+        })?;
+        let script = Script::parse(&text).map_err(|source| SpecError::Script {
+            model: name.clone(),
+            path: path.clone(),
+            source,
+        })?;
+        for b in plan.branches.iter().filter(|b| &b.model == name) {
+            script
+                .check_label(&b.label)
+                .map_err(|source| SpecError::Script {
+                    model: name.clone(),
+                    path: path.clone(),
+                    source,
+                })?;
+        }
+        let bytes = Bytes::from(text.into_bytes());
+        let hash = BlobHash::of(&bytes);
+        blobs.insert(hash, bytes);
+        if let Some(m) = plan.models.get_mut(name) {
+            m.script = Some(hash);
+        }
+    }
+
+    Ok(LoadedSpec {
+        plan,
+        spec_path: spec_path.to_path_buf(),
+        workspace,
+        exclude: file
+            .exclude
+            .clone()
+            .unwrap_or_else(|| vec![".git".to_string(), ".forkfleet".to_string()]),
+        blobs,
+    })
+}
+
+/// Validate a parsed spec for a fork whose parent is at `depth` (0 for a root run).
+/// Script blobs are filled in by [`load`].
+pub fn validate(file: &SpecFile, depth: u32) -> Result<ForkPlan, SpecError> {
+    let limits = Limits {
+        max_branches: file.max_branches.unwrap_or(DEFAULT_MAX_BRANCHES),
+        max_depth: file.max_depth.unwrap_or(DEFAULT_MAX_DEPTH),
+        max_turns: file.max_turns.unwrap_or(DEFAULT_MAX_TURNS),
+        max_output_tokens: file.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
+    };
+    if file.branches.is_empty() {
+        return Err(SpecError::NoBranches);
+    }
+    if file.branches.len() > limits.max_branches {
+        return Err(SpecError::TooManyBranches {
+            requested: file.branches.len(),
+            max: limits.max_branches,
+        });
+    }
+    check_depth(depth, limits.max_depth)?;
+    for (field, v) in [
+        ("max_branches", limits.max_branches as u64),
+        ("max_turns", limits.max_turns as u64),
+        ("max_output_tokens", limits.max_output_tokens as u64),
+    ] {
+        if v == 0 {
+            return Err(SpecError::ZeroLimit {
+                field: field.to_string(),
+            });
+        }
+    }
+
+    let labels = normalise_labels(file.branches.iter().map(|b| b.label.as_deref()))?;
+    check_budget("budget_usd", file.budget_usd)?;
+    check_budget("aggregate_budget_usd", file.aggregate_budget_usd)?;
+    check_model_name(&file.model)?;
+
+    let mut branches = Vec::with_capacity(file.branches.len());
+    for (i, (b, label)) in file.branches.iter().zip(labels).enumerate() {
+        let model = b.model.clone().unwrap_or_else(|| file.model.clone());
+        check_model_name(&model)?;
+        let field = format!("branches[{i}].budget_usd");
+        check_budget(&field, b.budget_usd)?;
+        if b.max_turns == Some(0) {
+            return Err(SpecError::ZeroLimit {
+                field: format!("branches[{i}].max_turns"),
+            });
+        }
+        branches.push(BranchPlan {
+            label,
+            steer: b.steer.clone().unwrap_or_default(),
+            model,
+            budget_usd: b.budget_usd.or(file.budget_usd),
+            extra_instructions: b.extra_instructions.clone(),
+            max_turns: b.max_turns.unwrap_or(limits.max_turns),
+        });
+    }
+
+    let mut used: BTreeSet<&str> = branches.iter().map(|b| b.model.as_str()).collect();
+    used.insert(file.model.as_str());
+    for name in file.models.keys() {
+        check_model_name(name)?;
+        if !used.contains(name.as_str()) {
+            return Err(SpecError::UnusedModel {
+                model: name.clone(),
+            });
+        }
+    }
+    let mut models = BTreeMap::new();
+    for name in used {
+        let section = file.models.get(name);
+        let price = match section.and_then(|s| s.price) {
+            Some(p) => {
+                p.validate().map_err(|message| SpecError::BadPrice {
+                    model: name.to_string(),
+                    message,
+                })?;
+                Some(p)
+            }
+            None => builtin_price(name),
+        };
+        if name.starts_with("scripted:") && section.and_then(|s| s.script.as_ref()).is_none() {
+            return Err(SpecError::NoScript {
+                model: name.to_string(),
+            });
+        }
+        models.insert(
+            name.to_string(),
+            ModelPlan {
+                price,
+                script: None,
+            },
+        );
+    }
+    // A budget on a model with no known price would be a silently disabled cap.
+    for (i, b) in branches.iter().enumerate() {
+        let capped = b.budget_usd.is_some() || file.aggregate_budget_usd.is_some();
+        if capped && models.get(&b.model).and_then(|m| m.price).is_none() {
+            let field = if file.branches[i].budget_usd.is_some() {
+                format!("branches[{i}].budget_usd")
+            } else if file.budget_usd.is_some() {
+                "budget_usd".to_string()
+            } else {
+                "aggregate_budget_usd".to_string()
+            };
+            return Err(SpecError::NoPrice {
+                model: b.model.clone(),
+                field,
+            });
+        }
+    }
+
+    Ok(ForkPlan {
+        goal: file.goal.clone(),
+        system_prompt: file.system_prompt.clone(),
+        history: Vec::new(),
+        model: file.model.clone(),
+        limits,
+        conflict_policy: file.conflict_policy.unwrap_or_default(),
+        aggregate_budget_usd: file.aggregate_budget_usd,
+        models,
+        branches,
+    })
+}
+
+/// A fork from a parent at `depth` is allowed while `depth < max_depth`.
+pub fn check_depth(depth: u32, max_depth: u32) -> Result<(), SpecError> {
+    if depth >= max_depth {
+        return Err(SpecError::DepthExceeded {
+            depth,
+            max: max_depth,
+            last: max_depth.saturating_sub(1),
+        });
+    }
+    Ok(())
+}
+
+fn check_budget(field: &str, v: Option<f64>) -> Result<(), SpecError> {
+    match v {
+        Some(v) if !v.is_finite() || v < 0.0 => Err(SpecError::BadBudget {
+            field: field.to_string(),
+            value: v,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn check_model_name(model: &str) -> Result<(), SpecError> {
+    let valid = PROVIDERS.join(", ");
+    let Some((provider, name)) = model.split_once(':') else {
+        return Err(SpecError::BadModelName {
+            model: model.to_string(),
+            valid,
+        });
+    };
+    if name.is_empty() {
+        return Err(SpecError::BadModelName {
+            model: model.to_string(),
+            valid,
+        });
+    }
+    if !PROVIDERS.contains(&provider) {
+        return Err(SpecError::UnknownProvider {
+            model: model.to_string(),
+            provider: provider.to_string(),
+            valid,
+        });
+    }
+    Ok(())
+}
+
+/// Blank labels become `branch-{i+1}`; a repeated label gets `-2`, `-3`, ... Labels must
+/// be safe as a directory name.
+pub fn normalise_labels<'a>(
+    labels: impl IntoIterator<Item = Option<&'a str>>,
+) -> Result<Vec<String>, SpecError> {
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    let mut out = Vec::new();
+    for (i, l) in labels.into_iter().enumerate() {
+        let base = match l.map(str::trim) {
+            None | Some("") => format!("branch-{}", i + 1),
+            Some(s) => s.to_string(),
+        };
+        check_label(&base)?;
+        let mut label = base.clone();
+        let mut n = 2;
+        while seen.contains(&label) {
+            label = format!("{base}-{n}");
+            n += 1;
+        }
+        seen.insert(label.clone());
+        out.push(label);
+    }
+    Ok(out)
+}
+
+/// A label is a safe single directory name.
+pub fn check_label(label: &str) -> Result<(), SpecError> {
+    let bad = |reason| {
+        Err(SpecError::BadLabel {
+            label: label.to_string(),
+            reason,
+        })
+    };
+    if label.len() > MAX_LABEL_LEN {
+        return bad("it is longer than 64 characters");
+    }
+    if label.starts_with('.') {
+        return bad("it starts with `.`");
+    }
+    if label.contains('/') || label.contains('\\') {
+        return bad("it contains a path separator");
+    }
+    if !label
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return bad("it contains a character other than letters, digits, `-`, `_` and `.`");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<ForkPlan, SpecError> {
+        let f: SpecFile = toml::from_str(s).map_err(|e| SpecError::Toml {
+            path: "t".into(),
+            message: e.to_string(),
+        })?;
+        validate(&f, 0)
+    }
+
+    /// A spec with `top` keys, the demo model (with `model` extra keys) and `rest`.
+    fn spec(top: &str, model: &str, rest: &str) -> String {
+        format!("goal = \"g\"\nworkspace = \"w\"\nmodel = \"scripted:demo\"\n{top}\n[models.\"scripted:demo\"]\nscript = \"s.toml\"\n{model}\n{rest}")
+    }
+
+    #[test]
+    fn labels_blank_and_duplicates() {
+        let p = parse(&spec(
+            "",
+            "",
+            "[[branches]]\nsteer = \"a\"\n[[branches]]\nlabel = \"x\"\n[[branches]]\nlabel = \"x\"\n[[branches]]\nlabel = \" \"\n[[branches]]\nlabel = \"x\"",
+        ))
+        .unwrap();
+        let labels: Vec<_> = p.branches.iter().map(|b| b.label.as_str()).collect();
+        assert_eq!(labels, ["branch-1", "x", "x-2", "branch-4", "x-3"]);
+    }
+
+    #[test]
+    fn unknown_key_lists_valid_keys() {
+        let err = parse(&spec("colour = 1", "", "[[branches]]\nsteer = \"a\"")).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("unknown field `colour`"), "{msg}");
+        assert!(msg.contains("goal") && msg.contains("max_branches"), "{msg}");
+        let err = parse(&spec("", "", "[[branches]]\nsteer = \"a\"\nbudget = 1")).unwrap_err();
+        assert!(err.to_string().contains("budget_usd"), "{err}");
+    }
+
+    #[test]
+    fn validation_order_and_limits() {
+        assert!(matches!(parse(&spec("", "", "")), Err(SpecError::NoBranches)));
+        let many = spec("max_branches = 2", "", &"[[branches]]\n".repeat(3));
+        assert!(matches!(
+            parse(&many),
+            Err(SpecError::TooManyBranches { requested: 3, max: 2 })
+        ));
+        assert!(matches!(
+            check_depth(2, 2),
+            Err(SpecError::DepthExceeded { .. })
+        ));
+        assert!(check_depth(1, 2).is_ok());
+    }
+
+    #[test]
+    fn bad_labels_budgets_models() {
+        for l in ["../../x", "a/b", ".hidden", "a b"] {
+            let err = parse(&spec("", "", &format!("[[branches]]\nlabel = \"{l}\""))).unwrap_err();
+            assert!(matches!(err, SpecError::BadLabel { .. }), "{l}: {err}");
+        }
+        let err = parse(&spec("", "", "[[branches]]\nbudget_usd = -1.0")).unwrap_err();
+        assert!(matches!(err, SpecError::BadBudget { .. }), "{err}");
+        let err = parse("goal = \"g\"\nworkspace = \"w\"\nmodel = \"gpt\"\n[[branches]]").unwrap_err();
+        assert!(matches!(err, SpecError::BadModelName { .. }), "{err}");
+        let err =
+            parse("goal = \"g\"\nworkspace = \"w\"\nmodel = \"nope:x\"\n[[branches]]").unwrap_err();
+        assert!(err.to_string().contains("valid providers: scripted"), "{err}");
+        let err =
+            parse("goal = \"g\"\nworkspace = \"w\"\nmodel = \"scripted:x\"\n[[branches]]").unwrap_err();
+        assert!(matches!(err, SpecError::NoScript { .. }), "{err}");
+    }
+
+    #[test]
+    fn budget_needs_a_price() {
+        let err = parse(&spec("aggregate_budget_usd = 1.0", "", "[[branches]]")).unwrap_err();
+        assert!(matches!(err, SpecError::NoPrice { .. }), "{err}");
+        assert!(err.to_string().contains("scripted:demo"));
+        let ok = parse(&spec(
+            "aggregate_budget_usd = 1.0",
+            "price = { input_per_mtok = 1.0, output_per_mtok = 2.0 }",
+            "[[branches]]",
+        ));
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+}

@@ -1,0 +1,291 @@
+//! The wire format: every message travels in a versioned envelope, encoded with rmp-serde
+//! using named fields (`to_vec_named`), so fields can be added without breaking readers.
+//!
+//! `{ "v": WIRE_VERSION, "kind": "<message kind>", "body": { ... } }`
+//!
+//! A reader rejects a wrong version or a wrong kind with an error that says which, so a
+//! stray or outdated message is logged and dropped, never misread. Golden-bytes tests pin
+//! the encoding: changing it is a deliberate act (bump [`WIRE_VERSION`], never reuse a kind).
+
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// The envelope version this build writes and reads.
+pub const WIRE_VERSION: u16 = 1;
+
+/// A message that travels on the bus.
+pub trait WireMessage: Serialize + DeserializeOwned {
+    /// A stable name for the message type; never reused for another type.
+    const KIND: &'static str;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("cannot encode {kind}: {message}")]
+    Encode { kind: &'static str, message: String },
+    #[error("not a forkfleet message ({message})")]
+    NotAnEnvelope { message: String },
+    #[error("wire version {found} is not supported (this build speaks version {supported})")]
+    Version { found: u16, supported: u16 },
+    #[error("expected a `{expected}` message, got `{found}`")]
+    Kind { expected: &'static str, found: String },
+    #[error("malformed `{kind}` message: {message}")]
+    Body { kind: &'static str, message: String },
+}
+
+#[derive(Serialize)]
+struct EnvelopeOut<'a, T> {
+    v: u16,
+    kind: &'a str,
+    body: &'a T,
+}
+
+#[derive(Deserialize)]
+struct EnvelopeIn<T> {
+    v: u16,
+    kind: String,
+    body: T,
+}
+
+#[derive(Deserialize)]
+struct Header {
+    v: u16,
+    kind: String,
+}
+
+pub fn encode<T: WireMessage>(msg: &T) -> Result<Bytes, WireError> {
+    rmp_serde::to_vec_named(&EnvelopeOut {
+        v: WIRE_VERSION,
+        kind: T::KIND,
+        body: msg,
+    })
+    .map(Bytes::from)
+    .map_err(|e| WireError::Encode {
+        kind: T::KIND,
+        message: e.to_string(),
+    })
+}
+
+pub fn decode<T: WireMessage>(bytes: &[u8]) -> Result<T, WireError> {
+    match rmp_serde::from_slice::<EnvelopeIn<T>>(bytes) {
+        Ok(env) if env.v == WIRE_VERSION && env.kind == T::KIND => Ok(env.body),
+        Ok(env) => Err(check_header(env.v, &env.kind, T::KIND)),
+        Err(body_err) => match rmp_serde::from_slice::<Header>(bytes) {
+            Ok(h) if h.v == WIRE_VERSION && h.kind == T::KIND => Err(WireError::Body {
+                kind: T::KIND,
+                message: body_err.to_string(),
+            }),
+            Ok(h) => Err(check_header(h.v, &h.kind, T::KIND)),
+            Err(e) => Err(WireError::NotAnEnvelope {
+                message: e.to_string(),
+            }),
+        },
+    }
+}
+
+fn check_header(v: u16, kind: &str, expected: &'static str) -> WireError {
+    if v != WIRE_VERSION {
+        WireError::Version {
+            found: v,
+            supported: WIRE_VERSION,
+        }
+    } else {
+        WireError::Kind {
+            expected,
+            found: kind.to_string(),
+        }
+    }
+}
+
+/// The kind named in an envelope, without decoding the body.
+pub fn peek_kind(bytes: &[u8]) -> Result<String, WireError> {
+    let h: Header = rmp_serde::from_slice(bytes).map_err(|e| WireError::NotAnEnvelope {
+        message: e.to_string(),
+    })?;
+    if h.v != WIRE_VERSION {
+        return Err(WireError::Version {
+            found: h.v,
+            supported: WIRE_VERSION,
+        });
+    }
+    Ok(h.kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blob::BlobHash;
+    use crate::event::{Event, ToolCall, Usage};
+    use crate::ids::{ForkId, RunId};
+    use crate::manifest::FileEntry;
+    use crate::overlay::ChangeOp;
+    use crate::path::WsPath;
+    use crate::protocol::{BranchEvent, BranchTask, Control, ControlCommand};
+    use crate::state::BranchState;
+    use uuid::Uuid;
+
+    fn fork_id() -> ForkId {
+        ForkId(Uuid::from_u128(0x0192_d2f4_5b7e_7c3a_9f1e_2b4c_6d8e_0a1b))
+    }
+
+    fn run_id() -> RunId {
+        RunId(Uuid::from_u128(0x0192_d2f4_5b7e_7c3a_9f1e_2b4c_6d8e_0a1c))
+    }
+
+    fn golden_event() -> BranchEvent {
+        BranchEvent {
+            fork_id: fork_id(),
+            run_id: run_id(),
+            seq: 7,
+            at_ms: 1_700_000_000_000,
+            event: Event::FileChange {
+                change: ChangeOp::Write {
+                    path: WsPath::parse("src/a.txt").unwrap(),
+                    entry: FileEntry::for_bytes(b"hi\n", 0o644),
+                },
+            },
+        }
+    }
+
+    /// The exact bytes of a branch event. If this test fails, the wire format changed:
+    /// that must be a deliberate act (bump WIRE_VERSION or add only optional fields).
+    const GOLDEN_EVENT: &str = "83a17601a46b696e64ac6272616e63685f6576656e74a4626f647985a7666f726b5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ba672756e5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ca373657107a561745f6d73cf0000018bcfe56800a56576656e7482a474797065ab66696c655f6368616e6765a66368616e676583a26f70a57772697465a470617468a97372632f612e747874a5656e74727984a468617368c42098ea6e4f216f2fb4b69fff9b3a44842c38686ca685f3f55dc48c5d3fb1107be4a473697a6503a46d6f6465cd01a4a662696e617279c2";
+
+    #[test]
+    fn golden_branch_event_bytes() {
+        let bytes = encode(&golden_event()).unwrap();
+        assert_eq!(hex::encode(&bytes), GOLDEN_EVENT);
+        let back: BranchEvent = decode(&bytes).unwrap();
+        assert_eq!(back, golden_event());
+    }
+
+    fn golden_task() -> BranchTask {
+        BranchTask {
+            fork_id: fork_id(),
+            run_id: run_id(),
+            label: "a".into(),
+            index: 0,
+            model: "scripted:demo".into(),
+            price: None,
+            script: Some(BlobHash::of(b"script")),
+            prefix: BlobHash::of(b"prefix"),
+            tail: vec![Event::Steer { text: "go".into() }],
+            snapshot: BlobHash::of(b"snapshot"),
+            first_seq: 3,
+            max_turns: 50,
+            max_output_tokens: 4096,
+            budget_usd: Some(0.5),
+        }
+    }
+
+    const GOLDEN_TASK: &str = "83a17601a46b696e64ab6272616e63685f7461736ba4626f64798ea7666f726b5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ba672756e5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ca56c6162656ca161a5696e64657800a56d6f64656cad73637269707465643a64656d6fa57072696365c0a6736372697074c42021a0270b7f66a1e4c25933f13a1e5a1bbb4757578072930c8189131f9c6aaae1a6707265666978c420e7a2e8b216e5aec3facf743962d3997f2e7d70088ef257de472d6a258049832ea47461696c9182a474797065a57374656572a474657874a2676fa8736e617073686f74c42016a0eeb0791b6c92451fd284dd9f599e0a7dbe7f6ebea6e2d2d06c7f74aec112a966697273745f73657103a96d61785f7475726e7332b16d61785f6f75747075745f746f6b656e73cd1000aa6275646765745f757364cb3fe0000000000000";
+
+    #[test]
+    fn golden_task_bytes() {
+        let bytes = encode(&golden_task()).unwrap();
+        assert_eq!(hex::encode(&bytes), GOLDEN_TASK);
+        assert_eq!(decode::<BranchTask>(&bytes).unwrap(), golden_task());
+    }
+
+    #[test]
+    fn round_trips_every_event_kind() {
+        let events = vec![
+            Event::Fork {
+                fork_id: fork_id(),
+                parent_run: run_id(),
+                fork_root: run_id(),
+                cutoff_seq: 2,
+                label: "a".into(),
+            },
+            Event::System { text: "s".into() },
+            Event::UserMessage { text: "u".into() },
+            Event::ModelResponse {
+                model: "scripted:x".into(),
+                text: None,
+                tool_calls: vec![ToolCall {
+                    id: "c1".into(),
+                    name: "write_file".into(),
+                    args: serde_json::json!({"path": "a", "content": "b"}),
+                }],
+            },
+            Event::ToolResult {
+                call_id: "c1".into(),
+                name: "write_file".into(),
+                ok: true,
+                output: "ok".into(),
+            },
+            Event::Usage {
+                model: "scripted:x".into(),
+                usage: Usage {
+                    input_tokens: 1,
+                    output_tokens: 2,
+                    cached_tokens: 0,
+                },
+                cost_usd: 0.25,
+            },
+            Event::Steer { text: "t".into() },
+            Event::BranchSummary { text: "b".into() },
+            Event::Checkpoint { label: "c".into() },
+            Event::Status {
+                state: BranchState::AggregateBudgetExhausted,
+                error: Some("cap".into()),
+            },
+        ];
+        for (seq, event) in events.into_iter().enumerate() {
+            let msg = BranchEvent {
+                fork_id: fork_id(),
+                run_id: run_id(),
+                seq: seq as u64,
+                at_ms: 0,
+                event,
+            };
+            let back: BranchEvent = decode(&encode(&msg).unwrap()).unwrap();
+            assert_eq!(back, msg);
+        }
+        let c = Control {
+            run_id: run_id(),
+            command: ControlCommand::Steer { text: "x".into() },
+        };
+        assert_eq!(decode::<Control>(&encode(&c).unwrap()).unwrap(), c);
+    }
+
+    #[test]
+    fn rejects_wrong_version_kind_and_garbage() {
+        let c = Control {
+            run_id: run_id(),
+            command: ControlCommand::Terminate {
+                reason: "r".into(),
+            },
+        };
+        let bytes = encode(&c).unwrap();
+        assert!(matches!(
+            decode::<BranchEvent>(&bytes),
+            Err(WireError::Kind { expected: "branch_event", .. })
+        ));
+        let future = rmp_serde::to_vec_named(&EnvelopeOut {
+            v: 99,
+            kind: Control::KIND,
+            body: &c,
+        })
+        .unwrap();
+        let err = decode::<Control>(&future).unwrap_err();
+        assert!(matches!(err, WireError::Version { found: 99, .. }), "{err}");
+        assert!(err.to_string().contains("version 99"));
+        assert!(matches!(
+            decode::<Control>(b"\x00garbage"),
+            Err(WireError::NotAnEnvelope { .. })
+        ));
+        let wrong_body = rmp_serde::to_vec_named(&EnvelopeOut {
+            v: WIRE_VERSION,
+            kind: Control::KIND,
+            body: &42u8,
+        })
+        .unwrap();
+        assert!(matches!(
+            decode::<Control>(&wrong_body),
+            Err(WireError::Body { .. })
+        ));
+        assert_eq!(peek_kind(&bytes).unwrap(), "control");
+    }
+}

@@ -1,0 +1,303 @@
+//! Whole-system benchmarks, run in-process on the embedded system.
+//!
+//! `forkfleet bench fanout --branches N --writes K`: the peer harness's fan-out work
+//! (`../shared/peers/pydantic_deep_bench.py`): N branches, each makes K `write_file` calls
+//! and then answers. Write j of branch b goes, by (b + j) % 3, to a file every branch
+//! writes differently (`shared/split_j.txt`, seeded in the parent), a file only that branch
+//! writes (`unique/b<b>/f<j>.txt`), or a file every writer writes identically
+//! (`shared/agree_j.txt`). Every model call reports 1,000 input and 200 output tokens,
+//! priced like gpt-4o-mini. Zero model latency.
+
+use crate::client;
+use crate::embedded::{Embedded, EmbeddedOptions};
+use anyhow::Context;
+use clap::Args;
+use forkfleet_shared::api::{CreateFork, ParentRun};
+use forkfleet_shared::blob::BlobHash;
+use forkfleet_shared::diff::DiffOptions;
+use forkfleet_shared::flush::ConflictPolicy;
+use forkfleet_shared::pricing::Price;
+use forkfleet_shared::script::{Script, ScriptToolCall, ScriptTurn, ScriptUsage};
+use forkfleet_shared::spec::{BranchPlan, ForkPlan, Limits, ModelPlan};
+use forkfleet_shared::state::BranchState;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+pub const BENCH_MODEL: &str = "scripted:bench";
+pub const INPUT_TOKENS: u64 = 1000;
+pub const OUTPUT_TOKENS: u64 = 200;
+
+#[derive(Debug, Args)]
+pub struct FanoutArgs {
+    /// Branches (N).
+    #[arg(long, default_value_t = 100)]
+    pub branches: usize,
+    /// write_file calls per branch (K).
+    #[arg(long, default_value_t = 10)]
+    pub writes: usize,
+    /// Lines per written file.
+    #[arg(long, default_value_t = 10)]
+    pub lines: usize,
+    /// In-process workers.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Branches each worker runs at once.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_s: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One fan-out measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct FanoutResult {
+    pub branches: usize,
+    pub writes: usize,
+    pub workers: usize,
+    pub concurrency: usize,
+    /// From the fork request to every branch settled.
+    pub wall_s: f64,
+    /// The fork request alone (validation, branch runs, checkpoint, enqueue).
+    pub fork_call_s: f64,
+    /// The full diff report, unified diffs included.
+    pub diff_s: f64,
+    /// Merging branch b0: the coordinator's merge plus applying it to a directory.
+    pub merge_s: f64,
+    pub peak_rss_mb: f64,
+    pub model_turns: u64,
+    /// Wall time per model turn across the fork (all branches in parallel).
+    pub per_turn_ms: f64,
+    pub states: BTreeMap<String, usize>,
+    pub total_cost_usd: f64,
+    pub paths_touched: usize,
+    pub split_paths: usize,
+    pub unanimous_paths: usize,
+    pub applied_paths: usize,
+}
+
+pub async fn cmd_fanout(args: FanoutArgs) -> anyhow::Result<()> {
+    let result = fanout(&args).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        let mut out = String::new();
+        let _ = writeln!(out, "fan-out N={} K={} ({} workers x {})", result.branches, result.writes, result.workers, result.concurrency);
+        let _ = writeln!(out, "  wall (fork to all settled)  {:>9.3} s", result.wall_s);
+        let _ = writeln!(out, "  fork call                   {:>9.3} s", result.fork_call_s);
+        let _ = writeln!(out, "  diff report                 {:>9.3} s", result.diff_s);
+        let _ = writeln!(out, "  merge (store + directory)   {:>9.3} s", result.merge_s);
+        let _ = writeln!(out, "  peak RSS                    {:>9.1} MB", result.peak_rss_mb);
+        let _ = writeln!(out, "  model turns                 {:>9}", result.model_turns);
+        let _ = writeln!(out, "  states                      {:?}", result.states);
+        let _ = writeln!(out, "  diff: {} paths, {} split, {} unanimous", result.paths_touched, result.split_paths, result.unanimous_paths);
+        print!("{out}");
+    }
+    Ok(())
+}
+
+/// The bench script: per branch label, K write turns then a final answer.
+pub fn fanout_script(n: usize, k: usize, lines: usize) -> Script {
+    let usage = Some(ScriptUsage {
+        input_tokens: INPUT_TOKENS,
+        output_tokens: OUTPUT_TOKENS,
+        cached_tokens: 0,
+    });
+    let mut turns = BTreeMap::new();
+    for b in 0..n {
+        let mut t = Vec::with_capacity(k + 1);
+        for j in 0..k {
+            let (path, content) = file_for(b, j, lines);
+            t.push(ScriptTurn {
+                tool_calls: vec![ScriptToolCall {
+                    name: "write_file".into(),
+                    args: serde_json::json!({"path": path, "content": content}),
+                }],
+                usage,
+                ..ScriptTurn::default()
+            });
+        }
+        t.push(ScriptTurn {
+            text: Some(format!("branch {b} finished after {k} calls")),
+            usage,
+            ..ScriptTurn::default()
+        });
+        turns.insert(format!("b{b}"), t);
+    }
+    Script {
+        turns,
+        ..Script::default()
+    }
+}
+
+fn file_for(b: usize, j: usize, n: usize) -> (String, String) {
+    match (b + j) % 3 {
+        0 => (
+            format!("shared/split_{j}.txt"),
+            (0..n).map(|i| format!("branch {b} line {i} of file {j}\n")).collect(),
+        ),
+        1 => (
+            format!("unique/b{b}/f{j}.txt"),
+            (0..n).map(|i| format!("unique {b}/{j} line {i}\n")).collect(),
+        ),
+        _ => (
+            format!("shared/agree_{j}.txt"),
+            (0..n).map(|i| format!("agreed line {i} of file {j}\n")).collect(),
+        ),
+    }
+}
+
+fn seed_workspace(dir: &Path, k: usize) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir.join("shared"))?;
+    for j in 0..k.max(1) {
+        std::fs::write(
+            dir.join(format!("shared/split_{j}.txt")),
+            format!("parent version of file {j}\n"),
+        )?;
+    }
+    std::fs::write(dir.join("README.md"), "parent readme\n")?;
+    Ok(())
+}
+
+pub async fn fanout(args: &FanoutArgs) -> anyhow::Result<FanoutResult> {
+    let tmp = tempfile::tempdir().context("temporary directory")?;
+    let workspace = tmp.path().join("workspace");
+    seed_workspace(&workspace, args.writes)?;
+    let system = Embedded::start(
+        &tmp.path().join("data"),
+        EmbeddedOptions {
+            workers: args.workers.max(1),
+            concurrency: args.concurrency.max(1),
+        },
+    )
+    .await?;
+    let result = run_fanout(&system, &workspace, args).await;
+    system.shutdown().await?;
+    result
+}
+
+async fn run_fanout(system: &Embedded, workspace: &Path, args: &FanoutArgs) -> anyhow::Result<FanoutResult> {
+    let (n, k) = (args.branches, args.writes);
+    let script = fanout_script(n, k, args.lines);
+    let script_text = bytes::Bytes::from(toml::to_string(&script)?.into_bytes());
+    let script_hash = BlobHash::of(&script_text);
+    let blobs = system.bus.blobs();
+    let (_, upload) = client::upload_workspace(
+        blobs.as_ref(),
+        workspace,
+        &[],
+        [(script_hash, script_text)],
+    )
+    .await?;
+    let price = Price {
+        input_per_mtok: 0.15,
+        output_per_mtok: 0.60,
+        cached_per_mtok: None,
+    };
+    let plan = ForkPlan {
+        goal: "bench fan-out".into(),
+        system_prompt: None,
+        history: Vec::new(),
+        model: BENCH_MODEL.into(),
+        limits: Limits {
+            max_branches: n.max(1),
+            max_turns: (k + 5) as u32,
+            ..Limits::default()
+        },
+        conflict_policy: ConflictPolicy::KeepParent,
+        aggregate_budget_usd: None,
+        models: BTreeMap::from([(
+            BENCH_MODEL.to_string(),
+            ModelPlan {
+                price: Some(price),
+                script: Some(script_hash),
+            },
+        )]),
+        branches: (0..n)
+            .map(|b| BranchPlan {
+                label: format!("b{b}"),
+                steer: format!("BENCH b={b} k={k} tool=write_file"),
+                model: BENCH_MODEL.into(),
+                budget_usd: None,
+                extra_instructions: None,
+                max_turns: (k + 5) as u32,
+            })
+            .collect(),
+    };
+    let coord = system.coordinator();
+    let t0 = Instant::now();
+    let view = coord
+        .create_fork(CreateFork {
+            plan,
+            parent: ParentRun::New,
+            snapshot: upload.snapshot,
+            workspace: Some(workspace.display().to_string()),
+        })
+        .await?;
+    let fork_call_s = t0.elapsed().as_secs_f64();
+    let view = coord
+        .wait_settled(view.fork_id, Duration::from_secs(args.timeout_s))
+        .await?;
+    let wall_s = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let diff = coord.diff(view.fork_id, DiffOptions::default()).await?;
+    let diff_s = t1.elapsed().as_secs_f64();
+
+    let t2 = Instant::now();
+    let outcome = coord.merge(view.fork_id, "b0").await?;
+    let report = client::apply_merge(blobs.as_ref(), &outcome, workspace, ConflictPolicy::KeepParent).await?;
+    let merge_s = t2.elapsed().as_secs_f64();
+
+    let mut states: BTreeMap<String, usize> = BTreeMap::new();
+    for b in &view.branches {
+        *states.entry(b.state.as_str().to_string()).or_default() += 1;
+    }
+    let model_turns: u64 = view.branches.iter().map(|b| b.turns as u64).sum();
+    if view.branches.iter().any(|b| b.state != BranchState::Done) {
+        tracing::warn!(?states, "bench: not every branch finished done");
+    }
+    Ok(FanoutResult {
+        branches: n,
+        writes: k,
+        workers: args.workers,
+        concurrency: args.concurrency,
+        wall_s,
+        fork_call_s,
+        diff_s,
+        merge_s,
+        peak_rss_mb: peak_rss_mb(),
+        model_turns,
+        per_turn_ms: if model_turns > 0 {
+            wall_s * 1000.0 / model_turns as f64
+        } else {
+            0.0
+        },
+        states,
+        total_cost_usd: view.total_cost_usd(),
+        paths_touched: diff.summary.total_paths_touched,
+        split_paths: diff.summary.split_paths,
+        unanimous_paths: diff.summary.unanimous_paths,
+        applied_paths: report.applied_paths.len(),
+    })
+}
+
+/// Peak resident set size of this process (VmHWM), in MB; 0 where unknown.
+pub fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}

@@ -1,0 +1,82 @@
+//! The client side of a fork: upload a workspace snapshot, apply a merge to a directory.
+
+use anyhow::Context;
+use bytes::Bytes;
+use forkfleet_shared::api::MergeOutcome;
+use forkfleet_shared::blob::{fetch, BlobHash, BlobStore};
+use forkfleet_shared::flush::{self, ConflictPolicy, DirTarget, FlushReport};
+use forkfleet_shared::manifest::{scan_dir, Manifest};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// What an upload did.
+#[derive(Debug, Clone, Copy)]
+pub struct Upload {
+    pub snapshot: BlobHash,
+    pub files: usize,
+    pub blobs_sent: usize,
+    pub bytes_sent: u64,
+}
+
+/// Snapshot `dir` and upload the blobs the store lacks (deduplicated by hash), then the
+/// manifest itself. Returns the manifest's hash.
+pub async fn upload_workspace(
+    store: &dyn BlobStore,
+    dir: &Path,
+    exclude: &[String],
+    extra: impl IntoIterator<Item = (BlobHash, Bytes)>,
+) -> anyhow::Result<(Manifest, Upload)> {
+    let scan = scan_dir(dir, exclude).map_err(|e| crate::BadInput(e.to_string()))?;
+    let mut blobs: HashMap<BlobHash, Bytes> = scan.blobs.into_iter().collect();
+    blobs.extend(extra);
+    let hashes: Vec<BlobHash> = blobs.keys().copied().collect();
+    let missing = store.missing(&hashes).await?;
+    let mut bytes_sent = 0;
+    for h in &missing {
+        if let Some(b) = blobs.remove(h) {
+            bytes_sent += b.len() as u64;
+            store.put(*h, b).await?;
+        }
+    }
+    let manifest_blob = scan.manifest.to_blob()?;
+    let snapshot = BlobHash::of(&manifest_blob);
+    store.put(snapshot, manifest_blob).await?;
+    let files = scan.manifest.files.len();
+    Ok((
+        scan.manifest,
+        Upload {
+            snapshot,
+            files,
+            blobs_sent: missing.len(),
+            bytes_sent,
+        },
+    ))
+}
+
+/// Apply a merge to a real directory: replay the winner's change log onto `dir`, detecting
+/// conflicts against the fork-time snapshot, so a file changed in `dir` since the fork is
+/// kept (unless the policy is `overwrite`).
+pub async fn apply_merge(
+    store: &dyn BlobStore,
+    outcome: &MergeOutcome,
+    dir: &Path,
+    policy: ConflictPolicy,
+) -> anyhow::Result<FlushReport> {
+    let snapshot_blob = fetch(store, &outcome.fork_snapshot)
+        .await
+        .context("fork snapshot")?;
+    let snapshot = Manifest::from_blob(&snapshot_blob)?;
+    let mut contents = HashMap::new();
+    for h in flush::needed_blobs(&outcome.changes) {
+        contents.insert(h, fetch(store, &h).await?);
+    }
+    let dir = dir.to_path_buf();
+    let changes = outcome.changes.clone();
+    let report = tokio::task::spawn_blocking(move || {
+        let mut target = DirTarget::new(&dir, contents)
+            .with_context(|| format!("cannot apply the merge to `{}`", dir.display()))?;
+        Ok::<_, anyhow::Error>(flush::flush(&changes, &snapshot, &mut target, policy))
+    })
+    .await??;
+    Ok(report)
+}

@@ -1,0 +1,74 @@
+//! The embedded mode: coordinator and workers in one process on the local bus.
+
+use anyhow::Context;
+use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
+use forkfleet_shared::bus::local::LocalBus;
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::ids::WorkerId;
+use forkfleet_worker::{WorkerConfig, WorkerHandle};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// How many in-process workers, and how many branches each runs at once.
+#[derive(Debug, Clone, Copy)]
+pub struct EmbeddedOptions {
+    pub workers: usize,
+    pub concurrency: usize,
+}
+
+impl Default for EmbeddedOptions {
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            concurrency: 64,
+        }
+    }
+}
+
+/// A running embedded system.
+pub struct Embedded {
+    pub data_dir: PathBuf,
+    pub bus: Arc<dyn Bus>,
+    coordinator: Coordinator,
+    workers: Vec<WorkerHandle>,
+}
+
+impl Embedded {
+    /// Open the store under `data_dir` and start the coordinator and `opts.workers` workers.
+    /// With `workers == 0` only the coordinator runs (enough to read or merge a fork).
+    pub async fn start(data_dir: &Path, opts: EmbeddedOptions) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("cannot create data dir `{}`", data_dir.display()))?;
+        let store = RunStore::open(data_dir)?;
+        let bus: Arc<dyn Bus> = Arc::new(LocalBus::new(store.blob_store()));
+        let coordinator = Coordinator::start(CoordinatorConfig::default(), store, bus.clone()).await?;
+        let mut workers = Vec::with_capacity(opts.workers);
+        for _ in 0..opts.workers {
+            let config = WorkerConfig {
+                concurrency: opts.concurrency,
+                worker_id: WorkerId::new(),
+                ..WorkerConfig::default()
+            };
+            workers.push(forkfleet_worker::start(config, bus.clone()).await?);
+        }
+        Ok(Self {
+            data_dir: data_dir.to_path_buf(),
+            bus,
+            coordinator,
+            workers,
+        })
+    }
+
+    pub fn coordinator(&self) -> CoordinatorHandle {
+        self.coordinator.handle()
+    }
+
+    /// Stop the workers, then the coordinator (which flushes the store).
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        for w in self.workers {
+            w.shutdown().await?;
+        }
+        self.coordinator.shutdown().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,27 @@
+//! # forkfleet
+//!
+//! Fork one agent run into many branches, run them on a fleet of workers, keep the spend
+//! under caps, compare what every branch changed, and merge the winner back.
+//!
+//! ## Layout
+//! - [`cli`]: the command line (`forkfleet run`, `forkfleet fork ...`, `forkfleet bench`).
+//! - [`embedded`]: the single-machine mode: a coordinator and in-process workers on the
+//!   local bus, with the run store under a data directory.
+//! - [`client`]: what a client does around the coordinator: upload a workspace snapshot,
+//!   apply a merge to a real directory.
+//! - [`render`]: progress lines, tables and the `--json` documents.
+//! - [`bench`]: whole-system benchmarks.
+//!
+//! The crates below: `forkfleet-shared` (types and pure logic), `forkfleet-coordinator`
+//! and `forkfleet-worker` (the two services, which never depend on each other).
+
+pub mod bench;
+pub mod cli;
+pub mod client;
+pub mod embedded;
+pub mod render;
+
+/// An error caused by the user's input: exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);

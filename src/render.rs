@@ -1,0 +1,382 @@
+//! What the CLI shows: progress lines while a fork runs, tables, and `--json` documents.
+
+use forkfleet_coordinator::CoordinatorHandle;
+use forkfleet_shared::api::ForkView;
+use forkfleet_shared::diff::{render_summary, DiffReport};
+use forkfleet_shared::event::Event;
+use forkfleet_shared::flush::FlushReport;
+use forkfleet_shared::ids::ForkId;
+use forkfleet_shared::state::BranchState;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+/// Above this many branches, progress is one aggregate line instead of a line per branch.
+const MAX_PROGRESS_LINES: usize = 20;
+/// The fastest the progress display redraws.
+const REDRAW_EVERY: Duration = Duration::from_millis(100);
+
+/// Follow a fork until every branch is terminal, showing progress on stderr when `show`.
+/// On a terminal the lines redraw in place; otherwise a line is printed per state change.
+pub async fn follow(
+    coord: &CoordinatorHandle,
+    fork: ForkId,
+    timeout: Option<Duration>,
+    show: bool,
+) -> anyhow::Result<ForkView> {
+    let started = Instant::now();
+    let mut changes = coord.changes(fork).await?;
+    let tty = show && std::io::stderr().is_terminal();
+    let mut drawn_lines = 0usize;
+    let mut last_states: BTreeMap<String, BranchState> = BTreeMap::new();
+    loop {
+        let view = coord.fork(fork).await?;
+        if show {
+            if tty {
+                drawn_lines = redraw(&view, drawn_lines, started.elapsed());
+            } else {
+                print_state_changes(&view, &mut last_states);
+            }
+        }
+        if view.settled() {
+            return Ok(view);
+        }
+        if let Some(t) = timeout {
+            if started.elapsed() >= t {
+                return Err(anyhow::anyhow!(
+                    "gave up waiting after {} s: {} of {} branches settled (the fork stays in the store; `forkfleet fork show {fork}`)",
+                    t.as_secs(),
+                    view.branches.iter().filter(|b| b.state.is_terminal()).count(),
+                    view.branches.len()
+                ));
+            }
+        }
+        // Wake on the next change, but redraw at most every REDRAW_EVERY.
+        let next = tokio::time::sleep(REDRAW_EVERY);
+        let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
+        next.await;
+    }
+}
+
+fn redraw(view: &ForkView, previous: usize, elapsed: Duration) -> usize {
+    let mut out = String::new();
+    if previous > 0 {
+        let _ = write!(out, "\x1b[{previous}A");
+    }
+    let lines = progress_lines(view, elapsed);
+    for l in &lines {
+        let _ = writeln!(out, "\x1b[2K{l}");
+    }
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(out.as_bytes());
+    let _ = err.flush();
+    lines.len()
+}
+
+/// The progress block: a line per branch, or one aggregate line for many branches.
+pub fn progress_lines(view: &ForkView, elapsed: Duration) -> Vec<String> {
+    let mut lines = Vec::new();
+    if view.branches.len() <= MAX_PROGRESS_LINES {
+        let width = label_width(view);
+        for b in &view.branches {
+            lines.push(format!(
+                "  {:<width$}  {:<26}  turns {:>3}  ${:.6}",
+                b.label,
+                b.state.as_str(),
+                b.turns,
+                b.cost_usd
+            ));
+        }
+    }
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for b in &view.branches {
+        *counts.entry(b.state.as_str()).or_default() += 1;
+    }
+    let states: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    let turns: u64 = view.branches.iter().map(|b| b.turns as u64).sum();
+    lines.push(format!(
+        "  [{:.1}s] {} · {} turns · ${:.6}",
+        elapsed.as_secs_f64(),
+        states.join(", "),
+        turns,
+        view.total_cost_usd()
+    ));
+    lines
+}
+
+fn print_state_changes(view: &ForkView, last: &mut BTreeMap<String, BranchState>) {
+    let mut err = std::io::stderr().lock();
+    for b in &view.branches {
+        if last.get(&b.label) != Some(&b.state) {
+            if view.branches.len() <= MAX_PROGRESS_LINES {
+                let _ = writeln!(
+                    err,
+                    "  {}: {} (turns {}, ${:.6})",
+                    b.label, b.state, b.turns, b.cost_usd
+                );
+            }
+            last.insert(b.label.clone(), b.state);
+        }
+    }
+    if view.branches.len() > MAX_PROGRESS_LINES && view.settled() {
+        let _ = writeln!(err, "  all {} branches settled", view.branches.len());
+    }
+}
+
+fn label_width(view: &ForkView) -> usize {
+    view.branches
+        .iter()
+        .map(|b| b.label.len())
+        .max()
+        .unwrap_or(5)
+        .max(5)
+}
+
+/// One line about a fork.
+pub fn fork_header(view: &ForkView) -> String {
+    format!(
+        "fork {} · {} · {} branches · ${:.6}\ngoal: {}\n",
+        view.fork_id,
+        state_text(view),
+        view.branches.len(),
+        view.total_cost_usd(),
+        view.goal
+    )
+}
+
+fn state_text(view: &ForkView) -> String {
+    match &view.state {
+        forkfleet_shared::state::ForkState::Merged { winner } => format!("merged ({winner})"),
+        s => s.as_str().to_string(),
+    }
+}
+
+/// The branch table: label, state, turns, cost, changes, error.
+pub fn branch_table(view: &ForkView) -> String {
+    let width = label_width(view);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<width$}  {:<26}  {:>5}  {:>12}  {:>7}  ERROR",
+        "LABEL", "STATE", "TURNS", "COST_USD", "CHANGES"
+    );
+    for b in &view.branches {
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:<26}  {:>5}  {:>12.6}  {:>7}  {}",
+            b.label,
+            b.state.as_str(),
+            b.turns,
+            b.cost_usd,
+            b.changes,
+            b.error.as_deref().unwrap_or("")
+        );
+    }
+    out
+}
+
+/// Forks, one line each.
+pub fn fork_list(forks: &[ForkView]) -> String {
+    let mut out = String::new();
+    if forks.is_empty() {
+        out.push_str("no forks\n");
+        return out;
+    }
+    let _ = writeln!(out, "{:<36}  {:<16}  {:>8}  {:>12}  GOAL", "FORK", "STATE", "BRANCHES", "COST_USD");
+    for f in forks {
+        let goal: String = f.goal.chars().take(50).collect();
+        let _ = writeln!(
+            out,
+            "{:<36}  {:<16}  {:>8}  {:>12.6}  {}",
+            f.fork_id,
+            state_text(f),
+            f.branches.len(),
+            f.total_cost_usd(),
+            goal.replace('\n', " ")
+        );
+    }
+    out
+}
+
+/// The diff summary, and with `unified` every path's unified diffs.
+pub fn diff_text(report: &DiffReport, unified: bool) -> String {
+    let mut out = render_summary(report);
+    if unified {
+        for p in &report.paths {
+            for c in &p.changes {
+                if let Some(d) = &c.diff {
+                    let _ = writeln!(out, "\n=== {} · {} ({})", p.path, report.label(c.branch), c.operation);
+                    out.push_str(d);
+                    if !d.ends_with('\n') {
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What a merge did.
+pub fn merge_text(winner: &str, report: &FlushReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nmerged `{winner}`: {} files applied ({} changes), {} deleted, {} conflicts, {} errors",
+        report.applied_paths.len(),
+        report.applied_changes,
+        report.deleted_paths.len(),
+        report.conflicts.len(),
+        report.errors.len()
+    );
+    for p in &report.applied_paths {
+        let _ = writeln!(out, "  applied   {p}");
+    }
+    for p in &report.deleted_paths {
+        let _ = writeln!(out, "  deleted   {p}");
+    }
+    for p in &report.conflicts {
+        let _ = writeln!(out, "  conflict  {p} (changed since the fork; kept as it is)");
+    }
+    for e in &report.errors {
+        let _ = writeln!(out, "  error     {} ({}): {}", e.path, e.op, e.message);
+    }
+    out
+}
+
+/// The diff as JSON: the summary and, per path, its agreement and each touching branch's
+/// operation (a branch not listed left the path untouched). With `full`, every change's
+/// entry and unified diff too.
+pub fn diff_json(report: &DiffReport, full: bool) -> Value {
+    if full {
+        return report.to_json_value();
+    }
+    let paths: Vec<Value> = report
+        .paths
+        .iter()
+        .map(|p| {
+            let ops: BTreeMap<&str, &str> = report
+                .operations(p)
+                .into_iter()
+                .map(|(l, o)| (l, o.as_str()))
+                .collect();
+            json!({"path": p.path.as_str(), "agreement": p.agreement.as_str(), "operations": ops})
+        })
+        .collect();
+    json!({"branches": report.branches, "summary": report.summary, "paths": paths})
+}
+
+/// The JSON document of `forkfleet run --json` and the fork commands.
+pub fn fork_json(view: &ForkView, diff: Option<&DiffReport>, merge: Option<(&str, &FlushReport)>) -> Value {
+    let branches: Vec<Value> = view
+        .branches
+        .iter()
+        .map(|b| {
+            json!({
+                "label": b.label,
+                "id": b.run_id.to_string(),
+                "state": b.state.as_str(),
+                "turns": b.turns,
+                "cost_usd": b.cost_usd,
+                "usage": b.usage,
+                "changes": b.changes,
+                "error": b.error,
+            })
+        })
+        .collect();
+    let mut doc = json!({
+        "fork_id": view.fork_id.to_string(),
+        "parent_run": view.parent_run.to_string(),
+        "goal": view.goal,
+        "state": view.state.as_str(),
+        "created_at_ms": view.created_at_ms,
+        "workspace": view.workspace,
+        "total_cost_usd": view.total_cost_usd(),
+        "branches": branches,
+    });
+    if let forkfleet_shared::state::ForkState::Merged { winner } = &view.state {
+        doc["winner"] = json!(winner);
+    }
+    if let Some(d) = diff {
+        doc["diff"] = diff_json(d, false);
+    }
+    if let Some((winner, r)) = merge {
+        doc["merge"] = json!({
+            "winner": winner,
+            "applied_paths": r.applied_paths,
+            "applied_changes": r.applied_changes,
+            "conflicts": r.conflicts,
+            "errors": r.errors,
+            "deleted_paths": r.deleted_paths,
+        });
+    }
+    doc
+}
+
+/// One event as a line of text (prompts and outputs shortened).
+pub fn event_line(e: &Event) -> String {
+    fn short(s: &str) -> String {
+        let one: String = s.replace('\n', "⏎");
+        if one.chars().count() > 100 {
+            format!("{}…", one.chars().take(100).collect::<String>())
+        } else {
+            one
+        }
+    }
+    match e {
+        Event::Fork {
+            fork_id,
+            parent_run,
+            cutoff_seq,
+            label,
+            ..
+        } => format!("fork       {label} of run {parent_run} at seq {cutoff_seq} (fork {fork_id})"),
+        Event::System { text } => format!("system     {}", short(text)),
+        Event::UserMessage { text } => format!("user       {}", short(text)),
+        Event::Steer { text } => format!("steer      {}", short(text)),
+        Event::ModelResponse {
+            text, tool_calls, ..
+        } => {
+            let calls: Vec<&str> = tool_calls.iter().map(|c| c.name.as_str()).collect();
+            format!(
+                "model      {}{}",
+                text.as_deref().map(short).unwrap_or_default(),
+                if calls.is_empty() {
+                    String::new()
+                } else {
+                    format!(" [calls: {}]", calls.join(", "))
+                }
+            )
+        }
+        Event::ToolResult { name, ok, output, .. } => {
+            format!("tool       {name} {} {}", if *ok { "ok" } else { "ERROR" }, short(output))
+        }
+        Event::FileChange { change } => format!("change     {} {}", change.kind(), change.path()),
+        Event::Usage {
+            usage, cost_usd, ..
+        } => format!(
+            "usage      in {} out {} cached {} · ${cost_usd:.6}",
+            usage.input_tokens, usage.output_tokens, usage.cached_tokens
+        ),
+        Event::BranchSummary { text } => format!("summary    {}", short(text)),
+        Event::Checkpoint { label } => format!("checkpoint {label}"),
+        Event::Status { state, error } => format!(
+            "status     {state}{}",
+            error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
+        ),
+    }
+}
+
+/// An error and its causes on one line.
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&s)) {
+            parts.push(s);
+        }
+    }
+    parts.join(": ")
+}

@@ -1,0 +1,36 @@
+//! What every branch of a worker shares: the bus, the blob cache, the providers, and the
+//! decoded prefixes and manifests (one decode per fork, not per branch).
+
+use crate::cache::{BlobCache, Memo};
+use crate::provider::Providers;
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::event::Event;
+use forkfleet_shared::ids::WorkerId;
+use forkfleet_shared::manifest::Manifest;
+use std::sync::Arc;
+
+/// Decoded prefixes and manifests kept per worker.
+const MEMO_CAPACITY: usize = 64;
+
+pub(crate) struct WorkerCtx {
+    pub worker_id: WorkerId,
+    pub bus: Arc<dyn Bus>,
+    pub blobs: Arc<BlobCache>,
+    pub providers: Providers,
+    pub prefixes: Memo<Vec<Event>>,
+    pub manifests: Memo<Manifest>,
+}
+
+impl WorkerCtx {
+    pub fn new(worker_id: WorkerId, bus: Arc<dyn Bus>, blob_cache_bytes: u64) -> Self {
+        let blobs = Arc::new(BlobCache::new(bus.blobs(), blob_cache_bytes));
+        Self {
+            worker_id,
+            bus,
+            providers: Providers::new(blobs.clone()),
+            blobs,
+            prefixes: Memo::new(MEMO_CAPACITY),
+            manifests: Memo::new(MEMO_CAPACITY),
+        }
+    }
+}

@@ -1,0 +1,453 @@
+//! The worker node: pulls branch tasks and supervises one branch agent per task.
+//!
+//! ```text
+//!   puller task ──TaskPulled──▶ NodeActor ──spawn_linked──▶ BranchAgent (one per task)
+//!   (one permit per branch)        │  ▲                          │
+//!                                  │  └── ActorTerminated/Failed ┘
+//!                                  └── Heartbeat: in_progress() on every running task
+//! ```
+//!
+//! - The **puller** holds a semaphore of `concurrency` permits: it takes a permit, then pulls
+//!   with the bus's bounded wait (never spinning), and casts the delivery with its permit to
+//!   the node. The permit lives as long as the branch, so never more than `concurrency`
+//!   branches run at once.
+//! - A task that does not decode is logged and acked (dropped): it can never run.
+//! - Each task is held in a [`TaskLease`] shared with its agent. The agent acks it right
+//!   after publishing the branch's terminal status; when an agent ends without having
+//!   settled its lease (handed back at shutdown, or failed on a bus error), the node naks.
+//! - **Shutdown**: stop pulling, stop every agent at its next turn boundary, nak what did not
+//!   finish, wait for the puller to exit, then stop.
+
+use crate::agent::{AgentArgs, BranchAgent};
+use crate::context::WorkerCtx;
+use crate::WorkerConfig;
+use forkfleet_shared::bus::{BusError, BusResult, Delivery};
+use forkfleet_shared::ids::RunId;
+use forkfleet_shared::protocol::BranchTask;
+use forkfleet_shared::wire;
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort,
+    SupervisionEvent,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+
+/// How long a task handed back after an agent failure waits before redelivery.
+const FAILED_NAK_DELAY: Duration = Duration::from_secs(1);
+
+/// One delivered task, settled exactly once by whoever finishes with it.
+pub(crate) struct TaskLease {
+    delivery: Delivery,
+    settled: AtomicBool,
+}
+
+impl TaskLease {
+    fn new(delivery: Delivery) -> Self {
+        Self {
+            delivery,
+            settled: AtomicBool::new(false),
+        }
+    }
+
+    pub fn attempt(&self) -> u32 {
+        self.delivery.attempt
+    }
+
+    pub fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::SeqCst)
+    }
+
+    /// The task is done: remove it from the queue.
+    pub async fn ack(&self) -> BusResult<()> {
+        if self.settled.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.delivery.ack().await
+    }
+
+    /// Hand the task back for another worker.
+    pub async fn nak(&self, delay: Option<Duration>) -> BusResult<()> {
+        if self.settled.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.delivery.nak(delay).await
+    }
+
+    /// Still working on it: extend the ack deadline.
+    pub async fn in_progress(&self) -> BusResult<()> {
+        if self.is_settled() {
+            return Ok(());
+        }
+        self.delivery.in_progress().await
+    }
+}
+
+/// How the node stopped: `Ok` after a shutdown, `Err` when it had to stop on its own.
+/// Still `None` after the node is gone means it crashed.
+pub(crate) type NodeExit = Arc<Mutex<Option<Result<(), String>>>>;
+
+/// The node actor (all data lives in [`NodeState`]).
+pub(crate) struct NodeActor;
+
+pub(crate) struct NodeArgs {
+    pub config: WorkerConfig,
+    pub ctx: Arc<WorkerCtx>,
+    /// Where the node says how it stopped.
+    pub exit: NodeExit,
+}
+
+pub(crate) enum NodeMsg {
+    /// The puller took a task (and a permit for it).
+    TaskPulled {
+        delivery: Delivery,
+        permit: OwnedSemaphorePermit,
+    },
+    /// The puller exited; `error` when the bus went away.
+    PullerStopped { error: Option<String> },
+    /// Time to extend the ack deadline of every running task.
+    Heartbeat,
+    /// Stop pulling, hand back running branches, reply when all are gone.
+    Shutdown(RpcReplyPort<()>),
+    /// How many branches run now.
+    Running(RpcReplyPort<usize>),
+}
+
+pub(crate) struct NodeState {
+    config: WorkerConfig,
+    ctx: Arc<WorkerCtx>,
+    exit: NodeExit,
+    running: HashMap<ActorId, RunningBranch>,
+    stop_pull: watch::Sender<bool>,
+    stop_rx: Option<watch::Receiver<bool>>,
+    puller_done: bool,
+    draining: bool,
+    waiters: Vec<RpcReplyPort<()>>,
+    heartbeat: Option<tokio::task::JoinHandle<()>>,
+}
+
+struct RunningBranch {
+    lease: Arc<TaskLease>,
+    run_id: RunId,
+    label: String,
+    agent: ActorCell,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// Handle to a running node; the only way other modules talk to it.
+#[derive(Clone)]
+pub(crate) struct NodeHandle(ActorRef<NodeMsg>);
+
+impl NodeHandle {
+    pub fn new(actor: ActorRef<NodeMsg>) -> Self {
+        Self(actor)
+    }
+
+    /// Hand back running branches and wait until the node has stopped them all.
+    pub async fn shutdown(&self) -> Result<(), String> {
+        match self.0.call(NodeMsg::Shutdown, None).await {
+            Ok(ractor::rpc::CallResult::Success(())) => Ok(()),
+            Ok(other) => Err(format!("shutdown got no answer ({other:?})")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    pub async fn running(&self) -> Result<usize, String> {
+        match self.0.call(NodeMsg::Running, None).await {
+            Ok(ractor::rpc::CallResult::Success(n)) => Ok(n),
+            Ok(other) => Err(format!("no answer ({other:?})")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+impl Actor for NodeActor {
+    type Msg = NodeMsg;
+    type State = NodeState;
+    type Arguments = NodeArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: NodeArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let (stop_pull, stop_rx) = watch::channel(false);
+        Ok(NodeState {
+            config: args.config,
+            ctx: args.ctx,
+            exit: args.exit,
+            running: HashMap::new(),
+            stop_pull,
+            stop_rx: Some(stop_rx),
+            puller_done: false,
+            draining: false,
+            waiters: Vec::new(),
+            heartbeat: None,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let puller = Puller {
+            bus: state.ctx.bus.clone(),
+            pool: state.config.pool.clone(),
+            wait: state.config.pull_wait,
+            permits: Arc::new(Semaphore::new(state.config.concurrency)),
+            node: myself.clone(),
+            stop: state.stop_rx.take().ok_or("the puller was started twice")?,
+        };
+        tokio::spawn(puller.run());
+        state.heartbeat = Some(myself.send_interval(state.config.heartbeat, || NodeMsg::Heartbeat));
+        tracing::info!(
+            worker.id = %state.config.worker_id,
+            worker.pool = %state.config.pool,
+            worker.concurrency = state.config.concurrency,
+            "worker node started"
+        );
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(h) = state.heartbeat.take() {
+            h.abort();
+        }
+        let _ = state.stop_pull.send(true);
+        tracing::info!(worker.id = %state.config.worker_id, "worker node stopped");
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            NodeMsg::TaskPulled { delivery, permit } => {
+                task_pulled(&myself, state, delivery, permit).await;
+            }
+            NodeMsg::PullerStopped { error } => {
+                state.puller_done = true;
+                if let Some(error) = error {
+                    tracing::error!(worker.id = %state.config.worker_id, error = %error, "task pulling stopped; the worker stops");
+                    if let Ok(mut exit) = state.exit.lock() {
+                        exit.get_or_insert(Err(error));
+                    }
+                    begin_drain(state);
+                }
+            }
+            NodeMsg::Heartbeat => {
+                let leases: Vec<Arc<TaskLease>> =
+                    state.running.values().map(|r| r.lease.clone()).collect();
+                if !leases.is_empty() {
+                    // Off the mailbox: a slow bus must not delay branch bookkeeping.
+                    tokio::spawn(async move {
+                        for lease in leases {
+                            if let Err(e) = lease.in_progress().await {
+                                tracing::warn!(error = %e, "could not extend a task's ack deadline");
+                            }
+                        }
+                    });
+                }
+            }
+            NodeMsg::Shutdown(reply) => {
+                state.waiters.push(reply);
+                begin_drain(state);
+            }
+            NodeMsg::Running(reply) => {
+                let _ = reply.send(state.running.len());
+            }
+        }
+        maybe_stop(&myself, state);
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorTerminated(cell, _, _) => {
+                agent_ended(state, &cell, None).await;
+            }
+            SupervisionEvent::ActorFailed(cell, err) => {
+                agent_ended(state, &cell, Some(err.to_string())).await;
+            }
+            _ => {}
+        }
+        maybe_stop(&myself, state);
+        Ok(())
+    }
+}
+
+async fn task_pulled(
+    myself: &ActorRef<NodeMsg>,
+    state: &mut NodeState,
+    delivery: Delivery,
+    permit: OwnedSemaphorePermit,
+) {
+    if state.draining {
+        if let Err(e) = delivery.nak(None).await {
+            tracing::warn!(error = %e, "could not hand back a task pulled during shutdown");
+        }
+        return;
+    }
+    let task = match wire::decode::<BranchTask>(&delivery.payload) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(
+                worker.id = %state.config.worker_id,
+                task.bytes = delivery.payload.len(),
+                task.attempt = delivery.attempt,
+                error = %e,
+                "undecodable branch task dropped"
+            );
+            if let Err(e) = delivery.ack().await {
+                tracing::warn!(error = %e, "could not ack an undecodable task");
+            }
+            return;
+        }
+    };
+    let lease = Arc::new(TaskLease::new(delivery));
+    let run_id = task.run_id;
+    let label = task.label.clone();
+    let args = AgentArgs {
+        task,
+        lease: lease.clone(),
+        ctx: state.ctx.clone(),
+    };
+    match Actor::spawn_linked(None, BranchAgent, args, myself.get_cell()).await {
+        Ok((agent, _join)) => {
+            state.running.insert(
+                agent.get_id(),
+                RunningBranch {
+                    lease,
+                    run_id,
+                    label,
+                    agent: agent.get_cell(),
+                    _permit: permit,
+                },
+            );
+        }
+        Err(e) => {
+            tracing::error!(run.id = %run_id, branch.label = %label, error = %e, "could not start a branch agent; task handed back");
+            if let Err(e) = lease.nak(Some(FAILED_NAK_DELAY)).await {
+                tracing::warn!(error = %e, "could not hand back a task");
+            }
+        }
+    }
+}
+
+/// An agent stopped: settle its task if it did not, and free its permit.
+async fn agent_ended(state: &mut NodeState, cell: &ActorCell, failure: Option<String>) {
+    let Some(branch) = state.running.remove(&cell.get_id()) else {
+        return;
+    };
+    if branch.lease.is_settled() {
+        return;
+    }
+    let delay = match &failure {
+        Some(err) => {
+            tracing::error!(run.id = %branch.run_id, branch.label = %branch.label, error = %err, "branch agent failed; task handed back");
+            Some(FAILED_NAK_DELAY)
+        }
+        None => {
+            tracing::info!(run.id = %branch.run_id, branch.label = %branch.label, "branch handed back");
+            None
+        }
+    };
+    if let Err(e) = branch.lease.nak(delay).await {
+        tracing::warn!(run.id = %branch.run_id, error = %e, "could not hand back a task");
+    }
+}
+
+fn begin_drain(state: &mut NodeState) {
+    if state.draining {
+        return;
+    }
+    state.draining = true;
+    let _ = state.stop_pull.send(true);
+    for branch in state.running.values() {
+        branch.agent.stop(Some("worker shutting down".into()));
+    }
+}
+
+fn maybe_stop(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
+    if state.draining && state.puller_done && state.running.is_empty() {
+        if let Ok(mut exit) = state.exit.lock() {
+            exit.get_or_insert(Ok(()));
+        }
+        for w in state.waiters.drain(..) {
+            let _ = w.send(());
+        }
+        myself.stop(None);
+    }
+}
+
+/// Pulls tasks while permits are free; see the module docs.
+struct Puller {
+    bus: Arc<dyn forkfleet_shared::bus::Bus>,
+    pool: String,
+    wait: Duration,
+    permits: Arc<Semaphore>,
+    node: ActorRef<NodeMsg>,
+    stop: watch::Receiver<bool>,
+}
+
+impl Puller {
+    async fn run(mut self) {
+        let error = self.pull_loop().await;
+        let _ = self.node.cast(NodeMsg::PullerStopped { error });
+    }
+
+    async fn pull_loop(&mut self) -> Option<String> {
+        loop {
+            let permit = tokio::select! {
+                biased;
+                _ = self.stop.wait_for(|s| *s) => return None,
+                p = self.permits.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => return None,
+                },
+            };
+            let delivery = loop {
+                if *self.stop.borrow() {
+                    return None;
+                }
+                match self.bus.pull_task(&self.pool, self.wait).await {
+                    Ok(Some(d)) => break d,
+                    Ok(None) => {}
+                    Err(BusError::Closed) => return Some(BusError::Closed.to_string()),
+                    Err(e) => {
+                        tracing::warn!(worker.pool = %self.pool, error = %e, "pulling a task failed; retrying");
+                        tokio::time::sleep(self.wait.max(Duration::from_millis(100))).await;
+                    }
+                }
+            };
+            if *self.stop.borrow() {
+                let _ = delivery.nak(None).await;
+                return None;
+            }
+            match self.node.cast(NodeMsg::TaskPulled { delivery, permit }) {
+                Ok(()) => {}
+                Err(MessagingErr::SendErr(NodeMsg::TaskPulled { delivery, .. })) => {
+                    // The node is gone: hand the task straight back.
+                    let _ = delivery.nak(None).await;
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+}

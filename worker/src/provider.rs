@@ -1,0 +1,259 @@
+//! Model providers behind one trait.
+//!
+//! A model is named `provider:name` (`scripted:demo`, later `openai:gpt-4o-mini`,
+//! `anthropic:claude-sonnet-4`). [`Providers::provider_for`] turns a task's model into a
+//! [`ModelProvider`], caching what is expensive to build (a parsed script) per worker.
+//!
+//! A request borrows the branch's history: a provider that sends it over the network
+//! serialises it from the borrow, and the scripted one never looks at more than the sizes.
+
+pub mod scripted;
+
+use crate::cache::{BlobCache, Memo};
+use async_trait::async_trait;
+use forkfleet_shared::blob::BlobError;
+use forkfleet_shared::event::{Message, ToolCall, Usage};
+use forkfleet_shared::protocol::BranchTask;
+use forkfleet_shared::script::ScriptError;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+pub use scripted::ScriptedProvider;
+
+/// The providers this build implements (OpenAI-compatible and Anthropic come later).
+pub const PROVIDERS: &[&str] = &["scripted"];
+
+/// A tool the model may call: its name, what it does, and its arguments as a JSON schema.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub parameters: serde_json::Value,
+}
+
+/// One model call.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelRequest<'a> {
+    /// `provider:name`.
+    pub model: &'a str,
+    /// The branch's history as the model sees it.
+    pub messages: &'a [Message],
+    pub tools: &'a [ToolSpec],
+    pub max_output_tokens: u32,
+    /// The branch's label and index in its fork.
+    pub label: &'a str,
+    pub index: u32,
+    /// Model calls the branch made before this one (0 for the first).
+    pub turn: u32,
+}
+
+/// What the model answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelReply {
+    pub text: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    #[error("model `{model}` must be written `provider:name` (known providers: {known})")]
+    BadModelName { model: String, known: String },
+    #[error("model `{model}` names unknown provider `{provider}` (known providers: {known})")]
+    UnknownProvider {
+        model: String,
+        provider: String,
+        known: String,
+    },
+    #[error("model `{model}` is scripted but the task carries no script")]
+    MissingScript { model: String },
+    #[error("cannot load the script: {0}")]
+    ScriptBlob(BlobError),
+    #[error("the script is not valid UTF-8")]
+    ScriptEncoding,
+    #[error(transparent)]
+    Script(#[from] ScriptError),
+}
+
+impl ProviderError {
+    /// True when trying again later may succeed (the blob store failed, not the input).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ProviderError::ScriptBlob(BlobError::Backend(_)))
+    }
+}
+
+#[async_trait]
+pub trait ModelProvider: Send + Sync {
+    async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError>;
+}
+
+/// Split `provider:name`, checking the provider is one this build knows.
+pub fn split_model(model: &str) -> Result<(&str, &str), ProviderError> {
+    let known = || PROVIDERS.join(", ");
+    let Some((provider, name)) = model.split_once(':') else {
+        return Err(ProviderError::BadModelName {
+            model: model.to_string(),
+            known: known(),
+        });
+    };
+    if name.is_empty() {
+        return Err(ProviderError::BadModelName {
+            model: model.to_string(),
+            known: known(),
+        });
+    }
+    if !PROVIDERS.contains(&provider) {
+        return Err(ProviderError::UnknownProvider {
+            model: model.to_string(),
+            provider: provider.to_string(),
+            known: known(),
+        });
+    }
+    Ok((provider, name))
+}
+
+/// Estimated tokens of a text: one per four characters, rounded up.
+pub fn estimate_tokens(chars: u64) -> u64 {
+    chars.div_ceil(4)
+}
+
+/// Characters of a request's messages, counted as a model would read them (texts, tool
+/// names, tool arguments as JSON, tool outputs).
+pub fn message_chars(messages: &[Message]) -> u64 {
+    messages
+        .iter()
+        .map(|m| match m {
+            Message::System { text } | Message::User { text } => char_count(text),
+            Message::Assistant { text, tool_calls } => {
+                text.as_deref().map_or(0, char_count) + tool_call_chars(tool_calls)
+            }
+            Message::Tool { name, output, .. } => char_count(name) + char_count(output),
+        })
+        .sum()
+}
+
+/// Characters of tool calls: names and arguments as JSON.
+pub fn tool_call_chars(calls: &[ToolCall]) -> u64 {
+    calls
+        .iter()
+        .map(|c| char_count(&c.name) + json_chars(&c.args))
+        .sum()
+}
+
+fn char_count(s: &str) -> u64 {
+    s.chars().count() as u64
+}
+
+/// Characters of a JSON value's compact encoding, without building the string.
+fn json_chars(v: &serde_json::Value) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            // Count UTF-8 sequence starts: one per character.
+            self.0 += buf.iter().filter(|b| (**b & 0xC0) != 0x80).count() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    match serde_json::to_writer(&mut c, v) {
+        Ok(()) => c.0,
+        Err(_) => 0,
+    }
+}
+
+/// The worker's providers, built per task and cached where building is costly.
+pub struct Providers {
+    blobs: Arc<BlobCache>,
+    scripts: Memo<ScriptedProvider>,
+}
+
+impl Providers {
+    pub fn new(blobs: Arc<BlobCache>) -> Self {
+        Self {
+            blobs,
+            scripts: Memo::new(64),
+        }
+    }
+
+    /// The provider for a task's model. A scripted model's script is fetched and parsed
+    /// once per worker and shared by every branch that uses it.
+    pub async fn provider_for(
+        &self,
+        task: &BranchTask,
+    ) -> Result<Arc<dyn ModelProvider>, ProviderError> {
+        let (provider, _name) = split_model(&task.model)?;
+        match provider {
+            "scripted" => {
+                let hash = task.script.ok_or_else(|| ProviderError::MissingScript {
+                    model: task.model.clone(),
+                })?;
+                let scripted = self
+                    .scripts
+                    .get_or_try_init(hash, || async {
+                        let bytes = self
+                            .blobs
+                            .get(&hash)
+                            .await
+                            .map_err(ProviderError::ScriptBlob)?;
+                        let text = std::str::from_utf8(&bytes)
+                            .map_err(|_| ProviderError::ScriptEncoding)?;
+                        Ok::<_, ProviderError>(ScriptedProvider::parse(text)?)
+                    })
+                    .await?;
+                Ok(scripted)
+            }
+            other => Err(ProviderError::UnknownProvider {
+                model: task.model.clone(),
+                provider: other.to_string(),
+                known: PROVIDERS.join(", "),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_are_checked() {
+        assert_eq!(split_model("scripted:demo").unwrap(), ("scripted", "demo"));
+        let err = split_model("gpt-4o").unwrap_err().to_string();
+        assert!(
+            err.contains("provider:name") && err.contains("scripted"),
+            "{err}"
+        );
+        let err = split_model("nope:x").unwrap_err().to_string();
+        assert!(
+            err.contains("unknown provider `nope`") && err.contains("scripted"),
+            "{err}"
+        );
+        assert!(split_model("scripted:").is_err());
+    }
+
+    #[test]
+    fn sizes_count_characters() {
+        let msgs = vec![
+            Message::User {
+                text: "héllo".into(),
+            },
+            Message::Assistant {
+                text: None,
+                tool_calls: vec![ToolCall {
+                    id: "c".into(),
+                    name: "ab".into(),
+                    args: serde_json::json!({"p": "é"}),
+                }],
+            },
+        ];
+        // 5 + 2 + len(`{"p":"é"}`) = 5 + 2 + 9
+        assert_eq!(message_chars(&msgs), 16);
+        assert_eq!(estimate_tokens(16), 4);
+        assert_eq!(estimate_tokens(17), 5);
+        assert_eq!(estimate_tokens(0), 0);
+    }
+}

@@ -1,0 +1,13 @@
+//! The worker's integration tests: one binary, real parts (LocalBus over a MemBlobStore),
+//! every await that could hang under a timeout.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod suite {
+    pub mod common;
+
+    mod bench;
+    mod branch;
+    mod control;
+    mod node;
+    mod tools;
+}

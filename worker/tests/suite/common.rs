@@ -1,0 +1,247 @@
+//! Fixtures: a LocalBus over a MemBlobStore, tasks whose blobs are in the store, and an
+//! event collector.
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use forkfleet_shared::blob::{BlobHash, MemBlobStore};
+use forkfleet_shared::bus::local::{LocalBus, LocalBusConfig};
+use forkfleet_shared::bus::{Bus, EventConsumer};
+use forkfleet_shared::event::Event;
+use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::manifest::{FileEntry, Manifest, MODE_FILE, MODE_SYMLINK};
+use forkfleet_shared::path::WsPath;
+use forkfleet_shared::protocol::{BranchEvent, BranchTask, Control, ControlCommand, DEFAULT_POOL};
+use forkfleet_shared::state::BranchState;
+use forkfleet_shared::wire;
+use forkfleet_worker::{WorkerConfig, WorkerHandle};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest any single wait in these tests may take.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub struct Fixture {
+    pub bus: LocalBus,
+    pub store: MemBlobStore,
+    pub fork_id: ForkId,
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        Self::with_config(LocalBusConfig::default())
+    }
+
+    pub fn with_config(config: LocalBusConfig) -> Self {
+        let store = MemBlobStore::new();
+        let bus = LocalBus::with_config(Arc::new(store.clone()), config);
+        Self {
+            bus,
+            store,
+            fork_id: ForkId::new(),
+        }
+    }
+
+    pub fn dyn_bus(&self) -> Arc<dyn Bus> {
+        Arc::new(self.bus.clone())
+    }
+
+    /// A snapshot of text files (and `->target` symlinks), its blobs in the store.
+    pub fn snapshot(&self, files: &[(&str, &str)]) -> (Arc<Manifest>, BlobHash) {
+        let mut m = Manifest::default();
+        for (path, content) in files {
+            let (bytes, mode) = match content.strip_prefix("->") {
+                Some(target) => (Bytes::from(target.to_string()), MODE_SYMLINK),
+                None => (Bytes::from(content.to_string()), MODE_FILE),
+            };
+            let entry = FileEntry::for_bytes(&bytes, mode);
+            self.store.insert(bytes);
+            m.insert_file(WsPath::parse(path).unwrap(), entry);
+        }
+        let hash = self.store.insert(m.to_blob().unwrap());
+        (Arc::new(m), hash)
+    }
+
+    pub fn script(&self, toml: &str) -> BlobHash {
+        self.store.insert(Bytes::from(toml.to_string()))
+    }
+
+    pub fn prefix(&self, events: &[Event]) -> BlobHash {
+        self.store
+            .insert(Bytes::from(rmp_serde::to_vec_named(events).unwrap()))
+    }
+
+    /// A task for branch `label` with a standard prefix (fork, system, goal) and a steer
+    /// tail, over `snapshot`, playing `script`.
+    pub fn task(
+        &self,
+        label: &str,
+        index: u32,
+        snapshot: BlobHash,
+        script: BlobHash,
+    ) -> BranchTask {
+        let prefix = vec![
+            Event::Fork {
+                fork_id: self.fork_id,
+                parent_run: RunId::new(),
+                fork_root: RunId::new(),
+                cutoff_seq: 1,
+                label: label.to_string(),
+            },
+            Event::System {
+                text: "You are a careful engineer.".into(),
+            },
+            Event::UserMessage {
+                text: "Write the notes.".into(),
+            },
+        ];
+        let tail = vec![Event::Steer {
+            text: format!("Take approach {label}."),
+        }];
+        BranchTask {
+            fork_id: self.fork_id,
+            run_id: RunId::new(),
+            label: label.to_string(),
+            index,
+            model: "scripted:test".into(),
+            price: None,
+            script: Some(script),
+            prefix: self.prefix(&prefix),
+            first_seq: (prefix.len() + tail.len()) as u64,
+            tail,
+            snapshot,
+            max_turns: 50,
+            max_output_tokens: 1000,
+            budget_usd: None,
+        }
+    }
+
+    pub async fn enqueue(&self, task: &BranchTask) {
+        self.bus
+            .enqueue_task(DEFAULT_POOL, wire::encode(task).unwrap())
+            .await
+            .unwrap();
+    }
+
+    /// The initial log of a task (prefix blob + tail).
+    pub fn initial_log(&self, task: &BranchTask) -> Vec<Event> {
+        let bytes = self.store.get_now(&task.prefix).unwrap();
+        let mut log: Vec<Event> = rmp_serde::from_slice(&bytes).unwrap();
+        log.extend(task.tail.iter().cloned());
+        log
+    }
+
+    pub async fn send(&self, run_id: RunId, command: ControlCommand) {
+        let msg = Control { run_id, command };
+        self.bus
+            .send_control(run_id, wire::encode(&msg).unwrap())
+            .await
+            .unwrap();
+    }
+
+    pub async fn events(&self) -> Events {
+        Events {
+            consumer: self.bus.events("test").await.unwrap(),
+            by_run: HashMap::new(),
+            order: Vec::new(),
+        }
+    }
+
+    pub fn pending(&self) -> usize {
+        self.bus.pending_tasks(DEFAULT_POOL).unwrap()
+    }
+}
+
+pub fn config(concurrency: usize) -> WorkerConfig {
+    WorkerConfig {
+        concurrency,
+        pull_wait: Duration::from_millis(50),
+        ..WorkerConfig::default()
+    }
+}
+
+pub async fn start(fx: &Fixture, config: WorkerConfig) -> WorkerHandle {
+    tokio::time::timeout(WAIT, forkfleet_worker::start(config, fx.dyn_bus()))
+        .await
+        .expect("worker start timed out")
+        .expect("worker start failed")
+}
+
+pub async fn shutdown(handle: WorkerHandle) {
+    tokio::time::timeout(WAIT, handle.shutdown())
+        .await
+        .expect("worker shutdown timed out")
+        .expect("worker shutdown failed");
+}
+
+/// Consumes the event stream, keeping every branch event by run and in arrival order.
+pub struct Events {
+    consumer: Box<dyn EventConsumer>,
+    pub by_run: HashMap<RunId, Vec<BranchEvent>>,
+    pub order: Vec<BranchEvent>,
+}
+
+impl Events {
+    /// The next event (acked), or a panic after [`WAIT`].
+    pub async fn next(&mut self) -> BranchEvent {
+        let d = tokio::time::timeout(WAIT, self.consumer.next())
+            .await
+            .expect("no event within the wait")
+            .expect("event stream closed");
+        d.ack().await.unwrap();
+        let ev: BranchEvent = wire::decode(&d.payload).expect("a branch event");
+        self.by_run.entry(ev.run_id).or_default().push(ev.clone());
+        self.order.push(ev.clone());
+        ev
+    }
+
+    /// The next event (acked), not kept.
+    pub async fn next_raw(&mut self) -> BranchEvent {
+        let d = tokio::time::timeout(WAIT, self.consumer.next())
+            .await
+            .expect("no event within the wait")
+            .expect("event stream closed");
+        d.ack().await.unwrap();
+        wire::decode(&d.payload).expect("a branch event")
+    }
+
+    /// Read until `pred` holds for an event; returns it.
+    pub async fn until(&mut self, mut pred: impl FnMut(&BranchEvent) -> bool) -> BranchEvent {
+        loop {
+            let ev = self.next().await;
+            if pred(&ev) {
+                return ev;
+            }
+        }
+    }
+
+    /// Read until every run in `runs` has published a terminal status.
+    pub async fn until_terminal(&mut self, runs: &[RunId]) {
+        while !runs.iter().all(|r| self.terminal(*r).is_some()) {
+            self.next().await;
+        }
+    }
+
+    /// The terminal status of a run, if seen.
+    pub fn terminal(&self, run: RunId) -> Option<(BranchState, Option<String>)> {
+        self.by_run.get(&run)?.iter().find_map(|e| match &e.event {
+            Event::Status { state, error } if state.is_terminal() => Some((*state, error.clone())),
+            _ => None,
+        })
+    }
+
+    pub fn of(&self, run: RunId) -> Vec<Event> {
+        self.by_run
+            .get(&run)
+            .map(|v| v.iter().map(|e| e.event.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn count(&self, run: RunId, kind: &str) -> usize {
+        self.of(run).iter().filter(|e| e.kind() == kind).count()
+    }
+}
+
+pub fn is_status(ev: &BranchEvent, run: RunId, want: BranchState) -> bool {
+    ev.run_id == run && matches!(&ev.event, Event::Status { state, .. } if *state == want)
+}

@@ -1,0 +1,258 @@
+//! The node: concurrency limit, bad tasks, heartbeats, shutdown and hand-back.
+
+use super::common::*;
+use bytes::Bytes;
+use forkfleet_shared::bus::local::LocalBusConfig;
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::event::Event;
+use forkfleet_shared::protocol::DEFAULT_POOL;
+use forkfleet_shared::state::BranchState;
+use forkfleet_worker::{WorkerConfig, WorkerError};
+use std::collections::HashSet;
+use std::time::Duration;
+
+const TWO_SLOW_TURNS: &str = r#"
+[defaults]
+latency_ms = 30
+
+[[turns."*"]]
+tool_calls = [{ name = "write_file", args = { path = "{label}.txt", content = "x" } }]
+
+[[turns."*"]]
+text = "done"
+"#;
+
+#[tokio::test]
+async fn never_more_branches_than_the_concurrency_limit() {
+    let fx = Fixture::new();
+    let (_, snap) = fx.snapshot(&[]);
+    let script = fx.script(TWO_SLOW_TURNS);
+    let tasks: Vec<_> = (0..6)
+        .map(|i| fx.task(&format!("b{i}"), i, snap, script))
+        .collect();
+    for t in &tasks {
+        fx.enqueue(t).await;
+    }
+    let mut events = fx.events().await;
+    let worker = start(&fx, config(2)).await;
+    let runs: Vec<_> = tasks.iter().map(|t| t.run_id).collect();
+    events.until_terminal(&runs).await;
+    shutdown(worker).await;
+
+    let mut running = HashSet::new();
+    let mut peak = 0;
+    for e in &events.order {
+        if let Event::Status { state, .. } = &e.event {
+            if *state == BranchState::Running {
+                running.insert(e.run_id);
+            } else if state.is_terminal() {
+                running.remove(&e.run_id);
+            }
+            peak = peak.max(running.len());
+        }
+    }
+    assert_eq!(peak, 2, "branches ran two at a time, never more");
+    for run in runs {
+        assert_eq!(events.terminal(run).unwrap().0, BranchState::Done);
+    }
+    assert_eq!(fx.pending(), 0);
+}
+
+#[tokio::test]
+async fn a_garbage_task_is_dropped_and_the_node_goes_on() {
+    let fx = Fixture::new();
+    let (_, snap) = fx.snapshot(&[]);
+    fx.bus
+        .enqueue_task(DEFAULT_POOL, Bytes::from_static(b"\x93garbage"))
+        .await
+        .unwrap();
+    let task = fx.task(
+        "after",
+        0,
+        snap,
+        fx.script("[[turns.\"*\"]]\ntext = \"ok\""),
+    );
+    fx.enqueue(&task).await;
+    let mut events = fx.events().await;
+    let worker = start(&fx, config(1)).await;
+    events.until_terminal(&[task.run_id]).await;
+    assert_eq!(events.terminal(task.run_id).unwrap().0, BranchState::Done);
+    let running = tokio::time::timeout(WAIT, worker.running()).await.unwrap();
+    assert_eq!(running.unwrap(), 0);
+    shutdown(worker).await;
+    assert_eq!(
+        fx.pending(),
+        0,
+        "the garbage task was acked, not redelivered"
+    );
+    assert!(fx.bus.dead_letters(DEFAULT_POOL).unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn shutdown_hands_running_branches_back_for_another_worker() {
+    let fx = Fixture::new();
+    let (_, snap) = fx.snapshot(&[]);
+    let script = fx.script(
+        r#"
+[defaults]
+latency_ms = 40
+
+[[turns."*"]]
+tool_calls = [{ name = "write_file", args = { path = "t{turn}.txt", content = "x" } }]
+repeat = 6
+
+[[turns."*"]]
+text = "done"
+"#,
+    );
+    let task = fx.task("moved", 0, snap, script);
+    fx.enqueue(&task).await;
+    let mut events = fx.events().await;
+    let first = start(&fx, config(1)).await;
+    events
+        .until(|e| e.run_id == task.run_id && e.event.kind() == "model_response")
+        .await;
+    shutdown(first).await;
+    assert!(events.terminal(task.run_id).is_none(), "stopped mid-run");
+    assert_eq!(fx.pending(), 1, "the task was handed back");
+
+    // Another worker picks it up and runs the branch to the end.
+    let second = start(&fx, config(1)).await;
+    events
+        .until(|e| is_status(e, task.run_id, BranchState::Done))
+        .await;
+    shutdown(second).await;
+    assert_eq!(fx.pending(), 0);
+    let runnings = events
+        .of(task.run_id)
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::Status {
+                    state: BranchState::Running,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(runnings, 2, "the branch started once on each worker");
+}
+
+#[tokio::test]
+async fn heartbeats_keep_a_long_branch_from_being_redelivered() {
+    let fx = Fixture::with_config(LocalBusConfig {
+        ack_wait: Duration::from_millis(300),
+        max_deliver: 5,
+    });
+    let (_, snap) = fx.snapshot(&[]);
+    let script = fx.script(
+        r#"
+[defaults]
+latency_ms = 80
+
+[[turns."*"]]
+tool_calls = [{ name = "list_files" }]
+repeat = 8
+
+[[turns."*"]]
+text = "done"
+"#,
+    );
+    let task = fx.task("slow", 0, snap, script);
+    fx.enqueue(&task).await;
+    let mut events = fx.events().await;
+    let worker = start(
+        &fx,
+        WorkerConfig {
+            heartbeat: Duration::from_millis(50),
+            ..config(4)
+        },
+    )
+    .await;
+    events.until_terminal(&[task.run_id]).await;
+    shutdown(worker).await;
+    let runnings = events
+        .of(task.run_id)
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::Status {
+                    state: BranchState::Running,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(runnings, 1, "the task was never redelivered while it ran");
+    assert_eq!(fx.pending(), 0);
+}
+
+#[tokio::test]
+async fn run_returns_when_the_shutdown_future_completes() {
+    let fx = Fixture::new();
+    let (_, snap) = fx.snapshot(&[]);
+    let task = fx.task(
+        "served",
+        0,
+        snap,
+        fx.script("[[turns.\"*\"]]\ntext = \"ok\""),
+    );
+    fx.enqueue(&task).await;
+    let mut events = fx.events().await;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let service = tokio::spawn(forkfleet_worker::run(config(2), fx.dyn_bus(), async {
+        let _ = rx.await;
+    }));
+    events.until_terminal(&[task.run_id]).await;
+    tx.send(()).unwrap();
+    tokio::time::timeout(WAIT, service)
+        .await
+        .expect("run returned")
+        .unwrap()
+        .unwrap();
+    assert_eq!(fx.pending(), 0);
+}
+
+#[tokio::test]
+async fn a_bad_config_is_refused() {
+    let fx = Fixture::new();
+    let err = forkfleet_worker::start(
+        WorkerConfig {
+            concurrency: 0,
+            ..WorkerConfig::default()
+        },
+        fx.dyn_bus(),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert!(matches!(err, WorkerError::Config(_)));
+    assert!(err.to_string().contains("concurrency"));
+}
+
+#[tokio::test]
+async fn workers_share_a_pool() {
+    let fx = Fixture::new();
+    let (_, snap) = fx.snapshot(&[]);
+    let script = fx.script(TWO_SLOW_TURNS);
+    let tasks: Vec<_> = (0..8)
+        .map(|i| fx.task(&format!("w{i}"), i, snap, script))
+        .collect();
+    for t in &tasks {
+        fx.enqueue(t).await;
+    }
+    let mut events = fx.events().await;
+    let a = start(&fx, config(2)).await;
+    let b = start(&fx, config(2)).await;
+    let runs: Vec<_> = tasks.iter().map(|t| t.run_id).collect();
+    events.until_terminal(&runs).await;
+    shutdown(a).await;
+    shutdown(b).await;
+    for run in runs {
+        assert_eq!(events.terminal(run).unwrap().0, BranchState::Done);
+        assert_eq!(events.count(run, "status"), 2, "each branch ran once");
+    }
+    assert_eq!(fx.pending(), 0);
+}
