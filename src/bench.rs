@@ -88,15 +88,47 @@ pub async fn cmd_fanout(args: FanoutArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&result)?);
     } else {
         let mut out = String::new();
-        let _ = writeln!(out, "fan-out N={} K={} ({} workers x {})", result.branches, result.writes, result.workers, result.concurrency);
-        let _ = writeln!(out, "  wall (fork to all settled)  {:>9.3} s", result.wall_s);
-        let _ = writeln!(out, "  fork call                   {:>9.3} s", result.fork_call_s);
-        let _ = writeln!(out, "  diff report                 {:>9.3} s", result.diff_s);
-        let _ = writeln!(out, "  merge (store + directory)   {:>9.3} s", result.merge_s);
-        let _ = writeln!(out, "  peak RSS                    {:>9.1} MB", result.peak_rss_mb);
-        let _ = writeln!(out, "  model turns                 {:>9}", result.model_turns);
+        let _ = writeln!(
+            out,
+            "fan-out N={} K={} ({} workers x {})",
+            result.branches, result.writes, result.workers, result.concurrency
+        );
+        let _ = writeln!(
+            out,
+            "  wall (fork to all settled)  {:>9.3} s",
+            result.wall_s
+        );
+        let _ = writeln!(
+            out,
+            "  fork call                   {:>9.3} s",
+            result.fork_call_s
+        );
+        let _ = writeln!(
+            out,
+            "  diff report                 {:>9.3} s",
+            result.diff_s
+        );
+        let _ = writeln!(
+            out,
+            "  merge (store + directory)   {:>9.3} s",
+            result.merge_s
+        );
+        let _ = writeln!(
+            out,
+            "  peak RSS                    {:>9.1} MB",
+            result.peak_rss_mb
+        );
+        let _ = writeln!(
+            out,
+            "  model turns                 {:>9}",
+            result.model_turns
+        );
         let _ = writeln!(out, "  states                      {:?}", result.states);
-        let _ = writeln!(out, "  diff: {} paths, {} split, {} unanimous", result.paths_touched, result.split_paths, result.unanimous_paths);
+        let _ = writeln!(
+            out,
+            "  diff: {} paths, {} split, {} unanimous",
+            result.paths_touched, result.split_paths, result.unanimous_paths
+        );
         print!("{out}");
     }
     Ok(())
@@ -140,15 +172,21 @@ fn file_for(b: usize, j: usize, n: usize) -> (String, String) {
     match (b + j) % 3 {
         0 => (
             format!("shared/split_{j}.txt"),
-            (0..n).map(|i| format!("branch {b} line {i} of file {j}\n")).collect(),
+            (0..n)
+                .map(|i| format!("branch {b} line {i} of file {j}\n"))
+                .collect(),
         ),
         1 => (
             format!("unique/b{b}/f{j}.txt"),
-            (0..n).map(|i| format!("unique {b}/{j} line {i}\n")).collect(),
+            (0..n)
+                .map(|i| format!("unique {b}/{j} line {i}\n"))
+                .collect(),
         ),
         _ => (
             format!("shared/agree_{j}.txt"),
-            (0..n).map(|i| format!("agreed line {i} of file {j}\n")).collect(),
+            (0..n)
+                .map(|i| format!("agreed line {i} of file {j}\n"))
+                .collect(),
         ),
     }
 }
@@ -182,19 +220,19 @@ pub async fn fanout(args: &FanoutArgs) -> anyhow::Result<FanoutResult> {
     result
 }
 
-async fn run_fanout(system: &Embedded, workspace: &Path, args: &FanoutArgs) -> anyhow::Result<FanoutResult> {
+async fn run_fanout(
+    system: &Embedded,
+    workspace: &Path,
+    args: &FanoutArgs,
+) -> anyhow::Result<FanoutResult> {
     let (n, k) = (args.branches, args.writes);
     let script = fanout_script(n, k, args.lines);
     let script_text = bytes::Bytes::from(toml::to_string(&script)?.into_bytes());
     let script_hash = BlobHash::of(&script_text);
     let blobs = system.bus.blobs();
-    let (_, upload) = client::upload_workspace(
-        blobs.as_ref(),
-        workspace,
-        &[],
-        [(script_hash, script_text)],
-    )
-    .await?;
+    let (_, upload) =
+        client::upload_workspace(blobs.as_ref(), workspace, &[], [(script_hash, script_text)])
+            .await?;
     let price = Price {
         input_per_mtok: 0.15,
         output_per_mtok: 0.60,
@@ -252,7 +290,13 @@ async fn run_fanout(system: &Embedded, workspace: &Path, args: &FanoutArgs) -> a
 
     let t2 = Instant::now();
     let outcome = coord.merge(view.fork_id, "b0").await?;
-    let report = client::apply_merge(blobs.as_ref(), &outcome, workspace, ConflictPolicy::KeepParent).await?;
+    let report = client::apply_merge(
+        blobs.as_ref(),
+        &outcome,
+        workspace,
+        ConflictPolicy::KeepParent,
+    )
+    .await?;
     let merge_s = t2.elapsed().as_secs_f64();
 
     let mut states: BTreeMap<String, usize> = BTreeMap::new();

@@ -17,7 +17,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Debug, Parser)]
-#[command(name = "forkfleet", version, about = "Fork one agent run into many branches, judge them, merge the winner.")]
+#[command(
+    name = "forkfleet",
+    version,
+    about = "Fork one agent run into many branches, judge them, merge the winner."
+)]
 pub struct Cli {
     /// More logging on stderr (-v info, -vv debug). RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -212,7 +216,11 @@ async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
     shutdown
 }
 
-async fn run_fork(system: &Embedded, loaded: &spec::LoadedSpec, args: &RunArgs) -> anyhow::Result<()> {
+async fn run_fork(
+    system: &Embedded,
+    loaded: &spec::LoadedSpec,
+    args: &RunArgs,
+) -> anyhow::Result<()> {
     let coord = system.coordinator();
     let blobs = system.bus.blobs();
     let (_, upload) = client::upload_workspace(
@@ -257,9 +265,17 @@ async fn run_fork(system: &Embedded, loaded: &spec::LoadedSpec, args: &RunArgs) 
         ),
         None => None,
     };
-    let view = if merge.is_some() { coord.fork(fork_id).await? } else { view };
+    let view = if merge.is_some() {
+        coord.fork(fork_id).await?
+    } else {
+        view
+    };
     if args.json {
-        let doc = render::fork_json(&view, Some(&diff), merge.as_ref().map(|(w, r)| (w.as_str(), r)));
+        let doc = render::fork_json(
+            &view,
+            Some(&diff),
+            merge.as_ref().map(|(w, r)| (w.as_str(), r)),
+        );
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print!("{}", render::branch_table(&view));
@@ -288,7 +304,9 @@ async fn merge_and_apply(
 ) -> anyhow::Result<(String, FlushReport)> {
     let outcome = coord.merge(fork_id, pick).await?;
     let report = match dir {
-        Some(dir) => client::apply_merge(system.bus.blobs().as_ref(), &outcome, dir, policy).await?,
+        Some(dir) => {
+            client::apply_merge(system.bus.blobs().as_ref(), &outcome, dir, policy).await?
+        }
         None => outcome.report.clone(),
     };
     Ok((outcome.winner.clone(), report))
@@ -320,7 +338,10 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             system.shutdown().await?;
             let forks = forks?;
             if data.json {
-                let docs: Vec<_> = forks.iter().map(|v| render::fork_json(v, None, None)).collect();
+                let docs: Vec<_> = forks
+                    .iter()
+                    .map(|v| render::fork_json(v, None, None))
+                    .collect();
                 println!("{}", serde_json::to_string_pretty(&docs)?);
             } else {
                 print!("{}", render::fork_list(&forks));
@@ -338,7 +359,10 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             system.shutdown().await?;
             let view = result?;
             if data.json {
-                println!("{}", serde_json::to_string_pretty(&render::fork_json(&view, None, None))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&render::fork_json(&view, None, None))?
+                );
             } else {
                 print!("{}", render::fork_header(&view));
                 print!("{}", render::branch_table(&view));
@@ -360,7 +384,11 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                 let coord = system.coordinator();
                 let id = coord.find_fork(&fork).await?;
                 let opts = DiffOptions {
-                    paths: if filter.is_empty() { None } else { Some(filter) },
+                    paths: if filter.is_empty() {
+                        None
+                    } else {
+                        Some(filter)
+                    },
                     unified: unified || data.json,
                     ..DiffOptions::default()
                 };
@@ -370,7 +398,10 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             system.shutdown().await?;
             let report = result?;
             if data.json {
-                println!("{}", serde_json::to_string_pretty(&render::diff_json(&report, true))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&render::diff_json(&report, true))?
+                );
             } else {
                 print!("{}", render::diff_text(&report, unified));
             }

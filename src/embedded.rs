@@ -41,7 +41,8 @@ impl Embedded {
             .with_context(|| format!("cannot create data dir `{}`", data_dir.display()))?;
         let store = RunStore::open(data_dir)?;
         let bus: Arc<dyn Bus> = Arc::new(LocalBus::new(store.blob_store()));
-        let coordinator = Coordinator::start(CoordinatorConfig::default(), store, bus.clone()).await?;
+        let coordinator =
+            Coordinator::start(CoordinatorConfig::default(), store, bus.clone()).await?;
         let mut workers = Vec::with_capacity(opts.workers);
         for _ in 0..opts.workers {
             let config = WorkerConfig {

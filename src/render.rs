@@ -184,7 +184,11 @@ pub fn fork_list(forks: &[ForkView]) -> String {
         out.push_str("no forks\n");
         return out;
     }
-    let _ = writeln!(out, "{:<36}  {:<16}  {:>8}  {:>12}  GOAL", "FORK", "STATE", "BRANCHES", "COST_USD");
+    let _ = writeln!(
+        out,
+        "{:<36}  {:<16}  {:>8}  {:>12}  GOAL",
+        "FORK", "STATE", "BRANCHES", "COST_USD"
+    );
     for f in forks {
         let goal: String = f.goal.chars().take(50).collect();
         let _ = writeln!(
@@ -207,7 +211,13 @@ pub fn diff_text(report: &DiffReport, unified: bool) -> String {
         for p in &report.paths {
             for c in &p.changes {
                 if let Some(d) = &c.diff {
-                    let _ = writeln!(out, "\n=== {} · {} ({})", p.path, report.label(c.branch), c.operation);
+                    let _ = writeln!(
+                        out,
+                        "\n=== {} · {} ({})",
+                        p.path,
+                        report.label(c.branch),
+                        c.operation
+                    );
                     out.push_str(d);
                     if !d.ends_with('\n') {
                         out.push('\n');
@@ -238,7 +248,10 @@ pub fn merge_text(winner: &str, report: &FlushReport) -> String {
         let _ = writeln!(out, "  deleted   {p}");
     }
     for p in &report.conflicts {
-        let _ = writeln!(out, "  conflict  {p} (changed since the fork; kept as it is)");
+        let _ = writeln!(
+            out,
+            "  conflict  {p} (changed since the fork; kept as it is)"
+        );
     }
     for e in &report.errors {
         let _ = writeln!(out, "  error     {} ({}): {}", e.path, e.op, e.message);
@@ -269,7 +282,11 @@ pub fn diff_json(report: &DiffReport, full: bool) -> Value {
 }
 
 /// The JSON document of `forkfleet run --json` and the fork commands.
-pub fn fork_json(view: &ForkView, diff: Option<&DiffReport>, merge: Option<(&str, &FlushReport)>) -> Value {
+pub fn fork_json(
+    view: &ForkView,
+    diff: Option<&DiffReport>,
+    merge: Option<(&str, &FlushReport)>,
+) -> Value {
     let branches: Vec<Value> = view
         .branches
         .iter()
@@ -350,8 +367,14 @@ pub fn event_line(e: &Event) -> String {
                 }
             )
         }
-        Event::ToolResult { name, ok, output, .. } => {
-            format!("tool       {name} {} {}", if *ok { "ok" } else { "ERROR" }, short(output))
+        Event::ToolResult {
+            name, ok, output, ..
+        } => {
+            format!(
+                "tool       {name} {} {}",
+                if *ok { "ok" } else { "ERROR" },
+                short(output)
+            )
         }
         Event::FileChange { change } => format!("change     {} {}", change.kind(), change.path()),
         Event::Usage {
@@ -364,7 +387,10 @@ pub fn event_line(e: &Event) -> String {
         Event::Checkpoint { label } => format!("checkpoint {label}"),
         Event::Status { state, error } => format!(
             "status     {state}{}",
-            error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
+            error
+                .as_deref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
         ),
     }
 }

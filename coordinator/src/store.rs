@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// sled's page cache; the default (1 GB) would let the store alone exceed the memory
 /// budget of a whole embedded run.
-const CACHE_BYTES: u64 = 64 * 1024 * 1024;
+const CACHE_BYTES: u64 = 32 * 1024 * 1024;
 
 /// Entries per tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -51,7 +51,10 @@ pub enum BlobError {
     #[error("blob {0} is not in the store")]
     Missing(BlobHash),
     #[error("blob {expected} arrived with the wrong content (hash {actual})")]
-    Corrupt { expected: BlobHash, actual: BlobHash },
+    Corrupt {
+        expected: BlobHash,
+        actual: BlobHash,
+    },
     #[error("blob store failed: {0}")]
     Backend(String),
 }
@@ -169,7 +172,10 @@ mod tests {
         let other = BlobHash::of(b"y");
         assert_eq!(s.missing(&[h, other]).await.unwrap(), vec![other]);
         s.put(other, Bytes::from_static(b"not y")).await.unwrap();
-        assert!(matches!(fetch(&s, &other).await, Err(BlobError::Corrupt { .. })));
+        assert!(matches!(
+            fetch(&s, &other).await,
+            Err(BlobError::Corrupt { .. })
+        ));
     }
 
     #[test]

@@ -212,17 +212,26 @@ mod tests {
     fn history_view_skips_accounting() {
         let events = vec![
             Event::System { text: "sys".into() },
-            Event::UserMessage { text: "goal".into() },
+            Event::UserMessage {
+                text: "goal".into(),
+            },
             Event::Usage {
                 model: "m".into(),
                 usage: Usage::default(),
                 cost_usd: 0.0,
             },
-            Event::Steer { text: "go left".into() },
+            Event::Steer {
+                text: "go left".into(),
+            },
         ];
         let msgs = messages_from_events(&events);
         assert_eq!(msgs.len(), 3);
-        assert_eq!(msgs[2], Message::User { text: "go left".into() });
+        assert_eq!(
+            msgs[2],
+            Message::User {
+                text: "go left".into()
+            }
+        );
         assert!(!events[2].is_conversational());
     }
 }

@@ -12,19 +12,19 @@
 //! - [`diff`]: the cross-branch diff report.
 //! - [`flush`]: replaying a branch's change log onto a parent, with conflict detection.
 //! - [`event`], [`state`]: run events and branch / fork states.
-pub mod ids;
-pub mod path;
+pub mod api;
 pub mod blob;
-pub mod manifest;
-pub mod overlay;
-pub mod event;
-pub mod state;
-pub mod pricing;
-pub mod script;
-pub mod wire;
-pub mod protocol;
 pub mod bus;
 pub mod diff;
+pub mod event;
 pub mod flush;
+pub mod ids;
+pub mod manifest;
+pub mod overlay;
+pub mod path;
+pub mod pricing;
+pub mod protocol;
+pub mod script;
 pub mod spec;
-pub mod api;
+pub mod state;
+pub mod wire;

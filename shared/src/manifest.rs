@@ -76,7 +76,10 @@ impl Manifest {
     ) -> impl Iterator<Item = (&'a WsPath, &'a FileEntry)> + 'a {
         let prefix = dir.child_prefix();
         self.files
-            .range::<str, _>((std::ops::Bound::Included(prefix.as_str()), std::ops::Bound::Unbounded))
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix.as_str()),
+                std::ops::Bound::Unbounded,
+            ))
             .take_while(move |(p, _)| p.as_str().starts_with(prefix.as_str()))
     }
 
@@ -84,7 +87,10 @@ impl Manifest {
     pub fn dirs_under<'a>(&'a self, dir: &'a WsPath) -> impl Iterator<Item = &'a WsPath> + 'a {
         let prefix = dir.child_prefix();
         self.dirs
-            .range::<str, _>((std::ops::Bound::Included(prefix.as_str()), std::ops::Bound::Unbounded))
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix.as_str()),
+                std::ops::Bound::Unbounded,
+            ))
             .take_while(move |p| p.as_str().starts_with(prefix.as_str()))
     }
 
@@ -155,9 +161,9 @@ pub fn scan_dir(root: &Path, exclude: &[String]) -> Result<Scan, ScanError> {
                 source,
             })?;
             let os_name = entry.file_name();
-            let name = os_name.to_str().ok_or_else(|| ScanError::NonUtf8 {
-                path: entry.path(),
-            })?;
+            let name = os_name
+                .to_str()
+                .ok_or_else(|| ScanError::NonUtf8 { path: entry.path() })?;
             if exclude.iter().any(|x| x == name) {
                 continue;
             }
@@ -243,7 +249,9 @@ mod tests {
 
     #[test]
     fn missing_workspace_is_an_error() {
-        let err = scan_dir(Path::new("/definitely/not/here"), &[]).err().unwrap();
+        let err = scan_dir(Path::new("/definitely/not/here"), &[])
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("does not exist"));
     }
 }

@@ -215,7 +215,8 @@ impl Overlay {
                     if hops > 40 {
                         return Err(OverlayError::SymlinkLoop(path.clone()));
                     }
-                    let target = read_link(&e).ok_or_else(|| OverlayError::NotFound(next.clone()))?;
+                    let target =
+                        read_link(&e).ok_or_else(|| OverlayError::NotFound(next.clone()))?;
                     let parent = next.parent().unwrap_or_default();
                     let resolved = WsPath::parse_in(&parent, &target).map_err(|_| {
                         PathError::SymlinkEscapes {
@@ -349,7 +350,11 @@ impl Overlay {
         for p in self.base.dirs_under(dir) {
             names.extend(direct(p));
         }
-        for p in self.nodes.keys().filter(|p| p.starts_with(dir) && *p != dir) {
+        for p in self
+            .nodes
+            .keys()
+            .filter(|p| p.starts_with(dir) && *p != dir)
+        {
             names.extend(direct(p));
         }
         let mut out = Vec::new();
@@ -513,7 +518,12 @@ pub enum EditError {
 }
 
 /// Exact string replace: `old` must occur exactly once unless `replace_all`.
-pub fn apply_edit(content: &str, old: &str, new: &str, replace_all: bool) -> Result<String, EditError> {
+pub fn apply_edit(
+    content: &str,
+    old: &str,
+    new: &str,
+    replace_all: bool,
+) -> Result<String, EditError> {
     if old.is_empty() {
         return Err(EditError::EmptyOld);
     }

@@ -191,7 +191,10 @@ mod tests {
     #[test]
     fn normalises() {
         assert_eq!(WsPath::parse("a/./b//c").unwrap().as_str(), "a/b/c");
-        assert_eq!(WsPath::parse("/src/main.rs").unwrap().as_str(), "src/main.rs");
+        assert_eq!(
+            WsPath::parse("/src/main.rs").unwrap().as_str(),
+            "src/main.rs"
+        );
         assert_eq!(WsPath::parse("a/b/../c").unwrap().as_str(), "a/c");
         assert!(WsPath::parse("./").unwrap().is_root());
     }
@@ -199,8 +202,14 @@ mod tests {
     #[test]
     fn rejects_escape_and_nul() {
         assert!(matches!(WsPath::parse("../x"), Err(PathError::Escapes(_))));
-        assert!(matches!(WsPath::parse("a/../../x"), Err(PathError::Escapes(_))));
-        assert!(matches!(WsPath::parse("/../etc/passwd"), Err(PathError::Escapes(_))));
+        assert!(matches!(
+            WsPath::parse("a/../../x"),
+            Err(PathError::Escapes(_))
+        ));
+        assert!(matches!(
+            WsPath::parse("/../etc/passwd"),
+            Err(PathError::Escapes(_))
+        ));
         assert!(matches!(WsPath::parse("a\0b"), Err(PathError::Nul(_))));
         assert!(matches!(WsPath::parse_file("/"), Err(PathError::Empty(_))));
     }
@@ -213,7 +222,9 @@ mod tests {
         let anc: Vec<_> = p.ancestors().map(|a| a.0).collect();
         assert_eq!(anc, vec!["a", "a/b"]);
         assert!(p.starts_with(&WsPath::parse("a").unwrap()));
-        assert!(!WsPath::parse("ab").unwrap().starts_with(&WsPath::parse("a").unwrap()));
+        assert!(!WsPath::parse("ab")
+            .unwrap()
+            .starts_with(&WsPath::parse("a").unwrap()));
         assert!(p.starts_with(&WsPath::root()));
         let rel = WsPath::parse_in(&WsPath::parse("a/b").unwrap(), "../x").unwrap();
         assert_eq!(rel.as_str(), "a/x");

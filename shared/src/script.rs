@@ -108,7 +108,9 @@ pub struct PlayedTurn {
 pub enum ScriptError {
     #[error("invalid script: {0}")]
     Parse(String),
-    #[error("script has no turns for branch `{label}` and no `*` default (labels with turns: {known})")]
+    #[error(
+        "script has no turns for branch `{label}` and no `*` default (labels with turns: {known})"
+    )]
     NoTurnsFor { label: String, known: String },
     #[error("script for branch `{label}` has {available} turns; the model was called for turn {turn} (0-based) after the script ended")]
     Exhausted {
@@ -271,6 +273,9 @@ usage = { input_tokens = 1, output_tokens = 1 }
         let err = Script::parse("[[turns.x]]\nrepeat = 2").unwrap_err();
         assert!(matches!(err, ScriptError::EmptyTurn { .. }));
         let s = Script::parse("[[turns.x]]\ntext = \"t\"").unwrap();
-        assert!(matches!(s.check_label("y"), Err(ScriptError::NoTurnsFor { .. })));
+        assert!(matches!(
+            s.check_label("y"),
+            Err(ScriptError::NoTurnsFor { .. })
+        ));
     }
 }

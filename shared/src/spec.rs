@@ -191,7 +191,9 @@ pub enum SpecError {
     NoPrice { model: String, field: String },
     #[error("price of model `{model}`: {message}")]
     BadPrice { model: String, message: String },
-    #[error("[models.\"{model}\"] is configured but no branch uses it and it is not the fork's model")]
+    #[error(
+        "[models.\"{model}\"] is configured but no branch uses it and it is not the fork's model"
+    )]
     UnusedModel { model: String },
     #[error("workspace `{0}` does not exist or is not a directory")]
     WorkspaceMissing(PathBuf),
@@ -498,11 +500,11 @@ pub fn check_label(label: &str) -> Result<(), SpecError> {
     if label.len() > MAX_LABEL_LEN {
         return bad("it is longer than 64 characters");
     }
-    if label.starts_with('.') {
-        return bad("it starts with `.`");
-    }
     if label.contains('/') || label.contains('\\') {
         return bad("it contains a path separator");
+    }
+    if label.starts_with('.') {
+        return bad("it starts with `.`");
     }
     if !label
         .chars()
@@ -547,18 +549,27 @@ mod tests {
         let err = parse(&spec("colour = 1", "", "[[branches]]\nsteer = \"a\"")).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("unknown field `colour`"), "{msg}");
-        assert!(msg.contains("goal") && msg.contains("max_branches"), "{msg}");
+        assert!(
+            msg.contains("goal") && msg.contains("max_branches"),
+            "{msg}"
+        );
         let err = parse(&spec("", "", "[[branches]]\nsteer = \"a\"\nbudget = 1")).unwrap_err();
         assert!(err.to_string().contains("budget_usd"), "{err}");
     }
 
     #[test]
     fn validation_order_and_limits() {
-        assert!(matches!(parse(&spec("", "", "")), Err(SpecError::NoBranches)));
+        assert!(matches!(
+            parse(&spec("", "", "")),
+            Err(SpecError::NoBranches)
+        ));
         let many = spec("max_branches = 2", "", &"[[branches]]\n".repeat(3));
         assert!(matches!(
             parse(&many),
-            Err(SpecError::TooManyBranches { requested: 3, max: 2 })
+            Err(SpecError::TooManyBranches {
+                requested: 3,
+                max: 2
+            })
         ));
         assert!(matches!(
             check_depth(2, 2),
@@ -575,13 +586,17 @@ mod tests {
         }
         let err = parse(&spec("", "", "[[branches]]\nbudget_usd = -1.0")).unwrap_err();
         assert!(matches!(err, SpecError::BadBudget { .. }), "{err}");
-        let err = parse("goal = \"g\"\nworkspace = \"w\"\nmodel = \"gpt\"\n[[branches]]").unwrap_err();
+        let err =
+            parse("goal = \"g\"\nworkspace = \"w\"\nmodel = \"gpt\"\n[[branches]]").unwrap_err();
         assert!(matches!(err, SpecError::BadModelName { .. }), "{err}");
         let err =
             parse("goal = \"g\"\nworkspace = \"w\"\nmodel = \"nope:x\"\n[[branches]]").unwrap_err();
-        assert!(err.to_string().contains("valid providers: scripted"), "{err}");
-        let err =
-            parse("goal = \"g\"\nworkspace = \"w\"\nmodel = \"scripted:x\"\n[[branches]]").unwrap_err();
+        assert!(
+            err.to_string().contains("valid providers: scripted"),
+            "{err}"
+        );
+        let err = parse("goal = \"g\"\nworkspace = \"w\"\nmodel = \"scripted:x\"\n[[branches]]")
+            .unwrap_err();
         assert!(matches!(err, SpecError::NoScript { .. }), "{err}");
     }
 

@@ -29,7 +29,10 @@ pub enum WireError {
     #[error("wire version {found} is not supported (this build speaks version {supported})")]
     Version { found: u16, supported: u16 },
     #[error("expected a `{expected}` message, got `{found}`")]
-    Kind { expected: &'static str, found: String },
+    Kind {
+        expected: &'static str,
+        found: String,
+    },
     #[error("malformed `{kind}` message: {message}")]
     Body { kind: &'static str, message: String },
 }
@@ -254,14 +257,15 @@ mod tests {
     fn rejects_wrong_version_kind_and_garbage() {
         let c = Control {
             run_id: run_id(),
-            command: ControlCommand::Terminate {
-                reason: "r".into(),
-            },
+            command: ControlCommand::Terminate { reason: "r".into() },
         };
         let bytes = encode(&c).unwrap();
         assert!(matches!(
             decode::<BranchEvent>(&bytes),
-            Err(WireError::Kind { expected: "branch_event", .. })
+            Err(WireError::Kind {
+                expected: "branch_event",
+                ..
+            })
         ));
         let future = rmp_serde::to_vec_named(&EnvelopeOut {
             v: 99,

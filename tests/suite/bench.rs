@@ -5,8 +5,25 @@ use super::harness::{forkfleet, json};
 
 #[test]
 fn fanout_bench_reports_every_field() {
-    let doc = json(&forkfleet(&["bench", "fanout", "--branches", "12", "--writes", "3", "--json", "--timeout-s", "120"]));
-    for key in ["branches", "writes", "wall_s", "diff_s", "merge_s", "peak_rss_mb"] {
+    let doc = json(&forkfleet(&[
+        "bench",
+        "fanout",
+        "--branches",
+        "12",
+        "--writes",
+        "3",
+        "--json",
+        "--timeout-s",
+        "120",
+    ]));
+    for key in [
+        "branches",
+        "writes",
+        "wall_s",
+        "diff_s",
+        "merge_s",
+        "peak_rss_mb",
+    ] {
         assert!(doc.get(key).is_some(), "missing {key} in {doc}");
     }
     assert_eq!(doc["branches"], 12);

@@ -24,7 +24,15 @@ fn path<'a>(doc: &'a Value, p: &str) -> &'a Value {
 #[test]
 fn quickstart_runs_diffs_and_merges_the_pick() {
     let ex = Example::quickstart();
-    let out = forkfleet(&["run", path_str(&ex.spec()), "--pick", "concise", "--json", "--timeout-s", "120"]);
+    let out = forkfleet(&[
+        "run",
+        path_str(&ex.spec()),
+        "--pick",
+        "concise",
+        "--json",
+        "--timeout-s",
+        "120",
+    ]);
     let doc = json(&out);
 
     // Every branch ran to the end of its script.
@@ -46,25 +54,51 @@ fn quickstart_runs_diffs_and_merges_the_pick() {
     assert!((summary["agreement_score"].as_f64().unwrap() - 0.4).abs() < 1e-9);
     assert_eq!(path(&doc, "README.md")["agreement"], "split");
     assert_eq!(path(&doc, "greet.py")["operations"]["concise"], "modified");
-    assert_eq!(path(&doc, "docs/legacy.md")["agreement"], "unanimous_change");
-    assert_eq!(path(&doc, "docs/legacy.md")["operations"]["tidy"], "deleted");
+    assert_eq!(
+        path(&doc, "docs/legacy.md")["agreement"],
+        "unanimous_change"
+    );
+    assert_eq!(
+        path(&doc, "docs/legacy.md")["operations"]["tidy"],
+        "deleted"
+    );
     assert_eq!(path(&doc, "tests/test_greet.py")["agreement"], "unique");
-    assert_eq!(path(&doc, "tests/test_greet.py")["operations"]["thorough"], "created");
-    assert!(path(&doc, "tests/test_greet.py")["operations"].get("concise").is_none());
+    assert_eq!(
+        path(&doc, "tests/test_greet.py")["operations"]["thorough"],
+        "created"
+    );
+    assert!(path(&doc, "tests/test_greet.py")["operations"]
+        .get("concise")
+        .is_none());
 
     // The merge applied exactly the winner's changes to the workspace.
     let merge = &doc["merge"];
     assert_eq!(merge["winner"], "concise");
-    assert_eq!(merge["applied_paths"], serde_json::json!(["README.md", "greet.py"]));
-    assert_eq!(merge["deleted_paths"], serde_json::json!(["docs/legacy.md"]));
+    assert_eq!(
+        merge["applied_paths"],
+        serde_json::json!(["README.md", "greet.py"])
+    );
+    assert_eq!(
+        merge["deleted_paths"],
+        serde_json::json!(["docs/legacy.md"])
+    );
     assert_eq!(merge["conflicts"], serde_json::json!([]));
     assert_eq!(merge["errors"], serde_json::json!([]));
     assert_eq!(merge["applied_changes"], 3);
-    assert!(ex.read("README.md").unwrap().contains("Run `python greet.py NAME`."));
+    assert!(ex
+        .read("README.md")
+        .unwrap()
+        .contains("Run `python greet.py NAME`."));
     assert!(ex.read("greet.py").unwrap().contains("Hello, {name}!"));
     assert!(ex.read("docs/legacy.md").is_none());
-    assert!(ex.read("tests/test_greet.py").is_none(), "thorough's test must not be merged");
-    assert_eq!(ex.read("notes/todo.md").unwrap(), "# To do\n\n- [ ] document usage\n- [ ] handle a missing name\n");
+    assert!(
+        ex.read("tests/test_greet.py").is_none(),
+        "thorough's test must not be merged"
+    );
+    assert_eq!(
+        ex.read("notes/todo.md").unwrap(),
+        "# To do\n\n- [ ] document usage\n- [ ] handle a missing name\n"
+    );
     assert_eq!(doc["state"], "merged");
 }
 
@@ -104,7 +138,12 @@ fn bad_specs_are_clear_errors_and_create_nothing() {
     bad_input(
         &ex,
         &format!("{HEAD}colour = \"red\"\n{MODEL}[[branches]]\nlabel = \"concise\""),
-        &["unknown field `colour`", "goal", "max_branches", "aggregate_budget_usd"],
+        &[
+            "unknown field `colour`",
+            "goal",
+            "max_branches",
+            "aggregate_budget_usd",
+        ],
     );
     bad_input(&ex, &format!("{HEAD}{MODEL}"), &["no branches"]);
     bad_input(
@@ -140,7 +179,11 @@ fn bad_specs_are_clear_errors_and_create_nothing() {
     // --pick of a label the spec does not have.
     let out = forkfleet(&["run", path_str(&ex.spec()), "--pick", "nope"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("concise, thorough, tidy"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("concise, thorough, tidy"),
+        "{}",
+        stderr(&out)
+    );
     assert!(!ex.data().exists());
 }
 
@@ -150,8 +193,23 @@ fn blank_and_duplicate_labels_are_renamed() {
     let spec = ex.write_spec(&format!(
         "{HEAD}[models.\"scripted:quickstart\"]\nscript = \"dup.toml\"\n[[branches]]\n[[branches]]\nlabel = \"x\"\n[[branches]]\nlabel = \"x\""
     ));
-    std::fs::write(ex.dir.path().join("dup.toml"), "[[turns.\"*\"]]\ntext = \"hi {label}\"\n").unwrap();
-    let doc = json(&forkfleet(&["run", path_str(&spec), "--json", "--timeout-s", "60"]));
-    let labels: Vec<&str> = doc["branches"].as_array().unwrap().iter().map(|b| b["label"].as_str().unwrap()).collect();
+    std::fs::write(
+        ex.dir.path().join("dup.toml"),
+        "[[turns.\"*\"]]\ntext = \"hi {label}\"\n",
+    )
+    .unwrap();
+    let doc = json(&forkfleet(&[
+        "run",
+        path_str(&spec),
+        "--json",
+        "--timeout-s",
+        "60",
+    ]));
+    let labels: Vec<&str> = doc["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["label"].as_str().unwrap())
+        .collect();
     assert_eq!(labels, ["branch-1", "x", "x-2"]);
 }

@@ -414,14 +414,26 @@ mod tests {
     async fn task_redelivered_after_ack_wait_then_dead_lettered() {
         let b = bus(1000, 2);
         b.enqueue_task("p", Bytes::from_static(b"t")).await.unwrap();
-        let d1 = b.pull_task("p", Duration::from_secs(1)).await.unwrap().unwrap();
+        let d1 = b
+            .pull_task("p", Duration::from_secs(1))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(d1.attempt, 1);
         // Not acked: comes back after the ack wait.
-        let d2 = b.pull_task("p", Duration::from_secs(5)).await.unwrap().unwrap();
+        let d2 = b
+            .pull_task("p", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(d2.attempt, 2);
         assert_eq!(d2.payload, Bytes::from_static(b"t"));
         // Exceeds max_deliver = 2: dead-lettered, never delivered a third time.
-        assert!(b.pull_task("p", Duration::from_secs(5)).await.unwrap().is_none());
+        assert!(b
+            .pull_task("p", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none());
         assert_eq!(b.dead_letters("p").unwrap().len(), 1);
     }
 
@@ -429,16 +441,32 @@ mod tests {
     async fn ack_nak_and_in_progress() {
         let b = bus(1000, 5);
         b.enqueue_task("p", Bytes::from_static(b"a")).await.unwrap();
-        let d = b.pull_task("p", Duration::from_secs(1)).await.unwrap().unwrap();
+        let d = b
+            .pull_task("p", Duration::from_secs(1))
+            .await
+            .unwrap()
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(800)).await;
         d.in_progress().await.unwrap();
         // Extended: not redelivered at the original deadline.
-        assert!(b.pull_task("p", Duration::from_millis(500)).await.unwrap().is_none());
+        assert!(b
+            .pull_task("p", Duration::from_millis(500))
+            .await
+            .unwrap()
+            .is_none());
         d.nak(Some(Duration::from_millis(300))).await.unwrap();
-        let again = b.pull_task("p", Duration::from_secs(1)).await.unwrap().unwrap();
+        let again = b
+            .pull_task("p", Duration::from_secs(1))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(again.attempt, 2);
         again.ack().await.unwrap();
-        assert!(b.pull_task("p", Duration::from_secs(5)).await.unwrap().is_none());
+        assert!(b
+            .pull_task("p", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none());
         assert_eq!(b.pending_tasks("p").unwrap(), 0);
     }
 
@@ -462,9 +490,13 @@ mod tests {
     async fn control_reaches_the_watcher() {
         let b = bus(1000, 5);
         let run = RunId::new();
-        b.send_control(run, Bytes::from_static(b"early")).await.unwrap();
+        b.send_control(run, Bytes::from_static(b"early"))
+            .await
+            .unwrap();
         let mut rx = b.watch_control(run).await.unwrap();
-        b.send_control(run, Bytes::from_static(b"late")).await.unwrap();
+        b.send_control(run, Bytes::from_static(b"late"))
+            .await
+            .unwrap();
         assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(b"early"));
         assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(b"late"));
     }
