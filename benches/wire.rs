@@ -1,1 +1,117 @@
-fn main() {}
+#![allow(clippy::unwrap_used)]
+//! Wire format: encoding and decoding the messages on the hot path (one branch event per
+//! tool call and per model turn; one task per branch).
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use forkfleet_shared::blob::BlobHash;
+use forkfleet_shared::event::{Event, ToolCall, Usage};
+use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::manifest::FileEntry;
+use forkfleet_shared::overlay::ChangeOp;
+use forkfleet_shared::path::WsPath;
+use forkfleet_shared::protocol::{BranchEvent, BranchTask};
+use forkfleet_shared::wire::{decode, encode};
+use std::hint::black_box;
+use std::time::Duration;
+
+fn events() -> Vec<BranchEvent> {
+    let (fork_id, run_id) = (ForkId::new(), RunId::new());
+    let content = "branch 7 line 3 of file 2\n".repeat(10);
+    let kinds = vec![
+        Event::ModelResponse {
+            model: "scripted:bench".into(),
+            text: None,
+            tool_calls: vec![ToolCall {
+                id: "call_3_0".into(),
+                name: "write_file".into(),
+                args: serde_json::json!({"path": "shared/split_2.txt", "content": content}),
+            }],
+        },
+        Event::Usage {
+            model: "scripted:bench".into(),
+            usage: Usage {
+                input_tokens: 1000,
+                output_tokens: 200,
+                cached_tokens: 0,
+            },
+            cost_usd: 0.00027,
+        },
+        Event::FileChange {
+            change: ChangeOp::Write {
+                path: WsPath::parse("shared/split_2.txt").unwrap(),
+                entry: FileEntry::for_bytes(content.as_bytes(), 0o644),
+            },
+        },
+        Event::ToolResult {
+            call_id: "call_3_0".into(),
+            name: "write_file".into(),
+            ok: true,
+            output: "wrote 260 bytes to shared/split_2.txt".into(),
+        },
+    ];
+    kinds
+        .into_iter()
+        .enumerate()
+        .map(|(seq, event)| BranchEvent {
+            fork_id,
+            run_id,
+            seq: seq as u64,
+            at_ms: 1_700_000_000_000,
+            event,
+        })
+        .collect()
+}
+
+fn task() -> BranchTask {
+    BranchTask {
+        fork_id: ForkId::new(),
+        run_id: RunId::new(),
+        label: "b7".into(),
+        index: 7,
+        model: "scripted:bench".into(),
+        price: None,
+        script: Some(BlobHash::of(b"script")),
+        prefix: BlobHash::of(b"prefix"),
+        tail: vec![Event::Steer {
+            text: "BENCH b=7 k=10 tool=write_file".into(),
+        }],
+        snapshot: BlobHash::of(b"snapshot"),
+        first_seq: 3,
+        max_turns: 15,
+        max_output_tokens: 4096,
+        budget_usd: None,
+    }
+}
+
+fn bench_wire(c: &mut Criterion) {
+    let evs = events();
+    let encoded: Vec<_> = evs.iter().map(|e| encode(e).unwrap()).collect();
+    let mut g = c.benchmark_group("wire");
+    g.sample_size(20).measurement_time(Duration::from_secs(2));
+    g.bench_function("encode one turn of events (4)", |b| {
+        b.iter(|| {
+            for e in &evs {
+                black_box(encode(black_box(e)).unwrap());
+            }
+        })
+    });
+    g.bench_function("decode one turn of events (4)", |b| {
+        b.iter(|| {
+            for bytes in &encoded {
+                black_box(decode::<BranchEvent>(black_box(bytes)).unwrap());
+            }
+        })
+    });
+    let t = task();
+    let tb = encode(&t).unwrap();
+    g.bench_function("encode task", |b| {
+        b.iter(|| black_box(encode(black_box(&t)).unwrap()))
+    });
+    g.bench_function("decode task", |b| {
+        b.iter(|| black_box(decode::<BranchTask>(black_box(&tb)).unwrap()))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_wire);
+criterion_main!(benches);

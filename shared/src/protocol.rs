@@ -28,11 +28,13 @@ pub struct BranchTask {
     pub price: Option<Price>,
     /// Scripted models: the script file.
     pub script: Option<BlobHash>,
-    /// The events of the branch's log before the worker's first event (fork lineage,
-    /// copied prefix, extra instructions, steer), as an rmp blob of `Vec<Event>` shared
-    /// by all branches of the fork ...
+    /// The parent's conversational events copied into the branch (its log's seqs 1..=P),
+    /// as an rmp blob of `Vec<Event>` shared by all branches of the fork. The `fork`
+    /// lineage event at seq 0 stays in the coordinator's store: the model never needs it.
     pub prefix: BlobHash,
-    /// ... followed by these branch-specific events.
+    /// The branch-specific events after the prefix: extra instructions and the steer.
+    /// `prefix + tail` is the branch's log from seq 1; the worker continues at
+    /// `first_seq = 1 + P + tail.len()`.
     pub tail: Vec<Event>,
     /// The fork-time workspace snapshot (a `Manifest` blob).
     pub snapshot: BlobHash,

@@ -1,4 +1,5 @@
 mod bench;
 mod cli;
 mod harness;
+mod lineage;
 mod restart;

@@ -1,0 +1,120 @@
+//! Runs and lineage: the spec's system prompt, history file and goal make the parent run;
+//! every branch log starts with a `fork` event at seq 0, then the copied conversation,
+//! then its extra instructions and steer; usage is never copied.
+
+use super::harness::{forkfleet, json, path_str, Example};
+use serde_json::Value;
+
+fn log(data: &str, run: &str) -> Vec<Value> {
+    json(&forkfleet(&["log", run, "--data", data, "--json"]))
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn event_types(log: &[Value]) -> Vec<String> {
+    log.iter()
+        .map(|e| e["event"]["type"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn branch_logs_carry_lineage_and_the_copied_prefix() {
+    let ex = Example::quickstart();
+    std::fs::write(
+        ex.dir.path().join("history.json"),
+        r#"[{"role": "user", "text": "What does greet.py do?"},
+            {"role": "assistant", "text": "It prints a greeting.", "tool_calls": []}]"#,
+    )
+    .unwrap();
+    let spec = std::fs::read_to_string(ex.spec()).unwrap().replace(
+        "system_prompt = ",
+        "history = \"history.json\"\nsystem_prompt = ",
+    );
+    let spec = ex.write_spec(&spec);
+    let doc = json(&forkfleet(&[
+        "run",
+        path_str(&spec),
+        "--pick",
+        "thorough",
+        "--json",
+        "--timeout-s",
+        "120",
+    ]));
+    let data = ex.data();
+    let data = path_str(&data);
+
+    // The parent: system prompt, history, goal; after the merge, the adopted conversation.
+    let parent = log(data, doc["parent_run"].as_str().unwrap());
+    let types = event_types(&parent);
+    assert_eq!(
+        &types[..4],
+        ["system", "user_message", "model_response", "user_message"]
+    );
+    assert_eq!(
+        parent[3]["event"]["text"],
+        "Make the greet tool friendlier and document how to use it."
+    );
+    assert_eq!(types.last().unwrap(), "branch_summary");
+    assert!(
+        !types.contains(&"usage".to_string()),
+        "usage is never adopted: {types:?}"
+    );
+
+    // A branch: fork at seq 0, the 4 copied events, extra instructions, steer, then its own.
+    let thorough = doc["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["label"] == "thorough")
+        .unwrap();
+    let branch = log(data, thorough["id"].as_str().unwrap());
+    let seqs: Vec<u64> = branch.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(
+        seqs,
+        (0..branch.len() as u64).collect::<Vec<_>>(),
+        "contiguous from 0"
+    );
+    let fork = &branch[0]["event"];
+    assert_eq!(fork["type"], "fork");
+    assert_eq!(fork["parent_run"], doc["parent_run"]);
+    assert_eq!(fork["fork_id"], doc["fork_id"]);
+    assert_eq!(fork["label"], "thorough");
+    assert_eq!(
+        fork["cutoff_seq"], 3,
+        "the parent's last event before the fork"
+    );
+    let types = event_types(&branch);
+    assert_eq!(
+        &types[1..7],
+        [
+            "system",
+            "user_message",
+            "model_response",
+            "user_message",
+            "system",
+            "steer"
+        ]
+    );
+    assert_eq!(
+        branch[5]["event"]["text"],
+        "Add tests for every behaviour you change."
+    );
+    assert_eq!(
+        types.iter().filter(|t| *t == "model_response").count(),
+        1 + 4
+    );
+    assert_eq!(
+        types.iter().filter(|t| *t == "usage").count(),
+        4,
+        "one usage per model call"
+    );
+    assert_eq!(types.last().unwrap(), "status");
+    assert_eq!(branch.last().unwrap()["event"]["state"], "done");
+
+    // A bad history file is a clear error.
+    std::fs::write(ex.dir.path().join("history.json"), "{not json").unwrap();
+    let out = forkfleet(&["run", path_str(&spec)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("history file"));
+}
