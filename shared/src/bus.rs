@@ -11,12 +11,14 @@
 //!   least once, in publish order per publisher; unacked events are redelivered.
 //! - **Control** per run: commands to one running branch, delivered in order.
 //! - **Blobs**: a content-addressed store.
+//! - **Workers**: heartbeats, for listing the live workers.
 //! - **Request/reply**: a bounded-time call to a service by subject.
 
 pub mod local;
 
 use crate::blob::{BlobError, BlobStore};
 use crate::ids::RunId;
+use crate::protocol::WorkerInfo;
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::sync::Arc;
@@ -133,6 +135,11 @@ pub trait Bus: Send + Sync + 'static {
     async fn watch_control(&self, run: RunId) -> BusResult<mpsc::UnboundedReceiver<Bytes>>;
 
     fn blobs(&self) -> Arc<dyn BlobStore>;
+
+    /// Record a worker's heartbeat (replacing its previous one).
+    async fn put_worker(&self, info: WorkerInfo) -> BusResult<()>;
+    /// Workers whose last heartbeat is younger than [`crate::protocol::WORKER_TTL_MS`].
+    async fn workers(&self) -> BusResult<Vec<WorkerInfo>>;
 
     async fn request(&self, subject: &str, payload: Bytes, timeout: Duration) -> BusResult<Bytes>;
     async fn serve(&self, subject: &str) -> BusResult<mpsc::Receiver<Request>>;

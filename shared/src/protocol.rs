@@ -88,3 +88,25 @@ pub fn now_ms() -> u64 {
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
+
+/// A worker's heartbeat: what `forkfleet workers` lists. Workers put it on the bus every
+/// few seconds; an entry not refreshed within [`WORKER_TTL_MS`] is gone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    pub worker_id: crate::ids::WorkerId,
+    pub pool: String,
+    pub concurrency: usize,
+    /// The branches it runs now.
+    pub running: Vec<RunId>,
+    pub hostname: String,
+    pub version: String,
+    pub started_at_ms: u64,
+    pub heartbeat_at_ms: u64,
+}
+
+impl WireMessage for WorkerInfo {
+    const KIND: &'static str = "worker_info";
+}
+
+/// A heartbeat older than this means the worker is gone.
+pub const WORKER_TTL_MS: u64 = 30_000;

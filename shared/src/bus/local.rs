@@ -3,7 +3,8 @@
 
 use super::{Acker, Bus, BusError, BusResult, Delivery, EventConsumer, Replier, Request};
 use crate::blob::BlobStore;
-use crate::ids::RunId;
+use crate::ids::{RunId, WorkerId};
+use crate::protocol::{now_ms, WorkerInfo, WORKER_TTL_MS};
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -40,6 +41,7 @@ struct Inner {
     events: Arc<MsgQueue>,
     control: Mutex<HashMap<RunId, ControlSlot>>,
     services: Mutex<HashMap<String, mpsc::Sender<Request>>>,
+    workers: Mutex<HashMap<WorkerId, WorkerInfo>>,
     blobs: Arc<dyn BlobStore>,
 }
 
@@ -66,6 +68,7 @@ impl LocalBus {
                 events: Arc::new(MsgQueue::new(config.ack_wait, u32::MAX)),
                 control: Mutex::new(HashMap::new()),
                 services: Mutex::new(HashMap::new()),
+                workers: Mutex::new(HashMap::new()),
                 blobs,
             }),
         }
@@ -367,6 +370,20 @@ impl Bus for LocalBus {
 
     fn blobs(&self) -> Arc<dyn BlobStore> {
         self.inner.blobs.clone()
+    }
+
+    async fn put_worker(&self, info: WorkerInfo) -> BusResult<()> {
+        lock(&self.inner.workers)?.insert(info.worker_id, info);
+        Ok(())
+    }
+
+    async fn workers(&self) -> BusResult<Vec<WorkerInfo>> {
+        let now = now_ms();
+        let mut workers = lock(&self.inner.workers)?;
+        workers.retain(|_, w| now.saturating_sub(w.heartbeat_at_ms) < WORKER_TTL_MS);
+        let mut out: Vec<WorkerInfo> = workers.values().cloned().collect();
+        out.sort_by_key(|w| w.worker_id);
+        Ok(out)
     }
 
     async fn request(&self, subject: &str, payload: Bytes, timeout: Duration) -> BusResult<Bytes> {
