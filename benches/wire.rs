@@ -58,6 +58,7 @@ fn events() -> Vec<BranchEvent> {
             seq: seq as u64,
             at_ms: 1_700_000_000_000,
             event,
+            attempt: 1,
         })
         .collect()
 }

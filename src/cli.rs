@@ -1,17 +1,25 @@
 //! The command line. Each command is a function from parsed arguments to an exit code:
 //! 0 success, 1 failure, 2 bad input.
+//!
+//! Client commands (`fork ...`, `workers`, `log`) talk to a [`CoordinatorClient`]: a
+//! remote coordinator when a NATS URL is configured (`--nats`, `FORKFLEET_NATS_URL`, or
+//! the `--config` file), else the embedded one over the run store in `--data`.
 
 use crate::client;
+use crate::config::{self, Config, Layer, NatsLayer, TlsLayer};
 use crate::embedded::{Embedded, EmbeddedOptions};
+use crate::remote::{ClientError, CoordinatorClient, RemoteCoordinator};
 use crate::render;
+use crate::service;
 use crate::BadInput;
 use clap::{Args, Parser, Subcommand};
-use forkfleet_coordinator::{CoordinatorError, CoordinatorHandle};
+use forkfleet_coordinator::CoordinatorError;
 use forkfleet_shared::api::{CreateFork, ForkView, ParentRun};
-use forkfleet_shared::diff::{DiffOptions, DiffReport};
+use forkfleet_shared::diff::DiffOptions;
 use forkfleet_shared::flush::{ConflictPolicy, FlushReport};
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::path::WsPath;
+use forkfleet_shared::protocol::now_ms;
 use forkfleet_shared::spec;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -34,11 +42,17 @@ pub struct Cli {
 pub enum Command {
     /// Run a fork from a spec file on this machine (embedded coordinator and workers).
     Run(RunArgs),
-    /// Inspect and resolve forks in a data directory.
+    /// Run the coordinator service of a cluster (NATS) until SIGINT or SIGTERM.
+    Coordinator(CoordinatorArgs),
+    /// Run a worker of a cluster (NATS) until SIGINT or SIGTERM, then drain.
+    Worker(WorkerArgs),
+    /// Create, inspect, stop and resolve forks (on a cluster with --nats, else in --data).
     Fork {
         #[command(subcommand)]
         command: ForkCommand,
     },
+    /// List a cluster's live workers: id, pool, running branches, last heartbeat.
+    Workers(ClusterArgs),
     /// Print a run's event log.
     Log(LogArgs),
     /// Whole-system benchmarks.
@@ -48,14 +62,148 @@ pub enum Command {
     },
 }
 
+/// Where the configuration comes from and how to reach NATS. Every key also comes from a
+/// `FORKFLEET_*` environment variable or the `--config` file (flags win; see
+/// `docs/CLUSTER.md`). Secrets are taken from files only on the command line.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Configuration and cluster")]
+pub struct ConfigArgs {
+    /// A TOML config file (default: $FORKFLEET_CONFIG).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The NATS server of the cluster, e.g. nats://127.0.0.1:4222.
+    #[arg(long, value_name = "URL")]
+    pub nats: Option<String>,
+    /// The NATS connection name (default: forkfleet-<role>).
+    #[arg(long, value_name = "NAME")]
+    pub nats_name: Option<String>,
+    /// NATS user (with --nats-password-file).
+    #[arg(long, value_name = "USER")]
+    pub nats_user: Option<String>,
+    /// A file holding the NATS password.
+    #[arg(long, value_name = "FILE")]
+    pub nats_password_file: Option<PathBuf>,
+    /// A file holding the NATS token.
+    #[arg(long, value_name = "FILE")]
+    pub nats_token_file: Option<PathBuf>,
+    /// A file holding the NATS nkey seed.
+    #[arg(long, value_name = "FILE")]
+    pub nats_nkey_seed_file: Option<PathBuf>,
+    /// A NATS credentials file (JWT and nkey seed).
+    #[arg(long, value_name = "FILE")]
+    pub nats_creds: Option<PathBuf>,
+    /// Extra CA certificates (PEM) to trust for the NATS server.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// The client certificate (PEM), with --tls-key.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Require TLS to the NATS server.
+    #[arg(long)]
+    pub tls_require: bool,
+    /// Seconds a pulled task may go unacked before another worker gets it (default: 30;
+    /// $FORKFLEET_NATS_ACK_WAIT_S). A cluster-wide setting: give every process the same.
+    #[arg(long, value_name = "SECONDS")]
+    pub nats_ack_wait_s: Option<u64>,
+    /// Deliveries of a task before its branch is failed (default: 5;
+    /// $FORKFLEET_NATS_MAX_DELIVER). A cluster-wide setting.
+    #[arg(long, value_name = "N")]
+    pub nats_max_deliver: Option<u32>,
+    /// Print the effective configuration (secrets redacted) and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl ConfigArgs {
+    /// The flags as the top configuration layer.
+    fn layer(&self) -> Layer {
+        Layer {
+            nats: NatsLayer {
+                url: self.nats.clone(),
+                name: self.nats_name.clone(),
+                user: self.nats_user.clone(),
+                password_file: self.nats_password_file.clone(),
+                token_file: self.nats_token_file.clone(),
+                nkey_seed_file: self.nats_nkey_seed_file.clone(),
+                creds_file: self.nats_creds.clone(),
+                ack_wait_s: self.nats_ack_wait_s,
+                max_deliver: self.nats_max_deliver,
+                tls: TlsLayer {
+                    ca_file: self.tls_ca.clone(),
+                    cert_file: self.tls_cert.clone(),
+                    key_file: self.tls_key.clone(),
+                    require: self.tls_require.then_some(true),
+                },
+                ..NatsLayer::default()
+            },
+            ..Layer::default()
+        }
+    }
+
+    /// Resolve the configuration with `extra` flags (data, pool, ...) on top.
+    fn load(&self, extra: Layer) -> Result<Config, config::ConfigError> {
+        let mut flags = self.layer();
+        flags.data = extra.data;
+        flags.pool = extra.pool;
+        flags.concurrency = extra.concurrency;
+        flags.drain_grace_s = extra.drain_grace_s;
+        Config::load(self.config.as_deref(), &config::process_env, flags)
+    }
+}
+
+/// The arguments of a client command: where the forks are, and the output format.
 #[derive(Debug, Args)]
-pub struct DataArgs {
-    /// The data directory holding the run store.
-    #[arg(long, env = "FORKFLEET_DATA", default_value = ".forkfleet")]
-    pub data: PathBuf,
+pub struct ClientArgs {
+    /// The data directory of the embedded store, when no NATS URL is configured
+    /// (default: .forkfleet; $FORKFLEET_DATA).
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
     /// Print one JSON document instead of text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+/// The arguments of a command that needs a cluster.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CoordinatorArgs {
+    /// The data directory of the run store (default: .forkfleet; $FORKFLEET_DATA).
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// The task queue branch tasks go to (default: default; $FORKFLEET_POOL).
+    #[arg(long, value_name = "NAME")]
+    pub pool: Option<String>,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The task queue to pull from (default: default; $FORKFLEET_POOL).
+    #[arg(long, value_name = "NAME")]
+    pub pool: Option<String>,
+    /// Branches run at once (default: 64; $FORKFLEET_CONCURRENCY).
+    #[arg(long, value_name = "N")]
+    pub concurrency: Option<usize>,
+    /// On SIGTERM, seconds running branches get to finish before they are handed back
+    /// (default: 30; $FORKFLEET_DRAIN_GRACE_S).
+    #[arg(long, value_name = "SECONDS")]
+    pub drain_grace_s: Option<u64>,
+    #[command(flatten)]
+    pub config: ConfigArgs,
 }
 
 #[derive(Debug, Args)]
@@ -84,14 +232,38 @@ pub struct RunArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ForkCommand {
+    /// Create a fork from a spec file and print its id.
+    ///
+    /// Uploads only the workspace blobs the store lacks. On a cluster it returns at once
+    /// (follow with `fork watch`); embedded (no NATS URL) the fork runs here to the end,
+    /// since no worker outlives the command.
+    Create {
+        /// The fork spec (TOML). See docs/SPEC.md.
+        spec: PathBuf,
+        /// Embedded only: give up waiting for the branches after this many seconds.
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// List forks, newest first.
-    Ls(DataArgs),
+    Ls(ClientArgs),
     /// Show a fork's branches: state, turns, cost.
     Show {
         /// Fork id (or a unique prefix of one).
         fork: String,
         #[command(flatten)]
-        data: DataArgs,
+        client: ClientArgs,
+    },
+    /// Follow a fork's branches (states, turns, costs) until every one has finished.
+    Watch {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// Give up after this many seconds (exit 1; the fork keeps running).
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// Show what the branches changed and where they agree.
     Diff {
@@ -103,7 +275,21 @@ pub enum ForkCommand {
         #[arg(long)]
         unified: bool,
         #[command(flatten)]
-        data: DataArgs,
+        client: ClientArgs,
+    },
+    /// Stop one branch; it keeps its partial work and can still be merged.
+    Terminate {
+        fork: String,
+        /// The branch's label.
+        label: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Stop every branch still running and mark the fork aborted (nothing can be merged).
+    Abort {
+        fork: String,
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// Merge a branch into the fork's parent and apply it to the workspace directory.
     Merge {
@@ -121,7 +307,7 @@ pub enum ForkCommand {
         #[arg(long)]
         overwrite: bool,
         #[command(flatten)]
-        data: DataArgs,
+        client: ClientArgs,
     },
 }
 
@@ -130,7 +316,7 @@ pub struct LogArgs {
     /// Run id.
     pub run: String,
     #[command(flatten)]
-    pub data: DataArgs,
+    pub client: ClientArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -157,7 +343,10 @@ pub fn init_tracing(verbose: u8) {
 pub async fn run(cli: Cli) -> u8 {
     let result = match cli.command {
         Command::Run(args) => cmd_run(args).await,
+        Command::Coordinator(args) => cmd_coordinator(args).await,
+        Command::Worker(args) => cmd_worker(args).await,
         Command::Fork { command } => cmd_fork(command).await,
+        Command::Workers(args) => cmd_workers(args).await,
         Command::Log(args) => cmd_log(args).await,
         Command::Bench { command } => match command {
             BenchCommand::Fanout(args) => crate::bench::cmd_fanout(args).await,
@@ -175,15 +364,142 @@ pub async fn run(cli: Cli) -> u8 {
 
 fn exit_code(e: &anyhow::Error) -> u8 {
     for cause in e.chain() {
-        if cause.is::<BadInput>() || cause.is::<spec::SpecError>() {
+        if cause.is::<BadInput>()
+            || cause.is::<spec::SpecError>()
+            || cause.is::<config::ConfigError>()
+        {
             return 2;
         }
         if let Some(c) = cause.downcast_ref::<CoordinatorError>() {
             return if c.is_bad_input() { 2 } else { 1 };
         }
+        if let Some(c) = cause.downcast_ref::<ClientError>() {
+            return if c.is_bad_input() { 2 } else { 1 };
+        }
     }
     1
 }
+
+// ---- services ------------------------------------------------------------------------
+
+async fn cmd_coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
+    let config = args.config.load(Layer {
+        data: args.data,
+        pool: args.pool,
+        ..Layer::default()
+    })?;
+    if args.config.print_config {
+        print!("{}", config.render());
+        return Ok(());
+    }
+    service::run_coordinator(&config, service::shutdown_signal()).await
+}
+
+async fn cmd_worker(args: WorkerArgs) -> anyhow::Result<()> {
+    let config = args.config.load(Layer {
+        pool: args.pool,
+        concurrency: args.concurrency,
+        drain_grace_s: args.drain_grace_s,
+        ..Layer::default()
+    })?;
+    if args.config.print_config {
+        print!("{}", config.render());
+        return Ok(());
+    }
+    service::run_worker(&config, service::shutdown_signal()).await
+}
+
+// ---- client sessions -----------------------------------------------------------------
+
+/// A client's connection to a coordinator: remote, or embedded over a data dir (then the
+/// embedded system must be shut down after the command, which [`Session::close`] does).
+struct Session {
+    client: CoordinatorClient,
+    embedded: Option<Embedded>,
+}
+
+/// What an embedded session needs.
+enum Local {
+    /// Only read or resolve forks: the data dir must exist, no workers.
+    Read,
+    /// Create and run forks here: in-process workers.
+    Run,
+}
+
+impl Session {
+    /// Connect as `args` configure. Returns `None` after `--print-config`.
+    async fn open(args: &ClientArgs, local: Local) -> anyhow::Result<Option<Session>> {
+        let config = args.config.load(Layer {
+            data: args.data.clone(),
+            ..Layer::default()
+        })?;
+        if args.config.print_config {
+            print!("{}", config.render());
+            return Ok(None);
+        }
+        if let Some(nats) = config.nats_config("forkfleet-client") {
+            let bus = service::connect_nats(nats).await?;
+            return Ok(Some(Session {
+                client: CoordinatorClient::Remote(RemoteCoordinator::new(bus)),
+                embedded: None,
+            }));
+        }
+        let data = &config.data.value;
+        let opts = match local {
+            Local::Read => {
+                if !data.is_dir() {
+                    return Err(BadInput(format!(
+                        "data dir `{}` does not exist; pass --data DIR (forkfleet run keeps it in `.forkfleet/` next to the spec), or --nats URL for a cluster",
+                        data.display()
+                    ))
+                    .into());
+                }
+                EmbeddedOptions {
+                    workers: 0,
+                    concurrency: 1,
+                }
+            }
+            Local::Run => EmbeddedOptions::default(),
+        };
+        let system = Embedded::start(data, opts).await?;
+        Ok(Some(Session {
+            client: system.client(),
+            embedded: Some(system),
+        }))
+    }
+
+    async fn close(self) -> anyhow::Result<()> {
+        match self.embedded {
+            Some(system) => system.shutdown().await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// Run `body` against the session `args` configure, then close it (the body's error
+/// first).
+macro_rules! with_session {
+    ($args:expr, $local:expr, |$client:ident| $body:expr) => {{
+        match Session::open($args, $local).await? {
+            None => Ok(()),
+            Some(session) => {
+                let result = {
+                    let $client = &session.client;
+                    $body.await
+                };
+                let closed = session.close().await;
+                result.and(closed)
+            }
+        }
+    }};
+}
+
+fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+// ---- forkfleet run -------------------------------------------------------------------
 
 async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
     let loaded = spec::load(&args.spec)?;
@@ -221,33 +537,9 @@ async fn run_fork(
     loaded: &spec::LoadedSpec,
     args: &RunArgs,
 ) -> anyhow::Result<()> {
-    let coord = system.coordinator();
-    let blobs = system.bus.blobs();
-    let (_, upload) = client::upload_workspace(
-        blobs.as_ref(),
-        &loaded.workspace,
-        &loaded.exclude,
-        loaded.blobs.clone(),
-    )
-    .await?;
-    let view = coord
-        .create_fork(CreateFork {
-            plan: loaded.plan.clone(),
-            parent: ParentRun::New,
-            snapshot: upload.snapshot,
-            workspace: Some(loaded.workspace.display().to_string()),
-        })
-        .await?;
+    let coord = system.client();
+    let view = create(&coord, loaded, !args.json).await?;
     let fork_id = view.fork_id;
-    if !args.json {
-        eprintln!(
-            "fork {fork_id}: {} branches · workspace {} ({} files, {} new blobs uploaded)",
-            view.branches.len(),
-            loaded.workspace.display(),
-            upload.files,
-            upload.blobs_sent
-        );
-    }
     let timeout = args.timeout_s.map(Duration::from_secs);
     let view = render::follow(&coord, fork_id, timeout, !args.json).await?;
     let diff = coord.diff(fork_id, DiffOptions::default()).await?;
@@ -255,7 +547,6 @@ async fn run_fork(
         Some(pick) => Some(
             merge_and_apply(
                 &coord,
-                system,
                 fork_id,
                 pick,
                 Some(&loaded.workspace),
@@ -276,7 +567,7 @@ async fn run_fork(
             Some(&diff),
             merge.as_ref().map(|(w, r)| (w.as_str(), r)),
         );
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        print_json(&doc)?;
     } else {
         print!("{}", render::branch_table(&view));
         println!();
@@ -292,11 +583,45 @@ async fn run_fork(
     Ok(())
 }
 
+/// Upload the spec's workspace (only the blobs the store lacks) and create the fork.
+async fn create(
+    coord: &CoordinatorClient,
+    loaded: &spec::LoadedSpec,
+    show: bool,
+) -> anyhow::Result<ForkView> {
+    let blobs = coord.blobs();
+    let (_, upload) = client::upload_workspace(
+        blobs.as_ref(),
+        &loaded.workspace,
+        &loaded.exclude,
+        loaded.blobs.clone(),
+    )
+    .await?;
+    let view = coord
+        .create_fork(CreateFork {
+            plan: loaded.plan.clone(),
+            parent: ParentRun::New,
+            snapshot: upload.snapshot,
+            workspace: Some(loaded.workspace.display().to_string()),
+        })
+        .await?;
+    if show {
+        eprintln!(
+            "fork {}: {} branches · workspace {} ({} files, {} new blobs uploaded)",
+            view.fork_id,
+            view.branches.len(),
+            loaded.workspace.display(),
+            upload.files,
+            upload.blobs_sent
+        );
+    }
+    Ok(view)
+}
+
 /// Merge `pick` in the store, then apply it to `dir` (if any). Returns the winner and the
 /// report of what happened to the directory (or to the parent's snapshot without one).
 async fn merge_and_apply(
-    coord: &CoordinatorHandle,
-    system: &Embedded,
+    coord: &CoordinatorClient,
     fork_id: ForkId,
     pick: &str,
     dir: Option<&Path>,
@@ -304,84 +629,80 @@ async fn merge_and_apply(
 ) -> anyhow::Result<(String, FlushReport)> {
     let outcome = coord.merge(fork_id, pick).await?;
     let report = match dir {
-        Some(dir) => {
-            client::apply_merge(system.bus.blobs().as_ref(), &outcome, dir, policy).await?
-        }
+        Some(dir) => client::apply_merge(coord.blobs().as_ref(), &outcome, dir, policy).await?,
         None => outcome.report.clone(),
     };
     Ok((outcome.winner.clone(), report))
 }
 
-async fn open_store(data: &DataArgs) -> anyhow::Result<Embedded> {
-    if !data.data.is_dir() {
-        return Err(BadInput(format!(
-            "data dir `{}` does not exist; pass --data DIR (forkfleet run keeps it in `.forkfleet/` next to the spec)",
-            data.data.display()
-        ))
-        .into());
-    }
-    Embedded::start(
-        &data.data,
-        EmbeddedOptions {
-            workers: 0,
-            concurrency: 1,
-        },
-    )
-    .await
-}
+// ---- forkfleet fork ... --------------------------------------------------------------
 
 async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
     match command {
-        ForkCommand::Ls(data) => {
-            let system = open_store(&data).await?;
-            let forks = system.coordinator().forks().await;
-            system.shutdown().await?;
-            let forks = forks?;
-            if data.json {
+        ForkCommand::Create {
+            spec: spec_path,
+            timeout_s,
+            client,
+        } => {
+            // Validate the spec before connecting: bad input creates nothing anywhere.
+            let loaded = spec::load(&spec_path)?;
+            with_session!(&client, Local::Run, |coord| fork_create(
+                coord,
+                &loaded,
+                timeout_s.map(Duration::from_secs),
+                client.json
+            ))
+        }
+        ForkCommand::Ls(client) => with_session!(&client, Local::Read, |coord| async {
+            let forks = coord.forks().await?;
+            if client.json {
                 let docs: Vec<_> = forks
                     .iter()
                     .map(|v| render::fork_json(v, None, None))
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&docs)?);
+                print_json(&serde_json::Value::Array(docs))
             } else {
                 print!("{}", render::fork_list(&forks));
+                Ok(())
             }
-            Ok(())
-        }
-        ForkCommand::Show { fork, data } => {
-            let system = open_store(&data).await?;
-            let result = async {
-                let coord = system.coordinator();
+        }),
+        ForkCommand::Show { fork, client } => {
+            with_session!(&client, Local::Read, |coord| async {
                 let id = coord.find_fork(&fork).await?;
-                Ok::<ForkView, anyhow::Error>(coord.fork(id).await?)
-            }
-            .await;
-            system.shutdown().await?;
-            let view = result?;
-            if data.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&render::fork_json(&view, None, None))?
-                );
-            } else {
-                print!("{}", render::fork_header(&view));
-                print!("{}", render::branch_table(&view));
-            }
-            Ok(())
+                let view = coord.fork(id).await?;
+                print_view(&view, client.json)
+            })
         }
+        ForkCommand::Watch {
+            fork,
+            timeout_s,
+            client,
+        } => with_session!(&client, Local::Read, |coord| async {
+            let id = coord.find_fork(&fork).await?;
+            if !coord.is_remote() {
+                let view = coord.fork(id).await?;
+                if !view.settled() && !view.state.is_resolved() {
+                    return Err(BadInput(format!(
+                        "fork {id} is not settled and nothing runs it here: the embedded store has no workers outside `forkfleet run`; watch a cluster's fork with --nats URL"
+                    ))
+                    .into());
+                }
+            }
+            let view =
+                render::follow(coord, id, timeout_s.map(Duration::from_secs), !client.json).await?;
+            print_view(&view, client.json)
+        }),
         ForkCommand::Diff {
             fork,
             paths,
             unified,
-            data,
+            client,
         } => {
             let filter = paths
                 .iter()
                 .map(|p| WsPath::parse(p).map_err(|e| BadInput(format!("--path: {e}"))))
                 .collect::<Result<Vec<_>, _>>()?;
-            let system = open_store(&data).await?;
-            let result = async {
-                let coord = system.coordinator();
+            with_session!(&client, Local::Read, |coord| async {
                 let id = coord.find_fork(&fork).await?;
                 let opts = DiffOptions {
                     paths: if filter.is_empty() {
@@ -389,23 +710,43 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                     } else {
                         Some(filter)
                     },
-                    unified: unified || data.json,
+                    unified: unified || client.json,
                     ..DiffOptions::default()
                 };
-                Ok::<DiffReport, anyhow::Error>(coord.diff(id, opts).await?)
-            }
-            .await;
-            system.shutdown().await?;
-            let report = result?;
-            if data.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&render::diff_json(&report, true))?
-                );
+                let report = coord.diff(id, opts).await?;
+                if client.json {
+                    print_json(&render::diff_json(&report, true))
+                } else {
+                    print!("{}", render::diff_text(&report, unified));
+                    Ok(())
+                }
+            })
+        }
+        ForkCommand::Terminate {
+            fork,
+            label,
+            client,
+        } => with_session!(&client, Local::Read, |coord| async {
+            let id = coord.find_fork(&fork).await?;
+            let outcome = coord.terminate(id, &label).await?;
+            if client.json {
+                print_json(&render::terminate_json(&outcome))
             } else {
-                print!("{}", render::diff_text(&report, unified));
+                print!("{}", render::terminate_text(&outcome));
+                Ok(())
             }
-            Ok(())
+        }),
+        ForkCommand::Abort { fork, client } => {
+            with_session!(&client, Local::Read, |coord| async {
+                let id = coord.find_fork(&fork).await?;
+                let outcome = coord.abort(id).await?;
+                if client.json {
+                    print_json(&render::abort_json(&outcome))
+                } else {
+                    print!("{}", render::abort_text(&outcome));
+                    Ok(())
+                }
+            })
         }
         ForkCommand::Merge {
             fork,
@@ -413,52 +754,129 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             apply,
             no_apply,
             overwrite,
-            data,
-        } => {
-            let system = open_store(&data).await?;
-            let result = async {
-                let coord = system.coordinator();
-                let id = coord.find_fork(&fork).await?;
-                let view = coord.fork(id).await?;
-                let dir = if no_apply {
-                    None
-                } else {
-                    match (&apply, &view.workspace) {
-                        (Some(a), _) => Some(a.clone()),
-                        (None, Some(w)) => Some(PathBuf::from(w)),
-                        (None, None) => None,
-                    }
-                };
-                if let Some(d) = &dir {
-                    if !d.is_dir() {
-                        return Err(BadInput(format!(
-                            "cannot apply the merge: `{}` is not a directory (pass --apply DIR or --no-apply)",
-                            d.display()
-                        ))
-                        .into());
-                    }
-                }
-                let policy = if overwrite {
-                    ConflictPolicy::Overwrite
-                } else {
-                    ConflictPolicy::KeepParent
-                };
-                let merged =
-                    merge_and_apply(&coord, &system, id, &pick, dir.as_deref(), policy).await?;
-                let view = coord.fork(id).await?;
-                Ok::<_, anyhow::Error>((view, merged))
-            }
-            .await;
-            system.shutdown().await?;
-            let (view, (winner, report)) = result?;
-            if data.json {
-                let doc = render::fork_json(&view, None, Some((winner.as_str(), &report)));
-                println!("{}", serde_json::to_string_pretty(&doc)?);
-            } else {
-                print!("{}", render::merge_text(&winner, &report));
-            }
-            Ok(())
+            client,
+        } => with_session!(&client, Local::Read, |coord| fork_merge(
+            coord,
+            &fork,
+            &pick,
+            MergeTarget {
+                apply: apply.as_deref(),
+                no_apply,
+                overwrite
+            },
+            client.json
+        )),
+    }
+}
+
+fn print_view(view: &ForkView, json: bool) -> anyhow::Result<()> {
+    if json {
+        print_json(&render::fork_json(view, None, None))
+    } else {
+        print!("{}", render::fork_header(view));
+        print!("{}", render::branch_table(view));
+        Ok(())
+    }
+}
+
+async fn fork_create(
+    coord: &CoordinatorClient,
+    loaded: &spec::LoadedSpec,
+    timeout: Option<Duration>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let view = create(coord, loaded, !json).await?;
+    // Embedded, the workers live in this process: the fork runs to the end here.
+    let view = if coord.is_remote() {
+        view
+    } else {
+        render::follow(coord, view.fork_id, timeout, !json).await?
+    };
+    if json {
+        print_json(&render::fork_json(&view, None, None))
+    } else {
+        println!("{}", view.fork_id);
+        Ok(())
+    }
+}
+
+/// Where a merge is applied.
+struct MergeTarget<'a> {
+    apply: Option<&'a Path>,
+    no_apply: bool,
+    overwrite: bool,
+}
+
+async fn fork_merge(
+    coord: &CoordinatorClient,
+    fork: &str,
+    pick: &str,
+    target: MergeTarget<'_>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    let view = coord.fork(id).await?;
+    let dir = if target.no_apply {
+        None
+    } else {
+        match (target.apply, &view.workspace) {
+            (Some(a), _) => Some(a.to_path_buf()),
+            (None, Some(w)) => Some(PathBuf::from(w)),
+            (None, None) => None,
         }
+    };
+    // Checked before the merge: a merge is final, and its result must land somewhere.
+    if let Some(d) = &dir {
+        if !d.is_dir() {
+            return Err(BadInput(format!(
+                "cannot apply the merge: `{}` is not a directory (pass --apply DIR or --no-apply)",
+                d.display()
+            ))
+            .into());
+        }
+    }
+    let policy = if target.overwrite {
+        ConflictPolicy::Overwrite
+    } else {
+        ConflictPolicy::KeepParent
+    };
+    let (winner, report) = merge_and_apply(coord, id, pick, dir.as_deref(), policy).await?;
+    if json {
+        let view = coord.fork(id).await?;
+        print_json(&render::fork_json(
+            &view,
+            None,
+            Some((winner.as_str(), &report)),
+        ))
+    } else {
+        print!("{}", render::merge_text(&winner, &report));
+        Ok(())
+    }
+}
+
+// ---- forkfleet workers, forkfleet log ------------------------------------------------
+
+async fn cmd_workers(args: ClusterArgs) -> anyhow::Result<()> {
+    let config = args.config.load(Layer::default())?;
+    if args.config.print_config {
+        print!("{}", config.render());
+        return Ok(());
+    }
+    let Some(nats) = config.nats_config("forkfleet-client") else {
+        return Err(ClientError::NeedsCluster(
+            "`forkfleet workers` lists the workers of a cluster: pass --nats URL (or set FORKFLEET_NATS_URL)",
+        )
+        .into());
+    };
+    let coord =
+        CoordinatorClient::Remote(RemoteCoordinator::new(service::connect_nats(nats).await?));
+    let workers = coord.workers().await?;
+    let now = now_ms();
+    if args.json {
+        print_json(&render::workers_json(&workers, now))
+    } else {
+        print!("{}", render::worker_table(&workers, now));
+        Ok(())
     }
 }
 
@@ -467,22 +885,22 @@ async fn cmd_log(args: LogArgs) -> anyhow::Result<()> {
         .run
         .parse()
         .map_err(|e: forkfleet_shared::ids::IdError| BadInput(e.to_string()))?;
-    let system = open_store(&args.data).await?;
-    let events = system.coordinator().run_events(run).await;
-    system.shutdown().await?;
-    let events = events?;
-    if args.data.json {
-        let docs: Vec<_> = events
-            .iter()
-            .map(|(seq, e)| serde_json::json!({"seq": seq, "event": e}))
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&docs)?);
-    } else {
-        for (seq, e) in &events {
-            println!("{seq:>5}  {}", render::event_line(e));
+    let json = args.client.json;
+    with_session!(&args.client, Local::Read, |coord| async {
+        let events = coord.run_events(run).await?;
+        if json {
+            let docs: Vec<_> = events
+                .iter()
+                .map(|e| serde_json::json!({"seq": e.seq, "event": e.event}))
+                .collect();
+            print_json(&serde_json::Value::Array(docs))
+        } else {
+            for e in &events {
+                println!("{:>5}  {}", e.seq, render::event_line(&e.event));
+            }
+            Ok(())
         }
-    }
-    Ok(())
+    })
 }
 
 fn labels<'a>(it: impl Iterator<Item = &'a str>) -> String {

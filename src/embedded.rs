@@ -1,5 +1,7 @@
-//! The embedded mode: coordinator and workers in one process on the local bus.
+//! The embedded mode: coordinator and workers in one process on the local bus. Its
+//! coordinator is reached through [`Embedded::client`], like a remote one.
 
+use crate::remote::CoordinatorClient;
 use anyhow::Context;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
 use forkfleet_shared::bus::local::LocalBus;
@@ -62,6 +64,14 @@ impl Embedded {
 
     pub fn coordinator(&self) -> CoordinatorHandle {
         self.coordinator.handle()
+    }
+
+    /// The coordinator as the CLI commands use it (the same calls as a remote one).
+    pub fn client(&self) -> CoordinatorClient {
+        CoordinatorClient::Embedded {
+            handle: self.coordinator.handle(),
+            bus: self.bus.clone(),
+        }
     }
 
     /// Stop the workers, then the coordinator (which flushes the store).

@@ -4,7 +4,14 @@
 //! under caps, compare what every branch changed, and merge the winner back.
 //!
 //! ## Layout
-//! - [`cli`]: the command line (`forkfleet run`, `forkfleet fork ...`, `forkfleet bench`).
+//! - [`cli`]: the command line (`forkfleet run`, `coordinator`, `worker`, `fork ...`,
+//!   `workers`, `log`, `bench`); thin: parse, configure, call the functions below.
+//! - [`config`]: layered configuration (defaults < TOML file < `FORKFLEET_*` < flags),
+//!   NATS auth and TLS, secrets redacted.
+//! - [`service`]: the cluster services as library functions, `run_coordinator(config,
+//!   shutdown)` and `run_worker(config, shutdown)`.
+//! - [`remote`]: [`remote::RemoteCoordinator`] (the coordinator's API over the bus) and
+//!   [`remote::CoordinatorClient`], which every client command uses, embedded or remote.
 //! - [`embedded`]: the single-machine mode: a coordinator and in-process workers on the
 //!   local bus, with the run store under a data directory.
 //! - [`client`]: what a client does around the coordinator: upload a workspace snapshot,
@@ -18,8 +25,11 @@
 pub mod bench;
 pub mod cli;
 pub mod client;
+pub mod config;
 pub mod embedded;
+pub mod remote;
 pub mod render;
+pub mod service;
 
 /// An error caused by the user's input: exit code 2.
 #[derive(Debug, thiserror::Error)]

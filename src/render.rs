@@ -1,11 +1,12 @@
 //! What the CLI shows: progress lines while a fork runs, tables, and `--json` documents.
 
-use forkfleet_coordinator::CoordinatorHandle;
-use forkfleet_shared::api::ForkView;
+use crate::remote::CoordinatorClient;
+use forkfleet_shared::api::{AbortOutcome, ForkView, TerminateOutcome};
 use forkfleet_shared::diff::{render_summary, DiffReport};
 use forkfleet_shared::event::Event;
 use forkfleet_shared::flush::FlushReport;
 use forkfleet_shared::ids::ForkId;
+use forkfleet_shared::protocol::WorkerInfo;
 use forkfleet_shared::state::BranchState;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -17,22 +18,64 @@ use std::time::{Duration, Instant};
 const MAX_PROGRESS_LINES: usize = 20;
 /// The fastest the progress display redraws.
 const REDRAW_EVERY: Duration = Duration::from_millis(100);
+/// How long one watch round waits for a change on a terminal (the clock redraws).
+const TTY_POLL: Duration = Duration::from_secs(1);
+/// How long one watch round waits for a change otherwise.
+const LOG_POLL: Duration = Duration::from_secs(5);
+/// How long `follow` keeps retrying a coordinator that does not answer.
+const RETRY_FOR: Duration = Duration::from_secs(60);
+/// The pause between those retries.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
-/// Follow a fork until every branch is terminal, showing progress on stderr when `show`.
-/// On a terminal the lines redraw in place; otherwise a line is printed per state change.
+/// Follow a fork until every branch is terminal (or the fork is merged or aborted),
+/// showing progress on stderr when `show`. On a terminal the lines redraw in place;
+/// otherwise a line is printed per state change. Works the same against an embedded or a
+/// remote coordinator: each round is one bounded `watch` (the view once it changes). A
+/// coordinator that does not answer (restarting, NATS reconnecting) is retried for up to
+/// a minute.
 pub async fn follow(
-    coord: &CoordinatorHandle,
+    coord: &CoordinatorClient,
     fork: ForkId,
     timeout: Option<Duration>,
     show: bool,
 ) -> anyhow::Result<ForkView> {
     let started = Instant::now();
-    let mut changes = coord.changes(fork).await?;
     let tty = show && std::io::stderr().is_terminal();
+    // A terminal redraws the elapsed time every second; a log only needs the changes.
+    let poll = if tty { TTY_POLL } else { LOG_POLL };
     let mut drawn_lines = 0usize;
     let mut last_states: BTreeMap<String, BranchState> = BTreeMap::new();
+    let mut seen = None;
+    let mut failing_since: Option<Instant> = None;
     loop {
-        let view = coord.fork(fork).await?;
+        let wait = match timeout {
+            Some(t) => t.saturating_sub(started.elapsed()).min(poll),
+            None => poll,
+        };
+        // Rate-limit redraws: at most one round per REDRAW_EVERY.
+        let next = tokio::time::sleep(REDRAW_EVERY);
+        let watched = match coord.watch(fork, seen, wait).await {
+            Ok(w) => {
+                failing_since = None;
+                w
+            }
+            // A coordinator restarting, or NATS reconnecting: keep trying for a while.
+            Err(e) if !e.is_bad_input() => {
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                let out_of_time = timeout.is_some_and(|t| started.elapsed() >= t);
+                if since.elapsed() >= RETRY_FOR || out_of_time {
+                    return Err(e.into());
+                }
+                if show && since.elapsed() < RETRY_PAUSE {
+                    eprintln!("  (the coordinator does not answer: {e}; retrying)");
+                }
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        seen = Some(watched.version);
+        let view = watched.view;
         if show {
             if tty {
                 drawn_lines = redraw(&view, drawn_lines, started.elapsed());
@@ -40,7 +83,7 @@ pub async fn follow(
                 print_state_changes(&view, &mut last_states);
             }
         }
-        if view.settled() {
+        if view.settled() || view.state.is_resolved() {
             return Ok(view);
         }
         if let Some(t) = timeout {
@@ -53,9 +96,6 @@ pub async fn follow(
                 ));
             }
         }
-        // Wake on the next change, but redraw at most every REDRAW_EVERY.
-        let next = tokio::time::sleep(REDRAW_EVERY);
-        let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
         next.await;
     }
 }
@@ -329,6 +369,113 @@ pub fn fork_json(
             "deleted_paths": r.deleted_paths,
         });
     }
+    doc
+}
+
+/// The live workers, one line each.
+pub fn worker_table(workers: &[WorkerInfo], now_ms: u64) -> String {
+    let mut out = String::new();
+    if workers.is_empty() {
+        out.push_str("no live workers\n");
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{:<36}  {:<12}  {:>7}  {:<20}  {:<10}  LAST_HEARTBEAT",
+        "WORKER", "POOL", "RUNNING", "HOST", "VERSION"
+    );
+    for w in workers {
+        let _ = writeln!(
+            out,
+            "{:<36}  {:<12}  {:>7}  {:<20}  {:<10}  {}",
+            w.worker_id,
+            w.pool,
+            format!("{}/{}", w.running.len(), w.concurrency),
+            w.hostname,
+            w.version,
+            age(now_ms.saturating_sub(w.heartbeat_at_ms))
+        );
+    }
+    out
+}
+
+fn age(ms: u64) -> String {
+    if ms < 1_000 {
+        format!("{ms} ms ago")
+    } else {
+        format!("{:.1} s ago", ms as f64 / 1_000.0)
+    }
+}
+
+/// The workers as JSON.
+pub fn workers_json(workers: &[WorkerInfo], now_ms: u64) -> Value {
+    let list: Vec<Value> = workers
+        .iter()
+        .map(|w| {
+            json!({
+                "worker_id": w.worker_id.to_string(),
+                "pool": w.pool,
+                "concurrency": w.concurrency,
+                "running": w.running.iter().map(|r| r.to_string()).collect::<Vec<_>>(),
+                "hostname": w.hostname,
+                "version": w.version,
+                "started_at_ms": w.started_at_ms,
+                "heartbeat_at_ms": w.heartbeat_at_ms,
+                "heartbeat_age_ms": now_ms.saturating_sub(w.heartbeat_at_ms),
+            })
+        })
+        .collect();
+    Value::Array(list)
+}
+
+/// What a terminate did.
+pub fn terminate_text(t: &TerminateOutcome) -> String {
+    if t.sent {
+        format!(
+            "terminate sent to branch `{}` ({}); it stops at its next turn and keeps its work\n",
+            t.label, t.state
+        )
+    } else {
+        format!(
+            "branch `{}` already finished ({}); nothing to stop\n",
+            t.label, t.state
+        )
+    }
+}
+
+/// A terminate as JSON.
+pub fn terminate_json(t: &TerminateOutcome) -> Value {
+    json!({
+        "fork_id": t.fork_id.to_string(),
+        "label": t.label,
+        "run_id": t.run_id.to_string(),
+        "state": t.state.as_str(),
+        "sent": t.sent,
+    })
+}
+
+/// What an abort did.
+pub fn abort_text(a: &AbortOutcome) -> String {
+    let id = a.view.fork_id;
+    if !a.changed {
+        return format!("fork {id} was already aborted\n");
+    }
+    if a.terminated.is_empty() {
+        format!("fork {id} aborted; no branch was still running\n")
+    } else {
+        format!(
+            "fork {id} aborted; terminate sent to {} branch(es): {}\n",
+            a.terminated.len(),
+            a.terminated.join(", ")
+        )
+    }
+}
+
+/// An abort as JSON: the fork document plus what was stopped.
+pub fn abort_json(a: &AbortOutcome) -> Value {
+    let mut doc = fork_json(&a.view, None, None);
+    doc["terminated"] = json!(a.terminated);
+    doc["changed"] = json!(a.changed);
     doc
 }
 

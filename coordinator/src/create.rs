@@ -274,6 +274,7 @@ pub(crate) fn create_fork(
             cost_usd: 0.0,
             changes: 0,
             next_seq: first_seq,
+            min_attempt: 0,
         });
         let lineage = Event::Fork {
             fork_id,

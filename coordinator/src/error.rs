@@ -19,7 +19,7 @@ const LIST_LIMIT: usize = 10;
 #[derive(Debug, thiserror::Error)]
 pub enum CoordinatorError {
     // ---- bad input ---------------------------------------------------------------------
-    #[error("no fork matches `{0}`; `forkfleet forks` lists them")]
+    #[error("no fork matches `{0}`; `forkfleet fork ls` lists them")]
     UnknownFork(String),
     #[error("`{prefix}` matches {count} forks ({matches}); give more of the id")]
     AmbiguousFork {

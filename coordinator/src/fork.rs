@@ -7,9 +7,10 @@ use crate::error::{actor_call, list, CoordinatorError};
 use crate::merge::{self, MergeDone, MergeJob};
 use crate::replica::{BranchReplica, Placement};
 use crate::store::{encode, event_key, ForkRecord, RunStore};
-use forkfleet_shared::api::{ForkView, MergeOutcome};
+use forkfleet_shared::api::{AbortOutcome, ForkView, MergeOutcome, TerminateOutcome};
 use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{diff_overlays, DiffOptions, DiffReport};
+use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::overlay::Overlay;
@@ -71,6 +72,22 @@ pub(crate) enum ForkMsg {
         RpcReplyPort<Result<DiffReport, CoordinatorError>>,
     ),
     Merge(String, RpcReplyPort<Result<MergeOutcome, CoordinatorError>>),
+    /// Stop the branch with this label (one already finished is left as it is).
+    Terminate(
+        String,
+        RpcReplyPort<Result<TerminateOutcome, CoordinatorError>>,
+    ),
+    /// Mark the fork aborted and stop every branch still running.
+    Abort(RpcReplyPort<Result<AbortOutcome, CoordinatorError>>),
+    /// The branch's task was delivered `max_deliver` times without finishing: fail it.
+    FailBranch(RunId, String),
+    /// A worker took a branch over under task attempt `u32`: drop the events of earlier
+    /// attempts from now on, and answer with the branch's log as stored.
+    Fence(
+        RunId,
+        u32,
+        RpcReplyPort<Result<Vec<(u64, Event)>, CoordinatorError>>,
+    ),
     /// A merge's blocking part finished.
     MergeFinished(
         Box<Result<MergeDone, CoordinatorError>>,
@@ -132,9 +149,36 @@ impl ForkHandle {
             .map_err(|e| call_error(e, "a diff", MERGE_TIMEOUT_MS))?
     }
 
+    /// Fail a branch whose task exhausted its deliveries.
+    pub fn fail_branch(&self, run: RunId, error: String) -> Result<(), CoordinatorError> {
+        self.actor
+            .cast(ForkMsg::FailBranch(run, error))
+            .map_err(|_| CoordinatorError::Closed("fork actor"))
+    }
+
+    /// Fence branch `run` at task `attempt` and read its log (see `resume`).
+    pub async fn fence(
+        &self,
+        run: RunId,
+        attempt: u32,
+    ) -> Result<Vec<(u64, Event)>, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::Fence, CALL_TIMEOUT_MS, run, attempt)
+            .map_err(|e| call_error(e, "fencing a branch", CALL_TIMEOUT_MS))?
+    }
+
     pub async fn merge(&self, pick: String) -> Result<MergeOutcome, CoordinatorError> {
         ractor::call_t!(self.actor, ForkMsg::Merge, MERGE_TIMEOUT_MS, pick)
             .map_err(|e| call_error(e, "a merge", MERGE_TIMEOUT_MS))?
+    }
+
+    pub async fn terminate(&self, label: String) -> Result<TerminateOutcome, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::Terminate, CALL_TIMEOUT_MS, label)
+            .map_err(|e| call_error(e, "a terminate", CALL_TIMEOUT_MS))?
+    }
+
+    pub async fn abort(&self) -> Result<AbortOutcome, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::Abort, CALL_TIMEOUT_MS)
+            .map_err(|e| call_error(e, "an abort", CALL_TIMEOUT_MS))?
     }
 }
 
@@ -180,6 +224,51 @@ impl ForkState {
         }
     }
 
+    /// A worker took over branch `run` under task `attempt`: from now on events of earlier
+    /// attempts are dropped, and what they left held beyond a gap is deleted. The answer is
+    /// the branch's log as stored, which the worker continues.
+    fn fence(&mut self, run: RunId, attempt: u32) -> Result<Vec<(u64, Event)>, CoordinatorError> {
+        let i = *self
+            .by_run
+            .get(&run)
+            .ok_or(CoordinatorError::UnknownRun(run))?;
+        let b = &mut self.branches[i];
+        if let Some(held) = b.fence(attempt) {
+            if !held.is_empty() {
+                self.store.delete_events(run, &held)?;
+            }
+            self.store.put_branch(&b.record)?;
+            tracing::info!(fork.id = %self.record.fork_id, run.id = %run, branch.label = %b.record.label, attempt, dropped_held = held.len(), "fork.fence: a worker took the branch over");
+        }
+        self.store.run_log(run)
+    }
+
+    /// End a branch whose task no worker could finish: fence off every attempt, then
+    /// append a `failed` status as the branch's last event (its partial work is kept).
+    fn fail_branch(&mut self, run: RunId, error: String) -> Result<(), CoordinatorError> {
+        let i = *self
+            .by_run
+            .get(&run)
+            .ok_or(CoordinatorError::UnknownRun(run))?;
+        if self.branches[i].record.state.is_terminal() {
+            return Ok(());
+        }
+        self.fence(run, u32::MAX)?;
+        let seq = self.branches[i].record.next_seq;
+        tracing::warn!(fork.id = %self.record.fork_id, run.id = %run, error = %error, "fork.fail_branch");
+        self.apply_events(vec![BranchEvent {
+            fork_id: self.record.fork_id,
+            run_id: run,
+            seq,
+            at_ms: now_ms(),
+            event: Event::Status {
+                state: forkfleet_shared::state::BranchState::Failed,
+                error: Some(error),
+            },
+            attempt: u32::MAX,
+        }])
+    }
+
     /// Write a batch, then apply it. Nothing in memory changes unless the write succeeded.
     fn apply_events(&mut self, events: Vec<BranchEvent>) -> Result<(), CoordinatorError> {
         let fork_id = self.record.fork_id;
@@ -191,6 +280,9 @@ impl ForkState {
             let Some(&i) = self.by_run.get(&ev.run_id) else {
                 continue;
             };
+            if self.branches[i].fenced(ev.attempt) {
+                continue;
+            }
             if self.branches[i].placement(ev.seq) != Placement::Duplicate
                 && written.insert((ev.run_id, ev.seq))
             {
@@ -208,6 +300,10 @@ impl ForkState {
                 continue;
             };
             let b = &mut self.branches[i];
+            if b.fenced(ev.attempt) {
+                tracing::warn!(fork.id = %fork_id, run.id = %ev.run_id, seq = ev.seq, attempt = ev.attempt, "fork.event: an earlier task attempt's event after a takeover; dropped");
+                continue;
+            }
             let effect = b.arrive(ev.seq, ev.event);
             if effect.applied > 0 {
                 changed = true;
@@ -228,6 +324,99 @@ impl ForkState {
             self.bump();
         }
         Ok(())
+    }
+
+    /// Send branch `i` a terminate command.
+    async fn send_terminate(&self, i: usize, reason: String) -> Result<(), CoordinatorError> {
+        let run_id = self.branches[i].record.run_id;
+        let control = Control {
+            run_id,
+            command: ControlCommand::Terminate { reason },
+        };
+        self.bus
+            .send_control(run_id, wire::encode(&control)?)
+            .await?;
+        Ok(())
+    }
+
+    /// Stop one branch. A branch already terminal is left as it is (`sent: false`).
+    async fn terminate(&mut self, label: &str) -> Result<TerminateOutcome, CoordinatorError> {
+        let fork_id = self.record.fork_id;
+        let Some(i) = self.branches.iter().position(|b| b.record.label == label) else {
+            return Err(CoordinatorError::UnknownLabel {
+                fork: fork_id,
+                label: label.to_string(),
+                valid: list(self.branches.iter().map(|b| b.record.label.as_str())),
+            });
+        };
+        let b = &self.branches[i].record;
+        let (run_id, state) = (b.run_id, b.state);
+        let sent = !state.is_terminal();
+        if sent {
+            self.send_terminate(i, format!("terminated by request (fork {fork_id})"))
+                .await?;
+        }
+        tracing::info!(fork.id = %fork_id, branch.label = %label, branch.state = %state, sent, "fork.terminate");
+        Ok(TerminateOutcome {
+            fork_id,
+            label: label.to_string(),
+            run_id,
+            state,
+            sent,
+        })
+    }
+
+    /// Mark the fork aborted (durably), then stop every branch still running. Aborting an
+    /// aborted fork changes nothing; a merged fork cannot be aborted.
+    async fn abort(&mut self) -> Result<AbortOutcome, CoordinatorError> {
+        let fork_id = self.record.fork_id;
+        match &self.record.state {
+            ForkPhase::Merged { winner } => {
+                return Err(CoordinatorError::AlreadyMerged {
+                    fork: fork_id,
+                    winner: winner.clone(),
+                })
+            }
+            ForkPhase::Aborted => {
+                return Ok(AbortOutcome {
+                    terminated: Vec::new(),
+                    changed: false,
+                    view: self.view(),
+                })
+            }
+            ForkPhase::Open | ForkPhase::Settled => {}
+        }
+        if self.merging {
+            return Err(CoordinatorError::MergeInProgress(fork_id));
+        }
+        let mut record = self.record.clone();
+        record.state = ForkPhase::Aborted;
+        self.store.put_fork(&record)?;
+        self.store.flush_async().await?;
+        self.record = record;
+        let mut terminated = Vec::new();
+        for i in 0..self.branches.len() {
+            if self.branches[i].record.state.is_terminal() {
+                continue;
+            }
+            let label = self.branches[i].record.label.clone();
+            match self
+                .send_terminate(i, format!("fork {fork_id} was aborted"))
+                .await
+            {
+                Ok(()) => terminated.push(label),
+                Err(e) => {
+                    tracing::warn!(fork.id = %fork_id, branch.label = %label, error = %e, "fork.abort: cannot send terminate")
+                }
+            }
+        }
+        tracing::info!(fork.id = %fork_id, terminated = terminated.len(), "fork.aborted");
+        self.bump();
+        Ok(AbortOutcome {
+            terminated,
+            changed: true,
+            view: self.view(),
+        })
     }
 
     /// The request checks of a merge; the winner's index.
@@ -397,6 +586,14 @@ impl Actor for ForkActor {
                     let _ = reply.send(Ok(report));
                 });
             }
+            ForkMsg::Fence(run, attempt, reply) => {
+                let _ = reply.send(state.fence(run, attempt));
+            }
+            ForkMsg::FailBranch(run, error) => {
+                if let Err(e) = state.fail_branch(run, error) {
+                    tracing::error!(fork.id = %state.record.fork_id, run.id = %run, error = %e, "fork.fail_branch: could not record the failure");
+                }
+            }
             ForkMsg::Merge(pick, reply) => {
                 let span = tracing::info_span!("fork.merge", fork.id = %state.record.fork_id, branch.label = %pick);
                 let i = match span.in_scope(|| state.check_merge(&pick)) {
@@ -433,6 +630,12 @@ impl Actor for ForkActor {
                     }
                     .instrument(span),
                 );
+            }
+            ForkMsg::Terminate(label, reply) => {
+                let _ = reply.send(state.terminate(&label).await);
+            }
+            ForkMsg::Abort(reply) => {
+                let _ = reply.send(state.abort().await);
             }
             ForkMsg::MergeFinished(result, reply) => {
                 state.merging = false;

@@ -6,7 +6,9 @@ use crate::error::CoordinatorError;
 use crate::root::RootHandle;
 use crate::store::RunStore;
 use crate::CoordinatorConfig;
-use forkfleet_shared::api::{CheckpointView, CreateFork, ForkView, MergeOutcome};
+use forkfleet_shared::api::{
+    AbortOutcome, CheckpointView, CreateFork, ForkView, ForkWatch, MergeOutcome, TerminateOutcome,
+};
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{DiffOptions, DiffReport};
@@ -123,6 +125,44 @@ impl CoordinatorHandle {
     /// fork actor is restarted, `changed()` fails: subscribe again.
     pub async fn changes(&self, id: ForkId) -> Result<watch::Receiver<u64>, CoordinatorError> {
         self.root.fork(id).await?.subscribe().await
+    }
+
+    /// The fork's view with its version: at once when `seen` is `None` or differs from
+    /// the current version, else once the version changes or `wait` passes (then the
+    /// unchanged view). Versions restart from 0 with the coordinator, hence "differs".
+    pub async fn watch(
+        &self,
+        id: ForkId,
+        seen: Option<u64>,
+        wait: Duration,
+    ) -> Result<ForkWatch, CoordinatorError> {
+        let fork = self.root.fork(id).await?;
+        let mut versions = fork.subscribe().await?;
+        let current = *versions.borrow_and_update();
+        if seen == Some(current) {
+            // A closed channel (the fork actor restarting) ends the wait early; the view
+            // below then says what is there.
+            let _ = tokio::time::timeout(wait, versions.changed()).await;
+        }
+        let version = *versions.borrow();
+        let view = fork.view().await?;
+        Ok(ForkWatch { version, view })
+    }
+
+    /// Stop the branch labelled `label`; it keeps its partial work. A branch that already
+    /// finished is left as it is (`sent` is false).
+    pub async fn terminate(
+        &self,
+        id: ForkId,
+        label: &str,
+    ) -> Result<TerminateOutcome, CoordinatorError> {
+        self.root.fork(id).await?.terminate(label.to_string()).await
+    }
+
+    /// Mark the fork aborted and stop every branch still running. Nothing can be merged
+    /// afterwards; aborting twice is not an error.
+    pub async fn abort(&self, id: ForkId) -> Result<AbortOutcome, CoordinatorError> {
+        self.root.fork(id).await?.abort().await
     }
 
     /// The cross-branch diff, computed on a blocking thread from the replicas.

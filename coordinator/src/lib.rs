@@ -7,12 +7,14 @@
 //! ## Layout
 //! - [`Coordinator`] (this file): start, handle, shutdown.
 //! - [`handle`]: [`CoordinatorHandle`], the API the CLI and the cluster service call.
+//! - [`service`]: the API over the bus's request/reply ([`service::serve`]).
 //! - [`store`]: [`RunStore`], sled under a data dir (runs, events, forks, branches,
 //!   checkpoints, blobs).
 //! - `create`: validation and the writes of a new fork (branch logs, prefix blob, tasks).
 //! - `replica`: one branch's replica; events applied once, in seq order.
 //! - `merge`: flushing a winner onto its parent and adopting its history.
 //! - `event_loop`: the consumer of the event stream (pump, apply, flush-then-ack).
+//! - `resume`: hands a branch's log to a worker taking it over, fencing earlier attempts.
 //! - `root`, `fork`: the actors.
 //!
 //! ## Actors
@@ -36,6 +38,7 @@
 
 pub mod error;
 pub mod handle;
+pub mod service;
 pub mod store;
 
 mod create;
@@ -43,6 +46,7 @@ mod event_loop;
 mod fork;
 mod merge;
 mod replica;
+mod resume;
 mod root;
 
 pub use create::{fork_checkpoint_label, post_fork_checkpoint_label};
@@ -84,6 +88,8 @@ pub struct Coordinator {
     root: ActorRef<RootMsg>,
     root_join: Option<tokio::task::JoinHandle<()>>,
     events: Option<EventLoop>,
+    services: Vec<tokio::task::JoinHandle<()>>,
+    stop_services: tokio::sync::watch::Sender<bool>,
     store: RunStore,
 }
 
@@ -114,8 +120,35 @@ impl Coordinator {
                     return Err(e);
                 }
             };
+        let (stop_services, stop_rx) = tokio::sync::watch::channel(false);
+        let resume = match resume::start(&bus, root_handle.clone(), stop_rx).await {
+            Ok(j) => j,
+            Err(e) => {
+                events.stop().await;
+                stop_actors(&root).await;
+                return Err(e);
+            }
+        };
+        let dead = match resume::start_dead_tasks(
+            &bus,
+            &config.pool,
+            root_handle.clone(),
+            stop_services.subscribe(),
+        )
+        .await
+        {
+            Ok(j) => j,
+            Err(e) => {
+                let _ = stop_services.send(true);
+                events.stop().await;
+                stop_actors(&root).await;
+                return Err(e);
+            }
+        };
         tracing::info!(pool = %config.pool, durable = %config.durable, dir = %store.dir().display(), "coordinator.started");
         Ok(Coordinator {
+            services: vec![resume, dead],
+            stop_services,
             handle: CoordinatorHandle::new(root_handle, store.clone(), bus, config),
             root,
             root_join: Some(root_join),
@@ -131,6 +164,10 @@ impl Coordinator {
     /// Stop consuming events (what was applied is flushed and acked), stop the actors,
     /// and flush the store.
     pub async fn shutdown(mut self) -> Result<(), CoordinatorError> {
+        let _ = self.stop_services.send(true);
+        for s in self.services.drain(..) {
+            let _ = s.await;
+        }
         if let Some(events) = self.events.take() {
             events.stop().await;
         }
@@ -154,6 +191,7 @@ async fn stop_actors(root: &ActorRef<RootMsg>) {
 impl Drop for Coordinator {
     fn drop(&mut self) {
         // Dropped without `shutdown`: wind down in the background.
+        let _ = self.stop_services.send(true);
         if let Some(events) = &self.events {
             events.signal_stop();
             self.root.stop_children(None);

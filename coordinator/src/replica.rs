@@ -83,6 +83,23 @@ impl BranchReplica {
         }
     }
 
+    /// A later task attempt takes the branch over: events of earlier attempts are dropped
+    /// from now on, and so is whatever was held beyond a gap (it can only come from an
+    /// earlier attempt). Returns the seqs that were held, so the caller deletes them from
+    /// the store; `None` when the attempt is not newer than the current fence.
+    pub fn fence(&mut self, attempt: u32) -> Option<Vec<u64>> {
+        if attempt <= self.record.min_attempt {
+            return None;
+        }
+        self.record.min_attempt = attempt;
+        Some(std::mem::take(&mut self.held).into_keys().collect())
+    }
+
+    /// True when an event of this task attempt must be dropped.
+    pub fn fenced(&self, attempt: u32) -> bool {
+        attempt < self.record.min_attempt
+    }
+
     /// Place one event: apply it (and held successors), hold it, or drop a duplicate.
     pub fn arrive(&mut self, seq: u64, event: Event) -> Effect {
         match self.placement(seq) {
@@ -176,6 +193,7 @@ mod tests {
             cost_usd: 0.0,
             changes: 0,
             next_seq: 0,
+            min_attempt: 0,
         };
         BranchReplica::new(record, Arc::new(Manifest::default()))
     }

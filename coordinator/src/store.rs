@@ -221,6 +221,16 @@ impl RunStore {
         Ok(())
     }
 
+    /// Delete stored events of a run (held events of a fenced-off attempt).
+    pub(crate) fn delete_events(&self, run: RunId, seqs: &[u64]) -> Result<(), CoordinatorError> {
+        let mut batch = sled::Batch::default();
+        for seq in seqs {
+            batch.remove(&event_key(run, *seq));
+        }
+        self.inner.events.apply_batch(batch)?;
+        Ok(())
+    }
+
     /// Apply a batch of event writes built by the caller (keys from [`event_key`]).
     pub(crate) fn apply_event_batch(&self, batch: sled::Batch) -> Result<(), CoordinatorError> {
         self.inner.events.apply_batch(batch)?;

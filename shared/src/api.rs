@@ -103,3 +103,349 @@ pub struct CheckpointView {
     pub snapshot: BlobHash,
     pub created_at_ms: u64,
 }
+
+/// A fork's view and the version it was read at. The version changes whenever the view
+/// does (a batch of events applied, a merge, a terminate, an abort); it starts again from
+/// 0 when the coordinator restarts, so a watcher compares it for equality, not order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkWatch {
+    pub version: u64,
+    pub view: ForkView,
+}
+
+/// What a terminate request did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TerminateOutcome {
+    pub fork_id: ForkId,
+    pub label: String,
+    pub run_id: RunId,
+    /// The branch's state when the request arrived.
+    pub state: BranchState,
+    /// True when a terminate command was sent; false when the branch had already finished.
+    pub sent: bool,
+}
+
+/// What an abort request did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AbortOutcome {
+    /// The branches a terminate command was sent to (those not yet terminal).
+    pub terminated: Vec<String>,
+    /// False when the fork was already aborted (nothing changed).
+    pub changed: bool,
+    pub view: ForkView,
+}
+
+/// One event of a run's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoggedEvent {
+    pub seq: u64,
+    pub event: crate::event::Event,
+}
+
+/// What the coordinator says about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    /// The coordinator's crate version.
+    pub version: String,
+    /// The wire envelope version it speaks.
+    pub wire_version: u16,
+}
+
+/// The service subject of the coordinator's API (on NATS: `ff.api.coordinator`, see
+/// [`crate::subjects::api_subject`]).
+pub const API_SUBJECT: &str = "coordinator";
+
+/// An encoded request or reply larger than this travels as a blob (`stored`), since a
+/// NATS message is limited (1 MiB by default).
+pub const MAX_INLINE_BYTES: usize = 512 * 1024;
+
+/// Longest a `wait_settled` or `watch` request may ask the coordinator to hold it; a
+/// client wanting longer asks again.
+pub const MAX_API_WAIT_MS: u64 = 30_000;
+
+/// A request to the coordinator's API (the `forkfleet.api` subject, request/reply).
+///
+/// Encoded in the wire envelope (kind `api_request`) as `{"op": "<name>", "args": {...}}`;
+/// the answer is an [`ApiResponse`]. Waits are bounded by [`MAX_API_WAIT_MS`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", content = "args", rename_all = "snake_case")]
+pub enum ApiRequest {
+    /// The coordinator's version. Reply: `info`.
+    Ping,
+    /// Create a fork; every blob it names must be in the bus's blob store. Reply: `fork`.
+    CreateFork(Box<CreateFork>),
+    /// Reply: `fork`.
+    Fork { fork: ForkId },
+    /// Every fork, newest first. Reply: `forks`.
+    Forks,
+    /// A fork by full id or unique prefix. Reply: `fork_id`.
+    FindFork { prefix: String },
+    /// The view once every branch is terminal, waiting at most `timeout_ms`
+    /// (a `failure` error when it does not settle in time). Reply: `fork`.
+    WaitSettled { fork: ForkId, timeout_ms: u64 },
+    /// The view once its version differs from `seen` (at once when `seen` is absent or
+    /// already stale), or after `timeout_ms` unchanged. Reply: `watch`.
+    Watch {
+        fork: ForkId,
+        seen: Option<u64>,
+        timeout_ms: u64,
+    },
+    /// Reply: `diff`.
+    Diff {
+        fork: ForkId,
+        options: crate::diff::DiffOptions,
+    },
+    /// Merge the branch labelled `pick` into the fork's parent. Reply: `merge`.
+    Merge { fork: ForkId, pick: String },
+    /// Stop one branch (it keeps its partial work). Reply: `terminate`.
+    Terminate { fork: ForkId, label: String },
+    /// Stop every branch still running and mark the fork aborted. Reply: `abort`.
+    Abort { fork: ForkId },
+    /// A run's log from seq 0 to the first gap. Reply: `events`.
+    RunEvents { run: RunId },
+    /// A run's checkpoints, oldest first. Reply: `checkpoints`.
+    Checkpoints { run: RunId },
+    /// The request itself is too large for one message: it is the `api_request` envelope
+    /// stored as this blob in the bus's blob store.
+    Stored { blob: BlobHash },
+}
+
+impl ApiRequest {
+    /// The operation's name, as on the wire.
+    pub fn op(&self) -> &'static str {
+        match self {
+            ApiRequest::Ping => "ping",
+            ApiRequest::CreateFork(_) => "create_fork",
+            ApiRequest::Fork { .. } => "fork",
+            ApiRequest::Forks => "forks",
+            ApiRequest::FindFork { .. } => "find_fork",
+            ApiRequest::WaitSettled { .. } => "wait_settled",
+            ApiRequest::Watch { .. } => "watch",
+            ApiRequest::Diff { .. } => "diff",
+            ApiRequest::Merge { .. } => "merge",
+            ApiRequest::Terminate { .. } => "terminate",
+            ApiRequest::Abort { .. } => "abort",
+            ApiRequest::RunEvents { .. } => "run_events",
+            ApiRequest::Checkpoints { .. } => "checkpoints",
+            ApiRequest::Stored { .. } => "stored",
+        }
+    }
+}
+
+impl crate::wire::WireMessage for ApiRequest {
+    const KIND: &'static str = "api_request";
+}
+
+/// A successful answer, one variant per kind of result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", content = "body", rename_all = "snake_case")]
+pub enum ApiReply {
+    Info(ServerInfo),
+    Fork(ForkView),
+    Forks(Vec<ForkView>),
+    ForkId(ForkId),
+    Watch(ForkWatch),
+    Diff(crate::diff::DiffReport),
+    Merge(MergeOutcome),
+    Terminate(TerminateOutcome),
+    Abort(AbortOutcome),
+    Events(Vec<LoggedEvent>),
+    Checkpoints(Vec<CheckpointView>),
+    /// The reply is too large for one message: it is the `api_response` envelope stored
+    /// as this blob in the bus's blob store.
+    Stored {
+        blob: BlobHash,
+        bytes: u64,
+    },
+}
+
+impl ApiReply {
+    /// The reply's name, as on the wire.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ApiReply::Info(_) => "info",
+            ApiReply::Fork(_) => "fork",
+            ApiReply::Forks(_) => "forks",
+            ApiReply::ForkId(_) => "fork_id",
+            ApiReply::Watch(_) => "watch",
+            ApiReply::Diff(_) => "diff",
+            ApiReply::Merge(_) => "merge",
+            ApiReply::Terminate(_) => "terminate",
+            ApiReply::Abort(_) => "abort",
+            ApiReply::Events(_) => "events",
+            ApiReply::Checkpoints(_) => "checkpoints",
+            ApiReply::Stored { .. } => "stored",
+        }
+    }
+}
+
+/// How an API call failed, for the caller to decide what to do (and the CLI's exit code:
+/// `bad_input` and `not_found` are 2, `failure` is 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApiErrorKind {
+    /// The request cannot succeed as sent (malformed, wrong wire version, invalid plan,
+    /// a merge the fork's state does not allow, ...): fix it and ask again.
+    BadInput,
+    /// The fork, run or branch label named does not exist.
+    NotFound,
+    /// The coordinator failed (store, bus, timeout): the same request may succeed later.
+    Failure,
+}
+
+impl ApiErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApiErrorKind::BadInput => "bad_input",
+            ApiErrorKind::NotFound => "not_found",
+            ApiErrorKind::Failure => "failure",
+        }
+    }
+}
+
+/// An API error: its kind and a message written for the user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub kind: ApiErrorKind,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(kind: ApiErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// True when the caller can fix the request (exit code 2).
+    pub fn is_bad_input(&self) -> bool {
+        self.kind != ApiErrorKind::Failure
+    }
+}
+
+/// The answer to an [`ApiRequest`]: `{"ok": {"reply": ..., "body": ...}}` or
+/// `{"err": {"kind": ..., "message": ...}}` in the wire envelope (kind `api_response`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApiResponse {
+    Ok(Box<ApiReply>),
+    Err(ApiError),
+}
+
+impl crate::wire::WireMessage for ApiResponse {
+    const KIND: &'static str = "api_response";
+}
+
+impl From<Result<ApiReply, ApiError>> for ApiResponse {
+    fn from(r: Result<ApiReply, ApiError>) -> Self {
+        match r {
+            Ok(reply) => ApiResponse::Ok(Box::new(reply)),
+            Err(e) => ApiResponse::Err(e),
+        }
+    }
+}
+
+impl From<ApiResponse> for Result<ApiReply, ApiError> {
+    fn from(r: ApiResponse) -> Self {
+        match r {
+            ApiResponse::Ok(reply) => Ok(*reply),
+            ApiResponse::Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::diff::{diff_report, DiffOptions};
+    use crate::wire::{decode, encode};
+    use uuid::Uuid;
+
+    fn fork_id() -> ForkId {
+        ForkId(Uuid::from_u128(0x0192_d2f4_5b7e_7c3a_9f1e_2b4c_6d8e_0a1b))
+    }
+
+    /// The exact bytes of two API messages. If this test fails, the API's wire format
+    /// changed: that must be a deliberate act (clients in other languages read it).
+    const GOLDEN_MERGE: &str = "83a17601a46b696e64ab6170695f72657175657374a4626f647982a26f70a56d65726765a46172677382a4666f726bc4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ba47069636ba161";
+    const GOLDEN_ERROR: &str = "83a17601a46b696e64ac6170695f726573706f6e7365a4626f647981a365727282a46b696e64a96e6f745f666f756e64a76d657373616765a76e6f20666f726b";
+
+    #[test]
+    fn golden_api_bytes() {
+        let req = ApiRequest::Merge {
+            fork: fork_id(),
+            pick: "a".into(),
+        };
+        let bytes = encode(&req).unwrap();
+        assert_eq!(hex::encode(&bytes), GOLDEN_MERGE);
+        assert_eq!(decode::<ApiRequest>(&bytes).unwrap(), req);
+        let resp = ApiResponse::Err(ApiError::new(ApiErrorKind::NotFound, "no fork"));
+        let bytes = encode(&resp).unwrap();
+        assert_eq!(hex::encode(&bytes), GOLDEN_ERROR);
+        assert_eq!(decode::<ApiResponse>(&bytes).unwrap(), resp);
+    }
+
+    #[test]
+    fn unit_and_tuple_variants_round_trip() {
+        for req in [
+            ApiRequest::Ping,
+            ApiRequest::Forks,
+            ApiRequest::Watch {
+                fork: fork_id(),
+                seen: None,
+                timeout_ms: 5,
+            },
+            ApiRequest::Diff {
+                fork: fork_id(),
+                options: DiffOptions::default(),
+            },
+            ApiRequest::Stored {
+                blob: BlobHash::of(b"x"),
+            },
+        ] {
+            assert_eq!(decode::<ApiRequest>(&encode(&req).unwrap()).unwrap(), req);
+        }
+        let mut changes = std::collections::BTreeMap::new();
+        changes.insert(
+            crate::path::WsPath::parse("a.txt").unwrap(),
+            crate::overlay::NetChange::Created(crate::manifest::FileEntry::for_bytes(
+                b"hi\n", 0o644,
+            )),
+        );
+        let report = diff_report(
+            &crate::manifest::Manifest::default(),
+            &[("x", &changes), ("y", &changes)],
+            &|_| Some(bytes::Bytes::from_static(b"hi\n")),
+            &DiffOptions {
+                unified: true,
+                ..DiffOptions::default()
+            },
+        );
+        assert_eq!(report.paths.len(), 1);
+        for reply in [
+            ApiReply::ForkId(fork_id()),
+            ApiReply::Forks(vec![]),
+            ApiReply::Events(vec![LoggedEvent {
+                seq: 0,
+                event: crate::event::Event::Steer { text: "s".into() },
+            }]),
+            ApiReply::Diff(report),
+        ] {
+            let resp = ApiResponse::Ok(Box::new(reply));
+            assert_eq!(
+                decode::<ApiResponse>(&encode(&resp).unwrap()).unwrap(),
+                resp
+            );
+        }
+    }
+
+    #[test]
+    fn error_kinds_split_exit_codes() {
+        assert!(ApiError::new(ApiErrorKind::NotFound, "x").is_bad_input());
+        assert!(ApiError::new(ApiErrorKind::BadInput, "x").is_bad_input());
+        assert!(!ApiError::new(ApiErrorKind::Failure, "x").is_bad_input());
+    }
+}

@@ -15,6 +15,7 @@
 //! - **Request/reply**: a bounded-time call to a service by subject.
 
 pub mod local;
+pub mod nats;
 
 use crate::blob::{BlobError, BlobStore};
 use crate::ids::RunId;
@@ -127,6 +128,11 @@ pub trait Bus: Send + Sync + 'static {
     async fn enqueue_task(&self, pool: &str, payload: Bytes) -> BusResult<()>;
     /// The next task of `pool`, waiting at most `wait`.
     async fn pull_task(&self, pool: &str, wait: Duration) -> BusResult<Option<Delivery>>;
+    /// Payloads of `pool`'s tasks that exceeded `max_deliver` (dead-lettered), as they die,
+    /// so the coordinator can fail those branches with a clear error. A task dies when a
+    /// pull finds it past `max_deliver`. Each dead task is handed to one receiver; ones that
+    /// died while nobody watched arrive first.
+    async fn dead_tasks(&self, pool: &str) -> BusResult<mpsc::UnboundedReceiver<Bytes>>;
 
     async fn publish_event(&self, payload: Bytes) -> BusResult<()>;
     async fn events(&self, durable: &str) -> BusResult<Box<dyn EventConsumer>>;

@@ -27,4 +27,7 @@ pub mod protocol;
 pub mod script;
 pub mod spec;
 pub mod state;
+pub mod subjects;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod wire;

@@ -57,6 +57,11 @@ pub struct BranchEvent {
     pub seq: u64,
     pub at_ms: u64,
     pub event: Event,
+    /// The delivery attempt of the task that produced the event (1 for the first). Once a
+    /// branch resumes under attempt N, the coordinator drops events of earlier attempts,
+    /// so a worker presumed dead can never interleave with the one that took over.
+    #[serde(default)]
+    pub attempt: u32,
 }
 
 impl WireMessage for BranchEvent {
@@ -110,3 +115,36 @@ impl WireMessage for WorkerInfo {
 
 /// A heartbeat older than this means the worker is gone.
 pub const WORKER_TTL_MS: u64 = 30_000;
+
+/// The request/reply subject on which the coordinator hands a redelivered branch its log.
+pub const RESUME_SUBJECT: &str = "coord.resume";
+
+/// A worker took over a branch (its task was delivered again): fence off the earlier
+/// attempts and send the branch's log as the coordinator has it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResumeRequest {
+    pub fork_id: ForkId,
+    pub run_id: RunId,
+    pub attempt: u32,
+}
+
+impl WireMessage for ResumeRequest {
+    const KIND: &'static str = "resume_request";
+}
+
+/// The answer to a [`ResumeRequest`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum ResumeReply {
+    /// The branch's whole log, seq 0 (the `fork` event) first. The worker continues at the
+    /// seq after the last one.
+    Log { events: Vec<(u64, Event)> },
+    /// The coordinator knows no such branch, or the fork was resolved: drop the task.
+    Gone { reason: String },
+    /// Try again later (the coordinator could not read its store).
+    Retry { reason: String },
+}
+
+impl WireMessage for ResumeReply {
+    const KIND: &'static str = "resume_reply";
+}

@@ -148,12 +148,16 @@ mod tests {
                     entry: FileEntry::for_bytes(b"hi\n", 0o644),
                 },
             },
+            attempt: 2,
         }
     }
 
     /// The exact bytes of a branch event. If this test fails, the wire format changed:
     /// that must be a deliberate act (bump WIRE_VERSION or add only optional fields).
-    const GOLDEN_EVENT: &str = "83a17601a46b696e64ac6272616e63685f6576656e74a4626f647985a7666f726b5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ba672756e5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ca373657107a561745f6d73cf0000018bcfe56800a56576656e7482a474797065ab66696c655f6368616e6765a66368616e676583a26f70a57772697465a470617468a97372632f612e747874a5656e74727984a468617368c42098ea6e4f216f2fb4b69fff9b3a44842c38686ca685f3f55dc48c5d3fb1107be4a473697a6503a46d6f6465cd01a4a662696e617279c2";
+    const GOLDEN_EVENT: &str = "83a17601a46b696e64ac6272616e63685f6576656e74a4626f647986a7666f726b5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ba672756e5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ca373657107a561745f6d73cf0000018bcfe56800a56576656e7482a474797065ab66696c655f6368616e6765a66368616e676583a26f70a57772697465a470617468a97372632f612e747874a5656e74727984a468617368c42098ea6e4f216f2fb4b69fff9b3a44842c38686ca685f3f55dc48c5d3fb1107be4a473697a6503a46d6f6465cd01a4a662696e617279c2a7617474656d707402";
+
+    /// The same event as written before `attempt` existed (wire version 1 still).
+    const GOLDEN_EVENT_BEFORE_ATTEMPT: &str = "83a17601a46b696e64ac6272616e63685f6576656e74a4626f647985a7666f726b5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ba672756e5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ca373657107a561745f6d73cf0000018bcfe56800a56576656e7482a474797065ab66696c655f6368616e6765a66368616e676583a26f70a57772697465a470617468a97372632f612e747874a5656e74727984a468617368c42098ea6e4f216f2fb4b69fff9b3a44842c38686ca685f3f55dc48c5d3fb1107be4a473697a6503a46d6f6465cd01a4a662696e617279c2";
 
     #[test]
     fn golden_branch_event_bytes() {
@@ -161,6 +165,14 @@ mod tests {
         assert_eq!(hex::encode(&bytes), GOLDEN_EVENT);
         let back: BranchEvent = decode(&bytes).unwrap();
         assert_eq!(back, golden_event());
+    }
+
+    #[test]
+    fn an_event_from_before_attempt_still_decodes() {
+        let bytes = hex::decode(GOLDEN_EVENT_BEFORE_ATTEMPT).unwrap();
+        let back: BranchEvent = decode(&bytes).unwrap();
+        assert_eq!(back.attempt, 0);
+        assert_eq!(back.event, golden_event().event);
     }
 
     fn golden_task() -> BranchTask {
@@ -242,6 +254,7 @@ mod tests {
                 seq: seq as u64,
                 at_ms: 0,
                 event,
+                attempt: 1,
             };
             let back: BranchEvent = decode(&encode(&msg).unwrap()).unwrap();
             assert_eq!(back, msg);

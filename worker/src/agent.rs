@@ -22,16 +22,20 @@ use crate::provider::{ModelProvider, ModelRequest, ProviderError};
 use crate::tools::{run_tool, tool_specs};
 use bytes::Bytes;
 use forkfleet_shared::blob::{BlobError, BlobHash};
-use forkfleet_shared::bus::Bus;
+use forkfleet_shared::bus::{Bus, BusError};
 use forkfleet_shared::event::{messages_from_events, Event, Message};
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::overlay::Overlay;
-use forkfleet_shared::protocol::{now_ms, BranchEvent, BranchTask, Control, ControlCommand};
+use forkfleet_shared::protocol::{
+    now_ms, BranchEvent, BranchTask, Control, ControlCommand, ResumeReply, ResumeRequest,
+    RESUME_SUBJECT,
+};
 use forkfleet_shared::state::BranchState;
 use forkfleet_shared::wire;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
@@ -75,6 +79,9 @@ struct Run {
 enum Step {
     Continue,
     Finish(BranchState, Option<String>),
+    /// Nothing left to do for this task (the branch already finished, or its fork is
+    /// gone): ack it without publishing anything.
+    Drop(String),
 }
 
 /// Publishes a branch's events with consecutive seqs.
@@ -83,6 +90,8 @@ struct Publisher {
     fork_id: ForkId,
     run_id: RunId,
     seq: u64,
+    /// The task's delivery attempt, on every event (the coordinator fences older ones).
+    attempt: u32,
 }
 
 impl Publisher {
@@ -94,6 +103,7 @@ impl Publisher {
             seq: self.seq,
             at_ms: now_ms(),
             event,
+            attempt: self.attempt,
         };
         let bytes = wire::encode(&msg)?;
         self.bus.publish_event(bytes).await?;
@@ -126,6 +136,7 @@ impl Actor for BranchAgent {
             fork_id: task.fork_id,
             run_id: task.run_id,
             seq: task.first_seq,
+            attempt: args.lease.attempt(),
         };
         Ok(AgentState {
             ctx: args.ctx,
@@ -176,6 +187,14 @@ impl Actor for BranchAgent {
                 finish(state, end, error).instrument(span).await?;
                 myself.stop(None);
             }
+            Step::Drop(reason) => {
+                tracing::info!(parent: &span, reason = %reason, "task dropped");
+                state.finished = true;
+                if let Err(e) = state.lease.ack().await {
+                    tracing::warn!(parent: &span, error = %e, "could not ack a dropped task");
+                }
+                myself.stop(None);
+            }
         }
         Ok(())
     }
@@ -202,6 +221,28 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
     let task = &state.task;
     // Watch before announcing, so a command sent on seeing `running` is not missed.
     state.control = Some(state.ctx.bus.watch_control(task.run_id).await?);
+    // A task delivered again: another worker ran this branch and is presumed gone. Take
+    // the branch over from the coordinator's copy of its log, after the coordinator has
+    // fenced off the earlier attempt's events.
+    let resumed = if state.lease.attempt() > 1 {
+        match resume_log(&state.ctx.bus, task, state.lease.attempt()).await? {
+            ResumeReply::Log { events } => {
+                if let Some(end) = terminal_state(&events) {
+                    return Ok(Step::Drop(format!("the branch already finished as {end}")));
+                }
+                state.out.seq = events.last().map_or(task.first_seq, |(seq, _)| seq + 1);
+                Some(events)
+            }
+            ResumeReply::Gone { reason } => return Ok(Step::Drop(reason)),
+            ResumeReply::Retry { reason } => {
+                return Err(WorkerError::Bus(BusError::Backend(format!(
+                    "the coordinator cannot resume the branch yet: {reason}"
+                ))))
+            }
+        }
+    } else {
+        None
+    };
     state
         .out
         .publish(Event::Status {
@@ -212,10 +253,34 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
     tracing::info!(
         task.attempt = state.lease.attempt(),
         first_seq = task.first_seq,
+        resumed = resumed.is_some(),
         "branch started"
     );
-    match load(&state.ctx, task).await {
-        Ok(run) => {
+    match load(&state.ctx, task, resumed).await {
+        Ok(mut run) => {
+            for (call_id, name) in dangling_calls(&run.history) {
+                if let Event::ToolResult {
+                    call_id,
+                    name,
+                    output,
+                    ..
+                } = state
+                    .out
+                    .publish(Event::ToolResult {
+                        call_id,
+                        name,
+                        ok: false,
+                        output: INTERRUPTED.to_string(),
+                    })
+                    .await?
+                {
+                    run.history.push(Message::Tool {
+                        call_id,
+                        name,
+                        output,
+                    });
+                }
+            }
             state.run = Some(run);
             Ok(Step::Continue)
         }
@@ -224,7 +289,37 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
     }
 }
 
-async fn load(ctx: &WorkerCtx, task: &BranchTask) -> Result<Run, LoadError> {
+/// How long a worker waits for the coordinator to hand over a resumed branch's log.
+const RESUME_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Ask the coordinator for the branch's log, fencing off earlier attempts.
+async fn resume_log(
+    bus: &Arc<dyn Bus>,
+    task: &BranchTask,
+    attempt: u32,
+) -> Result<ResumeReply, WorkerError> {
+    let req = wire::encode(&ResumeRequest {
+        fork_id: task.fork_id,
+        run_id: task.run_id,
+        attempt,
+    })?;
+    let reply = bus.request(RESUME_SUBJECT, req, RESUME_TIMEOUT).await?;
+    Ok(wire::decode::<ResumeReply>(&reply)?)
+}
+
+/// The terminal state a log ends in, if it does.
+fn terminal_state(events: &[(u64, Event)]) -> Option<BranchState> {
+    events.iter().rev().find_map(|(_, e)| match e {
+        Event::Status { state, .. } if state.is_terminal() => Some(*state),
+        _ => None,
+    })
+}
+
+async fn load(
+    ctx: &WorkerCtx,
+    task: &BranchTask,
+    resumed: Option<Vec<(u64, Event)>>,
+) -> Result<Run, LoadError> {
     let blobs = &ctx.blobs;
     let prefix = ctx
         .prefixes
@@ -268,8 +363,17 @@ async fn load(ctx: &WorkerCtx, task: &BranchTask) -> Result<Run, LoadError> {
         })?;
 
     // A resumed branch's log holds what it already did, after its first `running` status
-    // (the copied fork-time prefix never holds a status, a usage or a file change).
-    let log = || prefix.iter().chain(task.tail.iter());
+    // (the copied fork-time prefix never holds a status, a usage or a file change). A task
+    // resumed from the coordinator's copy uses that log (after the seq-0 `fork` event).
+    let log: Vec<&Event> = match &resumed {
+        Some(events) => events
+            .iter()
+            .filter(|(seq, _)| *seq > 0)
+            .map(|(_, e)| e)
+            .collect(),
+        None => prefix.iter().chain(task.tail.iter()).collect(),
+    };
+    let log = || log.iter().copied();
     let mut overlay = Overlay::new(manifest);
     let mut own = false;
     let mut turns = 0u32;
@@ -300,6 +404,36 @@ async fn load(ctx: &WorkerCtx, task: &BranchTask) -> Result<Run, LoadError> {
         spent_usd,
     })
 }
+
+/// Tool calls of the log's last model response that have no result: a worker was lost
+/// between the call and its result. Their effect is unknown, so they are answered as
+/// interrupted before the next model call (a model API rejects a call without a result).
+fn dangling_calls(history: &[Message]) -> Vec<(String, String)> {
+    let Some(pos) = history
+        .iter()
+        .rposition(|m| matches!(m, Message::Assistant { .. }))
+    else {
+        return Vec::new();
+    };
+    let Message::Assistant { tool_calls, .. } = &history[pos] else {
+        return Vec::new();
+    };
+    let answered: Vec<&str> = history[pos + 1..]
+        .iter()
+        .filter_map(|m| match m {
+            Message::Tool { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    tool_calls
+        .iter()
+        .filter(|c| !answered.contains(&c.id.as_str()))
+        .map(|c| (c.id.clone(), c.name.clone()))
+        .collect()
+}
+
+/// The output a model sees for a tool call whose worker was lost.
+pub(crate) const INTERRUPTED: &str = "interrupted: the worker running this branch was lost during this call; its effect on the workspace is whatever the file changes before this result show. Check before relying on it.";
 
 async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
     let AgentState {

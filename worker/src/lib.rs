@@ -68,6 +68,9 @@ pub struct WorkerConfig {
     pub heartbeat: Duration,
     /// Bytes of blobs the worker keeps in memory.
     pub blob_cache_bytes: u64,
+    /// On a graceful stop (SIGTERM), how long running branches may take to finish before
+    /// the rest are handed back to the queue for another worker.
+    pub drain_grace: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -79,6 +82,7 @@ impl Default for WorkerConfig {
             pull_wait: Duration::from_millis(200),
             heartbeat: Duration::from_secs(10),
             blob_cache_bytes: cache::DEFAULT_BLOB_CACHE_BYTES,
+            drain_grace: Duration::from_secs(30),
         }
     }
 }
@@ -136,6 +140,21 @@ impl WorkerHandle {
         self.wait().await
     }
 
+    /// Stop gracefully: pull nothing more, let running branches finish for up to `grace`,
+    /// then hand back (nak) whatever still runs, and wait until the node has stopped.
+    pub async fn drain(mut self, grace: Duration) -> Result<(), WorkerError> {
+        if !self.join.is_finished() {
+            match tokio::time::timeout(grace, self.node.drain()).await {
+                Ok(_) => {}
+                Err(_) => {
+                    tracing::info!(worker.id = %self.worker_id, grace_s = grace.as_secs_f64(), "drain grace over: handing back the branches still running");
+                    let _ = self.node.shutdown().await;
+                }
+            }
+        }
+        self.wait().await
+    }
+
     /// Wait for the node to stop, and say whether it stopped cleanly.
     async fn wait(&mut self) -> Result<(), WorkerError> {
         let joined = (&mut self.join).await;
@@ -178,13 +197,15 @@ pub async fn start(config: WorkerConfig, bus: Arc<dyn Bus>) -> Result<WorkerHand
     })
 }
 
-/// Run a worker until `shutdown` completes, then hand back what still runs and return.
+/// Run a worker until `shutdown` completes, then drain: no new tasks, running branches get
+/// `config.drain_grace` to finish, and what still runs is handed back to the queue.
 /// Returns early with an error if the node stops on its own (e.g. the bus went away).
 pub async fn run(
     config: WorkerConfig,
     bus: Arc<dyn Bus>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), WorkerError> {
+    let grace = config.drain_grace;
     let mut handle = start(config, bus).await?;
     tokio::select! {
         _ = shutdown => {}
@@ -195,6 +216,6 @@ pub async fn run(
             };
         }
     }
-    tracing::info!(worker.id = %handle.worker_id, "worker shutting down");
-    handle.shutdown().await
+    tracing::info!(worker.id = %handle.worker_id, "worker draining");
+    handle.drain(grace).await
 }

@@ -15,15 +15,18 @@
 //! - Each task is held in a [`TaskLease`] shared with its agent. The agent acks it right
 //!   after publishing the branch's terminal status; when an agent ends without having
 //!   settled its lease (handed back at shutdown, or failed on a bus error), the node naks.
+//! - **Drain** (a graceful stop, e.g. SIGTERM): stop pulling, let running branches finish,
+//!   stop when none is left. The caller bounds it with a grace period and then shuts down.
 //! - **Shutdown**: stop pulling, stop every agent at its next turn boundary, nak what did not
 //!   finish, wait for the puller to exit, then stop.
+//! - Every heartbeat also publishes the worker's [`WorkerInfo`] (for `forkfleet workers`).
 
 use crate::agent::{AgentArgs, BranchAgent};
 use crate::context::WorkerCtx;
 use crate::WorkerConfig;
 use forkfleet_shared::bus::{BusError, BusResult, Delivery};
 use forkfleet_shared::ids::RunId;
-use forkfleet_shared::protocol::BranchTask;
+use forkfleet_shared::protocol::{BranchTask, WorkerInfo};
 use forkfleet_shared::wire;
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort,
@@ -111,6 +114,8 @@ pub(crate) enum NodeMsg {
     Heartbeat,
     /// Stop pulling, hand back running branches, reply when all are gone.
     Shutdown(RpcReplyPort<()>),
+    /// Stop pulling and let running branches finish; reply when none is left.
+    Drain(RpcReplyPort<()>),
     /// How many branches run now.
     Running(RpcReplyPort<usize>),
 }
@@ -124,7 +129,10 @@ pub(crate) struct NodeState {
     stop_rx: Option<watch::Receiver<bool>>,
     puller_done: bool,
     draining: bool,
+    /// Pulling stopped for a graceful drain; running branches go on.
+    quiescing: bool,
     waiters: Vec<RpcReplyPort<()>>,
+    started_at_ms: u64,
     heartbeat: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -150,6 +158,15 @@ impl NodeHandle {
         match self.0.call(NodeMsg::Shutdown, None).await {
             Ok(ractor::rpc::CallResult::Success(())) => Ok(()),
             Ok(other) => Err(format!("shutdown got no answer ({other:?})")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Stop pulling and wait until the running branches have finished.
+    pub async fn drain(&self) -> Result<(), String> {
+        match self.0.call(NodeMsg::Drain, None).await {
+            Ok(ractor::rpc::CallResult::Success(())) => Ok(()),
+            Ok(other) => Err(format!("drain got no answer ({other:?})")),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -183,7 +200,9 @@ impl Actor for NodeActor {
             stop_rx: Some(stop_rx),
             puller_done: false,
             draining: false,
+            quiescing: false,
             waiters: Vec::new(),
+            started_at_ms: forkfleet_shared::protocol::now_ms(),
             heartbeat: None,
         })
     }
@@ -203,6 +222,7 @@ impl Actor for NodeActor {
         };
         tokio::spawn(puller.run());
         state.heartbeat = Some(myself.send_interval(state.config.heartbeat, || NodeMsg::Heartbeat));
+        announce(state);
         tracing::info!(
             worker.id = %state.config.worker_id,
             worker.pool = %state.config.pool,
@@ -246,6 +266,7 @@ impl Actor for NodeActor {
                 }
             }
             NodeMsg::Heartbeat => {
+                announce(state);
                 let leases: Vec<Arc<TaskLease>> =
                     state.running.values().map(|r| r.lease.clone()).collect();
                 if !leases.is_empty() {
@@ -262,6 +283,14 @@ impl Actor for NodeActor {
             NodeMsg::Shutdown(reply) => {
                 state.waiters.push(reply);
                 begin_drain(state);
+            }
+            NodeMsg::Drain(reply) => {
+                state.waiters.push(reply);
+                if !state.quiescing {
+                    state.quiescing = true;
+                    let _ = state.stop_pull.send(true);
+                    tracing::info!(worker.id = %state.config.worker_id, running = state.running.len(), "worker draining: no new tasks, running branches go on");
+                }
             }
             NodeMsg::Running(reply) => {
                 let _ = reply.send(state.running.len());
@@ -297,7 +326,7 @@ async fn task_pulled(
     delivery: Delivery,
     permit: OwnedSemaphorePermit,
 ) {
-    if state.draining {
+    if state.draining || state.quiescing {
         if let Err(e) = delivery.nak(None).await {
             tracing::warn!(error = %e, "could not hand back a task pulled during shutdown");
         }
@@ -383,8 +412,37 @@ fn begin_drain(state: &mut NodeState) {
     }
 }
 
+/// Put this worker's heartbeat on the bus (off the mailbox).
+fn announce(state: &NodeState) {
+    let info = WorkerInfo {
+        worker_id: state.config.worker_id,
+        pool: state.config.pool.clone(),
+        concurrency: state.config.concurrency,
+        running: state.running.values().map(|r| r.run_id).collect(),
+        hostname: hostname(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        started_at_ms: state.started_at_ms,
+        heartbeat_at_ms: forkfleet_shared::protocol::now_ms(),
+    };
+    let bus = state.ctx.bus.clone();
+    tokio::spawn(async move {
+        if let Err(e) = bus.put_worker(info).await {
+            tracing::warn!(error = %e, "could not publish the worker heartbeat");
+        }
+    });
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
 fn maybe_stop(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
-    if state.draining && state.puller_done && state.running.is_empty() {
+    if (state.draining || state.quiescing) && state.puller_done && state.running.is_empty() {
         if let Ok(mut exit) = state.exit.lock() {
             exit.get_or_insert(Ok(()));
         }

@@ -67,6 +67,10 @@ pub(crate) struct BranchRecord {
     pub changes: u64,
     /// The seq the next event takes.
     pub next_seq: u64,
+    /// Events of task attempts below this are dropped: a later attempt took the branch
+    /// over (see `ForkMsg::Fence`).
+    #[serde(default)]
+    pub min_attempt: u32,
 }
 
 impl BranchRecord {

@@ -9,4 +9,5 @@ mod events;
 mod merge;
 mod perf;
 mod restart;
+mod resume;
 mod validation;

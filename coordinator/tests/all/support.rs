@@ -72,10 +72,15 @@ pub struct Fixture {
 
 impl Fixture {
     pub async fn start() -> Fixture {
+        Self::start_with(forkfleet_shared::bus::local::LocalBusConfig::default()).await
+    }
+
+    /// A coordinator on a local bus with this ack wait and max deliver.
+    pub async fn start_with(config: forkfleet_shared::bus::local::LocalBusConfig) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let store = RunStore::open(dir.path()).unwrap();
         let blobs = SwitchBlobs::new(store.blob_store());
-        let bus = LocalBus::new(Arc::new(blobs.clone()));
+        let bus = LocalBus::with_config(Arc::new(blobs.clone()), config);
         let coord = within(Coordinator::start(
             CoordinatorConfig::default(),
             store,
@@ -163,12 +168,18 @@ impl Fixture {
     }
 
     pub async fn publish(&self, fork: ForkId, run: RunId, seq: u64, event: Event) {
+        self.publish_as(fork, run, seq, event, 1).await
+    }
+
+    /// Publish an event as task attempt `attempt` produced it.
+    pub async fn publish_as(&self, fork: ForkId, run: RunId, seq: u64, event: Event, attempt: u32) {
         let ev = BranchEvent {
             fork_id: fork,
             run_id: run,
             seq,
             at_ms: 0,
             event,
+            attempt,
         };
         self.bus
             .publish_event(wire::encode(&ev).unwrap())

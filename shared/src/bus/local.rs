@@ -116,6 +116,24 @@ struct QueueState {
     ready: VecDeque<Msg>,
     inflight: BTreeMap<u64, (Msg, Instant)>,
     dead: Vec<Bytes>,
+    /// Dead letters not yet handed to a `dead_tasks` receiver.
+    dead_backlog: VecDeque<Bytes>,
+    dead_watchers: Vec<mpsc::UnboundedSender<Bytes>>,
+}
+
+impl QueueState {
+    fn dead_letter(&mut self, payload: Bytes) {
+        self.dead.push(payload.clone());
+        self.dead_watchers.retain(|tx| !tx.is_closed());
+        let mut payload = payload;
+        for tx in &self.dead_watchers {
+            match tx.send(payload) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(back)) => payload = back,
+            }
+        }
+        self.dead_backlog.push_back(payload);
+    }
 }
 
 struct Msg {
@@ -184,7 +202,7 @@ impl MsgQueue {
                             deliveries = msg.deliveries - 1,
                             "bus.dead_letter: message exceeded max_deliver"
                         );
-                        st.dead.push(msg.payload);
+                        st.dead_letter(msg.payload);
                         continue;
                     }
                     let out = (msg.id, msg.payload.clone(), msg.deliveries);
@@ -328,6 +346,18 @@ impl Bus for LocalBus {
         q.take(Some(Instant::now() + wait)).await
     }
 
+    async fn dead_tasks(&self, pool: &str) -> BusResult<mpsc::UnboundedReceiver<Bytes>> {
+        let q = self.queue(pool)?;
+        let mut st = lock(&q.state)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        while let Some(payload) = st.dead_backlog.pop_front() {
+            // The receiver is in hand, so the send cannot fail.
+            let _ = tx.send(payload);
+        }
+        st.dead_watchers.push(tx);
+        Ok(rx)
+    }
+
     async fn publish_event(&self, payload: Bytes) -> BusResult<()> {
         self.inner.events.push(payload)
     }
@@ -452,6 +482,10 @@ mod tests {
             .unwrap()
             .is_none());
         assert_eq!(b.dead_letters("p").unwrap().len(), 1);
+        // Died while nobody watched: handed to the first receiver.
+        let mut dead = b.dead_tasks("p").await.unwrap();
+        assert_eq!(dead.recv().await.unwrap(), Bytes::from_static(b"t"));
+        assert!(dead.try_recv().is_err());
     }
 
     #[tokio::test(start_paused = true)]

@@ -10,7 +10,10 @@ use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::manifest::{FileEntry, Manifest, MODE_FILE, MODE_SYMLINK};
 use forkfleet_shared::path::WsPath;
-use forkfleet_shared::protocol::{BranchEvent, BranchTask, Control, ControlCommand, DEFAULT_POOL};
+use forkfleet_shared::protocol::{
+    BranchEvent, BranchTask, Control, ControlCommand, ResumeReply, ResumeRequest, DEFAULT_POOL,
+    RESUME_SUBJECT,
+};
 use forkfleet_shared::state::BranchState;
 use forkfleet_shared::wire;
 use forkfleet_worker::{WorkerConfig, WorkerHandle};
@@ -149,6 +152,38 @@ impl Fixture {
 
     pub fn pending(&self) -> usize {
         self.bus.pending_tasks(DEFAULT_POOL).unwrap()
+    }
+
+    /// Answer one resume request as the coordinator does: the branch's log as it has it
+    /// (the `fork` event at seq 0, the initial log, then `seen`, the events it applied).
+    pub async fn serve_resume(
+        &self,
+        task: &BranchTask,
+        seen: Vec<(u64, Event)>,
+    ) -> tokio::task::JoinHandle<ResumeRequest> {
+        let mut rx = self.bus.serve(RESUME_SUBJECT).await.unwrap();
+        let mut log = vec![(
+            0,
+            Event::Fork {
+                fork_id: task.fork_id,
+                parent_run: RunId::new(),
+                fork_root: RunId::new(),
+                cutoff_seq: 0,
+                label: task.label.clone(),
+            },
+        )];
+        log.extend((1u64..).zip(self.initial_log(task)));
+        log.extend(seen);
+        tokio::spawn(async move {
+            let req = tokio::time::timeout(WAIT, rx.recv())
+                .await
+                .expect("no resume request within the wait")
+                .expect("resume service closed");
+            let asked: ResumeRequest = wire::decode(&req.payload).unwrap();
+            let reply = ResumeReply::Log { events: log };
+            req.respond(wire::encode(&reply).unwrap()).await.unwrap();
+            asked
+        })
     }
 }
 

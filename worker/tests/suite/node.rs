@@ -5,7 +5,7 @@ use bytes::Bytes;
 use forkfleet_shared::bus::local::LocalBusConfig;
 use forkfleet_shared::bus::Bus;
 use forkfleet_shared::event::Event;
-use forkfleet_shared::protocol::DEFAULT_POOL;
+use forkfleet_shared::protocol::{BranchEvent, DEFAULT_POOL};
 use forkfleet_shared::state::BranchState;
 use forkfleet_worker::{WorkerConfig, WorkerError};
 use std::collections::HashSet;
@@ -116,15 +116,41 @@ text = "done"
     assert!(events.terminal(task.run_id).is_none(), "stopped mid-run");
     assert_eq!(fx.pending(), 1, "the task was handed back");
 
-    // Another worker picks it up and runs the branch to the end.
+    // Another worker picks it up: it asks the coordinator for the branch's log, which
+    // fences off the first attempt, and continues right after the last event it applied.
+    let seen: Vec<(u64, Event)> = events.by_run[&task.run_id]
+        .iter()
+        .map(|e| (e.seq, e.event.clone()))
+        .collect();
+    let last_seen = seen.last().unwrap().0;
+    let resume = fx.serve_resume(&task, seen.clone()).await;
     let second = start(&fx, config(1)).await;
     events
         .until(|e| is_status(e, task.run_id, BranchState::Done))
         .await;
     shutdown(second).await;
     assert_eq!(fx.pending(), 0);
-    let runnings = events
-        .of(task.run_id)
+    let asked = tokio::time::timeout(Duration::from_secs(5), resume)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((asked.run_id, asked.attempt), (task.run_id, 2));
+
+    // The log a coordinator keeps: what it had, then the second attempt's events, which
+    // continue the seqs with no gap and no repeat.
+    let second_attempt: Vec<&BranchEvent> = events.by_run[&task.run_id]
+        .iter()
+        .filter(|e| e.attempt == 2)
+        .collect();
+    let seqs: Vec<u64> = second_attempt.iter().map(|e| e.seq).collect();
+    let expected: Vec<u64> = (last_seen + 1..last_seen + 1 + seqs.len() as u64).collect();
+    assert_eq!(seqs, expected);
+    let log: Vec<Event> = seen
+        .into_iter()
+        .map(|(_, e)| e)
+        .chain(second_attempt.iter().map(|e| e.event.clone()))
+        .collect();
+    let runnings = log
         .iter()
         .filter(|e| {
             matches!(
@@ -137,6 +163,19 @@ text = "done"
         })
         .count();
     assert_eq!(runnings, 2, "the branch started once on each worker");
+    // Seven model calls in all (six writes and the answer), none repeated.
+    let calls = log.iter().filter(|e| e.kind() == "model_response").count();
+    assert_eq!(calls, 7);
+    // The call whose result the first worker never reported is answered as interrupted.
+    let first_result = second_attempt
+        .iter()
+        .find(|e| e.event.kind() == "tool_result")
+        .unwrap();
+    assert!(
+        matches!(&first_result.event, Event::ToolResult { ok: false, output, .. } if output.starts_with("interrupted")),
+        "{:?}",
+        first_result.event
+    );
 }
 
 #[tokio::test]
@@ -255,4 +294,71 @@ async fn workers_share_a_pool() {
         assert_eq!(events.count(run, "status"), 2, "each branch ran once");
     }
     assert_eq!(fx.pending(), 0);
+}
+
+const SLOW_SCRIPT: &str = r#"
+[defaults]
+latency_ms = 60
+
+[[turns."*"]]
+tool_calls = [{ name = "write_file", args = { path = "t{turn}.txt", content = "x" } }]
+repeat = 5
+
+[[turns."*"]]
+text = "done"
+"#;
+
+#[tokio::test]
+async fn drain_lets_running_branches_finish() {
+    let fx = Fixture::new();
+    let (_, snap) = fx.snapshot(&[]);
+    let script = fx.script(SLOW_SCRIPT);
+    let task = fx.task("draining", 0, snap, script);
+    fx.enqueue(&task).await;
+    let mut events = fx.events().await;
+    let worker = start(&fx, config(2)).await;
+    events
+        .until(|e| is_status(e, task.run_id, BranchState::Running))
+        .await;
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        worker.drain(Duration::from_secs(20)),
+    )
+    .await
+    .expect("drain timed out")
+    .expect("drain failed");
+    events.until_terminal(&[task.run_id]).await;
+    assert_eq!(events.terminal(task.run_id).unwrap().0, BranchState::Done);
+    assert_eq!(
+        fx.pending(),
+        0,
+        "the branch finished and its task was acked"
+    );
+}
+
+#[tokio::test]
+async fn drain_hands_back_what_outlasts_the_grace() {
+    let fx = Fixture::new();
+    let (_, snap) = fx.snapshot(&[]);
+    let script = fx.script(SLOW_SCRIPT);
+    let task = fx.task("long", 0, snap, script);
+    fx.enqueue(&task).await;
+    let mut events = fx.events().await;
+    let worker = start(&fx, config(2)).await;
+    events
+        .until(|e| is_status(e, task.run_id, BranchState::Running))
+        .await;
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        worker.drain(Duration::from_millis(50)),
+    )
+    .await
+    .expect("drain timed out")
+    .expect("drain failed");
+    assert!(events.terminal(task.run_id).is_none());
+    assert_eq!(
+        fx.pending(),
+        1,
+        "the unfinished branch went back to the queue"
+    );
 }

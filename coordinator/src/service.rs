@@ -1,0 +1,429 @@
+//! The coordinator's API over the bus: [`serve`] answers [`ApiRequest`]s on the service
+//! subject [`API_SUBJECT`] with [`ApiResponse`]s, both in the wire envelope.
+//!
+//! - Each request runs in its own task (at most 1,024 at once), so a slow diff or a
+//!   long-poll `watch` never holds up the others.
+//! - A request that does not decode (garbage, a wrong wire version, a wrong kind) is
+//!   answered with a `bad_input` [`ApiError`] and logged; nothing a client sends stops
+//!   the service.
+//! - Errors are mapped to three kinds: `not_found` (unknown fork, run or label),
+//!   `bad_input` (the request cannot succeed as sent), `failure` (the coordinator failed;
+//!   asking again may work).
+//! - Waits (`wait_settled`, `watch`) are capped at [`MAX_API_WAIT_MS`].
+//! - A request or a reply larger than [`MAX_INLINE_BYTES`] travels as a blob of the bus's
+//!   blob store, named by a `stored` request or reply.
+//! - Blobs: clients upload to the bus's blob store and workers write there, but the
+//!   coordinator reads the run store. So `create_fork` first copies the blobs the fork
+//!   names (snapshot, files, scripts), and a unified `diff` the text files it shows, from
+//!   the bus's blob store into the run store. With the local bus both are the same store
+//!   and nothing is copied.
+
+use crate::error::CoordinatorError;
+use crate::handle::CoordinatorHandle;
+use crate::store::RunStore;
+use bytes::Bytes;
+use forkfleet_shared::api::{
+    ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, CreateFork, LoggedEvent, ServerInfo,
+    API_SUBJECT, MAX_API_WAIT_MS, MAX_INLINE_BYTES,
+};
+use forkfleet_shared::blob::{BlobHash, BlobStore};
+use forkfleet_shared::bus::{Bus, Request};
+use forkfleet_shared::manifest::Manifest;
+use forkfleet_shared::wire::{self, WireError, WIRE_VERSION};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+/// How long [`serve`] lets requests in flight finish after its shutdown.
+const DRAIN: Duration = Duration::from_secs(5);
+/// Blobs copied at once from the bus into the run store.
+const COPY_IN_FLIGHT: usize = 64;
+/// Requests answered at once; more wait in the subscription.
+const MAX_IN_FLIGHT: usize = 1024;
+/// Pause before subscribing again when the bus ends the subscription.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(500);
+
+/// Answer API requests on [`API_SUBJECT`] until `shutdown` completes; then stop taking
+/// requests and give the ones in flight a few seconds to finish. Same as
+/// [`ApiServer::bind`] then [`ApiServer::run`].
+pub async fn serve(
+    handle: CoordinatorHandle,
+    bus: Arc<dyn Bus>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), CoordinatorError> {
+    ApiServer::bind(handle, bus).await?.run(shutdown).await
+}
+
+/// The API service, subscribed: requests sent from now on are answered once it runs.
+pub struct ApiServer {
+    handle: CoordinatorHandle,
+    bus: Arc<dyn Bus>,
+    subject: String,
+    requests: tokio::sync::mpsc::Receiver<Request>,
+}
+
+impl ApiServer {
+    /// Subscribe to [`API_SUBJECT`].
+    pub async fn bind(
+        handle: CoordinatorHandle,
+        bus: Arc<dyn Bus>,
+    ) -> Result<Self, CoordinatorError> {
+        Self::bind_on(handle, bus, API_SUBJECT).await
+    }
+
+    /// Subscribe to another subject (several coordinators on one bus, tests).
+    pub async fn bind_on(
+        handle: CoordinatorHandle,
+        bus: Arc<dyn Bus>,
+        subject: &str,
+    ) -> Result<Self, CoordinatorError> {
+        let requests = bus.serve(subject).await?;
+        tracing::info!(api.subject = %subject, "api.serving");
+        Ok(Self {
+            handle,
+            bus,
+            subject: subject.to_string(),
+            requests,
+        })
+    }
+
+    /// Answer requests until `shutdown` completes, each in its own task.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), CoordinatorError> {
+        let ApiServer {
+            handle,
+            bus,
+            subject,
+            mut requests,
+        } = self;
+        tokio::pin!(shutdown);
+        let mut tasks = JoinSet::new();
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                // At most MAX_IN_FLIGHT at once: past it, wait for one to finish.
+                req = requests.recv(), if tasks.len() < MAX_IN_FLIGHT => match req {
+                    Some(req) => {
+                        tasks.spawn(answer(handle.clone(), bus.clone(), req));
+                    }
+                    None => {
+                        // The bus ended the subscription: subscribe again (a bus that is
+                        // gone for good fails here, and that ends the service).
+                        tracing::warn!(api.subject = %subject, "api.subscription ended; subscribing again");
+                        tokio::select! {
+                            _ = &mut shutdown => break,
+                            _ = tokio::time::sleep(RESUBSCRIBE_AFTER) => {}
+                        }
+                        requests = bus.serve(&subject).await?;
+                    }
+                },
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => log_join(done),
+            }
+        }
+        drop(requests);
+        let drained = tokio::time::timeout(DRAIN, async {
+            while let Some(done) = tasks.join_next().await {
+                log_join(done);
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                requests = tasks.len(),
+                "api.shutdown: requests still running were dropped"
+            );
+            tasks.abort_all();
+        }
+        tracing::info!(api.subject = %subject, "api.stopped");
+        Ok(())
+    }
+}
+
+fn log_join(done: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = done {
+        if e.is_panic() {
+            tracing::error!(error = %e, "api.request handler panicked; the client times out");
+        }
+    }
+}
+
+/// Answer one request. Never fails: every outcome is a reply (or a logged send error).
+async fn answer(handle: CoordinatorHandle, bus: Arc<dyn Bus>, req: Request) {
+    let bytes_in = req.payload.len();
+    let response = match decode_request(bus.as_ref(), &req.payload).await {
+        Ok(api) => {
+            let span = tracing::info_span!("api.request", api.op = api.op(), bytes_in);
+            let result = dispatch(&handle, bus.as_ref(), api)
+                .instrument(span.clone())
+                .await;
+            if let Err(e) = &result {
+                span.in_scope(|| match e.kind {
+                    ApiErrorKind::Failure => {
+                        tracing::error!(api.error = e.kind.as_str(), error = %e.message, "api.request failed")
+                    }
+                    _ => {
+                        tracing::info!(api.error = e.kind.as_str(), error = %e.message, "api.request refused")
+                    }
+                });
+            }
+            ApiResponse::from(result)
+        }
+        Err(e) => {
+            tracing::error!(bytes_in, error = %e.message, "api.request rejected: it does not decode");
+            ApiResponse::Err(e)
+        }
+    };
+    let payload = encode_response(bus.as_ref(), &response).await;
+    if let Err(e) = req.respond(payload).await {
+        tracing::warn!(error = %e, "api.reply could not be sent (the client left?)");
+    }
+}
+
+/// Decode a request, following a `stored` request to its blob once.
+async fn decode_request(bus: &dyn Bus, payload: &[u8]) -> Result<ApiRequest, ApiError> {
+    match wire::decode::<ApiRequest>(payload).map_err(malformed)? {
+        ApiRequest::Stored { blob } => {
+            let bytes = forkfleet_shared::blob::fetch(bus.blobs().as_ref(), &blob)
+                .await
+                .map_err(|e| {
+                    ApiError::new(
+                        ApiErrorKind::BadInput,
+                        format!("stored request {blob}: {e}"),
+                    )
+                })?;
+            match wire::decode::<ApiRequest>(&bytes).map_err(malformed)? {
+                ApiRequest::Stored { .. } => Err(ApiError::new(
+                    ApiErrorKind::BadInput,
+                    "a stored request cannot name another stored request",
+                )),
+                req => Ok(req),
+            }
+        }
+        req => Ok(req),
+    }
+}
+
+fn malformed(e: WireError) -> ApiError {
+    let message = match &e {
+        WireError::Version { .. } => format!(
+            "{e}; upgrade the client or the coordinator so both speak wire version {WIRE_VERSION}"
+        ),
+        _ => format!("malformed API request: {e}"),
+    };
+    ApiError::new(ApiErrorKind::BadInput, message)
+}
+
+/// Encode a response; one too large for a message goes to the blob store.
+async fn encode_response(bus: &dyn Bus, response: &ApiResponse) -> Bytes {
+    let bytes = match wire::encode(response) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "api.reply cannot be encoded");
+            return encode_error(ApiError::new(
+                ApiErrorKind::Failure,
+                format!("the reply cannot be encoded: {e}"),
+            ));
+        }
+    };
+    if bytes.len() <= MAX_INLINE_BYTES {
+        return bytes;
+    }
+    let blob = BlobHash::of(&bytes);
+    let size = bytes.len() as u64;
+    if let Err(e) = bus.blobs().put(blob, bytes).await {
+        tracing::error!(error = %e, bytes = size, "api.reply too large and cannot be stored");
+        return encode_error(ApiError::new(
+            ApiErrorKind::Failure,
+            format!("the reply ({size} bytes) is too large for one message and could not be stored: {e}"),
+        ));
+    }
+    tracing::debug!(bytes = size, blob = %blob.short(), "api.reply stored as a blob");
+    encode_error_or(ApiResponse::Ok(Box::new(ApiReply::Stored {
+        blob,
+        bytes: size,
+    })))
+}
+
+fn encode_error(e: ApiError) -> Bytes {
+    encode_error_or(ApiResponse::Err(e))
+}
+
+/// Encode a small response; it cannot realistically fail, but if it does the client
+/// gets an empty reply (which it reports as malformed) rather than nothing.
+fn encode_error_or(response: ApiResponse) -> Bytes {
+    wire::encode(&response).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "api.reply cannot be encoded");
+        Bytes::new()
+    })
+}
+
+fn wait(timeout_ms: u64) -> Duration {
+    Duration::from_millis(timeout_ms.min(MAX_API_WAIT_MS))
+}
+
+async fn dispatch(
+    handle: &CoordinatorHandle,
+    bus: &dyn Bus,
+    req: ApiRequest,
+) -> Result<ApiReply, ApiError> {
+    Ok(match req {
+        ApiRequest::Ping => ApiReply::Info(ServerInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            wire_version: WIRE_VERSION,
+        }),
+        ApiRequest::CreateFork(create) => {
+            import_blobs(handle.store(), &bus.blobs(), &create).await?;
+            ApiReply::Fork(handle.create_fork(*create).await?)
+        }
+        ApiRequest::Fork { fork } => ApiReply::Fork(handle.fork(fork).await?),
+        ApiRequest::Forks => ApiReply::Forks(handle.forks().await?),
+        ApiRequest::FindFork { prefix } => ApiReply::ForkId(handle.find_fork(&prefix).await?),
+        ApiRequest::WaitSettled { fork, timeout_ms } => {
+            ApiReply::Fork(handle.wait_settled(fork, wait(timeout_ms)).await?)
+        }
+        ApiRequest::Watch {
+            fork,
+            seen,
+            timeout_ms,
+        } => ApiReply::Watch(handle.watch(fork, seen, wait(timeout_ms)).await?),
+        ApiRequest::Diff { fork, options } => {
+            if options.unified {
+                import_diff_blobs(handle, &bus.blobs(), fork, &options).await?;
+            }
+            ApiReply::Diff(handle.diff(fork, options).await?)
+        }
+        ApiRequest::Merge { fork, pick } => ApiReply::Merge(handle.merge(fork, &pick).await?),
+        ApiRequest::Terminate { fork, label } => {
+            ApiReply::Terminate(handle.terminate(fork, &label).await?)
+        }
+        ApiRequest::Abort { fork } => ApiReply::Abort(handle.abort(fork).await?),
+        ApiRequest::RunEvents { run } => ApiReply::Events(
+            handle
+                .run_events(run)
+                .await?
+                .into_iter()
+                .map(|(seq, event)| LoggedEvent { seq, event })
+                .collect(),
+        ),
+        ApiRequest::Checkpoints { run } => ApiReply::Checkpoints(handle.checkpoints(run).await?),
+        ApiRequest::Stored { .. } => {
+            return Err(ApiError::new(
+                ApiErrorKind::BadInput,
+                "a stored request cannot name another stored request",
+            ))
+        }
+    })
+}
+
+/// The API error a coordinator error becomes: `not_found` for an unknown fork, run or
+/// label; `bad_input` for the rest of [`CoordinatorError::is_bad_input`]; else `failure`.
+pub fn api_error(e: &CoordinatorError) -> ApiError {
+    let kind = match e {
+        CoordinatorError::UnknownFork(_)
+        | CoordinatorError::UnknownRun(_)
+        | CoordinatorError::UnknownLabel { .. } => ApiErrorKind::NotFound,
+        e if e.is_bad_input() => ApiErrorKind::BadInput,
+        _ => ApiErrorKind::Failure,
+    };
+    ApiError::new(kind, e.to_string())
+}
+
+impl From<CoordinatorError> for ApiError {
+    fn from(e: CoordinatorError) -> Self {
+        api_error(&e)
+    }
+}
+
+/// Copy into the run store the blobs a new fork names that only the bus's blob store
+/// has: the snapshot first, then its files and the scripts. What is missing from both
+/// is left for `create_fork`'s validation to report.
+async fn import_blobs(
+    store: &RunStore,
+    from: &Arc<dyn BlobStore>,
+    req: &CreateFork,
+) -> Result<(), ApiError> {
+    let local = store.blob_store();
+    let mut wanted = vec![req.snapshot];
+    wanted.extend(req.plan.models.values().filter_map(|m| m.script));
+    copy_missing(&local, from, &wanted).await?;
+    let Some(bytes) = store.blob(&req.snapshot)? else {
+        return Ok(());
+    };
+    let Ok(manifest) = Manifest::from_blob(&bytes) else {
+        return Ok(());
+    };
+    let files: Vec<BlobHash> = manifest.files.values().map(|f| f.hash).collect();
+    copy_missing(&local, from, &files).await
+}
+
+/// Unified diffs read file contents from the run store, but on a cluster the workers
+/// put the files they write in the bus's blob store: copy the text blobs the report shows
+/// (found by a diff without contents, which is cheap) before computing it with them.
+async fn import_diff_blobs(
+    handle: &CoordinatorHandle,
+    from: &Arc<dyn BlobStore>,
+    fork: forkfleet_shared::ids::ForkId,
+    options: &forkfleet_shared::diff::DiffOptions,
+) -> Result<(), ApiError> {
+    let plain = handle
+        .diff(
+            fork,
+            forkfleet_shared::diff::DiffOptions {
+                unified: false,
+                ..options.clone()
+            },
+        )
+        .await?;
+    let mut hashes: Vec<BlobHash> = Vec::new();
+    for p in &plain.paths {
+        let files = p
+            .parent
+            .iter()
+            .chain(p.changes.iter().filter_map(|c| c.entry.as_ref()));
+        hashes.extend(files.filter(|f| !f.binary).map(|f| f.hash));
+    }
+    hashes.sort_unstable();
+    hashes.dedup();
+    copy_missing(&handle.store().blob_store(), from, &hashes).await
+}
+
+async fn copy_missing(
+    to: &Arc<dyn BlobStore>,
+    from: &Arc<dyn BlobStore>,
+    hashes: &[BlobHash],
+) -> Result<(), ApiError> {
+    let failure = |e: forkfleet_shared::blob::BlobError| {
+        ApiError::new(
+            ApiErrorKind::Failure,
+            format!("cannot copy the fork's blobs into the run store: {e}"),
+        )
+    };
+    let missing = to.missing(hashes).await.map_err(failure)?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    tracing::debug!(
+        blobs = missing.len(),
+        "api.create_fork: copying blobs from the bus"
+    );
+    for chunk in missing.chunks(COPY_IN_FLIGHT) {
+        let mut copies = JoinSet::new();
+        for h in chunk.iter().copied() {
+            let (to, from) = (to.clone(), from.clone());
+            copies.spawn(async move {
+                match from.get(&h).await? {
+                    Some(bytes) => to.put(h, bytes).await,
+                    None => Ok(()),
+                }
+            });
+        }
+        while let Some(done) = copies.join_next().await {
+            done.map_err(|e| {
+                ApiError::new(ApiErrorKind::Failure, format!("a blob copy failed: {e}"))
+            })?
+            .map_err(failure)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! A worker taking over a branch: the coordinator fences the earlier attempt and hands the
+//! branch's log over on the resume subject; late events of the lost worker are dropped.
+
+use crate::support::*;
+use forkfleet_shared::api::ParentRun;
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::event::Event;
+use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::protocol::{ResumeReply, ResumeRequest, RESUME_SUBJECT};
+use forkfleet_shared::state::BranchState;
+use forkfleet_shared::wire;
+use std::time::Duration;
+
+async fn resume(fx: &Fixture, fork_id: ForkId, run_id: RunId, attempt: u32) -> ResumeReply {
+    let req = wire::encode(&ResumeRequest {
+        fork_id,
+        run_id,
+        attempt,
+    })
+    .unwrap();
+    let reply = fx
+        .bus
+        .request(RESUME_SUBJECT, req, Duration::from_secs(10))
+        .await
+        .unwrap();
+    wire::decode(&reply).unwrap()
+}
+
+#[tokio::test]
+async fn takeover_fences_the_lost_attempt_and_hands_over_the_log() {
+    let fx = Fixture::start().await;
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    fx.create(plan(&["solo"]), ParentRun::New, snap).await;
+    let (task, _lost) = fx.pull().await;
+    let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
+    let blobs = fx.blobs();
+    let running = Step::Status(BranchState::Running).into_event(&blobs).await;
+    let w1 = Step::Write("one.txt".into(), "1".into())
+        .into_event(&blobs)
+        .await;
+    let late = Step::Write("late.txt".into(), "x".into())
+        .into_event(&blobs)
+        .await;
+
+    // Attempt 1 runs a little: running, one write; another write is held beyond a gap.
+    fx.publish_as(fork, run, s, running.clone(), 1).await;
+    fx.publish_as(fork, run, s + 1, w1.clone(), 1).await;
+    fx.publish_as(fork, run, s + 3, late.clone(), 1).await;
+    wait_view(&h, fork, |v| v.branches[0].events == s + 2).await;
+
+    // Attempt 2 takes over: the log it gets ends at the last applied event.
+    let ResumeReply::Log { events } = resume(&fx, fork, run, 2).await else {
+        panic!("expected the log");
+    };
+    let seqs: Vec<u64> = events.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, (0..s + 2).collect::<Vec<_>>());
+    assert!(matches!(events[0].1, Event::Fork { .. }));
+
+    // The lost worker's late events are dropped; attempt 2 continues the seqs.
+    fx.publish_as(fork, run, s + 2, late.clone(), 1).await;
+    let w2 = Step::Write("two.txt".into(), "2".into())
+        .into_event(&blobs)
+        .await;
+    fx.publish_as(fork, run, s + 2, running, 2).await;
+    fx.publish_as(fork, run, s + 3, w2, 2).await;
+    fx.publish_as(
+        fork,
+        run,
+        s + 4,
+        Event::Status {
+            state: BranchState::Done,
+            error: None,
+        },
+        2,
+    )
+    .await;
+    let v = wait_view(&h, fork, |v| v.branches[0].state == BranchState::Done).await;
+    assert_eq!(
+        v.branches[0].changes, 2,
+        "one.txt and two.txt; late.txt was fenced"
+    );
+    let log = within(h.run_events(run)).await.unwrap();
+    assert_eq!(
+        log.len() as u64,
+        s + 5,
+        "contiguous, nothing held beyond the end"
+    );
+    let written: Vec<String> = log
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::FileChange { change } => Some(change.path().to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(written, ["one.txt", "two.txt"]);
+
+    // A stale takeover (an attempt not newer than the fence) does not move the fence, and
+    // an unknown fork is gone, not retried.
+    assert!(matches!(
+        resume(&fx, fork, run, 2).await,
+        ResumeReply::Log { .. }
+    ));
+    let gone = resume(&fx, ForkId::new(), run, 2).await;
+    assert!(matches!(gone, ResumeReply::Gone { .. }), "{gone:?}");
+}
+
+#[tokio::test]
+async fn a_task_no_worker_finishes_fails_its_branch_and_keeps_its_work() {
+    let fx = Fixture::start_with(forkfleet_shared::bus::local::LocalBusConfig {
+        ack_wait: Duration::from_millis(200),
+        max_deliver: 1,
+    })
+    .await;
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    fx.create(plan(&["doomed"]), ParentRun::New, snap).await;
+    let (task, _never_acked) = fx.pull().await;
+    let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
+    let blobs = fx.blobs();
+    let running = Step::Status(BranchState::Running).into_event(&blobs).await;
+    let w1 = Step::Write("partial.txt".into(), "p".into())
+        .into_event(&blobs)
+        .await;
+    fx.publish(fork, run, s, running).await;
+    fx.publish(fork, run, s + 1, w1).await;
+    wait_view(&h, fork, |v| v.branches[0].changes == 1).await;
+
+    // The worker is gone: the task is not redelivered (max_deliver 1) but dead-lettered.
+    let again = fx
+        .bus
+        .pull_task(
+            forkfleet_shared::protocol::DEFAULT_POOL,
+            Duration::from_secs(2),
+        )
+        .await
+        .unwrap();
+    assert!(again.is_none());
+    let v = wait_view(&h, fork, |v| v.branches[0].state == BranchState::Failed).await;
+    let b = &v.branches[0];
+    assert!(
+        b.error
+            .as_deref()
+            .unwrap()
+            .contains("maximum number of times"),
+        "{b:?}"
+    );
+    assert_eq!(b.changes, 1, "the partial work is kept");
+    let log = within(h.run_events(run)).await.unwrap();
+    assert_eq!(log.len() as u64, s + 3);
+    // A straggler of the lost worker changes nothing.
+    let late = Step::Write("late.txt".into(), "x".into())
+        .into_event(&blobs)
+        .await;
+    fx.publish(fork, run, s + 2, late).await;
+    fx.publish(
+        fork,
+        run,
+        s + 3,
+        Event::Status {
+            state: BranchState::Done,
+            error: None,
+        },
+    )
+    .await;
+    let v = within(h.wait_settled(fork, Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(v.branches[0].state, BranchState::Failed);
+    assert_eq!(v.branches[0].changes, 1);
+}

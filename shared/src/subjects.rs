@@ -1,0 +1,197 @@
+//! Every NATS name forkfleet uses: subjects, streams, consumers, buckets and keys, built here
+//! and nowhere else (call sites never `format!` a subject).
+//!
+//! | what | name |
+//! |---|---|
+//! | task queue (work-queue stream) | stream `FF_TASKS`, subjects `ff.task.<pool>`, consumer `pool-<pool>` |
+//! | branch events (limits stream) | stream `FF_EVENTS`, subject `ff.event.branch` (stream takes `ff.event.>`), consumer = the durable name |
+//! | control per run (limits stream) | stream `FF_CONTROL`, subjects `ff.control.<run id>` |
+//! | dead tasks (advisories, captured) | stream `FF_TASK_DEAD`, subjects `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.FF_TASKS.<consumer>`, consumer `dead-<pool>` |
+//! | blobs | KV bucket `ff_blobs_small` (small blobs), object store `ff_blobs` (large), key = hex SHA-256 |
+//! | worker heartbeats | KV bucket `ff_workers`, key = worker id |
+//! | request/reply | `ff.api.<subject>`, queue group `ff` |
+//!
+//! Names given by callers (pools, durable consumers, service subjects) are checked here: a
+//! token is 1 to 64 characters from `A-Z a-z 0-9 _ -`, so it is valid both as a subject
+//! token and as a stream or consumer name.
+
+use crate::blob::BlobHash;
+use crate::ids::{RunId, WorkerId};
+
+/// The work-queue stream of branch tasks.
+pub const TASK_STREAM: &str = "FF_TASKS";
+/// Subjects of [`TASK_STREAM`].
+pub const TASK_SUBJECTS: &str = "ff.task.*";
+
+/// The stream of branch events.
+pub const EVENT_STREAM: &str = "FF_EVENTS";
+/// Subjects of [`EVENT_STREAM`].
+pub const EVENT_SUBJECTS: &str = "ff.event.>";
+/// The subject branch events are published on.
+pub const EVENT_SUBJECT: &str = "ff.event.branch";
+
+/// The stream of control commands, one subject per run.
+pub const CONTROL_STREAM: &str = "FF_CONTROL";
+/// Subjects of [`CONTROL_STREAM`].
+pub const CONTROL_SUBJECTS: &str = "ff.control.*";
+
+/// The stream that captures the server's max-deliveries advisories for the task consumers.
+pub const DEAD_TASK_STREAM: &str = "FF_TASK_DEAD";
+
+/// The object store bucket of large blobs.
+pub const BLOB_BUCKET: &str = "ff_blobs";
+/// The KV bucket of small blobs (one value per blob).
+pub const SMALL_BLOB_BUCKET: &str = "ff_blobs_small";
+/// The KV bucket of worker heartbeats.
+pub const WORKER_BUCKET: &str = "ff_workers";
+
+/// The queue group every service subscription joins, so one instance answers each request.
+pub const SERVICE_QUEUE_GROUP: &str = "ff";
+
+const API_PREFIX: &str = "ff.api.";
+const MAX_DELIVERIES_ADVISORY_PREFIX: &str = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES";
+const MAX_TOKEN_LEN: usize = 64;
+
+/// A caller-given name that cannot be used as a NATS subject token or consumer name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} `{value}`: {reason}")]
+pub struct SubjectError {
+    pub what: &'static str,
+    pub value: String,
+    pub reason: &'static str,
+}
+
+fn check_token(what: &'static str, value: &str) -> Result<(), SubjectError> {
+    let err = |reason| SubjectError {
+        what,
+        value: value.to_string(),
+        reason,
+    };
+    if value.is_empty() {
+        return Err(err("it is empty"));
+    }
+    if value.len() > MAX_TOKEN_LEN {
+        return Err(err("it is longer than 64 characters"));
+    }
+    if !value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(err("use only letters, digits, `_` and `-`"));
+    }
+    Ok(())
+}
+
+/// The subject tasks of `pool` are published on: `ff.task.<pool>`.
+pub fn task_subject(pool: &str) -> Result<String, SubjectError> {
+    check_token("pool name", pool)?;
+    Ok(format!("ff.task.{pool}"))
+}
+
+/// The durable pull consumer of `pool`: `pool-<pool>`.
+pub fn pool_consumer(pool: &str) -> Result<String, SubjectError> {
+    check_token("pool name", pool)?;
+    Ok(format!("pool-{pool}"))
+}
+
+/// The durable consumer of the event stream named `durable` (the name itself, checked).
+pub fn event_consumer(durable: &str) -> Result<String, SubjectError> {
+    check_token("durable consumer name", durable)?;
+    Ok(durable.to_string())
+}
+
+/// The control subject of one run: `ff.control.<run id>`.
+pub fn control_subject(run: RunId) -> String {
+    format!("ff.control.{run}")
+}
+
+/// The advisory the server publishes when a message of `consumer` on `stream` reaches its
+/// max deliveries.
+pub fn max_deliveries_advisory(stream: &str, consumer: &str) -> String {
+    format!("{MAX_DELIVERIES_ADVISORY_PREFIX}.{stream}.{consumer}")
+}
+
+/// Subjects of [`DEAD_TASK_STREAM`]: the max-deliveries advisories of every pool consumer.
+pub fn dead_task_advisories() -> String {
+    max_deliveries_advisory(TASK_STREAM, "*")
+}
+
+/// The durable consumer that forwards the dead tasks of `pool`: `dead-<pool>`.
+pub fn dead_task_consumer(pool: &str) -> Result<String, SubjectError> {
+    check_token("pool name", pool)?;
+    Ok(format!("dead-{pool}"))
+}
+
+/// The advisory subject for the dead tasks of `pool`.
+pub fn dead_task_advisory(pool: &str) -> Result<String, SubjectError> {
+    Ok(max_deliveries_advisory(TASK_STREAM, &pool_consumer(pool)?))
+}
+
+/// A service subject, namespaced: `ff.api.<subject>`; `subject` is dot-separated tokens.
+pub fn api_subject(subject: &str) -> Result<String, SubjectError> {
+    if subject.is_empty() {
+        return Err(SubjectError {
+            what: "service subject",
+            value: String::new(),
+            reason: "it is empty",
+        });
+    }
+    for token in subject.split('.') {
+        check_token("service subject", token).map_err(|e| SubjectError {
+            value: subject.to_string(),
+            ..e
+        })?;
+    }
+    Ok(format!("{API_PREFIX}{subject}"))
+}
+
+/// The key of a worker's heartbeat in [`WORKER_BUCKET`].
+pub fn worker_key(worker: WorkerId) -> String {
+    worker.to_string()
+}
+
+/// The key (KV) or object name (object store) of a blob: its hex hash.
+pub fn blob_key(hash: &BlobHash) -> String {
+    hash.to_hex()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builds_names() {
+        assert_eq!(task_subject("default").unwrap(), "ff.task.default");
+        assert_eq!(pool_consumer("gpu-1").unwrap(), "pool-gpu-1");
+        assert_eq!(dead_task_consumer("x").unwrap(), "dead-x");
+        assert_eq!(
+            dead_task_advisory("default").unwrap(),
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.FF_TASKS.pool-default"
+        );
+        assert_eq!(
+            dead_task_advisories(),
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.FF_TASKS.*"
+        );
+        assert_eq!(
+            api_subject("budget.reserve").unwrap(),
+            "ff.api.budget.reserve"
+        );
+        let run = RunId::new();
+        assert_eq!(control_subject(run), format!("ff.control.{run}"));
+        assert_eq!(blob_key(&BlobHash::of(b"x")).len(), 64);
+    }
+
+    #[test]
+    fn rejects_names_that_break_subjects() {
+        for bad in ["", "a.b", "a*", ">", "a b", "a/b", &"x".repeat(65)] {
+            assert!(task_subject(bad).is_err(), "{bad:?}");
+            assert!(event_consumer(bad).is_err(), "{bad:?}");
+        }
+        for bad in ["", "a..b", ".a", "a.", "a.*", "a.>", "a b"] {
+            let err = api_subject(bad).unwrap_err();
+            assert_eq!(err.value, bad);
+        }
+        let err = task_subject("a.b").unwrap_err();
+        assert!(err.to_string().contains("pool name `a.b`"), "{err}");
+    }
+}

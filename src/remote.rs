@@ -1,0 +1,442 @@
+//! Talking to a coordinator: [`RemoteCoordinator`] calls one over the bus's request/reply
+//! (the API of `forkfleet_coordinator::service`), and [`CoordinatorClient`] is what every
+//! CLI command uses, so each works unchanged against the embedded coordinator in this
+//! process or a remote one.
+//!
+//! Every remote call is bounded: the request carries the coordinator's own wait (capped at
+//! [`MAX_API_WAIT_MS`]), and the bus request times out a margin after it.
+
+use forkfleet_coordinator::{CoordinatorError, CoordinatorHandle};
+use forkfleet_shared::api::{
+    AbortOutcome, ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, CheckpointView,
+    CreateFork, ForkView, ForkWatch, LoggedEvent, MergeOutcome, ServerInfo, TerminateOutcome,
+    API_SUBJECT, MAX_API_WAIT_MS, MAX_INLINE_BYTES,
+};
+use forkfleet_shared::blob::{fetch, BlobError, BlobHash, BlobStore};
+use forkfleet_shared::bus::{Bus, BusError};
+use forkfleet_shared::diff::{DiffOptions, DiffReport};
+use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::protocol::WorkerInfo;
+use forkfleet_shared::wire::{self, WireError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bound of a quick call (views, lists, a terminate).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound of a call that does real work on the coordinator (create, diff, merge).
+pub const WORK_TIMEOUT: Duration = Duration::from_secs(120);
+/// What a waiting call adds to the wait it asks for, for the trip and the answer.
+const WAIT_MARGIN: Duration = Duration::from_secs(10);
+
+/// Why a call to a coordinator failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The embedded coordinator refused or failed.
+    #[error(transparent)]
+    Coordinator(#[from] CoordinatorError),
+    /// The remote coordinator answered with an error.
+    #[error("{0}")]
+    Api(ApiError),
+    /// The coordinator could not be reached or did not answer in time.
+    #[error("cannot reach the coordinator: {0}")]
+    Bus(#[from] BusError),
+    #[error("the coordinator's answer does not decode: {0}")]
+    Wire(#[from] WireError),
+    #[error("blob store: {0}")]
+    Blob(#[from] BlobError),
+    #[error("the coordinator answered `{got}` to a `{op}` request")]
+    UnexpectedReply { op: &'static str, got: &'static str },
+    /// The command needs something only a cluster has.
+    #[error("{0}")]
+    NeedsCluster(&'static str),
+}
+
+impl ClientError {
+    /// True when the request can be fixed by the user (exit code 2).
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            ClientError::Coordinator(e) => e.is_bad_input(),
+            ClientError::Api(e) => e.is_bad_input(),
+            ClientError::NeedsCluster(_) => true,
+            _ => false,
+        }
+    }
+
+    /// The API error kind, as a remote coordinator would report it.
+    pub fn kind(&self) -> ApiErrorKind {
+        match self {
+            ClientError::Api(e) => e.kind,
+            ClientError::Coordinator(e) => forkfleet_coordinator::service::api_error(e).kind,
+            e if e.is_bad_input() => ApiErrorKind::BadInput,
+            _ => ApiErrorKind::Failure,
+        }
+    }
+}
+
+/// A coordinator reached over the bus.
+#[derive(Clone)]
+pub struct RemoteCoordinator {
+    bus: Arc<dyn Bus>,
+    subject: String,
+}
+
+/// Pull the expected variant out of a reply, or say what came instead.
+macro_rules! expect_reply {
+    ($reply:expr, $op:expr, $variant:path) => {
+        match $reply {
+            $variant(v) => Ok(v),
+            other => Err(ClientError::UnexpectedReply {
+                op: $op,
+                got: other.name(),
+            }),
+        }
+    };
+}
+
+impl RemoteCoordinator {
+    /// The coordinator serving [`API_SUBJECT`] on `bus`.
+    pub fn new(bus: Arc<dyn Bus>) -> Self {
+        Self::on_subject(bus, API_SUBJECT)
+    }
+
+    pub fn on_subject(bus: Arc<dyn Bus>, subject: &str) -> Self {
+        Self {
+            bus,
+            subject: subject.to_string(),
+        }
+    }
+
+    pub fn bus(&self) -> &Arc<dyn Bus> {
+        &self.bus
+    }
+
+    /// Send one request and decode its answer; a request or reply too large for one
+    /// message travels through the blob store.
+    pub async fn call(&self, req: ApiRequest, timeout: Duration) -> Result<ApiReply, ClientError> {
+        let op = req.op();
+        let started = Instant::now();
+        let mut payload = wire::encode(&req)?;
+        if payload.len() > MAX_INLINE_BYTES {
+            let blob = BlobHash::of(&payload);
+            self.bus.blobs().put(blob, payload).await?;
+            payload = wire::encode(&ApiRequest::Stored { blob })?;
+        }
+        let answer = self.bus.request(&self.subject, payload, timeout).await?;
+        let reply = decode_response(&answer)?;
+        let reply = match reply {
+            ApiReply::Stored { blob, .. } => {
+                let bytes = fetch(self.bus.blobs().as_ref(), &blob).await?;
+                match decode_response(&bytes)? {
+                    ApiReply::Stored { .. } => {
+                        return Err(ClientError::UnexpectedReply { op, got: "stored" })
+                    }
+                    r => r,
+                }
+            }
+            r => r,
+        };
+        tracing::debug!(
+            api.op = op,
+            ms = started.elapsed().as_millis() as u64,
+            "api.call"
+        );
+        Ok(reply)
+    }
+
+    pub async fn ping(&self) -> Result<ServerInfo, ClientError> {
+        let r = self.call(ApiRequest::Ping, CALL_TIMEOUT).await?;
+        expect_reply!(r, "ping", ApiReply::Info)
+    }
+
+    /// Create a fork. Its blobs must be in the bus's blob store first
+    /// (`client::upload_workspace` on [`Bus::blobs`]).
+    pub async fn create_fork(&self, req: CreateFork) -> Result<ForkView, ClientError> {
+        let r = self
+            .call(ApiRequest::CreateFork(Box::new(req)), WORK_TIMEOUT)
+            .await?;
+        expect_reply!(r, "create_fork", ApiReply::Fork)
+    }
+
+    pub async fn fork(&self, fork: ForkId) -> Result<ForkView, ClientError> {
+        let r = self.call(ApiRequest::Fork { fork }, CALL_TIMEOUT).await?;
+        expect_reply!(r, "fork", ApiReply::Fork)
+    }
+
+    pub async fn forks(&self) -> Result<Vec<ForkView>, ClientError> {
+        let r = self.call(ApiRequest::Forks, CALL_TIMEOUT).await?;
+        expect_reply!(r, "forks", ApiReply::Forks)
+    }
+
+    pub async fn find_fork(&self, prefix: &str) -> Result<ForkId, ClientError> {
+        let req = ApiRequest::FindFork {
+            prefix: prefix.to_string(),
+        };
+        let r = self.call(req, CALL_TIMEOUT).await?;
+        expect_reply!(r, "find_fork", ApiReply::ForkId)
+    }
+
+    /// The view once every branch is terminal, waiting at most `timeout` (asking again
+    /// every [`MAX_API_WAIT_MS`]).
+    pub async fn wait_settled(
+        &self,
+        fork: ForkId,
+        timeout: Duration,
+    ) -> Result<ForkView, ClientError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let wait = left.min(Duration::from_millis(MAX_API_WAIT_MS));
+            let req = ApiRequest::WaitSettled {
+                fork,
+                timeout_ms: wait.as_millis() as u64,
+            };
+            let asked = Instant::now();
+            match self.call(req, wait + WAIT_MARGIN).await {
+                Ok(ApiReply::Fork(view)) => return Ok(view),
+                Ok(other) => {
+                    return Err(ClientError::UnexpectedReply {
+                        op: "wait_settled",
+                        got: other.name(),
+                    })
+                }
+                // Not settled within this round (the coordinator answers a timeout only
+                // after the whole wait): ask again while time is left.
+                Err(ClientError::Api(e))
+                    if e.kind == ApiErrorKind::Failure
+                        && asked.elapsed() >= wait
+                        && Instant::now() < deadline =>
+                {
+                    tracing::debug!(error = %e.message, "api.wait_settled: asking again");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The view once its version differs from `seen`, or after `wait` (capped at
+    /// [`MAX_API_WAIT_MS`]).
+    pub async fn watch(
+        &self,
+        fork: ForkId,
+        seen: Option<u64>,
+        wait: Duration,
+    ) -> Result<ForkWatch, ClientError> {
+        let wait = wait.min(Duration::from_millis(MAX_API_WAIT_MS));
+        let req = ApiRequest::Watch {
+            fork,
+            seen,
+            timeout_ms: wait.as_millis() as u64,
+        };
+        let r = self.call(req, wait + WAIT_MARGIN).await?;
+        expect_reply!(r, "watch", ApiReply::Watch)
+    }
+
+    pub async fn diff(
+        &self,
+        fork: ForkId,
+        options: DiffOptions,
+    ) -> Result<DiffReport, ClientError> {
+        let r = self
+            .call(ApiRequest::Diff { fork, options }, WORK_TIMEOUT)
+            .await?;
+        expect_reply!(r, "diff", ApiReply::Diff)
+    }
+
+    pub async fn merge(&self, fork: ForkId, pick: &str) -> Result<MergeOutcome, ClientError> {
+        let req = ApiRequest::Merge {
+            fork,
+            pick: pick.to_string(),
+        };
+        let r = self.call(req, WORK_TIMEOUT).await?;
+        expect_reply!(r, "merge", ApiReply::Merge)
+    }
+
+    pub async fn terminate(
+        &self,
+        fork: ForkId,
+        label: &str,
+    ) -> Result<TerminateOutcome, ClientError> {
+        let req = ApiRequest::Terminate {
+            fork,
+            label: label.to_string(),
+        };
+        let r = self.call(req, CALL_TIMEOUT).await?;
+        expect_reply!(r, "terminate", ApiReply::Terminate)
+    }
+
+    pub async fn abort(&self, fork: ForkId) -> Result<AbortOutcome, ClientError> {
+        let r = self.call(ApiRequest::Abort { fork }, CALL_TIMEOUT).await?;
+        expect_reply!(r, "abort", ApiReply::Abort)
+    }
+
+    pub async fn run_events(&self, run: RunId) -> Result<Vec<LoggedEvent>, ClientError> {
+        let r = self
+            .call(ApiRequest::RunEvents { run }, CALL_TIMEOUT)
+            .await?;
+        expect_reply!(r, "run_events", ApiReply::Events)
+    }
+
+    pub async fn checkpoints(&self, run: RunId) -> Result<Vec<CheckpointView>, ClientError> {
+        let r = self
+            .call(ApiRequest::Checkpoints { run }, CALL_TIMEOUT)
+            .await?;
+        expect_reply!(r, "checkpoints", ApiReply::Checkpoints)
+    }
+
+    /// The live workers (from their heartbeats on the bus, not from the coordinator).
+    pub async fn workers(&self) -> Result<Vec<WorkerInfo>, ClientError> {
+        Ok(self.bus.workers().await?)
+    }
+}
+
+fn decode_response(bytes: &[u8]) -> Result<ApiReply, ClientError> {
+    match wire::decode::<ApiResponse>(bytes)? {
+        ApiResponse::Ok(reply) => Ok(*reply),
+        ApiResponse::Err(e) => Err(ClientError::Api(e)),
+    }
+}
+
+/// The coordinator a CLI command talks to: the one embedded in this process (over its
+/// run store) or a remote one (over NATS). Same methods, same errors.
+#[derive(Clone)]
+pub enum CoordinatorClient {
+    Embedded {
+        handle: CoordinatorHandle,
+        bus: Arc<dyn Bus>,
+    },
+    Remote(RemoteCoordinator),
+}
+
+impl CoordinatorClient {
+    pub fn is_remote(&self) -> bool {
+        matches!(self, CoordinatorClient::Remote(_))
+    }
+
+    /// Where the client uploads blobs and reads merge results.
+    pub fn blobs(&self) -> Arc<dyn BlobStore> {
+        match self {
+            CoordinatorClient::Embedded { bus, .. } => bus.blobs(),
+            CoordinatorClient::Remote(r) => r.bus.blobs(),
+        }
+    }
+
+    pub async fn create_fork(&self, req: CreateFork) -> Result<ForkView, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.create_fork(req).await?),
+            CoordinatorClient::Remote(r) => r.create_fork(req).await,
+        }
+    }
+
+    pub async fn fork(&self, fork: ForkId) -> Result<ForkView, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.fork(fork).await?),
+            CoordinatorClient::Remote(r) => r.fork(fork).await,
+        }
+    }
+
+    pub async fn forks(&self) -> Result<Vec<ForkView>, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.forks().await?),
+            CoordinatorClient::Remote(r) => r.forks().await,
+        }
+    }
+
+    pub async fn find_fork(&self, prefix: &str) -> Result<ForkId, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.find_fork(prefix).await?),
+            CoordinatorClient::Remote(r) => r.find_fork(prefix).await,
+        }
+    }
+
+    pub async fn wait_settled(
+        &self,
+        fork: ForkId,
+        timeout: Duration,
+    ) -> Result<ForkView, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => {
+                Ok(handle.wait_settled(fork, timeout).await?)
+            }
+            CoordinatorClient::Remote(r) => r.wait_settled(fork, timeout).await,
+        }
+    }
+
+    pub async fn watch(
+        &self,
+        fork: ForkId,
+        seen: Option<u64>,
+        wait: Duration,
+    ) -> Result<ForkWatch, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => {
+                Ok(handle.watch(fork, seen, wait).await?)
+            }
+            CoordinatorClient::Remote(r) => r.watch(fork, seen, wait).await,
+        }
+    }
+
+    pub async fn diff(
+        &self,
+        fork: ForkId,
+        options: DiffOptions,
+    ) -> Result<DiffReport, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.diff(fork, options).await?),
+            CoordinatorClient::Remote(r) => r.diff(fork, options).await,
+        }
+    }
+
+    pub async fn merge(&self, fork: ForkId, pick: &str) -> Result<MergeOutcome, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.merge(fork, pick).await?),
+            CoordinatorClient::Remote(r) => r.merge(fork, pick).await,
+        }
+    }
+
+    pub async fn terminate(
+        &self,
+        fork: ForkId,
+        label: &str,
+    ) -> Result<TerminateOutcome, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.terminate(fork, label).await?),
+            CoordinatorClient::Remote(r) => r.terminate(fork, label).await,
+        }
+    }
+
+    pub async fn abort(&self, fork: ForkId) -> Result<AbortOutcome, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.abort(fork).await?),
+            CoordinatorClient::Remote(r) => r.abort(fork).await,
+        }
+    }
+
+    pub async fn run_events(&self, run: RunId) -> Result<Vec<LoggedEvent>, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle
+                .run_events(run)
+                .await?
+                .into_iter()
+                .map(|(seq, event)| LoggedEvent { seq, event })
+                .collect()),
+            CoordinatorClient::Remote(r) => r.run_events(run).await,
+        }
+    }
+
+    pub async fn checkpoints(&self, run: RunId) -> Result<Vec<CheckpointView>, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.checkpoints(run).await?),
+            CoordinatorClient::Remote(r) => r.checkpoints(run).await,
+        }
+    }
+
+    /// The live workers. Only a cluster has workers that outlive a command.
+    pub async fn workers(&self) -> Result<Vec<WorkerInfo>, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { .. } => Err(ClientError::NeedsCluster(
+                "`forkfleet workers` lists the workers of a cluster: pass --nats URL (or set FORKFLEET_NATS_URL)",
+            )),
+            CoordinatorClient::Remote(r) => r.workers().await,
+        }
+    }
+}

@@ -1,0 +1,475 @@
+//! The coordinator's API over request/reply: `forkfleet_coordinator::service::serve` and
+//! `forkfleet::remote::RemoteCoordinator` on a `LocalBus`, with real workers. Every
+//! request kind round-trips and answers what the coordinator handle answers directly;
+//! errors keep their kind; garbage and wrong versions are answered, never fatal.
+
+use super::harness::Example;
+use forkfleet::client;
+use forkfleet::config::{Config, Layer};
+use forkfleet::remote::{ClientError, RemoteCoordinator};
+use forkfleet_coordinator::service::ApiServer;
+use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
+use forkfleet_shared::api::{
+    ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, CreateFork, ForkView, ParentRun,
+    API_SUBJECT,
+};
+use forkfleet_shared::bus::local::LocalBus;
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::diff::DiffOptions;
+use forkfleet_shared::path::WsPath;
+use forkfleet_shared::spec;
+use forkfleet_shared::state::{BranchState, ForkState};
+use forkfleet_shared::wire;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Bound of every wait in these tests.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A coordinator serving the API and `workers` worker services, on one local bus.
+struct System {
+    _dir: tempfile::TempDir,
+    bus: Arc<dyn Bus>,
+    handle: CoordinatorHandle,
+    remote: RemoteCoordinator,
+    coordinator: Option<Coordinator>,
+    stops: Vec<oneshot::Sender<()>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl System {
+    async fn start(workers: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RunStore::open(dir.path()).unwrap();
+        let bus: Arc<dyn Bus> = Arc::new(LocalBus::new(store.blob_store()));
+        let coordinator = Coordinator::start(CoordinatorConfig::default(), store, bus.clone())
+            .await
+            .unwrap();
+        let handle = coordinator.handle();
+        let mut stops = Vec::new();
+        let mut tasks = Vec::new();
+        let (stop, stopped) = oneshot::channel::<()>();
+        stops.push(stop);
+        // Bound before it runs: requests from here on are answered.
+        let server = ApiServer::bind(handle.clone(), bus.clone()).await.unwrap();
+        tasks.push(tokio::spawn(async move {
+            server
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        }));
+        let config = Config::load(
+            None,
+            &|_| None,
+            Layer {
+                concurrency: Some(8),
+                drain_grace_s: Some(0),
+                ..Layer::default()
+            },
+        )
+        .unwrap();
+        for _ in 0..workers {
+            let (stop, stopped) = oneshot::channel::<()>();
+            stops.push(stop);
+            let (b, c) = (bus.clone(), config.clone());
+            tasks.push(tokio::spawn(async move {
+                forkfleet::service::serve_worker(b, &c, async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+            }));
+        }
+        Self {
+            _dir: dir,
+            remote: RemoteCoordinator::new(bus.clone()),
+            bus,
+            handle,
+            coordinator: Some(coordinator),
+            stops,
+            tasks,
+        }
+    }
+
+    /// Upload the spec's workspace to the bus's blob store and create the fork remotely.
+    async fn create(&self, spec_path: &Path) -> ForkView {
+        let loaded = spec::load(spec_path).unwrap();
+        let blobs = self.bus.blobs();
+        let (_, upload) = client::upload_workspace(
+            blobs.as_ref(),
+            &loaded.workspace,
+            &loaded.exclude,
+            loaded.blobs.clone(),
+        )
+        .await
+        .unwrap();
+        self.remote
+            .create_fork(CreateFork {
+                plan: loaded.plan,
+                parent: ParentRun::New,
+                snapshot: upload.snapshot,
+                workspace: Some(loaded.workspace.display().to_string()),
+            })
+            .await
+            .unwrap()
+    }
+
+    async fn stop(mut self) {
+        for s in self.stops.drain(..) {
+            let _ = s.send(());
+        }
+        for t in self.tasks.drain(..) {
+            tokio::time::timeout(LIMIT, t).await.unwrap().unwrap();
+        }
+        if let Some(c) = self.coordinator.take() {
+            c.shutdown().await.unwrap();
+        }
+    }
+}
+
+fn reply(r: ApiResponse) -> Result<ApiReply, ApiError> {
+    r.into()
+}
+
+fn api_kind(e: ClientError) -> (ApiErrorKind, String) {
+    match e {
+        ClientError::Api(e) => (e.kind, e.message),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// A script whose branches write a file every 100 ms for a long time: slow enough to be
+/// stopped mid-way.
+const SLOW_SCRIPT: &str = r#"
+[defaults]
+latency_ms = 100
+usage = { input_tokens = 100, output_tokens = 10 }
+
+[[turns."*"]]
+tool_calls = [{ name = "write_file", args = { path = "slow/{label}-{repeat}.md", content = "x\n" } }]
+repeat = 150
+
+[[turns."*"]]
+text = "done"
+"#;
+
+fn slow_spec(ex: &Example) -> std::path::PathBuf {
+    std::fs::write(ex.dir.path().join("slow.toml"), SLOW_SCRIPT).unwrap();
+    ex.write_spec(
+        "goal = \"slow\"\nworkspace = \"workspace\"\nmodel = \"scripted:slow\"\nmax_turns = 200\n\
+         [models.\"scripted:slow\"]\nscript = \"slow.toml\"\n\
+         [[branches]]\nlabel = \"a\"\nsteer = \"go\"\n\
+         [[branches]]\nlabel = \"b\"\nsteer = \"go\"\n\
+         [[branches]]\nlabel = \"c\"\nsteer = \"go\"\n",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_kind_round_trips() {
+    let sys = System::start(2).await;
+    let ex = Example::quickstart();
+    let r = &sys.remote;
+
+    let info = r.ping().await.unwrap();
+    assert_eq!(info.wire_version, wire::WIRE_VERSION);
+    assert!(!info.version.is_empty());
+
+    let created = sys.create(&ex.spec()).await;
+    let id = created.fork_id;
+    assert_eq!(created.branches.len(), 3);
+    assert_eq!(created.state, ForkState::Open);
+
+    assert_eq!(r.find_fork(&id.to_string()[..13]).await.unwrap(), id);
+    let first = r.watch(id, None, Duration::from_secs(5)).await.unwrap();
+    let settled = r.wait_settled(id, LIMIT).await.unwrap();
+    assert!(settled.settled(), "{settled:?}");
+    assert_eq!(settled.state, ForkState::Settled);
+    assert!(settled
+        .branches
+        .iter()
+        .all(|b| b.state == BranchState::Done));
+
+    // The same answers as the handle gives in-process.
+    assert_eq!(
+        r.fork(id).await.unwrap(),
+        sys.handle.fork(id).await.unwrap()
+    );
+    assert_eq!(r.forks().await.unwrap(), sys.handle.forks().await.unwrap());
+    let opts = DiffOptions {
+        unified: true,
+        ..DiffOptions::default()
+    };
+    let diff = r.diff(id, opts.clone()).await.unwrap();
+    assert_eq!(diff, sys.handle.diff(id, opts).await.unwrap());
+    assert_eq!(diff.summary.total_paths_touched, 5);
+    let filtered = r
+        .diff(
+            id,
+            DiffOptions {
+                paths: Some(vec![WsPath::parse("tests").unwrap()]),
+                ..DiffOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(filtered.paths.len(), 1);
+
+    // Watch: a stale version answers at once; the current one waits out its bound.
+    let now = r.watch(id, None, Duration::ZERO).await.unwrap();
+    assert_eq!(now.view, settled);
+    if first.version != now.version {
+        let again = r.watch(id, Some(first.version), LIMIT).await.unwrap();
+        assert_eq!(again.version, now.version);
+    }
+    let t0 = std::time::Instant::now();
+    let same = r
+        .watch(id, Some(now.version), Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(same.version, now.version);
+    assert!(t0.elapsed() >= Duration::from_millis(250));
+
+    let concise = settled.branch("concise").unwrap().run_id;
+    let events = r.run_events(concise).await.unwrap();
+    let direct = sys.handle.run_events(concise).await.unwrap();
+    assert_eq!(events.len(), direct.len());
+    assert!(events
+        .iter()
+        .zip(&direct)
+        .all(|(a, (seq, e))| a.seq == *seq && &a.event == e));
+    let cps = r.checkpoints(settled.parent_run).await.unwrap();
+    assert_eq!(
+        cps,
+        sys.handle.checkpoints(settled.parent_run).await.unwrap()
+    );
+    assert!(cps.iter().any(|c| c.label.starts_with("fork:")), "{cps:?}");
+
+    // Terminating a finished branch sends nothing.
+    let t = r.terminate(id, "tidy").await.unwrap();
+    assert!(!t.sent);
+    assert_eq!(t.state, BranchState::Done);
+
+    let merged = r.merge(id, "concise").await.unwrap();
+    assert_eq!(merged.winner, "concise");
+    assert_eq!(merged.report.applied_paths.len(), 2);
+    let cps = r.checkpoints(settled.parent_run).await.unwrap();
+    assert!(cps.iter().any(|c| c.label.starts_with("post-fork:")));
+
+    // Errors keep their kind.
+    let (kind, msg) = api_kind(r.merge(id, "thorough").await.unwrap_err());
+    assert_eq!(kind, ApiErrorKind::BadInput);
+    assert!(msg.contains("already merged"), "{msg}");
+    let (kind, _) = api_kind(r.abort(id).await.unwrap_err());
+    assert_eq!(kind, ApiErrorKind::BadInput);
+    let (kind, msg) = api_kind(r.terminate(id, "nope").await.unwrap_err());
+    assert_eq!(kind, ApiErrorKind::NotFound);
+    assert!(msg.contains("concise, thorough, tidy"), "{msg}");
+    let (kind, msg) = api_kind(r.find_fork("ffffffff").await.unwrap_err());
+    assert_eq!(kind, ApiErrorKind::NotFound);
+    assert!(msg.contains("forkfleet fork ls"), "{msg}");
+    let (kind, _) = api_kind(
+        r.run_events(forkfleet_shared::ids::RunId::new())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(kind, ApiErrorKind::NotFound);
+    let err = r
+        .wait_settled(forkfleet_shared::ids::ForkId::new(), Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(err.is_bad_input(), "{err}");
+
+    sys.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminate_and_abort_stop_running_branches() {
+    let sys = System::start(1).await;
+    let ex = Example::quickstart();
+    let r = &sys.remote;
+    let id = sys.create(&slow_spec(&ex)).await.fork_id;
+
+    // Wait until `a` has made a few turns, then stop it.
+    let mut seen = None;
+    loop {
+        let w = tokio::time::timeout(LIMIT, r.watch(id, seen, Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .unwrap();
+        seen = Some(w.version);
+        if w.view.branch("a").unwrap().turns >= 2 {
+            break;
+        }
+    }
+    let t = r.terminate(id, "a").await.unwrap();
+    assert!(t.sent, "{t:?}");
+    assert_eq!(t.state, BranchState::Running);
+    loop {
+        let w = tokio::time::timeout(LIMIT, r.watch(id, seen, Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .unwrap();
+        seen = Some(w.version);
+        if w.view.branch("a").unwrap().state == BranchState::Terminated {
+            assert!(!w.view.settled(), "the others still run");
+            break;
+        }
+    }
+
+    let aborted = r.abort(id).await.unwrap();
+    assert!(aborted.changed);
+    assert_eq!(aborted.view.state, ForkState::Aborted);
+    let mut stopped = aborted.terminated.clone();
+    stopped.sort();
+    assert_eq!(stopped, ["b", "c"]);
+    let view = r.wait_settled(id, LIMIT).await.unwrap();
+    assert_eq!(view.state, ForkState::Aborted, "aborted stays aborted");
+    for b in &view.branches {
+        assert_eq!(b.state, BranchState::Terminated, "{b:?}");
+        assert!(b.turns < 150, "stopped early: {b:?}");
+    }
+    // Aborting again changes nothing; merging an aborted fork is refused.
+    let again = r.abort(id).await.unwrap();
+    assert!(!again.changed && again.terminated.is_empty());
+    let (kind, msg) = api_kind(r.merge(id, "a").await.unwrap_err());
+    assert_eq!(kind, ApiErrorKind::BadInput);
+    assert!(msg.contains("aborted"), "{msg}");
+
+    sys.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_wrong_versions_are_answered_not_fatal() {
+    let sys = System::start(0).await;
+    let ask = |payload: Vec<u8>| {
+        let bus = sys.bus.clone();
+        async move {
+            let bytes = bus
+                .request(API_SUBJECT, payload.into(), Duration::from_secs(10))
+                .await
+                .unwrap();
+            wire::decode::<ApiResponse>(&bytes).unwrap()
+        }
+    };
+    let expect_bad = |resp: ApiResponse, needle: &str| match resp {
+        ApiResponse::Err(e) => {
+            assert_eq!(e.kind, ApiErrorKind::BadInput);
+            assert!(e.message.contains(needle), "{needle} not in {}", e.message);
+        }
+        other => panic!("expected an error, got {other:?}"),
+    };
+    expect_bad(
+        ask(b"\x00garbage".to_vec()).await,
+        "not a forkfleet message",
+    );
+    expect_bad(ask(Vec::new()).await, "malformed");
+    // A future wire version.
+    #[derive(serde::Serialize)]
+    struct Env<'a> {
+        v: u16,
+        kind: &'a str,
+        body: &'a ApiRequest,
+    }
+    let future = rmp_serde::to_vec_named(&Env {
+        v: 99,
+        kind: "api_request",
+        body: &ApiRequest::Ping,
+    })
+    .unwrap();
+    expect_bad(ask(future).await, "version 99");
+    // Another message kind, and a body that is not a request.
+    let other = wire::encode(&ApiResponse::Ok(Box::new(ApiReply::Forks(vec![])))).unwrap();
+    expect_bad(ask(other.to_vec()).await, "api_request");
+    // The same envelope at the right version, for contrast.
+    let valid = rmp_serde::to_vec_named(&Env {
+        v: wire::WIRE_VERSION,
+        kind: "api_request",
+        body: &ApiRequest::Ping,
+    })
+    .unwrap();
+    assert!(matches!(reply(ask(valid).await), Ok(ApiReply::Info(_))));
+    let mut bogus_op = std::collections::BTreeMap::new();
+    bogus_op.insert("op", "explode");
+    #[derive(serde::Serialize)]
+    struct EnvMap<'a> {
+        v: u16,
+        kind: &'a str,
+        body: &'a std::collections::BTreeMap<&'a str, &'a str>,
+    }
+    let bogus = rmp_serde::to_vec_named(&EnvMap {
+        v: wire::WIRE_VERSION,
+        kind: "api_request",
+        body: &bogus_op,
+    })
+    .unwrap();
+    expect_bad(ask(bogus).await, "malformed");
+    // The service still answers.
+    assert!(sys.remote.ping().await.is_ok());
+    assert!(sys.remote.forks().await.unwrap().is_empty());
+    sys.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_requests_and_replies_travel_as_blobs() {
+    let sys = System::start(1).await;
+    let ex = Example::quickstart();
+    // A goal of 700 KB: the request and every reply naming the fork exceed one message.
+    let goal = "g".repeat(700 * 1024);
+    let spec = ex.write_spec(&format!(
+        "goal = \"{goal}\"\nworkspace = \"workspace\"\nmodel = \"scripted:quickstart\"\n\
+         [models.\"scripted:quickstart\"]\nscript = \"script.toml\"\n\
+         [[branches]]\nlabel = \"concise\"\n"
+    ));
+    let view = sys.create(&spec).await;
+    assert_eq!(view.goal.len(), goal.len());
+    let settled = sys.remote.wait_settled(view.fork_id, LIMIT).await.unwrap();
+    assert_eq!(settled.goal, goal);
+    assert_eq!(sys.remote.forks().await.unwrap().len(), 1);
+
+    // On the wire: the reply is a `stored` reference to a blob ...
+    let raw = sys
+        .bus
+        .request(
+            API_SUBJECT,
+            wire::encode(&ApiRequest::Fork { fork: view.fork_id }).unwrap(),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert!(raw.len() < 1024);
+    let Ok(ApiReply::Stored { blob, bytes }) = reply(wire::decode(&raw).unwrap()) else {
+        panic!("expected a stored reply");
+    };
+    assert!(bytes > 700 * 1024);
+    let stored = sys.bus.blobs().get(&blob).await.unwrap().unwrap();
+    assert!(matches!(
+        reply(wire::decode(&stored).unwrap()),
+        Ok(ApiReply::Fork(_))
+    ));
+    // ... and a stored request is read from its blob.
+    let inner = wire::encode(&ApiRequest::FindFork {
+        prefix: view.fork_id.to_string(),
+    })
+    .unwrap();
+    let hash = forkfleet_shared::blob::BlobHash::of(&inner);
+    sys.bus.blobs().put(hash, inner).await.unwrap();
+    let raw = sys
+        .bus
+        .request(
+            API_SUBJECT,
+            wire::encode(&ApiRequest::Stored { blob: hash }).unwrap(),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        reply(wire::decode(&raw).unwrap()),
+        Ok(ApiReply::ForkId(view.fork_id))
+    );
+    sys.stop().await;
+}
