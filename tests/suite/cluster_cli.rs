@@ -11,11 +11,11 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// Bound of one client command.
-const COMMAND_LIMIT: Duration = Duration::from_secs(60);
+pub(super) const COMMAND_LIMIT: Duration = Duration::from_secs(60);
 /// Bound of a service's start or stop.
-const SERVICE_LIMIT: Duration = Duration::from_secs(30);
+pub(super) const SERVICE_LIMIT: Duration = Duration::from_secs(30);
 
-fn binary() -> Command {
+pub(super) fn binary() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_forkfleet"));
     for (k, _) in std::env::vars() {
         if k.starts_with("FORKFLEET_") {
@@ -28,14 +28,14 @@ fn binary() -> Command {
 
 /// A service process (`forkfleet coordinator` or `forkfleet worker`), its output in a log
 /// file; killed on drop.
-struct Service {
-    name: String,
-    child: Option<Child>,
-    log: PathBuf,
+pub(super) struct Service {
+    pub(super) name: String,
+    pub(super) child: Option<Child>,
+    pub(super) log: PathBuf,
 }
 
 impl Service {
-    fn spawn(name: &str, args: &[&str], dir: &Path) -> Service {
+    pub(super) fn spawn(name: &str, args: &[&str], dir: &Path) -> Service {
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).unwrap();
         let child = binary()
@@ -52,12 +52,12 @@ impl Service {
         }
     }
 
-    fn log(&self) -> String {
+    pub(super) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// SIGTERM by pid, then wait for the exit (bounded).
-    fn terminate(&mut self) -> ExitStatus {
+    pub(super) fn terminate(&mut self) -> ExitStatus {
         let child = self.child.as_mut().unwrap();
         let sent = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
@@ -80,7 +80,7 @@ impl Drop for Service {
     }
 }
 
-fn wait_bounded(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+pub(super) fn wait_bounded(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -94,14 +94,14 @@ fn wait_bounded(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
 }
 
 /// What a client command did.
-struct Ran {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
+pub(super) struct Ran {
+    pub(super) code: Option<i32>,
+    pub(super) stdout: String,
+    pub(super) stderr: String,
 }
 
 impl Ran {
-    fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         assert_eq!(
             self.code,
             Some(0),
@@ -115,7 +115,7 @@ impl Ran {
 }
 
 /// Run a client command, bounded by [`COMMAND_LIMIT`] (killed past it).
-fn run(dir: &Path, args: &[&str]) -> Ran {
+pub(super) fn run(dir: &Path, args: &[&str]) -> Ran {
     let id = uuid_like();
     let (out_path, err_path) = (dir.join(format!("{id}.out")), dir.join(format!("{id}.err")));
     let mut child = binary()
@@ -236,7 +236,7 @@ impl Cluster {
     }
 }
 
-fn branch<'a>(doc: &'a Value, label: &str) -> &'a Value {
+pub(super) fn branch<'a>(doc: &'a Value, label: &str) -> &'a Value {
     doc["branches"]
         .as_array()
         .unwrap()
@@ -549,10 +549,21 @@ fn watch_rides_out_a_coordinator_restart() {
         ),
         log: cluster.dir.path().join("watch.err"),
     };
-    std::thread::sleep(Duration::from_millis(800));
+    // Kill it once the branches are under way (bounded wait on the fork's progress).
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    loop {
+        let shown = cluster.client(&["fork", "show", &id, "--json"]);
+        if shown.code == Some(0)
+            && shown.json()["branches"]
+                .as_array()
+                .is_some_and(|b| b.iter().any(|b| b["turns"].as_u64() >= Some(3)))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no progress: {}", cluster.logs());
+    }
     cluster.coordinator.child.as_mut().unwrap().kill().unwrap();
     cluster.coordinator.child.as_mut().unwrap().wait().unwrap();
-    std::thread::sleep(Duration::from_millis(500));
     let data = cluster.dir.path().join("coordinator-data");
     cluster.coordinator = Service::spawn(
         "coordinator-2",

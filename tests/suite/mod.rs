@@ -2,6 +2,7 @@ mod api;
 mod bench;
 mod cli;
 mod cluster_cli;
+mod cluster_faults;
 mod config;
 mod harness;
 mod lineage;

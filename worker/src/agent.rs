@@ -7,7 +7,7 @@
 //!   branch (history prefix + tail, snapshot manifest, provider) and replay what a resumed
 //!   branch already did (its file changes onto the overlay, its model calls and spend).
 //! - `Turn` (cast to itself after each turn): apply control commands, check max_turns and
-//!   the branch budget, call the model, publish the response and usage, run the tools
+//!   the branch budget, call the model, publish its usage and then its response, run the tools
 //!   (each `file_change` after its blob is stored, then the `tool_result`).
 //! - finish: publish the terminal status as the branch's last event, ack the task, stop.
 //!
@@ -525,6 +525,17 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
         "model replied"
     );
 
+    // Usage first: the call is paid for whether or not its response is recorded. If this
+    // worker is lost before the response is, the branch's next worker makes the call again,
+    // and both calls are counted, as both were paid.
+    let cost_usd = task.price.map_or(0.0, |p| p.cost(&reply.usage));
+    run.spent_usd += cost_usd;
+    out.publish(Event::Usage {
+        model: task.model.clone(),
+        usage: reply.usage,
+        cost_usd,
+    })
+    .await?;
     let response = out
         .publish(Event::ModelResponse {
             model: task.model.clone(),
@@ -538,14 +549,6 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
     else {
         return Ok(Step::Continue);
     };
-    let cost_usd = task.price.map_or(0.0, |p| p.cost(&reply.usage));
-    run.spent_usd += cost_usd;
-    out.publish(Event::Usage {
-        model: task.model.clone(),
-        usage: reply.usage,
-        cost_usd,
-    })
-    .await?;
 
     if tool_calls.is_empty() {
         run.history.push(Message::Assistant { text, tool_calls });

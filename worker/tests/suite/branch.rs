@@ -86,7 +86,8 @@ async fn a_branch_runs_end_to_end() {
     for (i, e) in log.iter().enumerate() {
         if let Event::ModelResponse { model, .. } = e {
             assert_eq!(model, "scripted:test");
-            match &log[i + 1] {
+            // The call's usage is recorded first, so a lost response still counts.
+            match &log[i - 1] {
                 Event::Usage {
                     model,
                     usage,
@@ -97,11 +98,12 @@ async fn a_branch_runs_end_to_end() {
                     assert_eq!(usage.output_tokens, 200);
                     assert!((cost_usd - price.cost(usage)).abs() < 1e-12);
                 }
-                other => panic!("expected usage after a model response, got {other:?}"),
+                other => panic!("expected usage before a model response, got {other:?}"),
             }
         }
     }
-    assert!(matches!(&log[log.len() - 2], Event::Usage { .. }));
+    assert!(matches!(&log[log.len() - 3], Event::Usage { .. }));
+    assert!(matches!(&log[log.len() - 2], Event::ModelResponse { .. }));
 
     // Tool results: three writes, two good edits/deletes, one failed edit.
     let results: Vec<(String, bool, String)> = log
@@ -187,8 +189,8 @@ text = "finished"
             usage, cost_usd, ..
         } = &e
         {
-            // The usage follows its response; the request was everything before it.
-            let request = &seen[..seen.len() - 1];
+            // The usage comes before its response; the request was everything before it.
+            let request = &seen[..];
             let chars = message_chars(&messages_from_events(request));
             assert_eq!(usage.input_tokens, estimate_tokens(chars));
             assert_eq!(*cost_usd, 0.0, "no price, no cost");

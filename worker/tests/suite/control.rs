@@ -100,7 +100,8 @@ text = "done"
     let mut seen = fx.initial_log(&task);
     for e in &log {
         if let Event::Usage { usage, .. } = e {
-            let request = &seen[..seen.len() - 1];
+            // The usage is recorded before its response: the request is all before it.
+            let request = &seen[..];
             assert_eq!(
                 usage.input_tokens,
                 estimate_tokens(message_chars(&messages_from_events(request)))
