@@ -95,29 +95,43 @@ pub(crate) fn decode<T: DeserializeOwned>(
     rmp_serde::from_slice(bytes).map_err(|e| CoordinatorError::codec(what, e))
 }
 
+/// How long `open` retries a locked store before saying another process holds it.
+const LOCK_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(2);
+const LOCK_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl RunStore {
     /// Open (or create) the store in `data_dir`. A store another process holds open is a
     /// [`CoordinatorError::StoreLocked`] naming the directory.
     pub fn open(data_dir: &Path) -> Result<RunStore, CoordinatorError> {
         let dir = data_dir.to_path_buf();
-        let db = sled::Config::new()
-            .path(&dir)
-            .cache_capacity(CACHE_BYTES)
-            .open()
-            .map_err(|e| {
-                let message = e.to_string();
-                if message.contains("could not acquire lock") {
-                    CoordinatorError::StoreLocked {
-                        dir: dir.clone(),
-                        message,
+        // A store closed a moment ago in this process keeps its lock until sled's background
+        // flusher lets go (well under a second); another process's lock stays. Retry briefly.
+        let deadline = std::time::Instant::now() + LOCK_RETRY_FOR;
+        let db = loop {
+            match sled::Config::new()
+                .path(&dir)
+                .cache_capacity(CACHE_BYTES)
+                .open()
+            {
+                Ok(db) => break db,
+                Err(e) => {
+                    let message = e.to_string();
+                    if !message.contains("could not acquire lock") {
+                        return Err(CoordinatorError::StoreOpen {
+                            dir: dir.clone(),
+                            message,
+                        });
                     }
-                } else {
-                    CoordinatorError::StoreOpen {
-                        dir: dir.clone(),
-                        message,
+                    if std::time::Instant::now() >= deadline {
+                        return Err(CoordinatorError::StoreLocked {
+                            dir: dir.clone(),
+                            message,
+                        });
                     }
+                    std::thread::sleep(LOCK_RETRY_PAUSE);
                 }
-            })?;
+            }
+        };
         let tree = |name: &str| db.open_tree(name);
         let inner = Inner {
             runs: tree("runs")?,
