@@ -1,4 +1,4 @@
-//! Whole-system benchmarks, run in-process on the embedded system.
+//! Whole-system benchmarks.
 //!
 //! `forkfleet bench fanout --branches N --writes K`: the peer harness's fan-out work
 //! (`../shared/peers/pydantic_deep_bench.py`): N branches, each makes K `write_file` calls
@@ -7,12 +7,26 @@
 //! writes (`unique/b<b>/f<j>.txt`), or a file every writer writes identically
 //! (`shared/agree_j.txt`). Every model call reports 1,000 input and 200 output tokens,
 //! priced like gpt-4o-mini. Zero model latency.
+//!
+//! Where it runs (`--bus`):
+//! - `local` (the default): the embedded system in this process: the coordinator and
+//!   `--workers` in-process workers on the local bus.
+//! - `nats`: a cluster on this machine ([`cluster`]): the bench starts its own
+//!   `nats-server`, runs the coordinator (and its API) in this process on a NATS bus,
+//!   starts `--workers` `forkfleet worker` processes, and talks to the coordinator as a
+//!   client does, over request/reply.
+//!
+//! Both run the same measurement ([`run_fanout`]) through a [`CoordinatorClient`].
+
+mod cluster;
+pub mod nats_server;
 
 use crate::client;
 use crate::embedded::{Embedded, EmbeddedOptions};
+use crate::remote::CoordinatorClient;
 use anyhow::Context;
-use clap::Args;
-use forkfleet_shared::api::{CreateFork, ParentRun};
+use clap::{Args, ValueEnum};
+use forkfleet_shared::api::{CreateFork, ForkView, ParentRun};
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::diff::DiffOptions;
 use forkfleet_shared::flush::ConflictPolicy;
@@ -30,8 +44,31 @@ pub const BENCH_MODEL: &str = "scripted:bench";
 pub const INPUT_TOKENS: u64 = 1000;
 pub const OUTPUT_TOKENS: u64 = 200;
 
+/// Where the bench runs the system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchBus {
+    /// The embedded system in this process (local bus, in-process workers).
+    Local,
+    /// A cluster on this machine: its own nats-server, the coordinator in this process,
+    /// `--workers` worker processes.
+    Nats,
+}
+
+impl BenchBus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BenchBus::Local => "local",
+            BenchBus::Nats => "nats",
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct FanoutArgs {
+    /// Where the system runs: `local` (embedded, in-process) or `nats` (its own
+    /// nats-server and `--workers` worker processes; needs nats-server, see scripts/setup).
+    #[arg(long, value_enum, default_value_t = BenchBus::Local)]
+    pub bus: BenchBus,
     /// Branches (N).
     #[arg(long, default_value_t = 100)]
     pub branches: usize,
@@ -41,7 +78,7 @@ pub struct FanoutArgs {
     /// Lines per written file.
     #[arg(long, default_value_t = 10)]
     pub lines: usize,
-    /// In-process workers.
+    /// Workers: in-process with `--bus local`, worker processes with `--bus nats`.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
     /// Branches each worker runs at once.
@@ -58,10 +95,14 @@ pub struct FanoutArgs {
 /// One fan-out measurement.
 #[derive(Debug, Clone, Serialize)]
 pub struct FanoutResult {
+    /// `local` or `nats`.
+    pub bus: &'static str,
     pub branches: usize,
     pub writes: usize,
     pub workers: usize,
     pub concurrency: usize,
+    /// Uploading the workspace and the script (only what the store lacks), before the fork.
+    pub upload_s: f64,
     /// From the fork request to every branch settled.
     pub wall_s: f64,
     /// The fork request alone (validation, branch runs, checkpoint, enqueue).
@@ -70,10 +111,31 @@ pub struct FanoutResult {
     pub diff_s: f64,
     /// Merging branch b0: the coordinator's merge plus applying it to a directory.
     pub merge_s: f64,
+    /// Peak RSS (VmHWM) of this process: with `--bus nats`, the coordinator (and the bench's
+    /// client side: the diff report, the merge applied to a directory).
     pub peak_rss_mb: f64,
+    /// `--bus nats`: the largest peak RSS (VmHWM) of the worker processes.
+    pub worker_peak_rss_mb: Option<f64>,
+    /// `--bus nats`: the peak RSS of each worker process.
+    pub workers_peak_rss_mb: Vec<f64>,
+    /// `--bus nats`: the peak RSS of the nats-server.
+    pub nats_server_peak_rss_mb: Option<f64>,
     pub model_turns: u64,
-    /// Wall time per model turn across the fork (all branches in parallel).
+    /// `--bus nats`: the median over branches of (the branch's time from its first event to
+    /// its terminal status, by the workers' clocks at millisecond resolution) / its model
+    /// turns: what a turn costs one branch, with the model's latency zero and the branch
+    /// sharing the machine with every other one running. `--bus local`: the same as
+    /// `aggregate_turn_ms` (the local bus has no event timestamps to read back).
     pub per_turn_ms: f64,
+    /// `--bus nats`: the 90th percentile of the same.
+    pub per_turn_ms_p90: Option<f64>,
+    /// Wall time per model turn across the fork (`wall_s` / `model_turns`, all branches in
+    /// parallel): the system's throughput cost of a turn.
+    pub aggregate_turn_ms: f64,
+    /// `--bus nats`: branch events the workers published (read back from the stream).
+    pub events: Option<u64>,
+    /// `--bus nats`: worker processes that did not exit within 10 s of SIGTERM (killed).
+    pub workers_killed: Option<usize>,
     pub states: BTreeMap<String, usize>,
     pub total_cost_usd: f64,
     pub paths_touched: usize,
@@ -83,15 +145,23 @@ pub struct FanoutResult {
 }
 
 pub async fn cmd_fanout(args: FanoutArgs) -> anyhow::Result<()> {
-    let result = fanout(&args).await?;
+    let result = match args.bus {
+        BenchBus::Local => fanout(&args).await?,
+        BenchBus::Nats => cluster::fanout(&args).await?,
+    };
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "fan-out N={} K={} ({} workers x {})",
-            result.branches, result.writes, result.workers, result.concurrency
+            "fan-out N={} K={} ({} bus, {} workers x {})",
+            result.branches, result.writes, result.bus, result.workers, result.concurrency
+        );
+        let _ = writeln!(
+            out,
+            "  upload                      {:>9.3} s",
+            result.upload_s
         );
         let _ = writeln!(
             out,
@@ -118,11 +188,39 @@ pub async fn cmd_fanout(args: FanoutArgs) -> anyhow::Result<()> {
             "  peak RSS                    {:>9.1} MB",
             result.peak_rss_mb
         );
+        if let Some(w) = result.worker_peak_rss_mb {
+            let _ = writeln!(out, "  peak RSS, largest worker    {w:>9.1} MB");
+        }
+        if let Some(n) = result.nats_server_peak_rss_mb {
+            let _ = writeln!(out, "  peak RSS, nats-server       {n:>9.1} MB");
+        }
         let _ = writeln!(
             out,
             "  model turns                 {:>9}",
             result.model_turns
         );
+        if let Some(p90) = result.per_turn_ms_p90 {
+            let _ = writeln!(
+                out,
+                "  per turn, one branch        {:>9.3} ms median, {p90:.3} ms p90",
+                result.per_turn_ms
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  per turn, whole fork        {:>9.4} ms (wall / turns)",
+            result.aggregate_turn_ms
+        );
+        if let Some(events) = result.events {
+            let _ = writeln!(
+                out,
+                "  events                      {events:>9} ({:.0}/s over the wall time)",
+                events as f64 / result.wall_s.max(1e-9)
+            );
+        }
+        if let Some(killed) = result.workers_killed.filter(|k| *k > 0) {
+            let _ = writeln!(out, "  workers killed after 10 s   {killed:>9}");
+        }
         let _ = writeln!(out, "  states                      {:?}", result.states);
         let _ = writeln!(
             out,
@@ -203,6 +301,7 @@ fn seed_workspace(dir: &Path, k: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The fan-out on the embedded system (`--bus local`).
 pub async fn fanout(args: &FanoutArgs) -> anyhow::Result<FanoutResult> {
     let tmp = tempfile::tempdir().context("temporary directory")?;
     let workspace = tmp.path().join("workspace");
@@ -215,30 +314,19 @@ pub async fn fanout(args: &FanoutArgs) -> anyhow::Result<FanoutResult> {
         },
     )
     .await?;
-    let result = run_fanout(&system, &workspace, args).await;
+    let result = run_fanout(&system.client(), &workspace, args).await;
     system.shutdown().await?;
-    result
+    Ok(result?.0)
 }
 
-async fn run_fanout(
-    system: &Embedded,
-    workspace: &Path,
-    args: &FanoutArgs,
-) -> anyhow::Result<FanoutResult> {
-    let (n, k) = (args.branches, args.writes);
-    let script = fanout_script(n, k, args.lines);
-    let script_text = bytes::Bytes::from(toml::to_string(&script)?.into_bytes());
-    let script_hash = BlobHash::of(&script_text);
-    let blobs = system.bus.blobs();
-    let (_, upload) =
-        client::upload_workspace(blobs.as_ref(), workspace, &[], [(script_hash, script_text)])
-            .await?;
+/// The bench's fork plan: N branches `b0..`, the scripted model priced like gpt-4o-mini.
+fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
     let price = Price {
         input_per_mtok: 0.15,
         output_per_mtok: 0.60,
         cached_per_mtok: None,
     };
-    let plan = ForkPlan {
+    ForkPlan {
         goal: "bench fan-out".into(),
         system_prompt: None,
         history: Vec::new(),
@@ -267,8 +355,29 @@ async fn run_fanout(
                 max_turns: (k + 5) as u32,
             })
             .collect(),
-    };
-    let coord = system.coordinator();
+    }
+}
+
+/// The measurement, through a client of the coordinator (embedded or remote): upload the
+/// workspace and the script to the client's blob store, create the fork, wait until it
+/// settles, the full diff report, merge b0 and apply it to the workspace directory.
+/// Returns the result (the fields only a cluster has left empty) and the settled view.
+async fn run_fanout(
+    coord: &CoordinatorClient,
+    workspace: &Path,
+    args: &FanoutArgs,
+) -> anyhow::Result<(FanoutResult, ForkView)> {
+    let (n, k) = (args.branches, args.writes);
+    let script = fanout_script(n, k, args.lines);
+    let script_text = bytes::Bytes::from(toml::to_string(&script)?.into_bytes());
+    let script_hash = BlobHash::of(&script_text);
+    let blobs = coord.blobs();
+    let t_up = Instant::now();
+    let (_, upload) =
+        client::upload_workspace(blobs.as_ref(), workspace, &[], [(script_hash, script_text)])
+            .await?;
+    let upload_s = t_up.elapsed().as_secs_f64();
+    let plan = fanout_plan(n, k, script_hash);
     let t0 = Instant::now();
     let view = coord
         .create_fork(CreateFork {
@@ -307,34 +416,51 @@ async fn run_fanout(
     if view.branches.iter().any(|b| b.state != BranchState::Done) {
         tracing::warn!(?states, "bench: not every branch finished done");
     }
-    Ok(FanoutResult {
+    let aggregate_turn_ms = if model_turns > 0 {
+        wall_s * 1000.0 / model_turns as f64
+    } else {
+        0.0
+    };
+    let result = FanoutResult {
+        bus: args.bus.as_str(),
         branches: n,
         writes: k,
         workers: args.workers,
         concurrency: args.concurrency,
+        upload_s,
         wall_s,
         fork_call_s,
         diff_s,
         merge_s,
         peak_rss_mb: peak_rss_mb(),
+        worker_peak_rss_mb: None,
+        workers_peak_rss_mb: Vec::new(),
+        nats_server_peak_rss_mb: None,
         model_turns,
-        per_turn_ms: if model_turns > 0 {
-            wall_s * 1000.0 / model_turns as f64
-        } else {
-            0.0
-        },
+        per_turn_ms: aggregate_turn_ms,
+        per_turn_ms_p90: None,
+        aggregate_turn_ms,
+        events: None,
+        workers_killed: None,
         states,
         total_cost_usd: view.total_cost_usd(),
         paths_touched: diff.summary.total_paths_touched,
         split_paths: diff.summary.split_paths,
         unanimous_paths: diff.summary.unanimous_paths,
         applied_paths: report.applied_paths.len(),
-    })
+    };
+    Ok((result, view))
 }
 
 /// Peak resident set size of this process (VmHWM), in MB; 0 where unknown.
 pub fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+    proc_peak_rss_mb("self").unwrap_or(0.0)
+}
+
+/// Peak resident set size (VmHWM) of process `pid` (or `self`), in MB, from
+/// `/proc/<pid>/status`; `None` where unknown.
+pub fn proc_peak_rss_mb(pid: &str) -> Option<f64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -343,5 +469,4 @@ pub fn peak_rss_mb() -> f64 {
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
         .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
 }

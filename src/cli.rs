@@ -321,7 +321,8 @@ pub struct LogArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
-    /// N branches, each making K write_file calls then answering (the peer's fan-out work).
+    /// N branches, each making K write_file calls then answering (the peer's fan-out work),
+    /// embedded (`--bus local`) or on a cluster of its own (`--bus nats`).
     Fanout(crate::bench::FanoutArgs),
 }
 

@@ -21,6 +21,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+/// Branch tasks enqueued at once when a fork is created.
+const ENQUEUE_IN_FLIGHT: usize = 64;
+
 #[derive(Clone)]
 pub struct CoordinatorHandle {
     root: RootHandle,
@@ -80,8 +83,14 @@ impl CoordinatorHandle {
         }
         let fork = self.root.start_fork(prepared).await?;
         let view = fork.view().await?;
-        for p in payloads {
-            self.bus.enqueue_task(&self.config.pool, p).await?;
+        // Concurrently: over NATS each enqueue waits for its JetStream ack.
+        for chunk in payloads.chunks(ENQUEUE_IN_FLIGHT) {
+            let sends = chunk
+                .iter()
+                .map(|p| self.bus.enqueue_task(&self.config.pool, p.clone()));
+            for sent in futures::future::join_all(sends).await {
+                sent?;
+            }
         }
         tracing::info!(fork.id = %fork_id, branches = view.branches.len(), "fork.created");
         Ok(view)

@@ -124,7 +124,10 @@ impl NatsServerGuard {
             if let Some(child) = self.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
                     self.child = None;
-                    bail!("nats-server exited with {status}; log:\n{}", self.log_tail());
+                    bail!(
+                        "nats-server exited with {status}; log:\n{}",
+                        self.log_tail()
+                    );
                 }
             }
             if greets(&addr) {

@@ -38,3 +38,86 @@ fn fanout_bench_reports_every_field() {
     assert_eq!(doc["applied_paths"], 3);
     assert!((doc["total_cost_usd"].as_f64().unwrap() - 48.0 * 0.00027).abs() < 1e-9);
 }
+
+/// `--bus nats`: its own nats-server, the coordinator in the bench process, two worker
+/// processes. Needs nats-server (`scripts/setup`), like the other cluster tests.
+#[test]
+fn fanout_bench_on_nats_reports_every_field() {
+    let doc = json(&forkfleet(&[
+        "bench",
+        "fanout",
+        "--bus",
+        "nats",
+        "--workers",
+        "2",
+        "--branches",
+        "6",
+        "--writes",
+        "2",
+        "--json",
+        "--timeout-s",
+        "120",
+    ]));
+    for key in [
+        "bus",
+        "branches",
+        "writes",
+        "workers",
+        "concurrency",
+        "upload_s",
+        "wall_s",
+        "fork_call_s",
+        "diff_s",
+        "merge_s",
+        "peak_rss_mb",
+        "worker_peak_rss_mb",
+        "workers_peak_rss_mb",
+        "nats_server_peak_rss_mb",
+        "model_turns",
+        "per_turn_ms",
+        "per_turn_ms_p90",
+        "aggregate_turn_ms",
+        "events",
+        "workers_killed",
+        "states",
+    ] {
+        assert!(doc.get(key).is_some(), "missing {key} in {doc}");
+    }
+    for key in [
+        "wall_s",
+        "peak_rss_mb",
+        "worker_peak_rss_mb",
+        "per_turn_ms",
+        "aggregate_turn_ms",
+    ] {
+        assert!(doc[key].is_number(), "{key} is not a number in {doc}");
+    }
+    assert_eq!(doc["bus"], "nats");
+    assert_eq!(doc["branches"], 6);
+    assert_eq!(doc["writes"], 2);
+    assert_eq!(doc["workers"], 2);
+    assert_eq!(doc["states"]["done"], 6, "{doc}");
+    assert_eq!(doc["states"].as_object().unwrap().len(), 1, "{doc}");
+    // 6 branches x (2 writes + 1 answer).
+    assert_eq!(doc["model_turns"], 18);
+    // Per branch: running, then per write turn usage, response, file change, tool result,
+    // then usage, response, done: 1 + 2 x 4 + 3.
+    assert_eq!(doc["events"], 6 * 12, "{doc}");
+    assert_eq!(
+        doc["workers_peak_rss_mb"].as_array().unwrap().len(),
+        2,
+        "{doc}"
+    );
+    assert_eq!(
+        doc["workers_killed"], 0,
+        "the workers drain on SIGTERM: {doc}"
+    );
+    // Writes j=0..1 of branch b land by (b+j)%3: 2 split, 2 agree, 4 unique files; the
+    // same diff and merge as the embedded mode.
+    assert_eq!(doc["split_paths"], 2, "{doc}");
+    assert_eq!(doc["unanimous_paths"], 2, "{doc}");
+    assert_eq!(doc["paths_touched"], 8, "{doc}");
+    // b0 writes split_0 and unique/b0/f1.
+    assert_eq!(doc["applied_paths"], 2);
+    assert!((doc["total_cost_usd"].as_f64().unwrap() - 18.0 * 0.00027).abs() < 1e-9);
+}
