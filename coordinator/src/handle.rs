@@ -1,6 +1,7 @@
 //! [`CoordinatorHandle`]: the coordinator's API. Cheap to clone; every method is bounded in
 //! time (actor calls time out) and slow store work runs on blocking threads.
 
+use crate::blobs;
 use crate::create;
 use crate::error::CoordinatorError;
 use crate::root::RootHandle;
@@ -63,6 +64,7 @@ impl CoordinatorHandle {
     }
 
     async fn create_inner(&self, req: CreateFork) -> Result<ForkView, CoordinatorError> {
+        blobs::import_for_fork(&self.store, &self.bus.blobs(), &req).await?;
         let store = self.store.clone();
         let prepared =
             tokio::task::spawn_blocking(move || create::create_fork(&store, req, now_ms()))
@@ -180,7 +182,19 @@ impl CoordinatorHandle {
         id: ForkId,
         opts: DiffOptions,
     ) -> Result<DiffReport, CoordinatorError> {
-        self.root.fork(id).await?.diff(opts).await
+        let fork = self.root.fork(id).await?;
+        if opts.unified {
+            // On a cluster the branches' files are in the bus's blob store: bring the ones
+            // the report shows into the run store first (a report without text is cheap).
+            let plain = fork
+                .diff(DiffOptions {
+                    unified: false,
+                    ..opts.clone()
+                })
+                .await?;
+            blobs::import_for_diff(&self.store, &self.bus.blobs(), &plain).await?;
+        }
+        fork.diff(opts).await
     }
 
     /// Merge the branch labelled `pick` into the fork's parent run.

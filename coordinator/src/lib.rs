@@ -41,6 +41,7 @@ pub mod handle;
 pub mod service;
 pub mod store;
 
+mod blobs;
 mod create;
 mod event_loop;
 mod fork;

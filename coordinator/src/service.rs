@@ -20,15 +20,13 @@
 
 use crate::error::CoordinatorError;
 use crate::handle::CoordinatorHandle;
-use crate::store::RunStore;
 use bytes::Bytes;
 use forkfleet_shared::api::{
-    ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, CreateFork, LoggedEvent, ServerInfo,
+    ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, LoggedEvent, ServerInfo,
     API_SUBJECT, MAX_API_WAIT_MS, MAX_INLINE_BYTES,
 };
-use forkfleet_shared::blob::{BlobHash, BlobStore};
+use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::bus::{Bus, Request};
-use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::wire::{self, WireError, WIRE_VERSION};
 use std::future::Future;
 use std::sync::Arc;
@@ -39,7 +37,6 @@ use tracing::Instrument;
 /// How long [`serve`] lets requests in flight finish after its shutdown.
 const DRAIN: Duration = Duration::from_secs(5);
 /// Blobs copied at once from the bus into the run store.
-const COPY_IN_FLIGHT: usize = 64;
 /// Requests answered at once; more wait in the subscription.
 const MAX_IN_FLIGHT: usize = 1024;
 /// Pause before subscribing again when the bus ends the subscription.
@@ -154,9 +151,7 @@ async fn answer(handle: CoordinatorHandle, bus: Arc<dyn Bus>, req: Request) {
     let response = match decode_request(bus.as_ref(), &req.payload).await {
         Ok(api) => {
             let span = tracing::info_span!("api.request", api.op = api.op(), bytes_in);
-            let result = dispatch(&handle, bus.as_ref(), api)
-                .instrument(span.clone())
-                .await;
+            let result = dispatch(&handle, api).instrument(span.clone()).await;
             if let Err(e) = &result {
                 span.in_scope(|| match e.kind {
                     ApiErrorKind::Failure => {
@@ -262,20 +257,13 @@ fn wait(timeout_ms: u64) -> Duration {
     Duration::from_millis(timeout_ms.min(MAX_API_WAIT_MS))
 }
 
-async fn dispatch(
-    handle: &CoordinatorHandle,
-    bus: &dyn Bus,
-    req: ApiRequest,
-) -> Result<ApiReply, ApiError> {
+async fn dispatch(handle: &CoordinatorHandle, req: ApiRequest) -> Result<ApiReply, ApiError> {
     Ok(match req {
         ApiRequest::Ping => ApiReply::Info(ServerInfo {
             version: env!("CARGO_PKG_VERSION").to_string(),
             wire_version: WIRE_VERSION,
         }),
-        ApiRequest::CreateFork(create) => {
-            import_blobs(handle.store(), &bus.blobs(), &create).await?;
-            ApiReply::Fork(handle.create_fork(*create).await?)
-        }
+        ApiRequest::CreateFork(create) => ApiReply::Fork(handle.create_fork(*create).await?),
         ApiRequest::Fork { fork } => ApiReply::Fork(handle.fork(fork).await?),
         ApiRequest::Forks => ApiReply::Forks(handle.forks().await?),
         ApiRequest::FindFork { prefix } => ApiReply::ForkId(handle.find_fork(&prefix).await?),
@@ -287,12 +275,7 @@ async fn dispatch(
             seen,
             timeout_ms,
         } => ApiReply::Watch(handle.watch(fork, seen, wait(timeout_ms)).await?),
-        ApiRequest::Diff { fork, options } => {
-            if options.unified {
-                import_diff_blobs(handle, &bus.blobs(), fork, &options).await?;
-            }
-            ApiReply::Diff(handle.diff(fork, options).await?)
-        }
+        ApiRequest::Diff { fork, options } => ApiReply::Diff(handle.diff(fork, options).await?),
         ApiRequest::Merge { fork, pick } => ApiReply::Merge(handle.merge(fork, &pick).await?),
         ApiRequest::Terminate { fork, label } => {
             ApiReply::Terminate(handle.terminate(fork, &label).await?)
@@ -333,97 +316,4 @@ impl From<CoordinatorError> for ApiError {
     fn from(e: CoordinatorError) -> Self {
         api_error(&e)
     }
-}
-
-/// Copy into the run store the blobs a new fork names that only the bus's blob store
-/// has: the snapshot first, then its files and the scripts. What is missing from both
-/// is left for `create_fork`'s validation to report.
-async fn import_blobs(
-    store: &RunStore,
-    from: &Arc<dyn BlobStore>,
-    req: &CreateFork,
-) -> Result<(), ApiError> {
-    let local = store.blob_store();
-    let mut wanted = vec![req.snapshot];
-    wanted.extend(req.plan.models.values().filter_map(|m| m.script));
-    copy_missing(&local, from, &wanted).await?;
-    let Some(bytes) = store.blob(&req.snapshot)? else {
-        return Ok(());
-    };
-    let Ok(manifest) = Manifest::from_blob(&bytes) else {
-        return Ok(());
-    };
-    let files: Vec<BlobHash> = manifest.files.values().map(|f| f.hash).collect();
-    copy_missing(&local, from, &files).await
-}
-
-/// Unified diffs read file contents from the run store, but on a cluster the workers
-/// put the files they write in the bus's blob store: copy the text blobs the report shows
-/// (found by a diff without contents, which is cheap) before computing it with them.
-async fn import_diff_blobs(
-    handle: &CoordinatorHandle,
-    from: &Arc<dyn BlobStore>,
-    fork: forkfleet_shared::ids::ForkId,
-    options: &forkfleet_shared::diff::DiffOptions,
-) -> Result<(), ApiError> {
-    let plain = handle
-        .diff(
-            fork,
-            forkfleet_shared::diff::DiffOptions {
-                unified: false,
-                ..options.clone()
-            },
-        )
-        .await?;
-    let mut hashes: Vec<BlobHash> = Vec::new();
-    for p in &plain.paths {
-        let files = p
-            .parent
-            .iter()
-            .chain(p.changes.iter().filter_map(|c| c.entry.as_ref()));
-        hashes.extend(files.filter(|f| !f.binary).map(|f| f.hash));
-    }
-    hashes.sort_unstable();
-    hashes.dedup();
-    copy_missing(&handle.store().blob_store(), from, &hashes).await
-}
-
-async fn copy_missing(
-    to: &Arc<dyn BlobStore>,
-    from: &Arc<dyn BlobStore>,
-    hashes: &[BlobHash],
-) -> Result<(), ApiError> {
-    let failure = |e: forkfleet_shared::blob::BlobError| {
-        ApiError::new(
-            ApiErrorKind::Failure,
-            format!("cannot copy the fork's blobs into the run store: {e}"),
-        )
-    };
-    let missing = to.missing(hashes).await.map_err(failure)?;
-    if missing.is_empty() {
-        return Ok(());
-    }
-    tracing::debug!(
-        blobs = missing.len(),
-        "api.create_fork: copying blobs from the bus"
-    );
-    for chunk in missing.chunks(COPY_IN_FLIGHT) {
-        let mut copies = JoinSet::new();
-        for h in chunk.iter().copied() {
-            let (to, from) = (to.clone(), from.clone());
-            copies.spawn(async move {
-                match from.get(&h).await? {
-                    Some(bytes) => to.put(h, bytes).await,
-                    None => Ok(()),
-                }
-            });
-        }
-        while let Some(done) = copies.join_next().await {
-            done.map_err(|e| {
-                ApiError::new(ApiErrorKind::Failure, format!("a blob copy failed: {e}"))
-            })?
-            .map_err(failure)?;
-        }
-    }
-    Ok(())
 }

@@ -1,7 +1,6 @@
 use crate::support::*;
 use bytes::Bytes;
 use forkfleet_shared::api::ParentRun;
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::state::{BranchState, ForkState};
 

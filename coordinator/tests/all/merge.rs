@@ -2,7 +2,6 @@ use crate::support::*;
 use bytes::Bytes;
 use forkfleet_coordinator::CoordinatorError;
 use forkfleet_shared::api::ParentRun;
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{Agreement, DiffOptions, Operation};
 use forkfleet_shared::event::Event;
 use forkfleet_shared::manifest::Manifest;

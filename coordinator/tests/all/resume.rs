@@ -3,7 +3,6 @@
 
 use crate::support::*;
 use forkfleet_shared::api::ParentRun;
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::protocol::{ResumeReply, ResumeRequest, RESUME_SUBJECT};

@@ -1,12 +1,17 @@
-//! Test fixture: a real sled store in a temp dir, the real LocalBus, and a fake worker that
-//! pulls branch tasks from the bus and publishes scripted events.
+//! Test fixture: a real sled store in a temp dir, a real bus, and a fake worker that pulls
+//! branch tasks from the bus and publishes scripted events.
+//!
+//! The bus is the in-process LocalBus, or with `FORKFLEET_TEST_BUS=nats` a NatsBus on a
+//! real nats-server started per test: the same suite runs on both (`scripts/test` runs it
+//! twice).
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
 use forkfleet_shared::api::{CreateFork, ForkView, ParentRun};
 use forkfleet_shared::blob::{BlobError, BlobHash, BlobStore};
-use forkfleet_shared::bus::local::LocalBus;
+use forkfleet_shared::bus::local::{LocalBus, LocalBusConfig};
+use forkfleet_shared::bus::nats::{NatsBus, NatsConfig};
 use forkfleet_shared::bus::Bus;
 use forkfleet_shared::event::{Event, Message, Usage};
 use forkfleet_shared::flush::ConflictPolicy;
@@ -18,6 +23,7 @@ use forkfleet_shared::pricing::Price;
 use forkfleet_shared::protocol::{BranchEvent, BranchTask, DEFAULT_POOL};
 use forkfleet_shared::spec::{BranchPlan, ForkPlan, Limits, ModelPlan};
 use forkfleet_shared::state::BranchState;
+use forkfleet_shared::testkit::NatsServer;
 use forkfleet_shared::wire;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -63,36 +69,66 @@ impl BlobStore for SwitchBlobs {
     }
 }
 
+/// The bus under test; a NATS one holds its server, which stops when the fixture drops.
+enum BusKind {
+    Local(LocalBus),
+    Nats(NatsBus, #[allow(dead_code)] NatsServer),
+}
+
 pub struct Fixture {
     pub dir: TempDir,
-    pub bus: LocalBus,
+    pub bus: Arc<dyn Bus>,
+    kind: BusKind,
     blobs: SwitchBlobs,
     pub coord: Option<Coordinator>,
 }
 
 impl Fixture {
     pub async fn start() -> Fixture {
-        Self::start_with(forkfleet_shared::bus::local::LocalBusConfig::default()).await
+        Self::start_with(LocalBusConfig::default()).await
     }
 
-    /// A coordinator on a local bus with this ack wait and max deliver.
-    pub async fn start_with(config: forkfleet_shared::bus::local::LocalBusConfig) -> Fixture {
+    /// A coordinator on the test bus with this ack wait and max deliver.
+    pub async fn start_with(config: LocalBusConfig) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let store = RunStore::open(dir.path()).unwrap();
         let blobs = SwitchBlobs::new(store.blob_store());
-        let bus = LocalBus::with_config(Arc::new(blobs.clone()), config);
+        let (bus, kind): (Arc<dyn Bus>, BusKind) =
+            if std::env::var("FORKFLEET_TEST_BUS").as_deref() == Ok("nats") {
+                let server = NatsServer::start();
+                let nats = within(NatsBus::connect(NatsConfig {
+                    ack_wait: config.ack_wait,
+                    max_deliver: config.max_deliver,
+                    ..NatsConfig::new(server.url())
+                }))
+                .await
+                .unwrap();
+                (Arc::new(nats.clone()), BusKind::Nats(nats, server))
+            } else {
+                let local = LocalBus::with_config(Arc::new(blobs.clone()), config);
+                (Arc::new(local.clone()), BusKind::Local(local))
+            };
         let coord = within(Coordinator::start(
             CoordinatorConfig::default(),
             store,
-            Arc::new(bus.clone()),
+            bus.clone(),
         ))
         .await
         .unwrap();
         Fixture {
             dir,
             bus,
+            kind,
             blobs,
             coord: Some(coord),
+        }
+    }
+
+    /// Tasks waiting or in flight in the default pool.
+    pub async fn pending_tasks(&self) -> u64 {
+        match &self.kind {
+            BusKind::Local(b) => b.pending_tasks(DEFAULT_POOL).unwrap() as u64,
+            BusKind::Nats(b, _) => within(b.pending_tasks(DEFAULT_POOL)).await.unwrap(),
         }
     }
 
@@ -121,7 +157,7 @@ impl Fixture {
         let coord = within(Coordinator::start(
             CoordinatorConfig::default(),
             store,
-            Arc::new(self.bus.clone()),
+            self.bus.clone(),
         ))
         .await
         .unwrap();

@@ -5,7 +5,6 @@ use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::manifest::{FileEntry, Manifest, MODE_FILE};
 use forkfleet_shared::path::WsPath;
-use forkfleet_shared::protocol::DEFAULT_POOL;
 use forkfleet_shared::spec::SpecError;
 
 async fn refused(
@@ -35,7 +34,7 @@ async fn refused(
         before,
         "{err}"
     );
-    assert_eq!(fx.bus.pending_tasks(DEFAULT_POOL).unwrap(), 0);
+    assert_eq!(fx.pending_tasks().await, 0);
     assert!(within(h.forks()).await.unwrap().is_empty());
     err
 }
