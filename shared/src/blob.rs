@@ -109,6 +109,14 @@ impl MemBlobStore {
         self.inner.read().map(|m| m.len()).unwrap_or(0)
     }
 
+    /// Every blob held, by hash.
+    pub fn hashes(&self) -> Vec<BlobHash> {
+        self.inner
+            .read()
+            .map(|m| m.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -12,7 +12,7 @@ use std::time::Instant;
 #[ignore]
 async fn fan_out_1000_by_10() {
     let (n, k) = (1000u32, 10u32);
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[("README.md", "parent\n")]);
     let mut script =
         String::from("[defaults]\nusage = { input_tokens = 1000, output_tokens = 200 }\n");

@@ -2,7 +2,7 @@
 
 use super::common::*;
 use bytes::Bytes;
-use forkfleet_shared::blob::{BlobHash, BlobStore};
+use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::event::{messages_from_events, Event, Usage};
 use forkfleet_shared::manifest::{FileEntry, Node, MODE_FILE};
 use forkfleet_shared::overlay::{ChangeOp, Overlay};
@@ -33,7 +33,7 @@ text = "done on {label}"
 
 #[tokio::test]
 async fn a_branch_runs_end_to_end() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (base, snap) = fx.snapshot(&[
         ("README.md", "# project\nstatus: draft\n"),
         ("old/a.txt", "a\n"),
@@ -139,7 +139,8 @@ async fn a_branch_runs_end_to_end() {
     for (path, entry) in replica.files() {
         // Every written blob is in the store.
         let bytes = fx
-            .store
+            .bus
+            .blobs()
             .get(&entry.hash)
             .await
             .unwrap()
@@ -159,12 +160,12 @@ async fn a_branch_runs_end_to_end() {
     assert_eq!(replica.node(&WsPath::parse("old").unwrap()), Node::Missing);
 
     // The task was acked.
-    assert_eq!(fx.pending(), 0);
+    assert_eq!(fx.pending().await, 0);
 }
 
 #[tokio::test]
 async fn usage_is_estimated_from_the_history_the_model_saw() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let script = fx.script(
         r#"
@@ -212,7 +213,7 @@ text = "finished"
 
 #[tokio::test]
 async fn an_exhausted_script_fails_the_branch_with_a_clear_error() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let script = fx.script(
         r#"
@@ -235,12 +236,12 @@ tool_calls = [{ name = "list_files", args = {} }]
         "{error}"
     );
     assert_eq!(events.count(task.run_id, "model_response"), 1);
-    assert_eq!(fx.pending(), 0);
+    assert_eq!(fx.pending().await, 0);
 }
 
 #[tokio::test]
 async fn max_turns_stops_the_branch_and_keeps_its_work() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let script = fx.script(
         r#"
@@ -266,7 +267,7 @@ repeat = 10
 
 #[tokio::test]
 async fn a_branch_budget_stops_the_branch_before_the_next_call() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let script = fx.script(
         r#"
@@ -299,7 +300,7 @@ repeat = 10
 
 #[tokio::test]
 async fn a_task_that_cannot_load_fails_with_the_reason() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let script = fx.script("[[turns.\"*\"]]\ntext = \"hi\"");
     let mut missing_prefix = fx.task("noprefix", 0, snap, script);
@@ -341,12 +342,12 @@ async fn a_task_that_cannot_load_fails_with_the_reason() {
     for run in runs {
         assert_eq!(events.by_run[&run].len(), 2);
     }
-    assert_eq!(fx.pending(), 0);
+    assert_eq!(fx.pending().await, 0);
 }
 
 #[tokio::test]
 async fn a_resumed_branch_continues_from_its_log() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[("keep.txt", "kept\n")]);
     let script = fx.script(
         r#"

@@ -1,10 +1,15 @@
-//! Fixtures: a LocalBus over a MemBlobStore, tasks whose blobs are in the store, and an
-//! event collector.
+//! Fixtures: a bus, tasks whose blobs are in its store, and an event collector.
+//!
+//! The bus is a LocalBus over a MemBlobStore, or with `FORKFLEET_TEST_BUS=nats` a NatsBus on
+//! a real nats-server started per test: the same suite runs on both (`scripts/test` runs it
+//! twice). Blobs are staged in the MemBlobStore and copied to a NATS bus's store when a task
+//! is enqueued.
 #![allow(dead_code)]
 
 use bytes::Bytes;
 use forkfleet_shared::blob::{BlobHash, MemBlobStore};
 use forkfleet_shared::bus::local::{LocalBus, LocalBusConfig};
+use forkfleet_shared::bus::nats::{NatsBus, NatsConfig};
 use forkfleet_shared::bus::{Bus, EventConsumer};
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::{ForkId, RunId};
@@ -15,6 +20,7 @@ use forkfleet_shared::protocol::{
     RESUME_SUBJECT,
 };
 use forkfleet_shared::state::BranchState;
+use forkfleet_shared::testkit::NatsServer;
 use forkfleet_shared::wire;
 use forkfleet_worker::{WorkerConfig, WorkerHandle};
 use std::collections::HashMap;
@@ -25,28 +31,94 @@ use std::time::Duration;
 pub const WAIT: Duration = Duration::from_secs(10);
 
 pub struct Fixture {
-    pub bus: LocalBus,
+    pub bus: Arc<dyn Bus>,
+    kind: BusKind,
+    /// The blobs of snapshots, scripts and prefixes (a local bus's own store).
     pub store: MemBlobStore,
     pub fork_id: ForkId,
 }
 
+/// The bus under test; a NATS one holds its server, which stops when the fixture drops.
+enum BusKind {
+    Local(LocalBus),
+    Nats(NatsBus, #[allow(dead_code)] NatsServer),
+}
+
 impl Fixture {
-    pub fn new() -> Self {
-        Self::with_config(LocalBusConfig::default())
+    pub async fn new() -> Self {
+        Self::with_config(LocalBusConfig::default()).await
     }
 
-    pub fn with_config(config: LocalBusConfig) -> Self {
+    pub async fn with_config(config: LocalBusConfig) -> Self {
         let store = MemBlobStore::new();
-        let bus = LocalBus::with_config(Arc::new(store.clone()), config);
+        let (bus, kind): (Arc<dyn Bus>, BusKind) =
+            if std::env::var("FORKFLEET_TEST_BUS").as_deref() == Ok("nats") {
+                let server = NatsServer::start();
+                let nats = tokio::time::timeout(
+                    WAIT,
+                    NatsBus::connect(NatsConfig {
+                        ack_wait: config.ack_wait,
+                        max_deliver: config.max_deliver,
+                        ..NatsConfig::new(server.url())
+                    }),
+                )
+                .await
+                .unwrap()
+                .unwrap();
+                (Arc::new(nats.clone()), BusKind::Nats(nats, server))
+            } else {
+                let local = LocalBus::with_config(Arc::new(store.clone()), config);
+                (Arc::new(local.clone()), BusKind::Local(local))
+            };
         Self {
             bus,
+            kind,
+            store,
+            fork_id: ForkId::new(),
+        }
+    }
+
+    /// A fixture on a local bus whatever the test bus (for tests that use only the store).
+    pub fn store_only() -> Self {
+        let store = MemBlobStore::new();
+        let local = LocalBus::new(Arc::new(store.clone()));
+        Self {
+            bus: Arc::new(local.clone()),
+            kind: BusKind::Local(local),
             store,
             fork_id: ForkId::new(),
         }
     }
 
     pub fn dyn_bus(&self) -> Arc<dyn Bus> {
-        Arc::new(self.bus.clone())
+        self.bus.clone()
+    }
+
+    /// The local bus, when the test runs on one.
+    pub fn local(&self) -> Option<&LocalBus> {
+        match &self.kind {
+            BusKind::Local(b) => Some(b),
+            BusKind::Nats(..) => None,
+        }
+    }
+
+    /// Copy the staged blobs to a NATS bus's store (a local bus reads the staging store).
+    async fn publish_blobs(&self) {
+        if let BusKind::Nats(..) = self.kind {
+            let to = self.bus.blobs();
+            let hashes = self.store.hashes();
+            let missing = tokio::time::timeout(WAIT, to.missing(&hashes))
+                .await
+                .unwrap()
+                .unwrap();
+            for h in missing {
+                let bytes = self.store.get_now(&h).unwrap();
+                tokio::time::timeout(WAIT, to.put(h, bytes))
+                    .await
+                    .unwrap()
+                    .unwrap();
+            }
+        }
     }
 
     /// A snapshot of text files (and `->target` symlinks), its blobs in the store.
@@ -120,6 +192,7 @@ impl Fixture {
     }
 
     pub async fn enqueue(&self, task: &BranchTask) {
+        self.publish_blobs().await;
         self.bus
             .enqueue_task(DEFAULT_POOL, wire::encode(task).unwrap())
             .await
@@ -150,8 +223,15 @@ impl Fixture {
         }
     }
 
-    pub fn pending(&self) -> usize {
-        self.bus.pending_tasks(DEFAULT_POOL).unwrap()
+    /// Tasks waiting or in flight in the default pool.
+    pub async fn pending(&self) -> usize {
+        match &self.kind {
+            BusKind::Local(b) => b.pending_tasks(DEFAULT_POOL).unwrap(),
+            BusKind::Nats(b, _) => tokio::time::timeout(WAIT, b.pending_tasks(DEFAULT_POOL))
+                .await
+                .unwrap()
+                .unwrap() as usize,
+        }
     }
 
     /// Answer one resume request as the coordinator does: the branch's log as it has it

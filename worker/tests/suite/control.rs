@@ -20,7 +20,7 @@ text = "done"
 
 #[tokio::test]
 async fn terminate_stops_a_running_branch_and_keeps_its_work() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let task = fx.task("long", 0, snap, fx.script(SLOW));
     fx.enqueue(&task).await;
@@ -53,12 +53,12 @@ async fn terminate_stops_a_running_branch_and_keeps_its_work() {
     for (i, e) in published.iter().enumerate() {
         assert_eq!(e.seq, task.first_seq + i as u64);
     }
-    assert_eq!(fx.pending(), 0);
+    assert_eq!(fx.pending().await, 0);
 }
 
 #[tokio::test]
 async fn a_steer_enters_the_history_before_the_next_call() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let script = fx.script(
         r#"
@@ -114,7 +114,7 @@ text = "done"
 
 #[tokio::test]
 async fn control_for_a_finished_branch_is_harmless() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let task = fx.task(
         "quick",

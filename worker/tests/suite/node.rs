@@ -3,7 +3,6 @@
 use super::common::*;
 use bytes::Bytes;
 use forkfleet_shared::bus::local::LocalBusConfig;
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::protocol::{BranchEvent, DEFAULT_POOL};
 use forkfleet_shared::state::BranchState;
@@ -24,7 +23,7 @@ text = "done"
 
 #[tokio::test]
 async fn never_more_branches_than_the_concurrency_limit() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let script = fx.script(TWO_SLOW_TURNS);
     let tasks: Vec<_> = (0..6)
@@ -55,12 +54,12 @@ async fn never_more_branches_than_the_concurrency_limit() {
     for run in runs {
         assert_eq!(events.terminal(run).unwrap().0, BranchState::Done);
     }
-    assert_eq!(fx.pending(), 0);
+    assert_eq!(fx.pending().await, 0);
 }
 
 #[tokio::test]
 async fn a_garbage_task_is_dropped_and_the_node_goes_on() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     fx.bus
         .enqueue_task(DEFAULT_POOL, Bytes::from_static(b"\x93garbage"))
@@ -81,16 +80,18 @@ async fn a_garbage_task_is_dropped_and_the_node_goes_on() {
     assert_eq!(running.unwrap(), 0);
     shutdown(worker).await;
     assert_eq!(
-        fx.pending(),
+        fx.pending().await,
         0,
         "the garbage task was acked, not redelivered"
     );
-    assert!(fx.bus.dead_letters(DEFAULT_POOL).unwrap().is_empty());
+    if let Some(local) = fx.local() {
+        assert!(local.dead_letters(DEFAULT_POOL).unwrap().is_empty());
+    }
 }
 
 #[tokio::test]
 async fn shutdown_hands_running_branches_back_for_another_worker() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let script = fx.script(
         r#"
@@ -114,7 +115,7 @@ text = "done"
         .await;
     shutdown(first).await;
     assert!(events.terminal(task.run_id).is_none(), "stopped mid-run");
-    assert_eq!(fx.pending(), 1, "the task was handed back");
+    assert_eq!(fx.pending().await, 1, "the task was handed back");
 
     // Another worker picks it up: it asks the coordinator for the branch's log, which
     // fences off the first attempt, and continues right after the last event it applied.
@@ -129,7 +130,7 @@ text = "done"
         .until(|e| is_status(e, task.run_id, BranchState::Done))
         .await;
     shutdown(second).await;
-    assert_eq!(fx.pending(), 0);
+    assert_eq!(fx.pending().await, 0);
     let asked = tokio::time::timeout(Duration::from_secs(5), resume)
         .await
         .unwrap()
@@ -183,7 +184,8 @@ async fn heartbeats_keep_a_long_branch_from_being_redelivered() {
     let fx = Fixture::with_config(LocalBusConfig {
         ack_wait: Duration::from_millis(300),
         max_deliver: 5,
-    });
+    })
+    .await;
     let (_, snap) = fx.snapshot(&[]);
     let script = fx.script(
         r#"
@@ -225,12 +227,12 @@ text = "done"
         })
         .count();
     assert_eq!(runnings, 1, "the task was never redelivered while it ran");
-    assert_eq!(fx.pending(), 0);
+    assert_eq!(fx.pending().await, 0);
 }
 
 #[tokio::test]
 async fn run_returns_when_the_shutdown_future_completes() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let task = fx.task(
         "served",
@@ -251,12 +253,12 @@ async fn run_returns_when_the_shutdown_future_completes() {
         .expect("run returned")
         .unwrap()
         .unwrap();
-    assert_eq!(fx.pending(), 0);
+    assert_eq!(fx.pending().await, 0);
 }
 
 #[tokio::test]
 async fn a_bad_config_is_refused() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let err = forkfleet_worker::start(
         WorkerConfig {
             concurrency: 0,
@@ -273,7 +275,7 @@ async fn a_bad_config_is_refused() {
 
 #[tokio::test]
 async fn workers_share_a_pool() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let script = fx.script(TWO_SLOW_TURNS);
     let tasks: Vec<_> = (0..8)
@@ -293,7 +295,7 @@ async fn workers_share_a_pool() {
         assert_eq!(events.terminal(run).unwrap().0, BranchState::Done);
         assert_eq!(events.count(run, "status"), 2, "each branch ran once");
     }
-    assert_eq!(fx.pending(), 0);
+    assert_eq!(fx.pending().await, 0);
 }
 
 const SLOW_SCRIPT: &str = r#"
@@ -310,7 +312,7 @@ text = "done"
 
 #[tokio::test]
 async fn drain_lets_running_branches_finish() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let script = fx.script(SLOW_SCRIPT);
     let task = fx.task("draining", 0, snap, script);
@@ -330,7 +332,7 @@ async fn drain_lets_running_branches_finish() {
     events.until_terminal(&[task.run_id]).await;
     assert_eq!(events.terminal(task.run_id).unwrap().0, BranchState::Done);
     assert_eq!(
-        fx.pending(),
+        fx.pending().await,
         0,
         "the branch finished and its task was acked"
     );
@@ -338,7 +340,7 @@ async fn drain_lets_running_branches_finish() {
 
 #[tokio::test]
 async fn drain_hands_back_what_outlasts_the_grace() {
-    let fx = Fixture::new();
+    let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);
     let script = fx.script(SLOW_SCRIPT);
     let task = fx.task("long", 0, snap, script);
@@ -357,7 +359,7 @@ async fn drain_hands_back_what_outlasts_the_grace() {
     .expect("drain failed");
     assert!(events.terminal(task.run_id).is_none());
     assert_eq!(
-        fx.pending(),
+        fx.pending().await,
         1,
         "the unfinished branch went back to the queue"
     );

@@ -18,7 +18,7 @@ struct Ws {
 
 impl Ws {
     fn new(files: &[(&str, &str)]) -> Self {
-        let fx = Fixture::new();
+        let fx = Fixture::store_only();
         let (base, _) = fx.snapshot(files);
         let cache = BlobCache::new(Arc::new(fx.store.clone()), 1 << 20);
         Self {
