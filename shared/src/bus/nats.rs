@@ -464,61 +464,49 @@ impl NatsBus {
             .build(client.clone());
         let storage: stream::StorageType = config.storage.into();
 
-        ensure_stream(
-            &js,
-            stream::Config {
-                name: subjects::TASK_STREAM.into(),
-                description: Some("forkfleet branch tasks, one subject per pool".into()),
-                subjects: vec![subjects::TASK_SUBJECTS.into()],
-                retention: stream::RetentionPolicy::WorkQueue,
+        // Tasks keep until acked; events, control and dead-task advisories for `max_age`.
+        let streams = [
+            (
+                subjects::TASK_STREAM,
+                "forkfleet branch tasks, one subject per pool",
+                subjects::TASK_SUBJECTS.to_string(),
+                stream::RetentionPolicy::WorkQueue,
+                Duration::ZERO,
+            ),
+            (
+                subjects::EVENT_STREAM,
+                "forkfleet branch events",
+                subjects::EVENT_SUBJECTS.to_string(),
+                stream::RetentionPolicy::Limits,
+                config.max_age,
+            ),
+            (
+                subjects::CONTROL_STREAM,
+                "forkfleet control commands, one subject per run",
+                subjects::CONTROL_SUBJECTS.to_string(),
+                stream::RetentionPolicy::Limits,
+                config.max_age,
+            ),
+            (
+                subjects::DEAD_TASK_STREAM,
+                "max-deliveries advisories of the task consumers",
+                subjects::dead_task_advisories(),
+                stream::RetentionPolicy::WorkQueue,
+                config.max_age,
+            ),
+        ];
+        for (name, description, subject, retention, max_age) in streams {
+            let stream = stream::Config {
+                name: name.into(),
+                description: Some(description.into()),
+                subjects: vec![subject],
+                retention,
+                max_age,
                 storage,
                 ..Default::default()
-            },
-            &url,
-        )
-        .await?;
-        ensure_stream(
-            &js,
-            stream::Config {
-                name: subjects::EVENT_STREAM.into(),
-                description: Some("forkfleet branch events".into()),
-                subjects: vec![subjects::EVENT_SUBJECTS.into()],
-                retention: stream::RetentionPolicy::Limits,
-                max_age: config.max_age,
-                storage,
-                ..Default::default()
-            },
-            &url,
-        )
-        .await?;
-        ensure_stream(
-            &js,
-            stream::Config {
-                name: subjects::CONTROL_STREAM.into(),
-                description: Some("forkfleet control commands, one subject per run".into()),
-                subjects: vec![subjects::CONTROL_SUBJECTS.into()],
-                retention: stream::RetentionPolicy::Limits,
-                max_age: config.max_age,
-                storage,
-                ..Default::default()
-            },
-            &url,
-        )
-        .await?;
-        ensure_stream(
-            &js,
-            stream::Config {
-                name: subjects::DEAD_TASK_STREAM.into(),
-                description: Some("max-deliveries advisories of the task consumers".into()),
-                subjects: vec![subjects::dead_task_advisories()],
-                retention: stream::RetentionPolicy::WorkQueue,
-                max_age: config.max_age,
-                storage,
-                ..Default::default()
-            },
-            &url,
-        )
-        .await?;
+            };
+            ensure_stream(&js, stream, &url).await?;
+        }
         let workers = ensure_kv(
             &js,
             kv::Config {
