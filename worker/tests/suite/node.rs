@@ -76,13 +76,13 @@ async fn a_garbage_task_is_dropped_and_the_node_goes_on() {
     let worker = start(&fx, config(1)).await;
     events.until_terminal(&[task.run_id]).await;
     assert_eq!(events.terminal(task.run_id).unwrap().0, BranchState::Done);
-    let running = tokio::time::timeout(WAIT, worker.running()).await.unwrap();
-    assert_eq!(running.unwrap(), 0);
+    // (The agent acks its task just after publishing the terminal status; shutdown waits
+    // for it, so only after it is "nothing pending" a fact.)
     shutdown(worker).await;
     assert_eq!(
         fx.pending().await,
         0,
-        "the garbage task was acked, not redelivered"
+        "the garbage task and the real one were acked, neither handed back"
     );
     if let Some(local) = fx.local() {
         assert!(local.dead_letters(DEFAULT_POOL).unwrap().is_empty());

@@ -1,0 +1,151 @@
+//! Connection settings: the URL, authentication, TLS, storage and limits; secrets never in `Debug`.
+
+use super::*;
+
+/// How to authenticate to NATS. Secrets never appear in `Debug`.
+#[derive(Clone, Default)]
+pub enum NatsAuth {
+    #[default]
+    None,
+    UserPassword {
+        user: String,
+        password: String,
+    },
+    Token(String),
+    /// An NKey seed (`SU...`).
+    NkeySeed(String),
+    /// A `.creds` file (JWT and NKey seed).
+    CredsFile(PathBuf),
+}
+
+impl fmt::Debug for NatsAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::None => f.write_str("None"),
+            Self::UserPassword { user, .. } => f
+                .debug_struct("UserPassword")
+                .field("user", user)
+                .field("password", &"<redacted>")
+                .finish(),
+            Self::Token(_) => f.write_str("Token(<redacted>)"),
+            Self::NkeySeed(_) => f.write_str("NkeySeed(<redacted>)"),
+            Self::CredsFile(path) => f.debug_tuple("CredsFile").field(path).finish(),
+        }
+    }
+}
+
+/// TLS to the server: extra root certificates, a client certificate, or TLS required.
+#[derive(Debug, Clone, Default)]
+pub struct NatsTls {
+    pub ca_file: Option<PathBuf>,
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+    pub require: bool,
+}
+
+/// Where JetStream keeps the bus's streams.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NatsStorage {
+    #[default]
+    File,
+    Memory,
+}
+
+impl From<NatsStorage> for stream::StorageType {
+    fn from(s: NatsStorage) -> Self {
+        match s {
+            NatsStorage::File => stream::StorageType::File,
+            NatsStorage::Memory => stream::StorageType::Memory,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct NatsConfig {
+    /// `nats://host:port` (or `tls://`), or several separated by commas (cluster seeds);
+    /// credentials in a URL are redacted in logs and errors.
+    pub url: String,
+    /// The connection name shown by the server's monitoring.
+    pub name: Option<String>,
+    pub auth: NatsAuth,
+    pub tls: NatsTls,
+    /// A task or event not acked (or extended) within this time is delivered again.
+    pub ack_wait: Duration,
+    /// Deliveries of one task before it is dead-lettered.
+    pub max_deliver: u32,
+    /// Bound of every JetStream API call, publish acknowledgement and double ack.
+    pub request_timeout: Duration,
+    /// Bound of the first connection.
+    pub connect_timeout: Duration,
+    pub storage: NatsStorage,
+    /// Worker heartbeats older than this are not listed (the bucket's `max_age` when it is
+    /// created).
+    pub worker_ttl: Duration,
+    /// How long events and control commands are kept.
+    pub max_age: Duration,
+}
+
+impl NatsConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".into(),
+            name: None,
+            auth: NatsAuth::None,
+            tls: NatsTls::default(),
+            ack_wait: Duration::from_secs(30),
+            max_deliver: 5,
+            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            storage: NatsStorage::File,
+            worker_ttl: Duration::from_millis(WORKER_TTL_MS),
+            max_age: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+impl fmt::Debug for NatsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsConfig")
+            .field("url", &redact_url(&self.url))
+            .field("name", &self.name)
+            .field("auth", &self.auth)
+            .field("tls", &self.tls)
+            .field("ack_wait", &self.ack_wait)
+            .field("max_deliver", &self.max_deliver)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("storage", &self.storage)
+            .field("worker_ttl", &self.worker_ttl)
+            .field("max_age", &self.max_age)
+            .finish()
+    }
+}
+
+/// The URL(s) without user info (`nats://user:pass@host` → `nats://<redacted>@host`).
+pub(super) fn redact_url(urls: &str) -> String {
+    urls.split(',')
+        .map(|u| redact_one(u.trim()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+pub(super) fn redact_one(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let host_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..host_end].rfind('@') {
+        Some(at) => format!("{scheme}<redacted>{}", &rest[at..]),
+        None => url.to_string(),
+    }
+}
