@@ -679,12 +679,7 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             timeout_s,
             client,
         } => with_session!(&client, Local::Read, |coord| async {
-            // A full id needs no lookup, so watching starts (and retries) even while the
-            // coordinator is unreachable.
-            let id = match fork.parse::<ForkId>() {
-                Ok(id) => id,
-                Err(_) => coord.find_fork(&fork).await?,
-            };
+            let id = coord.find_fork(&fork).await?;
             if !coord.is_remote() {
                 let view = coord.fork(id).await?;
                 if !view.settled() && !view.state.is_resolved() {

@@ -168,6 +168,11 @@ impl RemoteCoordinator {
     }
 
     pub async fn find_fork(&self, prefix: &str) -> Result<ForkId, ClientError> {
+        // A full id needs no round trip (and so works while the coordinator is away: an
+        // unknown one is reported by the call that uses it).
+        if let Ok(id) = prefix.parse::<ForkId>() {
+            return Ok(id);
+        }
         let req = ApiRequest::FindFork {
             prefix: prefix.to_string(),
         };

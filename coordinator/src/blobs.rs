@@ -7,11 +7,16 @@ use crate::error::CoordinatorError;
 use crate::store::RunStore;
 use forkfleet_shared::api::CreateFork;
 use forkfleet_shared::blob::{BlobHash, BlobStore};
-use forkfleet_shared::bus::BusError;
+use forkfleet_shared::bus::{Bus, BusError};
 use forkfleet_shared::diff::DiffReport;
 use forkfleet_shared::manifest::Manifest;
 use std::sync::Arc;
 use tokio::task::JoinSet;
+
+/// True when the bus's blob store is the run store's (the embedded mode): nothing to copy.
+pub(crate) fn shared_with_bus(store: &RunStore, bus: &Arc<dyn Bus>) -> bool {
+    Arc::ptr_eq(&store.blob_store(), &bus.blobs())
+}
 
 /// Blobs copied at once.
 const COPY_IN_FLIGHT: usize = 64;
@@ -62,9 +67,6 @@ async fn copy_missing(
     from: &Arc<dyn BlobStore>,
     hashes: &[BlobHash],
 ) -> Result<(), CoordinatorError> {
-    if Arc::ptr_eq(to, from) {
-        return Ok(());
-    }
     let missing = to.missing(hashes).await.map_err(BusError::from)?;
     if missing.is_empty() {
         return Ok(());

@@ -228,6 +228,13 @@ impl ForkState {
     /// attempts are dropped, and what they left held beyond a gap is deleted. The answer is
     /// the branch's log as stored, which the worker continues.
     fn fence(&mut self, run: RunId, attempt: u32) -> Result<Vec<(u64, Event)>, CoordinatorError> {
+        self.raise_fence(run, attempt)?;
+        self.store.run_log(run)
+    }
+
+    /// Drop the events of task attempts below `attempt` from now on, and what they left
+    /// held beyond a gap; persisted with the branch record.
+    fn raise_fence(&mut self, run: RunId, attempt: u32) -> Result<(), CoordinatorError> {
         let i = *self
             .by_run
             .get(&run)
@@ -240,7 +247,7 @@ impl ForkState {
             self.store.put_branch(&b.record)?;
             tracing::info!(fork.id = %self.record.fork_id, run.id = %run, branch.label = %b.record.label, attempt, dropped_held = held.len(), "fork.fence: a worker took the branch over");
         }
-        self.store.run_log(run)
+        Ok(())
     }
 
     /// End a branch whose task no worker could finish: fence off every attempt, then
@@ -253,7 +260,7 @@ impl ForkState {
         if self.branches[i].record.state.is_terminal() {
             return Ok(());
         }
-        self.fence(run, u32::MAX)?;
+        self.raise_fence(run, u32::MAX)?;
         let seq = self.branches[i].record.next_seq;
         tracing::warn!(fork.id = %self.record.fork_id, run.id = %run, error = %error, "fork.fail_branch");
         self.apply_events(vec![BranchEvent {

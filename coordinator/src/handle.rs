@@ -64,7 +64,9 @@ impl CoordinatorHandle {
     }
 
     async fn create_inner(&self, req: CreateFork) -> Result<ForkView, CoordinatorError> {
-        blobs::import_for_fork(&self.store, &self.bus.blobs(), &req).await?;
+        if !blobs::shared_with_bus(&self.store, &self.bus) {
+            blobs::import_for_fork(&self.store, &self.bus.blobs(), &req).await?;
+        }
         let store = self.store.clone();
         let prepared =
             tokio::task::spawn_blocking(move || create::create_fork(&store, req, now_ms()))
@@ -183,7 +185,7 @@ impl CoordinatorHandle {
         opts: DiffOptions,
     ) -> Result<DiffReport, CoordinatorError> {
         let fork = self.root.fork(id).await?;
-        if opts.unified {
+        if opts.unified && !blobs::shared_with_bus(&self.store, &self.bus) {
             // On a cluster the branches' files are in the bus's blob store: bring the ones
             // the report shows into the run store first (a report without text is cheap).
             let plain = fork

@@ -65,6 +65,9 @@ struct Inner {
     branches: sled::Tree,
     checkpoints: sled::Tree,
     blobs: SledBlobStore,
+    /// The same store as a trait object, made once: the embedded mode hands it to the bus,
+    /// and `Arc::ptr_eq` then tells the coordinator the bus's blobs are its own.
+    blob_store: Arc<dyn BlobStore>,
     /// Serialises the read-modify-write of parent runs (fork creation from an existing
     /// run, merges), which several fork actors may do at once.
     parent_lock: Mutex<()>,
@@ -133,13 +136,15 @@ impl RunStore {
             }
         };
         let tree = |name: &str| db.open_tree(name);
+        let blobs = SledBlobStore::new(tree("blobs")?);
         let inner = Inner {
             runs: tree("runs")?,
             events: tree("events")?,
             forks: tree("forks")?,
             branches: tree("branches")?,
             checkpoints: tree("checkpoints")?,
-            blobs: SledBlobStore::new(tree("blobs")?),
+            blob_store: Arc::new(blobs.clone()),
+            blobs,
             parent_lock: Mutex::new(()),
             dir,
             db,
@@ -159,7 +164,7 @@ impl RunStore {
     ///
     /// [`LocalBus`]: forkfleet_shared::bus::local::LocalBus
     pub fn blob_store(&self) -> Arc<dyn BlobStore> {
-        Arc::new(self.inner.blobs.clone())
+        self.inner.blob_store.clone()
     }
 
     /// The concrete blob store, with its synchronous getter.
