@@ -35,6 +35,7 @@ fn events() -> Vec<BranchEvent> {
                 cached_tokens: 0,
             },
             cost_usd: 0.00027,
+            reservation: None,
         },
         Event::FileChange {
             change: ChangeOp::Write {
@@ -81,6 +82,9 @@ fn task() -> BranchTask {
         max_turns: 15,
         max_output_tokens: 4096,
         budget_usd: None,
+        reserve: false,
+        on_exhausted: Default::default(),
+        attempt_base: 0,
     }
 }
 

@@ -17,7 +17,10 @@
 //!   client does, over request/reply.
 //!
 //! Both run the same measurement ([`run_fanout`]) through a [`CoordinatorClient`].
+//!
+//! `forkfleet bench budget`: the peer's aggregate-cap table ([`budget`]).
 
+pub mod budget;
 mod cluster;
 pub mod nats_server;
 
@@ -338,6 +341,7 @@ fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
         },
         conflict_policy: ConflictPolicy::KeepParent,
         aggregate_budget_usd: None,
+        budget: Default::default(),
         models: BTreeMap::from([(
             BENCH_MODEL.to_string(),
             ModelPlan {

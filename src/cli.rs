@@ -1,7 +1,7 @@
 //! The command line. Each command is a function from parsed arguments to an exit code:
 //! 0 success, 1 failure, 2 bad input.
 //!
-//! Client commands (`fork ...`, `workers`, `log`) talk to a [`CoordinatorClient`]: a
+//! Client commands (`fork ...`, `account ...`, `workers`, `log`) talk to a [`CoordinatorClient`]: a
 //! remote coordinator when a NATS URL is configured (`--nats`, `FORKFLEET_NATS_URL`, or
 //! the `--config` file), else the embedded one over the run store in `--data`.
 
@@ -9,12 +9,13 @@ use crate::client;
 use crate::config::{self, Config, Layer, NatsLayer, TlsLayer};
 use crate::embedded::{Embedded, EmbeddedOptions};
 use crate::remote::{ClientError, CoordinatorClient, RemoteCoordinator};
-use crate::render;
+use crate::render::{self, Until};
 use crate::service;
 use crate::BadInput;
 use clap::{Args, Parser, Subcommand};
 use forkfleet_coordinator::CoordinatorError;
 use forkfleet_shared::api::{CreateFork, ForkView, ParentRun};
+use forkfleet_shared::budget::ForkCost;
 use forkfleet_shared::diff::DiffOptions;
 use forkfleet_shared::flush::{ConflictPolicy, FlushReport};
 use forkfleet_shared::ids::{ForkId, RunId};
@@ -50,6 +51,11 @@ pub enum Command {
     Fork {
         #[command(subcommand)]
         command: ForkCommand,
+    },
+    /// Set and show the budget accounts forks charge (shared by every fork that names one).
+    Account {
+        #[command(subcommand)]
+        command: AccountCommand,
     },
     /// List a cluster's live workers: id, pool, running branches, last heartbeat.
     Workers(ClusterArgs),
@@ -168,6 +174,16 @@ pub struct ClientArgs {
     pub config: ConfigArgs,
 }
 
+impl ClientArgs {
+    /// The configuration these arguments resolve to.
+    fn load_config(&self) -> Result<Config, config::ConfigError> {
+        self.config.load(Layer {
+            data: self.data.clone(),
+            ..Layer::default()
+        })
+    }
+}
+
 /// The arguments of a command that needs a cluster.
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
@@ -228,6 +244,9 @@ pub struct RunArgs {
     /// Give up waiting for the branches after this many seconds (they stay in the store).
     #[arg(long)]
     pub timeout_s: Option<u64>,
+    /// A TOML config file (default: $FORKFLEET_CONFIG); `run` uses its `[pricing]`.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -291,6 +310,53 @@ pub enum ForkCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// A fork's money: per branch spent, reserved, cap, remaining and state; the fork's
+    /// and its account's totals.
+    Cost {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Raise a cap and resume the branches it paused: a branch's own cap with --branch,
+    /// else the fork's aggregate cap. Prints the cost report.
+    ///
+    /// Embedded (no NATS URL), the resumed branches run here until nothing runs.
+    Topup {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// The branch whose own cap to raise (default: the fork's aggregate cap).
+        #[arg(long, value_name = "LABEL")]
+        branch: Option<String>,
+        /// How much to add, in USD (finite, greater than 0).
+        #[arg(long, value_name = "USD", value_parser = parse_usd, allow_hyphen_values = true)]
+        usd: f64,
+        /// Embedded only: give up waiting for the resumed branches after this many seconds.
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Move cap from one branch of a fork to another (both must have a cap); resumes the
+    /// receiving branch if it was paused. Prints the cost report.
+    MoveBudget {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// The branch giving cap (it keeps at least what it spent and holds).
+        #[arg(long, value_name = "LABEL")]
+        from: String,
+        /// The branch receiving it.
+        #[arg(long, value_name = "LABEL")]
+        to: String,
+        /// How much to move, in USD (finite, greater than 0).
+        #[arg(long, value_name = "USD", value_parser = parse_usd, allow_hyphen_values = true)]
+        usd: f64,
+        /// Embedded only: give up waiting for the resumed branch after this many seconds.
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Merge a branch into the fork's parent and apply it to the workspace directory.
     Merge {
         fork: String,
@@ -311,6 +377,59 @@ pub enum ForkCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum AccountCommand {
+    /// Create an account or change its cap; a higher cap resumes what the old one paused.
+    #[command(group(clap::ArgGroup::new("cap_choice").required(true).args(["cap", "no_cap"])))]
+    Set {
+        /// 1 to 64 letters, digits, `-`, `_`, `.`, not starting with `.`.
+        name: String,
+        /// The cap in USD (finite, 0 or more).
+        #[arg(long, value_name = "USD", value_parser = parse_cap, allow_hyphen_values = true)]
+        cap: Option<f64>,
+        /// Remove the cap (the account still tracks spend).
+        #[arg(long)]
+        no_cap: bool,
+        /// Embedded only: give up waiting for resumed branches after this many seconds.
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show every account, or the one named: cap, spent, reserved, remaining, forks.
+    Show {
+        name: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// `--usd`: a finite amount greater than 0.
+fn parse_usd(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| {
+        format!("`{s}` is not a number; give an amount of USD greater than 0, e.g. 0.5")
+    })?;
+    if !v.is_finite() || v <= 0.0 {
+        return Err(format!(
+            "{v} is not valid; give a finite amount of USD greater than 0, e.g. 0.5"
+        ));
+    }
+    Ok(v)
+}
+
+/// `--cap`: a finite amount of 0 or more.
+fn parse_cap(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| {
+        format!("`{s}` is not a number; give a cap in USD of 0 or more, e.g. 25 (or --no-cap)")
+    })?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!(
+            "{v} is not valid; give a finite cap in USD of 0 or more, e.g. 25 (or --no-cap)"
+        ));
+    }
+    Ok(v)
+}
+
 #[derive(Debug, Args)]
 pub struct LogArgs {
     /// Run id.
@@ -324,6 +443,9 @@ pub enum BenchCommand {
     /// N branches, each making K write_file calls then answering (the peer's fan-out work),
     /// embedded (`--bus local`) or on a cluster of its own (`--bus nats`).
     Fanout(crate::bench::FanoutArgs),
+    /// The peer's aggregate-cap table: 100 branches under caps of 10%, 25% and 50% of their
+    /// uncapped spend, in strict and best-effort mode; true spend against each cap.
+    Budget(crate::bench::budget::BudgetArgs),
 }
 
 pub fn init_tracing(verbose: u8) {
@@ -347,10 +469,12 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Coordinator(args) => cmd_coordinator(args).await,
         Command::Worker(args) => cmd_worker(args).await,
         Command::Fork { command } => cmd_fork(command).await,
+        Command::Account { command } => cmd_account(command).await,
         Command::Workers(args) => cmd_workers(args).await,
         Command::Log(args) => cmd_log(args).await,
         Command::Bench { command } => match command {
             BenchCommand::Fanout(args) => crate::bench::cmd_fanout(args).await,
+            BenchCommand::Budget(args) => crate::bench::budget::cmd_budget(args).await,
         },
     };
     match result {
@@ -425,15 +549,24 @@ enum Local {
     Read,
     /// Create and run forks here: in-process workers.
     Run,
+    /// Resume paused branches of existing forks: the data dir must exist; in-process
+    /// workers run what is resumed.
+    Resume,
 }
 
 impl Session {
     /// Connect as `args` configure. Returns `None` after `--print-config`.
     async fn open(args: &ClientArgs, local: Local) -> anyhow::Result<Option<Session>> {
-        let config = args.config.load(Layer {
-            data: args.data.clone(),
-            ..Layer::default()
-        })?;
+        let config = args.load_config()?;
+        Self::connect(args, &config, local).await
+    }
+
+    /// [`Session::open`] with the configuration already loaded.
+    async fn connect(
+        args: &ClientArgs,
+        config: &Config,
+        local: Local,
+    ) -> anyhow::Result<Option<Session>> {
         if args.config.print_config {
             print!("{}", config.render());
             return Ok(None);
@@ -447,7 +580,7 @@ impl Session {
         }
         let data = &config.data.value;
         let opts = match local {
-            Local::Read => {
+            Local::Read | Local::Resume => {
                 if !data.is_dir() {
                     return Err(BadInput(format!(
                         "data dir `{}` does not exist; pass --data DIR (forkfleet run keeps it in `.forkfleet/` next to the spec), or --nats URL for a cluster",
@@ -455,9 +588,13 @@ impl Session {
                     ))
                     .into());
                 }
-                EmbeddedOptions {
-                    workers: 0,
-                    concurrency: 1,
+                if matches!(local, Local::Resume) {
+                    EmbeddedOptions::default()
+                } else {
+                    EmbeddedOptions {
+                        workers: 0,
+                        concurrency: 1,
+                    }
                 }
             }
             Local::Run => EmbeddedOptions::default(),
@@ -480,8 +617,11 @@ impl Session {
 /// Run `body` against the session `args` configure, then close it (the body's error
 /// first).
 macro_rules! with_session {
-    ($args:expr, $local:expr, |$client:ident| $body:expr) => {{
-        match Session::open($args, $local).await? {
+    ($args:expr, $local:expr, |$client:ident| $body:expr) => {
+        with_session!(@open Session::open($args, $local), |$client| $body)
+    };
+    (@open $open:expr, |$client:ident| $body:expr) => {{
+        match $open.await? {
             None => Ok(()),
             Some(session) => {
                 let result = {
@@ -503,7 +643,14 @@ fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
 // ---- forkfleet run -------------------------------------------------------------------
 
 async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
-    let loaded = spec::load(&args.spec)?;
+    // Only the config's `[pricing]` matters here; the data dir is `--data` or next to the
+    // spec, as always.
+    let config = Config::load(
+        args.config.as_deref(),
+        &config::process_env,
+        Layer::default(),
+    )?;
+    let loaded = spec::load_with(&args.spec, &config.pricing)?;
     if let Some(pick) = &args.pick {
         if !loaded.plan.branches.iter().any(|b| &b.label == pick) {
             return Err(BadInput(format!(
@@ -533,6 +680,15 @@ async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
     shutdown
 }
 
+/// Nothing is left to wait for once every branch has finished or is paused: an embedded
+/// run's paused branches wait for a top-up, which only a later command can give.
+const AT_ONCE: Until = Until::Quiet {
+    grace: Duration::ZERO,
+};
+/// After a top-up resumed branches, how long a fork may still look quiet (the resumed
+/// branches stay `paused` until a worker takes them).
+const RESUME_GRACE: Duration = Duration::from_secs(2);
+
 async fn run_fork(
     system: &Embedded,
     loaded: &spec::LoadedSpec,
@@ -542,9 +698,18 @@ async fn run_fork(
     let view = create(&coord, loaded, !args.json).await?;
     let fork_id = view.fork_id;
     let timeout = args.timeout_s.map(Duration::from_secs);
-    let view = render::follow(&coord, fork_id, timeout, !args.json).await?;
+    let view = render::follow(&coord, fork_id, timeout, AT_ONCE, !args.json).await?;
     let diff = coord.diff(fork_id, DiffOptions::default()).await?;
-    let merge = match &args.pick {
+    let paused: Vec<String> = render::paused_labels(&view)
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    // With branches paused, merge only a pick that has finished.
+    let pick = args
+        .pick
+        .as_deref()
+        .filter(|p| paused.is_empty() || view.branch(p).is_some_and(|b| b.state.is_terminal()));
+    let merge = match pick {
         Some(pick) => Some(
             merge_and_apply(
                 &coord,
@@ -562,6 +727,7 @@ async fn run_fork(
     } else {
         view
     };
+    let data_flag = format!(" --data {}", system.data_dir.display());
     if args.json {
         let doc = render::fork_json(
             &view,
@@ -575,11 +741,30 @@ async fn run_fork(
         print!("{}", render::diff_text(&diff, false));
         match &merge {
             Some((winner, report)) => print!("{}", render::merge_text(winner, report)),
-            None => println!(
-                "\nunresolved: merge a branch with\n  forkfleet fork merge {fork_id} --pick LABEL --data {}",
-                system.data_dir.display()
+            None if paused.is_empty() => println!(
+                "\nunresolved: merge a branch with\n  forkfleet fork merge {fork_id} --pick LABEL{data_flag}"
             ),
+            None => {}
         }
+    }
+    if merge.is_none() && !paused.is_empty() {
+        let cost = coord.fork_cost(fork_id).await.ok();
+        let refs: Vec<&str> = paused.iter().map(String::as_str).collect();
+        let hint = render::paused_hint(
+            fork_id,
+            &refs,
+            view.branches.len(),
+            cost.as_ref(),
+            &data_flag,
+        );
+        let picked = match &args.pick {
+            Some(p) => format!("--pick `{p}` is paused, not finished: nothing was merged; "),
+            None => String::new(),
+        };
+        return Err(anyhow::anyhow!(
+            "{picked}{}then merge a finished branch with `forkfleet fork merge {fork_id} --pick LABEL{data_flag}`",
+            hint
+        ));
     }
     Ok(())
 }
@@ -646,13 +831,17 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             client,
         } => {
             // Validate the spec before connecting: bad input creates nothing anywhere.
-            let loaded = spec::load(&spec_path)?;
-            with_session!(&client, Local::Run, |coord| fork_create(
-                coord,
-                &loaded,
-                timeout_s.map(Duration::from_secs),
-                client.json
-            ))
+            let config = client.load_config()?;
+            let loaded = spec::load_with(&spec_path, &config.pricing)?;
+            with_session!(
+                @open Session::connect(&client, &config, Local::Run),
+                |coord| fork_create(
+                    coord,
+                    &loaded,
+                    timeout_s.map(Duration::from_secs),
+                    client.json
+                )
+            )
         }
         ForkCommand::Ls(client) => with_session!(&client, Local::Read, |coord| async {
             let forks = coord.forks().await?;
@@ -683,14 +872,19 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             if !coord.is_remote() {
                 let view = coord.fork(id).await?;
                 if !view.settled() && !view.state.is_resolved() {
+                    // Paused branches wait for a top-up, which nothing gives while this
+                    // command watches: show where the fork stands.
+                    if render::quiet(&view) {
+                        return print_view(&view, client.json);
+                    }
                     return Err(BadInput(format!(
                         "fork {id} is not settled and nothing runs it here: the embedded store has no workers outside `forkfleet run`; watch a cluster's fork with --nats URL"
                     ))
                     .into());
                 }
             }
-            let view =
-                render::follow(coord, id, timeout_s.map(Duration::from_secs), !client.json).await?;
+            let timeout = timeout_s.map(Duration::from_secs);
+            let view = render::follow(coord, id, timeout, Until::Finished, !client.json).await?;
             print_view(&view, client.json)
         }),
         ForkCommand::Diff {
@@ -749,6 +943,58 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                 }
             })
         }
+        ForkCommand::Cost { fork, client } => {
+            with_session!(&client, Local::Read, |coord| async {
+                let id = coord.find_fork(&fork).await?;
+                let cost = coord.fork_cost(id).await?;
+                print_cost(&cost, client.json)
+            })
+        }
+        ForkCommand::Topup {
+            fork,
+            branch,
+            usd,
+            timeout_s,
+            client,
+        } => {
+            if let Some(label) = &branch {
+                spec::check_label(label).map_err(|e| BadInput(format!("--branch: {e}")))?;
+            }
+            with_session!(&client, Local::Resume, |coord| async {
+                let id = coord.find_fork(&fork).await?;
+                let cost = coord.topup(id, branch.as_deref(), usd).await?;
+                let what = match &branch {
+                    Some(b) => format!("branch `{b}`'s cap"),
+                    None => "the fork's cap".to_string(),
+                };
+                let done = format!("raised {what} by ${usd:.6}");
+                after_resume(coord, cost, &done, timeout_s, client.json).await
+            })
+        }
+        ForkCommand::MoveBudget {
+            fork,
+            from,
+            to,
+            usd,
+            timeout_s,
+            client,
+        } => {
+            for (flag, label) in [("--from", &from), ("--to", &to)] {
+                spec::check_label(label).map_err(|e| BadInput(format!("{flag}: {e}")))?;
+            }
+            if from == to {
+                return Err(BadInput(format!(
+                    "--from and --to both name branch `{from}`; move budget between two different branches"
+                ))
+                .into());
+            }
+            with_session!(&client, Local::Resume, |coord| async {
+                let id = coord.find_fork(&fork).await?;
+                let cost = coord.move_budget(id, &from, &to, usd).await?;
+                let done = format!("moved ${usd:.6} of cap from `{from}` to `{to}`");
+                after_resume(coord, cost, &done, timeout_s, client.json).await
+            })
+        }
         ForkCommand::Merge {
             fork,
             pick,
@@ -776,8 +1022,80 @@ fn print_view(view: &ForkView, json: bool) -> anyhow::Result<()> {
     } else {
         print!("{}", render::fork_header(view));
         print!("{}", render::branch_table(view));
+        let paused = render::paused_labels(view);
+        if !paused.is_empty() && !view.state.is_resolved() {
+            print!(
+                "\n{}",
+                render::paused_hint(view.fork_id, &paused, view.branches.len(), None, "")
+            );
+        }
         Ok(())
     }
+}
+
+fn print_cost(cost: &ForkCost, json: bool) -> anyhow::Result<()> {
+    if json {
+        print_json(&render::to_json(cost)?)
+    } else {
+        print!("{}", render::cost_table(cost));
+        Ok(())
+    }
+}
+
+/// After a cap change: embedded, run what it resumed here until nothing runs (no worker
+/// outlives the command), then report the fork's cost; on a cluster, report at once.
+async fn after_resume(
+    coord: &CoordinatorClient,
+    cost: ForkCost,
+    done: &str,
+    timeout_s: Option<u64>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = cost.fork_id;
+    let cost = if coord.is_remote() {
+        cost
+    } else {
+        settle_resumed(coord, &[id], timeout_s, json).await?;
+        coord.fork_cost(id).await?
+    };
+    if json {
+        return print_cost(&cost, true);
+    }
+    println!("{done}");
+    print!("{}", render::cost_table(&cost));
+    let paused: Vec<&str> = cost
+        .branches
+        .iter()
+        .filter(|b| b.state == forkfleet_shared::state::BranchState::Paused)
+        .map(|b| b.label.as_str())
+        .collect();
+    if !paused.is_empty() {
+        print!(
+            "\n{}",
+            render::paused_hint(id, &paused, cost.branches.len(), Some(&cost), "")
+        );
+    }
+    Ok(())
+}
+
+/// Embedded: follow `forks` until nothing runs in them (resumed branches included).
+async fn settle_resumed(
+    coord: &CoordinatorClient,
+    forks: &[ForkId],
+    timeout_s: Option<u64>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let until = Until::Quiet {
+        grace: RESUME_GRACE,
+    };
+    for id in forks {
+        let view = coord.fork(*id).await?;
+        if view.state.is_resolved() || view.settled() {
+            continue;
+        }
+        render::follow(coord, *id, timeout_s.map(Duration::from_secs), until, !json).await?;
+    }
+    Ok(())
 }
 
 async fn fork_create(
@@ -787,18 +1105,34 @@ async fn fork_create(
     json: bool,
 ) -> anyhow::Result<()> {
     let view = create(coord, loaded, !json).await?;
-    // Embedded, the workers live in this process: the fork runs to the end here.
+    // Embedded, the workers live in this process: the fork runs to the end here (or until
+    // what is left waits, paused, for a top-up).
     let view = if coord.is_remote() {
         view
     } else {
-        render::follow(coord, view.fork_id, timeout, !json).await?
+        render::follow(coord, view.fork_id, timeout, AT_ONCE, !json).await?
     };
     if json {
-        print_json(&render::fork_json(&view, None, None))
+        print_json(&render::fork_json(&view, None, None))?;
     } else {
         println!("{}", view.fork_id);
-        Ok(())
     }
+    let paused = render::paused_labels(&view);
+    if !coord.is_remote() && !paused.is_empty() {
+        let cost = coord.fork_cost(view.fork_id).await.ok();
+        return Err(anyhow::anyhow!(
+            "{}",
+            render::paused_hint(
+                view.fork_id,
+                &paused,
+                view.branches.len(),
+                cost.as_ref(),
+                ""
+            )
+            .trim_end()
+        ));
+    }
+    Ok(())
 }
 
 /// Where a merge is applied.
@@ -853,6 +1187,104 @@ async fn fork_merge(
         print!("{}", render::merge_text(&winner, &report));
         Ok(())
     }
+}
+
+// ---- forkfleet account ... -----------------------------------------------------------
+
+async fn cmd_account(command: AccountCommand) -> anyhow::Result<()> {
+    match command {
+        AccountCommand::Set {
+            name,
+            cap,
+            no_cap,
+            timeout_s,
+            client,
+        } => {
+            spec::check_account_name(&name)?;
+            // clap makes exactly one of them given; checked again for library callers.
+            if cap.is_some() == no_cap {
+                return Err(BadInput(
+                    "give exactly one of --cap USD (a finite cap of 0 or more) and --no-cap".into(),
+                )
+                .into());
+            }
+            if let Some(c) = cap.filter(|c| !c.is_finite() || *c < 0.0) {
+                return Err(BadInput(format!(
+                    "--cap {c} is not valid; give a finite cap in USD of 0 or more, e.g. 25 (or --no-cap)"
+                ))
+                .into());
+            }
+            // Embedded, the store may not exist yet: setting up an account comes first.
+            with_session!(&client, Local::Run, |coord| async {
+                let view = coord.account_set(&name, cap).await?;
+                let view = if coord.is_remote() {
+                    view
+                } else {
+                    // A higher cap resumes what the old one paused: run it here.
+                    let mut forks = Vec::new();
+                    for f in coord.forks().await? {
+                        if render::paused_labels(&f).is_empty() || f.state.is_resolved() {
+                            continue;
+                        }
+                        let cost = coord.fork_cost(f.fork_id).await?;
+                        if cost.account.as_ref().is_some_and(|a| a.name == name) {
+                            forks.push(f.fork_id);
+                        }
+                    }
+                    settle_resumed(coord, &forks, timeout_s, client.json).await?;
+                    find_account(coord, &name).await?
+                };
+                if client.json {
+                    print_json(&render::to_json(&view)?)
+                } else {
+                    print!("{}", render::account_text(&view));
+                    Ok(())
+                }
+            })
+        }
+        AccountCommand::Show { name, client } => {
+            with_session!(&client, Local::Read, |coord| async {
+                match &name {
+                    Some(name) => {
+                        let view = find_account(coord, name).await?;
+                        if client.json {
+                            print_json(&render::to_json(&view)?)
+                        } else {
+                            print!("{}", render::account_text(&view));
+                            Ok(())
+                        }
+                    }
+                    None => {
+                        let all = coord.accounts().await?;
+                        if client.json {
+                            print_json(&render::to_json(&all)?)
+                        } else {
+                            print!("{}", render::account_table(&all));
+                            Ok(())
+                        }
+                    }
+                }
+            })
+        }
+    }
+}
+
+/// The account named `name`, or a bad-input error listing the accounts there are.
+async fn find_account(
+    coord: &CoordinatorClient,
+    name: &str,
+) -> anyhow::Result<forkfleet_shared::budget::AccountView> {
+    let all = coord.accounts().await?;
+    if let Some(a) = all.iter().find(|a| a.name == name) {
+        return Ok(a.clone());
+    }
+    let known = if all.is_empty() {
+        "there are no accounts yet; create one with `forkfleet account set NAME --cap USD`"
+            .to_string()
+    } else {
+        format!("accounts: {}", labels(all.iter().map(|a| a.name.as_str())))
+    };
+    Err(BadInput(format!("no account named `{name}`; {known}")).into())
 }
 
 // ---- forkfleet workers, forkfleet log ------------------------------------------------

@@ -23,7 +23,17 @@
 //! cert_file = "client.pem"      # with key_file
 //! key_file = "client.key"
 //! require = true
+//!
+//! [pricing."scripted:demo"]    # USD per million tokens; used by `run` and `fork create`
+//! input_per_mtok = 0.15
+//! output_per_mtok = 0.60
+//! cached_per_mtok = 0.075       # optional; defaults to the input price
 //! ```
+//!
+//! A spec's own `[models."NAME"] price` wins over `[pricing."NAME"]`, which wins over the
+//! built-in price table. A higher layer's entry for a model replaces a lower layer's whole
+//! entry; the environment gives entries as TOML in `FORKFLEET_PRICING`
+//! (`'"scripted:demo" = { input_per_mtok = 0.15, output_per_mtok = 0.60 }'`).
 //!
 //! Every key has an environment variable: `FORKFLEET_` and its path in capitals joined by
 //! `_` (`FORKFLEET_NATS_TLS_CA_FILE`), plus `FORKFLEET_CONFIG` for the file itself. An
@@ -34,8 +44,10 @@
 //! printed: [`Config::render`] (`--print-config`) shows `<redacted>` and where it came from.
 
 use forkfleet_shared::bus::nats::{NatsAuth, NatsConfig, NatsTls};
+use forkfleet_shared::pricing::Price;
 use forkfleet_shared::protocol::DEFAULT_POOL;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -55,7 +67,10 @@ pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_DELIVER: u32 = 5;
 
 /// The valid keys, as the file spells them (listed in errors).
-const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, [nats.tls] ca_file, cert_file, key_file, require";
+const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok";
+
+/// The keys of one `[pricing."MODEL"]` entry.
+const PRICE_KEYS: [&str; 3] = ["input_per_mtok", "output_per_mtok", "cached_per_mtok"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -87,6 +102,12 @@ pub enum ConfigError {
     AuthConflict(String),
     #[error("{0}")]
     Incomplete(String),
+    #[error("[pricing.\"{model}\"] (from {origin}): {message}; an entry is input_per_mtok and output_per_mtok, and optionally cached_per_mtok: USD per million tokens, each a finite number >= 0")]
+    BadPrice {
+        model: String,
+        origin: String,
+        message: String,
+    },
     #[error("{key} must be {expected}, got {value}")]
     Invalid {
         key: &'static str,
@@ -153,6 +174,9 @@ pub struct Layer {
     pub drain_grace_s: Option<u64>,
     #[serde(default)]
     pub nats: NatsLayer,
+    /// `[pricing."MODEL"]` entries as written; checked when the layers are merged.
+    #[serde(default)]
+    pub pricing: BTreeMap<String, toml::Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -226,7 +250,7 @@ pub struct NatsSettings {
 }
 
 /// The effective configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// The config file read, if any.
     pub file: Option<PathBuf>,
@@ -235,6 +259,10 @@ pub struct Config {
     pub concurrency: Sourced<usize>,
     pub drain_grace: Sourced<Duration>,
     pub nats: NatsSettings,
+    /// Model prices (`[pricing."MODEL"]`), for `spec::load_with`.
+    pub pricing: BTreeMap<String, Price>,
+    /// Where each model's price came from.
+    pub pricing_origins: BTreeMap<String, Origin>,
 }
 
 fn default<T>(value: T) -> Sourced<T> {
@@ -339,6 +367,8 @@ impl Config {
                 ack_wait: default(DEFAULT_ACK_WAIT),
                 max_deliver: default(DEFAULT_MAX_DELIVER),
             },
+            pricing: BTreeMap::new(),
+            pricing_origins: BTreeMap::new(),
         };
         // Secrets as layered: (value or file, origin), resolved after merging.
         let mut password: Option<LayeredSecret> = None;
@@ -381,6 +411,12 @@ impl Config {
                 o,
                 "drain_grace_s",
             );
+            for (model, value) in &layer.pricing {
+                let from = o("pricing");
+                let price = price_of(model, value, &from)?;
+                c.pricing.insert(model.clone(), price);
+                c.pricing_origins.insert(model.clone(), from);
+            }
             let n = &layer.nats;
             set_opt(&mut c.nats.url, &n.url, o, "nats.url");
             set_opt(&mut c.nats.name, &n.name, o, "nats.name");
@@ -664,6 +700,19 @@ impl Config {
             n.tls_require.value.to_string(),
             &n.tls_require.origin,
         );
+        for (model, price) in &self.pricing {
+            let origin = self
+                .pricing_origins
+                .get(model)
+                .cloned()
+                .unwrap_or(Origin::Default);
+            let _ = writeln!(out, "\n[pricing.{}]  # {origin}", quoted(model));
+            let _ = writeln!(out, "input_per_mtok = {:?}", price.input_per_mtok);
+            let _ = writeln!(out, "output_per_mtok = {:?}", price.output_per_mtok);
+            if let Some(c) = price.cached_per_mtok {
+                let _ = writeln!(out, "cached_per_mtok = {c:?}");
+            }
+        }
         out
     }
 }
@@ -763,6 +812,55 @@ pub fn read_file(path: &Path) -> Result<Layer, ConfigError> {
     Ok(layer)
 }
 
+/// One `[pricing."MODEL"]` entry, checked: a table of the known keys, the two required
+/// ones present, every value a finite number >= 0 (integers are fine).
+pub fn price_of(model: &str, value: &toml::Value, origin: &Origin) -> Result<Price, ConfigError> {
+    let bad = |message: String| ConfigError::BadPrice {
+        model: model.to_string(),
+        origin: origin.to_string(),
+        message,
+    };
+    if model.is_empty() {
+        return Err(bad("the model name is empty".into()));
+    }
+    let toml::Value::Table(table) = value else {
+        return Err(bad(format!(
+            "expected a table of prices, got {} `{value}`",
+            value.type_str()
+        )));
+    };
+    if let Some(k) = table.keys().find(|k| !PRICE_KEYS.contains(&k.as_str())) {
+        return Err(bad(format!("unknown key `{k}`")));
+    }
+    let number = |key: &str| -> Result<Option<f64>, ConfigError> {
+        let Some(v) = table.get(key) else {
+            return Ok(None);
+        };
+        let n = match v {
+            toml::Value::Float(f) => *f,
+            toml::Value::Integer(i) => *i as f64,
+            other => {
+                return Err(bad(format!(
+                    "`{key}` must be a number, got {} `{other}`",
+                    other.type_str()
+                )))
+            }
+        };
+        if !n.is_finite() || n < 0.0 {
+            return Err(bad(format!("`{key}` must be finite and >= 0, got {n}")));
+        }
+        Ok(Some(n))
+    };
+    let required = |key: &str| -> Result<f64, ConfigError> {
+        number(key)?.ok_or_else(|| bad(format!("`{key}` is missing")))
+    };
+    Ok(Price {
+        input_per_mtok: required("input_per_mtok")?,
+        output_per_mtok: required("output_per_mtok")?,
+        cached_per_mtok: number("cached_per_mtok")?,
+    })
+}
+
 /// The environment variable of a key: `nats.tls.ca_file` -> `FORKFLEET_NATS_TLS_CA_FILE`.
 pub fn env_var(key: &str) -> String {
     format!("{ENV_PREFIX}{}", key.replace('.', "_").to_ascii_uppercase())
@@ -818,7 +916,20 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
             }
         }),
     };
+    let pricing = match get("pricing") {
+        None => BTreeMap::new(),
+        Some(text) => toml::from_str::<BTreeMap<String, toml::Value>>(&text).map_err(|e| {
+            ConfigError::Env {
+                var: env_var("pricing"),
+                message: format!(
+                    "expected TOML entries like `\"MODEL\" = {{ input_per_mtok = 0.15, output_per_mtok = 0.60 }}`: {}",
+                    e.message()
+                ),
+            }
+        })?,
+    };
     Ok(Layer {
+        pricing,
         data: get("data").map(PathBuf::from),
         pool: get("pool"),
         concurrency: parse("concurrency", "a number of branches")?.map(|n| n as usize),
@@ -1062,6 +1173,83 @@ mod tests {
         let t = c.nats.token.unwrap();
         assert_eq!(t.value.expose(), "tok-from-file");
         assert_eq!(t.origin, Origin::Flag("--nats-token-file"));
+    }
+
+    #[test]
+    fn pricing_layers_per_model_and_bad_entries_name_model_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = write(
+            dir.path(),
+            "p.toml",
+            "[pricing.\"scripted:a\"]\ninput_per_mtok = 1\noutput_per_mtok = 2.5\n\
+             [pricing.\"openai:gpt-x\"]\ninput_per_mtok = 0.5\noutput_per_mtok = 1.0\ncached_per_mtok = 0.1\n",
+        );
+        // The environment replaces one model's whole entry and adds another.
+        let env = env_of(&[(
+            "FORKFLEET_PRICING",
+            "\"openai:gpt-x\" = { input_per_mtok = 3.0, output_per_mtok = 4.0 }\n\"scripted:b\" = { input_per_mtok = 0, output_per_mtok = 0 }",
+        )]);
+        let c = Config::load(Some(&file), &env, Layer::default()).unwrap();
+        let a = c.pricing["scripted:a"];
+        assert_eq!((a.input_per_mtok, a.output_per_mtok), (1.0, 2.5));
+        assert_eq!(a.cached_per_mtok, None);
+        assert_eq!(c.pricing_origins["scripted:a"], Origin::File(file.clone()));
+        let x = c.pricing["openai:gpt-x"];
+        assert_eq!((x.input_per_mtok, x.output_per_mtok), (3.0, 4.0));
+        assert_eq!(x.cached_per_mtok, None, "replaced whole, not per key");
+        assert_eq!(
+            c.pricing_origins["openai:gpt-x"],
+            Origin::Env("FORKFLEET_PRICING".into())
+        );
+        assert_eq!(c.pricing["scripted:b"].output_per_mtok, 0.0);
+        let shown = c.render();
+        assert!(shown.contains("[pricing.\"scripted:a\"]"), "{shown}");
+        assert!(shown.contains("output_per_mtok = 2.5"), "{shown}");
+
+        for (text, expect) in [
+            (
+                "[pricing.\"m:x\"]\ninput_per_mtok = -1\noutput_per_mtok = 1\n",
+                &["[pricing.\"m:x\"]", "`input_per_mtok`", ">= 0", "-1"][..],
+            ),
+            (
+                "[pricing.\"m:x\"]\ninput_per_mtok = nan\noutput_per_mtok = 1\n",
+                &["m:x", "`input_per_mtok`", "finite"],
+            ),
+            (
+                "[pricing.\"m:x\"]\ninput_per_mtok = 1\noutput_per_mtok = inf\n",
+                &["m:x", "`output_per_mtok`", "finite"],
+            ),
+            (
+                "[pricing.\"m:y\"]\ninput_per_mtok = 1\n",
+                &["m:y", "`output_per_mtok` is missing"],
+            ),
+            (
+                "[pricing.\"m:y\"]\ninput_per_mtok = 1\noutput_per_mtok = 1\ncached = 1\n",
+                &["m:y", "unknown key `cached`", "cached_per_mtok"],
+            ),
+            (
+                "[pricing.\"m:z\"]\ninput_per_mtok = \"cheap\"\noutput_per_mtok = 1\n",
+                &["m:z", "`input_per_mtok` must be a number"],
+            ),
+            ("[pricing]\n\"m:w\" = 3\n", &["m:w", "expected a table"]),
+        ] {
+            let bad = write(dir.path(), "bad.toml", text);
+            let err = Config::load(Some(&bad), &env_of(&[]), Layer::default())
+                .unwrap_err()
+                .to_string();
+            for e in expect {
+                assert!(err.contains(e), "{text}: expected `{e}` in {err}");
+            }
+            assert!(err.contains("bad.toml"), "{err}");
+        }
+        let err = Config::load(
+            None,
+            &env_of(&[("FORKFLEET_PRICING", "not toml at all")]),
+            Layer::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("FORKFLEET_PRICING"), "{err}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use forkfleet_shared::api::{
     API_SUBJECT, MAX_API_WAIT_MS, MAX_INLINE_BYTES,
 };
 use forkfleet_shared::blob::{fetch, BlobError, BlobHash, BlobStore};
+use forkfleet_shared::budget::{AccountView, ForkCost};
 use forkfleet_shared::bus::{Bus, BusError};
 use forkfleet_shared::diff::{DiffOptions, DiffReport};
 use forkfleet_shared::ids::{ForkId, RunId};
@@ -180,8 +181,9 @@ impl RemoteCoordinator {
         expect_reply!(r, "find_fork", ApiReply::ForkId)
     }
 
-    /// The view once every branch is terminal, waiting at most `timeout` (asking again
-    /// every [`MAX_API_WAIT_MS`]).
+    /// The view once nothing runs (every branch is terminal, or paused by a budget cap
+    /// waiting for a top-up), waiting at most `timeout` (asking again every
+    /// [`MAX_API_WAIT_MS`]).
     pub async fn wait_settled(
         &self,
         fork: ForkId,
@@ -286,6 +288,69 @@ impl RemoteCoordinator {
             .call(ApiRequest::Checkpoints { run }, CALL_TIMEOUT)
             .await?;
         expect_reply!(r, "checkpoints", ApiReply::Checkpoints)
+    }
+
+    /// Spent, reserved, cap and remaining per branch, for the fork and its account.
+    pub async fn fork_cost(&self, fork: ForkId) -> Result<ForkCost, ClientError> {
+        let r = self
+            .call(ApiRequest::ForkCost { fork }, CALL_TIMEOUT)
+            .await?;
+        expect_reply!(r, "fork_cost", ApiReply::Cost)
+    }
+
+    /// Raise a cap by `usd` (branch `branch`'s, else the fork's aggregate cap) and resume
+    /// what it paused.
+    pub async fn topup(
+        &self,
+        fork: ForkId,
+        branch: Option<&str>,
+        usd: f64,
+    ) -> Result<ForkCost, ClientError> {
+        let req = ApiRequest::Topup {
+            fork,
+            branch: branch.map(str::to_string),
+            usd,
+        };
+        let r = self.call(req, CALL_TIMEOUT).await?;
+        expect_reply!(r, "topup", ApiReply::Cost)
+    }
+
+    /// Move `usd` of cap from branch `from` to branch `to`.
+    pub async fn move_budget(
+        &self,
+        fork: ForkId,
+        from: &str,
+        to: &str,
+        usd: f64,
+    ) -> Result<ForkCost, ClientError> {
+        let req = ApiRequest::MoveBudget {
+            fork,
+            from: from.to_string(),
+            to: to.to_string(),
+            usd,
+        };
+        let r = self.call(req, CALL_TIMEOUT).await?;
+        expect_reply!(r, "move_budget", ApiReply::Cost)
+    }
+
+    /// Create account `name` or change its cap (`None`: no cap).
+    pub async fn account_set(
+        &self,
+        name: &str,
+        cap_usd: Option<f64>,
+    ) -> Result<AccountView, ClientError> {
+        let req = ApiRequest::AccountSet {
+            name: name.to_string(),
+            cap_usd,
+        };
+        let r = self.call(req, CALL_TIMEOUT).await?;
+        expect_reply!(r, "account_set", ApiReply::Account)
+    }
+
+    /// Every account, by name.
+    pub async fn accounts(&self) -> Result<Vec<AccountView>, ClientError> {
+        let r = self.call(ApiRequest::Accounts, CALL_TIMEOUT).await?;
+        expect_reply!(r, "accounts", ApiReply::Accounts)
     }
 
     /// The live workers (from their heartbeats on the bus, not from the coordinator).
@@ -432,6 +497,62 @@ impl CoordinatorClient {
         match self {
             CoordinatorClient::Embedded { handle, .. } => Ok(handle.checkpoints(run).await?),
             CoordinatorClient::Remote(r) => r.checkpoints(run).await,
+        }
+    }
+
+    pub async fn fork_cost(&self, fork: ForkId) -> Result<ForkCost, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.fork_cost(fork).await?),
+            CoordinatorClient::Remote(r) => r.fork_cost(fork).await,
+        }
+    }
+
+    pub async fn topup(
+        &self,
+        fork: ForkId,
+        branch: Option<&str>,
+        usd: f64,
+    ) -> Result<ForkCost, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => {
+                Ok(handle.topup(fork, branch, usd).await?)
+            }
+            CoordinatorClient::Remote(r) => r.topup(fork, branch, usd).await,
+        }
+    }
+
+    pub async fn move_budget(
+        &self,
+        fork: ForkId,
+        from: &str,
+        to: &str,
+        usd: f64,
+    ) -> Result<ForkCost, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => {
+                Ok(handle.move_budget(fork, from, to, usd).await?)
+            }
+            CoordinatorClient::Remote(r) => r.move_budget(fork, from, to, usd).await,
+        }
+    }
+
+    pub async fn account_set(
+        &self,
+        name: &str,
+        cap_usd: Option<f64>,
+    ) -> Result<AccountView, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => {
+                Ok(handle.account_set(name, cap_usd).await?)
+            }
+            CoordinatorClient::Remote(r) => r.account_set(name, cap_usd).await,
+        }
+    }
+
+    pub async fn accounts(&self) -> Result<Vec<AccountView>, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.accounts().await?),
+            CoordinatorClient::Remote(r) => r.accounts().await,
         }
     }
 

@@ -2,6 +2,7 @@
 
 use crate::remote::CoordinatorClient;
 use forkfleet_shared::api::{AbortOutcome, ForkView, TerminateOutcome};
+use forkfleet_shared::budget::{AccountView, ForkCost};
 use forkfleet_shared::diff::{render_summary, DiffReport};
 use forkfleet_shared::event::Event;
 use forkfleet_shared::flush::FlushReport;
@@ -27,16 +28,44 @@ const RETRY_FOR: Duration = Duration::from_secs(60);
 /// The pause between those retries.
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
-/// Follow a fork until every branch is terminal (or the fork is merged or aborted),
-/// showing progress on stderr when `show`. On a terminal the lines redraw in place;
-/// otherwise a line is printed per state change. Works the same against an embedded or a
-/// remote coordinator: each round is one bounded `watch` (the view once it changes). A
-/// coordinator that does not answer (restarting, NATS reconnecting) is retried for up to
-/// a minute.
+/// When [`follow`] stops (besides the fork being merged or aborted, or the timeout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// Every branch has finished. Branches paused by a budget cap are waited for (a top-up
+    /// from another client resumes them); the wait says so once.
+    Finished,
+    /// Nothing runs: every branch has finished or is paused. A fork seen quiet with paused
+    /// branches must stay so for `grace` (resumed branches are still `paused` until a
+    /// worker picks them up); with zero grace it stops at once.
+    Quiet { grace: Duration },
+}
+
+/// Every branch is terminal or paused: nothing runs.
+pub fn quiet(view: &ForkView) -> bool {
+    view.branches
+        .iter()
+        .all(|b| b.state.is_terminal() || b.state == BranchState::Paused)
+}
+
+/// The labels of the branches paused by a budget cap.
+pub fn paused_labels(view: &ForkView) -> Vec<&str> {
+    view.branches
+        .iter()
+        .filter(|b| b.state == BranchState::Paused)
+        .map(|b| b.label.as_str())
+        .collect()
+}
+
+/// Follow a fork until `until` (or the fork is merged or aborted), showing progress on
+/// stderr when `show`. On a terminal the lines redraw in place; otherwise a line is
+/// printed per state change. Works the same against an embedded or a remote coordinator:
+/// each round is one bounded `watch` (the view once it changes). A coordinator that does
+/// not answer (restarting, NATS reconnecting) is retried for up to a minute.
 pub async fn follow(
     coord: &CoordinatorClient,
     fork: ForkId,
     timeout: Option<Duration>,
+    until: Until,
     show: bool,
 ) -> anyhow::Result<ForkView> {
     let started = Instant::now();
@@ -47,11 +76,17 @@ pub async fn follow(
     let mut last_states: BTreeMap<String, BranchState> = BTreeMap::new();
     let mut seen = None;
     let mut failing_since: Option<Instant> = None;
+    // Since when the fork has been quiet with paused branches.
+    let mut paused_since: Option<Instant> = None;
+    let mut hinted = false;
     loop {
-        let wait = match timeout {
+        let mut wait = match timeout {
             Some(t) => t.saturating_sub(started.elapsed()).min(poll),
             None => poll,
         };
+        if let (Until::Quiet { grace }, Some(since)) = (until, paused_since) {
+            wait = wait.min(grace.saturating_sub(since.elapsed()));
+        }
         // Rate-limit redraws: at most one round per REDRAW_EVERY.
         let next = tokio::time::sleep(REDRAW_EVERY);
         let watched = match coord.watch(fork, seen, wait).await {
@@ -86,18 +121,103 @@ pub async fn follow(
         if view.settled() || view.state.is_resolved() {
             return Ok(view);
         }
+        let paused = paused_labels(&view);
+        if quiet(&view) && !paused.is_empty() {
+            let since = *paused_since.get_or_insert_with(Instant::now);
+            match until {
+                Until::Quiet { grace } if since.elapsed() >= grace => return Ok(view),
+                Until::Quiet { .. } => {}
+                Until::Finished => {
+                    if show && !hinted {
+                        eprint!(
+                            "  waiting for a top-up: {}",
+                            paused_hint(fork, &paused, view.branches.len(), None, "")
+                        );
+                        drawn_lines = 0;
+                    }
+                    hinted = true;
+                }
+            }
+        } else {
+            paused_since = None;
+            hinted = false;
+        }
         if let Some(t) = timeout {
             if started.elapsed() >= t {
+                let paused = paused.len();
                 return Err(anyhow::anyhow!(
-                    "gave up waiting after {} s: {} of {} branches settled (the fork stays in the store; `forkfleet fork show {fork}`)",
+                    "gave up waiting after {} s: {} of {} branches finished{} (the fork stays in the store; `forkfleet fork show {fork}`)",
                     t.as_secs(),
                     view.branches.iter().filter(|b| b.state.is_terminal()).count(),
-                    view.branches.len()
+                    view.branches.len(),
+                    if paused > 0 {
+                        format!(", {paused} paused by a budget cap")
+                    } else {
+                        String::new()
+                    }
                 ));
             }
         }
         next.await;
     }
+}
+
+/// What to tell about branches paused by a budget cap, and how to resume them. With the
+/// fork's cost report, only the caps the fork has are named, with what is left of them.
+/// `suffix` is appended to each command (e.g. ` --data DIR`).
+pub fn paused_hint(
+    fork: ForkId,
+    paused: &[&str],
+    total: usize,
+    cost: Option<&ForkCost>,
+    suffix: &str,
+) -> String {
+    let mut out = format!(
+        "{} of {} branches paused by a budget cap, their work kept: {}
+resume them by raising the cap that stopped them:
+",
+        paused.len(),
+        total,
+        paused.join(", ")
+    );
+    let left = |cap: Option<f64>, remaining: Option<f64>| match (cap, remaining) {
+        (Some(c), Some(r)) => format!(" (${:.6} left of ${:.6})", money(r), money(c)),
+        _ => String::new(),
+    };
+    let (fork_cap, branch_caps, account) = match cost {
+        Some(c) => (
+            c.cap_usd
+                .is_some()
+                .then(|| left(c.cap_usd, c.remaining_usd)),
+            c.branches
+                .iter()
+                .any(|b| b.state == BranchState::Paused && b.cap_usd.is_some()),
+            c.account
+                .as_ref()
+                .filter(|a| a.cap_usd.is_some())
+                .map(|a| (a.name.clone(), left(a.cap_usd, a.remaining_usd))),
+        ),
+        None => (Some(String::new()), true, None),
+    };
+    if let Some(left) = fork_cap {
+        let _ = writeln!(
+            out,
+            "  forkfleet fork topup {fork} --usd X{suffix}   # the fork's cap{left}"
+        );
+    }
+    if branch_caps {
+        let _ = writeln!(
+            out,
+            "  forkfleet fork topup {fork} --branch LABEL --usd X{suffix}   # a branch's own cap"
+        );
+    }
+    if let Some((name, left)) = account {
+        let _ = writeln!(
+            out,
+            "  forkfleet account set {name} --cap USD{suffix}   # the account's cap{left}"
+        );
+    }
+    out
 }
 
 fn redraw(view: &ForkView, previous: usize, elapsed: Duration) -> usize {
@@ -179,7 +299,7 @@ pub fn fork_header(view: &ForkView) -> String {
     format!(
         "fork {} · {} · {} branches · ${:.6}\ngoal: {}\n",
         view.fork_id,
-        state_text(view),
+        list_state(view),
         view.branches.len(),
         view.total_cost_usd(),
         view.goal
@@ -190,6 +310,16 @@ fn state_text(view: &ForkView) -> String {
     match &view.state {
         forkfleet_shared::state::ForkState::Merged { winner } => format!("merged ({winner})"),
         s => s.as_str().to_string(),
+    }
+}
+
+/// The fork's state, and how many branches wait paused (a fork list's column).
+fn list_state(view: &ForkView) -> String {
+    let paused = paused_labels(view).len();
+    if paused > 0 && !view.state.is_resolved() {
+        format!("{} ({paused} paused)", state_text(view))
+    } else {
+        state_text(view)
     }
 }
 
@@ -235,13 +365,140 @@ pub fn fork_list(forks: &[ForkView]) -> String {
             out,
             "{:<36}  {:<16}  {:>8}  {:>12.6}  {}",
             f.fork_id,
-            state_text(f),
+            list_state(f),
             f.branches.len(),
             f.total_cost_usd(),
             goal.replace('\n', " ")
         );
     }
     out
+}
+
+/// A USD amount, or `-` for none (no cap).
+fn usd(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{:.6}", money(v)))
+}
+
+/// An amount as shown: float noise around zero (`-0.0`, `-1e-20` left by a released
+/// reservation) shows as 0.
+fn money(v: f64) -> f64 {
+    if v.abs() < 5e-10 {
+        0.0
+    } else {
+        v
+    }
+}
+
+/// A cap in a sentence: `$X` or `no cap`.
+fn cap_text(cap: Option<f64>, remaining: Option<f64>) -> String {
+    match (cap, remaining) {
+        (Some(c), Some(r)) => format!("cap ${:.6} · remaining ${:.6}", money(c), money(r)),
+        (Some(c), None) => format!("cap ${:.6}", money(c)),
+        _ => "no cap".to_string(),
+    }
+}
+
+/// A fork's money: a line per branch (state, spent, reserved, cap, remaining, calls),
+/// then the fork's totals and its account's.
+pub fn cost_table(cost: &ForkCost) -> String {
+    let width = cost
+        .branches
+        .iter()
+        .map(|b| b.label.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<width$}  {:<26}  {:>12}  {:>12}  {:>12}  {:>13}  {:>5}",
+        "LABEL", "STATE", "SPENT_USD", "RESERVED_USD", "CAP_USD", "REMAINING_USD", "CALLS"
+    );
+    for b in &cost.branches {
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:<26}  {:>12.6}  {:>12.6}  {:>12}  {:>13}  {:>5}",
+            b.label,
+            b.state.as_str(),
+            money(b.spent_usd),
+            money(b.reserved_usd),
+            usd(b.cap_usd),
+            usd(b.remaining_usd),
+            b.calls
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nfork {}: spent ${:.6} · reserved ${:.6} · {} · mode {} · on_exhausted {}",
+        cost.fork_id,
+        money(cost.spent_usd),
+        money(cost.reserved_usd),
+        cap_text(cost.cap_usd, cost.remaining_usd),
+        cost.mode.as_str(),
+        cost.on_exhausted.as_str()
+    );
+    if let Some(a) = &cost.account {
+        let _ = writeln!(
+            out,
+            "account {}: spent ${:.6} · reserved ${:.6} · {} · {} fork(s)",
+            a.name,
+            money(a.spent_usd),
+            money(a.reserved_usd),
+            cap_text(a.cap_usd, a.remaining_usd),
+            a.forks
+        );
+    }
+    out
+}
+
+/// A value as JSON (the cost report and accounts are printed as they are defined).
+pub fn to_json<T: serde::Serialize>(value: &T) -> anyhow::Result<Value> {
+    Ok(serde_json::to_value(value)?)
+}
+
+/// Accounts, one line each.
+pub fn account_table(accounts: &[AccountView]) -> String {
+    let mut out = String::new();
+    if accounts.is_empty() {
+        out.push_str("no accounts; create one with `forkfleet account set NAME --cap USD`\n");
+        return out;
+    }
+    let width = accounts
+        .iter()
+        .map(|a| a.name.len())
+        .max()
+        .unwrap_or(7)
+        .max(7);
+    let _ = writeln!(
+        out,
+        "{:<width$}  {:>12}  {:>12}  {:>12}  {:>13}  {:>5}",
+        "ACCOUNT", "CAP_USD", "SPENT_USD", "RESERVED_USD", "REMAINING_USD", "FORKS"
+    );
+    for a in accounts {
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:>12}  {:>12.6}  {:>12.6}  {:>13}  {:>5}",
+            a.name,
+            usd(a.cap_usd),
+            money(a.spent_usd),
+            money(a.reserved_usd),
+            usd(a.remaining_usd),
+            a.forks
+        );
+    }
+    out
+}
+
+/// One account in a sentence.
+pub fn account_text(a: &AccountView) -> String {
+    format!(
+        "account {}: spent ${:.6} · reserved ${:.6} · {} · {} fork(s)\n",
+        a.name,
+        money(a.spent_usd),
+        money(a.reserved_usd),
+        cap_text(a.cap_usd, a.remaining_usd),
+        a.forks
+    )
 }
 
 /// The diff summary, and with `unified` every path's unified diffs.

@@ -24,11 +24,12 @@ use crate::store::{encode, BranchRecord, ForkRecord, RunRecord, RunStore};
 use bytes::Bytes;
 use forkfleet_shared::api::{CheckpointView, CreateFork, ParentRun};
 use forkfleet_shared::blob::BlobHash;
+use forkfleet_shared::budget::BudgetMode;
 use forkfleet_shared::event::{events_from_messages, Event, Usage};
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::protocol::BranchTask;
-use forkfleet_shared::spec::{check_depth, check_label, ForkPlan, SpecError};
+use forkfleet_shared::spec::{check_depth, check_label, BranchPlan, ForkPlan, SpecError};
 use forkfleet_shared::state::{BranchState, ForkState};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -189,6 +190,63 @@ fn parent_run(
     }
 }
 
+/// The events of a branch's log between the copied prefix and its worker's first event:
+/// its extra instructions and its steer.
+pub(crate) fn branch_tail(b: &BranchPlan) -> Vec<Event> {
+    let mut tail = Vec::new();
+    if let Some(text) = &b.extra_instructions {
+        tail.push(Event::System { text: text.clone() });
+    }
+    if !b.steer.is_empty() {
+        tail.push(Event::Steer {
+            text: b.steer.clone(),
+        });
+    }
+    tail
+}
+
+/// Which branch a task is for.
+pub(crate) struct BranchIds {
+    pub fork_id: ForkId,
+    pub run_id: RunId,
+    pub index: u32,
+}
+
+/// The task that runs branch `ids.index` of `plan` (its budget as planned; a resumed task
+/// carries the cap after top-ups).
+pub(crate) fn branch_task(
+    plan: &ForkPlan,
+    b: &BranchPlan,
+    ids: BranchIds,
+    prefix: BlobHash,
+    snapshot: BlobHash,
+    first_seq: u64,
+) -> BranchTask {
+    let model = plan.models.get(&b.model);
+    BranchTask {
+        fork_id: ids.fork_id,
+        run_id: ids.run_id,
+        label: b.label.clone(),
+        index: ids.index,
+        model: b.model.clone(),
+        price: model.and_then(|m| m.price),
+        script: model.and_then(|m| m.script),
+        prefix,
+        tail: branch_tail(b),
+        snapshot,
+        first_seq,
+        max_turns: b.max_turns,
+        max_output_tokens: plan.limits.max_output_tokens,
+        budget_usd: b.budget_usd,
+        reserve: plan.budget.mode == BudgetMode::Strict
+            && (b.budget_usd.is_some()
+                || plan.aggregate_budget_usd.is_some()
+                || plan.budget.account.is_some()),
+        on_exhausted: plan.budget.on_exhausted,
+        attempt_base: 0,
+    }
+}
+
 /// Validate `req` and write the fork: the root run (for [`ParentRun::New`]), the prefix
 /// blob, every branch run with its log and record, checkpoint `fork:<id>` on the parent,
 /// and the fork record. Nothing is written on error.
@@ -222,34 +280,21 @@ pub(crate) fn create_fork(
     let mut logs: Vec<(RunId, Event, Vec<Event>)> = Vec::with_capacity(plan.branches.len());
     for (i, b) in plan.branches.iter().enumerate() {
         let run_id = RunId::new();
-        let mut tail = Vec::new();
-        if let Some(text) = &b.extra_instructions {
-            tail.push(Event::System { text: text.clone() });
-        }
-        if !b.steer.is_empty() {
-            tail.push(Event::Steer {
-                text: b.steer.clone(),
-            });
-        }
+        let tail = branch_tail(b);
         let first_seq = 1 + prefix_len + tail.len() as u64;
-        let model = plan.models.get(&b.model);
         let index = u32::try_from(i).unwrap_or(u32::MAX);
-        tasks.push(BranchTask {
-            fork_id,
-            run_id,
-            label: b.label.clone(),
-            index,
-            model: b.model.clone(),
-            price: model.and_then(|m| m.price),
-            script: model.and_then(|m| m.script),
-            prefix: prefix_hash,
-            tail: tail.clone(),
-            snapshot: req.snapshot,
+        tasks.push(branch_task(
+            plan,
+            b,
+            BranchIds {
+                fork_id,
+                run_id,
+                index,
+            },
+            prefix_hash,
+            req.snapshot,
             first_seq,
-            max_turns: b.max_turns,
-            max_output_tokens: plan.limits.max_output_tokens,
-            budget_usd: b.budget_usd,
-        });
+        ));
         runs.push(RunRecord {
             run_id,
             parent: Some(parent.run_id),

@@ -77,6 +77,10 @@ pub enum CoordinatorError {
     Timeout { what: &'static str, ms: u64 },
     #[error("the coordinator is shutting down or its {0} stopped")]
     Closed(&'static str),
+    #[error("no account named `{name}`; {valid}")]
+    UnknownAccount { name: String, valid: String },
+    #[error("{0}")]
+    BadBudget(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -100,6 +104,8 @@ impl CoordinatorError {
                 | CoordinatorError::Aborted(_)
                 | CoordinatorError::MergeInProgress(_)
                 | CoordinatorError::StillRunning { .. }
+                | CoordinatorError::UnknownAccount { .. }
+                | CoordinatorError::BadBudget(_)
         )
     }
 

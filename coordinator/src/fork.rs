@@ -2,7 +2,8 @@
 //! applies the branches' events in order, answers views, resolves settle waiters, and
 //! runs diffs and merges off its mailbox (on blocking threads).
 
-use crate::create::PreparedFork;
+use crate::budget::Ledger;
+use crate::create::{self, PreparedFork};
 use crate::error::{actor_call, list, CoordinatorError};
 use crate::merge::{self, MergeDone, MergeJob};
 use crate::replica::{BranchReplica, Placement};
@@ -15,7 +16,7 @@ use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::overlay::Overlay;
 use forkfleet_shared::protocol::{now_ms, BranchEvent, Control, ControlCommand};
-use forkfleet_shared::state::ForkState as ForkPhase;
+use forkfleet_shared::state::{BranchState, ForkState as ForkPhase};
 use forkfleet_shared::wire;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::collections::{HashMap, HashSet};
@@ -37,17 +38,20 @@ pub(crate) enum ForkArgs {
         prepared: Box<PreparedFork>,
         store: RunStore,
         bus: Arc<dyn Bus>,
+        ledger: Arc<Ledger>,
     },
     Load {
         fork: ForkId,
         store: RunStore,
         bus: Arc<dyn Bus>,
+        ledger: Arc<Ledger>,
     },
 }
 
 pub(crate) struct ForkState {
     store: RunStore,
     bus: Arc<dyn Bus>,
+    ledger: Arc<Ledger>,
     record: ForkRecord,
     base: Arc<Manifest>,
     branches: Vec<BranchReplica>,
@@ -87,6 +91,13 @@ pub(crate) enum ForkMsg {
         RunId,
         u32,
         RpcReplyPort<Result<Vec<(u64, Event)>, CoordinatorError>>,
+    ),
+    /// Enqueue a task for each of these paused branches (a top-up made room), on the
+    /// pool named; the reply is how many were enqueued.
+    Resume(
+        Vec<RunId>,
+        String,
+        RpcReplyPort<Result<usize, CoordinatorError>>,
     ),
     /// A merge's blocking part finished.
     MergeFinished(
@@ -171,6 +182,12 @@ impl ForkHandle {
             .map_err(|e| call_error(e, "a merge", MERGE_TIMEOUT_MS))?
     }
 
+    /// Enqueue tasks resuming these paused branches on `pool`.
+    pub async fn resume(&self, runs: Vec<RunId>, pool: String) -> Result<usize, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::Resume, CALL_TIMEOUT_MS, runs, pool)
+            .map_err(|e| call_error(e, "resuming branches", CALL_TIMEOUT_MS))?
+    }
+
     pub async fn terminate(&self, label: String) -> Result<TerminateOutcome, CoordinatorError> {
         ractor::call_t!(self.actor, ForkMsg::Terminate, CALL_TIMEOUT_MS, label)
             .map_err(|e| call_error(e, "a terminate", CALL_TIMEOUT_MS))?
@@ -200,16 +217,26 @@ impl ForkState {
         self.terminal == self.branches.len()
     }
 
+    /// No branch is pending or running: each finished or waits, paused, for a top-up.
+    fn quiescent(&self) -> bool {
+        self.all_terminal()
+            || self
+                .branches
+                .iter()
+                .all(|b| b.record.state.is_terminal() || b.record.state == BranchState::Paused)
+    }
+
     fn bump(&self) {
         self.version.send_modify(|v| *v += 1);
     }
 
-    /// Settle the fork if every branch is terminal, and answer the waiters.
+    /// Settle the fork if every branch is terminal, and answer the waiters once nothing
+    /// runs (branches paused by a budget wait for a top-up, not for time).
     fn check_settled(&mut self) {
-        if !self.all_terminal() {
+        if !self.quiescent() {
             return;
         }
-        if self.record.state == ForkPhase::Open {
+        if self.record.state == ForkPhase::Open && self.all_terminal() {
             self.record.state = ForkPhase::Settled;
             if let Err(e) = self.store.put_fork(&self.record) {
                 tracing::error!(fork.id = %self.record.fork_id, error = %e, "fork.settle: cannot write the fork record");
@@ -246,6 +273,7 @@ impl ForkState {
             }
             self.store.put_branch(&b.record)?;
             tracing::info!(fork.id = %self.record.fork_id, run.id = %run, branch.label = %b.record.label, attempt, dropped_held = held.len(), "fork.fence: a worker took the branch over");
+            self.ledger.on_fence(run, attempt);
         }
         Ok(())
     }
@@ -253,6 +281,18 @@ impl ForkState {
     /// End a branch whose task no worker could finish: fence off every attempt, then
     /// append a `failed` status as the branch's last event (its partial work is kept).
     fn fail_branch(&mut self, run: RunId, error: String) -> Result<(), CoordinatorError> {
+        tracing::warn!(fork.id = %self.record.fork_id, run.id = %run, error = %error, "fork.fail_branch");
+        self.end_branch(run, BranchState::Failed, error)
+    }
+
+    /// End a branch no worker runs (its task is dead, or it is paused): fence off every
+    /// attempt, then append the terminal status as its last event (its work is kept).
+    fn end_branch(
+        &mut self,
+        run: RunId,
+        state: BranchState,
+        error: String,
+    ) -> Result<(), CoordinatorError> {
         let i = *self
             .by_run
             .get(&run)
@@ -262,18 +302,64 @@ impl ForkState {
         }
         self.raise_fence(run, u32::MAX)?;
         let seq = self.branches[i].record.next_seq;
-        tracing::warn!(fork.id = %self.record.fork_id, run.id = %run, error = %error, "fork.fail_branch");
         self.apply_events(vec![BranchEvent {
             fork_id: self.record.fork_id,
             run_id: run,
             seq,
             at_ms: now_ms(),
             event: Event::Status {
-                state: forkfleet_shared::state::BranchState::Failed,
+                state,
                 error: Some(error),
             },
             attempt: u32::MAX,
         }])
+    }
+
+    /// Stop branch `i`: a running one is sent a terminate command; a paused one (no worker
+    /// runs it) is ended here.
+    async fn stop_branch(&mut self, i: usize, reason: String) -> Result<(), CoordinatorError> {
+        if self.branches[i].record.state == BranchState::Paused {
+            let run = self.branches[i].record.run_id;
+            self.end_branch(run, BranchState::Terminated, reason)?;
+            return self.store.flush_async().await;
+        }
+        self.send_terminate(i, reason).await
+    }
+
+    /// Enqueue a task for each paused branch of `runs`, taking it over from its log
+    /// (above every attempt before it) with its cap after top-ups.
+    async fn resume(&mut self, runs: Vec<RunId>, pool: &str) -> Result<usize, CoordinatorError> {
+        let mut sent = 0;
+        for run in runs {
+            let Some(&i) = self.by_run.get(&run) else {
+                continue;
+            };
+            let b = &self.branches[i].record;
+            if b.state != BranchState::Paused {
+                continue;
+            }
+            let Some(plan) = self.record.plan.branches.get(b.index as usize) else {
+                continue;
+            };
+            let mut task = create::branch_task(
+                &self.record.plan,
+                plan,
+                create::BranchIds {
+                    fork_id: self.record.fork_id,
+                    run_id: run,
+                    index: b.index,
+                },
+                self.record.prefix,
+                self.record.snapshot,
+                b.first_seq,
+            );
+            task.attempt_base = self.ledger.attempt_base(run);
+            task.budget_usd = self.ledger.run_cap(run);
+            self.bus.enqueue_task(pool, wire::encode(&task)?).await?;
+            tracing::info!(fork.id = %self.record.fork_id, branch.label = %b.label, attempt_base = task.attempt_base, "fork.resume: a paused branch was enqueued again");
+            sent += 1;
+        }
+        Ok(sent)
     }
 
     /// Write a batch, then apply it. Nothing in memory changes unless the write succeeded.
@@ -311,15 +397,22 @@ impl ForkState {
                 tracing::warn!(fork.id = %fork_id, run.id = %ev.run_id, seq = ev.seq, attempt = ev.attempt, "fork.event: an earlier task attempt's event after a takeover; dropped");
                 continue;
             }
+            let run_id = ev.run_id;
             let effect = b.arrive(ev.seq, ev.event);
             if effect.applied > 0 {
                 changed = true;
+                self.ledger.on_attempt(run_id, ev.attempt);
+            }
+            for (cost, reservation) in effect.usage {
+                let actions = self.ledger.on_usage(run_id, cost, reservation);
+                self.ledger.send(actions);
             }
             if effect.became_terminal {
                 self.terminal += 1;
             }
             if effect.state_changed {
                 let b = &self.branches[i];
+                self.ledger.on_state(run_id, b.record.state);
                 tracing::debug!(fork.id = %fork_id, branch.label = %b.record.label, state = %b.record.state, "fork.branch_state");
                 if let Err(e) = self.store.put_branch(&b.record) {
                     tracing::error!(fork.id = %fork_id, branch.label = %b.record.label, error = %e, "fork.branch_state: cannot write the branch record");
@@ -339,6 +432,7 @@ impl ForkState {
         let control = Control {
             run_id,
             command: ControlCommand::Terminate { reason },
+            attempt: None,
         };
         self.bus
             .send_control(run_id, wire::encode(&control)?)
@@ -360,7 +454,7 @@ impl ForkState {
         let (run_id, state) = (b.run_id, b.state);
         let sent = !state.is_terminal();
         if sent {
-            self.send_terminate(i, format!("terminated by request (fork {fork_id})"))
+            self.stop_branch(i, format!("terminated by request (fork {fork_id})"))
                 .await?;
         }
         tracing::info!(fork.id = %fork_id, branch.label = %label, branch.state = %state, sent, "fork.terminate");
@@ -408,7 +502,7 @@ impl ForkState {
             }
             let label = self.branches[i].record.label.clone();
             match self
-                .send_terminate(i, format!("fork {fork_id} was aborted"))
+                .stop_branch(i, format!("fork {fork_id} was aborted"))
                 .await
             {
                 Ok(()) => terminated.push(label),
@@ -497,11 +591,12 @@ impl Actor for ForkActor {
         _myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let (store, bus, record, base, branches) = match args {
+        let (store, bus, ledger, record, base, branches) = match args {
             ForkArgs::Created {
                 prepared,
                 store,
                 bus,
+                ledger,
             } => {
                 let PreparedFork {
                     fork,
@@ -513,15 +608,22 @@ impl Actor for ForkActor {
                     .into_iter()
                     .map(|b| BranchReplica::new(b, base.clone()))
                     .collect();
-                (store, bus, fork, base, replicas)
+                (store, bus, ledger, fork, base, replicas)
             }
-            ForkArgs::Load { fork, store, bus } => {
+            ForkArgs::Load {
+                fork,
+                store,
+                bus,
+                ledger,
+            } => {
                 let s = store.clone();
                 let (record, base, replicas) =
                     tokio::task::spawn_blocking(move || load(&s, fork)).await??;
-                (store, bus, record, base, replicas)
+                (store, bus, ledger, record, base, replicas)
             }
         };
+        let records: Vec<_> = branches.iter().map(|b| b.record.clone()).collect();
+        ledger.register_fork(&record, &records);
         let by_run = branches
             .iter()
             .enumerate()
@@ -535,6 +637,7 @@ impl Actor for ForkActor {
         let mut state = ForkState {
             store,
             bus,
+            ledger,
             record,
             base,
             branches,
@@ -566,7 +669,7 @@ impl Actor for ForkActor {
                 let _ = reply.send(state.version.subscribe());
             }
             ForkMsg::WaitSettled(tx) => {
-                if state.all_terminal() {
+                if state.quiescent() {
                     let _ = tx.send(state.view());
                 } else {
                     state.waiters.retain(|w| !w.is_closed());
@@ -638,6 +741,9 @@ impl Actor for ForkActor {
                     .instrument(span),
                 );
             }
+            ForkMsg::Resume(runs, pool, reply) => {
+                let _ = reply.send(state.resume(runs, &pool).await);
+            }
             ForkMsg::Terminate(label, reply) => {
                 let _ = reply.send(state.terminate(&label).await);
             }
@@ -661,30 +767,14 @@ impl Actor for ForkActor {
                 if let Err(e) = state.bus.blobs().put(hash, done.merged_manifest).await {
                     tracing::warn!(fork.id = %fork_id, error = %e, "fork.merge: cannot publish the merged manifest");
                 }
-                // Stop the losers that are still running.
-                for b in state
-                    .branches
-                    .iter()
-                    .filter(|b| !b.record.state.is_terminal())
-                {
-                    let control = Control {
-                        run_id: b.record.run_id,
-                        command: ControlCommand::Terminate {
-                            reason: format!(
-                                "fork {fork_id} merged branch `{}`",
-                                done.outcome.winner
-                            ),
-                        },
-                    };
-                    match wire::encode(&control) {
-                        Ok(bytes) => {
-                            if let Err(e) = state.bus.send_control(b.record.run_id, bytes).await {
-                                tracing::warn!(fork.id = %fork_id, branch.label = %b.record.label, error = %e, "fork.merge: cannot send terminate");
-                            }
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "fork.merge: cannot encode terminate")
-                        }
+                // Stop the losers that are still running or paused.
+                let reason = format!("fork {fork_id} merged branch `{}`", done.outcome.winner);
+                for i in 0..state.branches.len() {
+                    if state.branches[i].record.state.is_terminal() {
+                        continue;
+                    }
+                    if let Err(e) = state.stop_branch(i, reason.clone()).await {
+                        tracing::warn!(fork.id = %fork_id, branch.label = %state.branches[i].record.label, error = %e, "fork.merge: cannot stop a losing branch");
                     }
                 }
                 tracing::info!(

@@ -2,6 +2,7 @@
 //! time (actor calls time out) and slow store work runs on blocking threads.
 
 use crate::blobs;
+use crate::budget::Ledger;
 use crate::create;
 use crate::error::CoordinatorError;
 use crate::root::RootHandle;
@@ -11,6 +12,7 @@ use forkfleet_shared::api::{
     AbortOutcome, CheckpointView, CreateFork, ForkView, ForkWatch, MergeOutcome, TerminateOutcome,
 };
 use forkfleet_shared::blob::BlobHash;
+use forkfleet_shared::budget::{AccountView, ForkCost};
 use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{DiffOptions, DiffReport};
 use forkfleet_shared::event::Event;
@@ -31,6 +33,7 @@ pub struct CoordinatorHandle {
     store: RunStore,
     bus: Arc<dyn Bus>,
     config: Arc<CoordinatorConfig>,
+    ledger: Arc<Ledger>,
 }
 
 impl CoordinatorHandle {
@@ -39,12 +42,14 @@ impl CoordinatorHandle {
         store: RunStore,
         bus: Arc<dyn Bus>,
         config: CoordinatorConfig,
+        ledger: Arc<Ledger>,
     ) -> Self {
         Self {
             root,
             store,
             bus,
             config: Arc::new(config),
+            ledger,
         }
     }
 
@@ -64,6 +69,9 @@ impl CoordinatorHandle {
     }
 
     async fn create_inner(&self, req: CreateFork) -> Result<ForkView, CoordinatorError> {
+        if let Some(account) = &req.plan.budget.account {
+            self.ledger.check_account(account)?;
+        }
         if !blobs::shared_with_bus(&self.store, &self.bus) {
             blobs::import_for_fork(&self.store, &self.bus.blobs(), &req).await?;
         }
@@ -241,6 +249,79 @@ impl CoordinatorHandle {
     }
 
     /// The coordinator's store (blobs for diffs and merges, checkpoints).
+    /// Spent, reserved, cap and remaining per branch, for the fork and its account.
+    pub async fn fork_cost(&self, id: ForkId) -> Result<ForkCost, CoordinatorError> {
+        // Through the root: an unknown fork is `UnknownFork` either way, and a fork whose
+        // actor is still loading is waited for.
+        self.root.fork(id).await?;
+        self.ledger.fork_cost(id)
+    }
+
+    /// Enqueue the branches a cap change made room for, fork by fork.
+    async fn resume(&self, runs: Vec<(ForkId, RunId)>) -> Result<(), CoordinatorError> {
+        let mut by_fork: std::collections::BTreeMap<ForkId, Vec<RunId>> = Default::default();
+        for (fork, run) in runs {
+            by_fork.entry(fork).or_default().push(run);
+        }
+        for (fork, runs) in by_fork {
+            let n = self
+                .root
+                .fork(fork)
+                .await?
+                .resume(runs, self.config.pool.clone())
+                .await?;
+            tracing::info!(fork.id = %fork, resumed = n, "budget.resumed");
+        }
+        Ok(())
+    }
+
+    /// Raise the cap of branch `branch` (else the fork's aggregate cap) by `usd`, and
+    /// resume the branches it paused.
+    pub async fn topup(
+        &self,
+        id: ForkId,
+        branch: Option<&str>,
+        usd: f64,
+    ) -> Result<ForkCost, CoordinatorError> {
+        self.root.fork(id).await?;
+        let resume = self.ledger.topup(id, branch, usd)?;
+        self.store.flush_async().await?;
+        self.resume(resume).await?;
+        self.ledger.fork_cost(id)
+    }
+
+    /// Move `usd` of cap from branch `from` to branch `to`; resumes `to` if it was paused.
+    pub async fn move_budget(
+        &self,
+        id: ForkId,
+        from: &str,
+        to: &str,
+        usd: f64,
+    ) -> Result<ForkCost, CoordinatorError> {
+        self.root.fork(id).await?;
+        let resume = self.ledger.move_budget(id, from, to, usd)?;
+        self.store.flush_async().await?;
+        self.resume(resume).await?;
+        self.ledger.fork_cost(id)
+    }
+
+    /// Create account `name` or change its cap; resumes what its cap paused.
+    pub async fn account_set(
+        &self,
+        name: &str,
+        cap_usd: Option<f64>,
+    ) -> Result<AccountView, CoordinatorError> {
+        let (view, resume) = self.ledger.account_set(name, cap_usd)?;
+        self.store.flush_async().await?;
+        self.resume(resume).await?;
+        Ok(view)
+    }
+
+    /// Every account, by name.
+    pub async fn accounts(&self) -> Result<Vec<AccountView>, CoordinatorError> {
+        Ok(self.ledger.accounts())
+    }
+
     pub fn store(&self) -> &RunStore {
         &self.store
     }

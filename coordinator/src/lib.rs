@@ -15,6 +15,7 @@
 //! - `merge`: flushing a winner onto its parent and adopting its history.
 //! - `event_loop`: the consumer of the event stream (pump, apply, flush-then-ack).
 //! - `resume`: hands a branch's log to a worker taking it over, fencing earlier attempts.
+//! - `budget`: the ledger of branch, fork and account caps, and the reservation service.
 //! - `root`, `fork`: the actors.
 //!
 //! ## Actors
@@ -42,6 +43,7 @@ pub mod service;
 pub mod store;
 
 mod blobs;
+mod budget;
 mod create;
 mod event_loop;
 mod fork;
@@ -55,6 +57,7 @@ pub use error::CoordinatorError;
 pub use handle::CoordinatorHandle;
 pub use store::{RunStore, SledBlobStore, StoreCounts};
 
+use budget::Ledger;
 use event_loop::EventLoop;
 use forkfleet_shared::bus::Bus;
 use forkfleet_shared::protocol::DEFAULT_POOL;
@@ -72,13 +75,20 @@ pub struct CoordinatorConfig {
     pub pool: String,
     /// The durable consumer name of the event stream.
     pub durable: String,
+    /// How long a budget reservation holds money before it is released unsettled (its
+    /// worker is presumed gone). Longer than the slowest model call.
+    pub reservation_ttl_ms: u64,
 }
+
+/// The default of [`CoordinatorConfig::reservation_ttl_ms`]: ten minutes.
+pub const DEFAULT_RESERVATION_TTL_MS: u64 = 600_000;
 
 impl Default for CoordinatorConfig {
     fn default() -> Self {
         Self {
             pool: DEFAULT_POOL.to_string(),
             durable: "coordinator".to_string(),
+            reservation_ttl_ms: DEFAULT_RESERVATION_TTL_MS,
         }
     }
 }
@@ -101,12 +111,14 @@ impl Coordinator {
         store: RunStore,
         bus: Arc<dyn Bus>,
     ) -> Result<Coordinator, CoordinatorError> {
+        let ledger = Ledger::open(store.clone(), bus.clone(), config.reservation_ttl_ms)?;
         let (root, root_join) = Actor::spawn(
             None,
             RootActor,
             RootArgs {
                 store: store.clone(),
                 bus: bus.clone(),
+                ledger: ledger.clone(),
             },
         )
         .await
@@ -146,11 +158,27 @@ impl Coordinator {
                 return Err(e);
             }
         };
+        let budget = match budget::start(
+            &bus,
+            ledger.clone(),
+            store.clone(),
+            stop_services.subscribe(),
+        )
+        .await
+        {
+            Ok(j) => j,
+            Err(e) => {
+                let _ = stop_services.send(true);
+                events.stop().await;
+                stop_actors(&root).await;
+                return Err(e);
+            }
+        };
         tracing::info!(pool = %config.pool, durable = %config.durable, dir = %store.dir().display(), "coordinator.started");
         Ok(Coordinator {
-            services: vec![resume, dead],
+            services: vec![resume, dead, budget],
             stop_services,
-            handle: CoordinatorHandle::new(root_handle, store.clone(), bus, config),
+            handle: CoordinatorHandle::new(root_handle, store.clone(), bus, config, ledger),
             root,
             root_join: Some(root_join),
             events: Some(events),

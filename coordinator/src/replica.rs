@@ -12,6 +12,7 @@
 
 use crate::store::BranchRecord;
 use forkfleet_shared::event::{Event, Usage};
+use forkfleet_shared::ids::ReservationId;
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::overlay::Overlay;
 use forkfleet_shared::state::BranchState;
@@ -27,7 +28,7 @@ pub(crate) enum Placement {
 }
 
 /// What applying events changed, for the caller's bookkeeping.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Effect {
     /// The branch's state changed (its record is rewritten).
     pub state_changed: bool,
@@ -35,6 +36,8 @@ pub(crate) struct Effect {
     pub became_terminal: bool,
     /// Events applied (held successors included).
     pub applied: usize,
+    /// The cost and reservation of each `usage` event applied, in order.
+    pub usage: Vec<(f64, Option<ReservationId>)>,
 }
 
 pub(crate) struct BranchReplica {
@@ -132,12 +135,16 @@ impl BranchReplica {
         match event {
             Event::ModelResponse { .. } => r.turns += 1,
             Event::Usage {
-                usage, cost_usd, ..
+                usage,
+                cost_usd,
+                reservation,
+                ..
             } => {
                 r.usage.add(&usage);
                 if cost_usd.is_finite() {
                     r.cost_usd += cost_usd;
                 }
+                effect.usage.push((cost_usd, reservation));
             }
             Event::FileChange { change } => {
                 let path = change.path().clone();
@@ -156,7 +163,9 @@ impl BranchReplica {
             Event::Status { state, error } => {
                 if let Some(next) = r.state.transition(state) {
                     r.state = next;
-                    if error.is_some() {
+                    if next == BranchState::Running {
+                        r.error = None; // resumed after a pause
+                    } else if error.is_some() {
                         r.error = error;
                     }
                     effect.state_changed = true;
@@ -267,6 +276,7 @@ mod tests {
                 model: "m".into(),
                 usage,
                 cost_usd: 0.25,
+                reservation: None,
             },
         );
         let e = r.arrive(

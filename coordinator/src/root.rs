@@ -2,6 +2,7 @@
 //! On start it loads every fork of the store; a fork actor that fails is restarted from the
 //! store (its replica is rebuilt from the event log).
 
+use crate::budget::Ledger;
 use crate::create::PreparedFork;
 use crate::error::{actor_call, list, CoordinatorError};
 use crate::fork::{ForkActor, ForkArgs, ForkHandle, CALL_TIMEOUT_MS};
@@ -17,11 +18,13 @@ pub(crate) struct RootActor;
 pub(crate) struct RootArgs {
     pub store: RunStore,
     pub bus: Arc<dyn Bus>,
+    pub ledger: Arc<Ledger>,
 }
 
 pub(crate) struct RootState {
     store: RunStore,
     bus: Arc<dyn Bus>,
+    ledger: Arc<Ledger>,
     forks: BTreeMap<ForkId, ForkHandle>,
 }
 
@@ -100,6 +103,7 @@ impl RootState {
             fork,
             store: self.store.clone(),
             bus: self.bus.clone(),
+            ledger: self.ledger.clone(),
         }
     }
 
@@ -146,6 +150,7 @@ impl Actor for RootActor {
         let mut state = RootState {
             store: args.store,
             bus: args.bus,
+            ledger: args.ledger,
             forks: BTreeMap::new(),
         };
         let store = state.store.clone();
@@ -174,6 +179,7 @@ impl Actor for RootActor {
                     prepared,
                     store: state.store.clone(),
                     bus: state.bus.clone(),
+                    ledger: state.ledger.clone(),
                 };
                 let _ = reply.send(state.spawn_fork(&myself, id, args).await);
             }

@@ -290,6 +290,20 @@ async fn dispatch(handle: &CoordinatorHandle, req: ApiRequest) -> Result<ApiRepl
                 .collect(),
         ),
         ApiRequest::Checkpoints { run } => ApiReply::Checkpoints(handle.checkpoints(run).await?),
+        ApiRequest::ForkCost { fork } => ApiReply::Cost(handle.fork_cost(fork).await?),
+        ApiRequest::Topup { fork, branch, usd } => {
+            ApiReply::Cost(handle.topup(fork, branch.as_deref(), usd).await?)
+        }
+        ApiRequest::MoveBudget {
+            fork,
+            from,
+            to,
+            usd,
+        } => ApiReply::Cost(handle.move_budget(fork, &from, &to, usd).await?),
+        ApiRequest::AccountSet { name, cap_usd } => {
+            ApiReply::Account(handle.account_set(&name, cap_usd).await?)
+        }
+        ApiRequest::Accounts => ApiReply::Accounts(handle.accounts().await?),
         ApiRequest::Stored { .. } => {
             return Err(ApiError::new(
                 ApiErrorKind::BadInput,
@@ -305,7 +319,8 @@ pub fn api_error(e: &CoordinatorError) -> ApiError {
     let kind = match e {
         CoordinatorError::UnknownFork(_)
         | CoordinatorError::UnknownRun(_)
-        | CoordinatorError::UnknownLabel { .. } => ApiErrorKind::NotFound,
+        | CoordinatorError::UnknownLabel { .. }
+        | CoordinatorError::UnknownAccount { .. } => ApiErrorKind::NotFound,
         e if e.is_bad_input() => ApiErrorKind::BadInput,
         _ => ApiErrorKind::Failure,
     };

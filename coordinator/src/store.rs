@@ -8,6 +8,9 @@
 //! | `branches`    | fork id ++ run id                    | [`BranchRecord`]           |
 //! | `checkpoints` | run id ++ checkpoint id              | [`CheckpointView`]         |
 //! | `blobs`       | blob hash (32 bytes)                 | the bytes                  |
+//! | `accounts`    | account name                         | [`AccountRecord`]          |
+//! | `reservations`| reservation id                       | [`ReservationRecord`]      |
+//! | `caps`        | fork id, or fork id ++ run id        | `Option<f64>`: a cap after top-ups |
 //!
 //! Ids are UUID v7, so every prefix scan comes back in creation order and a run's events
 //! in seq order. The event log is the source of truth for a branch: its record's counters
@@ -22,14 +25,14 @@ mod blobs;
 mod records;
 
 pub use blobs::SledBlobStore;
-pub(crate) use records::{BranchRecord, ForkRecord, RunRecord};
+pub(crate) use records::{AccountRecord, BranchRecord, ForkRecord, ReservationRecord, RunRecord};
 
 use crate::error::CoordinatorError;
 use bytes::Bytes;
 use forkfleet_shared::api::CheckpointView;
 use forkfleet_shared::blob::{BlobHash, BlobStore};
 use forkfleet_shared::event::Event;
-use forkfleet_shared::ids::{CheckpointId, ForkId, RunId};
+use forkfleet_shared::ids::{CheckpointId, ForkId, ReservationId, RunId};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -50,6 +53,10 @@ pub struct StoreCounts {
     pub blobs: usize,
 }
 
+/// A cap changed after creation: the branch's (`Some(run)`) or the fork's (`None`), and
+/// its new value.
+pub(crate) type CapOverride = (Option<RunId>, Option<f64>);
+
 /// The coordinator's durable state. Cheap to clone: every clone is the same database.
 #[derive(Clone)]
 pub struct RunStore {
@@ -64,6 +71,9 @@ struct Inner {
     forks: sled::Tree,
     branches: sled::Tree,
     checkpoints: sled::Tree,
+    accounts: sled::Tree,
+    reservations: sled::Tree,
+    caps: sled::Tree,
     blobs: SledBlobStore,
     /// The same store as a trait object, made once: the embedded mode hands it to the bus,
     /// and `Arc::ptr_eq` then tells the coordinator the bus's blobs are its own.
@@ -71,6 +81,11 @@ struct Inner {
     /// Serialises the read-modify-write of parent runs (fork creation from an existing
     /// run, merges), which several fork actors may do at once.
     parent_lock: Mutex<()>,
+    /// One `flush_async` at a time (see [`RunStore::flush_async`]).
+    flush_lock: tokio::sync::Mutex<()>,
+    /// Flush requests made, and the highest request a finished flush covered.
+    flush_requested: std::sync::atomic::AtomicU64,
+    flush_done: std::sync::atomic::AtomicU64,
 }
 
 pub(crate) fn event_key(run: RunId, seq: u64) -> [u8; 24] {
@@ -143,9 +158,15 @@ impl RunStore {
             forks: tree("forks")?,
             branches: tree("branches")?,
             checkpoints: tree("checkpoints")?,
+            accounts: tree("accounts")?,
+            reservations: tree("reservations")?,
+            caps: tree("caps")?,
             blob_store: Arc::new(blobs.clone()),
             blobs,
             parent_lock: Mutex::new(()),
+            flush_lock: tokio::sync::Mutex::new(()),
+            flush_requested: std::sync::atomic::AtomicU64::new(0),
+            flush_done: std::sync::atomic::AtomicU64::new(0),
             dir,
             db,
         };
@@ -191,8 +212,23 @@ impl RunStore {
     }
 
     /// Persist everything written so far.
+    ///
+    /// Flushes are single-flight and shared: sled 0.34 deadlocks when many `flush_async`
+    /// calls wait at once (they fill its I/O thread pool, which the flush itself needs), so
+    /// one flush runs at a time, and a caller whose writes a flush that started after its
+    /// request already covered returns without another.
     pub async fn flush_async(&self) -> Result<(), CoordinatorError> {
-        self.inner.db.flush_async().await?;
+        use std::sync::atomic::Ordering;
+        let i = &self.inner;
+        // Writes made before this point are covered by any flush that starts after it.
+        let mine = i.flush_requested.fetch_add(1, Ordering::AcqRel) + 1;
+        let _one = i.flush_lock.lock().await;
+        if i.flush_done.load(Ordering::Acquire) >= mine {
+            return Ok(());
+        }
+        let covers = i.flush_requested.load(Ordering::Acquire);
+        i.db.flush_async().await?;
+        i.flush_done.fetch_max(covers, Ordering::AcqRel);
         Ok(())
     }
 
@@ -345,6 +381,86 @@ impl RunStore {
         for kv in self.inner.checkpoints.scan_prefix(run.as_bytes()) {
             let (_, v) = kv?;
             out.push(decode("checkpoint", &v)?);
+        }
+        Ok(out)
+    }
+
+    // ---- budgets ------------------------------------------------------------------------
+
+    pub(crate) fn put_account(&self, a: &AccountRecord) -> Result<(), CoordinatorError> {
+        self.inner
+            .accounts
+            .insert(a.name.as_bytes(), encode("account", a)?)?;
+        Ok(())
+    }
+
+    /// Every account, by name.
+    pub(crate) fn accounts(&self) -> Result<Vec<AccountRecord>, CoordinatorError> {
+        let mut out = Vec::new();
+        for kv in self.inner.accounts.iter() {
+            let (_, v) = kv?;
+            out.push(decode("account", &v)?);
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn put_reservation(&self, r: &ReservationRecord) -> Result<(), CoordinatorError> {
+        self.inner
+            .reservations
+            .insert(r.id.as_bytes(), encode("reservation", r)?)?;
+        Ok(())
+    }
+
+    pub(crate) fn delete_reservation(&self, id: ReservationId) -> Result<(), CoordinatorError> {
+        self.inner.reservations.remove(id.as_bytes())?;
+        Ok(())
+    }
+
+    /// Every reservation not yet settled or released.
+    pub(crate) fn reservations(&self) -> Result<Vec<ReservationRecord>, CoordinatorError> {
+        let mut out = Vec::new();
+        for kv in self.inner.reservations.iter() {
+            let (_, v) = kv?;
+            out.push(decode("reservation", &v)?);
+        }
+        Ok(out)
+    }
+
+    /// Record a cap changed after creation (a top-up or a move): the fork's aggregate cap
+    /// with `run: None`, else the branch's.
+    pub(crate) fn put_cap(
+        &self,
+        fork: ForkId,
+        run: Option<RunId>,
+        cap: Option<f64>,
+    ) -> Result<(), CoordinatorError> {
+        let bytes = encode("cap", &cap)?;
+        match run {
+            None => self.inner.caps.insert(fork.as_bytes(), bytes)?,
+            Some(run) => self
+                .inner
+                .caps
+                .insert(pair_key(fork.as_bytes(), run.as_bytes()), bytes)?,
+        };
+        Ok(())
+    }
+
+    /// The caps of a fork changed after creation: its own (`None` key) and its branches'.
+    pub(crate) fn caps(&self, fork: ForkId) -> Result<Vec<CapOverride>, CoordinatorError> {
+        let mut out = Vec::new();
+        for kv in self.inner.caps.scan_prefix(fork.as_bytes()) {
+            let (k, v) = kv?;
+            let cap: Option<f64> = decode("cap", &v)?;
+            let run = match k.len() {
+                16 => None,
+                32 => {
+                    let bytes = <[u8; 16]>::try_from(&k[16..32])
+                        .map_err(|_| CoordinatorError::codec("cap key", "not 32 bytes"))?;
+                    Some(RunId::from_bytes(bytes))
+                }
+                _ => return Err(CoordinatorError::codec("cap key", "not 16 or 32 bytes")),
+            };
+            out.push((run, cap));
         }
         Ok(out)
     }

@@ -205,6 +205,29 @@ pub enum ApiRequest {
     RunEvents { run: RunId },
     /// A run's checkpoints, oldest first. Reply: `checkpoints`.
     Checkpoints { run: RunId },
+    /// Spent, reserved, cap and remaining per branch, for the fork and its account.
+    /// Reply: `cost`.
+    ForkCost { fork: ForkId },
+    /// Raise a cap by `usd` and resume what it paused: the branch's own cap with
+    /// `branch`, else the fork's aggregate cap. Reply: `cost`.
+    Topup {
+        fork: ForkId,
+        branch: Option<String>,
+        usd: f64,
+    },
+    /// Move `usd` of cap from branch `from` to branch `to` of a fork (both capped; `from`
+    /// keeps at least what it spent and holds). Reply: `cost`.
+    MoveBudget {
+        fork: ForkId,
+        from: String,
+        to: String,
+        usd: f64,
+    },
+    /// Create an account or change its cap (`None`: no cap); resumes what its cap paused.
+    /// Reply: `account`.
+    AccountSet { name: String, cap_usd: Option<f64> },
+    /// Every account, by name. Reply: `accounts`.
+    Accounts,
     /// The request itself is too large for one message: it is the `api_request` envelope
     /// stored as this blob in the bus's blob store.
     Stored { blob: BlobHash },
@@ -227,6 +250,11 @@ impl ApiRequest {
             ApiRequest::Abort { .. } => "abort",
             ApiRequest::RunEvents { .. } => "run_events",
             ApiRequest::Checkpoints { .. } => "checkpoints",
+            ApiRequest::ForkCost { .. } => "fork_cost",
+            ApiRequest::Topup { .. } => "topup",
+            ApiRequest::MoveBudget { .. } => "move_budget",
+            ApiRequest::AccountSet { .. } => "account_set",
+            ApiRequest::Accounts => "accounts",
             ApiRequest::Stored { .. } => "stored",
         }
     }
@@ -251,6 +279,9 @@ pub enum ApiReply {
     Abort(AbortOutcome),
     Events(Vec<LoggedEvent>),
     Checkpoints(Vec<CheckpointView>),
+    Cost(crate::budget::ForkCost),
+    Account(crate::budget::AccountView),
+    Accounts(Vec<crate::budget::AccountView>),
     /// The reply is too large for one message: it is the `api_response` envelope stored
     /// as this blob in the bus's blob store.
     Stored {
@@ -274,6 +305,9 @@ impl ApiReply {
             ApiReply::Abort(_) => "abort",
             ApiReply::Events(_) => "events",
             ApiReply::Checkpoints(_) => "checkpoints",
+            ApiReply::Cost(_) => "cost",
+            ApiReply::Account(_) => "account",
+            ApiReply::Accounts(_) => "accounts",
             ApiReply::Stored { .. } => "stored",
         }
     }

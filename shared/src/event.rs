@@ -72,6 +72,10 @@ pub enum Event {
         model: String,
         usage: Usage,
         cost_usd: f64,
+        /// The budget reservation this call was made under (strict mode): applying the
+        /// event settles it with the actual cost.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reservation: Option<crate::ids::ReservationId>,
     },
     /// The steer that starts a branch, or a steering message sent to a running one.
     Steer {
@@ -219,6 +223,7 @@ mod tests {
                 model: "m".into(),
                 usage: Usage::default(),
                 cost_usd: 0.0,
+                reservation: None,
             },
             Event::Steer {
                 text: "go left".into(),

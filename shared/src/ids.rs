@@ -77,6 +77,11 @@ id_type!(
     CheckpointId,
     "checkpoint"
 );
+id_type!(
+    /// One budget reservation: money held for a model call until its usage is settled.
+    ReservationId,
+    "reservation"
+);
 
 /// A string that is not a valid id of the kind asked for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -12,8 +12,10 @@
 //! - [`diff`]: the cross-branch diff report.
 //! - [`flush`]: replaying a branch's change log onto a parent, with conflict detection.
 //! - [`event`], [`state`]: run events and branch / fork states.
+//! - [`pricing`], [`budget`]: model prices; budget policy, reservations, cost reports.
 pub mod api;
 pub mod blob;
+pub mod budget;
 pub mod bus;
 pub mod diff;
 pub mod event;

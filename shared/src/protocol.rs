@@ -9,6 +9,7 @@ use crate::blob::BlobHash;
 use crate::event::Event;
 use crate::ids::{ForkId, RunId};
 use crate::pricing::Price;
+use crate::state::BranchState;
 use crate::wire::WireMessage;
 use serde::{Deserialize, Serialize};
 
@@ -42,7 +43,29 @@ pub struct BranchTask {
     pub first_seq: u64,
     pub max_turns: u32,
     pub max_output_tokens: u32,
+    /// The branch's own cap when the task was made (the worker's early check; the
+    /// coordinator's ledger is authoritative and may have been topped up).
     pub budget_usd: Option<f64>,
+    /// Strict budget mode with a cap on the branch, its fork or its account: reserve on
+    /// [`crate::budget::BUDGET_SUBJECT`] before every model call.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reserve: bool,
+    /// What a refused reservation or a stop for budget does to the branch.
+    #[serde(default, skip_serializing_if = "crate::budget::OnExhausted::is_stop")]
+    pub on_exhausted: crate::budget::OnExhausted,
+    /// Added to the delivery count to make the task attempt. A task enqueued again for a
+    /// branch that already ran (resumed after a pause) starts above every attempt before
+    /// it, so it takes the branch over from the coordinator's log like a redelivery.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempt_base: u32,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl WireMessage for BranchTask {
@@ -71,8 +94,31 @@ impl WireMessage for BranchEvent {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
 pub enum ControlCommand {
-    Terminate { reason: String },
-    Steer { text: String },
+    /// Stop as `terminated`, cancelling a model call in flight.
+    Terminate {
+        reason: String,
+    },
+    Steer {
+        text: String,
+    },
+    /// A budget cap was crossed: stop as `state` (`budget_exhausted` or
+    /// `aggregate_budget_exhausted`), cancelling a model call in flight unless `graceful`.
+    Stop {
+        state: BranchState,
+        reason: String,
+        /// Let a model call in flight finish and be recorded first (strict mode: the call
+        /// is paid for by its reservation), then stop before the next one.
+        #[serde(default, skip_serializing_if = "is_false")]
+        graceful: bool,
+    },
+    /// A budget cap was crossed and the fork pauses instead of stopping: publish `paused`,
+    /// hand the task back as finished, and wait for a top-up to enqueue the branch again.
+    Pause {
+        reason: String,
+        /// As for `stop`.
+        #[serde(default, skip_serializing_if = "is_false")]
+        graceful: bool,
+    },
 }
 
 /// A command to one running branch.
@@ -80,6 +126,10 @@ pub enum ControlCommand {
 pub struct Control {
     pub run_id: RunId,
     pub command: ControlCommand,
+    /// The last task attempt the command is meant for: a later attempt (a branch resumed
+    /// after a pause, which watches the run's control channel from its start) ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
 }
 
 impl WireMessage for Control {

@@ -5,6 +5,7 @@
 //! [defaults]                 # optional
 //! usage = { input_tokens = 1000, output_tokens = 200 }
 //! latency_ms = 0
+//! latency_jitter_ms = 0      # up to this much more, fixed per (label, turn)
 //!
 //! [[turns."*"]]              # every branch without turns of its own
 //! tool_calls = [{ name = "write_file", args = { path = "notes/{label}.md", content = "hi\n" } }]
@@ -45,6 +46,28 @@ pub struct ScriptDefaults {
     pub usage: Option<ScriptUsage>,
     #[serde(default)]
     pub latency_ms: u64,
+    /// Each call takes up to this much longer than its latency: an amount fixed by the
+    /// branch label and the turn (so runs repeat), spread evenly over `0..=jitter`. Real
+    /// model calls do not all take the same time.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub latency_jitter_ms: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// A number in `0..=max` fixed by `label` and `turn` (FNV-1a).
+fn jitter(label: &str, turn: u32, max: u64) -> u64 {
+    if max == 0 {
+        return 0;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in label.bytes().chain(turn.to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h % (max + 1)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -182,7 +205,10 @@ impl Script {
                         })
                         .collect(),
                     usage: t.usage.or(self.defaults.usage).map(Usage::from),
-                    latency_ms: t.latency_ms.unwrap_or(self.defaults.latency_ms),
+                    latency_ms: t
+                        .latency_ms
+                        .unwrap_or(self.defaults.latency_ms)
+                        .saturating_add(jitter(label, turn, self.defaults.latency_jitter_ms)),
                 });
             }
             remaining -= reps;
@@ -264,6 +290,22 @@ usage = { input_tokens = 1, output_tokens = 1 }
         ));
         assert_eq!(s.play("solo", 0, 0).unwrap().usage.unwrap().input_tokens, 1);
         assert_eq!(s.play("a", 0, 0).unwrap().usage.unwrap().input_tokens, 10);
+    }
+
+    #[test]
+    fn jitter_is_fixed_per_label_and_turn_and_bounded() {
+        let s = Script::parse(
+            "[defaults]\nlatency_ms = 100\nlatency_jitter_ms = 50\n[[turns.\"*\"]]\ntext = \"t\"\nrepeat = 200",
+        )
+        .unwrap();
+        let lat: Vec<u64> = (0..200)
+            .map(|t| s.play("a", 0, t).unwrap().latency_ms)
+            .collect();
+        assert!(lat.iter().all(|l| (100..=150).contains(l)), "{lat:?}");
+        assert!(lat.iter().any(|l| *l < 110) && lat.iter().any(|l| *l > 140));
+        assert_eq!(s.play("a", 0, 7).unwrap(), s.play("a", 0, 7).unwrap());
+        let plain = Script::parse("[[turns.\"*\"]]\ntext = \"t\"\nlatency_ms = 5").unwrap();
+        assert_eq!(plain.play("x", 0, 0).unwrap().latency_ms, 5);
     }
 
     #[test]

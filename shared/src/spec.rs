@@ -7,6 +7,7 @@
 //! Every error names what was wrong and what is valid; nothing is created on error.
 
 use crate::blob::BlobHash;
+use crate::budget::{BudgetMode, BudgetPolicy, OnExhausted};
 use crate::event::Message;
 use crate::flush::ConflictPolicy;
 use crate::pricing::{builtin_price, Price};
@@ -51,6 +52,19 @@ pub struct SpecFile {
     pub budget_usd: Option<f64>,
     #[serde(default)]
     pub aggregate_budget_usd: Option<f64>,
+    /// A named account the fork charges (made with `forkfleet account set`).
+    #[serde(default)]
+    pub account: Option<String>,
+    /// `strict` (default) or `best_effort`.
+    #[serde(default)]
+    pub budget_mode: Option<BudgetMode>,
+    /// `stop` (default) or `pause`.
+    #[serde(default)]
+    pub on_exhausted: Option<OnExhausted>,
+    /// Whether a cap stopping a branch cancels its model call in flight; default: true in
+    /// best-effort mode, false in strict mode.
+    #[serde(default)]
+    pub cancel_in_flight: Option<bool>,
     #[serde(default)]
     pub models: BTreeMap<String, ModelSection>,
     #[serde(default)]
@@ -134,6 +148,9 @@ pub struct ForkPlan {
     pub limits: Limits,
     pub conflict_policy: ConflictPolicy,
     pub aggregate_budget_usd: Option<f64>,
+    /// Mode, what a cap does when reached, and the account charged.
+    #[serde(default)]
+    pub budget: BudgetPolicy,
     pub models: BTreeMap<String, ModelPlan>,
     pub branches: Vec<BranchPlan>,
 }
@@ -187,8 +204,10 @@ pub enum SpecError {
         path: PathBuf,
         source: ScriptError,
     },
-    #[error("`{field}` sets a budget but model `{model}` has no known price; add [models.\"{model}\"] price = {{ input_per_mtok = ..., output_per_mtok = ... }}")]
+    #[error("`{field}` sets a budget but model `{model}` has no known price; add [models.\"{model}\"] price = {{ input_per_mtok = ..., output_per_mtok = ... }} to the spec, or [pricing.\"{model}\"] to the config")]
     NoPrice { model: String, field: String },
+    #[error("account name `{name}` is not valid: {reason}; names are 1 to 64 characters of letters, digits, `-`, `_` and `.`, not starting with `.`")]
+    BadAccount { name: String, reason: &'static str },
     #[error("price of model `{model}`: {message}")]
     BadPrice { model: String, message: String },
     #[error(
@@ -208,8 +227,18 @@ impl SpecError {
     }
 }
 
-/// Read, parse and validate a spec file; read the files it names.
+/// Read, parse and validate a spec file; read the files it names. Prices come from the
+/// spec, else the built-in table.
 pub fn load(spec_path: &Path) -> Result<LoadedSpec, SpecError> {
+    load_with(spec_path, &BTreeMap::new())
+}
+
+/// [`load`], with price overrides (the config's `[pricing]`) consulted after the spec's
+/// own `[models."NAME"] price` and before the built-in table.
+pub fn load_with(
+    spec_path: &Path,
+    prices: &BTreeMap<String, Price>,
+) -> Result<LoadedSpec, SpecError> {
     let text = std::fs::read_to_string(spec_path).map_err(|source| SpecError::Read {
         path: spec_path.to_path_buf(),
         source,
@@ -227,7 +256,7 @@ pub fn load(spec_path: &Path) -> Result<LoadedSpec, SpecError> {
     } else {
         dir
     };
-    let mut plan = validate(&file, 0)?;
+    let mut plan = validate_with(&file, 0, prices)?;
 
     let workspace = dir.join(&file.workspace);
     if !workspace.is_dir() {
@@ -297,6 +326,15 @@ pub fn load(spec_path: &Path) -> Result<LoadedSpec, SpecError> {
 /// Validate a parsed spec for a fork whose parent is at `depth` (0 for a root run).
 /// Script blobs are filled in by [`load`].
 pub fn validate(file: &SpecFile, depth: u32) -> Result<ForkPlan, SpecError> {
+    validate_with(file, depth, &BTreeMap::new())
+}
+
+/// [`validate`] with price overrides (see [`load_with`]).
+pub fn validate_with(
+    file: &SpecFile,
+    depth: u32,
+    prices: &BTreeMap<String, Price>,
+) -> Result<ForkPlan, SpecError> {
     let limits = Limits {
         max_branches: file.max_branches.unwrap_or(DEFAULT_MAX_BRANCHES),
         max_depth: file.max_depth.unwrap_or(DEFAULT_MAX_DEPTH),
@@ -328,6 +366,9 @@ pub fn validate(file: &SpecFile, depth: u32) -> Result<ForkPlan, SpecError> {
     let labels = normalise_labels(file.branches.iter().map(|b| b.label.as_deref()))?;
     check_budget("budget_usd", file.budget_usd)?;
     check_budget("aggregate_budget_usd", file.aggregate_budget_usd)?;
+    if let Some(name) = &file.account {
+        check_account_name(name)?;
+    }
     check_model_name(&file.model)?;
 
     let mut branches = Vec::with_capacity(file.branches.len());
@@ -372,7 +413,16 @@ pub fn validate(file: &SpecFile, depth: u32) -> Result<ForkPlan, SpecError> {
                 })?;
                 Some(p)
             }
-            None => builtin_price(name),
+            None => match prices.get(name) {
+                Some(p) => {
+                    p.validate().map_err(|message| SpecError::BadPrice {
+                        model: name.to_string(),
+                        message,
+                    })?;
+                    Some(*p)
+                }
+                None => builtin_price(name),
+            },
         };
         if name.starts_with("scripted:") && section.and_then(|s| s.script.as_ref()).is_none() {
             return Err(SpecError::NoScript {
@@ -389,14 +439,17 @@ pub fn validate(file: &SpecFile, depth: u32) -> Result<ForkPlan, SpecError> {
     }
     // A budget on a model with no known price would be a silently disabled cap.
     for (i, b) in branches.iter().enumerate() {
-        let capped = b.budget_usd.is_some() || file.aggregate_budget_usd.is_some();
+        let capped =
+            b.budget_usd.is_some() || file.aggregate_budget_usd.is_some() || file.account.is_some();
         if capped && models.get(&b.model).and_then(|m| m.price).is_none() {
             let field = if file.branches[i].budget_usd.is_some() {
                 format!("branches[{i}].budget_usd")
             } else if file.budget_usd.is_some() {
                 "budget_usd".to_string()
-            } else {
+            } else if file.aggregate_budget_usd.is_some() {
                 "aggregate_budget_usd".to_string()
+            } else {
+                "account".to_string()
             };
             return Err(SpecError::NoPrice {
                 model: b.model.clone(),
@@ -413,6 +466,12 @@ pub fn validate(file: &SpecFile, depth: u32) -> Result<ForkPlan, SpecError> {
         limits,
         conflict_policy: file.conflict_policy.unwrap_or_default(),
         aggregate_budget_usd: file.aggregate_budget_usd,
+        budget: BudgetPolicy {
+            mode: file.budget_mode.unwrap_or_default(),
+            on_exhausted: file.on_exhausted.unwrap_or_default(),
+            account: file.account.clone(),
+            cancel_in_flight: file.cancel_in_flight,
+        },
         models,
         branches,
     })
@@ -515,6 +574,24 @@ pub fn check_label(label: &str) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// An account name follows the label rules (it names a ledger, and shows in paths and
+/// subjects nowhere, but one rule is easier to remember) and is not empty.
+pub fn check_account_name(name: &str) -> Result<(), SpecError> {
+    if name.is_empty() {
+        return Err(SpecError::BadAccount {
+            name: name.to_string(),
+            reason: "it is empty",
+        });
+    }
+    check_label(name).map_err(|e| match e {
+        SpecError::BadLabel { reason, .. } => SpecError::BadAccount {
+            name: name.to_string(),
+            reason,
+        },
+        other => other,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -598,6 +675,51 @@ mod tests {
         let err = parse("goal = \"g\"\nworkspace = \"w\"\nmodel = \"scripted:x\"\n[[branches]]")
             .unwrap_err();
         assert!(matches!(err, SpecError::NoScript { .. }), "{err}");
+    }
+
+    #[test]
+    fn budget_policy_and_accounts() {
+        let plan = parse(&spec(
+            "account = \"team-a\"\nbudget_mode = \"best_effort\"\non_exhausted = \"pause\"",
+            "price = { input_per_mtok = 1.0, output_per_mtok = 2.0 }",
+            "[[branches]]",
+        ))
+        .unwrap();
+        assert_eq!(plan.budget.account.as_deref(), Some("team-a"));
+        assert_eq!(plan.budget.mode, BudgetMode::BestEffort);
+        assert_eq!(plan.budget.on_exhausted, OnExhausted::Pause);
+        let plan = parse(&spec("", "", "[[branches]]")).unwrap();
+        assert_eq!(plan.budget, BudgetPolicy::default());
+        let err = parse(&spec("account = \"../x\"", "", "[[branches]]")).unwrap_err();
+        assert!(err.to_string().contains("account name `../x`"), "{err}");
+        let err = parse(&spec("budget_mode = \"loose\"", "", "[[branches]]")).unwrap_err();
+        assert!(err.to_string().contains("strict"), "{err}");
+        // An account needs priced models, like any cap.
+        let err = parse(&spec("account = \"team-a\"", "", "[[branches]]")).unwrap_err();
+        assert!(err.to_string().contains("`account` sets a budget"), "{err}");
+    }
+
+    #[test]
+    fn config_prices_fill_in_after_the_spec() {
+        let f: SpecFile =
+            toml::from_str(&spec("aggregate_budget_usd = 1.0", "", "[[branches]]")).unwrap();
+        let mut prices = BTreeMap::new();
+        prices.insert(
+            "scripted:demo".to_string(),
+            Price {
+                input_per_mtok: 1.0,
+                output_per_mtok: 2.0,
+                cached_per_mtok: None,
+            },
+        );
+        let plan = validate_with(&f, 0, &prices).unwrap();
+        assert_eq!(
+            plan.models["scripted:demo"]
+                .price
+                .map(|p| p.output_per_mtok),
+            Some(2.0)
+        );
+        assert!(validate(&f, 0).is_err());
     }
 
     #[test]

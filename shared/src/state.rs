@@ -9,6 +9,9 @@ pub enum BranchState {
     /// Created and queued, not yet picked up by a worker.
     Pending,
     Running,
+    /// Stopped by a budget cap with `on_exhausted = "pause"`: its work is kept, no worker
+    /// runs it, and a top-up resumes it. Not terminal.
+    Paused,
     Done,
     Failed,
     Terminated,
@@ -17,9 +20,10 @@ pub enum BranchState {
 }
 
 impl BranchState {
-    pub const ALL: [BranchState; 7] = [
+    pub const ALL: [BranchState; 8] = [
         BranchState::Pending,
         BranchState::Running,
+        BranchState::Paused,
         BranchState::Done,
         BranchState::Failed,
         BranchState::Terminated,
@@ -28,13 +32,17 @@ impl BranchState {
     ];
 
     pub fn is_terminal(self) -> bool {
-        !matches!(self, BranchState::Pending | BranchState::Running)
+        !matches!(
+            self,
+            BranchState::Pending | BranchState::Running | BranchState::Paused
+        )
     }
 
     pub fn as_str(self) -> &'static str {
         match self {
             BranchState::Pending => "pending",
             BranchState::Running => "running",
+            BranchState::Paused => "paused",
             BranchState::Done => "done",
             BranchState::Failed => "failed",
             BranchState::Terminated => "terminated",
@@ -44,12 +52,13 @@ impl BranchState {
     }
 
     /// The state after a transition to `next`: a terminal state never changes, and a
-    /// running branch never goes back to pending. Returns `None` when nothing changes.
+    /// running or paused branch never goes back to pending (paused and running alternate). Returns `None` when nothing changes.
     pub fn transition(self, next: BranchState) -> Option<BranchState> {
         if self.is_terminal() || self == next {
             return None;
         }
-        if next == BranchState::Pending && self == BranchState::Running {
+        // Nothing goes back to pending once a worker took it.
+        if next == BranchState::Pending {
             return None;
         }
         Some(next)

@@ -191,6 +191,9 @@ mod tests {
             max_turns: 50,
             max_output_tokens: 4096,
             budget_usd: Some(0.5),
+            reserve: false,
+            on_exhausted: crate::budget::OnExhausted::Stop,
+            attempt_base: 0,
         }
     }
 
@@ -238,6 +241,7 @@ mod tests {
                     cached_tokens: 0,
                 },
                 cost_usd: 0.25,
+                reservation: Some(crate::ids::ReservationId::new()),
             },
             Event::Steer { text: "t".into() },
             Event::BranchSummary { text: "b".into() },
@@ -262,6 +266,7 @@ mod tests {
         let c = Control {
             run_id: run_id(),
             command: ControlCommand::Steer { text: "x".into() },
+            attempt: None,
         };
         assert_eq!(decode::<Control>(&encode(&c).unwrap()).unwrap(), c);
     }
@@ -271,6 +276,7 @@ mod tests {
         let c = Control {
             run_id: run_id(),
             command: ControlCommand::Terminate { reason: "r".into() },
+            attempt: None,
         };
         let bytes = encode(&c).unwrap();
         assert!(matches!(

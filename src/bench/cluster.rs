@@ -52,6 +52,175 @@ const ACKS_IN_FLIGHT: usize = 256;
 /// The bench's own durable consumer of the event stream.
 const TIMING_DURABLE: &str = "bench-timing";
 
+/// A cluster on this machine: its own nats-server, the coordinator in this process (on
+/// its own NATS connection), worker processes, and a client of the coordinator (another
+/// connection). [`Cluster::stop`] stops everything; dropping it kills what still runs.
+pub(super) struct Cluster {
+    server: NatsServerGuard,
+    coordinator: tokio::task::JoinHandle<anyhow::Result<()>>,
+    stop_tx: Option<tokio::sync::oneshot::Sender<()>>,
+    workers: WorkerProcs,
+    client: Option<(Arc<dyn Bus>, CoordinatorClient)>,
+}
+
+/// What stopping a cluster found.
+pub(super) struct Stopped {
+    /// Each worker's peak RSS (read before they stopped).
+    pub workers_rss: Vec<f64>,
+    pub server_rss: Option<f64>,
+    /// Workers that did not exit within 10 s of SIGTERM.
+    pub killed: usize,
+    /// How the coordinator stopped.
+    pub coordinator: anyhow::Result<()>,
+}
+
+impl Cluster {
+    /// Start a cluster whose files (server store, run store, worker logs) live in `dir`,
+    /// with `workers` worker processes of `concurrency` slots each and `env` set for them.
+    pub async fn start(
+        dir: &Path,
+        workers: usize,
+        concurrency: usize,
+        env: &[(String, String)],
+    ) -> anyhow::Result<Cluster> {
+        let server_dir = dir.to_path_buf();
+        let server = tokio::task::spawn_blocking(move || NatsServerGuard::start(&server_dir))
+            .await
+            .context("the nats-server start task failed")??;
+        let url = server.url();
+        tracing::info!(nats.url = %url, "bench: nats-server ready");
+        let coord_bus = connect(&url, "forkfleet-bench-coordinator").await?;
+        let store = service::open_store(&dir.join("data"))?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let coordinator = tokio::spawn(service::serve_coordinator(
+            store,
+            coord_bus,
+            DEFAULT_POOL,
+            async move {
+                let _ = stop_rx.await;
+            },
+        ));
+        let mut cluster = Cluster {
+            server,
+            coordinator,
+            stop_tx: Some(stop_tx),
+            workers: WorkerProcs::default(),
+            client: None,
+        };
+        match cluster.bring_up(&url, dir, workers, concurrency, env).await {
+            Ok(()) => Ok(cluster),
+            Err(e) => {
+                cluster.stop().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn bring_up(
+        &mut self,
+        url: &str,
+        dir: &Path,
+        workers: usize,
+        concurrency: usize,
+        env: &[(String, String)],
+    ) -> anyhow::Result<()> {
+        let client_bus = connect(url, "forkfleet-bench-client").await?;
+        let remote = RemoteCoordinator::new(client_bus.clone());
+        wait_api(&remote, &self.coordinator).await?;
+        let n = workers.max(1);
+        let exe = std::env::current_exe().context("cannot find this forkfleet binary")?;
+        for i in 0..n {
+            self.workers.spawn(
+                &exe,
+                url,
+                concurrency.max(1),
+                &dir.join(format!("worker-{i}.log")),
+                env,
+            )?;
+        }
+        wait_workers(client_bus.as_ref(), &mut self.workers, n).await?;
+        tracing::info!(workers = n, "bench: workers ready");
+        self.client = Some((client_bus, CoordinatorClient::Remote(remote)));
+        Ok(())
+    }
+
+    /// The coordinator, as a client reaches it.
+    pub fn client(&self) -> anyhow::Result<&CoordinatorClient> {
+        self.client
+            .as_ref()
+            .map(|(_, c)| c)
+            .context("the cluster is not up")
+    }
+
+    /// The client's own connection to the bus.
+    pub fn bus(&self) -> anyhow::Result<&Arc<dyn Bus>> {
+        self.client
+            .as_ref()
+            .map(|(b, _)| b)
+            .context("the cluster is not up")
+    }
+
+    pub fn workers(&self) -> usize {
+        self.workers.children.len()
+    }
+
+    /// Peak RSS first (the workers are idle now), then SIGTERM the workers (SIGKILL after
+    /// 10 s), stop the coordinator, kill the server.
+    pub async fn stop(mut self) -> Stopped {
+        let workers_rss = self.workers.peak_rss_mb();
+        let server_rss = self
+            .server
+            .pid()
+            .and_then(|pid| proc_peak_rss_mb(&pid.to_string()));
+        let killed = self.workers.stop(WORKER_STOP_TIMEOUT).await;
+        if killed > 0 {
+            tracing::warn!(
+                killed,
+                "bench: worker processes did not exit within 10 s of SIGTERM and were killed"
+            );
+        }
+        if let Some(tx) = self.stop_tx.take() {
+            let _ = tx.send(());
+        }
+        let coordinator =
+            match tokio::time::timeout(COORDINATOR_STOP_TIMEOUT, &mut self.coordinator).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => Err(anyhow::anyhow!("the coordinator task failed: {e}")),
+                Err(_) => {
+                    self.coordinator.abort();
+                    Err(anyhow::anyhow!(
+                        "the coordinator did not stop within {} s",
+                        COORDINATOR_STOP_TIMEOUT.as_secs()
+                    ))
+                }
+            };
+        Stopped {
+            workers_rss,
+            server_rss,
+            killed,
+            coordinator,
+        }
+    }
+}
+
+/// Combine a measurement with how its cluster stopped: a measurement stands when the
+/// coordinator stopped with an error (logged); two errors report the measurement's.
+pub(super) fn settle<T>(measured: anyhow::Result<T>, stopped: &mut Stopped) -> anyhow::Result<T> {
+    let coordinator = std::mem::replace(&mut stopped.coordinator, Ok(()));
+    match (measured, coordinator) {
+        (Ok(result), Ok(())) => Ok(result),
+        (Ok(result), Err(e)) => {
+            tracing::warn!(error = %e, "bench: the coordinator stopped with an error");
+            Ok(result)
+        }
+        (Err(e), Ok(())) => Err(e),
+        (Err(e), Err(coord)) => {
+            tracing::error!(error = %format!("{coord:#}"), "bench: the coordinator failed too");
+            Err(e)
+        }
+    }
+}
+
 /// See the module documentation.
 pub async fn fanout(args: &FanoutArgs) -> anyhow::Result<FanoutResult> {
     let tmp = tempfile::Builder::new()
@@ -60,112 +229,27 @@ pub async fn fanout(args: &FanoutArgs) -> anyhow::Result<FanoutResult> {
         .context("temporary directory")?;
     let workspace = tmp.path().join("workspace");
     seed_workspace(&workspace, args.writes)?;
-    let dir = tmp.path().to_path_buf();
-    let server = tokio::task::spawn_blocking(move || NatsServerGuard::start(&dir))
-        .await
-        .context("the nats-server start task failed")??;
-    let url = server.url();
-    tracing::info!(nats.url = %url, "bench: nats-server ready");
-
-    let coord_bus = connect(&url, "forkfleet-bench-coordinator").await?;
-    let store = service::open_store(&tmp.path().join("data"))?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut coordinator = tokio::spawn(service::serve_coordinator(
-        store,
-        coord_bus,
-        DEFAULT_POOL,
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-
-    let mut workers = WorkerProcs::default();
-    let measured = measure(
-        args,
-        &url,
-        &workspace,
-        tmp.path(),
-        &mut workers,
-        &coordinator,
-    )
-    .await;
-
-    // Whatever happened: peak RSS first (the workers are idle now), then stop everything.
-    let workers_rss = workers.peak_rss_mb();
-    let server_rss = server
-        .pid()
-        .and_then(|pid| proc_peak_rss_mb(&pid.to_string()));
-    let killed = workers.stop(WORKER_STOP_TIMEOUT).await;
-    if killed > 0 {
-        tracing::warn!(
-            killed,
-            "bench: worker processes did not exit within 10 s of SIGTERM and were killed"
-        );
-    }
-    let _ = stop_tx.send(());
-    let stopped = match tokio::time::timeout(COORDINATOR_STOP_TIMEOUT, &mut coordinator).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => Err(anyhow::anyhow!("the coordinator task failed: {e}")),
-        Err(_) => {
-            coordinator.abort();
-            Err(anyhow::anyhow!(
-                "the coordinator did not stop within {} s",
-                COORDINATOR_STOP_TIMEOUT.as_secs()
-            ))
-        }
-    };
-    drop(server);
-
-    let mut result = match (measured, stopped) {
-        (Ok(result), Ok(())) => result,
-        (Ok(result), Err(e)) => {
-            tracing::warn!(error = %e, "bench: the coordinator stopped with an error");
-            result
-        }
-        (Err(e), Ok(())) => return Err(e),
-        (Err(e), Err(coord)) => {
-            tracing::error!(error = %format!("{coord:#}"), "bench: the coordinator failed too");
-            return Err(e);
-        }
-    };
-    result.worker_peak_rss_mb = workers_rss.iter().copied().reduce(f64::max);
-    result.workers_peak_rss_mb = workers_rss;
-    result.nats_server_peak_rss_mb = server_rss;
-    result.workers_killed = Some(killed);
+    let cluster = Cluster::start(tmp.path(), args.workers, args.concurrency, &[]).await?;
+    let measured = measure(args, &workspace, &cluster).await;
+    let mut stopped = cluster.stop().await;
+    let mut result = settle(measured, &mut stopped)?;
+    result.worker_peak_rss_mb = stopped.workers_rss.iter().copied().reduce(f64::max);
+    result.workers_peak_rss_mb = stopped.workers_rss;
+    result.nats_server_peak_rss_mb = stopped.server_rss;
+    result.workers_killed = Some(stopped.killed);
     Ok(result)
 }
 
-/// Everything between the coordinator's start and the shutdown.
+/// The fan-out on an up cluster, plus each branch's time by the workers' clocks.
 async fn measure(
     args: &FanoutArgs,
-    url: &str,
     workspace: &Path,
-    dir: &Path,
-    workers: &mut WorkerProcs,
-    coordinator: &tokio::task::JoinHandle<anyhow::Result<()>>,
+    cluster: &Cluster,
 ) -> anyhow::Result<FanoutResult> {
-    let client_bus = connect(url, "forkfleet-bench-client").await?;
-    let remote = RemoteCoordinator::new(client_bus.clone());
-    wait_api(&remote, coordinator).await?;
+    let (mut result, view) = run_fanout(cluster.client()?, workspace, args).await?;
+    result.workers = cluster.workers();
 
-    let n_workers = args.workers.max(1);
-    let exe = std::env::current_exe().context("cannot find this forkfleet binary")?;
-    for i in 0..n_workers {
-        workers.spawn(
-            &exe,
-            url,
-            args.concurrency.max(1),
-            &dir.join(format!("worker-{i}.log")),
-        )?;
-    }
-    wait_workers(client_bus.as_ref(), workers, n_workers).await?;
-    tracing::info!(workers = n_workers, "bench: workers ready");
-
-    let coord = CoordinatorClient::Remote(remote);
-    let (mut result, view) = run_fanout(&coord, workspace, args).await?;
-    result.workers = n_workers;
-
-    let timing = branch_times(&client_bus, &view).await?;
+    let timing = branch_times(cluster.bus()?, &view).await?;
     let mut per_turn: Vec<f64> = view
         .branches
         .iter()
@@ -315,13 +399,15 @@ struct WorkerProcs {
 impl WorkerProcs {
     /// Start `forkfleet worker --nats URL --concurrency C`, its log (stderr) in `log`.
     /// The bench's `FORKFLEET_*` environment is not passed on: the worker must serve the
-    /// bench's pool on the bench's server, whatever this shell configures.
+    /// bench's pool on the bench's server, whatever this shell configures; `env` is set
+    /// after that.
     fn spawn(
         &mut self,
         exe: &Path,
         url: &str,
         concurrency: usize,
         log: &Path,
+        env: &[(String, String)],
     ) -> anyhow::Result<()> {
         let err = std::fs::File::create(log)
             .with_context(|| format!("cannot create `{}`", log.display()))?;
@@ -339,6 +425,7 @@ impl WorkerProcs {
                 cmd.env_remove(key);
             }
         }
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         let child = cmd
             .spawn()
             .with_context(|| format!("cannot start the worker process {}", exe.display()))?;

@@ -36,9 +36,20 @@ pub(super) struct Service {
 
 impl Service {
     pub(super) fn spawn(name: &str, args: &[&str], dir: &Path) -> Service {
+        Self::spawn_env(name, args, dir, &[])
+    }
+
+    /// [`Service::spawn`] with these environment variables set.
+    pub(super) fn spawn_env(
+        name: &str,
+        args: &[&str],
+        dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Service {
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).unwrap();
         let child = binary()
+            .envs(env.iter().copied())
             .args(args)
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())

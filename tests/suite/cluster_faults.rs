@@ -5,6 +5,7 @@
 use super::cluster_cli::{branch, run, Ran, Service, COMMAND_LIMIT};
 use super::harness::{path_str, Example};
 use forkfleet_shared::api::API_SUBJECT;
+use forkfleet_shared::budget::{BudgetReply, BUDGET_SUBJECT};
 use forkfleet_shared::bus::nats::{NatsBus, NatsConfig};
 use forkfleet_shared::bus::Bus;
 use forkfleet_shared::ids::RunId;
@@ -36,15 +37,20 @@ text = "done"
 "#;
 
 /// A nats-server, a coordinator and `n` workers.
-struct Fleet {
-    nats: NatsServer,
-    coordinator: Service,
-    workers: Vec<Service>,
-    dir: tempfile::TempDir,
+pub(super) struct Fleet {
+    pub(super) nats: NatsServer,
+    pub(super) coordinator: Service,
+    pub(super) workers: Vec<Service>,
+    pub(super) dir: tempfile::TempDir,
 }
 
 impl Fleet {
     fn start(workers: usize, concurrency: usize) -> Fleet {
+        Self::start_env(workers, concurrency, &[])
+    }
+
+    /// `workers` worker processes of `concurrency` slots each, with `env` set.
+    pub(super) fn start_env(workers: usize, concurrency: usize, env: &[(&str, &str)]) -> Fleet {
         let nats = NatsServer::start();
         let dir = tempfile::tempdir().unwrap();
         let url = nats.url();
@@ -65,7 +71,7 @@ impl Fleet {
         let concurrency = concurrency.to_string();
         let workers = (0..workers)
             .map(|i| {
-                Service::spawn(
+                Service::spawn_env(
                     &format!("worker-{i}"),
                     &[
                         "worker",
@@ -77,6 +83,7 @@ impl Fleet {
                         ACK_WAIT_S,
                     ],
                     dir.path(),
+                    env,
                 )
             })
             .collect();
@@ -109,14 +116,14 @@ impl Fleet {
         }
     }
 
-    fn client(&self, args: &[&str]) -> Ran {
+    pub(super) fn client(&self, args: &[&str]) -> Ran {
         let url = self.nats.url();
         let mut all = args.to_vec();
         all.extend(["--nats", &url]);
         run(self.dir.path(), &all)
     }
 
-    fn logs(&self) -> String {
+    pub(super) fn logs(&self) -> String {
         let mut out = format!("coordinator:\n{}\n", self.coordinator.log());
         for w in &self.workers {
             out.push_str(&format!("{}:\n{}\n", w.name, w.log()));
@@ -135,14 +142,14 @@ impl Fleet {
         ))
     }
 
-    fn create(&self, spec: &std::path::Path) -> String {
+    pub(super) fn create(&self, spec: &std::path::Path) -> String {
         let created = self.client(&["fork", "create", path_str(spec)]);
         assert_eq!(created.code, Some(0), "{}\n{}", created.stderr, self.logs());
         created.stdout.trim().to_string()
     }
 
     /// Until at least `running` branches have made a model call (bounded).
-    fn wait_progress(&self, id: &str, running: usize) {
+    pub(super) fn wait_progress(&self, id: &str, running: usize) {
         let deadline = Instant::now() + COMMAND_LIMIT;
         loop {
             let shown = self.client(&["fork", "show", id, "--json"]);
@@ -163,13 +170,13 @@ impl Fleet {
     }
 
     /// `fork watch` to the end: the final view.
-    fn watch(&self, id: &str) -> Value {
+    pub(super) fn watch(&self, id: &str) -> Value {
         let watched = self.client(&["fork", "watch", id, "--json", "--timeout-s", "50"]);
         assert_eq!(watched.code, Some(0), "{}\n{}", watched.stderr, self.logs());
         watched.json()
     }
 
-    fn log(&self, run: &str) -> Vec<Value> {
+    pub(super) fn log(&self, run: &str) -> Vec<Value> {
         self.client(&["log", run, "--json"])
             .json()
             .as_array()
@@ -312,6 +319,14 @@ fn garbage_on_every_subject_is_rejected_and_the_services_go_on() {
         assert!(matches!(
             wire::decode::<ResumeReply>(&resume).unwrap(),
             ResumeReply::Retry { .. }
+        ));
+        let budget = bus
+            .request(BUDGET_SUBJECT, garbage.clone(), wait)
+            .await
+            .unwrap();
+        assert!(matches!(
+            wire::decode::<BudgetReply>(&budget).unwrap(),
+            BudgetReply::Retry { .. }
         ));
     });
 

@@ -1,5 +1,7 @@
 mod api;
 mod bench;
+mod budget_cli;
+mod budget_cluster;
 mod cli;
 mod cluster_cli;
 mod cluster_faults;

@@ -3,17 +3,30 @@
 //! The actor works in steps so its mailbox (and the stop signal the node sends at
 //! shutdown) is looked at between model calls:
 //!
-//! - `Start`: watch the run's control channel, publish `status: running`, load the
-//!   branch (history prefix + tail, snapshot manifest, provider) and replay what a resumed
-//!   branch already did (its file changes onto the overlay, its model calls and spend).
-//! - `Turn` (cast to itself after each turn): apply control commands, check max_turns and
-//!   the branch budget, call the model, publish its usage and then its response, run the tools
-//!   (each `file_change` after its blob is stored, then the `tool_result`).
+//! - `Start`: watch the run's control channel; if the task attempt is above 1, take the
+//!   branch over from the coordinator's log (`coord.resume`); publish `status: running`,
+//!   load the branch (history prefix + tail, snapshot manifest, provider) and replay what a
+//!   resumed branch already did (its file changes onto the overlay, its model calls and
+//!   spend).
+//! - `Turn` (cast to itself after each turn): apply control commands (steers buffered
+//!   during the last call first, then those sent since, in order), check max_turns, then
+//!   the budget: with `task.reserve` (strict mode) reserve the call's upper-bound cost on
+//!   `coord.budget` (granted: go on; refused: stop or pause; gone: drop the task), else
+//!   check the branch's own cap locally. Then call the model, racing the call against the
+//!   control channel: `terminate`, `stop` or `pause` cancels the call (nothing is published
+//!   for it) and ends the turn at once, a `steer` is buffered. Publish the call's usage
+//!   (naming its reservation) and then its response, run the tools (each `file_change`
+//!   after its blob is stored, then the `tool_result`).
 //! - finish: publish the terminal status as the branch's last event, ack the task, stop.
+//! - pause (a budget cap with `on_exhausted = "pause"`): the same with `status: paused`;
+//!   the branch is not finished, and a top-up makes the coordinator enqueue it again with
+//!   a higher `attempt_base`, so it resumes from the coordinator's log.
 //!
-//! Events are numbered from the task's `first_seq`, one by one, with no gaps. An
-//! infrastructure failure (bus, blob store) makes the actor fail; the node then hands the
-//! task back for another attempt. Everything else ends the branch with a status.
+//! The task attempt, on every event and every request to the coordinator, is the task's
+//! `attempt_base` plus the bus's delivery count. Events are numbered from the task's
+//! `first_seq`, one by one, with no gaps. An infrastructure failure (bus, blob store, a
+//! budget service that keeps failing) makes the actor fail; the node then hands the task
+//! back for another attempt. Everything else ends the branch with a status.
 
 use crate::context::WorkerCtx;
 use crate::error::WorkerError;
@@ -22,9 +35,12 @@ use crate::provider::{ModelProvider, ModelRequest, ProviderError};
 use crate::tools::{run_tool, tool_specs};
 use bytes::Bytes;
 use forkfleet_shared::blob::{BlobError, BlobHash};
+use forkfleet_shared::budget::{
+    estimate_cost, BudgetReply, BudgetRequest, OnExhausted, BUDGET_SUBJECT,
+};
 use forkfleet_shared::bus::{Bus, BusError};
-use forkfleet_shared::event::{messages_from_events, Event, Message};
-use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::event::{messages_from_events, Event, Message, Usage};
+use forkfleet_shared::ids::{ForkId, ReservationId, RunId};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::overlay::Overlay;
 use forkfleet_shared::protocol::{
@@ -34,6 +50,7 @@ use forkfleet_shared::protocol::{
 use forkfleet_shared::state::BranchState;
 use forkfleet_shared::wire;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -59,11 +76,25 @@ pub(crate) struct AgentState {
     ctx: Arc<WorkerCtx>,
     lease: Arc<TaskLease>,
     task: BranchTask,
+    /// The task attempt: `task.attempt_base` plus the delivery count.
+    attempt: u32,
     span: tracing::Span,
     out: Publisher,
     control: Option<mpsc::UnboundedReceiver<Bytes>>,
+    /// Commands that arrived during a model call or a reservation, for the next turn.
+    pending: Pending,
     run: Option<Run>,
     finished: bool,
+}
+
+/// What control commands left for the next turn.
+#[derive(Default)]
+struct Pending {
+    /// Steers, applied in order before the next call.
+    steers: Vec<String>,
+    /// A graceful stop or pause that arrived during a call: the call finishes and is
+    /// recorded, then the branch ends this way before the next call.
+    halt: Option<Step>,
 }
 
 /// The loaded branch.
@@ -78,6 +109,8 @@ struct Run {
 
 enum Step {
     Continue,
+    /// Publish this status as the branch's last event, ack, stop: a terminal state, or
+    /// `Paused` (a budget cap paused the branch; it is resumed by a new task).
     Finish(BranchState, Option<String>),
     /// Nothing left to do for this task (the branch already finished, or its fork is
     /// gone): ack it without publishing anything.
@@ -123,6 +156,7 @@ impl Actor for BranchAgent {
         args: AgentArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let task = args.task;
+        let attempt = task.attempt_base.saturating_add(args.lease.attempt());
         let span = tracing::info_span!(
             "branch.run",
             fork.id = %task.fork_id,
@@ -136,15 +170,17 @@ impl Actor for BranchAgent {
             fork_id: task.fork_id,
             run_id: task.run_id,
             seq: task.first_seq,
-            attempt: args.lease.attempt(),
+            attempt,
         };
         Ok(AgentState {
             ctx: args.ctx,
             lease: args.lease,
             task,
+            attempt,
             span,
             out,
             control: None,
+            pending: Pending::default(),
             run: None,
             finished: false,
         })
@@ -221,11 +257,12 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
     let task = &state.task;
     // Watch before announcing, so a command sent on seeing `running` is not missed.
     state.control = Some(state.ctx.bus.watch_control(task.run_id).await?);
-    // A task delivered again: another worker ran this branch and is presumed gone. Take
-    // the branch over from the coordinator's copy of its log, after the coordinator has
-    // fenced off the earlier attempt's events.
-    let resumed = if state.lease.attempt() > 1 {
-        match resume_log(&state.ctx.bus, task, state.lease.attempt()).await? {
+    // A task delivered again (another worker ran this branch and is presumed gone), or
+    // enqueued again for a branch that ran before (resumed after a pause): take the branch
+    // over from the coordinator's copy of its log, after the coordinator has fenced off the
+    // earlier attempts' events.
+    let resumed = if state.attempt > 1 {
+        match resume_log(&state.ctx.bus, task, state.attempt).await? {
             ResumeReply::Log { events } => {
                 if let Some(end) = terminal_state(&events) {
                     return Ok(Step::Drop(format!("the branch already finished as {end}")));
@@ -251,7 +288,7 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
         })
         .await?;
     tracing::info!(
-        task.attempt = state.lease.attempt(),
+        task.attempt = state.attempt,
         first_seq = task.first_seq,
         resumed = resumed.is_some(),
         "branch started"
@@ -439,11 +476,14 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
     let AgentState {
         ctx,
         task,
+        attempt,
         out,
         control,
+        pending,
         run,
         ..
     } = state;
+    let attempt = *attempt;
     let Some(run) = run.as_mut() else {
         return Ok(Step::Finish(
             BranchState::Failed,
@@ -451,31 +491,20 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
         ));
     };
 
-    // Control commands sent since the last turn, in order.
+    // Steers that arrived during the last call, then control commands sent since, in order.
+    for text in std::mem::take(&mut pending.steers) {
+        apply_steer(out, run, text).await?;
+    }
+    if let Some(step) = pending.halt.take() {
+        return Ok(step);
+    }
     if let Some(rx) = control.as_mut() {
         while let Ok(bytes) = rx.try_recv() {
-            match wire::decode::<Control>(&bytes) {
-                Ok(c) if c.run_id != task.run_id => {
-                    tracing::warn!(control.run_id = %c.run_id, "control message for another run dropped");
-                }
-                Ok(Control {
-                    command: ControlCommand::Terminate { reason },
-                    ..
-                }) => {
-                    tracing::info!(reason = %reason, "branch terminated by control command");
-                    let reason = (!reason.is_empty()).then_some(reason);
-                    return Ok(Step::Finish(BranchState::Terminated, reason));
-                }
-                Ok(Control {
-                    command: ControlCommand::Steer { text },
-                    ..
-                }) => {
-                    tracing::info!("steering message applied");
-                    if let Event::Steer { text } = out.publish(Event::Steer { text }).await? {
-                        run.history.push(Message::User { text });
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "undecodable control message dropped"),
+            match command(&bytes, task.run_id, attempt) {
+                Some(Command::Steer(text)) => apply_steer(out, run, text).await?,
+                // Between calls a graceful stop is as good as an immediate one.
+                Some(Command::Halt(step)) | Some(Command::HaltAfterCall(step)) => return Ok(step),
+                None => {}
             }
         }
     }
@@ -486,15 +515,20 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
             Some(format!("max_turns ({}) reached", task.max_turns)),
         ));
     }
-    if let Some(budget) = task.budget_usd {
-        if run.spent_usd >= budget {
-            return Ok(Step::Finish(
-                BranchState::BudgetExhausted,
-                Some(format!(
-                    "branch budget of ${budget} reached (spent ${:.6})",
-                    run.spent_usd
-                )),
-            ));
+    // Without reservations, the branch's own cap is checked here; with them the
+    // coordinator's ledger is authoritative (and the cap may have been topped up).
+    if !task.reserve {
+        if let Some(budget) = task.budget_usd {
+            if run.spent_usd >= budget {
+                return Ok(exhausted(
+                    task.on_exhausted,
+                    BranchState::BudgetExhausted,
+                    format!(
+                        "branch budget of ${budget} reached (spent ${:.6})",
+                        run.spent_usd
+                    ),
+                ));
+            }
         }
     }
 
@@ -507,9 +541,35 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
         index: task.index,
         turn: run.turns,
     };
-    let reply = match run.provider.complete(&req).await {
-        Ok(r) => r,
-        Err(e) => {
+    let reservation = if task.reserve {
+        let estimate = run.provider.estimate(&req);
+        let reserving = reserve(&ctx.bus, task, attempt, estimate);
+        match until_halted(reserving, control, task.run_id, attempt, pending).await {
+            Err(step) => return Ok(step),
+            Ok(granted) => match granted? {
+                Reserved::Granted(id) => Some(id),
+                Reserved::Refused { state, reason } => {
+                    tracing::info!(reason = %reason, "budget reservation refused");
+                    return Ok(exhausted(task.on_exhausted, state, reason));
+                }
+                Reserved::Gone(reason) => return Ok(Step::Drop(reason)),
+            },
+        }
+    } else {
+        None
+    };
+    // A graceful stop that came while reserving waits in `pending` until this call, paid
+    // for by its reservation, is made and recorded.
+    // The call runs until it answers or a command stops the branch; a cancelled call is
+    // dropped (aborted) and nothing is published for it.
+    let call = run.provider.complete(&req);
+    let reply = match until_halted(call, control, task.run_id, attempt, pending).await {
+        Err(step) => {
+            tracing::info!("model call cancelled by a control command");
+            return Ok(step);
+        }
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
             tracing::warn!(error = %e, "model call failed");
             return Ok(Step::Finish(
                 BranchState::Failed,
@@ -534,6 +594,7 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
         model: task.model.clone(),
         usage: reply.usage,
         cost_usd,
+        reservation,
     })
     .await?;
     let response = out
@@ -593,6 +654,197 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
     Ok(Step::Continue)
 }
 
+/// Publish a steer and add it to the model's history.
+async fn apply_steer(out: &mut Publisher, run: &mut Run, text: String) -> Result<(), WorkerError> {
+    tracing::info!("steering message applied");
+    if let Event::Steer { text } = out.publish(Event::Steer { text }).await? {
+        run.history.push(Message::User { text });
+    }
+    Ok(())
+}
+
+/// What a control command asks of the branch.
+enum Command {
+    Steer(String),
+    /// Stop now (terminate, stop for budget, pause), cancelling a call in flight.
+    Halt(Step),
+    /// Stop (or pause) once the call in flight, if any, is recorded.
+    HaltAfterCall(Step),
+}
+
+/// Decode a control message for `run_id` and task attempt `attempt`; `None` (logged) when
+/// it is not one, or is meant for an earlier attempt of the branch.
+fn command(bytes: &Bytes, run_id: RunId, attempt: u32) -> Option<Command> {
+    match wire::decode::<Control>(bytes) {
+        Ok(c) if c.run_id != run_id => {
+            tracing::warn!(control.run_id = %c.run_id, "control message for another run dropped");
+            None
+        }
+        Ok(Control {
+            attempt: Some(for_attempt),
+            ..
+        }) if for_attempt < attempt => {
+            tracing::debug!(
+                for_attempt,
+                attempt,
+                "control message for an earlier attempt ignored"
+            );
+            None
+        }
+        Ok(Control { command, .. }) => Some(match command {
+            ControlCommand::Steer { text } => Command::Steer(text),
+            ControlCommand::Terminate { reason } => {
+                tracing::info!(reason = %reason, "branch terminated by control command");
+                let reason = (!reason.is_empty()).then_some(reason);
+                Command::Halt(Step::Finish(BranchState::Terminated, reason))
+            }
+            ControlCommand::Stop {
+                state,
+                reason,
+                graceful,
+            } => {
+                tracing::info!(reason = %reason, branch.state = %state, graceful, "branch stopped by control command");
+                let step = stopped(state, reason);
+                if graceful {
+                    Command::HaltAfterCall(step)
+                } else {
+                    Command::Halt(step)
+                }
+            }
+            ControlCommand::Pause { reason, graceful } => {
+                tracing::info!(reason = %reason, graceful, "branch paused by control command");
+                let step = Step::Finish(BranchState::Paused, Some(reason));
+                if graceful {
+                    Command::HaltAfterCall(step)
+                } else {
+                    Command::Halt(step)
+                }
+            }
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, "undecodable control message dropped");
+            None
+        }
+    }
+}
+
+/// The step that ends a branch as `state` (a terminal state, or paused) for `reason`. A
+/// state a branch cannot end in (pending, running) ends it as terminated.
+fn stopped(state: BranchState, reason: String) -> Step {
+    if state.is_terminal() || state == BranchState::Paused {
+        Step::Finish(state, Some(reason))
+    } else {
+        tracing::warn!(branch.state = %state, "asked to stop in a non-final state; terminating");
+        Step::Finish(BranchState::Terminated, Some(reason))
+    }
+}
+
+/// A budget cap has no room for the next call: stop as `state`, or pause.
+fn exhausted(on_exhausted: OnExhausted, state: BranchState, reason: String) -> Step {
+    match on_exhausted {
+        OnExhausted::Pause => Step::Finish(BranchState::Paused, Some(reason)),
+        OnExhausted::Stop => stopped(state, reason),
+    }
+}
+
+/// Run `work` unless a command that stops the branch arrives first (then `work` is dropped,
+/// which cancels it, and the step the command asks for is returned). Steers and graceful
+/// stops that arrive meanwhile are left in `pending` for the next turn. Work that is done
+/// wins over a command that arrived at the same time: its result is kept, and the command
+/// is read before the next call.
+async fn until_halted<F: Future>(
+    work: F,
+    control: &mut Option<mpsc::UnboundedReceiver<Bytes>>,
+    run_id: RunId,
+    attempt: u32,
+    pending: &mut Pending,
+) -> Result<F::Output, Step> {
+    let Some(rx) = control.as_mut() else {
+        return Ok(work.await);
+    };
+    tokio::pin!(work);
+    let mut open = true;
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut work => return Ok(out),
+            msg = rx.recv(), if open => match msg {
+                None => open = false,
+                Some(bytes) => match command(&bytes, run_id, attempt) {
+                    Some(Command::Steer(text)) => pending.steers.push(text),
+                    Some(Command::Halt(step)) => return Err(step),
+                    // The first graceful stop is the one kept.
+                    Some(Command::HaltAfterCall(step)) => {
+                        pending.halt.get_or_insert(step);
+                    }
+                    None => {}
+                },
+            },
+        }
+    }
+}
+
+/// How long one budget request may wait for the coordinator.
+const BUDGET_TIMEOUT: Duration = Duration::from_secs(10);
+/// Budget requests tried before the task is handed back.
+const BUDGET_TRIES: u32 = 5;
+/// The wait after the first failed budget request; doubled after each.
+const BUDGET_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The coordinator's answer to a reservation.
+enum Reserved {
+    Granted(ReservationId),
+    Refused { state: BranchState, reason: String },
+    Gone(String),
+}
+
+/// Reserve the upper bound `estimate` of the next call's cost (strict mode). A `retry`
+/// answer, a timeout or a bus error is tried again with a growing backoff, then becomes
+/// an error (the task is handed back).
+async fn reserve(
+    bus: &Arc<dyn Bus>,
+    task: &BranchTask,
+    attempt: u32,
+    estimate: Usage,
+) -> Result<Reserved, WorkerError> {
+    let estimate_usd = task.price.map_or(0.0, |p| estimate_cost(&p, &estimate));
+    let req = wire::encode(&BudgetRequest {
+        fork_id: task.fork_id,
+        run_id: task.run_id,
+        attempt,
+        estimate_usd,
+        estimate,
+    })?;
+    let mut backoff = BUDGET_BACKOFF;
+    let mut last = String::new();
+    for tried in 1..=BUDGET_TRIES {
+        let reply = bus
+            .request(BUDGET_SUBJECT, req.clone(), BUDGET_TIMEOUT)
+            .await;
+        match reply.map(|b| wire::decode::<BudgetReply>(&b)) {
+            Ok(Ok(BudgetReply::Granted { reservation })) => {
+                tracing::debug!(reservation = %reservation, estimate_usd, "budget reserved");
+                return Ok(Reserved::Granted(reservation));
+            }
+            Ok(Ok(BudgetReply::Refused { state, reason })) => {
+                return Ok(Reserved::Refused { state, reason })
+            }
+            Ok(Ok(BudgetReply::Gone { reason })) => return Ok(Reserved::Gone(reason)),
+            Ok(Ok(BudgetReply::Retry { reason })) => last = reason,
+            Ok(Err(e)) => last = format!("undecodable budget reply: {e}"),
+            Err(e) => last = e.to_string(),
+        }
+        tracing::warn!(tried, error = %last, "budget reservation failed");
+        if tried < BUDGET_TRIES {
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+        }
+    }
+    Err(WorkerError::Bus(BusError::Backend(format!(
+        "no budget reservation after {BUDGET_TRIES} tries: {last}"
+    ))))
+}
+
 async fn finish(
     state: &mut AgentState,
     end: BranchState,
@@ -607,12 +859,20 @@ async fn finish(
         .run
         .as_ref()
         .map_or((0, 0.0), |r| (r.turns, r.spent_usd));
-    tracing::info!(
-        branch.state = %end,
-        branch.turns = turns,
-        branch.cost_usd = spent,
-        "branch finished"
-    );
+    if end == BranchState::Paused {
+        tracing::info!(
+            branch.turns = turns,
+            branch.cost_usd = spent,
+            "branch paused"
+        );
+    } else {
+        tracing::info!(
+            branch.state = %end,
+            branch.turns = turns,
+            branch.cost_usd = spent,
+            "branch finished"
+        );
+    }
     if let Err(e) = state.lease.ack().await {
         // The terminal status is out; a redelivery replays a finished branch, which the
         // coordinator ignores (the first terminal state is final).

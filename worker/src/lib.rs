@@ -10,8 +10,9 @@
 //! - `node`: the node actor. Pulls tasks under a concurrency limit, spawns one branch
 //!   agent per task, keeps tasks alive with `in_progress` heartbeats, acks finished tasks
 //!   and naks the ones it hands back.
-//! - `agent`: the branch agent actor: the agent loop (model call, usage, tools, control
-//!   commands, terminal status), publishing events with consecutive seqs.
+//! - `agent`: the branch agent actor: the agent loop (budget reservation in strict mode,
+//!   model call cancellable by control commands, usage, tools, terminal or paused status),
+//!   publishing events with consecutive seqs.
 //! - [`provider`]: the [`provider::ModelProvider`] trait and the scripted provider.
 //! - [`tools`]: read, write, edit, delete, list, glob and grep over the overlay.
 //! - [`cache`]: the per-worker blob cache and the decoded-blob memo shared by branches.
@@ -31,7 +32,8 @@
 //! An agent that ends without having finished its branch (handed back at shutdown, or
 //! failed on a bus or blob store error) has its task nak'ed by the node, so another
 //! attempt picks it up; a finished branch's task is acked right after its terminal status
-//! is published.
+//! is published, and a paused branch's right after its `paused` status (a top-up enqueues
+//! a new task for it).
 
 pub mod cache;
 pub mod error;

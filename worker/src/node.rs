@@ -13,7 +13,7 @@
 //!   branches run at once.
 //! - A task that does not decode is logged and acked (dropped): it can never run.
 //! - Each task is held in a [`TaskLease`] shared with its agent. The agent acks it right
-//!   after publishing the branch's terminal status; when an agent ends without having
+//!   after publishing the branch's terminal (or `paused`) status; when an agent ends without having
 //!   settled its lease (handed back at shutdown, or failed on a bus error), the node naks.
 //! - **Drain** (a graceful stop, e.g. SIGTERM): stop pulling, let running branches finish,
 //!   stop when none is left. The caller bounds it with a grace period and then shuts down.

@@ -6,12 +6,19 @@
 //!
 //! A request borrows the branch's history: a provider that sends it over the network
 //! serialises it from the borrow, and the scripted one never looks at more than the sizes.
+//!
+//! Before a call in strict budget mode the agent asks the provider for an upper bound of the
+//! call's usage ([`ModelProvider::estimate`]) and reserves its cost. The default bound is
+//! conservative ([`upper_bound_estimate`]: the request's size as tokens, plus the call's
+//! `max_output_tokens`); a provider that knows better (the scripted one knows exactly what
+//! it will report) overrides it.
 
 pub mod scripted;
 
 use crate::cache::{BlobCache, Memo};
 use async_trait::async_trait;
 use forkfleet_shared::blob::BlobError;
+use forkfleet_shared::budget::estimate_input_tokens;
 use forkfleet_shared::event::{Message, ToolCall, Usage};
 use forkfleet_shared::protocol::BranchTask;
 use forkfleet_shared::script::ScriptError;
@@ -84,7 +91,53 @@ impl ProviderError {
 
 #[async_trait]
 pub trait ModelProvider: Send + Sync {
+    /// Make the call. Dropping the future cancels it (a branch stopped mid-call).
     async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError>;
+
+    /// An upper bound of the usage `complete(req)` will report, reserved before the call in
+    /// strict budget mode. Defaults to [`upper_bound_estimate`].
+    fn estimate(&self, req: &ModelRequest<'_>) -> Usage {
+        upper_bound_estimate(req)
+    }
+}
+
+/// A conservative bound of a request's usage: its messages and tool schemas (as JSON)
+/// converted to input tokens by [`estimate_input_tokens`], and `max_output_tokens` of
+/// output; nothing counted as cached.
+pub fn upper_bound_estimate(req: &ModelRequest<'_>) -> Usage {
+    Usage {
+        input_tokens: estimate_input_tokens(req.messages, tools_json_bytes(req.tools)),
+        output_tokens: u64::from(req.max_output_tokens),
+        cached_tokens: 0,
+    }
+}
+
+/// Bytes of the tool schemas encoded as JSON (as a request would carry them).
+pub fn tools_json_bytes(tools: &[ToolSpec]) -> usize {
+    let mut c = Count::default();
+    match serde_json::to_writer(&mut c, tools) {
+        Ok(()) => c.bytes as usize,
+        Err(_) => 0,
+    }
+}
+
+/// A writer that only counts what is written (bytes, and UTF-8 characters).
+#[derive(Default)]
+struct Count {
+    bytes: u64,
+    chars: u64,
+}
+
+impl std::io::Write for Count {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.bytes += buf.len() as u64;
+        // Count UTF-8 sequence starts: one per character.
+        self.chars += buf.iter().filter(|b| (**b & 0xC0) != 0x80).count() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Split `provider:name`, checking the provider is one this build knows.
@@ -146,20 +199,9 @@ fn char_count(s: &str) -> u64 {
 
 /// Characters of a JSON value's compact encoding, without building the string.
 fn json_chars(v: &serde_json::Value) -> u64 {
-    struct Count(u64);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            // Count UTF-8 sequence starts: one per character.
-            self.0 += buf.iter().filter(|b| (**b & 0xC0) != 0x80).count() as u64;
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut c = Count(0);
+    let mut c = Count::default();
     match serde_json::to_writer(&mut c, v) {
-        Ok(()) => c.0,
+        Ok(()) => c.chars,
         Err(_) => 0,
     }
 }
@@ -255,5 +297,29 @@ mod tests {
         assert_eq!(estimate_tokens(16), 4);
         assert_eq!(estimate_tokens(17), 5);
         assert_eq!(estimate_tokens(0), 0);
+    }
+
+    #[test]
+    fn the_default_estimate_bounds_the_request() {
+        let msgs = vec![Message::User {
+            text: "x".repeat(100),
+        }];
+        let tools = crate::tools::tool_specs();
+        let bytes = tools_json_bytes(tools);
+        assert_eq!(bytes, serde_json::to_vec(tools).unwrap().len());
+        let req = ModelRequest {
+            model: "scripted:t",
+            messages: &msgs,
+            tools,
+            max_output_tokens: 321,
+            label: "a",
+            index: 0,
+            turn: 0,
+        };
+        let est = upper_bound_estimate(&req);
+        assert_eq!(est.input_tokens, estimate_input_tokens(&msgs, bytes));
+        // Every byte of the messages and tools is at most half a token in the bound.
+        assert!(est.input_tokens as usize >= (100 + bytes) / 2);
+        assert_eq!((est.output_tokens, est.cached_tokens), (321, 0));
     }
 }

@@ -7,6 +7,7 @@ mod suite {
 
     mod bench;
     mod branch;
+    mod budget;
     mod control;
     mod node;
     mod tools;

@@ -3,7 +3,7 @@
 use forkfleet_shared::api::BranchView;
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::event::Usage;
-use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::ids::{ForkId, ReservationId, RunId};
 use forkfleet_shared::spec::ForkPlan;
 use forkfleet_shared::state::{BranchState, ForkState};
 use serde::{Deserialize, Serialize};
@@ -87,4 +87,26 @@ impl BranchRecord {
             events: self.next_seq,
         }
     }
+}
+
+/// A named account: a cap shared by every fork that charges it. Its spend is the sum of
+/// those forks' spend (rebuilt from their logs), so only the cap is stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct AccountRecord {
+    pub name: String,
+    pub cap_usd: Option<f64>,
+    pub created_at_ms: u64,
+}
+
+/// Money held for one model call until its usage event settles it, its branch stops, a
+/// later attempt takes the branch over, or it expires.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ReservationRecord {
+    pub id: ReservationId,
+    pub fork_id: ForkId,
+    pub run_id: RunId,
+    pub account: Option<String>,
+    pub attempt: u32,
+    pub usd: f64,
+    pub expires_at_ms: u64,
 }

@@ -4,6 +4,7 @@
 
 mod support;
 
+mod budget;
 mod create;
 mod events;
 mod merge;

@@ -90,6 +90,11 @@ impl Fixture {
 
     /// A coordinator on the test bus with this ack wait and max deliver.
     pub async fn start_with(config: LocalBusConfig) -> Fixture {
+        Self::start_full(config, CoordinatorConfig::default()).await
+    }
+
+    /// A coordinator configured as `coordinator` on the test bus configured as `config`.
+    pub async fn start_full(config: LocalBusConfig, coordinator: CoordinatorConfig) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let store = RunStore::open(dir.path()).unwrap();
         let blobs = SwitchBlobs::new(store.blob_store());
@@ -108,13 +113,9 @@ impl Fixture {
                 let local = LocalBus::with_config(Arc::new(blobs.clone()), config);
                 (Arc::new(local.clone()), BusKind::Local(local))
             };
-        let coord = within(Coordinator::start(
-            CoordinatorConfig::default(),
-            store,
-            bus.clone(),
-        ))
-        .await
-        .unwrap();
+        let coord = within(Coordinator::start(coordinator, store, bus.clone()))
+            .await
+            .unwrap();
         Fixture {
             dir,
             bus,
@@ -297,6 +298,7 @@ impl Step {
                     cached_tokens: 0,
                 },
                 cost_usd: cost,
+                reservation: None,
             },
         }
     }
@@ -343,6 +345,7 @@ pub fn plan(labels: &[&str]) -> ForkPlan {
         limits: Limits::default(),
         conflict_policy: ConflictPolicy::KeepParent,
         aggregate_budget_usd: None,
+        budget: Default::default(),
         models,
         branches: labels
             .iter()

@@ -250,23 +250,48 @@ async fn connect_options(
     Ok(opts)
 }
 
-/// Get the stream, or create it; a concurrent creator with the same config is fine.
+/// Consumers a stream may have. nats-server 2.15 limits a stream to 1,000 unless the
+/// stream sets its own limit, and every running branch holds a consumer of the control
+/// stream, so a fleet running more than 1,000 branches at once would be refused.
+const STREAM_MAX_CONSUMERS: i32 = 1_000_000;
+
+/// Get the stream, or create it; a concurrent creator with the same config is fine. A
+/// stream made by an earlier version with a lower consumer limit gets ours.
 async fn ensure_stream(
     js: &jetstream::Context,
     config: stream::Config,
     url: &str,
 ) -> BusResult<()> {
     let name = config.name.clone();
-    match js.get_or_create_stream(config).await {
-        Ok(_) => Ok(()),
+    let mut stream = match js.get_or_create_stream(config).await {
+        Ok(s) => s,
         Err(first) => match js.get_stream(&name).await {
-            Ok(_) => Ok(()),
-            Err(_) => Err(backend(
-                format!("cannot create the stream {name} on {url} (is JetStream enabled?)"),
-                first,
-            )),
+            Ok(s) => s,
+            Err(_) => {
+                return Err(backend(
+                    format!("cannot create the stream {name} on {url} (is JetStream enabled?)"),
+                    first,
+                ))
+            }
         },
+    };
+    let existing = match stream.info().await {
+        Ok(info) => info.config.clone(),
+        Err(e) => {
+            tracing::warn!(stream = %name, error = %e, "bus.nats cannot read a stream's config");
+            return Ok(());
+        }
+    };
+    if existing.max_consumers != STREAM_MAX_CONSUMERS {
+        let updated = stream::Config {
+            max_consumers: STREAM_MAX_CONSUMERS,
+            ..existing
+        };
+        if let Err(e) = js.update_stream(updated).await {
+            tracing::warn!(stream = %name, error = %e, "bus.nats cannot raise a stream's consumer limit");
+        }
     }
+    Ok(())
 }
 
 async fn ensure_kv(js: &jetstream::Context, config: kv::Config, url: &str) -> BusResult<kv::Store> {
@@ -370,6 +395,7 @@ impl NatsBus {
                 retention,
                 max_age,
                 storage,
+                max_consumers: STREAM_MAX_CONSUMERS,
                 ..Default::default()
             };
             ensure_stream(&js, stream, &url).await?;

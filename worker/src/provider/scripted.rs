@@ -2,26 +2,62 @@
 //!
 //! The turn played is the request's `turn` (the branch's model calls so far), so a branch
 //! resumed on another worker continues where it stopped. A turn's latency is slept (not at
-//! all when 0); a turn without usage is estimated as one token per four characters of the
-//! request's messages (input) and of the reply (output).
+//! all when 0; a call cancelled during it reports nothing); a turn without usage is
+//! estimated as one token per four characters of the request's messages (input) and of the
+//! reply (output).
+//!
+//! The provider is deterministic, so its [`ModelProvider::estimate`] of a call is exactly
+//! the usage the call will report (the default bound when the script has no such turn: the
+//! call then fails anyway).
+//!
+//! **Usage log.** When the environment variable `FORKFLEET_SCRIPTED_USAGE_LOG`
+//! ([`USAGE_LOG_ENV`]) names a file when the provider is built, every call that returns a
+//! reply appends one JSON line to it: `{"model", "label", "index", "turn", "input_tokens",
+//! "output_tokens", "cached_tokens", "at_ms"}`. It is the provider's own record of what
+//! was "spent", independent of the events, which benchmarks use to measure true spend
+//! against a cap. The file is opened in append mode for each line and each line is written
+//! with one `write_all`, so several worker processes can share it without interleaving. A
+//! failed write is logged as a warning and never fails the call.
 
 use super::{
-    estimate_tokens, message_chars, tool_call_chars, ModelProvider, ModelReply, ModelRequest,
-    ProviderError,
+    estimate_tokens, message_chars, tool_call_chars, upper_bound_estimate, ModelProvider,
+    ModelReply, ModelRequest, ProviderError,
 };
 use async_trait::async_trait;
 use forkfleet_shared::event::Usage;
-use forkfleet_shared::script::{Script, ScriptError};
+use forkfleet_shared::protocol::now_ms;
+use forkfleet_shared::script::{PlayedTurn, Script, ScriptError};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// The environment variable naming the usage log (see the module docs).
+pub const USAGE_LOG_ENV: &str = "FORKFLEET_SCRIPTED_USAGE_LOG";
 
 #[derive(Debug, Clone)]
 pub struct ScriptedProvider {
     script: Script,
+    /// Where every completed call is appended, if anywhere.
+    usage_log: Option<PathBuf>,
 }
 
 impl ScriptedProvider {
+    /// A provider playing `script`, logging usage where [`USAGE_LOG_ENV`] says (read now).
     pub fn new(script: Script) -> Self {
-        Self { script }
+        let usage_log = std::env::var_os(USAGE_LOG_ENV)
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        Self { script, usage_log }
+    }
+
+    /// Log usage to `path` instead (`None`: not at all), whatever the environment says.
+    pub fn with_usage_log(mut self, path: Option<PathBuf>) -> Self {
+        self.usage_log = path;
+        self
+    }
+
+    pub fn usage_log(&self) -> Option<&Path> {
+        self.usage_log.as_deref()
     }
 
     /// Parse a script file's text.
@@ -34,6 +70,49 @@ impl ScriptedProvider {
     }
 }
 
+/// The usage a played turn reports for `req`: the script's, else estimated from sizes.
+fn usage_of(played: &PlayedTurn, req: &ModelRequest<'_>) -> Usage {
+    match played.usage {
+        Some(u) => u,
+        None => {
+            let output = played
+                .text
+                .as_deref()
+                .map_or(0, |t| t.chars().count() as u64)
+                + tool_call_chars(&played.tool_calls);
+            Usage {
+                input_tokens: estimate_tokens(message_chars(req.messages)),
+                output_tokens: estimate_tokens(output),
+                cached_tokens: 0,
+            }
+        }
+    }
+}
+
+/// Append one call's usage to the log at `path` (see the module docs).
+fn log_usage(path: &Path, req: &ModelRequest<'_>, usage: &Usage) {
+    let line = serde_json::json!({
+        "model": req.model,
+        "label": req.label,
+        "index": req.index,
+        "turn": req.turn,
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "at_ms": now_ms(),
+    });
+    let mut bytes = line.to_string().into_bytes();
+    bytes.push(b'\n');
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(&bytes));
+    if let Err(e) = written {
+        tracing::warn!(path = %path.display(), error = %e, "could not append to the scripted usage log");
+    }
+}
+
 #[async_trait]
 impl ModelProvider for ScriptedProvider {
     async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
@@ -41,26 +120,23 @@ impl ModelProvider for ScriptedProvider {
         if played.latency_ms > 0 {
             tokio::time::sleep(Duration::from_millis(played.latency_ms)).await;
         }
-        let usage = match played.usage {
-            Some(u) => u,
-            None => {
-                let output = played
-                    .text
-                    .as_deref()
-                    .map_or(0, |t| t.chars().count() as u64)
-                    + tool_call_chars(&played.tool_calls);
-                Usage {
-                    input_tokens: estimate_tokens(message_chars(req.messages)),
-                    output_tokens: estimate_tokens(output),
-                    cached_tokens: 0,
-                }
-            }
-        };
+        let usage = usage_of(&played, req);
+        if let Some(path) = &self.usage_log {
+            log_usage(path, req, &usage);
+        }
         Ok(ModelReply {
             text: played.text,
             tool_calls: played.tool_calls,
             usage,
         })
+    }
+
+    /// Exactly what the call will report.
+    fn estimate(&self, req: &ModelRequest<'_>) -> Usage {
+        match self.script.play(req.label, req.index, req.turn) {
+            Ok(played) => usage_of(&played, req),
+            Err(_) => upper_bound_estimate(req),
+        }
     }
 }
 
@@ -106,6 +182,74 @@ usage = { input_tokens = 7, output_tokens = 3 }
         assert_eq!(r1.usage.input_tokens, 7);
         let err = p.complete(&req(&history, 2)).await.unwrap_err().to_string();
         assert!(err.contains("after the script ended"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn estimates_are_the_usage_reported() {
+        let p = ScriptedProvider::parse(
+            r#"
+[[turns."*"]]
+text = "12345678"
+
+[[turns."*"]]
+text = "x"
+usage = { input_tokens = 7, output_tokens = 3, cached_tokens = 2 }
+"#,
+        )
+        .unwrap()
+        .with_usage_log(None);
+        let history = vec![Message::User {
+            text: "abcdefghi".into(),
+        }];
+        for turn in 0..2 {
+            let r = req(&history, turn);
+            let est = p.estimate(&r);
+            assert_eq!(est, p.complete(&r).await.unwrap().usage, "turn {turn}");
+        }
+        // Past the script's end the call fails; the estimate is the default bound.
+        let r = req(&history, 2);
+        assert_eq!(p.estimate(&r), upper_bound_estimate(&r));
+    }
+
+    #[tokio::test]
+    async fn completed_calls_are_appended_to_the_usage_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("usage.jsonl");
+        let p = ScriptedProvider::parse(
+            "[[turns.\"*\"]]\ntext = \"a\"\nusage = { input_tokens = 5, output_tokens = 6 }\nrepeat = 2\n\n[[turns.\"*\"]]\ntext = \"slow\"\nlatency_ms = 60000",
+        )
+        .unwrap()
+        .with_usage_log(Some(path.clone()));
+        p.complete(&req(&[], 0)).await.unwrap();
+        p.complete(&req(&[], 1)).await.unwrap();
+        // A call cancelled (dropped) during its latency logs nothing.
+        let cancelled =
+            tokio::time::timeout(Duration::from_millis(20), p.complete(&req(&[], 2))).await;
+        assert!(cancelled.is_err());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        for (turn, l) in lines.iter().enumerate() {
+            assert_eq!(l["model"], "scripted:t");
+            assert_eq!(l["label"], "a");
+            assert_eq!(l["index"], 0);
+            assert_eq!(l["turn"], turn);
+            assert_eq!(
+                (&l["input_tokens"], &l["output_tokens"], &l["cached_tokens"]),
+                (
+                    &serde_json::json!(5),
+                    &serde_json::json!(6),
+                    &serde_json::json!(0)
+                )
+            );
+            assert!(l["at_ms"].as_u64().unwrap() > 0);
+        }
+        // A log that cannot be written is not an error of the call.
+        let broken = p.with_usage_log(Some(dir.path().join("no/such/dir/u.jsonl")));
+        assert!(broken.complete(&req(&[], 0)).await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]

@@ -92,7 +92,9 @@ async fn a_branch_runs_end_to_end() {
                     model,
                     usage,
                     cost_usd,
+                    reservation,
                 } => {
+                    assert_eq!(*reservation, None, "no reservation without strict mode");
                     assert_eq!(model, "scripted:test");
                     assert_eq!(usage.input_tokens, 1000);
                     assert_eq!(usage.output_tokens, 200);
@@ -380,6 +382,7 @@ text = "resumed at turn {turn}"
             model: "scripted:test".into(),
             usage: Usage::default(),
             cost_usd: 0.25,
+            reservation: None,
         },
         Event::FileChange {
             change: ChangeOp::Write {

@@ -8,6 +8,7 @@
 
 use bytes::Bytes;
 use forkfleet_shared::blob::{BlobHash, MemBlobStore};
+use forkfleet_shared::budget::OnExhausted;
 use forkfleet_shared::bus::local::{LocalBus, LocalBusConfig};
 use forkfleet_shared::bus::nats::{NatsBus, NatsConfig};
 use forkfleet_shared::bus::{Bus, EventConsumer};
@@ -188,6 +189,9 @@ impl Fixture {
             max_turns: 50,
             max_output_tokens: 1000,
             budget_usd: None,
+            reserve: false,
+            on_exhausted: OnExhausted::Stop,
+            attempt_base: 0,
         }
     }
 
@@ -208,7 +212,11 @@ impl Fixture {
     }
 
     pub async fn send(&self, run_id: RunId, command: ControlCommand) {
-        let msg = Control { run_id, command };
+        let msg = Control {
+            run_id,
+            command,
+            attempt: None,
+        };
         self.bus
             .send_control(run_id, wire::encode(&msg).unwrap())
             .await

@@ -1,0 +1,93 @@
+//! The reservation service: answers [`BudgetRequest`]s on [`BUDGET_SUBJECT`] and expires
+//! reservations whose worker never settled them.
+//!
+//! A grant is answered only after the reservation is flushed to the store, so a
+//! coordinator that restarts still counts the money held for calls in flight.
+
+use super::Ledger;
+use crate::error::CoordinatorError;
+use crate::store::RunStore;
+use forkfleet_shared::budget::{BudgetReply, BudgetRequest, BUDGET_SUBJECT};
+use forkfleet_shared::bus::{Bus, BusError, Request};
+use forkfleet_shared::protocol::now_ms;
+use forkfleet_shared::wire;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How often expired reservations are looked for.
+const EXPIRE_EVERY: Duration = Duration::from_millis(500);
+
+/// Serve reservations and expire stale ones until `stop` turns true.
+pub(crate) async fn start(
+    bus: &Arc<dyn Bus>,
+    ledger: Arc<Ledger>,
+    store: RunStore,
+    mut stop: watch::Receiver<bool>,
+) -> Result<JoinHandle<()>, CoordinatorError> {
+    let mut requests = bus.serve(BUDGET_SUBJECT).await?;
+    Ok(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(EXPIRE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                _ = tick.tick() => {
+                    ledger.expire(now_ms());
+                }
+                r = requests.recv() => match r {
+                    Some(req) => {
+                        tokio::spawn(answer(ledger.clone(), store.clone(), req));
+                    }
+                    None => break,
+                },
+            }
+        }
+    }))
+}
+
+async fn answer(ledger: Arc<Ledger>, store: RunStore, req: Request) {
+    let reply = match wire::decode::<BudgetRequest>(&req.payload) {
+        Ok(r) => {
+            let (reply, actions) = ledger.reserve(&r);
+            ledger.send(actions);
+            match reply {
+                BudgetReply::Granted { reservation } => match store.flush_async().await {
+                    Ok(()) => BudgetReply::Granted { reservation },
+                    Err(e) => {
+                        // Not durable: do not let the call run on it.
+                        ledger.cancel(reservation);
+                        BudgetReply::Retry {
+                            reason: format!("cannot persist the reservation: {e}"),
+                        }
+                    }
+                },
+                BudgetReply::Refused { state, reason } => {
+                    tracing::info!(run.id = %r.run_id, state = %state, reason = %reason, "budget.refused");
+                    BudgetReply::Refused { state, reason }
+                }
+                other => other,
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, bytes = req.payload.len(), "coordinator.budget: malformed request");
+            BudgetReply::Retry {
+                reason: format!("malformed budget request: {e}"),
+            }
+        }
+    };
+    match wire::encode(&reply) {
+        Ok(bytes) => {
+            match req.respond(bytes).await {
+                Ok(()) => {}
+                // Shutting down: the worker asks again, of the next coordinator.
+                Err(BusError::Closed) => {
+                    tracing::debug!("coordinator.budget: closed before answering")
+                }
+                Err(e) => tracing::warn!(error = %e, "coordinator.budget: could not answer"),
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "coordinator.budget: cannot encode the answer"),
+    }
+}

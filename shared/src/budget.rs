@@ -1,0 +1,258 @@
+//! Budgets: the policy a fork runs under, the reservation protocol between workers and the
+//! coordinator, and the cost report clients read.
+//!
+//! Caps exist at three levels: a branch's `budget_usd`, a fork's `aggregate_budget_usd`, and
+//! a named **account** shared by every fork that charges it. The coordinator keeps the
+//! ledger of all three.
+//!
+//! - **Strict** (default): before each model call the worker asks the coordinator, on
+//!   [`BUDGET_SUBJECT`], to reserve an upper bound of the call's cost against the branch,
+//!   its fork and its account at once ([`BudgetRequest`]). Refused, the branch stops (or
+//!   pauses) before spending; granted, the call runs and the `usage` event that records it
+//!   names the reservation, so applying the event settles it with the actual cost. Money is
+//!   only ever spent inside a reservation, so the spend never passes a cap.
+//! - **Best effort**: no reservation; usage is reported after each call and the coordinator
+//!   stops every affected branch as soon as a cap is crossed, cancelling calls in flight.
+
+use crate::event::{Message, Usage};
+use crate::ids::{ForkId, ReservationId, RunId};
+use crate::pricing::Price;
+use crate::state::BranchState;
+use crate::wire::WireMessage;
+use serde::{Deserialize, Serialize};
+
+/// How caps are enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetMode {
+    /// Reserve an upper bound before every call; never overshoots.
+    #[default]
+    Strict,
+    /// Report after every call; stop as soon as a cap is crossed.
+    BestEffort,
+}
+
+impl BudgetMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BudgetMode::Strict => "strict",
+            BudgetMode::BestEffort => "best_effort",
+        }
+    }
+}
+
+/// What happens to a branch a cap stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExhausted {
+    /// It ends as `budget_exhausted` or `aggregate_budget_exhausted` (work kept, mergeable).
+    #[default]
+    Stop,
+    /// It waits as `paused` with its work kept; a top-up resumes it.
+    Pause,
+}
+
+impl OnExhausted {
+    /// The default (left out of encoded tasks).
+    pub fn is_stop(&self) -> bool {
+        *self == OnExhausted::Stop
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnExhausted::Stop => "stop",
+            OnExhausted::Pause => "pause",
+        }
+    }
+}
+
+/// A fork's budget policy (its caps live in the plan and the ledger).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct BudgetPolicy {
+    #[serde(default)]
+    pub mode: BudgetMode,
+    #[serde(default)]
+    pub on_exhausted: OnExhausted,
+    /// The account the fork charges, if any.
+    #[serde(default)]
+    pub account: Option<String>,
+    /// Whether a branch stopped by a cap abandons the model call it has in flight
+    /// (`true`) or lets it finish and records it (`false`). Unset: strict mode finishes
+    /// (the call's money is reserved, so it is within the cap), best effort cancels (every
+    /// call that completes after the crossing overshoots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_in_flight: Option<bool>,
+}
+
+impl BudgetPolicy {
+    /// Whether stops cancel the call in flight (see [`BudgetPolicy::cancel_in_flight`]).
+    pub fn cancels_in_flight(&self) -> bool {
+        self.cancel_in_flight
+            .unwrap_or(self.mode == BudgetMode::BestEffort)
+    }
+}
+
+/// The request/reply subject on which workers reserve budget before a model call.
+pub const BUDGET_SUBJECT: &str = "coord.budget";
+
+/// Reserve `estimate_usd` for one model call of branch `run_id` (strict mode).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BudgetRequest {
+    pub fork_id: ForkId,
+    pub run_id: RunId,
+    /// The worker's task attempt: a fenced-off attempt is refused (`gone`).
+    pub attempt: u32,
+    /// The upper bound of the call's cost.
+    pub estimate_usd: f64,
+    /// The upper bound in tokens, for the record.
+    pub estimate: Usage,
+}
+
+impl WireMessage for BudgetRequest {
+    const KIND: &'static str = "budget_request";
+}
+
+/// The answer to a [`BudgetRequest`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum BudgetReply {
+    /// Make the call; name the reservation in its `usage` event.
+    Granted { reservation: ReservationId },
+    /// Do not make the call: a cap has no room for it. `state` is `budget_exhausted` (the
+    /// branch's own cap) or `aggregate_budget_exhausted` (the fork's or the account's).
+    Refused { state: BranchState, reason: String },
+    /// The branch or its fork is gone, finished, or taken over by a later attempt: stop
+    /// without publishing anything more.
+    Gone { reason: String },
+    /// The coordinator could not decide (its store failed): try again later.
+    Retry { reason: String },
+}
+
+impl WireMessage for BudgetReply {
+    const KIND: &'static str = "budget_reply";
+}
+
+/// Bytes per token assumed when estimating a request's input tokens from its size. Real
+/// tokenizers average 3 to 4 bytes of English or code per token; counting every 2 bytes
+/// as a token (and per-message overhead) keeps the estimate an upper bound for ordinary
+/// text.
+pub const BYTES_PER_TOKEN_ESTIMATE: u64 = 2;
+/// Tokens added per message (role markers, separators) and per tool schema.
+pub const TOKENS_PER_MESSAGE: u64 = 8;
+
+/// A conservative upper bound of the input tokens of a request made of `messages` and
+/// tool schemas totalling `tools_bytes` bytes.
+pub fn estimate_input_tokens(messages: &[Message], tools_bytes: usize) -> u64 {
+    let mut bytes = tools_bytes as u64;
+    for m in messages {
+        bytes += match m {
+            Message::System { text } | Message::User { text } => text.len() as u64,
+            Message::Assistant { text, tool_calls } => {
+                text.as_ref().map_or(0, |t| t.len() as u64)
+                    + tool_calls
+                        .iter()
+                        .map(|c| (c.id.len() + c.name.len() + c.args.to_string().len()) as u64)
+                        .sum::<u64>()
+            }
+            Message::Tool {
+                call_id,
+                name,
+                output,
+            } => (call_id.len() + name.len() + output.len()) as u64,
+        };
+    }
+    bytes.div_ceil(BYTES_PER_TOKEN_ESTIMATE) + TOKENS_PER_MESSAGE * (messages.len() as u64 + 1)
+}
+
+/// The upper bound of a call's cost: its estimated usage at `price`, all input priced as
+/// fresh (uncached) input.
+pub fn estimate_cost(price: &Price, estimate: &Usage) -> f64 {
+    price.cost(&Usage {
+        cached_tokens: 0,
+        ..*estimate
+    })
+}
+
+/// One branch's money.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BranchCost {
+    pub label: String,
+    pub run_id: RunId,
+    pub state: BranchState,
+    /// Settled spend (the sum of its usage events' costs).
+    pub spent_usd: f64,
+    /// Held by reservations of calls in flight.
+    pub reserved_usd: f64,
+    /// Its own cap, if any.
+    pub cap_usd: Option<f64>,
+    /// `cap - spent - reserved`, never below 0; `None` without a cap.
+    pub remaining_usd: Option<f64>,
+    /// Model calls made.
+    pub calls: u32,
+    /// When the coordinator saw it stop (terminal or paused), milliseconds since the epoch.
+    pub stopped_at_ms: Option<u64>,
+}
+
+/// A named ledger shared by every fork that charges it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccountView {
+    pub name: String,
+    pub cap_usd: Option<f64>,
+    pub spent_usd: f64,
+    pub reserved_usd: f64,
+    pub remaining_usd: Option<f64>,
+    /// Forks that charge it.
+    pub forks: usize,
+    pub created_at_ms: u64,
+}
+
+/// A fork's money: per branch, the fork's totals and its account's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkCost {
+    pub fork_id: ForkId,
+    pub mode: BudgetMode,
+    pub on_exhausted: OnExhausted,
+    pub spent_usd: f64,
+    pub reserved_usd: f64,
+    /// The fork's aggregate cap (after top-ups), if any.
+    pub cap_usd: Option<f64>,
+    pub remaining_usd: Option<f64>,
+    /// When a cap the fork is under was first found crossed or full (a refused
+    /// reservation, or a usage report past a cap), milliseconds since the epoch.
+    pub crossed_at_ms: Option<u64>,
+    pub branches: Vec<BranchCost>,
+    pub account: Option<AccountView>,
+}
+
+/// `cap - spent - reserved`, not below zero.
+pub fn remaining(cap: Option<f64>, spent: f64, reserved: f64) -> Option<f64> {
+    cap.map(|c| (c - spent - reserved).max(0.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pricing::builtin_price;
+
+    #[test]
+    fn estimate_bounds_real_token_counts() {
+        // 4,000 bytes of text: a real tokenizer gives about 1,000 tokens.
+        let msgs = vec![Message::User {
+            text: "word ".repeat(800),
+        }];
+        let est = estimate_input_tokens(&msgs, 0);
+        assert!(est >= 2_000, "{est}");
+        let price = builtin_price("gpt-4o-mini").unwrap();
+        let c = estimate_cost(
+            &price,
+            &Usage {
+                input_tokens: 1000,
+                output_tokens: 200,
+                cached_tokens: 1000,
+            },
+        );
+        assert!((c - 0.00027).abs() < 1e-12);
+        assert_eq!(remaining(Some(1.0), 0.5, 0.75), Some(0.0));
+        assert_eq!(remaining(None, 0.5, 0.75), None);
+    }
+}

@@ -1,0 +1,537 @@
+//! The budget commands of the CLI, embedded (no NATS): flag validation, `fork cost`,
+//! `fork topup` of a paused run, `account set` / `account show`, and model prices from the
+//! config's `[pricing]`.
+
+use super::harness::{forkfleet, json, path_str, stderr, Example};
+use forkfleet_shared::budget::{AccountView, ForkCost};
+use forkfleet_shared::state::BranchState;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// The binary with `env` set and every other `FORKFLEET_*` variable removed.
+fn forkfleet_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_forkfleet"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("FORKFLEET_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.args(args)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "warn");
+    cmd.output().unwrap()
+}
+
+/// Exit 2, and every one of `expect` in stderr.
+fn bad(out: &Output, expect: &[&str]) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    for e in expect {
+        assert!(err.contains(e), "expected `{e}` in: {err}");
+    }
+}
+
+/// The quickstart spec with `top` keys added (before its tables).
+fn quickstart_with(ex: &Example, top: &str) -> std::path::PathBuf {
+    let spec = std::fs::read_to_string(ex.spec()).unwrap();
+    ex.write_spec(&format!("{top}\n{spec}"))
+}
+
+/// The quickstart spec without its model price, with `top` keys added.
+fn unpriced_with(ex: &Example, top: &str) -> std::path::PathBuf {
+    let spec = std::fs::read_to_string(ex.spec()).unwrap();
+    let spec: String = spec
+        .lines()
+        .filter(|l| !l.starts_with("price ="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    ex.write_spec(&format!("{top}\n{spec}"))
+}
+
+fn run_json(spec: &Path, data: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "run",
+        path_str(spec),
+        "--data",
+        path_str(data),
+        "--json",
+        "--timeout-s",
+        "120",
+    ];
+    args.extend_from_slice(extra);
+    json(&forkfleet(&args))
+}
+
+fn cost_of(id: &str, data: &Path) -> ForkCost {
+    let doc = json(&forkfleet(&[
+        "fork",
+        "cost",
+        id,
+        "--data",
+        path_str(data),
+        "--json",
+    ]));
+    serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("not a ForkCost ({e}): {doc}"))
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-12
+}
+
+#[test]
+fn bad_budget_flags_are_exit_2_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("store");
+    let data = path_str(&data);
+    let fork = "00000000-0000-7000-8000-000000000000";
+    for usd in ["-1", "0", "nan", "inf", "-inf", "lots"] {
+        let out = forkfleet(&["fork", "topup", fork, "--usd", usd, "--data", data]);
+        bad(&out, &["--usd", "greater than 0"]);
+        let out = forkfleet(&[
+            "fork",
+            "move-budget",
+            fork,
+            "--from",
+            "a",
+            "--to",
+            "b",
+            "--usd",
+            usd,
+            "--data",
+            data,
+        ]);
+        bad(&out, &["--usd", "greater than 0"]);
+    }
+    for cap in ["-0.5", "NaN", "infinity", "ten"] {
+        let out = forkfleet(&["account", "set", "team-a", "--cap", cap, "--data", data]);
+        bad(&out, &["--cap", "0 or more"]);
+    }
+    // Exactly one of --cap and --no-cap.
+    bad(
+        &forkfleet(&["account", "set", "team-a", "--data", data]),
+        &["--cap", "--no-cap"],
+    );
+    bad(
+        &forkfleet(&[
+            "account", "set", "team-a", "--cap", "1", "--no-cap", "--data", data,
+        ]),
+        &["--cap", "--no-cap"],
+    );
+    // An account name follows the label rules.
+    bad(
+        &forkfleet(&["account", "set", "../x", "--cap", "1", "--data", data]),
+        &["account name `../x`"],
+    );
+    // Moving budget needs two different branches.
+    bad(
+        &forkfleet(&[
+            "fork",
+            "move-budget",
+            fork,
+            "--from",
+            "a",
+            "--to",
+            "a",
+            "--usd",
+            "1",
+            "--data",
+            data,
+        ]),
+        &["--from and --to", "`a`"],
+    );
+    assert!(!Path::new(data).exists(), "bad input must create nothing");
+}
+
+/// Waits on the coordinator's `account_set` and `accounts`.
+#[test]
+fn accounts_are_set_shown_and_unknown_ones_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("store");
+    let data = path_str(&data);
+
+    // An unknown name on an empty store says how to make one.
+    std::fs::create_dir_all(data).unwrap();
+    bad(
+        &forkfleet(&["account", "show", "team-a", "--data", data]),
+        &[
+            "no account named `team-a`",
+            "forkfleet account set NAME --cap USD",
+        ],
+    );
+    let set = json(&forkfleet(&[
+        "account", "set", "team-a", "--cap", "5", "--data", data, "--json",
+    ]));
+    let a: AccountView = serde_json::from_value(set).unwrap();
+    assert_eq!(a.name, "team-a");
+    assert_eq!(a.cap_usd, Some(5.0));
+    assert_eq!(a.spent_usd, 0.0);
+    assert_eq!(a.remaining_usd, Some(5.0));
+
+    let shown = json(&forkfleet(&[
+        "account", "show", "team-a", "--data", data, "--json",
+    ]));
+    let b: AccountView = serde_json::from_value(shown).unwrap();
+    assert_eq!(b, a);
+
+    json(&forkfleet(&[
+        "account", "set", "team-b", "--no-cap", "--data", data, "--json",
+    ]));
+    let all: Vec<AccountView> = serde_json::from_value(json(&forkfleet(&[
+        "account", "show", "--data", data, "--json",
+    ])))
+    .unwrap();
+    let names: Vec<&str> = all.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["team-a", "team-b"]);
+    assert_eq!(all[1].cap_usd, None);
+    assert_eq!(all[1].remaining_usd, None);
+
+    // A cap is changed in place, and removed with --no-cap.
+    let changed = json(&forkfleet(&[
+        "account", "set", "team-a", "--no-cap", "--data", data, "--json",
+    ]));
+    assert_eq!(changed["cap_usd"], Value::Null, "{changed}");
+
+    // Text output.
+    let out = forkfleet(&["account", "show", "--data", data]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("ACCOUNT") && text.contains("team-b"),
+        "{text}"
+    );
+
+    // An unknown account: exit 2, the known ones listed.
+    bad(
+        &forkfleet(&["account", "show", "nobody", "--data", data]),
+        &["no account named `nobody`", "team-a, team-b"],
+    );
+}
+
+/// Waits on the coordinator's ledger (`fork_cost`, `account_set`, accounts charged by forks).
+#[test]
+fn fork_cost_adds_up_the_branches_usage() {
+    let ex = Example::quickstart();
+    let data = ex.data();
+    json(&forkfleet(&[
+        "account",
+        "set",
+        "team-a",
+        "--cap",
+        "5",
+        "--data",
+        path_str(&data),
+        "--json",
+    ]));
+    let spec = quickstart_with(&ex, "aggregate_budget_usd = 10.0\naccount = \"team-a\"");
+    let doc = run_json(&spec, &data, &[]);
+    let id = doc["fork_id"].as_str().unwrap();
+    let cost = cost_of(id, &data);
+
+    assert_eq!(cost.fork_id.to_string(), id);
+    assert_eq!(cost.branches.len(), 3);
+    let mut sum = 0.0;
+    for b in &cost.branches {
+        let run = doc["branches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["label"] == b.label.as_str())
+            .unwrap();
+        assert_eq!(b.state, BranchState::Done, "{b:?}");
+        assert!(b.spent_usd > 0.0, "{b:?}");
+        assert!(
+            close(b.spent_usd, run["cost_usd"].as_f64().unwrap()),
+            "{b:?} vs {run}"
+        );
+        assert_eq!(b.calls as u64, run["turns"].as_u64().unwrap(), "{b:?}");
+        assert_eq!(b.reserved_usd, 0.0);
+        assert_eq!(b.cap_usd, None);
+        // The branch's spend is the sum of its usage events' costs.
+        let log = json(&forkfleet(&[
+            "log",
+            run["id"].as_str().unwrap(),
+            "--data",
+            path_str(&data),
+            "--json",
+        ]));
+        let logged: f64 = log
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["event"]["type"] == "usage")
+            .filter_map(|e| e["event"]["cost_usd"].as_f64())
+            .sum();
+        assert!(close(b.spent_usd, logged), "{b:?}: log says {logged}");
+        sum += b.spent_usd;
+    }
+    assert!(close(cost.spent_usd, sum), "{cost:?}");
+    assert!(close(
+        cost.spent_usd,
+        doc["total_cost_usd"].as_f64().unwrap()
+    ));
+    assert_eq!(cost.reserved_usd, 0.0);
+    assert_eq!(cost.cap_usd, Some(10.0));
+    assert!(close(cost.remaining_usd.unwrap(), 10.0 - sum));
+    assert_eq!(cost.mode.as_str(), "strict");
+    assert_eq!(cost.on_exhausted.as_str(), "stop");
+    let account = cost.account.as_ref().expect("the fork charges team-a");
+    assert_eq!(account.name, "team-a");
+    assert!(close(account.spent_usd, sum), "{account:?}");
+    assert!(close(account.remaining_usd.unwrap(), 5.0 - sum));
+    assert_eq!(account.forks, 1);
+
+    // The account's own view agrees.
+    let shown: AccountView = serde_json::from_value(json(&forkfleet(&[
+        "account",
+        "show",
+        "team-a",
+        "--data",
+        path_str(&data),
+        "--json",
+    ])))
+    .unwrap();
+    assert!(close(shown.spent_usd, sum));
+
+    // Text: a line per branch, the fork's totals, the account's.
+    let out = forkfleet(&["fork", "cost", &id[..13], "--data", path_str(&data)]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "LABEL",
+        "REMAINING_USD",
+        "concise",
+        "thorough",
+        "mode strict",
+        "on_exhausted stop",
+        "cap $10.000000",
+        "account team-a",
+    ] {
+        assert!(text.contains(want), "expected `{want}` in:\n{text}");
+    }
+}
+
+/// Waits on the coordinator's pause and top-up (and the worker's reservations).
+#[test]
+fn a_paused_run_exits_1_and_a_top_up_resumes_it() {
+    let ex = Example::quickstart();
+    let data = ex.data();
+    // Room for a call or two of the ten the branches make; then they pause.
+    let spec = quickstart_with(
+        &ex,
+        "aggregate_budget_usd = 0.0005\non_exhausted = \"pause\"\nmax_output_tokens = 200",
+    );
+    let out = forkfleet(&[
+        "run",
+        path_str(&spec),
+        "--data",
+        path_str(&data),
+        "--timeout-s",
+        "120",
+        "--pick",
+        "thorough",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        !err.contains("gave up waiting"),
+        "run must not wait on paused branches: {err}"
+    );
+    assert!(err.contains("paused by a budget cap"), "{err}");
+    assert!(err.contains("forkfleet fork topup"), "{err}");
+    assert!(err.contains("--data"), "{err}");
+    assert!(err.contains("--pick `thorough` is paused"), "{err}");
+    assert!(ex.read("docs/legacy.md").is_some(), "nothing merged");
+
+    let list = json(&forkfleet(&[
+        "fork",
+        "ls",
+        "--data",
+        path_str(&data),
+        "--json",
+    ]));
+    let id = list[0]["fork_id"].as_str().unwrap().to_string();
+    let cost = cost_of(&id, &data);
+    let paused = cost
+        .branches
+        .iter()
+        .filter(|b| b.state == BranchState::Paused)
+        .count();
+    assert!(paused > 0, "{cost:?}");
+    assert_eq!(cost.reserved_usd, 0.0, "{cost:?}");
+
+    // `fork show` says how to resume them.
+    let out = forkfleet(&["fork", "show", &id, "--data", path_str(&data)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("paused"), "{text}");
+    assert!(text.contains("forkfleet fork topup"), "{text}");
+
+    // Embedded, the top-up runs the resumed branches here to the end.
+    let topped = json(&forkfleet(&[
+        "fork",
+        "topup",
+        &id,
+        "--usd",
+        "1",
+        "--data",
+        path_str(&data),
+        "--json",
+        "--timeout-s",
+        "120",
+    ]));
+    let topped: ForkCost = serde_json::from_value(topped).unwrap();
+    for b in &topped.branches {
+        assert_eq!(b.state, BranchState::Done, "{b:?}");
+    }
+    assert!(close(topped.cap_usd.unwrap(), 1.0005), "{topped:?}");
+    assert_eq!(topped.reserved_usd, 0.0);
+
+    let merged = forkfleet(&[
+        "fork",
+        "merge",
+        &id,
+        "--pick",
+        "thorough",
+        "--data",
+        path_str(&data),
+    ]);
+    assert_eq!(merged.status.code(), Some(0), "{}", stderr(&merged));
+    assert!(ex.read("tests/test_greet.py").is_some());
+}
+
+/// Waits on budgets working end to end (a capped fork runs).
+#[test]
+fn config_prices_an_unpriced_scripted_model() {
+    let ex = Example::quickstart();
+    let spec = unpriced_with(&ex, "aggregate_budget_usd = 1.0");
+    let data = ex.data();
+
+    // Without a price the cap cannot be enforced: exit 2 naming the model and the fix.
+    let out = forkfleet_env(&["run", path_str(&spec), "--json"], &[]);
+    bad(
+        &out,
+        &[
+            "no known price",
+            "scripted:quickstart",
+            "[pricing.\"scripted:quickstart\"]",
+        ],
+    );
+    assert!(!data.exists(), "bad input must create nothing");
+
+    // A bad config entry names the model and the key.
+    let cfg = ex.dir.path().join("ff.toml");
+    std::fs::write(
+        &cfg,
+        "[pricing.\"scripted:quickstart\"]\ninput_per_mtok = -0.15\noutput_per_mtok = 0.60\n",
+    )
+    .unwrap();
+    let out = forkfleet_env(&["run", path_str(&spec), "--config", path_str(&cfg)], &[]);
+    bad(&out, &["scripted:quickstart", "input_per_mtok", ">= 0"]);
+
+    // The config's price makes it run, and prices its usage.
+    std::fs::write(
+        &cfg,
+        "[pricing.\"scripted:quickstart\"]\ninput_per_mtok = 0.15\noutput_per_mtok = 0.60\n",
+    )
+    .unwrap();
+    let out = forkfleet_env(
+        &[
+            "run",
+            path_str(&spec),
+            "--config",
+            path_str(&cfg),
+            "--json",
+            "--timeout-s",
+            "120",
+        ],
+        &[],
+    );
+    let doc = json(&out);
+    for b in doc["branches"].as_array().unwrap() {
+        assert_eq!(b["state"], "done", "{b}");
+        assert!(b["cost_usd"].as_f64().unwrap() > 0.0, "{b}");
+    }
+
+    // `fork create` too, with the price from the environment.
+    let store = ex.dir.path().join("store2");
+    let out = forkfleet_env(
+        &[
+            "fork",
+            "create",
+            path_str(&spec),
+            "--data",
+            path_str(&store),
+            "--json",
+            "--timeout-s",
+            "120",
+        ],
+        &[(
+            "FORKFLEET_PRICING",
+            "\"scripted:quickstart\" = { input_per_mtok = 0.15, output_per_mtok = 0.60 }",
+        )],
+    );
+    let doc = json(&out);
+    assert_eq!(doc["state"], "settled", "{doc}");
+    assert!(doc["total_cost_usd"].as_f64().unwrap() > 0.0);
+}
+
+/// The same commands against a cluster (`--nats`): the API operations end to end.
+/// Waits on the coordinator's ledger.
+#[test]
+fn budget_commands_over_nats() {
+    let fleet = super::cluster_faults::Fleet::start_env(1, 8, &[]);
+    let set = fleet.client(&["account", "set", "team-a", "--cap", "5", "--json"]);
+    let a: AccountView = serde_json::from_value(set.json()).unwrap();
+    assert_eq!((a.name.as_str(), a.cap_usd), ("team-a", Some(5.0)));
+    let unknown = fleet.client(&["account", "show", "nobody"]);
+    assert_eq!(unknown.code, Some(2), "{}", unknown.stderr);
+    assert!(
+        unknown.stderr.contains("accounts: team-a"),
+        "{}",
+        unknown.stderr
+    );
+
+    let ex = Example::quickstart();
+    let spec = quickstart_with(&ex, "aggregate_budget_usd = 1.0\naccount = \"team-a\"");
+    let id = fleet.create(&spec);
+    let view = fleet.watch(&id);
+    let total: f64 = view["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["cost_usd"].as_f64().unwrap())
+        .sum();
+    let cost: ForkCost =
+        serde_json::from_value(fleet.client(&["fork", "cost", &id, "--json"]).json()).unwrap();
+    assert!(close(cost.spent_usd, total), "{cost:?} vs {total}");
+    assert_eq!(cost.reserved_usd, 0.0);
+    assert_eq!(
+        cost.account.as_ref().map(|a| a.name.as_str()),
+        Some("team-a")
+    );
+    let text = fleet.client(&["fork", "cost", &id]);
+    assert_eq!(text.code, Some(0), "{}", text.stderr);
+    assert!(text.stdout.contains("account team-a"), "{}", text.stdout);
+
+    // A top-up answers at once with the new cap.
+    let topped: ForkCost = serde_json::from_value(
+        fleet
+            .client(&["fork", "topup", &id, "--usd", "0.5", "--json"])
+            .json(),
+    )
+    .unwrap();
+    assert!(close(topped.cap_usd.unwrap(), 1.5), "{topped:?}");
+    // An unknown branch is bad input.
+    let bad_branch = fleet.client(&["fork", "topup", &id, "--branch", "nope", "--usd", "1"]);
+    assert_eq!(bad_branch.code, Some(2), "{}", bad_branch.stderr);
+    assert!(bad_branch.stderr.contains("nope"), "{}", bad_branch.stderr);
+
+    let shown: AccountView = serde_json::from_value(
+        fleet
+            .client(&["account", "show", "team-a", "--json"])
+            .json(),
+    )
+    .unwrap();
+    assert!(close(shown.spent_usd, total), "{shown:?}");
+    assert_eq!(shown.forks, 1);
+}
