@@ -133,41 +133,20 @@ impl Coordinator {
                     return Err(e);
                 }
             };
-        let (stop_services, stop_rx) = tokio::sync::watch::channel(false);
-        let resume = match resume::start(&bus, root_handle.clone(), stop_rx).await {
-            Ok(j) => j,
-            Err(e) => {
-                events.stop().await;
-                stop_actors(&root).await;
-                return Err(e);
-            }
-        };
-        let dead = match resume::start_dead_tasks(
+        let (stop_services, _) = tokio::sync::watch::channel(false);
+        let services = match start_services(
             &bus,
-            &config.pool,
-            root_handle.clone(),
-            stop_services.subscribe(),
+            &config,
+            &root_handle,
+            &ledger,
+            &store,
+            &stop_services,
         )
         .await
         {
-            Ok(j) => j,
+            Ok(s) => s,
             Err(e) => {
-                let _ = stop_services.send(true);
-                events.stop().await;
-                stop_actors(&root).await;
-                return Err(e);
-            }
-        };
-        let budget = match budget::start(
-            &bus,
-            ledger.clone(),
-            store.clone(),
-            stop_services.subscribe(),
-        )
-        .await
-        {
-            Ok(j) => j,
-            Err(e) => {
+                // The services already started watch this and stop.
                 let _ = stop_services.send(true);
                 events.stop().await;
                 stop_actors(&root).await;
@@ -176,7 +155,7 @@ impl Coordinator {
         };
         tracing::info!(pool = %config.pool, durable = %config.durable, dir = %store.dir().display(), "coordinator.started");
         Ok(Coordinator {
-            services: vec![resume, dead, budget],
+            services,
             stop_services,
             handle: CoordinatorHandle::new(root_handle, store.clone(), bus, config, ledger),
             root,
@@ -208,6 +187,23 @@ impl Coordinator {
         tracing::info!("coordinator.stopped");
         Ok(())
     }
+}
+
+/// The services beside the event loop, each stopping when `stop` turns true: branch
+/// takeovers (`coord.resume`), dead tasks, budget reservations (`coord.budget`).
+async fn start_services(
+    bus: &Arc<dyn Bus>,
+    config: &CoordinatorConfig,
+    root: &RootHandle,
+    ledger: &Arc<Ledger>,
+    store: &RunStore,
+    stop: &tokio::sync::watch::Sender<bool>,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, CoordinatorError> {
+    Ok(vec![
+        resume::start(bus, root.clone(), stop.subscribe()).await?,
+        resume::start_dead_tasks(bus, &config.pool, root.clone(), stop.subscribe()).await?,
+        budget::start(bus, ledger.clone(), store.clone(), stop.subscribe()).await?,
+    ])
 }
 
 async fn stop_actors(root: &ActorRef<RootMsg>) {

@@ -13,6 +13,9 @@
 //! - **Blobs**: a content-addressed store.
 //! - **Workers**: heartbeats, for listing the live workers.
 //! - **Request/reply**: a bounded-time call to a service by subject.
+//!
+//! **Trace context**: a task or an event carries the W3C `traceparent` of the span it was
+//! enqueued or published in (see [`crate::trace`]), handed out as [`Delivery::trace`].
 
 pub mod local;
 pub mod nats;
@@ -55,6 +58,10 @@ pub struct Delivery {
     pub payload: Bytes,
     /// 1 on the first delivery, 2 on the first redelivery, ...
     pub attempt: u32,
+    /// The W3C `traceparent` of the span the message was sent in, as received (unchecked:
+    /// [`crate::trace::set_parent`] parses it strictly). `None` when it was sent outside
+    /// any span or without an OpenTelemetry layer.
+    pub trace: Option<String>,
     acker: Box<dyn Acker>,
 }
 
@@ -63,8 +70,15 @@ impl Delivery {
         Self {
             payload,
             attempt,
+            trace: None,
             acker,
         }
+    }
+
+    /// The same delivery with the sender's trace context.
+    pub fn with_trace(mut self, trace: Option<String>) -> Self {
+        self.trace = trace;
+        self
     }
 
     pub async fn ack(&self) -> BusResult<()> {
@@ -85,6 +99,7 @@ impl std::fmt::Debug for Delivery {
         f.debug_struct("Delivery")
             .field("bytes", &self.payload.len())
             .field("attempt", &self.attempt)
+            .field("trace", &self.trace)
             .finish()
     }
 }

@@ -13,6 +13,7 @@
 //! - [`flush`]: replaying a branch's change log onto a parent, with conflict detection.
 //! - [`event`], [`state`]: run events and branch / fork states.
 //! - [`pricing`], [`budget`]: model prices; budget policy, reservations, cost reports.
+//! - [`trace`]: W3C trace context carried by bus messages.
 pub mod api;
 pub mod blob;
 pub mod budget;
@@ -32,4 +33,5 @@ pub mod state;
 pub mod subjects;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod trace;
 pub mod wire;

@@ -13,14 +13,16 @@ use bytes::Bytes;
 use forkfleet_shared::blob::{BlobHash, MemBlobStore};
 use forkfleet_shared::bus::local::{LocalBus, LocalBusConfig};
 use forkfleet_shared::bus::nats::{NatsBus, NatsConfig};
-use forkfleet_shared::bus::{Bus, BusError};
+use forkfleet_shared::bus::{Bus, BusError, EventConsumer};
 use forkfleet_shared::ids::{RunId, WorkerId};
 use forkfleet_shared::protocol::{now_ms, WorkerInfo};
 use forkfleet_shared::testkit::NatsServer;
+use forkfleet_shared::trace::{span_context_of, traceparent_of};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// Ack wait of both buses in these tests.
 const ACK_WAIT: Duration = Duration::from_secs(1);
@@ -122,6 +124,7 @@ conformance!(
     request_reply_no_responders_and_timeout,
     workers_listed_and_stale_ones_hidden,
     payloads_are_opaque_bytes,
+    tasks_and_events_carry_the_trace_context,
 );
 
 async fn task_ack_removes_it(fx: Fixture) {
@@ -481,6 +484,77 @@ async fn payloads_are_opaque_bytes(fx: Fixture) {
         assert_eq!(&back, p);
     }
     service.abort();
+}
+
+/// A subscriber with an OpenTelemetry layer (an SDK tracer, no exporter), as the binary has.
+fn otel_subscriber() -> impl tracing::Subscriber + Send + Sync {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("bus-conformance")))
+}
+
+/// Send a task and an event in `span`; the traces their deliveries carry.
+async fn trace_round_trip(
+    bus: &dyn Bus,
+    events: &mut dyn EventConsumer,
+    span: tracing::Span,
+) -> (Option<String>, Option<String>) {
+    within(bus.enqueue_task("p", b("t")))
+        .instrument(span.clone())
+        .await
+        .unwrap();
+    within(bus.publish_event(b("e")))
+        .instrument(span)
+        .await
+        .unwrap();
+    let task = within(bus.pull_task("p", ms(5000))).await.unwrap().unwrap();
+    within(task.ack()).await.unwrap();
+    let event = within(events.next()).await.unwrap();
+    within(event.ack()).await.unwrap();
+    (task.trace, event.trace)
+}
+
+async fn tasks_and_events_carry_the_trace_context(fx: Fixture) {
+    let bus = fx.bus.as_ref();
+    let mut events = within(bus.events("traced")).await.unwrap();
+    let events = events.as_mut();
+
+    // No subscriber on this thread, then one without an OpenTelemetry layer: no context.
+    let none = tracing::info_span!("none");
+    assert_eq!(trace_round_trip(bus, events, none).await, (None, None));
+    {
+        let _plain = tracing::subscriber::set_default(tracing_subscriber::registry());
+        let plain = tracing::info_span!("plain");
+        assert_eq!(trace_round_trip(bus, events, plain).await, (None, None));
+    }
+
+    let _otel = tracing::subscriber::set_default(otel_subscriber());
+    // Outside any span: none.
+    let outside = tracing::Span::none();
+    assert_eq!(trace_round_trip(bus, events, outside).await, (None, None));
+    // Inside a span: that span's context, on the task and on the event.
+    let span = tracing::info_span!("fork.create");
+    let want = traceparent_of(&span).expect("the OpenTelemetry layer gives the span a context");
+    let (task, event) = trace_round_trip(bus, events, span.clone()).await;
+    assert_eq!(task.as_deref(), Some(want.as_str()));
+    assert_eq!(event.as_deref(), Some(want.as_str()));
+    let sc = span_context_of(task.as_deref().unwrap()).unwrap();
+    let span_sc = span_context_of(&want).unwrap();
+    assert_eq!(sc.trace_id(), span_sc.trace_id());
+
+    // A redelivered task keeps it.
+    within(bus.enqueue_task("p", b("again")))
+        .instrument(span)
+        .await
+        .unwrap();
+    let first = within(bus.pull_task("p", ms(5000))).await.unwrap().unwrap();
+    within(first.nak(None)).await.unwrap();
+    let second = within(bus.pull_task("p", ms(5000))).await.unwrap().unwrap();
+    assert_eq!(second.attempt, 2);
+    assert_eq!(second.trace.as_deref(), Some(want.as_str()));
+    within(second.ack()).await.unwrap();
 }
 
 // ---- NATS only ----------------------------------------------------------------------------

@@ -165,6 +165,8 @@ impl Actor for BranchAgent {
             branch.index = task.index,
             worker.id = %args.ctx.worker_id,
         );
+        // Before the span is first entered: the task's trace context is its parent.
+        forkfleet_shared::trace::set_parent(&span, args.lease.trace());
         let out = Publisher {
             bus: args.ctx.bus.clone(),
             fork_id: task.fork_id,

@@ -20,6 +20,8 @@
 //! - **Shutdown**: stop pulling, stop every agent at its next turn boundary, nak what did not
 //!   finish, wait for the puller to exit, then stop.
 //! - Every heartbeat also publishes the worker's [`WorkerInfo`] (for `forkfleet workers`).
+//! - A task's trace context ([`TaskLease::trace`]) becomes the parent of its agent's
+//!   `branch.run` span, so branches join the trace of the fork that enqueued them.
 
 use crate::agent::{AgentArgs, BranchAgent};
 use crate::context::WorkerCtx;
@@ -57,6 +59,12 @@ impl TaskLease {
 
     pub fn attempt(&self) -> u32 {
         self.delivery.attempt
+    }
+
+    /// The W3C `traceparent` the task was enqueued with (the coordinator's `fork.create`
+    /// span): the parent of the branch's `branch.run` span.
+    pub fn trace(&self) -> Option<&str> {
+        self.delivery.trace.as_deref()
     }
 
     pub fn is_settled(&self) -> bool {

@@ -11,4 +11,5 @@ mod suite {
     mod control;
     mod node;
     mod tools;
+    mod trace;
 }

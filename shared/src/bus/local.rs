@@ -1,10 +1,15 @@
 //! The in-process bus: tokio primitives with the semantics of the NATS one, so the embedded
 //! mode needs no server.
+//!
+//! Like the NATS bus, it carries the publisher's trace context: a task or an event keeps the
+//! `traceparent` of the span it was enqueued or published in ([`crate::trace`]) beside its
+//! payload, and every delivery of it hands that out as [`Delivery::trace`].
 
 use super::{Acker, Bus, BusError, BusResult, Delivery, EventConsumer, Replier, Request};
 use crate::blob::BlobStore;
 use crate::ids::{RunId, WorkerId};
 use crate::protocol::{now_ms, WorkerInfo, WORKER_TTL_MS};
+use crate::trace::current_traceparent;
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -139,8 +144,18 @@ impl QueueState {
 struct Msg {
     id: u64,
     payload: Bytes,
+    /// The publisher's `traceparent`.
+    trace: Option<String>,
     deliveries: u32,
     not_before: Option<Instant>,
+}
+
+/// What `try_take` hands out for one delivery.
+struct Taken {
+    id: u64,
+    payload: Bytes,
+    trace: Option<String>,
+    attempt: u32,
 }
 
 impl MsgQueue {
@@ -153,13 +168,14 @@ impl MsgQueue {
         }
     }
 
-    fn push(&self, payload: Bytes) -> BusResult<()> {
+    fn push(&self, payload: Bytes, trace: Option<String>) -> BusResult<()> {
         let mut st = lock(&self.state)?;
         let id = st.next_id;
         st.next_id += 1;
         st.ready.push_back(Msg {
             id,
             payload,
+            trace,
             deliveries: 0,
             not_before: None,
         });
@@ -169,7 +185,7 @@ impl MsgQueue {
     }
 
     /// Take the next deliverable message, or say when to look again.
-    fn try_take(&self, now: Instant) -> BusResult<Result<(u64, Bytes, u32), Option<Instant>>> {
+    fn try_take(&self, now: Instant) -> BusResult<Result<Taken, Option<Instant>>> {
         let mut st = lock(&self.state)?;
         // Redeliver what was not acked in time, oldest first.
         let expired: Vec<u64> = st
@@ -205,7 +221,12 @@ impl MsgQueue {
                         st.dead_letter(msg.payload);
                         continue;
                     }
-                    let out = (msg.id, msg.payload.clone(), msg.deliveries);
+                    let out = Taken {
+                        id: msg.id,
+                        payload: msg.payload.clone(),
+                        trace: msg.trace.clone(),
+                        attempt: msg.deliveries,
+                    };
                     msg.not_before = None;
                     st.inflight.insert(msg.id, (msg, now + self.ack_wait));
                     return Ok(Ok(out));
@@ -222,15 +243,19 @@ impl MsgQueue {
             notified.as_mut().enable();
             let now = Instant::now();
             match self.try_take(now)? {
-                Ok((id, payload, attempt)) => {
-                    return Ok(Some(Delivery::new(
-                        payload,
-                        attempt,
-                        Box::new(LocalAcker {
-                            queue: self.clone(),
-                            id,
-                        }),
-                    )))
+                Ok(Taken {
+                    id,
+                    payload,
+                    trace,
+                    attempt,
+                }) => {
+                    let acker = Box::new(LocalAcker {
+                        queue: self.clone(),
+                        id,
+                    });
+                    return Ok(Some(
+                        Delivery::new(payload, attempt, acker).with_trace(trace),
+                    ));
                 }
                 Err(wake) => {
                     if until.is_some_and(|u| u <= now) {
@@ -338,7 +363,7 @@ impl Replier for LocalReplier {
 #[async_trait]
 impl Bus for LocalBus {
     async fn enqueue_task(&self, pool: &str, payload: Bytes) -> BusResult<()> {
-        self.queue(pool)?.push(payload)
+        self.queue(pool)?.push(payload, current_traceparent())
     }
 
     async fn pull_task(&self, pool: &str, wait: Duration) -> BusResult<Option<Delivery>> {
@@ -359,7 +384,7 @@ impl Bus for LocalBus {
     }
 
     async fn publish_event(&self, payload: Bytes) -> BusResult<()> {
-        self.inner.events.push(payload)
+        self.inner.events.push(payload, current_traceparent())
     }
 
     async fn events(&self, _durable: &str) -> BusResult<Box<dyn EventConsumer>> {

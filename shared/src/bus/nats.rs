@@ -53,13 +53,17 @@
 //! a restarted server has lost it.
 //!
 //! Publishes to JetStream carry a `Nats-Msg-Id`, so a publish retried after a lost ack is
-//! stored once (within the stream's two-minute duplicate window).
+//! stored once (within the stream's two-minute duplicate window), and, when the publisher
+//! is in a span with an OpenTelemetry context, a W3C `traceparent` header
+//! ([`crate::trace`]); task and event deliveries hand it out as [`Delivery::trace`].
+//! Control watchers ignore it.
 
 use super::{Acker, Bus, BusError, BusResult, Delivery, EventConsumer, Replier, Request};
 use crate::blob::{BlobError, BlobHash, BlobStore};
 use crate::ids::RunId;
 use crate::protocol::{now_ms, WorkerInfo, WORKER_TTL_MS};
 use crate::subjects::{self, SubjectError};
+use crate::trace::{current_traceparent, TRACEPARENT};
 use async_nats::jetstream::{self, consumer, kv, object_store, stream, AckKind};
 use async_nats::{Client, ConnectOptions, HeaderMap};
 use async_trait::async_trait;
@@ -101,8 +105,6 @@ const RETRY_MIN: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(2);
 /// Blob lookups in flight at once in `missing`.
 const BLOB_LOOKUPS_IN_FLIGHT: usize = 64;
-/// The W3C trace context header.
-const TRACEPARENT: &str = "traceparent";
 
 fn backend(what: impl fmt::Display, err: impl fmt::Display) -> BusError {
     BusError::Backend(format!("{what}: {err}"))
@@ -135,16 +137,12 @@ impl Backoff {
     }
 }
 
-/// Trace context for an outgoing message.
-///
-/// TODO(otel): the workspace has no OpenTelemetry context yet, so there is no trace id to
-/// read from the current span. Once the tracing-opentelemetry layer is installed, inject the
-/// current span's context here as a W3C `traceparent` header; every JetStream publish
-/// (tasks, events, control) already goes through this function. The receiving side should
-/// then read it from the delivery's headers.
+/// Trace context for an outgoing message: the current span's W3C `traceparent` header, when
+/// there is a valid OpenTelemetry context (see [`crate::trace`]). Every JetStream publish
+/// (tasks, events, control) goes through this function; deliveries read the header back
+/// into [`Delivery::trace`].
 fn trace_headers() -> Option<HeaderMap> {
-    let traceparent: Option<String> = None;
-    traceparent.map(|tp| {
+    current_traceparent().map(|tp| {
         let mut headers = HeaderMap::new();
         headers.insert(TRACEPARENT, tp.as_str());
         headers
@@ -516,10 +514,12 @@ impl NatsBus {
         let msg_id = uuid::Uuid::now_v7().to_string();
         let deadline = Instant::now() + self.inner.config.request_timeout;
         let mut backoff = Backoff::new();
+        // Read once, in the caller's span (a retry runs in the same one).
+        let headers = trace_headers();
         loop {
             let mut msg = jetstream::message::PublishMessage::build().payload(payload.clone());
-            if let Some(headers) = trace_headers() {
-                msg = msg.headers(headers);
+            if let Some(headers) = &headers {
+                msg = msg.headers(headers.clone());
             }
             let msg = msg.message_id(&msg_id);
             let result = async {

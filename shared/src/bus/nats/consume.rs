@@ -31,13 +31,19 @@ impl Acker for NatsAcker {
     }
 }
 
+/// A task or event delivery, with the publisher's `traceparent` header as its trace.
 pub(super) fn delivery(msg: jetstream::Message) -> Delivery {
     let attempt = msg
         .info()
         .map(|info| u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX))
         .unwrap_or(1);
     let (msg, acker) = msg.split();
-    Delivery::new(msg.payload, attempt, Box::new(NatsAcker { acker }))
+    let trace = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(TRACEPARENT))
+        .map(|v| v.as_str().to_string());
+    Delivery::new(msg.payload, attempt, Box::new(NatsAcker { acker })).with_trace(trace)
 }
 
 /// One pull request for at most one message, held by the server for at most `wait`.
