@@ -14,6 +14,8 @@
 //! - [`event`], [`state`]: run events and branch / fork states.
 //! - [`pricing`], [`budget`]: model prices; budget policy, reservations, cost reports.
 //! - [`trace`]: W3C trace context carried by bus messages.
+//! - [`testsignal`]: test runner output and exit status to a branch's test signal.
+//! - [`resolve`]: confidence scoring, the judge's verdict and bounded prompt, merge strategies.
 pub mod api;
 pub mod blob;
 pub mod budget;
@@ -27,11 +29,13 @@ pub mod overlay;
 pub mod path;
 pub mod pricing;
 pub mod protocol;
+pub mod resolve;
 pub mod script;
 pub mod spec;
 pub mod state;
 pub mod subjects;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod testsignal;
 pub mod trace;
 pub mod wire;

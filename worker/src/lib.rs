@@ -38,6 +38,7 @@
 pub mod cache;
 pub mod error;
 pub mod provider;
+pub mod runner;
 pub mod tools;
 
 mod agent;

@@ -10,6 +10,7 @@ mod suite {
     mod budget;
     mod control;
     mod node;
+    mod runner;
     mod tools;
     mod trace;
 }

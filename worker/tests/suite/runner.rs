@@ -1,0 +1,258 @@
+//! Running commands against a branch's tree: materialising it from blobs, then running a
+//! real process with a cleared environment, a timeout that kills its whole process group,
+//! cancellation, and capped output.
+
+use bytes::Bytes;
+use forkfleet_shared::blob::{BlobHash, BlobStore, MemBlobStore};
+use forkfleet_shared::manifest::{FileEntry, Manifest, MODE_FILE, MODE_SYMLINK};
+use forkfleet_shared::path::WsPath;
+use forkfleet_worker::runner::{materialize, run_command, CommandOutcome, CommandSpec};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn put(blobs: &MemBlobStore, m: &mut Manifest, path: &str, content: &[u8], mode: u32) {
+    let e = FileEntry::for_bytes(content, mode);
+    blobs
+        .put(BlobHash::of(content), Bytes::copy_from_slice(content))
+        .await
+        .unwrap();
+    m.insert_file(WsPath::parse(path).unwrap(), e);
+}
+
+fn sh(script: &str, timeout: Duration) -> CommandSpec {
+    CommandSpec {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        env: BTreeMap::new(),
+        timeout,
+        max_output_bytes: 64 * 1024,
+    }
+}
+
+async fn run(dir: &std::path::Path, spec: &CommandSpec) -> forkfleet_worker::runner::CommandRun {
+    tokio::time::timeout(WAIT, run_command(dir, spec, std::future::pending()))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_tree_is_written_with_modes_dirs_and_only_safe_symlinks() {
+    let blobs = MemBlobStore::new();
+    let mut m = Manifest::default();
+    put(&blobs, &mut m, "src/lib.rs", b"pub fn f() {}\n", MODE_FILE).await;
+    put(&blobs, &mut m, "run.sh", b"#!/bin/sh\necho ran\n", 0o100755).await;
+    put(&blobs, &mut m, "src/inner.txt", b"inner\n", MODE_FILE).await;
+    put(&blobs, &mut m, "src/link", b"inner.txt", MODE_SYMLINK).await;
+    put(&blobs, &mut m, "src/escape", b"../../outside", MODE_SYMLINK).await;
+    m.dirs.insert(WsPath::parse("src").unwrap());
+    m.dirs.insert(WsPath::parse("empty/dir").unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let stats = materialize(&m, &blobs, dir.path()).await.unwrap();
+    assert_eq!(stats.files, 4);
+    assert_eq!(stats.skipped_symlinks, 1);
+    let p = dir.path();
+    assert_eq!(
+        std::fs::read_to_string(p.join("src/lib.rs")).unwrap(),
+        "pub fn f() {}\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(p.join("src/link")).unwrap(),
+        "inner\n"
+    );
+    assert!(std::fs::symlink_metadata(p.join("src/escape")).is_err());
+    assert!(p.join("empty/dir").is_dir());
+    // The executable bit is kept: the script runs by its own path.
+    let out = run(
+        p,
+        &CommandSpec {
+            argv: vec!["./run.sh".into()],
+            ..sh("", Duration::from_secs(10))
+        },
+    )
+    .await;
+    assert_eq!(
+        out.outcome,
+        CommandOutcome::Exited { code: 0 },
+        "{}",
+        out.output
+    );
+    assert_eq!(out.output, "ran\n");
+}
+
+#[tokio::test]
+async fn a_missing_blob_is_an_error_naming_the_path() {
+    let mut m = Manifest::default();
+    m.insert_file(
+        WsPath::parse("gone.txt").unwrap(),
+        FileEntry::for_bytes(b"never stored", MODE_FILE),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let err = materialize(&m, &MemBlobStore::new(), dir.path())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("gone.txt"), "{err}");
+}
+
+#[tokio::test]
+async fn exit_code_and_both_streams_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        dir.path(),
+        &sh("echo out; echo err >&2; exit 3", Duration::from_secs(10)),
+    )
+    .await;
+    assert_eq!(out.outcome, CommandOutcome::Exited { code: 3 });
+    assert!(
+        out.output.contains("out\n") && out.output.contains("err\n"),
+        "{}",
+        out.output
+    );
+    assert_eq!(out.truncated_bytes, 0);
+}
+
+#[tokio::test]
+async fn the_environment_is_cleared_to_path_home_and_what_is_passed() {
+    std::env::set_var("FORKFLEET_RUNNER_TEST_SECRET", "hunter2");
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = sh(
+        "echo \"[$FORKFLEET_RUNNER_TEST_SECRET][$MINE][$HOME]\"; command -v sh >/dev/null && echo path-ok",
+        Duration::from_secs(10),
+    );
+    spec.env.insert("MINE".into(), "1".into());
+    let out = run(dir.path(), &spec).await;
+    let home = dir.path().display().to_string();
+    assert!(
+        out.output.contains(&format!("[][1][{home}]")),
+        "{}",
+        out.output
+    );
+    assert!(out.output.contains("path-ok"));
+}
+
+/// True while process `pid` exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// A child the command started is gone once the run returns (bounded: SIGKILL is
+/// delivered at once, but the kernel may take a moment to tear a process down).
+fn assert_gone(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} outlived its command"
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[tokio::test]
+async fn a_hanging_command_is_killed_with_its_children_at_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let out = run(
+        dir.path(),
+        &sh(
+            "sleep 60 & echo $! > bg.pid; sleep 60",
+            Duration::from_millis(300),
+        ),
+    )
+    .await;
+    assert_eq!(out.outcome, CommandOutcome::TimedOut);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let pid: u32 = std::fs::read_to_string(dir.path().join("bg.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_gone(pid);
+}
+
+#[tokio::test]
+async fn stragglers_left_after_a_normal_exit_are_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        dir.path(),
+        &sh(
+            "sleep 60 & echo $! > bg.pid; echo done",
+            Duration::from_secs(10),
+        ),
+    )
+    .await;
+    assert_eq!(out.outcome, CommandOutcome::Exited { code: 0 });
+    assert!(out.output.contains("done"));
+    let pid: u32 = std::fs::read_to_string(dir.path().join("bg.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_gone(pid);
+}
+
+#[tokio::test]
+async fn cancelling_kills_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let spec = sh("echo started; sleep 60", Duration::from_secs(60));
+    let path = dir.path().to_path_buf();
+    let running = tokio::spawn(async move {
+        run_command(&path, &spec, async {
+            let _ = rx.await;
+        })
+        .await
+    });
+    tx.send(()).unwrap();
+    let out = tokio::time::timeout(WAIT, running).await.unwrap().unwrap();
+    assert_eq!(out.outcome, CommandOutcome::Cancelled);
+}
+
+#[tokio::test]
+async fn a_program_that_cannot_start_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        dir.path(),
+        &CommandSpec {
+            argv: vec!["/nonexistent/forkfleet-test-program".into()],
+            ..sh("", Duration::from_secs(10))
+        },
+    )
+    .await;
+    assert!(
+        matches!(&out.outcome, CommandOutcome::SpawnFailed { error } if error.contains("/nonexistent/forkfleet-test-program")),
+        "{:?}",
+        out.outcome
+    );
+    let empty = run(
+        dir.path(),
+        &CommandSpec {
+            argv: vec![],
+            ..sh("", Duration::from_secs(10))
+        },
+    )
+    .await;
+    assert!(matches!(empty.outcome, CommandOutcome::SpawnFailed { .. }));
+}
+
+#[tokio::test]
+async fn long_output_keeps_its_head_and_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = sh(
+        "echo FIRST; i=0; while [ $i -lt 20000 ]; do echo line $i; i=$((i+1)); done; echo LAST",
+        Duration::from_secs(30),
+    );
+    spec.max_output_bytes = 4096;
+    let out = run(dir.path(), &spec).await;
+    assert_eq!(out.outcome, CommandOutcome::Exited { code: 0 });
+    assert!(out.truncated_bytes > 100_000, "{}", out.truncated_bytes);
+    assert!(out.output.starts_with("FIRST\n"));
+    assert!(out.output.ends_with("LAST\n"));
+    assert!(out.output.contains("bytes of output left out"));
+    assert!(out.output.len() < 4096 + 100);
+}
