@@ -342,6 +342,7 @@ fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
         conflict_policy: ConflictPolicy::KeepParent,
         aggregate_budget_usd: None,
         budget: Default::default(),
+        resolve: Default::default(),
         models: BTreeMap::from([(
             BENCH_MODEL.to_string(),
             ModelPlan {

@@ -11,6 +11,7 @@ use crate::budget::{BudgetMode, BudgetPolicy, OnExhausted};
 use crate::event::Message;
 use crate::flush::ConflictPolicy;
 use crate::pricing::{builtin_price, Price};
+use crate::resolve::{ConfidenceFormula, Strategy, DEFAULT_THRESHOLD};
 use crate::script::{Script, ScriptError};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -65,10 +66,85 @@ pub struct SpecFile {
     /// best-effort mode, false in strict mode.
     #[serde(default)]
     pub cancel_in_flight: Option<bool>,
+    /// How the fork is resolved: `manual` (default), `auto`, `auto_with_fallback`, `vote`.
+    #[serde(default)]
+    pub strategy: Option<String>,
+    /// `auto_with_fallback`: the confidence at which the judge's pick is merged (0.80).
+    #[serde(default)]
+    pub confidence_threshold: Option<f64>,
+    /// `auto`, `auto_with_fallback`: the judge's model.
+    #[serde(default)]
+    pub judge_model: Option<String>,
+    /// `vote`: the judges' models.
+    #[serde(default)]
+    pub judge_models: Option<Vec<String>>,
+    /// `evidence_v1` (default) or `peer_v1`.
+    #[serde(default)]
+    pub confidence_formula: Option<ConfidenceFormula>,
+    /// The test command run on every branch's tree: an argv list, or a string split into
+    /// words like a shell would (quotes, backslashes) but run without one.
+    #[serde(default)]
+    pub test_command: Option<TestCommand>,
+    #[serde(default)]
+    pub test_timeout_s: Option<f64>,
+    /// Environment variables the test command gets (besides PATH, HOME, TMPDIR, LANG).
+    #[serde(default)]
+    pub test_env: BTreeMap<String, String>,
+    /// Keep the materialised fork directory after the fork is resolved.
+    #[serde(default)]
+    pub keep_artifacts: Option<bool>,
     #[serde(default)]
     pub models: BTreeMap<String, ModelSection>,
     #[serde(default)]
     pub branches: Vec<BranchSection>,
+}
+
+/// `test_command` as written: a list of words, or one string.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum TestCommand {
+    Argv(Vec<String>),
+    Line(String),
+}
+
+/// The default `test_timeout_s`.
+pub const DEFAULT_TEST_TIMEOUT_S: f64 = 300.0;
+
+/// The test command of a fork, validated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TestPlan {
+    pub argv: Vec<String>,
+    pub timeout_s: f64,
+    pub env: BTreeMap<String, String>,
+}
+
+/// How a fork is resolved, validated. The default (also for plans stored before these
+/// settings existed) is `manual` with no test command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResolvePlan {
+    pub strategy: Strategy,
+    /// The judge models: one for `auto` and `auto_with_fallback` (also in `strategy` for
+    /// `vote`), none for `manual`.
+    #[serde(default)]
+    pub judge_models: Vec<String>,
+    #[serde(default)]
+    pub confidence_formula: ConfidenceFormula,
+    #[serde(default)]
+    pub test: Option<TestPlan>,
+    #[serde(default)]
+    pub keep_artifacts: bool,
+}
+
+impl Default for ResolvePlan {
+    fn default() -> Self {
+        Self {
+            strategy: Strategy::Manual,
+            judge_models: Vec::new(),
+            confidence_formula: ConfidenceFormula::default(),
+            test: None,
+            keep_artifacts: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -151,6 +227,9 @@ pub struct ForkPlan {
     /// Mode, what a cap does when reached, and the account charged.
     #[serde(default)]
     pub budget: BudgetPolicy,
+    /// Strategy, judges, confidence formula, test command.
+    #[serde(default)]
+    pub resolve: ResolvePlan,
     pub models: BTreeMap<String, ModelPlan>,
     pub branches: Vec<BranchPlan>,
 }
@@ -208,6 +287,11 @@ pub enum SpecError {
     NoPrice { model: String, field: String },
     #[error("account name `{name}` is not valid: {reason}; names are 1 to 64 characters of letters, digits, `-`, `_` and `.`, not starting with `.`")]
     BadAccount { name: String, reason: &'static str },
+    #[error("`{field}`: {message}")]
+    BadResolve {
+        field: &'static str,
+        message: String,
+    },
     #[error("price of model `{model}`: {message}")]
     BadPrice { model: String, message: String },
     #[error(
@@ -392,8 +476,13 @@ pub fn validate_with(
         });
     }
 
+    let resolve = resolve_plan(file)?;
     let mut used: BTreeSet<&str> = branches.iter().map(|b| b.model.as_str()).collect();
     used.insert(file.model.as_str());
+    for judge in &resolve.judge_models {
+        check_model_name(judge)?;
+        used.insert(judge.as_str());
+    }
     for name in file.models.keys() {
         check_model_name(name)?;
         if !used.contains(name.as_str()) {
@@ -472,9 +561,198 @@ pub fn validate_with(
             account: file.account.clone(),
             cancel_in_flight: file.cancel_in_flight,
         },
+        resolve,
         models,
         branches,
     })
+}
+
+/// The resolve settings of a spec, validated (in the order the keys are documented).
+fn resolve_plan(file: &SpecFile) -> Result<ResolvePlan, SpecError> {
+    let bad = |field, message: String| SpecError::BadResolve { field, message };
+    let valid = "manual, auto, auto_with_fallback, vote";
+    let kind = file.strategy.as_deref().unwrap_or("manual");
+    if file.confidence_threshold.is_some() && kind != "auto_with_fallback" {
+        return Err(bad(
+            "confidence_threshold",
+            format!("only `auto_with_fallback` uses a threshold; the strategy is `{kind}`"),
+        ));
+    }
+    let one_judge = || -> Result<Vec<String>, SpecError> {
+        if file.judge_models.is_some() {
+            return Err(bad(
+                "judge_models",
+                format!("`{kind}` has one judge: set `judge_model`; `judge_models` is for `vote`"),
+            ));
+        }
+        match &file.judge_model {
+            Some(m) => Ok(vec![m.clone()]),
+            None => Err(bad(
+                "judge_model",
+                format!("strategy `{kind}` needs a judge: set `judge_model = \"provider:name\"`"),
+            )),
+        }
+    };
+    let (strategy, judges) = match kind {
+        "manual" => {
+            if file.judge_model.is_some() || file.judge_models.is_some() {
+                return Err(bad(
+                    "judge_model",
+                    "strategy `manual` runs no judge; set `strategy` to use one".to_string(),
+                ));
+            }
+            (Strategy::Manual, Vec::new())
+        }
+        "auto" => (Strategy::Auto, one_judge()?),
+        "auto_with_fallback" => (
+            Strategy::AutoWithFallback {
+                threshold: file.confidence_threshold.unwrap_or(DEFAULT_THRESHOLD),
+            },
+            one_judge()?,
+        ),
+        "vote" => {
+            if file.judge_model.is_some() {
+                return Err(bad(
+                    "judge_model",
+                    "`vote` has several judges: set `judge_models = [...]`".to_string(),
+                ));
+            }
+            let judges = file.judge_models.clone().unwrap_or_default();
+            (
+                Strategy::Vote {
+                    judges: judges.clone(),
+                },
+                judges,
+            )
+        }
+        other => {
+            return Err(bad(
+                "strategy",
+                format!("`{other}` is not a strategy; valid: {valid}"),
+            ))
+        }
+    };
+    strategy
+        .validate()
+        .map_err(|e| bad("strategy", e.to_string()))?;
+    let test = match &file.test_command {
+        None => {
+            if file.test_timeout_s.is_some() || !file.test_env.is_empty() {
+                return Err(bad(
+                    "test_command",
+                    "`test_timeout_s` and `test_env` need a `test_command`".to_string(),
+                ));
+            }
+            None
+        }
+        Some(cmd) => {
+            let argv = match cmd {
+                TestCommand::Argv(v) => v.clone(),
+                TestCommand::Line(line) => split_words(line).map_err(|m| bad("test_command", m))?,
+            };
+            if argv.first().is_none_or(|p| p.trim().is_empty()) {
+                return Err(bad(
+                    "test_command",
+                    "the command is empty; give a program and its arguments".to_string(),
+                ));
+            }
+            let timeout_s = file.test_timeout_s.unwrap_or(DEFAULT_TEST_TIMEOUT_S);
+            if !timeout_s.is_finite() || timeout_s <= 0.0 {
+                return Err(bad(
+                    "test_timeout_s",
+                    format!("{timeout_s} is not a number of seconds above 0"),
+                ));
+            }
+            for key in file.test_env.keys() {
+                let ok = key
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                    && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !ok {
+                    return Err(bad(
+                        "test_env",
+                        format!("`{key}` is not a variable name (letters, digits and `_`, not starting with a digit)"),
+                    ));
+                }
+            }
+            Some(TestPlan {
+                argv,
+                timeout_s,
+                env: file.test_env.clone(),
+            })
+        }
+    };
+    Ok(ResolvePlan {
+        strategy,
+        judge_models: judges,
+        confidence_formula: file.confidence_formula.unwrap_or_default(),
+        test,
+        keep_artifacts: file.keep_artifacts.unwrap_or(false),
+    })
+}
+
+/// Split a command line into words as a POSIX shell would for plain words, quotes and
+/// backslashes, without expanding anything (no variables, globs, pipes: the command runs
+/// without a shell).
+pub fn split_words(line: &str) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(ch) => cur.push(ch),
+                        None => return Err(format!("unterminated single quote in `{line}`")),
+                    }
+                }
+            }
+            '"' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.next() {
+                            Some(ch @ ('"' | '\\' | '$' | '`')) => cur.push(ch),
+                            Some(ch) => {
+                                cur.push('\\');
+                                cur.push(ch);
+                            }
+                            None => return Err(format!("unterminated double quote in `{line}`")),
+                        },
+                        Some(ch) => cur.push(ch),
+                        None => return Err(format!("unterminated double quote in `{line}`")),
+                    }
+                }
+            }
+            '\\' => match chars.next() {
+                Some(ch) => {
+                    in_word = true;
+                    cur.push(ch);
+                }
+                None => return Err(format!("`{line}` ends with a lone backslash")),
+            },
+            c if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            c => {
+                in_word = true;
+                cur.push(c);
+            }
+        }
+    }
+    if in_word {
+        words.push(cur);
+    }
+    Ok(words)
 }
 
 /// A fork from a parent at `depth` is allowed while `depth < max_depth`.
@@ -697,6 +975,84 @@ mod tests {
         // An account needs priced models, like any cap.
         let err = parse(&spec("account = \"team-a\"", "", "[[branches]]")).unwrap_err();
         assert!(err.to_string().contains("`account` sets a budget"), "{err}");
+    }
+
+    #[test]
+    fn resolve_settings_are_validated() {
+        let plan = parse(&spec("", "", "[[branches]]")).unwrap();
+        assert_eq!(plan.resolve, ResolvePlan::default());
+        assert_eq!(plan.resolve.strategy, Strategy::Manual);
+        let judge = "[models.\"scripted:judge\"]\nscript = \"j.toml\"";
+        let plan = parse(&spec(
+            "strategy = \"auto_with_fallback\"\nconfidence_threshold = 0.7\njudge_model = \"scripted:judge\"\ntest_command = \"pytest -q 'tests/a b.py'\"\ntest_timeout_s = 30\ntest_env = { PYTHONHASHSEED = \"0\" }\nconfidence_formula = \"peer_v1\"\nkeep_artifacts = true",
+            "",
+            &format!("{judge}\n[[branches]]"),
+        ))
+        .unwrap();
+        assert_eq!(
+            plan.resolve.strategy,
+            Strategy::AutoWithFallback { threshold: 0.7 }
+        );
+        assert_eq!(
+            plan.resolve.judge_models,
+            vec!["scripted:judge".to_string()]
+        );
+        assert!(plan.models.contains_key("scripted:judge"));
+        let test = plan.resolve.test.as_ref().unwrap();
+        assert_eq!(test.argv, vec!["pytest", "-q", "tests/a b.py"]);
+        assert_eq!(test.timeout_s, 30.0);
+        assert_eq!(plan.resolve.confidence_formula, ConfidenceFormula::PeerV1);
+        assert!(plan.resolve.keep_artifacts);
+        let vote = parse(&spec(
+            "strategy = \"vote\"\njudge_models = [\"scripted:judge\", \"scripted:judge\"]\ntest_command = [\"cargo\", \"test\"]",
+            "",
+            &format!("{judge}\n[[branches]]"),
+        ))
+        .unwrap();
+        assert!(
+            matches!(vote.resolve.strategy, Strategy::Vote { ref judges } if judges.len() == 2)
+        );
+        for (top, needle) in [
+            ("strategy = \"best\"", "valid: manual, auto"),
+            ("strategy = \"auto\"", "needs a judge"),
+            ("strategy = \"vote\"", "at least one judge"),
+            ("strategy = \"vote\"\njudge_model = \"scripted:judge\"", "judge_models = [...]"),
+            ("judge_model = \"scripted:judge\"", "runs no judge"),
+            ("confidence_threshold = 0.5", "only `auto_with_fallback`"),
+            ("strategy = \"auto_with_fallback\"\njudge_model = \"scripted:judge\"\nconfidence_threshold = 1.5", "not a number in [0, 1]"),
+            ("test_command = \"\"", "the command is empty"),
+            ("test_command = \"pytest 'unclosed\"", "unterminated single quote"),
+            ("test_command = \"pytest\"\ntest_timeout_s = 0", "above 0"),
+            ("test_timeout_s = 5", "need a `test_command`"),
+            ("test_command = \"x\"\ntest_env = { \"1BAD\" = \"v\" }", "not a variable name"),
+            ("strategy = \"auto\"\njudge_model = \"nope:judge\"", "unknown provider"),
+        ] {
+            let err = parse(&spec(top, "", &format!("{judge}\n[[branches]]")))
+                .or_else(|e| {
+                    // Without a judge using it, the judge's model section is unused: try
+                    // without it so the error under test is the one reported.
+                    if matches!(e, SpecError::UnusedModel { .. }) {
+                        parse(&spec(top, "", "[[branches]]"))
+                    } else {
+                        Err(e)
+                    }
+                })
+                .unwrap_err();
+            assert!(err.to_string().contains(needle), "{top}: {err}");
+        }
+    }
+
+    #[test]
+    fn words_split_like_a_shell_without_one() {
+        assert_eq!(
+            split_words(r#"cargo test -- --exact "a b" 'c d' e\ f"#).unwrap(),
+            vec!["cargo", "test", "--", "--exact", "a b", "c d", "e f"]
+        );
+        assert_eq!(split_words("  ").unwrap(), Vec::<String>::new());
+        assert_eq!(split_words("a ''").unwrap(), vec!["a", ""]);
+        assert_eq!(split_words(r#""$HOME""#).unwrap(), vec!["$HOME"]);
+        assert!(split_words("a\\").is_err());
+        assert!(split_words("\"open").is_err());
     }
 
     #[test]

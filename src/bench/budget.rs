@@ -342,6 +342,7 @@ async fn run_row(
         conflict_policy: ConflictPolicy::KeepParent,
         aggregate_budget_usd: Some(cap),
         budget: policy,
+        resolve: Default::default(),
         models: BTreeMap::from([(
             model.to_string(),
             ModelPlan {

@@ -346,6 +346,7 @@ pub fn plan(labels: &[&str]) -> ForkPlan {
         conflict_policy: ConflictPolicy::KeepParent,
         aggregate_budget_usd: None,
         budget: Default::default(),
+        resolve: Default::default(),
         models,
         branches: labels
             .iter()
