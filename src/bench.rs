@@ -314,6 +314,7 @@ pub async fn fanout(args: &FanoutArgs) -> anyhow::Result<FanoutResult> {
         EmbeddedOptions {
             workers: args.workers.max(1),
             concurrency: args.concurrency.max(1),
+            requeue_unfinished: false,
         },
     )
     .await?;

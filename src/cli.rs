@@ -625,11 +625,16 @@ impl Session {
                     .into());
                 }
                 if matches!(local, Local::Resume) {
-                    EmbeddedOptions::default()
+                    // What a stopped process left unfinished runs here too.
+                    EmbeddedOptions {
+                        requeue_unfinished: true,
+                        ..EmbeddedOptions::default()
+                    }
                 } else {
                     EmbeddedOptions {
                         workers: 0,
                         concurrency: 1,
+                        requeue_unfinished: false,
                     }
                 }
             }
@@ -708,6 +713,7 @@ async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
     let opts = EmbeddedOptions {
         workers: args.workers.max(1),
         concurrency: args.concurrency.max(1),
+        requeue_unfinished: false,
     };
     let system = Embedded::start(&data_dir, opts).await?;
     let result = run_fork(&system, &loaded, &args).await;
@@ -899,24 +905,21 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                 print_view(&view, client.json)
             })
         }
+        // Embedded, watching also runs what a stopped process left unfinished.
         ForkCommand::Watch {
             fork,
             timeout_s,
             client,
-        } => with_session!(&client, Local::Read, |coord| async {
+        } => with_session!(&client, Local::Resume, |coord| async {
             let id = coord.find_fork(&fork).await?;
             if !coord.is_remote() {
                 let view = coord.fork(id).await?;
-                if !view.settled() && !view.state.is_resolved() {
-                    // Paused branches wait for a top-up, which nothing gives while this
-                    // command watches: show where the fork stands.
-                    if render::quiet(&view) {
-                        return print_view(&view, client.json);
-                    }
-                    return Err(BadInput(format!(
-                        "fork {id} is not settled and nothing runs it here: the embedded store has no workers outside `forkfleet run`; watch a cluster's fork with --nats URL"
-                    ))
-                    .into());
+                // Paused branches wait for a top-up, which nothing gives while this command
+                // watches: show where the fork stands. Branches a stopped process left
+                // pending or running were enqueued again when this session started, and
+                // its workers run them while it watches.
+                if !view.settled() && !view.state.is_resolved() && render::quiet(&view) {
+                    return print_view(&view, client.json);
                 }
             }
             let timeout = timeout_s.map(Duration::from_secs);

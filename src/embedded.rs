@@ -16,6 +16,9 @@ use std::sync::Arc;
 pub struct EmbeddedOptions {
     pub workers: usize,
     pub concurrency: usize,
+    /// Enqueue again the unfinished branches of forks a stopped process left behind (the
+    /// local bus's queue lives in memory), so these workers finish them.
+    pub requeue_unfinished: bool,
 }
 
 impl Default for EmbeddedOptions {
@@ -23,6 +26,7 @@ impl Default for EmbeddedOptions {
         Self {
             workers: 2,
             concurrency: 64,
+            requeue_unfinished: false,
         }
     }
 }
@@ -53,6 +57,9 @@ impl Embedded {
                 ..WorkerConfig::default()
             };
             workers.push(forkfleet_worker::start(config, bus.clone()).await?);
+        }
+        if opts.requeue_unfinished && opts.workers > 0 {
+            coordinator.handle().requeue_unfinished().await?;
         }
         Ok(Self {
             data_dir: data_dir.to_path_buf(),

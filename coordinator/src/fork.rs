@@ -32,6 +32,16 @@ const MERGE_TIMEOUT_MS: u64 = 120_000;
 
 pub(crate) struct ForkActor;
 
+/// Which branches a [`ForkMsg::Resume`] enqueues again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Requeue {
+    /// Paused by a budget (a cap was raised).
+    Paused,
+    /// Pending or running: their tasks were lost (an embedded process stopped mid-fork; its
+    /// task queue lived in memory).
+    Unfinished,
+}
+
 /// How the actor gets its fork: fresh from creation, or from the store on start.
 pub(crate) enum ForkArgs {
     Created {
@@ -92,11 +102,13 @@ pub(crate) enum ForkMsg {
         u32,
         RpcReplyPort<Result<Vec<(u64, Event)>, CoordinatorError>>,
     ),
-    /// Enqueue a task for each of these paused branches (a top-up made room), on the
-    /// pool named; the reply is how many were enqueued.
+    /// Enqueue a task for each of these branches on the pool named: paused ones (a top-up
+    /// made room), or with `Requeue::Unfinished` pending and running ones (their tasks were
+    /// lost with an embedded process). The reply is how many were enqueued.
     Resume(
         Vec<RunId>,
         String,
+        Requeue,
         RpcReplyPort<Result<usize, CoordinatorError>>,
     ),
     /// A merge's blocking part finished.
@@ -182,10 +194,22 @@ impl ForkHandle {
             .map_err(|e| call_error(e, "a merge", MERGE_TIMEOUT_MS))?
     }
 
-    /// Enqueue tasks resuming these paused branches on `pool`.
-    pub async fn resume(&self, runs: Vec<RunId>, pool: String) -> Result<usize, CoordinatorError> {
-        ractor::call_t!(self.actor, ForkMsg::Resume, CALL_TIMEOUT_MS, runs, pool)
-            .map_err(|e| call_error(e, "resuming branches", CALL_TIMEOUT_MS))?
+    /// Enqueue tasks resuming these branches on `pool` (see [`ForkMsg::Resume`]).
+    pub async fn resume(
+        &self,
+        runs: Vec<RunId>,
+        pool: String,
+        which: Requeue,
+    ) -> Result<usize, CoordinatorError> {
+        ractor::call_t!(
+            self.actor,
+            ForkMsg::Resume,
+            CALL_TIMEOUT_MS,
+            runs,
+            pool,
+            which
+        )
+        .map_err(|e| call_error(e, "resuming branches", CALL_TIMEOUT_MS))?
     }
 
     pub async fn terminate(&self, label: String) -> Result<TerminateOutcome, CoordinatorError> {
@@ -326,16 +350,31 @@ impl ForkState {
         self.send_terminate(i, reason).await
     }
 
-    /// Enqueue a task for each paused branch of `runs`, taking it over from its log
-    /// (above every attempt before it) with its cap after top-ups.
-    async fn resume(&mut self, runs: Vec<RunId>, pool: &str) -> Result<usize, CoordinatorError> {
+    /// Enqueue a task for each branch of `runs` that `which` selects, taking it over from
+    /// its log (above every attempt before it) with its cap after top-ups. A branch no
+    /// worker has started yet starts afresh.
+    async fn resume(
+        &mut self,
+        runs: Vec<RunId>,
+        pool: &str,
+        which: Requeue,
+    ) -> Result<usize, CoordinatorError> {
+        if which == Requeue::Unfinished && self.record.state.is_resolved() {
+            return Ok(0);
+        }
         let mut sent = 0;
         for run in runs {
             let Some(&i) = self.by_run.get(&run) else {
                 continue;
             };
             let b = &self.branches[i].record;
-            if b.state != BranchState::Paused {
+            let selected = match which {
+                Requeue::Paused => b.state == BranchState::Paused,
+                Requeue::Unfinished => {
+                    matches!(b.state, BranchState::Pending | BranchState::Running)
+                }
+            };
+            if !selected {
                 continue;
             }
             let Some(plan) = self.record.plan.branches.get(b.index as usize) else {
@@ -353,7 +392,11 @@ impl ForkState {
                 self.record.snapshot,
                 b.first_seq,
             );
-            task.attempt_base = self.ledger.attempt_base(run);
+            task.attempt_base = if b.state == BranchState::Pending {
+                0
+            } else {
+                self.ledger.attempt_base(run)
+            };
             task.budget_usd = self.ledger.run_cap(run);
             self.bus.enqueue_task(pool, wire::encode(&task)?).await?;
             tracing::info!(fork.id = %self.record.fork_id, branch.label = %b.label, attempt_base = task.attempt_base, "fork.resume: a paused branch was enqueued again");
@@ -741,8 +784,8 @@ impl Actor for ForkActor {
                     .instrument(span),
                 );
             }
-            ForkMsg::Resume(runs, pool, reply) => {
-                let _ = reply.send(state.resume(runs, &pool).await);
+            ForkMsg::Resume(runs, pool, which, reply) => {
+                let _ = reply.send(state.resume(runs, &pool, which).await);
             }
             ForkMsg::Terminate(label, reply) => {
                 let _ = reply.send(state.terminate(&label).await);

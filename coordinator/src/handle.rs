@@ -5,6 +5,7 @@ use crate::blobs;
 use crate::budget::Ledger;
 use crate::create;
 use crate::error::CoordinatorError;
+use crate::fork::Requeue;
 use crate::root::RootHandle;
 use crate::store::RunStore;
 use crate::CoordinatorConfig;
@@ -110,6 +111,41 @@ impl CoordinatorHandle {
 
     pub async fn fork(&self, id: ForkId) -> Result<ForkView, CoordinatorError> {
         self.root.fork(id).await?.view().await
+    }
+
+    /// Enqueue again every pending or running branch of every open fork, for a process
+    /// whose task queue started empty: the embedded mode's local bus keeps tasks in memory,
+    /// so a fork interrupted with its process goes on from its stored logs (a branch a
+    /// worker had started is taken over from its log; one never started starts). Not for a
+    /// cluster: its queue is durable and redelivers by itself. Returns how many were queued.
+    pub async fn requeue_unfinished(&self) -> Result<usize, CoordinatorError> {
+        let mut total = 0;
+        for fork in self.root.list().await? {
+            let view = fork.view().await?;
+            let runs: Vec<RunId> = view
+                .branches
+                .iter()
+                .filter(|b| {
+                    matches!(
+                        b.state,
+                        forkfleet_shared::state::BranchState::Pending
+                            | forkfleet_shared::state::BranchState::Running
+                    )
+                })
+                .map(|b| b.run_id)
+                .collect();
+            if runs.is_empty() {
+                continue;
+            }
+            let n = fork
+                .resume(runs, self.config.pool.clone(), Requeue::Unfinished)
+                .await?;
+            if n > 0 {
+                tracing::info!(fork.id = %view.fork_id, requeued = n, "fork.requeued: unfinished branches enqueued again");
+            }
+            total += n;
+        }
+        Ok(total)
     }
 
     /// Every fork, newest first.
@@ -268,7 +304,7 @@ impl CoordinatorHandle {
                 .root
                 .fork(fork)
                 .await?
-                .resume(runs, self.config.pool.clone())
+                .resume(runs, self.config.pool.clone(), Requeue::Paused)
                 .await?;
             tracing::info!(fork.id = %fork, resumed = n, "budget.resumed");
         }

@@ -211,6 +211,7 @@ pub async fn run(args: &BudgetArgs) -> anyhow::Result<Vec<BudgetRow>> {
                 EmbeddedOptions {
                     workers: args.workers.max(1),
                     concurrency: args.concurrency.max(1),
+                    requeue_unfinished: false,
                 },
             )
             .await?;
