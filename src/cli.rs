@@ -406,26 +406,27 @@ pub enum AccountCommand {
 
 /// `--usd`: a finite amount greater than 0.
 fn parse_usd(s: &str) -> Result<f64, String> {
-    let v: f64 = s.trim().parse().map_err(|_| {
-        format!("`{s}` is not a number; give an amount of USD greater than 0, e.g. 0.5")
-    })?;
-    if !v.is_finite() || v <= 0.0 {
-        return Err(format!(
-            "{v} is not valid; give a finite amount of USD greater than 0, e.g. 0.5"
-        ));
-    }
-    Ok(v)
+    parse_amount(s, false, "a finite amount of USD greater than 0, e.g. 0.5")
 }
 
 /// `--cap`: a finite amount of 0 or more.
 fn parse_cap(s: &str) -> Result<f64, String> {
-    let v: f64 = s.trim().parse().map_err(|_| {
-        format!("`{s}` is not a number; give a cap in USD of 0 or more, e.g. 25 (or --no-cap)")
-    })?;
-    if !v.is_finite() || v < 0.0 {
-        return Err(format!(
-            "{v} is not valid; give a finite cap in USD of 0 or more, e.g. 25 (or --no-cap)"
-        ));
+    parse_amount(
+        s,
+        true,
+        "a finite cap in USD of 0 or more, e.g. 25 (or --no-cap)",
+    )
+}
+
+/// A finite number above 0 (or of 0 or more with `zero_ok`); `valid` says what is.
+fn parse_amount(s: &str, zero_ok: bool, valid: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number; give {valid}"))?;
+    let ok = v.is_finite() && if zero_ok { v >= 0.0 } else { v > 0.0 };
+    if !ok {
+        return Err(format!("{v} is not valid; give {valid}"));
     }
     Ok(v)
 }
@@ -686,12 +687,8 @@ fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
 async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
     // Only the config's `[pricing]` matters here; the data dir is `--data` or next to the
     // spec, as always.
-    let config = Config::load(
-        args.config.as_deref(),
-        &config::process_env,
-        Layer::default(),
-    )?;
-    let loaded = spec::load_with(&args.spec, &config.pricing)?;
+    let pricing = Config::load_pricing(args.config.as_deref(), &config::process_env)?;
+    let loaded = spec::load_with(&args.spec, &pricing)?;
     if let Some(pick) = &args.pick {
         if !loaded.plan.branches.iter().any(|b| &b.label == pick) {
             return Err(BadInput(format!(
@@ -912,18 +909,18 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             client,
         } => with_session!(&client, Local::Resume, |coord| async {
             let id = coord.find_fork(&fork).await?;
-            if !coord.is_remote() {
-                let view = coord.fork(id).await?;
-                // Paused branches wait for a top-up, which nothing gives while this command
-                // watches: show where the fork stands. Branches a stopped process left
-                // pending or running were enqueued again when this session started, and
-                // its workers run them while it watches.
-                if !view.settled() && !view.state.is_resolved() && render::quiet(&view) {
-                    return print_view(&view, client.json);
-                }
-            }
+            // Embedded, branches a stopped process left pending or running were enqueued
+            // again when this session started and its workers run them; paused ones wait
+            // for a top-up, which nothing can give while this process holds the store, so
+            // the watch ends once nothing runs. On a cluster another client may top up:
+            // it waits for every branch to finish.
+            let until = if coord.is_remote() {
+                Until::Finished
+            } else {
+                AT_ONCE
+            };
             let timeout = timeout_s.map(Duration::from_secs);
-            let view = render::follow(coord, id, timeout, Until::Finished, !client.json).await?;
+            let view = render::follow(coord, id, timeout, until, !client.json).await?;
             print_view(&view, client.json)
         }),
         ForkCommand::Diff {
@@ -1235,24 +1232,13 @@ async fn cmd_account(command: AccountCommand) -> anyhow::Result<()> {
         AccountCommand::Set {
             name,
             cap,
-            no_cap,
+            // clap's argument group gives exactly one of --cap (checked by `parse_cap`)
+            // and --no-cap, so `cap` alone says which.
+            no_cap: _,
             timeout_s,
             client,
         } => {
             spec::check_account_name(&name)?;
-            // clap makes exactly one of them given; checked again for library callers.
-            if cap.is_some() == no_cap {
-                return Err(BadInput(
-                    "give exactly one of --cap USD (a finite cap of 0 or more) and --no-cap".into(),
-                )
-                .into());
-            }
-            if let Some(c) = cap.filter(|c| !c.is_finite() || *c < 0.0) {
-                return Err(BadInput(format!(
-                    "--cap {c} is not valid; give a finite cap in USD of 0 or more, e.g. 25 (or --no-cap)"
-                ))
-                .into());
-            }
             // Embedded, the store may not exist yet: setting up an account comes first.
             with_session!(&client, Local::Run, |coord| async {
                 let view = coord.account_set(&name, cap).await?;
@@ -1340,9 +1326,9 @@ async fn cmd_workers(args: ClusterArgs) -> anyhow::Result<()> {
         )
         .into());
     };
-    let coord =
-        CoordinatorClient::Remote(RemoteCoordinator::new(service::connect_nats(nats).await?));
-    let workers = coord.workers().await?;
+    let workers = RemoteCoordinator::new(service::connect_nats(nats).await?)
+        .workers()
+        .await?;
     let now = now_ms();
     if args.json {
         print_json(&render::workers_json(&workers, now))

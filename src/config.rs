@@ -70,7 +70,6 @@ pub const DEFAULT_MAX_DELIVER: u32 = 5;
 const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok";
 
 /// The keys of one `[pricing."MODEL"]` entry.
-const PRICE_KEYS: [&str; 3] = ["input_per_mtok", "output_per_mtok", "cached_per_mtok"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -318,6 +317,36 @@ impl Config {
         env: &dyn Fn(&str) -> Option<String>,
         flags: Layer,
     ) -> Result<Config, ConfigError> {
+        let (layers, file) = Self::layers(file, env, flags)?;
+        let mut config = Config::merge(&layers)?;
+        config.file = file;
+        Ok(config)
+    }
+
+    /// Only the `[pricing]` table of the layers [`Config::load`] reads (`forkfleet run`
+    /// needs nothing else): a NATS setting it does not use cannot make it fail.
+    pub fn load_pricing(
+        file: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<BTreeMap<String, Price>, ConfigError> {
+        let (layers, _) = Self::layers(file, env, Layer::default())?;
+        let mut pricing = BTreeMap::new();
+        for l in &layers {
+            for (model, value) in &l.layer.pricing {
+                let price = price_of(model, value, &(l.origin)("pricing"))?;
+                pricing.insert(model.clone(), price);
+            }
+        }
+        Ok(pricing)
+    }
+
+    /// The layers, lowest first: the file (`file`, else `FORKFLEET_CONFIG`), the
+    /// environment, the flags; and the file's path.
+    fn layers(
+        file: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+        flags: Layer,
+    ) -> Result<(Vec<SourcedLayer>, Option<PathBuf>), ConfigError> {
         let file = match file {
             Some(f) => Some(f.to_path_buf()),
             None => env(CONFIG_ENV).filter(|s| !s.is_empty()).map(PathBuf::from),
@@ -339,9 +368,7 @@ impl Config {
             layer: flags,
             origin: Box::new(|key| Origin::Flag(flag_origin(key))),
         });
-        let mut config = Config::merge(&layers)?;
-        config.file = file;
-        Ok(config)
+        Ok((layers, file))
     }
 
     /// Merge layers, lowest first, onto the defaults; read secret files; check the result.
@@ -717,28 +744,9 @@ impl Config {
     }
 }
 
-/// A URL with any password in it replaced by `<redacted>`.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let (authority, tail) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:<redacted>@{host}{tail}")
-            } else {
-                // A bare token in the URL is a secret too.
-                format!("{scheme}://<redacted>@{host}{tail}")
-            }
-        }
-        None => url.to_string(),
-    }
-}
+// URLs without their user info (every one of a comma-separated list), as `--print-config`
+// shows them: the bus's own redaction, so logs and printouts agree.
+use forkfleet_shared::bus::nats::redact_url;
 
 fn resolve_secret(
     what: &'static str,
@@ -823,42 +831,13 @@ pub fn price_of(model: &str, value: &toml::Value, origin: &Origin) -> Result<Pri
     if model.is_empty() {
         return Err(bad("the model name is empty".into()));
     }
-    let toml::Value::Table(table) = value else {
-        return Err(bad(format!(
-            "expected a table of prices, got {} `{value}`",
-            value.type_str()
-        )));
-    };
-    if let Some(k) = table.keys().find(|k| !PRICE_KEYS.contains(&k.as_str())) {
-        return Err(bad(format!("unknown key `{k}`")));
-    }
-    let number = |key: &str| -> Result<Option<f64>, ConfigError> {
-        let Some(v) = table.get(key) else {
-            return Ok(None);
-        };
-        let n = match v {
-            toml::Value::Float(f) => *f,
-            toml::Value::Integer(i) => *i as f64,
-            other => {
-                return Err(bad(format!(
-                    "`{key}` must be a number, got {} `{other}`",
-                    other.type_str()
-                )))
-            }
-        };
-        if !n.is_finite() || n < 0.0 {
-            return Err(bad(format!("`{key}` must be finite and >= 0, got {n}")));
-        }
-        Ok(Some(n))
-    };
-    let required = |key: &str| -> Result<f64, ConfigError> {
-        number(key)?.ok_or_else(|| bad(format!("`{key}` is missing")))
-    };
-    Ok(Price {
-        input_per_mtok: required("input_per_mtok")?,
-        output_per_mtok: required("output_per_mtok")?,
-        cached_per_mtok: number("cached_per_mtok")?,
-    })
+    // The spec's own price type: unknown, missing and mistyped keys are its errors.
+    let price: Price = value
+        .clone()
+        .try_into()
+        .map_err(|e: toml::de::Error| bad(e.message().trim().to_string()))?;
+    price.validate().map_err(bad)?;
+    Ok(price)
 }
 
 /// The environment variable of a key: `nats.tls.ca_file` -> `FORKFLEET_NATS_TLS_CA_FILE`.
@@ -1221,17 +1200,20 @@ mod tests {
             ),
             (
                 "[pricing.\"m:y\"]\ninput_per_mtok = 1\n",
-                &["m:y", "`output_per_mtok` is missing"],
+                &["m:y", "missing field `output_per_mtok`"],
             ),
             (
                 "[pricing.\"m:y\"]\ninput_per_mtok = 1\noutput_per_mtok = 1\ncached = 1\n",
-                &["m:y", "unknown key `cached`", "cached_per_mtok"],
+                &["m:y", "unknown field `cached`", "cached_per_mtok"],
             ),
             (
                 "[pricing.\"m:z\"]\ninput_per_mtok = \"cheap\"\noutput_per_mtok = 1\n",
-                &["m:z", "`input_per_mtok` must be a number"],
+                &["m:z", "invalid type", "\"cheap\""],
             ),
-            ("[pricing]\n\"m:w\" = 3\n", &["m:w", "expected a table"]),
+            (
+                "[pricing]\n\"m:w\" = 3\n",
+                &["m:w", "invalid type: integer `3`"],
+            ),
         ] {
             let bad = write(dir.path(), "bad.toml", text);
             let err = Config::load(Some(&bad), &env_of(&[]), Layer::default())
@@ -1257,8 +1239,13 @@ mod tests {
         assert_eq!(redact_url("nats://h:4222"), "nats://h:4222");
         assert_eq!(
             redact_url("nats://u:p@h:4222/x"),
-            "nats://u:<redacted>@h:4222/x"
+            "nats://<redacted>@h:4222/x"
         );
         assert_eq!(redact_url("tls://tok@h"), "tls://<redacted>@h");
+        // Every URL of a list: the second one's password must not show.
+        assert_eq!(
+            redact_url("nats://a:1,nats://u:p@b:2"),
+            "nats://a:1,nats://<redacted>@b:2"
+        );
     }
 }

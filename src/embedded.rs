@@ -7,6 +7,7 @@ use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, R
 use forkfleet_shared::bus::local::LocalBus;
 use forkfleet_shared::bus::Bus;
 use forkfleet_shared::ids::WorkerId;
+use forkfleet_worker::provider::scripted;
 use forkfleet_worker::{WorkerConfig, WorkerHandle};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -41,8 +42,20 @@ pub struct Embedded {
 
 impl Embedded {
     /// Open the store under `data_dir` and start the coordinator and `opts.workers` workers.
-    /// With `workers == 0` only the coordinator runs (enough to read or merge a fork).
+    /// With `workers == 0` only the coordinator runs (enough to read or merge a fork). The
+    /// workers' scripted models log their calls where `FORKFLEET_SCRIPTED_USAGE_LOG` says
+    /// (read once, now), if it is set.
     pub async fn start(data_dir: &Path, opts: EmbeddedOptions) -> anyhow::Result<Self> {
+        Self::start_with_usage_log(data_dir, opts, scripted::usage_log_from_env()).await
+    }
+
+    /// [`Embedded::start`], the workers' scripted models logging their calls to
+    /// `scripted_usage_log` (`None`: nowhere), whatever the environment says.
+    pub async fn start_with_usage_log(
+        data_dir: &Path,
+        opts: EmbeddedOptions,
+        scripted_usage_log: Option<PathBuf>,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("cannot create data dir `{}`", data_dir.display()))?;
         let store = RunStore::open(data_dir)?;
@@ -54,6 +67,7 @@ impl Embedded {
             let config = WorkerConfig {
                 concurrency: opts.concurrency,
                 worker_id: WorkerId::new(),
+                scripted_usage_log: scripted_usage_log.clone(),
                 ..WorkerConfig::default()
             };
             workers.push(forkfleet_worker::start(config, bus.clone()).await?);

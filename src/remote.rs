@@ -62,16 +62,6 @@ impl ClientError {
             _ => false,
         }
     }
-
-    /// The API error kind, as a remote coordinator would report it.
-    pub fn kind(&self) -> ApiErrorKind {
-        match self {
-            ClientError::Api(e) => e.kind,
-            ClientError::Coordinator(e) => forkfleet_coordinator::service::api_error(e).kind,
-            e if e.is_bad_input() => ApiErrorKind::BadInput,
-            _ => ApiErrorKind::Failure,
-        }
-    }
 }
 
 /// A coordinator reached over the bus.
@@ -493,13 +483,6 @@ impl CoordinatorClient {
         }
     }
 
-    pub async fn checkpoints(&self, run: RunId) -> Result<Vec<CheckpointView>, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.checkpoints(run).await?),
-            CoordinatorClient::Remote(r) => r.checkpoints(run).await,
-        }
-    }
-
     pub async fn fork_cost(&self, fork: ForkId) -> Result<ForkCost, ClientError> {
         match self {
             CoordinatorClient::Embedded { handle, .. } => Ok(handle.fork_cost(fork).await?),
@@ -553,16 +536,6 @@ impl CoordinatorClient {
         match self {
             CoordinatorClient::Embedded { handle, .. } => Ok(handle.accounts().await?),
             CoordinatorClient::Remote(r) => r.accounts().await,
-        }
-    }
-
-    /// The live workers. Only a cluster has workers that outlive a command.
-    pub async fn workers(&self) -> Result<Vec<WorkerInfo>, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { .. } => Err(ClientError::NeedsCluster(
-                "`forkfleet workers` lists the workers of a cluster: pass --nats URL (or set FORKFLEET_NATS_URL)",
-            )),
-            CoordinatorClient::Remote(r) => r.workers().await,
         }
     }
 }

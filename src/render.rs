@@ -40,13 +40,6 @@ pub enum Until {
     Quiet { grace: Duration },
 }
 
-/// Every branch is terminal or paused: nothing runs.
-pub fn quiet(view: &ForkView) -> bool {
-    view.branches
-        .iter()
-        .all(|b| b.state.is_terminal() || b.state == BranchState::Paused)
-}
-
 /// The labels of the branches paused by a budget cap.
 pub fn paused_labels(view: &ForkView) -> Vec<&str> {
     view.branches
@@ -122,7 +115,7 @@ pub async fn follow(
             return Ok(view);
         }
         let paused = paused_labels(&view);
-        if quiet(&view) && !paused.is_empty() {
+        if view.quiet() && !paused.is_empty() {
             let since = *paused_since.get_or_insert_with(Instant::now);
             match until {
                 Until::Quiet { grace } if since.elapsed() >= grace => return Ok(view),
@@ -438,15 +431,7 @@ pub fn cost_table(cost: &ForkCost) -> String {
         cost.on_exhausted.as_str()
     );
     if let Some(a) = &cost.account {
-        let _ = writeln!(
-            out,
-            "account {}: spent ${:.6} · reserved ${:.6} · {} · {} fork(s)",
-            a.name,
-            money(a.spent_usd),
-            money(a.reserved_usd),
-            cap_text(a.cap_usd, a.remaining_usd),
-            a.forks
-        );
+        out.push_str(&account_text(a));
     }
     out
 }

@@ -10,7 +10,7 @@
 //! [`serve_coordinator`] and [`serve_worker`] are the same over a bus the caller already
 //! has (a `LocalBus` in tests).
 
-use crate::config::{redact_url, Config};
+use crate::config::Config;
 use crate::BadInput;
 use anyhow::Context;
 use forkfleet_coordinator::service::ApiServer;
@@ -18,6 +18,7 @@ use forkfleet_coordinator::{Coordinator, CoordinatorConfig, RunStore};
 use forkfleet_shared::bus::nats::{NatsBus, NatsConfig};
 use forkfleet_shared::bus::Bus;
 use forkfleet_shared::ids::WorkerId;
+use forkfleet_worker::provider::scripted;
 use forkfleet_worker::WorkerConfig;
 use std::future::Future;
 use std::path::Path;
@@ -35,11 +36,8 @@ pub async fn connect(config: &Config, role: &str) -> anyhow::Result<Arc<dyn Bus>
 
 /// Connect to NATS (streams, buckets and consumers are created if missing).
 pub async fn connect_nats(nats: NatsConfig) -> anyhow::Result<Arc<dyn Bus>> {
-    let url = redact_url(&nats.url);
-    let bus = NatsBus::connect(nats)
-        .await
-        .with_context(|| format!("cannot connect to NATS at {url}"))?;
-    Ok(Arc::new(bus))
+    // Its errors name the (redacted) URL already.
+    Ok(Arc::new(NatsBus::connect(nats).await?))
 }
 
 /// `forkfleet coordinator`: see the module documentation.
@@ -95,7 +93,9 @@ pub async fn run_worker(
     serve_worker(bus, config, shutdown).await
 }
 
-/// Run a worker node on `bus` with the pool, concurrency and drain grace of `config`.
+/// Run a worker node on `bus` with the pool, concurrency and drain grace of `config`; its
+/// scripted models log their calls where `FORKFLEET_SCRIPTED_USAGE_LOG` says (read once,
+/// now), if it is set.
 pub async fn serve_worker(
     bus: Arc<dyn Bus>,
     config: &Config,
@@ -106,6 +106,7 @@ pub async fn serve_worker(
         concurrency: config.concurrency.value,
         drain_grace: config.drain_grace.value,
         worker_id: WorkerId::new(),
+        scripted_usage_log: scripted::usage_log_from_env(),
         ..WorkerConfig::default()
     };
     tracing::info!(

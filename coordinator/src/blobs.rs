@@ -10,8 +10,8 @@ use forkfleet_shared::blob::{BlobHash, BlobStore};
 use forkfleet_shared::bus::{Bus, BusError};
 use forkfleet_shared::diff::DiffReport;
 use forkfleet_shared::manifest::Manifest;
+use futures::{StreamExt, TryStreamExt};
 use std::sync::Arc;
-use tokio::task::JoinSet;
 
 /// True when the bus's blob store is the run store's (the embedded mode): nothing to copy.
 pub(crate) fn shared_with_bus(store: &RunStore, bus: &Arc<dyn Bus>) -> bool {
@@ -75,20 +75,17 @@ async fn copy_missing(
         blobs = missing.len(),
         "coordinator.blobs: copying from the bus"
     );
-    for chunk in missing.chunks(COPY_IN_FLIGHT) {
-        let mut copies = JoinSet::new();
-        for h in chunk.iter().copied() {
-            let (to, from) = (to.clone(), from.clone());
-            copies.spawn(async move {
-                match from.get(&h).await? {
-                    Some(bytes) => to.put(h, bytes).await,
-                    None => Ok(()),
-                }
-            });
-        }
-        while let Some(done) = copies.join_next().await {
-            done?.map_err(BusError::from)?;
-        }
-    }
+    // A window of copies in flight, not batches that each wait for their slowest.
+    futures::stream::iter(missing)
+        .map(|h| async move {
+            match from.get(&h).await? {
+                Some(bytes) => to.put(h, bytes).await,
+                None => Ok(()),
+            }
+        })
+        .buffer_unordered(COPY_IN_FLIGHT)
+        .try_collect::<()>()
+        .await
+        .map_err(BusError::from)?;
     Ok(())
 }

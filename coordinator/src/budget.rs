@@ -60,14 +60,12 @@ impl Level {
 struct RunBudget {
     fork: ForkId,
     label: String,
-    index: u32,
     cap: Option<f64>,
     spent: f64,
-    calls: u32,
     state: BranchState,
-    /// The highest task attempt seen in its events (a resumed task starts above it).
-    max_attempt: u32,
-    /// Reservations of attempts below this are void (a later attempt took over).
+    /// The latest task attempt that took the branch over (every attempt above 1 is fenced
+    /// in through `coord.resume`), so reservations of attempts below it are void and a
+    /// task resuming the branch starts above it.
     min_attempt: u32,
     /// A stop or pause was sent and the branch has not stopped yet.
     stopping: bool,
@@ -156,7 +154,7 @@ impl State {
         }
     }
 
-    /// Drop a run's reservations matching `keep == false`; the ids dropped.
+    /// Drop the reservations `drop` selects; the ids dropped.
     fn release_where(&mut self, drop: impl Fn(&ReservationRecord) -> bool) -> Vec<ReservationId> {
         let ids: Vec<ReservationId> = self
             .reservations
@@ -186,12 +184,12 @@ impl State {
             )
         };
         let run = self.runs.get_mut(&run_id)?;
-        if run.stopping || run.state.is_terminal() || run.state == BranchState::Paused {
+        if run.stopping || run.state.is_stopped() {
             return None;
         }
         run.stopping = true;
         run.blocked_by = Some(level);
-        let attempt = run.max_attempt.max(run.min_attempt).max(1);
+        let attempt = run.min_attempt.max(1);
         let command = if pause {
             ControlCommand::Pause {
                 reason: reason.to_string(),
@@ -211,9 +209,12 @@ impl State {
         })
     }
 
-    /// Mark a fork's cap exhausted and stop every branch under it.
+    /// Mark a fork's cap exhausted and stop every branch under it (once: an exhausted cap
+    /// stays so until it is raised, and a branch that runs on anyway is stopped by its own
+    /// next reservation or usage report).
     fn exhaust_fork(&mut self, fork_id: ForkId, reason: &str, now: u64, out: &mut Actions) {
         let runs = match self.forks.get_mut(&fork_id) {
+            Some(f) if f.exhausted => return,
             Some(f) => {
                 f.exhausted = true;
                 f.crossed_at_ms.get_or_insert(now);
@@ -230,8 +231,10 @@ impl State {
 
     /// Mark an account's cap exhausted and stop every branch of every fork charging it.
     fn exhaust_account(&mut self, name: &str, reason: &str, now: u64, out: &mut Actions) {
-        if let Some(a) = self.accounts.get_mut(name) {
-            a.exhausted = true;
+        match self.accounts.get_mut(name) {
+            Some(a) if a.exhausted => return,
+            Some(a) => a.exhausted = true,
+            None => {}
         }
         let forks: Vec<ForkId> = self
             .forks
@@ -266,7 +269,8 @@ impl State {
             reserved_usd: reserved,
             cap_usd: r.cap,
             remaining_usd: remaining(r.cap, r.spent, reserved),
-            calls: r.calls,
+            // The fork's view has the turns; `CoordinatorHandle::fork_cost` fills them in.
+            calls: 0,
             stopped_at_ms: r.stopped_at_ms,
         })
     }
@@ -343,6 +347,11 @@ impl Ledger {
         }))
     }
 
+    /// How long a reservation holds money unsettled.
+    pub fn ttl_ms(&self) -> u64 {
+        self.ttl_ms
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A poisoned lock only means a holder panicked; the sums are still consistent
         // (every change is a single insert or remove).
@@ -369,9 +378,9 @@ impl Ledger {
             Ok(caps) => {
                 for (run, cap) in caps {
                     match run {
-                        None => fork_cap = cap,
+                        None => fork_cap = Some(cap),
                         Some(run) => {
-                            run_caps.insert(run, cap);
+                            run_caps.insert(run, Some(cap));
                         }
                     }
                 }
@@ -397,12 +406,9 @@ impl Ledger {
                 RunBudget {
                     fork: fork.fork_id,
                     label: b.label.clone(),
-                    index: b.index,
                     cap,
                     spent: b.cost_usd,
-                    calls: b.turns,
                     state: b.state,
-                    max_attempt: b.min_attempt,
                     min_attempt: b.min_attempt,
                     stopping: false,
                     blocked_by: None,
@@ -424,7 +430,7 @@ impl Ledger {
         // Reservations of branches that stopped while the coordinator was down.
         let stopped: Vec<RunId> = branches
             .iter()
-            .filter(|b| b.state.is_terminal() || b.state == BranchState::Paused)
+            .filter(|b| b.state.is_stopped())
             .map(|b| b.run_id)
             .collect();
         let released = s.release_where(|r| stopped.contains(&r.run_id));
@@ -636,11 +642,8 @@ impl Ledger {
     ) -> Actions {
         let now = now_ms();
         let mut out = Actions::default();
-        let cost = if cost_usd.is_finite() && cost_usd > 0.0 {
-            cost_usd
-        } else {
-            0.0
-        };
+        // The replica's rule (`replica.rs`): a finite cost counts, anything else does not.
+        let cost = if cost_usd.is_finite() { cost_usd } else { 0.0 };
         let mut s = self.lock();
         let settled = reservation.and_then(|id| s.reservations.remove(&id));
         let Some(run) = s.runs.get_mut(&run_id) else {
@@ -651,7 +654,6 @@ impl Ledger {
             return out;
         };
         run.spent += cost;
-        run.calls += 1;
         let (fork_id, run_cap, run_spent) = (run.fork, run.cap, run.spent);
         let Some(fork) = s.forks.get_mut(&fork_id) else {
             return out;
@@ -680,6 +682,11 @@ impl Ledger {
                     money(cap),
                     money(fork_spent)
                 );
+                // Every branch the first time; later, the one still spending (a branch
+                // taken over after the stop was sent to its lost worker).
+                if let Some(c) = s.stop_command(run_id, Level::Fork, &reason) {
+                    out.controls.push(c);
+                }
                 s.exhaust_fork(fork_id, &reason, now, &mut out);
             }
         }
@@ -693,6 +700,9 @@ impl Ledger {
                         money(cap),
                         money(spent)
                     );
+                    if let Some(c) = s.stop_command(run_id, Level::Account, &reason) {
+                        out.controls.push(c);
+                    }
                     s.exhaust_account(&name, &reason, now, &mut out);
                 }
             }
@@ -704,13 +714,6 @@ impl Ledger {
         out
     }
 
-    /// An event of task `attempt` was applied to `run`.
-    pub fn on_attempt(&self, run_id: RunId, attempt: u32) {
-        if let Some(r) = self.lock().runs.get_mut(&run_id) {
-            r.max_attempt = r.max_attempt.max(attempt);
-        }
-    }
-
     /// A branch's state changed: a stopped or paused branch holds no reservations.
     pub fn on_state(&self, run_id: RunId, state: BranchState) {
         let mut s = self.lock();
@@ -718,7 +721,7 @@ impl Ledger {
             return;
         };
         run.state = state;
-        let stopped = state.is_terminal() || state == BranchState::Paused;
+        let stopped = state.is_stopped();
         if stopped {
             run.stopping = false;
             run.stopped_at_ms.get_or_insert_with(now_ms);
@@ -739,7 +742,6 @@ impl Ledger {
         let mut s = self.lock();
         if let Some(r) = s.runs.get_mut(&run_id) {
             r.min_attempt = r.min_attempt.max(attempt);
-            r.max_attempt = r.max_attempt.max(attempt);
             // A stop sent to the earlier attempt does not reach this one.
             r.stopping = false;
         }
@@ -764,14 +766,6 @@ impl Ledger {
         }
         self.forget(&released);
         released.len()
-    }
-
-    /// The attempt a task resuming `run` starts above.
-    pub fn attempt_base(&self, run_id: RunId) -> u32 {
-        self.lock()
-            .runs
-            .get(&run_id)
-            .map_or(1, |r| r.max_attempt.max(r.min_attempt).max(1))
     }
 
     /// A branch's cap now (after top-ups and moves).
@@ -826,9 +820,7 @@ impl Ledger {
             let Some(f) = s.forks.get(fork_id) else {
                 continue;
             };
-            let mut runs = f.runs.clone();
-            runs.sort_by_key(|r| s.runs.get(r).map_or(u32::MAX, |b| b.index));
-            for run_id in runs {
+            for run_id in f.runs.clone() {
                 if only.is_some_and(|o| o != run_id) {
                     continue;
                 }
@@ -868,7 +860,7 @@ impl Ledger {
                     )));
                 };
                 let new = cap + usd;
-                self.store.put_cap(fork_id, Some(run_id), Some(new))?;
+                self.store.put_cap(fork_id, Some(run_id), new)?;
                 run.cap = Some(new);
                 tracing::info!(fork.id = %fork_id, branch.label = %label, cap = new, "budget.topup");
                 Ok(Self::take_resumable(
@@ -889,7 +881,7 @@ impl Ledger {
                     )));
                 };
                 let new = cap + usd;
-                self.store.put_cap(fork_id, None, Some(new))?;
+                self.store.put_cap(fork_id, None, new)?;
                 f.cap = Some(new);
                 f.exhausted = false;
                 tracing::info!(fork.id = %fork_id, cap = new, "budget.topup");
@@ -950,9 +942,8 @@ impl Ledger {
             )));
         }
         self.store
-            .put_cap(fork_id, Some(from_run), Some(from_cap - usd))?;
-        self.store
-            .put_cap(fork_id, Some(to_run), Some(to_cap + usd))?;
+            .put_cap(fork_id, Some(from_run), from_cap - usd)?;
+        self.store.put_cap(fork_id, Some(to_run), to_cap + usd)?;
         if let Some(r) = s.runs.get_mut(&from_run) {
             r.cap = Some(from_cap - usd);
         }

@@ -79,13 +79,7 @@ pub(crate) fn validate_plan(plan: &ForkPlan) -> Result<(), CoordinatorError> {
         }
     }
     check_budget("aggregate_budget_usd", plan.aggregate_budget_usd)?;
-    plan.resolve
-        .strategy
-        .validate()
-        .map_err(|e| SpecError::BadResolve {
-            field: "strategy",
-            message: e.to_string(),
-        })?;
+    plan.resolve.validate()?;
     let mut seen: BTreeSet<&str> = BTreeSet::new();
     for (i, b) in plan.branches.iter().enumerate() {
         check_label(&b.label)?;

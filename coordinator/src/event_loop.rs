@@ -27,6 +27,7 @@ use forkfleet_shared::bus::{Bus, BusError, Delivery, EventConsumer};
 use forkfleet_shared::ids::ForkId;
 use forkfleet_shared::protocol::BranchEvent;
 use forkfleet_shared::wire;
+use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -244,14 +245,12 @@ async fn acker(mut rx: mpsc::Receiver<Vec<Delivery>>, store: RunStore) {
         }
         match store.flush_async().await {
             Ok(()) => {
-                // Concurrently: one at a time, acks over NATS cap the event rate at about
-                // 10,000 a second; in flight together they reach several times that.
-                for chunk in batch.chunks(ACKS_IN_FLIGHT) {
-                    let acks = chunk.iter().map(|d| d.ack());
-                    for result in futures::future::join_all(acks).await {
-                        if let Err(e) = result {
-                            tracing::warn!(error = %e, "coordinator.events: ack failed; the event will be redelivered");
-                        }
+                // Concurrently (over NATS each ack is a round trip), a window in flight.
+                let pending: Vec<_> = batch.iter().map(Delivery::ack).collect();
+                let mut acks = futures::stream::iter(pending).buffer_unordered(ACKS_IN_FLIGHT);
+                while let Some(result) = acks.next().await {
+                    if let Err(e) = result {
+                        tracing::warn!(error = %e, "coordinator.events: ack failed; the event will be redelivered");
                     }
                 }
             }

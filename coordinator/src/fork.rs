@@ -33,12 +33,12 @@ const MERGE_TIMEOUT_MS: u64 = 120_000;
 pub(crate) struct ForkActor;
 
 /// Which branches a [`ForkMsg::Resume`] enqueues again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Requeue {
-    /// Paused by a budget (a cap was raised).
-    Paused,
-    /// Pending or running: their tasks were lost (an embedded process stopped mid-fork; its
-    /// task queue lived in memory).
+    /// These, if paused by a budget (a cap was raised).
+    Paused(Vec<RunId>),
+    /// Every pending or running one: their tasks were lost (an embedded process stopped
+    /// mid-fork; its task queue lived in memory).
     Unfinished,
 }
 
@@ -62,6 +62,8 @@ pub(crate) struct ForkState {
     store: RunStore,
     bus: Arc<dyn Bus>,
     ledger: Arc<Ledger>,
+    /// Branches a resume enqueued a task for that no worker has taken over yet.
+    requeued: HashSet<RunId>,
     record: ForkRecord,
     base: Arc<Manifest>,
     branches: Vec<BranchReplica>,
@@ -102,11 +104,9 @@ pub(crate) enum ForkMsg {
         u32,
         RpcReplyPort<Result<Vec<(u64, Event)>, CoordinatorError>>,
     ),
-    /// Enqueue a task for each of these branches on the pool named: paused ones (a top-up
-    /// made room), or with `Requeue::Unfinished` pending and running ones (their tasks were
-    /// lost with an embedded process). The reply is how many were enqueued.
+    /// Enqueue a task, on the pool named, for each branch `Requeue` selects that has no
+    /// task queued by an earlier resume yet. The reply is how many were enqueued.
     Resume(
-        Vec<RunId>,
         String,
         Requeue,
         RpcReplyPort<Result<usize, CoordinatorError>>,
@@ -195,21 +195,9 @@ impl ForkHandle {
     }
 
     /// Enqueue tasks resuming these branches on `pool` (see [`ForkMsg::Resume`]).
-    pub async fn resume(
-        &self,
-        runs: Vec<RunId>,
-        pool: String,
-        which: Requeue,
-    ) -> Result<usize, CoordinatorError> {
-        ractor::call_t!(
-            self.actor,
-            ForkMsg::Resume,
-            CALL_TIMEOUT_MS,
-            runs,
-            pool,
-            which
-        )
-        .map_err(|e| call_error(e, "resuming branches", CALL_TIMEOUT_MS))?
+    pub async fn resume(&self, pool: String, which: Requeue) -> Result<usize, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::Resume, CALL_TIMEOUT_MS, pool, which)
+            .map_err(|e| call_error(e, "resuming branches", CALL_TIMEOUT_MS))?
     }
 
     pub async fn terminate(&self, label: String) -> Result<TerminateOutcome, CoordinatorError> {
@@ -243,11 +231,7 @@ impl ForkState {
 
     /// No branch is pending or running: each finished or waits, paused, for a top-up.
     fn quiescent(&self) -> bool {
-        self.all_terminal()
-            || self
-                .branches
-                .iter()
-                .all(|b| b.record.state.is_terminal() || b.record.state == BranchState::Paused)
+        self.all_terminal() || self.branches.iter().all(|b| b.record.state.is_stopped())
     }
 
     fn bump(&self) {
@@ -298,6 +282,7 @@ impl ForkState {
             self.store.put_branch(&b.record)?;
             tracing::info!(fork.id = %self.record.fork_id, run.id = %run, branch.label = %b.record.label, attempt, dropped_held = held.len(), "fork.fence: a worker took the branch over");
             self.ledger.on_fence(run, attempt);
+            self.requeued.remove(&run);
         }
         Ok(())
     }
@@ -340,43 +325,50 @@ impl ForkState {
     }
 
     /// Stop branch `i`: a running one is sent a terminate command; a paused one (no worker
-    /// runs it) is ended here.
-    async fn stop_branch(&mut self, i: usize, reason: String) -> Result<(), CoordinatorError> {
+    /// runs it) is ended here, in the store but not flushed: true then, and the caller
+    /// flushes once for all it stopped.
+    async fn stop_branch(&mut self, i: usize, reason: String) -> Result<bool, CoordinatorError> {
         if self.branches[i].record.state == BranchState::Paused {
             let run = self.branches[i].record.run_id;
             self.end_branch(run, BranchState::Terminated, reason)?;
-            return self.store.flush_async().await;
+            return Ok(true);
         }
-        self.send_terminate(i, reason).await
+        self.send_terminate(i, reason).await?;
+        Ok(false)
     }
 
     /// Enqueue a task for each branch of `runs` that `which` selects, taking it over from
     /// its log (above every attempt before it) with its cap after top-ups. A branch no
     /// worker has started yet starts afresh.
-    async fn resume(
-        &mut self,
-        runs: Vec<RunId>,
-        pool: &str,
-        which: Requeue,
-    ) -> Result<usize, CoordinatorError> {
-        if which == Requeue::Unfinished && self.record.state.is_resolved() {
-            return Ok(0);
-        }
+    async fn resume(&mut self, pool: &str, which: Requeue) -> Result<usize, CoordinatorError> {
+        let runs: Vec<RunId> = match which {
+            Requeue::Paused(runs) => runs
+                .into_iter()
+                .filter(|r| {
+                    self.by_run
+                        .get(r)
+                        .is_some_and(|&i| self.branches[i].record.state == BranchState::Paused)
+                })
+                .collect(),
+            Requeue::Unfinished if self.record.state.is_resolved() => Vec::new(),
+            Requeue::Unfinished => self
+                .branches
+                .iter()
+                .filter(|b| matches!(b.record.state, BranchState::Pending | BranchState::Running))
+                .map(|b| b.record.run_id)
+                .collect(),
+        };
         let mut sent = 0;
         for run in runs {
             let Some(&i) = self.by_run.get(&run) else {
                 continue;
             };
-            let b = &self.branches[i].record;
-            let selected = match which {
-                Requeue::Paused => b.state == BranchState::Paused,
-                Requeue::Unfinished => {
-                    matches!(b.state, BranchState::Pending | BranchState::Running)
-                }
-            };
-            if !selected {
+            // A second top-up before the worker took the first task over must not start a
+            // second worker on the branch.
+            if self.requeued.contains(&run) {
                 continue;
             }
+            let b = &self.branches[i].record;
             let Some(plan) = self.record.plan.branches.get(b.index as usize) else {
                 continue;
             };
@@ -392,14 +384,17 @@ impl ForkState {
                 self.record.snapshot,
                 b.first_seq,
             );
+            // Above the attempt that last took the branch over (a worker that ran it): the
+            // new task takes it over from its log. A branch never started starts afresh.
             task.attempt_base = if b.state == BranchState::Pending {
                 0
             } else {
-                self.ledger.attempt_base(run)
+                b.min_attempt.max(1)
             };
             task.budget_usd = self.ledger.run_cap(run);
             self.bus.enqueue_task(pool, wire::encode(&task)?).await?;
-            tracing::info!(fork.id = %self.record.fork_id, branch.label = %b.label, attempt_base = task.attempt_base, "fork.resume: a paused branch was enqueued again");
+            tracing::info!(fork.id = %self.record.fork_id, branch.label = %b.label, branch.state = %b.state, attempt_base = task.attempt_base, "fork.resume: a branch was enqueued again");
+            self.requeued.insert(run);
             sent += 1;
         }
         Ok(sent)
@@ -444,7 +439,6 @@ impl ForkState {
             let effect = b.arrive(ev.seq, ev.event);
             if effect.applied > 0 {
                 changed = true;
-                self.ledger.on_attempt(run_id, ev.attempt);
             }
             for (cost, reservation) in effect.usage {
                 let actions = self.ledger.on_usage(run_id, cost, reservation);
@@ -456,6 +450,7 @@ impl ForkState {
             if effect.state_changed {
                 let b = &self.branches[i];
                 self.ledger.on_state(run_id, b.record.state);
+                self.requeued.remove(&run_id);
                 tracing::debug!(fork.id = %fork_id, branch.label = %b.record.label, state = %b.record.state, "fork.branch_state");
                 if let Err(e) = self.store.put_branch(&b.record) {
                     tracing::error!(fork.id = %fork_id, branch.label = %b.record.label, error = %e, "fork.branch_state: cannot write the branch record");
@@ -496,9 +491,12 @@ impl ForkState {
         let b = &self.branches[i].record;
         let (run_id, state) = (b.run_id, b.state);
         let sent = !state.is_terminal();
-        if sent {
-            self.stop_branch(i, format!("terminated by request (fork {fork_id})"))
-                .await?;
+        if sent
+            && self
+                .stop_branch(i, format!("terminated by request (fork {fork_id})"))
+                .await?
+        {
+            self.store.flush_async().await?;
         }
         tracing::info!(fork.id = %fork_id, branch.label = %label, branch.state = %state, sent, "fork.terminate");
         Ok(TerminateOutcome {
@@ -539,6 +537,7 @@ impl ForkState {
         self.store.flush_async().await?;
         self.record = record;
         let mut terminated = Vec::new();
+        let mut ended = false;
         for i in 0..self.branches.len() {
             if self.branches[i].record.state.is_terminal() {
                 continue;
@@ -548,11 +547,17 @@ impl ForkState {
                 .stop_branch(i, format!("fork {fork_id} was aborted"))
                 .await
             {
-                Ok(()) => terminated.push(label),
+                Ok(here) => {
+                    ended |= here;
+                    terminated.push(label);
+                }
                 Err(e) => {
                     tracing::warn!(fork.id = %fork_id, branch.label = %label, error = %e, "fork.abort: cannot send terminate")
                 }
             }
+        }
+        if ended {
+            self.store.flush_async().await?;
         }
         tracing::info!(fork.id = %fork_id, terminated = terminated.len(), "fork.aborted");
         self.bump();
@@ -681,6 +686,7 @@ impl Actor for ForkActor {
             store,
             bus,
             ledger,
+            requeued: HashSet::new(),
             record,
             base,
             branches,
@@ -784,8 +790,8 @@ impl Actor for ForkActor {
                     .instrument(span),
                 );
             }
-            ForkMsg::Resume(runs, pool, which, reply) => {
-                let _ = reply.send(state.resume(runs, &pool, which).await);
+            ForkMsg::Resume(pool, which, reply) => {
+                let _ = reply.send(state.resume(&pool, which).await);
             }
             ForkMsg::Terminate(label, reply) => {
                 let _ = reply.send(state.terminate(&label).await);
@@ -812,12 +818,21 @@ impl Actor for ForkActor {
                 }
                 // Stop the losers that are still running or paused.
                 let reason = format!("fork {fork_id} merged branch `{}`", done.outcome.winner);
+                let mut ended = false;
                 for i in 0..state.branches.len() {
                     if state.branches[i].record.state.is_terminal() {
                         continue;
                     }
-                    if let Err(e) = state.stop_branch(i, reason.clone()).await {
-                        tracing::warn!(fork.id = %fork_id, branch.label = %state.branches[i].record.label, error = %e, "fork.merge: cannot stop a losing branch");
+                    match state.stop_branch(i, reason.clone()).await {
+                        Ok(here) => ended |= here,
+                        Err(e) => {
+                            tracing::warn!(fork.id = %fork_id, branch.label = %state.branches[i].record.label, error = %e, "fork.merge: cannot stop a losing branch")
+                        }
+                    }
+                }
+                if ended {
+                    if let Err(e) = state.store.flush_async().await {
+                        tracing::warn!(fork.id = %fork_id, error = %e, "fork.merge: cannot flush the stopped losers");
                     }
                 }
                 tracing::info!(

@@ -20,6 +20,7 @@ use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::protocol::now_ms;
 use forkfleet_shared::wire;
+use futures::{StreamExt, TryStreamExt};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -70,6 +71,8 @@ impl CoordinatorHandle {
     }
 
     async fn create_inner(&self, req: CreateFork) -> Result<ForkView, CoordinatorError> {
+        // The cheap checks first: a plan that cannot be created copies no blobs.
+        create::validate_plan(&req.plan)?;
         if let Some(account) = &req.plan.budget.account {
             self.ledger.check_account(account)?;
         }
@@ -97,14 +100,11 @@ impl CoordinatorHandle {
         let fork = self.root.start_fork(prepared).await?;
         let view = fork.view().await?;
         // Concurrently: over NATS each enqueue waits for its JetStream ack.
-        for chunk in payloads.chunks(ENQUEUE_IN_FLIGHT) {
-            let sends = chunk
-                .iter()
-                .map(|p| self.bus.enqueue_task(&self.config.pool, p.clone()));
-            for sent in futures::future::join_all(sends).await {
-                sent?;
-            }
-        }
+        futures::stream::iter(payloads)
+            .map(|p| self.bus.enqueue_task(&self.config.pool, p))
+            .buffer_unordered(ENQUEUE_IN_FLIGHT)
+            .try_collect::<()>()
+            .await?;
         tracing::info!(fork.id = %fork_id, branches = view.branches.len(), "fork.created");
         Ok(view)
     }
@@ -121,29 +121,15 @@ impl CoordinatorHandle {
     pub async fn requeue_unfinished(&self) -> Result<usize, CoordinatorError> {
         let mut total = 0;
         for fork in self.root.list().await? {
-            let view = fork.view().await?;
-            let runs: Vec<RunId> = view
-                .branches
-                .iter()
-                .filter(|b| {
-                    matches!(
-                        b.state,
-                        forkfleet_shared::state::BranchState::Pending
-                            | forkfleet_shared::state::BranchState::Running
-                    )
-                })
-                .map(|b| b.run_id)
-                .collect();
-            if runs.is_empty() {
-                continue;
-            }
-            let n = fork
-                .resume(runs, self.config.pool.clone(), Requeue::Unfinished)
+            total += fork
+                .resume(self.config.pool.clone(), Requeue::Unfinished)
                 .await?;
-            if n > 0 {
-                tracing::info!(fork.id = %view.fork_id, requeued = n, "fork.requeued: unfinished branches enqueued again");
-            }
-            total += n;
+        }
+        if total > 0 {
+            tracing::info!(
+                requeued = total,
+                "fork.requeued: unfinished branches enqueued again"
+            );
         }
         Ok(total)
     }
@@ -284,13 +270,17 @@ impl CoordinatorHandle {
         .await?
     }
 
-    /// The coordinator's store (blobs for diffs and merges, checkpoints).
-    /// Spent, reserved, cap and remaining per branch, for the fork and its account.
+    /// Spent, reserved, cap and remaining per branch, for the fork and its account; calls
+    /// are the branches' model turns.
     pub async fn fork_cost(&self, id: ForkId) -> Result<ForkCost, CoordinatorError> {
         // Through the root: an unknown fork is `UnknownFork` either way, and a fork whose
         // actor is still loading is waited for.
-        self.root.fork(id).await?;
-        self.ledger.fork_cost(id)
+        let view = self.root.fork(id).await?.view().await?;
+        let mut cost = self.ledger.fork_cost(id)?;
+        for b in &mut cost.branches {
+            b.calls = view.branch(&b.label).map_or(0, |v| v.turns);
+        }
+        Ok(cost)
     }
 
     /// Enqueue the branches a cap change made room for, fork by fork.
@@ -304,7 +294,7 @@ impl CoordinatorHandle {
                 .root
                 .fork(fork)
                 .await?
-                .resume(runs, self.config.pool.clone(), Requeue::Paused)
+                .resume(self.config.pool.clone(), Requeue::Paused(runs))
                 .await?;
             tracing::info!(fork.id = %fork, resumed = n, "budget.resumed");
         }
@@ -323,7 +313,7 @@ impl CoordinatorHandle {
         let resume = self.ledger.topup(id, branch, usd)?;
         self.store.flush_async().await?;
         self.resume(resume).await?;
-        self.ledger.fork_cost(id)
+        self.fork_cost(id).await
     }
 
     /// Move `usd` of cap from branch `from` to branch `to`; resumes `to` if it was paused.
@@ -338,7 +328,7 @@ impl CoordinatorHandle {
         let resume = self.ledger.move_budget(id, from, to, usd)?;
         self.store.flush_async().await?;
         self.resume(resume).await?;
-        self.ledger.fork_cost(id)
+        self.fork_cost(id).await
     }
 
     /// Create account `name` or change its cap; resumes what its cap paused.
@@ -358,6 +348,7 @@ impl CoordinatorHandle {
         Ok(self.ledger.accounts())
     }
 
+    /// The coordinator's store (blobs for diffs and merges, checkpoints).
     pub fn store(&self) -> &RunStore {
         &self.store
     }

@@ -16,6 +16,7 @@
 //! - `event_loop`: the consumer of the event stream (pump, apply, flush-then-ack).
 //! - `resume`: hands a branch's log to a worker taking it over, fencing earlier attempts.
 //! - `budget`: the ledger of branch, fork and account caps, and the reservation service.
+//! - `serve`: answering a request/reply subject (resubscribing, bounded, drained).
 //! - `root`, `fork`: the actors.
 //!
 //! ## Actors
@@ -51,6 +52,7 @@ mod merge;
 mod replica;
 mod resume;
 mod root;
+mod serve;
 
 pub use create::{fork_checkpoint_label, post_fork_checkpoint_label};
 pub use error::CoordinatorError;

@@ -22,22 +22,12 @@ use tokio::task::JoinHandle;
 pub(crate) async fn start(
     bus: &Arc<dyn Bus>,
     root: RootHandle,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, CoordinatorError> {
-    let mut requests = bus.serve(RESUME_SUBJECT).await?;
-    Ok(tokio::spawn(async move {
-        loop {
-            let req = tokio::select! {
-                _ = stop.wait_for(|s| *s) => break,
-                r = requests.recv() => match r {
-                    Some(r) => r,
-                    None => break,
-                },
-            };
-            let root = root.clone();
-            tokio::spawn(answer(root, req));
-        }
-    }))
+    crate::serve::serve(bus, RESUME_SUBJECT, stop, move |req| {
+        answer(root.clone(), req)
+    })
+    .await
 }
 
 async fn answer(root: RootHandle, req: Request) {

@@ -36,7 +36,6 @@ use tracing::Instrument;
 
 /// How long [`serve`] lets requests in flight finish after its shutdown.
 const DRAIN: Duration = Duration::from_secs(5);
-/// Blobs copied at once from the bus into the run store.
 /// Requests answered at once; more wait in the subscription.
 const MAX_IN_FLIGHT: usize = 1024;
 /// Pause before subscribing again when the bus ends the subscription.

@@ -55,7 +55,7 @@ pub struct StoreCounts {
 
 /// A cap changed after creation: the branch's (`Some(run)`) or the fork's (`None`), and
 /// its new value.
-pub(crate) type CapOverride = (Option<RunId>, Option<f64>);
+pub(crate) type CapOverride = (Option<RunId>, f64);
 
 /// The coordinator's durable state. Cheap to clone: every clone is the same database.
 #[derive(Clone)]
@@ -432,7 +432,7 @@ impl RunStore {
         &self,
         fork: ForkId,
         run: Option<RunId>,
-        cap: Option<f64>,
+        cap: f64,
     ) -> Result<(), CoordinatorError> {
         let bytes = encode("cap", &cap)?;
         match run {
@@ -450,7 +450,7 @@ impl RunStore {
         let mut out = Vec::new();
         for kv in self.inner.caps.scan_prefix(fork.as_bytes()) {
             let (k, v) = kv?;
-            let cap: Option<f64> = decode("cap", &v)?;
+            let cap: f64 = decode("cap", &v)?;
             let run = match k.len() {
                 16 => None,
                 32 => {

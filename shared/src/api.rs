@@ -69,6 +69,11 @@ impl ForkView {
         self.branches.iter().all(|b| b.state.is_terminal())
     }
 
+    /// Nothing runs: every branch has finished or is paused.
+    pub fn quiet(&self) -> bool {
+        self.branches.iter().all(|b| b.state.is_stopped())
+    }
+
     pub fn branch(&self, label: &str) -> Option<&BranchView> {
         self.branches.iter().find(|b| b.label == label)
     }

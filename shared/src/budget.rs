@@ -132,16 +132,18 @@ impl WireMessage for BudgetReply {
     const KIND: &'static str = "budget_reply";
 }
 
-/// Bytes per token assumed when estimating a request's input tokens from its size. Real
-/// tokenizers average 3 to 4 bytes of English or code per token; counting every 2 bytes
-/// as a token (and per-message overhead) keeps the estimate an upper bound for ordinary
-/// text.
+/// Bytes per token assumed when estimating a request's input tokens from its size. This is
+/// a heuristic, not a proven bound: BPE tokenizers are commonly said to average 3 to 4 bytes
+/// of English or code per token (not measured here), so counting every 2 bytes as a token
+/// leaves a margin for ordinary text; dense input (base64, long digit runs) may come closer
+/// to one token a byte. Providers that know their usage in advance (the scripted model)
+/// state it exactly instead.
 pub const BYTES_PER_TOKEN_ESTIMATE: u64 = 2;
 /// Tokens added per message (role markers, separators) and per tool schema.
 pub const TOKENS_PER_MESSAGE: u64 = 8;
 
-/// A conservative upper bound of the input tokens of a request made of `messages` and
-/// tool schemas totalling `tools_bytes` bytes.
+/// A conservative estimate (see [`BYTES_PER_TOKEN_ESTIMATE`]) of the input tokens of a
+/// request made of `messages` and tool schemas totalling `tools_bytes` bytes.
 pub fn estimate_input_tokens(messages: &[Message], tools_bytes: usize) -> u64 {
     let mut bytes = tools_bytes as u64;
     for m in messages {
@@ -151,7 +153,7 @@ pub fn estimate_input_tokens(messages: &[Message], tools_bytes: usize) -> u64 {
                 text.as_ref().map_or(0, |t| t.len() as u64)
                     + tool_calls
                         .iter()
-                        .map(|c| (c.id.len() + c.name.len() + c.args.to_string().len()) as u64)
+                        .map(|c| (c.id.len() + c.name.len()) as u64 + json_len(&c.args))
                         .sum::<u64>()
             }
             Message::Tool {
@@ -162,6 +164,24 @@ pub fn estimate_input_tokens(messages: &[Message], tools_bytes: usize) -> u64 {
         };
     }
     bytes.div_ceil(BYTES_PER_TOKEN_ESTIMATE) + TOKENS_PER_MESSAGE * (messages.len() as u64 + 1)
+}
+
+/// Bytes of `value` as compact JSON, counted without building the string.
+pub fn json_len(value: &serde_json::Value) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a `Value` to a sink that cannot fail cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 /// The upper bound of a call's cost: its estimated usage at `price`, all input priced as
@@ -235,13 +255,26 @@ mod tests {
     use crate::pricing::builtin_price;
 
     #[test]
-    fn estimate_bounds_real_token_counts() {
-        // 4,000 bytes of text: a real tokenizer gives about 1,000 tokens.
+    fn estimate_counts_two_bytes_a_token_plus_overhead() {
+        // 4,000 bytes of text and 100 of tool schemas: 2,050 tokens, plus 8 for the message
+        // and 8 for the request.
         let msgs = vec![Message::User {
             text: "word ".repeat(800),
         }];
-        let est = estimate_input_tokens(&msgs, 0);
-        assert!(est >= 2_000, "{est}");
+        assert_eq!(estimate_input_tokens(&msgs, 100), 2_066);
+        // Tool call arguments count as their compact JSON.
+        let args = serde_json::json!({"path": "a.txt", "content": "héllo"});
+        assert_eq!(json_len(&args), args.to_string().len() as u64);
+        let call = Message::Assistant {
+            text: None,
+            tool_calls: vec![crate::event::ToolCall {
+                id: "c1".into(),
+                name: "write_file".into(),
+                args: args.clone(),
+            }],
+        };
+        let bytes = 2 + 10 + args.to_string().len() as u64;
+        assert_eq!(estimate_input_tokens(&[call], 0), bytes.div_ceil(2) + 16);
         let price = builtin_price("gpt-4o-mini").unwrap();
         let c = estimate_cost(
             &price,

@@ -58,27 +58,23 @@ pub struct Delivery {
     pub payload: Bytes,
     /// 1 on the first delivery, 2 on the first redelivery, ...
     pub attempt: u32,
-    /// The W3C `traceparent` of the span the message was sent in, as received (unchecked:
-    /// [`crate::trace::set_parent`] parses it strictly). `None` when it was sent outside
-    /// any span or without an OpenTelemetry layer.
+    /// Tasks: the W3C `traceparent` of the span the task was enqueued in, as received
+    /// (unchecked: [`crate::trace::set_parent`] parses it strictly). `None` when it was
+    /// enqueued outside any span or without an OpenTelemetry layer, and for events (their
+    /// readers do not continue a trace, so publishing one would cost every event for
+    /// nothing).
     pub trace: Option<String>,
     acker: Box<dyn Acker>,
 }
 
 impl Delivery {
-    pub fn new(payload: Bytes, attempt: u32, acker: Box<dyn Acker>) -> Self {
+    pub fn new(payload: Bytes, attempt: u32, trace: Option<String>, acker: Box<dyn Acker>) -> Self {
         Self {
             payload,
             attempt,
-            trace: None,
+            trace,
             acker,
         }
-    }
-
-    /// The same delivery with the sender's trace context.
-    pub fn with_trace(mut self, trace: Option<String>) -> Self {
-        self.trace = trace;
-        self
     }
 
     pub async fn ack(&self) -> BusResult<()> {

@@ -16,6 +16,8 @@
 //! - [`trace`]: W3C trace context carried by bus messages.
 //! - [`testsignal`]: test runner output and exit status to a branch's test signal.
 //! - [`resolve`]: confidence scoring, the judge's verdict and bounded prompt, merge strategies.
+//! - [`nats_server`]: a local `nats-server -js` child process (the test fixture's and the
+//!   bench's), with its store and log in one directory.
 pub mod api;
 pub mod blob;
 pub mod budget;
@@ -25,6 +27,7 @@ pub mod event;
 pub mod flush;
 pub mod ids;
 pub mod manifest;
+pub mod nats_server;
 pub mod overlay;
 pub mod path;
 pub mod pricing;

@@ -31,14 +31,17 @@ impl Price {
             / 1_000_000.0
     }
 
+    /// Every price finite and not negative; the error names the key at fault.
     pub fn validate(&self) -> Result<(), String> {
         let all = [
-            self.input_per_mtok,
-            self.output_per_mtok,
-            self.cached_per_mtok.unwrap_or(0.0),
+            ("input_per_mtok", Some(self.input_per_mtok)),
+            ("output_per_mtok", Some(self.output_per_mtok)),
+            ("cached_per_mtok", self.cached_per_mtok),
         ];
-        if all.iter().any(|v| !v.is_finite() || *v < 0.0) {
-            return Err("prices must be finite and not negative".into());
+        for (key, v) in all {
+            if let Some(v) = v.filter(|v| !v.is_finite() || *v < 0.0) {
+                return Err(format!("`{key}` is {v}; it must be finite and >= 0"));
+            }
         }
         Ok(())
     }

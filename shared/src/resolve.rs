@@ -34,10 +34,8 @@ pub const MAX_JUDGE_PROMPT_CHARS: usize = 32_000;
 /// The signals behind a pick, all in `[0, 1]` (out-of-range values are clamped when scored).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ConfidenceSignals {
-    /// `1 - agreement_score`; what [`ConfidenceFormula::PeerV1`] reads.
-    pub quality_spread: f64,
-    /// The diff report's agreement score (`1 - split / max(touched, 1)`); what
-    /// [`ConfidenceFormula::EvidenceV1`] reads.
+    /// The diff report's agreement score (`1 - split / max(touched, 1)`).
+    /// [`ConfidenceFormula::PeerV1`] reads its complement, `quality_spread`.
     pub agreement_score: f64,
     /// The winner's pass ratio (passed / counted tests); `None` when there is no test signal
     /// (no test command, timeout, failure to start, no tests collected).
@@ -48,16 +46,13 @@ pub struct ConfidenceSignals {
 }
 
 impl ConfidenceSignals {
-    /// Signals with `quality_spread` derived from `agreement_score`, so the two stay consistent.
     pub fn new(
         agreement_score: f64,
         test_pass_ratio: Option<f64>,
         internal_consistency: f64,
     ) -> Self {
-        let agreement = unit(agreement_score);
         ConfidenceSignals {
-            quality_spread: 1.0 - agreement,
-            agreement_score: agreement,
+            agreement_score,
             test_pass_ratio,
             internal_consistency,
         }
@@ -117,7 +112,7 @@ impl ConfidenceFormula {
         let consistency = unit(signals.internal_consistency);
         match self {
             ConfidenceFormula::PeerV1 => {
-                let spread = unit(signals.quality_spread);
+                let spread = 1.0 - unit(signals.agreement_score);
                 let h = 0.4 * spread + 0.4 * test.unwrap_or(0.0) + 0.2 * consistency;
                 if test.is_none() {
                     unit(h.min(NO_TEST_CAP))
@@ -585,11 +580,14 @@ fn allocate(needs: &[usize], weights: &[usize], budget: usize) -> Vec<usize> {
 // Strategies
 // ---------------------------------------------------------------------------------------------
 
-/// How a fork is resolved.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// How a fork is resolved. The judges' models are not part of it: they are named once,
+/// next to it (the spec's `judge_model` or `judge_models`, `spec::ResolvePlan`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Strategy {
-    /// No judge runs; a person picks.
+    /// No judge runs; a person picks. The default: nothing merges without a judge or a
+    /// person asking for it.
+    #[default]
     Manual,
     /// One judge picks and the pick is committed at once, whatever its confidence.
     Auto,
@@ -599,25 +597,13 @@ pub enum Strategy {
         #[serde(default = "default_threshold")]
         threshold: f64,
     },
-    /// Every model in `judges` judges independently; the majority pick is committed at once,
-    /// a tie going to the pick with the highest individual confidence.
-    Vote {
-        #[serde(default)]
-        judges: Vec<String>,
-    },
+    /// Every judge judges independently; the majority pick is committed at once, a tie
+    /// going to the pick with the highest individual confidence.
+    Vote,
 }
 
 fn default_threshold() -> f64 {
     DEFAULT_THRESHOLD
-}
-
-impl Default for Strategy {
-    /// `auto_with_fallback` at 0.80, as in the reference.
-    fn default() -> Self {
-        Strategy::AutoWithFallback {
-            threshold: DEFAULT_THRESHOLD,
-        }
-    }
 }
 
 /// Why a strategy cannot be used.
@@ -625,10 +611,6 @@ impl Default for Strategy {
 pub enum StrategyError {
     #[error("the auto_with_fallback threshold {0} is not a number in [0, 1]")]
     Threshold(f64),
-    #[error("a vote needs at least one judge model")]
-    NoJudges,
-    #[error("a vote's judge models must not be blank")]
-    BlankJudge,
 }
 
 impl Strategy {
@@ -637,7 +619,7 @@ impl Strategy {
             Strategy::Manual => "manual",
             Strategy::Auto => "auto",
             Strategy::AutoWithFallback { .. } => "auto_with_fallback",
-            Strategy::Vote { .. } => "vote",
+            Strategy::Vote => "vote",
         }
     }
 
@@ -646,18 +628,13 @@ impl Strategy {
         !matches!(self, Strategy::Manual)
     }
 
-    /// Checks the threshold is in `[0, 1]` and a vote names at least one non-blank judge
-    /// (callers that fill the panel from a default model do so before validating).
+    /// Checks the threshold is in `[0, 1]`.
     pub fn validate(&self) -> Result<(), StrategyError> {
         match self {
             Strategy::AutoWithFallback { threshold }
                 if !threshold.is_finite() || !(0.0..=1.0).contains(threshold) =>
             {
                 Err(StrategyError::Threshold(*threshold))
-            }
-            Strategy::Vote { judges } if judges.is_empty() => Err(StrategyError::NoJudges),
-            Strategy::Vote { judges } if judges.iter().any(|j| j.trim().is_empty()) => {
-                Err(StrategyError::BlankJudge)
             }
             _ => Ok(()),
         }
@@ -711,7 +688,7 @@ pub fn decide(strategy: &Strategy, verdicts: &[(JudgeVerdict, f64)]) -> Decision
                 }
             }
         }
-        Strategy::Vote { .. } => {
+        Strategy::Vote => {
             // (winner, votes, best confidence, confidence sum), in order of first mention.
             let mut tally: Vec<(&str, usize, f64, f64)> = Vec::new();
             for (verdict, confidence) in verdicts {
@@ -753,7 +730,6 @@ mod tests {
     fn peer_v1_reproduces_the_agreement_defect() {
         // PEER.md: branches that agree, tests passing, full consistency, judge fully confident.
         let s = ConfidenceSignals::new(1.0, Some(1.0), 1.0);
-        assert!(close(s.quality_spread, 0.0));
         let c = ConfidenceFormula::PeerV1.effective(&s, 1.0);
         assert!(close(c, 0.60), "{c}");
         assert!(c < DEFAULT_THRESHOLD);
@@ -772,7 +748,6 @@ mod tests {
         let s = ConfidenceSignals::new(0.0, None, 1.0);
         assert!(close(ConfidenceFormula::PeerV1.heuristic(&s), 0.6));
         let s = ConfidenceSignals {
-            quality_spread: 1.0,
             agreement_score: 0.0,
             test_pass_ratio: None,
             internal_consistency: 1.0,
@@ -840,7 +815,6 @@ mod tests {
     fn bad_inputs_are_clamped() {
         for f in [ConfidenceFormula::PeerV1, ConfidenceFormula::EvidenceV1] {
             let wild = ConfidenceSignals {
-                quality_spread: f64::NAN,
                 agreement_score: 7.0,
                 test_pass_ratio: Some(3.0),
                 internal_consistency: -2.0,
@@ -856,10 +830,15 @@ mod tests {
             let inf_test = ConfidenceSignals::new(1.0, Some(f64::INFINITY), 1.0);
             assert!(f.effective(&inf_test, 1.0) <= NO_TEST_CAP);
         }
-        let s = ConfidenceSignals::new(f64::NAN, None, 1.0);
-        assert_eq!((s.agreement_score, s.quality_spread), (0.0, 1.0));
-        let s = ConfidenceSignals::new(1.5, None, 1.0);
-        assert_eq!((s.agreement_score, s.quality_spread), (1.0, 0.0));
+        // A NaN agreement counts as none (a full split), above 1 as full agreement.
+        let split = ConfidenceSignals::new(0.0, None, 1.0);
+        let nan = ConfidenceSignals::new(f64::NAN, None, 1.0);
+        let full = ConfidenceSignals::new(1.0, None, 1.0);
+        let over = ConfidenceSignals::new(1.5, None, 1.0);
+        for f in [ConfidenceFormula::PeerV1, ConfidenceFormula::EvidenceV1] {
+            assert_eq!(f.heuristic(&nan), f.heuristic(&split));
+            assert_eq!(f.heuristic(&over), f.heuristic(&full));
+        }
     }
 
     #[test]
@@ -1201,8 +1180,10 @@ mod tests {
 
     #[test]
     fn auto_with_fallback_commits_at_the_threshold_else_defers() {
-        let s = Strategy::default();
-        assert_eq!(s, Strategy::AutoWithFallback { threshold: 0.80 });
+        assert_eq!(Strategy::default(), Strategy::Manual);
+        let s = Strategy::AutoWithFallback {
+            threshold: DEFAULT_THRESHOLD,
+        };
         assert_eq!(
             decide(&s, &[(verdict("a", 1.0), 0.80)]),
             Decision::Commit {
@@ -1246,9 +1227,7 @@ mod tests {
 
     #[test]
     fn vote_takes_the_majority() {
-        let s = Strategy::Vote {
-            judges: vec!["m1".into(), "m2".into(), "m3".into()],
-        };
+        let s = Strategy::Vote;
         let d = decide(
             &s,
             &[
@@ -1269,9 +1248,7 @@ mod tests {
 
     #[test]
     fn vote_tie_goes_to_the_highest_confidence() {
-        let s = Strategy::Vote {
-            judges: vec!["m1".into(), "m2".into(), "m3".into()],
-        };
+        let s = Strategy::Vote;
         let d = decide(
             &s,
             &[
@@ -1307,8 +1284,7 @@ mod tests {
     fn strategy_serde_and_validation() {
         let s: Strategy = serde_json::from_str(r#"{"kind": "auto_with_fallback"}"#).unwrap();
         assert_eq!(s, Strategy::AutoWithFallback { threshold: 0.80 });
-        let s: Strategy =
-            serde_json::from_str(r#"{"kind": "vote", "judges": ["a", "b"]}"#).unwrap();
+        let s: Strategy = serde_json::from_str(r#"{"kind": "vote"}"#).unwrap();
         assert_eq!(s.as_str(), "vote");
         assert!(s.validate().is_ok());
         let s: Strategy = toml::from_str("kind = \"manual\"").unwrap();
@@ -1320,17 +1296,6 @@ mod tests {
         assert_eq!(
             Strategy::AutoWithFallback { threshold: 1.5 }.validate(),
             Err(StrategyError::Threshold(1.5))
-        );
-        assert_eq!(
-            Strategy::Vote { judges: vec![] }.validate(),
-            Err(StrategyError::NoJudges)
-        );
-        assert_eq!(
-            Strategy::Vote {
-                judges: vec![" ".into()]
-            }
-            .validate(),
-            Err(StrategyError::BlankJudge)
         );
         assert_eq!(
             serde_json::to_value(Decision::Defer {

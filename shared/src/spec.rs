@@ -120,11 +120,11 @@ pub struct TestPlan {
 
 /// How a fork is resolved, validated. The default (also for plans stored before these
 /// settings existed) is `manual` with no test command.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ResolvePlan {
     pub strategy: Strategy,
-    /// The judge models: one for `auto` and `auto_with_fallback` (also in `strategy` for
-    /// `vote`), none for `manual`.
+    /// The judge models: none for `manual`, one for `auto` and `auto_with_fallback`, at
+    /// least one for `vote`.
     #[serde(default)]
     pub judge_models: Vec<String>,
     #[serde(default)]
@@ -133,18 +133,6 @@ pub struct ResolvePlan {
     pub test: Option<TestPlan>,
     #[serde(default)]
     pub keep_artifacts: bool,
-}
-
-impl Default for ResolvePlan {
-    fn default() -> Self {
-        Self {
-            strategy: Strategy::Manual,
-            judge_models: Vec::new(),
-            confidence_formula: ConfidenceFormula::default(),
-            test: None,
-            keep_artifacts: false,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -617,12 +605,9 @@ fn resolve_plan(file: &SpecFile) -> Result<ResolvePlan, SpecError> {
                     "`vote` has several judges: set `judge_models = [...]`".to_string(),
                 ));
             }
-            let judges = file.judge_models.clone().unwrap_or_default();
             (
-                Strategy::Vote {
-                    judges: judges.clone(),
-                },
-                judges,
+                Strategy::Vote,
+                file.judge_models.clone().unwrap_or_default(),
             )
         }
         other => {
@@ -632,9 +617,6 @@ fn resolve_plan(file: &SpecFile) -> Result<ResolvePlan, SpecError> {
             ))
         }
     };
-    strategy
-        .validate()
-        .map_err(|e| bad("strategy", e.to_string()))?;
     let test = match &file.test_command {
         None => {
             if file.test_timeout_s.is_some() || !file.test_env.is_empty() {
@@ -650,46 +632,100 @@ fn resolve_plan(file: &SpecFile) -> Result<ResolvePlan, SpecError> {
                 TestCommand::Argv(v) => v.clone(),
                 TestCommand::Line(line) => split_words(line).map_err(|m| bad("test_command", m))?,
             };
-            if argv.first().is_none_or(|p| p.trim().is_empty()) {
-                return Err(bad(
-                    "test_command",
-                    "the command is empty; give a program and its arguments".to_string(),
-                ));
-            }
-            let timeout_s = file.test_timeout_s.unwrap_or(DEFAULT_TEST_TIMEOUT_S);
-            if !timeout_s.is_finite() || timeout_s <= 0.0 {
-                return Err(bad(
-                    "test_timeout_s",
-                    format!("{timeout_s} is not a number of seconds above 0"),
-                ));
-            }
-            for key in file.test_env.keys() {
-                let ok = key
-                    .chars()
-                    .next()
-                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                    && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-                if !ok {
-                    return Err(bad(
-                        "test_env",
-                        format!("`{key}` is not a variable name (letters, digits and `_`, not starting with a digit)"),
-                    ));
-                }
-            }
             Some(TestPlan {
                 argv,
-                timeout_s,
+                timeout_s: file.test_timeout_s.unwrap_or(DEFAULT_TEST_TIMEOUT_S),
                 env: file.test_env.clone(),
             })
         }
     };
-    Ok(ResolvePlan {
+    let plan = ResolvePlan {
         strategy,
         judge_models: judges,
         confidence_formula: file.confidence_formula.unwrap_or_default(),
         test,
         keep_artifacts: file.keep_artifacts.unwrap_or(false),
-    })
+    };
+    plan.validate()?;
+    Ok(plan)
+}
+
+impl ResolvePlan {
+    /// The rules a plan holds whoever built it (the spec parser, or a client of the
+    /// coordinator's API, which checks again): the strategy's threshold, as many judges as
+    /// the strategy has (none, one, or at least one for a vote), judge models of the form
+    /// `provider:name`, and a test command with a program, a timeout above 0 and variable
+    /// names for its environment.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let bad = |field, message: String| SpecError::BadResolve { field, message };
+        self.strategy
+            .validate()
+            .map_err(|e| bad("strategy", e.to_string()))?;
+        let kind = self.strategy.as_str();
+        let judges = self.judge_models.len();
+        match self.strategy {
+            Strategy::Manual if judges > 0 => {
+                return Err(bad(
+                    "judge_model",
+                    "strategy `manual` runs no judge; set `strategy` to use one".to_string(),
+                ))
+            }
+            Strategy::Auto | Strategy::AutoWithFallback { .. } if judges != 1 => {
+                return Err(bad(
+                    "judge_model",
+                    format!("strategy `{kind}` has one judge, not {judges}: set `judge_model = \"provider:name\"`"),
+                ))
+            }
+            Strategy::Vote if judges == 0 => {
+                return Err(bad(
+                    "judge_models",
+                    "a vote needs at least one judge model: set `judge_models = [...]`"
+                        .to_string(),
+                ))
+            }
+            _ => {}
+        }
+        for judge in &self.judge_models {
+            check_model_name(judge)?;
+        }
+        if let Some(test) = &self.test {
+            test.validate().map_err(|(field, m)| bad(field, m))?;
+        }
+        Ok(())
+    }
+}
+
+impl TestPlan {
+    /// A program to run, a timeout above 0, and variable names for the environment; the
+    /// key at fault and why.
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.argv.first().is_none_or(|p| p.trim().is_empty()) {
+            return Err((
+                "test_command",
+                "the command is empty; give a program and its arguments".to_string(),
+            ));
+        }
+        if !self.timeout_s.is_finite() || self.timeout_s <= 0.0 {
+            return Err((
+                "test_timeout_s",
+                format!("{} is not a number of seconds above 0", self.timeout_s),
+            ));
+        }
+        for key in self.env.keys() {
+            let ok = key
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ok {
+                return Err((
+                    "test_env",
+                    format!("`{key}` is not a variable name (letters, digits and `_`, not starting with a digit)"),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Split a command line into words as a POSIX shell would for plain words, quotes and
@@ -1009,13 +1045,12 @@ mod tests {
             &format!("{judge}\n[[branches]]"),
         ))
         .unwrap();
-        assert!(
-            matches!(vote.resolve.strategy, Strategy::Vote { ref judges } if judges.len() == 2)
-        );
+        assert_eq!(vote.resolve.strategy, Strategy::Vote);
+        assert_eq!(vote.resolve.judge_models.len(), 2);
         for (top, needle) in [
             ("strategy = \"best\"", "valid: manual, auto"),
             ("strategy = \"auto\"", "needs a judge"),
-            ("strategy = \"vote\"", "at least one judge"),
+            ("strategy = \"vote\"", "at least one judge model"),
             ("strategy = \"vote\"\njudge_model = \"scripted:judge\"", "judge_models = [...]"),
             ("judge_model = \"scripted:judge\"", "runs no judge"),
             ("confidence_threshold = 0.5", "only `auto_with_fallback`"),

@@ -38,6 +38,12 @@ impl BranchState {
         )
     }
 
+    /// Terminal or paused: no worker runs the branch, nothing it does changes until a
+    /// top-up (paused) or never (terminal).
+    pub fn is_stopped(self) -> bool {
+        self.is_terminal() || self == BranchState::Paused
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             BranchState::Pending => "pending",

@@ -36,14 +36,12 @@ use forkfleet_shared::pricing::Price;
 use forkfleet_shared::script::{Script, ScriptDefaults, ScriptToolCall, ScriptTurn, ScriptUsage};
 use forkfleet_shared::spec::{BranchPlan, ForkPlan, Limits, ModelPlan};
 use forkfleet_shared::state::BranchState;
+use forkfleet_worker::provider::scripted::USAGE_LOG_ENV;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// The environment variable the scripted model appends its completed calls to.
-pub const USAGE_LOG_ENV: &str = "FORKFLEET_SCRIPTED_USAGE_LOG";
 
 const PRICE: Price = Price {
     input_per_mtok: 0.15,
@@ -204,20 +202,18 @@ pub async fn run(args: &BudgetArgs) -> anyhow::Result<Vec<BudgetRow>> {
             settle(measured, &mut stopped)
         }
         BenchBus::Local => {
-            // The in-process workers' scripted model reads the variable when it is built.
-            std::env::set_var(USAGE_LOG_ENV, &log_str);
-            let system = Embedded::start(
+            let system = Embedded::start_with_usage_log(
                 &tmp.path().join("data"),
                 EmbeddedOptions {
                     workers: args.workers.max(1),
                     concurrency: args.concurrency.max(1),
                     requeue_unfinished: false,
                 },
+                Some(log.clone()),
             )
             .await?;
             let measured = rows(&system.client(), &workspace, &log, args).await;
             system.shutdown().await?;
-            std::env::remove_var(USAGE_LOG_ENV);
             measured
         }
     }

@@ -3,7 +3,7 @@
 //! request kind round-trips and answers what the coordinator handle answers directly;
 //! errors keep their kind; garbage and wrong versions are answered, never fatal.
 
-use super::harness::Example;
+use super::harness::{slow_spec, Example};
 use forkfleet::client;
 use forkfleet::config::{Config, Layer};
 use forkfleet::remote::{ClientError, RemoteCoordinator};
@@ -143,32 +143,6 @@ fn api_kind(e: ClientError) -> (ApiErrorKind, String) {
     }
 }
 
-/// A script whose branches write a file every 100 ms for a long time: slow enough to be
-/// stopped mid-way.
-const SLOW_SCRIPT: &str = r#"
-[defaults]
-latency_ms = 100
-usage = { input_tokens = 100, output_tokens = 10 }
-
-[[turns."*"]]
-tool_calls = [{ name = "write_file", args = { path = "slow/{label}-{repeat}.md", content = "x\n" } }]
-repeat = 150
-
-[[turns."*"]]
-text = "done"
-"#;
-
-fn slow_spec(ex: &Example) -> std::path::PathBuf {
-    std::fs::write(ex.dir.path().join("slow.toml"), SLOW_SCRIPT).unwrap();
-    ex.write_spec(
-        "goal = \"slow\"\nworkspace = \"workspace\"\nmodel = \"scripted:slow\"\nmax_turns = 200\n\
-         [models.\"scripted:slow\"]\nscript = \"slow.toml\"\n\
-         [[branches]]\nlabel = \"a\"\nsteer = \"go\"\n\
-         [[branches]]\nlabel = \"b\"\nsteer = \"go\"\n\
-         [[branches]]\nlabel = \"c\"\nsteer = \"go\"\n",
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_kind_round_trips() {
     let sys = System::start(2).await;
@@ -296,30 +270,32 @@ async fn terminate_and_abort_stop_running_branches() {
 
     // Wait until `a` has made a few turns, then stop it.
     let mut seen = None;
-    loop {
-        let w = tokio::time::timeout(LIMIT, r.watch(id, seen, Duration::from_secs(5)))
-            .await
-            .unwrap()
-            .unwrap();
-        seen = Some(w.version);
-        if w.view.branch("a").unwrap().turns >= 2 {
-            break;
+    tokio::time::timeout(LIMIT, async {
+        loop {
+            let w = r.watch(id, seen, Duration::from_secs(5)).await.unwrap();
+            seen = Some(w.version);
+            if w.view.branch("a").unwrap().turns >= 2 {
+                break;
+            }
         }
-    }
+    })
+    .await
+    .expect("`a` made two turns in time");
     let t = r.terminate(id, "a").await.unwrap();
     assert!(t.sent, "{t:?}");
     assert_eq!(t.state, BranchState::Running);
-    loop {
-        let w = tokio::time::timeout(LIMIT, r.watch(id, seen, Duration::from_secs(5)))
-            .await
-            .unwrap()
-            .unwrap();
-        seen = Some(w.version);
-        if w.view.branch("a").unwrap().state == BranchState::Terminated {
-            assert!(!w.view.settled(), "the others still run");
-            break;
+    tokio::time::timeout(LIMIT, async {
+        loop {
+            let w = r.watch(id, seen, Duration::from_secs(5)).await.unwrap();
+            seen = Some(w.version);
+            if w.view.branch("a").unwrap().state == BranchState::Terminated {
+                assert!(!w.view.settled(), "the others still run");
+                break;
+            }
         }
-    }
+    })
+    .await
+    .expect("`a` was terminated in time");
 
     let aborted = r.abort(id).await.unwrap();
     assert!(aborted.changed);

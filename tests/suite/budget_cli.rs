@@ -2,26 +2,13 @@
 //! `fork topup` of a paused run, `account set` / `account show`, and model prices from the
 //! config's `[pricing]`.
 
-use super::harness::{forkfleet, json, path_str, stderr, Example};
+use super::fleet::{Fleet, Options, SHORT_ACK_WAIT_S};
+use super::harness::{forkfleet, forkfleet_env, json, path_str, stderr, Example};
 use forkfleet_shared::budget::{AccountView, ForkCost};
 use forkfleet_shared::state::BranchState;
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output};
-
-/// The binary with `env` set and every other `FORKFLEET_*` variable removed.
-fn forkfleet_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_forkfleet"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("FORKFLEET_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.args(args)
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "warn");
-    cmd.output().unwrap()
-}
+use std::process::Output;
 
 /// Exit 2, and every one of `expect` in stderr.
 fn bad(out: &Output, expect: &[&str]) {
@@ -479,7 +466,14 @@ fn config_prices_an_unpriced_scripted_model() {
 /// Waits on the coordinator's ledger.
 #[test]
 fn budget_commands_over_nats() {
-    let fleet = super::cluster_faults::Fleet::start_env(1, 8, &[]);
+    let fleet = Fleet::start(
+        1,
+        8,
+        Options {
+            ack_wait_s: Some(SHORT_ACK_WAIT_S),
+            ..Options::default()
+        },
+    );
     let set = fleet.client(&["account", "set", "team-a", "--cap", "5", "--json"]);
     let a: AccountView = serde_json::from_value(set.json()).unwrap();
     assert_eq!((a.name.as_str(), a.cap_usd), ("team-a", Some(5.0)));

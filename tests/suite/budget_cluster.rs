@@ -3,7 +3,7 @@
 //! completes (`FORKFLEET_SCRIPTED_USAGE_LOG`): that log is the true spend, which the caps
 //! are checked against, independently of what the coordinator tracked.
 
-use super::cluster_faults::Fleet;
+use super::fleet::{Fleet, Options, POLL, SHORT_ACK_WAIT_S};
 use super::harness::{path_str, Example};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -43,10 +43,14 @@ impl Run {
     fn start(workers: usize, concurrency: usize) -> Run {
         let ex = Example::quickstart();
         let log = ex.dir.path().join("usage.jsonl");
-        let fleet = Fleet::start_env(
+        let fleet = Fleet::start(
             workers,
             concurrency,
-            &[("FORKFLEET_SCRIPTED_USAGE_LOG", path_str(&log))],
+            Options {
+                ack_wait_s: Some(SHORT_ACK_WAIT_S),
+                env: &[("FORKFLEET_SCRIPTED_USAGE_LOG", path_str(&log))],
+                ..Options::default()
+            },
         );
         Run { fleet, ex, log }
     }
@@ -116,6 +120,7 @@ impl Run {
                 "the fork did not settle\n{}",
                 self.fleet.logs()
             );
+            std::thread::sleep(POLL);
         }
     }
 }
@@ -274,11 +279,7 @@ fn a_killed_worker_leaks_no_reservation() {
     );
     let id = run.fleet.create(&spec);
     run.fleet.wait_progress(&id, 12);
-    let w = &mut run.fleet.workers[0];
-    let child = w.child.as_mut().unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
-    w.child = None;
+    run.fleet.workers[0].kill();
     let cost = run.wait_quiet(&id);
     assert_eq!(cost["reserved_usd"].as_f64(), Some(0.0), "{cost}");
     for b in cost["branches"].as_array().unwrap() {

@@ -1,16 +1,7 @@
 //! `forkfleet run` end to end: the quickstart fork with `--json`, and bad input.
 
-use super::harness::{forkfleet, json, path_str, stderr, Example};
+use super::harness::{branch, forkfleet, json, path_str, stderr, Example};
 use serde_json::Value;
-
-fn branch<'a>(doc: &'a Value, label: &str) -> &'a Value {
-    doc["branches"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["label"] == label)
-        .unwrap_or_else(|| panic!("no branch {label} in {doc}"))
-}
 
 fn path<'a>(doc: &'a Value, p: &str) -> &'a Value {
     doc["diff"]["paths"]

@@ -3,262 +3,28 @@
 //! `forkfleet workers` and `forkfleet log` with `--nats`. Every wait is bounded; every
 //! child process is killed on drop.
 
-use super::harness::{path_str, Example};
-use forkfleet_shared::testkit::NatsServer;
+use super::fleet::{binary, wait_bounded, Fleet, Options, Service, COMMAND_LIMIT, POLL};
+use super::harness::{branch, path_str, slow_spec, Example};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-/// Bound of one client command.
-pub(super) const COMMAND_LIMIT: Duration = Duration::from_secs(60);
-/// Bound of a service's start or stop.
-pub(super) const SERVICE_LIMIT: Duration = Duration::from_secs(30);
-
-pub(super) fn binary() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_forkfleet"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("FORKFLEET_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("RUST_LOG", "info,async_nats=warn");
-    cmd
-}
-
-/// A service process (`forkfleet coordinator` or `forkfleet worker`), its output in a log
-/// file; killed on drop.
-pub(super) struct Service {
-    pub(super) name: String,
-    pub(super) child: Option<Child>,
-    pub(super) log: PathBuf,
-}
-
-impl Service {
-    pub(super) fn spawn(name: &str, args: &[&str], dir: &Path) -> Service {
-        Self::spawn_env(name, args, dir, &[])
-    }
-
-    /// [`Service::spawn`] with these environment variables set.
-    pub(super) fn spawn_env(
-        name: &str,
-        args: &[&str],
-        dir: &Path,
-        env: &[(&str, &str)],
-    ) -> Service {
-        let log = dir.join(format!("{name}.log"));
-        let out = std::fs::File::create(&log).unwrap();
-        let child = binary()
-            .envs(env.iter().copied())
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap();
-        Service {
-            name: name.to_string(),
-            child: Some(child),
-            log,
-        }
-    }
-
-    pub(super) fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGTERM by pid, then wait for the exit (bounded).
-    pub(super) fn terminate(&mut self) -> ExitStatus {
-        let child = self.child.as_mut().unwrap();
-        let sent = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-        let status = wait_bounded(child, SERVICE_LIMIT)
-            .unwrap_or_else(|| panic!("{} did not stop on SIGTERM:\n{}", self.name, self.log()));
-        self.child = None;
-        status
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-pub(super) fn wait_bounded(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return Some(status);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// What a client command did.
-pub(super) struct Ran {
-    pub(super) code: Option<i32>,
-    pub(super) stdout: String,
-    pub(super) stderr: String,
-}
-
-impl Ran {
-    pub(super) fn json(&self) -> Value {
-        assert_eq!(
-            self.code,
-            Some(0),
-            "stderr: {}\nstdout: {}",
-            self.stderr,
-            self.stdout
-        );
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
-    }
-}
-
-/// Run a client command, bounded by [`COMMAND_LIMIT`] (killed past it).
-pub(super) fn run(dir: &Path, args: &[&str]) -> Ran {
-    let id = uuid_like();
-    let (out_path, err_path) = (dir.join(format!("{id}.out")), dir.join(format!("{id}.err")));
-    let mut child = binary()
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    let status = wait_bounded(&mut child, COMMAND_LIMIT);
-    if status.is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let ran = Ran {
-        code: status.and_then(|s| s.code()),
-        stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
-        stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
-    };
-    assert!(
-        status.is_some(),
-        "`forkfleet {}` did not finish: {}",
-        args.join(" "),
-        ran.stderr
-    );
-    ran
-}
-
-fn uuid_like() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!("cmd-{}", N.fetch_add(1, Ordering::Relaxed))
-}
-
-/// A nats-server, a coordinator and a worker, with the client's working directory.
-struct Cluster {
-    nats: NatsServer,
-    coordinator: Service,
-    worker: Service,
-    dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    fn start() -> Cluster {
-        let nats = NatsServer::start();
-        let dir = tempfile::tempdir().unwrap();
-        let url = nats.url();
-        let data = dir.path().join("coordinator-data");
-        let coordinator = Service::spawn(
-            "coordinator",
-            &["coordinator", "--nats", &url, "--data", path_str(&data)],
-            dir.path(),
-        );
-        let worker = Service::spawn(
-            "worker",
-            &[
-                "worker",
-                "--nats",
-                &url,
-                "--pool",
-                "default",
-                "--concurrency",
-                "8",
-                "--drain-grace-s",
-                "5",
-            ],
-            dir.path(),
-        );
-        let cluster = Cluster {
-            nats,
-            coordinator,
-            worker,
-            dir,
-        };
-        cluster.wait_ready();
-        cluster
-    }
-
-    /// Until the coordinator answers and the worker is listed (bounded).
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + SERVICE_LIMIT;
-        loop {
-            let ls = self.client(&["fork", "ls", "--json"]);
-            let workers = self.client(&["workers", "--json"]);
-            if ls.code == Some(0)
-                && workers.code == Some(0)
-                && workers.json().as_array().is_some_and(|w| w.len() == 1)
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the cluster did not come up\nfork ls: {}\nworkers: {}\ncoordinator:\n{}\nworker:\n{}",
-                ls.stderr,
-                workers.stderr,
-                self.coordinator.log(),
-                self.worker.log()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    /// A client command with `--nats` to this cluster.
-    fn client(&self, args: &[&str]) -> Ran {
-        let url = self.nats.url();
-        let mut all: Vec<&str> = args.to_vec();
-        all.extend(["--nats", &url]);
-        run(self.dir.path(), &all)
-    }
-
-    /// Show the services' logs when a test fails.
-    fn logs(&self) -> String {
-        format!(
-            "coordinator:\n{}\nworker:\n{}",
-            self.coordinator.log(),
-            self.worker.log()
-        )
-    }
-}
-
-pub(super) fn branch<'a>(doc: &'a Value, label: &str) -> &'a Value {
-    doc["branches"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["label"] == label)
-        .unwrap_or_else(|| panic!("no branch {label} in {doc}"))
+/// One worker of 8 slots in pool `default`, draining for 5 s at most.
+fn start() -> Fleet {
+    Fleet::start(
+        1,
+        8,
+        Options {
+            pool: Some("default"),
+            drain_grace_s: Some("5"),
+            ..Options::default()
+        },
+    )
 }
 
 #[test]
 fn create_watch_diff_merge_and_workers_on_a_cluster() {
-    let mut cluster = Cluster::start();
+    let mut cluster = start();
     let ex = Example::quickstart();
 
     let created = cluster
@@ -381,7 +147,11 @@ fn create_watch_diff_merge_and_workers_on_a_cluster() {
     assert!(events.len() > 5);
 
     // Both services stop cleanly on SIGTERM.
-    assert!(cluster.worker.terminate().success(), "{}", cluster.logs());
+    assert!(
+        cluster.workers[0].terminate().success(),
+        "{}",
+        cluster.logs()
+    );
     assert!(
         cluster.coordinator.terminate().success(),
         "{}",
@@ -394,32 +164,11 @@ fn create_watch_diff_merge_and_workers_on_a_cluster() {
     );
 }
 
-/// A script whose branches write a file every 100 ms for 15 s: slow enough to stop.
-const SLOW_SCRIPT: &str = r#"
-[defaults]
-latency_ms = 100
-usage = { input_tokens = 100, output_tokens = 10 }
-
-[[turns."*"]]
-tool_calls = [{ name = "write_file", args = { path = "slow/{label}-{repeat}.md", content = "x\n" } }]
-repeat = 150
-
-[[turns."*"]]
-text = "done"
-"#;
-
 #[test]
 fn terminate_and_abort_on_a_cluster() {
-    let cluster = Cluster::start();
+    let cluster = start();
     let ex = Example::quickstart();
-    std::fs::write(ex.dir.path().join("slow.toml"), SLOW_SCRIPT).unwrap();
-    let spec = ex.write_spec(
-        "goal = \"slow\"\nworkspace = \"workspace\"\nmodel = \"scripted:slow\"\nmax_turns = 200\n\
-         [models.\"scripted:slow\"]\nscript = \"slow.toml\"\n\
-         [[branches]]\nlabel = \"a\"\nsteer = \"go\"\n\
-         [[branches]]\nlabel = \"b\"\nsteer = \"go\"\n\
-         [[branches]]\nlabel = \"c\"\nsteer = \"go\"\n",
-    );
+    let spec = slow_spec(&ex);
     let created = cluster.client(&["fork", "create", path_str(&spec)]);
     assert_eq!(created.code, Some(0), "{}", created.stderr);
     let id = created.stdout.trim().to_string();
@@ -439,7 +188,7 @@ fn terminate_and_abort_on_a_cluster() {
             "branches did not start: {view}\n{}",
             cluster.logs()
         );
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(POLL);
     }
 
     let stopped = cluster.client(&["fork", "terminate", &id, "a"]);
@@ -488,7 +237,7 @@ fn terminate_and_abort_on_a_cluster() {
             "branches did not stop: {view}\n{}",
             cluster.logs()
         );
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(POLL);
     };
     for label in ["a", "b", "c"] {
         assert_eq!(
@@ -522,7 +271,7 @@ text = "done"
 
 #[test]
 fn watch_rides_out_a_coordinator_restart() {
-    let mut cluster = Cluster::start();
+    let mut cluster = start();
     let ex = Example::quickstart();
     std::fs::write(ex.dir.path().join("medium.toml"), MEDIUM_SCRIPT).unwrap();
     let spec = ex.write_spec(
@@ -572,15 +321,10 @@ fn watch_rides_out_a_coordinator_restart() {
             break;
         }
         assert!(Instant::now() < deadline, "no progress: {}", cluster.logs());
+        std::thread::sleep(POLL);
     }
-    cluster.coordinator.child.as_mut().unwrap().kill().unwrap();
-    cluster.coordinator.child.as_mut().unwrap().wait().unwrap();
-    let data = cluster.dir.path().join("coordinator-data");
-    cluster.coordinator = Service::spawn(
-        "coordinator-2",
-        &["coordinator", "--nats", &url, "--data", path_str(&data)],
-        cluster.dir.path(),
-    );
+    cluster.coordinator.kill();
+    cluster.coordinator = cluster.spawn_coordinator("coordinator-2");
 
     let status = wait_bounded(watch.child.as_mut().unwrap(), Duration::from_secs(100))
         .unwrap_or_else(|| panic!("watch did not finish: {}\n{}", watch.log(), cluster.logs()));

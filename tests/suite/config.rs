@@ -1,21 +1,7 @@
 //! Layered configuration through the binary: file < environment < flags, secrets never
 //! printed, unknown keys listed; and the client commands without a cluster (embedded).
 
-use super::harness::{json, path_str, stderr, Example};
-use std::process::{Command, Output};
-
-fn forkfleet_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_forkfleet"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("FORKFLEET_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.args(args)
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "warn");
-    cmd.output().unwrap()
-}
+use super::harness::{forkfleet_env, json, path_str, stderr, Example};
 
 #[test]
 fn print_config_layers_and_redacts() {

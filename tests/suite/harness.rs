@@ -1,4 +1,5 @@
-//! Helpers: a copy of the quickstart example in a temporary directory, and the binary.
+//! Helpers: a copy of the quickstart example in a temporary directory, the binary in a clean
+//! environment, and what several test modules read or write.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -57,15 +58,39 @@ fn copy_dir(src: &Path, dst: &Path) {
     }
 }
 
-/// Run the binary with `args`; bounded by a generous timeout through the fork commands'
-/// own `--timeout-s` where they wait.
-pub fn forkfleet(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_forkfleet"))
+/// The environment variables a test process keeps of the `FORKFLEET_*` ones: the binary the
+/// nats tests start (`forkfleet_shared::testkit::NATS_SERVER_ENV`).
+const KEPT_ENV: &[&str] = &["FORKFLEET_NATS_SERVER"];
+
+/// The binary, to be given its arguments: every `FORKFLEET_*` variable of the test's
+/// environment removed (but [`KEPT_ENV`]), `RUST_LOG=warn`.
+pub fn command() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_forkfleet"));
+    for (k, _) in std::env::vars_os() {
+        if let Some(k) = k.to_str() {
+            if k.starts_with("FORKFLEET_") && !KEPT_ENV.contains(&k) {
+                cmd.env_remove(k);
+            }
+        }
+    }
+    cmd.env("RUST_LOG", "warn");
+    cmd
+}
+
+/// Run the binary with `args` and `env` set, every other `FORKFLEET_*` variable removed
+/// (see [`command`]); bounded by a generous timeout through the fork commands' own
+/// `--timeout-s` where they wait.
+pub fn forkfleet_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    command()
         .args(args)
-        .env_remove("FORKFLEET_DATA")
-        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .output()
         .unwrap()
+}
+
+/// [`forkfleet_env`] with no variable set.
+pub fn forkfleet(args: &[&str]) -> Output {
+    forkfleet_env(args, &[])
 }
 
 pub fn json(out: &Output) -> Value {
@@ -86,4 +111,41 @@ pub fn stderr(out: &Output) -> String {
 
 pub fn path_str(p: &Path) -> &str {
     p.to_str().unwrap()
+}
+
+/// The branch labelled `label` of a fork view (JSON).
+pub fn branch<'a>(doc: &'a Value, label: &str) -> &'a Value {
+    doc["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["label"] == label)
+        .unwrap_or_else(|| panic!("no branch {label} in {doc}"))
+}
+
+/// A script whose branches write a file every 100 ms for 15 s: slow enough to be stopped
+/// mid-way.
+pub const SLOW_SCRIPT: &str = r#"
+[defaults]
+latency_ms = 100
+usage = { input_tokens = 100, output_tokens = 10 }
+
+[[turns."*"]]
+tool_calls = [{ name = "write_file", args = { path = "slow/{label}-{repeat}.md", content = "x\n" } }]
+repeat = 150
+
+[[turns."*"]]
+text = "done"
+"#;
+
+/// A spec of three branches, `a`, `b` and `c`, playing [`SLOW_SCRIPT`] in `ex`.
+pub fn slow_spec(ex: &Example) -> PathBuf {
+    std::fs::write(ex.dir.path().join("slow.toml"), SLOW_SCRIPT).unwrap();
+    ex.write_spec(
+        "goal = \"slow\"\nworkspace = \"workspace\"\nmodel = \"scripted:slow\"\nmax_turns = 200\n\
+         [models.\"scripted:slow\"]\nscript = \"slow.toml\"\n\
+         [[branches]]\nlabel = \"a\"\nsteer = \"go\"\n\
+         [[branches]]\nlabel = \"b\"\nsteer = \"go\"\n\
+         [[branches]]\nlabel = \"c\"\nsteer = \"go\"\n",
+    )
 }

@@ -6,6 +6,7 @@ mod cli;
 mod cluster_cli;
 mod cluster_faults;
 mod config;
+mod fleet;
 mod harness;
 mod lineage;
 mod restart;

@@ -1,7 +1,7 @@
 //! A fork outlives the process that made it: created and settled in one process, read and
 //! merged from another, with a conflicting local edit kept.
 
-use super::harness::{forkfleet, json, path_str, stderr, Example};
+use super::harness::{command, forkfleet, json, path_str, stderr, Example};
 
 #[test]
 fn fork_merged_by_a_later_process() {
@@ -101,10 +101,8 @@ fn an_embedded_fork_interrupted_mid_run_is_finished_by_watch() {
          [[branches]]\nlabel = \"a\"\n[[branches]]\nlabel = \"b\"\n[[branches]]\nlabel = \"c\"\n",
     );
     let usage = ex.dir.path().join("usage.jsonl");
-    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_forkfleet"))
+    let mut run = command()
         .args(["run", path_str(&spec), "--json", "--timeout-s", "120"])
-        .env_remove("FORKFLEET_DATA")
-        .env("RUST_LOG", "warn")
         .env("FORKFLEET_SCRIPTED_USAGE_LOG", &usage)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())

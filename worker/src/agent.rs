@@ -24,9 +24,11 @@
 //!
 //! The task attempt, on every event and every request to the coordinator, is the task's
 //! `attempt_base` plus the bus's delivery count. Events are numbered from the task's
-//! `first_seq`, one by one, with no gaps. An infrastructure failure (bus, blob store, a
-//! budget service that keeps failing) makes the actor fail; the node then hands the task
-//! back for another attempt. Everything else ends the branch with a status.
+//! `first_seq`, one by one, with no gaps. A request to the coordinator (`coord.budget`,
+//! `coord.resume`) answered `retry`, timed out or failed is tried again a few times with a
+//! growing backoff. An infrastructure failure (bus, blob store, a coordinator that keeps
+//! failing those requests) makes the actor fail; the node then hands the task back for
+//! another attempt. Everything else ends the branch with a status.
 
 use crate::context::WorkerCtx;
 use crate::error::WorkerError;
@@ -76,9 +78,8 @@ pub(crate) struct AgentState {
     ctx: Arc<WorkerCtx>,
     lease: Arc<TaskLease>,
     task: BranchTask,
-    /// The task attempt: `task.attempt_base` plus the delivery count.
-    attempt: u32,
     span: tracing::Span,
+    /// Publishes the branch's events; holds the task attempt.
     out: Publisher,
     control: Option<mpsc::UnboundedReceiver<Bytes>>,
     /// Commands that arrived during a model call or a reservation, for the next turn.
@@ -123,7 +124,8 @@ struct Publisher {
     fork_id: ForkId,
     run_id: RunId,
     seq: u64,
-    /// The task's delivery attempt, on every event (the coordinator fences older ones).
+    /// The task attempt (`task.attempt_base` plus the delivery count), on every event and
+    /// every request to the coordinator (the coordinator fences older ones).
     attempt: u32,
 }
 
@@ -178,7 +180,6 @@ impl Actor for BranchAgent {
             ctx: args.ctx,
             lease: args.lease,
             task,
-            attempt,
             span,
             out,
             control: None,
@@ -263,21 +264,16 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
     // enqueued again for a branch that ran before (resumed after a pause): take the branch
     // over from the coordinator's copy of its log, after the coordinator has fenced off the
     // earlier attempts' events.
-    let resumed = if state.attempt > 1 {
-        match resume_log(&state.ctx.bus, task, state.attempt).await? {
-            ResumeReply::Log { events } => {
+    let resumed = if state.out.attempt > 1 {
+        match resume_log(&state.ctx.bus, task, state.out.attempt).await? {
+            Resumed::Log(events) => {
                 if let Some(end) = terminal_state(&events) {
                     return Ok(Step::Drop(format!("the branch already finished as {end}")));
                 }
                 state.out.seq = events.last().map_or(task.first_seq, |(seq, _)| seq + 1);
                 Some(events)
             }
-            ResumeReply::Gone { reason } => return Ok(Step::Drop(reason)),
-            ResumeReply::Retry { reason } => {
-                return Err(WorkerError::Bus(BusError::Backend(format!(
-                    "the coordinator cannot resume the branch yet: {reason}"
-                ))))
-            }
+            Resumed::Gone(reason) => return Ok(Step::Drop(reason)),
         }
     } else {
         None
@@ -290,7 +286,7 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
         })
         .await?;
     tracing::info!(
-        task.attempt = state.attempt,
+        task.attempt = state.out.attempt,
         first_seq = task.first_seq,
         resumed = resumed.is_some(),
         "branch started"
@@ -328,22 +324,42 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
     }
 }
 
-/// How long a worker waits for the coordinator to hand over a resumed branch's log.
+/// How long one resume request may wait for the coordinator.
 const RESUME_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Ask the coordinator for the branch's log, fencing off earlier attempts.
+/// The coordinator's answer to a resume.
+enum Resumed {
+    /// The branch's log as the coordinator has it, `(seq, event)` from the `fork` event.
+    Log(Vec<(u64, Event)>),
+    /// The fork or the branch is not known: nothing to resume.
+    Gone(String),
+}
+
+/// Ask the coordinator for the branch's log, fencing off earlier attempts. A `retry`
+/// answer, a timeout or a bus error is tried again (see [`ask_coordinator`]).
 async fn resume_log(
     bus: &Arc<dyn Bus>,
     task: &BranchTask,
     attempt: u32,
-) -> Result<ResumeReply, WorkerError> {
+) -> Result<Resumed, WorkerError> {
     let req = wire::encode(&ResumeRequest {
         fork_id: task.fork_id,
         run_id: task.run_id,
         attempt,
     })?;
-    let reply = bus.request(RESUME_SUBJECT, req, RESUME_TIMEOUT).await?;
-    Ok(wire::decode::<ResumeReply>(&reply)?)
+    ask_coordinator(
+        bus,
+        RESUME_SUBJECT,
+        req,
+        RESUME_TIMEOUT,
+        "branch log",
+        |reply| match reply {
+            ResumeReply::Log { events } => Ok(Resumed::Log(events)),
+            ResumeReply::Gone { reason } => Ok(Resumed::Gone(reason)),
+            ResumeReply::Retry { reason } => Err(reason),
+        },
+    )
+    .await
 }
 
 /// The terminal state a log ends in, if it does.
@@ -478,14 +494,13 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
     let AgentState {
         ctx,
         task,
-        attempt,
         out,
         control,
         pending,
         run,
         ..
     } = state;
-    let attempt = *attempt;
+    let attempt = out.attempt;
     let Some(run) = run.as_mut() else {
         return Ok(Step::Finish(
             BranchState::Failed,
@@ -493,21 +508,21 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
         ));
     };
 
-    // Steers that arrived during the last call, then control commands sent since, in order.
-    for text in std::mem::take(&mut pending.steers) {
-        apply_steer(out, run, text).await?;
-    }
-    if let Some(step) = pending.halt.take() {
-        return Ok(step);
-    }
-    if let Some(rx) = control.as_mut() {
-        while let Ok(bytes) = rx.try_recv() {
-            match command(&bytes, task.run_id, attempt) {
-                Some(Command::Steer(text)) => apply_steer(out, run, text).await?,
-                // Between calls a graceful stop is as good as an immediate one.
-                Some(Command::Halt(step)) | Some(Command::HaltAfterCall(step)) => return Ok(step),
-                None => {}
-            }
+    // What arrived during the last call, then control commands sent since, one by one in
+    // order: steers are applied, a stop ends the branch (between calls a graceful stop is
+    // as good as an immediate one).
+    loop {
+        for text in std::mem::take(&mut pending.steers) {
+            apply_steer(out, run, text).await?;
+        }
+        if let Some(step) = pending.halt.take() {
+            return Ok(step);
+        }
+        let Some(bytes) = control.as_mut().and_then(|rx| rx.try_recv().ok()) else {
+            break;
+        };
+        if let Some(step) = pending.file(&bytes, task.run_id, attempt) {
+            return Ok(step);
         }
     }
 
@@ -665,6 +680,22 @@ async fn apply_steer(out: &mut Publisher, run: &mut Run, text: String) -> Result
     Ok(())
 }
 
+impl Pending {
+    /// File the control message `bytes` (see [`command`]): a steer or a graceful stop is
+    /// kept here (the first graceful stop is the one kept); a command that stops the branch
+    /// now is returned.
+    fn file(&mut self, bytes: &Bytes, run_id: RunId, attempt: u32) -> Option<Step> {
+        match command(bytes, run_id, attempt)? {
+            Command::Steer(text) => self.steers.push(text),
+            Command::HaltAfterCall(step) => {
+                self.halt.get_or_insert(step);
+            }
+            Command::Halt(step) => return Some(step),
+        }
+        None
+    }
+}
+
 /// What a control command asks of the branch.
 enum Command {
     Steer(String),
@@ -733,7 +764,7 @@ fn command(bytes: &Bytes, run_id: RunId, attempt: u32) -> Option<Command> {
 /// The step that ends a branch as `state` (a terminal state, or paused) for `reason`. A
 /// state a branch cannot end in (pending, running) ends it as terminated.
 fn stopped(state: BranchState, reason: String) -> Step {
-    if state.is_terminal() || state == BranchState::Paused {
+    if state.is_stopped() {
         Step::Finish(state, Some(reason))
     } else {
         tracing::warn!(branch.state = %state, "asked to stop in a non-final state; terminating");
@@ -772,15 +803,11 @@ async fn until_halted<F: Future>(
             out = &mut work => return Ok(out),
             msg = rx.recv(), if open => match msg {
                 None => open = false,
-                Some(bytes) => match command(&bytes, run_id, attempt) {
-                    Some(Command::Steer(text)) => pending.steers.push(text),
-                    Some(Command::Halt(step)) => return Err(step),
-                    // The first graceful stop is the one kept.
-                    Some(Command::HaltAfterCall(step)) => {
-                        pending.halt.get_or_insert(step);
+                Some(bytes) => {
+                    if let Some(step) = pending.file(&bytes, run_id, attempt) {
+                        return Err(step);
                     }
-                    None => {}
-                },
+                }
             },
         }
     }
@@ -788,10 +815,48 @@ async fn until_halted<F: Future>(
 
 /// How long one budget request may wait for the coordinator.
 const BUDGET_TIMEOUT: Duration = Duration::from_secs(10);
-/// Budget requests tried before the task is handed back.
-const BUDGET_TRIES: u32 = 5;
-/// The wait after the first failed budget request; doubled after each.
-const BUDGET_BACKOFF: Duration = Duration::from_millis(100);
+/// Requests to the coordinator (budget reservations, resumes) tried before the task is
+/// handed back.
+pub const COORDINATOR_TRIES: u32 = 5;
+/// The wait after the first failed request to the coordinator; doubled after each.
+const COORDINATOR_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Ask the coordinator: send `req` on `subject`, decode the reply and `classify` it (`Ok`:
+/// the answer; `Err(reason)`: a reply asking to try again later). A retry reply, a timeout
+/// (`timeout` per try), a bus error or an undecodable reply is tried again, up to
+/// [`COORDINATOR_TRIES`] times with a growing backoff, then becomes an error (the task is
+/// handed back). `what` names the answer in logs and errors.
+async fn ask_coordinator<R: wire::WireMessage, T>(
+    bus: &Arc<dyn Bus>,
+    subject: &str,
+    req: Bytes,
+    timeout: Duration,
+    what: &str,
+    classify: impl Fn(R) -> Result<T, String>,
+) -> Result<T, WorkerError> {
+    let mut backoff = COORDINATOR_BACKOFF;
+    let mut last = String::new();
+    for tried in 1..=COORDINATOR_TRIES {
+        match bus.request(subject, req.clone(), timeout).await {
+            Ok(bytes) => match wire::decode::<R>(&bytes) {
+                Ok(reply) => match classify(reply) {
+                    Ok(answer) => return Ok(answer),
+                    Err(reason) => last = reason,
+                },
+                Err(e) => last = format!("undecodable reply: {e}"),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        tracing::warn!(tried, error = %last, "no {what} from the coordinator yet");
+        if tried < COORDINATOR_TRIES {
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+        }
+    }
+    Err(WorkerError::Bus(BusError::Backend(format!(
+        "no {what} after {COORDINATOR_TRIES} tries: {last}"
+    ))))
+}
 
 /// The coordinator's answer to a reservation.
 enum Reserved {
@@ -801,8 +866,7 @@ enum Reserved {
 }
 
 /// Reserve the upper bound `estimate` of the next call's cost (strict mode). A `retry`
-/// answer, a timeout or a bus error is tried again with a growing backoff, then becomes
-/// an error (the task is handed back).
+/// answer, a timeout or a bus error is tried again (see [`ask_coordinator`]).
 async fn reserve(
     bus: &Arc<dyn Bus>,
     task: &BranchTask,
@@ -817,34 +881,24 @@ async fn reserve(
         estimate_usd,
         estimate,
     })?;
-    let mut backoff = BUDGET_BACKOFF;
-    let mut last = String::new();
-    for tried in 1..=BUDGET_TRIES {
-        let reply = bus
-            .request(BUDGET_SUBJECT, req.clone(), BUDGET_TIMEOUT)
-            .await;
-        match reply.map(|b| wire::decode::<BudgetReply>(&b)) {
-            Ok(Ok(BudgetReply::Granted { reservation })) => {
-                tracing::debug!(reservation = %reservation, estimate_usd, "budget reserved");
-                return Ok(Reserved::Granted(reservation));
-            }
-            Ok(Ok(BudgetReply::Refused { state, reason })) => {
-                return Ok(Reserved::Refused { state, reason })
-            }
-            Ok(Ok(BudgetReply::Gone { reason })) => return Ok(Reserved::Gone(reason)),
-            Ok(Ok(BudgetReply::Retry { reason })) => last = reason,
-            Ok(Err(e)) => last = format!("undecodable budget reply: {e}"),
-            Err(e) => last = e.to_string(),
-        }
-        tracing::warn!(tried, error = %last, "budget reservation failed");
-        if tried < BUDGET_TRIES {
-            tokio::time::sleep(backoff).await;
-            backoff *= 2;
-        }
+    let reserved = ask_coordinator(
+        bus,
+        BUDGET_SUBJECT,
+        req,
+        BUDGET_TIMEOUT,
+        "budget reservation",
+        |reply| match reply {
+            BudgetReply::Granted { reservation } => Ok(Reserved::Granted(reservation)),
+            BudgetReply::Refused { state, reason } => Ok(Reserved::Refused { state, reason }),
+            BudgetReply::Gone { reason } => Ok(Reserved::Gone(reason)),
+            BudgetReply::Retry { reason } => Err(reason),
+        },
+    )
+    .await?;
+    if let Reserved::Granted(reservation) = &reserved {
+        tracing::debug!(reservation = %reservation, estimate_usd, "budget reserved");
     }
-    Err(WorkerError::Bus(BusError::Backend(format!(
-        "no budget reservation after {BUDGET_TRIES} tries: {last}"
-    ))))
+    Ok(reserved)
 }
 
 async fn finish(

@@ -7,6 +7,7 @@ use forkfleet_shared::bus::Bus;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::WorkerId;
 use forkfleet_shared::manifest::Manifest;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Decoded prefixes and manifests kept per worker.
@@ -22,12 +23,17 @@ pub(crate) struct WorkerCtx {
 }
 
 impl WorkerCtx {
-    pub fn new(worker_id: WorkerId, bus: Arc<dyn Bus>, blob_cache_bytes: u64) -> Self {
+    pub fn new(
+        worker_id: WorkerId,
+        bus: Arc<dyn Bus>,
+        blob_cache_bytes: u64,
+        scripted_usage_log: Option<PathBuf>,
+    ) -> Self {
         let blobs = Arc::new(BlobCache::new(bus.blobs(), blob_cache_bytes));
         Self {
             worker_id,
             bus,
-            providers: Providers::new(blobs.clone()),
+            providers: Providers::new(blobs.clone(), scripted_usage_log),
             blobs,
             prefixes: Memo::new(MEMO_CAPACITY),
             manifests: Memo::new(MEMO_CAPACITY),

@@ -12,7 +12,8 @@
 //!   and naks the ones it hands back.
 //! - `agent`: the branch agent actor: the agent loop (budget reservation in strict mode,
 //!   model call cancellable by control commands, usage, tools, terminal or paused status),
-//!   publishing events with consecutive seqs.
+//!   publishing events with consecutive seqs. Its requests to the coordinator are tried
+//!   up to [`COORDINATOR_TRIES`] times.
 //! - [`provider`]: the [`provider::ModelProvider`] trait and the scripted provider.
 //! - [`tools`]: read, write, edit, delete, list, glob and grep over the overlay.
 //! - [`cache`]: the per-worker blob cache and the decoded-blob memo shared by branches.
@@ -45,6 +46,7 @@ mod agent;
 mod context;
 mod node;
 
+pub use agent::COORDINATOR_TRIES;
 pub use error::WorkerError;
 
 use forkfleet_shared::bus::Bus;
@@ -53,6 +55,7 @@ use forkfleet_shared::protocol::DEFAULT_POOL;
 use node::{NodeActor, NodeArgs, NodeHandle};
 use ractor::Actor;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -74,6 +77,10 @@ pub struct WorkerConfig {
     /// On a graceful stop (SIGTERM), how long running branches may take to finish before
     /// the rest are handed back to the queue for another worker.
     pub drain_grace: Duration,
+    /// Where the scripted models append every call they complete (see
+    /// [`provider::scripted`]); `None`: nowhere. The services set it from
+    /// [`provider::scripted::USAGE_LOG_ENV`] when they start.
+    pub scripted_usage_log: Option<PathBuf>,
 }
 
 impl Default for WorkerConfig {
@@ -86,6 +93,7 @@ impl Default for WorkerConfig {
             heartbeat: Duration::from_secs(10),
             blob_cache_bytes: cache::DEFAULT_BLOB_CACHE_BYTES,
             drain_grace: Duration::from_secs(30),
+            scripted_usage_log: None,
         }
     }
 }
@@ -182,6 +190,7 @@ pub async fn start(config: WorkerConfig, bus: Arc<dyn Bus>) -> Result<WorkerHand
         worker_id,
         bus,
         config.blob_cache_bytes,
+        config.scripted_usage_log.clone(),
     ));
     let exit = Arc::new(Mutex::new(None));
     let args = NodeArgs {

@@ -141,6 +141,9 @@ pub(crate) struct NodeState {
     quiescing: bool,
     waiters: Vec<RpcReplyPort<()>>,
     started_at_ms: u64,
+    /// The host and the worker's version, as every heartbeat reports them.
+    hostname: String,
+    version: String,
     heartbeat: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -211,6 +214,8 @@ impl Actor for NodeActor {
             quiescing: false,
             waiters: Vec::new(),
             started_at_ms: forkfleet_shared::protocol::now_ms(),
+            hostname: hostname(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
             heartbeat: None,
         })
     }
@@ -427,8 +432,8 @@ fn announce(state: &NodeState) {
         pool: state.config.pool.clone(),
         concurrency: state.config.concurrency,
         running: state.running.values().map(|r| r.run_id).collect(),
-        hostname: hostname(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
+        hostname: state.hostname.clone(),
+        version: state.version.clone(),
         started_at_ms: state.started_at_ms,
         heartbeat_at_ms: forkfleet_shared::protocol::now_ms(),
     };

@@ -16,6 +16,7 @@
 pub mod scripted;
 
 use crate::cache::{BlobCache, Memo};
+use crate::tools::{tool_specs, tool_specs_json_bytes};
 use async_trait::async_trait;
 use forkfleet_shared::blob::BlobError;
 use forkfleet_shared::budget::estimate_input_tokens;
@@ -23,6 +24,7 @@ use forkfleet_shared::event::{Message, ToolCall, Usage};
 use forkfleet_shared::protocol::BranchTask;
 use forkfleet_shared::script::ScriptError;
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use scripted::ScriptedProvider;
@@ -103,10 +105,16 @@ pub trait ModelProvider: Send + Sync {
 
 /// A conservative bound of a request's usage: its messages and tool schemas (as JSON)
 /// converted to input tokens by [`estimate_input_tokens`], and `max_output_tokens` of
-/// output; nothing counted as cached.
+/// output; nothing counted as cached. The worker's own tool schemas ([`tool_specs`], what
+/// every branch sends) are measured once; other ones on every call.
 pub fn upper_bound_estimate(req: &ModelRequest<'_>) -> Usage {
+    let tools_bytes = if std::ptr::eq(req.tools, tool_specs()) {
+        tool_specs_json_bytes()
+    } else {
+        tools_json_bytes(req.tools)
+    };
     Usage {
-        input_tokens: estimate_input_tokens(req.messages, tools_json_bytes(req.tools)),
+        input_tokens: estimate_input_tokens(req.messages, tools_bytes),
         output_tokens: u64::from(req.max_output_tokens),
         cached_tokens: 0,
     }
@@ -210,13 +218,16 @@ fn json_chars(v: &serde_json::Value) -> u64 {
 pub struct Providers {
     blobs: Arc<BlobCache>,
     scripts: Memo<ScriptedProvider>,
+    /// Where scripted models log their calls ([`ScriptedProvider::with_usage_log`]).
+    scripted_usage_log: Option<PathBuf>,
 }
 
 impl Providers {
-    pub fn new(blobs: Arc<BlobCache>) -> Self {
+    pub fn new(blobs: Arc<BlobCache>, scripted_usage_log: Option<PathBuf>) -> Self {
         Self {
             blobs,
             scripts: Memo::new(64),
+            scripted_usage_log,
         }
     }
 
@@ -242,7 +253,10 @@ impl Providers {
                             .map_err(ProviderError::ScriptBlob)?;
                         let text = std::str::from_utf8(&bytes)
                             .map_err(|_| ProviderError::ScriptEncoding)?;
-                        Ok::<_, ProviderError>(ScriptedProvider::parse(text)?)
+                        Ok::<_, ProviderError>(
+                            ScriptedProvider::parse(text)?
+                                .with_usage_log(self.scripted_usage_log.clone()),
+                        )
                     })
                     .await?;
                 Ok(scripted)
@@ -304,22 +318,51 @@ mod tests {
         let msgs = vec![Message::User {
             text: "x".repeat(100),
         }];
-        let tools = crate::tools::tool_specs();
-        let bytes = tools_json_bytes(tools);
-        assert_eq!(bytes, serde_json::to_vec(tools).unwrap().len());
+        let tools = vec![ToolSpec {
+            name: "t".into(),
+            description: "é".into(),
+            parameters: serde_json::json!({"type": "object"}),
+        }];
+        // `[{"name":"t","description":"é","parameters":{"type":"object"}}]`
+        assert_eq!(tools_json_bytes(&tools), 64);
         let req = ModelRequest {
             model: "scripted:t",
             messages: &msgs,
-            tools,
+            tools: &tools,
             max_output_tokens: 321,
             label: "a",
             index: 0,
             turn: 0,
         };
-        let est = upper_bound_estimate(&req);
-        assert_eq!(est.input_tokens, estimate_input_tokens(&msgs, bytes));
-        // Every byte of the messages and tools is at most half a token in the bound.
-        assert!(est.input_tokens as usize >= (100 + bytes) / 2);
-        assert_eq!((est.output_tokens, est.cached_tokens), (321, 0));
+        // (100 + 64 bytes) / 2 per token, plus 8 tokens for the message and 8 for the tools.
+        assert_eq!(
+            upper_bound_estimate(&req),
+            Usage {
+                input_tokens: 98,
+                output_tokens: 321,
+                cached_tokens: 0
+            }
+        );
+    }
+
+    #[test]
+    fn the_worker_tools_are_measured_once_and_alike() {
+        let msgs = vec![Message::User { text: "hi".into() }];
+        let copy = tool_specs().to_vec();
+        assert_eq!(tool_specs_json_bytes(), tools_json_bytes(&copy));
+        let shared = ModelRequest {
+            model: "scripted:t",
+            messages: &msgs,
+            tools: tool_specs(),
+            max_output_tokens: 1,
+            label: "a",
+            index: 0,
+            turn: 0,
+        };
+        let copied = ModelRequest {
+            tools: &copy,
+            ..shared
+        };
+        assert_eq!(upper_bound_estimate(&shared), upper_bound_estimate(&copied));
     }
 }

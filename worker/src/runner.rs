@@ -1,5 +1,5 @@
-//! Running a command against a branch's tree: the test command of a resolve (issue 5) and
-//! the agent's `run_command` tool share it.
+//! Running a command against a branch's tree: for the test command of a resolve (issue 5),
+//! and later for a command-running tool of the agent (not there yet).
 //!
 //! - [`materialize`] writes a tree (a snapshot manifest, or a branch overlay's view of it) into
 //!   a directory: every file from its blob, executable bits from the mode, empty
@@ -14,9 +14,10 @@ use bytes::Bytes;
 use forkfleet_shared::blob::{fetch, BlobStore};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::path::WsPath;
+use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
@@ -67,77 +68,63 @@ pub async fn materialize(
             .map_err(|e| io(d, e))?;
         stats.dirs += 1;
     }
-    let files: Vec<_> = tree.files.iter().collect();
-    for chunk in files.chunks(WRITES_IN_FLIGHT) {
-        let writes = chunk.iter().map(|(path, entry)| async move {
-            let bytes: Bytes =
-                fetch(blobs, &entry.hash)
-                    .await
-                    .map_err(|e| MaterializeError::Blob {
-                        path: path.to_string(),
-                        message: e.to_string(),
-                    })?;
-            let target = path.to_os_path(dir);
-            if let Some(parent) = target.parent() {
-                tokio::fs::create_dir_all(parent)
-                    .await
-                    .map_err(|e| io(path, e))?;
-            }
-            if entry.is_symlink() {
-                let link = String::from_utf8_lossy(&bytes).to_string();
-                if !stays_inside(path, &link) {
-                    return Ok::<_, MaterializeError>((0u64, true));
-                }
-                tokio::fs::symlink(&link, &target)
-                    .await
-                    .map_err(|e| io(path, e))?;
-                return Ok((0, false));
-            }
-            tokio::fs::write(&target, &bytes)
+    let writes = tree.files.iter().map(|(path, entry)| async move {
+        let bytes: Bytes = fetch(blobs, &entry.hash)
+            .await
+            .map_err(|e| MaterializeError::Blob {
+                path: path.to_string(),
+                message: e.to_string(),
+            })?;
+        let target = path.to_os_path(dir);
+        if let Some(parent) = target.parent() {
+            tokio::fs::create_dir_all(parent)
                 .await
                 .map_err(|e| io(path, e))?;
-            if entry.mode & 0o111 != 0 {
-                use std::os::unix::fs::PermissionsExt;
-                let perms = std::fs::Permissions::from_mode(entry.mode & 0o777);
-                tokio::fs::set_permissions(&target, perms)
-                    .await
-                    .map_err(|e| io(path, e))?;
+        }
+        if entry.is_symlink() {
+            let link = String::from_utf8_lossy(&bytes).to_string();
+            if !stays_inside(path, &link) {
+                return Ok::<_, MaterializeError>((0u64, true));
             }
-            Ok((bytes.len() as u64, false))
-        });
-        for written in futures::future::join_all(writes).await {
-            let (bytes, skipped) = written?;
-            if skipped {
-                stats.skipped_symlinks += 1;
-            } else {
-                stats.files += 1;
-                stats.bytes += bytes;
-            }
+            tokio::fs::symlink(&link, &target)
+                .await
+                .map_err(|e| io(path, e))?;
+            return Ok((0, false));
+        }
+        tokio::fs::write(&target, &bytes)
+            .await
+            .map_err(|e| io(path, e))?;
+        if entry.mode & 0o111 != 0 {
+            use std::os::unix::fs::PermissionsExt;
+            let perms = std::fs::Permissions::from_mode(entry.mode & 0o777);
+            tokio::fs::set_permissions(&target, perms)
+                .await
+                .map_err(|e| io(path, e))?;
+        }
+        Ok((bytes.len() as u64, false))
+    });
+    let mut written = futures::stream::iter(writes).buffer_unordered(WRITES_IN_FLIGHT);
+    while let Some(done) = written.next().await {
+        let (bytes, skipped) = done?;
+        if skipped {
+            stats.skipped_symlinks += 1;
+        } else {
+            stats.files += 1;
+            stats.bytes += bytes;
         }
     }
     Ok(stats)
 }
 
 /// True when a symlink at `at` pointing to `target` resolves (lexically) inside the tree.
+/// An absolute target is outside (for the OS `/` is not the tree's root), and so is one
+/// with a `\` ([`WsPath::parse_in`] reads it as a separator, the OS as part of a name, so
+/// the two would count its `..` differently).
 fn stays_inside(at: &WsPath, target: &str) -> bool {
-    let target = Path::new(target);
-    if target.is_absolute() {
+    if target.starts_with('/') || target.contains('\\') {
         return false;
     }
-    // Depth of the link's directory below the root.
-    let mut depth = at.components().count() as i64 - 1;
-    for c in target.components() {
-        match c {
-            Component::ParentDir => depth -= 1,
-            Component::Normal(_) => depth += 1,
-            Component::CurDir => {}
-            Component::RootDir | Component::Prefix(_) => return false,
-        }
-        if depth < 0 {
-            return false;
-        }
-    }
-    true
+    WsPath::parse_in(&at.parent().unwrap_or_default(), target).is_ok()
 }
 
 /// How a command ended.
@@ -225,9 +212,10 @@ impl Capped {
         }
         let tail_cap = self.limit - head_cap;
         self.tail.extend(rest.iter().copied());
-        while self.tail.len() > tail_cap {
-            self.tail.pop_front();
-            self.dropped += 1;
+        let over = self.tail.len().saturating_sub(tail_cap);
+        if over > 0 {
+            self.tail.drain(..over);
+            self.dropped += over as u64;
         }
     }
 
@@ -403,14 +391,25 @@ mod tests {
         assert!(stays_inside(&at, "c.txt"));
         assert!(stays_inside(&at, "../c.txt"));
         assert!(stays_inside(&at, "../../top.txt"));
+        assert!(stays_inside(&at, "./../c/../d.txt"));
         assert!(!stays_inside(&at, "../../../out.txt"));
+        assert!(
+            !stays_inside(&at, "../../../a/b/c.txt"),
+            "leaves, then comes back"
+        );
         assert!(!stays_inside(&at, "/etc/passwd"));
+        // For the OS `x\y` is one name: four `..` leave the tree.
+        assert!(!stays_inside(&at, "x\\y/../../../../out.txt"));
+        let top = WsPath::parse("link").unwrap();
+        assert!(stays_inside(&top, "a.txt"));
+        assert!(!stays_inside(&top, "../a.txt"));
     }
 
     #[test]
     fn capped_output_keeps_head_and_tail() {
         let mut c = Capped::new(10);
-        c.push(b"0123456789abcdefghij");
+        c.push(b"0123456789");
+        c.push(b"abcdefghij");
         let (text, dropped) = c.finish();
         assert_eq!(dropped, 10);
         assert!(text.starts_with("01234"), "{text}");

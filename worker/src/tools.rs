@@ -10,7 +10,7 @@
 //! the `file_change` events the caller publishes next always name blobs that exist.
 
 use crate::cache::BlobCache;
-use crate::provider::ToolSpec;
+use crate::provider::{tools_json_bytes, ToolSpec};
 use bytes::Bytes;
 use forkfleet_shared::blob::BlobError;
 use forkfleet_shared::event::ToolCall;
@@ -67,6 +67,12 @@ impl ToolOutcome {
             output: truncate(output.into()),
         }
     }
+}
+
+/// Bytes of [`tool_specs`] encoded as JSON (see [`tools_json_bytes`]), measured once.
+pub fn tool_specs_json_bytes() -> usize {
+    static BYTES: OnceLock<usize> = OnceLock::new();
+    *BYTES.get_or_init(|| tools_json_bytes(tool_specs()))
 }
 
 /// The tool definitions given to the model.

@@ -16,7 +16,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// How often expired reservations are looked for.
+/// How often expired reservations are looked for, at the most (a short ttl is looked at
+/// twice per ttl).
 const EXPIRE_EVERY: Duration = Duration::from_millis(500);
 
 /// Serve reservations and expire stale ones until `stop` turns true.
@@ -26,9 +27,16 @@ pub(crate) async fn start(
     store: RunStore,
     mut stop: watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, CoordinatorError> {
-    let mut requests = bus.serve(BUDGET_SUBJECT).await?;
+    let served = {
+        let ledger = ledger.clone();
+        crate::serve::serve(bus, BUDGET_SUBJECT, stop.clone(), move |req| {
+            answer(ledger.clone(), store.clone(), req)
+        })
+        .await?
+    };
     Ok(tokio::spawn(async move {
-        let mut tick = tokio::time::interval(EXPIRE_EVERY);
+        let every = EXPIRE_EVERY.min(Duration::from_millis((ledger.ttl_ms() / 2).max(1)));
+        let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -36,13 +44,10 @@ pub(crate) async fn start(
                 _ = tick.tick() => {
                     ledger.expire(now_ms());
                 }
-                r = requests.recv() => match r {
-                    Some(req) => {
-                        tokio::spawn(answer(ledger.clone(), store.clone(), req));
-                    }
-                    None => break,
-                },
             }
+        }
+        if let Err(e) = served.await {
+            tracing::error!(error = %e, "coordinator.budget: the service task failed");
         }
     }))
 }

@@ -55,6 +55,12 @@ async fn takeover_fences_the_lost_attempt_and_hands_over_the_log() {
     let seqs: Vec<u64> = events.iter().map(|(seq, _)| *seq).collect();
     assert_eq!(seqs, (0..s + 2).collect::<Vec<_>>());
     assert!(matches!(events[0].1, Event::Fork { .. }));
+    // A stale takeover (attempt 1, below the fence) must not lower the fence: the lost
+    // attempt's late event below stays dropped.
+    assert!(matches!(
+        resume(&fx, fork, run, 1).await,
+        ResumeReply::Log { .. }
+    ));
 
     // The lost worker's late events are dropped; attempt 2 continues the seqs.
     fx.publish_as(fork, run, s + 2, late.clone(), 1).await;
@@ -94,12 +100,7 @@ async fn takeover_fences_the_lost_attempt_and_hands_over_the_log() {
         .collect();
     assert_eq!(written, ["one.txt", "two.txt"]);
 
-    // A stale takeover (an attempt not newer than the fence) does not move the fence, and
-    // an unknown fork is gone, not retried.
-    assert!(matches!(
-        resume(&fx, fork, run, 2).await,
-        ResumeReply::Log { .. }
-    ));
+    // An unknown fork is gone, not retried.
     let gone = resume(&fx, ForkId::new(), run, 2).await;
     assert!(matches!(gone, ResumeReply::Gone { .. }), "{gone:?}");
 }
@@ -113,8 +114,17 @@ async fn a_task_no_worker_finishes_fails_its_branch_and_keeps_its_work() {
     .await;
     let h = fx.h();
     let snap = fx.upload(&[("a.txt", "a\n")]).await;
-    fx.create(plan(&["doomed"]), ParentRun::New, snap).await;
-    let (task, _never_acked) = fx.pull().await;
+    fx.create(plan(&["doomed", "witness"]), ParentRun::New, snap)
+        .await;
+    // The witness's events later show the stream was read past the straggler's.
+    let (first, first_d) = fx.pull().await;
+    let (second, second_d) = fx.pull().await;
+    let ((task, _never_acked), (witness, witness_d)) = if first.label == "doomed" {
+        ((first, first_d), (second, second_d))
+    } else {
+        ((second, second_d), (first, first_d))
+    };
+    witness_d.ack().await.unwrap();
     let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
     let blobs = fx.blobs();
     let running = Step::Status(BranchState::Running).into_event(&blobs).await;
@@ -123,20 +133,25 @@ async fn a_task_no_worker_finishes_fails_its_branch_and_keeps_its_work() {
         .await;
     fx.publish(fork, run, s, running).await;
     fx.publish(fork, run, s + 1, w1).await;
-    wait_view(&h, fork, |v| v.branches[0].changes == 1).await;
+    wait_view(&h, fork, |v| v.branch("doomed").unwrap().changes == 1).await;
 
     // The worker is gone: the task is not redelivered (max_deliver 1) but dead-lettered.
     let again = fx
         .bus
         .pull_task(
             forkfleet_shared::protocol::DEFAULT_POOL,
-            Duration::from_secs(2),
+            // Past the 200 ms ack wait: the pull that finds the expired delivery is what
+            // dead-letters it on the local bus.
+            Duration::from_millis(600),
         )
         .await
         .unwrap();
     assert!(again.is_none());
-    let v = wait_view(&h, fork, |v| v.branches[0].state == BranchState::Failed).await;
-    let b = &v.branches[0];
+    let v = wait_view(&h, fork, |v| {
+        v.branch("doomed").unwrap().state == BranchState::Failed
+    })
+    .await;
+    let b = v.branch("doomed").unwrap();
     assert!(
         b.error
             .as_deref()
@@ -162,9 +177,22 @@ async fn a_task_no_worker_finishes_fails_its_branch_and_keeps_its_work() {
         },
     )
     .await;
-    let v = within(h.wait_settled(fork, Duration::from_secs(5)))
-        .await
-        .unwrap();
-    assert_eq!(v.branches[0].state, BranchState::Failed);
-    assert_eq!(v.branches[0].changes, 1);
+    // Published after the straggler's events on the same stream: once it is applied, so
+    // were (or were dropped) the straggler's.
+    let witness_running = Step::Status(BranchState::Running).into_event(&blobs).await;
+    fx.publish(
+        witness.fork_id,
+        witness.run_id,
+        witness.first_seq,
+        witness_running,
+    )
+    .await;
+    let v = wait_view(&h, fork, |v| {
+        v.branch("witness").unwrap().state == BranchState::Running
+    })
+    .await;
+    let b = v.branch("doomed").unwrap();
+    assert_eq!(b.state, BranchState::Failed);
+    assert_eq!(b.changes, 1);
+    assert_eq!(within(h.run_events(run)).await.unwrap().len() as u64, s + 3);
 }

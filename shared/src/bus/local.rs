@@ -253,9 +253,7 @@ impl MsgQueue {
                         queue: self.clone(),
                         id,
                     });
-                    return Ok(Some(
-                        Delivery::new(payload, attempt, acker).with_trace(trace),
-                    ));
+                    return Ok(Some(Delivery::new(payload, attempt, trace, acker)));
                 }
                 Err(wake) => {
                     if until.is_some_and(|u| u <= now) {
@@ -384,7 +382,7 @@ impl Bus for LocalBus {
     }
 
     async fn publish_event(&self, payload: Bytes) -> BusResult<()> {
-        self.inner.events.push(payload, current_traceparent())
+        self.inner.events.push(payload, None)
     }
 
     async fn events(&self, _durable: &str) -> BusResult<Box<dyn EventConsumer>> {

@@ -65,7 +65,7 @@ use crate::protocol::{now_ms, WorkerInfo, WORKER_TTL_MS};
 use crate::subjects::{self, SubjectError};
 use crate::trace::{current_traceparent, TRACEPARENT};
 use async_nats::jetstream::{self, consumer, kv, object_store, stream, AckKind};
-use async_nats::{Client, ConnectOptions, HeaderMap};
+use async_nats::{Client, ConnectOptions};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -84,8 +84,7 @@ mod consume;
 mod forward;
 
 use blobs::NatsBlobStore;
-use config::*;
-pub use config::{NatsAuth, NatsConfig, NatsStorage, NatsTls};
+pub use config::{redact_url, NatsAuth, NatsConfig, NatsStorage, NatsTls};
 use consume::*;
 use forward::*;
 
@@ -137,18 +136,6 @@ impl Backoff {
     }
 }
 
-/// Trace context for an outgoing message: the current span's W3C `traceparent` header, when
-/// there is a valid OpenTelemetry context (see [`crate::trace`]). Every JetStream publish
-/// (tasks, events, control) goes through this function; deliveries read the header back
-/// into [`Delivery::trace`].
-fn trace_headers() -> Option<HeaderMap> {
-    current_traceparent().map(|tp| {
-        let mut headers = HeaderMap::new();
-        headers.insert(TRACEPARENT, tp.as_str());
-        headers
-    })
-}
-
 /// The JetStream bus. Cheap to clone.
 #[derive(Clone)]
 pub struct NatsBus {
@@ -161,7 +148,7 @@ struct Inner {
     url: String,
     client: Client,
     js: jetstream::Context,
-    pools: Mutex<HashMap<String, consumer::PullConsumer>>,
+    pools: Mutex<HashMap<String, Arc<consumer::PullConsumer>>>,
     reconnects: Reconnects,
     workers: kv::Store,
     blobs: Arc<NatsBlobStore>,
@@ -261,7 +248,7 @@ async fn ensure_stream(
     url: &str,
 ) -> BusResult<()> {
     let name = config.name.clone();
-    let mut stream = match js.get_or_create_stream(config).await {
+    let stream = match js.get_or_create_stream(config).await {
         Ok(s) => s,
         Err(first) => match js.get_stream(&name).await {
             Ok(s) => s,
@@ -273,13 +260,7 @@ async fn ensure_stream(
             }
         },
     };
-    let existing = match stream.info().await {
-        Ok(info) => info.config.clone(),
-        Err(e) => {
-            tracing::warn!(stream = %name, error = %e, "bus.nats cannot read a stream's config");
-            return Ok(());
-        }
-    };
+    let existing = stream.cached_info().config.clone();
     if existing.max_consumers != STREAM_MAX_CONSUMERS {
         let updated = stream::Config {
             max_consumers: STREAM_MAX_CONSUMERS,
@@ -455,7 +436,8 @@ impl NatsBus {
 
     /// Tasks of `pool` waiting or in flight (what a queue-depth autoscaler reads).
     pub async fn pending_tasks(&self, pool: &str) -> BusResult<u64> {
-        let mut consumer = self.pool_consumer(pool).await?;
+        // A clone of the cached handle: `info` refreshes its cache, so it needs its own.
+        let mut consumer = (*self.pool_consumer(pool).await?).clone();
         let info = consumer
             .info()
             .await
@@ -464,7 +446,7 @@ impl NatsBus {
     }
 
     /// The pool's durable consumer, created (or its config brought up to date) on first use.
-    async fn pool_consumer(&self, pool: &str) -> BusResult<consumer::PullConsumer> {
+    async fn pool_consumer(&self, pool: &str) -> BusResult<Arc<consumer::PullConsumer>> {
         if let Some(c) = self.cached_pool(pool) {
             return Ok(c);
         }
@@ -490,13 +472,14 @@ impl NatsBus {
             )
             .await
             .map_err(|e| backend(format!("cannot create the task consumer {name}"), e))?;
+        let consumer = Arc::new(consumer);
         if let Ok(mut pools) = self.inner.pools.lock() {
             pools.insert(pool.to_string(), consumer.clone());
         }
         Ok(consumer)
     }
 
-    fn cached_pool(&self, pool: &str) -> Option<consumer::PullConsumer> {
+    fn cached_pool(&self, pool: &str) -> Option<Arc<consumer::PullConsumer>> {
         self.inner.pools.lock().ok()?.get(pool).cloned()
     }
 
@@ -509,21 +492,33 @@ impl NatsBus {
     /// Publish to JetStream and wait for the stream's acknowledgement, retrying a lost ack
     /// (or a stream not ready after a restart) with the same message id until the request
     /// timeout.
-    async fn publish_js(&self, subject: String, payload: Bytes) -> BusResult<()> {
+    ///
+    /// `trace` is the W3C `traceparent` to send as a header (tasks only: see
+    /// [`Delivery::trace`]).
+    async fn publish_js(
+        &self,
+        subject: async_nats::Subject,
+        payload: Bytes,
+        trace: Option<String>,
+    ) -> BusResult<()> {
         let js = &self.inner.js;
         let msg_id = uuid::Uuid::now_v7().to_string();
         let deadline = Instant::now() + self.inner.config.request_timeout;
         let mut backoff = Backoff::new();
-        // Read once, in the caller's span (a retry runs in the same one).
-        let headers = trace_headers();
+        let mut first = true;
         loop {
-            let mut msg = jetstream::message::PublishMessage::build().payload(payload.clone());
-            if let Some(headers) = &headers {
-                msg = msg.headers(headers.clone());
+            let mut msg = jetstream::message::PublishMessage::build()
+                .payload(payload.clone())
+                .message_id(&msg_id);
+            if let Some(tp) = &trace {
+                msg = msg.header(TRACEPARENT, tp.as_str());
             }
-            let msg = msg.message_id(&msg_id);
             let result = async {
                 let ack = js.send_publish(subject.clone(), msg).await?;
+                if first {
+                    // The context's own request timeout bounds the first ack.
+                    return ack.await.map(|_| ());
+                }
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 match tokio::time::timeout(remaining, ack).await {
                     Ok(ack) => ack.map(|_| ()),
@@ -533,6 +528,7 @@ impl NatsBus {
                 }
             }
             .await;
+            first = false;
             let err = match result {
                 Ok(()) => return Ok(()),
                 Err(err) => err,
@@ -576,7 +572,9 @@ impl Bus for NatsBus {
         let subject = subjects::task_subject(pool).map_err(invalid)?;
         // The consumer exists from the first task on, so queue depth is visible.
         self.pool_consumer(pool).await?;
-        self.publish_js(subject, payload).await
+        // Read in the caller's span: the task's worker continues the trace.
+        self.publish_js(subject.into(), payload, current_traceparent())
+            .await
     }
 
     async fn pull_task(&self, pool: &str, wait: Duration) -> BusResult<Option<Delivery>> {
@@ -646,8 +644,12 @@ impl Bus for NatsBus {
     }
 
     async fn publish_event(&self, payload: Bytes) -> BusResult<()> {
-        self.publish_js(subjects::EVENT_SUBJECT.to_string(), payload)
-            .await
+        self.publish_js(
+            async_nats::Subject::from_static(subjects::EVENT_SUBJECT),
+            payload,
+            None,
+        )
+        .await
     }
 
     async fn events(&self, durable: &str) -> BusResult<Box<dyn EventConsumer>> {
@@ -671,7 +673,7 @@ impl Bus for NatsBus {
     }
 
     async fn send_control(&self, run: RunId, payload: Bytes) -> BusResult<()> {
-        self.publish_js(subjects::control_subject(run), payload)
+        self.publish_js(subjects::control_subject(run).into(), payload, None)
             .await
     }
 

@@ -10,14 +10,16 @@
 //! the usage the call will report (the default bound when the script has no such turn: the
 //! call then fails anyway).
 //!
-//! **Usage log.** When the environment variable `FORKFLEET_SCRIPTED_USAGE_LOG`
-//! ([`USAGE_LOG_ENV`]) names a file when the provider is built, every call that returns a
-//! reply appends one JSON line to it: `{"model", "label", "index", "turn", "input_tokens",
-//! "output_tokens", "cached_tokens", "at_ms"}`. It is the provider's own record of what
-//! was "spent", independent of the events, which benchmarks use to measure true spend
-//! against a cap. The file is opened in append mode for each line and each line is written
-//! with one `write_all`, so several worker processes can share it without interleaving. A
-//! failed write is logged as a warning and never fails the call.
+//! **Usage log.** A provider given a file ([`ScriptedProvider::with_usage_log`]) appends
+//! one JSON line to it for every call that returns a reply: `{"model", "label", "index",
+//! "turn", "input_tokens", "output_tokens", "cached_tokens", "at_ms"}`. A worker gives its
+//! scripted models its [`WorkerConfig::scripted_usage_log`](crate::WorkerConfig), which the
+//! `forkfleet` services set once, when they start, from the environment variable
+//! `FORKFLEET_SCRIPTED_USAGE_LOG` ([`usage_log_from_env`]). The log is the provider's own
+//! record of what was "spent", independent of the events, which benchmarks use to measure
+//! true spend against a cap. The file is opened in append mode for each line and each line
+//! is written with one `write_all`, so several worker processes can share it without
+//! interleaving. A failed write is logged as a warning and never fails the call.
 
 use super::{
     estimate_tokens, message_chars, tool_call_chars, upper_bound_estimate, ModelProvider,
@@ -34,6 +36,14 @@ use std::time::Duration;
 /// The environment variable naming the usage log (see the module docs).
 pub const USAGE_LOG_ENV: &str = "FORKFLEET_SCRIPTED_USAGE_LOG";
 
+/// The usage log [`USAGE_LOG_ENV`] names, if it is set and not empty. Read it once, when
+/// a service starts: providers never look at the environment.
+pub fn usage_log_from_env() -> Option<PathBuf> {
+    std::env::var_os(USAGE_LOG_ENV)
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+}
+
 #[derive(Debug, Clone)]
 pub struct ScriptedProvider {
     script: Script,
@@ -42,22 +52,18 @@ pub struct ScriptedProvider {
 }
 
 impl ScriptedProvider {
-    /// A provider playing `script`, logging usage where [`USAGE_LOG_ENV`] says (read now).
+    /// A provider playing `script`, logging usage nowhere.
     pub fn new(script: Script) -> Self {
-        let usage_log = std::env::var_os(USAGE_LOG_ENV)
-            .filter(|p| !p.is_empty())
-            .map(PathBuf::from);
-        Self { script, usage_log }
+        Self {
+            script,
+            usage_log: None,
+        }
     }
 
-    /// Log usage to `path` instead (`None`: not at all), whatever the environment says.
+    /// Log usage to `path` (`None`: not at all).
     pub fn with_usage_log(mut self, path: Option<PathBuf>) -> Self {
         self.usage_log = path;
         self
-    }
-
-    pub fn usage_log(&self) -> Option<&Path> {
-        self.usage_log.as_deref()
     }
 
     /// Parse a script file's text.
@@ -159,33 +165,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn plays_turns_and_estimates_usage() {
-        let p = ScriptedProvider::parse(
-            r#"
-[[turns."*"]]
-text = "12345678"
-
-[[turns."*"]]
-text = "x"
-usage = { input_tokens = 7, output_tokens = 3 }
-"#,
-        )
-        .unwrap();
-        let history = vec![Message::User {
-            text: "abcdefghi".into(),
-        }];
-        let r0 = p.complete(&req(&history, 0)).await.unwrap();
-        assert_eq!(r0.text.as_deref(), Some("12345678"));
-        assert_eq!(r0.usage.input_tokens, 3);
-        assert_eq!(r0.usage.output_tokens, 2);
-        let r1 = p.complete(&req(&history, 1)).await.unwrap();
-        assert_eq!(r1.usage.input_tokens, 7);
-        let err = p.complete(&req(&history, 2)).await.unwrap_err().to_string();
-        assert!(err.contains("after the script ended"), "{err}");
-    }
-
-    #[tokio::test]
-    async fn estimates_are_the_usage_reported() {
+    async fn plays_turns_and_estimates_exactly_the_usage_reported() {
         let p = ScriptedProvider::parse(
             r#"
 [[turns."*"]]
@@ -196,19 +176,42 @@ text = "x"
 usage = { input_tokens = 7, output_tokens = 3, cached_tokens = 2 }
 "#,
         )
-        .unwrap()
-        .with_usage_log(None);
+        .unwrap();
         let history = vec![Message::User {
             text: "abcdefghi".into(),
         }];
-        for turn in 0..2 {
-            let r = req(&history, turn);
-            let est = p.estimate(&r);
-            assert_eq!(est, p.complete(&r).await.unwrap().usage, "turn {turn}");
-        }
+        // Without usage in the script: one token per four characters of request and reply.
+        let r0 = req(&history, 0);
+        let est0 = p.estimate(&r0);
+        let reply0 = p.complete(&r0).await.unwrap();
+        assert_eq!(reply0.text.as_deref(), Some("12345678"));
+        assert_eq!(
+            reply0.usage,
+            Usage {
+                input_tokens: 3,
+                output_tokens: 2,
+                cached_tokens: 0
+            }
+        );
+        assert_eq!(est0, reply0.usage);
+        // The script's usage.
+        let r1 = req(&history, 1);
+        let est1 = p.estimate(&r1);
+        let reply1 = p.complete(&r1).await.unwrap();
+        assert_eq!(
+            reply1.usage,
+            Usage {
+                input_tokens: 7,
+                output_tokens: 3,
+                cached_tokens: 2
+            }
+        );
+        assert_eq!(est1, reply1.usage);
         // Past the script's end the call fails; the estimate is the default bound.
-        let r = req(&history, 2);
-        assert_eq!(p.estimate(&r), upper_bound_estimate(&r));
+        let r2 = req(&history, 2);
+        let err = p.complete(&r2).await.unwrap_err().to_string();
+        assert!(err.contains("after the script ended"), "{err}");
+        assert_eq!(p.estimate(&r2), upper_bound_estimate(&r2));
     }
 
     #[tokio::test]

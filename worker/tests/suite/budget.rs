@@ -14,7 +14,8 @@ use forkfleet_shared::protocol::{BranchEvent, BranchTask, Control, ControlComman
 use forkfleet_shared::state::BranchState;
 use forkfleet_shared::wire;
 use forkfleet_worker::provider::{estimate_tokens, message_chars};
-use tokio::sync::mpsc;
+use forkfleet_worker::COORDINATOR_TRIES;
+use tokio::sync::{mpsc, oneshot};
 
 const PRICE: Price = Price {
     input_per_mtok: 1.0,
@@ -64,14 +65,62 @@ type Answered = (BudgetRequest, BudgetReply);
 /// request comes out of the returned channel once its answer is sent.
 async fn serve_budget(
     fx: &Fixture,
+    decide: impl FnMut(&BudgetRequest) -> BudgetReply + Send + 'static,
+) -> mpsc::UnboundedReceiver<Answered> {
+    serve_budget_with(fx, decide, None).await
+}
+
+/// A budget request the test coordinator holds back: `asked` fires when it arrives, and
+/// it is answered once `release` is sent.
+struct Held {
+    asked: oneshot::Receiver<()>,
+    release: oneshot::Sender<()>,
+}
+
+impl Held {
+    /// Wait until the held request has arrived.
+    async fn arrived(&mut self) {
+        tokio::time::timeout(WAIT, &mut self.asked)
+            .await
+            .expect("the held budget request did not come within the wait")
+            .expect("budget service stopped");
+    }
+}
+
+/// [`serve_budget`] granting every request, the answer to the `nth` (from 1) held back
+/// until the test releases it.
+async fn serve_budget_holding(
+    fx: &Fixture,
+    nth: usize,
+) -> (mpsc::UnboundedReceiver<Answered>, Held) {
+    let (asked_tx, asked) = oneshot::channel();
+    let (release, release_rx) = oneshot::channel();
+    let answered = serve_budget_with(fx, grant, Some((nth, asked_tx, release_rx))).await;
+    (answered, Held { asked, release })
+}
+
+/// [`serve_budget`]; with `hold = Some((n, arrived, release))` the answer to request `n`
+/// (from 1) is held back: `arrived` is sent when that request comes, and it is answered
+/// once `release` fires.
+async fn serve_budget_with(
+    fx: &Fixture,
     mut decide: impl FnMut(&BudgetRequest) -> BudgetReply + Send + 'static,
+    mut hold: Option<(usize, oneshot::Sender<()>, oneshot::Receiver<()>)>,
 ) -> mpsc::UnboundedReceiver<Answered> {
     let mut rx = fx.bus.serve(BUDGET_SUBJECT).await.unwrap();
     let (tx, answered) = mpsc::unbounded_channel();
     tokio::spawn(async move {
+        let mut n = 0;
         while let Some(req) = rx.recv().await {
+            n += 1;
             let asked: BudgetRequest = wire::decode(&req.payload).unwrap();
             let reply = decide(&asked);
+            if hold.as_ref().is_some_and(|(nth, ..)| *nth == n) {
+                if let Some((_, arrived, release)) = hold.take() {
+                    let _ = arrived.send(());
+                    let _ = release.await;
+                }
+            }
             req.respond(wire::encode(&reply).unwrap()).await.unwrap();
             let _ = tx.send((asked, reply));
         }
@@ -99,27 +148,6 @@ fn drain(answered: &mut mpsc::UnboundedReceiver<Answered>) -> Vec<Answered> {
         all.push(a);
     }
     all
-}
-
-/// Read every event published so far: publish a marker event and read until it (the event
-/// stream keeps publish order). Call after the workers have stopped.
-async fn settle(fx: &Fixture, events: &mut Events) {
-    let marker = RunId::new();
-    let msg = BranchEvent {
-        fork_id: fx.fork_id,
-        run_id: marker,
-        seq: 0,
-        at_ms: 1,
-        event: Event::UserMessage {
-            text: "marker".into(),
-        },
-        attempt: 1,
-    };
-    fx.bus
-        .publish_event(wire::encode(&msg).unwrap())
-        .await
-        .unwrap();
-    events.until(|e| e.run_id == marker).await;
 }
 
 fn reservations(events: &Events, run: RunId) -> Vec<Option<ReservationId>> {
@@ -498,7 +526,7 @@ async fn a_pause_cancels_the_call_in_flight() {
 }
 
 #[tokio::test]
-async fn steers_sent_during_a_call_are_applied_before_the_next() {
+async fn steers_sent_during_a_turn_are_applied_before_the_next_call() {
     let fx = Fixture::new().await;
     let task = strict(
         &fx,
@@ -509,22 +537,25 @@ tool_calls = [{ name = "write_file", args = { path = "a.txt", content = "x" } }]
 
 [[turns."*"]]
 tool_calls = [{ name = "write_file", args = { path = "b.txt", content = "y" } }]
-latency_ms = 300
 
 [[turns."*"]]
 text = "done"
 "#,
     );
-    let mut answered = serve_budget(&fx, grant).await;
+    let (mut answered, mut held) = serve_budget_holding(&fx, 2).await;
     fx.enqueue(&task).await;
     let mut events = fx.events().await;
     let worker = start(&fx, config(1)).await;
     next_answer(&mut answered).await;
-    next_answer(&mut answered).await;
+    // The second call's turn is under way (its reservation waits) while the steers are
+    // sent; only then is it granted.
+    held.arrived().await;
     for text in ["first steer", "second steer"] {
         fx.send(task.run_id, ControlCommand::Steer { text: text.into() })
             .await;
     }
+    held.release.send(()).unwrap();
+    next_answer(&mut answered).await;
     events.until_terminal(&[task.run_id]).await;
     shutdown(worker).await;
 
@@ -641,9 +672,9 @@ async fn a_budget_service_that_keeps_failing_hands_the_task_back() {
     assert_eq!(asked.attempt, 2);
     let answers = drain(&mut answered);
     let retried = answers.iter().filter(|(r, _)| r.attempt == 1).count();
-    assert!(
-        (2..=10).contains(&retried),
-        "retried a bounded number of times: {retried}"
+    assert_eq!(
+        retried, COORDINATOR_TRIES as usize,
+        "tried a bounded number of times"
     );
     // No call was made without a reservation.
     assert!(events.of(task.run_id).iter().all(|e| !matches!(
@@ -693,7 +724,7 @@ async fn the_attempt_counts_from_the_tasks_base() {
     assert!(answers.iter().all(|(r, _)| r.attempt == 4));
 }
 
-/// A quick first call, then a second one of 300 ms with a write, then an answer.
+/// Three calls: a write, another write, then an answer.
 const WRITE_ON_THE_SECOND_CALL: &str = r#"
 [[turns."*"]]
 tool_calls = [{ name = "write_file", args = { path = "a.txt", content = "x" } }]
@@ -702,7 +733,6 @@ usage = { input_tokens = 100, output_tokens = 10 }
 [[turns."*"]]
 tool_calls = [{ name = "write_file", args = { path = "b.txt", content = "y" } }]
 usage = { input_tokens = 100, output_tokens = 10 }
-latency_ms = 300
 
 [[turns."*"]]
 text = "done"
@@ -712,13 +742,14 @@ text = "done"
 async fn a_graceful_stop_lets_the_call_in_flight_finish_and_records_it() {
     let fx = Fixture::new().await;
     let task = strict(&fx, "graceful", WRITE_ON_THE_SECOND_CALL);
-    let mut answered = serve_budget(&fx, grant).await;
+    let (mut answered, mut held) = serve_budget_holding(&fx, 2).await;
     fx.enqueue(&task).await;
     let mut events = fx.events().await;
     let worker = start(&fx, config(1)).await;
     let first = next_answer(&mut answered).await;
-    let second = next_answer(&mut answered).await;
-    // The second call (300 ms) starts right after its grant: stop, gracefully.
+    // The second call is under way (its reservation waits): stop, gracefully; then the
+    // reservation is granted.
+    held.arrived().await;
     fx.send(
         task.run_id,
         ControlCommand::Stop {
@@ -728,6 +759,8 @@ async fn a_graceful_stop_lets_the_call_in_flight_finish_and_records_it() {
         },
     )
     .await;
+    held.release.send(()).unwrap();
+    let second = next_answer(&mut answered).await;
     events
         .until(|e| is_status(e, task.run_id, BranchState::AggregateBudgetExhausted))
         .await;

@@ -249,6 +249,18 @@ impl Fixture {
         task: &BranchTask,
         seen: Vec<(u64, Event)>,
     ) -> tokio::task::JoinHandle<ResumeRequest> {
+        let asked = self.serve_resume_busy(task, seen, 0).await;
+        tokio::spawn(async move { asked.await.unwrap().remove(0) })
+    }
+
+    /// Like [`Fixture::serve_resume`], after answering the first `busy` requests as a busy
+    /// coordinator does (`retry`); returns every request asked.
+    pub async fn serve_resume_busy(
+        &self,
+        task: &BranchTask,
+        seen: Vec<(u64, Event)>,
+        busy: usize,
+    ) -> tokio::task::JoinHandle<Vec<ResumeRequest>> {
         let mut rx = self.bus.serve(RESUME_SUBJECT).await.unwrap();
         let mut log = vec![(
             0,
@@ -263,14 +275,28 @@ impl Fixture {
         log.extend((1u64..).zip(self.initial_log(task)));
         log.extend(seen);
         tokio::spawn(async move {
-            let req = tokio::time::timeout(WAIT, rx.recv())
-                .await
-                .expect("no resume request within the wait")
-                .expect("resume service closed");
-            let asked: ResumeRequest = wire::decode(&req.payload).unwrap();
-            let reply = ResumeReply::Log { events: log };
-            req.respond(wire::encode(&reply).unwrap()).await.unwrap();
-            asked
+            let mut asked = Vec::new();
+            loop {
+                let req = tokio::time::timeout(WAIT, rx.recv())
+                    .await
+                    .expect("no resume request within the wait")
+                    .expect("resume service closed");
+                asked.push(wire::decode::<ResumeRequest>(&req.payload).unwrap());
+                let done = asked.len() > busy;
+                let reply = if done {
+                    ResumeReply::Log {
+                        events: std::mem::take(&mut log),
+                    }
+                } else {
+                    ResumeReply::Retry {
+                        reason: "store busy".into(),
+                    }
+                };
+                req.respond(wire::encode(&reply).unwrap()).await.unwrap();
+                if done {
+                    return asked;
+                }
+            }
         })
     }
 }
@@ -363,6 +389,27 @@ impl Events {
     pub fn count(&self, run: RunId, kind: &str) -> usize {
         self.of(run).iter().filter(|e| e.kind() == kind).count()
     }
+}
+
+/// Read every event published so far: publish a marker event and read until it (the event
+/// stream keeps publish order). Call after the workers have stopped.
+pub async fn settle(fx: &Fixture, events: &mut Events) {
+    let marker = RunId::new();
+    let msg = BranchEvent {
+        fork_id: fx.fork_id,
+        run_id: marker,
+        seq: 0,
+        at_ms: 1,
+        event: Event::UserMessage {
+            text: "marker".into(),
+        },
+        attempt: 1,
+    };
+    fx.bus
+        .publish_event(wire::encode(&msg).unwrap())
+        .await
+        .unwrap();
+    events.until(|e| e.run_id == marker).await;
 }
 
 pub fn is_status(ev: &BranchEvent, run: RunId, want: BranchState) -> bool {

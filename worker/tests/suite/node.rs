@@ -180,6 +180,32 @@ text = "done"
 }
 
 #[tokio::test]
+async fn a_busy_coordinator_is_asked_again_for_the_branch_log() {
+    let fx = Fixture::new().await;
+    let (_, snap) = fx.snapshot(&[]);
+    let mut task = fx.task("busy", 0, snap, fx.script(TWO_SLOW_TURNS));
+    // Delivered once, it is attempt 2: it takes the branch over from the coordinator's
+    // log, which the coordinator is too busy to hand over the first two times.
+    task.attempt_base = 1;
+    let resume = fx.serve_resume_busy(&task, Vec::new(), 2).await;
+    fx.enqueue(&task).await;
+    let mut events = fx.events().await;
+    let worker = start(&fx, config(1)).await;
+    events.until_terminal(&[task.run_id]).await;
+    shutdown(worker).await;
+
+    assert_eq!(events.terminal(task.run_id).unwrap().0, BranchState::Done);
+    let asked = tokio::time::timeout(WAIT, resume).await.unwrap().unwrap();
+    assert_eq!(asked.len(), 3);
+    assert!(asked
+        .iter()
+        .all(|r| (r.run_id, r.attempt) == (task.run_id, 2)));
+    // The same attempt asked again: the task was never handed back.
+    assert!(events.by_run[&task.run_id].iter().all(|e| e.attempt == 2));
+    assert_eq!(fx.pending().await, 0);
+}
+
+#[tokio::test]
 async fn heartbeats_keep_a_long_branch_from_being_redelivered() {
     let fx = Fixture::with_config(LocalBusConfig {
         ack_wait: Duration::from_millis(300),
@@ -357,6 +383,8 @@ async fn drain_hands_back_what_outlasts_the_grace() {
     .await
     .expect("drain timed out")
     .expect("drain failed");
+    // Everything the branch published, up to the hand-back: no terminal status.
+    settle(&fx, &mut events).await;
     assert!(events.terminal(task.run_id).is_none());
     assert_eq!(
         fx.pending().await,

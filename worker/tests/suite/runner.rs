@@ -113,21 +113,44 @@ async fn exit_code_and_both_streams_are_reported() {
 
 #[tokio::test]
 async fn the_environment_is_cleared_to_path_home_and_what_is_passed() {
-    std::env::set_var("FORKFLEET_RUNNER_TEST_SECRET", "hunter2");
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = sh(
-        "echo \"[$FORKFLEET_RUNNER_TEST_SECRET][$MINE][$HOME]\"; command -v sh >/dev/null && echo path-ok",
-        Duration::from_secs(10),
-    );
+    // `env` found through the PATH given to the command, its output NUL-separated.
+    let mut spec = CommandSpec {
+        argv: vec!["env".into(), "-0".into()],
+        ..sh("", Duration::from_secs(10))
+    };
     spec.env.insert("MINE".into(), "1".into());
     let out = run(dir.path(), &spec).await;
-    let home = dir.path().display().to_string();
-    assert!(
-        out.output.contains(&format!("[][1][{home}]")),
+    assert_eq!(
+        out.outcome,
+        CommandOutcome::Exited { code: 0 },
         "{}",
         out.output
     );
-    assert!(out.output.contains("path-ok"));
+    let seen: BTreeMap<&str, &str> = out
+        .output
+        .split('\0')
+        .filter(|v| !v.is_empty())
+        .map(|v| v.split_once('=').unwrap())
+        .collect();
+    let home = dir.path().display().to_string();
+    assert_eq!(seen.get("MINE"), Some(&"1"));
+    assert_eq!(seen.get("HOME"), Some(&home.as_str()));
+    assert_eq!(seen.get("TMPDIR"), Some(&home.as_str()));
+    assert_eq!(seen.get("LANG"), Some(&"C.UTF-8"));
+    assert!(seen.contains_key("PATH"));
+    // Nothing else of the test process's own environment (cargo sets plenty) gets through.
+    let own: Vec<String> = std::env::vars_os()
+        .map(|(k, _)| k.to_string_lossy().into_owned())
+        .filter(|k| !["PATH", "HOME", "TMPDIR", "LANG", "MINE"].contains(&k.as_str()))
+        .collect();
+    assert!(!own.is_empty(), "the test process has variables of its own");
+    let leaked: Vec<&String> = own
+        .iter()
+        .filter(|k| seen.contains_key(k.as_str()))
+        .collect();
+    assert!(leaked.is_empty(), "leaked: {leaked:?}");
+    assert_eq!(seen.len(), 5, "{seen:?}");
 }
 
 /// True while process `pid` exists and is not a zombie.
@@ -142,37 +165,46 @@ fn alive(pid: u32) -> bool {
 
 /// A child the command started is gone once the run returns (bounded: SIGKILL is
 /// delivered at once, but the kernel may take a moment to tear a process down).
-fn assert_gone(pid: u32) {
+async fn assert_gone(pid: u32) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while alive(pid) {
         assert!(
             Instant::now() < deadline,
             "process {pid} outlived its command"
         );
-        std::thread::yield_now();
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// The pid a script wrote to `bg.pid` in `dir`, once it wrote all of it.
+fn bg_pid(dir: &std::path::Path) -> Option<u32> {
+    let text = std::fs::read_to_string(dir.join("bg.pid")).ok()?;
+    text.strip_suffix('\n')?.parse().ok()
 }
 
 #[tokio::test]
 async fn a_hanging_command_is_killed_with_its_children_at_the_timeout() {
-    let dir = tempfile::tempdir().unwrap();
-    let started = Instant::now();
-    let out = run(
-        dir.path(),
-        &sh(
-            "sleep 60 & echo $! > bg.pid; sleep 60",
-            Duration::from_millis(300),
-        ),
-    )
-    .await;
-    assert_eq!(out.outcome, CommandOutcome::TimedOut);
-    assert!(started.elapsed() < Duration::from_secs(10));
-    let pid: u32 = std::fs::read_to_string(dir.path().join("bg.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert_gone(pid);
+    // The timeout must come after the script started its background child and wrote its
+    // pid; a run whose timeout came first (a slow machine) is tried with a longer one.
+    for timeout_ms in [300, 1_000, 3_000, 10_000] {
+        let dir = tempfile::tempdir().unwrap();
+        let started = Instant::now();
+        let out = run(
+            dir.path(),
+            &sh(
+                "sleep 60 & echo $! > bg.pid; sleep 60",
+                Duration::from_millis(timeout_ms),
+            ),
+        )
+        .await;
+        assert_eq!(out.outcome, CommandOutcome::TimedOut);
+        assert!(started.elapsed() < Duration::from_millis(timeout_ms) + Duration::from_secs(5));
+        if let Some(pid) = bg_pid(dir.path()) {
+            assert_gone(pid).await;
+            return;
+        }
+    }
+    panic!("the script never wrote its background child's pid before the timeout");
 }
 
 #[tokio::test]
@@ -188,12 +220,7 @@ async fn stragglers_left_after_a_normal_exit_are_killed() {
     .await;
     assert_eq!(out.outcome, CommandOutcome::Exited { code: 0 });
     assert!(out.output.contains("done"));
-    let pid: u32 = std::fs::read_to_string(dir.path().join("bg.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert_gone(pid);
+    assert_gone(bg_pid(dir.path()).unwrap()).await;
 }
 
 #[tokio::test]

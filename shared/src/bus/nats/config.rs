@@ -130,8 +130,10 @@ impl fmt::Debug for NatsConfig {
     }
 }
 
-/// The URL(s) without user info (`nats://user:pass@host` → `nats://<redacted>@host`).
-pub(super) fn redact_url(urls: &str) -> String {
+/// The URL(s), comma-separated as `NatsBus::connect` takes them, without user info
+/// (`nats://user:pass@host` → `nats://<redacted>@host`): what logs and printed
+/// configurations show.
+pub fn redact_url(urls: &str) -> String {
     urls.split(',')
         .map(|u| redact_one(u.trim()))
         .collect::<Vec<_>>()

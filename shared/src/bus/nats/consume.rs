@@ -31,7 +31,8 @@ impl Acker for NatsAcker {
     }
 }
 
-/// A task or event delivery, with the publisher's `traceparent` header as its trace.
+/// A task or event delivery, with the publisher's `traceparent` header (tasks carry one)
+/// as its trace.
 pub(super) fn delivery(msg: jetstream::Message) -> Delivery {
     let attempt = msg
         .info()
@@ -43,7 +44,7 @@ pub(super) fn delivery(msg: jetstream::Message) -> Delivery {
         .as_ref()
         .and_then(|h| h.get(TRACEPARENT))
         .map(|v| v.as_str().to_string());
-    Delivery::new(msg.payload, attempt, Box::new(NatsAcker { acker })).with_trace(trace)
+    Delivery::new(msg.payload, attempt, trace, Box::new(NatsAcker { acker }))
 }
 
 /// One pull request for at most one message, held by the server for at most `wait`.
