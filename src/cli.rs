@@ -8,8 +8,10 @@
 use crate::client;
 use crate::config::{self, Config, Layer, NatsLayer, TlsLayer};
 use crate::embedded::{Embedded, EmbeddedOptions};
+use crate::forkdir;
 use crate::remote::{ClientError, CoordinatorClient, RemoteCoordinator};
 use crate::render::{self, Until};
+use crate::resolve_cmd;
 use crate::service;
 use crate::BadInput;
 use clap::{Args, Parser, Subcommand};
@@ -21,6 +23,7 @@ use forkfleet_shared::flush::{ConflictPolicy, FlushReport};
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::path::WsPath;
 use forkfleet_shared::protocol::now_ms;
+use forkfleet_shared::resolve::Strategy;
 use forkfleet_shared::spec;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -61,6 +64,12 @@ pub enum Command {
     Workers(ClusterArgs),
     /// Print a run's event log.
     Log(LogArgs),
+    /// List, save and remove a run's checkpoints; rewind a run to one (its conversation,
+    /// its workspace version and, with --apply, a directory); start a new run from one.
+    Checkpoint {
+        #[command(subcommand)]
+        command: crate::checkpoint_cmd::CheckpointCommand,
+    },
     /// Whole-system benchmarks.
     Bench {
         #[command(subcommand)]
@@ -357,6 +366,54 @@ pub enum ForkCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Resolve a fork: run the spec's test command on every branch's tree (on workers), ask
+    /// the judge(s), and decide by the strategy; a commit merges the winner and applies it
+    /// to the workspace directory. Prints the tests, each verdict with its confidence, and
+    /// the decision.
+    ///
+    /// Embedded (no NATS URL), unfinished branches run here first, then the tests and
+    /// judges run on in-process workers.
+    Resolve {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// Override the spec's strategy: manual, auto, auto_with_fallback, vote.
+        #[arg(long, value_name = "NAME")]
+        strategy: Option<String>,
+        /// auto_with_fallback's threshold in [0, 1] (default 0.80).
+        #[arg(long, value_name = "X", allow_hyphen_values = true)]
+        threshold: Option<f64>,
+        /// Apply a merge to this directory instead of the workspace the fork was made from.
+        #[arg(long, conflicts_with = "no_apply")]
+        apply: Option<PathBuf>,
+        /// Merge in the store only; leave every directory alone.
+        #[arg(long)]
+        no_apply: bool,
+        /// Overwrite files changed in the directory since the fork (default: keep them).
+        #[arg(long)]
+        overwrite: bool,
+        /// Embedded only: give up waiting for unfinished branches after this many seconds.
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Open the fork directory in a diff tool: the parent against each branch that
+    /// changed something (at PATH, when given).
+    ///
+    /// Syncs `<workspace>/.forkfleet/forks/<fork>/` first, then launches
+    /// $FORKFLEET_DIFFTOOL (a template with {parent} and {branches}), else PyCharm (a
+    /// 3-way diff), else VS Code (`code --diff`, pairwise), else prints a unified diff.
+    Open {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// A workspace-relative path the fork touched (default: the whole directories).
+        path: Option<String>,
+        /// Colour the terminal diff.
+        #[arg(long, value_enum, default_value_t = forkdir::ColorChoice::Auto)]
+        color: forkdir::ColorChoice,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Merge a branch into the fork's parent and apply it to the workspace directory.
     Merge {
         fork: String,
@@ -509,6 +566,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Account { command } => cmd_account(command).await,
         Command::Workers(args) => cmd_workers(args).await,
         Command::Log(args) => cmd_log(args).await,
+        Command::Checkpoint { command } => cmd_checkpoint(command).await,
         Command::Bench { command } => match command {
             BenchCommand::Fanout(args) => crate::bench::cmd_fanout(args).await,
             BenchCommand::Budget(args) => crate::bench::budget::cmd_budget(args).await,
@@ -737,7 +795,8 @@ async fn run_fork(
     let view = create(&coord, loaded, !args.json).await?;
     let fork_id = view.fork_id;
     let timeout = args.timeout_s.map(Duration::from_secs);
-    let view = render::follow(&coord, fork_id, timeout, AT_ONCE, !args.json).await?;
+    // The fork directory follows the fork live.
+    let view = forkdir::follow(&coord, fork_id, timeout, AT_ONCE, !args.json).await?;
     let diff = coord.diff(fork_id, DiffOptions::default()).await?;
     let paused: Vec<String> = render::paused_labels(&view)
         .into_iter()
@@ -761,6 +820,34 @@ async fn run_fork(
         ),
         None => None,
     };
+    // Without a pick, the spec's resolve path: tests and judges when it has any.
+    let plan_resolves =
+        loaded.plan.resolve.strategy.needs_judge() || loaded.plan.resolve.test.is_some();
+    let resolved = if args.pick.is_none() && paused.is_empty() && plan_resolves {
+        Some(
+            resolve_cmd::resolve_and_apply(
+                &coord,
+                fork_id,
+                None,
+                Some(&loaded.workspace),
+                loaded.plan.conflict_policy,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
+    if resolved.as_ref().is_some_and(|r| r.report.merge.is_some()) {
+        forkdir::cleanup_after_merge(&coord, fork_id).await;
+    }
+    let merge = match (merge, &resolved) {
+        (Some(m), _) => Some(m),
+        (None, Some(r)) => match (&r.report.merge, &r.applied) {
+            (Some(outcome), Some(applied)) => Some((outcome.winner.clone(), applied.clone())),
+            _ => None,
+        },
+        (None, None) => None,
+    };
     let view = if merge.is_some() {
         coord.fork(fork_id).await?
     } else {
@@ -768,23 +855,35 @@ async fn run_fork(
     };
     let data_flag = format!(" --data {}", system.data_dir.display());
     if args.json {
-        let doc = render::fork_json(
+        let mut doc = render::fork_json(
             &view,
             Some(&diff),
             merge.as_ref().map(|(w, r)| (w.as_str(), r)),
         );
+        if let Some(r) = &resolved {
+            doc["resolve"] = resolve_cmd::report_json(r);
+        }
         print_json(&doc)?;
     } else {
         print!("{}", render::branch_table(&view));
         println!();
         print!("{}", render::diff_text(&diff, false));
+        if let Some(r) = &resolved {
+            print!("{}", resolve_cmd::report_text(&r.report));
+        }
         match &merge {
             Some((winner, report)) => print!("{}", render::merge_text(winner, report)),
-            None if paused.is_empty() => println!(
+            None if paused.is_empty() && resolved.is_none() => println!(
                 "\nunresolved: merge a branch with\n  forkfleet fork merge {fork_id} --pick LABEL{data_flag}"
             ),
             None => {}
         }
+    }
+    if let Some(e) = resolved
+        .as_ref()
+        .and_then(|r| resolve_cmd::failure(&r.report))
+    {
+        return Err(anyhow::anyhow!("{e}"));
     }
     if merge.is_none() && !paused.is_empty() {
         let cost = coord.fork_cost(fork_id).await.ok();
@@ -857,6 +956,8 @@ async fn merge_and_apply(
         Some(dir) => client::apply_merge(coord.blobs().as_ref(), &outcome, dir, policy).await?,
         None => outcome.report.clone(),
     };
+    // The fork is resolved: its fork directory goes unless `keep_artifacts`.
+    forkdir::cleanup_after_merge(coord, fork_id).await;
     Ok((outcome.winner.clone(), report))
 }
 
@@ -920,7 +1021,8 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                 AT_ONCE
             };
             let timeout = timeout_s.map(Duration::from_secs);
-            let view = render::follow(coord, id, timeout, until, !client.json).await?;
+            // The fork directory follows the fork live.
+            let view = forkdir::follow(coord, id, timeout, until, !client.json).await?;
             print_view(&view, client.json)
         }),
         ForkCommand::Diff {
@@ -1031,6 +1133,40 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                 after_resume(coord, cost, &done, timeout_s, client.json).await
             })
         }
+        ForkCommand::Resolve {
+            fork,
+            strategy,
+            threshold,
+            apply,
+            no_apply,
+            overwrite,
+            timeout_s,
+            client,
+        } => {
+            let strategy = resolve_cmd::strategy_from_flags(strategy.as_deref(), threshold)
+                .map_err(BadInput)?;
+            with_session!(&client, Local::Resume, |coord| fork_resolve(
+                coord,
+                &fork,
+                strategy,
+                MergeTarget {
+                    apply: apply.as_deref(),
+                    no_apply,
+                    overwrite
+                },
+                timeout_s.map(Duration::from_secs),
+                client.json
+            ))
+        }
+        ForkCommand::Open {
+            fork,
+            path,
+            color,
+            client,
+        } => with_session!(&client, Local::Read, |coord| async {
+            let id = coord.find_fork(&fork).await?;
+            forkdir::open(coord, id, path.as_deref(), color, client.json).await
+        }),
         ForkCommand::Merge {
             fork,
             pick,
@@ -1129,7 +1265,8 @@ async fn settle_resumed(
         if view.state.is_resolved() || view.settled() {
             continue;
         }
-        render::follow(coord, *id, timeout_s.map(Duration::from_secs), until, !json).await?;
+        // The fork directory follows what the resumed branches do.
+        forkdir::follow(coord, *id, timeout_s.map(Duration::from_secs), until, !json).await?;
     }
     Ok(())
 }
@@ -1146,7 +1283,8 @@ async fn fork_create(
     let view = if coord.is_remote() {
         view
     } else {
-        render::follow(coord, view.fork_id, timeout, AT_ONCE, !json).await?
+        // The fork directory follows the fork live.
+        forkdir::follow(coord, view.fork_id, timeout, AT_ONCE, !json).await?
     };
     if json {
         print_json(&render::fork_json(&view, None, None))?;
@@ -1178,6 +1316,71 @@ struct MergeTarget<'a> {
     overwrite: bool,
 }
 
+impl MergeTarget<'_> {
+    /// The directory a merge of `view` is applied to (checked before the merge: a merge is
+    /// final, and its result must land somewhere), and the conflict policy.
+    fn resolve(&self, view: &ForkView) -> anyhow::Result<(Option<PathBuf>, ConflictPolicy)> {
+        let dir = if self.no_apply {
+            None
+        } else {
+            match (self.apply, &view.workspace) {
+                (Some(a), _) => Some(a.to_path_buf()),
+                (None, Some(w)) => Some(PathBuf::from(w)),
+                (None, None) => None,
+            }
+        };
+        if let Some(d) = &dir {
+            if !d.is_dir() {
+                return Err(BadInput(format!(
+                    "cannot apply the merge: `{}` is not a directory (pass --apply DIR or --no-apply)",
+                    d.display()
+                ))
+                .into());
+            }
+        }
+        let policy = if self.overwrite {
+            ConflictPolicy::Overwrite
+        } else {
+            ConflictPolicy::KeepParent
+        };
+        Ok((dir, policy))
+    }
+}
+
+async fn fork_resolve(
+    coord: &CoordinatorClient,
+    fork: &str,
+    strategy: Option<Strategy>,
+    target: MergeTarget<'_>,
+    timeout: Option<Duration>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    let view = coord.fork(id).await?;
+    let (dir, policy) = target.resolve(&view)?;
+    // Embedded, unfinished branches run here (this session's workers) before the resolve.
+    if !coord.is_remote() && !view.settled() {
+        forkdir::follow(coord, id, timeout, AT_ONCE, !json).await?;
+    }
+    let resolved =
+        resolve_cmd::resolve_and_apply(coord, id, strategy, dir.as_deref(), policy).await?;
+    if resolved.report.merge.is_some() {
+        forkdir::cleanup_after_merge(coord, id).await;
+    }
+    if json {
+        print_json(&resolve_cmd::report_json(&resolved))?;
+    } else {
+        print!("{}", resolve_cmd::report_text(&resolved.report));
+        if let (Some(merge), Some(applied)) = (&resolved.report.merge, &resolved.applied) {
+            print!("{}", render::merge_text(&merge.winner, applied));
+        }
+    }
+    match resolve_cmd::failure(&resolved.report) {
+        Some(e) => Err(anyhow::anyhow!(e)),
+        None => Ok(()),
+    }
+}
+
 async fn fork_merge(
     coord: &CoordinatorClient,
     fork: &str,
@@ -1187,30 +1390,7 @@ async fn fork_merge(
 ) -> anyhow::Result<()> {
     let id = coord.find_fork(fork).await?;
     let view = coord.fork(id).await?;
-    let dir = if target.no_apply {
-        None
-    } else {
-        match (target.apply, &view.workspace) {
-            (Some(a), _) => Some(a.to_path_buf()),
-            (None, Some(w)) => Some(PathBuf::from(w)),
-            (None, None) => None,
-        }
-    };
-    // Checked before the merge: a merge is final, and its result must land somewhere.
-    if let Some(d) = &dir {
-        if !d.is_dir() {
-            return Err(BadInput(format!(
-                "cannot apply the merge: `{}` is not a directory (pass --apply DIR or --no-apply)",
-                d.display()
-            ))
-            .into());
-        }
-    }
-    let policy = if target.overwrite {
-        ConflictPolicy::Overwrite
-    } else {
-        ConflictPolicy::KeepParent
-    };
+    let (dir, policy) = target.resolve(&view)?;
     let (winner, report) = merge_and_apply(coord, id, pick, dir.as_deref(), policy).await?;
     if json {
         let view = coord.fork(id).await?;
@@ -1336,6 +1516,13 @@ async fn cmd_workers(args: ClusterArgs) -> anyhow::Result<()> {
         print!("{}", render::worker_table(&workers, now));
         Ok(())
     }
+}
+
+// ---- checkpoints: the command bodies are in `checkpoint_cmd.rs` ----
+async fn cmd_checkpoint(command: crate::checkpoint_cmd::CheckpointCommand) -> anyhow::Result<()> {
+    with_session!(command.client(), Local::Read, |coord| {
+        crate::checkpoint_cmd::run(coord, &command)
+    })
 }
 
 async fn cmd_log(args: LogArgs) -> anyhow::Result<()> {

@@ -17,18 +17,26 @@
 //! - [`client`]: what a client does around the coordinator: upload a workspace snapshot,
 //!   apply a merge to a real directory.
 //! - [`render`]: progress lines, tables and the `--json` documents.
+//! - [`checkpoint_cmd`]: `checkpoint ...`: list, save, remove, rewind (a directory too),
+//!   and new runs from a checkpoint.
+//! - [`forkdir`]: the materialised fork directory (`.forkfleet/forks/<id>/` in the
+//!   workspace: parent and every branch's version of the touched paths) and `fork open`.
+//! - [`resolve_cmd`]: `fork resolve` and `run`'s resolve step: the report, the merge applied.
 //! - [`bench`]: whole-system benchmarks.
 //!
 //! The crates below: `forkfleet-shared` (types and pure logic), `forkfleet-coordinator`
 //! and `forkfleet-worker` (the two services, which never depend on each other).
 
 pub mod bench;
+pub mod checkpoint_cmd;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod embedded;
+pub mod forkdir;
 pub mod remote;
 pub mod render;
+pub mod resolve_cmd;
 pub mod service;
 
 /// An error caused by the user's input: exit code 2.

@@ -9,8 +9,8 @@
 use forkfleet_coordinator::{CoordinatorError, CoordinatorHandle};
 use forkfleet_shared::api::{
     AbortOutcome, ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, CheckpointView,
-    CreateFork, ForkView, ForkWatch, LoggedEvent, MergeOutcome, ServerInfo, TerminateOutcome,
-    API_SUBJECT, MAX_API_WAIT_MS, MAX_INLINE_BYTES,
+    CreateFork, ForkView, ForkWatch, LoggedEvent, MergeOutcome, NewRunOutcome, ResolveReport,
+    RewindOutcome, ServerInfo, TerminateOutcome, API_SUBJECT, MAX_API_WAIT_MS, MAX_INLINE_BYTES,
 };
 use forkfleet_shared::blob::{fetch, BlobError, BlobHash, BlobStore};
 use forkfleet_shared::budget::{AccountView, ForkCost};
@@ -18,6 +18,7 @@ use forkfleet_shared::bus::{Bus, BusError};
 use forkfleet_shared::diff::{DiffOptions, DiffReport};
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::protocol::WorkerInfo;
+use forkfleet_shared::resolve::Strategy;
 use forkfleet_shared::wire::{self, WireError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +28,9 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bound of a call that does real work on the coordinator (create, diff, merge).
 pub const WORK_TIMEOUT: Duration = Duration::from_secs(120);
 /// What a waiting call adds to the wait it asks for, for the trip and the answer.
+/// Longest a resolve may take: tests on every branch (each bounded by the plan's
+/// `test_timeout_s`, at most an hour), then the judges.
+pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2 * 3600);
 const WAIT_MARGIN: Duration = Duration::from_secs(10);
 
 /// Why a call to a coordinator failed.
@@ -343,9 +347,96 @@ impl RemoteCoordinator {
         expect_reply!(r, "accounts", ApiReply::Accounts)
     }
 
+    /// Resolve a fork (tests, judges, decision, merge on a commit). Bounded by
+    /// [`RESOLVE_TIMEOUT`]: the coordinator bounds each test by the plan's timeout and
+    /// each judge call by its own.
+    pub async fn resolve(
+        &self,
+        fork: ForkId,
+        strategy: Option<Strategy>,
+    ) -> Result<ResolveReport, ClientError> {
+        let r = self
+            .call(ApiRequest::Resolve { fork, strategy }, RESOLVE_TIMEOUT)
+            .await?;
+        expect_reply!(r, "resolve", ApiReply::Resolve).map(|b| *b)
+    }
+
     /// The live workers (from their heartbeats on the bus, not from the coordinator).
     pub async fn workers(&self) -> Result<Vec<WorkerInfo>, ClientError> {
         Ok(self.bus.workers().await?)
+    }
+
+    /// A run by full id or unique prefix.
+    pub async fn find_run(&self, prefix: &str) -> Result<RunId, ClientError> {
+        if let Ok(id) = prefix.trim().parse::<RunId>() {
+            return Ok(id);
+        }
+        let req = ApiRequest::FindRun {
+            prefix: prefix.to_string(),
+        };
+        let r = self.call(req, CALL_TIMEOUT).await?;
+        expect_reply!(r, "find_run", ApiReply::RunId)
+    }
+
+    pub async fn checkpoint_save(
+        &self,
+        run: RunId,
+        label: &str,
+    ) -> Result<CheckpointView, ClientError> {
+        let req = ApiRequest::CheckpointSave {
+            run,
+            label: label.to_string(),
+        };
+        let r = self.call(req, CALL_TIMEOUT).await?;
+        expect_reply!(r, "checkpoint_save", ApiReply::Checkpoint)
+    }
+
+    pub async fn checkpoint_remove(
+        &self,
+        run: RunId,
+        checkpoint: &str,
+    ) -> Result<CheckpointView, ClientError> {
+        let req = ApiRequest::CheckpointRemove {
+            run,
+            checkpoint: checkpoint.to_string(),
+        };
+        let r = self.call(req, CALL_TIMEOUT).await?;
+        expect_reply!(r, "checkpoint_remove", ApiReply::Checkpoint)
+    }
+
+    pub async fn checkpoint_clear(&self, run: RunId) -> Result<Vec<CheckpointView>, ClientError> {
+        let r = self
+            .call(ApiRequest::CheckpointClear { run }, CALL_TIMEOUT)
+            .await?;
+        expect_reply!(r, "checkpoint_clear", ApiReply::Checkpoints)
+    }
+
+    pub async fn rewind(
+        &self,
+        run: RunId,
+        checkpoint: &str,
+        dry_run: bool,
+    ) -> Result<RewindOutcome, ClientError> {
+        let req = ApiRequest::Rewind {
+            run,
+            checkpoint: checkpoint.to_string(),
+            dry_run,
+        };
+        let r = self.call(req, WORK_TIMEOUT).await?;
+        expect_reply!(r, "rewind", ApiReply::Rewind).map(|b| *b)
+    }
+
+    pub async fn fork_checkpoint(
+        &self,
+        run: RunId,
+        checkpoint: &str,
+    ) -> Result<NewRunOutcome, ClientError> {
+        let req = ApiRequest::ForkCheckpoint {
+            run,
+            checkpoint: checkpoint.to_string(),
+        };
+        let r = self.call(req, WORK_TIMEOUT).await?;
+        expect_reply!(r, "fork_checkpoint", ApiReply::NewRun)
     }
 }
 
@@ -536,6 +627,93 @@ impl CoordinatorClient {
         match self {
             CoordinatorClient::Embedded { handle, .. } => Ok(handle.accounts().await?),
             CoordinatorClient::Remote(r) => r.accounts().await,
+        }
+    }
+
+    pub async fn resolve(
+        &self,
+        fork: ForkId,
+        strategy: Option<Strategy>,
+    ) -> Result<ResolveReport, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => {
+                Ok(handle.resolve(fork, strategy).await?)
+            }
+            CoordinatorClient::Remote(r) => r.resolve(fork, strategy).await,
+        }
+    }
+
+    pub async fn checkpoints(&self, run: RunId) -> Result<Vec<CheckpointView>, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.checkpoints(run).await?),
+            CoordinatorClient::Remote(r) => r.checkpoints(run).await,
+        }
+    }
+
+    pub async fn find_run(&self, prefix: &str) -> Result<RunId, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.find_run(prefix).await?),
+            CoordinatorClient::Remote(r) => r.find_run(prefix).await,
+        }
+    }
+
+    pub async fn checkpoint_save(
+        &self,
+        run: RunId,
+        label: &str,
+    ) -> Result<CheckpointView, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => {
+                Ok(handle.checkpoint_save(run, label).await?)
+            }
+            CoordinatorClient::Remote(r) => r.checkpoint_save(run, label).await,
+        }
+    }
+
+    pub async fn checkpoint_remove(
+        &self,
+        run: RunId,
+        checkpoint: &str,
+    ) -> Result<CheckpointView, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => {
+                Ok(handle.checkpoint_remove(run, checkpoint).await?)
+            }
+            CoordinatorClient::Remote(r) => r.checkpoint_remove(run, checkpoint).await,
+        }
+    }
+
+    pub async fn checkpoint_clear(&self, run: RunId) -> Result<Vec<CheckpointView>, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => Ok(handle.checkpoint_clear(run).await?),
+            CoordinatorClient::Remote(r) => r.checkpoint_clear(run).await,
+        }
+    }
+
+    pub async fn rewind(
+        &self,
+        run: RunId,
+        checkpoint: &str,
+        dry_run: bool,
+    ) -> Result<RewindOutcome, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => {
+                Ok(handle.rewind(run, checkpoint, dry_run).await?)
+            }
+            CoordinatorClient::Remote(r) => r.rewind(run, checkpoint, dry_run).await,
+        }
+    }
+
+    pub async fn fork_checkpoint(
+        &self,
+        run: RunId,
+        checkpoint: &str,
+    ) -> Result<NewRunOutcome, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => {
+                Ok(handle.fork_checkpoint(run, checkpoint).await?)
+            }
+            CoordinatorClient::Remote(r) => r.fork_checkpoint(run, checkpoint).await,
         }
     }
 }

@@ -61,6 +61,20 @@ pub async fn follow(
     until: Until,
     show: bool,
 ) -> anyhow::Result<ForkView> {
+    follow_with(coord, fork, timeout, until, show, &mut |_| {}).await
+}
+
+/// [`follow`], calling `on_version` with the view each time the fork's watch version
+/// changes (the first view included). The hook runs inside the loop: it must return at
+/// once (hand slow work to a task, as `forkdir::LiveSync` does).
+pub async fn follow_with(
+    coord: &CoordinatorClient,
+    fork: ForkId,
+    timeout: Option<Duration>,
+    until: Until,
+    show: bool,
+    on_version: &mut (dyn FnMut(&ForkView) + Send),
+) -> anyhow::Result<ForkView> {
     let started = Instant::now();
     let tty = show && std::io::stderr().is_terminal();
     // A terminal redraws the elapsed time every second; a log only needs the changes.
@@ -102,6 +116,9 @@ pub async fn follow(
             }
             Err(e) => return Err(e.into()),
         };
+        if seen != Some(watched.version) {
+            on_version(&watched.view);
+        }
         seen = Some(watched.version);
         let view = watched.view;
         if show {
@@ -774,6 +791,9 @@ pub fn event_line(e: &Event) -> String {
         ),
         Event::BranchSummary { text } => format!("summary    {}", short(text)),
         Event::Checkpoint { label } => format!("checkpoint {label}"),
+        Event::Rewind { to_seq, label, .. } => {
+            format!("rewind     to checkpoint {label} (history as at seq {to_seq})")
+        }
         Event::Status { state, error } => format!(
             "status     {state}{}",
             error

@@ -22,11 +22,11 @@
 use crate::error::{list, CoordinatorError};
 use crate::store::{encode, BranchRecord, ForkRecord, RunRecord, RunStore};
 use bytes::Bytes;
-use forkfleet_shared::api::{CheckpointView, CreateFork, ParentRun};
+use forkfleet_shared::api::{CheckpointKind, CheckpointView, CreateFork, ParentRun};
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::budget::BudgetMode;
-use forkfleet_shared::event::{events_from_messages, Event, Usage};
-use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::event::{events_from_messages, history_at, Event, Usage};
+use forkfleet_shared::ids::{CheckpointId, ForkId, RunId};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::protocol::BranchTask;
 use forkfleet_shared::spec::{check_depth, check_label, BranchPlan, ForkPlan, SpecError};
@@ -147,12 +147,14 @@ fn check_blobs(store: &RunStore, req: &CreateFork) -> Result<Manifest, Coordinat
     Ok(manifest)
 }
 
-/// The parent run (existing, or the new root run, not yet written) and its log.
+/// The parent run (existing, or the new root run, not yet written), its history (an
+/// existing run's log with its rewinds honoured, see `history_at`), its last seq, and
+/// whether it is new.
 fn parent_run(
     store: &RunStore,
     req: &CreateFork,
     now_ms: u64,
-) -> Result<(RunRecord, Vec<Event>, bool), CoordinatorError> {
+) -> Result<(RunRecord, Vec<Event>, u64, bool), CoordinatorError> {
     match &req.parent {
         ParentRun::New => {
             let plan = &req.plan;
@@ -175,18 +177,20 @@ fn parent_run(
                 next_seq: log.len() as u64,
                 created_at_ms: now_ms,
             };
-            Ok((run, log, true))
+            let last = (log.len() as u64).saturating_sub(1);
+            Ok((run, log, last, true))
         }
         ParentRun::Existing { run_id } => {
             let run = store
                 .run(*run_id)?
                 .ok_or(CoordinatorError::UnknownRun(*run_id))?;
-            let log: Vec<Event> = store
-                .run_log(*run_id)?
+            let full = store.run_log(*run_id)?;
+            let last = full.last().map_or(0, |(seq, _)| *seq);
+            let history: Vec<Event> = history_at(&full, None)
                 .into_iter()
-                .map(|(_, e)| e)
+                .map(|i| full[i].1.clone())
                 .collect();
-            Ok((run, log, false))
+            Ok((run, history, last, false))
         }
     }
 }
@@ -259,7 +263,7 @@ pub(crate) fn create_fork(
     validate_plan(&req.plan)?;
     // A merge into an existing parent must not append while its log is read here.
     let _parents = store.lock_parents();
-    let (parent, parent_log, new_root) = parent_run(store, &req, now_ms)?;
+    let (parent, parent_log, cutoff_seq, new_root) = parent_run(store, &req, now_ms)?;
     check_depth(parent.depth, req.plan.limits.max_depth)?;
     let base = Arc::new(check_blobs(store, &req)?);
 
@@ -271,7 +275,6 @@ pub(crate) fn create_fork(
     let prefix_bytes = Bytes::from(encode("history prefix", &prefix)?);
     let prefix_hash = BlobHash::of(&prefix_bytes);
     let prefix_len = prefix.len() as u64;
-    let cutoff_seq = (parent_log.len() as u64).saturating_sub(1);
     let fork_id = ForkId::new();
     let plan = &req.plan;
 
@@ -376,12 +379,21 @@ pub(crate) fn create_fork(
     for b in &branches {
         store.put_branch(b)?;
     }
-    store.put_checkpoint(&CheckpointView {
+    // The parent's history and the workspace the branches start from.
+    store.save_checkpoint(&CheckpointView {
+        id: CheckpointId::new(),
         run_id: parent.run_id,
         label: fork_checkpoint_label(fork_id),
         seq: cutoff_seq,
         snapshot: req.snapshot,
         created_at_ms: now_ms,
+        base_seq: cutoff_seq,
+        turn: parent_log
+            .iter()
+            .filter(|e| matches!(e, Event::ModelResponse { .. }))
+            .count() as u32,
+        kind: CheckpointKind::Named,
+        metadata: Default::default(),
     })?;
     store.put_fork(&fork)?;
     store.flush()?;

@@ -59,6 +59,22 @@ pub enum CoordinatorError {
     MergeInProgress(ForkId),
     #[error("branch `{label}` is {state}: still running; wait for it or terminate it")]
     StillRunning { label: String, state: BranchState },
+    /// The fork cannot be resolved as asked (branches unfinished, no judge configured, ...).
+    #[error("cannot resolve: {0}")]
+    CannotResolve(String),
+    /// Checkpoints: no checkpoint of the run has this label or id.
+    #[error("run {run} has no checkpoint `{reference}`; {valid}")]
+    UnknownCheckpoint {
+        run: RunId,
+        reference: String,
+        valid: String,
+    },
+    /// Checkpoints: no run matches a prefix, or several do.
+    #[error("{0}")]
+    NoSuchRun(String),
+    /// Checkpoints: the request cannot succeed as sent (a running branch, a bad label, ...).
+    #[error("{0}")]
+    CheckpointRefused(String),
 
     // ---- failures ----------------------------------------------------------------------
     #[error("the run store in `{dir}` is locked by another process (another coordinator or `forkfleet run` using the same data dir): {message}")]
@@ -104,6 +120,10 @@ impl CoordinatorError {
                 | CoordinatorError::Aborted(_)
                 | CoordinatorError::MergeInProgress(_)
                 | CoordinatorError::StillRunning { .. }
+                | CoordinatorError::CannotResolve(_)
+                | CoordinatorError::UnknownCheckpoint { .. }
+                | CoordinatorError::NoSuchRun(_)
+                | CoordinatorError::CheckpointRefused(_)
                 | CoordinatorError::UnknownAccount { .. }
                 | CoordinatorError::BadBudget(_)
         )

@@ -3,6 +3,7 @@
 //! runs diffs and merges off its mailbox (on blocking threads).
 
 use crate::budget::Ledger;
+use crate::checkpoint::{self, AutoCheckpoints};
 use crate::create::{self, PreparedFork};
 use crate::error::{actor_call, list, CoordinatorError};
 use crate::merge::{self, MergeDone, MergeJob};
@@ -72,6 +73,17 @@ pub(crate) struct ForkState {
     waiters: Vec<oneshot::Sender<ForkView>>,
     version: watch::Sender<u64>,
     merging: bool,
+    /// A resolve of this fork is running (tests, judges).
+    resolving: bool,
+    /// The branches' automatic checkpoints (`checkpoint.rs`).
+    checkpoints: AutoCheckpoints,
+}
+
+/// What resolving a fork starts from: its record and every
+/// branch's record and replica overlay, as of the moment the resolve started.
+pub(crate) struct ResolveInputs {
+    pub record: ForkRecord,
+    pub branches: Vec<(crate::store::BranchRecord, Overlay)>,
 }
 
 pub(crate) enum ForkMsg {
@@ -110,6 +122,20 @@ pub(crate) enum ForkMsg {
         String,
         Requeue,
         RpcReplyPort<Result<usize, CoordinatorError>>,
+    ),
+    /// Start resolving: check the fork can be resolved and hand over what the resolve
+    /// needs. Refused while another resolve of the fork runs.
+    ResolveStart(RpcReplyPort<Result<ResolveInputs, CoordinatorError>>),
+    /// A resolve started by `ResolveStart` ended (whatever its outcome).
+    ResolveEnd,
+    /// Append this rewind marker to a finished branch's log at the seq given (its log must
+    /// end just before it) and rebuild its overlay from the rewound history. The reply is
+    /// the marker's seq.
+    Rewind(
+        RunId,
+        Event,
+        u64,
+        RpcReplyPort<Result<u64, CoordinatorError>>,
     ),
     /// A merge's blocking part finished.
     MergeFinished(
@@ -189,6 +215,35 @@ impl ForkHandle {
             .map_err(|e| call_error(e, "fencing a branch", CALL_TIMEOUT_MS))?
     }
 
+    /// Start resolving (see [`ForkMsg::ResolveStart`]); [`ForkHandle::resolve_end`] must
+    /// follow, whatever happens.
+    pub async fn resolve_start(&self) -> Result<ResolveInputs, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::ResolveStart, CALL_TIMEOUT_MS)
+            .map_err(|e| call_error(e, "starting a resolve", CALL_TIMEOUT_MS))?
+    }
+
+    pub fn resolve_end(&self) {
+        let _ = self.actor.cast(ForkMsg::ResolveEnd);
+    }
+
+    /// Rewind a finished branch (see [`ForkMsg::Rewind`]).
+    pub async fn rewind(
+        &self,
+        run: RunId,
+        marker: Event,
+        seq: u64,
+    ) -> Result<u64, CoordinatorError> {
+        ractor::call_t!(
+            self.actor,
+            ForkMsg::Rewind,
+            CALL_TIMEOUT_MS,
+            run,
+            marker,
+            seq
+        )
+        .map_err(|e| call_error(e, "a rewind", CALL_TIMEOUT_MS))?
+    }
+
     pub async fn merge(&self, pick: String) -> Result<MergeOutcome, CoordinatorError> {
         ractor::call_t!(self.actor, ForkMsg::Merge, MERGE_TIMEOUT_MS, pick)
             .map_err(|e| call_error(e, "a merge", MERGE_TIMEOUT_MS))?
@@ -222,6 +277,7 @@ impl ForkState {
             snapshot: self.record.snapshot,
             workspace: self.record.workspace.clone(),
             branches: self.branches.iter().map(|b| b.record.view()).collect(),
+            keep_artifacts: self.record.plan.resolve.keep_artifacts,
         }
     }
 
@@ -436,9 +492,17 @@ impl ForkState {
                 continue;
             }
             let run_id = ev.run_id;
+            let (first, seq, seen) = (b.record.next_seq, ev.seq, self.checkpoints.seen(&ev.event));
             let effect = b.arrive(ev.seq, ev.event);
             if effect.applied > 0 {
                 changed = true;
+                self.checkpoints.on_applied(
+                    &self.store,
+                    run_id,
+                    first,
+                    effect.applied,
+                    (seq, seen),
+                );
             }
             for (cost, reservation) in effect.usage {
                 let actions = self.ledger.on_usage(run_id, cost, reservation);
@@ -462,6 +526,58 @@ impl ForkState {
             self.bump();
         }
         Ok(())
+    }
+
+    /// Rewind a finished branch: fence off every attempt, append `marker` at `seq` (the
+    /// branch's log must end just before it: nothing changed since the rewind was worked
+    /// out), and rebuild its overlay from the rewound history.
+    async fn rewind(
+        &mut self,
+        run: RunId,
+        marker: Event,
+        seq: u64,
+    ) -> Result<u64, CoordinatorError> {
+        let fork_id = self.record.fork_id;
+        let i = *self
+            .by_run
+            .get(&run)
+            .ok_or(CoordinatorError::UnknownRun(run))?;
+        if self.merging {
+            return Err(CoordinatorError::MergeInProgress(fork_id));
+        }
+        if self.resolving {
+            return Err(CoordinatorError::CheckpointRefused(format!(
+                "fork {fork_id} is being resolved right now; rewind its branches afterwards"
+            )));
+        }
+        let b = &self.branches[i].record;
+        if !b.state.is_terminal() {
+            return Err(CoordinatorError::CheckpointRefused(format!(
+                "branch `{}` of fork {fork_id} is {}: a running branch cannot be rewound; wait for it to finish or stop it (`forkfleet fork terminate {fork_id} {}`)",
+                b.label, b.state, b.label
+            )));
+        }
+        if b.next_seq != seq {
+            return Err(CoordinatorError::CheckpointRefused(format!(
+                "branch `{}`'s log changed while the rewind was worked out; ask again",
+                b.label
+            )));
+        }
+        self.raise_fence(run, u32::MAX)?;
+        self.apply_events(vec![BranchEvent {
+            fork_id,
+            run_id: run,
+            seq,
+            at_ms: now_ms(),
+            event: marker,
+            attempt: u32::MAX,
+        }])?;
+        let log = self.store.run_log(run)?;
+        checkpoint::apply_rewind(&mut self.branches[i], &self.base, &log)?;
+        self.store.put_branch(&self.branches[i].record)?;
+        self.store.flush_async().await?;
+        self.bump();
+        Ok(seq)
     }
 
     /// Send branch `i` a terminate command.
@@ -568,22 +684,61 @@ impl ForkState {
         })
     }
 
+    /// The fork can still merge: not merged, not aborted, no merge under way.
+    fn check_mergeable(&self) -> Result<(), CoordinatorError> {
+        let fork = self.record.fork_id;
+        match &self.record.state {
+            ForkPhase::Merged { winner } => Err(CoordinatorError::AlreadyMerged {
+                fork,
+                winner: winner.clone(),
+            }),
+            ForkPhase::Aborted => Err(CoordinatorError::Aborted(fork)),
+            ForkPhase::Open | ForkPhase::Settled if self.merging => {
+                Err(CoordinatorError::MergeInProgress(fork))
+            }
+            ForkPhase::Open | ForkPhase::Settled => Ok(()),
+        }
+    }
+
+    /// The checks of a resolve: the fork is open or settled, not being merged or resolved,
+    /// and every branch has finished (a paused branch must be topped up or terminated
+    /// first). Marks the fork as resolving.
+    fn resolve_start(&mut self) -> Result<ResolveInputs, CoordinatorError> {
+        let fork = self.record.fork_id;
+        self.check_mergeable()?;
+        if self.resolving {
+            return Err(CoordinatorError::CannotResolve(format!(
+                "fork {fork} is being resolved right now"
+            )));
+        }
+        let unfinished: Vec<String> = self
+            .branches
+            .iter()
+            .filter(|b| !b.record.state.is_terminal())
+            .map(|b| format!("`{}` ({})", b.record.label, b.record.state))
+            .collect();
+        if !unfinished.is_empty() {
+            return Err(CoordinatorError::CannotResolve(format!(
+                "fork {fork} has branches that have not finished: {}; wait for them \
+                 (`forkfleet fork watch`), top up paused ones, or terminate them",
+                unfinished.join(", ")
+            )));
+        }
+        self.resolving = true;
+        Ok(ResolveInputs {
+            record: self.record.clone(),
+            branches: self
+                .branches
+                .iter()
+                .map(|b| (b.record.clone(), b.overlay.clone()))
+                .collect(),
+        })
+    }
+
     /// The request checks of a merge; the winner's index.
     fn check_merge(&self, pick: &str) -> Result<usize, CoordinatorError> {
         let fork = self.record.fork_id;
-        match &self.record.state {
-            ForkPhase::Merged { winner } => {
-                return Err(CoordinatorError::AlreadyMerged {
-                    fork,
-                    winner: winner.clone(),
-                })
-            }
-            ForkPhase::Aborted => return Err(CoordinatorError::Aborted(fork)),
-            ForkPhase::Open | ForkPhase::Settled => {}
-        }
-        if self.merging {
-            return Err(CoordinatorError::MergeInProgress(fork));
-        }
+        self.check_mergeable()?;
         let Some(i) = self.branches.iter().position(|b| b.record.label == pick) else {
             return Err(CoordinatorError::UnknownLabel {
                 fork,
@@ -602,20 +757,34 @@ impl ForkState {
     }
 }
 
-fn load(
-    store: &RunStore,
-    fork: ForkId,
-) -> Result<(ForkRecord, Arc<Manifest>, Vec<BranchReplica>), CoordinatorError> {
+type Loaded = (
+    ForkRecord,
+    Arc<Manifest>,
+    Vec<BranchReplica>,
+    AutoCheckpoints,
+);
+
+fn load(store: &RunStore, fork: ForkId) -> Result<Loaded, CoordinatorError> {
     let record = store
         .fork(fork)?
         .ok_or_else(|| CoordinatorError::UnknownFork(fork.to_string()))?;
     let base = load_manifest(store, &record)?;
+    let policy = record.plan.limits.checkpoints;
     let mut replicas = Vec::new();
+    let mut scans = Vec::new();
     for b in store.branches(fork)? {
-        let stored = store.stored_events(b.run_id)?;
-        replicas.push(BranchReplica::rebuild(b, base.clone(), stored));
+        let run = b.run_id;
+        let stored = store.stored_events(run)?;
+        scans.push(checkpoint::scan(&b, &stored, &policy));
+        let rewound = checkpoint::has_rewind(&stored);
+        let mut replica = BranchReplica::rebuild(b, base.clone(), stored);
+        if rewound {
+            checkpoint::apply_rewind(&mut replica, &base, &store.run_log(run)?)?;
+        }
+        replicas.push(replica);
     }
-    Ok((record, base, replicas))
+    let checkpoints = AutoCheckpoints::load(store, policy, record.snapshot, scans)?;
+    Ok((record, base, replicas, checkpoints))
 }
 
 fn load_manifest(store: &RunStore, record: &ForkRecord) -> Result<Arc<Manifest>, CoordinatorError> {
@@ -639,7 +808,7 @@ impl Actor for ForkActor {
         _myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let (store, bus, ledger, record, base, branches) = match args {
+        let (store, bus, ledger, record, base, branches, checkpoints) = match args {
             ForkArgs::Created {
                 prepared,
                 store,
@@ -656,7 +825,8 @@ impl Actor for ForkActor {
                     .into_iter()
                     .map(|b| BranchReplica::new(b, base.clone()))
                     .collect();
-                (store, bus, ledger, fork, base, replicas)
+                let checkpoints = AutoCheckpoints::new(fork.plan.limits.checkpoints, fork.snapshot);
+                (store, bus, ledger, fork, base, replicas, checkpoints)
             }
             ForkArgs::Load {
                 fork,
@@ -665,9 +835,9 @@ impl Actor for ForkActor {
                 ledger,
             } => {
                 let s = store.clone();
-                let (record, base, replicas) =
+                let (record, base, replicas, checkpoints) =
                     tokio::task::spawn_blocking(move || load(&s, fork)).await??;
-                (store, bus, ledger, record, base, replicas)
+                (store, bus, ledger, record, base, replicas, checkpoints)
             }
         };
         let records: Vec<_> = branches.iter().map(|b| b.record.clone()).collect();
@@ -695,6 +865,8 @@ impl Actor for ForkActor {
             waiters: Vec::new(),
             version,
             merging: false,
+            resolving: false,
+            checkpoints,
         };
         // A fork whose branches all finished while the coordinator was down.
         state.check_settled();
@@ -798,6 +970,13 @@ impl Actor for ForkActor {
             }
             ForkMsg::Abort(reply) => {
                 let _ = reply.send(state.abort().await);
+            }
+            ForkMsg::ResolveStart(reply) => {
+                let _ = reply.send(state.resolve_start());
+            }
+            ForkMsg::ResolveEnd => state.resolving = false,
+            ForkMsg::Rewind(run, marker, seq, reply) => {
+                let _ = reply.send(state.rewind(run, marker, seq).await);
             }
             ForkMsg::MergeFinished(result, reply) => {
                 state.merging = false;

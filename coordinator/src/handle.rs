@@ -348,6 +348,25 @@ impl CoordinatorHandle {
         Ok(self.ledger.accounts())
     }
 
+    /// Resolve a settled fork: tests on every branch (on workers), the judges (on
+    /// workers), the strategy's decision (`strategy`, else the plan's) and the merge when
+    /// the decision is a commit.
+    pub async fn resolve(
+        &self,
+        id: ForkId,
+        strategy: Option<forkfleet_shared::resolve::Strategy>,
+    ) -> Result<forkfleet_shared::api::ResolveReport, CoordinatorError> {
+        crate::resolve::resolve(self, id, strategy).await
+    }
+
+    pub(crate) fn root(&self) -> &RootHandle {
+        &self.root
+    }
+
+    pub(crate) fn bus(&self) -> Arc<dyn Bus> {
+        self.bus.clone()
+    }
+
     /// The coordinator's store (blobs for diffs and merges, checkpoints).
     pub fn store(&self) -> &RunStore {
         &self.store

@@ -13,6 +13,8 @@
 //! - `create`: validation and the writes of a new fork (branch logs, prefix blob, tasks).
 //! - `replica`: one branch's replica; events applied once, in seq order.
 //! - `merge`: flushing a winner onto its parent and adopting its history.
+//! - `checkpoint`: automatic checkpoints of branch runs, named ones, rewind, and new runs
+//!   from a checkpoint (ADR 12).
 //! - `event_loop`: the consumer of the event stream (pump, apply, flush-then-ack).
 //! - `resume`: hands a branch's log to a worker taking it over, fencing earlier attempts.
 //! - `budget`: the ledger of branch, fork and account caps, and the reservation service.
@@ -45,15 +47,18 @@ pub mod store;
 
 mod blobs;
 mod budget;
+mod checkpoint;
 mod create;
 mod event_loop;
 mod fork;
 mod merge;
 mod replica;
+mod resolve;
 mod resume;
 mod root;
 mod serve;
 
+pub use checkpoint::{origin_label, tool_label, turn_label};
 pub use create::{fork_checkpoint_label, post_fork_checkpoint_label};
 pub use error::CoordinatorError;
 pub use handle::CoordinatorHandle;

@@ -14,9 +14,10 @@
 use crate::create::post_fork_checkpoint_label;
 use crate::error::CoordinatorError;
 use crate::store::{BranchRecord, ForkRecord, RunStore};
-use forkfleet_shared::api::{CheckpointView, MergeOutcome};
-use forkfleet_shared::event::Event;
+use forkfleet_shared::api::{CheckpointKind, CheckpointView, MergeOutcome};
+use forkfleet_shared::event::{history_at, Event};
 use forkfleet_shared::flush::{flush, ManifestTarget};
+use forkfleet_shared::ids::CheckpointId;
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::overlay::ChangeOp;
 use forkfleet_shared::state::ForkState;
@@ -78,13 +79,14 @@ pub(crate) fn run(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
     let merged_hash = forkfleet_shared::blob::BlobHash::of(&merged_bytes);
     store.blobs().put_trusted(merged_hash, &merged_bytes)?;
 
-    // 2. The history.
+    // 2. The history (the winner's as it stands: a rewind of the winner is honoured).
     let adopt_from = 1 + fork.prefix_len;
-    let mut adopted: Vec<Event> = store
-        .run_log(winner.run_id)?
+    let winner_log = store.run_log(winner.run_id)?;
+    let mut adopted: Vec<Event> = history_at(&winner_log, None)
         .into_iter()
+        .map(|i| &winner_log[i])
         .filter(|(seq, e)| *seq >= adopt_from && e.is_conversational())
-        .map(|(_, e)| e)
+        .map(|(_, e)| e.clone())
         .collect();
     adopted.push(Event::BranchSummary {
         text: format!(
@@ -111,12 +113,24 @@ pub(crate) fn run(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
     parent.workspace = merged_hash;
 
     // 3. The checkpoint, and 4. one transaction.
+    let parent_log = store.run_log(parent.run_id)?;
+    let turn = history_at(&parent_log, None)
+        .into_iter()
+        .map(|i| &parent_log[i].1)
+        .chain(events.iter().map(|(_, e)| e))
+        .filter(|e| matches!(e, Event::ModelResponse { .. }))
+        .count() as u32;
     let checkpoint = CheckpointView {
+        id: CheckpointId::new(),
         run_id: parent.run_id,
         label: post_fork_checkpoint_label(fork.fork_id),
         seq: parent.next_seq - 1,
         snapshot: merged_hash,
         created_at_ms: now_ms,
+        base_seq: parent.next_seq - 1,
+        turn,
+        kind: CheckpointKind::Named,
+        metadata: Default::default(),
     };
     let mut fork = fork;
     fork.state = ForkState::Merged {

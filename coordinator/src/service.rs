@@ -289,6 +289,9 @@ async fn dispatch(handle: &CoordinatorHandle, req: ApiRequest) -> Result<ApiRepl
                 .collect(),
         ),
         ApiRequest::Checkpoints { run } => ApiReply::Checkpoints(handle.checkpoints(run).await?),
+        ApiRequest::Resolve { fork, strategy } => {
+            ApiReply::Resolve(Box::new(handle.resolve(fork, strategy).await?))
+        }
         ApiRequest::ForkCost { fork } => ApiReply::Cost(handle.fork_cost(fork).await?),
         ApiRequest::Topup { fork, branch, usd } => {
             ApiReply::Cost(handle.topup(fork, branch.as_deref(), usd).await?)
@@ -303,6 +306,24 @@ async fn dispatch(handle: &CoordinatorHandle, req: ApiRequest) -> Result<ApiRepl
             ApiReply::Account(handle.account_set(&name, cap_usd).await?)
         }
         ApiRequest::Accounts => ApiReply::Accounts(handle.accounts().await?),
+        ApiRequest::FindRun { prefix } => ApiReply::RunId(handle.find_run(&prefix).await?),
+        ApiRequest::CheckpointSave { run, label } => {
+            ApiReply::Checkpoint(handle.checkpoint_save(run, &label).await?)
+        }
+        ApiRequest::CheckpointRemove { run, checkpoint } => {
+            ApiReply::Checkpoint(handle.checkpoint_remove(run, &checkpoint).await?)
+        }
+        ApiRequest::CheckpointClear { run } => {
+            ApiReply::Checkpoints(handle.checkpoint_clear(run).await?)
+        }
+        ApiRequest::Rewind {
+            run,
+            checkpoint,
+            dry_run,
+        } => ApiReply::Rewind(Box::new(handle.rewind(run, &checkpoint, dry_run).await?)),
+        ApiRequest::ForkCheckpoint { run, checkpoint } => {
+            ApiReply::NewRun(handle.fork_checkpoint(run, &checkpoint).await?)
+        }
         ApiRequest::Stored { .. } => {
             return Err(ApiError::new(
                 ApiErrorKind::BadInput,
@@ -319,7 +340,9 @@ pub fn api_error(e: &CoordinatorError) -> ApiError {
         CoordinatorError::UnknownFork(_)
         | CoordinatorError::UnknownRun(_)
         | CoordinatorError::UnknownLabel { .. }
-        | CoordinatorError::UnknownAccount { .. } => ApiErrorKind::NotFound,
+        | CoordinatorError::UnknownAccount { .. }
+        | CoordinatorError::UnknownCheckpoint { .. }
+        | CoordinatorError::NoSuchRun(_) => ApiErrorKind::NotFound,
         e if e.is_bad_input() => ApiErrorKind::BadInput,
         _ => ApiErrorKind::Failure,
     };

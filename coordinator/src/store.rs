@@ -7,6 +7,7 @@
 //! | `forks`       | fork id                              | [`ForkRecord`]             |
 //! | `branches`    | fork id ++ run id                    | [`BranchRecord`]           |
 //! | `checkpoints` | run id ++ checkpoint id              | [`CheckpointView`]         |
+//! | `checkpoint_marks` | run id                          | u64: automatic checkpoints removed by hand up to this seq |
 //! | `blobs`       | blob hash (32 bytes)                 | the bytes                  |
 //! | `accounts`    | account name                         | [`AccountRecord`]          |
 //! | `reservations`| reservation id                       | [`ReservationRecord`]      |
@@ -22,6 +23,7 @@
 //! before they return.
 
 mod blobs;
+mod checkpoints;
 mod records;
 
 pub use blobs::SledBlobStore;
@@ -32,7 +34,7 @@ use bytes::Bytes;
 use forkfleet_shared::api::CheckpointView;
 use forkfleet_shared::blob::{BlobHash, BlobStore};
 use forkfleet_shared::event::Event;
-use forkfleet_shared::ids::{CheckpointId, ForkId, ReservationId, RunId};
+use forkfleet_shared::ids::{ForkId, ReservationId, RunId};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -71,6 +73,9 @@ struct Inner {
     forks: sled::Tree,
     branches: sled::Tree,
     checkpoints: sled::Tree,
+    /// run id -> the highest seq of an automatic checkpoint removed by hand (u64 BE), so
+    /// a restart's repair does not save it again (see `checkpoint.rs`).
+    checkpoint_marks: sled::Tree,
     accounts: sled::Tree,
     reservations: sled::Tree,
     caps: sled::Tree,
@@ -86,6 +91,8 @@ struct Inner {
     /// Flush requests made, and the highest request a finished flush covered.
     flush_requested: std::sync::atomic::AtomicU64,
     flush_done: std::sync::atomic::AtomicU64,
+    /// fork id -> the last ResolveReport
+    resolutions: sled::Tree,
 }
 
 pub(crate) fn event_key(run: RunId, seq: u64) -> [u8; 24] {
@@ -158,9 +165,11 @@ impl RunStore {
             forks: tree("forks")?,
             branches: tree("branches")?,
             checkpoints: tree("checkpoints")?,
+            checkpoint_marks: tree("checkpoint_marks")?,
             accounts: tree("accounts")?,
             reservations: tree("reservations")?,
             caps: tree("caps")?,
+            resolutions: tree("resolutions")?,
             blob_store: Arc::new(blobs.clone()),
             blobs,
             parent_lock: Mutex::new(()),
@@ -365,25 +374,33 @@ impl RunStore {
         Ok(out)
     }
 
-    // ---- checkpoints --------------------------------------------------------------------
+    // ---- resolutions ------------------------------------------------------------------
 
-    pub(crate) fn put_checkpoint(&self, c: &CheckpointView) -> Result<(), CoordinatorError> {
-        let key = pair_key(c.run_id.as_bytes(), CheckpointId::new().as_bytes());
+    /// Keep a fork's latest resolve report (tests, verdicts, decision, judge cost).
+    pub(crate) fn put_resolution(
+        &self,
+        fork: ForkId,
+        report: &forkfleet_shared::api::ResolveReport,
+    ) -> Result<(), CoordinatorError> {
         self.inner
-            .checkpoints
-            .insert(key, encode("checkpoint", c)?)?;
+            .resolutions
+            .insert(fork.as_bytes(), encode("resolve report", report)?)?;
         Ok(())
     }
 
-    /// A run's checkpoints, oldest first.
-    pub fn checkpoints(&self, run: RunId) -> Result<Vec<CheckpointView>, CoordinatorError> {
-        let mut out = Vec::new();
-        for kv in self.inner.checkpoints.scan_prefix(run.as_bytes()) {
-            let (_, v) = kv?;
-            out.push(decode("checkpoint", &v)?);
-        }
-        Ok(out)
+    /// A fork's latest resolve report, if it was ever resolved.
+    pub fn resolution(
+        &self,
+        fork: ForkId,
+    ) -> Result<Option<forkfleet_shared::api::ResolveReport>, CoordinatorError> {
+        self.inner
+            .resolutions
+            .get(fork.as_bytes())?
+            .map(|v| decode("resolve report", &v))
+            .transpose()
     }
+
+    // ---- checkpoints: the store API is in `store/checkpoints.rs` ------------------------
 
     // ---- budgets ------------------------------------------------------------------------
 
@@ -478,7 +495,7 @@ impl RunStore {
         let run_bytes = encode("run record", parent)?;
         let fork_bytes = encode("fork record", fork)?;
         let cp_bytes = encode("checkpoint", checkpoint)?;
-        let cp_key = pair_key(checkpoint.run_id.as_bytes(), CheckpointId::new().as_bytes());
+        let cp_key = pair_key(checkpoint.run_id.as_bytes(), checkpoint.id.as_bytes());
         let mut event_bytes = Vec::with_capacity(events.len());
         for (seq, e) in events {
             event_bytes.push((event_key(parent.run_id, *seq), encode("event", e)?));

@@ -5,7 +5,7 @@
 use crate::blob::BlobHash;
 use crate::event::Usage;
 use crate::flush::FlushReport;
-use crate::ids::{ForkId, RunId};
+use crate::ids::{CheckpointId, ForkId, RunId};
 use crate::overlay::ChangeOp;
 use crate::spec::ForkPlan;
 use crate::state::{BranchState, ForkState};
@@ -58,6 +58,10 @@ pub struct ForkView {
     pub snapshot: BlobHash,
     pub workspace: Option<String>,
     pub branches: Vec<BranchView>,
+    /// The plan's `keep_artifacts`: keep the materialised fork directory after a merge
+    /// (false from a coordinator that predates it).
+    #[serde(default)]
+    pub keep_artifacts: bool,
 }
 
 impl ForkView {
@@ -99,14 +103,57 @@ pub struct MergeOutcome {
 }
 
 /// A checkpoint: a history position and a workspace version of one run.
+///
+/// The history is the run's conversation as it was at `seq` (rewinds before `seq`
+/// honoured, see [`crate::event::history_at`]); the workspace version is `snapshot` with
+/// the run's `file_change` events on that history after `base_seq` replayed onto it. A
+/// root run's checkpoints have `base_seq == seq` (their snapshot is the whole version); a
+/// branch run's have the fork snapshot and `base_seq == 0`, so saving one builds no
+/// manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointView {
+    /// Unique per run; UUID v7, so ids sort in creation order. (Checkpoints stored before
+    /// ids were in the record get theirs from the store's key.)
+    #[serde(default)]
+    pub id: CheckpointId,
     pub run_id: RunId,
     pub label: String,
     /// The last event of the run the checkpoint includes.
     pub seq: u64,
     pub snapshot: BlobHash,
     pub created_at_ms: u64,
+    /// File changes of the run after this seq (on the checkpoint's history) belong to
+    /// the version; see above.
+    #[serde(default)]
+    pub base_seq: u64,
+    /// Model calls the run had made at `seq`.
+    #[serde(default)]
+    pub turn: u32,
+    #[serde(default)]
+    pub kind: CheckpointKind,
+    /// Free-form details (`tool`: the tool of a `tool-N-...` checkpoint; `source_run`,
+    /// `source_checkpoint`: where a run made by `checkpoint fork` came from).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: std::collections::BTreeMap<String, String>,
+}
+
+/// How a checkpoint came to be. Automatic ones are evicted beyond the fork's
+/// `max_checkpoints`; named ones (`fork:`, `post-fork:`, `from:`, saved by hand) never are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointKind {
+    #[default]
+    Named,
+    Auto,
+}
+
+impl CheckpointKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckpointKind::Named => "named",
+            CheckpointKind::Auto => "auto",
+        }
+    }
 }
 
 /// A fork's view and the version it was read at. The version changes whenever the view
@@ -233,6 +280,32 @@ pub enum ApiRequest {
     AccountSet { name: String, cap_usd: Option<f64> },
     /// Every account, by name. Reply: `accounts`.
     Accounts,
+    /// Resolve a settled fork: run the test command on every branch, ask the judges, decide
+    /// by `strategy` (the plan's when absent) and merge when the decision is a commit.
+    /// Reply: `resolve`.
+    Resolve {
+        fork: ForkId,
+        strategy: Option<crate::resolve::Strategy>,
+    },
+    // ---- checkpoints (docs/API.md) ----
+    /// A run by full id or unique prefix. Reply: `run_id`.
+    FindRun { prefix: String },
+    /// Save a named checkpoint at the run's current end. Reply: `checkpoint`.
+    CheckpointSave { run: RunId, label: String },
+    /// Remove the checkpoint with this label or id. Reply: `checkpoint` (the removed one).
+    CheckpointRemove { run: RunId, checkpoint: String },
+    /// Remove every checkpoint of a run. Reply: `checkpoints` (the removed ones).
+    CheckpointClear { run: RunId },
+    /// Send a run back to a checkpoint (label or id): its history and its workspace
+    /// version; with `dry_run`, only say what would change. Reply: `rewind`.
+    Rewind {
+        run: RunId,
+        checkpoint: String,
+        dry_run: bool,
+    },
+    /// Start a new root run from a checkpoint (label or id): its conversation up to the
+    /// checkpoint, on the checkpoint's workspace version. Reply: `new_run`.
+    ForkCheckpoint { run: RunId, checkpoint: String },
     /// The request itself is too large for one message: it is the `api_request` envelope
     /// stored as this blob in the bus's blob store.
     Stored { blob: BlobHash },
@@ -260,6 +333,13 @@ impl ApiRequest {
             ApiRequest::MoveBudget { .. } => "move_budget",
             ApiRequest::AccountSet { .. } => "account_set",
             ApiRequest::Accounts => "accounts",
+            ApiRequest::Resolve { .. } => "resolve",
+            ApiRequest::FindRun { .. } => "find_run",
+            ApiRequest::CheckpointSave { .. } => "checkpoint_save",
+            ApiRequest::CheckpointRemove { .. } => "checkpoint_remove",
+            ApiRequest::CheckpointClear { .. } => "checkpoint_clear",
+            ApiRequest::Rewind { .. } => "rewind",
+            ApiRequest::ForkCheckpoint { .. } => "fork_checkpoint",
             ApiRequest::Stored { .. } => "stored",
         }
     }
@@ -287,6 +367,11 @@ pub enum ApiReply {
     Cost(crate::budget::ForkCost),
     Account(crate::budget::AccountView),
     Accounts(Vec<crate::budget::AccountView>),
+    Resolve(Box<ResolveReport>),
+    RunId(RunId),
+    Checkpoint(CheckpointView),
+    Rewind(Box<RewindOutcome>),
+    NewRun(NewRunOutcome),
     /// The reply is too large for one message: it is the `api_response` envelope stored
     /// as this blob in the bus's blob store.
     Stored {
@@ -313,6 +398,11 @@ impl ApiReply {
             ApiReply::Cost(_) => "cost",
             ApiReply::Account(_) => "account",
             ApiReply::Accounts(_) => "accounts",
+            ApiReply::Resolve(_) => "resolve",
+            ApiReply::RunId(_) => "run_id",
+            ApiReply::Checkpoint(_) => "checkpoint",
+            ApiReply::Rewind(_) => "rewind",
+            ApiReply::NewRun(_) => "new_run",
             ApiReply::Stored { .. } => "stored",
         }
     }
@@ -487,4 +577,70 @@ mod tests {
         assert!(ApiError::new(ApiErrorKind::BadInput, "x").is_bad_input());
         assert!(!ApiError::new(ApiErrorKind::Failure, "x").is_bad_input());
     }
+}
+
+/// What resolving a fork found and did: the tests on every branch, each judge's verdict,
+/// the confidence behind the pick, the strategy's decision and, when it committed, the
+/// merge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResolveReport {
+    pub fork_id: ForkId,
+    pub strategy: crate::resolve::Strategy,
+    pub formula: crate::resolve::ConfidenceFormula,
+    /// One per branch when the plan has a test command, in branch order.
+    pub tests: Vec<crate::protocol::TestRun>,
+    /// One per judge model, in the plan's order.
+    pub judges: Vec<JudgedBy>,
+    /// The diff report's agreement score.
+    pub agreement_score: f64,
+    pub decision: crate::resolve::Decision,
+    /// Present when the decision was a commit.
+    pub merge: Option<MergeOutcome>,
+    /// The judges' usage and cost together (not part of any branch's spend).
+    pub judge_usage: Usage,
+    pub judge_cost_usd: f64,
+    pub resolved_at_ms: u64,
+}
+
+/// One judge's run, with the confidence its pick scored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JudgedBy {
+    pub run: crate::protocol::JudgeRun,
+    /// The signals of the branch it picked (none without a verdict).
+    pub signals: Option<crate::resolve::ConfidenceSignals>,
+    /// The effective confidence: the formula's heuristic times the judge's confidence.
+    pub confidence: Option<f64>,
+}
+
+/// What a rewind did (or, on a dry run, would do).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RewindOutcome {
+    pub run_id: RunId,
+    pub checkpoint: CheckpointView,
+    /// False on a dry run: nothing was changed.
+    pub rewound: bool,
+    /// The seq of the `rewind` event appended to the run's log (none on a dry run).
+    pub marker_seq: Option<u64>,
+    /// Events of the run's history (conversation and file changes) the rewind leaves out.
+    pub dropped_events: u64,
+    /// The run's workspace version before the rewind (a `Manifest` blob): a directory
+    /// the changes apply to is checked against it, a path that differs is a conflict.
+    pub from_snapshot: BlobHash,
+    /// The checkpoint's workspace version, the run's after the rewind.
+    pub to_snapshot: BlobHash,
+    /// The change log turning `from_snapshot` into `to_snapshot`.
+    pub changes: Vec<ChangeOp>,
+}
+
+/// A run started from a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewRunOutcome {
+    pub run_id: RunId,
+    pub source_run: RunId,
+    /// The checkpoint it started from (of the source run).
+    pub source: CheckpointView,
+    /// Events in the new run's log: the conversation up to the checkpoint.
+    pub events: u64,
+    /// The new run's workspace version (a `Manifest` blob).
+    pub snapshot: BlobHash,
 }

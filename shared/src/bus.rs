@@ -158,6 +158,9 @@ pub trait Bus: Send + Sync + 'static {
     /// Workers whose last heartbeat is younger than [`crate::protocol::WORKER_TTL_MS`].
     async fn workers(&self) -> BusResult<Vec<WorkerInfo>>;
 
+    /// Send a request to one server of `subject` and wait at most `timeout` for its reply.
     async fn request(&self, subject: &str, payload: Bytes, timeout: Duration) -> BusResult<Bytes>;
+    /// Serve `subject`. Every server of a subject is in one queue group: each request goes
+    /// to one of them.
     async fn serve(&self, subject: &str) -> BusResult<mpsc::Receiver<Request>>;
 }

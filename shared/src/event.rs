@@ -4,7 +4,7 @@
 //! conversational prefix of its parent, then its steer. Usage events are never copied into a
 //! child. The model's view of a run ([`Message`]s) is derived from its events.
 
-use crate::ids::{ForkId, RunId};
+use crate::ids::{CheckpointId, ForkId, RunId};
 use crate::overlay::ChangeOp;
 use crate::state::BranchState;
 use serde::{Deserialize, Serialize};
@@ -91,6 +91,15 @@ pub enum Event {
         state: BranchState,
         error: Option<String>,
     },
+    /// The run went back to checkpoint `label`: from here on its history is what it was at
+    /// `to_seq` (the events between `to_seq` and this one are left out of it, see
+    /// [`history_at`]) and its workspace is the checkpoint's version. The log itself stays
+    /// append-only.
+    Rewind {
+        to_seq: u64,
+        checkpoint: CheckpointId,
+        label: String,
+    },
 }
 
 impl Event {
@@ -107,6 +116,7 @@ impl Event {
             Event::BranchSummary { .. } => "branch_summary",
             Event::Checkpoint { .. } => "checkpoint",
             Event::Status { .. } => "status",
+            Event::Rewind { .. } => "rewind",
         }
     }
 
@@ -123,6 +133,59 @@ impl Event {
                 | Event::BranchSummary { .. }
         )
     }
+}
+
+/// The history of a run at position `at` (the last seq it includes; `None`: the end of the
+/// log), as indices into `log`, oldest first.
+///
+/// Without rewinds that is every event up to `at`. A `Rewind { to_seq }` event makes the
+/// history go on from what it was at `to_seq`: the events between are left out, and so
+/// is the marker itself. Rewinds nest (a rewind to a seq inside a part an earlier rewind
+/// left out brings that part back). `log` is a run's log in seq order, as
+/// `RunStore::run_log` returns it; a rewind to a seq it does not hold before the marker is
+/// ignored. O(len) time and memory.
+pub fn history_at(log: &[(u64, Event)], at: Option<u64>) -> Vec<usize> {
+    // prev[i]: the event before log[i] on its history; tip[i]: the last event of the
+    // history once log[i] is read (the marker's target for a rewind).
+    let mut prev: Vec<Option<usize>> = Vec::with_capacity(log.len());
+    let mut tip: Vec<Option<usize>> = Vec::with_capacity(log.len());
+    let index_of = |seq: u64, before: usize| -> Option<usize> {
+        log[..before].binary_search_by_key(&seq, |(s, _)| *s).ok()
+    };
+    let mut end = log.len();
+    for (i, (seq, event)) in log.iter().enumerate() {
+        if at.is_some_and(|a| *seq > a) {
+            end = i;
+            break;
+        }
+        let last = i.checked_sub(1).and_then(|j| tip[j]);
+        match event {
+            Event::Rewind { to_seq, .. } => {
+                prev.push(None);
+                tip.push(match index_of(*to_seq, i) {
+                    Some(j) => tip[j],
+                    None => last,
+                });
+            }
+            _ => {
+                prev.push(last);
+                tip.push(Some(i));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut cur = end.checked_sub(1).and_then(|j| tip[j]);
+    while let Some(i) = cur {
+        out.push(i);
+        cur = prev[i];
+    }
+    out.reverse();
+    out
+}
+
+/// The events of [`history_at`], with their seqs.
+pub fn history_events(log: &[(u64, Event)], at: Option<u64>) -> Vec<&(u64, Event)> {
+    history_at(log, at).into_iter().map(|i| &log[i]).collect()
 }
 
 /// A message as a model sees it.
@@ -211,6 +274,47 @@ pub fn events_from_messages(messages: &[Message], model: &str) -> Vec<Event> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn steer(t: &str) -> Event {
+        Event::Steer { text: t.into() }
+    }
+
+    fn rewind(to_seq: u64) -> Event {
+        Event::Rewind {
+            to_seq,
+            checkpoint: CheckpointId::new(),
+            label: "x".into(),
+        }
+    }
+
+    fn seqs(log: &[(u64, Event)], at: Option<u64>) -> Vec<u64> {
+        history_at(log, at).into_iter().map(|i| log[i].0).collect()
+    }
+
+    #[test]
+    fn history_follows_rewinds_and_nests() {
+        // 0 1 2 3 | R(1)@4 | 5 6 | R(5)@7 | 8 | R(2)@9 | 10
+        let mut log: Vec<(u64, Event)> = (0..4).map(|s| (s, steer("a"))).collect();
+        log.push((4, rewind(1)));
+        log.push((5, steer("b")));
+        log.push((6, steer("c")));
+        log.push((7, rewind(5)));
+        log.push((8, steer("d")));
+        log.push((9, rewind(2)));
+        log.push((10, steer("e")));
+        assert_eq!(seqs(&log, Some(3)), [0, 1, 2, 3]);
+        assert_eq!(seqs(&log, Some(4)), [0, 1]);
+        assert_eq!(seqs(&log, Some(6)), [0, 1, 5, 6]);
+        assert_eq!(seqs(&log, Some(8)), [0, 1, 5, 8]);
+        // Back to seq 2, which the first rewind had left out: it is history again.
+        assert_eq!(seqs(&log, Some(9)), [0, 1, 2]);
+        assert_eq!(seqs(&log, None), [0, 1, 2, 10]);
+        assert_eq!(seqs(&log[..0], None), Vec::<u64>::new());
+        // A rewind to a seq the log does not hold before it changes nothing.
+        let odd = vec![(0, steer("a")), (1, rewind(7)), (2, steer("b"))];
+        assert_eq!(seqs(&odd, None), [0, 2]);
+        assert_eq!(history_events(&log, Some(4)).len(), 2);
+    }
 
     #[test]
     fn history_view_skips_accounting() {

@@ -198,3 +198,110 @@ pub enum ResumeReply {
 impl WireMessage for ResumeReply {
     const KIND: &'static str = "resume_reply";
 }
+
+// ---- resolve jobs ---------------------------------------------------------------------
+
+/// The request/reply subject on which workers take resolve jobs (tests on a branch's tree,
+/// a judge's call). Every worker serves it in one queue group: each job goes to one worker.
+pub const RESOLVE_SUBJECT: &str = "worker.resolve";
+
+/// Work the coordinator hands a worker while resolving a fork. A job is idempotent and
+/// leaves nothing behind on the worker, so the coordinator simply asks again (another
+/// worker may answer) when a reply does not come in time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "job", rename_all = "snake_case")]
+pub enum ResolveJob {
+    Test(TestJob),
+    Judge(JudgeJob),
+}
+
+impl WireMessage for ResolveJob {
+    const KIND: &'static str = "resolve_job";
+}
+
+/// Run the test command in a branch's tree (its snapshot with its changes applied).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TestJob {
+    pub fork_id: ForkId,
+    pub label: String,
+    /// The branch's tree: a `Manifest` blob in the bus's blob store.
+    pub tree: BlobHash,
+    /// The program and its arguments; no shell.
+    pub argv: Vec<String>,
+    pub timeout_ms: u64,
+    /// Set on top of the worker's minimal environment (PATH, HOME, TMPDIR, LANG).
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+/// Ask one judge model for a verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JudgeJob {
+    pub fork_id: ForkId,
+    /// `provider:name`.
+    pub model: String,
+    pub price: Option<Price>,
+    /// Scripted judges: the script file. The scripted provider plays the turns of label
+    /// `judge` (or `*`): turn 0 for the verdict, turn 1 for the one retry.
+    pub script: Option<BlobHash>,
+    /// The bounded judge prompt (`resolve::judge_prompt`).
+    pub prompt: String,
+    /// The fork's branch labels.
+    pub labels: Vec<String>,
+    /// The branches the winner must be one of: those with the best test pass ratio when
+    /// any branch has a test signal (tests outrank the judge's taste); empty: any branch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidates: Vec<String>,
+    /// Why the candidates are restricted, for the judge (e.g. the test results).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidates_reason: Option<String>,
+    pub max_output_tokens: u32,
+}
+
+/// A worker's answer to a [`ResolveJob`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum ResolveJobReply {
+    Test(TestRun),
+    Judge(JudgeRun),
+    /// The job could not be run at all (a blob is missing, the job is malformed): asking
+    /// again will not help.
+    Failed {
+        error: String,
+    },
+}
+
+impl WireMessage for ResolveJobReply {
+    const KIND: &'static str = "resolve_job_reply";
+}
+
+/// What a test command did on one branch's tree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TestRun {
+    pub label: String,
+    pub outcome: crate::testsignal::TestOutcome,
+    pub signal: crate::testsignal::TestSignal,
+    /// The end of the output (at most a few KiB), for people.
+    pub output_tail: String,
+    pub duration_ms: u64,
+    /// The worker that ran it.
+    pub worker: String,
+}
+
+/// What one judge said.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JudgeRun {
+    pub model: String,
+    /// The validated verdict; `None` with `error` when the judge failed (a model error, or
+    /// an unknown winner twice).
+    pub verdict: Option<crate::resolve::JudgeVerdict>,
+    pub error: Option<String>,
+    /// Model calls made (2 when the first answer was retried).
+    pub calls: u32,
+    /// Why earlier answers were refused (an unknown winner, a branch outside the
+    /// candidates, not a verdict), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<String>,
+    /// The judge's own usage and cost, never counted in the branches' spend.
+    pub usage: crate::event::Usage,
+    pub cost_usd: f64,
+}

@@ -93,6 +93,13 @@ pub struct SpecFile {
     /// Keep the materialised fork directory after the fork is resolved.
     #[serde(default)]
     pub keep_artifacts: Option<bool>,
+    /// Automatic checkpoints of the branches: `every_turn`, `every_tool` (default) or
+    /// `manual_only`.
+    #[serde(default)]
+    pub checkpoints: Option<String>,
+    /// Automatic checkpoints kept per branch run (default 20, at least 1).
+    #[serde(default)]
+    pub max_checkpoints: Option<i64>,
     #[serde(default)]
     pub models: BTreeMap<String, ModelSection>,
     #[serde(default)]
@@ -106,6 +113,9 @@ pub enum TestCommand {
     Argv(Vec<String>),
     Line(String),
 }
+
+/// The longest `test_timeout_s` (one hour).
+pub const MAX_TEST_TIMEOUT_S: f64 = 3600.0;
 
 /// The default `test_timeout_s`.
 pub const DEFAULT_TEST_TIMEOUT_S: f64 = 300.0;
@@ -169,6 +179,10 @@ pub struct Limits {
     pub max_depth: u32,
     pub max_turns: u32,
     pub max_output_tokens: u32,
+    /// The branches' automatic checkpoints. A plan without it (stored before checkpoints
+    /// existed, or sent by an older client) takes none: [`CheckpointPolicy::legacy`].
+    #[serde(default = "CheckpointPolicy::legacy")]
+    pub checkpoints: CheckpointPolicy,
 }
 
 impl Default for Limits {
@@ -178,8 +192,118 @@ impl Default for Limits {
             max_depth: DEFAULT_MAX_DEPTH,
             max_turns: DEFAULT_MAX_TURNS,
             max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS,
+            checkpoints: CheckpointPolicy::default(),
         }
     }
+}
+
+// ---- checkpoints ------------------------------------------------------------------------
+
+/// The default `max_checkpoints`.
+pub const DEFAULT_MAX_CHECKPOINTS: u32 = 20;
+
+/// When the coordinator saves an automatic checkpoint of a branch run (`checkpoints`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointFrequency {
+    /// Before each model call: `turn-N` at the last event before call N's response.
+    EveryTurn,
+    /// After each tool call: `tool-N-NAME` at the call's result (the reference's default).
+    #[default]
+    EveryTool,
+    /// None: only `fork:`, `post-fork:` and the ones saved by hand.
+    ManualOnly,
+}
+
+impl CheckpointFrequency {
+    pub const VALID: &'static str = "every_turn, every_tool, manual_only";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckpointFrequency::EveryTurn => "every_turn",
+            CheckpointFrequency::EveryTool => "every_tool",
+            CheckpointFrequency::ManualOnly => "manual_only",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "every_turn" => Some(CheckpointFrequency::EveryTurn),
+            "every_tool" => Some(CheckpointFrequency::EveryTool),
+            "manual_only" => Some(CheckpointFrequency::ManualOnly),
+            _ => None,
+        }
+    }
+}
+
+/// The automatic checkpoints of a fork's branches: when, and how many each keeps (the
+/// oldest automatic one is evicted beyond `max_checkpoints`; named ones never are).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointPolicy {
+    pub frequency: CheckpointFrequency,
+    pub max_checkpoints: u32,
+}
+
+impl Default for CheckpointPolicy {
+    fn default() -> Self {
+        Self {
+            frequency: CheckpointFrequency::default(),
+            max_checkpoints: DEFAULT_MAX_CHECKPOINTS,
+        }
+    }
+}
+
+impl CheckpointPolicy {
+    /// The policy of a plan that does not say: no automatic checkpoints.
+    pub fn legacy() -> Self {
+        Self {
+            frequency: CheckpointFrequency::ManualOnly,
+            max_checkpoints: DEFAULT_MAX_CHECKPOINTS,
+        }
+    }
+
+    /// `max_checkpoints` is at least 1.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.max_checkpoints == 0 {
+            return Err(SpecError::BadCheckpoints {
+                field: "max_checkpoints",
+                message: "0 is not valid; keep at least 1 (automatic checkpoints beyond it \
+                          evict the oldest)"
+                    .to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `checkpoints` and `max_checkpoints` of a spec, validated.
+fn checkpoint_policy(file: &SpecFile) -> Result<CheckpointPolicy, SpecError> {
+    let bad = |field, message: String| SpecError::BadCheckpoints { field, message };
+    let frequency = match &file.checkpoints {
+        None => CheckpointFrequency::default(),
+        Some(s) => CheckpointFrequency::parse(s).ok_or_else(|| {
+            bad(
+                "checkpoints",
+                format!("`{s}` is not valid; valid: {}", CheckpointFrequency::VALID),
+            )
+        })?,
+    };
+    let max_checkpoints = match file.max_checkpoints {
+        None => DEFAULT_MAX_CHECKPOINTS,
+        Some(n) if n >= 1 && n <= i64::from(u32::MAX) => n as u32,
+        Some(n) => {
+            return Err(bad(
+                "max_checkpoints",
+                format!("{n} is not valid; give a whole number of at least 1"),
+            ))
+        }
+    };
+    let policy = CheckpointPolicy {
+        frequency,
+        max_checkpoints,
+    };
+    policy.validate()?;
+    Ok(policy)
 }
 
 /// A model as the fork uses it.
@@ -282,6 +406,11 @@ pub enum SpecError {
     },
     #[error("price of model `{model}`: {message}")]
     BadPrice { model: String, message: String },
+    #[error("`{field}`: {message}")]
+    BadCheckpoints {
+        field: &'static str,
+        message: String,
+    },
     #[error(
         "[models.\"{model}\"] is configured but no branch uses it and it is not the fork's model"
     )]
@@ -412,6 +541,7 @@ pub fn validate_with(
         max_depth: file.max_depth.unwrap_or(DEFAULT_MAX_DEPTH),
         max_turns: file.max_turns.unwrap_or(DEFAULT_MAX_TURNS),
         max_output_tokens: file.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
+        checkpoints: CheckpointPolicy::default(),
     };
     if file.branches.is_empty() {
         return Err(SpecError::NoBranches);
@@ -434,6 +564,11 @@ pub fn validate_with(
             });
         }
     }
+
+    let limits = Limits {
+        checkpoints: checkpoint_policy(file)?,
+        ..limits
+    };
 
     let labels = normalise_labels(file.branches.iter().map(|b| b.label.as_deref()))?;
     check_budget("budget_usd", file.budget_usd)?;
@@ -582,15 +717,19 @@ fn resolve_plan(file: &SpecFile) -> Result<ResolvePlan, SpecError> {
         }
     };
     let (strategy, judges) = match kind {
-        "manual" => {
-            if file.judge_model.is_some() || file.judge_models.is_some() {
+        // A manual fork runs no judge by itself, but may name one (or several) for a
+        // later `forkfleet fork resolve --strategy ...`.
+        "manual" => match (&file.judge_model, &file.judge_models) {
+            (Some(_), Some(_)) => {
                 return Err(bad(
-                    "judge_model",
-                    "strategy `manual` runs no judge; set `strategy` to use one".to_string(),
-                ));
+                    "judge_models",
+                    "set `judge_model` or `judge_models`, not both".to_string(),
+                ))
             }
-            (Strategy::Manual, Vec::new())
-        }
+            (Some(m), None) => (Strategy::Manual, vec![m.clone()]),
+            (None, Some(ms)) => (Strategy::Manual, ms.clone()),
+            (None, None) => (Strategy::Manual, Vec::new()),
+        },
         "auto" => (Strategy::Auto, one_judge()?),
         "auto_with_fallback" => (
             Strategy::AutoWithFallback {
@@ -664,12 +803,6 @@ impl ResolvePlan {
         let kind = self.strategy.as_str();
         let judges = self.judge_models.len();
         match self.strategy {
-            Strategy::Manual if judges > 0 => {
-                return Err(bad(
-                    "judge_model",
-                    "strategy `manual` runs no judge; set `strategy` to use one".to_string(),
-                ))
-            }
             Strategy::Auto | Strategy::AutoWithFallback { .. } if judges != 1 => {
                 return Err(bad(
                     "judge_model",
@@ -705,10 +838,16 @@ impl TestPlan {
                 "the command is empty; give a program and its arguments".to_string(),
             ));
         }
-        if !self.timeout_s.is_finite() || self.timeout_s <= 0.0 {
+        if !self.timeout_s.is_finite()
+            || self.timeout_s <= 0.0
+            || self.timeout_s > MAX_TEST_TIMEOUT_S
+        {
             return Err((
                 "test_timeout_s",
-                format!("{} is not a number of seconds above 0", self.timeout_s),
+                format!(
+                    "{} is not a number of seconds above 0 and at most {MAX_TEST_TIMEOUT_S}",
+                    self.timeout_s
+                ),
             ));
         }
         for key in self.env.keys() {
@@ -936,6 +1075,56 @@ mod tests {
     }
 
     #[test]
+    fn checkpoint_keys_default_and_are_validated() {
+        let b = "[[branches]]\nsteer = \"a\"";
+        let p = parse(&spec("", "", b)).unwrap();
+        assert_eq!(p.limits.checkpoints, CheckpointPolicy::default());
+        assert_eq!(
+            p.limits.checkpoints.frequency,
+            CheckpointFrequency::EveryTool
+        );
+        assert_eq!(p.limits.checkpoints.max_checkpoints, 20);
+        let p = parse(&spec(
+            "checkpoints = \"every_turn\"\nmax_checkpoints = 3",
+            "",
+            b,
+        ))
+        .unwrap();
+        assert_eq!(
+            p.limits.checkpoints,
+            CheckpointPolicy {
+                frequency: CheckpointFrequency::EveryTurn,
+                max_checkpoints: 3
+            }
+        );
+        let err = parse(&spec("checkpoints = \"sometimes\"", "", b)).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("`checkpoints`") && msg.contains("sometimes"),
+            "{msg}"
+        );
+        assert!(msg.contains("every_turn, every_tool, manual_only"), "{msg}");
+        for bad in ["0", "-3"] {
+            let err = parse(&spec(&format!("max_checkpoints = {bad}"), "", b)).unwrap_err();
+            assert!(err.to_string().contains("`max_checkpoints`"), "{err}");
+        }
+        // Branches are checked first (the documented order).
+        assert!(matches!(
+            parse(&spec("max_checkpoints = 0", "", "")),
+            Err(SpecError::NoBranches)
+        ));
+        // A plan stored before the keys existed has no automatic checkpoints.
+        let limits: Limits = serde_json::from_str(
+            r#"{"max_branches": 1, "max_depth": 2, "max_turns": 3, "max_output_tokens": 4}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            limits.checkpoints.frequency,
+            CheckpointFrequency::ManualOnly
+        );
+    }
+
+    #[test]
     fn unknown_key_lists_valid_keys() {
         let err = parse(&spec("colour = 1", "", "[[branches]]\nsteer = \"a\"")).unwrap_err();
         let msg = err.to_string();
@@ -1052,7 +1241,8 @@ mod tests {
             ("strategy = \"auto\"", "needs a judge"),
             ("strategy = \"vote\"", "at least one judge model"),
             ("strategy = \"vote\"\njudge_model = \"scripted:judge\"", "judge_models = [...]"),
-            ("judge_model = \"scripted:judge\"", "runs no judge"),
+            ("judge_model = \"scripted:judge\"\njudge_models = [\"scripted:judge\"]", "not both"),
+            ("test_command = \"pytest\"\ntest_timeout_s = 7200", "at most 3600"),
             ("confidence_threshold = 0.5", "only `auto_with_fallback`"),
             ("strategy = \"auto_with_fallback\"\njudge_model = \"scripted:judge\"\nconfidence_threshold = 1.5", "not a number in [0, 1]"),
             ("test_command = \"\"", "the command is empty"),

@@ -18,6 +18,16 @@ impl Example {
         Self { dir }
     }
 
+    /// A fresh copy of `examples/NAME`.
+    pub fn named(name: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples")
+            .join(name);
+        copy_dir(&src, dir.path());
+        Self { dir }
+    }
+
     pub fn spec(&self) -> PathBuf {
         self.dir.path().join("fork.toml")
     }

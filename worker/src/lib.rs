@@ -15,6 +15,8 @@
 //!   publishing events with consecutive seqs. Its requests to the coordinator are tried
 //!   up to [`COORDINATOR_TRIES`] times.
 //! - [`provider`]: the [`provider::ModelProvider`] trait and the scripted provider.
+//! - `resolve`: resolve jobs served on `worker.resolve`: a test command on a branch's
+//!   materialised tree, a judge's call with one retry of an invalid verdict.
 //! - [`tools`]: read, write, edit, delete, list, glob and grep over the overlay.
 //! - [`cache`]: the per-worker blob cache and the decoded-blob memo shared by branches.
 //! - [`error`]: the one error type, [`WorkerError`].
@@ -45,6 +47,7 @@ pub mod tools;
 mod agent;
 mod context;
 mod node;
+mod resolve;
 
 pub use agent::COORDINATOR_TRIES;
 pub use error::WorkerError;
@@ -58,6 +61,9 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// Resolve jobs a worker runs at once by default: test commands are CPU-bound.
+pub const DEFAULT_RESOLVE_CONCURRENCY: usize = 4;
 
 /// How a worker runs.
 #[derive(Debug, Clone)]
@@ -81,6 +87,8 @@ pub struct WorkerConfig {
     /// [`provider::scripted`]); `None`: nowhere. The services set it from
     /// [`provider::scripted::USAGE_LOG_ENV`] when they start.
     pub scripted_usage_log: Option<PathBuf>,
+    /// Resolve jobs (tests on branch trees, judge calls) run at once.
+    pub resolve_concurrency: usize,
 }
 
 impl Default for WorkerConfig {
@@ -94,6 +102,7 @@ impl Default for WorkerConfig {
             blob_cache_bytes: cache::DEFAULT_BLOB_CACHE_BYTES,
             drain_grace: Duration::from_secs(30),
             scripted_usage_log: None,
+            resolve_concurrency: DEFAULT_RESOLVE_CONCURRENCY,
         }
     }
 }
@@ -111,6 +120,11 @@ impl WorkerConfig {
                 "pull_wait must be more than 0 (a zero wait would spin)".into(),
             ));
         }
+        if self.resolve_concurrency == 0 {
+            return Err(WorkerError::Config(
+                "resolve_concurrency must be at least 1".into(),
+            ));
+        }
         if self.heartbeat.is_zero() {
             return Err(WorkerError::Config("heartbeat must be more than 0".into()));
         }
@@ -124,6 +138,8 @@ pub struct WorkerHandle {
     node: NodeHandle,
     join: tokio::task::JoinHandle<()>,
     exit: node::NodeExit,
+    /// The resolve job server ([`resolve`]); aborted when the worker stops.
+    resolve: tokio::task::JoinHandle<()>,
 }
 
 impl WorkerHandle {
@@ -169,6 +185,7 @@ impl WorkerHandle {
     /// Wait for the node to stop, and say whether it stopped cleanly.
     async fn wait(&mut self) -> Result<(), WorkerError> {
         let joined = (&mut self.join).await;
+        self.resolve.abort();
         let exit = match self.exit.lock() {
             Ok(mut exit) => exit.take(),
             Err(_) => None,
@@ -193,19 +210,25 @@ pub async fn start(config: WorkerConfig, bus: Arc<dyn Bus>) -> Result<WorkerHand
         config.scripted_usage_log.clone(),
     ));
     let exit = Arc::new(Mutex::new(None));
+    let resolve = tokio::spawn(resolve::serve(ctx.clone(), config.resolve_concurrency));
     let args = NodeArgs {
         config,
         ctx,
         exit: exit.clone(),
     };
-    let (node, join) = Actor::spawn(None, NodeActor, args)
-        .await
-        .map_err(|e| WorkerError::Spawn(e.to_string()))?;
+    let (node, join) = match Actor::spawn(None, NodeActor, args).await {
+        Ok(spawned) => spawned,
+        Err(e) => {
+            resolve.abort();
+            return Err(WorkerError::Spawn(e.to_string()));
+        }
+    };
     Ok(WorkerHandle {
         worker_id,
         node: NodeHandle::new(node),
         join,
         exit,
+        resolve,
     })
 }
 

@@ -237,11 +237,20 @@ impl Providers {
         &self,
         task: &BranchTask,
     ) -> Result<Arc<dyn ModelProvider>, ProviderError> {
-        let (provider, _name) = split_model(&task.model)?;
+        self.provider(&task.model, task.script).await
+    }
+
+    /// The provider for `model` (`provider:name`); `script` is a scripted model's script.
+    pub async fn provider(
+        &self,
+        model: &str,
+        script: Option<forkfleet_shared::blob::BlobHash>,
+    ) -> Result<Arc<dyn ModelProvider>, ProviderError> {
+        let (provider, _name) = split_model(model)?;
         match provider {
             "scripted" => {
-                let hash = task.script.ok_or_else(|| ProviderError::MissingScript {
-                    model: task.model.clone(),
+                let hash = script.ok_or_else(|| ProviderError::MissingScript {
+                    model: model.to_string(),
                 })?;
                 let scripted = self
                     .scripts
@@ -262,7 +271,7 @@ impl Providers {
                 Ok(scripted)
             }
             other => Err(ProviderError::UnknownProvider {
-                model: task.model.clone(),
+                model: model.to_string(),
                 provider: other.to_string(),
                 known: PROVIDERS.join(", "),
             }),

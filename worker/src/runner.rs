@@ -12,8 +12,9 @@
 
 use bytes::Bytes;
 use forkfleet_shared::blob::{fetch, BlobStore};
-use forkfleet_shared::manifest::Manifest;
+use forkfleet_shared::manifest::{FileEntry, Manifest};
 use forkfleet_shared::path::WsPath;
+use futures::future::BoxFuture;
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -68,41 +69,17 @@ pub async fn materialize(
             .map_err(|e| io(d, e))?;
         stats.dirs += 1;
     }
-    let writes = tree.files.iter().map(|(path, entry)| async move {
-        let bytes: Bytes = fetch(blobs, &entry.hash)
-            .await
-            .map_err(|e| MaterializeError::Blob {
-                path: path.to_string(),
-                message: e.to_string(),
-            })?;
-        let target = path.to_os_path(dir);
-        if let Some(parent) = target.parent() {
-            tokio::fs::create_dir_all(parent)
-                .await
-                .map_err(|e| io(path, e))?;
-        }
-        if entry.is_symlink() {
-            let link = String::from_utf8_lossy(&bytes).to_string();
-            if !stays_inside(path, &link) {
-                return Ok::<_, MaterializeError>((0u64, true));
-            }
-            tokio::fs::symlink(&link, &target)
-                .await
-                .map_err(|e| io(path, e))?;
-            return Ok((0, false));
-        }
-        tokio::fs::write(&target, &bytes)
-            .await
-            .map_err(|e| io(path, e))?;
-        if entry.mode & 0o111 != 0 {
-            use std::os::unix::fs::PermissionsExt;
-            let perms = std::fs::Permissions::from_mode(entry.mode & 0o777);
-            tokio::fs::set_permissions(&target, perms)
-                .await
-                .map_err(|e| io(path, e))?;
-        }
-        Ok((bytes.len() as u64, false))
-    });
+    // Boxed as `Send` futures here: an iterator of async blocks borrowing the tree would
+    // otherwise make the whole call unusable from a spawned task (a higher-ranked `Send`).
+    let writes: Vec<BoxFuture<'_, Result<(u64, bool), MaterializeError>>> = tree
+        .files
+        .iter()
+        .map(
+            |(path, entry)| -> BoxFuture<'_, Result<(u64, bool), MaterializeError>> {
+                Box::pin(write_one(path, entry, blobs, dir))
+            },
+        )
+        .collect();
     let mut written = futures::stream::iter(writes).buffer_unordered(WRITES_IN_FLIGHT);
     while let Some(done) = written.next().await {
         let (bytes, skipped) = done?;
@@ -114,6 +91,47 @@ pub async fn materialize(
         }
     }
     Ok(stats)
+}
+
+/// Write one file (or symlink) of a tree; `(bytes written, skipped symlink)`.
+async fn write_one(
+    path: &WsPath,
+    entry: &FileEntry,
+    blobs: &dyn BlobStore,
+    dir: &Path,
+) -> Result<(u64, bool), MaterializeError> {
+    let io = |source| MaterializeError::Io {
+        dir: dir.to_path_buf(),
+        path: path.to_string(),
+        source,
+    };
+    let bytes: Bytes = fetch(blobs, &entry.hash)
+        .await
+        .map_err(|e| MaterializeError::Blob {
+            path: path.to_string(),
+            message: e.to_string(),
+        })?;
+    let target = path.to_os_path(dir);
+    if let Some(parent) = target.parent() {
+        tokio::fs::create_dir_all(parent).await.map_err(io)?;
+    }
+    if entry.is_symlink() {
+        let link = String::from_utf8_lossy(&bytes).to_string();
+        if !stays_inside(path, &link) {
+            return Ok((0, true));
+        }
+        tokio::fs::symlink(&link, &target).await.map_err(io)?;
+        return Ok((0, false));
+    }
+    tokio::fs::write(&target, &bytes).await.map_err(io)?;
+    if entry.mode & 0o111 != 0 {
+        use std::os::unix::fs::PermissionsExt;
+        let perms = std::fs::Permissions::from_mode(entry.mode & 0o777);
+        tokio::fs::set_permissions(&target, perms)
+            .await
+            .map_err(io)?;
+    }
+    Ok((bytes.len() as u64, false))
 }
 
 /// True when a symlink at `at` pointing to `target` resolves (lexically) inside the tree.
@@ -250,7 +268,19 @@ fn kill_group(pgid: u32) {
     }
 }
 
-/// Run `spec` in `dir` until it exits, times out, or `cancel` completes.
+/// Kills its process group when dropped while armed.
+struct GroupGuard(Option<u32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(g) = self.0.take() {
+            kill_group(g);
+        }
+    }
+}
+
+/// Run `spec` in `dir` until it exits, times out, or `cancel` completes. Dropping the
+/// returned future kills the command's process group.
 pub async fn run_command(
     dir: &Path,
     spec: &CommandSpec,
@@ -296,6 +326,9 @@ pub async fn run_command(
         }
     };
     let pgid = child.id();
+    // Dropping this future (the caller gave up on it) kills the whole group, not only the
+    // leader `kill_on_drop` would.
+    let mut guard = GroupGuard(pgid);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
     for pipe in [
         child
@@ -365,6 +398,7 @@ pub async fn run_command(
         kill_group(g);
     }
     let _ = child.wait().await;
+    guard.0 = None;
     let (text, dropped) = output.finish();
     let outcome = match end {
         End::Status(Ok(s)) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {

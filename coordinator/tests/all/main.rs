@@ -5,6 +5,7 @@
 mod support;
 
 mod budget;
+mod checkpoints;
 mod create;
 mod events;
 mod merge;

@@ -45,10 +45,14 @@ struct Inner {
     queues: Mutex<HashMap<String, Arc<MsgQueue>>>,
     events: Arc<MsgQueue>,
     control: Mutex<HashMap<RunId, ControlSlot>>,
-    services: Mutex<HashMap<String, mpsc::Sender<Request>>>,
+    /// Servers per subject; a request goes to the next live one in turn (a queue group).
+    services: Mutex<HashMap<String, ServerGroup>>,
     workers: Mutex<HashMap<WorkerId, WorkerInfo>>,
     blobs: Arc<dyn BlobStore>,
 }
+
+/// The servers of one subject and the index of the one that answered last.
+type ServerGroup = (usize, Vec<mpsc::Sender<Request>>);
 
 struct ControlSlot {
     tx: mpsc::UnboundedSender<Bytes>,
@@ -440,7 +444,17 @@ impl Bus for LocalBus {
     }
 
     async fn request(&self, subject: &str, payload: Bytes, timeout: Duration) -> BusResult<Bytes> {
-        let service = lock(&self.inner.services)?.get(subject).cloned();
+        let service = {
+            let mut services = lock(&self.inner.services)?;
+            services.get_mut(subject).and_then(|(next, servers)| {
+                servers.retain(|s| !s.is_closed());
+                if servers.is_empty() {
+                    return None;
+                }
+                *next = (*next + 1) % servers.len();
+                Some(servers[*next].clone())
+            })
+        };
         let service = service.ok_or_else(|| BusError::NoResponders(subject.to_string()))?;
         let (tx, rx) = oneshot::channel();
         let req = Request::new(subject.to_string(), payload, Box::new(LocalReplier(tx)));
@@ -460,7 +474,11 @@ impl Bus for LocalBus {
 
     async fn serve(&self, subject: &str) -> BusResult<mpsc::Receiver<Request>> {
         let (tx, rx) = mpsc::channel(1024);
-        lock(&self.inner.services)?.insert(subject.to_string(), tx);
+        lock(&self.inner.services)?
+            .entry(subject.to_string())
+            .or_default()
+            .1
+            .push(tx);
         Ok(rx)
     }
 }
@@ -596,5 +614,32 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(got, Bytes::from_static(b"ba"));
+    }
+
+    #[tokio::test]
+    async fn several_servers_take_turns_and_a_gone_one_is_skipped() {
+        let b = bus(1000, 5);
+        let serve = |name: &'static str, mut rx: mpsc::Receiver<Request>| {
+            tokio::spawn(async move {
+                while let Some(req) = rx.recv().await {
+                    let _ = req.respond(Bytes::from_static(name.as_bytes())).await;
+                }
+            })
+        };
+        let one = serve("one", b.serve("svc").await.unwrap());
+        let _two = serve("two", b.serve("svc").await.unwrap());
+        let ask = || b.request("svc", Bytes::new(), Duration::from_secs(5));
+        let mut got = vec![ask().await.unwrap(), ask().await.unwrap()];
+        got.sort();
+        assert_eq!(
+            got,
+            vec![Bytes::from_static(b"one"), Bytes::from_static(b"two")]
+        );
+        // A server that stopped is dropped from the group; the other answers everything.
+        one.abort();
+        let _ = one.await;
+        for _ in 0..3 {
+            assert_eq!(ask().await.unwrap(), Bytes::from_static(b"two"));
+        }
     }
 }

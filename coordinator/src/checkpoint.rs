@@ -1,0 +1,1013 @@
+//! Checkpoints: a run's history position and workspace version, saved automatically on
+//! branch runs (the fork's `checkpoints` policy), at forks (`fork:<id>` on the parent,
+//! `post-fork:<id>` after a merge) and by hand; and what uses them: rewind and starting a
+//! new run. ADR 12 records the decisions; the store API is in `store/checkpoints.rs`.
+//!
+//! # What a checkpoint names
+//! The history at `seq` ([`history_at`]: the run's events up to `seq`, rewinds honoured)
+//! and the workspace version `snapshot` + the run's `file_change` events on that history
+//! after `base_seq`. A root run's checkpoints carry their whole version (`base_seq ==
+//! seq`); a branch run's carry the fork snapshot and `base_seq = 0`, so an automatic
+//! checkpoint is one small record, no manifest, and the version is built only when used.
+//!
+//! # Automatic checkpoints
+//! The fork actor applies each branch's events once, in seq order, and tells
+//! [`AutoCheckpoints`] what it applied: `every_turn` saves `turn-N` at the event before the
+//! response of model call N (N from 1), `every_tool` saves `tool-N-NAME` at the result of
+//! tool call N. Beyond `max_checkpoints` automatic checkpoints the oldest automatic one of
+//! the run is removed; named ones are never evicted. Events are applied once per (run,
+//! seq), so a redelivery saves nothing; on load the fork actor rescans the logs and saves
+//! what a crash between writing the events and the checkpoint lost (positions after the
+//! last automatic checkpoint, and after the run's mark, which a removal by hand raises so
+//! nothing removed comes back).
+//!
+//! # Rewind
+//! Appends `Rewind { to_seq }` to the run's log (which stays append-only): the history goes
+//! on from the checkpoint's, so a later fork of the run copies the rewound conversation.
+//! A root run's workspace version becomes the checkpoint's (its record); a branch run's
+//! replica rebuilds its overlay from the file changes of the rewound history, so diffs
+//! and merges see the rewound branch. A branch must have finished. The reply carries the
+//! change log from the current version to the checkpoint's and both manifests, for a
+//! client to apply to a directory with conflicts against the current version.
+
+use crate::blobs;
+use crate::error::{list, CoordinatorError};
+use crate::handle::CoordinatorHandle;
+use crate::replica::BranchReplica;
+use crate::store::{BranchRecord, ForkRecord, RunRecord, RunStore};
+use bytes::Bytes;
+use forkfleet_shared::api::{CheckpointKind, CheckpointView, NewRunOutcome, RewindOutcome};
+use forkfleet_shared::blob::BlobHash;
+use forkfleet_shared::bus::{Bus, BusError};
+use forkfleet_shared::event::{history_at, Event};
+use forkfleet_shared::flush::{changes_between, needed_blobs};
+use forkfleet_shared::ids::{CheckpointId, RunId};
+use forkfleet_shared::manifest::Manifest;
+use forkfleet_shared::overlay::{ChangeOp, Overlay};
+use forkfleet_shared::protocol::now_ms;
+use forkfleet_shared::spec::{check_label, CheckpointFrequency, CheckpointPolicy};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// The label of the automatic checkpoint before model call `n` (from 1).
+pub fn turn_label(n: u32) -> String {
+    format!("turn-{n}")
+}
+
+/// The label of the automatic checkpoint after tool call `n` (from 1) of tool `name`.
+pub fn tool_label(n: u32, name: &str) -> String {
+    format!("tool-{n}-{name}")
+}
+
+/// The label of the checkpoint a run made by `checkpoint fork` starts with.
+pub fn origin_label(source: RunId) -> String {
+    format!("from:{source}")
+}
+
+/// What an applied event is, for automatic checkpoints: a model response (`turn-N` just
+/// before it under `every_turn`), a tool result (`tool-N-NAME` at it under `every_tool`),
+/// or something else. Both kinds are counted under either policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Seen {
+    Response,
+    Tool(String),
+    Other,
+}
+
+impl Seen {
+    fn of(event: &Event) -> Seen {
+        match event {
+            Event::ModelResponse { .. } => Seen::Response,
+            Event::ToolResult { name, .. } => Seen::Tool(name.clone()),
+            _ => Seen::Other,
+        }
+    }
+}
+
+/// One automatic checkpoint to save: its position, label, turn and tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AutoPoint {
+    seq: u64,
+    label: String,
+    turn: u32,
+    tool: Option<String>,
+}
+
+/// Counts a run's model responses and tool results as its events are applied, and says
+/// where they put automatic checkpoints.
+struct Counter {
+    turns: u32,
+    tools: u32,
+}
+
+impl Counter {
+    /// The event at `seq` was applied; the point it makes, if any.
+    fn step(&mut self, seq: u64, seen: &Seen, frequency: CheckpointFrequency) -> Option<AutoPoint> {
+        let out = match (frequency, seen) {
+            (CheckpointFrequency::EveryTurn, Seen::Response) => Some(AutoPoint {
+                seq: seq.saturating_sub(1),
+                label: turn_label(self.turns + 1),
+                turn: self.turns,
+                tool: None,
+            }),
+            (CheckpointFrequency::EveryTool, Seen::Tool(name)) => Some(AutoPoint {
+                seq,
+                label: tool_label(self.tools + 1, name),
+                turn: self.turns,
+                tool: Some(name.clone()),
+            }),
+            _ => None,
+        };
+        match seen {
+            Seen::Response => self.turns += 1,
+            Seen::Tool(_) => self.tools += 1,
+            Seen::Other => {}
+        }
+        out
+    }
+}
+
+/// What a branch's stored log says for its automatic checkpoints, scanned on load: the
+/// points of its applied events (contiguous from its first worker event) and its counts.
+pub(crate) struct RunScan {
+    run: RunId,
+    points: Vec<AutoPoint>,
+    tools: u32,
+    turns: u32,
+}
+
+/// Scan a branch's stored events (every stored one, in seq order) before its replica is
+/// rebuilt from them.
+pub(crate) fn scan(
+    record: &BranchRecord,
+    stored: &[(u64, Event)],
+    policy: &CheckpointPolicy,
+) -> RunScan {
+    let mut counter = Counter { turns: 0, tools: 0 };
+    let mut points = Vec::new();
+    let applied = stored
+        .iter()
+        .filter(|(s, _)| *s >= record.first_seq)
+        .zip(record.first_seq..)
+        // A gap: what lies beyond is held, not applied.
+        .take_while(|((seq, _), expected)| seq == expected);
+    for ((seq, event), _) in applied {
+        if let Some(p) = counter.step(*seq, &Seen::of(event), policy.frequency) {
+            points.push(p);
+        }
+    }
+    RunScan {
+        run: record.run_id,
+        points,
+        tools: counter.tools,
+        turns: counter.turns,
+    }
+}
+
+/// True when a log holds a rewind (its replica's overlay is then rebuilt from the rewound
+/// history, see [`rewound_overlay`]).
+pub(crate) fn has_rewind(stored: &[(u64, Event)]) -> bool {
+    stored
+        .iter()
+        .any(|(_, e)| matches!(e, Event::Rewind { .. }))
+}
+
+/// A branch's overlay as of the end of its (rewound) history.
+pub(crate) fn rewound_overlay(
+    base: &Arc<Manifest>,
+    log: &[(u64, Event)],
+) -> Result<Overlay, CoordinatorError> {
+    let ops = file_changes(log, None, 0);
+    Overlay::from_log(base.clone(), ops).map_err(|e| {
+        CoordinatorError::Internal(format!("a rewound branch's changes do not apply: {e}"))
+    })
+}
+
+/// Replace a replica's overlay by its rewound one (its `changes` count with it).
+pub(crate) fn apply_rewind(
+    replica: &mut BranchReplica,
+    base: &Arc<Manifest>,
+    log: &[(u64, Event)],
+) -> Result<(), CoordinatorError> {
+    let overlay = rewound_overlay(base, log)?;
+    replica.record.changes = overlay.changes().len() as u64;
+    replica.overlay = overlay;
+    Ok(())
+}
+
+/// The state of one branch run's automatic checkpoints.
+#[derive(Debug, Default)]
+struct AutoRun {
+    turns: u32,
+    tools: u32,
+    /// The highest position saved (or decided) so far: a point at or before it is not
+    /// saved again.
+    through: Option<u64>,
+    /// The automatic checkpoints this actor knows, oldest first (a superset of the store's:
+    /// one removed by hand is dropped here when its turn to be evicted comes).
+    saved: VecDeque<CheckpointId>,
+}
+
+/// The automatic checkpoints of one fork's branches, owned by its fork actor.
+pub(crate) struct AutoCheckpoints {
+    policy: CheckpointPolicy,
+    /// The fork snapshot: every branch checkpoint's `snapshot`.
+    snapshot: BlobHash,
+    runs: HashMap<RunId, AutoRun>,
+}
+
+impl AutoCheckpoints {
+    /// A fork just created: no checkpoints yet.
+    pub fn new(policy: CheckpointPolicy, snapshot: BlobHash) -> Self {
+        Self {
+            policy,
+            snapshot,
+            runs: HashMap::new(),
+        }
+    }
+
+    /// A fork loaded from the store: pick up each branch's counts and automatic
+    /// checkpoints, and save the points a crash lost (see the module documentation).
+    pub fn load(
+        store: &RunStore,
+        policy: CheckpointPolicy,
+        snapshot: BlobHash,
+        scans: Vec<RunScan>,
+    ) -> Result<Self, CoordinatorError> {
+        let mut this = Self::new(policy, snapshot);
+        for scan in scans {
+            let autos: Vec<CheckpointView> = store
+                .checkpoints(scan.run)?
+                .into_iter()
+                .filter(|c| c.kind == CheckpointKind::Auto)
+                .collect();
+            let mark = store.checkpoint_mark(scan.run)?;
+            let through = autos
+                .iter()
+                .map(|c| c.seq)
+                .chain((mark > 0).then_some(mark))
+                .max();
+            let mut run = AutoRun {
+                turns: scan.turns,
+                tools: scan.tools,
+                through,
+                saved: {
+                    let mut ids: Vec<(u64, CheckpointId)> =
+                        autos.iter().map(|c| (c.created_at_ms, c.id)).collect();
+                    ids.sort();
+                    ids.into_iter().map(|(_, id)| id).collect()
+                },
+            };
+            let missing: Vec<AutoPoint> = scan
+                .points
+                .into_iter()
+                .filter(|p| through.is_none_or(|t| p.seq > t))
+                .collect();
+            // Older ones would be evicted at once.
+            let keep = policy.max_checkpoints as usize;
+            let skip = missing.len().saturating_sub(keep);
+            if !missing.is_empty() {
+                tracing::info!(run.id = %scan.run, repaired = missing.len() - skip, "checkpoint.repair: saving automatic checkpoints a restart found missing");
+            }
+            for p in missing.into_iter().skip(skip) {
+                this.save(store, scan.run, &mut run, p)?;
+            }
+            this.runs.insert(scan.run, run);
+        }
+        Ok(this)
+    }
+
+    /// What an event about to be applied is (cheap: a match on its kind; nothing under
+    /// `manual_only`).
+    pub fn seen(&self, event: &Event) -> Seen {
+        if self.policy.frequency == CheckpointFrequency::ManualOnly {
+            return Seen::Other;
+        }
+        Seen::of(event)
+    }
+
+    /// Events of `run` from seq `first` were applied, `applied` of them; `current` is the
+    /// event that arrived (its seq, and what [`AutoCheckpoints::seen`] said), usually the
+    /// only one. Saves and evicts; a failure is logged, never fatal to applying events.
+    pub fn on_applied(
+        &mut self,
+        store: &RunStore,
+        run: RunId,
+        first: u64,
+        applied: usize,
+        current: (u64, Seen),
+    ) {
+        if self.policy.frequency == CheckpointFrequency::ManualOnly || applied == 0 {
+            return;
+        }
+        let mut state = self.runs.remove(&run).unwrap_or_default();
+        if let Err(e) = self.applied(store, run, &mut state, first, applied, current) {
+            tracing::error!(run.id = %run, error = %e, "checkpoint.auto: cannot save an automatic checkpoint");
+        }
+        self.runs.insert(run, state);
+    }
+
+    fn applied(
+        &self,
+        store: &RunStore,
+        run: RunId,
+        state: &mut AutoRun,
+        first: u64,
+        applied: usize,
+        current: (u64, Seen),
+    ) -> Result<(), CoordinatorError> {
+        let frequency = self.policy.frequency;
+        let mut counter = Counter {
+            turns: state.turns,
+            tools: state.tools,
+        };
+        let mut points = Vec::new();
+        if applied == 1 && current.0 == first {
+            // The common case: the event that arrived, nothing held behind it.
+            points.extend(counter.step(first, &current.1, frequency));
+        } else {
+            // Held successors were applied too: read the range back (rare).
+            let last = first + applied as u64;
+            for (seq, event) in store.events_between(run, first, last)? {
+                points.extend(counter.step(seq, &Seen::of(&event), frequency));
+            }
+        }
+        state.turns = counter.turns;
+        state.tools = counter.tools;
+        for p in points {
+            if state.through.is_some_and(|t| p.seq <= t) {
+                continue;
+            }
+            self.save(store, run, state, p)?;
+        }
+        Ok(())
+    }
+
+    fn save(
+        &self,
+        store: &RunStore,
+        run: RunId,
+        state: &mut AutoRun,
+        p: AutoPoint,
+    ) -> Result<(), CoordinatorError> {
+        let mut metadata = std::collections::BTreeMap::new();
+        if let Some(tool) = p.tool {
+            metadata.insert("tool".to_string(), tool);
+        }
+        let c = CheckpointView {
+            id: CheckpointId::new(),
+            run_id: run,
+            label: p.label,
+            seq: p.seq,
+            snapshot: self.snapshot,
+            created_at_ms: now_ms(),
+            base_seq: 0,
+            turn: p.turn,
+            kind: CheckpointKind::Auto,
+            metadata,
+        };
+        store.save_checkpoint(&c)?;
+        state.through = Some(p.seq);
+        state.saved.push_back(c.id);
+        while state.saved.len() > self.policy.max_checkpoints as usize {
+            if let Some(old) = state.saved.pop_front() {
+                store.remove_checkpoint(run, old)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---- versions ---------------------------------------------------------------------------
+
+/// The file changes on the history at `at` (the end with `None`) after `base_seq`.
+fn file_changes(log: &[(u64, Event)], at: Option<u64>, base_seq: u64) -> Vec<&ChangeOp> {
+    history_at(log, at)
+        .into_iter()
+        .filter_map(|i| match &log[i] {
+            (seq, Event::FileChange { change }) if *seq > base_seq => Some(change),
+            _ => None,
+        })
+        .collect()
+}
+
+fn read_manifest(store: &RunStore, hash: BlobHash) -> Result<Manifest, CoordinatorError> {
+    let bytes = store
+        .blob(&hash)?
+        .ok_or_else(|| CoordinatorError::missing_blobs(&[hash]))?;
+    Manifest::from_blob(&bytes).map_err(|e| CoordinatorError::BadSnapshot {
+        hash,
+        message: e.to_string(),
+    })
+}
+
+/// A workspace version: its manifest and the blob it is stored as (in the run store).
+struct Version {
+    hash: BlobHash,
+    manifest: Manifest,
+}
+
+/// `snapshot` with the file changes on the history at `at` after `base_seq`; stored as a
+/// blob when it differs from the snapshot.
+fn version(
+    store: &RunStore,
+    log: &[(u64, Event)],
+    snapshot: BlobHash,
+    base_seq: u64,
+    at: u64,
+) -> Result<Version, CoordinatorError> {
+    let base = read_manifest(store, snapshot)?;
+    let ops = file_changes(log, Some(at), base_seq);
+    if ops.is_empty() {
+        return Ok(Version {
+            hash: snapshot,
+            manifest: base,
+        });
+    }
+    let overlay = Overlay::from_log(Arc::new(base), ops).map_err(|e| {
+        CoordinatorError::Internal(format!("the run's file changes do not apply: {e}"))
+    })?;
+    let manifest = overlay.to_manifest();
+    let bytes = manifest
+        .to_blob()
+        .map_err(|e| CoordinatorError::codec("workspace manifest", e))?;
+    let hash = BlobHash::of(&bytes);
+    store.blobs().put_trusted(hash, &bytes)?;
+    Ok(Version { hash, manifest })
+}
+
+/// A run as checkpoints see it.
+enum RunKind {
+    /// A root run: its record holds its workspace version.
+    Root,
+    /// A branch run: its version is the fork snapshot with its file changes.
+    Branch {
+        fork: Box<ForkRecord>,
+        branch: Box<BranchRecord>,
+    },
+}
+
+fn run_kind(store: &RunStore, run: &RunRecord) -> Result<RunKind, CoordinatorError> {
+    let Some(fork_id) = run.fork_id else {
+        return Ok(RunKind::Root);
+    };
+    let fork = store
+        .fork(fork_id)?
+        .ok_or_else(|| CoordinatorError::UnknownFork(fork_id.to_string()))?;
+    let branch = store
+        .branches(fork_id)?
+        .into_iter()
+        .find(|b| b.run_id == run.run_id)
+        .ok_or(CoordinatorError::UnknownRun(run.run_id))?;
+    Ok(RunKind::Branch {
+        fork: Box::new(fork),
+        branch: Box::new(branch),
+    })
+}
+
+fn load_run(store: &RunStore, run: RunId) -> Result<RunRecord, CoordinatorError> {
+    store.run(run)?.ok_or(CoordinatorError::UnknownRun(run))
+}
+
+/// The last seq of a log, or an error for a run without events.
+fn last_seq(run: RunId, log: &[(u64, Event)]) -> Result<u64, CoordinatorError> {
+    log.last()
+        .map(|(s, _)| *s)
+        .ok_or_else(|| CoordinatorError::CheckpointRefused(format!("run {run} has no events")))
+}
+
+/// The run's current version: a root run's record, or a branch's snapshot + changes.
+fn current_version(
+    store: &RunStore,
+    run: &RunRecord,
+    kind: &RunKind,
+    log: &[(u64, Event)],
+) -> Result<Version, CoordinatorError> {
+    match kind {
+        RunKind::Root => Ok(Version {
+            hash: run.workspace,
+            manifest: read_manifest(store, run.workspace)?,
+        }),
+        RunKind::Branch { fork, .. } => {
+            version(store, log, fork.snapshot, 0, last_seq(run.run_id, log)?)
+        }
+    }
+}
+
+fn turns_at(log: &[(u64, Event)], at: u64) -> u32 {
+    history_at(log, Some(at))
+        .into_iter()
+        .filter(|i| matches!(log[*i].1, Event::ModelResponse { .. }))
+        .count() as u32
+}
+
+// ---- finding checkpoints and runs -------------------------------------------------------
+
+/// What an unknown reference's error lists.
+fn valid_checkpoints(all: &[CheckpointView]) -> String {
+    if all.is_empty() {
+        "it has no checkpoints (save one with `forkfleet checkpoint save RUN LABEL`)".to_string()
+    } else {
+        format!(
+            "its checkpoints: {}",
+            list(all.iter().map(|c| c.label.as_str()))
+        )
+    }
+}
+
+/// A run's checkpoint by full id, label (the first, in creation order), or unique prefix
+/// of an id (4 characters or more).
+pub(crate) fn find(
+    store: &RunStore,
+    run: RunId,
+    reference: &str,
+) -> Result<CheckpointView, CoordinatorError> {
+    let reference = reference.trim();
+    if let Ok(id) = reference.parse::<CheckpointId>() {
+        if let Some(c) = store.checkpoint(run, id)? {
+            return Ok(c);
+        }
+    }
+    let all = store.checkpoints(run)?;
+    if let Some(c) = all.iter().find(|c| c.label == reference) {
+        return Ok(c.clone());
+    }
+    let lower = reference.to_ascii_lowercase();
+    if lower.len() >= 4 {
+        let matches: Vec<&CheckpointView> = all
+            .iter()
+            .filter(|c| c.id.to_string().starts_with(&lower))
+            .collect();
+        match matches.as_slice() {
+            [one] => return Ok((*one).clone()),
+            [] => {}
+            many => {
+                return Err(CoordinatorError::CheckpointRefused(format!(
+                    "`{reference}` matches {} checkpoints of run {run} ({}); give more of the id",
+                    many.len(),
+                    list(many.iter().map(|c| c.label.as_str()))
+                )))
+            }
+        }
+    }
+    Err(CoordinatorError::UnknownCheckpoint {
+        run,
+        reference: reference.to_string(),
+        valid: valid_checkpoints(&all),
+    })
+}
+
+/// A run by full id or unique prefix of its id.
+pub(crate) fn find_run(store: &RunStore, prefix: &str) -> Result<RunId, CoordinatorError> {
+    let needle = prefix.trim().to_ascii_lowercase();
+    if let Ok(id) = needle.parse::<RunId>() {
+        return match store.run(id)? {
+            Some(_) => Ok(id),
+            None => Err(CoordinatorError::UnknownRun(id)),
+        };
+    }
+    if needle.is_empty() {
+        return Err(CoordinatorError::NoSuchRun(
+            "give a run id (or a unique prefix of one)".to_string(),
+        ));
+    }
+    let matches = store.run_ids_with_prefix(&needle, 11)?;
+    match matches.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(CoordinatorError::NoSuchRun(format!(
+            "no run matches `{prefix}`; run ids are in `forkfleet fork show FORK` (branches) and `forkfleet fork ls` (parent runs)"
+        ))),
+        many => Err(CoordinatorError::NoSuchRun(format!(
+            "`{prefix}` matches {}{} runs ({}); give more of the id",
+            if many.len() > 10 { "more than " } else { "" },
+            many.len().min(10),
+            list(many.iter().take(10))
+        ))),
+    }
+}
+
+// ---- named checkpoints ------------------------------------------------------------------
+
+/// The rules of a label saved by hand: a branch label's characters (1 to 64 letters,
+/// digits, `-`, `_`, `.`, not starting with `.`), not an automatic label's form
+/// (`turn-`, `tool-`), not an id, and not used by another checkpoint of the run.
+fn check_manual_label(store: &RunStore, run: RunId, label: &str) -> Result<(), CoordinatorError> {
+    let refuse = |m: String| Err(CoordinatorError::CheckpointRefused(m));
+    if label.is_empty() {
+        return refuse("a checkpoint label cannot be empty".to_string());
+    }
+    if let Err(e) = check_label(label) {
+        return refuse(e.to_string().replace("branch label", "checkpoint label"));
+    }
+    if label.starts_with("turn-") || label.starts_with("tool-") {
+        return refuse(format!(
+            "`{label}` has the form of an automatic checkpoint's label (`turn-N`, `tool-N-NAME`); pick another"
+        ));
+    }
+    if label.parse::<CheckpointId>().is_ok() {
+        return refuse(format!(
+            "`{label}` looks like a checkpoint id; pick a label"
+        ));
+    }
+    if let Some(c) = store.checkpoint_by_label(run, label)? {
+        return refuse(format!(
+            "run {run} already has a checkpoint labelled `{label}` (at seq {}); remove it first (`forkfleet checkpoint rm {run} {label}`) or pick another label",
+            c.seq
+        ));
+    }
+    Ok(())
+}
+
+/// Save checkpoint `label` at the run's current end.
+pub(crate) fn save_named(
+    store: &RunStore,
+    run: RunId,
+    label: &str,
+) -> Result<CheckpointView, CoordinatorError> {
+    // A merge into this run must not append between reading its record and its log.
+    let _parents = store.lock_parents();
+    let record = load_run(store, run)?;
+    check_manual_label(store, run, label)?;
+    let kind = run_kind(store, &record)?;
+    let log = store.run_log(run)?;
+    let seq = last_seq(run, &log)?;
+    let (snapshot, base_seq) = match &kind {
+        RunKind::Root => (record.workspace, seq),
+        RunKind::Branch { fork, .. } => (fork.snapshot, 0),
+    };
+    let c = CheckpointView {
+        id: CheckpointId::new(),
+        run_id: run,
+        label: label.to_string(),
+        seq,
+        snapshot,
+        created_at_ms: now_ms(),
+        base_seq,
+        turn: turns_at(&log, seq),
+        kind: CheckpointKind::Named,
+        metadata: Default::default(),
+    };
+    store.save_checkpoint(&c)?;
+    store.flush()?;
+    Ok(c)
+}
+
+/// Remove one checkpoint (by label or id). An automatic one raises the run's mark, so a
+/// restart's repair does not bring it back.
+pub(crate) fn remove(
+    store: &RunStore,
+    run: RunId,
+    reference: &str,
+) -> Result<CheckpointView, CoordinatorError> {
+    load_run(store, run)?;
+    let c = find(store, run, reference)?;
+    store.remove_checkpoint(run, c.id)?;
+    if c.kind == CheckpointKind::Auto {
+        store.raise_checkpoint_mark(run, c.seq)?;
+    }
+    store.flush()?;
+    Ok(c)
+}
+
+/// Remove every checkpoint of a run; returns them.
+pub(crate) fn clear(store: &RunStore, run: RunId) -> Result<Vec<CheckpointView>, CoordinatorError> {
+    load_run(store, run)?;
+    let removed = store.clear_checkpoints(run)?;
+    if let Some(seq) = removed
+        .iter()
+        .filter(|c| c.kind == CheckpointKind::Auto)
+        .map(|c| c.seq)
+        .max()
+    {
+        store.raise_checkpoint_mark(run, seq)?;
+    }
+    store.flush()?;
+    Ok(removed)
+}
+
+// ---- rewind -----------------------------------------------------------------------------
+
+/// A rewind worked out, not yet written.
+pub(crate) struct RewindPlan {
+    pub outcome: RewindOutcome,
+    /// The marker to append at `next_seq`.
+    pub marker: Event,
+    pub next_seq: u64,
+    /// The branch's fork, for a branch run (its actor appends the marker).
+    pub fork: Option<forkfleet_shared::ids::ForkId>,
+}
+
+/// Refuse a branch that has not finished.
+fn check_rewindable(run: RunId, kind: &RunKind) -> Result<(), CoordinatorError> {
+    if let RunKind::Branch { fork, branch } = kind {
+        if !branch.state.is_terminal() {
+            return Err(CoordinatorError::CheckpointRefused(format!(
+                "run {run} is branch `{}` of fork {} and it is {}: a running branch cannot be rewound; wait for it to finish or stop it (`forkfleet fork terminate {} {}`), or start a new run from the checkpoint (`forkfleet checkpoint fork RUN LABEL`)",
+                branch.label, fork.fork_id, branch.state, fork.fork_id, branch.label
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn plan_rewind(
+    store: &RunStore,
+    run: RunId,
+    reference: &str,
+    rewound: bool,
+) -> Result<(RewindPlan, RunRecord), CoordinatorError> {
+    let record = load_run(store, run)?;
+    let kind = run_kind(store, &record)?;
+    let checkpoint = find(store, run, reference)?;
+    check_rewindable(run, &kind)?;
+    let log = store.run_log(run)?;
+    let end = last_seq(run, &log)?;
+    if checkpoint.seq > end {
+        return Err(CoordinatorError::CheckpointRefused(format!(
+            "checkpoint `{}` is at seq {} but run {run}'s log ends at {end}",
+            checkpoint.label, checkpoint.seq
+        )));
+    }
+    let from = current_version(store, &record, &kind, &log)?;
+    let to = version(
+        store,
+        &log,
+        checkpoint.snapshot,
+        checkpoint.base_seq,
+        checkpoint.seq,
+    )?;
+    let now: std::collections::HashSet<usize> = history_at(&log, None).into_iter().collect();
+    let then: std::collections::HashSet<usize> =
+        history_at(&log, Some(checkpoint.seq)).into_iter().collect();
+    let dropped = now.difference(&then).count() as u64;
+    let changes = changes_between(&from.manifest, &to.manifest);
+    let next_seq = end + 1;
+    let marker = Event::Rewind {
+        to_seq: checkpoint.seq,
+        checkpoint: checkpoint.id,
+        label: checkpoint.label.clone(),
+    };
+    let fork = match &kind {
+        RunKind::Root => None,
+        RunKind::Branch { fork, .. } => Some(fork.fork_id),
+    };
+    Ok((
+        RewindPlan {
+            outcome: RewindOutcome {
+                run_id: run,
+                checkpoint,
+                rewound,
+                marker_seq: rewound.then_some(next_seq),
+                dropped_events: dropped,
+                from_snapshot: from.hash,
+                to_snapshot: to.hash,
+                changes,
+            },
+            marker,
+            next_seq,
+            fork,
+        },
+        record,
+    ))
+}
+
+/// Work out a rewind; for a root run also write it (the marker event and the run's new
+/// workspace version, in one transaction). A branch run's plan is written by its fork
+/// actor ([`crate::fork::ForkHandle::rewind`]).
+pub(crate) fn rewind_in_store(
+    store: &RunStore,
+    run: RunId,
+    reference: &str,
+    dry_run: bool,
+) -> Result<RewindPlan, CoordinatorError> {
+    // Merges append to root runs under this lock; so does a rewind.
+    let _parents = store.lock_parents();
+    let (plan, mut record) = plan_rewind(store, run, reference, !dry_run)?;
+    if dry_run || plan.fork.is_some() {
+        return Ok(plan);
+    }
+    record.workspace = plan.outcome.to_snapshot;
+    record.next_seq = plan.next_seq + 1;
+    store.commit_rewind(&record, plan.next_seq, &plan.marker)?;
+    tracing::info!(run.id = %run, checkpoint = %plan.outcome.checkpoint.label, seq = plan.next_seq, changes = plan.outcome.changes.len(), "checkpoint.rewind");
+    Ok(plan)
+}
+
+// ---- a new run from a checkpoint --------------------------------------------------------
+
+/// Write a new root run whose log is `run`'s conversation up to the checkpoint and whose
+/// workspace is the checkpoint's version, with checkpoint `from:<run>` at its end.
+pub(crate) fn fork_from(
+    store: &RunStore,
+    run: RunId,
+    reference: &str,
+) -> Result<NewRunOutcome, CoordinatorError> {
+    let source = load_run(store, run)?;
+    let checkpoint = find(store, run, reference)?;
+    let log = store.run_log(run)?;
+    let end = last_seq(run, &log)?;
+    if checkpoint.seq > end {
+        return Err(CoordinatorError::CheckpointRefused(format!(
+            "checkpoint `{}` is at seq {} but run {run}'s log ends at {end}",
+            checkpoint.label, checkpoint.seq
+        )));
+    }
+    let events: Vec<&Event> = history_at(&log, Some(checkpoint.seq))
+        .into_iter()
+        .map(|i| &log[i].1)
+        .filter(|e| e.is_conversational())
+        .collect();
+    if events.is_empty() {
+        return Err(CoordinatorError::CheckpointRefused(format!(
+            "checkpoint `{}` of run {run} has no conversation to start from",
+            checkpoint.label
+        )));
+    }
+    let v = version(
+        store,
+        &log,
+        checkpoint.snapshot,
+        checkpoint.base_seq,
+        checkpoint.seq,
+    )?;
+    let now = now_ms();
+    let run_id = RunId::new();
+    let n = events.len() as u64;
+    let record = RunRecord {
+        run_id,
+        parent: None,
+        fork_id: None,
+        fork_root: run_id,
+        depth: 0,
+        workspace: v.hash,
+        next_seq: n,
+        created_at_ms: now,
+    };
+    let mut metadata = std::collections::BTreeMap::new();
+    metadata.insert("source_run".to_string(), run.to_string());
+    metadata.insert("source_checkpoint".to_string(), checkpoint.label.clone());
+    metadata.insert("source_seq".to_string(), checkpoint.seq.to_string());
+    let origin = CheckpointView {
+        id: CheckpointId::new(),
+        run_id,
+        label: origin_label(run),
+        seq: n - 1,
+        snapshot: v.hash,
+        created_at_ms: now,
+        base_seq: n - 1,
+        turn: events
+            .iter()
+            .filter(|e| matches!(e, Event::ModelResponse { .. }))
+            .count() as u32,
+        kind: CheckpointKind::Named,
+        metadata,
+    };
+    store.put_events(
+        events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (run_id, i as u64, *e)),
+    )?;
+    store.save_checkpoint(&origin)?;
+    // The record last: a crash half-way leaves no reachable run.
+    store.put_run(&record)?;
+    store.flush()?;
+    tracing::info!(run.id = %run_id, source.run = %source.run_id, checkpoint = %checkpoint.label, events = n, "checkpoint.fork: a new run");
+    Ok(NewRunOutcome {
+        run_id,
+        source_run: run,
+        source: checkpoint,
+        events: n,
+        snapshot: v.hash,
+    })
+}
+
+// ---- blobs for clients ------------------------------------------------------------------
+
+/// Put on the bus's blob store what a client applying these changes reads (both
+/// manifests, the files written) and the run store has but the bus lacks. Nothing to do
+/// when both are one store (embedded).
+async fn publish_blobs(
+    store: &RunStore,
+    bus: &Arc<dyn Bus>,
+    manifests: &[BlobHash],
+    changes: &[ChangeOp],
+) -> Result<(), CoordinatorError> {
+    if blobs::shared_with_bus(store, bus) {
+        return Ok(());
+    }
+    let mut wanted: Vec<BlobHash> = manifests.to_vec();
+    wanted.extend(needed_blobs(changes));
+    wanted.sort_unstable();
+    wanted.dedup();
+    let missing = bus.blobs().missing(&wanted).await.map_err(BusError::from)?;
+    for h in missing {
+        if let Some(bytes) = store.blob(&h)? {
+            bus.blobs()
+                .put(h, Bytes::copy_from_slice(&bytes))
+                .await
+                .map_err(BusError::from)?;
+        }
+    }
+    Ok(())
+}
+
+// ---- the API --------------------------------------------------------------------------
+
+impl CoordinatorHandle {
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&RunStore) -> Result<T, CoordinatorError> + Send + 'static,
+    ) -> Result<T, CoordinatorError> {
+        let store = self.store().clone();
+        tokio::task::spawn_blocking(move || f(&store)).await?
+    }
+
+    /// A run by full id or unique prefix of its id.
+    pub async fn find_run(&self, prefix: &str) -> Result<RunId, CoordinatorError> {
+        let prefix = prefix.to_string();
+        self.blocking(move |s| find_run(s, &prefix)).await
+    }
+
+    /// Save checkpoint `label` at the run's current end (a named one: never evicted).
+    pub async fn checkpoint_save(
+        &self,
+        run: RunId,
+        label: &str,
+    ) -> Result<CheckpointView, CoordinatorError> {
+        let label = label.to_string();
+        self.blocking(move |s| save_named(s, run, &label)).await
+    }
+
+    /// Remove the checkpoint with this label or id.
+    pub async fn checkpoint_remove(
+        &self,
+        run: RunId,
+        reference: &str,
+    ) -> Result<CheckpointView, CoordinatorError> {
+        let reference = reference.to_string();
+        self.blocking(move |s| remove(s, run, &reference)).await
+    }
+
+    /// Remove every checkpoint of a run; returns the removed ones.
+    pub async fn checkpoint_clear(
+        &self,
+        run: RunId,
+    ) -> Result<Vec<CheckpointView>, CoordinatorError> {
+        self.blocking(move |s| clear(s, run)).await
+    }
+
+    /// Send a run back to a checkpoint (label or id): its history and its workspace
+    /// version. With `dry_run` nothing changes and the outcome says what would. A branch
+    /// run must have finished.
+    pub async fn rewind(
+        &self,
+        run: RunId,
+        reference: &str,
+        dry_run: bool,
+    ) -> Result<RewindOutcome, CoordinatorError> {
+        let reference = reference.to_string();
+        let plan = self
+            .blocking(move |s| rewind_in_store(s, run, &reference, dry_run))
+            .await?;
+        let RewindPlan {
+            mut outcome,
+            marker,
+            next_seq,
+            fork,
+        } = plan;
+        if let (Some(fork), false) = (fork, dry_run) {
+            let seq = self
+                .root()
+                .fork(fork)
+                .await?
+                .rewind(run, marker, next_seq)
+                .await?;
+            outcome.marker_seq = Some(seq);
+            tracing::info!(run.id = %run, fork.id = %fork, checkpoint = %outcome.checkpoint.label, seq, changes = outcome.changes.len(), "checkpoint.rewind of a branch");
+        }
+        publish_blobs(
+            self.store(),
+            &self.bus(),
+            &[outcome.from_snapshot, outcome.to_snapshot],
+            &outcome.changes,
+        )
+        .await?;
+        Ok(outcome)
+    }
+
+    /// Start a new root run from a checkpoint (label or id): the conversation up to it,
+    /// on its workspace version.
+    pub async fn fork_checkpoint(
+        &self,
+        run: RunId,
+        reference: &str,
+    ) -> Result<NewRunOutcome, CoordinatorError> {
+        let reference = reference.to_string();
+        let outcome = self
+            .blocking(move |s| fork_from(s, run, &reference))
+            .await?;
+        publish_blobs(self.store(), &self.bus(), &[outcome.snapshot], &[]).await?;
+        Ok(outcome)
+    }
+}

@@ -1,0 +1,256 @@
+//! `forkfleet fork resolve` and the resolve step of `forkfleet run`: ask the coordinator
+//! to resolve a fork (tests on every branch and the judges run on workers), apply a
+//! committed merge to a directory, and print the verdicts, signals and decision.
+
+use crate::client;
+use crate::remote::CoordinatorClient;
+use forkfleet_shared::api::ResolveReport;
+use forkfleet_shared::flush::{ConflictPolicy, FlushReport};
+use forkfleet_shared::ids::ForkId;
+use forkfleet_shared::resolve::{Decision, Strategy, DEFAULT_THRESHOLD};
+use forkfleet_shared::testsignal::TestOutcome;
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// The strategy names `--strategy` takes.
+pub const STRATEGY_NAMES: &str = "manual, auto, auto_with_fallback, vote";
+
+/// `--strategy NAME [--threshold X]` as a strategy; `None` keeps the spec's.
+pub fn strategy_from_flags(
+    name: Option<&str>,
+    threshold: Option<f64>,
+) -> Result<Option<Strategy>, String> {
+    let strategy = match name {
+        None => {
+            if threshold.is_some() {
+                return Err(
+                    "--threshold needs --strategy auto_with_fallback (the spec's threshold is used otherwise)"
+                        .to_string(),
+                );
+            }
+            return Ok(None);
+        }
+        Some("manual") => Strategy::Manual,
+        Some("auto") => Strategy::Auto,
+        Some("auto_with_fallback") => Strategy::AutoWithFallback {
+            threshold: threshold.unwrap_or(DEFAULT_THRESHOLD),
+        },
+        Some("vote") => Strategy::Vote,
+        Some(other) => {
+            return Err(format!(
+                "--strategy `{other}` is not a strategy; valid: {STRATEGY_NAMES}"
+            ))
+        }
+    };
+    if threshold.is_some() && !matches!(strategy, Strategy::AutoWithFallback { .. }) {
+        return Err(format!(
+            "--threshold is for auto_with_fallback, not `{}`",
+            strategy.as_str()
+        ));
+    }
+    strategy.validate().map_err(|e| e.to_string())?;
+    Ok(Some(strategy))
+}
+
+/// A resolve and what applying its merge did to a directory.
+pub struct Resolved {
+    pub report: ResolveReport,
+    /// The merge applied to the directory (or the store's report without one).
+    pub applied: Option<FlushReport>,
+}
+
+/// Resolve `fork`; on a commit, apply the merge to `dir` (if any).
+pub async fn resolve_and_apply(
+    coord: &CoordinatorClient,
+    fork: ForkId,
+    strategy: Option<Strategy>,
+    dir: Option<&Path>,
+    policy: ConflictPolicy,
+) -> anyhow::Result<Resolved> {
+    let report = coord.resolve(fork, strategy).await?;
+    let applied = match (&report.merge, dir) {
+        (Some(outcome), Some(dir)) => {
+            Some(client::apply_merge(coord.blobs().as_ref(), outcome, dir, policy).await?)
+        }
+        (Some(outcome), None) => Some(outcome.report.clone()),
+        (None, _) => None,
+    };
+    Ok(Resolved { report, applied })
+}
+
+/// An error to exit with when the resolve could not decide what its strategy asked for:
+/// every judge failed. `None` when the decision is what the strategy allows.
+pub fn failure(report: &ResolveReport) -> Option<String> {
+    if !report.strategy.needs_judge() || !matches!(report.decision, Decision::Manual) {
+        return None;
+    }
+    let errors: Vec<String> = report
+        .judges
+        .iter()
+        .filter_map(|j| j.run.error.clone())
+        .collect();
+    Some(format!(
+        "no judge gave a valid verdict ({}); nothing was merged: pick a branch with `forkfleet fork merge {} --pick LABEL`",
+        if errors.is_empty() {
+            "no judge ran".to_string()
+        } else {
+            errors.join("; ")
+        },
+        report.fork_id
+    ))
+}
+
+fn outcome_text(o: &TestOutcome) -> String {
+    match o {
+        TestOutcome::Exited { code } => format!("exit {code}"),
+        TestOutcome::Signalled => "killed by a signal".to_string(),
+        TestOutcome::TimedOut => "timed out".to_string(),
+        TestOutcome::SpawnFailed { error } => format!("not run: {error}"),
+    }
+}
+
+/// The report for people: tests, each judge, the decision.
+pub fn report_text(report: &ResolveReport) -> String {
+    let mut out = String::new();
+    if !report.tests.is_empty() {
+        let width = report
+            .tests
+            .iter()
+            .map(|t| t.label.chars().count())
+            .max()
+            .unwrap_or(5)
+            .max(5);
+        let _ = writeln!(out, "\ntests:");
+        for t in &report.tests {
+            let ratio = match t.signal.pass_ratio {
+                Some(r) => format!("{:>4.0}%", r * 100.0),
+                None => "  — ".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                "  {:<width$}  {ratio}  {} · {} · {:.1} s",
+                t.label,
+                t.signal.reason,
+                outcome_text(&t.outcome),
+                t.duration_ms as f64 / 1000.0
+            );
+        }
+    }
+    for j in &report.judges {
+        match (&j.run.verdict, j.confidence, &j.signals) {
+            (Some(v), Some(c), Some(s)) => {
+                let tests = s
+                    .test_pass_ratio
+                    .map_or("none".to_string(), |t| format!("{t:.2}"));
+                let _ = writeln!(
+                    out,
+                    "\njudge {}: picked `{}` (judge {:.2}; effective {:.2} by {}: tests {tests}, agreement {:.2}, consistency {:.2})",
+                    j.run.model,
+                    v.winner,
+                    v.confidence,
+                    c,
+                    report.formula,
+                    s.agreement_score,
+                    s.internal_consistency
+                );
+                if !v.reasoning.trim().is_empty() {
+                    let _ = writeln!(out, "  reasoning: {}", v.reasoning.trim());
+                }
+                for (label, note) in &v.notes {
+                    let _ = writeln!(out, "  {label}: {note}");
+                }
+            }
+            _ => {
+                let _ = writeln!(
+                    out,
+                    "\njudge {}: no verdict: {}",
+                    j.run.model,
+                    j.run.error.as_deref().unwrap_or("unknown error")
+                );
+            }
+        }
+        for r in &j.run.refused {
+            let _ = writeln!(out, "  refused an earlier answer: {r}");
+        }
+    }
+    if !report.judges.is_empty() {
+        let _ = writeln!(
+            out,
+            "judges' cost: ${:.6} ({} in, {} out tokens; not part of the branches' spend)",
+            report.judge_cost_usd,
+            report.judge_usage.input_tokens,
+            report.judge_usage.output_tokens
+        );
+    }
+    let strategy = match &report.strategy {
+        Strategy::AutoWithFallback { threshold } => {
+            format!("auto_with_fallback at {threshold:.2}")
+        }
+        s => s.as_str().to_string(),
+    };
+    let _ = match &report.decision {
+        Decision::Commit { winner, confidence } => writeln!(
+            out,
+            "\ndecision ({strategy}): merge `{winner}` (confidence {confidence:.2})"
+        ),
+        Decision::Defer { pick, confidence } => writeln!(
+            out,
+            "\ndecision ({strategy}): `{pick}` suggested at {confidence:.2}, below the threshold: nothing merged\n  accept it with: forkfleet fork merge {} --pick {pick}",
+            report.fork_id
+        ),
+        Decision::Manual => writeln!(
+            out,
+            "\ndecision ({strategy}): a person picks: forkfleet fork merge {} --pick LABEL",
+            report.fork_id
+        ),
+    };
+    out
+}
+
+/// The report as JSON, with what applying the merge did.
+pub fn report_json(resolved: &Resolved) -> Value {
+    let mut doc = serde_json::to_value(&resolved.report).unwrap_or(Value::Null);
+    if let (Some(r), Some(obj)) = (&resolved.applied, doc.as_object_mut()) {
+        obj.insert(
+            "applied".to_string(),
+            json!({
+                "applied_paths": r.applied_paths,
+                "deleted_paths": r.deleted_paths,
+                "conflicts": r.conflicts,
+                "errors": r.errors.iter().map(|e| json!({"path": e.path, "op": e.op, "message": e.message})).collect::<Vec<_>>(),
+            }),
+        );
+    }
+    doc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategy_flags() {
+        assert_eq!(strategy_from_flags(None, None).unwrap(), None);
+        assert_eq!(
+            strategy_from_flags(Some("auto_with_fallback"), Some(0.5)).unwrap(),
+            Some(Strategy::AutoWithFallback { threshold: 0.5 })
+        );
+        assert_eq!(
+            strategy_from_flags(Some("auto_with_fallback"), None).unwrap(),
+            Some(Strategy::AutoWithFallback {
+                threshold: DEFAULT_THRESHOLD
+            })
+        );
+        assert!(strategy_from_flags(Some("best"), None)
+            .unwrap_err()
+            .contains("valid: manual, auto"));
+        assert!(strategy_from_flags(Some("auto"), Some(0.5))
+            .unwrap_err()
+            .contains("--threshold is for auto_with_fallback"));
+        assert!(strategy_from_flags(None, Some(0.5)).is_err());
+        assert!(strategy_from_flags(Some("auto_with_fallback"), Some(1.5))
+            .unwrap_err()
+            .contains("[0, 1]"));
+    }
+}

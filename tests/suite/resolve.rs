@@ -1,0 +1,373 @@
+//! The resolve path end to end on the embedded mode (and one cluster run): tests on every
+//! branch's tree run by workers, scripted judges, each strategy's decision, the merge.
+
+use super::fleet::{Fleet, Options};
+use super::harness::{forkfleet, json, path_str, stderr, Example};
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+
+/// A test command: passes when `result.txt` says `ok`, printing a plain summary line.
+const CHECK: &str = "import sys\n\
+try:\n    t = open('result.txt').read().strip()\n\
+except OSError:\n    t = ''\n\
+print('1 passed, 0 failed' if t == 'ok' else '0 passed, 1 failed')\n\
+sys.exit(0 if t == 'ok' else 1)\n";
+
+/// Branch `good` writes `ok`, branch `bad` writes `bad`.
+const BRANCHES: &str = r#"
+[defaults]
+usage = { input_tokens = 100, output_tokens = 10 }
+
+[[turns.good]]
+tool_calls = [{ name = "write_file", args = { path = "result.txt", content = "ok\n" } }]
+[[turns.good]]
+text = "good done"
+
+[[turns.bad]]
+tool_calls = [{ name = "write_file", args = { path = "result.txt", content = "bad\n" } }]
+[[turns.bad]]
+text = "bad done"
+"#;
+
+fn verdict(winner: &str, confidence: f64) -> String {
+    format!(
+        "[[turns.judge]]\ntext = '{{\"winner\": \"{winner}\", \"confidence\": {confidence}, \"reasoning\": \"because\"}}'\n"
+    )
+}
+
+/// A fork of `good` and `bad` in a fresh quickstart copy, with `top` spec keys and the
+/// judge scripts `judges` (`scripted:judge1`, `scripted:judge2`, ... in order).
+fn setup(top: &str, judges: &[String]) -> (Example, std::path::PathBuf) {
+    let ex = Example::quickstart();
+    std::fs::write(ex.dir.path().join("branches.toml"), BRANCHES).unwrap();
+    std::fs::write(ex.workspace().join("check.py"), CHECK).unwrap();
+    let mut models = String::from(
+        "[models.\"scripted:b\"]\nscript = \"branches.toml\"\nprice = { input_per_mtok = 1.0, output_per_mtok = 2.0 }\n",
+    );
+    for (i, script) in judges.iter().enumerate() {
+        let file = format!("judge{}.toml", i + 1);
+        std::fs::write(ex.dir.path().join(&file), script).unwrap();
+        models.push_str(&format!(
+            "[models.\"scripted:judge{}\"]\nscript = \"{file}\"\nprice = {{ input_per_mtok = 1.0, output_per_mtok = 2.0 }}\n",
+            i + 1
+        ));
+    }
+    let spec = ex.write_spec(&format!(
+        "goal = \"make check.py pass\"\nworkspace = \"workspace\"\nmodel = \"scripted:b\"\n{top}\n{models}\n\
+         [[branches]]\nlabel = \"good\"\nsteer = \"go\"\n[[branches]]\nlabel = \"bad\"\nsteer = \"go\"\n"
+    ));
+    (ex, spec)
+}
+
+const TESTED: &str = "test_command = [\"python3\", \"check.py\"]\ntest_timeout_s = 60";
+
+fn run(spec: &Path) -> std::process::Output {
+    forkfleet(&["run", path_str(spec), "--json", "--timeout-s", "120"])
+}
+
+fn test_of<'a>(resolve: &'a Value, label: &str) -> &'a Value {
+    resolve["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["label"] == label)
+        .unwrap_or_else(|| panic!("no test of {label} in {resolve}"))
+}
+
+#[test]
+fn the_example_merges_a_passing_fix_because_the_tests_say_so() {
+    let ex = Example::named("fix-a-bug");
+    let run_tests = |dir: &Path| {
+        Command::new("python3")
+            .arg("run_tests.py")
+            .current_dir(dir)
+            .output()
+            .unwrap()
+    };
+    assert!(
+        !run_tests(&ex.workspace()).status.success(),
+        "the example starts failing"
+    );
+
+    let doc = json(&forkfleet(&[
+        "run",
+        path_str(&ex.spec()),
+        "--json",
+        "--timeout-s",
+        "120",
+    ]));
+    let resolve = &doc["resolve"];
+    // Real test runs on every branch's tree: the wrong fix fails two of six.
+    assert_eq!(
+        test_of(resolve, "average-middle")["signal"]["pass_ratio"],
+        1.0
+    );
+    assert_eq!(test_of(resolve, "stdlib")["signal"]["pass_ratio"], 1.0);
+    let wrong = test_of(resolve, "lower-middle");
+    assert_eq!(wrong["signal"]["counts"]["passed"], 4, "{wrong}");
+    assert_eq!(wrong["signal"]["counts"]["failed"], 2, "{wrong}");
+    assert_eq!(wrong["outcome"]["kind"], "exited");
+    // The judge first picked the wrong fix, was refused with the test results, and
+    // picked a passing one.
+    let judge = &resolve["judges"][0];
+    assert_eq!(judge["run"]["calls"], 2, "{judge}");
+    let refused = judge["run"]["refused"][0].as_str().unwrap();
+    assert!(
+        refused.contains("\"lower-middle\", which is not among"),
+        "{refused}"
+    );
+    assert_eq!(judge["run"]["verdict"]["winner"], "average-middle");
+    assert_eq!(resolve["decision"]["kind"], "commit");
+    assert_eq!(resolve["decision"]["winner"], "average-middle");
+    assert_eq!(doc["winner"], "average-middle");
+    // The judge's cost is its own, not the branches'.
+    let judge_cost = resolve["judge_cost_usd"].as_f64().unwrap();
+    assert!(judge_cost > 0.0);
+    let branches: f64 = doc["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["cost_usd"].as_f64().unwrap())
+        .sum();
+    assert!((doc["total_cost_usd"].as_f64().unwrap() - branches).abs() < 1e-12);
+    // The merge landed in the workspace: its tests pass now.
+    let after = run_tests(&ex.workspace());
+    assert!(
+        after.status.success(),
+        "{}",
+        String::from_utf8_lossy(&after.stdout)
+    );
+    assert!(ex
+        .read("stats.py")
+        .unwrap()
+        .contains("(s[mid - 1] + s[mid]) / 2"));
+    // The materialised fork directory went with the resolve (no keep_artifacts).
+    assert!(!ex.workspace().join(".forkfleet").exists());
+}
+
+#[test]
+fn manual_runs_the_tests_and_merges_nothing() {
+    let (ex, spec) = setup(&format!("strategy = \"manual\"\n{TESTED}"), &[]);
+    let doc = json(&run(&spec));
+    let resolve = &doc["resolve"];
+    assert_eq!(resolve["decision"]["kind"], "manual");
+    assert_eq!(test_of(resolve, "good")["signal"]["pass_ratio"], 1.0);
+    assert_eq!(test_of(resolve, "bad")["signal"]["pass_ratio"], 0.0);
+    assert!(resolve["judges"].as_array().unwrap().is_empty());
+    assert!(resolve["merge"].is_null());
+    assert!(ex.read("result.txt").is_none(), "nothing merged");
+    assert_eq!(doc["state"], "settled");
+    // Unresolved, the materialised fork directory stays for people and their tools.
+    let id = doc["fork_id"].as_str().unwrap();
+    let mirrored = ex
+        .workspace()
+        .join(format!(".forkfleet/forks/{id}/branches/good/result.txt"));
+    assert_eq!(std::fs::read_to_string(mirrored).unwrap(), "ok\n");
+}
+
+#[test]
+fn auto_commits_the_judges_pick_and_stops_nothing_twice() {
+    let (ex, spec) = setup(
+        &format!("strategy = \"auto\"\njudge_model = \"scripted:judge1\"\n{TESTED}"),
+        &[verdict("good", 0.9)],
+    );
+    let doc = json(&run(&spec));
+    assert_eq!(doc["resolve"]["decision"]["kind"], "commit");
+    assert_eq!(doc["winner"], "good");
+    assert_eq!(ex.read("result.txt").as_deref(), Some("ok\n"));
+    // evidence_v1: tests 1.0, agreement 0 (one split path), consistency 1, judge 0.9.
+    let c = doc["resolve"]["judges"][0]["confidence"].as_f64().unwrap();
+    assert!((c - 0.9 * (0.7 + 0.15)).abs() < 1e-9, "{c}");
+    // A fork merges once: resolving again is refused and changes nothing.
+    let id = doc["fork_id"].as_str().unwrap();
+    let data = ex.data();
+    let again = forkfleet(&["fork", "resolve", id, "--data", path_str(&data)]);
+    assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("already merged"),
+        "{}",
+        stderr(&again)
+    );
+}
+
+#[test]
+fn auto_with_fallback_below_the_threshold_suggests_and_a_person_accepts() {
+    let (ex, spec) = setup(
+        &format!(
+            "strategy = \"auto_with_fallback\"\nconfidence_threshold = 0.9\njudge_model = \"scripted:judge1\"\n{TESTED}"
+        ),
+        &[verdict("good", 0.8)],
+    );
+    let out = run(&spec);
+    let doc = json(&out);
+    let decision = &doc["resolve"]["decision"];
+    assert_eq!(decision["kind"], "defer", "{decision}");
+    assert_eq!(decision["pick"], "good");
+    assert!(decision["confidence"].as_f64().unwrap() < 0.9);
+    assert!(
+        ex.read("result.txt").is_none(),
+        "a deferred pick merges nothing"
+    );
+    // The suggestion is accepted with a merge.
+    let id = doc["fork_id"].as_str().unwrap();
+    let merged = forkfleet(&[
+        "fork",
+        "merge",
+        id,
+        "--pick",
+        "good",
+        "--data",
+        path_str(&ex.data()),
+    ]);
+    assert!(merged.status.success(), "{}", stderr(&merged));
+    assert_eq!(ex.read("result.txt").as_deref(), Some("ok\n"));
+}
+
+#[test]
+fn vote_majority_and_a_tie_to_the_most_confident() {
+    // No test command: the judges may pick any branch.
+    let (ex, spec) = setup(
+        "strategy = \"vote\"\njudge_models = [\"scripted:judge1\", \"scripted:judge2\"]",
+        &[verdict("bad", 0.6), verdict("good", 0.9)],
+    );
+    let doc = json(&run(&spec));
+    let resolve = &doc["resolve"];
+    assert_eq!(resolve["judges"].as_array().unwrap().len(), 2);
+    // One vote each: the tie goes to the more confident verdict.
+    assert_eq!(resolve["decision"]["kind"], "commit");
+    assert_eq!(resolve["decision"]["winner"], "good", "{resolve}");
+    assert_eq!(ex.read("result.txt").as_deref(), Some("ok\n"));
+
+    // A majority beats confidence.
+    let (ex, spec) = setup(
+        "strategy = \"vote\"\njudge_models = [\"scripted:judge1\", \"scripted:judge2\", \"scripted:judge3\"]",
+        &[verdict("bad", 0.5), verdict("good", 0.99), verdict("bad", 0.5)],
+    );
+    let doc = json(&run(&spec));
+    assert_eq!(doc["resolve"]["decision"]["winner"], "bad");
+    assert_eq!(ex.read("result.txt").as_deref(), Some("bad\n"));
+}
+
+#[test]
+fn a_judge_naming_no_branch_is_asked_once_more_then_fails() {
+    // Retried once: the second answer is valid.
+    let (_ex, spec) = setup(
+        "strategy = \"auto\"\njudge_model = \"scripted:judge1\"",
+        &[format!("{}{}", verdict("nope", 0.9), verdict("good", 0.7))],
+    );
+    let doc = json(&run(&spec));
+    let judge = &doc["resolve"]["judges"][0]["run"];
+    assert_eq!(judge["calls"], 2);
+    assert_eq!(judge["verdict"]["winner"], "good");
+    assert_eq!(doc["winner"], "good");
+
+    // Twice wrong: an error naming the valid labels; nothing merged.
+    let (ex, spec) = setup(
+        "strategy = \"auto\"\njudge_model = \"scripted:judge1\"",
+        &[format!(
+            "{}{}",
+            verdict("nope", 0.9),
+            verdict("../../x", 0.9)
+        )],
+    );
+    let out = run(&spec);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("no judge gave a valid verdict"), "{err}");
+    assert!(err.contains("\"good\", \"bad\""), "{err}");
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["resolve"]["decision"]["kind"], "manual");
+    assert_eq!(doc["state"], "settled");
+    assert!(ex.read("result.txt").is_none());
+}
+
+#[test]
+fn a_hanging_test_is_killed_and_zero_tests_give_no_signal() {
+    let (_ex, spec) = setup(
+        "strategy = \"manual\"\ntest_command = [\"python3\", \"-c\", \"import time; time.sleep(600)\"]\ntest_timeout_s = 1",
+        &[],
+    );
+    let doc = json(&run(&spec));
+    for label in ["good", "bad"] {
+        let t = test_of(&doc["resolve"], label);
+        assert_eq!(t["outcome"]["kind"], "timed_out", "{t}");
+        assert!(t["signal"]["pass_ratio"].is_null(), "{t}");
+    }
+
+    let (_ex, spec) = setup(
+        "strategy = \"manual\"\ntest_command = [\"python3\", \"-c\", \"print('0 passed, 0 failed')\"]",
+        &[],
+    );
+    let doc = json(&run(&spec));
+    let t = test_of(&doc["resolve"], "good");
+    assert_eq!(t["outcome"]["kind"], "exited");
+    assert!(
+        t["signal"]["pass_ratio"].is_null(),
+        "zero tests are no pass: {t}"
+    );
+}
+
+#[test]
+fn fork_resolve_overrides_the_strategy_and_checks_its_flags() {
+    let (ex, spec) = setup(
+        &format!("judge_model = \"scripted:judge1\"\n{TESTED}"),
+        &[verdict("good", 0.95)],
+    );
+    // `manual` in the spec: `run` only tests.
+    let doc = json(&run(&spec));
+    assert_eq!(doc["resolve"]["decision"]["kind"], "manual");
+    let id = doc["fork_id"].as_str().unwrap().to_string();
+    let data = ex.data();
+    let bad = forkfleet(&[
+        "fork",
+        "resolve",
+        &id,
+        "--strategy",
+        "best",
+        "--data",
+        path_str(&data),
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("valid: manual, auto"),
+        "{}",
+        stderr(&bad)
+    );
+    let text = forkfleet(&[
+        "fork",
+        "resolve",
+        &id[..13],
+        "--strategy",
+        "auto",
+        "--data",
+        path_str(&data),
+    ]);
+    assert!(text.status.success(), "{}", stderr(&text));
+    let out = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        out.contains("judge scripted:judge1: picked `good`"),
+        "{out}"
+    );
+    assert!(out.contains("decision (auto): merge `good`"), "{out}");
+    assert_eq!(ex.read("result.txt").as_deref(), Some("ok\n"));
+}
+
+#[test]
+fn resolve_on_a_cluster_runs_tests_and_the_judge_on_workers() {
+    let cluster = Fleet::start(2, 4, Options::default());
+    let (_ex, spec) = setup(
+        &format!("strategy = \"auto\"\njudge_model = \"scripted:judge1\"\n{TESTED}"),
+        &[verdict("good", 0.9)],
+    );
+    let id = cluster.create(&spec);
+    cluster.watch(&id);
+    let doc = cluster
+        .client(&["fork", "resolve", &id, "--no-apply", "--json"])
+        .json();
+    assert_eq!(doc["decision"]["winner"], "good", "{doc}");
+    assert_eq!(test_of(&doc, "good")["signal"]["pass_ratio"], 1.0);
+    assert_eq!(test_of(&doc, "bad")["signal"]["pass_ratio"], 0.0);
+    assert!(!test_of(&doc, "good")["worker"].as_str().unwrap().is_empty());
+    assert_eq!(doc["merge"]["winner"], "good");
+}

@@ -1,0 +1,321 @@
+//! Resolve jobs: the work a worker does for the coordinator while it resolves a fork.
+//!
+//! Every worker serves [`RESOLVE_SUBJECT`] (one queue group: each job reaches one worker)
+//! with at most `resolve_concurrency` jobs at once; a job over the limit waits for a slot.
+//!
+//! - **Test** ([`TestJob`]): the branch's tree is materialised in a fresh temporary
+//!   directory, the command runs there without a shell, with the minimal environment plus
+//!   the plan's variables, until it exits or its timeout kills its process group; the
+//!   output becomes a [`TestSignal`](forkfleet_shared::testsignal::TestSignal). The
+//!   directory is removed afterwards, whatever happened.
+//! - **Judge** ([`JudgeJob`]): one call to the judge model with the bounded prompt; the
+//!   answer is parsed and validated against the fork's labels and, when the tests narrowed
+//!   them, the candidates (the branches with the best pass ratio). An answer that is not a
+//!   valid verdict (an unknown winner, a branch outside the candidates, a malformed answer)
+//!   is retried once, with the error and the valid labels, then reported as an error. The judge's usage and cost are in the
+//!   reply, for the coordinator to keep apart from the branches' spend.
+//!
+//! A job the worker stops serving midway (shutdown) drops its future: the test command's
+//! process group is killed, the model call abandoned; the coordinator asks again.
+
+use crate::context::WorkerCtx;
+use crate::provider::ModelRequest;
+use crate::runner::{self, CommandOutcome, CommandSpec};
+use forkfleet_shared::bus::Request;
+use forkfleet_shared::event::{Message, Usage};
+use forkfleet_shared::manifest::Manifest;
+use forkfleet_shared::protocol::{
+    JudgeJob, JudgeRun, ResolveJob, ResolveJobReply, TestJob, TestRun, RESOLVE_SUBJECT,
+};
+use forkfleet_shared::resolve::{parse_verdict, JudgeVerdict};
+use forkfleet_shared::testsignal::{test_signal, TestOutcome};
+use forkfleet_shared::wire;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tracing::Instrument;
+
+/// Output of a test command kept for the signal (head and tail).
+const TEST_OUTPUT_BYTES: usize = 256 * 1024;
+/// The end of a test's output sent back for people.
+const OUTPUT_TAIL_CHARS: usize = 4_000;
+/// Longest one judge call may take.
+pub const JUDGE_CALL_TIMEOUT: Duration = Duration::from_secs(300);
+
+const JUDGE_SYSTEM: &str = "You are a careful code reviewer acting as the judge of a fork. \
+Answer with one JSON object only: {\"winner\": \"<label>\", \"confidence\": <0..1>, \
+\"reasoning\": \"...\", \"notes\": {\"<label>\": \"...\"}}.";
+
+/// Serve resolve jobs until the bus closes the subscription or the task is aborted.
+pub(crate) async fn serve(ctx: Arc<WorkerCtx>, concurrency: usize) {
+    let mut requests = match ctx.bus.serve(RESOLVE_SUBJECT).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "worker.resolve: cannot serve resolve jobs");
+            return;
+        }
+    };
+    let slots = Arc::new(Semaphore::new(concurrency.max(1)));
+    let mut running = tokio::task::JoinSet::new();
+    while let Some(req) = requests.recv().await {
+        // Reap finished jobs so the set does not grow.
+        while running.try_join_next().is_some() {}
+        let ctx = ctx.clone();
+        let slots = slots.clone();
+        running.spawn(async move {
+            let Ok(_slot) = slots.acquire_owned().await else {
+                return;
+            };
+            answer(&ctx, req).await;
+        });
+    }
+    // Dropping the set aborts the jobs still running (their commands are killed).
+}
+
+async fn answer(ctx: &WorkerCtx, req: Request) {
+    let reply = match wire::decode::<ResolveJob>(&req.payload) {
+        Ok(ResolveJob::Test(job)) => ResolveJobReply::Test(run_test(ctx, job).await),
+        Ok(ResolveJob::Judge(job)) => ResolveJobReply::Judge(run_judge(ctx, &job).await),
+        Err(e) => ResolveJobReply::Failed {
+            error: format!("malformed resolve job: {e}"),
+        },
+    };
+    let bytes = match wire::encode(&reply) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "worker.resolve: cannot encode a reply");
+            return;
+        }
+    };
+    if let Err(e) = req.respond(bytes).await {
+        tracing::warn!(error = %e, "worker.resolve: cannot send a reply");
+    }
+}
+
+/// Run a test job; every failure of the worker's own (a blob missing, no temporary
+/// directory) is a `SpawnFailed` outcome: no signal, never a pass.
+pub(crate) async fn run_test(ctx: &WorkerCtx, job: TestJob) -> TestRun {
+    let span =
+        tracing::info_span!("resolve.test", fork.id = %job.fork_id, branch.label = %job.label);
+    test_in_span(ctx, job).instrument(span).await
+}
+
+async fn test_in_span(ctx: &WorkerCtx, job: TestJob) -> TestRun {
+    let worker = ctx.worker_id.to_string();
+    let started = std::time::Instant::now();
+    let failed = |error: String| failed_test(&job.label, &worker, started, error);
+    let tree = match ctx.blobs.get(&job.tree).await {
+        Ok(bytes) => match Manifest::from_blob(&bytes) {
+            Ok(m) => m,
+            Err(e) => return failed(format!("the branch's tree is not a manifest: {e}")),
+        },
+        Err(e) => return failed(format!("cannot read the branch's tree: {e}")),
+    };
+    let dir = match tempfile::Builder::new()
+        .prefix(&format!("forkfleet-test-{}-", job.fork_id))
+        .tempdir()
+    {
+        Ok(d) => d,
+        Err(e) => return failed(format!("cannot make a temporary directory: {e}")),
+    };
+    if let Err(e) = runner::materialize(&tree, ctx.blobs.as_ref(), dir.path()).await {
+        return failed(format!("cannot materialise the branch's tree: {e}"));
+    }
+    let spec = CommandSpec {
+        argv: job.argv.clone(),
+        env: job.env.clone(),
+        timeout: Duration::from_millis(job.timeout_ms.max(1)),
+        max_output_bytes: TEST_OUTPUT_BYTES,
+    };
+    let run = runner::run_command(dir.path(), &spec, std::future::pending()).await;
+    let outcome = match run.outcome {
+        CommandOutcome::Exited { code } => TestOutcome::Exited { code },
+        CommandOutcome::Signalled { .. } => TestOutcome::Signalled,
+        CommandOutcome::TimedOut => TestOutcome::TimedOut,
+        CommandOutcome::Cancelled => TestOutcome::SpawnFailed {
+            error: "cancelled".into(),
+        },
+        CommandOutcome::SpawnFailed { error } => TestOutcome::SpawnFailed { error },
+    };
+    let signal = test_signal(&outcome, &run.output);
+    tracing::info!(outcome = ?outcome, reason = %signal.reason, duration_ms = run.duration.as_millis() as u64, "resolve.test done");
+    TestRun {
+        label: job.label,
+        outcome,
+        signal,
+        output_tail: tail_chars(&run.output, OUTPUT_TAIL_CHARS),
+        duration_ms: run.duration.as_millis() as u64,
+        worker,
+    }
+}
+
+/// A test that could not run: no signal.
+fn failed_test(label: &str, worker: &str, started: std::time::Instant, error: String) -> TestRun {
+    let outcome = TestOutcome::SpawnFailed { error };
+    TestRun {
+        label: label.to_string(),
+        signal: test_signal(&outcome, ""),
+        outcome,
+        output_tail: String::new(),
+        duration_ms: started.elapsed().as_millis() as u64,
+        worker: worker.to_string(),
+    }
+}
+
+/// A valid verdict must also name a candidate, when the job restricts them.
+fn check_candidate(verdict: JudgeVerdict, job: &JudgeJob) -> Result<JudgeVerdict, String> {
+    if job.candidates.is_empty() || job.candidates.contains(&verdict.winner) {
+        return Ok(verdict);
+    }
+    Err(format!(
+        "the judge picked {:?}, which is not among the branches it may pick ({}){}",
+        verdict.winner,
+        job.candidates
+            .iter()
+            .map(|c| format!("{c:?}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        job.candidates_reason
+            .as_deref()
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default()
+    ))
+}
+
+/// What the judge is told after an answer that was not a valid verdict.
+fn retry_prompt(error: &str, labels: &[String]) -> String {
+    let mut valid = String::new();
+    for (i, l) in labels.iter().enumerate() {
+        if i > 0 {
+            valid.push_str(", ");
+        }
+        valid.push_str(&format!("{l:?}"));
+    }
+    format!(
+        "{error}. Answer again with one JSON object whose \"winner\" is exactly one of: {valid}."
+    )
+}
+
+/// The last `n` characters of `text` (whole characters), marked when cut.
+fn tail_chars(text: &str, n: usize) -> String {
+    let count = text.chars().count();
+    if count <= n {
+        return text.to_string();
+    }
+    let start = text.char_indices().nth(count - n).map_or(0, |(i, _)| i);
+    format!(
+        "[... {} characters before ...]\n{}",
+        count - n,
+        &text[start..]
+    )
+}
+
+/// Ask the judge; retry once when the answer is not a valid verdict.
+pub(crate) async fn run_judge(ctx: &WorkerCtx, job: &JudgeJob) -> JudgeRun {
+    let span =
+        tracing::info_span!("resolve.judge", fork.id = %job.fork_id, judge.model = %job.model);
+    judge_in_span(ctx, job).instrument(span).await
+}
+
+async fn judge_in_span(ctx: &WorkerCtx, job: &JudgeJob) -> JudgeRun {
+    let mut run = JudgeRun {
+        model: job.model.clone(),
+        verdict: None,
+        error: None,
+        calls: 0,
+        refused: Vec::new(),
+        usage: Usage::default(),
+        cost_usd: 0.0,
+    };
+    let provider = match ctx.providers.provider(&job.model, job.script).await {
+        Ok(p) => p,
+        Err(e) => {
+            run.error = Some(format!("judge `{}`: {e}", job.model));
+            return run;
+        }
+    };
+    let mut messages = vec![
+        Message::System {
+            text: JUDGE_SYSTEM.to_string(),
+        },
+        Message::User {
+            text: job.prompt.clone(),
+        },
+    ];
+    for turn in 0..2u32 {
+        let req = ModelRequest {
+            model: &job.model,
+            messages: &messages,
+            tools: &[],
+            max_output_tokens: job.max_output_tokens,
+            label: "judge",
+            index: 0,
+            turn,
+        };
+        run.calls += 1;
+        let reply = match tokio::time::timeout(JUDGE_CALL_TIMEOUT, provider.complete(&req)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                run.error = Some(format!("judge `{}` failed: {e}", job.model));
+                return run;
+            }
+            Err(_) => {
+                run.error = Some(format!(
+                    "judge `{}` did not answer within {} s",
+                    job.model,
+                    JUDGE_CALL_TIMEOUT.as_secs()
+                ));
+                return run;
+            }
+        };
+        run.usage.add(&reply.usage);
+        if let Some(price) = &job.price {
+            run.cost_usd += price.cost(&reply.usage);
+        }
+        let text = reply.text.unwrap_or_default();
+        let parsed = {
+            let labels: Vec<&str> = job.labels.iter().map(String::as_str).collect();
+            parse_verdict(&text, &labels)
+        }
+        .map_err(|e| e.to_string())
+        .and_then(|v| check_candidate(v, job));
+        match parsed {
+            Ok(verdict) => {
+                run.verdict = Some(verdict);
+                run.error = None;
+                return run;
+            }
+            Err(e) => {
+                tracing::info!(turn, error = %e, "resolve.judge answer refused");
+                run.error = Some(format!("judge `{}`: {e}", job.model));
+                run.refused.push(e.clone());
+                messages.push(Message::Assistant {
+                    text: Some(text),
+                    tool_calls: Vec::new(),
+                });
+                let valid = if job.candidates.is_empty() {
+                    &job.labels
+                } else {
+                    &job.candidates
+                };
+                messages.push(Message::User {
+                    text: retry_prompt(&e, valid),
+                });
+            }
+        }
+    }
+    run
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_whole_characters() {
+        assert_eq!(tail_chars("abc", 5), "abc");
+        let t = tail_chars("ééééé", 2);
+        assert!(t.ends_with("éé"), "{t}");
+        assert!(t.contains("3 characters before"), "{t}");
+    }
+}
