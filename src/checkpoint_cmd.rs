@@ -13,14 +13,13 @@ use crate::BadInput;
 use anyhow::Context;
 use clap::Subcommand;
 use forkfleet_shared::api::{CheckpointView, NewRunOutcome, RewindOutcome};
-use forkfleet_shared::blob::{fetch, BlobStore};
+use forkfleet_shared::blob::BlobStore;
 use forkfleet_shared::flush::{self, ConflictPolicy, DirTarget, FlushReport, FlushTarget};
 use forkfleet_shared::ids::RunId;
-use forkfleet_shared::manifest::{Manifest, Node};
+use forkfleet_shared::manifest::Node;
 use forkfleet_shared::overlay::ChangeOp;
 use forkfleet_shared::protocol::now_ms;
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -250,14 +249,13 @@ pub async fn apply_rewind(
     dir: &Path,
     policy: ConflictPolicy,
 ) -> anyhow::Result<FlushReport> {
-    let from_blob = fetch(store, &outcome.from_snapshot)
-        .await
-        .context("the run's workspace version")?;
-    let from = Manifest::from_blob(&from_blob)?;
-    let mut contents = HashMap::new();
-    for h in flush::needed_blobs(&outcome.changes) {
-        contents.insert(h, fetch(store, &h).await?);
-    }
+    let (from, contents) = crate::client::replay_inputs(
+        store,
+        &outcome.from_snapshot,
+        &outcome.changes,
+        "the run's workspace version",
+    )
+    .await?;
     let dir = dir.to_path_buf();
     let changes = outcome.changes.clone();
     let report = tokio::task::spawn_blocking(move || {

@@ -1506,9 +1506,10 @@ async fn cmd_workers(args: ClusterArgs) -> anyhow::Result<()> {
         )
         .into());
     };
-    let workers = RemoteCoordinator::new(service::connect_nats(nats).await?)
-        .workers()
-        .await?;
+    let workers =
+        CoordinatorClient::Remote(RemoteCoordinator::new(service::connect_nats(nats).await?))
+            .workers()
+            .await?;
     let now = now_ms();
     if args.json {
         print_json(&render::workers_json(&workers, now))

@@ -62,14 +62,13 @@ pub async fn apply_merge(
     dir: &Path,
     policy: ConflictPolicy,
 ) -> anyhow::Result<FlushReport> {
-    let snapshot_blob = fetch(store, &outcome.fork_snapshot)
-        .await
-        .context("fork snapshot")?;
-    let snapshot = Manifest::from_blob(&snapshot_blob)?;
-    let mut contents = HashMap::new();
-    for h in flush::needed_blobs(&outcome.changes) {
-        contents.insert(h, fetch(store, &h).await?);
-    }
+    let (snapshot, contents) = replay_inputs(
+        store,
+        &outcome.fork_snapshot,
+        &outcome.changes,
+        "fork snapshot",
+    )
+    .await?;
     let dir = dir.to_path_buf();
     let changes = outcome.changes.clone();
     let report = tokio::task::spawn_blocking(move || {
@@ -79,4 +78,20 @@ pub async fn apply_merge(
     })
     .await??;
     Ok(report)
+}
+
+/// What replaying `changes` onto a directory needs: the manifest conflicts are detected
+/// against (`base`, described as `what` in errors) and the contents the changes write.
+pub async fn replay_inputs(
+    store: &dyn BlobStore,
+    base: &BlobHash,
+    changes: &[forkfleet_shared::overlay::ChangeOp],
+    what: &'static str,
+) -> anyhow::Result<(Manifest, HashMap<BlobHash, Bytes>)> {
+    let base = Manifest::from_blob(&fetch(store, base).await.context(what)?)?;
+    let mut contents = HashMap::new();
+    for h in flush::needed_blobs(changes) {
+        contents.insert(h, fetch(store, &h).await?);
+    }
+    Ok((base, contents))
 }

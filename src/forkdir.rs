@@ -11,8 +11,8 @@
 //! ```
 //!
 //! Everything comes from the coordinator's API ([`CoordinatorClient`]: the fork view, the
-//! diff report without unified text, blob contents), so it works embedded and against a
-//! cluster. [`sync`] is incremental and idempotent: a file is written only when its
+//! diff report, blob contents), so it works embedded and against a cluster. A sync
+//! ([`Materializer`]) is incremental and idempotent: a file is written only when its
 //! content differs, an entry no longer part of the view is removed, `manifest.json` is
 //! replaced atomically. [`follow`] keeps the directory in step while a fork runs (at most
 //! one sync per [`LIVE_SYNC_EVERY`], and a final one); [`remove_after_merge`] deletes it
@@ -34,13 +34,15 @@ use anyhow::Context;
 use bytes::Bytes;
 use forkfleet_shared::api::ForkView;
 use forkfleet_shared::blob::{self, BlobHash, BlobStore};
-use forkfleet_shared::diff::{DiffOptions, DiffReport, FileInfo, Operation};
+use forkfleet_shared::diff::{
+    BranchChange, DiffOptions, DiffReport, FileInfo, Operation, PathDiff,
+};
 use forkfleet_shared::ids::ForkId;
-use forkfleet_shared::manifest::{MODE_EXEC, MODE_SYMLINK};
+use forkfleet_shared::manifest::MODE_EXEC;
 use forkfleet_shared::path::WsPath;
 use forkfleet_shared::spec;
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
 use std::io::{self, IsTerminal};
@@ -158,12 +160,6 @@ pub fn fork_dir(workspace: &Path, fork: ForkId) -> Result<PathBuf, UnsafeName> {
     }
     dir.push(id);
     Ok(dir)
-}
-
-/// The fork directory of `view`, if its creator said where its workspace is.
-pub fn fork_dir_of(view: &ForkView) -> Option<PathBuf> {
-    let ws = view.workspace.as_deref()?;
-    fork_dir(Path::new(ws), view.fork_id).ok()
 }
 
 /// The workspace of `view` on this machine and its fork directory: an error when the
@@ -317,8 +313,9 @@ fn layout(view: &ForkView, report: &DiffReport) -> Layout {
     let mut branches: Vec<BranchDoc> = report
         .branches
         .iter()
+        .zip(&dirs)
         .enumerate()
-        .map(|(i, label)| {
+        .map(|(i, (label, dir))| {
             let bv = view
                 .branches
                 .get(i)
@@ -326,10 +323,7 @@ fn layout(view: &ForkView, report: &DiffReport) -> Layout {
                 .or_else(|| view.branch(label));
             BranchDoc {
                 label: label.clone(),
-                dir: format!(
-                    "{BRANCHES_DIR}/{}",
-                    dirs.get(i).map(String::as_str).unwrap_or("")
-                ),
+                dir: format!("{BRANCHES_DIR}/{dir}"),
                 state: bv.map(|b| b.state.as_str().to_string()).unwrap_or_default(),
                 error: bv.and_then(|b| b.error.clone()),
                 cost_usd: bv.map(|b| b.cost_usd).unwrap_or(0.0),
@@ -467,7 +461,7 @@ struct Known {
 
 /// Syncs one fork directory, remembering what it wrote between syncs (a live sync reads
 /// no file twice unless it changed on disk). A fresh one works too: it hashes what it
-/// finds.
+/// finds, those files of the expected size only.
 #[derive(Debug, Default)]
 pub struct Materializer {
     dir: Option<PathBuf>,
@@ -479,17 +473,19 @@ pub struct Materializer {
 struct Plan {
     write: Vec<(PathBuf, FileInfo)>,
     remove: Vec<PathBuf>,
+    /// Directories found on disk that no longer hold any part of the layout, deepest first
+    /// (removed when empty once the files are written and removed).
+    prune: Vec<PathBuf>,
     unchanged: usize,
 }
 
-/// A fork after a sync: the view and the report it was built from.
+/// A fork after a sync: the report it was built from.
 #[derive(Debug, Clone)]
-pub struct Synced {
-    pub view: ForkView,
-    pub report: DiffReport,
-    pub stats: SyncStats,
+struct Synced {
+    report: DiffReport,
+    stats: SyncStats,
     /// Per branch index of the report: its directory name under `branches/`.
-    pub dirs: Vec<String>,
+    dirs: Vec<String>,
 }
 
 impl Materializer {
@@ -497,31 +493,31 @@ impl Materializer {
         Self::default()
     }
 
-    /// Read the fork's view and diff report from the coordinator and mirror them into the
-    /// fork directory under the view's workspace.
-    pub async fn sync(
+    /// Read the diff report of `view`'s fork from the coordinator and mirror both into the
+    /// fork directory under the view's workspace; with `unified`, the report keeps the
+    /// coordinator's unified diff texts.
+    async fn sync(
         &mut self,
         coord: &CoordinatorClient,
-        fork: ForkId,
+        view: &ForkView,
+        unified: bool,
     ) -> anyhow::Result<Synced> {
-        let view = coord.fork(fork).await?;
-        let (workspace, dir) = locate(&view)?;
+        let (workspace, dir) = locate(view)?;
         let report = coord
             .diff(
-                fork,
+                view.fork_id,
                 DiffOptions {
                     paths: None,
-                    unified: false,
+                    unified,
                     ..DiffOptions::default()
                 },
             )
             .await?;
         prepare_root(&workspace, &dir)?;
         let (stats, dirs) = self
-            .write_layout(&dir, &view, &report, coord.blobs().as_ref())
+            .write_layout(&dir, view, &report, coord.blobs().as_ref())
             .await?;
         Ok(Synced {
-            view,
             report,
             stats,
             dirs,
@@ -596,13 +592,8 @@ impl Materializer {
     }
 }
 
-/// Mirror the fork into its directory once (`<workspace>/.forkfleet/forks/<id>/`).
-pub async fn sync(coord: &CoordinatorClient, fork: ForkId) -> anyhow::Result<SyncStats> {
-    Ok(Materializer::new().sync(coord, fork).await?.stats)
-}
-
 /// Mirror `view` and `report` into `dir` (created if missing), contents from `blobs`: the
-/// writer behind [`sync`], for callers that have the view and report already.
+/// writer behind a sync, for callers that have the view and report already.
 pub async fn materialize(
     dir: &Path,
     view: &ForkView,
@@ -655,6 +646,7 @@ fn plan_sync(
 ) -> anyhow::Result<Plan> {
     let disk = scan_trees(root)
         .with_context(|| format!("cannot read the fork directory `{}`", root.display()))?;
+    known.retain(|rel, _| layout.files.contains_key(rel));
     let mut plan = Plan::default();
     for (rel, meta) in &disk.files {
         if !layout.files.contains_key(rel) {
@@ -667,37 +659,49 @@ fn plan_sync(
                     .and_then(|m| m.modified().ok())
                     .and_then(|t| t.elapsed().ok())
                     .is_some_and(|age| age < TMP_GRACE);
-            if fresh_tmp {
-                continue;
+            if !fresh_tmp {
+                plan.remove.push(rel.clone());
             }
-            plan.remove.push(rel.clone());
-            known.remove(rel);
         }
     }
     for (rel, want) in &layout.files {
-        let current = match disk.files.get(rel) {
-            Some(Some(meta)) => current_hash(root, rel, meta, known),
-            _ => None,
-        };
-        let mode_ok = match disk.files.get(rel) {
-            Some(Some(meta)) => mode_matches(meta, want.mode),
+        let same = match disk.files.get(rel) {
+            Some(Some(meta)) => {
+                mode_matches(meta, want.mode)
+                    && current_hash(root, rel, meta, want.size, known) == Some(want.hash)
+            }
             _ => false,
         };
-        if current == Some(want.hash) && mode_ok {
+        if same {
             plan.unchanged += 1;
         } else {
             plan.write.push((rel.clone(), *want));
         }
     }
+    // The directories the layout needs are the trees and the files' directories; the
+    // scan's other directories will be empty once the plan is applied.
+    let mut needed: HashSet<&Path> = layout.trees.iter().map(PathBuf::as_path).collect();
+    for rel in layout.files.keys() {
+        needed.extend(rel.ancestors().skip(1));
+    }
+    plan.prune = disk
+        .dirs
+        .into_iter()
+        .filter(|d| !needed.contains(d.as_path()))
+        .collect();
+    plan.prune
+        .sort_by_key(|d| std::cmp::Reverse(d.components().count()));
     Ok(plan)
 }
 
 /// The hash of the regular file at `rel`: from `known` when its stat did not change, else
-/// read and hashed. `None` when it cannot be read.
+/// read and hashed. `None` when it cannot be read, or when its size is not `want_size`
+/// (its content differs: no need to read it).
 fn current_hash(
     root: &Path,
     rel: &Path,
     meta: &std::fs::Metadata,
+    want_size: u64,
     known: &mut HashMap<PathBuf, Known>,
 ) -> Option<BlobHash> {
     let modified = meta.modified().ok();
@@ -705,6 +709,9 @@ fn current_hash(
         if k.size == meta.len() && k.modified == modified && modified.is_some() {
             return Some(k.hash);
         }
+    }
+    if meta.len() != want_size {
+        return None;
     }
     let bytes = std::fs::read(root.join(rel)).ok()?;
     let hash = BlobHash::of(&bytes);
@@ -786,15 +793,16 @@ fn apply_sync(
             }
         }
     }
-    let keep: BTreeSet<&Path> = layout.trees.iter().map(PathBuf::as_path).collect();
-    prune_empty(root, &keep);
+    for d in &plan.prune {
+        // Fails (and is left) when not empty: another process's write in progress.
+        let _ = std::fs::remove_dir(root.join(d));
+    }
     for tree in &layout.trees {
         if let Err(e) = ensure_dirs(root, tree) {
             failures.push(format!("creating `{}`: {e}", tree.display()));
         }
     }
-    let doc = serde_json::to_vec_pretty(&layout.manifest)?;
-    let mut doc = doc;
+    let mut doc = serde_json::to_vec_pretty(&layout.manifest)?;
     doc.push(b'\n');
     let path = root.join(MANIFEST_FILE);
     let same = std::fs::read(&path).is_ok_and(|old| old == doc);
@@ -885,7 +893,7 @@ fn write_atomic(root: &Path, rel: &Path, bytes: &[u8], mode: u32) -> io::Result<
             .create_new(true)
             .open(&tmp)?;
         f.write_all(bytes)?;
-        set_mode(&f, if mode == MODE_SYMLINK { 0 } else { mode })?;
+        set_mode(&f, mode)?;
         drop(f);
         std::fs::rename(&tmp, &target)
     })();
@@ -893,22 +901,6 @@ fn write_atomic(root: &Path, rel: &Path, bytes: &[u8], mode: u32) -> io::Result<
         let _ = std::fs::remove_file(&tmp);
     }
     written
-}
-
-/// Remove the empty directories under the trees, deepest first, but those in `keep`.
-fn prune_empty(root: &Path, keep: &BTreeSet<&Path>) {
-    let Ok(disk) = scan_trees(root) else {
-        return;
-    };
-    let mut dirs = disk.dirs;
-    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-    for d in dirs {
-        if keep.contains(d.as_path()) {
-            continue;
-        }
-        // Fails (and is left) when not empty.
-        let _ = std::fs::remove_dir(root.join(&d));
-    }
 }
 
 // ---- after a merge -------------------------------------------------------------------
@@ -1020,32 +1012,33 @@ impl Warner {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+/// What [`LiveSync`] tells its task.
+#[derive(Debug, Clone)]
 struct Signal {
+    /// Versions of the fork notified so far.
     changes: u64,
+    /// The latest of them.
+    view: ForkView,
     closing: bool,
 }
 
 struct LiveInner {
     tx: watch::Sender<Signal>,
-    task: JoinHandle<(Materializer, Warner)>,
-    coord: CoordinatorClient,
-    fork: ForkId,
+    task: JoinHandle<Option<SyncStats>>,
 }
 
-/// Keeps a fork directory in step with a running fork: [`LiveSync::notify`] on each new
-/// version of the fork; a background task syncs at most once per interval (changes in
-/// between are folded into one sync); [`LiveSync::finish`] makes the final sync. Errors
-/// are warnings on stderr (each once), never failures.
+/// Keeps a fork directory in step with a running fork: [`LiveSync::notify`] with each new
+/// version of the fork; a background task syncs at most once per [`LIVE_SYNC_EVERY`]
+/// (versions in between are folded into one sync); [`LiveSync::finish`] makes the final
+/// sync. Errors are warnings on stderr (each once), never failures.
 pub struct LiveSync {
     inner: Option<LiveInner>,
 }
 
 impl LiveSync {
-    /// Start for `view`'s fork, syncing at most once per `every`. A fork without a
-    /// workspace on this machine gets a disabled one (with a warning when it has a
-    /// workspace that is not here).
-    pub fn start(coord: &CoordinatorClient, view: &ForkView, every: Duration) -> Self {
+    /// Start for `view`'s fork. A fork without a workspace on this machine gets a disabled
+    /// one (with a warning when it has a workspace that is not here).
+    pub fn start(coord: &CoordinatorClient, view: &ForkView) -> Self {
         match (&view.workspace, locate(view)) {
             (None, _) => return Self { inner: None },
             (Some(_), Err(e)) => {
@@ -1054,91 +1047,98 @@ impl LiveSync {
             }
             (Some(_), Ok(_)) => {}
         }
-        let (tx, rx) = watch::channel(Signal::default());
-        let task = tokio::spawn(live_loop(coord.clone(), view.fork_id, rx, every));
+        let (tx, rx) = watch::channel(Signal {
+            changes: 0,
+            view: view.clone(),
+            closing: false,
+        });
+        let task = tokio::spawn(live_loop(coord.clone(), rx, LIVE_SYNC_EVERY));
         Self {
-            inner: Some(LiveInner {
-                tx,
-                task,
-                coord: coord.clone(),
-                fork: view.fork_id,
-            }),
+            inner: Some(LiveInner { tx, task }),
         }
     }
 
-    /// One that does nothing.
-    pub fn disabled() -> Self {
-        Self { inner: None }
-    }
-
-    /// The fork changed: sync soon. Returns at once.
-    pub fn notify(&self) {
+    /// The fork changed to `view`: sync soon. Returns at once.
+    pub fn notify(&self, view: &ForkView) {
         if let Some(inner) = &self.inner {
-            inner.tx.send_modify(|s| s.changes += 1);
+            inner.tx.send_modify(|s| {
+                s.changes += 1;
+                s.view = view.clone();
+            });
         }
     }
 
-    /// Stop the background task (after the sync it may be doing) and sync a last time.
+    /// Sync the latest version at once unless the last sync had it, stop the background
+    /// task, and answer the last sync's stats (none when it failed).
     pub async fn finish(self) -> Option<SyncStats> {
         let inner = self.inner?;
         inner.tx.send_modify(|s| s.closing = true);
-        let (mut mat, mut warner) = inner.task.await.unwrap_or_default();
-        match mat.sync(&inner.coord, inner.fork).await {
-            Ok(s) => Some(s.stats),
-            Err(e) => {
-                warner.warn(&e);
-                None
-            }
-        }
+        inner.task.await.ok().flatten()
     }
 }
 
+/// The task of a [`LiveSync`]: syncs the view notified last (the view is not read again),
+/// at most once per `every`; once closing, syncs a last time when the latest version is
+/// not synced (or its sync failed). Answers the last sync's stats.
 async fn live_loop(
     coord: CoordinatorClient,
-    fork: ForkId,
     mut rx: watch::Receiver<Signal>,
     every: Duration,
-) -> (Materializer, Warner) {
+) -> Option<SyncStats> {
     let mut mat = Materializer::new();
     let mut warner = Warner::default();
+    // The version synced last, and its outcome.
     let mut done = 0u64;
+    let mut synced: Option<SyncStats> = None;
     let mut last: Option<tokio::time::Instant> = None;
     loop {
-        let sig = *rx.borrow_and_update();
-        if sig.closing {
-            break;
-        }
-        if sig.changes == done {
-            if rx.changed().await.is_err() {
-                break;
+        let (changes, closing) = {
+            let s = rx.borrow_and_update();
+            (s.changes, s.closing)
+        };
+        let pending = changes != done || (closing && synced.is_none());
+        if !pending {
+            if closing || rx.changed().await.is_err() {
+                return synced;
             }
             continue;
         }
-        if let Some(at) = last {
+        if let (false, Some(at)) = (closing, last) {
             let due = at + every;
             if tokio::time::Instant::now() < due {
                 tokio::select! {
                     _ = tokio::time::sleep_until(due) => {}
                     r = rx.changed() => {
                         if r.is_err() {
-                            break;
+                            return synced;
                         }
                         continue;
                     }
                 }
             }
         }
-        done = sig.changes;
-        if let Err(e) = mat.sync(&coord, fork).await {
-            warner.warn(&e);
+        let (changes, view) = {
+            let s = rx.borrow_and_update();
+            (s.changes, s.view.clone())
+        };
+        done = changes;
+        synced = match mat.sync(&coord, &view, false).await {
+            Ok(s) => Some(s.stats),
+            Err(e) => {
+                warner.warn(&e);
+                None
+            }
+        };
+        if closing {
+            return synced;
         }
         last = Some(tokio::time::Instant::now());
     }
-    (mat, warner)
 }
 
-/// [`render::follow`], keeping the fork directory in step as the fork changes (at most
-/// once per [`LIVE_SYNC_EVERY`], and once more at the end, whatever `follow` answers).
+/// [`render::follow`], keeping the fork directory in step as the fork changes: from the
+/// first view `follow` sees, at most once per [`LIVE_SYNC_EVERY`], and once more at the
+/// end unless the last sync had the latest view.
 pub async fn follow(
     coord: &CoordinatorClient,
     fork: ForkId,
@@ -1146,19 +1146,21 @@ pub async fn follow(
     until: Until,
     show: bool,
 ) -> anyhow::Result<ForkView> {
-    let live = match coord.fork(fork).await {
-        Ok(view) => LiveSync::start(coord, &view, LIVE_SYNC_EVERY),
-        Err(_) => LiveSync::disabled(),
+    let mut live: Option<LiveSync> = None;
+    let result = render::follow_with(coord, fork, timeout, until, show, &mut |view| {
+        live.get_or_insert_with(|| LiveSync::start(coord, view))
+            .notify(view);
+    })
+    .await;
+    let stats = match live {
+        Some(live) => live.finish().await,
+        None => None,
     };
-    let result =
-        render::follow_with(coord, fork, timeout, until, show, &mut |_| live.notify()).await;
-    if let Some(stats) = live.finish().await {
-        if show {
-            eprintln!(
-                "fork directory: {} (`forkfleet fork open` opens it in a diff tool)",
-                stats.dir.display()
-            );
-        }
+    if let (true, Some(stats)) = (show, stats) {
+        eprintln!(
+            "fork directory: {} (`forkfleet fork open` opens it in a diff tool)",
+            stats.dir.display()
+        );
     }
     result
 }
@@ -1267,6 +1269,8 @@ struct Pair {
     path: String,
     parent: Option<PathBuf>,
     branch: Option<PathBuf>,
+    /// The coordinator's unified diff of the two (when the report was asked for them).
+    diff: Option<Arc<str>>,
 }
 
 /// What `fork open` compares: the parent (a directory, or the parent's file at PATH) and
@@ -1308,10 +1312,22 @@ fn targets(dir: &Path, synced: &Synced, path: Option<&WsPath>) -> anyhow::Result
     let branch_root = |i: usize| -> Option<PathBuf> {
         synced.dirs.get(i).map(|d| dir.join(BRANCHES_DIR).join(d))
     };
-    let file_in = |root: PathBuf, rel: &str| confined(&root, rel).ok();
     let shown = |i: usize, rel: &str| {
         let name = synced.dirs.get(i).map(String::as_str).unwrap_or("?");
         format!("{BRANCHES_DIR}/{name}/{rel}")
+    };
+    // A touched path as a relative file path; `None` for one the layout left out.
+    let rel_path = |rel: &str| confined(Path::new(""), rel).ok();
+    let pair = |i: usize, label: &str, pd: &PathDiff, local: &Path, c: &BranchChange| Pair {
+        label: label.to_string(),
+        shown: shown(i, pd.path.as_str()),
+        path: pd.path.as_str().to_string(),
+        parent: pd.parent.map(|_| dir.join(PARENT_DIR).join(local)),
+        branch: c
+            .entry
+            .and_then(|_| branch_root(i))
+            .map(|root| root.join(local)),
+        diff: c.diff.clone(),
     };
     match path {
         Some(p) => {
@@ -1322,31 +1338,22 @@ fn targets(dir: &Path, synced: &Synced, path: Option<&WsPath>) -> anyhow::Result
                 ))
                 .into());
             };
-            let rel = pd.path.as_str();
-            let parent_file = file_in(dir.join(PARENT_DIR), rel)
+            let local = rel_path(pd.path.as_str())
                 .context("the path cannot be mirrored in the fork directory")?;
-            let parent = pd.parent.map(|_| parent_file.clone());
-            let mut branches = Vec::new();
-            let mut pairs = Vec::new();
-            for c in &pd.changes {
-                let i = c.branch as usize;
-                let label = report.label(c.branch).to_string();
-                let file = match (c.entry, branch_root(i)) {
-                    (Some(_), Some(root)) => file_in(root, rel),
-                    _ => None,
-                };
-                branches.push((label.clone(), file.clone()));
-                pairs.push(Pair {
-                    label,
-                    shown: shown(i, rel),
-                    path: rel.to_string(),
-                    parent: parent.clone(),
-                    branch: file,
-                });
-            }
+            let pairs: Vec<Pair> = pd
+                .changes
+                .iter()
+                .map(|c| pair(c.branch as usize, report.label(c.branch), pd, &local, c))
+                .collect();
             Ok(Targets {
-                parent: parent.unwrap_or_else(null_device),
-                branches,
+                parent: pd
+                    .parent
+                    .map(|_| dir.join(PARENT_DIR).join(&local))
+                    .unwrap_or_else(null_device),
+                branches: pairs
+                    .iter()
+                    .map(|p| (p.label.clone(), p.branch.clone()))
+                    .collect(),
                 pairs,
             })
         }
@@ -1354,31 +1361,16 @@ fn targets(dir: &Path, synced: &Synced, path: Option<&WsPath>) -> anyhow::Result
             let mut branches = Vec::new();
             let mut pairs = Vec::new();
             for (i, label) in report.branches.iter().enumerate() {
-                let Some(root) = branch_root(i) else {
+                let (Some(root), Ok(bi)) = (branch_root(i), u32::try_from(i)) else {
                     continue;
                 };
-                let Ok(bi) = u32::try_from(i) else {
-                    continue;
-                };
-                let mut changed = false;
+                let before = pairs.len();
                 for pd in &report.paths {
-                    let Some(c) = pd.change(bi) else {
-                        continue;
-                    };
-                    let rel = pd.path.as_str();
-                    let Some(parent_file) = file_in(dir.join(PARENT_DIR), rel) else {
-                        continue;
-                    };
-                    changed = true;
-                    pairs.push(Pair {
-                        label: label.clone(),
-                        shown: shown(i, rel),
-                        path: rel.to_string(),
-                        parent: pd.parent.map(|_| parent_file),
-                        branch: c.entry.and_then(|_| file_in(root.clone(), rel)),
-                    });
+                    if let (Some(c), Some(local)) = (pd.change(bi), rel_path(pd.path.as_str())) {
+                        pairs.push(pair(i, label, pd, &local, c));
+                    }
                 }
-                if changed {
+                if pairs.len() > before {
                     branches.push((label.clone(), Some(root)));
                 }
             }
@@ -1510,23 +1502,13 @@ impl Style {
     }
 }
 
-/// The unified diff of every pair, parent first (`a`: parent, `b`: the branch).
+/// The unified diff of every pair, parent first (`a`: the parent, `b`: the branch): the
+/// coordinator's text (as `forkfleet diff` shows it), its `a/PATH` and `b/PATH` headers
+/// replaced by the files in the fork directory.
 fn terminal_diff(pairs: &[Pair], color: bool) -> String {
     let style = Style { on: color };
     let mut out = String::new();
     for pair in pairs {
-        let old = pair
-            .parent
-            .as_ref()
-            .map(std::fs::read)
-            .transpose()
-            .unwrap_or(None);
-        let new = pair
-            .branch
-            .as_ref()
-            .map(std::fs::read)
-            .transpose()
-            .unwrap_or(None);
         let parent_shown = format!("{PARENT_DIR}/{}", pair.path);
         let (a, b, what) = match (&pair.parent, &pair.branch) {
             (None, _) => (
@@ -1546,29 +1528,16 @@ fn terminal_diff(pairs: &[Pair], color: bool) -> String {
             "{}",
             style.paint("1", &format!("diff {parent_shown} {}{what}", pair.shown))
         );
-        let old_b = old.as_deref().unwrap_or_default();
-        let new_b = new.as_deref().unwrap_or_default();
-        if blob::is_binary(old_b) || blob::is_binary(new_b) {
-            let _ = writeln!(
-                out,
-                "Binary files {a} ({} bytes) and {b} ({} bytes) differ\n",
-                old_b.len(),
-                new_b.len()
-            );
-            continue;
-        }
-        let old_s = String::from_utf8_lossy(old_b);
-        let new_s = String::from_utf8_lossy(new_b);
-        let _ = writeln!(out, "{}", style.paint("1", &format!("--- {a}")));
-        let _ = writeln!(out, "{}", style.paint("1", &format!("+++ {b}")));
-        let diff = similar::TextDiff::configure()
-            .timeout(Duration::from_millis(500))
-            .diff_lines(old_s.as_ref(), new_s.as_ref());
-        let text = diff.unified_diff().context_radius(3).to_string();
-        if text.is_empty() {
-            let _ = writeln!(out, "(same content; only the file mode differs)");
-        }
-        for line in text.lines() {
+        let text = pair.diff.as_deref().unwrap_or("[no diff text]\n");
+        // A text diff starts with its `---` and `+++` lines; a binary one is a placeholder.
+        let body = if text.starts_with("--- ") {
+            let _ = writeln!(out, "{}", style.paint("1", &format!("--- {a}")));
+            let _ = writeln!(out, "{}", style.paint("1", &format!("+++ {b}")));
+            text.splitn(3, '\n').nth(2).unwrap_or("")
+        } else {
+            text
+        };
+        for line in body.lines() {
             let painted = if line.starts_with("@@") {
                 style.paint("36", line)
             } else if line.starts_with('+') {
@@ -1616,7 +1585,11 @@ pub async fn open(
         std::env::var_os(DIFFTOOL_ENV).as_deref(),
         std::env::var_os("PATH").as_deref(),
     )?;
-    let synced = Materializer::new().sync(coord, fork).await?;
+    // The terminal prints the coordinator's diff texts: the report carries them.
+    let view = coord.fork(fork).await?;
+    let synced = Materializer::new()
+        .sync(coord, &view, tool == Tool::Terminal)
+        .await?;
     let dir = synced.stats.dir.clone();
     let t = targets(&dir, &synced, path.as_ref())?;
     let (cmds, notes) = commands(&tool, &t);
@@ -1810,6 +1783,7 @@ mod tests {
                     path: "x".into(),
                     parent: None,
                     branch: Some(PathBuf::from(format!("/f/branches/b{i}/x"))),
+                    diff: None,
                 })
                 .collect(),
         }
@@ -1869,6 +1843,40 @@ mod tests {
         );
         let (c, _) = commands(&Tool::Custom(vec!["t".into()]), &targets_of(1));
         assert_eq!(words(&c), vec![vec!["t", "/f/parent", "/f/branches/b0"]]);
+    }
+
+    #[test]
+    fn the_terminal_diff_names_the_files_of_the_fork_directory() {
+        let pair = |parent: bool, branch: bool, diff: &str| Pair {
+            label: "b0".into(),
+            shown: "branches/b0/x".into(),
+            path: "x".into(),
+            parent: parent.then(|| PathBuf::from("/f/parent/x")),
+            branch: branch.then(|| PathBuf::from("/f/branches/b0/x")),
+            diff: Some(Arc::from(diff)),
+        };
+        let pairs = [
+            pair(true, true, "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n"),
+            pair(true, false, "--- a/x\n+++ /dev/null\n@@ -1 +0,0 @@\n-old\n"),
+            pair(false, true, "[binary · 3 bytes · sha256:abc]"),
+        ];
+        assert_eq!(
+            terminal_diff(&pairs, false),
+            "diff parent/x branches/b0/x\n--- parent/x\n+++ branches/b0/x\n@@ -1 +1 @@\n-old\n+new\n\n\
+             diff parent/x branches/b0/x (deleted by b0)\n--- parent/x\n+++ /dev/null\n@@ -1 +0,0 @@\n-old\n\n\
+             diff parent/x branches/b0/x (created by b0)\n[binary · 3 bytes · sha256:abc]\n\n"
+        );
+        let coloured = terminal_diff(&pairs[..1], true);
+        assert!(
+            coloured.contains("\x1b[1m--- parent/x\x1b[0m\n"),
+            "{coloured}"
+        );
+        assert!(
+            coloured.contains("\x1b[36m@@ -1 +1 @@\x1b[0m\n"),
+            "{coloured}"
+        );
+        assert!(coloured.contains("\x1b[31m-old\x1b[0m\n"), "{coloured}");
+        assert!(coloured.contains("\x1b[32m+new\x1b[0m\n"), "{coloured}");
     }
 
     #[test]

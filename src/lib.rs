@@ -10,8 +10,9 @@
 //!   NATS auth and TLS, secrets redacted.
 //! - [`service`]: the cluster services as library functions, `run_coordinator(config,
 //!   shutdown)` and `run_worker(config, shutdown)`.
-//! - [`remote`]: [`remote::RemoteCoordinator`] (the coordinator's API over the bus) and
-//!   [`remote::CoordinatorClient`], which every client command uses, embedded or remote.
+//! - [`remote`]: [`remote::CoordinatorClient`], which every client command uses: one
+//!   method per API request, answered in process (embedded) or over the bus
+//!   ([`remote::RemoteCoordinator`]).
 //! - [`embedded`]: the single-machine mode: a coordinator and in-process workers on the
 //!   local bus, with the run store under a data directory.
 //! - [`client`]: what a client does around the coordinator: upload a workspace snapshot,

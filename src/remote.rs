@@ -1,12 +1,13 @@
-//! Talking to a coordinator: [`RemoteCoordinator`] calls one over the bus's request/reply
-//! (the API of `forkfleet_coordinator::service`), and [`CoordinatorClient`] is what every
-//! CLI command uses, so each works unchanged against the embedded coordinator in this
-//! process or a remote one.
+//! Talking to a coordinator: [`CoordinatorClient`] is what every CLI command uses. Each of
+//! its methods is one [`ApiRequest`], answered by the embedded coordinator in this process
+//! (`forkfleet_coordinator::service::dispatch`, the service's own dispatch) or sent by
+//! [`RemoteCoordinator`] over the bus's request/reply, so every command works unchanged,
+//! errors included, against either.
 //!
 //! Every remote call is bounded: the request carries the coordinator's own wait (capped at
 //! [`MAX_API_WAIT_MS`]), and the bus request times out a margin after it.
 
-use forkfleet_coordinator::{CoordinatorError, CoordinatorHandle};
+use forkfleet_coordinator::CoordinatorHandle;
 use forkfleet_shared::api::{
     AbortOutcome, ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, CheckpointView,
     CreateFork, ForkView, ForkWatch, LoggedEvent, MergeOutcome, NewRunOutcome, ResolveReport,
@@ -27,19 +28,16 @@ use std::time::{Duration, Instant};
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bound of a call that does real work on the coordinator (create, diff, merge).
 pub const WORK_TIMEOUT: Duration = Duration::from_secs(120);
-/// What a waiting call adds to the wait it asks for, for the trip and the answer.
 /// Longest a resolve may take: tests on every branch (each bounded by the plan's
 /// `test_timeout_s`, at most an hour), then the judges.
 pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2 * 3600);
+/// What a waiting call adds to the wait it asks for, for the trip and the answer.
 const WAIT_MARGIN: Duration = Duration::from_secs(10);
 
 /// Why a call to a coordinator failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The embedded coordinator refused or failed.
-    #[error(transparent)]
-    Coordinator(#[from] CoordinatorError),
-    /// The remote coordinator answered with an error.
+    /// The coordinator answered with an error (embedded or remote alike).
     #[error("{0}")]
     Api(ApiError),
     /// The coordinator could not be reached or did not answer in time.
@@ -60,7 +58,6 @@ impl ClientError {
     /// True when the request can be fixed by the user (exit code 2).
     pub fn is_bad_input(&self) -> bool {
         match self {
-            ClientError::Coordinator(e) => e.is_bad_input(),
             ClientError::Api(e) => e.is_bad_input(),
             ClientError::NeedsCluster(_) => true,
             _ => false,
@@ -136,6 +133,70 @@ impl RemoteCoordinator {
             "api.call"
         );
         Ok(reply)
+    }
+}
+
+fn decode_response(bytes: &[u8]) -> Result<ApiReply, ClientError> {
+    match wire::decode::<ApiResponse>(bytes)? {
+        ApiResponse::Ok(reply) => Ok(*reply),
+        ApiResponse::Err(e) => Err(ClientError::Api(e)),
+    }
+}
+
+/// The coordinator a CLI command talks to: the one embedded in this process (over its
+/// run store) or a remote one (over NATS). Every method is one [`ApiRequest`] through
+/// [`CoordinatorClient::call`], so both answer alike, errors included.
+#[derive(Clone)]
+pub enum CoordinatorClient {
+    Embedded {
+        handle: CoordinatorHandle,
+        bus: Arc<dyn Bus>,
+    },
+    Remote(RemoteCoordinator),
+}
+
+impl CoordinatorClient {
+    pub fn is_remote(&self) -> bool {
+        matches!(self, CoordinatorClient::Remote(_))
+    }
+
+    /// Where the client uploads blobs and reads merge results.
+    pub fn blobs(&self) -> Arc<dyn BlobStore> {
+        match self {
+            CoordinatorClient::Embedded { bus, .. } => bus.blobs(),
+            CoordinatorClient::Remote(r) => r.bus.blobs(),
+        }
+    }
+
+    /// The bus the client is on (the in-process one when embedded).
+    pub fn bus(&self) -> &Arc<dyn Bus> {
+        match self {
+            CoordinatorClient::Embedded { bus, .. } => bus,
+            CoordinatorClient::Remote(r) => &r.bus,
+        }
+    }
+
+    /// One API request: answered in this process by the embedded coordinator (the same
+    /// dispatch the coordinator's service runs), or sent over the bus.
+    pub async fn call(&self, req: ApiRequest, timeout: Duration) -> Result<ApiReply, ClientError> {
+        match self {
+            CoordinatorClient::Embedded { handle, .. } => {
+                let op = req.op();
+                match tokio::time::timeout(
+                    timeout,
+                    forkfleet_coordinator::service::dispatch(handle, req),
+                )
+                .await
+                {
+                    Ok(reply) => reply.map_err(ClientError::Api),
+                    Err(_) => Err(ClientError::Api(ApiError::new(
+                        ApiErrorKind::Failure,
+                        format!("`{op}` did not finish within {} ms", timeout.as_millis()),
+                    ))),
+                }
+            }
+            CoordinatorClient::Remote(r) => r.call(req, timeout).await,
+        }
     }
 
     pub async fn ping(&self) -> Result<ServerInfo, ClientError> {
@@ -363,7 +424,7 @@ impl RemoteCoordinator {
 
     /// The live workers (from their heartbeats on the bus, not from the coordinator).
     pub async fn workers(&self) -> Result<Vec<WorkerInfo>, ClientError> {
-        Ok(self.bus.workers().await?)
+        Ok(self.bus().workers().await?)
     }
 
     /// A run by full id or unique prefix.
@@ -437,283 +498,5 @@ impl RemoteCoordinator {
         };
         let r = self.call(req, WORK_TIMEOUT).await?;
         expect_reply!(r, "fork_checkpoint", ApiReply::NewRun)
-    }
-}
-
-fn decode_response(bytes: &[u8]) -> Result<ApiReply, ClientError> {
-    match wire::decode::<ApiResponse>(bytes)? {
-        ApiResponse::Ok(reply) => Ok(*reply),
-        ApiResponse::Err(e) => Err(ClientError::Api(e)),
-    }
-}
-
-/// The coordinator a CLI command talks to: the one embedded in this process (over its
-/// run store) or a remote one (over NATS). Same methods, same errors.
-#[derive(Clone)]
-pub enum CoordinatorClient {
-    Embedded {
-        handle: CoordinatorHandle,
-        bus: Arc<dyn Bus>,
-    },
-    Remote(RemoteCoordinator),
-}
-
-impl CoordinatorClient {
-    pub fn is_remote(&self) -> bool {
-        matches!(self, CoordinatorClient::Remote(_))
-    }
-
-    /// Where the client uploads blobs and reads merge results.
-    pub fn blobs(&self) -> Arc<dyn BlobStore> {
-        match self {
-            CoordinatorClient::Embedded { bus, .. } => bus.blobs(),
-            CoordinatorClient::Remote(r) => r.bus.blobs(),
-        }
-    }
-
-    pub async fn create_fork(&self, req: CreateFork) -> Result<ForkView, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.create_fork(req).await?),
-            CoordinatorClient::Remote(r) => r.create_fork(req).await,
-        }
-    }
-
-    pub async fn fork(&self, fork: ForkId) -> Result<ForkView, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.fork(fork).await?),
-            CoordinatorClient::Remote(r) => r.fork(fork).await,
-        }
-    }
-
-    pub async fn forks(&self) -> Result<Vec<ForkView>, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.forks().await?),
-            CoordinatorClient::Remote(r) => r.forks().await,
-        }
-    }
-
-    pub async fn find_fork(&self, prefix: &str) -> Result<ForkId, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.find_fork(prefix).await?),
-            CoordinatorClient::Remote(r) => r.find_fork(prefix).await,
-        }
-    }
-
-    pub async fn wait_settled(
-        &self,
-        fork: ForkId,
-        timeout: Duration,
-    ) -> Result<ForkView, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => {
-                Ok(handle.wait_settled(fork, timeout).await?)
-            }
-            CoordinatorClient::Remote(r) => r.wait_settled(fork, timeout).await,
-        }
-    }
-
-    pub async fn watch(
-        &self,
-        fork: ForkId,
-        seen: Option<u64>,
-        wait: Duration,
-    ) -> Result<ForkWatch, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => {
-                Ok(handle.watch(fork, seen, wait).await?)
-            }
-            CoordinatorClient::Remote(r) => r.watch(fork, seen, wait).await,
-        }
-    }
-
-    pub async fn diff(
-        &self,
-        fork: ForkId,
-        options: DiffOptions,
-    ) -> Result<DiffReport, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.diff(fork, options).await?),
-            CoordinatorClient::Remote(r) => r.diff(fork, options).await,
-        }
-    }
-
-    pub async fn merge(&self, fork: ForkId, pick: &str) -> Result<MergeOutcome, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.merge(fork, pick).await?),
-            CoordinatorClient::Remote(r) => r.merge(fork, pick).await,
-        }
-    }
-
-    pub async fn terminate(
-        &self,
-        fork: ForkId,
-        label: &str,
-    ) -> Result<TerminateOutcome, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.terminate(fork, label).await?),
-            CoordinatorClient::Remote(r) => r.terminate(fork, label).await,
-        }
-    }
-
-    pub async fn abort(&self, fork: ForkId) -> Result<AbortOutcome, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.abort(fork).await?),
-            CoordinatorClient::Remote(r) => r.abort(fork).await,
-        }
-    }
-
-    pub async fn run_events(&self, run: RunId) -> Result<Vec<LoggedEvent>, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle
-                .run_events(run)
-                .await?
-                .into_iter()
-                .map(|(seq, event)| LoggedEvent { seq, event })
-                .collect()),
-            CoordinatorClient::Remote(r) => r.run_events(run).await,
-        }
-    }
-
-    pub async fn fork_cost(&self, fork: ForkId) -> Result<ForkCost, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.fork_cost(fork).await?),
-            CoordinatorClient::Remote(r) => r.fork_cost(fork).await,
-        }
-    }
-
-    pub async fn topup(
-        &self,
-        fork: ForkId,
-        branch: Option<&str>,
-        usd: f64,
-    ) -> Result<ForkCost, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => {
-                Ok(handle.topup(fork, branch, usd).await?)
-            }
-            CoordinatorClient::Remote(r) => r.topup(fork, branch, usd).await,
-        }
-    }
-
-    pub async fn move_budget(
-        &self,
-        fork: ForkId,
-        from: &str,
-        to: &str,
-        usd: f64,
-    ) -> Result<ForkCost, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => {
-                Ok(handle.move_budget(fork, from, to, usd).await?)
-            }
-            CoordinatorClient::Remote(r) => r.move_budget(fork, from, to, usd).await,
-        }
-    }
-
-    pub async fn account_set(
-        &self,
-        name: &str,
-        cap_usd: Option<f64>,
-    ) -> Result<AccountView, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => {
-                Ok(handle.account_set(name, cap_usd).await?)
-            }
-            CoordinatorClient::Remote(r) => r.account_set(name, cap_usd).await,
-        }
-    }
-
-    pub async fn accounts(&self) -> Result<Vec<AccountView>, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.accounts().await?),
-            CoordinatorClient::Remote(r) => r.accounts().await,
-        }
-    }
-
-    pub async fn resolve(
-        &self,
-        fork: ForkId,
-        strategy: Option<Strategy>,
-    ) -> Result<ResolveReport, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => {
-                Ok(handle.resolve(fork, strategy).await?)
-            }
-            CoordinatorClient::Remote(r) => r.resolve(fork, strategy).await,
-        }
-    }
-
-    pub async fn checkpoints(&self, run: RunId) -> Result<Vec<CheckpointView>, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.checkpoints(run).await?),
-            CoordinatorClient::Remote(r) => r.checkpoints(run).await,
-        }
-    }
-
-    pub async fn find_run(&self, prefix: &str) -> Result<RunId, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.find_run(prefix).await?),
-            CoordinatorClient::Remote(r) => r.find_run(prefix).await,
-        }
-    }
-
-    pub async fn checkpoint_save(
-        &self,
-        run: RunId,
-        label: &str,
-    ) -> Result<CheckpointView, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => {
-                Ok(handle.checkpoint_save(run, label).await?)
-            }
-            CoordinatorClient::Remote(r) => r.checkpoint_save(run, label).await,
-        }
-    }
-
-    pub async fn checkpoint_remove(
-        &self,
-        run: RunId,
-        checkpoint: &str,
-    ) -> Result<CheckpointView, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => {
-                Ok(handle.checkpoint_remove(run, checkpoint).await?)
-            }
-            CoordinatorClient::Remote(r) => r.checkpoint_remove(run, checkpoint).await,
-        }
-    }
-
-    pub async fn checkpoint_clear(&self, run: RunId) -> Result<Vec<CheckpointView>, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => Ok(handle.checkpoint_clear(run).await?),
-            CoordinatorClient::Remote(r) => r.checkpoint_clear(run).await,
-        }
-    }
-
-    pub async fn rewind(
-        &self,
-        run: RunId,
-        checkpoint: &str,
-        dry_run: bool,
-    ) -> Result<RewindOutcome, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => {
-                Ok(handle.rewind(run, checkpoint, dry_run).await?)
-            }
-            CoordinatorClient::Remote(r) => r.rewind(run, checkpoint, dry_run).await,
-        }
-    }
-
-    pub async fn fork_checkpoint(
-        &self,
-        run: RunId,
-        checkpoint: &str,
-    ) -> Result<NewRunOutcome, ClientError> {
-        match self {
-            CoordinatorClient::Embedded { handle, .. } => {
-                Ok(handle.fork_checkpoint(run, checkpoint).await?)
-            }
-            CoordinatorClient::Remote(r) => r.fork_checkpoint(run, checkpoint).await,
-        }
     }
 }

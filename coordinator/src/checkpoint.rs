@@ -11,15 +11,16 @@
 //! checkpoint is one small record, no manifest, and the version is built only when used.
 //!
 //! # Automatic checkpoints
-//! The fork actor applies each branch's events once, in seq order, and tells
-//! [`AutoCheckpoints`] what it applied: `every_turn` saves `turn-N` at the event before the
+//! The fork actor applies each branch's events once, in seq order; its replica reports the
+//! steps it applied (model responses, tool results, numbered), and [`AutoCheckpoints`]
+//! turns them into checkpoints: `every_turn` saves `turn-N` at the event before the
 //! response of model call N (N from 1), `every_tool` saves `tool-N-NAME` at the result of
 //! tool call N. Beyond `max_checkpoints` automatic checkpoints the oldest automatic one of
 //! the run is removed; named ones are never evicted. Events are applied once per (run,
-//! seq), so a redelivery saves nothing; on load the fork actor rescans the logs and saves
-//! what a crash between writing the events and the checkpoint lost (positions after the
-//! last automatic checkpoint, and after the run's mark, which a removal by hand raises so
-//! nothing removed comes back).
+//! seq), so a redelivery saves nothing. On load, the steps of the replicas' rebuild give
+//! the points a crash between writing the events and the checkpoint lost, which are saved
+//! (positions after the last automatic checkpoint, and after the run's mark, which a
+//! removal by hand raises so nothing removed comes back).
 //!
 //! # Rewind
 //! Appends `Rewind { to_seq }` to the run's log (which stays append-only): the history goes
@@ -33,7 +34,7 @@
 use crate::blobs;
 use crate::error::{list, CoordinatorError};
 use crate::handle::CoordinatorHandle;
-use crate::replica::BranchReplica;
+use crate::replica::{BranchReplica, Step};
 use crate::store::{BranchRecord, ForkRecord, RunRecord, RunStore};
 use bytes::Bytes;
 use forkfleet_shared::api::{CheckpointKind, CheckpointView, NewRunOutcome, RewindOutcome};
@@ -64,103 +65,42 @@ pub fn origin_label(source: RunId) -> String {
     format!("from:{source}")
 }
 
-/// What an applied event is, for automatic checkpoints: a model response (`turn-N` just
-/// before it under `every_turn`), a tool result (`tool-N-NAME` at it under `every_tool`),
-/// or something else. Both kinds are counted under either policy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Seen {
-    Response,
-    Tool(String),
-    Other,
-}
-
-impl Seen {
-    fn of(event: &Event) -> Seen {
-        match event {
-            Event::ModelResponse { .. } => Seen::Response,
-            Event::ToolResult { name, .. } => Seen::Tool(name.clone()),
-            _ => Seen::Other,
-        }
-    }
-}
-
 /// One automatic checkpoint to save: its position, label, turn and tool.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct AutoPoint {
+struct AutoPoint {
     seq: u64,
     label: String,
     turn: u32,
     tool: Option<String>,
 }
 
-/// Counts a run's model responses and tool results as its events are applied, and says
-/// where they put automatic checkpoints.
-struct Counter {
-    turns: u32,
-    tools: u32,
-}
-
-impl Counter {
-    /// The event at `seq` was applied; the point it makes, if any.
-    fn step(&mut self, seq: u64, seen: &Seen, frequency: CheckpointFrequency) -> Option<AutoPoint> {
-        let out = match (frequency, seen) {
-            (CheckpointFrequency::EveryTurn, Seen::Response) => Some(AutoPoint {
+impl AutoPoint {
+    /// Where an applied step puts an automatic checkpoint under `frequency`, if anywhere:
+    /// `every_turn` just before a model response, `every_tool` at a tool result.
+    fn of(step: &Step, frequency: CheckpointFrequency) -> Option<AutoPoint> {
+        match (frequency, step) {
+            (CheckpointFrequency::EveryTurn, Step::Response { seq, turn }) => Some(AutoPoint {
                 seq: seq.saturating_sub(1),
-                label: turn_label(self.turns + 1),
-                turn: self.turns,
+                label: turn_label(*turn),
+                turn: turn - 1,
                 tool: None,
             }),
-            (CheckpointFrequency::EveryTool, Seen::Tool(name)) => Some(AutoPoint {
-                seq,
-                label: tool_label(self.tools + 1, name),
-                turn: self.turns,
+            (
+                CheckpointFrequency::EveryTool,
+                Step::Tool {
+                    seq,
+                    call,
+                    name,
+                    turn,
+                },
+            ) => Some(AutoPoint {
+                seq: *seq,
+                label: tool_label(*call, name),
+                turn: *turn,
                 tool: Some(name.clone()),
             }),
             _ => None,
-        };
-        match seen {
-            Seen::Response => self.turns += 1,
-            Seen::Tool(_) => self.tools += 1,
-            Seen::Other => {}
         }
-        out
-    }
-}
-
-/// What a branch's stored log says for its automatic checkpoints, scanned on load: the
-/// points of its applied events (contiguous from its first worker event) and its counts.
-pub(crate) struct RunScan {
-    run: RunId,
-    points: Vec<AutoPoint>,
-    tools: u32,
-    turns: u32,
-}
-
-/// Scan a branch's stored events (every stored one, in seq order) before its replica is
-/// rebuilt from them.
-pub(crate) fn scan(
-    record: &BranchRecord,
-    stored: &[(u64, Event)],
-    policy: &CheckpointPolicy,
-) -> RunScan {
-    let mut counter = Counter { turns: 0, tools: 0 };
-    let mut points = Vec::new();
-    let applied = stored
-        .iter()
-        .filter(|(s, _)| *s >= record.first_seq)
-        .zip(record.first_seq..)
-        // A gap: what lies beyond is held, not applied.
-        .take_while(|((seq, _), expected)| seq == expected);
-    for ((seq, event), _) in applied {
-        if let Some(p) = counter.step(*seq, &Seen::of(event), policy.frequency) {
-            points.push(p);
-        }
-    }
-    RunScan {
-        run: record.run_id,
-        points,
-        tools: counter.tools,
-        turns: counter.turns,
     }
 }
 
@@ -198,8 +138,6 @@ pub(crate) fn apply_rewind(
 /// The state of one branch run's automatic checkpoints.
 #[derive(Debug, Default)]
 struct AutoRun {
-    turns: u32,
-    tools: u32,
     /// The highest position saved (or decided) so far: a point at or before it is not
     /// saved again.
     through: Option<u64>,
@@ -228,28 +166,30 @@ impl AutoCheckpoints {
 
     /// A fork loaded from the store: pick up each branch's counts and automatic
     /// checkpoints, and save the points a crash lost (see the module documentation).
+    /// `steps` are each branch's, as its replica was rebuilt from its log.
     pub fn load(
         store: &RunStore,
         policy: CheckpointPolicy,
         snapshot: BlobHash,
-        scans: Vec<RunScan>,
+        steps: Vec<(RunId, Vec<Step>)>,
     ) -> Result<Self, CoordinatorError> {
         let mut this = Self::new(policy, snapshot);
-        for scan in scans {
+        if policy.frequency == CheckpointFrequency::ManualOnly {
+            return Ok(this);
+        }
+        for (run_id, steps) in steps {
             let autos: Vec<CheckpointView> = store
-                .checkpoints(scan.run)?
+                .checkpoints(run_id)?
                 .into_iter()
                 .filter(|c| c.kind == CheckpointKind::Auto)
                 .collect();
-            let mark = store.checkpoint_mark(scan.run)?;
+            let mark = store.checkpoint_mark(run_id)?;
             let through = autos
                 .iter()
                 .map(|c| c.seq)
                 .chain((mark > 0).then_some(mark))
                 .max();
             let mut run = AutoRun {
-                turns: scan.turns,
-                tools: scan.tools,
                 through,
                 saved: {
                     let mut ids: Vec<(u64, CheckpointId)> =
@@ -258,89 +198,45 @@ impl AutoCheckpoints {
                     ids.into_iter().map(|(_, id)| id).collect()
                 },
             };
-            let missing: Vec<AutoPoint> = scan
-                .points
-                .into_iter()
+            let missing: Vec<AutoPoint> = steps
+                .iter()
+                .filter_map(|step| AutoPoint::of(step, policy.frequency))
                 .filter(|p| through.is_none_or(|t| p.seq > t))
                 .collect();
             // Older ones would be evicted at once.
             let keep = policy.max_checkpoints as usize;
             let skip = missing.len().saturating_sub(keep);
             if !missing.is_empty() {
-                tracing::info!(run.id = %scan.run, repaired = missing.len() - skip, "checkpoint.repair: saving automatic checkpoints a restart found missing");
+                tracing::info!(run.id = %run_id, repaired = missing.len() - skip, "checkpoint.repair: saving automatic checkpoints a restart found missing");
             }
             for p in missing.into_iter().skip(skip) {
-                this.save(store, scan.run, &mut run, p)?;
+                this.save(store, run_id, &mut run, p)?;
             }
-            this.runs.insert(scan.run, run);
+            this.runs.insert(run_id, run);
         }
         Ok(this)
     }
 
-    /// What an event about to be applied is (cheap: a match on its kind; nothing under
-    /// `manual_only`).
-    pub fn seen(&self, event: &Event) -> Seen {
-        if self.policy.frequency == CheckpointFrequency::ManualOnly {
-            return Seen::Other;
-        }
-        Seen::of(event)
-    }
-
-    /// Events of `run` from seq `first` were applied, `applied` of them; `current` is the
-    /// event that arrived (its seq, and what [`AutoCheckpoints::seen`] said), usually the
-    /// only one. Saves and evicts; a failure is logged, never fatal to applying events.
-    pub fn on_applied(
-        &mut self,
-        store: &RunStore,
-        run: RunId,
-        first: u64,
-        applied: usize,
-        current: (u64, Seen),
-    ) {
-        if self.policy.frequency == CheckpointFrequency::ManualOnly || applied == 0 {
+    /// `run`'s replica applied `steps`: save the automatic checkpoints they make and evict
+    /// the oldest. A failure is logged, never fatal to applying events.
+    pub fn on_applied(&mut self, store: &RunStore, run: RunId, steps: &[Step]) {
+        if self.policy.frequency == CheckpointFrequency::ManualOnly || steps.is_empty() {
             return;
         }
         let mut state = self.runs.remove(&run).unwrap_or_default();
-        if let Err(e) = self.applied(store, run, &mut state, first, applied, current) {
-            tracing::error!(run.id = %run, error = %e, "checkpoint.auto: cannot save an automatic checkpoint");
-        }
-        self.runs.insert(run, state);
-    }
-
-    fn applied(
-        &self,
-        store: &RunStore,
-        run: RunId,
-        state: &mut AutoRun,
-        first: u64,
-        applied: usize,
-        current: (u64, Seen),
-    ) -> Result<(), CoordinatorError> {
-        let frequency = self.policy.frequency;
-        let mut counter = Counter {
-            turns: state.turns,
-            tools: state.tools,
-        };
-        let mut points = Vec::new();
-        if applied == 1 && current.0 == first {
-            // The common case: the event that arrived, nothing held behind it.
-            points.extend(counter.step(first, &current.1, frequency));
-        } else {
-            // Held successors were applied too: read the range back (rare).
-            let last = first + applied as u64;
-            for (seq, event) in store.events_between(run, first, last)? {
-                points.extend(counter.step(seq, &Seen::of(&event), frequency));
-            }
-        }
-        state.turns = counter.turns;
-        state.tools = counter.tools;
-        for p in points {
+        for p in steps
+            .iter()
+            .filter_map(|step| AutoPoint::of(step, self.policy.frequency))
+        {
             if state.through.is_some_and(|t| p.seq <= t) {
                 continue;
             }
-            self.save(store, run, state, p)?;
+            if let Err(e) = self.save(store, run, &mut state, p) {
+                tracing::error!(run.id = %run, error = %e, "checkpoint.auto: cannot save an automatic checkpoint");
+                break;
+            }
         }
-        Ok(())
+        self.runs.insert(run, state);
     }
 
     fn save(

@@ -492,17 +492,11 @@ impl ForkState {
                 continue;
             }
             let run_id = ev.run_id;
-            let (first, seq, seen) = (b.record.next_seq, ev.seq, self.checkpoints.seen(&ev.event));
             let effect = b.arrive(ev.seq, ev.event);
             if effect.applied > 0 {
                 changed = true;
-                self.checkpoints.on_applied(
-                    &self.store,
-                    run_id,
-                    first,
-                    effect.applied,
-                    (seq, seen),
-                );
+                self.checkpoints
+                    .on_applied(&self.store, run_id, &effect.steps);
             }
             for (cost, reservation) in effect.usage {
                 let actions = self.ledger.on_usage(run_id, cost, reservation);
@@ -771,19 +765,19 @@ fn load(store: &RunStore, fork: ForkId) -> Result<Loaded, CoordinatorError> {
     let base = load_manifest(store, &record)?;
     let policy = record.plan.limits.checkpoints;
     let mut replicas = Vec::new();
-    let mut scans = Vec::new();
+    let mut steps = Vec::new();
     for b in store.branches(fork)? {
         let run = b.run_id;
         let stored = store.stored_events(run)?;
-        scans.push(checkpoint::scan(&b, &stored, &policy));
         let rewound = checkpoint::has_rewind(&stored);
-        let mut replica = BranchReplica::rebuild(b, base.clone(), stored);
+        let (mut replica, applied) = BranchReplica::rebuild(b, base.clone(), stored);
+        steps.push((run, applied));
         if rewound {
             checkpoint::apply_rewind(&mut replica, &base, &store.run_log(run)?)?;
         }
         replicas.push(replica);
     }
-    let checkpoints = AutoCheckpoints::load(store, policy, record.snapshot, scans)?;
+    let checkpoints = AutoCheckpoints::load(store, policy, record.snapshot, steps)?;
     Ok((record, base, replicas, checkpoints))
 }
 

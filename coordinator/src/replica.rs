@@ -38,12 +38,31 @@ pub(crate) struct Effect {
     pub applied: usize,
     /// The cost and reservation of each `usage` event applied, in order.
     pub usage: Vec<(f64, Option<ReservationId>)>,
+    /// The model responses and tool results applied, in order (automatic checkpoints).
+    pub steps: Vec<Step>,
+}
+
+/// A model response or a tool result the replica applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The response of model call `turn` (from 1), at `seq`.
+    Response { seq: u64, turn: u32 },
+    /// The result of tool call `call` (from 1) of tool `name`, at `seq`, during model
+    /// turn `turn` (responses applied before it).
+    Tool {
+        seq: u64,
+        call: u32,
+        name: String,
+        turn: u32,
+    },
 }
 
 pub(crate) struct BranchReplica {
     pub record: BranchRecord,
     pub overlay: Overlay,
     held: BTreeMap<u64, Event>,
+    /// Tool results applied (rebuilt with the replica; not stored).
+    tool_calls: u32,
 }
 
 impl BranchReplica {
@@ -60,19 +79,26 @@ impl BranchReplica {
             record,
             overlay: Overlay::new(base),
             held: BTreeMap::new(),
+            tool_calls: 0,
         }
     }
 
-    /// Rebuild from the stored log (every stored event, gaps included, in seq order).
-    pub fn rebuild(record: BranchRecord, base: Arc<Manifest>, stored: Vec<(u64, Event)>) -> Self {
+    /// Rebuild from the stored log (every stored event, gaps included, in seq order), with
+    /// the steps applied on the way.
+    pub fn rebuild(
+        record: BranchRecord,
+        base: Arc<Manifest>,
+        stored: Vec<(u64, Event)>,
+    ) -> (Self, Vec<Step>) {
         let mut r = Self::new(record, base);
+        let mut steps = Vec::new();
         for (seq, event) in stored {
             if seq < r.record.first_seq {
                 continue; // lineage, copied prefix and tail: written at creation
             }
-            r.arrive(seq, event);
+            steps.extend(r.arrive(seq, event).steps);
         }
-        r
+        (r, steps)
     }
 
     pub fn placement(&self, seq: u64) -> Placement {
@@ -133,7 +159,22 @@ impl BranchReplica {
     fn apply(&mut self, event: Event, effect: &mut Effect) {
         let r = &mut self.record;
         match event {
-            Event::ModelResponse { .. } => r.turns += 1,
+            Event::ModelResponse { .. } => {
+                r.turns += 1;
+                effect.steps.push(Step::Response {
+                    seq: r.next_seq,
+                    turn: r.turns,
+                });
+            }
+            Event::ToolResult { name, .. } => {
+                self.tool_calls += 1;
+                effect.steps.push(Step::Tool {
+                    seq: r.next_seq,
+                    call: self.tool_calls,
+                    name,
+                    turn: r.turns,
+                });
+            }
             Event::Usage {
                 usage,
                 cost_usd,
@@ -254,6 +295,55 @@ mod tests {
     }
 
     #[test]
+    fn steps_are_numbered_in_seq_order_across_held_events_and_rebuilds() {
+        let response = || Event::ModelResponse {
+            model: "scripted:x".into(),
+            text: None,
+            tool_calls: Vec::new(),
+        };
+        let result = |name: &str| Event::ToolResult {
+            call_id: "c".into(),
+            name: name.into(),
+            ok: true,
+            output: String::new(),
+        };
+        let mut r = replica();
+        let log = vec![
+            (3, response()),
+            (4, result("read_file")),
+            (5, result("write_file")),
+            (6, response()),
+        ];
+        // 5 and 6 arrive first and wait; 4 and then 3 release everything in order.
+        assert!(r.arrive(6, log[3].1.clone()).steps.is_empty());
+        assert!(r.arrive(5, log[2].1.clone()).steps.is_empty());
+        assert!(r.arrive(4, log[1].1.clone()).steps.is_empty());
+        let steps = r.arrive(3, log[0].1.clone()).steps;
+        let want = vec![
+            Step::Response { seq: 3, turn: 1 },
+            Step::Tool {
+                seq: 4,
+                call: 1,
+                name: "read_file".into(),
+                turn: 1,
+            },
+            Step::Tool {
+                seq: 5,
+                call: 2,
+                name: "write_file".into(),
+                turn: 1,
+            },
+            Step::Response { seq: 6, turn: 2 },
+        ];
+        assert_eq!(steps, want);
+        // A duplicate makes no step; a rebuild from the log makes the same ones.
+        assert!(r.arrive(4, log[1].1.clone()).steps.is_empty());
+        let (_, rebuilt) =
+            BranchReplica::rebuild(r.record.clone(), Arc::new(Manifest::default()), log);
+        assert_eq!(rebuilt, want);
+    }
+
+    #[test]
     fn first_terminal_state_is_final_and_counters_add_up() {
         let mut r = replica();
         r.arrive(3, status(BranchState::Running));
@@ -316,7 +406,8 @@ mod tests {
             (4, write("a")),
             (6, write("c")),
         ];
-        let r = BranchReplica::rebuild(base.record.clone(), Arc::new(Manifest::default()), stored);
+        let (r, _) =
+            BranchReplica::rebuild(base.record.clone(), Arc::new(Manifest::default()), stored);
         assert_eq!(r.record.next_seq, 5);
         assert_eq!(r.held(), 1);
         assert_eq!(r.record.state, BranchState::Running);

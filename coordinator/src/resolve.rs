@@ -37,7 +37,6 @@ use forkfleet_shared::resolve::{
     decide, internal_consistency, judge_prompt, BranchOutcome, ConfidenceSignals, Decision,
     Strategy,
 };
-use forkfleet_shared::testsignal::{test_signal, TestOutcome};
 use forkfleet_shared::wire;
 use futures::future::join_all;
 use std::fmt::Write as _;
@@ -142,17 +141,22 @@ async fn run(
         }
     };
 
-    // 3. Judges.
+    // 3. Judges. The diff's text and the branches' logs are for them: without a judge only
+    // the agreement score is read.
     let diff = handle
         .diff(
             fork_id,
             DiffOptions {
-                unified: true,
+                unified: !judges.is_empty(),
                 ..DiffOptions::default()
             },
         )
         .await?;
-    let logs = branch_logs(handle, &inputs.branches).await?;
+    let logs = if judges.is_empty() {
+        Vec::new()
+    } else {
+        branch_logs(handle, &inputs.branches).await?
+    };
     let runs: Vec<JudgeRun> = if judges.is_empty() {
         Vec::new()
     } else {
@@ -352,17 +356,9 @@ fn unexpected(reply: &ResolveJobReply) -> String {
     }
 }
 
-/// A test that gave no signal because it could not be run.
+/// A test no worker ran: no signal.
 fn no_signal(label: &str, error: String) -> TestRun {
-    let outcome = TestOutcome::SpawnFailed { error };
-    TestRun {
-        label: label.to_string(),
-        signal: test_signal(&outcome, ""),
-        outcome,
-        output_tail: String::new(),
-        duration_ms: 0,
-        worker: String::new(),
-    }
+    TestRun::not_run(label, "", 0, error)
 }
 
 fn failed_judge(model: &str, error: String) -> JudgeRun {
@@ -387,7 +383,7 @@ struct LogSummary {
 }
 
 impl LogSummary {
-    fn of(events: &[(u64, Event)]) -> Self {
+    fn of<'a>(events: impl IntoIterator<Item = &'a (u64, Event)>) -> Self {
         let mut s = LogSummary {
             final_message: None,
             retries: 0,
@@ -442,14 +438,9 @@ async fn branch_logs(
         runs.into_iter()
             .map(|run| {
                 // A rewound branch's history: the events it keeps.
-                store.run_log(run).map(|log| {
-                    let kept: Vec<(u64, Event)> =
-                        forkfleet_shared::event::history_events(&log, None)
-                            .into_iter()
-                            .cloned()
-                            .collect();
-                    LogSummary::of(&kept)
-                })
+                store
+                    .run_log(run)
+                    .map(|log| LogSummary::of(forkfleet_shared::event::history_events(&log, None)))
             })
             .collect()
     })
@@ -483,6 +474,7 @@ fn diff_text(report: &DiffReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use forkfleet_shared::testsignal::{test_signal, TestOutcome};
 
     fn run(label: &str, outcome: TestOutcome, output: &str) -> TestRun {
         TestRun {

@@ -256,7 +256,9 @@ fn wait(timeout_ms: u64) -> Duration {
     Duration::from_millis(timeout_ms.min(MAX_API_WAIT_MS))
 }
 
-async fn dispatch(handle: &CoordinatorHandle, req: ApiRequest) -> Result<ApiReply, ApiError> {
+/// Answer one request with `handle`: what the service does for each request it receives,
+/// and what an embedded client calls directly.
+pub async fn dispatch(handle: &CoordinatorHandle, req: ApiRequest) -> Result<ApiReply, ApiError> {
     Ok(match req {
         ApiRequest::Ping => ApiReply::Info(ServerInfo {
             version: env!("CARGO_PKG_VERSION").to_string(),

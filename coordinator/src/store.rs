@@ -109,6 +109,20 @@ fn pair_key(a: &[u8; 16], b: &[u8; 16]) -> [u8; 32] {
     k
 }
 
+/// A failed sled transaction of `what` (a merge, a rewind) as an error. Its closure never
+/// aborts on purpose, so an abort is a bug.
+pub(crate) fn transaction_error(
+    what: &str,
+    e: sled::transaction::TransactionError<()>,
+) -> CoordinatorError {
+    match e {
+        sled::transaction::TransactionError::Storage(e) => CoordinatorError::Store(e),
+        sled::transaction::TransactionError::Abort(()) => {
+            CoordinatorError::Internal(format!("{what} transaction aborted"))
+        }
+    }
+}
+
 pub(crate) fn encode<T: Serialize>(what: &'static str, v: &T) -> Result<Vec<u8>, CoordinatorError> {
     rmp_serde::to_vec_named(v).map_err(|e| CoordinatorError::codec(what, e))
 }
@@ -491,7 +505,7 @@ impl RunStore {
         checkpoint: &CheckpointView,
         fork: &ForkRecord,
     ) -> Result<(), CoordinatorError> {
-        use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+        use sled::transaction::{ConflictableTransactionError, Transactional};
         let run_bytes = encode("run record", parent)?;
         let fork_bytes = encode("fork record", fork)?;
         let cp_bytes = encode("checkpoint", checkpoint)?;
@@ -511,12 +525,7 @@ impl RunStore {
                 forks.insert(fork.fork_id.as_bytes(), fork_bytes.as_slice())?;
                 Ok::<(), ConflictableTransactionError<()>>(())
             })
-            .map_err(|e| match e {
-                TransactionError::Storage(e) => CoordinatorError::Store(e),
-                TransactionError::Abort(()) => {
-                    CoordinatorError::Internal("merge transaction aborted".into())
-                }
-            })?;
+            .map_err(|e| transaction_error("merge", e))?;
         self.flush()
     }
 }

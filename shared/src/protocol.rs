@@ -287,6 +287,22 @@ pub struct TestRun {
     pub worker: String,
 }
 
+impl TestRun {
+    /// A test that could not be run (its tree unreadable, no worker answered, ...): no
+    /// signal, never a pass.
+    pub fn not_run(label: &str, worker: &str, duration_ms: u64, error: String) -> TestRun {
+        let outcome = crate::testsignal::TestOutcome::SpawnFailed { error };
+        TestRun {
+            label: label.to_string(),
+            signal: crate::testsignal::test_signal(&outcome, ""),
+            outcome,
+            output_tail: String::new(),
+            duration_ms,
+            worker: worker.to_string(),
+        }
+    }
+}
+
 /// What one judge said.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JudgeRun {

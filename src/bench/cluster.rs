@@ -125,7 +125,7 @@ impl Cluster {
         env: &[(String, String)],
     ) -> anyhow::Result<()> {
         let client_bus = connect(url, "forkfleet-bench-client").await?;
-        let remote = RemoteCoordinator::new(client_bus.clone());
+        let remote = CoordinatorClient::Remote(RemoteCoordinator::new(client_bus.clone()));
         wait_api(&remote, &self.coordinator).await?;
         let n = workers.max(1);
         let exe = std::env::current_exe().context("cannot find this forkfleet binary")?;
@@ -140,7 +140,7 @@ impl Cluster {
         }
         wait_workers(client_bus.as_ref(), &mut self.workers, n).await?;
         tracing::info!(workers = n, "bench: workers ready");
-        self.client = Some((client_bus, CoordinatorClient::Remote(remote)));
+        self.client = Some((client_bus, remote));
         Ok(())
     }
 
@@ -283,7 +283,7 @@ async fn connect(url: &str, name: &str) -> anyhow::Result<Arc<dyn Bus>> {
 
 /// Until the coordinator's API answers a ping (it binds its subject as it starts).
 async fn wait_api(
-    remote: &RemoteCoordinator,
+    remote: &CoordinatorClient,
     coordinator: &tokio::task::JoinHandle<anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + API_READY_TIMEOUT;

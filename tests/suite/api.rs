@@ -6,7 +6,7 @@
 use super::harness::{slow_spec, Example};
 use forkfleet::client;
 use forkfleet::config::{Config, Layer};
-use forkfleet::remote::{ClientError, RemoteCoordinator};
+use forkfleet::remote::{ClientError, CoordinatorClient, RemoteCoordinator};
 use forkfleet_coordinator::service::ApiServer;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
 use forkfleet_shared::api::{
@@ -34,7 +34,7 @@ struct System {
     _dir: tempfile::TempDir,
     bus: Arc<dyn Bus>,
     handle: CoordinatorHandle,
-    remote: RemoteCoordinator,
+    remote: CoordinatorClient,
     coordinator: Option<Coordinator>,
     stops: Vec<oneshot::Sender<()>>,
     tasks: Vec<JoinHandle<()>>,
@@ -87,7 +87,7 @@ impl System {
         }
         Self {
             _dir: dir,
-            remote: RemoteCoordinator::new(bus.clone()),
+            remote: CoordinatorClient::Remote(RemoteCoordinator::new(bus.clone())),
             bus,
             handle,
             coordinator: Some(coordinator),

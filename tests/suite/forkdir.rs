@@ -267,45 +267,61 @@ fn keep_artifacts_keeps_the_directory_after_a_merge_and_run_pick_removes_it_othe
     );
 }
 
+/// A child process killed (and waited for) when dropped, a failed assertion included.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn the_directory_follows_a_running_fork() {
     let ex = Example::quickstart();
     let spec = super::harness::slow_spec(&ex);
-    let mut child = super::harness::command()
-        .args(["run", path_str(&spec), "--json", "--timeout-s", "120"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // Branch files appear while the branches still run (each writes for 15 s).
+    let mut child = Killed(
+        super::harness::command()
+            .args(["run", path_str(&spec), "--json", "--timeout-s", "120"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Branch a's files as the fork directory shows them, once it has a manifest, polled
+    // until `done` says so; the run must still be going (each branch writes for 15 s).
     let forks = ex.workspace().join(".forkfleet/forks");
     let deadline = Instant::now() + Duration::from_secs(60);
-    let seen = loop {
+    let mut poll = |what: &str, done: &dyn Fn(&BTreeSet<String>) -> bool| loop {
         let found = std::fs::read_dir(&forks).ok().and_then(|mut it| {
             let dir = it.next()?.ok()?.path();
             let files = files_under(&dir.join("branches/a/slow"));
-            let manifest = dir.join("manifest.json").is_file();
-            (!files.is_empty() && manifest).then_some((dir, files))
+            dir.join("manifest.json").is_file().then_some((dir, files))
         });
-        let running = child.try_wait().unwrap().is_none();
-        if let Some(found) = found {
-            assert!(
-                running,
-                "the run ended before its fork directory showed anything"
-            );
-            break found;
+        let running = child.0.try_wait().unwrap().is_none();
+        if let Some((dir, files)) = found.filter(|(_, f)| done(f)) {
+            assert!(running, "the run ended before {what}");
+            break (dir, files);
         }
-        assert!(running, "the run ended without a fork directory");
-        assert!(Instant::now() < deadline, "no live update in 60 s");
+        assert!(running, "the run ended without {what}");
+        assert!(Instant::now() < deadline, "no {what} in 60 s");
         std::thread::sleep(Duration::from_millis(50));
     };
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let (dir, files) = seen;
-    assert!(files.iter().all(|f| f.starts_with("a-")), "{files:?}");
+    let (dir, first) = poll("a live update", &|f| !f.is_empty());
+    assert!(first.iter().all(|f| f.starts_with("a-")), "{first:?}");
     // The manifest written with them says the fork is still open.
     let m = manifest(&dir);
     assert_eq!(m["state"], "open", "{m}");
+    // And it keeps following: a later sync, while the fork is still open (not the final
+    // sync after it settled), brings the files written since.
+    let (dir, later) = poll("a second live update", &|f| f.len() > first.len());
+    assert!(later.is_superset(&first), "{first:?} then {later:?}");
+    let m = manifest(&dir);
+    assert_eq!(
+        m["state"], "open",
+        "only the final sync updated the directory: {m}"
+    );
 }
 
 // ---- confinement ---------------------------------------------------------------------
@@ -486,13 +502,15 @@ async fn sync_is_incremental_and_follows_reverted_changes() {
     assert_eq!((again.written, again.removed, again.unchanged), (0, 0, 4));
     assert!(!again.manifest_written);
 
-    // A file edited in the mirror is put back.
-    std::fs::write(dir.join("branches/b/src/x.txt"), "edited\n").unwrap();
-    let fixed = forkdir::materialize(&dir, &v, &first, &store)
-        .await
-        .unwrap();
-    assert_eq!(fixed.written, 1);
-    assert_eq!(read(&dir.join("branches/b/src/x.txt")).unwrap(), "v1\n");
+    // A file edited in the mirror is put back, whether its size changed or not.
+    for edit in ["edited\n", "v9\n"] {
+        std::fs::write(dir.join("branches/b/src/x.txt"), edit).unwrap();
+        let fixed = forkdir::materialize(&dir, &v, &first, &store)
+            .await
+            .unwrap();
+        assert_eq!((fixed.written, fixed.unchanged), (1, 3), "{edit:?}");
+        assert_eq!(read(&dir.join("branches/b/src/x.txt")).unwrap(), "v1\n");
+    }
 
     // Branch a reverts: no new.txt, x.txt back to the parent's. Its files follow.
     let mut second = report(&labels, &store, false);
@@ -655,6 +673,7 @@ fn fork_open_without_a_tool_prints_a_coloured_diff() {
     // Not a terminal: no colour.
     let stdout = ok(&open(&["README.md"]));
     assert!(stdout.contains("--- parent/README.md"), "{stdout}");
+    assert!(!stdout.contains("--- a/"), "{stdout}");
     assert!(
         stdout.contains("+++ branches/concise/README.md"),
         "{stdout}"

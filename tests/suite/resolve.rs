@@ -167,7 +167,7 @@ fn manual_runs_the_tests_and_merges_nothing() {
 }
 
 #[test]
-fn auto_commits_the_judges_pick_and_stops_nothing_twice() {
+fn auto_commits_the_judges_pick_and_a_fork_resolves_once() {
     let (ex, spec) = setup(
         &format!("strategy = \"auto\"\njudge_model = \"scripted:judge1\"\n{TESTED}"),
         &[verdict("good", 0.9)],

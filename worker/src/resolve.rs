@@ -151,15 +151,7 @@ async fn test_in_span(ctx: &WorkerCtx, job: TestJob) -> TestRun {
 
 /// A test that could not run: no signal.
 fn failed_test(label: &str, worker: &str, started: std::time::Instant, error: String) -> TestRun {
-    let outcome = TestOutcome::SpawnFailed { error };
-    TestRun {
-        label: label.to_string(),
-        signal: test_signal(&outcome, ""),
-        outcome,
-        output_tail: String::new(),
-        duration_ms: started.elapsed().as_millis() as u64,
-        worker: worker.to_string(),
-    }
+    TestRun::not_run(label, worker, started.elapsed().as_millis() as u64, error)
 }
 
 /// A valid verdict must also name a candidate, when the job restricts them.

@@ -7,7 +7,7 @@
 //! reference's stores do, so clock skew or an overwrite cannot make the two orders evict
 //! differently.
 
-use super::{decode, encode, event_key, pair_key, RunRecord, RunStore};
+use super::{decode, encode, event_key, pair_key, transaction_error, RunRecord, RunStore};
 use crate::error::CoordinatorError;
 use forkfleet_shared::api::CheckpointView;
 use forkfleet_shared::event::Event;
@@ -117,30 +117,6 @@ impl RunStore {
 
     // ---- what checkpoints need besides ------------------------------------------------
 
-    /// The stored events of `run` with seqs in `from..to`, in seq order.
-    pub(crate) fn events_between(
-        &self,
-        run: RunId,
-        from: u64,
-        to: u64,
-    ) -> Result<Vec<(u64, Event)>, CoordinatorError> {
-        let mut out = Vec::new();
-        for kv in self
-            .inner
-            .events
-            .range(event_key(run, from)..event_key(run, to))
-        {
-            let (k, v) = kv?;
-            let seq = k
-                .get(16..24)
-                .and_then(|s| <[u8; 8]>::try_from(s).ok())
-                .map(u64::from_be_bytes)
-                .ok_or_else(|| CoordinatorError::codec("event key", "not 24 bytes"))?;
-            out.push((seq, decode("event", &v)?));
-        }
-        Ok(out)
-    }
-
     /// Up to `limit` runs whose id (as text, lower case) starts with `prefix`.
     pub(crate) fn run_ids_with_prefix(
         &self,
@@ -172,7 +148,7 @@ impl RunStore {
         seq: u64,
         marker: &Event,
     ) -> Result<(), CoordinatorError> {
-        use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+        use sled::transaction::{ConflictableTransactionError, Transactional};
         let run_bytes = encode("run record", run)?;
         let event_bytes = encode("event", marker)?;
         let key = event_key(run.run_id, seq);
@@ -183,12 +159,7 @@ impl RunStore {
                 runs.insert(run.run_id.as_bytes(), run_bytes.as_slice())?;
                 Ok::<(), ConflictableTransactionError<()>>(())
             })
-            .map_err(|e| match e {
-                TransactionError::Storage(e) => CoordinatorError::Store(e),
-                TransactionError::Abort(()) => {
-                    CoordinatorError::Internal("rewind transaction aborted".into())
-                }
-            })?;
+            .map_err(|e| transaction_error("rewind", e))?;
         self.flush()
     }
 
