@@ -85,6 +85,9 @@ fn task() -> BranchTask {
         reserve: false,
         on_exhausted: Default::default(),
         attempt_base: 0,
+        endpoint: None,
+        run_command: None,
+        forking: false,
     }
 }
 

@@ -349,6 +349,7 @@ fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
             ModelPlan {
                 price: Some(price),
                 script: Some(script_hash),
+                endpoint: None,
             },
         )]),
         branches: (0..n)
@@ -359,8 +360,12 @@ fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
                 budget_usd: None,
                 extra_instructions: None,
                 max_turns: (k + 5) as u32,
+                max_output_tokens: None,
             })
             .collect(),
+        run_command: None,
+        forking: false,
+        solo: false,
     }
 }
 

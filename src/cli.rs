@@ -24,7 +24,8 @@ use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::path::WsPath;
 use forkfleet_shared::protocol::now_ms;
 use forkfleet_shared::resolve::Strategy;
-use forkfleet_shared::spec;
+use forkfleet_shared::spec::{self, SOLO_LABEL};
+use forkfleet_shared::state::BranchState;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -316,6 +317,48 @@ pub enum ForkCommand {
     /// Stop every branch still running and mark the fork aborted (nothing can be merged).
     Abort {
         fork: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Send a running (or pending) branch a user message: it applies it before its next
+    /// model call, and the branch's log shows it as a `steer` event. An unknown label, an
+    /// empty message and a finished branch (see `fork continue`) are refused.
+    ///
+    /// Embedded (no NATS URL), what a stopped process left unfinished runs here, steered,
+    /// until nothing runs.
+    Steer {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// The branch's label.
+        label: String,
+        /// The message.
+        message: String,
+        /// Embedded only: give up waiting for the branches after this many seconds.
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Start a new turn of a finished branch (done, failed or terminated) with a user
+    /// message: it runs again with its whole history, writing into the same overlay (the
+    /// fork's diff and a merge then hold both turns' work). Prints the branch's new state.
+    ///
+    /// A running branch is refused (steer it), and so is a fork merged or aborted. Embedded
+    /// (no NATS URL) the new turn runs here to its end, then its final text is printed; on
+    /// a cluster, --wait waits for it.
+    Continue {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// The branch's label.
+        label: String,
+        /// The user message that starts the turn.
+        message: String,
+        /// Wait for the turn to end and print the branch's final text (always, embedded).
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this many seconds (exit 1; the branch keeps running).
+        #[arg(long)]
+        timeout_s: Option<u64>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -786,6 +829,39 @@ const AT_ONCE: Until = Until::Quiet {
 /// branches stay `paused` until a worker takes them).
 const RESUME_GRACE: Duration = Duration::from_secs(2);
 
+/// Whether a single agent run's work is merged into the workspace: when its agent is
+/// `done` and left no fork of its own unresolved (then it says which, and how to finish).
+async fn solo_merge(
+    coord: &CoordinatorClient,
+    view: &ForkView,
+    data_dir: &Path,
+) -> anyhow::Result<Option<&'static str>> {
+    let Some(agent) = view.branch(SOLO_LABEL) else {
+        return Ok(None);
+    };
+    if agent.state != BranchState::Done {
+        return Ok(None);
+    }
+    let open: Vec<String> = coord
+        .forks()
+        .await?
+        .into_iter()
+        .filter(|f| f.parent_run == agent.run_id && !f.state.is_resolved())
+        .map(|f| f.fork_id.to_string())
+        .collect();
+    if open.is_empty() {
+        return Ok(Some(SOLO_LABEL));
+    }
+    // On stderr whatever the output format: the run did not do what it usually does.
+    eprintln!(
+        "the agent left its fork(s) {} unresolved, so its work is not merged yet: resolve each (`forkfleet fork merge FORK --pick LABEL --data {dir}` or `fork abort`), then `forkfleet fork merge {} --pick {SOLO_LABEL} --data {dir}`",
+        open.join(", "),
+        view.fork_id,
+        dir = data_dir.display()
+    );
+    Ok(None)
+}
+
 async fn run_fork(
     system: &Embedded,
     loaded: &spec::LoadedSpec,
@@ -802,10 +878,15 @@ async fn run_fork(
         .into_iter()
         .map(str::to_string)
         .collect();
+    // A single agent run merges its agent's work once the agent is done.
+    let solo_pick = if loaded.plan.solo && args.pick.is_none() {
+        solo_merge(&coord, &view, &system.data_dir).await?
+    } else {
+        None
+    };
+    let requested = args.pick.as_deref().or(solo_pick);
     // With branches paused, merge only a pick that has finished.
-    let pick = args
-        .pick
-        .as_deref()
+    let pick = requested
         .filter(|p| paused.is_empty() || view.branch(p).is_some_and(|b| b.state.is_terminal()));
     let merge = match pick {
         Some(pick) => Some(
@@ -823,7 +904,8 @@ async fn run_fork(
     // Without a pick, the spec's resolve path: tests and judges when it has any.
     let plan_resolves =
         loaded.plan.resolve.strategy.needs_judge() || loaded.plan.resolve.test.is_some();
-    let resolved = if args.pick.is_none() && paused.is_empty() && plan_resolves {
+    let resolved = if requested.is_none() && paused.is_empty() && plan_resolves && !loaded.plan.solo
+    {
         Some(
             resolve_cmd::resolve_and_apply(
                 &coord,
@@ -953,8 +1035,11 @@ async fn merge_and_apply(
 ) -> anyhow::Result<(String, FlushReport)> {
     let outcome = coord.merge(fork_id, pick).await?;
     let report = match dir {
-        Some(dir) => client::apply_merge(coord.blobs().as_ref(), &outcome, dir, policy).await?,
-        None => outcome.report.clone(),
+        // A fork an agent made merges into its branch, not into a directory.
+        Some(dir) if !outcome.into_branch => {
+            client::apply_merge(coord.blobs().as_ref(), &outcome, dir, policy).await?
+        }
+        _ => outcome.report.clone(),
     };
     // The fork is resolved: its fork directory goes unless `keep_artifacts`.
     forkdir::cleanup_after_merge(coord, fork_id).await;
@@ -1080,6 +1165,44 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                     Ok(())
                 }
             })
+        }
+        ForkCommand::Steer {
+            fork,
+            label,
+            message,
+            timeout_s,
+            client,
+        } => {
+            check_turn_args(&label, &message)?;
+            // Embedded, the session's workers run what a stopped process left unfinished.
+            with_session!(&client, Local::Resume, |coord| fork_steer(
+                coord,
+                &fork,
+                &label,
+                &message,
+                timeout_s.map(Duration::from_secs),
+                client.json
+            ))
+        }
+        ForkCommand::Continue {
+            fork,
+            label,
+            message,
+            wait,
+            timeout_s,
+            client,
+        } => {
+            check_turn_args(&label, &message)?;
+            // Embedded, the session's workers run the new turn.
+            with_session!(&client, Local::Resume, |coord| fork_continue(
+                coord,
+                &fork,
+                &label,
+                &message,
+                wait,
+                timeout_s.map(Duration::from_secs),
+                client.json
+            ))
         }
         ForkCommand::Cost { fork, client } => {
             with_session!(&client, Local::Read, |coord| async {
@@ -1269,6 +1392,135 @@ async fn settle_resumed(
         forkdir::follow(coord, *id, timeout_s.map(Duration::from_secs), until, !json).await?;
     }
     Ok(())
+}
+
+/// The label and message of `fork steer` and `fork continue`, checked before connecting.
+fn check_turn_args(label: &str, message: &str) -> anyhow::Result<()> {
+    spec::check_label(label).map_err(|e| BadInput(format!("LABEL: {e}")))?;
+    if message.trim().is_empty() {
+        return Err(BadInput("MESSAGE is empty; give the text to send the branch".into()).into());
+    }
+    Ok(())
+}
+
+async fn fork_steer(
+    coord: &CoordinatorClient,
+    fork: &str,
+    label: &str,
+    message: &str,
+    timeout: Option<Duration>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    let outcome = coord.steer(id, label, message).await?;
+    if json {
+        print_json(&render::steer_json(&outcome))?;
+    } else {
+        print!("{}", render::steer_text(&outcome));
+    }
+    // Embedded, the steered branch runs in this process: until nothing runs.
+    if !coord.is_remote() {
+        forkdir::follow(coord, id, timeout, AT_ONCE, !json).await?;
+    }
+    Ok(())
+}
+
+/// Start a new turn of a finished branch; wait for it (embedded always, on a cluster with
+/// `wait`) and show how it ended with its final text.
+async fn fork_continue(
+    coord: &CoordinatorClient,
+    fork: &str,
+    label: &str,
+    message: &str,
+    wait: bool,
+    timeout: Option<Duration>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    let outcome = coord.continue_branch(id, label, message).await?;
+    if !wait && coord.is_remote() {
+        if json {
+            return print_json(&render::continue_json(&outcome, None));
+        }
+        print!("{}", render::continue_text(&outcome));
+        println!("follow it with `forkfleet fork watch {id}`, or wait with `fork continue --wait`");
+        return Ok(());
+    }
+    if !json {
+        print!("{}", render::continue_text(&outcome));
+    }
+    let view = if coord.is_remote() {
+        wait_for_branch(coord, id, label, timeout).await?
+    } else {
+        // Embedded, the workers live in this process: the turn runs here to its end (the
+        // fork directory follows it).
+        forkdir::follow(coord, id, timeout, AT_ONCE, !json).await?
+    };
+    let Some(branch) = view.branch(label) else {
+        return Err(anyhow::anyhow!(
+            "fork {id} has no branch `{label}` any more"
+        ));
+    };
+    let events = coord.run_events(outcome.run_id).await?;
+    let text = events
+        .iter()
+        .filter(|e| e.seq > outcome.seq)
+        .filter_map(|e| match &e.event {
+            forkfleet_shared::event::Event::ModelResponse {
+                text: Some(text), ..
+            } => Some(text.as_str()),
+            _ => None,
+        })
+        .next_back();
+    let end = render::TurnEnd { branch, text };
+    if json {
+        print_json(&render::continue_json(&outcome, Some(&end)))?;
+    } else {
+        print!("{}", render::turn_end_text(&end));
+    }
+    if branch.state == forkfleet_shared::state::BranchState::Paused {
+        let cost = coord.fork_cost(id).await.ok();
+        return Err(anyhow::anyhow!(
+            "{}",
+            render::paused_hint(id, &[label], view.branches.len(), cost.as_ref(), "").trim_end()
+        ));
+    }
+    Ok(())
+}
+
+/// Follow fork `id` until branch `label` has finished or paused (or the fork was merged or
+/// aborted), giving up after `timeout`.
+async fn wait_for_branch(
+    coord: &CoordinatorClient,
+    id: ForkId,
+    label: &str,
+    timeout: Option<Duration>,
+) -> anyhow::Result<ForkView> {
+    const ROUND: Duration = Duration::from_secs(10);
+    let started = std::time::Instant::now();
+    let mut seen = None;
+    loop {
+        let wait = timeout.map_or(ROUND, |t| t.saturating_sub(started.elapsed()).min(ROUND));
+        let watched = coord.watch(id, seen, wait).await?;
+        seen = Some(watched.version);
+        let Some(b) = watched.view.branch(label) else {
+            return Err(anyhow::anyhow!(
+                "fork {id} has no branch `{label}` any more"
+            ));
+        };
+        if b.state.is_stopped() || watched.view.state.is_resolved() {
+            return Ok(watched.view);
+        }
+        if let Some(t) = timeout {
+            if started.elapsed() >= t {
+                return Err(anyhow::anyhow!(
+                    "gave up waiting after {} s: branch `{label}` is {} (it keeps running; `forkfleet fork watch {id}`)",
+                    t.as_secs(),
+                    b.state
+                ));
+            }
+        }
+    }
 }
 
 async fn fork_create(

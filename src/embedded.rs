@@ -3,6 +3,7 @@
 
 use crate::remote::CoordinatorClient;
 use anyhow::Context;
+use forkfleet_coordinator::service::ApiServer;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
 use forkfleet_shared::bus::local::LocalBus;
 use forkfleet_shared::bus::Bus;
@@ -38,6 +39,11 @@ pub struct Embedded {
     pub bus: Arc<dyn Bus>,
     coordinator: Coordinator,
     workers: Vec<WorkerHandle>,
+    /// The API served on the local bus, for agents' fork tools; ends when this is dropped.
+    api: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
 }
 
 impl Embedded {
@@ -62,6 +68,20 @@ impl Embedded {
         let bus: Arc<dyn Bus> = Arc::new(LocalBus::new(store.blob_store()));
         let coordinator =
             Coordinator::start(CoordinatorConfig::default(), store, bus.clone()).await?;
+        // Agents with the fork tools call the coordinator's API over the bus, as in a
+        // cluster.
+        let server = ApiServer::bind(coordinator.handle(), bus.clone()).await?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let api = tokio::spawn(async move {
+            if let Err(e) = server
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await
+            {
+                tracing::warn!(error = %e, "the embedded API service stopped");
+            }
+        });
         let mut workers = Vec::with_capacity(opts.workers);
         for _ in 0..opts.workers {
             let config = WorkerConfig {
@@ -80,6 +100,7 @@ impl Embedded {
             bus,
             coordinator,
             workers,
+            api: Some((stop, api)),
         })
     }
 
@@ -96,9 +117,13 @@ impl Embedded {
     }
 
     /// Stop the workers, then the coordinator (which flushes the store).
-    pub async fn shutdown(self) -> anyhow::Result<()> {
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
         for w in self.workers {
             w.shutdown().await?;
+        }
+        if let Some((stop, api)) = self.api.take() {
+            let _ = stop.send(());
+            let _ = api.await;
         }
         self.coordinator.shutdown().await?;
         Ok(())

@@ -9,18 +9,18 @@
 
 use forkfleet_coordinator::CoordinatorHandle;
 use forkfleet_shared::api::{
-    AbortOutcome, ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, CheckpointView,
+    AbortOutcome, ApiError, ApiErrorKind, ApiReply, ApiRequest, CheckpointView, ContinueOutcome,
     CreateFork, ForkView, ForkWatch, LoggedEvent, MergeOutcome, NewRunOutcome, ResolveReport,
-    RewindOutcome, ServerInfo, TerminateOutcome, API_SUBJECT, MAX_API_WAIT_MS, MAX_INLINE_BYTES,
+    RewindOutcome, ServerInfo, SteerOutcome, TerminateOutcome, API_SUBJECT, MAX_API_WAIT_MS,
 };
-use forkfleet_shared::blob::{fetch, BlobError, BlobHash, BlobStore};
+use forkfleet_shared::apicall::{self, CallError};
+use forkfleet_shared::blob::BlobStore;
 use forkfleet_shared::budget::{AccountView, ForkCost};
-use forkfleet_shared::bus::{Bus, BusError};
+use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{DiffOptions, DiffReport};
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::protocol::WorkerInfo;
 use forkfleet_shared::resolve::Strategy;
-use forkfleet_shared::wire::{self, WireError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,18 +37,10 @@ const WAIT_MARGIN: Duration = Duration::from_secs(10);
 /// Why a call to a coordinator failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The coordinator answered with an error (embedded or remote alike).
-    #[error("{0}")]
-    Api(ApiError),
-    /// The coordinator could not be reached or did not answer in time.
-    #[error("cannot reach the coordinator: {0}")]
-    Bus(#[from] BusError),
-    #[error("the coordinator's answer does not decode: {0}")]
-    Wire(#[from] WireError),
-    #[error("blob store: {0}")]
-    Blob(#[from] BlobError),
-    #[error("the coordinator answered `{got}` to a `{op}` request")]
-    UnexpectedReply { op: &'static str, got: &'static str },
+    /// The coordinator answered with an error (embedded or remote alike), could not be
+    /// reached, or answered something unexpected.
+    #[error(transparent)]
+    Call(#[from] CallError),
     /// The command needs something only a cluster has.
     #[error("{0}")]
     NeedsCluster(&'static str),
@@ -58,7 +50,7 @@ impl ClientError {
     /// True when the request can be fixed by the user (exit code 2).
     pub fn is_bad_input(&self) -> bool {
         match self {
-            ClientError::Api(e) => e.is_bad_input(),
+            ClientError::Call(CallError::Api(e)) => e.is_bad_input(),
             ClientError::NeedsCluster(_) => true,
             _ => false,
         }
@@ -77,10 +69,10 @@ macro_rules! expect_reply {
     ($reply:expr, $op:expr, $variant:path) => {
         match $reply {
             $variant(v) => Ok(v),
-            other => Err(ClientError::UnexpectedReply {
+            other => Err(ClientError::Call(CallError::UnexpectedReply {
                 op: $op,
                 got: other.name(),
-            }),
+            })),
         }
     };
 }
@@ -102,44 +94,9 @@ impl RemoteCoordinator {
         &self.bus
     }
 
-    /// Send one request and decode its answer; a request or reply too large for one
-    /// message travels through the blob store.
+    /// Send one request and decode its answer (see [`apicall::call`]).
     pub async fn call(&self, req: ApiRequest, timeout: Duration) -> Result<ApiReply, ClientError> {
-        let op = req.op();
-        let started = Instant::now();
-        let mut payload = wire::encode(&req)?;
-        if payload.len() > MAX_INLINE_BYTES {
-            let blob = BlobHash::of(&payload);
-            self.bus.blobs().put(blob, payload).await?;
-            payload = wire::encode(&ApiRequest::Stored { blob })?;
-        }
-        let answer = self.bus.request(&self.subject, payload, timeout).await?;
-        let reply = decode_response(&answer)?;
-        let reply = match reply {
-            ApiReply::Stored { blob, .. } => {
-                let bytes = fetch(self.bus.blobs().as_ref(), &blob).await?;
-                match decode_response(&bytes)? {
-                    ApiReply::Stored { .. } => {
-                        return Err(ClientError::UnexpectedReply { op, got: "stored" })
-                    }
-                    r => r,
-                }
-            }
-            r => r,
-        };
-        tracing::debug!(
-            api.op = op,
-            ms = started.elapsed().as_millis() as u64,
-            "api.call"
-        );
-        Ok(reply)
-    }
-}
-
-fn decode_response(bytes: &[u8]) -> Result<ApiReply, ClientError> {
-    match wire::decode::<ApiResponse>(bytes)? {
-        ApiResponse::Ok(reply) => Ok(*reply),
-        ApiResponse::Err(e) => Err(ClientError::Api(e)),
+        Ok(apicall::call(self.bus.as_ref(), &self.subject, req, timeout).await?)
     }
 }
 
@@ -188,11 +145,12 @@ impl CoordinatorClient {
                 )
                 .await
                 {
-                    Ok(reply) => reply.map_err(ClientError::Api),
-                    Err(_) => Err(ClientError::Api(ApiError::new(
+                    Ok(reply) => reply.map_err(|e| CallError::Api(e).into()),
+                    Err(_) => Err(CallError::Api(ApiError::new(
                         ApiErrorKind::Failure,
                         format!("`{op}` did not finish within {} ms", timeout.as_millis()),
-                    ))),
+                    ))
+                    .into()),
                 }
             }
             CoordinatorClient::Remote(r) => r.call(req, timeout).await,
@@ -256,14 +214,14 @@ impl CoordinatorClient {
             match self.call(req, wait + WAIT_MARGIN).await {
                 Ok(ApiReply::Fork(view)) => return Ok(view),
                 Ok(other) => {
-                    return Err(ClientError::UnexpectedReply {
+                    return Err(ClientError::Call(CallError::UnexpectedReply {
                         op: "wait_settled",
                         got: other.name(),
-                    })
+                    }))
                 }
                 // Not settled within this round (the coordinator answers a timeout only
                 // after the whole wait): ask again while time is left.
-                Err(ClientError::Api(e))
+                Err(ClientError::Call(CallError::Api(e)))
                     if e.kind == ApiErrorKind::Failure
                         && asked.elapsed() >= wait
                         && Instant::now() < deadline =>
@@ -329,6 +287,38 @@ impl CoordinatorClient {
     pub async fn abort(&self, fork: ForkId) -> Result<AbortOutcome, ClientError> {
         let r = self.call(ApiRequest::Abort { fork }, CALL_TIMEOUT).await?;
         expect_reply!(r, "abort", ApiReply::Abort)
+    }
+
+    /// Send a pending or running branch a user message, applied before its next model call.
+    pub async fn steer(
+        &self,
+        fork: ForkId,
+        label: &str,
+        text: &str,
+    ) -> Result<SteerOutcome, ClientError> {
+        let req = ApiRequest::Steer {
+            fork,
+            label: label.to_string(),
+            text: text.to_string(),
+        };
+        let r = self.call(req, CALL_TIMEOUT).await?;
+        expect_reply!(r, "steer", ApiReply::Steer)
+    }
+
+    /// Start a new turn of a finished branch with a user message (ADR 13).
+    pub async fn continue_branch(
+        &self,
+        fork: ForkId,
+        label: &str,
+        text: &str,
+    ) -> Result<ContinueOutcome, ClientError> {
+        let req = ApiRequest::Continue {
+            fork,
+            label: label.to_string(),
+            text: text.to_string(),
+        };
+        let r = self.call(req, CALL_TIMEOUT).await?;
+        expect_reply!(r, "continue", ApiReply::Continue).map(|b| *b)
     }
 
     pub async fn run_events(&self, run: RunId) -> Result<Vec<LoggedEvent>, ClientError> {
@@ -424,7 +414,7 @@ impl CoordinatorClient {
 
     /// The live workers (from their heartbeats on the bus, not from the coordinator).
     pub async fn workers(&self) -> Result<Vec<WorkerInfo>, ClientError> {
-        Ok(self.bus().workers().await?)
+        Ok(self.bus().workers().await.map_err(CallError::from)?)
     }
 
     /// A run by full id or unique prefix.

@@ -1,7 +1,9 @@
 //! What the CLI shows: progress lines while a fork runs, tables, and `--json` documents.
 
 use crate::remote::CoordinatorClient;
-use forkfleet_shared::api::{AbortOutcome, ForkView, TerminateOutcome};
+use forkfleet_shared::api::{
+    AbortOutcome, BranchView, ContinueOutcome, ForkView, SteerOutcome, TerminateOutcome,
+};
 use forkfleet_shared::budget::{AccountView, ForkCost};
 use forkfleet_shared::diff::{render_summary, DiffReport};
 use forkfleet_shared::event::Event;
@@ -713,6 +715,85 @@ pub fn terminate_json(t: &TerminateOutcome) -> Value {
     })
 }
 
+/// What a steer did.
+pub fn steer_text(s: &SteerOutcome) -> String {
+    format!(
+        "steer sent to branch `{}` ({}); it applies it before its next model call\n",
+        s.label, s.state
+    )
+}
+
+/// A steer as JSON.
+pub fn steer_json(s: &SteerOutcome) -> Value {
+    json!({
+        "fork_id": s.fork_id.to_string(),
+        "label": s.label,
+        "run_id": s.run_id.to_string(),
+        "state": s.state.as_str(),
+        "attempt": s.attempt,
+        "sent": true,
+    })
+}
+
+/// How a continued branch ended: its view after the turn and the text of its last model
+/// response in that turn (`fork continue --wait`).
+pub struct TurnEnd<'a> {
+    pub branch: &'a BranchView,
+    pub text: Option<&'a str>,
+}
+
+/// What a continue did.
+pub fn continue_text(c: &ContinueOutcome) -> String {
+    format!(
+        "branch `{}` of fork {} continued: was {}, now {} (follow-up at seq {})\n",
+        c.label, c.fork_id, c.previous, c.branch.state, c.seq
+    )
+}
+
+/// How a continued branch's turn ended, and its final text.
+pub fn turn_end_text(end: &TurnEnd<'_>) -> String {
+    let b = end.branch;
+    let mut out = format!(
+        "branch `{}` {}{} · {} turns in all · ${:.4}\n",
+        b.label,
+        b.state,
+        b.error
+            .as_deref()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default(),
+        b.turns,
+        b.cost_usd
+    );
+    if let Some(text) = end.text {
+        let _ = writeln!(out, "\n{}", text.trim_end());
+    }
+    out
+}
+
+/// A continue as JSON (with `final` when the new turn was waited for).
+pub fn continue_json(c: &ContinueOutcome, end: Option<&TurnEnd<'_>>) -> Value {
+    let mut doc = json!({
+        "fork_id": c.fork_id.to_string(),
+        "label": c.label,
+        "run_id": c.run_id.to_string(),
+        "previous": c.previous.as_str(),
+        "state": c.branch.state.as_str(),
+        "seq": c.seq,
+        "fork_state": c.fork_state.as_str(),
+    });
+    if let Some(end) = end {
+        doc["final"] = json!({
+            "state": end.branch.state.as_str(),
+            "error": end.branch.error,
+            "turns": end.branch.turns,
+            "cost_usd": end.branch.cost_usd,
+            "changes": end.branch.changes,
+            "text": end.text,
+        });
+    }
+    doc
+}
+
 /// What an abort did.
 pub fn abort_text(a: &AbortOutcome) -> String {
     let id = a.view.fork_id;
@@ -759,6 +840,7 @@ pub fn event_line(e: &Event) -> String {
         Event::System { text } => format!("system     {}", short(text)),
         Event::UserMessage { text } => format!("user       {}", short(text)),
         Event::Steer { text } => format!("steer      {}", short(text)),
+        Event::FollowUp { text } => format!("follow-up  {}", short(text)),
         Event::ModelResponse {
             text, tool_calls, ..
         } => {

@@ -70,10 +70,10 @@ pub async fn resolve_and_apply(
 ) -> anyhow::Result<Resolved> {
     let report = coord.resolve(fork, strategy).await?;
     let applied = match (&report.merge, dir) {
-        (Some(outcome), Some(dir)) => {
+        (Some(outcome), Some(dir)) if !outcome.into_branch => {
             Some(client::apply_merge(coord.blobs().as_ref(), outcome, dir, policy).await?)
         }
-        (Some(outcome), None) => Some(outcome.report.clone()),
+        (Some(outcome), _) => Some(outcome.report.clone()),
         (None, _) => None,
     };
     Ok(Resolved { report, applied })

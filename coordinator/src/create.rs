@@ -29,7 +29,9 @@ use forkfleet_shared::event::{events_from_messages, history_at, Event, Usage};
 use forkfleet_shared::ids::{CheckpointId, ForkId, RunId};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::protocol::BranchTask;
-use forkfleet_shared::spec::{check_depth, check_label, BranchPlan, ForkPlan, SpecError};
+use forkfleet_shared::spec::{
+    check_depth, check_label, BranchPlan, ForkPlan, SpecError, SOLO_LABEL,
+};
 use forkfleet_shared::state::{BranchState, ForkState};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -100,11 +102,21 @@ pub(crate) fn validate_plan(plan: &ForkPlan) -> Result<(), CoordinatorError> {
                 valid: list(plan.models.keys()),
             });
         }
-        if b.max_turns == 0 {
+        if b.max_turns == 0 || b.max_output_tokens == Some(0) {
+            let field = if b.max_turns == 0 {
+                "max_turns"
+            } else {
+                "max_output_tokens"
+            };
             return Err(SpecError::ZeroLimit {
-                field: format!("branches[{i}].max_turns"),
+                field: format!("branches[{i}].{field}"),
             }
             .into());
+        }
+        if plan.solo && (plan.branches.len() != 1 || b.label != SOLO_LABEL) {
+            return Err(CoordinatorError::BadRequest(format!(
+                "a single agent run has exactly one branch, labelled `{SOLO_LABEL}`"
+            )));
         }
         check_budget(&format!("branches[{i}].budget_usd"), b.budget_usd)?;
     }
@@ -180,11 +192,20 @@ fn parent_run(
             let last = (log.len() as u64).saturating_sub(1);
             Ok((run, log, last, true))
         }
-        ParentRun::Existing { run_id } => {
+        ParentRun::Existing { run_id } | ParentRun::Branch { run_id, .. } => {
             let run = store
                 .run(*run_id)?
                 .ok_or(CoordinatorError::UnknownRun(*run_id))?;
-            let full = store.run_log(*run_id)?;
+            let mut full = store.run_log(*run_id)?;
+            if let ParentRun::Branch { cutoff_seq, .. } = &req.parent {
+                // An agent's fork: its history up to the response that asked for it.
+                if full.last().is_none_or(|(seq, _)| seq < cutoff_seq) {
+                    return Err(CoordinatorError::BadRequest(format!(
+                        "run {run_id}'s log does not reach seq {cutoff_seq} yet"
+                    )));
+                }
+                full.retain(|(seq, _)| seq <= cutoff_seq);
+            }
             let last = full.last().map_or(0, |(seq, _)| *seq);
             let history: Vec<Event> = history_at(&full, None)
                 .into_iter()
@@ -241,7 +262,7 @@ pub(crate) fn branch_task(
         snapshot,
         first_seq,
         max_turns: b.max_turns,
-        max_output_tokens: plan.limits.max_output_tokens,
+        max_output_tokens: b.max_output_tokens.unwrap_or(plan.limits.max_output_tokens),
         budget_usd: b.budget_usd,
         reserve: plan.budget.mode == BudgetMode::Strict
             && (b.budget_usd.is_some()
@@ -249,6 +270,9 @@ pub(crate) fn branch_task(
                 || plan.budget.account.is_some()),
         on_exhausted: plan.budget.on_exhausted,
         attempt_base: 0,
+        endpoint: model.and_then(|m| m.endpoint.clone()),
+        run_command: plan.run_command.clone(),
+        forking: plan.forking,
     }
 }
 
@@ -264,7 +288,9 @@ pub(crate) fn create_fork(
     // A merge into an existing parent must not append while its log is read here.
     let _parents = store.lock_parents();
     let (parent, parent_log, cutoff_seq, new_root) = parent_run(store, &req, now_ms)?;
-    check_depth(parent.depth, req.plan.limits.max_depth)?;
+    if !req.plan.solo {
+        check_depth(parent.depth, req.plan.limits.max_depth)?;
+    }
     let base = Arc::new(check_blobs(store, &req)?);
 
     let prefix: Vec<Event> = parent_log
@@ -304,7 +330,13 @@ pub(crate) fn create_fork(
             parent: Some(parent.run_id),
             fork_id: Some(fork_id),
             fork_root: parent.fork_root,
-            depth: parent.depth + 1,
+            // A root run's single agent works at the root's depth (its forks are the
+            // root's forks).
+            depth: if plan.solo {
+                parent.depth
+            } else {
+                parent.depth + 1
+            },
             workspace: req.snapshot,
             next_seq: first_seq,
             created_at_ms: now_ms,

@@ -75,6 +75,12 @@ pub enum CoordinatorError {
     /// Checkpoints: the request cannot succeed as sent (a running branch, a bad label, ...).
     #[error("{0}")]
     CheckpointRefused(String),
+    /// A fork made by a running agent: the agent merges it (ADR 14).
+    #[error("{0}")]
+    AgentMerges(String),
+    /// A request that cannot succeed as sent (the message says why and what is valid).
+    #[error("{0}")]
+    BadRequest(String),
 
     // ---- failures ----------------------------------------------------------------------
     #[error("the run store in `{dir}` is locked by another process (another coordinator or `forkfleet run` using the same data dir): {message}")]
@@ -124,6 +130,8 @@ impl CoordinatorError {
                 | CoordinatorError::UnknownCheckpoint { .. }
                 | CoordinatorError::NoSuchRun(_)
                 | CoordinatorError::CheckpointRefused(_)
+                | CoordinatorError::BadRequest(_)
+                | CoordinatorError::AgentMerges(_)
                 | CoordinatorError::UnknownAccount { .. }
                 | CoordinatorError::BadBudget(_)
         )

@@ -6,13 +6,16 @@ use crate::budget::Ledger;
 use crate::checkpoint::{self, AutoCheckpoints};
 use crate::create::{self, PreparedFork};
 use crate::error::{actor_call, list, CoordinatorError};
-use crate::merge::{self, MergeDone, MergeJob};
+use crate::merge::{self, MergeDone, MergeInto, MergeJob};
 use crate::replica::{BranchReplica, Placement};
 use crate::store::{encode, event_key, ForkRecord, RunStore};
-use forkfleet_shared::api::{AbortOutcome, ForkView, MergeOutcome, TerminateOutcome};
+use forkfleet_shared::api::{
+    AbortOutcome, ContinueOutcome, ForkView, MergeOutcome, SteerOutcome, TerminateOutcome,
+};
 use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{diff_overlays, DiffOptions, DiffReport};
-use forkfleet_shared::event::Event;
+use forkfleet_shared::event::{history_events, Event};
+use forkfleet_shared::flush::{flush, FlushReport};
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::overlay::Overlay;
@@ -63,8 +66,9 @@ pub(crate) struct ForkState {
     store: RunStore,
     bus: Arc<dyn Bus>,
     ledger: Arc<Ledger>,
-    /// Branches a resume enqueued a task for that no worker has taken over yet.
-    requeued: HashSet<RunId>,
+    /// Branches a resume (or a follow-up) enqueued a task for that no worker has taken over
+    /// yet, with the task's `attempt_base`.
+    requeued: HashMap<RunId, u32>,
     record: ForkRecord,
     base: Arc<Manifest>,
     branches: Vec<BranchReplica>,
@@ -99,7 +103,11 @@ pub(crate) enum ForkMsg {
         DiffOptions,
         RpcReplyPort<Result<DiffReport, CoordinatorError>>,
     ),
-    Merge(String, RpcReplyPort<Result<MergeOutcome, CoordinatorError>>),
+    Merge(
+        String,
+        MergeInto,
+        RpcReplyPort<Result<MergeOutcome, CoordinatorError>>,
+    ),
     /// Stop the branch with this label (one already finished is left as it is).
     Terminate(
         String,
@@ -107,6 +115,20 @@ pub(crate) enum ForkMsg {
     ),
     /// Mark the fork aborted and stop every branch still running.
     Abort(RpcReplyPort<Result<AbortOutcome, CoordinatorError>>),
+    /// Send the branch with this label a steering message (label, text).
+    Steer(
+        String,
+        String,
+        RpcReplyPort<Result<SteerOutcome, CoordinatorError>>,
+    ),
+    /// Start a follow-up turn of the finished branch with this label, enqueuing its task
+    /// on the pool named (pool, label, text; ADR 13).
+    Continue(
+        String,
+        String,
+        String,
+        RpcReplyPort<Result<ContinueOutcome, CoordinatorError>>,
+    ),
     /// The branch's task was delivered `max_deliver` times without finishing: fail it.
     FailBranch(RunId, String),
     /// A worker took a branch over under task attempt `u32`: drop the events of earlier
@@ -136,6 +158,14 @@ pub(crate) enum ForkMsg {
         Event,
         u64,
         RpcReplyPort<Result<u64, CoordinatorError>>,
+    ),
+    /// Replay a merge's change log onto a finished branch whose agent made the merged fork,
+    /// appending the file changes and a summary to its log (ADR 14). The reply is the
+    /// flush report.
+    Adopt(
+        RunId,
+        Box<MergeOutcome>,
+        RpcReplyPort<Result<FlushReport, CoordinatorError>>,
     ),
     /// A merge's blocking part finished.
     MergeFinished(
@@ -226,6 +256,22 @@ impl ForkHandle {
         let _ = self.actor.cast(ForkMsg::ResolveEnd);
     }
 
+    /// Merge into a finished branch (see [`ForkMsg::Adopt`]).
+    pub async fn adopt(
+        &self,
+        run: RunId,
+        outcome: MergeOutcome,
+    ) -> Result<FlushReport, CoordinatorError> {
+        ractor::call_t!(
+            self.actor,
+            ForkMsg::Adopt,
+            CALL_TIMEOUT_MS,
+            run,
+            Box::new(outcome)
+        )
+        .map_err(|e| call_error(e, "a merge into a branch", CALL_TIMEOUT_MS))?
+    }
+
     /// Rewind a finished branch (see [`ForkMsg::Rewind`]).
     pub async fn rewind(
         &self,
@@ -245,8 +291,27 @@ impl ForkHandle {
     }
 
     pub async fn merge(&self, pick: String) -> Result<MergeOutcome, CoordinatorError> {
-        ractor::call_t!(self.actor, ForkMsg::Merge, MERGE_TIMEOUT_MS, pick)
-            .map_err(|e| call_error(e, "a merge", MERGE_TIMEOUT_MS))?
+        ractor::call_t!(
+            self.actor,
+            ForkMsg::Merge,
+            MERGE_TIMEOUT_MS,
+            pick,
+            MergeInto::Parent
+        )
+        .map_err(|e| call_error(e, "a merge", MERGE_TIMEOUT_MS))?
+    }
+
+    /// Record branch `pick` as merged into the branch whose agent made this fork, and
+    /// return its change log for that branch (see [`MergeInto::Agent`]).
+    pub async fn merge_into_agent(&self, pick: String) -> Result<MergeOutcome, CoordinatorError> {
+        ractor::call_t!(
+            self.actor,
+            ForkMsg::Merge,
+            MERGE_TIMEOUT_MS,
+            pick,
+            MergeInto::Agent
+        )
+        .map_err(|e| call_error(e, "a merge", MERGE_TIMEOUT_MS))?
     }
 
     /// Enqueue tasks resuming these branches on `pool` (see [`ForkMsg::Resume`]).
@@ -263,6 +328,34 @@ impl ForkHandle {
     pub async fn abort(&self) -> Result<AbortOutcome, CoordinatorError> {
         ractor::call_t!(self.actor, ForkMsg::Abort, CALL_TIMEOUT_MS)
             .map_err(|e| call_error(e, "an abort", CALL_TIMEOUT_MS))?
+    }
+
+    /// Send branch `label` a steering message (see [`ForkMsg::Steer`]).
+    pub async fn steer(
+        &self,
+        label: String,
+        text: String,
+    ) -> Result<SteerOutcome, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::Steer, CALL_TIMEOUT_MS, label, text)
+            .map_err(|e| call_error(e, "a steer", CALL_TIMEOUT_MS))?
+    }
+
+    /// Start a follow-up turn of branch `label` (see [`ForkMsg::Continue`]).
+    pub async fn follow_up(
+        &self,
+        pool: String,
+        label: String,
+        text: String,
+    ) -> Result<ContinueOutcome, CoordinatorError> {
+        ractor::call_t!(
+            self.actor,
+            ForkMsg::Continue,
+            CALL_TIMEOUT_MS,
+            pool,
+            label,
+            text
+        )
+        .map_err(|e| call_error(e, "a continue", CALL_TIMEOUT_MS))?
     }
 }
 
@@ -312,6 +405,43 @@ impl ForkState {
             for w in self.waiters.drain(..) {
                 let _ = w.send(view.clone());
             }
+        }
+    }
+
+    /// A branch of a settled fork started a new turn (a follow-up, ADR 13): the fork is
+    /// open again until every branch has finished again.
+    fn reopen(&mut self) {
+        if self.record.state != ForkPhase::Settled {
+            return;
+        }
+        self.record.state = ForkPhase::Open;
+        if let Err(e) = self.store.put_fork(&self.record) {
+            tracing::error!(fork.id = %self.record.fork_id, error = %e, "fork.reopen: cannot write the fork record");
+        }
+        tracing::info!(fork.id = %self.record.fork_id, "fork.reopened: a follow-up started a new turn");
+    }
+
+    /// The index of the branch labelled `label`, or an error naming the valid labels.
+    fn branch_index(&self, label: &str) -> Result<usize, CoordinatorError> {
+        self.branches
+            .iter()
+            .position(|b| b.record.label == label)
+            .ok_or_else(|| CoordinatorError::UnknownLabel {
+                fork: self.record.fork_id,
+                label: label.to_string(),
+                valid: list(self.branches.iter().map(|b| b.record.label.as_str())),
+            })
+    }
+
+    /// The task attempt branch `i` runs under (or its queued task will, before a worker
+    /// takes it): a command addressed to it reaches that worker and no later one (a worker
+    /// ignores commands for attempts below its own). The budget's stop commands address
+    /// `min_attempt.max(1)` likewise.
+    fn current_attempt(&self, i: usize) -> u32 {
+        let b = &self.branches[i].record;
+        match self.requeued.get(&b.run_id) {
+            Some(base) => base.saturating_add(1),
+            None => b.min_attempt.max(1),
         }
     }
 
@@ -421,7 +551,7 @@ impl ForkState {
             };
             // A second top-up before the worker took the first task over must not start a
             // second worker on the branch.
-            if self.requeued.contains(&run) {
+            if self.requeued.contains_key(&run) {
                 continue;
             }
             let b = &self.branches[i].record;
@@ -441,8 +571,9 @@ impl ForkState {
                 b.first_seq,
             );
             // Above the attempt that last took the branch over (a worker that ran it): the
-            // new task takes it over from its log. A branch never started starts afresh.
-            task.attempt_base = if b.state == BranchState::Pending {
+            // new task takes it over from its log. A branch never started starts afresh (a
+            // pending one with events of its own waits for a follow-up turn, ADR 13).
+            task.attempt_base = if b.state == BranchState::Pending && b.next_seq == b.first_seq {
                 0
             } else {
                 b.min_attempt.max(1)
@@ -450,7 +581,7 @@ impl ForkState {
             task.budget_usd = self.ledger.run_cap(run);
             self.bus.enqueue_task(pool, wire::encode(&task)?).await?;
             tracing::info!(fork.id = %self.record.fork_id, branch.label = %b.label, branch.state = %b.state, attempt_base = task.attempt_base, "fork.resume: a branch was enqueued again");
-            self.requeued.insert(run);
+            self.requeued.insert(run, task.attempt_base);
             sent += 1;
         }
         Ok(sent)
@@ -504,6 +635,11 @@ impl ForkState {
             }
             if effect.became_terminal {
                 self.terminal += 1;
+            }
+            if effect.reopened {
+                // A follow-up started a new turn of a finished branch (ADR 13).
+                self.terminal = self.terminal.saturating_sub(1);
+                self.reopen();
             }
             if effect.state_changed {
                 let b = &self.branches[i];
@@ -574,13 +710,87 @@ impl ForkState {
         Ok(seq)
     }
 
-    /// Send branch `i` a terminate command.
+    /// Merge a fork made by a finished branch's agent into that branch: replay the
+    /// winner's change log onto the branch's overlay (conflicts against the inner fork's
+    /// snapshot, its conflict policy), and append the resulting file changes and a summary
+    /// to the branch's log as the coordinator's own events.
+    async fn adopt(
+        &mut self,
+        run: RunId,
+        outcome: MergeOutcome,
+    ) -> Result<FlushReport, CoordinatorError> {
+        let fork_id = self.record.fork_id;
+        let i = *self
+            .by_run
+            .get(&run)
+            .ok_or(CoordinatorError::UnknownRun(run))?;
+        if self.merging || self.resolving {
+            return Err(CoordinatorError::BadRequest(format!(
+                "fork {fork_id} is being merged or resolved right now; merge fork {} afterwards",
+                outcome.fork_id
+            )));
+        }
+        let b = &self.branches[i];
+        if !b.record.state.is_terminal() {
+            return Err(CoordinatorError::BadRequest(format!(
+                "branch `{}` of fork {fork_id} is {}: its agent merges fork {} itself (merge_or_select); wait for it to finish or terminate it",
+                b.record.label, b.record.state, outcome.fork_id
+            )));
+        }
+        let bytes = self
+            .store
+            .blob(&outcome.fork_snapshot)?
+            .ok_or_else(|| CoordinatorError::missing_blobs(&[outcome.fork_snapshot]))?;
+        let snapshot = Manifest::from_blob(&bytes).map_err(|e| CoordinatorError::BadSnapshot {
+            hash: outcome.fork_snapshot,
+            message: e.to_string(),
+        })?;
+        let mut overlay = b.overlay.clone();
+        let before = overlay.changes().len();
+        let report = flush(
+            &outcome.changes,
+            &snapshot,
+            &mut overlay,
+            outcome.conflict_policy,
+        );
+        let mut events: Vec<Event> = overlay.changes()[before..]
+            .iter()
+            .map(|op| Event::FileChange { change: op.clone() })
+            .collect();
+        events.push(Event::BranchSummary {
+            text: merge_summary(&outcome, &report),
+        });
+        let attempt = b.record.min_attempt;
+        let first = b.record.next_seq;
+        let batch = events
+            .into_iter()
+            .enumerate()
+            .map(|(k, event)| BranchEvent {
+                fork_id,
+                run_id: run,
+                seq: first + k as u64,
+                at_ms: now_ms(),
+                event,
+                attempt,
+            })
+            .collect();
+        self.apply_events(batch)?;
+        self.store.put_branch(&self.branches[i].record)?;
+        self.store.flush_async().await?;
+        self.bump();
+        Ok(report)
+    }
+
+    /// Send branch `i` a terminate command: to every attempt of its turn, or once it had a
+    /// follow-up to its current attempt (a follow-up's worker ignores commands addressed to
+    /// no attempt: on NATS it reads the earlier turns' commands again, ADR 13).
     async fn send_terminate(&self, i: usize, reason: String) -> Result<(), CoordinatorError> {
         let run_id = self.branches[i].record.run_id;
+        let attempt = (self.branches[i].follow_ups > 0).then(|| self.current_attempt(i));
         let control = Control {
             run_id,
             command: ControlCommand::Terminate { reason },
-            attempt: None,
+            attempt,
         };
         self.bus
             .send_control(run_id, wire::encode(&control)?)
@@ -615,6 +825,217 @@ impl ForkState {
             run_id,
             state,
             sent,
+        })
+    }
+
+    /// Send branch `label` a steering message: a control command addressed to the attempt
+    /// that runs it (or will: a pending branch's worker reads it when it starts). The worker
+    /// applies it before its next model call and publishes it as a `steer` event. Only a
+    /// pending or running branch can be steered; nothing is sent anywhere else.
+    async fn steer(&mut self, label: &str, text: String) -> Result<SteerOutcome, CoordinatorError> {
+        let fork_id = self.record.fork_id;
+        let i = self.branch_index(label)?;
+        if text.trim().is_empty() {
+            return Err(CoordinatorError::BadRequest(
+                "a steering message cannot be empty".into(),
+            ));
+        }
+        let b = &self.branches[i].record;
+        let (run_id, state) = (b.run_id, b.state);
+        match state {
+            BranchState::Pending | BranchState::Running => {}
+            BranchState::Paused => {
+                return Err(CoordinatorError::BadRequest(format!(
+                    "branch `{label}` of fork {fork_id} is paused by a budget cap: no worker runs it; raise the cap first (`forkfleet fork topup {fork_id} --branch {label} --usd N`, or the fork's or account's cap), then steer it"
+                )))
+            }
+            _ => {
+                return Err(CoordinatorError::BadRequest(format!(
+                    "branch `{label}` of fork {fork_id} has finished ({state}): there is no next model call to steer; start a new turn with `forkfleet fork continue {fork_id} {label} \"MESSAGE\"`"
+                )))
+            }
+        }
+        if self.record.state.is_resolved() {
+            return Err(CoordinatorError::BadRequest(format!(
+                "fork {fork_id} is {}: its branches are being stopped; nothing to steer",
+                self.record.state.as_str()
+            )));
+        }
+        let attempt = self.current_attempt(i);
+        let control = Control {
+            run_id,
+            command: ControlCommand::Steer { text },
+            attempt: Some(attempt),
+        };
+        self.bus
+            .send_control(run_id, wire::encode(&control)?)
+            .await?;
+        tracing::info!(fork.id = %fork_id, branch.label = %label, branch.state = %state, attempt, "fork.steer: sent");
+        Ok(SteerOutcome {
+            fork_id,
+            label: label.to_string(),
+            run_id,
+            state,
+            attempt,
+        })
+    }
+
+    /// The checks of a follow-up on branch `i` (ADR 13): the fork is open or settled and
+    /// not being merged or resolved; the branch finished `done`, `failed` or `terminated`
+    /// (stopped by a cap: only once the cap has room again).
+    fn check_follow_up(&self, i: usize) -> Result<(), CoordinatorError> {
+        let fork_id = self.record.fork_id;
+        match &self.record.state {
+            ForkPhase::Merged { winner } => {
+                return Err(CoordinatorError::BadRequest(format!(
+                    "fork {fork_id} was merged (winner `{winner}`): its branches are final and cannot be continued"
+                )))
+            }
+            ForkPhase::Aborted => {
+                return Err(CoordinatorError::BadRequest(format!(
+                    "fork {fork_id} was aborted: its branches cannot be continued"
+                )))
+            }
+            ForkPhase::Open | ForkPhase::Settled => {}
+        }
+        if self.merging {
+            return Err(CoordinatorError::MergeInProgress(fork_id));
+        }
+        if self.resolving {
+            return Err(CoordinatorError::BadRequest(format!(
+                "fork {fork_id} is being resolved right now; continue its branches afterwards (if it does not merge)"
+            )));
+        }
+        let b = &self.branches[i].record;
+        let label = &b.label;
+        match b.state {
+            BranchState::Done | BranchState::Failed | BranchState::Terminated => Ok(()),
+            BranchState::BudgetExhausted | BranchState::AggregateBudgetExhausted => {
+                match self.budget_room(b.run_id) {
+                    None => Ok(()),
+                    Some(full) => Err(CoordinatorError::BadRequest(format!(
+                        "branch `{label}` of fork {fork_id} stopped at a budget cap ({}) and {full} has no room left: a new turn would stop at once; raise it first (`forkfleet fork topup {fork_id} --branch {label} --usd N` for the branch's cap, without --branch for the fork's, `forkfleet account set` for an account's), then continue it",
+                        b.state
+                    ))),
+                }
+            }
+            BranchState::Paused => Err(CoordinatorError::BadRequest(format!(
+                "branch `{label}` of fork {fork_id} is paused by a budget cap, not finished: raise the cap (`forkfleet fork topup {fork_id} --branch {label} --usd N`) to resume it, and steer it (`forkfleet fork steer {fork_id} {label} \"MESSAGE\"`) while it runs"
+            ))),
+            BranchState::Pending | BranchState::Running => Err(CoordinatorError::BadRequest(format!(
+                "branch `{label}` of fork {fork_id} is {} (still running): `fork continue` starts a new turn of a finished branch; steer this one instead (`forkfleet fork steer {fork_id} {label} \"MESSAGE\"`)",
+                b.state
+            ))),
+        }
+    }
+
+    /// Which cap has no room left for branch `run` (its own, its fork's, its account's),
+    /// if any.
+    fn budget_room(&self, run: RunId) -> Option<&'static str> {
+        let cost = self.ledger.fork_cost(self.record.fork_id).ok()?;
+        let full = |remaining: Option<f64>| remaining.is_some_and(|r| r <= 0.0);
+        if cost
+            .branches
+            .iter()
+            .any(|b| b.run_id == run && full(b.remaining_usd))
+        {
+            Some("its cap")
+        } else if full(cost.remaining_usd) {
+            Some("the fork's cap")
+        } else if cost.account.as_ref().is_some_and(|a| full(a.remaining_usd)) {
+            Some("the account's cap")
+        } else {
+            None
+        }
+    }
+
+    /// Start a follow-up turn of branch `label` with the user message `text` (ADR 13).
+    ///
+    /// Its task is enqueued again like a resumed branch's (above every attempt before it, so
+    /// a worker takes it over from the log), then a `follow_up` event (after interrupted
+    /// results for tool calls a lost worker left unanswered) is appended at the branch's
+    /// next seq under its current fence: applying it re-opens the branch (pending) and the
+    /// fork. In that order, a failure leaves at worst a task that finds the branch finished
+    /// and is dropped, never a re-opened branch without a task. Both happen before this
+    /// actor reads its next message, so the worker's takeover finds the event in the log.
+    async fn follow_up(
+        &mut self,
+        pool: &str,
+        label: &str,
+        text: String,
+    ) -> Result<ContinueOutcome, CoordinatorError> {
+        let fork_id = self.record.fork_id;
+        let i = self.branch_index(label)?;
+        if text.trim().is_empty() {
+            return Err(CoordinatorError::BadRequest(
+                "a follow-up message cannot be empty".into(),
+            ));
+        }
+        self.check_follow_up(i)?;
+        let b = &self.branches[i].record;
+        let (run_id, previous, fence) = (b.run_id, b.state, b.min_attempt);
+        let Some(plan) = self.record.plan.branches.get(b.index as usize) else {
+            return Err(CoordinatorError::Internal(format!(
+                "branch `{label}` has no plan in fork {fork_id}"
+            )));
+        };
+        // What a lost worker left unanswered (the model API needs a result for every call
+        // before the next user message).
+        let log = self.store.run_log(run_id)?;
+        let mut events: Vec<Event> = dangling_calls(&log)
+            .into_iter()
+            .map(|(call_id, name)| Event::ToolResult {
+                call_id,
+                name,
+                ok: false,
+                output: INTERRUPTED.to_string(),
+            })
+            .collect();
+        events.push(Event::FollowUp { text });
+        let mut task = create::branch_task(
+            &self.record.plan,
+            plan,
+            create::BranchIds {
+                fork_id,
+                run_id,
+                index: b.index,
+            },
+            self.record.prefix,
+            self.record.snapshot,
+            b.first_seq,
+        );
+        task.attempt_base = fence.max(1);
+        task.budget_usd = self.ledger.run_cap(run_id);
+        self.bus.enqueue_task(pool, wire::encode(&task)?).await?;
+        let first = self.branches[i].record.next_seq;
+        let at_ms = now_ms();
+        let seq = first + events.len() as u64 - 1;
+        self.apply_events(
+            (first..)
+                .zip(events)
+                .map(|(seq, event)| BranchEvent {
+                    fork_id,
+                    run_id,
+                    seq,
+                    at_ms,
+                    event,
+                    // The current fence: not dropped, and a worker's takeover raises it.
+                    attempt: fence,
+                })
+                .collect(),
+        )?;
+        self.store.flush_async().await?;
+        self.requeued.insert(run_id, task.attempt_base);
+        let b = &self.branches[i];
+        tracing::info!(fork.id = %fork_id, branch.label = %label, previous = %previous, seq, turn = b.follow_ups, attempt_base = task.attempt_base, "fork.follow_up: a new turn was enqueued");
+        Ok(ContinueOutcome {
+            fork_id,
+            label: label.to_string(),
+            run_id,
+            previous,
+            seq,
+            branch: b.record.view(),
+            fork_state: self.record.state.clone(),
         })
     }
 
@@ -751,6 +1172,36 @@ impl ForkState {
     }
 }
 
+/// The output a model sees, on a follow-up, for a tool call a lost worker left without a
+/// result.
+const INTERRUPTED: &str = "interrupted: the branch stopped before this call returned a result; its effect on the workspace is whatever the file changes before this result show. Check before relying on it.";
+
+/// Tool calls of the last model response on a run's history that have no result.
+fn dangling_calls(log: &[(u64, Event)]) -> Vec<(String, String)> {
+    let history = history_events(log, None);
+    let Some(pos) = history
+        .iter()
+        .rposition(|(_, e)| matches!(e, Event::ModelResponse { .. }))
+    else {
+        return Vec::new();
+    };
+    let Event::ModelResponse { tool_calls, .. } = &history[pos].1 else {
+        return Vec::new();
+    };
+    let answered: HashSet<&str> = history[pos + 1..]
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::ToolResult { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    tool_calls
+        .iter()
+        .filter(|c| !answered.contains(c.id.as_str()))
+        .map(|c| (c.id.clone(), c.name.clone()))
+        .collect()
+}
+
 type Loaded = (
     ForkRecord,
     Arc<Manifest>,
@@ -850,7 +1301,7 @@ impl Actor for ForkActor {
             store,
             bus,
             ledger,
-            requeued: HashSet::new(),
+            requeued: HashMap::new(),
             record,
             base,
             branches,
@@ -862,6 +1313,11 @@ impl Actor for ForkActor {
             resolving: false,
             checkpoints,
         };
+        // A follow-up re-opened a branch, and the coordinator stopped before the fork record
+        // said so (ADR 13).
+        if !state.all_terminal() {
+            state.reopen();
+        }
         // A fork whose branches all finished while the coordinator was down.
         state.check_settled();
         Ok(state)
@@ -919,7 +1375,7 @@ impl Actor for ForkActor {
                     tracing::error!(fork.id = %state.record.fork_id, run.id = %run, error = %e, "fork.fail_branch: could not record the failure");
                 }
             }
-            ForkMsg::Merge(pick, reply) => {
+            ForkMsg::Merge(pick, into, reply) => {
                 let span = tracing::info_span!("fork.merge", fork.id = %state.record.fork_id, branch.label = %pick);
                 let i = match span.in_scope(|| state.check_merge(&pick)) {
                     Ok(i) => i,
@@ -932,6 +1388,7 @@ impl Actor for ForkActor {
                 state.merging = true;
                 let winner = &state.branches[i];
                 let job = MergeJob {
+                    into,
                     store: state.store.clone(),
                     fork: state.record.clone(),
                     winner: winner.record.clone(),
@@ -965,10 +1422,19 @@ impl Actor for ForkActor {
             ForkMsg::Abort(reply) => {
                 let _ = reply.send(state.abort().await);
             }
+            ForkMsg::Steer(label, text, reply) => {
+                let _ = reply.send(state.steer(&label, text).await);
+            }
+            ForkMsg::Continue(pool, label, text, reply) => {
+                let _ = reply.send(state.follow_up(&pool, &label, text).await);
+            }
             ForkMsg::ResolveStart(reply) => {
                 let _ = reply.send(state.resolve_start());
             }
             ForkMsg::ResolveEnd => state.resolving = false,
+            ForkMsg::Adopt(run, outcome, reply) => {
+                let _ = reply.send(state.adopt(run, *outcome).await);
+            }
             ForkMsg::Rewind(run, marker, seq, reply) => {
                 let _ = reply.send(state.rewind(run, marker, seq).await);
             }
@@ -986,7 +1452,9 @@ impl Actor for ForkActor {
                 let fork_id = state.record.fork_id;
                 // Clients applying the merge read the manifest from the bus's blob store.
                 let hash = done.outcome.merged_snapshot;
-                if let Err(e) = state.bus.blobs().put(hash, done.merged_manifest).await {
+                if done.merged_manifest.is_empty() {
+                    // A merge into an agent's branch: no new parent version.
+                } else if let Err(e) = state.bus.blobs().put(hash, done.merged_manifest).await {
                     tracing::warn!(fork.id = %fork_id, error = %e, "fork.merge: cannot publish the merged manifest");
                 }
                 // Stop the losers that are still running or paused.
@@ -1021,4 +1489,24 @@ impl Actor for ForkActor {
         }
         Ok(())
     }
+}
+
+/// What a branch's history says about a fork of its agent that was merged into it.
+pub(crate) fn merge_summary(outcome: &MergeOutcome, report: &FlushReport) -> String {
+    let mut text = format!(
+        "fork {} merged branch `{}` into this run: {} path(s) applied, {} conflict(s) under {}",
+        outcome.fork_id,
+        outcome.winner,
+        report.applied_paths.len(),
+        report.conflicts.len(),
+        outcome.conflict_policy,
+    );
+    if !report.conflicts.is_empty() {
+        let paths: Vec<String> = report.conflicts.iter().map(|p| p.to_string()).collect();
+        text.push_str(&format!(" ({})", paths.join(", ")));
+    }
+    if let Some(summary) = &outcome.summary {
+        text.push_str(&format!(". Its last answer: {summary}"));
+    }
+    text
 }

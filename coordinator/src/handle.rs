@@ -10,7 +10,8 @@ use crate::root::RootHandle;
 use crate::store::RunStore;
 use crate::CoordinatorConfig;
 use forkfleet_shared::api::{
-    AbortOutcome, CheckpointView, CreateFork, ForkView, ForkWatch, MergeOutcome, TerminateOutcome,
+    AbortOutcome, CheckpointView, ContinueOutcome, CreateFork, ForkView, ForkWatch, MergeOutcome,
+    SteerOutcome, TerminateOutcome,
 };
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::budget::{AccountView, ForkCost};
@@ -113,6 +114,14 @@ impl CoordinatorHandle {
         self.root.fork(id).await?.view().await
     }
 
+    /// The actor of a fork.
+    pub(crate) async fn fork_handle(
+        &self,
+        id: ForkId,
+    ) -> Result<crate::fork::ForkHandle, CoordinatorError> {
+        self.root.fork(id).await
+    }
+
     /// Enqueue again every pending or running branch of every open fork, for a process
     /// whose task queue started empty: the embedded mode's local bus keeps tasks in memory,
     /// so a fork interrupted with its process goes on from its stored logs (a branch a
@@ -208,6 +217,39 @@ impl CoordinatorHandle {
         self.root.fork(id).await?.abort().await
     }
 
+    /// Send the pending or running branch labelled `label` a user message, which its
+    /// worker applies (a `steer` event) before its next model call. An unknown label, an
+    /// empty message or a finished or paused branch is refused; nothing is sent then.
+    pub async fn steer(
+        &self,
+        id: ForkId,
+        label: &str,
+        text: String,
+    ) -> Result<SteerOutcome, CoordinatorError> {
+        self.root
+            .fork(id)
+            .await?
+            .steer(label.to_string(), text)
+            .await
+    }
+
+    /// Start a new turn of the finished branch labelled `label` with the user message
+    /// `text`: its whole history, its overlay, a worker taking it over from its log
+    /// (ADR 13). Refused for a branch that has not finished (steer it), one stopped by a
+    /// cap with no room left, and a fork merged, aborted, being merged or being resolved.
+    pub async fn follow_up(
+        &self,
+        id: ForkId,
+        label: &str,
+        text: String,
+    ) -> Result<ContinueOutcome, CoordinatorError> {
+        self.root
+            .fork(id)
+            .await?
+            .follow_up(self.config.pool.clone(), label.to_string(), text)
+            .await
+    }
+
     /// The cross-branch diff, computed on a blocking thread from the replicas.
     pub async fn diff(
         &self,
@@ -230,8 +272,36 @@ impl CoordinatorHandle {
     }
 
     /// Merge the branch labelled `pick` into the fork's parent run.
+    ///
+    /// A fork an agent made inside its branch merges into that branch (ADR 14): refused
+    /// while the agent runs (it merges its forks itself), else replayed onto the finished
+    /// branch by its fork actor; the outcome's report is that replay's.
     pub async fn merge(&self, id: ForkId, pick: &str) -> Result<MergeOutcome, CoordinatorError> {
-        self.root.fork(id).await?.merge(pick.to_string()).await
+        let fork = self.root.fork(id).await?;
+        let view = fork.view().await?;
+        let store = self.store.clone();
+        let parent_run = view.parent_run;
+        let parent = tokio::task::spawn_blocking(move || store.run(parent_run))
+            .await??
+            .ok_or(CoordinatorError::UnknownRun(parent_run))?;
+        let Some(parent_fork) = parent.fork_id else {
+            return fork.merge(pick.to_string()).await;
+        };
+        let parent_fork = self.root.fork(parent_fork).await?;
+        let parent_view = parent_fork.view().await?;
+        if let Some(b) = parent_view
+            .branches
+            .iter()
+            .find(|b| b.run_id == parent_run && !b.state.is_terminal())
+        {
+            return Err(CoordinatorError::AgentMerges(format!(
+                "fork {id} was made by the agent of branch `{}` of fork {}, which is {}: the agent merges it itself (merge_or_select); wait for the branch to finish or terminate it, then merge here",
+                b.label, parent_view.fork_id, b.state
+            )));
+        }
+        let mut outcome = fork.merge_into_agent(pick.to_string()).await?;
+        outcome.report = parent_fork.adopt(parent_run, outcome.clone()).await?;
+        Ok(outcome)
     }
 
     /// A run's log, from seq 0 to the first gap.

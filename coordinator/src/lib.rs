@@ -45,6 +45,7 @@ pub mod handle;
 pub mod service;
 pub mod store;
 
+mod agentfork;
 mod blobs;
 mod budget;
 mod checkpoint;

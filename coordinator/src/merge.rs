@@ -10,6 +10,11 @@
 //! 3. Checkpoint `post-fork:<fork id>` at the parent's new last seq, on the merged manifest.
 //! 4. The parent's record (workspace version, next seq), its new events, the checkpoint and
 //!    the fork record (`Merged { winner }`) are written in one transaction.
+//!
+//! A fork an agent made inside its branch ([`MergeInto::Agent`], ADR 14) merges into that
+//! branch's overlay, whose log only its worker (or, once it has finished, its fork actor)
+//! writes: here only the fork record is written, and the outcome carries the winner's change
+//! log and last answer for whoever appends them to the branch.
 
 use crate::create::post_fork_checkpoint_label;
 use crate::error::CoordinatorError;
@@ -23,7 +28,17 @@ use forkfleet_shared::overlay::ChangeOp;
 use forkfleet_shared::state::ForkState;
 use std::sync::Arc;
 
+/// Where a merge lands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MergeInto {
+    /// The fork's parent run, here (a root run or any run no worker writes).
+    Parent,
+    /// A branch run whose agent forked: the caller applies the outcome to it.
+    Agent,
+}
+
 pub(crate) struct MergeJob {
+    pub into: MergeInto,
     pub store: RunStore,
     pub fork: ForkRecord,
     pub winner: BranchRecord,
@@ -40,7 +55,11 @@ pub(crate) struct MergeDone {
 }
 
 pub(crate) fn run(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
+    if job.into == MergeInto::Agent {
+        return into_agent(job);
+    }
     let MergeJob {
+        into: _,
         store,
         fork,
         winner,
@@ -82,6 +101,7 @@ pub(crate) fn run(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
     // 2. The history (the winner's as it stands: a rewind of the winner is honoured).
     let adopt_from = 1 + fork.prefix_len;
     let winner_log = store.run_log(winner.run_id)?;
+    let summary = last_answer(&winner_log);
     let mut adopted: Vec<Event> = history_at(&winner_log, None)
         .into_iter()
         .map(|i| &winner_log[i])
@@ -149,8 +169,61 @@ pub(crate) fn run(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
             fork_snapshot: fork.snapshot,
             merged_snapshot: merged_hash,
             checkpoint: checkpoint.label,
+            conflict_policy: fork.plan.conflict_policy,
+            into_branch: false,
+            summary,
         },
         fork,
         merged_manifest: merged_bytes,
+    })
+}
+
+/// The last text the run's model answered, on its history.
+fn last_answer(log: &[(u64, Event)]) -> Option<String> {
+    history_at(log, None)
+        .into_iter()
+        .rev()
+        .find_map(|i| match &log[i].1 {
+            Event::ModelResponse {
+                text: Some(text), ..
+            } if !text.trim().is_empty() => Some(text.clone()),
+            _ => None,
+        })
+}
+
+/// A merge into the branch whose agent forked: record the fork as merged and hand back the
+/// winner's change log and last answer (the parent's workspace and log are not touched).
+fn into_agent(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
+    let MergeJob {
+        store,
+        fork,
+        winner,
+        changes,
+        ..
+    } = job;
+    let summary = last_answer(&store.run_log(winner.run_id)?);
+    let mut fork = fork;
+    fork.state = ForkState::Merged {
+        winner: winner.label.clone(),
+    };
+    store.put_fork(&fork)?;
+    store.flush()?;
+    Ok(MergeDone {
+        outcome: MergeOutcome {
+            fork_id: fork.fork_id,
+            winner: winner.label.clone(),
+            winner_run: winner.run_id,
+            parent_run: fork.parent_run,
+            report: Default::default(),
+            changes,
+            fork_snapshot: fork.snapshot,
+            merged_snapshot: fork.snapshot,
+            checkpoint: String::new(),
+            conflict_policy: fork.plan.conflict_policy,
+            into_branch: true,
+            summary,
+        },
+        merged_manifest: bytes::Bytes::new(),
+        fork,
     })
 }

@@ -34,6 +34,10 @@ pub(crate) struct Effect {
     pub state_changed: bool,
     /// The branch reached a terminal state.
     pub became_terminal: bool,
+    /// The branch was terminal and a `follow_up` re-opened it (ADR 13): it counts as
+    /// unfinished again. Both flags are net over what one arrival applied: a branch
+    /// re-opened and finished again within it sets neither.
+    pub reopened: bool,
     /// Events applied (held successors included).
     pub applied: usize,
     /// The cost and reservation of each `usage` event applied, in order.
@@ -63,6 +67,9 @@ pub(crate) struct BranchReplica {
     held: BTreeMap<u64, Event>,
     /// Tool results applied (rebuilt with the replica; not stored).
     tool_calls: u32,
+    /// `follow_up` events applied: the branch's turn (0 before any follow-up; rebuilt with
+    /// the replica, not stored).
+    pub follow_ups: u32,
 }
 
 impl BranchReplica {
@@ -80,6 +87,7 @@ impl BranchReplica {
             overlay: Overlay::new(base),
             held: BTreeMap::new(),
             tool_calls: 0,
+            follow_ups: 0,
         }
     }
 
@@ -144,7 +152,11 @@ impl BranchReplica {
                 while let Some(next) = self.held.remove(&self.record.next_seq) {
                     self.apply(next, &mut effect);
                 }
-                effect.became_terminal = !was_terminal && self.record.state.is_terminal();
+                // Only the net change counts: a follow-up may re-open a finished branch and
+                // its new turn finish within one batch.
+                let now_terminal = self.record.state.is_terminal();
+                effect.became_terminal = !was_terminal && now_terminal;
+                effect.reopened = was_terminal && !now_terminal;
                 effect
             }
         }
@@ -199,6 +211,16 @@ impl BranchReplica {
                         error = %e,
                         "fork.replica: file change does not apply to the replica"
                     ),
+                }
+            }
+            Event::FollowUp { .. } => {
+                // A new turn (ADR 13): the first terminal state is final within a turn, and
+                // this one starts the next, back at pending until a worker takes it.
+                self.follow_ups += 1;
+                if r.state.is_terminal() {
+                    r.state = BranchState::Pending;
+                    r.error = None;
+                    effect.state_changed = true;
                 }
             }
             Event::Status { state, error } => {
@@ -384,6 +406,52 @@ mod tests {
         assert_eq!(r.record.turns, 1);
         assert_eq!(r.record.usage.input_tokens, 10);
         assert!((r.record.cost_usd - 0.25).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_follow_up_reopens_a_finished_branch_for_a_new_turn() {
+        let follow_up = || Event::FollowUp {
+            text: "more".into(),
+        };
+        let mut r = replica();
+        r.arrive(3, status(BranchState::Running));
+        r.arrive(4, write("a"));
+        let e = r.arrive(
+            5,
+            Event::Status {
+                state: BranchState::Terminated,
+                error: Some("stop".into()),
+            },
+        );
+        assert!(e.became_terminal);
+        let e = r.arrive(6, follow_up());
+        assert!(e.reopened && e.state_changed && !e.became_terminal);
+        assert_eq!(r.record.state, BranchState::Pending);
+        assert_eq!(r.record.error, None);
+        assert_eq!(r.follow_ups, 1);
+        // The new turn: running, more work in the same overlay, done.
+        let e = r.arrive(7, status(BranchState::Running));
+        assert!(e.state_changed && !e.reopened);
+        r.arrive(8, write("b"));
+        assert!(r.arrive(9, status(BranchState::Done)).became_terminal);
+        assert_eq!(r.record.state, BranchState::Done);
+        assert_eq!(r.overlay.changes().len(), 2);
+        // Re-opened and finished again within one arrival: no net change.
+        r.arrive(12, status(BranchState::Done));
+        r.arrive(11, status(BranchState::Running));
+        let e = r.arrive(10, follow_up());
+        assert!(!e.reopened && !e.became_terminal && e.applied == 3);
+        assert_eq!(r.follow_ups, 2);
+        // A rebuild from the log ends in the same state.
+        let log: Vec<(u64, Event)> = vec![
+            (3, status(BranchState::Running)),
+            (4, status(BranchState::Done)),
+            (5, follow_up()),
+        ];
+        let (rebuilt, _) =
+            BranchReplica::rebuild(r.record.clone(), Arc::new(Manifest::default()), log);
+        assert_eq!(rebuilt.record.state, BranchState::Pending);
+        assert_eq!(rebuilt.follow_ups, 1);
     }
 
     #[test]

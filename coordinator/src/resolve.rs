@@ -62,7 +62,7 @@ pub(crate) async fn resolve(
     // Whatever happens below (an error, the caller giving up), the fork stops resolving.
     let _end = EndResolve(fork.clone());
     let span = tracing::info_span!("fork.resolve", fork.id = %id);
-    tracing::Instrument::instrument(run(handle, &fork, inputs, strategy), span).await
+    tracing::Instrument::instrument(run(handle, inputs, strategy), span).await
 }
 
 /// Ends the fork's resolve when dropped.
@@ -76,7 +76,6 @@ impl Drop for EndResolve {
 
 async fn run(
     handle: &CoordinatorHandle,
-    fork: &ForkHandle,
     inputs: ResolveInputs,
     strategy: Option<Strategy>,
 ) -> Result<ResolveReport, CoordinatorError> {
@@ -191,6 +190,7 @@ async fn run(
                 candidates: candidates.clone(),
                 candidates_reason: candidates_reason.clone(),
                 max_output_tokens: plan.limits.max_output_tokens,
+                endpoint: model_plan.and_then(|m| m.endpoint.clone()),
             });
             let bus = bus.clone();
             async move {
@@ -263,7 +263,14 @@ async fn run(
     };
     if let Decision::Commit { winner, confidence } = &report.decision {
         tracing::info!(winner = %winner, confidence, "fork.resolve commits");
-        report.merge = Some(fork.merge(winner.clone()).await?);
+        match handle.merge(fork_id, winner).await {
+            Ok(outcome) => report.merge = Some(outcome),
+            // A fork of a running agent: the agent merges the pick itself (ADR 14).
+            Err(CoordinatorError::AgentMerges(why)) => {
+                tracing::info!(reason = %why, "fork.resolve leaves the merge to the agent")
+            }
+            Err(e) => return Err(e),
+        }
     } else {
         tracing::info!(decision = ?report.decision, "fork.resolve does not merge");
     }

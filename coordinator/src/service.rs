@@ -265,6 +265,12 @@ pub async fn dispatch(handle: &CoordinatorHandle, req: ApiRequest) -> Result<Api
             wire_version: WIRE_VERSION,
         }),
         ApiRequest::CreateFork(create) => ApiReply::Fork(handle.create_fork(*create).await?),
+        ApiRequest::AgentFork(req) => ApiReply::Fork(handle.agent_fork(*req).await?),
+        ApiRequest::AgentMerge {
+            fork,
+            pick,
+            parent_run,
+        } => ApiReply::Merge(handle.agent_merge(fork, &pick, parent_run).await?),
         ApiRequest::Fork { fork } => ApiReply::Fork(handle.fork(fork).await?),
         ApiRequest::Forks => ApiReply::Forks(handle.forks().await?),
         ApiRequest::FindFork { prefix } => ApiReply::ForkId(handle.find_fork(&prefix).await?),
@@ -282,6 +288,12 @@ pub async fn dispatch(handle: &CoordinatorHandle, req: ApiRequest) -> Result<Api
             ApiReply::Terminate(handle.terminate(fork, &label).await?)
         }
         ApiRequest::Abort { fork } => ApiReply::Abort(handle.abort(fork).await?),
+        ApiRequest::Steer { fork, label, text } => {
+            ApiReply::Steer(handle.steer(fork, &label, text).await?)
+        }
+        ApiRequest::Continue { fork, label, text } => {
+            ApiReply::Continue(Box::new(handle.follow_up(fork, &label, text).await?))
+        }
         ApiRequest::RunEvents { run } => ApiReply::Events(
             handle
                 .run_events(run)

@@ -19,6 +19,44 @@ pub enum ParentRun {
     New,
     /// An existing run, forked at the end of its log.
     Existing { run_id: RunId },
+    /// A branch run forked by its own agent (the fork tools): the branches get its history
+    /// up to `cutoff_seq` (the events before the model response that asked for the fork),
+    /// once the coordinator's copy of its log has reached that seq.
+    Branch { run_id: RunId, cutoff_seq: u64 },
+}
+
+/// One branch an agent asks for with `fork_run`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentBranch {
+    pub label: String,
+    pub steer: String,
+    /// A model the parent fork configures (the parent branch's model when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_usd: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_instructions: Option<String>,
+}
+
+/// An agent forks its own branch run: the coordinator makes the fork's plan from the plan of
+/// the fork the agent's run belongs to (goal, models, limits, budget policy, resolve
+/// settings, tools), with these branches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentFork {
+    /// The agent's run (a branch run).
+    pub parent_run: RunId,
+    /// The last seq of the parent's log the branches' history includes.
+    pub cutoff_seq: u64,
+    /// The agent's workspace as it is now (a `Manifest` blob in the bus's blob store).
+    pub snapshot: BlobHash,
+    pub branches: Vec<AgentBranch>,
+    /// The resolve strategy (the parent plan's when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<crate::resolve::Strategy>,
+    /// A cap on the new fork's total spend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate_budget_usd: Option<f64>,
 }
 
 /// Create a fork. Every blob the snapshot names must already be in the blob store.
@@ -98,8 +136,19 @@ pub struct MergeOutcome {
     pub fork_snapshot: BlobHash,
     /// The parent's workspace version after the merge (a `Manifest` blob).
     pub merged_snapshot: BlobHash,
-    /// The checkpoint saved after the merge (`post-fork:<fork id>`).
+    /// The checkpoint saved after the merge (`post-fork:<fork id>`); empty for a merge
+    /// into a running agent's branch (the agent applies it).
     pub checkpoint: String,
+    /// The plan's conflict policy (the agent applying an agent merge uses it).
+    #[serde(default)]
+    pub conflict_policy: crate::flush::ConflictPolicy,
+    /// Merged into the branch whose agent made the fork (ADR 14), not into a root run's
+    /// workspace: there is nothing to apply to a directory.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub into_branch: bool,
+    /// The winner's last answer (an agent merge hands it to the agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
 }
 
 /// A checkpoint: a history position and a workspace version of one run.
@@ -177,6 +226,36 @@ pub struct TerminateOutcome {
     pub sent: bool,
 }
 
+/// What a steer request did: the message was sent to the branch's worker, which applies
+/// it (a `steer` event in the branch's log) before its next model call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SteerOutcome {
+    pub fork_id: ForkId,
+    pub label: String,
+    pub run_id: RunId,
+    /// The branch's state when the request arrived (`pending` or `running`).
+    pub state: BranchState,
+    /// The task attempt the message is addressed to (a later attempt ignores it).
+    pub attempt: u32,
+}
+
+/// What a continue request did: a `follow_up` event appended to a finished branch's log,
+/// which re-opened it, and its task enqueued again (ADR 13).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContinueOutcome {
+    pub fork_id: ForkId,
+    pub label: String,
+    pub run_id: RunId,
+    /// The state the branch had finished in (`done`, `failed` or `terminated`).
+    pub previous: BranchState,
+    /// The seq of the `follow_up` event.
+    pub seq: u64,
+    /// The branch after the request (state `pending` until a worker takes it).
+    pub branch: BranchView,
+    /// The fork's state after the request (`open` again).
+    pub fork_state: ForkState,
+}
+
 /// What an abort request did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AbortOutcome {
@@ -226,6 +305,16 @@ pub enum ApiRequest {
     Ping,
     /// Create a fork; every blob it names must be in the bus's blob store. Reply: `fork`.
     CreateFork(Box<CreateFork>),
+    /// An agent forks its own run (see [`AgentFork`]). Reply: `fork`.
+    AgentFork(Box<AgentFork>),
+    /// The agent that made a fork merges branch `pick` into its own run: the fork is
+    /// recorded as merged and the winner's change log returned, which the agent (still
+    /// running, the only writer of its log) applies to its overlay. Reply: `merge`.
+    AgentMerge {
+        fork: ForkId,
+        pick: String,
+        parent_run: RunId,
+    },
     /// Reply: `fork`.
     Fork { fork: ForkId },
     /// Every fork, newest first. Reply: `forks`.
@@ -253,6 +342,20 @@ pub enum ApiRequest {
     Terminate { fork: ForkId, label: String },
     /// Stop every branch still running and mark the fork aborted. Reply: `abort`.
     Abort { fork: ForkId },
+    /// Send a user message to a pending or running branch, applied before its next model
+    /// call. Reply: `steer`.
+    Steer {
+        fork: ForkId,
+        label: String,
+        text: String,
+    },
+    /// Start a new turn of a finished branch (`done`, `failed`, `terminated`) with this
+    /// user message, on its whole history and in the same overlay. Reply: `continue`.
+    Continue {
+        fork: ForkId,
+        label: String,
+        text: String,
+    },
     /// A run's log from seq 0 to the first gap. Reply: `events`.
     RunEvents { run: RunId },
     /// A run's checkpoints, oldest first. Reply: `checkpoints`.
@@ -317,6 +420,8 @@ impl ApiRequest {
         match self {
             ApiRequest::Ping => "ping",
             ApiRequest::CreateFork(_) => "create_fork",
+            ApiRequest::AgentFork(_) => "agent_fork",
+            ApiRequest::AgentMerge { .. } => "agent_merge",
             ApiRequest::Fork { .. } => "fork",
             ApiRequest::Forks => "forks",
             ApiRequest::FindFork { .. } => "find_fork",
@@ -326,6 +431,8 @@ impl ApiRequest {
             ApiRequest::Merge { .. } => "merge",
             ApiRequest::Terminate { .. } => "terminate",
             ApiRequest::Abort { .. } => "abort",
+            ApiRequest::Steer { .. } => "steer",
+            ApiRequest::Continue { .. } => "continue",
             ApiRequest::RunEvents { .. } => "run_events",
             ApiRequest::Checkpoints { .. } => "checkpoints",
             ApiRequest::ForkCost { .. } => "fork_cost",
@@ -362,6 +469,8 @@ pub enum ApiReply {
     Merge(MergeOutcome),
     Terminate(TerminateOutcome),
     Abort(AbortOutcome),
+    Steer(SteerOutcome),
+    Continue(Box<ContinueOutcome>),
     Events(Vec<LoggedEvent>),
     Checkpoints(Vec<CheckpointView>),
     Cost(crate::budget::ForkCost),
@@ -393,6 +502,8 @@ impl ApiReply {
             ApiReply::Merge(_) => "merge",
             ApiReply::Terminate(_) => "terminate",
             ApiReply::Abort(_) => "abort",
+            ApiReply::Steer(_) => "steer",
+            ApiReply::Continue(_) => "continue",
             ApiReply::Events(_) => "events",
             ApiReply::Checkpoints(_) => "checkpoints",
             ApiReply::Cost(_) => "cost",
@@ -533,6 +644,16 @@ mod tests {
             },
             ApiRequest::Stored {
                 blob: BlobHash::of(b"x"),
+            },
+            ApiRequest::Steer {
+                fork: fork_id(),
+                label: "a".into(),
+                text: "go left".into(),
+            },
+            ApiRequest::Continue {
+                fork: fork_id(),
+                label: "a".into(),
+                text: "now the tests".into(),
             },
         ] {
             assert_eq!(decode::<ApiRequest>(&encode(&req).unwrap()).unwrap(), req);

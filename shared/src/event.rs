@@ -2,7 +2,9 @@
 //!
 //! A branch run's log starts with a `fork` lineage event at seq 0, then the copied
 //! conversational prefix of its parent, then its steer. Usage events are never copied into a
-//! child. The model's view of a run ([`Message`]s) is derived from its events.
+//! child. The model's view of a run ([`Message`]s) is derived from its events. A finished
+//! branch continued with `fork continue` gets a `follow_up` event and runs another turn
+//! (ADR 13).
 
 use crate::ids::{CheckpointId, ForkId, RunId};
 use crate::overlay::ChangeOp;
@@ -81,6 +83,12 @@ pub enum Event {
     Steer {
         text: String,
     },
+    /// A follow-up turn: a user message the coordinator appends to a finished branch
+    /// (`fork continue`), which re-opens it. The branch runs again from its whole history,
+    /// this message last; in the model's view it is a user message (ADR 13).
+    FollowUp {
+        text: String,
+    },
     BranchSummary {
         text: String,
     },
@@ -113,6 +121,7 @@ impl Event {
             Event::FileChange { .. } => "file_change",
             Event::Usage { .. } => "usage",
             Event::Steer { .. } => "steer",
+            Event::FollowUp { .. } => "follow_up",
             Event::BranchSummary { .. } => "branch_summary",
             Event::Checkpoint { .. } => "checkpoint",
             Event::Status { .. } => "status",
@@ -130,6 +139,7 @@ impl Event {
                 | Event::ModelResponse { .. }
                 | Event::ToolResult { .. }
                 | Event::Steer { .. }
+                | Event::FollowUp { .. }
                 | Event::BranchSummary { .. }
         )
     }
@@ -215,7 +225,7 @@ pub fn messages_from_events<'a>(events: impl IntoIterator<Item = &'a Event>) -> 
     for e in events {
         match e {
             Event::System { text } => out.push(Message::System { text: text.clone() }),
-            Event::UserMessage { text } | Event::Steer { text } => {
+            Event::UserMessage { text } | Event::Steer { text } | Event::FollowUp { text } => {
                 out.push(Message::User { text: text.clone() })
             }
             Event::BranchSummary { text } => out.push(Message::User {
@@ -342,5 +352,34 @@ mod tests {
             }
         );
         assert!(!events[2].is_conversational());
+    }
+
+    #[test]
+    fn a_follow_up_is_a_user_message_of_the_conversation() {
+        let follow_up = Event::FollowUp {
+            text: "now add tests".into(),
+        };
+        assert_eq!(follow_up.kind(), "follow_up");
+        assert!(follow_up.is_conversational());
+        let events = vec![
+            Event::ModelResponse {
+                model: "m".into(),
+                text: Some("done".into()),
+                tool_calls: vec![],
+            },
+            Event::Status {
+                state: BranchState::Done,
+                error: None,
+            },
+            follow_up,
+        ];
+        let msgs = messages_from_events(&events);
+        assert_eq!(
+            msgs.last(),
+            Some(&Message::User {
+                text: "now add tests".into()
+            })
+        );
+        assert_eq!(msgs.len(), 2);
     }
 }

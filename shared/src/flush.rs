@@ -443,6 +443,65 @@ impl FlushTarget for ManifestTarget {
 }
 
 // ---------------------------------------------------------------------------------------
+// An overlay as the parent
+
+/// A branch's overlay as the parent: a fork an agent made inside its branch merges into
+/// that branch's overlay (ADR 14). Every replayed op lands in the overlay's change log, so
+/// the branch publishes (or its fork actor appends) them as its own file changes.
+impl FlushTarget for crate::overlay::Overlay {
+    fn node(&self, path: &WsPath) -> Node {
+        crate::overlay::Overlay::node(self, path)
+    }
+
+    fn files_under(&self, dir: &WsPath) -> Vec<WsPath> {
+        self.files()
+            .into_iter()
+            .map(|(p, _)| p)
+            .filter(|p| p.starts_with(dir) && p != dir)
+            .collect()
+    }
+
+    fn dirs_under(&self, dir: &WsPath) -> Vec<WsPath> {
+        self.dirs()
+            .into_iter()
+            .filter(|p| p.starts_with(dir) && p != dir)
+            .collect()
+    }
+
+    fn write(&mut self, path: &WsPath, entry: &FileEntry) -> Result<(), String> {
+        crate::overlay::Overlay::write(self, path, *entry).map_err(|e| e.to_string())
+    }
+
+    fn delete_file(&mut self, path: &WsPath) -> Result<(), String> {
+        match crate::overlay::Overlay::node(self, path) {
+            Node::Dir => Err(format!("`{path}` is a directory")),
+            Node::Missing => Ok(()),
+            Node::File(_) => self.delete(path).map_err(|e| e.to_string()),
+        }
+    }
+
+    fn mkdir(&mut self, path: &WsPath) -> Result<(), String> {
+        if path.is_root() {
+            return Ok(());
+        }
+        crate::overlay::Overlay::mkdir(self, path).map_err(|e| e.to_string())
+    }
+
+    fn remove_dir_if_empty(&mut self, path: &WsPath) -> Result<bool, String> {
+        if crate::overlay::Overlay::node(self, path) != Node::Dir || path.is_root() {
+            return Ok(false);
+        }
+        match self.list(path) {
+            Ok(children) if children.is_empty() => {
+                self.rmdir(path).map_err(|e| e.to_string())?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // DirTarget
 
 type Lookup<'a> = Box<dyn Fn(&BlobHash) -> Option<Bytes> + Send + Sync + 'a>;

@@ -19,10 +19,12 @@
 //! - [`nats_server`]: a local `nats-server -js` child process (the test fixture's and the
 //!   bench's), with its store and log in one directory.
 pub mod api;
+pub mod apicall;
 pub mod blob;
 pub mod budget;
 pub mod bus;
 pub mod diff;
+pub mod endpoint;
 pub mod event;
 pub mod flush;
 pub mod ids;

@@ -58,6 +58,15 @@ pub struct BranchTask {
     /// it, so it takes the branch over from the coordinator's log like a redelivery.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempt_base: u32,
+    /// Real models: how to reach the API (the key is read on the worker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<crate::endpoint::Endpoint>,
+    /// The `run_command` tool, when the spec enables it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_command: Option<crate::endpoint::CommandTool>,
+    /// The agent gets the fork tools (its forks are created through the coordinator).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub forking: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -255,6 +264,9 @@ pub struct JudgeJob {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidates_reason: Option<String>,
     pub max_output_tokens: u32,
+    /// Real judge models: how to reach the API (the key is read on the worker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<crate::endpoint::Endpoint>,
 }
 
 /// A worker's answer to a [`ResolveJob`].

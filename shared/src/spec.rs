@@ -8,6 +8,7 @@
 
 use crate::blob::BlobHash;
 use crate::budget::{BudgetMode, BudgetPolicy, OnExhausted};
+use crate::endpoint::{CommandTool, CommandToolSection, Endpoint};
 use crate::event::Message;
 use crate::flush::ConflictPolicy;
 use crate::pricing::{builtin_price, Price};
@@ -24,7 +25,7 @@ pub const DEFAULT_MAX_TURNS: u32 = 50;
 pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 4096;
 pub const MAX_LABEL_LEN: usize = 64;
 /// Providers a model name may start with.
-pub const PROVIDERS: &[&str] = &["scripted"];
+pub const PROVIDERS: &[&str] = &["scripted", "openai", "anthropic"];
 
 /// The spec file as written. Unknown keys are errors that list the valid ones.
 #[derive(Debug, Clone, Deserialize)]
@@ -100,8 +101,16 @@ pub struct SpecFile {
     /// Automatic checkpoints kept per branch run (default 20, at least 1).
     #[serde(default)]
     pub max_checkpoints: Option<i64>,
+    /// The agent's `run_command` tool: offered when this table is present.
+    #[serde(default)]
+    pub run_command: Option<CommandToolSection>,
+    /// Give the agents the fork tools (fork_run, inspect_branches, merge_or_select,
+    /// terminate_branch, diff_branches, fork_cost); `max_depth` limits nesting.
+    #[serde(default)]
+    pub forking: Option<bool>,
     #[serde(default)]
     pub models: BTreeMap<String, ModelSection>,
+    /// The branches; none: a root run of a single agent (label `main`).
     #[serde(default)]
     pub branches: Vec<BranchSection>,
 }
@@ -153,6 +162,34 @@ pub struct ModelSection {
     pub script: Option<String>,
     #[serde(default)]
     pub price: Option<Price>,
+    /// Real models (`openai:`, `anthropic:`): the API's base URL.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// The environment variable on the workers holding the API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// A file on the workers holding the API key.
+    #[serde(default)]
+    pub api_key_file: Option<String>,
+    /// Seconds one request may take.
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
+    /// Retries on 429, 5xx or no answer.
+    #[serde(default)]
+    pub max_retries: Option<u32>,
+}
+
+impl ModelSection {
+    /// The connection settings written in this section.
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            base_url: self.base_url.clone(),
+            api_key_env: self.api_key_env.clone(),
+            api_key_file: self.api_key_file.clone(),
+            timeout_s: self.timeout_s,
+            max_retries: self.max_retries,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -170,7 +207,12 @@ pub struct BranchSection {
     pub extra_instructions: Option<String>,
     #[serde(default)]
     pub max_turns: Option<u32>,
+    #[serde(default)]
+    pub max_output_tokens: Option<u32>,
 }
+
+/// The label of a root run's single agent (a spec without branches).
+pub const SOLO_LABEL: &str = "main";
 
 /// Limits that hold for the whole fork.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -312,6 +354,9 @@ pub struct ModelPlan {
     pub price: Option<Price>,
     /// Scripted models: the script file's blob.
     pub script: Option<BlobHash>,
+    /// Real models: how the workers reach the API (never the key itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<Endpoint>,
 }
 
 /// One branch, validated.
@@ -323,6 +368,9 @@ pub struct BranchPlan {
     pub budget_usd: Option<f64>,
     pub extra_instructions: Option<String>,
     pub max_turns: u32,
+    /// The branch's own output cap per call (the fork's when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
 }
 
 /// A validated fork: what the coordinator needs to create it.
@@ -344,6 +392,20 @@ pub struct ForkPlan {
     pub resolve: ResolvePlan,
     pub models: BTreeMap<String, ModelPlan>,
     pub branches: Vec<BranchPlan>,
+    /// The agents' `run_command` tool, when enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_command: Option<CommandTool>,
+    /// The agents get the fork tools.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub forking: bool,
+    /// A root run of a single agent: one branch labelled `main` whose run is the root's own
+    /// agent (at the parent's depth, merged back when it is done).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub solo: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A spec loaded from disk: the plan plus what the client uploads with it.
@@ -367,7 +429,7 @@ pub enum SpecError {
     },
     #[error("invalid spec `{path}`: {message}")]
     Toml { path: PathBuf, message: String },
-    #[error("no branches: add at least one [[branches]] table with a `steer`")]
+    #[error("no branches and no goal: give a `goal` for a single agent run, or add [[branches]] tables with a `steer` to fork")]
     NoBranches,
     #[error("{requested} branches requested, max_branches is {max}")]
     TooManyBranches { requested: usize, max: usize },
@@ -415,6 +477,10 @@ pub enum SpecError {
         "[models.\"{model}\"] is configured but no branch uses it and it is not the fork's model"
     )]
     UnusedModel { model: String },
+    #[error("[models.\"{model}\"]: {message}")]
+    BadModel { model: String, message: String },
+    #[error("[run_command]: {message}", message = .0)]
+    BadRunCommand(String),
     #[error("workspace `{0}` does not exist or is not a directory")]
     WorkspaceMissing(PathBuf),
     #[error("history file `{path}`: {message}; expected a JSON array of messages such as [{{\"role\": \"user\", \"text\": \"...\"}}]")]
@@ -543,10 +609,16 @@ pub fn validate_with(
         max_output_tokens: file.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
         checkpoints: CheckpointPolicy::default(),
     };
-    if file.branches.is_empty() {
+    let solo = file.branches.is_empty();
+    if solo && file.goal.trim().is_empty() {
         return Err(SpecError::NoBranches);
     }
-    if file.branches.len() > limits.max_branches {
+    let solo_branch = [BranchSection {
+        label: Some(SOLO_LABEL.to_string()),
+        ..BranchSection::default()
+    }];
+    let sections: &[BranchSection] = if solo { &solo_branch } else { &file.branches };
+    if sections.len() > limits.max_branches {
         return Err(SpecError::TooManyBranches {
             requested: file.branches.len(),
             max: limits.max_branches,
@@ -570,7 +642,7 @@ pub fn validate_with(
         ..limits
     };
 
-    let labels = normalise_labels(file.branches.iter().map(|b| b.label.as_deref()))?;
+    let labels = normalise_labels(sections.iter().map(|b| b.label.as_deref()))?;
     check_budget("budget_usd", file.budget_usd)?;
     check_budget("aggregate_budget_usd", file.aggregate_budget_usd)?;
     if let Some(name) = &file.account {
@@ -578,16 +650,21 @@ pub fn validate_with(
     }
     check_model_name(&file.model)?;
 
-    let mut branches = Vec::with_capacity(file.branches.len());
-    for (i, (b, label)) in file.branches.iter().zip(labels).enumerate() {
+    let mut branches = Vec::with_capacity(sections.len());
+    for (i, (b, label)) in sections.iter().zip(labels).enumerate() {
         let model = b.model.clone().unwrap_or_else(|| file.model.clone());
         check_model_name(&model)?;
         let field = format!("branches[{i}].budget_usd");
         check_budget(&field, b.budget_usd)?;
-        if b.max_turns == Some(0) {
-            return Err(SpecError::ZeroLimit {
-                field: format!("branches[{i}].max_turns"),
-            });
+        for (field, v) in [
+            ("max_turns", b.max_turns),
+            ("max_output_tokens", b.max_output_tokens),
+        ] {
+            if v == Some(0) {
+                return Err(SpecError::ZeroLimit {
+                    field: format!("branches[{i}].{field}"),
+                });
+            }
         }
         branches.push(BranchPlan {
             label,
@@ -596,6 +673,7 @@ pub fn validate_with(
             budget_usd: b.budget_usd.or(file.budget_usd),
             extra_instructions: b.extra_instructions.clone(),
             max_turns: b.max_turns.unwrap_or(limits.max_turns),
+            max_output_tokens: b.max_output_tokens,
         });
     }
 
@@ -636,16 +714,34 @@ pub fn validate_with(
                 None => builtin_price(name),
             },
         };
-        if name.starts_with("scripted:") && section.and_then(|s| s.script.as_ref()).is_none() {
+        let scripted = name.starts_with("scripted:");
+        if scripted && section.and_then(|s| s.script.as_ref()).is_none() {
             return Err(SpecError::NoScript {
                 model: name.to_string(),
             });
         }
+        let endpoint = section.map(ModelSection::endpoint).unwrap_or_default();
+        let bad_model = |message: String| SpecError::BadModel {
+            model: name.to_string(),
+            message,
+        };
+        if scripted && !endpoint.is_empty() {
+            return Err(bad_model(
+                "a scripted model takes only `script` and `price`; base_url, api_key_env, api_key_file, timeout_s and max_retries are for openai: and anthropic: models".to_string(),
+            ));
+        }
+        if !scripted && section.and_then(|s| s.script.as_ref()).is_some() {
+            return Err(bad_model(
+                "only scripted: models take a `script`".to_string(),
+            ));
+        }
+        endpoint.validate().map_err(bad_model)?;
         models.insert(
             name.to_string(),
             ModelPlan {
                 price,
                 script: None,
+                endpoint: (!endpoint.is_empty()).then_some(endpoint),
             },
         );
     }
@@ -654,7 +750,7 @@ pub fn validate_with(
         let capped =
             b.budget_usd.is_some() || file.aggregate_budget_usd.is_some() || file.account.is_some();
         if capped && models.get(&b.model).and_then(|m| m.price).is_none() {
-            let field = if file.branches[i].budget_usd.is_some() {
+            let field = if sections[i].budget_usd.is_some() {
                 format!("branches[{i}].budget_usd")
             } else if file.budget_usd.is_some() {
                 "budget_usd".to_string()
@@ -687,6 +783,12 @@ pub fn validate_with(
         resolve,
         models,
         branches,
+        run_command: match &file.run_command {
+            Some(section) => Some(section.validate().map_err(SpecError::BadRunCommand)?),
+            None => None,
+        },
+        forking: file.forking.unwrap_or(false),
+        solo,
     })
 }
 
@@ -1110,8 +1212,8 @@ mod tests {
         }
         // Branches are checked first (the documented order).
         assert!(matches!(
-            parse(&spec("max_checkpoints = 0", "", "")),
-            Err(SpecError::NoBranches)
+            parse(&spec("max_checkpoints = 0\nmax_branches = 0", "", "")),
+            Err(SpecError::TooManyBranches { .. })
         ));
         // A plan stored before the keys existed has no automatic checkpoints.
         let limits: Limits = serde_json::from_str(
@@ -1121,6 +1223,42 @@ mod tests {
         assert_eq!(
             limits.checkpoints.frequency,
             CheckpointFrequency::ManualOnly
+        );
+    }
+
+    #[test]
+    fn real_models_take_endpoints_and_tools_are_enabled_per_spec() {
+        let text = "goal = \"g\"\nworkspace = \"w\"\nmodel = \"openai:gpt-4o-mini\"\nforking = true\n\
+            [run_command]\ntimeout_s = 5\nenv = { A = \"1\" }\n\
+            [models.\"openai:gpt-4o-mini\"]\nbase_url = \"http://127.0.0.1:9/v1\"\napi_key_env = \"MY_KEY\"\nmax_retries = 2\n\
+            [[branches]]\nlabel = \"a\"\nmax_output_tokens = 7\n";
+        let p = parse(text).unwrap();
+        let m = &p.models["openai:gpt-4o-mini"];
+        let e = m.endpoint.as_ref().unwrap();
+        assert_eq!(e.base_url.as_deref(), Some("http://127.0.0.1:9/v1"));
+        assert_eq!(e.api_key_env.as_deref(), Some("MY_KEY"));
+        assert_eq!(e.max_retries, Some(2));
+        assert!(p.forking && !p.solo);
+        let tool = p.run_command.as_ref().unwrap();
+        assert_eq!(tool.timeout_s, 5.0);
+        assert_eq!(tool.env["A"], "1");
+        assert_eq!(p.branches[0].max_output_tokens, Some(7));
+
+        let err =
+            parse(&text.replace("max_output_tokens = 7", "max_output_tokens = 0")).unwrap_err();
+        assert!(
+            err.to_string().contains("branches[0].max_output_tokens"),
+            "{err}"
+        );
+        let err = parse(&text.replace("http://127.0.0.1:9/v1", "127.0.0.1")).unwrap_err();
+        assert!(err.to_string().contains("base_url"), "{err}");
+        let err = parse(&text.replace("timeout_s = 5", "timeout_s = -5")).unwrap_err();
+        assert!(err.to_string().contains("[run_command]"), "{err}");
+        // A scripted model takes no endpoint.
+        let err = parse(&spec("", "base_url = \"http://x\"", "[[branches]]")).unwrap_err();
+        assert!(
+            err.to_string().contains("scripted model takes only"),
+            "{err}"
         );
     }
 
@@ -1139,8 +1277,14 @@ mod tests {
 
     #[test]
     fn validation_order_and_limits() {
+        // No branches: a root run of one agent, unless there is no goal either.
+        let solo = parse(&spec("", "", "")).unwrap();
+        assert!(solo.solo);
+        assert_eq!(solo.branches.len(), 1);
+        assert_eq!(solo.branches[0].label, SOLO_LABEL);
+        assert_eq!(solo.branches[0].steer, "");
         assert!(matches!(
-            parse(&spec("", "", "")),
+            parse(&spec("", "", "").replace("goal = \"g\"", "goal = \" \"")),
             Err(SpecError::NoBranches)
         ));
         let many = spec("max_branches = 2", "", &"[[branches]]\n".repeat(3));

@@ -1,4 +1,6 @@
-//! Branch and fork states. The first terminal state of a branch is final.
+//! Branch and fork states. The first terminal state of a branch is final within a turn: only
+//! a follow-up (`fork continue`, a `follow_up` event appended by the coordinator, ADR 13)
+//! re-opens a finished branch, and starts a new turn, back at `pending`.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -59,6 +61,7 @@ impl BranchState {
 
     /// The state after a transition to `next`: a terminal state never changes, and a
     /// running or paused branch never goes back to pending (paused and running alternate). Returns `None` when nothing changes.
+    /// (A status never re-opens a branch; a `follow_up` event does, outside this function.)
     pub fn transition(self, next: BranchState) -> Option<BranchState> {
         if self.is_terminal() || self == next {
             return None;

@@ -194,6 +194,9 @@ mod tests {
             reserve: false,
             on_exhausted: crate::budget::OnExhausted::Stop,
             attempt_base: 0,
+            endpoint: None,
+            run_command: None,
+            forking: false,
         }
     }
 

@@ -345,6 +345,7 @@ async fn run_row(
             ModelPlan {
                 price: Some(PRICE),
                 script: Some(hash),
+                endpoint: None,
             },
         )]),
         branches: (0..n)
@@ -355,8 +356,12 @@ async fn run_row(
                 budget_usd: None,
                 extra_instructions: None,
                 max_turns,
+                max_output_tokens: None,
             })
             .collect(),
+        run_command: None,
+        forking: false,
+        solo: false,
     };
     let t0 = Instant::now();
     let view = coord

@@ -138,7 +138,7 @@ fn reply(r: ApiResponse) -> Result<ApiReply, ApiError> {
 
 fn api_kind(e: ClientError) -> (ApiErrorKind, String) {
     match e {
-        ClientError::Api(e) => (e.kind, e.message),
+        ClientError::Call(forkfleet_shared::apicall::CallError::Api(e)) => (e.kind, e.message),
         other => panic!("expected an API error, got {other:?}"),
     }
 }

@@ -136,7 +136,12 @@ fn bad_specs_are_clear_errors_and_create_nothing() {
             "aggregate_budget_usd",
         ],
     );
-    bad_input(&ex, &format!("{HEAD}{MODEL}"), &["no branches"]);
+    // No branches is a single agent run; with no goal either there is nothing to run.
+    bad_input(
+        &ex,
+        &format!("{}{MODEL}", HEAD.replace("goal = \"g\"", "goal = \"\"")),
+        &["no branches and no goal"],
+    );
     bad_input(
         &ex,
         &format!("{HEAD}max_branches = 1\n{MODEL}[[branches]]\nlabel = \"concise\"\n[[branches]]\nlabel = \"tidy\""),

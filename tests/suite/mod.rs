@@ -1,3 +1,4 @@
+mod agent_forks;
 mod api;
 mod bench;
 mod budget_cli;
@@ -13,3 +14,4 @@ mod harness;
 mod lineage;
 mod resolve;
 mod restart;
+mod turns;

@@ -32,16 +32,18 @@
 
 use crate::context::WorkerCtx;
 use crate::error::WorkerError;
+use crate::forktools::{fork_tool_specs, is_fork_tool, AgentForks, ForkCall, MERGE_OR_SELECT};
 use crate::node::TaskLease;
+use crate::provider::ToolSpec;
 use crate::provider::{ModelProvider, ModelRequest, ProviderError};
-use crate::tools::{run_tool, tool_specs};
+use crate::tools::ToolBox;
 use bytes::Bytes;
 use forkfleet_shared::blob::{BlobError, BlobHash};
 use forkfleet_shared::budget::{
     estimate_cost, BudgetReply, BudgetRequest, OnExhausted, BUDGET_SUBJECT,
 };
 use forkfleet_shared::bus::{Bus, BusError};
-use forkfleet_shared::event::{messages_from_events, Event, Message, Usage};
+use forkfleet_shared::event::{history_events, messages_from_events, Event, Message, Usage};
 use forkfleet_shared::ids::{ForkId, ReservationId, RunId};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::overlay::Overlay;
@@ -96,6 +98,10 @@ struct Pending {
     /// A graceful stop or pause that arrived during a call: the call finishes and is
     /// recorded, then the branch ends this way before the next call.
     halt: Option<Step>,
+    /// A follow-up turn (ADR 13): commands addressed to no attempt were sent before it (on
+    /// NATS a watcher reads the run's earlier commands again) and are ignored; the
+    /// coordinator addresses this turn's to an attempt.
+    addressed_only: bool,
 }
 
 /// The loaded branch.
@@ -105,7 +111,12 @@ struct Run {
     history: Vec<Message>,
     /// Model calls made by this branch, including those before a resume.
     turns: u32,
+    /// Model calls made before the current follow-up turn (ADR 13): `max_turns` counts
+    /// from here (0 before any follow-up).
+    turn_base: u32,
     spent_usd: f64,
+    /// The forks this branch's agent made (fork tools, ADR 14).
+    forks: AgentForks,
 }
 
 enum Step {
@@ -116,6 +127,9 @@ enum Step {
     /// Nothing left to do for this task (the branch already finished, or its fork is
     /// gone): ack it without publishing anything.
     Drop(String),
+    /// The worker hands its branches back (shutdown): stop without settling the task, so
+    /// the node naks it and another worker takes the branch over from its log.
+    HandBack,
 }
 
 /// Publishes a branch's events with consecutive seqs.
@@ -226,6 +240,10 @@ impl Actor for BranchAgent {
                 finish(state, end, error).instrument(span).await?;
                 myself.stop(None);
             }
+            Step::HandBack => {
+                tracing::info!(parent: &span, "call in flight dropped: the worker hands the branch back");
+                myself.stop(None);
+            }
             Step::Drop(reason) => {
                 tracing::info!(parent: &span, reason = %reason, "task dropped");
                 state.finished = true;
@@ -270,6 +288,9 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
                 if let Some(end) = terminal_state(&events) {
                     return Ok(Step::Drop(format!("the branch already finished as {end}")));
                 }
+                state.pending.addressed_only = events
+                    .iter()
+                    .any(|(seq, e)| *seq >= task.first_seq && matches!(e, Event::FollowUp { .. }));
                 state.out.seq = events.last().map_or(task.first_seq, |(seq, _)| seq + 1);
                 Some(events)
             }
@@ -362,12 +383,18 @@ async fn resume_log(
     .await
 }
 
-/// The terminal state a log ends in, if it does.
+/// The terminal state a log ends in, if it does: a `follow_up` after the last terminal
+/// status started a new turn (ADR 13), so that log has not finished.
 fn terminal_state(events: &[(u64, Event)]) -> Option<BranchState> {
-    events.iter().rev().find_map(|(_, e)| match e {
-        Event::Status { state, .. } if state.is_terminal() => Some(*state),
-        _ => None,
-    })
+    events
+        .iter()
+        .rev()
+        .find_map(|(_, e)| match e {
+            Event::FollowUp { .. } => Some(None),
+            Event::Status { state, .. } if state.is_terminal() => Some(Some(*state)),
+            _ => None,
+        })
+        .flatten()
 }
 
 async fn load(
@@ -419,10 +446,12 @@ async fn load(
 
     // A resumed branch's log holds what it already did, after its first `running` status
     // (the copied fork-time prefix never holds a status, a usage or a file change). A task
-    // resumed from the coordinator's copy uses that log (after the seq-0 `fork` event).
+    // resumed from the coordinator's copy uses that log (after the seq-0 `fork` event), as
+    // its history: a finished branch rewound (ADR 12) and then continued (ADR 13) goes on
+    // from the rewound conversation and workspace.
     let log: Vec<&Event> = match &resumed {
-        Some(events) => events
-            .iter()
+        Some(events) => history_events(events, None)
+            .into_iter()
             .filter(|(seq, _)| *seq > 0)
             .map(|(_, e)| e)
             .collect(),
@@ -432,7 +461,7 @@ async fn load(
     let mut overlay = Overlay::new(manifest);
     let mut own = false;
     let mut turns = 0u32;
-    let mut spent_usd = 0.0;
+    let mut turn_base = 0u32;
     for event in log() {
         match event {
             Event::Status {
@@ -440,7 +469,7 @@ async fn load(
                 ..
             } => own = true,
             Event::ModelResponse { .. } if own => turns += 1,
-            Event::Usage { cost_usd, .. } => spent_usd += cost_usd,
+            Event::FollowUp { .. } => turn_base = turns,
             Event::FileChange { change } => overlay.apply(change.clone()).map_err(|e| {
                 LoadError::Fatal(format!(
                     "cannot replay the branch's {} of `{}`: {e}",
@@ -451,13 +480,28 @@ async fn load(
             _ => {}
         }
     }
+    // Money spent stays spent, whatever a rewind left out of the history.
+    let spent_usd = match &resumed {
+        Some(events) => events.iter().map(|(_, e)| cost_of(e)).sum(),
+        None => log().map(cost_of).sum(),
+    };
     Ok(Run {
         provider,
         overlay,
         history: messages_from_events(log()),
         turns,
+        turn_base,
         spent_usd,
+        forks: AgentForks::from_log(log()),
     })
+}
+
+/// The cost a `usage` event records (0 for any other event).
+fn cost_of(event: &Event) -> f64 {
+    match event {
+        Event::Usage { cost_usd, .. } => *cost_usd,
+        _ => 0.0,
+    }
 }
 
 /// Tool calls of the log's last model response that have no result: a worker was lost
@@ -526,7 +570,7 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
         }
     }
 
-    if run.turns >= task.max_turns {
+    if run.turns.saturating_sub(run.turn_base) >= task.max_turns {
         return Ok(Step::Finish(
             BranchState::Failed,
             Some(format!("max_turns ({}) reached", task.max_turns)),
@@ -549,10 +593,24 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
         }
     }
 
+    let tools = ToolBox::for_task(task);
+    // An agent that may fork also gets the fork tools.
+    let with_fork_tools: Vec<ToolSpec>;
+    let specs = if task.forking {
+        with_fork_tools = tools
+            .specs()
+            .iter()
+            .chain(fork_tool_specs())
+            .cloned()
+            .collect();
+        with_fork_tools.as_slice()
+    } else {
+        tools.specs()
+    };
     let req = ModelRequest {
         model: &task.model,
         messages: &run.history,
-        tools: tool_specs(),
+        tools: specs,
         max_output_tokens: task.max_output_tokens,
         label: &task.label,
         index: task.index,
@@ -561,7 +619,7 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
     let reservation = if task.reserve {
         let estimate = run.provider.estimate(&req);
         let reserving = reserve(&ctx.bus, task, attempt, estimate);
-        match until_halted(reserving, control, task.run_id, attempt, pending).await {
+        match until_halted(reserving, control, task.run_id, attempt, pending, None).await {
             Err(step) => return Ok(step),
             Ok(granted) => match granted? {
                 Reserved::Granted(id) => Some(id),
@@ -580,7 +638,16 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
     // The call runs until it answers or a command stops the branch; a cancelled call is
     // dropped (aborted) and nothing is published for it.
     let call = run.provider.complete(&req);
-    let reply = match until_halted(call, control, task.run_id, attempt, pending).await {
+    let reply = match until_halted(
+        call,
+        control,
+        task.run_id,
+        attempt,
+        pending,
+        Some(&ctx.handback),
+    )
+    .await
+    {
         Err(step) => {
             tracing::info!("model call cancelled by a control command");
             return Ok(step);
@@ -614,6 +681,8 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
         reservation,
     })
     .await?;
+    // A fork the response asks for gets the history before it.
+    let cutoff_seq = out.seq.saturating_sub(1);
     let response = out
         .publish(Event::ModelResponse {
             model: task.model.clone(),
@@ -636,7 +705,40 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
     let mut results = Vec::with_capacity(tool_calls.len());
     for call in &tool_calls {
         let before = run.overlay.changes().len();
-        let outcome = run_tool(call, &mut run.overlay, &ctx.blobs).await?;
+        let running = async {
+            if task.forking && is_fork_tool(&call.name) {
+                let fork_call = ForkCall {
+                    bus: ctx.bus.as_ref(),
+                    blobs: &ctx.blobs,
+                    run_id: task.run_id,
+                    cutoff_seq,
+                    overlay: &mut run.overlay,
+                };
+                Ok(run.forks.run(call, fork_call).await)
+            } else {
+                tools.run(call, &mut run.overlay, &ctx.blobs).await
+            }
+        };
+        let outcome = if call.name == MERGE_OR_SELECT {
+            // A merge is not cut short: the fork would be recorded merged and not applied.
+            running.await?
+        } else {
+            // A command or a wait on branches ends when the branch is stopped (what it did
+            // is not published: the branch ends here).
+            match until_halted(
+                running,
+                control,
+                task.run_id,
+                attempt,
+                pending,
+                Some(&ctx.handback),
+            )
+            .await
+            {
+                Ok(outcome) => outcome?,
+                Err(step) => return Ok(step),
+            }
+        };
         for op in &run.overlay.changes()[before..] {
             out.publish(Event::FileChange { change: op.clone() })
                 .await?;
@@ -685,7 +787,7 @@ impl Pending {
     /// kept here (the first graceful stop is the one kept); a command that stops the branch
     /// now is returned.
     fn file(&mut self, bytes: &Bytes, run_id: RunId, attempt: u32) -> Option<Step> {
-        match command(bytes, run_id, attempt)? {
+        match command(bytes, run_id, attempt, self.addressed_only)? {
             Command::Steer(text) => self.steers.push(text),
             Command::HaltAfterCall(step) => {
                 self.halt.get_or_insert(step);
@@ -706,8 +808,9 @@ enum Command {
 }
 
 /// Decode a control message for `run_id` and task attempt `attempt`; `None` (logged) when
-/// it is not one, or is meant for an earlier attempt of the branch.
-fn command(bytes: &Bytes, run_id: RunId, attempt: u32) -> Option<Command> {
+/// it is not one, or is meant for an earlier attempt of the branch (or, with
+/// `addressed_only`, for no attempt: a follow-up turn's earlier commands).
+fn command(bytes: &Bytes, run_id: RunId, attempt: u32, addressed_only: bool) -> Option<Command> {
     match wire::decode::<Control>(bytes) {
         Ok(c) if c.run_id != run_id => {
             tracing::warn!(control.run_id = %c.run_id, "control message for another run dropped");
@@ -722,6 +825,10 @@ fn command(bytes: &Bytes, run_id: RunId, attempt: u32) -> Option<Command> {
                 attempt,
                 "control message for an earlier attempt ignored"
             );
+            None
+        }
+        Ok(Control { attempt: None, .. }) if addressed_only => {
+            tracing::debug!("control message of an earlier turn ignored");
             None
         }
         Ok(Control { command, .. }) => Some(match command {
@@ -791,16 +898,25 @@ async fn until_halted<F: Future>(
     run_id: RunId,
     attempt: u32,
     pending: &mut Pending,
+    handback: Option<&tokio::sync::watch::Sender<bool>>,
 ) -> Result<F::Output, Step> {
-    let Some(rx) = control.as_mut() else {
-        return Ok(work.await);
+    // A hand-back cuts model calls and tools short; a request to the coordinator (bounded
+    // by its own timeouts) finishes, so its answer is acted on.
+    let mut handed_back = handback.map(|h| h.subscribe());
+    let mut no_control = None;
+    let (rx, mut open) = match control.as_mut() {
+        Some(rx) => (rx, true),
+        None => (
+            no_control.get_or_insert_with(|| mpsc::unbounded_channel().1),
+            false,
+        ),
     };
     tokio::pin!(work);
-    let mut open = true;
     loop {
         tokio::select! {
             biased;
             out = &mut work => return Ok(out),
+            Some(()) = async { handed_back.as_mut()?.wait_for(|back| *back).await.ok().map(|_| ()) } => return Err(Step::HandBack),
             msg = rx.recv(), if open => match msg {
                 None => open = false,
                 Some(bytes) => {

@@ -20,6 +20,8 @@ pub(crate) struct WorkerCtx {
     pub providers: Providers,
     pub prefixes: Memo<Vec<Event>>,
     pub manifests: Memo<Manifest>,
+    /// Set when the node hands its branches back: model calls and waits in flight end.
+    pub handback: tokio::sync::watch::Sender<bool>,
 }
 
 impl WorkerCtx {
@@ -37,6 +39,7 @@ impl WorkerCtx {
             blobs,
             prefixes: Memo::new(MEMO_CAPACITY),
             manifests: Memo::new(MEMO_CAPACITY),
+            handback: tokio::sync::watch::Sender::new(false),
         }
     }
 }

@@ -14,7 +14,9 @@
 //!   model call cancellable by control commands, usage, tools, terminal or paused status),
 //!   publishing events with consecutive seqs. Its requests to the coordinator are tried
 //!   up to [`COORDINATOR_TRIES`] times.
-//! - [`provider`]: the [`provider::ModelProvider`] trait and the scripted provider.
+//! - [`provider`]: the [`provider::ModelProvider`] trait, the scripted provider, and the
+//!   OpenAI-compatible and Anthropic providers over one shared HTTP client.
+//! - [`forktools`]: the fork tools of an agent whose task has `forking` (ADR 14).
 //! - `resolve`: resolve jobs served on `worker.resolve`: a test command on a branch's
 //!   materialised tree, a judge's call with one retry of an invalid verdict.
 //! - [`tools`]: read, write, edit, delete, list, glob and grep over the overlay.
@@ -40,6 +42,7 @@
 
 pub mod cache;
 pub mod error;
+pub mod forktools;
 pub mod provider;
 pub mod runner;
 pub mod tools;
@@ -157,8 +160,9 @@ impl WorkerHandle {
         self.join.is_finished()
     }
 
-    /// Stop pulling, hand back the branches still running (each stops at its next turn
-    /// boundary and its task is nak'ed), and wait until the node has stopped.
+    /// Stop pulling, hand back the branches still running (a model call in flight is
+    /// dropped, other steps finish; each task is nak'ed), and wait until the node has
+    /// stopped.
     pub async fn shutdown(mut self) -> Result<(), WorkerError> {
         if !self.join.is_finished() {
             // An error here means the node stopped meanwhile; the join below tells why.

@@ -420,6 +420,10 @@ fn begin_drain(state: &mut NodeState) {
     }
     state.draining = true;
     let _ = state.stop_pull.send(true);
+    // A model call in flight (an HTTP request, a backoff) or a tool waiting on other
+    // branches ends at once; what it had not published is lost, as when a worker dies, and
+    // the next worker takes the branch over from its log (ADR 7). Other steps finish.
+    state.ctx.handback.send_replace(true);
     for branch in state.running.values() {
         branch.agent.stop(Some("worker shutting down".into()));
     }

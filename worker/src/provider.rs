@@ -1,8 +1,11 @@
 //! Model providers behind one trait.
 //!
-//! A model is named `provider:name` (`scripted:demo`, later `openai:gpt-4o-mini`,
-//! `anthropic:claude-sonnet-4`). [`Providers::provider_for`] turns a task's model into a
-//! [`ModelProvider`], caching what is expensive to build (a parsed script) per worker.
+//! A model is named `provider:name` (`scripted:demo`, `openai:gpt-4o-mini`,
+//! `anthropic:claude-sonnet-4-20250514`). [`Providers::provider_for`] turns a task's model
+//! (and its [`Endpoint`]) into a [`ModelProvider`], caching what is expensive to build (a
+//! parsed script) per worker. The real providers ([`openai`], [`anthropic`]) share one HTTP
+//! client per worker and the plumbing in [`http`] (key, retries, errors); building one is
+//! cheap, so they are built per task (docs/PROVIDERS.md).
 //!
 //! A request borrows the branch's history: a provider that sends it over the network
 //! serialises it from the borrow, and the scripted one never looks at more than the sizes.
@@ -13,24 +16,30 @@
 //! `max_output_tokens`); a provider that knows better (the scripted one knows exactly what
 //! it will report) overrides it.
 
+pub mod anthropic;
+pub mod http;
+pub mod openai;
 pub mod scripted;
 
 use crate::cache::{BlobCache, Memo};
-use crate::tools::{tool_specs, tool_specs_json_bytes};
+use crate::tools::measured_json_bytes;
 use async_trait::async_trait;
 use forkfleet_shared::blob::BlobError;
 use forkfleet_shared::budget::estimate_input_tokens;
+use forkfleet_shared::endpoint::Endpoint;
 use forkfleet_shared::event::{Message, ToolCall, Usage};
 use forkfleet_shared::protocol::BranchTask;
 use forkfleet_shared::script::ScriptError;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+pub use anthropic::AnthropicProvider;
+pub use openai::OpenAiProvider;
 pub use scripted::ScriptedProvider;
 
-/// The providers this build implements (OpenAI-compatible and Anthropic come later).
-pub const PROVIDERS: &[&str] = &["scripted"];
+/// The providers this build implements.
+pub const PROVIDERS: &[&str] = &["scripted", "openai", "anthropic"];
 
 /// A tool the model may call: its name, what it does, and its arguments as a JSON schema.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,6 +91,58 @@ pub enum ProviderError {
     ScriptEncoding,
     #[error(transparent)]
     Script(#[from] ScriptError),
+    /// The key is not where the endpoint says (a variable unset, a file unreadable).
+    #[error("model `{model}`: no API key: {detail}")]
+    MissingKey { model: String, detail: String },
+    /// 401 or 403. `key` says which key was sent (where it was read, never its value).
+    #[error("model `{model}`: the API at {base_url} rejected {key} (HTTP {status}: {message})")]
+    BadKey {
+        model: String,
+        base_url: String,
+        key: String,
+        status: u16,
+        message: String,
+    },
+    /// 404, or an answer saying the model is not found.
+    #[error("model `{model}`: the API at {base_url} does not know model `{name}` (HTTP {status}: {message}); check the model name, and that base_url is the API's root (such as https://api.openai.com/v1)")]
+    UnknownModel {
+        model: String,
+        name: String,
+        base_url: String,
+        status: u16,
+        message: String,
+    },
+    /// The request does not fit the model's context window.
+    #[error("model `{model}`: the request ({messages} messages) exceeds the model's context window (HTTP {status}: {message})")]
+    ContextOverflow {
+        model: String,
+        messages: usize,
+        status: u16,
+        message: String,
+    },
+    /// Any other final error answer (status and the API's message, truncated).
+    #[error("model `{model}`: the API answered HTTP {status}: {message}")]
+    Api {
+        model: String,
+        status: u16,
+        message: String,
+    },
+    /// Every try was answered 429 or 5xx, or not at all.
+    #[error("model `{model}`: the API at {base_url} failed {tries} tries (the last: {last})")]
+    RetriesExhausted {
+        model: String,
+        base_url: String,
+        tries: u32,
+        last: String,
+    },
+    /// A success answer the provider cannot read.
+    #[error("model `{model}`: the API's answer is not understood: {detail}")]
+    BadResponse { model: String, detail: String },
+    /// The endpoint settings cannot be used.
+    #[error("model `{model}`: {detail}")]
+    BadEndpoint { model: String, detail: String },
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
 }
 
 impl ProviderError {
@@ -105,14 +166,10 @@ pub trait ModelProvider: Send + Sync {
 
 /// A conservative bound of a request's usage: its messages and tool schemas (as JSON)
 /// converted to input tokens by [`estimate_input_tokens`], and `max_output_tokens` of
-/// output; nothing counted as cached. The worker's own tool schemas ([`tool_specs`], what
-/// every branch sends) are measured once; other ones on every call.
+/// output; nothing counted as cached. The worker's own tool lists (what a branch's
+/// [`crate::tools::ToolBox`] sends) are measured once; other ones on every call.
 pub fn upper_bound_estimate(req: &ModelRequest<'_>) -> Usage {
-    let tools_bytes = if std::ptr::eq(req.tools, tool_specs()) {
-        tool_specs_json_bytes()
-    } else {
-        tools_json_bytes(req.tools)
-    };
+    let tools_bytes = measured_json_bytes(req.tools).unwrap_or_else(|| tools_json_bytes(req.tools));
     Usage {
         input_tokens: estimate_input_tokens(req.messages, tools_bytes),
         output_tokens: u64::from(req.max_output_tokens),
@@ -220,6 +277,8 @@ pub struct Providers {
     scripts: Memo<ScriptedProvider>,
     /// Where scripted models log their calls ([`ScriptedProvider::with_usage_log`]).
     scripted_usage_log: Option<PathBuf>,
+    /// The one HTTP client of the real providers, built on first use.
+    http: Mutex<Option<reqwest::Client>>,
 }
 
 impl Providers {
@@ -228,7 +287,19 @@ impl Providers {
             blobs,
             scripts: Memo::new(64),
             scripted_usage_log,
+            http: Mutex::new(None),
         }
+    }
+
+    /// The worker's HTTP client (built once; clones share its connection pool).
+    fn http_client(&self) -> Result<reqwest::Client, ProviderError> {
+        let mut slot = self.http.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let client = http::client()?;
+        *slot = Some(client.clone());
+        Ok(client)
     }
 
     /// The provider for a task's model. A scripted model's script is fetched and parsed
@@ -237,14 +308,17 @@ impl Providers {
         &self,
         task: &BranchTask,
     ) -> Result<Arc<dyn ModelProvider>, ProviderError> {
-        self.provider(&task.model, task.script).await
+        self.provider(&task.model, task.script, task.endpoint.as_ref())
+            .await
     }
 
-    /// The provider for `model` (`provider:name`); `script` is a scripted model's script.
+    /// The provider for `model` (`provider:name`); `script` is a scripted model's script,
+    /// `endpoint` a real model's connection settings (`None`: the provider's defaults).
     pub async fn provider(
         &self,
         model: &str,
         script: Option<forkfleet_shared::blob::BlobHash>,
+        endpoint: Option<&Endpoint>,
     ) -> Result<Arc<dyn ModelProvider>, ProviderError> {
         let (provider, _name) = split_model(model)?;
         match provider {
@@ -270,6 +344,16 @@ impl Providers {
                     .await?;
                 Ok(scripted)
             }
+            "openai" => Ok(Arc::new(OpenAiProvider::new(
+                model,
+                endpoint,
+                self.http_client()?,
+            )?)),
+            "anthropic" => Ok(Arc::new(AnthropicProvider::new(
+                model,
+                endpoint,
+                self.http_client()?,
+            )?)),
             other => Err(ProviderError::UnknownProvider {
                 model: model.to_string(),
                 provider: other.to_string(),
@@ -283,6 +367,7 @@ impl Providers {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::tools::{tool_specs, tool_specs_json_bytes};
 
     #[test]
     fn model_names_are_checked() {

@@ -219,7 +219,11 @@ async fn judge_in_span(ctx: &WorkerCtx, job: &JudgeJob) -> JudgeRun {
         usage: Usage::default(),
         cost_usd: 0.0,
     };
-    let provider = match ctx.providers.provider(&job.model, job.script).await {
+    let provider = match ctx
+        .providers
+        .provider(&job.model, job.script, job.endpoint.as_ref())
+        .await
+    {
         Ok(p) => p,
         Err(e) => {
             run.error = Some(format!("judge `{}`: {e}", job.model));

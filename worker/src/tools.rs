@@ -8,21 +8,56 @@
 //!
 //! New content is put into the blob store (through the cache) before the tool returns, so
 //! the `file_change` events the caller publishes next always name blobs that exist.
+//!
+//! A branch's tools are a [`ToolBox`] built from its task: the standard tools, plus
+//! `run_command` when the task has one ([`BranchTask::run_command`], the spec's
+//! `[run_command]` table).
+//!
+//! ## `run_command`
+//!
+//! The branch's current tree (the fork-time snapshot with the branch's changes,
+//! [`Overlay::to_manifest`]) is materialised in a fresh temporary directory from the blob
+//! cache ([`runner::materialize`]; a symlink pointing outside the tree is not created), and the
+//! command runs there ([`runner::run_command`]): no shell, the environment cleared to `PATH`,
+//! `HOME`, `TMPDIR`, `LANG` and the spec's `env` (`HOME` and `TMPDIR` are scratch
+//! directories outside the tree, so caches and temporary files do not become changes), the
+//! whole process group killed at the timeout (the model's `timeout_s`, capped at the spec's).
+//! Afterwards (also after a timeout) the directory is compared with the tree it was
+//! materialised from ([`runner::tree_changes`]: every file read and hashed) and what the
+//! command did becomes overlay changes: deleted directories (`rmdir`) and files (`delete`)
+//! first, then created files (`write`) and changed ones (`edit`; a `chmod +x` is an edit
+//! that changes the mode), then new empty directories (`mkdir`); each new blob is stored
+//! before the change is recorded. Not taken back, and reported to the model: a symlink
+//! pointing outside the workspace, a new or changed file over [`MAX_IMPORT_FILE_BYTES`],
+//! anything that is not a file, directory or symlink, an unreadable entry; such a path stays
+//! as it was.
+//!
+//! The result is `ok` when the command exited with code 0; a non-zero exit, a signal, a
+//! timeout or a command that could not start is `ok = false`. The output is the outcome
+//! line (`exit code N`, `timed out after N s`, `could not start: ...`), stdout and stderr
+//! together cut in the middle to the spec's `max_output_bytes` (a marker says how many bytes
+//! were left out), and a line listing the files created, changed and deleted.
 
 use crate::cache::BlobCache;
+use crate::error::WorkerError;
 use crate::provider::{tools_json_bytes, ToolSpec};
+use crate::runner::{self, CommandOutcome, CommandSpec, MaterializeError, TreeChanges};
 use bytes::Bytes;
 use forkfleet_shared::blob::BlobError;
+use forkfleet_shared::endpoint::CommandTool;
 use forkfleet_shared::event::ToolCall;
 use forkfleet_shared::manifest::{FileEntry, Node, MODE_FILE};
 use forkfleet_shared::overlay::{apply_edit, Overlay, OverlayError};
 use forkfleet_shared::path::WsPath;
+use forkfleet_shared::protocol::BranchTask;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::json;
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 /// Tool outputs longer than this many characters are truncated with a marker.
 pub const MAX_OUTPUT_CHARS: usize = 30_000;
@@ -45,6 +80,135 @@ pub const TOOL_NAMES: &[&str] = &[
     "glob",
     "grep",
 ];
+
+/// The name of the command tool, offered only when a task enables it.
+pub const RUN_COMMAND: &str = "run_command";
+/// A file a command creates or changes is taken back into the workspace only up to this
+/// size (64 MiB); a larger one is reported and the path left as it was.
+pub const MAX_IMPORT_FILE_BYTES: u64 = 64 << 20;
+/// Paths of each kind (created, changed, deleted, ...) a `run_command` result names.
+pub const MAX_LISTED_PATHS: usize = 50;
+
+/// The tools of one branch: the standard ones, and `run_command` when its task enables it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ToolBox {
+    command: Option<CommandTool>,
+}
+
+impl ToolBox {
+    /// The standard tools only.
+    pub fn standard() -> Self {
+        Self::default()
+    }
+
+    /// The tools `task` offers its model.
+    pub fn for_task(task: &BranchTask) -> Self {
+        Self::with_command(task.run_command.clone())
+    }
+
+    /// The standard tools, and `run_command` with these settings when given.
+    pub fn with_command(command: Option<CommandTool>) -> Self {
+        Self { command }
+    }
+
+    /// The definitions given to the model. Static lists, so a provider's estimate can use
+    /// their size measured once ([`measured_json_bytes`]).
+    pub fn specs(&self) -> &'static [ToolSpec] {
+        if self.command.is_some() {
+            &with_command_specs().specs
+        } else {
+            tool_specs()
+        }
+    }
+
+    /// The names of the tools offered, in order.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.specs().iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// Run one tool call against the overlay. `Err` only when the worker cannot go on (the
+    /// blob store fails); everything else is a result the model reads.
+    pub async fn run(
+        &self,
+        call: &ToolCall,
+        overlay: &mut Overlay,
+        blobs: &BlobCache,
+    ) -> Result<ToolOutcome, WorkerError> {
+        if call.name == RUN_COMMAND {
+            return match &self.command {
+                Some(tool) => match args(call) {
+                    Ok(a) => run_command(tool, a, overlay, blobs).await,
+                    Err(e) => Ok(e),
+                },
+                None => Ok(ToolOutcome::err(format!(
+                    "`{RUN_COMMAND}` is not enabled for this run (the fork spec has no \
+                     [run_command] table); available tools: {}",
+                    self.names().join(", ")
+                ))),
+            };
+        }
+        if !TOOL_NAMES.contains(&call.name.as_str()) {
+            return Ok(ToolOutcome::err(format!(
+                "unknown tool `{}`; available tools: {}",
+                call.name,
+                self.names().join(", ")
+            )));
+        }
+        Ok(run_tool(call, overlay, blobs).await?)
+    }
+}
+
+/// A static tool list and its size as JSON, measured once.
+struct SpecSet {
+    specs: Vec<ToolSpec>,
+    json_bytes: usize,
+}
+
+/// The standard tools and `run_command`.
+fn with_command_specs() -> &'static SpecSet {
+    static SET: OnceLock<SpecSet> = OnceLock::new();
+    SET.get_or_init(|| {
+        let mut specs = tool_specs().to_vec();
+        specs.push(run_command_spec());
+        let json_bytes = tools_json_bytes(&specs);
+        SpecSet { specs, json_bytes }
+    })
+}
+
+/// The JSON size of `tools` when it is one of the static lists a [`ToolBox`] hands out
+/// (the same slice, not an equal copy), measured once; `None` for any other list.
+pub fn measured_json_bytes(tools: &[ToolSpec]) -> Option<usize> {
+    if std::ptr::eq(tools, tool_specs()) {
+        return Some(tool_specs_json_bytes());
+    }
+    let with = with_command_specs();
+    std::ptr::eq(tools, with.specs.as_slice()).then_some(with.json_bytes)
+}
+
+fn run_command_spec() -> ToolSpec {
+    ToolSpec {
+        name: RUN_COMMAND.to_string(),
+        description: "Run a command in a copy of the workspace as it is now (with your changes) \
+            and see its exit code and output (stdout and stderr together; the middle of a long \
+            output is left out). There is no shell: `command` is a list of words, or a string \
+            split into words as a shell would (quotes, backslashes) with nothing expanded; for \
+            pipes, redirections, `&&` or variables run [\"sh\", \"-c\", \"...\"]. Files the \
+            command creates, changes or deletes become changes of the workspace, also when it \
+            times out. Only PATH, HOME, TMPDIR, LANG and the run's configured variables are set."
+            .to_string(),
+        parameters: json!({"type": "object", "properties": {
+            "command": {
+                "anyOf": [
+                    {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                    {"type": "string"}
+                ],
+                "description": "The program and its arguments, e.g. [\"cargo\", \"test\"] or \"pytest -q tests\"."
+            },
+            "timeout_s": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds before the command and everything it started are killed (default and most: the run's limit)."},
+            "cwd": {"type": "string", "description": "Directory to run in, relative to the workspace root (default: the root)."}
+        }, "required": ["command"]}),
+    }
+}
 
 /// What one tool call produced. The changes it made are the overlay's new log entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -621,4 +785,494 @@ async fn grep(a: GrepArgs, ov: &mut Overlay, blobs: &BlobCache) -> Result<ToolOu
         return Ok(ToolOutcome::ok(format!("no matches for `{}`", a.pattern)));
     }
     Ok(ToolOutcome::ok(out))
+}
+
+#[derive(Deserialize)]
+struct CommandArgs {
+    command: serde_json::Value,
+    #[serde(default)]
+    timeout_s: Option<f64>,
+    #[serde(default)]
+    cwd: Option<String>,
+}
+
+/// The argv of a `command` argument: a list of words, or a line split as a shell would.
+fn command_argv(command: &serde_json::Value) -> Result<Vec<String>, String> {
+    let argv = match command {
+        serde_json::Value::String(line) => forkfleet_shared::spec::split_words(line)?,
+        serde_json::Value::Array(words) => words
+            .iter()
+            .map(|w| {
+                w.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("every word of `command` must be a string, got {w}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        other => {
+            return Err(format!(
+                "`command` must be a list of words or a string, got {other}"
+            ))
+        }
+    };
+    match argv.first() {
+        Some(program) if !program.is_empty() => Ok(argv),
+        _ => Err("`command` is empty; name the program to run".to_string()),
+    }
+}
+
+/// The directory a command runs in: `cwd` inside the workspace (symlinks followed in the
+/// overlay), an existing directory; `Err` is the tool result saying why not.
+async fn command_dir(
+    cwd: Option<&str>,
+    ov: &Overlay,
+    blobs: &BlobCache,
+) -> Result<Result<WsPath, ToolOutcome>, BlobError> {
+    let Some(input) = cwd.filter(|c| !c.trim().is_empty()) else {
+        return Ok(Ok(WsPath::root()));
+    };
+    if input.starts_with('/') || input.starts_with('\\') {
+        return Ok(Err(ToolOutcome::err(format!(
+            "cwd `{input}` is an absolute path; give a directory relative to the workspace \
+             root, such as `src` (default: the root)"
+        ))));
+    }
+    let path = match WsPath::parse(input) {
+        Ok(p) => p,
+        Err(forkfleet_shared::path::PathError::Escapes(_)) => {
+            return Ok(Err(ToolOutcome::err(format!(
+                "cwd `{input}` leaves the workspace; give a directory inside it, relative to \
+                 the workspace root"
+            ))))
+        }
+        Err(e) => return Ok(Err(ToolOutcome::err(format!("cwd: {e}")))),
+    };
+    let path = match resolve(ov, blobs, &path).await? {
+        Ok(p) => p,
+        Err(e) => return Ok(Err(ToolOutcome::err(format!("cwd: {}", e.output)))),
+    };
+    Ok(match ov.node(&path) {
+        Node::Dir => Ok(path),
+        Node::File(_) => Err(ToolOutcome::err(format!(
+            "cwd `{input}` is a file, not a directory"
+        ))),
+        Node::Missing => Err(ToolOutcome::err(format!(
+            "cwd `{input}` does not exist in the workspace"
+        ))),
+    })
+}
+
+/// Seconds shown without a trailing `.0`.
+fn secs(s: f64) -> String {
+    format!("{s}")
+}
+
+async fn run_command(
+    tool: &CommandTool,
+    a: CommandArgs,
+    ov: &mut Overlay,
+    blobs: &BlobCache,
+) -> Result<ToolOutcome, WorkerError> {
+    let argv = match command_argv(&a.command) {
+        Ok(v) => v,
+        Err(e) => return Ok(ToolOutcome::err(e)),
+    };
+    let limit = if tool.timeout_s.is_finite() && tool.timeout_s > 0.0 {
+        tool.timeout_s
+    } else {
+        forkfleet_shared::endpoint::DEFAULT_COMMAND_TIMEOUT_S
+    };
+    let (timeout_s, capped) = match a.timeout_s {
+        None => (limit, false),
+        Some(t) if !(t.is_finite() && t > 0.0) => {
+            return Ok(ToolOutcome::err(format!(
+                "timeout_s is {t}; give a number of seconds above 0 (at most {})",
+                secs(limit)
+            )))
+        }
+        Some(t) if t > limit => (limit, true),
+        Some(t) => (t, false),
+    };
+    let timeout = Duration::try_from_secs_f64(timeout_s).unwrap_or(Duration::from_secs(60));
+    let cwd = match command_dir(a.cwd.as_deref(), ov, blobs).await? {
+        Ok(p) => p,
+        Err(e) => return Ok(e),
+    };
+    let not_started = |why: String| ToolOutcome::err(format!("could not start: {why}"));
+    let root = match tempfile::Builder::new().prefix("forkfleet-cmd-").tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            return Ok(not_started(format!(
+                "cannot make a temporary directory: {e}"
+            )))
+        }
+    };
+    let ws = root.path().join("ws");
+    let home = root.path().join("home");
+    let tmp = root.path().join("tmp");
+    for d in [&ws, &home, &tmp] {
+        if let Err(e) = tokio::fs::create_dir(d).await {
+            remove_dir(root).await;
+            return Ok(not_started(format!(
+                "cannot make a temporary directory: {e}"
+            )));
+        }
+    }
+    let tree = ov.to_manifest();
+    let started = std::time::Instant::now();
+    let stats = match runner::materialize(&tree, blobs, &ws).await {
+        Ok(s) => s,
+        Err(MaterializeError::Blob {
+            source: e @ BlobError::Backend(_),
+            ..
+        }) => {
+            remove_dir(root).await;
+            return Err(e.into());
+        }
+        Err(e) => {
+            remove_dir(root).await;
+            return Ok(not_started(format!(
+                "cannot copy the workspace to run in: {e}"
+            )));
+        }
+    };
+    let materialized = started.elapsed();
+    let mut env = BTreeMap::new();
+    env.insert("HOME".to_string(), home.display().to_string());
+    env.insert("TMPDIR".to_string(), tmp.display().to_string());
+    env.extend(tool.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let spec = CommandSpec {
+        argv,
+        env,
+        timeout,
+        max_output_bytes: usize::try_from(tool.max_output_bytes).unwrap_or(usize::MAX),
+    };
+    let run = runner::run_command(&cwd.to_os_path(&ws), &spec, std::future::pending()).await;
+    let scan_started = std::time::Instant::now();
+    let changes = if matches!(run.outcome, CommandOutcome::SpawnFailed { .. }) {
+        TreeChanges::default()
+    } else {
+        let dir = ws.clone();
+        let skipped = stats.skipped.clone();
+        match tokio::task::spawn_blocking(move || {
+            runner::tree_changes(&dir, &tree, &skipped, MAX_IMPORT_FILE_BYTES)
+        })
+        .await
+        {
+            Ok(c) => c,
+            Err(e) => TreeChanges {
+                not_imported: vec![(
+                    ".".to_string(),
+                    format!("the workspace could not be compared after the command: {e}"),
+                )],
+                ..TreeChanges::default()
+            },
+        }
+    };
+    let scanned = scan_started.elapsed();
+    remove_dir(root).await;
+    tracing::debug!(
+        files = stats.files,
+        bytes = stats.bytes,
+        materialize_ms = materialized.as_millis() as u64,
+        run_ms = run.duration.as_millis() as u64,
+        compare_ms = scanned.as_millis() as u64,
+        outcome = ?run.outcome,
+        "run_command done"
+    );
+    let applied = apply_changes(changes, ov, blobs).await?;
+
+    let mut out = match &run.outcome {
+        CommandOutcome::Exited { code } => format!("exit code {code}"),
+        CommandOutcome::Signalled { signal } => format!("killed by signal {signal}"),
+        CommandOutcome::TimedOut => format!(
+            "timed out after {} s; the command and everything it started were killed",
+            secs(timeout_s)
+        ),
+        CommandOutcome::Cancelled => "cancelled".to_string(),
+        CommandOutcome::SpawnFailed { error } => format!("could not start: {error}"),
+    };
+    if capped {
+        let _ = write!(
+            out,
+            " (timeout_s {} is over this run's limit; {} s was used)",
+            a.timeout_s.map(secs).unwrap_or_default(),
+            secs(limit)
+        );
+    }
+    out.push('\n');
+    if run.output.trim().is_empty() {
+        out.push_str("(no output)\n");
+    } else {
+        out.push_str(&run.output);
+        if !run.output.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    out.push_str(&applied.report());
+    Ok(ToolOutcome {
+        ok: run.outcome == CommandOutcome::Exited { code: 0 },
+        output: out,
+    })
+}
+
+/// What of a command's changes went into the overlay, for the model.
+#[derive(Debug, Default)]
+struct Applied {
+    created: Vec<String>,
+    changed: Vec<String>,
+    made_executable: Vec<String>,
+    made_not_executable: Vec<String>,
+    deleted: Vec<String>,
+    new_dirs: Vec<String>,
+    not_imported: Vec<(String, String)>,
+}
+
+impl Applied {
+    /// The `files:` line, and a `not taken back:` line when something was left out.
+    fn report(&self) -> String {
+        let mut parts = Vec::new();
+        for (what, paths) in [
+            ("created", &self.created),
+            ("changed", &self.changed),
+            ("made executable", &self.made_executable),
+            ("made not executable", &self.made_not_executable),
+            ("deleted", &self.deleted),
+            ("new empty directories", &self.new_dirs),
+        ] {
+            if !paths.is_empty() {
+                parts.push(format!(
+                    "{what} {}",
+                    listed(paths.iter().map(|p| format!("`{p}`")))
+                ));
+            }
+        }
+        let mut out = if parts.is_empty() {
+            "files: no changes\n".to_string()
+        } else {
+            format!("files: {}\n", parts.join("; "))
+        };
+        if !self.not_imported.is_empty() {
+            let _ = writeln!(
+                out,
+                "not taken back (left as they were): {}",
+                listed(
+                    self.not_imported
+                        .iter()
+                        .map(|(p, why)| format!("`{p}` ({why})"))
+                )
+            );
+        }
+        out
+    }
+}
+
+/// Items joined by `, `, at most [`MAX_LISTED_PATHS`] of them and a count of the rest.
+fn listed(items: impl ExactSizeIterator<Item = String>) -> String {
+    let total = items.len();
+    let mut shown: Vec<String> = items.take(MAX_LISTED_PATHS).collect();
+    if total > MAX_LISTED_PATHS {
+        shown.push(format!("and {} more", total - MAX_LISTED_PATHS));
+    }
+    shown.join(", ")
+}
+
+/// Record a command's changes in the overlay: removals first (a path may change from a
+/// directory to a file or back), then new and changed files (each blob stored first), then
+/// new empty directories. A change the overlay refuses is reported, not recorded.
+async fn apply_changes(
+    changes: TreeChanges,
+    ov: &mut Overlay,
+    blobs: &BlobCache,
+) -> Result<Applied, BlobError> {
+    use futures::{StreamExt, TryStreamExt};
+    let mut applied = Applied {
+        not_imported: changes.not_imported,
+        ..Applied::default()
+    };
+    let refused = |applied: &mut Applied, path: &WsPath, e: OverlayError| {
+        applied.not_imported.push((path.to_string(), e.to_string()));
+    };
+    for d in &changes.deleted_dirs {
+        match ov.delete(d) {
+            Ok(()) => applied.deleted.push(format!("{d}/")),
+            Err(e) => refused(&mut applied, d, e),
+        }
+    }
+    for f in &changes.deleted {
+        match ov.delete(f) {
+            Ok(()) => applied.deleted.push(f.to_string()),
+            Err(e) => refused(&mut applied, f, e),
+        }
+    }
+    // Boxed as `Send` futures: an iterator of borrowing futures would make the tool's future
+    // unusable from a spawned task (a higher-ranked `Send`).
+    let puts: Vec<futures::future::BoxFuture<'_, Result<(), BlobError>>> = changes
+        .created
+        .iter()
+        .chain(&changes.modified)
+        .map(
+            |w| -> futures::future::BoxFuture<'_, Result<(), BlobError>> {
+                Box::pin(blobs.put_known(w.entry.hash, w.bytes.clone()))
+            },
+        )
+        .collect();
+    futures::stream::iter(puts)
+        .buffer_unordered(BLOB_PUTS_IN_FLIGHT)
+        .try_collect::<Vec<()>>()
+        .await?;
+    for w in &changes.created {
+        match ov.write(&w.path, w.entry) {
+            Ok(()) => applied.created.push(w.path.to_string()),
+            Err(e) => refused(&mut applied, &w.path, e),
+        }
+    }
+    for w in &changes.modified {
+        let before = ov.file(&w.path).ok();
+        match ov.edit(&w.path, w.entry) {
+            Ok(()) => {
+                let path = w.path.to_string();
+                let mode_only = before.is_some_and(|b| {
+                    b.hash == w.entry.hash && !b.is_symlink() && !w.entry.is_symlink()
+                });
+                if !mode_only {
+                    applied.changed.push(path);
+                } else if w.entry.mode & 0o111 != 0 {
+                    applied.made_executable.push(path);
+                } else {
+                    applied.made_not_executable.push(path);
+                }
+            }
+            Err(e) => refused(&mut applied, &w.path, e),
+        }
+    }
+    // Deepest first: making a directory makes its parents, so only leaves are recorded.
+    for d in changes.new_dirs.iter().rev() {
+        if ov.node(d) != Node::Missing {
+            continue;
+        }
+        match ov.mkdir(d) {
+            Ok(()) => applied.new_dirs.push(format!("{d}/")),
+            Err(e) => refused(&mut applied, d, e),
+        }
+    }
+    applied.new_dirs.sort();
+    Ok(applied)
+}
+
+/// Blobs of a command's new files stored at once.
+const BLOB_PUTS_IN_FLIGHT: usize = 16;
+
+/// Remove a command's temporary directory (off the async runtime). A command may have
+/// left directories without write permission: they are made writable and it is tried
+/// again.
+async fn remove_dir(root: tempfile::TempDir) {
+    let removed = tokio::task::spawn_blocking(move || {
+        let path = root.path().to_path_buf();
+        if root.close().is_ok() {
+            return Ok(());
+        }
+        make_writable(&path);
+        std::fs::remove_dir_all(&path).map_err(|e| format!("`{}`: {e}", path.display()))
+    })
+    .await;
+    match removed {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot remove a run_command directory"),
+        Err(e) => tracing::warn!(error = %e, "cannot remove a run_command directory"),
+    }
+}
+
+/// Give every directory below `dir` (and `dir`) owner rwx, not following symlinks.
+fn make_writable(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700));
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_words_or_a_line_split_like_a_shell() {
+        assert_eq!(
+            command_argv(&json!(["sh", "-c", "echo a b"])).unwrap(),
+            ["sh", "-c", "echo a b"]
+        );
+        assert_eq!(
+            command_argv(&json!(r#"pytest -q "tests/a b.py" 'x y' c\ d $HOME"#)).unwrap(),
+            ["pytest", "-q", "tests/a b.py", "x y", "c d", "$HOME"]
+        );
+        for (bad, says) in [
+            (json!([]), "empty"),
+            (json!(""), "empty"),
+            (json!(["", "x"]), "empty"),
+            (json!(["ls", 3]), "must be a string"),
+            (json!(42), "a list of words or a string"),
+            (json!("echo 'open"), "unterminated"),
+        ] {
+            let err = command_argv(&bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_static_tool_lists_are_measured_once() {
+        let standard = ToolBox::standard();
+        let with = ToolBox::with_command(Some(CommandTool {
+            timeout_s: 5.0,
+            env: BTreeMap::new(),
+            max_output_bytes: 1024,
+        }));
+        assert!(std::ptr::eq(standard.specs(), tool_specs()));
+        assert_eq!(with.specs().len(), tool_specs().len() + 1);
+        assert!(std::ptr::eq(with.specs(), ToolBox::clone(&with).specs()));
+        for tools in [standard.specs(), with.specs()] {
+            assert_eq!(measured_json_bytes(tools), Some(tools_json_bytes(tools)));
+            let copy = tools.to_vec();
+            assert_eq!(measured_json_bytes(&copy), None, "a copy is measured anew");
+        }
+    }
+
+    #[test]
+    fn the_files_line_lists_and_bounds_what_changed() {
+        assert_eq!(Applied::default().report(), "files: no changes\n");
+        let many: Vec<String> = (0..MAX_LISTED_PATHS + 3).map(|i| format!("f{i}")).collect();
+        let applied = Applied {
+            created: many,
+            changed: vec!["a.txt".into()],
+            made_executable: vec!["run.sh".into()],
+            deleted: vec!["old/".into(), "x".into()],
+            not_imported: vec![("evil".into(), "a symlink to `/etc`".into())],
+            ..Applied::default()
+        };
+        let report = applied.report();
+        let lines: Vec<&str> = report.lines().collect();
+        assert_eq!(lines.len(), 2, "{report}");
+        assert!(
+            lines[0].starts_with("files: created `f0`, `f1`"),
+            "{report}"
+        );
+        assert!(
+            lines[0].contains(
+                "`f49`, and 3 more; changed `a.txt`; made executable `run.sh`; deleted `old/`, `x`"
+            ),
+            "{report}"
+        );
+        assert!(!lines[0].contains("`f50`"));
+        assert_eq!(
+            lines[1],
+            "not taken back (left as they were): `evil` (a symlink to `/etc`)"
+        );
+    }
 }

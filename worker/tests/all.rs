@@ -10,7 +10,10 @@ mod suite {
     mod budget;
     mod control;
     mod node;
+    mod providers;
+    mod run_command;
     mod runner;
     mod tools;
     mod trace;
+    mod turns;
 }

@@ -12,4 +12,5 @@ mod merge;
 mod perf;
 mod restart;
 mod resume;
+mod turns;
 mod validation;

@@ -327,6 +327,7 @@ pub fn plan(labels: &[&str]) -> ForkPlan {
                 cached_per_mtok: None,
             }),
             script: None,
+            endpoint: None,
         },
     );
     ForkPlan {
@@ -357,8 +358,12 @@ pub fn plan(labels: &[&str]) -> ForkPlan {
                 budget_usd: None,
                 extra_instructions: None,
                 max_turns: 10,
+                max_output_tokens: None,
             })
             .collect(),
+        run_command: None,
+        forking: false,
+        solo: false,
     }
 }
 

@@ -192,6 +192,9 @@ impl Fixture {
             reserve: false,
             on_exhausted: OnExhausted::Stop,
             attempt_base: 0,
+            endpoint: None,
+            run_command: None,
+            forking: false,
         }
     }
 

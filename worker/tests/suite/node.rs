@@ -90,6 +90,31 @@ async fn a_garbage_task_is_dropped_and_the_node_goes_on() {
 }
 
 #[tokio::test]
+async fn shutdown_drops_a_model_call_in_flight_and_hands_the_branch_back() {
+    let fx = Fixture::new().await;
+    let (_, snap) = fx.snapshot(&[]);
+    // A model call that would take ten minutes.
+    let script = fx.script("[defaults]\nlatency_ms = 600000\n\n[[turns.\"*\"]]\ntext = \"late\"\n");
+    let task = fx.task("slow", 0, snap, script);
+    fx.enqueue(&task).await;
+    let mut events = fx.events().await;
+    let worker = start(&fx, config(1)).await;
+    events
+        .until(|e| is_status(e, task.run_id, BranchState::Running))
+        .await;
+    // `shutdown` is bounded by the fixture's wait: the call does not hold it up.
+    shutdown(worker).await;
+    settle(&fx, &mut events).await;
+    assert_eq!(
+        events.count(task.run_id, "usage"),
+        0,
+        "the call was not made"
+    );
+    assert!(events.terminal(task.run_id).is_none());
+    assert_eq!(fx.pending().await, 1, "the task was handed back");
+}
+
+#[tokio::test]
 async fn shutdown_hands_running_branches_back_for_another_worker() {
     let fx = Fixture::new().await;
     let (_, snap) = fx.snapshot(&[]);

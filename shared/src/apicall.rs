@@ -1,0 +1,69 @@
+//! One request to the coordinator's API over the bus (the CLI's remote client and the
+//! agents' fork tools both call it): a request or a reply too large for one message
+//! travels through the blob store.
+
+use crate::api::{ApiError, ApiReply, ApiRequest, ApiResponse, MAX_INLINE_BYTES};
+use crate::blob::{fetch, BlobError, BlobHash};
+use crate::bus::{Bus, BusError};
+use crate::wire::{self, WireError};
+use std::time::{Duration, Instant};
+
+/// Why a call to the coordinator failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The coordinator answered with an error.
+    #[error("{0}")]
+    Api(ApiError),
+    /// The coordinator could not be reached or did not answer in time.
+    #[error("cannot reach the coordinator: {0}")]
+    Bus(#[from] BusError),
+    #[error("the coordinator's answer does not decode: {0}")]
+    Wire(#[from] WireError),
+    #[error("blob store: {0}")]
+    Blob(#[from] BlobError),
+    #[error("the coordinator answered `{got}` to a `{op}` request")]
+    UnexpectedReply { op: &'static str, got: &'static str },
+}
+
+/// Send `req` on `subject` and decode the answer, waiting at most `timeout` for it.
+pub async fn call(
+    bus: &dyn Bus,
+    subject: &str,
+    req: ApiRequest,
+    timeout: Duration,
+) -> Result<ApiReply, CallError> {
+    let op = req.op();
+    let started = Instant::now();
+    let mut payload = wire::encode(&req)?;
+    if payload.len() > MAX_INLINE_BYTES {
+        let blob = BlobHash::of(&payload);
+        bus.blobs().put(blob, payload).await?;
+        payload = wire::encode(&ApiRequest::Stored { blob })?;
+    }
+    let answer = bus.request(subject, payload, timeout).await?;
+    let reply = match decode_response(&answer)? {
+        ApiReply::Stored { blob, .. } => {
+            let bytes = fetch(bus.blobs().as_ref(), &blob).await?;
+            match decode_response(&bytes)? {
+                ApiReply::Stored { .. } => {
+                    return Err(CallError::UnexpectedReply { op, got: "stored" })
+                }
+                r => r,
+            }
+        }
+        r => r,
+    };
+    tracing::debug!(
+        api.op = op,
+        ms = started.elapsed().as_millis() as u64,
+        "api.call"
+    );
+    Ok(reply)
+}
+
+fn decode_response(bytes: &[u8]) -> Result<ApiReply, CallError> {
+    match wire::decode::<ApiResponse>(bytes)? {
+        ApiResponse::Ok(reply) => Ok(*reply),
+        ApiResponse::Err(e) => Err(CallError::Api(e)),
+    }
+}

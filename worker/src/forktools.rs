@@ -1,0 +1,509 @@
+//! The fork tools: an agent whose task has `forking` forks its own run (ADR 14).
+//!
+//! `fork_run`, `inspect_branches`, `merge_or_select`, `terminate_branch`, `diff_branches`
+//! and `fork_cost` are regular tools that call the coordinator's API over the bus, like any
+//! client. The fork is the coordinator's like any other: its branches run on any worker,
+//! hold budgets, show in `forkfleet fork ls`, and a fork the agent leaves unresolved stays
+//! resolvable from the CLI. The agent's own run is the fork's parent, cut at the model
+//! response that called `fork_run`; the branches start from the agent's files as they are
+//! then. Merging a pick replays the winner's change log onto the agent's overlay (conflicts
+//! against the fork's snapshot, under the plan's conflict policy): the changes become the
+//! agent's own file changes, published like any tool's.
+//!
+//! Errors the agent can act on (the depth limit, an unknown label, a branch still running,
+//! the coordinator not answering) are tool errors it reads, never a crash of the branch.
+
+use crate::cache::BlobCache;
+use crate::provider::ToolSpec;
+use crate::tools::ToolOutcome;
+use forkfleet_shared::api::{
+    AgentBranch, AgentFork, ApiReply, ApiRequest, ForkView, MergeOutcome, API_SUBJECT,
+};
+use forkfleet_shared::apicall::{self, CallError};
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::diff::{render_summary, DiffOptions};
+use forkfleet_shared::event::{Event, ToolCall};
+use forkfleet_shared::flush::flush;
+use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::manifest::Manifest;
+use forkfleet_shared::overlay::Overlay;
+use forkfleet_shared::path::WsPath;
+use forkfleet_shared::resolve::{Decision, Strategy};
+use forkfleet_shared::state::ForkState;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub const FORK_RUN: &str = "fork_run";
+pub const INSPECT_BRANCHES: &str = "inspect_branches";
+pub const MERGE_OR_SELECT: &str = "merge_or_select";
+pub const TERMINATE_BRANCH: &str = "terminate_branch";
+pub const DIFF_BRANCHES: &str = "diff_branches";
+pub const FORK_COST: &str = "fork_cost";
+
+/// The fork tools' names.
+pub const FORK_TOOL_NAMES: &[&str] = &[
+    FORK_RUN,
+    INSPECT_BRANCHES,
+    MERGE_OR_SELECT,
+    TERMINATE_BRANCH,
+    DIFF_BRANCHES,
+    FORK_COST,
+];
+
+/// Bound of one quick call to the coordinator.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound of a call that does work (create, diff, merge).
+const WORK_TIMEOUT: Duration = Duration::from_secs(120);
+/// Bound of a resolve (`merge_or_select("auto")`): tests and judges run.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The longest `inspect_branches` waits for the branches to finish.
+pub const MAX_WAIT_S: f64 = 600.0;
+/// Characters of a diff summary returned to the model.
+const MAX_DIFF_CHARS: usize = 12_000;
+
+/// True when `name` is one of the fork tools.
+pub fn is_fork_tool(name: &str) -> bool {
+    FORK_TOOL_NAMES.contains(&name)
+}
+
+/// What the fork tools need of the branch calling them.
+pub(crate) struct ForkCall<'a> {
+    pub bus: &'a dyn Bus,
+    pub blobs: &'a BlobCache,
+    /// The agent's run.
+    pub run_id: RunId,
+    /// The last seq of the agent's log before the model response making the call.
+    pub cutoff_seq: u64,
+    pub overlay: &'a mut Overlay,
+}
+
+/// The forks an agent made; the last one is the one the tools act on by default.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct AgentForks {
+    current: Option<ForkId>,
+}
+
+impl AgentForks {
+    /// The forks a branch's log shows it made (a branch taken over by another worker, or
+    /// continued, acts on the fork it made last).
+    pub fn from_log<'a>(log: impl Iterator<Item = &'a Event>) -> Self {
+        let mut forks = Self::default();
+        for e in log {
+            if let Event::ToolResult {
+                name,
+                ok: true,
+                output,
+                ..
+            } = e
+            {
+                if name == FORK_RUN {
+                    if let Some(id) = serde_json::from_str::<Value>(output)
+                        .ok()
+                        .and_then(|v| v.get("fork_id")?.as_str()?.parse::<ForkId>().ok())
+                    {
+                        forks.current = Some(id);
+                    }
+                }
+            }
+        }
+        forks
+    }
+
+    /// Run one fork tool call. Every failure is a tool error the model reads.
+    pub async fn run(&mut self, call: &ToolCall, cx: ForkCall<'_>) -> ToolOutcome {
+        let result = match call.name.as_str() {
+            FORK_RUN => self.fork_run(&call.args, cx).await,
+            INSPECT_BRANCHES => self.inspect(&call.args, cx).await,
+            MERGE_OR_SELECT => self.merge_or_select(&call.args, cx).await,
+            TERMINATE_BRANCH => self.terminate(&call.args, cx).await,
+            DIFF_BRANCHES => self.diff(&call.args, cx).await,
+            FORK_COST => self.cost(&call.args, cx).await,
+            other => Err(format!(
+                "unknown fork tool `{other}`; fork tools: {}",
+                FORK_TOOL_NAMES.join(", ")
+            )),
+        };
+        match result {
+            Ok(output) => ToolOutcome { ok: true, output },
+            Err(output) => ToolOutcome { ok: false, output },
+        }
+    }
+
+    /// The fork a call names (`fork_id`), else the last one this agent made.
+    fn target(&self, args: &Value) -> Result<ForkId, String> {
+        match args.get("fork_id").and_then(Value::as_str) {
+            Some(id) => id
+                .parse::<ForkId>()
+                .map_err(|_| format!("fork_id `{id}` is not a fork id")),
+            None => self
+                .current
+                .ok_or_else(|| format!("no fork yet: call {FORK_RUN} first")),
+        }
+    }
+
+    async fn fork_run(&mut self, args: &Value, cx: ForkCall<'_>) -> Result<String, String> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Args {
+            branches: Vec<AgentBranch>,
+            #[serde(default)]
+            strategy: Option<String>,
+            #[serde(default)]
+            aggregate_budget_usd: Option<f64>,
+        }
+        let a: Args = parse(FORK_RUN, args)?;
+        if let Some(current) = self.current {
+            let view = fork_view(cx.bus, current).await?;
+            if !view.state.is_resolved() {
+                return Err(format!(
+                    "fork {current} is not resolved yet ({}): resolve it with {MERGE_OR_SELECT} (pick:<label> or abort) before forking again",
+                    view.state.as_str()
+                ));
+            }
+        }
+        let strategy = a.strategy.as_deref().map(strategy).transpose()?;
+        let manifest = cx.overlay.to_manifest();
+        let bytes = manifest
+            .to_blob()
+            .map_err(|e| format!("cannot snapshot the workspace: {e}"))?;
+        let snapshot = cx
+            .blobs
+            .put(bytes)
+            .await
+            .map_err(|e| format!("cannot store the workspace snapshot: {e}"))?;
+        let req = ApiRequest::AgentFork(Box::new(AgentFork {
+            parent_run: cx.run_id,
+            cutoff_seq: cx.cutoff_seq,
+            snapshot,
+            branches: a.branches,
+            strategy,
+            aggregate_budget_usd: a.aggregate_budget_usd,
+        }));
+        let view = match call(cx.bus, req, WORK_TIMEOUT).await? {
+            ApiReply::Fork(view) => view,
+            other => return Err(unexpected(FORK_RUN, &other)),
+        };
+        self.current = Some(view.fork_id);
+        tracing::info!(fork.id = %view.fork_id, branches = view.branches.len(), "agent forked");
+        Ok(json!({
+            "fork_id": view.fork_id.to_string(),
+            "branches": view.branches.iter().map(|b| json!({"label": b.label, "state": b.state.as_str()})).collect::<Vec<_>>(),
+            "next": format!("the branches run now; call {INSPECT_BRANCHES} (with wait_s to wait for them), then {MERGE_OR_SELECT}"),
+        })
+        .to_string())
+    }
+
+    async fn inspect(&mut self, args: &Value, cx: ForkCall<'_>) -> Result<String, String> {
+        let fork = self.target(args)?;
+        let wait_s = match args.get("wait_s") {
+            None | Some(Value::Null) => 0.0,
+            Some(v) => v
+                .as_f64()
+                .filter(|w| w.is_finite() && *w >= 0.0)
+                .ok_or_else(|| format!("wait_s must be a number of seconds, 0 to {MAX_WAIT_S}"))?
+                .min(MAX_WAIT_S),
+        };
+        let view = if wait_s > 0.0 {
+            let timeout_ms = (wait_s * 1000.0) as u64;
+            let req = ApiRequest::WaitSettled { fork, timeout_ms };
+            match call(
+                cx.bus,
+                req,
+                Duration::from_millis(timeout_ms) + CALL_TIMEOUT,
+            )
+            .await
+            {
+                Ok(ApiReply::Fork(view)) => view,
+                // Not settled in time: say where the branches are.
+                _ => fork_view(cx.bus, fork).await?,
+            }
+        } else {
+            fork_view(cx.bus, fork).await?
+        };
+        Ok(describe(&view))
+    }
+
+    async fn merge_or_select(&mut self, args: &Value, cx: ForkCall<'_>) -> Result<String, String> {
+        let fork = self.target(args)?;
+        let action = args
+            .get("action")
+            .and_then(Value::as_str)
+            .ok_or_else(|| "`action` is required: pick:<label>, auto or abort".to_string())?;
+        if action == "abort" {
+            return match call(cx.bus, ApiRequest::Abort { fork }, CALL_TIMEOUT).await? {
+                ApiReply::Abort(a) => Ok(json!({
+                    "fork_id": fork.to_string(),
+                    "aborted": true,
+                    "terminated": a.terminated,
+                })
+                .to_string()),
+                other => Err(unexpected(MERGE_OR_SELECT, &other)),
+            };
+        }
+        let pick = if action == "auto" {
+            let req = ApiRequest::Resolve {
+                fork,
+                strategy: Some(Strategy::Auto),
+            };
+            let report = match call(cx.bus, req, RESOLVE_TIMEOUT).await? {
+                ApiReply::Resolve(r) => r,
+                other => return Err(unexpected(MERGE_OR_SELECT, &other)),
+            };
+            match &report.decision {
+                Decision::Commit { winner, .. } => winner.clone(),
+                other => {
+                    return Err(format!(
+                        "the judge did not pick a branch ({other:?}); look at the branches ({INSPECT_BRANCHES}, {DIFF_BRANCHES}) and pick one with pick:<label>"
+                    ))
+                }
+            }
+        } else if let Some(label) = action.strip_prefix("pick:") {
+            label.trim().to_string()
+        } else {
+            return Err(format!(
+                "action `{action}` is not valid: pick:<label>, auto or abort"
+            ));
+        };
+        let req = ApiRequest::AgentMerge {
+            fork,
+            pick,
+            parent_run: cx.run_id,
+        };
+        let outcome = match call(cx.bus, req, WORK_TIMEOUT).await? {
+            ApiReply::Merge(m) => m,
+            other => return Err(unexpected(MERGE_OR_SELECT, &other)),
+        };
+        apply_merge(&outcome, cx.overlay, cx.blobs).await
+    }
+
+    async fn terminate(&mut self, args: &Value, cx: ForkCall<'_>) -> Result<String, String> {
+        let fork = self.target(args)?;
+        let label = args
+            .get("label")
+            .or_else(|| args.get("branch_id"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| "`label` is required: the branch to stop".to_string())?
+            .to_string();
+        match call(cx.bus, ApiRequest::Terminate { fork, label }, CALL_TIMEOUT).await? {
+            ApiReply::Terminate(t) => Ok(json!({
+                "label": t.label,
+                "state": t.state.as_str(),
+                "stopped": t.sent,
+            })
+            .to_string()),
+            other => Err(unexpected(TERMINATE_BRANCH, &other)),
+        }
+    }
+
+    async fn diff(&mut self, args: &Value, cx: ForkCall<'_>) -> Result<String, String> {
+        let fork = self.target(args)?;
+        let paths = match args.get("paths") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(items)) => {
+                let mut out = Vec::with_capacity(items.len());
+                for item in items {
+                    let p = item
+                        .as_str()
+                        .ok_or_else(|| "paths must be a list of strings".to_string())?;
+                    out.push(WsPath::parse(p).map_err(|e| format!("path `{p}`: {e}"))?);
+                }
+                Some(out)
+            }
+            Some(_) => return Err("paths must be a list of strings".to_string()),
+        };
+        let options = DiffOptions {
+            paths,
+            ..DiffOptions::default()
+        };
+        match call(cx.bus, ApiRequest::Diff { fork, options }, WORK_TIMEOUT).await? {
+            ApiReply::Diff(report) => Ok(cut(render_summary(&report), MAX_DIFF_CHARS)),
+            other => Err(unexpected(DIFF_BRANCHES, &other)),
+        }
+    }
+
+    async fn cost(&mut self, args: &Value, cx: ForkCall<'_>) -> Result<String, String> {
+        let fork = self.target(args)?;
+        match call(cx.bus, ApiRequest::ForkCost { fork }, CALL_TIMEOUT).await? {
+            ApiReply::Cost(cost) => serde_json::to_string(&cost).map_err(|e| e.to_string()),
+            other => Err(unexpected(FORK_COST, &other)),
+        }
+    }
+}
+
+/// Replay a merged winner's change log onto the agent's overlay.
+async fn apply_merge(
+    outcome: &MergeOutcome,
+    overlay: &mut Overlay,
+    blobs: &BlobCache,
+) -> Result<String, String> {
+    let bytes = blobs
+        .get(&outcome.fork_snapshot)
+        .await
+        .map_err(|e| format!("cannot read the fork's snapshot: {e}"))?;
+    let snapshot = Manifest::from_blob(&bytes)
+        .map_err(|e| format!("the fork's snapshot is unreadable: {e}"))?;
+    let report = flush(
+        &outcome.changes,
+        &snapshot,
+        overlay,
+        outcome.conflict_policy,
+    );
+    tracing::info!(
+        fork.id = %outcome.fork_id,
+        branch.label = %outcome.winner,
+        applied = report.applied_paths.len(),
+        conflicts = report.conflicts.len(),
+        "agent merged its fork"
+    );
+    Ok(json!({
+        "fork_id": outcome.fork_id.to_string(),
+        "merged": outcome.winner,
+        "applied_paths": report.applied_paths.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+        "deleted_paths": report.deleted_paths.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+        "conflicts": report.conflicts.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+        "conflict_policy": outcome.conflict_policy.to_string(),
+        "errors": report.errors.iter().map(|e| format!("{e:?}")).collect::<Vec<_>>(),
+        "winner_answer": outcome.summary,
+    })
+    .to_string())
+}
+
+async fn call(bus: &dyn Bus, req: ApiRequest, timeout: Duration) -> Result<ApiReply, String> {
+    apicall::call(bus, API_SUBJECT, req, timeout)
+        .await
+        .map_err(|e| match e {
+            CallError::Api(e) => e.message,
+            other => other.to_string(),
+        })
+}
+
+async fn fork_view(bus: &dyn Bus, fork: ForkId) -> Result<ForkView, String> {
+    match call(bus, ApiRequest::Fork { fork }, CALL_TIMEOUT).await? {
+        ApiReply::Fork(view) => Ok(view),
+        other => Err(unexpected(INSPECT_BRANCHES, &other)),
+    }
+}
+
+fn unexpected(tool: &str, reply: &ApiReply) -> String {
+    format!(
+        "{tool}: the coordinator answered `{}` unexpectedly",
+        reply.name()
+    )
+}
+
+fn parse<T: serde::de::DeserializeOwned>(tool: &str, args: &Value) -> Result<T, String> {
+    serde_json::from_value(args.clone()).map_err(|e| format!("{tool}: bad arguments: {e}"))
+}
+
+fn strategy(name: &str) -> Result<Strategy, String> {
+    match name {
+        "manual" => Ok(Strategy::Manual),
+        "auto" => Ok(Strategy::Auto),
+        "auto_with_fallback" => Ok(Strategy::AutoWithFallback {
+            threshold: forkfleet_shared::resolve::DEFAULT_THRESHOLD,
+        }),
+        "vote" => Ok(Strategy::Vote),
+        other => Err(format!(
+            "strategy `{other}` is not valid: manual, auto, auto_with_fallback or vote"
+        )),
+    }
+}
+
+/// The fork's state and its branches, as the model reads them.
+fn describe(view: &ForkView) -> String {
+    json!({
+        "fork_id": view.fork_id.to_string(),
+        "state": view.state.as_str(),
+        "settled": matches!(view.state, ForkState::Settled) || view.state.is_resolved(),
+        "branches": view.branches.iter().map(|b| json!({
+            "label": b.label,
+            "state": b.state.as_str(),
+            "error": b.error,
+            "turns": b.turns,
+            "changes": b.changes,
+            "cost_usd": b.cost_usd,
+        })).collect::<Vec<_>>(),
+    })
+    .to_string()
+}
+
+fn cut(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("\n[... cut: ask for fewer paths with `paths`]");
+    }
+    s
+}
+
+/// The fork tools' definitions.
+pub fn fork_tool_specs() -> &'static [ToolSpec] {
+    static SPECS: OnceLock<Vec<ToolSpec>> = OnceLock::new();
+    SPECS.get_or_init(|| {
+        let spec = |name: &str, description: &str, parameters: Value| ToolSpec {
+            name: name.to_string(),
+            description: description.to_string(),
+            parameters,
+        };
+        let fork_id = json!({"type": "string", "description": "The fork (default: the last one you made)."});
+        vec![
+            spec(
+                FORK_RUN,
+                "Fork this run into parallel branches that each try an approach in their own copy of the workspace (as it is now), sharing this conversation up to here. The branches run while you continue. Then call inspect_branches (wait_s to wait), diff_branches, and resolve the fork with merge_or_select before you finish. You cannot fork past the configured depth.",
+                json!({"type": "object", "properties": {
+                    "branches": {"type": "array", "minItems": 1, "items": {"type": "object", "properties": {
+                        "label": {"type": "string", "description": "A short unique name: letters, digits, -, _ and ."},
+                        "steer": {"type": "string", "description": "What this branch should try."},
+                        "model": {"type": "string", "description": "A configured model (default: yours)."},
+                        "budget_usd": {"type": "number", "minimum": 0},
+                        "extra_instructions": {"type": "string"}
+                    }, "required": ["label", "steer"]}},
+                    "strategy": {"type": "string", "enum": ["manual", "auto", "auto_with_fallback", "vote"]},
+                    "aggregate_budget_usd": {"type": "number", "minimum": 0, "description": "A cap on the whole fork's spend."}
+                }, "required": ["branches"]}),
+            ),
+            spec(
+                INSPECT_BRANCHES,
+                "The fork's branches: state (pending, running, done, failed, terminated, budget_exhausted, aggregate_budget_exhausted, paused), turns, changes, cost. With wait_s, wait up to that many seconds for every branch to finish first.",
+                json!({"type": "object", "properties": {
+                    "fork_id": fork_id,
+                    "wait_s": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S}
+                }}),
+            ),
+            spec(
+                MERGE_OR_SELECT,
+                "Resolve the fork: `pick:<label>` merges that branch's file changes into your workspace (the other branches are stopped), `auto` lets the configured judge pick, `abort` discards every branch. A branch must have finished to be picked.",
+                json!({"type": "object", "properties": {
+                    "action": {"type": "string", "description": "pick:<label>, auto or abort"},
+                    "fork_id": fork_id
+                }, "required": ["action"]}),
+            ),
+            spec(
+                TERMINATE_BRANCH,
+                "Stop one branch of the fork; it keeps the work it did.",
+                json!({"type": "object", "properties": {
+                    "label": {"type": "string"},
+                    "fork_id": fork_id
+                }, "required": ["label"]}),
+            ),
+            spec(
+                DIFF_BRANCHES,
+                "Compare the branches: every path any branch touched, what each did, and where they agree.",
+                json!({"type": "object", "properties": {
+                    "paths": {"type": "array", "items": {"type": "string"}, "description": "Only these files or directories."},
+                    "fork_id": fork_id
+                }}),
+            ),
+            spec(
+                FORK_COST,
+                "What each branch of the fork spent, holds and may still spend, and the total.",
+                json!({"type": "object", "properties": {"fork_id": fork_id}}),
+            ),
+        ]
+    })
+}

@@ -1,0 +1,853 @@
+//! What the real providers share: the HTTP client, the API key, retries and errors.
+//!
+//! - **Client.** One [`reqwest::Client`] per worker ([`client`]), rustls only, shared by every
+//!   provider (its connection pool too). A provider is cheap to build: settings and a clone
+//!   of the client.
+//! - **Key.** Read on every call (so a rotated secret file is picked up) from the
+//!   environment variable the endpoint names (`api_key_env`, else the vendor's default such
+//!   as `OPENAI_API_KEY`) or from the file it names (`api_key_file`, trimmed). A key is
+//!   required when the endpoint names where it is, or when the base URL is the vendor's own
+//!   API; a local server (llama.cpp, vLLM, Ollama) needs none and then gets no key header.
+//!   [`ApiKey`] never shows itself in `Debug`, header values carrying it are marked
+//!   sensitive, and every text taken from an answer is redacted of it before it reaches an
+//!   error or a log.
+//! - **Retries.** One call is at most `max_retries + 1` HTTP requests (default 3 retries),
+//!   each bounded by `timeout_s` (default 120 s, connecting and reading the whole answer).
+//!   Answers 408, 429 (except `insufficient_quota`) and 5xx, and requests that got no answer
+//!   (connection refused or reset, timeout) are retried: after the answer's `retry-after-ms`
+//!   or `retry-after` (seconds or an HTTP date, at most [`MAX_RETRY_AFTER`]) when it has
+//!   one, else after a full-jitter exponential backoff (a random wait up to
+//!   `base * 2^(try - 1)`, at most `cap`). Other answers are final.
+//! - **Cancellation.** A call is one future: dropping it (a terminated branch) drops the
+//!   request in flight, which closes its connection, or the backoff sleep.
+//! - **Errors.** A final answer becomes a [`ProviderError`] that says what is wrong: the key
+//!   (401, 403), the model (404, or a body saying the model is not found), the context
+//!   window (`context_length_exceeded`, "maximum context length", "prompt is too long",
+//!   ...), or else the status with the API's own message, truncated.
+//! - **Tracing.** A debug event per attempt (provider, model, attempt, status, latency), a
+//!   warning per retry; never the key, never a body.
+
+use super::{estimate_tokens, message_chars, tool_call_chars, ModelRequest, ProviderError};
+use bytes::Bytes;
+use forkfleet_shared::endpoint::Endpoint;
+use forkfleet_shared::event::{ToolCall, Usage};
+use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::StatusCode;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+/// Seconds one HTTP request may take when the endpoint does not say.
+pub const DEFAULT_TIMEOUT_S: f64 = 120.0;
+/// Retries of one call when the endpoint does not say.
+pub const DEFAULT_MAX_RETRIES: u32 = 3;
+/// The longest wait a `retry-after` is honoured with.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// Characters of an API's error message kept in an error.
+pub const MAX_MESSAGE_CHARS: usize = 500;
+
+/// The worker's HTTP client for model APIs (build one and share it).
+pub fn client() -> Result<reqwest::Client, ProviderError> {
+    reqwest::Client::builder()
+        .user_agent(concat!("forkfleet/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| ProviderError::Client(error_chain(&e)))
+}
+
+/// One vendor's API: its name and defaults.
+#[derive(Debug)]
+pub struct Vendor {
+    /// The provider's prefix in model names (`openai`).
+    pub provider: &'static str,
+    pub default_base_url: &'static str,
+    pub default_key_env: &'static str,
+    /// The vendor's own API host: a call to it without a key is an error.
+    pub host: &'static str,
+}
+
+/// An API key. `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// The key, for the one header that carries it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// A header value carrying `prefix` and the key, marked sensitive (never printed).
+    pub fn header(&self, prefix: &str) -> Option<HeaderValue> {
+        let mut v = HeaderValue::from_str(&format!("{prefix}{}", self.0)).ok()?;
+        v.set_sensitive(true);
+        Some(v)
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+/// Where the key is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    Env(String),
+    File(PathBuf),
+}
+
+impl fmt::Display for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySource::Env(name) => write!(f, "env `{name}`"),
+            KeySource::File(path) => write!(f, "file `{}`", path.display()),
+        }
+    }
+}
+
+/// Backoff between tries (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The first backoff's bound; doubled for each further try.
+    pub base: Duration,
+    /// The most one backoff may be.
+    pub cap: Duration,
+    /// The most a `retry-after` is waited.
+    pub max_retry_after: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(500),
+            cap: Duration::from_secs(30),
+            max_retry_after: MAX_RETRY_AFTER,
+        }
+    }
+}
+
+impl Backoff {
+    /// The wait before try `next` (2 for the first retry): a random duration up to
+    /// `base * 2^(next - 2)`, at most `cap` (full jitter).
+    pub fn jittered(&self, next: u32) -> Duration {
+        let exp = next.saturating_sub(2).min(20);
+        let bound = self.base.saturating_mul(1u32 << exp).min(self.cap);
+        random_up_to(bound)
+    }
+}
+
+/// A random duration in `[0, bound]`.
+fn random_up_to(bound: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX);
+    if nanos == 0 {
+        return Duration::ZERO;
+    }
+    // Every `RandomState` has fresh keys, so the hash of nothing is a fresh random number.
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    Duration::from_nanos(r % nanos.saturating_add(1))
+}
+
+/// A model API reached over HTTP: the settings every call of one (model, endpoint) uses.
+#[derive(Clone)]
+pub struct Api {
+    pub vendor: &'static Vendor,
+    /// `provider:name`.
+    pub model: String,
+    /// The name sent as the API's `model`.
+    pub name: String,
+    /// Without a trailing `/`.
+    pub base_url: String,
+    pub key_source: KeySource,
+    /// A call fails without a key (see the module docs).
+    pub key_required: bool,
+    pub timeout: Duration,
+    pub max_retries: u32,
+    pub backoff: Backoff,
+    client: reqwest::Client,
+}
+
+impl fmt::Debug for Api {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Api")
+            .field("model", &self.model)
+            .field("base_url", &self.base_url)
+            .field("key_source", &self.key_source)
+            .field("key_required", &self.key_required)
+            .field("timeout", &self.timeout)
+            .field("max_retries", &self.max_retries)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Api {
+    /// The settings of `model` (`provider:name`) at `endpoint` (`None`: the vendor's
+    /// defaults). The endpoint is checked again: a worker trusts no task blindly.
+    pub fn new(
+        vendor: &'static Vendor,
+        model: &str,
+        endpoint: Option<&Endpoint>,
+        client: reqwest::Client,
+    ) -> Result<Self, ProviderError> {
+        let bad = |detail: String| ProviderError::BadEndpoint {
+            model: model.to_string(),
+            detail,
+        };
+        let name = model
+            .split_once(':')
+            .map(|(_, n)| n)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| ProviderError::BadModelName {
+                model: model.to_string(),
+                known: super::PROVIDERS.join(", "),
+            })?;
+        let default = Endpoint::default();
+        let ep = endpoint.unwrap_or(&default);
+        ep.validate().map_err(bad)?;
+        let base_url = ep
+            .base_url
+            .as_deref()
+            .unwrap_or(vendor.default_base_url)
+            .trim_end_matches('/')
+            .to_string();
+        let parsed = reqwest::Url::parse(&base_url)
+            .map_err(|e| bad(format!("base_url `{base_url}` is not a URL: {e}")))?;
+        let vendor_host = parsed
+            .host_str()
+            .is_some_and(|h| h.eq_ignore_ascii_case(vendor.host));
+        let (key_source, explicit) = match (&ep.api_key_file, &ep.api_key_env) {
+            (Some(path), _) => (KeySource::File(PathBuf::from(path)), true),
+            (None, Some(env)) => (KeySource::Env(env.clone()), true),
+            (None, None) => (KeySource::Env(vendor.default_key_env.to_string()), false),
+        };
+        let timeout_s = ep.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
+        let timeout = Duration::try_from_secs_f64(timeout_s)
+            .map_err(|_| bad(format!("timeout_s {timeout_s} is not a duration")))?;
+        Ok(Self {
+            vendor,
+            model: model.to_string(),
+            name: name.to_string(),
+            base_url,
+            key_source,
+            key_required: explicit || vendor_host,
+            timeout,
+            max_retries: ep.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
+            backoff: Backoff::default(),
+            client,
+        })
+    }
+
+    /// What every call sends: the request as JSON, its content type, and the key (if any)
+    /// in header `key_header` after `prefix`. Returns the body, the headers and the key
+    /// (for redacting answers).
+    pub fn prepare(
+        &self,
+        request: &impl serde::Serialize,
+        key_header: reqwest::header::HeaderName,
+        prefix: &str,
+    ) -> Result<(Bytes, HeaderMap, Option<ApiKey>), ProviderError> {
+        let key = self.load_key()?;
+        let body = serde_json::to_vec(request)
+            .map_err(|e| self.bad_response(format!("cannot encode the request: {e}")))?;
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            reqwest::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(k) = &key {
+            let value = k.header(prefix).ok_or_else(|| ProviderError::MissingKey {
+                model: self.model.clone(),
+                detail: format!(
+                    "the key from {} is not a valid header value",
+                    self.key_source
+                ),
+            })?;
+            headers.insert(key_header, value);
+        }
+        Ok((body.into(), headers, key))
+    }
+
+    /// Read the key (see the module docs). `None`: no key, and none is required.
+    pub fn load_key(&self) -> Result<Option<ApiKey>, ProviderError> {
+        let missing = |detail: String| ProviderError::MissingKey {
+            model: self.model.clone(),
+            detail,
+        };
+        match &self.key_source {
+            KeySource::File(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    missing(format!(
+                        "cannot read the key file `{}`: {e}",
+                        path.display()
+                    ))
+                })?;
+                let key = text.trim();
+                if key.is_empty() {
+                    return Err(missing(format!(
+                        "the key file `{}` is empty",
+                        path.display()
+                    )));
+                }
+                Ok(Some(ApiKey(key.to_string())))
+            }
+            KeySource::Env(name) => {
+                let value = std::env::var(name).unwrap_or_default();
+                let key = value.trim();
+                if !key.is_empty() {
+                    return Ok(Some(ApiKey(key.to_string())));
+                }
+                if self.key_required {
+                    return Err(missing(format!(
+                        "the environment variable `{name}` is not set (or empty) on the worker; \
+                         set it, or name another with api_key_env or a file with api_key_file"
+                    )));
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// POST `body` (JSON) to `{base_url}{path}` with `headers`, retrying as the module docs
+    /// say; the answer's body when it is a success. `key` is what the headers carry (to
+    /// redact it from whatever the API answers); `messages` is the request's message count
+    /// (for a context overflow error).
+    pub async fn post(
+        &self,
+        path: &str,
+        headers: HeaderMap,
+        body: Bytes,
+        key: Option<&ApiKey>,
+        messages: usize,
+    ) -> Result<Bytes, ProviderError> {
+        let url = format!("{}{path}", self.base_url);
+        let tries = self.max_retries.saturating_add(1);
+        let mut last = String::new();
+        for attempt in 1..=tries {
+            let started = Instant::now();
+            let sent = self
+                .client
+                .post(&url)
+                .headers(headers.clone())
+                .timeout(self.timeout)
+                .body(body.clone())
+                .send()
+                .await;
+            let answer = match sent {
+                Ok(resp) => {
+                    let status = resp.status();
+                    let wait = retry_after(resp.headers(), SystemTime::now());
+                    resp.bytes().await.map(|b| (status, wait, b))
+                }
+                Err(e) => Err(e),
+            };
+            let latency_ms = started.elapsed().as_millis() as u64;
+            let wait = match answer {
+                Ok((status, retry_after, bytes)) => {
+                    tracing::debug!(
+                        provider = self.vendor.provider,
+                        model = %self.model,
+                        attempt,
+                        status = status.as_u16(),
+                        latency_ms,
+                        "model api attempt"
+                    );
+                    if status.is_success() {
+                        return Ok(bytes);
+                    }
+                    let text = redact(&String::from_utf8_lossy(&bytes), key);
+                    if !retryable(status, &text) {
+                        return Err(self.failure(status, &text, key.is_some(), messages));
+                    }
+                    last = format!("HTTP {}: {}", status.as_u16(), api_message(&text));
+                    retry_after.map(|w| w.min(self.backoff.max_retry_after))
+                }
+                Err(e) => {
+                    let what = redact(&self.no_answer(&e), key);
+                    tracing::debug!(
+                        provider = self.vendor.provider,
+                        model = %self.model,
+                        attempt,
+                        latency_ms,
+                        error = %what,
+                        "model api attempt got no answer"
+                    );
+                    if e.is_builder() {
+                        return Err(ProviderError::BadEndpoint {
+                            model: self.model.clone(),
+                            detail: what,
+                        });
+                    }
+                    last = what;
+                    None
+                }
+            };
+            if attempt < tries {
+                let wait = wait.unwrap_or_else(|| self.backoff.jittered(attempt + 1));
+                tracing::warn!(
+                    provider = self.vendor.provider,
+                    model = %self.model,
+                    attempt,
+                    wait_ms = wait.as_millis() as u64,
+                    last = %last,
+                    "model api call failed; retrying"
+                );
+                tokio::time::sleep(wait).await;
+            }
+        }
+        Err(ProviderError::RetriesExhausted {
+            model: self.model.clone(),
+            base_url: self.base_url.clone(),
+            tries,
+            last,
+        })
+    }
+
+    /// What a request that got no answer ran into.
+    fn no_answer(&self, e: &reqwest::Error) -> String {
+        if e.is_timeout() {
+            format!(
+                "no answer within {} s (timeout_s)",
+                self.timeout.as_secs_f64()
+            )
+        } else if e.is_connect() {
+            format!("cannot connect to {}: {}", self.base_url, error_chain(e))
+        } else {
+            error_chain(e)
+        }
+    }
+
+    /// The error of a final (not retried) answer; `text` is its body, redacted.
+    pub fn failure(
+        &self,
+        status: StatusCode,
+        text: &str,
+        sent_key: bool,
+        messages: usize,
+    ) -> ProviderError {
+        let lower = text.to_ascii_lowercase();
+        let message = api_message(text);
+        let code = status.as_u16();
+        if matches!(code, 400 | 413 | 422) && is_context_overflow(&lower) {
+            return ProviderError::ContextOverflow {
+                model: self.model.clone(),
+                messages,
+                status: code,
+                message,
+            };
+        }
+        if matches!(code, 401 | 403) {
+            let key = if sent_key {
+                format!("the key from {}", self.key_source)
+            } else {
+                format!(
+                    "the request: no key was sent ({} is not set); set it, or name the key \
+                     with api_key_env or api_key_file",
+                    self.key_source
+                )
+            };
+            return ProviderError::BadKey {
+                model: self.model.clone(),
+                base_url: self.base_url.clone(),
+                key,
+                status: code,
+                message,
+            };
+        }
+        if code == 404 || (matches!(code, 400 | 422) && is_model_not_found(&lower)) {
+            return ProviderError::UnknownModel {
+                model: self.model.clone(),
+                name: self.name.clone(),
+                base_url: self.base_url.clone(),
+                status: code,
+                message,
+            };
+        }
+        ProviderError::Api {
+            model: self.model.clone(),
+            status: code,
+            message,
+        }
+    }
+
+    /// A body the provider cannot read.
+    pub fn bad_response(&self, detail: impl Into<String>) -> ProviderError {
+        ProviderError::BadResponse {
+            model: self.model.clone(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Retried answers: 408, 429 (unless the quota is exhausted: waiting will not help), 5xx.
+fn retryable(status: StatusCode, text: &str) -> bool {
+    match status.as_u16() {
+        408 => true,
+        429 => !text.contains("insufficient_quota"),
+        s => (500..600).contains(&s),
+    }
+}
+
+fn is_context_overflow(lower: &str) -> bool {
+    [
+        "context_length_exceeded",
+        "maximum context length",
+        "prompt is too long",
+        "exceed_context_size",
+        "exceeds the available context size",
+        "context window",
+        "too many tokens",
+        "input is too long",
+    ]
+    .iter()
+    .any(|p| lower.contains(p))
+}
+
+fn is_model_not_found(lower: &str) -> bool {
+    lower.contains("model_not_found")
+        || lower.contains("model not found")
+        || (lower.contains("model") && lower.contains("does not exist"))
+        || (lower.contains("model") && lower.contains("not found"))
+}
+
+/// The wait an answer asks for: `retry-after-ms` (milliseconds), else `retry-after`
+/// (seconds, or an HTTP date, counted from `now`). Not capped.
+pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let secs = |s: &str| {
+        s.parse::<f64>()
+            .ok()
+            .filter(|n| n.is_finite() && *n >= 0.0)
+            .and_then(|n| Duration::try_from_secs_f64(n).ok())
+    };
+    if let Some(ms) = header("retry-after-ms").and_then(secs) {
+        return Some(ms / 1000);
+    }
+    let value = header("retry-after")?;
+    if let Some(d) = secs(value) {
+        return Some(d);
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// The API's error message in an error body (`{"error": {"message"}}`, `{"error": "..."}`,
+/// `{"message"}`, `{"detail"}`), else the body itself; truncated.
+pub fn api_message(text: &str) -> String {
+    let from_json = serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| {
+            let err = v.get("error");
+            let s = err
+                .and_then(|e| e.get("message"))
+                .or(err)
+                .or_else(|| v.get("message"))
+                .or_else(|| v.get("detail"))?;
+            Some(match s {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+        });
+    let msg = from_json.unwrap_or_else(|| text.trim().to_string());
+    let msg = if msg.is_empty() {
+        "(no message)".to_string()
+    } else {
+        msg
+    };
+    truncate(&msg, MAX_MESSAGE_CHARS)
+}
+
+/// `text` cut to `max` characters, marked when cut.
+pub fn truncate(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some((at, _)) => format!("{}… (truncated)", &text[..at]),
+    }
+}
+
+/// `text` with every occurrence of the key replaced.
+pub fn redact(text: &str, key: Option<&ApiKey>) -> String {
+    match key {
+        Some(k) if !k.0.is_empty() => text.replace(&k.0, "[redacted]"),
+        _ => text.to_string(),
+    }
+}
+
+/// An error and its sources, `: `-separated.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !out.contains(&s_text) {
+            out.push_str(": ");
+            out.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+/// The usage of an answer that reports none: estimated from the sizes of the request and
+/// the reply, as the scripted provider does (logged as a warning).
+pub fn estimated_usage(
+    api: &Api,
+    req: &ModelRequest<'_>,
+    text: Option<&str>,
+    calls: &[ToolCall],
+) -> Usage {
+    tracing::warn!(
+        provider = api.vendor.provider,
+        model = %api.model,
+        "the API reported no usage; tokens are estimated from sizes"
+    );
+    let output = text.map_or(0, |t| t.chars().count() as u64) + tool_call_chars(calls);
+    Usage {
+        input_tokens: estimate_tokens(message_chars(req.messages)),
+        output_tokens: estimate_tokens(output),
+        cached_tokens: 0,
+    }
+}
+
+/// A tool call's arguments as the API sent them: a JSON object in a string (parsed), an
+/// object, or nothing (`{}`). Arguments that are not valid JSON are kept as a JSON string,
+/// so the tool reports a clear error to the model instead of the branch failing.
+pub fn parse_arguments(raw: Option<serde_json::Value>) -> serde_json::Value {
+    match raw {
+        None | Some(serde_json::Value::Null) => serde_json::json!({}),
+        Some(serde_json::Value::String(s)) => {
+            if s.trim().is_empty() {
+                serde_json::json!({})
+            } else {
+                serde_json::from_str(&s).unwrap_or(serde_json::Value::String(s))
+            }
+        }
+        Some(other) => other,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    static TEST_VENDOR: Vendor = Vendor {
+        provider: "openai",
+        default_base_url: "https://api.openai.com/v1",
+        default_key_env: "FORKFLEET_HTTP_UNIT_TEST_UNSET_KEY",
+        host: "api.openai.com",
+    };
+
+    fn api(endpoint: Option<&Endpoint>) -> Result<Api, ProviderError> {
+        Api::new(&TEST_VENDOR, "openai:m", endpoint, reqwest::Client::new())
+    }
+
+    #[test]
+    fn retry_after_takes_ms_seconds_and_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h, now), None);
+        h.insert("retry-after", HeaderValue::from_static("7"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(7)));
+        h.insert("retry-after", HeaderValue::from_static("1.5"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_millis(1500)));
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        h.insert("retry-after", HeaderValue::from_str(&date).unwrap());
+        assert_eq!(retry_after(&h, now), Some(Duration::from_secs(30)));
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        h.insert("retry-after", HeaderValue::from_str(&past).unwrap());
+        assert_eq!(retry_after(&h, now), Some(Duration::ZERO));
+        h.insert("retry-after", HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&h, now), None);
+        h.insert("retry-after-ms", HeaderValue::from_static("250"));
+        assert_eq!(retry_after(&h, now), Some(Duration::from_millis(250)));
+        h.insert("retry-after-ms", HeaderValue::from_static("-1"));
+        assert_eq!(retry_after(&h, now), None);
+    }
+
+    #[test]
+    fn backoff_is_full_jitter_under_a_growing_bound() {
+        let b = Backoff {
+            base: Duration::from_millis(100),
+            cap: Duration::from_millis(350),
+            max_retry_after: MAX_RETRY_AFTER,
+        };
+        for _ in 0..200 {
+            assert!(b.jittered(2) <= Duration::from_millis(100));
+            assert!(b.jittered(3) <= Duration::from_millis(200));
+            assert!(b.jittered(9) <= Duration::from_millis(350));
+        }
+        // Not a constant.
+        let waits: std::collections::HashSet<_> = (0..50).map(|_| b.jittered(9)).collect();
+        assert!(waits.len() > 10, "{waits:?}");
+        assert_eq!(random_up_to(Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn messages_are_extracted_truncated_and_redacted() {
+        assert_eq!(
+            api_message(r#"{"error": {"message": "bad thing", "type": "x"}}"#),
+            "bad thing"
+        );
+        assert_eq!(api_message(r#"{"error": "plain"}"#), "plain");
+        assert_eq!(api_message(r#"{"detail": "d"}"#), "d");
+        assert_eq!(api_message("  not json "), "not json");
+        assert_eq!(api_message(""), "(no message)");
+        let long = "é".repeat(MAX_MESSAGE_CHARS + 10);
+        let cut = api_message(&long);
+        assert!(cut.ends_with("(truncated)"));
+        assert_eq!(cut.chars().filter(|c| *c == 'é').count(), MAX_MESSAGE_CHARS);
+        let key = ApiKey("sk-secret".into());
+        assert_eq!(
+            redact("echo: Bearer sk-secret, sk-secret", Some(&key)),
+            "echo: Bearer [redacted], [redacted]"
+        );
+        assert_eq!(format!("{key:?}"), "ApiKey(<redacted>)");
+        assert!(!format!("{:?}", key.header("Bearer ").unwrap()).contains("sk-secret"));
+    }
+
+    #[test]
+    fn arguments_are_parsed_or_kept() {
+        assert_eq!(parse_arguments(None), serde_json::json!({}));
+        assert_eq!(
+            parse_arguments(Some(serde_json::json!(""))),
+            serde_json::json!({})
+        );
+        assert_eq!(
+            parse_arguments(Some(serde_json::json!("{\"a\": 1}"))),
+            serde_json::json!({"a": 1})
+        );
+        assert_eq!(
+            parse_arguments(Some(serde_json::json!("{oops"))),
+            serde_json::json!("{oops")
+        );
+        assert_eq!(
+            parse_arguments(Some(serde_json::json!({"b": 2}))),
+            serde_json::json!({"b": 2})
+        );
+    }
+
+    #[test]
+    fn settings_have_defaults_and_keys_are_required_where_needed() {
+        let a = api(None).unwrap();
+        assert_eq!(a.name, "m");
+        assert_eq!(a.base_url, "https://api.openai.com/v1");
+        assert_eq!(a.timeout, Duration::from_secs(120));
+        assert_eq!(a.max_retries, DEFAULT_MAX_RETRIES);
+        assert!(a.key_required);
+        let err = a.load_key().unwrap_err().to_string();
+        assert!(err.contains("FORKFLEET_HTTP_UNIT_TEST_UNSET_KEY"), "{err}");
+        // A local server needs no key.
+        let local = Endpoint {
+            base_url: Some("http://127.0.0.1:8080/v1/".into()),
+            timeout_s: Some(2.5),
+            max_retries: Some(0),
+            ..Endpoint::default()
+        };
+        let a = api(Some(&local)).unwrap();
+        assert_eq!(a.base_url, "http://127.0.0.1:8080/v1");
+        assert_eq!(a.timeout, Duration::from_millis(2500));
+        assert_eq!(a.max_retries, 0);
+        assert!(!a.key_required);
+        assert_eq!(a.load_key().unwrap(), None);
+        // A named variable must be set, even for a local server.
+        let named = Endpoint {
+            api_key_env: Some("FORKFLEET_HTTP_UNIT_TEST_NAMED_UNSET".into()),
+            ..local.clone()
+        };
+        let err = api(Some(&named))
+            .unwrap()
+            .load_key()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("FORKFLEET_HTTP_UNIT_TEST_NAMED_UNSET"),
+            "{err}"
+        );
+        // A key file: trimmed; missing or empty named.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key");
+        std::fs::write(&path, "  sk-file\n").unwrap();
+        let file = Endpoint {
+            api_key_file: Some(path.display().to_string()),
+            ..local.clone()
+        };
+        let a = api(Some(&file)).unwrap();
+        assert_eq!(a.load_key().unwrap().unwrap().expose(), "sk-file");
+        assert!(!format!("{a:?}").contains("sk-file"));
+        std::fs::write(&path, "\n").unwrap();
+        let err = a.load_key().unwrap_err().to_string();
+        assert!(err.contains("is empty") && err.contains("key"), "{err}");
+        std::fs::remove_file(&path).unwrap();
+        let err = a.load_key().unwrap_err().to_string();
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        // An invalid endpoint is refused.
+        let bad = Endpoint {
+            timeout_s: Some(f64::NAN),
+            ..Endpoint::default()
+        };
+        assert!(api(Some(&bad)).is_err());
+    }
+
+    #[test]
+    fn final_answers_are_classified() {
+        let a = api(None).unwrap();
+        let s = |c: u16| StatusCode::from_u16(c).unwrap();
+        let e = a.failure(
+            s(400),
+            r#"{"error":{"code":"context_length_exceeded","message":"This model's maximum context length is 8192 tokens"}}"#,
+            true,
+            12,
+        );
+        assert!(
+            matches!(e, ProviderError::ContextOverflow { messages: 12, .. }),
+            "{e}"
+        );
+        let e = a.failure(
+            s(401),
+            r#"{"error":{"message":"Incorrect API key"}}"#,
+            true,
+            1,
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("rejected the key from env `FORKFLEET_HTTP_UNIT_TEST_UNSET_KEY`"),
+            "{text}"
+        );
+        let e = a.failure(s(401), "nope", false, 1).to_string();
+        assert!(e.contains("no key was sent"), "{e}");
+        let e = a.failure(
+            s(404),
+            r#"{"error":{"message":"The model `m` does not exist"}}"#,
+            true,
+            1,
+        );
+        assert!(matches!(e, ProviderError::UnknownModel { .. }), "{e}");
+        let e = a.failure(s(400), r#"{"error":{"code":"model_not_found"}}"#, true, 1);
+        assert!(matches!(e, ProviderError::UnknownModel { .. }), "{e}");
+        let e = a.failure(
+            s(400),
+            r#"{"error":{"message":"temperature is wrong"}}"#,
+            true,
+            1,
+        );
+        assert!(
+            matches!(&e, ProviderError::Api { status: 400, message, .. } if message == "temperature is wrong"),
+            "{e}"
+        );
+        assert!(retryable(s(429), "slow down"));
+        assert!(!retryable(
+            s(429),
+            r#"{"error":{"code":"insufficient_quota"}}"#
+        ));
+        assert!(retryable(s(503), ""));
+        assert!(retryable(s(529), ""));
+        assert!(!retryable(s(400), ""));
+    }
+}

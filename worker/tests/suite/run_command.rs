@@ -1,0 +1,560 @@
+//! The agent's `run_command` tool end to end: scripted branches on the bus whose commands
+//! are real processes in a materialised copy of the branch's tree; the files they touch come
+//! back as `file_change` events (blobs stored first) before the tool's result.
+
+use super::common::*;
+use forkfleet_shared::endpoint::CommandTool;
+use forkfleet_shared::event::Event;
+use forkfleet_shared::manifest::{Manifest, Node, MODE_EXEC, MODE_SYMLINK};
+use forkfleet_shared::overlay::{ChangeOp, Overlay};
+use forkfleet_shared::path::WsPath;
+use forkfleet_shared::protocol::BranchTask;
+use forkfleet_shared::state::BranchState;
+use forkfleet_worker::tools::{ToolBox, RUN_COMMAND, TOOL_NAMES};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+fn tool(timeout_s: f64) -> CommandTool {
+    CommandTool {
+        timeout_s,
+        env: BTreeMap::new(),
+        max_output_bytes: 16 * 1024,
+    }
+}
+
+/// What a finished branch published.
+struct Ran {
+    fx: Fixture,
+    task: BranchTask,
+    base: Arc<Manifest>,
+    log: Vec<Event>,
+}
+
+impl Ran {
+    /// `(ok, output)` of every tool result, in order.
+    fn results(&self) -> Vec<(bool, String)> {
+        self.log
+            .iter()
+            .filter_map(|e| match e {
+                Event::ToolResult { ok, output, .. } => Some((*ok, output.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The file changes published between the `n`th tool call's model response or previous
+    /// result and its result: the changes that tool made.
+    fn changes_of_result(&self, n: usize) -> Vec<ChangeOp> {
+        let mut seen = 0;
+        let mut changes = Vec::new();
+        for e in &self.log {
+            match e {
+                Event::FileChange { change } => changes.push(change.clone()),
+                Event::ToolResult { .. } => {
+                    if seen == n {
+                        return changes;
+                    }
+                    seen += 1;
+                    changes.clear();
+                }
+                Event::ModelResponse { .. } => changes.clear(),
+                _ => {}
+            }
+        }
+        panic!("no tool result {n}");
+    }
+
+    /// Every change the branch published, replayed over its snapshot.
+    fn replica(&self) -> Overlay {
+        let changes: Vec<ChangeOp> = self
+            .log
+            .iter()
+            .filter_map(|e| match e {
+                Event::FileChange { change } => Some(change.clone()),
+                _ => None,
+            })
+            .collect();
+        Overlay::from_log(self.base.clone(), &changes).unwrap()
+    }
+
+    /// The text of a file of `ov`, its blob read from the bus's store.
+    async fn text(&self, ov: &Overlay, path: &str) -> Option<String> {
+        let Node::File(e) = ov.node(&WsPath::parse(path).unwrap()) else {
+            return None;
+        };
+        let bytes = self.fx.bus.blobs().get(&e.hash).await.unwrap()?;
+        Some(String::from_utf8(bytes.to_vec()).unwrap())
+    }
+}
+
+/// Run one branch over `files` playing `script`, with `run_command` set to `command`.
+async fn run_branch(files: &[(&str, &str)], script: &str, command: Option<CommandTool>) -> Ran {
+    let fx = Fixture::new().await;
+    let (base, snap) = fx.snapshot(files);
+    let script = fx.script(script);
+    let mut task = fx.task("cmd", 0, snap, script);
+    task.run_command = command;
+    fx.enqueue(&task).await;
+    let mut events = fx.events().await;
+    let worker = start(&fx, config(2)).await;
+    events.until_terminal(&[task.run_id]).await;
+    shutdown(worker).await;
+    assert_eq!(
+        events.terminal(task.run_id),
+        Some((BranchState::Done, None)),
+        "{:#?}",
+        events.of(task.run_id)
+    );
+    let log = events.of(task.run_id);
+    // Every blob a change names is in the bus's store (the coordinator can fetch it).
+    for e in &log {
+        if let Event::FileChange { change } = e {
+            if let Some(entry) = change.written() {
+                let stored = fx.bus.blobs().get(&entry.hash).await.unwrap();
+                assert!(stored.is_some(), "blob of {} not stored", change.path());
+            }
+        }
+    }
+    Ran {
+        fx,
+        task,
+        base,
+        log,
+    }
+}
+
+#[tokio::test]
+async fn a_command_writes_edits_deletes_and_chmods_files() {
+    let script = r#"
+[[turns."*"]]
+tool_calls = [{ name = "write_file", args = { path = "from_tool.txt", content = "via the write tool\n" } }]
+
+[[turns."*"]]
+tool_calls = [{ name = "run_command", args = { command = ["sh", "-c", "cat from_tool.txt; echo new > new.txt; printf 'status: final\\n' > README.md; rm old.txt; chmod +x run.sh; mkdir -p sub/empty; echo to-stderr >&2"] } }]
+
+[[turns."*"]]
+tool_calls = [{ name = "run_command", args = { command = "cat new.txt README.md" } }]
+
+[[turns."*"]]
+text = "done"
+"#;
+    let ran = run_branch(
+        &[
+            ("README.md", "status: draft\n"),
+            ("old.txt", "old\n"),
+            ("run.sh", "echo hi\n"),
+            ("keep.txt", "untouched\n"),
+        ],
+        script,
+        Some(tool(30.0)),
+    )
+    .await;
+
+    let results = ran.results();
+    assert_eq!(results.len(), 3, "{results:?}");
+    let (ok, out) = &results[1];
+    assert!(ok, "{out}");
+    assert!(out.starts_with("exit code 0\n"), "{out}");
+    // It ran on the branch's current tree: the write_file before it is there.
+    assert!(out.contains("via the write tool"), "{out}");
+    assert!(out.contains("to-stderr"), "{out}");
+    assert!(out.contains("created `new.txt`"), "{out}");
+    assert!(out.contains("changed `README.md`"), "{out}");
+    assert!(out.contains("made executable `run.sh`"), "{out}");
+    assert!(out.contains("deleted `old.txt`"), "{out}");
+    assert!(out.contains("new empty directories `sub/empty/`"), "{out}");
+
+    // The command's changes, published before its result.
+    let changes = ran.changes_of_result(1);
+    let summary: Vec<(&str, &str)> = changes
+        .iter()
+        .map(|c| (c.kind(), c.path().as_str()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("delete", "old.txt"),
+            ("write", "new.txt"),
+            ("edit", "README.md"),
+            ("edit", "run.sh"),
+            ("mkdir", "sub/empty"),
+        ]
+    );
+    let run_sh = changes[3].written().unwrap();
+    assert_eq!(run_sh.mode, MODE_EXEC);
+    assert_eq!(
+        run_sh.hash,
+        ran.base.files[&WsPath::parse("run.sh").unwrap()].hash,
+        "a chmod changes the mode only"
+    );
+    let kinds: Vec<&str> = ran.log.iter().map(Event::kind).collect();
+    let result_at = kinds
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| **k == "tool_result")
+        .nth(1)
+        .unwrap()
+        .0;
+    assert_eq!(&kinds[result_at - 5..result_at], ["file_change"; 5]);
+
+    // A second command sees the first one's changes, and changes nothing.
+    let (ok, out) = &results[2];
+    assert!(ok, "{out}");
+    assert!(out.contains("new\nstatus: final\n"), "{out}");
+    assert!(out.ends_with("files: no changes\n"), "{out}");
+    assert!(ran.changes_of_result(2).is_empty());
+
+    // The branch's workspace, replayed from its events.
+    let ov = ran.replica();
+    for (path, content) in [
+        ("new.txt", "new\n"),
+        ("README.md", "status: final\n"),
+        ("keep.txt", "untouched\n"),
+        ("run.sh", "echo hi\n"),
+        ("from_tool.txt", "via the write tool\n"),
+    ] {
+        assert_eq!(
+            ran.text(&ov, path).await.as_deref(),
+            Some(content),
+            "{path}"
+        );
+    }
+    assert_eq!(ov.node(&WsPath::parse("old.txt").unwrap()), Node::Missing);
+    assert_eq!(ov.node(&WsPath::parse("sub/empty").unwrap()), Node::Dir);
+    assert_eq!(
+        ov.file(&WsPath::parse("run.sh").unwrap()).unwrap().mode,
+        MODE_EXEC
+    );
+    assert_eq!(ran.task.label, "cmd");
+}
+
+#[tokio::test]
+async fn a_command_that_times_out_is_killed_and_its_files_still_come_back() {
+    let script = r#"
+[[turns."*"]]
+tool_calls = [{ name = "run_command", args = { command = ["sh", "-c", "echo started; echo partial > partial.txt; rm gone.txt; sleep 30; echo never > never.txt"], timeout_s = 600 } }]
+
+[[turns."*"]]
+text = "done"
+"#;
+    let started = std::time::Instant::now();
+    let ran = run_branch(&[("gone.txt", "bye\n")], script, Some(tool(1.0))).await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "the sleep was not cut short: {:?}",
+        started.elapsed()
+    );
+    let results = ran.results();
+    let (ok, out) = &results[0];
+    assert!(!ok, "a timeout is not ok: {out}");
+    assert!(out.starts_with("timed out after 1 s"), "{out}");
+    assert!(out.contains("over this run's limit; 1 s was used"), "{out}");
+    assert!(out.contains("started"), "{out}");
+    assert!(out.contains("created `partial.txt`"), "{out}");
+    assert!(out.contains("deleted `gone.txt`"), "{out}");
+    let summary: Vec<(&str, String)> = ran
+        .changes_of_result(0)
+        .iter()
+        .map(|c| (c.kind(), c.path().to_string()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("delete", "gone.txt".to_string()),
+            ("write", "partial.txt".to_string())
+        ]
+    );
+    let ov = ran.replica();
+    let partial = ov.file(&WsPath::parse("partial.txt").unwrap()).unwrap();
+    assert_eq!(
+        partial.hash,
+        forkfleet_shared::blob::BlobHash::of(b"partial\n")
+    );
+    assert_eq!(ov.node(&WsPath::parse("never.txt").unwrap()), Node::Missing);
+}
+
+#[tokio::test]
+async fn the_environment_is_limited_to_the_base_and_the_plan() {
+    let script = r#"
+[[turns."*"]]
+tool_calls = [
+  { name = "run_command", args = { command = ["env"] } },
+  { name = "run_command", args = { command = '''sh -c 'echo cached > "$HOME/cache" && echo t > "$TMPDIR/t" && echo "$HOME" "$TMPDIR"' ''' } },
+]
+
+[[turns."*"]]
+text = "done"
+"#;
+    let mut command = tool(30.0);
+    command
+        .env
+        .insert("PLAN_VAR".to_string(), "from the plan".to_string());
+    let ran = run_branch(&[("a.txt", "a\n")], script, Some(command)).await;
+    let results = ran.results();
+    let (ok, out) = &results[0];
+    assert!(ok, "{out}");
+    let vars: BTreeMap<&str, &str> = out
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once('='))
+        .collect();
+    let names: BTreeSet<&str> = vars.keys().copied().collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["HOME", "LANG", "PATH", "PLAN_VAR", "TMPDIR"]),
+        "{out}"
+    );
+    assert_eq!(vars["PLAN_VAR"], "from the plan");
+    assert_eq!(vars["LANG"], "C.UTF-8");
+    // Nothing else of the worker's own environment (here: the test process's) leaks in.
+    let own: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| !names.contains(k.as_str()))
+        .collect();
+    assert!(!own.is_empty(), "the test process has variables of its own");
+    for (k, v) in &own {
+        assert!(
+            !out.contains(&format!("{k}={v}")),
+            "{k} leaked into the command's environment"
+        );
+    }
+    if let Ok(home) = std::env::var("HOME") {
+        assert_ne!(vars["HOME"], home, "HOME is not the worker's");
+    }
+
+    // HOME and TMPDIR are scratch directories outside the workspace: what is written there
+    // is not a change of the branch.
+    let (ok, out) = &results[1];
+    assert!(ok, "{out}");
+    assert!(out.ends_with("files: no changes\n"), "{out}");
+    assert!(ran.changes_of_result(1).is_empty());
+}
+
+#[tokio::test]
+async fn run_command_is_offered_only_when_the_task_enables_it() {
+    let fx = Fixture::store_only();
+    let (_, snap) = fx.snapshot(&[]);
+    let script = fx.script("[[turns.\"*\"]]\ntext = \"x\"\n");
+    let mut task = fx.task("t", 0, snap, script);
+    let off = ToolBox::for_task(&task);
+    assert_eq!(off.names(), TOOL_NAMES);
+    task.run_command = Some(tool(5.0));
+    let on = ToolBox::for_task(&task);
+    let mut expected = TOOL_NAMES.to_vec();
+    expected.push(RUN_COMMAND);
+    assert_eq!(on.names(), expected);
+    let spec = on.specs().iter().find(|s| s.name == RUN_COMMAND).unwrap();
+    assert_eq!(spec.parameters["required"], serde_json::json!(["command"]));
+
+    // A model that calls it anyway gets a clear tool error and nothing changes.
+    let script = r#"
+[[turns."*"]]
+tool_calls = [{ name = "run_command", args = { command = ["sh", "-c", "echo x > x.txt"] } }]
+
+[[turns."*"]]
+text = "done"
+"#;
+    let ran = run_branch(&[("a.txt", "a\n")], script, None).await;
+    let results = ran.results();
+    let (ok, out) = &results[0];
+    assert!(!ok);
+    assert!(out.contains("`run_command` is not enabled"), "{out}");
+    assert!(out.contains("[run_command]"), "{out}");
+    assert!(out.contains("read_file, write_file"), "{out}");
+    assert!(!ran
+        .log
+        .iter()
+        .any(|e| matches!(e, Event::FileChange { .. })));
+}
+
+#[tokio::test]
+async fn cwd_must_be_a_directory_inside_the_workspace() {
+    let script = r#"
+[[turns."*"]]
+tool_calls = [
+  { name = "run_command", args = { command = ["sh", "-c", "echo x > escaped.txt"], cwd = "../" } },
+  { name = "run_command", args = { command = ["sh", "-c", "echo x > escaped.txt"], cwd = "sub/../.." } },
+  { name = "run_command", args = { command = ["sh", "-c", "echo x > escaped.txt"], cwd = "/tmp" } },
+  { name = "run_command", args = { command = ["sh", "-c", "echo x > escaped.txt"], cwd = "out" } },
+  { name = "run_command", args = { command = ["pwd"], cwd = "missing" } },
+  { name = "run_command", args = { command = ["pwd"], cwd = "sub/a.txt" } },
+  { name = "run_command", args = { command = ["sh", "-c", "pwd; echo here > made.txt"], cwd = "sub" } },
+  { name = "run_command", args = { command = ["sh", "-c", "pwd; echo there > made.txt"], cwd = "inner" } },
+]
+
+[[turns."*"]]
+text = "done"
+"#;
+    let ran = run_branch(
+        &[
+            ("sub/a.txt", "a\n"),
+            ("out", "->.."),
+            ("inner", "->sub/deeper"),
+            ("sub/deeper/b.txt", "b\n"),
+        ],
+        script,
+        Some(tool(30.0)),
+    )
+    .await;
+    let results = ran.results();
+    assert_eq!(results.len(), 8);
+    for (i, want) in [
+        "leaves the workspace",
+        "leaves the workspace",
+        "absolute path",
+        "outside the workspace",
+        "does not exist",
+        "is a file, not a directory",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (ok, out) = &results[i];
+        assert!(!ok, "call {i}: {out}");
+        assert!(out.contains(want), "call {i}: {out}");
+        assert!(ran.changes_of_result(i).is_empty());
+    }
+    let (ok, out) = &results[6];
+    assert!(ok, "{out}");
+    assert!(out.lines().nth(1).unwrap().ends_with("/sub"), "{out}");
+    assert!(out.contains("created `sub/made.txt`"), "{out}");
+    // A symlinked directory inside the workspace is followed in the overlay.
+    let (ok, out) = &results[7];
+    assert!(ok, "{out}");
+    assert!(
+        out.lines().nth(1).unwrap().ends_with("/sub/deeper"),
+        "{out}"
+    );
+    assert!(out.contains("created `sub/deeper/made.txt`"), "{out}");
+}
+
+#[tokio::test]
+async fn outcomes_output_limits_and_symlinks() {
+    let script = r#"
+[[turns."*"]]
+tool_calls = [
+  { name = "run_command", args = { command = ["sh", "-c", "echo failing; exit 3"] } },
+  { name = "run_command", args = { command = ["definitely-not-a-program-xyz"] } },
+  { name = "run_command", args = { command = "" } },
+  { name = "run_command", args = { command = "sh -c 'unterminated" } },
+  { name = "run_command", args = { command = ["sh", "-c", "i=0; while [ $i -lt 200 ]; do echo line-$i-xxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done"] } },
+  { name = "run_command", args = { command = ["sh", "-c", "ln -s /etc/passwd evil; ln -s a.txt good; ln -sf ../.. a-link"] } },
+  { name = "run_command", args = { command = ["sh", "-c", "kill -9 $$"] } },
+  { name = "run_command", args = { command = ["true"], timeout_s = -1 } },
+]
+
+[[turns."*"]]
+text = "done"
+"#;
+    let mut command = tool(30.0);
+    command.max_output_bytes = 256;
+    let ran = run_branch(
+        &[("a.txt", "a\n"), ("a-link", "->a.txt")],
+        script,
+        Some(command),
+    )
+    .await;
+    let results = ran.results();
+    assert_eq!(results.len(), 8);
+
+    let (ok, out) = &results[0];
+    assert!(!ok, "a non-zero exit is not ok");
+    assert!(out.starts_with("exit code 3\nfailing\n"), "{out}");
+
+    let (ok, out) = &results[1];
+    assert!(!ok);
+    assert!(out.starts_with("could not start: "), "{out}");
+    assert!(out.contains("definitely-not-a-program-xyz"), "{out}");
+
+    let (ok, out) = &results[2];
+    assert!(!ok);
+    assert!(out.contains("`command` is empty"), "{out}");
+    let (ok, out) = &results[3];
+    assert!(!ok);
+    assert!(out.contains("unterminated single quote"), "{out}");
+
+    // 200 lines, cut to 256 bytes in the middle.
+    let (ok, out) = &results[4];
+    assert!(ok, "{out}");
+    assert!(out.contains("line-0-"), "{out}");
+    assert!(out.contains("line-199-"), "{out}");
+    assert!(!out.contains("line-100-"), "{out}");
+    let total: usize = (0..200)
+        .map(|i| format!("line-{i}-xxxxxxxxxxxxxxxxxxxx\n").len())
+        .sum();
+    let dropped = total - 256;
+    assert!(
+        out.contains(&format!("[... {dropped} bytes of output left out ...]")),
+        "{out}"
+    );
+
+    // A symlink to outside the workspace is not taken back (nor one replacing a file).
+    let (ok, out) = &results[5];
+    assert!(ok, "{out}");
+    assert!(out.contains("created `good`"), "{out}");
+    assert!(
+        out.contains("not taken back (left as they were): `a-link` (a symlink to `../..`, outside the workspace), `evil` (a symlink to `/etc/passwd`, outside the workspace)"),
+        "{out}"
+    );
+    let changes = ran.changes_of_result(5);
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    let good = changes[0].written().unwrap();
+    assert_eq!(good.mode, MODE_SYMLINK);
+    assert_eq!(good.hash, forkfleet_shared::blob::BlobHash::of(b"a.txt"));
+
+    let (ok, out) = &results[6];
+    assert!(!ok);
+    assert!(out.starts_with("killed by signal 9"), "{out}");
+
+    let (ok, out) = &results[7];
+    assert!(!ok);
+    assert!(out.contains("timeout_s is -1"), "{out}");
+}
+
+/// What a call costs on a bigger tree (ignored by default; run with
+/// `cargo test -p forkfleet-worker --release --test all -- --ignored --nocapture run_command_cost`):
+/// every call materialises the whole tree and reads it all back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn run_command_cost_on_5000_files() {
+    use forkfleet_shared::event::ToolCall;
+    use forkfleet_worker::cache::BlobCache;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("forkfleet_worker::tools=debug")
+        .with_test_writer()
+        .try_init();
+    let fx = Fixture::store_only();
+    let files: Vec<(String, String)> = (0..5000)
+        .map(|i| {
+            (
+                format!("d{}/f{i}.txt", i % 50),
+                format!("{i} {}\n", "x".repeat(2000)),
+            )
+        })
+        .collect();
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, c)| (p.as_str(), c.as_str()))
+        .collect();
+    let (base, _) = fx.snapshot(&refs);
+    let cache = BlobCache::new(Arc::new(fx.store.clone()), 1 << 30);
+    let mut ov = Overlay::new(base);
+    let tools = ToolBox::with_command(Some(tool(60.0)));
+    for (i, command) in ["true", "touch d0/new.txt", "true", "true"]
+        .iter()
+        .enumerate()
+    {
+        let call = ToolCall {
+            id: format!("c{i}"),
+            name: RUN_COMMAND.into(),
+            args: serde_json::json!({ "command": command }),
+        };
+        let started = std::time::Instant::now();
+        let out = tools.run(&call, &mut ov, &cache).await.unwrap();
+        assert!(out.ok, "{}", out.output);
+        println!(
+            "`{command}` on 5,000 files (10 MB): {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(ov.changes().len(), 1);
+}
