@@ -272,6 +272,11 @@ pub enum ForkCommand {
         /// Embedded only: give up waiting for the branches after this many seconds.
         #[arg(long)]
         timeout_s: Option<u64>,
+        /// Fork this existing root run (id or unique prefix) as it is now: its conversation
+        /// and its workspace version (a run merged into, or made by `checkpoint fork`),
+        /// instead of a new run from the spec's goal and workspace directory.
+        #[arg(long, value_name = "RUN")]
+        from_run: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -995,7 +1000,40 @@ async fn create(
     loaded: &spec::LoadedSpec,
     show: bool,
 ) -> anyhow::Result<ForkView> {
+    create_from(coord, loaded, None, show).await
+}
+
+/// [`create`], forking the existing root run `from` (its conversation and workspace
+/// version) when given; the spec's scripts are uploaded either way.
+async fn create_from(
+    coord: &CoordinatorClient,
+    loaded: &spec::LoadedSpec,
+    from: Option<RunId>,
+    show: bool,
+) -> anyhow::Result<ForkView> {
     let blobs = coord.blobs();
+    if let Some(run_id) = from {
+        let snapshot = coord.run_workspace(run_id).await?;
+        for (hash, bytes) in &loaded.blobs {
+            blobs.put(*hash, bytes.clone()).await?;
+        }
+        let view = coord
+            .create_fork(CreateFork {
+                plan: loaded.plan.clone(),
+                parent: ParentRun::Existing { run_id },
+                snapshot,
+                workspace: Some(loaded.workspace.display().to_string()),
+            })
+            .await?;
+        if show {
+            eprintln!(
+                "fork {}: {} branches · from run {run_id}",
+                view.fork_id,
+                view.branches.len()
+            );
+        }
+        return Ok(view);
+    }
     let (_, upload) = client::upload_workspace(
         blobs.as_ref(),
         &loaded.workspace,
@@ -1053,6 +1091,7 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
         ForkCommand::Create {
             spec: spec_path,
             timeout_s,
+            from_run,
             client,
         } => {
             // Validate the spec before connecting: bad input creates nothing anywhere.
@@ -1063,6 +1102,7 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                 |coord| fork_create(
                     coord,
                     &loaded,
+                    from_run.as_deref(),
                     timeout_s.map(Duration::from_secs),
                     client.json
                 )
@@ -1526,10 +1566,15 @@ async fn wait_for_branch(
 async fn fork_create(
     coord: &CoordinatorClient,
     loaded: &spec::LoadedSpec,
+    from_run: Option<&str>,
     timeout: Option<Duration>,
     json: bool,
 ) -> anyhow::Result<()> {
-    let view = create(coord, loaded, !json).await?;
+    let from = match from_run {
+        Some(prefix) => Some(coord.find_run(prefix).await?),
+        None => None,
+    };
+    let view = create_from(coord, loaded, from, !json).await?;
     // Embedded, the workers live in this process: the fork runs to the end here (or until
     // what is left waits, paused, for a top-up).
     let view = if coord.is_remote() {

@@ -14,7 +14,7 @@ use forkfleet_shared::api::{
     RewindOutcome, ServerInfo, SteerOutcome, TerminateOutcome, API_SUBJECT, MAX_API_WAIT_MS,
 };
 use forkfleet_shared::apicall::{self, CallError};
-use forkfleet_shared::blob::BlobStore;
+use forkfleet_shared::blob::{BlobHash, BlobStore};
 use forkfleet_shared::budget::{AccountView, ForkCost};
 use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{DiffOptions, DiffReport};
@@ -418,6 +418,14 @@ impl CoordinatorClient {
     }
 
     /// A run by full id or unique prefix.
+    /// A root run's current workspace version.
+    pub async fn run_workspace(&self, run: RunId) -> Result<BlobHash, ClientError> {
+        let r = self
+            .call(ApiRequest::RunWorkspace { run }, CALL_TIMEOUT)
+            .await?;
+        expect_reply!(r, "run_workspace", ApiReply::Workspace)
+    }
+
     pub async fn find_run(&self, prefix: &str) -> Result<RunId, ClientError> {
         if let Ok(id) = prefix.trim().parse::<RunId>() {
             return Ok(id);

@@ -452,6 +452,15 @@ pub fn cost_table(cost: &ForkCost) -> String {
     if let Some(a) = &cost.account {
         out.push_str(&account_text(a));
     }
+    if cost.judge_usage.input_tokens + cost.judge_usage.output_tokens > 0 {
+        let _ = writeln!(
+            out,
+            "judges (last resolve): ${:.6} · {} input + {} output tokens (not charged to the branches' caps)",
+            money(cost.judge_cost_usd),
+            cost.judge_usage.input_tokens,
+            cost.judge_usage.output_tokens
+        );
+    }
     out
 }
 

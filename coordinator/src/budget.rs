@@ -294,6 +294,8 @@ impl State {
                 .as_deref()
                 .and_then(|n| self.accounts.get(n))
                 .map(|a| self.account_view(a)),
+            judge_cost_usd: 0.0,
+            judge_usage: Default::default(),
         })
     }
 }

@@ -329,6 +329,23 @@ impl CoordinatorHandle {
     }
 
     /// A run's current workspace version (a `Manifest` blob).
+    /// A root run's current workspace version (see [`ApiRequest::RunWorkspace`]).
+    ///
+    /// [`ApiRequest::RunWorkspace`]: forkfleet_shared::api::ApiRequest::RunWorkspace
+    pub async fn root_workspace(&self, run: RunId) -> Result<BlobHash, CoordinatorError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || {
+            let record = store.run(run)?.ok_or(CoordinatorError::UnknownRun(run))?;
+            match record.fork_id {
+                None => Ok(record.workspace),
+                Some(fork) => Err(CoordinatorError::BadRequest(format!(
+                    "run {run} is a branch of fork {fork}: fork a root run; merge the branch first (`forkfleet fork merge {fork} --pick LABEL`) or start a run from one of its checkpoints (`forkfleet checkpoint fork {run} LABEL`)"
+                ))),
+            }
+        })
+        .await?
+    }
+
     pub async fn workspace(&self, run: RunId) -> Result<BlobHash, CoordinatorError> {
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || {
@@ -349,6 +366,11 @@ impl CoordinatorHandle {
         let mut cost = self.ledger.fork_cost(id)?;
         for b in &mut cost.branches {
             b.calls = view.branch(&b.label).map_or(0, |v| v.turns);
+        }
+        let store = self.store.clone();
+        if let Some(report) = tokio::task::spawn_blocking(move || store.resolution(id)).await?? {
+            cost.judge_cost_usd = report.judge_cost_usd;
+            cost.judge_usage = report.judge_usage;
         }
         Ok(cost)
     }

@@ -266,6 +266,7 @@ pub async fn dispatch(handle: &CoordinatorHandle, req: ApiRequest) -> Result<Api
         }),
         ApiRequest::CreateFork(create) => ApiReply::Fork(handle.create_fork(*create).await?),
         ApiRequest::AgentFork(req) => ApiReply::Fork(handle.agent_fork(*req).await?),
+        ApiRequest::RunWorkspace { run } => ApiReply::Workspace(handle.root_workspace(run).await?),
         ApiRequest::AgentMerge {
             fork,
             pick,

@@ -409,6 +409,10 @@ pub enum ApiRequest {
     /// Start a new root run from a checkpoint (label or id): its conversation up to the
     /// checkpoint, on the checkpoint's workspace version. Reply: `new_run`.
     ForkCheckpoint { run: RunId, checkpoint: String },
+    /// A root run's current workspace version, to fork the run as it is now (a branch run
+    /// is `bad_input`: merge it, or start a new run from one of its checkpoints). Reply:
+    /// `workspace`.
+    RunWorkspace { run: RunId },
     /// The request itself is too large for one message: it is the `api_request` envelope
     /// stored as this blob in the bus's blob store.
     Stored { blob: BlobHash },
@@ -447,6 +451,7 @@ impl ApiRequest {
             ApiRequest::CheckpointClear { .. } => "checkpoint_clear",
             ApiRequest::Rewind { .. } => "rewind",
             ApiRequest::ForkCheckpoint { .. } => "fork_checkpoint",
+            ApiRequest::RunWorkspace { .. } => "run_workspace",
             ApiRequest::Stored { .. } => "stored",
         }
     }
@@ -481,6 +486,8 @@ pub enum ApiReply {
     Checkpoint(CheckpointView),
     Rewind(Box<RewindOutcome>),
     NewRun(NewRunOutcome),
+    /// A workspace version (a `Manifest` blob).
+    Workspace(BlobHash),
     /// The reply is too large for one message: it is the `api_response` envelope stored
     /// as this blob in the bus's blob store.
     Stored {
@@ -514,6 +521,7 @@ impl ApiReply {
             ApiReply::Checkpoint(_) => "checkpoint",
             ApiReply::Rewind(_) => "rewind",
             ApiReply::NewRun(_) => "new_run",
+            ApiReply::Workspace(_) => "workspace",
             ApiReply::Stored { .. } => "stored",
         }
     }

@@ -242,6 +242,12 @@ pub struct ForkCost {
     pub crossed_at_ms: Option<u64>,
     pub branches: Vec<BranchCost>,
     pub account: Option<AccountView>,
+    /// What the judges of the fork's last resolve spent (never charged to its branches,
+    /// its cap or its account: they run after the branches, on the coordinator's behalf).
+    #[serde(default)]
+    pub judge_cost_usd: f64,
+    #[serde(default)]
+    pub judge_usage: crate::event::Usage,
 }
 
 /// `cap - spent - reserved`, not below zero.

@@ -3,7 +3,7 @@
 //! coordinator, waits for its branches, merges one into its own workspace, and the run's
 //! work lands in the directory. A branch forking past `max_depth` gets a tool error.
 
-use super::harness::{forkfleet, json, path_str, stderr, Example};
+use super::harness::{branch, forkfleet, json, path_str, stderr, Example};
 use serde_json::Value;
 use std::path::Path;
 
@@ -68,6 +68,15 @@ fn tool_results<'a>(log: &'a [Value], name: &str) -> Vec<&'a Value> {
         .collect()
 }
 
+/// The fork (in a `fork ls --json` list) made by the agent of run `run`.
+fn fork_of<'a>(forks: &'a Value, run: &str) -> Option<&'a Value> {
+    forks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["parent_run"] == run)
+}
+
 fn run(spec: &Path) -> std::process::Output {
     forkfleet(&["run", path_str(spec), "--json", "--timeout-s", "120"])
 }
@@ -93,11 +102,7 @@ fn a_root_agent_forks_itself_merges_a_branch_and_its_work_lands_in_the_workspace
     // merged with the pick.
     let main_run = branches[0]["id"].as_str().unwrap().to_string();
     let forks = json(&ff(&ex, &["fork", "ls", "--json"]));
-    let inner = forks
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["parent_run"] == main_run.as_str())
+    let inner = fork_of(&forks, &main_run)
         .unwrap_or_else(|| panic!("no fork of the agent's run in {forks}"))
         .clone();
     assert_eq!(inner["state"], "merged", "{inner}");
@@ -133,12 +138,7 @@ fn a_root_agent_forks_itself_merges_a_branch_and_its_work_lands_in_the_workspace
     assert_eq!(changes, ["plan.md", "careful.txt"], "{log:?}");
 
     // The branch that tried to fork past max_depth got a tool error and went on.
-    let careful = inner["branches"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["label"] == "careful")
-        .unwrap();
+    let careful = branch(&inner, "careful");
     assert_eq!(careful["state"], "done", "{careful}");
     let careful_log = log_of(&ex, careful["id"].as_str().unwrap());
     let refused = tool_results(&careful_log, "fork_run");
@@ -227,12 +227,7 @@ text = "one done"
     let solo = doc["fork_id"].as_str().unwrap().to_string();
     let main_run = doc["branches"][0]["id"].as_str().unwrap().to_string();
     let forks = json(&ff(&ex, &["fork", "ls", "--json"]));
-    let inner = forks
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["parent_run"] == main_run.as_str())
-        .unwrap()["fork_id"]
+    let inner = fork_of(&forks, &main_run).unwrap()["fork_id"]
         .as_str()
         .unwrap()
         .to_string();
@@ -281,23 +276,65 @@ fn an_agent_forks_on_a_cluster_and_merges_into_its_branch() {
     assert_eq!(changes, ["plan.md", "careful.txt"]);
     // The depth limit holds on the cluster too.
     let forks = cluster.client(&["fork", "ls", "--json"]).json();
-    let inner = forks
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["parent_run"] == main_run.as_str())
-        .unwrap()
-        .clone();
+    let inner = fork_of(&forks, &main_run).unwrap().clone();
     assert_eq!(inner["winner"], "careful", "{inner}");
-    let careful = inner["branches"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["label"] == "careful")
-        .unwrap();
+    let careful = branch(&inner, "careful");
     let refused = tool_results(&cluster.log(careful["id"].as_str().unwrap()), "fork_run")
         .into_iter()
         .cloned()
         .collect::<Vec<_>>();
     assert_eq!(refused[0]["ok"], false, "{}", refused[0]);
+}
+
+#[test]
+fn an_agent_lets_the_judge_pick_and_merges_the_pick_itself() {
+    let script = r#"
+[defaults]
+usage = { input_tokens = 100, output_tokens = 10 }
+[[turns.main]]
+tool_calls = [{ name = "fork_run", args = { branches = [{ label = "a", steer = "write a" }, { label = "b", steer = "write b" }] } }]
+[[turns.main]]
+tool_calls = [{ name = "inspect_branches", args = { wait_s = 60 } }]
+[[turns.main]]
+tool_calls = [{ name = "merge_or_select", args = { action = "auto" } }]
+[[turns.main]]
+text = "the judge chose"
+[[turns.a]]
+tool_calls = [{ name = "write_file", args = { path = "a.txt", content = "a\n" } }]
+[[turns.a]]
+text = "a done"
+[[turns.b]]
+tool_calls = [{ name = "write_file", args = { path = "b.txt", content = "b\n" } }]
+[[turns.b]]
+text = "b done"
+"#;
+    let (ex, _) = setup(script, "");
+    std::fs::write(
+        ex.dir.path().join("judge.toml"),
+        "[[turns.judge]]\ntext = '{\"winner\": \"b\", \"confidence\": 0.9, \"reasoning\": \"b\"}'\n",
+    )
+    .unwrap();
+    // The spec's judge strategy is for the agent's forks: the root run itself has one
+    // branch and merges it once it is done.
+    let spec = ex.write_spec(
+        "goal = \"improve the tool\"\nworkspace = \"workspace\"\nmodel = \"scripted:agent\"\n\
+         forking = true\nstrategy = \"auto\"\njudge_model = \"scripted:judge\"\n\
+         [models.\"scripted:agent\"]\nscript = \"agent.toml\"\n\
+         [models.\"scripted:judge\"]\nscript = \"judge.toml\"\n",
+    );
+    let out = run(&spec);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(ex.read("b.txt").as_deref(), Some("b\n"));
+    assert_eq!(ex.read("a.txt"), None);
+    let doc = json(&out);
+    let main_run = doc["branches"][0]["id"].as_str().unwrap().to_string();
+    let merged = tool_results(&log_of(&ex, &main_run), "merge_or_select")[0].clone();
+    assert_eq!(merged["ok"], true, "{merged}");
+    assert!(
+        merged["output"]
+            .as_str()
+            .unwrap()
+            .contains("\"merged\":\"b\""),
+        "{merged}"
+    );
 }

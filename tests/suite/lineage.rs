@@ -2,7 +2,7 @@
 //! every branch log starts with a `fork` event at seq 0, then the copied conversation,
 //! then its extra instructions and steer; usage is never copied.
 
-use super::harness::{forkfleet, json, path_str, Example};
+use super::harness::{branch, forkfleet, json, path_str, Example};
 use serde_json::Value;
 
 fn log(data: &str, run: &str) -> Vec<Value> {
@@ -117,4 +117,69 @@ fn branch_logs_carry_lineage_and_the_copied_prefix() {
     let out = forkfleet(&["run", path_str(&spec)]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("history file"));
+}
+
+#[test]
+fn fork_create_from_run_forks_a_root_run_as_it_is_now() {
+    let ex = Example::quickstart();
+    let data = ex.data();
+    let data = path_str(&data);
+    let first = json(&forkfleet(&[
+        "run",
+        path_str(&ex.spec()),
+        "--pick",
+        "concise",
+        "--json",
+    ]));
+    let forks = json(&forkfleet(&["fork", "ls", "--data", data, "--json"]));
+    let root = forks[0]["parent_run"].as_str().unwrap().to_string();
+    let concise = branch(&first, "concise")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // The root run, merged into: its branches start from its history after the merge.
+    let out = forkfleet(&[
+        "fork",
+        "create",
+        path_str(&ex.spec()),
+        "--from-run",
+        &root,
+        "--data",
+        data,
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let second = json(&out);
+    let forks = json(&forkfleet(&["fork", "ls", "--data", data, "--json"]));
+    let again = forks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["fork_id"] == second["fork_id"])
+        .unwrap();
+    assert_eq!(again["parent_run"], root.as_str());
+    let tidy = branch(&second, "tidy")["id"].as_str().unwrap().to_string();
+    let branch_log = log(data, &tidy);
+    assert!(
+        event_types(&branch_log).contains(&"branch_summary".to_string()),
+        "the first merge's summary is in the copied history: {branch_log:?}"
+    );
+    // A branch run is refused, naming what to do instead.
+    let out = forkfleet(&[
+        "fork",
+        "create",
+        path_str(&ex.spec()),
+        "--from-run",
+        &concise,
+        "--data",
+        data,
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is a branch of fork"), "{err}");
 }

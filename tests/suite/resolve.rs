@@ -189,6 +189,34 @@ fn auto_commits_the_judges_pick_and_a_fork_resolves_once() {
         "{}",
         stderr(&again)
     );
+    // The judge's spend shows in the fork's cost, apart from the branches'.
+    let cost = json(&forkfleet(&[
+        "fork",
+        "cost",
+        id,
+        "--json",
+        "--data",
+        path_str(&data),
+    ]));
+    let judged = doc["resolve"]["judge_cost_usd"].as_f64().unwrap();
+    assert!(judged > 0.0, "{doc}");
+    assert_eq!(cost["judge_cost_usd"].as_f64(), Some(judged), "{cost}");
+    let branches: f64 = cost["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["spent_usd"].as_f64().unwrap())
+        .sum();
+    assert!(
+        (cost["spent_usd"].as_f64().unwrap() - branches).abs() < 1e-12,
+        "{cost}"
+    );
+    let text = forkfleet(&["fork", "cost", id, "--data", path_str(&data)]);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("judges (last resolve)"),
+        "{}",
+        String::from_utf8_lossy(&text.stdout)
+    );
 }
 
 #[test]

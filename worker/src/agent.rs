@@ -32,9 +32,8 @@
 
 use crate::context::WorkerCtx;
 use crate::error::WorkerError;
-use crate::forktools::{fork_tool_specs, is_fork_tool, AgentForks, ForkCall, MERGE_OR_SELECT};
+use crate::forktools::{is_fork_tool, AgentForks, ForkCall, MERGE_OR_SELECT};
 use crate::node::TaskLease;
-use crate::provider::ToolSpec;
 use crate::provider::{ModelProvider, ModelRequest, ProviderError};
 use crate::tools::ToolBox;
 use bytes::Bytes;
@@ -594,23 +593,10 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
     }
 
     let tools = ToolBox::for_task(task);
-    // An agent that may fork also gets the fork tools.
-    let with_fork_tools: Vec<ToolSpec>;
-    let specs = if task.forking {
-        with_fork_tools = tools
-            .specs()
-            .iter()
-            .chain(fork_tool_specs())
-            .cloned()
-            .collect();
-        with_fork_tools.as_slice()
-    } else {
-        tools.specs()
-    };
     let req = ModelRequest {
         model: &task.model,
         messages: &run.history,
-        tools: specs,
+        tools: tools.specs(),
         max_output_tokens: task.max_output_tokens,
         label: &task.label,
         index: task.index,
@@ -649,7 +635,7 @@ async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
     .await
     {
         Err(step) => {
-            tracing::info!("model call cancelled by a control command");
+            tracing::info!("model call cancelled: the branch stops or is handed back");
             return Ok(step);
         }
         Ok(Ok(r)) => r,

@@ -40,6 +40,7 @@
 
 use crate::cache::BlobCache;
 use crate::error::WorkerError;
+use crate::forktools::fork_tool_specs;
 use crate::provider::{tools_json_bytes, ToolSpec};
 use crate::runner::{self, CommandOutcome, CommandSpec, MaterializeError, TreeChanges};
 use bytes::Bytes;
@@ -93,6 +94,8 @@ pub const MAX_LISTED_PATHS: usize = 50;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ToolBox {
     command: Option<CommandTool>,
+    /// The fork tools are offered too (they run in `crate::forktools`).
+    forking: bool,
 }
 
 impl ToolBox {
@@ -103,21 +106,28 @@ impl ToolBox {
 
     /// The tools `task` offers its model.
     pub fn for_task(task: &BranchTask) -> Self {
-        Self::with_command(task.run_command.clone())
+        Self {
+            command: task.run_command.clone(),
+            forking: task.forking,
+        }
     }
 
     /// The standard tools, and `run_command` with these settings when given.
     pub fn with_command(command: Option<CommandTool>) -> Self {
-        Self { command }
+        Self {
+            command,
+            forking: false,
+        }
     }
 
     /// The definitions given to the model. Static lists, so a provider's estimate can use
     /// their size measured once ([`measured_json_bytes`]).
     pub fn specs(&self) -> &'static [ToolSpec] {
-        if self.command.is_some() {
-            &with_command_specs().specs
-        } else {
-            tool_specs()
+        match (self.command.is_some(), self.forking) {
+            (false, false) => tool_specs(),
+            (true, false) => &with_command_specs().specs,
+            (false, true) => &with_fork_specs().specs,
+            (true, true) => &with_command_and_fork_specs().specs,
         }
     }
 
@@ -167,12 +177,27 @@ struct SpecSet {
 /// The standard tools and `run_command`.
 fn with_command_specs() -> &'static SpecSet {
     static SET: OnceLock<SpecSet> = OnceLock::new();
-    SET.get_or_init(|| {
-        let mut specs = tool_specs().to_vec();
-        specs.push(run_command_spec());
+    SET.get_or_init(|| SpecSet::of(tool_specs().iter().chain([&run_command_spec()])))
+}
+
+/// The standard tools and the fork tools.
+fn with_fork_specs() -> &'static SpecSet {
+    static SET: OnceLock<SpecSet> = OnceLock::new();
+    SET.get_or_init(|| SpecSet::of(tool_specs().iter().chain(fork_tool_specs())))
+}
+
+/// The standard tools, `run_command` and the fork tools.
+fn with_command_and_fork_specs() -> &'static SpecSet {
+    static SET: OnceLock<SpecSet> = OnceLock::new();
+    SET.get_or_init(|| SpecSet::of(with_command_specs().specs.iter().chain(fork_tool_specs())))
+}
+
+impl SpecSet {
+    fn of<'a>(specs: impl Iterator<Item = &'a ToolSpec>) -> Self {
+        let specs: Vec<ToolSpec> = specs.cloned().collect();
         let json_bytes = tools_json_bytes(&specs);
         SpecSet { specs, json_bytes }
-    })
+    }
 }
 
 /// The JSON size of `tools` when it is one of the static lists a [`ToolBox`] hands out
@@ -181,8 +206,14 @@ pub fn measured_json_bytes(tools: &[ToolSpec]) -> Option<usize> {
     if std::ptr::eq(tools, tool_specs()) {
         return Some(tool_specs_json_bytes());
     }
-    let with = with_command_specs();
-    std::ptr::eq(tools, with.specs.as_slice()).then_some(with.json_bytes)
+    [
+        with_command_specs(),
+        with_fork_specs(),
+        with_command_and_fork_specs(),
+    ]
+    .into_iter()
+    .find(|set| std::ptr::eq(tools, set.specs.as_slice()))
+    .map(|set| set.json_bytes)
 }
 
 fn run_command_spec() -> ToolSpec {
@@ -1237,7 +1268,24 @@ mod tests {
         assert!(std::ptr::eq(standard.specs(), tool_specs()));
         assert_eq!(with.specs().len(), tool_specs().len() + 1);
         assert!(std::ptr::eq(with.specs(), ToolBox::clone(&with).specs()));
-        for tools in [standard.specs(), with.specs()] {
+        let forking = ToolBox {
+            forking: true,
+            ..ToolBox::standard()
+        };
+        let both = ToolBox {
+            forking: true,
+            ..with.clone()
+        };
+        let forks = crate::forktools::fork_tool_specs().len();
+        assert_eq!(forking.specs().len(), tool_specs().len() + forks);
+        assert_eq!(both.specs().len(), tool_specs().len() + 1 + forks);
+        assert!(both.names().contains(&"fork_run") && both.names().contains(&RUN_COMMAND));
+        for tools in [
+            standard.specs(),
+            with.specs(),
+            forking.specs(),
+            both.specs(),
+        ] {
             assert_eq!(measured_json_bytes(tools), Some(tools_json_bytes(tools)));
             let copy = tools.to_vec();
             assert_eq!(measured_json_bytes(&copy), None, "a copy is measured anew");
