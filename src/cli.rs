@@ -1012,51 +1012,51 @@ async fn create_from(
     show: bool,
 ) -> anyhow::Result<ForkView> {
     let blobs = coord.blobs();
-    if let Some(run_id) = from {
-        let snapshot = coord.run_workspace(run_id).await?;
-        for (hash, bytes) in &loaded.blobs {
-            blobs.put(*hash, bytes.clone()).await?;
-        }
-        let view = coord
-            .create_fork(CreateFork {
-                plan: loaded.plan.clone(),
-                parent: ParentRun::Existing { run_id },
+    let (parent, snapshot, from_text) = match from {
+        Some(run_id) => {
+            let snapshot = coord.run_workspace(run_id).await?;
+            for (hash, bytes) in &loaded.blobs {
+                blobs.put(*hash, bytes.clone()).await?;
+            }
+            (
+                ParentRun::Existing { run_id },
                 snapshot,
-                workspace: Some(loaded.workspace.display().to_string()),
-            })
-            .await?;
-        if show {
-            eprintln!(
-                "fork {}: {} branches · from run {run_id}",
-                view.fork_id,
-                view.branches.len()
-            );
+                format!("from run {run_id}"),
+            )
         }
-        return Ok(view);
-    }
-    let (_, upload) = client::upload_workspace(
-        blobs.as_ref(),
-        &loaded.workspace,
-        &loaded.exclude,
-        loaded.blobs.clone(),
-    )
-    .await?;
+        None => {
+            let (_, upload) = client::upload_workspace(
+                blobs.as_ref(),
+                &loaded.workspace,
+                &loaded.exclude,
+                loaded.blobs.clone(),
+            )
+            .await?;
+            (
+                ParentRun::New,
+                upload.snapshot,
+                format!(
+                    "workspace {} ({} files, {} new blobs uploaded)",
+                    loaded.workspace.display(),
+                    upload.files,
+                    upload.blobs_sent
+                ),
+            )
+        }
+    };
     let view = coord
         .create_fork(CreateFork {
             plan: loaded.plan.clone(),
-            parent: ParentRun::New,
-            snapshot: upload.snapshot,
+            parent,
+            snapshot,
             workspace: Some(loaded.workspace.display().to_string()),
         })
         .await?;
     if show {
         eprintln!(
-            "fork {}: {} branches · workspace {} ({} files, {} new blobs uploaded)",
+            "fork {}: {} branches · {from_text}",
             view.fork_id,
-            view.branches.len(),
-            loaded.workspace.display(),
-            upload.files,
-            upload.blobs_sent
+            view.branches.len()
         );
     }
     Ok(view)

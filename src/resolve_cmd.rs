@@ -7,42 +7,28 @@ use crate::remote::CoordinatorClient;
 use forkfleet_shared::api::ResolveReport;
 use forkfleet_shared::flush::{ConflictPolicy, FlushReport};
 use forkfleet_shared::ids::ForkId;
-use forkfleet_shared::resolve::{Decision, Strategy, DEFAULT_THRESHOLD};
+use forkfleet_shared::resolve::{Decision, Strategy, DEFAULT_THRESHOLD, STRATEGY_NAMES};
 use forkfleet_shared::testsignal::TestOutcome;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::path::Path;
-
-/// The strategy names `--strategy` takes.
-pub const STRATEGY_NAMES: &str = "manual, auto, auto_with_fallback, vote";
 
 /// `--strategy NAME [--threshold X]` as a strategy; `None` keeps the spec's.
 pub fn strategy_from_flags(
     name: Option<&str>,
     threshold: Option<f64>,
 ) -> Result<Option<Strategy>, String> {
-    let strategy = match name {
-        None => {
-            if threshold.is_some() {
-                return Err(
-                    "--threshold needs --strategy auto_with_fallback (the spec's threshold is used otherwise)"
-                        .to_string(),
-                );
-            }
-            return Ok(None);
+    let Some(name) = name else {
+        if threshold.is_some() {
+            return Err(
+                "--threshold needs --strategy auto_with_fallback (the spec's threshold is used otherwise)"
+                    .to_string(),
+            );
         }
-        Some("manual") => Strategy::Manual,
-        Some("auto") => Strategy::Auto,
-        Some("auto_with_fallback") => Strategy::AutoWithFallback {
-            threshold: threshold.unwrap_or(DEFAULT_THRESHOLD),
-        },
-        Some("vote") => Strategy::Vote,
-        Some(other) => {
-            return Err(format!(
-                "--strategy `{other}` is not a strategy; valid: {STRATEGY_NAMES}"
-            ))
-        }
+        return Ok(None);
     };
+    let strategy = Strategy::from_name(name, threshold.unwrap_or(DEFAULT_THRESHOLD))
+        .ok_or_else(|| format!("--strategy `{name}` is not a strategy; valid: {STRATEGY_NAMES}"))?;
     if threshold.is_some() && !matches!(strategy, Strategy::AutoWithFallback { .. }) {
         return Err(format!(
             "--threshold is for auto_with_fallback, not `{}`",

@@ -30,29 +30,26 @@ const LOG_WAIT: Duration = Duration::from_secs(15);
 impl CoordinatorHandle {
     /// Create the fork an agent asked for (see the module docs).
     pub async fn agent_fork(&self, req: AgentFork) -> Result<ForkView, CoordinatorError> {
-        let store = self.store().clone();
         let parent_run = req.parent_run;
-        let (parent_fork, model) = tokio::task::spawn_blocking(move || {
-            let run = store
-                .run(parent_run)?
-                .ok_or(CoordinatorError::UnknownRun(parent_run))?;
-            let Some(fork_id) = run.fork_id else {
-                return Err(CoordinatorError::BadRequest(format!(
-                    "run {parent_run} is a root run: only an agent running in a branch forks itself with fork_run"
-                )));
-            };
-            let fork = store
-                .fork(fork_id)?
-                .ok_or_else(|| CoordinatorError::UnknownFork(fork_id.to_string()))?;
-            let model = store
-                .branches(fork_id)?
-                .into_iter()
-                .find(|b| b.run_id == parent_run)
-                .map(|b| b.model)
-                .unwrap_or_else(|| fork.plan.model.clone());
-            Ok((fork, model))
-        })
-        .await??;
+        let Some(fork_id) = self.run_record(parent_run).await?.fork_id else {
+            return Err(CoordinatorError::BadRequest(format!(
+                "run {parent_run} is a root run: only an agent running in a branch forks itself with fork_run"
+            )));
+        };
+        let (parent_fork, model) = self
+            .blocking(move |s| {
+                let fork = s
+                    .fork(fork_id)?
+                    .ok_or_else(|| CoordinatorError::UnknownFork(fork_id.to_string()))?;
+                let model = s
+                    .branches(fork_id)?
+                    .into_iter()
+                    .find(|b| b.run_id == parent_run)
+                    .map(|b| b.model)
+                    .unwrap_or_else(|| fork.plan.model.clone());
+                Ok((fork, model))
+            })
+            .await?;
         let plan = child_plan(&parent_fork.plan, &model, &req)?;
         self.wait_for_log(parent_fork.fork_id, parent_run, req.cutoff_seq)
             .await?;
@@ -87,38 +84,37 @@ impl CoordinatorHandle {
     }
 
     /// Wait, bounded, until the coordinator's copy of `run`'s log (a branch of `fork`)
-    /// reaches `seq`.
+    /// reaches `seq`: the fork actor's view says how far each branch's log goes, and its
+    /// version channel says when that may have changed.
     async fn wait_for_log(
         &self,
         fork: ForkId,
         run: RunId,
         seq: u64,
     ) -> Result<(), CoordinatorError> {
-        let handle = self.fork_handle(fork).await?;
-        let mut versions = handle.subscribe().await?;
         let deadline = tokio::time::Instant::now() + LOG_WAIT;
         loop {
+            let handle = self.fork_handle(fork).await?;
+            let mut versions = handle.subscribe().await?;
             versions.borrow_and_update();
-            let store = self.store().clone();
-            let last = tokio::task::spawn_blocking(move || {
-                store
-                    .run_log(run)
-                    .map(|log| log.last().map_or(0, |(seq, _)| *seq))
-            })
-            .await??;
-            if last >= seq {
+            let view = handle.view().await?;
+            // `events` is the branch's next seq: its log holds seqs below it.
+            if view
+                .branches
+                .iter()
+                .any(|b| b.run_id == run && b.events > seq)
+            {
                 return Ok(());
             }
-            match tokio::time::timeout_at(deadline, versions.changed()).await {
-                Ok(Ok(())) => {}
-                // The fork actor restarted: look again with a new subscription.
-                Ok(Err(_)) => versions = self.fork_handle(fork).await?.subscribe().await?,
-                Err(_) => {
-                    return Err(CoordinatorError::Timeout {
-                        what: "the agent's log reaching the fork point",
-                        ms: LOG_WAIT.as_millis() as u64,
-                    })
-                }
+            // A closed channel (the fork actor restarting) just looks again.
+            if tokio::time::timeout_at(deadline, versions.changed())
+                .await
+                .is_err()
+            {
+                return Err(CoordinatorError::Timeout {
+                    what: "the agent's log reaching the fork point",
+                    ms: LOG_WAIT.as_millis() as u64,
+                });
             }
         }
     }

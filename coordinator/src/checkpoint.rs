@@ -811,14 +811,6 @@ async fn publish_blobs(
 // ---- the API --------------------------------------------------------------------------
 
 impl CoordinatorHandle {
-    async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&RunStore) -> Result<T, CoordinatorError> + Send + 'static,
-    ) -> Result<T, CoordinatorError> {
-        let store = self.store().clone();
-        tokio::task::spawn_blocking(move || f(&store)).await?
-    }
-
     /// A run by full id or unique prefix of its id.
     pub async fn find_run(&self, prefix: &str) -> Result<RunId, CoordinatorError> {
         let prefix = prefix.to_string();

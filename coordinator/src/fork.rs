@@ -14,7 +14,7 @@ use forkfleet_shared::api::{
 };
 use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{diff_overlays, DiffOptions, DiffReport};
-use forkfleet_shared::event::{history_events, Event};
+use forkfleet_shared::event::{history_events, interrupted_results, messages_from_events, Event};
 use forkfleet_shared::flush::{flush, FlushReport};
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::manifest::Manifest;
@@ -67,8 +67,12 @@ pub(crate) struct ForkState {
     bus: Arc<dyn Bus>,
     ledger: Arc<Ledger>,
     /// Branches a resume (or a follow-up) enqueued a task for that no worker has taken over
-    /// yet, with the task's `attempt_base`.
-    requeued: HashMap<RunId, u32>,
+    /// yet. The task's `attempt_base` is the branch's [`ForkState::attempt_base`]: nothing
+    /// moves the fence or the state it is derived from before a worker takes the task over.
+    requeued: HashSet<RunId>,
+    /// Branches sent a terminate that have not finished yet, with its reason: a later
+    /// attempt that takes one over (its worker was lost before it obeyed) finds it ended.
+    stopping: HashMap<RunId, String>,
     record: ForkRecord,
     base: Arc<Manifest>,
     branches: Vec<BranchReplica>,
@@ -433,33 +437,72 @@ impl ForkState {
             })
     }
 
+    /// The index of the branch with run id `run`.
+    fn run_index(&self, run: RunId) -> Result<usize, CoordinatorError> {
+        self.by_run
+            .get(&run)
+            .copied()
+            .ok_or(CoordinatorError::UnknownRun(run))
+    }
+
+    /// The `attempt_base` of a task that runs branch `i` next: its latest takeover's attempt
+    /// (at least 1: the first attempt took it over implicitly), so the task's worker
+    /// (attempt `attempt_base + 1` and up) takes the branch over from its log. A branch no
+    /// worker has started (pending with no events of its own; a pending one with events
+    /// waits for its follow-up turn, ADR 13) starts afresh unless something took it over.
+    fn attempt_base(&self, i: usize) -> u32 {
+        let b = &self.branches[i].record;
+        if b.state == BranchState::Pending && b.next_seq == b.first_seq {
+            b.min_attempt
+        } else {
+            b.min_attempt.max(1)
+        }
+    }
+
     /// The task attempt branch `i` runs under (or its queued task will, before a worker
     /// takes it): a command addressed to it reaches that worker and no later one (a worker
     /// ignores commands for attempts below its own). The budget's stop commands address
     /// `min_attempt.max(1)` likewise.
     fn current_attempt(&self, i: usize) -> u32 {
         let b = &self.branches[i].record;
-        match self.requeued.get(&b.run_id) {
-            Some(base) => base.saturating_add(1),
-            None => b.min_attempt.max(1),
+        if self.requeued.contains(&b.run_id) {
+            self.attempt_base(i).saturating_add(1)
+        } else {
+            b.min_attempt.max(1)
         }
     }
 
     /// A worker took over branch `run` under task `attempt`: from now on events of earlier
     /// attempts are dropped, and what they left held beyond a gap is deleted. The answer is
-    /// the branch's log as stored, which the worker continues.
-    fn fence(&mut self, run: RunId, attempt: u32) -> Result<Vec<(u64, Event)>, CoordinatorError> {
+    /// the branch's log as stored, which the worker continues. A branch sent a terminate
+    /// its earlier attempt did not obey is ended first (the log says so, and the worker
+    /// drops its task): terminates are addressed to an attempt, like every command.
+    async fn fence(
+        &mut self,
+        run: RunId,
+        attempt: u32,
+    ) -> Result<Vec<(u64, Event)>, CoordinatorError> {
         self.raise_fence(run, attempt)?;
+        if let Some(reason) = self.stopping.remove(&run) {
+            self.end_branch(run, BranchState::Terminated, reason)?;
+            self.store.flush_async().await?;
+        }
         self.store.run_log(run)
+    }
+
+    /// Fence off every attempt that ran branch `i`, which no worker runs any more: one
+    /// above its latest takeover. A task enqueued later (a follow-up, ADR 13) runs above
+    /// that, and is taken over by fencing like any other; a worker of an earlier task that
+    /// takes the branch over after this finds it finished.
+    fn close(&mut self, i: usize) -> Result<(), CoordinatorError> {
+        let b = &self.branches[i].record;
+        self.raise_fence(b.run_id, b.min_attempt.max(1).saturating_add(1))
     }
 
     /// Drop the events of task attempts below `attempt` from now on, and what they left
     /// held beyond a gap; persisted with the branch record.
     fn raise_fence(&mut self, run: RunId, attempt: u32) -> Result<(), CoordinatorError> {
-        let i = *self
-            .by_run
-            .get(&run)
-            .ok_or(CoordinatorError::UnknownRun(run))?;
+        let i = self.run_index(run)?;
         let b = &mut self.branches[i];
         if let Some(held) = b.fence(attempt) {
             if !held.is_empty() {
@@ -482,32 +525,99 @@ impl ForkState {
 
     /// End a branch no worker runs (its task is dead, or it is paused): fence off every
     /// attempt, then append the terminal status as its last event (its work is kept).
+    /// Written, not flushed.
     fn end_branch(
         &mut self,
         run: RunId,
         state: BranchState,
         error: String,
     ) -> Result<(), CoordinatorError> {
-        let i = *self
-            .by_run
-            .get(&run)
-            .ok_or(CoordinatorError::UnknownRun(run))?;
+        let i = self.run_index(run)?;
         if self.branches[i].record.state.is_terminal() {
             return Ok(());
         }
-        self.raise_fence(run, u32::MAX)?;
-        let seq = self.branches[i].record.next_seq;
-        self.apply_events(vec![BranchEvent {
-            fork_id: self.record.fork_id,
-            run_id: run,
-            seq,
-            at_ms: now_ms(),
-            event: Event::Status {
+        self.close(i)?;
+        self.append_own(
+            i,
+            vec![Event::Status {
                 state,
                 error: Some(error),
+            }],
+        )?;
+        Ok(())
+    }
+
+    /// Append the coordinator's own `events` to branch `i`'s log at its next seqs, through
+    /// the path the workers' events take, under the branch's current fence (so they are
+    /// not dropped, and a worker that takes the branch over later fences above them).
+    /// Written, not flushed; the answer is the seq of the last one.
+    fn append_own(&mut self, i: usize, events: Vec<Event>) -> Result<u64, CoordinatorError> {
+        let b = &self.branches[i].record;
+        let (fork_id, run_id, attempt, first) =
+            (self.record.fork_id, b.run_id, b.min_attempt, b.next_seq);
+        let at_ms = now_ms();
+        let batch: Vec<BranchEvent> = (first..)
+            .zip(events)
+            .map(|(seq, event)| BranchEvent {
+                fork_id,
+                run_id,
+                seq,
+                at_ms,
+                event,
+                attempt,
+            })
+            .collect();
+        let last = batch.last().map_or(first, |e| e.seq);
+        self.apply_events(batch)?;
+        Ok(last)
+    }
+
+    /// Refuse to change a branch while its fork is being merged or resolved (they read the
+    /// branches as they are); `then` says what to do once it is over.
+    fn check_not_busy(&self, then: &str) -> Result<(), CoordinatorError> {
+        let busy = if self.merging {
+            "merged"
+        } else if self.resolving {
+            "resolved"
+        } else {
+            return Ok(());
+        };
+        Err(CoordinatorError::BadRequest(format!(
+            "fork {} is being {busy} right now; {then} afterwards",
+            self.record.fork_id
+        )))
+    }
+
+    /// Enqueue, on `pool`, a task that runs branch `i` next: taken over from its log
+    /// (above every attempt before it, see [`ForkState::attempt_base`]), with its cap
+    /// after top-ups. The answer is the task's `attempt_base`.
+    async fn enqueue(&mut self, i: usize, pool: &str) -> Result<u32, CoordinatorError> {
+        let fork_id = self.record.fork_id;
+        let b = &self.branches[i].record;
+        let Some(plan) = self.record.plan.branches.get(b.index as usize) else {
+            return Err(CoordinatorError::Internal(format!(
+                "branch `{}` has no plan in fork {fork_id}",
+                b.label
+            )));
+        };
+        let run_id = b.run_id;
+        let mut task = create::branch_task(
+            &self.record.plan,
+            plan,
+            create::BranchIds {
+                fork_id,
+                run_id,
+                index: b.index,
             },
-            attempt: u32::MAX,
-        }])
+            self.record.prefix,
+            self.record.snapshot,
+            b.first_seq,
+        );
+        task.attempt_base = self.attempt_base(i);
+        task.budget_usd = self.ledger.run_cap(run_id);
+        self.bus.enqueue_task(pool, wire::encode(&task)?).await?;
+        self.requeued.insert(run_id);
+        Ok(task.attempt_base)
     }
 
     /// Stop branch `i`: a running one is sent a terminate command; a paused one (no worker
@@ -551,37 +661,12 @@ impl ForkState {
             };
             // A second top-up before the worker took the first task over must not start a
             // second worker on the branch.
-            if self.requeued.contains_key(&run) {
+            if self.requeued.contains(&run) {
                 continue;
             }
+            let attempt_base = self.enqueue(i, pool).await?;
             let b = &self.branches[i].record;
-            let Some(plan) = self.record.plan.branches.get(b.index as usize) else {
-                continue;
-            };
-            let mut task = create::branch_task(
-                &self.record.plan,
-                plan,
-                create::BranchIds {
-                    fork_id: self.record.fork_id,
-                    run_id: run,
-                    index: b.index,
-                },
-                self.record.prefix,
-                self.record.snapshot,
-                b.first_seq,
-            );
-            // Above the attempt that last took the branch over (a worker that ran it): the
-            // new task takes it over from its log. A branch never started starts afresh (a
-            // pending one with events of its own waits for a follow-up turn, ADR 13).
-            task.attempt_base = if b.state == BranchState::Pending && b.next_seq == b.first_seq {
-                0
-            } else {
-                b.min_attempt.max(1)
-            };
-            task.budget_usd = self.ledger.run_cap(run);
-            self.bus.enqueue_task(pool, wire::encode(&task)?).await?;
-            tracing::info!(fork.id = %self.record.fork_id, branch.label = %b.label, branch.state = %b.state, attempt_base = task.attempt_base, "fork.resume: a branch was enqueued again");
-            self.requeued.insert(run, task.attempt_base);
+            tracing::info!(fork.id = %self.record.fork_id, branch.label = %b.label, branch.state = %b.state, attempt_base, "fork.resume: a branch was enqueued again");
             sent += 1;
         }
         Ok(sent)
@@ -635,6 +720,7 @@ impl ForkState {
             }
             if effect.became_terminal {
                 self.terminal += 1;
+                self.stopping.remove(&run_id);
             }
             if effect.reopened {
                 // A follow-up started a new turn of a finished branch (ADR 13).
@@ -658,9 +744,9 @@ impl ForkState {
         Ok(())
     }
 
-    /// Rewind a finished branch: fence off every attempt, append `marker` at `seq` (the
-    /// branch's log must end just before it: nothing changed since the rewind was worked
-    /// out), and rebuild its overlay from the rewound history.
+    /// Rewind a finished branch: fence off the attempts that ran it, append `marker` at
+    /// `seq` (the branch's log must end just before it: nothing changed since the rewind
+    /// was worked out), and rebuild its overlay from the rewound history.
     async fn rewind(
         &mut self,
         run: RunId,
@@ -668,18 +754,8 @@ impl ForkState {
         seq: u64,
     ) -> Result<u64, CoordinatorError> {
         let fork_id = self.record.fork_id;
-        let i = *self
-            .by_run
-            .get(&run)
-            .ok_or(CoordinatorError::UnknownRun(run))?;
-        if self.merging {
-            return Err(CoordinatorError::MergeInProgress(fork_id));
-        }
-        if self.resolving {
-            return Err(CoordinatorError::CheckpointRefused(format!(
-                "fork {fork_id} is being resolved right now; rewind its branches afterwards"
-            )));
-        }
+        let i = self.run_index(run)?;
+        self.check_not_busy("rewind its branches")?;
         let b = &self.branches[i].record;
         if !b.state.is_terminal() {
             return Err(CoordinatorError::CheckpointRefused(format!(
@@ -693,15 +769,8 @@ impl ForkState {
                 b.label
             )));
         }
-        self.raise_fence(run, u32::MAX)?;
-        self.apply_events(vec![BranchEvent {
-            fork_id,
-            run_id: run,
-            seq,
-            at_ms: now_ms(),
-            event: marker,
-            attempt: u32::MAX,
-        }])?;
+        self.close(i)?;
+        self.append_own(i, vec![marker])?;
         let log = self.store.run_log(run)?;
         checkpoint::apply_rewind(&mut self.branches[i], &self.base, &log)?;
         self.store.put_branch(&self.branches[i].record)?;
@@ -720,16 +789,8 @@ impl ForkState {
         outcome: MergeOutcome,
     ) -> Result<FlushReport, CoordinatorError> {
         let fork_id = self.record.fork_id;
-        let i = *self
-            .by_run
-            .get(&run)
-            .ok_or(CoordinatorError::UnknownRun(run))?;
-        if self.merging || self.resolving {
-            return Err(CoordinatorError::BadRequest(format!(
-                "fork {fork_id} is being merged or resolved right now; merge fork {} afterwards",
-                outcome.fork_id
-            )));
-        }
+        let i = self.run_index(run)?;
+        self.check_not_busy(&format!("merge fork {}", outcome.fork_id))?;
         let b = &self.branches[i];
         if !b.record.state.is_terminal() {
             return Err(CoordinatorError::BadRequest(format!(
@@ -760,54 +821,37 @@ impl ForkState {
         events.push(Event::BranchSummary {
             text: merge_summary(&outcome, &report),
         });
-        let attempt = b.record.min_attempt;
-        let first = b.record.next_seq;
-        let batch = events
-            .into_iter()
-            .enumerate()
-            .map(|(k, event)| BranchEvent {
-                fork_id,
-                run_id: run,
-                seq: first + k as u64,
-                at_ms: now_ms(),
-                event,
-                attempt,
-            })
-            .collect();
-        self.apply_events(batch)?;
+        self.append_own(i, events)?;
         self.store.put_branch(&self.branches[i].record)?;
         self.store.flush_async().await?;
         self.bump();
         Ok(report)
     }
 
-    /// Send branch `i` a terminate command: to every attempt of its turn, or once it had a
-    /// follow-up to its current attempt (a follow-up's worker ignores commands addressed to
-    /// no attempt: on NATS it reads the earlier turns' commands again, ADR 13).
-    async fn send_terminate(&self, i: usize, reason: String) -> Result<(), CoordinatorError> {
+    /// Send branch `i` a terminate command, addressed to the attempt that runs it like
+    /// every command (a later attempt, or a later turn's worker re-reading the run's
+    /// control stream on NATS, ignores it). Should that worker be lost before it obeys,
+    /// the attempt that takes the branch over finds it ended (see [`ForkState::fence`]).
+    async fn send_terminate(&mut self, i: usize, reason: String) -> Result<(), CoordinatorError> {
         let run_id = self.branches[i].record.run_id;
-        let attempt = (self.branches[i].follow_ups > 0).then(|| self.current_attempt(i));
         let control = Control {
             run_id,
-            command: ControlCommand::Terminate { reason },
-            attempt,
+            command: ControlCommand::Terminate {
+                reason: reason.clone(),
+            },
+            attempt: Some(self.current_attempt(i)),
         };
         self.bus
             .send_control(run_id, wire::encode(&control)?)
             .await?;
+        self.stopping.insert(run_id, reason);
         Ok(())
     }
 
     /// Stop one branch. A branch already terminal is left as it is (`sent: false`).
     async fn terminate(&mut self, label: &str) -> Result<TerminateOutcome, CoordinatorError> {
         let fork_id = self.record.fork_id;
-        let Some(i) = self.branches.iter().position(|b| b.record.label == label) else {
-            return Err(CoordinatorError::UnknownLabel {
-                fork: fork_id,
-                label: label.to_string(),
-                valid: list(self.branches.iter().map(|b| b.record.label.as_str())),
-            });
-        };
+        let i = self.branch_index(label)?;
         let b = &self.branches[i].record;
         let (run_id, state) = (b.run_id, b.state);
         let sent = !state.is_terminal();
@@ -898,14 +942,7 @@ impl ForkState {
             }
             ForkPhase::Open | ForkPhase::Settled => {}
         }
-        if self.merging {
-            return Err(CoordinatorError::MergeInProgress(fork_id));
-        }
-        if self.resolving {
-            return Err(CoordinatorError::BadRequest(format!(
-                "fork {fork_id} is being resolved right now; continue its branches afterwards (if it does not merge)"
-            )));
-        }
+        self.check_not_busy("continue its branches (if it does not merge)")?;
         let b = &self.branches[i].record;
         let label = &b.label;
         match b.state {
@@ -951,11 +988,11 @@ impl ForkState {
 
     /// Start a follow-up turn of branch `label` with the user message `text` (ADR 13).
     ///
-    /// Its task is enqueued again like a resumed branch's (above every attempt before it, so
-    /// a worker takes it over from the log), then a `follow_up` event (after interrupted
-    /// results for tool calls a lost worker left unanswered) is appended at the branch's
-    /// next seq under its current fence: applying it re-opens the branch (pending) and the
-    /// fork. In that order, a failure leaves at worst a task that finds the branch finished
+    /// Its task is enqueued again as a resumed branch's is ([`ForkState::enqueue`]: above
+    /// every attempt before it, so a worker takes it over from the log), then a `follow_up`
+    /// event (after interrupted results for tool calls a lost worker left unanswered) is
+    /// appended at the branch's next seq under its current fence: applying it re-opens the
+    /// branch (pending) and the fork. In that order, a failure leaves at worst a task that finds the branch finished
     /// and is dropped, never a re-opened branch without a task. Both happen before this
     /// actor reads its next message, so the worker's takeover finds the event in the log.
     async fn follow_up(
@@ -973,61 +1010,18 @@ impl ForkState {
         }
         self.check_follow_up(i)?;
         let b = &self.branches[i].record;
-        let (run_id, previous, fence) = (b.run_id, b.state, b.min_attempt);
-        let Some(plan) = self.record.plan.branches.get(b.index as usize) else {
-            return Err(CoordinatorError::Internal(format!(
-                "branch `{label}` has no plan in fork {fork_id}"
-            )));
-        };
+        let (run_id, previous) = (b.run_id, b.state);
         // What a lost worker left unanswered (the model API needs a result for every call
         // before the next user message).
         let log = self.store.run_log(run_id)?;
-        let mut events: Vec<Event> = dangling_calls(&log)
-            .into_iter()
-            .map(|(call_id, name)| Event::ToolResult {
-                call_id,
-                name,
-                ok: false,
-                output: INTERRUPTED.to_string(),
-            })
-            .collect();
+        let history = messages_from_events(history_events(&log, None).into_iter().map(|(_, e)| e));
+        let mut events = interrupted_results(&history);
         events.push(Event::FollowUp { text });
-        let mut task = create::branch_task(
-            &self.record.plan,
-            plan,
-            create::BranchIds {
-                fork_id,
-                run_id,
-                index: b.index,
-            },
-            self.record.prefix,
-            self.record.snapshot,
-            b.first_seq,
-        );
-        task.attempt_base = fence.max(1);
-        task.budget_usd = self.ledger.run_cap(run_id);
-        self.bus.enqueue_task(pool, wire::encode(&task)?).await?;
-        let first = self.branches[i].record.next_seq;
-        let at_ms = now_ms();
-        let seq = first + events.len() as u64 - 1;
-        self.apply_events(
-            (first..)
-                .zip(events)
-                .map(|(seq, event)| BranchEvent {
-                    fork_id,
-                    run_id,
-                    seq,
-                    at_ms,
-                    event,
-                    // The current fence: not dropped, and a worker's takeover raises it.
-                    attempt: fence,
-                })
-                .collect(),
-        )?;
+        let attempt_base = self.enqueue(i, pool).await?;
+        let seq = self.append_own(i, events)?;
         self.store.flush_async().await?;
-        self.requeued.insert(run_id, task.attempt_base);
         let b = &self.branches[i];
-        tracing::info!(fork.id = %fork_id, branch.label = %label, previous = %previous, seq, turn = b.follow_ups, attempt_base = task.attempt_base, "fork.follow_up: a new turn was enqueued");
+        tracing::info!(fork.id = %fork_id, branch.label = %label, previous = %previous, seq, attempt_base, "fork.follow_up: a new turn was enqueued");
         Ok(ContinueOutcome {
             fork_id,
             label: label.to_string(),
@@ -1152,15 +1146,8 @@ impl ForkState {
 
     /// The request checks of a merge; the winner's index.
     fn check_merge(&self, pick: &str) -> Result<usize, CoordinatorError> {
-        let fork = self.record.fork_id;
         self.check_mergeable()?;
-        let Some(i) = self.branches.iter().position(|b| b.record.label == pick) else {
-            return Err(CoordinatorError::UnknownLabel {
-                fork,
-                label: pick.to_string(),
-                valid: list(self.branches.iter().map(|b| b.record.label.as_str())),
-            });
-        };
+        let i = self.branch_index(pick)?;
         let state = self.branches[i].record.state;
         if !state.is_terminal() {
             return Err(CoordinatorError::StillRunning {
@@ -1170,36 +1157,6 @@ impl ForkState {
         }
         Ok(i)
     }
-}
-
-/// The output a model sees, on a follow-up, for a tool call a lost worker left without a
-/// result.
-const INTERRUPTED: &str = "interrupted: the branch stopped before this call returned a result; its effect on the workspace is whatever the file changes before this result show. Check before relying on it.";
-
-/// Tool calls of the last model response on a run's history that have no result.
-fn dangling_calls(log: &[(u64, Event)]) -> Vec<(String, String)> {
-    let history = history_events(log, None);
-    let Some(pos) = history
-        .iter()
-        .rposition(|(_, e)| matches!(e, Event::ModelResponse { .. }))
-    else {
-        return Vec::new();
-    };
-    let Event::ModelResponse { tool_calls, .. } = &history[pos].1 else {
-        return Vec::new();
-    };
-    let answered: HashSet<&str> = history[pos + 1..]
-        .iter()
-        .filter_map(|(_, e)| match e {
-            Event::ToolResult { call_id, .. } => Some(call_id.as_str()),
-            _ => None,
-        })
-        .collect();
-    tool_calls
-        .iter()
-        .filter(|c| !answered.contains(c.id.as_str()))
-        .map(|c| (c.id.clone(), c.name.clone()))
-        .collect()
 }
 
 type Loaded = (
@@ -1301,7 +1258,8 @@ impl Actor for ForkActor {
             store,
             bus,
             ledger,
-            requeued: HashMap::new(),
+            requeued: HashSet::new(),
+            stopping: HashMap::new(),
             record,
             base,
             branches,
@@ -1368,7 +1326,7 @@ impl Actor for ForkActor {
                 });
             }
             ForkMsg::Fence(run, attempt, reply) => {
-                let _ = reply.send(state.fence(run, attempt));
+                let _ = reply.send(state.fence(run, attempt).await);
             }
             ForkMsg::FailBranch(run, error) => {
                 if let Err(e) = state.fail_branch(run, error) {
@@ -1452,10 +1410,11 @@ impl Actor for ForkActor {
                 let fork_id = state.record.fork_id;
                 // Clients applying the merge read the manifest from the bus's blob store.
                 let hash = done.outcome.merged_snapshot;
-                if done.merged_manifest.is_empty() {
-                    // A merge into an agent's branch: no new parent version.
-                } else if let Err(e) = state.bus.blobs().put(hash, done.merged_manifest).await {
-                    tracing::warn!(fork.id = %fork_id, error = %e, "fork.merge: cannot publish the merged manifest");
+                // (A merge into an agent's branch makes no new parent version.)
+                if let Some(bytes) = done.merged_manifest {
+                    if let Err(e) = state.bus.blobs().put(hash, bytes).await {
+                        tracing::warn!(fork.id = %fork_id, error = %e, "fork.merge: cannot publish the merged manifest");
+                    }
                 }
                 // Stop the losers that are still running or paused.
                 let reason = format!("fork {fork_id} merged branch `{}`", done.outcome.winner);

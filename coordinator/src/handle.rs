@@ -7,7 +7,7 @@ use crate::create;
 use crate::error::CoordinatorError;
 use crate::fork::Requeue;
 use crate::root::RootHandle;
-use crate::store::RunStore;
+use crate::store::{RunRecord, RunStore};
 use crate::CoordinatorConfig;
 use forkfleet_shared::api::{
     AbortOutcome, CheckpointView, ContinueOutcome, CreateFork, ForkView, ForkWatch, MergeOutcome,
@@ -278,13 +278,8 @@ impl CoordinatorHandle {
     /// branch by its fork actor; the outcome's report is that replay's.
     pub async fn merge(&self, id: ForkId, pick: &str) -> Result<MergeOutcome, CoordinatorError> {
         let fork = self.root.fork(id).await?;
-        let view = fork.view().await?;
-        let store = self.store.clone();
-        let parent_run = view.parent_run;
-        let parent = tokio::task::spawn_blocking(move || store.run(parent_run))
-            .await??
-            .ok_or(CoordinatorError::UnknownRun(parent_run))?;
-        let Some(parent_fork) = parent.fork_id else {
+        let parent_run = fork.view().await?.parent_run;
+        let Some(parent_fork) = self.run_record(parent_run).await?.fork_id else {
             return fork.merge(pick.to_string()).await;
         };
         let parent_fork = self.root.fork(parent_fork).await?;
@@ -304,57 +299,55 @@ impl CoordinatorHandle {
         Ok(outcome)
     }
 
+    /// Store work on a blocking thread.
+    pub(crate) async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&RunStore) -> Result<T, CoordinatorError> + Send + 'static,
+    ) -> Result<T, CoordinatorError> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || f(&store)).await?
+    }
+
+    /// A run's record (`UnknownRun` when there is none).
+    pub(crate) async fn run_record(&self, run: RunId) -> Result<RunRecord, CoordinatorError> {
+        self.blocking(move |s| s.run(run)?.ok_or(CoordinatorError::UnknownRun(run)))
+            .await
+    }
+
     /// A run's log, from seq 0 to the first gap.
     pub async fn run_events(&self, run: RunId) -> Result<Vec<(u64, Event)>, CoordinatorError> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || {
-            if store.run(run)?.is_none() {
-                return Err(CoordinatorError::UnknownRun(run));
-            }
-            store.run_log(run)
+        self.blocking(move |s| {
+            s.run(run)?.ok_or(CoordinatorError::UnknownRun(run))?;
+            s.run_log(run)
         })
-        .await?
+        .await
     }
 
     /// A run's checkpoints, oldest first.
     pub async fn checkpoints(&self, run: RunId) -> Result<Vec<CheckpointView>, CoordinatorError> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || {
-            if store.run(run)?.is_none() {
-                return Err(CoordinatorError::UnknownRun(run));
-            }
-            store.checkpoints(run)
+        self.blocking(move |s| {
+            s.run(run)?.ok_or(CoordinatorError::UnknownRun(run))?;
+            s.checkpoints(run)
         })
-        .await?
+        .await
     }
 
-    /// A run's current workspace version (a `Manifest` blob).
     /// A root run's current workspace version (see [`ApiRequest::RunWorkspace`]).
     ///
     /// [`ApiRequest::RunWorkspace`]: forkfleet_shared::api::ApiRequest::RunWorkspace
     pub async fn root_workspace(&self, run: RunId) -> Result<BlobHash, CoordinatorError> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || {
-            let record = store.run(run)?.ok_or(CoordinatorError::UnknownRun(run))?;
-            match record.fork_id {
-                None => Ok(record.workspace),
-                Some(fork) => Err(CoordinatorError::BadRequest(format!(
-                    "run {run} is a branch of fork {fork}: fork a root run; merge the branch first (`forkfleet fork merge {fork} --pick LABEL`) or start a run from one of its checkpoints (`forkfleet checkpoint fork {run} LABEL`)"
-                ))),
-            }
-        })
-        .await?
+        let record = self.run_record(run).await?;
+        match record.fork_id {
+            None => Ok(record.workspace),
+            Some(fork) => Err(CoordinatorError::BadRequest(format!(
+                "run {run} is a branch of fork {fork}: fork a root run; merge the branch first (`forkfleet fork merge {fork} --pick LABEL`) or start a run from one of its checkpoints (`forkfleet checkpoint fork {run} LABEL`)"
+            ))),
+        }
     }
 
+    /// A run's current workspace version (a `Manifest` blob).
     pub async fn workspace(&self, run: RunId) -> Result<BlobHash, CoordinatorError> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || {
-            store
-                .run(run)?
-                .map(|r| r.workspace)
-                .ok_or(CoordinatorError::UnknownRun(run))
-        })
-        .await?
+        Ok(self.run_record(run).await?.workspace)
     }
 
     /// Spent, reserved, cap and remaining per branch, for the fork and its account; calls
@@ -367,8 +360,7 @@ impl CoordinatorHandle {
         for b in &mut cost.branches {
             b.calls = view.branch(&b.label).map_or(0, |v| v.turns);
         }
-        let store = self.store.clone();
-        if let Some(report) = tokio::task::spawn_blocking(move || store.resolution(id)).await?? {
+        if let Some(report) = self.blocking(move |s| s.resolution(id)).await? {
             cost.judge_cost_usd = report.judge_cost_usd;
             cost.judge_usage = report.judge_usage;
         }

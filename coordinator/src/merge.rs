@@ -51,7 +51,8 @@ pub(crate) struct MergeJob {
 pub(crate) struct MergeDone {
     pub outcome: MergeOutcome,
     pub fork: ForkRecord,
-    pub merged_manifest: bytes::Bytes,
+    /// The parent's new workspace version (none for a merge into an agent's branch).
+    pub merged_manifest: Option<bytes::Bytes>,
 }
 
 pub(crate) fn run(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
@@ -174,7 +175,7 @@ pub(crate) fn run(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
             summary,
         },
         fork,
-        merged_manifest: merged_bytes,
+        merged_manifest: Some(merged_bytes),
     })
 }
 
@@ -223,7 +224,7 @@ fn into_agent(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
             into_branch: true,
             summary,
         },
-        merged_manifest: bytes::Bytes::new(),
+        merged_manifest: None,
         fork,
     })
 }

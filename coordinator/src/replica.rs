@@ -67,9 +67,6 @@ pub(crate) struct BranchReplica {
     held: BTreeMap<u64, Event>,
     /// Tool results applied (rebuilt with the replica; not stored).
     tool_calls: u32,
-    /// `follow_up` events applied: the branch's turn (0 before any follow-up; rebuilt with
-    /// the replica, not stored).
-    pub follow_ups: u32,
 }
 
 impl BranchReplica {
@@ -87,7 +84,6 @@ impl BranchReplica {
             overlay: Overlay::new(base),
             held: BTreeMap::new(),
             tool_calls: 0,
-            follow_ups: 0,
         }
     }
 
@@ -213,15 +209,12 @@ impl BranchReplica {
                     ),
                 }
             }
-            Event::FollowUp { .. } => {
-                // A new turn (ADR 13): the first terminal state is final within a turn, and
-                // this one starts the next, back at pending until a worker takes it.
-                self.follow_ups += 1;
-                if r.state.is_terminal() {
-                    r.state = BranchState::Pending;
-                    r.error = None;
-                    effect.state_changed = true;
-                }
+            // A new turn (ADR 13): the first terminal state is final within a turn, and this
+            // one starts the next, back at pending until a worker takes it.
+            Event::FollowUp { .. } if r.state.is_terminal() => {
+                r.state = BranchState::Pending;
+                r.error = None;
+                effect.state_changed = true;
             }
             Event::Status { state, error } => {
                 if let Some(next) = r.state.transition(state) {
@@ -428,7 +421,6 @@ mod tests {
         assert!(e.reopened && e.state_changed && !e.became_terminal);
         assert_eq!(r.record.state, BranchState::Pending);
         assert_eq!(r.record.error, None);
-        assert_eq!(r.follow_ups, 1);
         // The new turn: running, more work in the same overlay, done.
         let e = r.arrive(7, status(BranchState::Running));
         assert!(e.state_changed && !e.reopened);
@@ -441,7 +433,6 @@ mod tests {
         r.arrive(11, status(BranchState::Running));
         let e = r.arrive(10, follow_up());
         assert!(!e.reopened && !e.became_terminal && e.applied == 3);
-        assert_eq!(r.follow_ups, 2);
         // A rebuild from the log ends in the same state.
         let log: Vec<(u64, Event)> = vec![
             (3, status(BranchState::Running)),
@@ -451,7 +442,6 @@ mod tests {
         let (rebuilt, _) =
             BranchReplica::rebuild(r.record.clone(), Arc::new(Manifest::default()), log);
         assert_eq!(rebuilt.record.state, BranchState::Pending);
-        assert_eq!(rebuilt.follow_ups, 1);
     }
 
     #[test]

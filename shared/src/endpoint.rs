@@ -11,10 +11,20 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// Most seconds a model request may be given.
-pub const MAX_TIMEOUT_S: f64 = 3600.0;
+/// Most seconds a model request or a command may be given.
+pub const MAX_TIMEOUT_S: f64 = crate::spec::MAX_TEST_TIMEOUT_S;
 /// Most retries of one model call.
 pub const MAX_RETRIES: u32 = 10;
+
+/// True when `name` can name an environment variable: letters, digits and `_`, not
+/// starting with a digit (what the spec's `test_env`, `[run_command] env` and
+/// `api_key_env` take).
+pub fn is_env_name(name: &str) -> bool {
+    name.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
 
 /// A real model API's connection settings (every field optional: the provider's defaults).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -70,10 +80,7 @@ impl Endpoint {
             return Err("set one of api_key_env and api_key_file, not both".to_string());
         }
         if let Some(name) = &self.api_key_env {
-            let ok = !name.is_empty()
-                && !name.starts_with(|c: char| c.is_ascii_digit())
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !ok {
+            if !is_env_name(name) {
                 return Err(format!(
                     "api_key_env `{name}` is not an environment variable name (letters, digits and `_`, not starting with a digit)"
                 ));
@@ -147,13 +154,9 @@ impl CommandToolSection {
             ));
         }
         for key in self.env.keys() {
-            let ok = !key.is_empty()
-                && !key.contains('=')
-                && !key.contains('\0')
-                && !key.starts_with(|c: char| c.is_ascii_digit());
-            if !ok {
+            if !is_env_name(key) {
                 return Err(format!(
-                    "env key `{key}` is not an environment variable name"
+                    "env key `{key}` is not a variable name (letters, digits and `_`, not starting with a digit)"
                 ));
             }
         }

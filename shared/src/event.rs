@@ -281,9 +281,84 @@ pub fn events_from_messages(messages: &[Message], model: &str) -> Vec<Event> {
         .collect()
 }
 
+/// The output a model sees for a tool call that never returned a result (its worker was
+/// lost during it, or the branch stopped there and was continued).
+pub const INTERRUPTED: &str = "interrupted: this call returned no result (its worker was lost, or the branch stopped during it); its effect on the workspace is whatever the file changes before this result show. Check before relying on it.";
+
+/// `tool_result` events answering, as [`INTERRUPTED`], the tool calls of the last assistant
+/// message of `history` that have no result: a model API rejects a call without one.
+pub fn interrupted_results(history: &[Message]) -> Vec<Event> {
+    let Some(pos) = history
+        .iter()
+        .rposition(|m| matches!(m, Message::Assistant { .. }))
+    else {
+        return Vec::new();
+    };
+    let Message::Assistant { tool_calls, .. } = &history[pos] else {
+        return Vec::new();
+    };
+    let answered: Vec<&str> = history[pos + 1..]
+        .iter()
+        .filter_map(|m| match m {
+            Message::Tool { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    tool_calls
+        .iter()
+        .filter(|c| !answered.contains(&c.id.as_str()))
+        .map(|c| Event::ToolResult {
+            call_id: c.id.clone(),
+            name: c.name.clone(),
+            ok: false,
+            output: INTERRUPTED.to_string(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_last_responses_unanswered_calls_are_interrupted() {
+        let call = |id: &str| ToolCall {
+            id: id.into(),
+            name: "read_file".into(),
+            args: serde_json::json!({}),
+        };
+        let tool = |id: &str| Message::Tool {
+            call_id: id.into(),
+            name: "read_file".into(),
+            output: "x".into(),
+        };
+        let history = vec![
+            Message::Assistant {
+                text: None,
+                tool_calls: vec![call("old")],
+            },
+            Message::Assistant {
+                text: None,
+                tool_calls: vec![call("a"), call("b")],
+            },
+            tool("a"),
+        ];
+        let results = interrupted_results(&history);
+        assert_eq!(results.len(), 1);
+        assert!(matches!(
+            &results[0],
+            Event::ToolResult { call_id, ok: false, output, .. } if call_id == "b" && output == INTERRUPTED
+        ));
+        assert!(interrupted_results(
+            &history[..1]
+                .iter()
+                .cloned()
+                .chain([tool("old")])
+                .collect::<Vec<_>>()
+        )
+        .is_empty());
+        assert!(interrupted_results(&[]).is_empty());
+    }
 
     fn steer(t: &str) -> Event {
         Event::Steer { text: t.into() }

@@ -613,7 +613,22 @@ pub enum StrategyError {
     Threshold(f64),
 }
 
+/// The strategies' names, as specs, `--strategy` and the agents' `fork_run` write them.
+pub const STRATEGY_NAMES: &str = "manual, auto, auto_with_fallback, vote";
+
 impl Strategy {
+    /// The strategy named `name` (`auto_with_fallback` with `threshold`); `None` for a
+    /// name that is none of [`STRATEGY_NAMES`].
+    pub fn from_name(name: &str, threshold: f64) -> Option<Strategy> {
+        Some(match name {
+            "manual" => Strategy::Manual,
+            "auto" => Strategy::Auto,
+            "auto_with_fallback" => Strategy::AutoWithFallback { threshold },
+            "vote" => Strategy::Vote,
+            _ => return None,
+        })
+    }
+
     pub fn as_str(&self) -> &'static str {
         match self {
             Strategy::Manual => "manual",

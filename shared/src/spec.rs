@@ -12,7 +12,7 @@ use crate::endpoint::{CommandTool, CommandToolSection, Endpoint};
 use crate::event::Message;
 use crate::flush::ConflictPolicy;
 use crate::pricing::{builtin_price, Price};
-use crate::resolve::{ConfidenceFormula, Strategy, DEFAULT_THRESHOLD};
+use crate::resolve::{ConfidenceFormula, Strategy, DEFAULT_THRESHOLD, STRATEGY_NAMES};
 use crate::script::{Script, ScriptError};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -795,7 +795,6 @@ pub fn validate_with(
 /// The resolve settings of a spec, validated (in the order the keys are documented).
 fn resolve_plan(file: &SpecFile) -> Result<ResolvePlan, SpecError> {
     let bad = |field, message: String| SpecError::BadResolve { field, message };
-    let valid = "manual, auto, auto_with_fallback, vote";
     let kind = file.strategy.as_deref().unwrap_or("manual");
     if file.confidence_threshold.is_some() && kind != "auto_with_fallback" {
         return Err(bad(
@@ -818,44 +817,36 @@ fn resolve_plan(file: &SpecFile) -> Result<ResolvePlan, SpecError> {
             )),
         }
     };
-    let (strategy, judges) = match kind {
+    let threshold = file.confidence_threshold.unwrap_or(DEFAULT_THRESHOLD);
+    let Some(strategy) = Strategy::from_name(kind, threshold) else {
+        return Err(bad(
+            "strategy",
+            format!("`{kind}` is not a strategy; valid: {STRATEGY_NAMES}"),
+        ));
+    };
+    let judges = match &strategy {
         // A manual fork runs no judge by itself, but may name one (or several) for a
         // later `forkfleet fork resolve --strategy ...`.
-        "manual" => match (&file.judge_model, &file.judge_models) {
+        Strategy::Manual => match (&file.judge_model, &file.judge_models) {
             (Some(_), Some(_)) => {
                 return Err(bad(
                     "judge_models",
                     "set `judge_model` or `judge_models`, not both".to_string(),
                 ))
             }
-            (Some(m), None) => (Strategy::Manual, vec![m.clone()]),
-            (None, Some(ms)) => (Strategy::Manual, ms.clone()),
-            (None, None) => (Strategy::Manual, Vec::new()),
+            (Some(m), None) => vec![m.clone()],
+            (None, Some(ms)) => ms.clone(),
+            (None, None) => Vec::new(),
         },
-        "auto" => (Strategy::Auto, one_judge()?),
-        "auto_with_fallback" => (
-            Strategy::AutoWithFallback {
-                threshold: file.confidence_threshold.unwrap_or(DEFAULT_THRESHOLD),
-            },
-            one_judge()?,
-        ),
-        "vote" => {
+        Strategy::Auto | Strategy::AutoWithFallback { .. } => one_judge()?,
+        Strategy::Vote => {
             if file.judge_model.is_some() {
                 return Err(bad(
                     "judge_model",
                     "`vote` has several judges: set `judge_models = [...]`".to_string(),
                 ));
             }
-            (
-                Strategy::Vote,
-                file.judge_models.clone().unwrap_or_default(),
-            )
-        }
-        other => {
-            return Err(bad(
-                "strategy",
-                format!("`{other}` is not a strategy; valid: {valid}"),
-            ))
+            file.judge_models.clone().unwrap_or_default()
         }
     };
     let test = match &file.test_command {
@@ -953,12 +944,7 @@ impl TestPlan {
             ));
         }
         for key in self.env.keys() {
-            let ok = key
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !ok {
+            if !crate::endpoint::is_env_name(key) {
                 return Err((
                     "test_env",
                     format!("`{key}` is not a variable name (letters, digits and `_`, not starting with a digit)"),
@@ -1055,27 +1041,29 @@ fn check_budget(field: &str, v: Option<f64>) -> Result<(), SpecError> {
 }
 
 fn check_model_name(model: &str) -> Result<(), SpecError> {
-    let valid = PROVIDERS.join(", ");
-    let Some((provider, name)) = model.split_once(':') else {
-        return Err(SpecError::BadModelName {
+    split_model(model).map(|_| ())
+}
+
+/// Split a model name `provider:name`, checking the provider is one of [`PROVIDERS`].
+pub fn split_model(model: &str) -> Result<(&str, &str), SpecError> {
+    let valid = || PROVIDERS.join(", ");
+    match model.split_once(':') {
+        Some((provider, name)) if !name.is_empty() => {
+            if PROVIDERS.contains(&provider) {
+                Ok((provider, name))
+            } else {
+                Err(SpecError::UnknownProvider {
+                    model: model.to_string(),
+                    provider: provider.to_string(),
+                    valid: valid(),
+                })
+            }
+        }
+        _ => Err(SpecError::BadModelName {
             model: model.to_string(),
-            valid,
-        });
-    };
-    if name.is_empty() {
-        return Err(SpecError::BadModelName {
-            model: model.to_string(),
-            valid,
-        });
+            valid: valid(),
+        }),
     }
-    if !PROVIDERS.contains(&provider) {
-        return Err(SpecError::UnknownProvider {
-            model: model.to_string(),
-            provider: provider.to_string(),
-            valid,
-        });
-    }
-    Ok(())
 }
 
 /// Blank labels become `branch-{i+1}`; a repeated label gets `-2`, `-3`, ... Labels must

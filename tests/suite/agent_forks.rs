@@ -3,9 +3,8 @@
 //! coordinator, waits for its branches, merges one into its own workspace, and the run's
 //! work lands in the directory. A branch forking past `max_depth` gets a tool error.
 
-use super::harness::{branch, forkfleet, json, path_str, stderr, Example};
+use super::harness::{branch, forkfleet, json, path_str, run_spec, stderr, Example};
 use serde_json::Value;
-use std::path::Path;
 
 /// The root agent forks into `fast` and `careful`, waits, and picks `careful`; `careful`
 /// tries to fork again (refused at `max_depth = 1`) and finishes anyway.
@@ -77,14 +76,10 @@ fn fork_of<'a>(forks: &'a Value, run: &str) -> Option<&'a Value> {
         .find(|f| f["parent_run"] == run)
 }
 
-fn run(spec: &Path) -> std::process::Output {
-    forkfleet(&["run", path_str(spec), "--json", "--timeout-s", "120"])
-}
-
 #[test]
 fn a_root_agent_forks_itself_merges_a_branch_and_its_work_lands_in_the_workspace() {
     let (ex, spec) = setup(SCRIPT, "forking = true\nmax_depth = 1");
-    let out = run(&spec);
+    let out = run_spec(&spec);
     assert!(out.status.success(), "{}", stderr(&out));
     let doc = json(&out);
     // One agent, labelled main, done and merged.
@@ -175,7 +170,7 @@ tool_calls = [{ name = "write_file", args = { path = "solo.txt", content = "alon
 text = "done alone"
 "#;
     let (ex, spec) = setup(script, "");
-    let out = run(&spec);
+    let out = run_spec(&spec);
     assert!(out.status.success(), "{}", stderr(&out));
     let doc = json(&out);
     let main_run = doc["branches"][0]["id"].as_str().unwrap().to_string();
@@ -215,7 +210,7 @@ tool_calls = [{ name = "write_file", args = { path = "one.txt", content = "1\n" 
 text = "one done"
 "#;
     let (ex, spec) = setup(script, "forking = true");
-    let out = run(&spec);
+    let out = run_spec(&spec);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("unresolved"),
@@ -322,7 +317,7 @@ text = "b done"
          [models.\"scripted:agent\"]\nscript = \"agent.toml\"\n\
          [models.\"scripted:judge\"]\nscript = \"judge.toml\"\n",
     );
-    let out = run(&spec);
+    let out = run_spec(&spec);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(ex.read("b.txt").as_deref(), Some("b\n"));
     assert_eq!(ex.read("a.txt"), None);

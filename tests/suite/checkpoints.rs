@@ -3,7 +3,7 @@
 //! automatic checkpoints are evicted beyond `max_checkpoints` and it can be rewound, and a
 //! new run starts from a checkpoint with the conversation up to it.
 
-use super::harness::{branch, forkfleet, json, path_str, stderr, Example};
+use super::harness::{branch, forkfleet, json, path_str, run_spec, stderr, Example};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -248,13 +248,7 @@ fn spec_with_max(ex: &Example, max: u32) -> std::path::PathBuf {
 fn a_branch_keeps_its_last_automatic_checkpoints_and_a_finished_one_rewinds() {
     let ex = Example::quickstart();
     let spec = spec_with_max(&ex, 2);
-    let doc = json(&forkfleet(&[
-        "run",
-        path_str(&spec),
-        "--json",
-        "--timeout-s",
-        "120",
-    ]));
+    let doc = json(&run_spec(&spec));
     let fork = doc["fork_id"].as_str().unwrap().to_string();
     let thorough = branch(&doc, "thorough")["id"].as_str().unwrap().to_string();
 
@@ -320,13 +314,7 @@ fn a_branch_keeps_its_last_automatic_checkpoints_and_a_finished_one_rewinds() {
 #[test]
 fn checkpoint_fork_starts_a_run_whose_log_ends_at_the_checkpoint() {
     let ex = Example::quickstart();
-    let doc = json(&forkfleet(&[
-        "run",
-        path_str(&ex.spec()),
-        "--json",
-        "--timeout-s",
-        "120",
-    ]));
+    let doc = json(&run_spec(&ex.spec()));
     let thorough = branch(&doc, "thorough")["id"].as_str().unwrap().to_string();
     let cps = json(&ff(&ex, &["checkpoint", "ls", &thorough, "--json"]));
     let at = cps

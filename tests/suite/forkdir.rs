@@ -2,7 +2,7 @@
 //! `forkfleet fork open`: the layout after a run, live updates, removal after a merge (kept
 //! with `keep_artifacts`), confinement against hostile labels, and each diff tool.
 
-use super::harness::{branch, forkfleet, forkfleet_env, json, path_str, stderr, Example};
+use super::harness::{branch, forkfleet, forkfleet_env, json, path_str, run_spec, stderr, Example};
 use bytes::Bytes;
 use forkfleet::forkdir;
 use forkfleet_shared::api::{BranchView, ForkView};
@@ -32,13 +32,7 @@ fn shipped(rel: &str) -> String {
 /// Run the quickstart fork (no pick) and return the example and the fork id.
 fn run_quickstart() -> (Example, String) {
     let ex = Example::quickstart();
-    let doc = json(&forkfleet(&[
-        "run",
-        path_str(&ex.spec()),
-        "--json",
-        "--timeout-s",
-        "120",
-    ]));
+    let doc = json(&run_spec(&ex.spec()));
     let id = doc["fork_id"].as_str().unwrap().to_string();
     (ex, id)
 }

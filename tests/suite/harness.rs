@@ -99,6 +99,11 @@ pub fn forkfleet_env(args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 /// [`forkfleet_env`] with no variable set.
+/// `forkfleet run SPEC --json`, bounded by `--timeout-s 120`.
+pub fn run_spec(spec: &Path) -> Output {
+    forkfleet(&["run", path_str(spec), "--json", "--timeout-s", "120"])
+}
+
 pub fn forkfleet(args: &[&str]) -> Output {
     forkfleet_env(args, &[])
 }

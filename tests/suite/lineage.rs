@@ -169,6 +169,17 @@ fn fork_create_from_run_forks_a_root_run_as_it_is_now() {
         event_types(&branch_log).contains(&"branch_summary".to_string()),
         "the first merge's summary is in the copied history: {branch_log:?}"
     );
+    // The branches start from the run's workspace version after the merge, where concise
+    // had deleted the legacy doc: tidy's delete of it finds nothing.
+    // (The copied history holds concise's own delete, adopted by the merge: look at the
+    // branch's, the last one.)
+    let deleted = branch_log
+        .iter()
+        .rev()
+        .map(|e| &e["event"])
+        .find(|e| e["type"] == "tool_result" && e["name"] == "delete_file")
+        .unwrap();
+    assert_eq!(deleted["ok"], false, "{deleted}");
     // A branch run is refused, naming what to do instead.
     let out = forkfleet(&[
         "fork",

@@ -2,7 +2,7 @@
 //! branch's tree run by workers, scripted judges, each strategy's decision, the merge.
 
 use super::fleet::{Fleet, Options};
-use super::harness::{forkfleet, json, path_str, stderr, Example};
+use super::harness::{forkfleet, json, path_str, run_spec, stderr, Example};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -62,10 +62,6 @@ fn setup(top: &str, judges: &[String]) -> (Example, std::path::PathBuf) {
 
 const TESTED: &str = "test_command = [\"python3\", \"check.py\"]\ntest_timeout_s = 60";
 
-fn run(spec: &Path) -> std::process::Output {
-    forkfleet(&["run", path_str(spec), "--json", "--timeout-s", "120"])
-}
-
 fn test_of<'a>(resolve: &'a Value, label: &str) -> &'a Value {
     resolve["tests"]
         .as_array()
@@ -90,13 +86,7 @@ fn the_example_merges_a_passing_fix_because_the_tests_say_so() {
         "the example starts failing"
     );
 
-    let doc = json(&forkfleet(&[
-        "run",
-        path_str(&ex.spec()),
-        "--json",
-        "--timeout-s",
-        "120",
-    ]));
+    let doc = json(&run_spec(&ex.spec()));
     let resolve = &doc["resolve"];
     // Real test runs on every branch's tree: the wrong fix fails two of six.
     assert_eq!(
@@ -149,7 +139,7 @@ fn the_example_merges_a_passing_fix_because_the_tests_say_so() {
 #[test]
 fn manual_runs_the_tests_and_merges_nothing() {
     let (ex, spec) = setup(&format!("strategy = \"manual\"\n{TESTED}"), &[]);
-    let doc = json(&run(&spec));
+    let doc = json(&run_spec(&spec));
     let resolve = &doc["resolve"];
     assert_eq!(resolve["decision"]["kind"], "manual");
     assert_eq!(test_of(resolve, "good")["signal"]["pass_ratio"], 1.0);
@@ -172,7 +162,7 @@ fn auto_commits_the_judges_pick_and_a_fork_resolves_once() {
         &format!("strategy = \"auto\"\njudge_model = \"scripted:judge1\"\n{TESTED}"),
         &[verdict("good", 0.9)],
     );
-    let doc = json(&run(&spec));
+    let doc = json(&run_spec(&spec));
     assert_eq!(doc["resolve"]["decision"]["kind"], "commit");
     assert_eq!(doc["winner"], "good");
     assert_eq!(ex.read("result.txt").as_deref(), Some("ok\n"));
@@ -227,7 +217,7 @@ fn auto_with_fallback_below_the_threshold_suggests_and_a_person_accepts() {
         ),
         &[verdict("good", 0.8)],
     );
-    let out = run(&spec);
+    let out = run_spec(&spec);
     let doc = json(&out);
     let decision = &doc["resolve"]["decision"];
     assert_eq!(decision["kind"], "defer", "{decision}");
@@ -259,7 +249,7 @@ fn vote_majority_and_a_tie_to_the_most_confident() {
         "strategy = \"vote\"\njudge_models = [\"scripted:judge1\", \"scripted:judge2\"]",
         &[verdict("bad", 0.6), verdict("good", 0.9)],
     );
-    let doc = json(&run(&spec));
+    let doc = json(&run_spec(&spec));
     let resolve = &doc["resolve"];
     assert_eq!(resolve["judges"].as_array().unwrap().len(), 2);
     // One vote each: the tie goes to the more confident verdict.
@@ -272,7 +262,7 @@ fn vote_majority_and_a_tie_to_the_most_confident() {
         "strategy = \"vote\"\njudge_models = [\"scripted:judge1\", \"scripted:judge2\", \"scripted:judge3\"]",
         &[verdict("bad", 0.5), verdict("good", 0.99), verdict("bad", 0.5)],
     );
-    let doc = json(&run(&spec));
+    let doc = json(&run_spec(&spec));
     assert_eq!(doc["resolve"]["decision"]["winner"], "bad");
     assert_eq!(ex.read("result.txt").as_deref(), Some("bad\n"));
 }
@@ -284,7 +274,7 @@ fn a_judge_naming_no_branch_is_asked_once_more_then_fails() {
         "strategy = \"auto\"\njudge_model = \"scripted:judge1\"",
         &[format!("{}{}", verdict("nope", 0.9), verdict("good", 0.7))],
     );
-    let doc = json(&run(&spec));
+    let doc = json(&run_spec(&spec));
     let judge = &doc["resolve"]["judges"][0]["run"];
     assert_eq!(judge["calls"], 2);
     assert_eq!(judge["verdict"]["winner"], "good");
@@ -299,7 +289,7 @@ fn a_judge_naming_no_branch_is_asked_once_more_then_fails() {
             verdict("../../x", 0.9)
         )],
     );
-    let out = run(&spec);
+    let out = run_spec(&spec);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(err.contains("no judge gave a valid verdict"), "{err}");
@@ -316,7 +306,7 @@ fn a_hanging_test_is_killed_and_zero_tests_give_no_signal() {
         "strategy = \"manual\"\ntest_command = [\"python3\", \"-c\", \"import time; time.sleep(600)\"]\ntest_timeout_s = 1",
         &[],
     );
-    let doc = json(&run(&spec));
+    let doc = json(&run_spec(&spec));
     for label in ["good", "bad"] {
         let t = test_of(&doc["resolve"], label);
         assert_eq!(t["outcome"]["kind"], "timed_out", "{t}");
@@ -327,7 +317,7 @@ fn a_hanging_test_is_killed_and_zero_tests_give_no_signal() {
         "strategy = \"manual\"\ntest_command = [\"python3\", \"-c\", \"print('0 passed, 0 failed')\"]",
         &[],
     );
-    let doc = json(&run(&spec));
+    let doc = json(&run_spec(&spec));
     let t = test_of(&doc["resolve"], "good");
     assert_eq!(t["outcome"]["kind"], "exited");
     assert!(
@@ -343,7 +333,7 @@ fn fork_resolve_overrides_the_strategy_and_checks_its_flags() {
         &[verdict("good", 0.95)],
     );
     // `manual` in the spec: `run` only tests.
-    let doc = json(&run(&spec));
+    let doc = json(&run_spec(&spec));
     assert_eq!(doc["resolve"]["decision"]["kind"], "manual");
     let id = doc["fork_id"].as_str().unwrap().to_string();
     let data = ex.data();

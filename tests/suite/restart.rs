@@ -1,18 +1,12 @@
 //! A fork outlives the process that made it: created and settled in one process, read and
 //! merged from another, with a conflicting local edit kept.
 
-use super::harness::{command, forkfleet, json, path_str, stderr, Example};
+use super::harness::{command, forkfleet, json, path_str, run_spec, stderr, Example};
 
 #[test]
 fn fork_merged_by_a_later_process() {
     let ex = Example::quickstart();
-    let created = json(&forkfleet(&[
-        "run",
-        path_str(&ex.spec()),
-        "--json",
-        "--timeout-s",
-        "120",
-    ]));
+    let created = json(&run_spec(&ex.spec()));
     let fork_id = created["fork_id"].as_str().unwrap().to_string();
     assert_eq!(created["state"], "settled");
     assert!(created.get("merge").is_none());

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// Branch `a` answers in two calls a turn (a write, then a text): two turns' worth. `slow`
-/// writes a file every 50 ms for a few seconds: it is running while the test acts. No
+/// writes a file every 50 ms `SLOW_CALLS` times, then answers. No
 /// usage in the script: the model measures each call's input over the messages it gets.
 const SCRIPT: &str = r#"
 [[turns.a]]
@@ -39,22 +39,30 @@ text = "a: second turn done"
 
 [[turns.slow]]
 tool_calls = [{ name = "write_file", args = { path = "slow/{repeat}.txt", content = "x\n" } }]
-repeat = 60
+repeat = SLOW_CALLS
 latency_ms = 50
 
 [[turns.slow]]
 text = "slow done"
 "#;
 
-/// A spec of branches `a` and `slow` playing [`SCRIPT`] in `ex`.
+/// A spec of branches `a` and `slow` playing [`SCRIPT`] in `ex`: `slow` makes 60 calls
+/// (3 s) and answers.
 fn spec(ex: &Example) -> PathBuf {
-    std::fs::write(ex.dir.path().join("turns.toml"), SCRIPT).unwrap();
-    ex.write_spec(
+    spec_with(ex, 60)
+}
+
+/// [`spec`] with `slow` making `calls` calls (at 50 ms each) before it answers.
+fn spec_with(ex: &Example, calls: u32) -> PathBuf {
+    let script = SCRIPT.replace("SLOW_CALLS", &calls.to_string());
+    std::fs::write(ex.dir.path().join("turns.toml"), script).unwrap();
+    ex.write_spec(&format!(
         "goal = \"two turns\"\nworkspace = \"workspace\"\nmodel = \"scripted:turns\"\nmax_turns = 2\n\
          [models.\"scripted:turns\"]\nscript = \"turns.toml\"\n\
          [[branches]]\nlabel = \"a\"\nsteer = \"go\"\n\
-         [[branches]]\nlabel = \"slow\"\nsteer = \"go slowly\"\nmax_turns = 100\n",
-    )
+         [[branches]]\nlabel = \"slow\"\nsteer = \"go slowly\"\nmax_turns = {}\n",
+        calls + 2
+    ))
 }
 
 async fn create(coord: &CoordinatorClient, spec_path: &Path) -> ForkView {
@@ -102,11 +110,28 @@ fn state(v: &ForkView, label: &str) -> BranchState {
     v.branch(label).unwrap().state
 }
 
-fn api_error(e: ClientError) -> (ApiErrorKind, String) {
-    match e {
-        ClientError::Call(forkfleet_shared::apicall::CallError::Api(e)) => (e.kind, e.message),
+/// The request failed with an API error of `kind` whose message mentions `hint`.
+fn refused<T: std::fmt::Debug>(result: Result<T, ClientError>, kind: ApiErrorKind, hint: &str) {
+    match result.unwrap_err() {
+        ClientError::Call(forkfleet_shared::apicall::CallError::Api(e)) => {
+            assert_eq!(e.kind, kind, "{e:?}");
+            assert!(e.message.contains(hint), "{}", e.message);
+        }
         other => panic!("expected an API error, got {other:?}"),
     }
+}
+
+/// An embedded system (real workers, the scripted model) over `ex`'s data, its client,
+/// and a fork of [`spec`] made through it.
+async fn start(ex: &Example) -> (Embedded, CoordinatorClient, ForkId) {
+    let system = Embedded::start_with_usage_log(&ex.data(), EmbeddedOptions::default(), None)
+        .await
+        .unwrap();
+    let coord = system.client();
+    // `slow` would run for five minutes: it is running whenever the test acts, until the
+    // test terminates it.
+    let id = create(&coord, &spec_with(ex, 6000)).await.fork_id;
+    (system, coord, id)
 }
 
 /// Every `usage` event of a log measured its call's input over the history before it (the
@@ -131,23 +156,28 @@ fn requests(log: &[LoggedEvent]) -> Vec<Vec<Message>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steer_reaches_the_running_branch_before_its_next_call() {
     let ex = Example::quickstart();
-    let system = Embedded::start_with_usage_log(&ex.data(), EmbeddedOptions::default(), None)
-        .await
-        .unwrap();
-    let coord = system.client();
-    let id = create(&coord, &spec(&ex)).await.fork_id;
+    let (system, coord, id) = start(&ex).await;
     // Once `slow` has made a call it is mid-run: steer it.
     until(&coord, id, |v| v.branch("slow").unwrap().turns >= 1).await;
     let text = "stop writing numbered files and summarise instead";
     let sent = coord.steer(id, "slow", text).await.unwrap();
     assert_eq!(sent.state, BranchState::Running);
+    let steered_at = coord.fork(id).await.unwrap().branch("slow").unwrap().turns;
     // An unknown label is not found (the valid ones named) and goes nowhere.
-    let (kind, msg) = api_error(coord.steer(id, "nope", "lost").await.unwrap_err());
-    assert_eq!(kind, ApiErrorKind::NotFound);
-    assert!(msg.contains("a, slow"), "{msg}");
+    refused(
+        coord.steer(id, "nope", "lost").await,
+        ApiErrorKind::NotFound,
+        "a, slow",
+    );
 
+    // Two calls later the steer has been applied: stop the branch and read its log.
+    until(&coord, id, |v| {
+        v.branch("slow").unwrap().turns >= steered_at + 2
+    })
+    .await;
+    coord.terminate(id, "slow").await.unwrap();
     let view = until(&coord, id, ForkView::settled).await;
-    assert_eq!(state(&view, "slow"), BranchState::Done);
+    assert_eq!(state(&view, "slow"), BranchState::Terminated);
     let slow = coord
         .run_events(view.branch("slow").unwrap().run_id)
         .await
@@ -191,28 +221,27 @@ async fn a_steer_reaches_the_running_branch_before_its_next_call() {
         .collect();
     assert_eq!(steers, ["go"]);
     // A finished branch is not steered: it is continued.
-    let (kind, msg) = api_error(coord.steer(id, "slow", "late").await.unwrap_err());
-    assert_eq!(kind, ApiErrorKind::BadInput);
-    assert!(msg.contains("fork continue"), "{msg}");
+    refused(
+        coord.steer(id, "slow", "late").await,
+        ApiErrorKind::BadInput,
+        "fork continue",
+    );
     system.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follow_up_turn_runs_on_the_whole_history_and_merges_with_the_first() {
     let ex = Example::quickstart();
-    let system = Embedded::start_with_usage_log(&ex.data(), EmbeddedOptions::default(), None)
-        .await
-        .unwrap();
-    let coord = system.client();
-    let id = create(&coord, &spec(&ex)).await.fork_id;
+    let (system, coord, id) = start(&ex).await;
     let view = until(&coord, id, |v| state(v, "a") == BranchState::Done).await;
     assert_eq!(view.branch("a").unwrap().turns, 2);
     // `slow` still runs: it cannot be continued (it is steered).
-    if !state(&view, "slow").is_terminal() {
-        let (kind, msg) = api_error(coord.continue_branch(id, "slow", "more").await.unwrap_err());
-        assert_eq!(kind, ApiErrorKind::BadInput);
-        assert!(msg.contains("steer"), "{msg}");
-    }
+    assert!(!state(&view, "slow").is_terminal());
+    refused(
+        coord.continue_branch(id, "slow", "more").await,
+        ApiErrorKind::BadInput,
+        "steer",
+    );
     coord.terminate(id, "slow").await.unwrap();
     until(&coord, id, |v| v.state == ForkState::Settled).await;
 
@@ -258,9 +287,11 @@ async fn a_follow_up_turn_runs_on_the_whole_history_and_merges_with_the_first() 
         .map(|c| c.path().to_string())
         .collect();
     assert_eq!(changed, ["a/first.txt", "a/second.txt"]);
-    let (kind, msg) = api_error(coord.continue_branch(id, "slow", "more").await.unwrap_err());
-    assert_eq!(kind, ApiErrorKind::BadInput);
-    assert!(msg.contains("merged"), "{msg}");
+    refused(
+        coord.continue_branch(id, "slow", "more").await,
+        ApiErrorKind::BadInput,
+        "merged",
+    );
     // (The client holds the store open: drop it before the system goes.)
     drop(coord);
     system.shutdown().await.unwrap();

@@ -42,7 +42,9 @@ use forkfleet_shared::budget::{
     estimate_cost, BudgetReply, BudgetRequest, OnExhausted, BUDGET_SUBJECT,
 };
 use forkfleet_shared::bus::{Bus, BusError};
-use forkfleet_shared::event::{history_events, messages_from_events, Event, Message, Usage};
+use forkfleet_shared::event::{
+    history_events, interrupted_results, messages_from_events, Event, Message, Usage,
+};
 use forkfleet_shared::ids::{ForkId, ReservationId, RunId};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::overlay::Overlay;
@@ -97,10 +99,6 @@ struct Pending {
     /// A graceful stop or pause that arrived during a call: the call finishes and is
     /// recorded, then the branch ends this way before the next call.
     halt: Option<Step>,
-    /// A follow-up turn (ADR 13): commands addressed to no attempt were sent before it (on
-    /// NATS a watcher reads the run's earlier commands again) and are ignored; the
-    /// coordinator addresses this turn's to an attempt.
-    addressed_only: bool,
 }
 
 /// The loaded branch.
@@ -287,9 +285,6 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
                 if let Some(end) = terminal_state(&events) {
                     return Ok(Step::Drop(format!("the branch already finished as {end}")));
                 }
-                state.pending.addressed_only = events
-                    .iter()
-                    .any(|(seq, e)| *seq >= task.first_seq && matches!(e, Event::FollowUp { .. }));
                 state.out.seq = events.last().map_or(task.first_seq, |(seq, _)| seq + 1);
                 Some(events)
             }
@@ -313,21 +308,15 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
     );
     match load(&state.ctx, task, resumed).await {
         Ok(mut run) => {
-            for (call_id, name) in dangling_calls(&run.history) {
+            // A worker lost between a call and its result: the effect is unknown, so the
+            // call is answered as interrupted before the next model call.
+            for result in interrupted_results(&run.history) {
                 if let Event::ToolResult {
                     call_id,
                     name,
                     output,
                     ..
-                } = state
-                    .out
-                    .publish(Event::ToolResult {
-                        call_id,
-                        name,
-                        ok: false,
-                        output: INTERRUPTED.to_string(),
-                    })
-                    .await?
+                } = state.out.publish(result).await?
                 {
                     run.history.push(Message::Tool {
                         call_id,
@@ -502,36 +491,6 @@ fn cost_of(event: &Event) -> f64 {
         _ => 0.0,
     }
 }
-
-/// Tool calls of the log's last model response that have no result: a worker was lost
-/// between the call and its result. Their effect is unknown, so they are answered as
-/// interrupted before the next model call (a model API rejects a call without a result).
-fn dangling_calls(history: &[Message]) -> Vec<(String, String)> {
-    let Some(pos) = history
-        .iter()
-        .rposition(|m| matches!(m, Message::Assistant { .. }))
-    else {
-        return Vec::new();
-    };
-    let Message::Assistant { tool_calls, .. } = &history[pos] else {
-        return Vec::new();
-    };
-    let answered: Vec<&str> = history[pos + 1..]
-        .iter()
-        .filter_map(|m| match m {
-            Message::Tool { call_id, .. } => Some(call_id.as_str()),
-            _ => None,
-        })
-        .collect();
-    tool_calls
-        .iter()
-        .filter(|c| !answered.contains(&c.id.as_str()))
-        .map(|c| (c.id.clone(), c.name.clone()))
-        .collect()
-}
-
-/// The output a model sees for a tool call whose worker was lost.
-pub(crate) const INTERRUPTED: &str = "interrupted: the worker running this branch was lost during this call; its effect on the workspace is whatever the file changes before this result show. Check before relying on it.";
 
 async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
     let AgentState {
@@ -773,7 +732,7 @@ impl Pending {
     /// kept here (the first graceful stop is the one kept); a command that stops the branch
     /// now is returned.
     fn file(&mut self, bytes: &Bytes, run_id: RunId, attempt: u32) -> Option<Step> {
-        match command(bytes, run_id, attempt, self.addressed_only)? {
+        match command(bytes, run_id, attempt)? {
             Command::Steer(text) => self.steers.push(text),
             Command::HaltAfterCall(step) => {
                 self.halt.get_or_insert(step);
@@ -794,9 +753,10 @@ enum Command {
 }
 
 /// Decode a control message for `run_id` and task attempt `attempt`; `None` (logged) when
-/// it is not one, or is meant for an earlier attempt of the branch (or, with
-/// `addressed_only`, for no attempt: a follow-up turn's earlier commands).
-fn command(bytes: &Bytes, run_id: RunId, attempt: u32, addressed_only: bool) -> Option<Command> {
+/// it is not one, or is meant for an earlier attempt of the branch (the coordinator
+/// addresses every command to the attempt that runs the branch, so a later attempt, or a
+/// later turn's worker re-reading the run's control stream on NATS, ignores it).
+fn command(bytes: &Bytes, run_id: RunId, attempt: u32) -> Option<Command> {
     match wire::decode::<Control>(bytes) {
         Ok(c) if c.run_id != run_id => {
             tracing::warn!(control.run_id = %c.run_id, "control message for another run dropped");
@@ -811,10 +771,6 @@ fn command(bytes: &Bytes, run_id: RunId, attempt: u32, addressed_only: bool) -> 
                 attempt,
                 "control message for an earlier attempt ignored"
             );
-            None
-        }
-        Ok(Control { attempt: None, .. }) if addressed_only => {
-            tracing::debug!("control message of an earlier turn ignored");
             None
         }
         Ok(Control { command, .. }) => Some(match command {

@@ -28,7 +28,7 @@ use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::overlay::Overlay;
 use forkfleet_shared::path::WsPath;
-use forkfleet_shared::resolve::{Decision, Strategy};
+use forkfleet_shared::resolve::{Decision, Strategy, DEFAULT_THRESHOLD, STRATEGY_NAMES};
 use forkfleet_shared::state::ForkState;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -360,11 +360,9 @@ async fn apply_merge(
     Ok(json!({
         "fork_id": outcome.fork_id.to_string(),
         "merged": outcome.winner,
-        "applied_paths": report.applied_paths.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
-        "deleted_paths": report.deleted_paths.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
-        "conflicts": report.conflicts.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+        // applied_paths, deleted_paths, conflicts, errors (each with path, op, message).
+        "report": report,
         "conflict_policy": outcome.conflict_policy.to_string(),
-        "errors": report.errors.iter().map(|e| format!("{e:?}")).collect::<Vec<_>>(),
         "winner_answer": outcome.summary,
     })
     .to_string())
@@ -398,17 +396,8 @@ fn parse<T: serde::de::DeserializeOwned>(tool: &str, args: &Value) -> Result<T, 
 }
 
 fn strategy(name: &str) -> Result<Strategy, String> {
-    match name {
-        "manual" => Ok(Strategy::Manual),
-        "auto" => Ok(Strategy::Auto),
-        "auto_with_fallback" => Ok(Strategy::AutoWithFallback {
-            threshold: forkfleet_shared::resolve::DEFAULT_THRESHOLD,
-        }),
-        "vote" => Ok(Strategy::Vote),
-        other => Err(format!(
-            "strategy `{other}` is not valid: manual, auto, auto_with_fallback or vote"
-        )),
-    }
+    Strategy::from_name(name, DEFAULT_THRESHOLD)
+        .ok_or_else(|| format!("strategy `{name}` is not valid: {STRATEGY_NAMES}"))
 }
 
 /// The fork's state and its branches, as the model reads them.

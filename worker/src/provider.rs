@@ -3,9 +3,10 @@
 //! A model is named `provider:name` (`scripted:demo`, `openai:gpt-4o-mini`,
 //! `anthropic:claude-sonnet-4-20250514`). [`Providers::provider_for`] turns a task's model
 //! (and its [`Endpoint`]) into a [`ModelProvider`], caching what is expensive to build (a
-//! parsed script) per worker. The real providers ([`openai`], [`anthropic`]) share one HTTP
-//! client per worker and the plumbing in [`http`] (key, retries, errors); building one is
-//! cheap, so they are built per task (docs/PROVIDERS.md).
+//! parsed script) per worker. The real providers ([`openai`], [`anthropic`]) are one
+//! [`http::HttpProvider`] each speaking its API's dialect; they share one HTTP client per
+//! worker and the plumbing in [`http`] (key, retries, errors); building one is cheap, so
+//! they are built per task (docs/PROVIDERS.md).
 //!
 //! A request borrows the branch's history: a provider that sends it over the network
 //! serialises it from the borrow, and the scripted one never looks at more than the sizes.
@@ -30,16 +31,17 @@ use forkfleet_shared::endpoint::Endpoint;
 use forkfleet_shared::event::{Message, ToolCall, Usage};
 use forkfleet_shared::protocol::BranchTask;
 use forkfleet_shared::script::ScriptError;
+use forkfleet_shared::spec::SpecError;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 pub use anthropic::AnthropicProvider;
 pub use openai::OpenAiProvider;
 pub use scripted::ScriptedProvider;
 
-/// The providers this build implements.
-pub const PROVIDERS: &[&str] = &["scripted", "openai", "anthropic"];
+/// The providers this build implements (the spec checks model names against the same list).
+pub use forkfleet_shared::spec::PROVIDERS;
 
 /// A tool the model may call: its name, what it does, and its arguments as a JSON schema.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -207,32 +209,37 @@ impl std::io::Write for Count {
 
 /// Split `provider:name`, checking the provider is one this build knows.
 pub fn split_model(model: &str) -> Result<(&str, &str), ProviderError> {
-    let known = || PROVIDERS.join(", ");
-    let Some((provider, name)) = model.split_once(':') else {
-        return Err(ProviderError::BadModelName {
+    forkfleet_shared::spec::split_model(model).map_err(|e| match e {
+        SpecError::UnknownProvider {
+            model,
+            provider,
+            valid,
+        } => ProviderError::UnknownProvider {
+            model,
+            provider,
+            known: valid,
+        },
+        _ => ProviderError::BadModelName {
             model: model.to_string(),
-            known: known(),
-        });
-    };
-    if name.is_empty() {
-        return Err(ProviderError::BadModelName {
-            model: model.to_string(),
-            known: known(),
-        });
-    }
-    if !PROVIDERS.contains(&provider) {
-        return Err(ProviderError::UnknownProvider {
-            model: model.to_string(),
-            provider: provider.to_string(),
-            known: known(),
-        });
-    }
-    Ok((provider, name))
+            known: PROVIDERS.join(", "),
+        },
+    })
 }
 
 /// Estimated tokens of a text: one per four characters, rounded up.
 pub fn estimate_tokens(chars: u64) -> u64 {
     chars.div_ceil(4)
+}
+
+/// The usage of a call estimated from sizes (a scripted turn without usage, an API answer
+/// without it): one token per four characters of the request's messages (input) and of the
+/// reply's text and tool calls (output), nothing cached.
+pub fn size_estimate(messages: &[Message], text: Option<&str>, calls: &[ToolCall]) -> Usage {
+    Usage {
+        input_tokens: estimate_tokens(message_chars(messages)),
+        output_tokens: estimate_tokens(text.map_or(0, char_count) + tool_call_chars(calls)),
+        cached_tokens: 0,
+    }
 }
 
 /// Characters of a request's messages, counted as a model would read them (texts, tool
@@ -278,7 +285,7 @@ pub struct Providers {
     /// Where scripted models log their calls ([`ScriptedProvider::with_usage_log`]).
     scripted_usage_log: Option<PathBuf>,
     /// The one HTTP client of the real providers, built on first use.
-    http: Mutex<Option<reqwest::Client>>,
+    http: tokio::sync::OnceCell<reqwest::Client>,
 }
 
 impl Providers {
@@ -287,19 +294,16 @@ impl Providers {
             blobs,
             scripts: Memo::new(64),
             scripted_usage_log,
-            http: Mutex::new(None),
+            http: tokio::sync::OnceCell::new(),
         }
     }
 
     /// The worker's HTTP client (built once; clones share its connection pool).
-    fn http_client(&self) -> Result<reqwest::Client, ProviderError> {
-        let mut slot = self.http.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = slot.as_ref() {
-            return Ok(c.clone());
-        }
-        let client = http::client()?;
-        *slot = Some(client.clone());
-        Ok(client)
+    async fn http_client(&self) -> Result<reqwest::Client, ProviderError> {
+        self.http
+            .get_or_try_init(|| async { http::client() })
+            .await
+            .cloned()
     }
 
     /// The provider for a task's model. A scripted model's script is fetched and parsed
@@ -347,12 +351,12 @@ impl Providers {
             "openai" => Ok(Arc::new(OpenAiProvider::new(
                 model,
                 endpoint,
-                self.http_client()?,
+                self.http_client().await?,
             )?)),
             "anthropic" => Ok(Arc::new(AnthropicProvider::new(
                 model,
                 endpoint,
-                self.http_client()?,
+                self.http_client().await?,
             )?)),
             other => Err(ProviderError::UnknownProvider {
                 model: model.to_string(),

@@ -4,10 +4,11 @@
 //! with at most `resolve_concurrency` jobs at once; a job over the limit waits for a slot.
 //!
 //! - **Test** ([`TestJob`]): the branch's tree is materialised in a fresh temporary
-//!   directory, the command runs there without a shell, with the minimal environment plus
-//!   the plan's variables, until it exits or its timeout kills its process group; the
-//!   output becomes a [`TestSignal`](forkfleet_shared::testsignal::TestSignal). The
-//!   directory is removed afterwards, whatever happened.
+//!   directory ([`Workdir`], as for the `run_command` tool), the command runs there without
+//!   a shell, with the minimal environment (`HOME` and `TMPDIR` scratch directories beside
+//!   the tree) plus the plan's variables, until it exits or its timeout kills its process
+//!   group; the output becomes a [`TestSignal`](forkfleet_shared::testsignal::TestSignal).
+//!   The directory is removed afterwards, whatever happened.
 //! - **Judge** ([`JudgeJob`]): one call to the judge model with the bounded prompt; the
 //!   answer is parsed and validated against the fork's labels and, when the tests narrowed
 //!   them, the candidates (the branches with the best pass ratio). An answer that is not a
@@ -20,10 +21,11 @@
 
 use crate::context::WorkerCtx;
 use crate::provider::ModelRequest;
-use crate::runner::{self, CommandOutcome, CommandSpec};
+use crate::runner::{CommandOutcome, CommandSpec, Workdir, WorkdirError};
 use forkfleet_shared::bus::Request;
 use forkfleet_shared::event::{Message, Usage};
 use forkfleet_shared::manifest::Manifest;
+use forkfleet_shared::path::WsPath;
 use forkfleet_shared::protocol::{
     JudgeJob, JudgeRun, ResolveJob, ResolveJobReply, TestJob, TestRun, RESOLVE_SUBJECT,
 };
@@ -40,7 +42,7 @@ const TEST_OUTPUT_BYTES: usize = 256 * 1024;
 /// The end of a test's output sent back for people.
 const OUTPUT_TAIL_CHARS: usize = 4_000;
 /// Longest one judge call may take.
-pub const JUDGE_CALL_TIMEOUT: Duration = Duration::from_secs(300);
+const JUDGE_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
 const JUDGE_SYSTEM: &str = "You are a careful code reviewer acting as the judge of a fork. \
 Answer with one JSON object only: {\"winner\": \"<label>\", \"confidence\": <0..1>, \
@@ -111,23 +113,24 @@ async fn test_in_span(ctx: &WorkerCtx, job: TestJob) -> TestRun {
         },
         Err(e) => return failed(format!("cannot read the branch's tree: {e}")),
     };
-    let dir = match tempfile::Builder::new()
-        .prefix(&format!("forkfleet-test-{}-", job.fork_id))
-        .tempdir()
-    {
-        Ok(d) => d,
-        Err(e) => return failed(format!("cannot make a temporary directory: {e}")),
+    let prefix = format!("forkfleet-test-{}-", job.fork_id);
+    let work = match Workdir::create(&prefix, tree, ctx.blobs.as_ref()).await {
+        Ok(w) => w,
+        Err(WorkdirError::Materialize(e)) => {
+            return failed(format!("cannot materialise the branch's tree: {e}"))
+        }
+        Err(e) => return failed(e.to_string()),
     };
-    if let Err(e) = runner::materialize(&tree, ctx.blobs.as_ref(), dir.path()).await {
-        return failed(format!("cannot materialise the branch's tree: {e}"));
-    }
     let spec = CommandSpec {
         argv: job.argv.clone(),
         env: job.env.clone(),
         timeout: Duration::from_millis(job.timeout_ms.max(1)),
         max_output_bytes: TEST_OUTPUT_BYTES,
     };
-    let run = runner::run_command(dir.path(), &spec, std::future::pending()).await;
+    let run = work
+        .run(&WsPath::root(), &spec, std::future::pending())
+        .await;
+    work.remove().await;
     let outcome = match run.outcome {
         CommandOutcome::Exited { code } => TestOutcome::Exited { code },
         CommandOutcome::Signalled { .. } => TestOutcome::Signalled,

@@ -1,5 +1,5 @@
 //! Running a command against a branch's tree: for the test command of a resolve (issue 5)
-//! and for the agent's `run_command` tool (`crate::tools`).
+//! and for the agent's `run_command` tool (`crate::tools`), both through a [`Workdir`].
 //!
 //! - [`materialize`] writes a tree (a snapshot manifest, or a branch overlay's view of it) into
 //!   a directory: every file from its blob, executable bits from the mode, empty
@@ -10,18 +10,22 @@
 //!   kept up to a limit (head and tail), and a timeout: on timeout or cancellation the whole
 //!   process group is killed, and so are stragglers a command leaves behind.
 //! - [`tree_changes`] compares a materialised directory, after a command ran in it, with the
-//!   tree it was materialised from: the files created, changed (content or executable bit)
-//!   or deleted, the directories made or removed, and what cannot be taken back (a symlink
-//!   leaving the tree, a file over the size limit, a fifo, an unreadable entry).
+//!   tree it was materialised from, as the change log between the two
+//!   ([`changes_between`]), and says what cannot be taken back (a symlink leaving the tree,
+//!   a file over the size limit, a fifo, an unreadable entry).
+//! - [`Workdir`] puts the three together: a fresh temporary directory with the tree and
+//!   scratch `HOME` and `TMPDIR` beside it, the command, the comparison, the removal.
 
+use crate::cache::BlobCache;
 use bytes::Bytes;
-use forkfleet_shared::blob::{fetch, BlobError, BlobStore};
-use forkfleet_shared::manifest::{FileEntry, Manifest, MODE_EXEC, MODE_FILE, MODE_SYMLINK};
+use forkfleet_shared::blob::{BlobError, BlobHash};
+use forkfleet_shared::flush::changes_between;
+use forkfleet_shared::manifest::{FileEntry, Manifest, Node, MODE_EXEC, MODE_FILE, MODE_SYMLINK};
+use forkfleet_shared::overlay::ChangeOp;
 use forkfleet_shared::path::WsPath;
 use futures::future::BoxFuture;
 use futures::StreamExt;
-use std::collections::BTreeMap;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -36,14 +40,54 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
 
 /// What [`materialize`] wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MaterializeStats {
+pub struct Materialized {
+    /// Files and symlinks written.
     pub files: usize,
     pub bytes: u64,
     pub dirs: usize,
-    /// Symlinks whose target would leave the tree: not created.
-    pub skipped_symlinks: usize,
-    /// Their paths, in path order.
+    /// Symlinks whose target would leave the tree: not created. In path order.
     pub skipped: Vec<WsPath>,
+    /// How every regular file written looked right after (see [`Materialized::untouched`]).
+    stamps: HashMap<WsPath, Stamp>,
+    /// The latest ctime among the stamps.
+    last_ctime: Option<(i64, i64)>,
+}
+
+impl Materialized {
+    /// True when the file at `path`, as `meta` shows it now, is as [`materialize`] wrote it:
+    /// same inode, size, mode, mtime and ctime. A command can set an mtime back, not a
+    /// ctime (every write, chmod or utime moves it to the current time). A file stamped in
+    /// the last clock tick of the writing may have been changed within that same tick
+    /// without its ctime moving: it is not trusted (read again), as git treats a racily
+    /// clean index entry.
+    fn untouched(&self, path: &WsPath, meta: &std::fs::Metadata) -> bool {
+        self.stamps
+            .get(path)
+            .is_some_and(|s| Some(s.ctime) != self.last_ctime && *s == Stamp::of(meta))
+    }
+}
+
+/// What `stat` says of a file, to tell whether anything touched it since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    ino: u64,
+    size: u64,
+    mode: u32,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            ino: meta.ino(),
+            size: meta.size(),
+            mode: meta.mode(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,27 +102,32 @@ pub enum MaterializeError {
     Blob { path: String, source: BlobError },
 }
 
-/// Write `tree` into `dir` (which must exist and should be empty).
+/// Write `tree` into `dir` (which must exist and should be empty). Blobs come through the
+/// worker's cache, which verified each one when it arrived.
 pub async fn materialize(
     tree: &Manifest,
-    blobs: &dyn BlobStore,
+    blobs: &BlobCache,
     dir: &Path,
-) -> Result<MaterializeStats, MaterializeError> {
-    let io = |path: &WsPath, source| MaterializeError::Io {
+) -> Result<Materialized, MaterializeError> {
+    let mut done = Materialized::default();
+    let dirs: Vec<WsPath> = tree.dirs.iter().cloned().collect();
+    let root = dir.to_path_buf();
+    let made = tokio::task::spawn_blocking(move || {
+        for d in &dirs {
+            std::fs::create_dir_all(d.to_os_path(&root)).map_err(|e| (d.to_string(), e))?;
+        }
+        Ok(dirs.len())
+    })
+    .await
+    .unwrap_or_else(|e| Err((String::new(), std::io::Error::other(e))));
+    done.dirs = made.map_err(|(path, source)| MaterializeError::Io {
         dir: dir.to_path_buf(),
-        path: path.to_string(),
+        path,
         source,
-    };
-    let mut stats = MaterializeStats::default();
-    for d in &tree.dirs {
-        tokio::fs::create_dir_all(d.to_os_path(dir))
-            .await
-            .map_err(|e| io(d, e))?;
-        stats.dirs += 1;
-    }
+    })?;
     // Boxed as `Send` futures here: an iterator of async blocks borrowing the tree would
     // otherwise make the whole call unusable from a spawned task (a higher-ranked `Send`).
-    type Write<'a> = BoxFuture<'a, (&'a WsPath, Result<(u64, bool), MaterializeError>)>;
+    type Write<'a> = BoxFuture<'a, (&'a WsPath, Result<Wrote, MaterializeError>)>;
     let writes: Vec<Write<'_>> = tree
         .files
         .iter()
@@ -87,67 +136,97 @@ pub async fn materialize(
         })
         .collect();
     let mut written = futures::stream::iter(writes).buffer_unordered(WRITES_IN_FLIGHT);
-    while let Some((path, done)) = written.next().await {
-        let (bytes, skipped) = done?;
-        if skipped {
-            stats.skipped_symlinks += 1;
-            stats.skipped.push(path.clone());
-        } else {
-            stats.files += 1;
-            stats.bytes += bytes;
+    while let Some((path, wrote)) = written.next().await {
+        match wrote? {
+            Wrote::File { bytes, stamp } => {
+                done.files += 1;
+                done.bytes += bytes;
+                done.stamps.insert(path.clone(), stamp);
+            }
+            Wrote::Symlink => done.files += 1,
+            Wrote::Skipped => done.skipped.push(path.clone()),
         }
     }
-    stats.skipped.sort();
-    Ok(stats)
+    done.skipped.sort();
+    done.last_ctime = done.stamps.values().map(|s| s.ctime).max();
+    Ok(done)
 }
 
-/// Write one file (or symlink) of a tree; `(bytes written, skipped symlink)`.
+/// What [`write_one`] did.
+enum Wrote {
+    File {
+        bytes: u64,
+        stamp: Stamp,
+    },
+    Symlink,
+    /// A symlink leaving the tree, not created.
+    Skipped,
+}
+
+/// Write one file (or symlink) of a tree.
 async fn write_one(
     path: &WsPath,
     entry: &FileEntry,
-    blobs: &dyn BlobStore,
+    blobs: &BlobCache,
     dir: &Path,
-) -> Result<(u64, bool), MaterializeError> {
-    let io = |source| MaterializeError::Io {
-        dir: dir.to_path_buf(),
-        path: path.to_string(),
-        source,
-    };
-    let bytes: Bytes =
-        fetch(blobs, &entry.hash)
-            .await
-            .map_err(|source| MaterializeError::Blob {
-                path: path.to_string(),
-                source,
-            })?;
+) -> Result<Wrote, MaterializeError> {
+    let bytes = blobs
+        .get(&entry.hash)
+        .await
+        .map_err(|source| MaterializeError::Blob {
+            path: path.to_string(),
+            source,
+        })?;
+    if entry.is_symlink() && !stays_inside(path, &String::from_utf8_lossy(&bytes)) {
+        return Ok(Wrote::Skipped);
+    }
     let target = path.to_os_path(dir);
-    if let Some(parent) = target.parent() {
-        tokio::fs::create_dir_all(parent).await.map_err(io)?;
-    }
-    if entry.is_symlink() {
-        let link = String::from_utf8_lossy(&bytes).to_string();
-        if !stays_inside(path, &link) {
-            return Ok((0, true));
+    let entry = *entry;
+    tokio::task::spawn_blocking(move || write_entry(&target, &bytes, &entry))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        .map_err(|source| MaterializeError::Io {
+            dir: dir.to_path_buf(),
+            path: path.to_string(),
+            source,
+        })
+}
+
+/// Write one file or symlink at `target` (blocking), and stamp a file as written. A
+/// missing parent directory (a manifest that does not list it) is made.
+fn write_entry(target: &Path, bytes: &[u8], entry: &FileEntry) -> std::io::Result<Wrote> {
+    let write = || -> std::io::Result<Wrote> {
+        if entry.is_symlink() {
+            std::os::unix::fs::symlink(&*String::from_utf8_lossy(bytes), target)?;
+            return Ok(Wrote::Symlink);
         }
-        tokio::fs::symlink(&link, &target).await.map_err(io)?;
-        return Ok((0, false));
+        let mut file = std::fs::File::create(target)?;
+        std::io::Write::write_all(&mut file, bytes)?;
+        if entry.mode & 0o111 != 0 {
+            use std::os::unix::fs::PermissionsExt;
+            file.set_permissions(std::fs::Permissions::from_mode(entry.mode & 0o777))?;
+        }
+        Ok(Wrote::File {
+            bytes: bytes.len() as u64,
+            stamp: Stamp::of(&file.metadata()?),
+        })
+    };
+    match write() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            write()
+        }
+        other => other,
     }
-    tokio::fs::write(&target, &bytes).await.map_err(io)?;
-    if entry.mode & 0o111 != 0 {
-        use std::os::unix::fs::PermissionsExt;
-        let perms = std::fs::Permissions::from_mode(entry.mode & 0o777);
-        tokio::fs::set_permissions(&target, perms)
-            .await
-            .map_err(io)?;
-    }
-    Ok((bytes.len() as u64, false))
 }
 
 /// True when a symlink at `at` pointing to `target` resolves (lexically) inside the tree.
 /// An absolute target is outside (for the OS `/` is not the tree's root), and so is one
 /// with a `\` ([`WsPath::parse_in`] reads it as a separator, the OS as part of a name, so
 /// the two would count its `..` differently).
-pub(crate) fn stays_inside(at: &WsPath, target: &str) -> bool {
+fn stays_inside(at: &WsPath, target: &str) -> bool {
     if target.starts_with('/') || target.contains('\\') {
         return false;
     }
@@ -276,36 +355,25 @@ impl Capped {
     }
 }
 
-/// The length of `bytes` without a UTF-8 sequence cut short at its end.
+/// The length of `bytes` without a UTF-8 sequence cut short at its end: the last lead byte
+/// among the last three, when fewer bytes follow it than it announces, starts the cut.
+/// Invalid bytes elsewhere are left alone (they show as U+FFFD).
 fn utf8_complete_prefix(bytes: &[u8]) -> usize {
-    match std::str::from_utf8(bytes) {
-        Ok(_) => bytes.len(),
-        // `error_len() == None`: the input ended in the middle of a character.
-        Err(e) if e.error_len().is_none() => e.valid_up_to(),
-        Err(_) => {
-            // Invalid bytes earlier on (shown as U+FFFD anyway); only look at the end.
-            let start = bytes.len().saturating_sub(3);
-            let lead = bytes[start..]
-                .iter()
-                .rposition(|b| (*b & 0xC0) != 0x80)
-                .map(|i| start + i);
-            match lead {
-                Some(i) => {
-                    let need = match bytes[i] {
-                        b if b >= 0xF0 => 4,
-                        b if b >= 0xE0 => 3,
-                        b if b >= 0xC0 => 2,
-                        _ => 1,
-                    };
-                    if bytes.len() - i < need {
-                        i
-                    } else {
-                        bytes.len()
-                    }
-                }
-                None => bytes.len(),
-            }
-        }
+    let start = bytes.len().saturating_sub(3);
+    let Some(i) = bytes[start..].iter().rposition(|b| (*b & 0xC0) != 0x80) else {
+        return bytes.len();
+    };
+    let lead = start + i;
+    let need = match bytes[lead] {
+        b if b >= 0xF0 => 4,
+        b if b >= 0xE0 => 3,
+        b if b >= 0xC0 => 2,
+        _ => 1,
+    };
+    if bytes.len() - lead < need {
+        lead
+    } else {
+        bytes.len()
     }
 }
 
@@ -473,75 +541,43 @@ pub async fn run_command(
     done(outcome, text, dropped)
 }
 
-/// A file a command created or changed, with its new bytes (a symlink's: its target).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Written {
-    pub path: WsPath,
-    pub entry: FileEntry,
-    pub bytes: Bytes,
-}
-
 /// What a command did to a materialised tree (see [`tree_changes`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TreeChanges {
-    /// Files (and symlinks) that were not in the tree, in path order.
-    pub created: Vec<Written>,
-    /// Files whose content or executable bit changed, in path order.
-    pub modified: Vec<Written>,
-    /// Files that are gone, except those below a gone directory, in path order.
-    pub deleted: Vec<WsPath>,
-    /// Directories that are gone, the topmost of each gone subtree only, in path order.
-    pub deleted_dirs: Vec<WsPath>,
-    /// Directories that were not in the tree, in path order.
-    pub new_dirs: Vec<WsPath>,
+    /// The change log from the tree to the directory, as [`changes_between`] makes it:
+    /// deletes, removed directories (the topmost of each gone subtree), new empty
+    /// directories, then writes (new files, and files whose content or executable bit
+    /// changed) in path order.
+    pub ops: Vec<ChangeOp>,
+    /// The bytes of the writes in `ops` (a symlink's: its target), by hash; not of a mode
+    /// change (the tree's blob, in the store already).
+    pub blobs: HashMap<BlobHash, Bytes>,
     /// What could not be taken back, and why. Such a path (and everything below it) is left
     /// as it was in the tree: not created, changed or deleted.
     pub not_imported: Vec<(String, String)>,
+    /// Files read and hashed to compare them (the others were as materialised).
+    pub read: usize,
 }
 
-impl TreeChanges {
-    pub fn is_empty(&self) -> bool {
-        self.created.is_empty()
-            && self.modified.is_empty()
-            && self.deleted.is_empty()
-            && self.deleted_dirs.is_empty()
-            && self.new_dirs.is_empty()
-    }
-}
-
-/// Compare `dir`, where `tree` was materialised (without the symlinks in `skipped`, which
-/// [`materialize`] did not create), with `tree`. Every regular file is read and hashed
-/// (sizes and times are not trusted: a command may keep both); an executable bit counts
-/// (a mode is `0o755` or `0o644` as in a snapshot, or the tree's own mode when only the
-/// content changed). A symlink is taken back only when its target stays inside the tree.
-/// A new or changed file over `max_file_bytes` is not read. Blocking: call it off the
+/// Compare `dir`, where `tree` was materialised (`written`: the symlinks it skipped stay as
+/// they are in the tree), with `tree`. A regular file is read and hashed unless it is
+/// exactly as [`materialize`] left it (same inode, size, mode, mtime and ctime, not written
+/// in its last clock tick); an executable bit
+/// counts (a mode is `0o755` or `0o644` as in a snapshot, or the tree's own mode when only
+/// the content changed). A symlink is taken back only when its target stays inside the
+/// tree. A new or changed file over `max_file_bytes` is not read. Blocking: call it off the
 /// async runtime.
 pub fn tree_changes(
     dir: &Path,
     tree: &Manifest,
-    skipped: &[WsPath],
+    written: &Materialized,
     max_file_bytes: u64,
 ) -> TreeChanges {
     let mut out = TreeChanges::default();
-    let skipped: BTreeSet<&WsPath> = skipped.iter().collect();
-    let before = |p: &WsPath| tree.files.get(p).filter(|_| !skipped.contains(p));
-    let mut dirs_before: BTreeSet<WsPath> = BTreeSet::new();
-    for d in &tree.dirs {
-        dirs_before.extend(d.ancestors());
-        dirs_before.insert(d.clone());
-    }
-    for p in tree.files.keys() {
-        dirs_before.extend(p.ancestors());
-    }
-    // What is there now: files (whatever their fate) and directories; and the paths left as
-    // they were (not imported, or unreadable).
-    let mut files_after: BTreeSet<WsPath> = BTreeSet::new();
-    let mut dirs_after: BTreeSet<WsPath> = BTreeSet::new();
+    // The directory as a version of the tree.
+    let mut after = Manifest::default();
+    // Paths left as they are in the tree (not taken back, or unreadable).
     let mut kept: Vec<WsPath> = Vec::new();
-    let refuse = |out: &mut TreeChanges, kept: &mut Vec<WsPath>, path: &WsPath, why: String| {
-        out.not_imported.push((path.to_string(), why));
-        kept.push(path.clone());
-    };
     let mut stack = vec![(dir.to_path_buf(), WsPath::root())];
     while let Some((os_dir, rel)) = stack.pop() {
         let entries = match std::fs::read_dir(&os_dir) {
@@ -554,7 +590,7 @@ pub fn tree_changes(
                 };
                 out.not_imported
                     .push((shown, format!("cannot read the directory: {e}")));
-                kept.push(rel.clone());
+                kept.push(rel);
                 continue;
             }
         };
@@ -562,163 +598,337 @@ pub fn tree_changes(
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => {
-                    refuse(
-                        &mut out,
-                        &mut kept,
-                        &rel,
-                        format!("cannot list the directory: {e}"),
-                    );
+                    out.not_imported
+                        .push((rel.to_string(), format!("cannot list the directory: {e}")));
+                    kept.push(rel.clone());
                     continue;
                 }
             };
             let os_name = entry.file_name();
+            let shown = |name: &str| format!("{}{name}", rel.child_prefix());
             let Some(name) = os_name.to_str() else {
                 out.not_imported.push((
-                    format!("{}{}", rel.child_prefix(), os_name.to_string_lossy()),
+                    shown(&os_name.to_string_lossy()),
                     "the name is not valid UTF-8".to_string(),
                 ));
                 continue;
             };
             if name.contains('\\') {
                 // forkfleet reads `\` as a separator: this name cannot be a workspace path.
-                out.not_imported.push((
-                    format!("{}{name}", rel.child_prefix()),
-                    "the name has a `\\`".to_string(),
-                ));
+                out.not_imported
+                    .push((shown(name), "the name has a `\\`".to_string()));
                 continue;
             }
             let path = match rel.join(name) {
                 Ok(p) => p,
                 Err(e) => {
-                    out.not_imported
-                        .push((format!("{}{name}", rel.child_prefix()), e.to_string()));
+                    out.not_imported.push((shown(name), e.to_string()));
                     continue;
                 }
             };
             let full = entry.path();
-            let meta = match std::fs::symlink_metadata(&full) {
-                Ok(m) => m,
-                Err(e) => {
-                    refuse(&mut out, &mut kept, &path, format!("cannot read it: {e}"));
-                    continue;
-                }
-            };
-            let file_type = meta.file_type();
-            if file_type.is_dir() {
-                dirs_after.insert(path.clone());
-                stack.push((full, path));
-                continue;
-            }
-            let old = before(&path);
-            let (entry, bytes) = if file_type.is_symlink() {
-                let target = match std::fs::read_link(&full) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        refuse(
-                            &mut out,
-                            &mut kept,
-                            &path,
-                            format!("cannot read the symlink: {e}"),
-                        );
-                        continue;
+            let found = std::fs::symlink_metadata(&full)
+                .map_err(|e| format!("cannot read it: {e}"))
+                .and_then(|meta| {
+                    if meta.is_dir() {
+                        return Ok(None);
                     }
-                };
-                let Some(target) = target.to_str().map(str::to_string) else {
-                    refuse(
-                        &mut out,
-                        &mut kept,
-                        &path,
-                        "a symlink whose target is not valid UTF-8".to_string(),
-                    );
-                    continue;
-                };
-                if !stays_inside(&path, &target) {
-                    refuse(
-                        &mut out,
-                        &mut kept,
-                        &path,
-                        format!("a symlink to `{target}`, outside the workspace"),
-                    );
-                    continue;
+                    let old = tree
+                        .files
+                        .get(&path)
+                        .filter(|_| written.skipped.binary_search(&path).is_err());
+                    read_entry(&full, &meta, &path, old, written, max_file_bytes).map(Some)
+                });
+            match found {
+                Ok(None) => {
+                    after.dirs.insert(path.clone());
+                    stack.push((full, path));
                 }
-                let bytes = Bytes::from(target.into_bytes());
-                (FileEntry::for_bytes(&bytes, MODE_SYMLINK), bytes)
-            } else if file_type.is_file() {
-                let size = meta.len();
-                let same_size = old.is_some_and(|e| !e.is_symlink() && e.size == size);
-                if size > max_file_bytes && !same_size {
-                    refuse(
-                        &mut out,
-                        &mut kept,
-                        &path,
-                        format!("{size} bytes, over the limit of {max_file_bytes} bytes"),
-                    );
-                    continue;
+                Ok(Some(found)) => {
+                    let entry = match found {
+                        Found::Untouched(entry) => entry,
+                        Found::Read(entry, bytes) => {
+                            out.read += 1;
+                            // A mode change only: the blob is the tree's, stored already.
+                            if tree.files.get(&path).is_none_or(|o| o.hash != entry.hash) {
+                                out.blobs.insert(entry.hash, bytes);
+                            }
+                            entry
+                        }
+                    };
+                    after.files.insert(path, entry);
                 }
-                let bytes = match std::fs::read(&full) {
-                    Ok(b) => Bytes::from(b),
-                    Err(e) => {
-                        refuse(&mut out, &mut kept, &path, format!("cannot read it: {e}"));
-                        continue;
-                    }
-                };
-                let exec = {
-                    use std::os::unix::fs::PermissionsExt;
-                    meta.permissions().mode() & 0o111 != 0
-                };
-                let mode = match old {
-                    Some(e) if !e.is_symlink() && (e.mode & 0o111 != 0) == exec => e.mode,
-                    _ if exec => MODE_EXEC,
-                    _ => MODE_FILE,
-                };
-                (FileEntry::for_bytes(&bytes, mode), bytes)
-            } else {
-                refuse(
-                    &mut out,
-                    &mut kept,
-                    &path,
-                    "not a regular file, a directory or a symlink".to_string(),
-                );
-                continue;
-            };
-            files_after.insert(path.clone());
-            match old {
-                Some(o) if o.same_as(&entry) => {}
-                Some(_) => out.modified.push(Written { path, entry, bytes }),
-                None => out.created.push(Written { path, entry, bytes }),
+                Err(why) => {
+                    out.not_imported.push((path.to_string(), why));
+                    kept.push(path);
+                }
             }
         }
     }
-    let kept: BTreeSet<WsPath> = kept.into_iter().collect();
-    let is_kept = |p: &WsPath| {
-        kept.contains(p)
-            || kept.contains(&WsPath::root())
-            || p.ancestors().any(|a| kept.contains(&a))
-    };
-    let mut gone_dirs: BTreeSet<WsPath> = BTreeSet::new();
-    for d in &dirs_before {
-        if dirs_after.contains(d) || is_kept(d) {
-            continue;
-        }
-        // The topmost gone directory stands for its subtree.
-        if !d.ancestors().any(|a| gone_dirs.contains(&a)) {
-            out.deleted_dirs.push(d.clone());
-        }
-        gone_dirs.insert(d.clone());
-    }
-    for p in tree.files.keys() {
-        if before(p).is_none() || files_after.contains(p) || is_kept(p) {
-            continue;
-        }
-        if !p.ancestors().any(|a| gone_dirs.contains(&a)) {
-            out.deleted.push(p.clone());
+    // What is left as it was: the tree's node there (and below), whatever the directory has.
+    for p in &kept {
+        after.files.retain(|f, _| !f.starts_with(p));
+        after.dirs.retain(|d| !d.starts_with(p));
+        match tree.node(p) {
+            Node::File(e) => {
+                after.files.insert(p.clone(), e);
+            }
+            Node::Dir => {
+                if !p.is_root() {
+                    after.dirs.insert(p.clone());
+                }
+                after.dirs.extend(tree.dirs_under(p).cloned());
+                after
+                    .files
+                    .extend(tree.files_under(p).map(|(f, e)| (f.clone(), *e)));
+            }
+            Node::Missing => {}
         }
     }
-    out.new_dirs = dirs_after.difference(&dirs_before).cloned().collect();
-    out.created.sort_by(|a, b| a.path.cmp(&b.path));
-    out.modified.sort_by(|a, b| a.path.cmp(&b.path));
+    // A symlink that was not created is still there, unless the command put something at
+    // its path or removed its directory.
+    for p in &written.skipped {
+        let dir_there = p
+            .parent()
+            .is_none_or(|d| d.is_root() || after.dirs.contains(&d));
+        if dir_there && after.node(p) == Node::Missing {
+            if let Some(e) = tree.files.get(p) {
+                after.files.insert(p.clone(), *e);
+            }
+        }
+    }
+    out.ops = changes_between(tree, &after);
     out.not_imported.sort();
     out
+}
+
+/// A file or symlink found by [`tree_changes`].
+enum Found {
+    /// As materialised: the tree's entry.
+    Untouched(FileEntry),
+    /// Read: its entry and bytes.
+    Read(FileEntry, Bytes),
+}
+
+/// The entry of the file or symlink at `full` (`old`: the tree's), or why it is not taken
+/// back.
+fn read_entry(
+    full: &Path,
+    meta: &std::fs::Metadata,
+    path: &WsPath,
+    old: Option<&FileEntry>,
+    written: &Materialized,
+    max_file_bytes: u64,
+) -> Result<Found, String> {
+    let file_type = meta.file_type();
+    if file_type.is_symlink() {
+        let target =
+            std::fs::read_link(full).map_err(|e| format!("cannot read the symlink: {e}"))?;
+        let target = target
+            .to_str()
+            .ok_or("a symlink whose target is not valid UTF-8")?
+            .to_string();
+        if !stays_inside(path, &target) {
+            return Err(format!("a symlink to `{target}`, outside the workspace"));
+        }
+        let bytes = Bytes::from(target.into_bytes());
+        return Ok(Found::Read(
+            FileEntry::for_bytes(&bytes, MODE_SYMLINK),
+            bytes,
+        ));
+    }
+    if !file_type.is_file() {
+        return Err("not a regular file, a directory or a symlink".to_string());
+    }
+    let old = old.filter(|e| !e.is_symlink());
+    if let Some(old) = old {
+        if written.untouched(path, meta) {
+            return Ok(Found::Untouched(*old));
+        }
+    }
+    let size = meta.len();
+    if size > max_file_bytes && old.is_none_or(|e| e.size != size) {
+        return Err(format!(
+            "{size} bytes, over the limit of {max_file_bytes} bytes"
+        ));
+    }
+    let bytes = Bytes::from(std::fs::read(full).map_err(|e| format!("cannot read it: {e}"))?);
+    let exec = {
+        use std::os::unix::fs::PermissionsExt;
+        meta.permissions().mode() & 0o111 != 0
+    };
+    let mode = match old {
+        Some(e) if (e.mode & 0o111 != 0) == exec => e.mode,
+        _ if exec => MODE_EXEC,
+        _ => MODE_FILE,
+    };
+    Ok(Found::Read(FileEntry::for_bytes(&bytes, mode), bytes))
+}
+
+/// A tree materialised for one command, in a fresh temporary directory: `ws/` holds the
+/// tree; `home/` and `tmp/` beside it are the command's `HOME` and `TMPDIR` (scratch: what
+/// a command caches there is not part of the tree). The resolve's test job and the
+/// `run_command` tool both run through it. The directory is removed off the async runtime:
+/// by [`Workdir::changes`] or [`Workdir::remove`], or when it is dropped (a job or a tool
+/// call given up).
+pub struct Workdir {
+    root: Scratch,
+    tree: Manifest,
+    written: Materialized,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkdirError {
+    #[error("cannot make a temporary directory: {0}")]
+    TempDir(std::io::Error),
+    #[error(transparent)]
+    Materialize(#[from] MaterializeError),
+}
+
+impl Workdir {
+    /// Materialise `tree` in a new temporary directory whose name starts with `prefix`.
+    pub async fn create(
+        prefix: &str,
+        tree: Manifest,
+        blobs: &BlobCache,
+    ) -> Result<Self, WorkdirError> {
+        let root = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .map_err(WorkdirError::TempDir)?;
+        let root = Scratch(root.keep());
+        for d in ["ws", "home", "tmp"] {
+            tokio::fs::create_dir(root.0.join(d))
+                .await
+                .map_err(WorkdirError::TempDir)?;
+        }
+        let written = materialize(&tree, blobs, &root.0.join("ws")).await?;
+        Ok(Self {
+            root,
+            tree,
+            written,
+        })
+    }
+
+    /// What was written.
+    pub fn written(&self) -> &Materialized {
+        &self.written
+    }
+
+    /// Run `spec` in the tree's directory `cwd` (see [`run_command`]), with `HOME` and
+    /// `TMPDIR` the scratch directories unless `spec.env` sets them.
+    pub async fn run(
+        &self,
+        cwd: &WsPath,
+        spec: &CommandSpec,
+        cancel: impl Future<Output = ()>,
+    ) -> CommandRun {
+        let mut env = BTreeMap::new();
+        for (name, dir) in [("HOME", "home"), ("TMPDIR", "tmp")] {
+            env.insert(
+                name.to_string(),
+                self.root.0.join(dir).display().to_string(),
+            );
+        }
+        env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let spec = CommandSpec {
+            env,
+            ..spec.clone()
+        };
+        run_command(&cwd.to_os_path(&self.root.0.join("ws")), &spec, cancel).await
+    }
+
+    /// What the command did to the tree ([`tree_changes`]); then the directory is removed.
+    pub async fn changes(self, max_file_bytes: u64) -> TreeChanges {
+        let Workdir {
+            mut root,
+            tree,
+            written,
+        } = self;
+        let compared = tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let changes = tree_changes(&root.0.join("ws"), &tree, &written, max_file_bytes);
+            let compare_ms = started.elapsed().as_millis() as u64;
+            remove_now(&root.take());
+            tracing::debug!(
+                files = written.files,
+                read = changes.read,
+                compare_ms,
+                remove_ms = started.elapsed().as_millis() as u64 - compare_ms,
+                "tree compared and removed"
+            );
+            changes
+        })
+        .await;
+        compared.unwrap_or_else(|e| TreeChanges {
+            not_imported: vec![(
+                ".".to_string(),
+                format!("the workspace could not be compared after the command: {e}"),
+            )],
+            ..TreeChanges::default()
+        })
+    }
+
+    /// Remove the directory.
+    pub async fn remove(mut self) {
+        let root = self.root.take();
+        if let Err(e) = tokio::task::spawn_blocking(move || remove_now(&root)).await {
+            tracing::warn!(error = %e, "cannot remove a command's directory");
+        }
+    }
+}
+
+/// A command's temporary directory, removed when dropped (off the async runtime when there
+/// is one) unless taken.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    /// The path, now the caller's to remove.
+    fn take(&mut self) -> PathBuf {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let path = self.take();
+        if path.as_os_str().is_empty() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(move || remove_now(&path))),
+            Err(_) => remove_now(&path),
+        }
+    }
+}
+
+/// Remove a command's temporary directory (blocking). A command may have left directories
+/// without write permission: they are made writable and it is tried again.
+fn remove_now(path: &Path) {
+    if std::fs::remove_dir_all(path).is_ok() {
+        return;
+    }
+    make_writable(path);
+    if let Err(e) = std::fs::remove_dir_all(path) {
+        tracing::warn!(error = %e, dir = %path.display(), "cannot remove a command's directory");
+    }
+}
+
+/// Give every directory below `dir` (and `dir`) owner rwx, not following symlinks.
+fn make_writable(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700));
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -830,8 +1040,20 @@ mod tests {
         WsPath::parse(p).unwrap()
     }
 
-    fn paths(ps: &[WsPath]) -> Vec<&str> {
-        ps.iter().map(WsPath::as_str).collect()
+    /// `(kind, path)` of each op.
+    fn summary(ch: &TreeChanges) -> Vec<(&'static str, &str)> {
+        ch.ops
+            .iter()
+            .map(|op| (op.kind(), op.path().as_str()))
+            .collect()
+    }
+
+    fn written_entry<'a>(ch: &'a TreeChanges, path: &str) -> &'a FileEntry {
+        ch.ops
+            .iter()
+            .find(|op| op.path().as_str() == path)
+            .and_then(ChangeOp::written)
+            .unwrap()
     }
 
     #[test]
@@ -879,37 +1101,40 @@ mod tests {
         std::fs::write(d.join("big.dat"), vec![b'x'; 2000]).unwrap();
         let _socket = std::os::unix::net::UnixListener::bind(d.join("sock")).unwrap();
 
-        let ch = tree_changes(d, &tree, &[], 1000);
-        let created: Vec<&str> = ch.created.iter().map(|w| w.path.as_str()).collect();
-        assert_eq!(created, ["inside", "new.bin", "was_dir", "was_file/in.txt"]);
-        let bin = &ch.created[1];
-        assert!(bin.entry.binary);
-        assert_eq!(&bin.bytes[..], &[0u8, 1, 2, 255]);
+        let ch = tree_changes(d, &tree, &Materialized::default(), 1000);
         assert_eq!(
-            bin.entry.hash,
-            forkfleet_shared::blob::BlobHash::of(&bin.bytes)
-        );
-        let inside = &ch.created[0];
-        assert!(inside.entry.is_symlink());
-        assert_eq!(&inside.bytes[..], b"src/keep.rs");
-
-        let modified: Vec<(&str, u32)> = ch
-            .modified
-            .iter()
-            .map(|w| (w.path.as_str(), w.entry.mode))
-            .collect();
-        assert_eq!(
-            modified,
+            summary(&ch),
             [
-                ("README.md", MODE_FILE),
-                ("link", MODE_SYMLINK),
-                ("run.sh", MODE_EXEC)
+                ("delete", "old.txt"),
+                ("delete", "was_file"),
+                ("rmdir", "gone"),
+                ("rmdir", "was_dir"),
+                ("mkdir", "made/empty"),
+                ("write", "README.md"),
+                ("write", "inside"),
+                ("write", "link"),
+                ("write", "new.bin"),
+                ("write", "run.sh"),
+                ("write", "was_dir"),
+                ("write", "was_file/in.txt"),
             ]
         );
-        assert_eq!(&ch.modified[0].bytes[..], b"final\n");
-        assert_eq!(paths(&ch.deleted), ["old.txt", "was_file"]);
-        assert_eq!(paths(&ch.deleted_dirs), ["gone", "was_dir"]);
-        assert_eq!(paths(&ch.new_dirs), ["made", "made/empty", "was_file"]);
+        let bin = written_entry(&ch, "new.bin");
+        assert!(bin.binary);
+        assert_eq!(bin.hash, BlobHash::of(&[0u8, 1, 2, 255]));
+        assert_eq!(&ch.blobs[&bin.hash][..], &[0u8, 1, 2, 255]);
+        let inside = written_entry(&ch, "inside");
+        assert!(inside.is_symlink());
+        assert_eq!(&ch.blobs[&inside.hash][..], b"src/keep.rs");
+        assert_eq!(written_entry(&ch, "README.md").mode, MODE_FILE);
+        assert_eq!(
+            &ch.blobs[&written_entry(&ch, "README.md").hash][..],
+            b"final\n"
+        );
+        assert_eq!(written_entry(&ch, "link").mode, MODE_SYMLINK);
+        let run_sh = written_entry(&ch, "run.sh");
+        assert_eq!(run_sh.mode, MODE_EXEC);
+        assert_eq!(run_sh.hash, tree.files[&ws("run.sh")].hash);
         let refused: Vec<&str> = ch.not_imported.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(refused, ["big.dat", "escape", "sock", "src/escape2"]);
         assert!(ch.not_imported[1].1.contains("outside the workspace"));
@@ -931,22 +1156,161 @@ mod tests {
             ws("escape"),
             FileEntry::for_bytes(b"/etc/passwd", MODE_SYMLINK),
         );
+        let written = Materialized {
+            skipped: vec![ws("escape")],
+            ..Materialized::default()
+        };
         // Unchanged big files from the tree are compared whatever the limit.
-        let ch = tree_changes(d, &tree, &[ws("escape")], 1000);
-        assert!(ch.is_empty(), "{ch:?}");
+        let ch = tree_changes(d, &tree, &written, 1000);
+        assert!(ch.ops.is_empty(), "{ch:?}");
         assert!(ch.not_imported.is_empty());
 
         // A big file changed past the limit is left as it was, not deleted.
         std::fs::write(d.join("big.dat"), vec![b'y'; 3000]).unwrap();
-        let ch = tree_changes(d, &tree, &[ws("escape")], 1000);
-        assert!(ch.is_empty(), "{ch:?}");
+        let ch = tree_changes(d, &tree, &written, 1000);
+        assert!(ch.ops.is_empty(), "{ch:?}");
         assert_eq!(ch.not_imported.len(), 1);
 
-        // A command that replaced the escaping link: a new file.
+        // A command that replaced the escaping link, and changed big.dat (now within the
+        // limit).
         std::fs::write(d.join("escape"), "plain\n").unwrap();
-        let ch = tree_changes(d, &tree, &[ws("escape")], 1 << 20);
-        let created: Vec<&str> = ch.created.iter().map(|w| w.path.as_str()).collect();
-        assert_eq!(created, ["escape"]);
-        assert_eq!(ch.modified.len(), 1, "big.dat, now within the limit");
+        let ch = tree_changes(d, &tree, &written, 1 << 20);
+        assert_eq!(summary(&ch), [("write", "big.dat"), ("write", "escape")]);
+
+        // The directory of the escaping link removed: one rmdir stands for both.
+        std::fs::create_dir(d.join("sub/deeper")).unwrap();
+        tree.insert_file(
+            ws("sub/deeper/out"),
+            FileEntry::for_bytes(b"../../..", MODE_SYMLINK),
+        );
+        tree.dirs.insert(ws("sub/deeper"));
+        let written = Materialized {
+            skipped: vec![ws("escape"), ws("sub/deeper/out")],
+            ..Materialized::default()
+        };
+        std::fs::remove_file(d.join("escape")).unwrap();
+        std::fs::write(d.join("big.dat"), vec![b'y'; 2000]).unwrap();
+        assert!(tree_changes(d, &tree, &written, 1000).ops.is_empty());
+        std::fs::remove_dir_all(d.join("sub")).unwrap();
+        let ch = tree_changes(d, &tree, &written, 1000);
+        assert_eq!(summary(&ch), [("rmdir", "sub")]);
+    }
+
+    /// A tree of `files` and a cache holding their blobs.
+    fn stored(files: &[(&str, &str)]) -> (Manifest, BlobCache) {
+        let store = forkfleet_shared::blob::MemBlobStore::new();
+        let mut tree = Manifest::default();
+        for (p, c) in files {
+            store.insert(Bytes::copy_from_slice(c.as_bytes()));
+            tree.insert_file(ws(p), FileEntry::for_bytes(c.as_bytes(), MODE_FILE));
+        }
+        (tree, BlobCache::new(std::sync::Arc::new(store), 1 << 20))
+    }
+
+    async fn materialized(files: &[(&str, &str)]) -> (tempfile::TempDir, Manifest, Materialized) {
+        let (tree, cache) = stored(files);
+        let dir = tempfile::tempdir().unwrap();
+        let written = materialize(&tree, &cache, dir.path()).await.unwrap();
+        (dir, tree, written)
+    }
+
+    #[tokio::test]
+    async fn files_as_materialised_are_not_read_again() {
+        let (dir, tree, mut written) = materialized(&[
+            ("a.txt", "aaaa\n"),
+            ("d/b.txt", "bbbb\n"),
+            ("d/c.txt", "cc\n"),
+        ])
+        .await;
+        let d = dir.path();
+        // Nothing touched, and every stamp older than the last clock tick of the writing:
+        // nothing is read.
+        written.last_ctime = None;
+        let ch = tree_changes(d, &tree, &written, 1 << 20);
+        assert!(ch.ops.is_empty(), "{ch:?}");
+        assert_eq!(ch.read, 0);
+
+        // A file rewritten with as many bytes and its mtime set back: its ctime moved.
+        let mtime = std::fs::metadata(d.join("a.txt"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        std::fs::write(d.join("a.txt"), "AAAA\n").unwrap();
+        let file = std::fs::File::options()
+            .write(true)
+            .open(d.join("a.txt"))
+            .unwrap();
+        file.set_modified(mtime).unwrap();
+        let now = Stamp::of(&std::fs::metadata(d.join("a.txt")).unwrap());
+        let moved = now != written.stamps[&ws("a.txt")];
+        if !moved {
+            // Changed within the clock tick it was written in (a kernel without fine-grained
+            // ctimes): only the last-tick rule tells.
+            written.last_ctime = Some(now.ctime);
+        }
+        let ch = tree_changes(d, &tree, &written, 1 << 20);
+        assert_eq!(summary(&ch), [("write", "a.txt")]);
+        if moved {
+            assert_eq!(ch.read, 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_file_stamped_in_the_last_tick_is_read() {
+        let (dir, tree, mut written) =
+            materialized(&[("a.txt", "aaaa\n"), ("b.txt", "bbbb\n")]).await;
+        let d = dir.path();
+        // The command changed a.txt without its stamp showing it (as within the tick it was
+        // written in): trusted, the stamp would hide the change; as the last tick's, it is read.
+        std::fs::write(d.join("a.txt"), "AAAA\n").unwrap();
+        let now = Stamp::of(&std::fs::metadata(d.join("a.txt")).unwrap());
+        written.stamps.insert(ws("a.txt"), now);
+        written.last_ctime = Some(now.ctime);
+        let ch = tree_changes(d, &tree, &written, 1 << 20);
+        assert_eq!(summary(&ch), [("write", "a.txt")]);
+        written.last_ctime = None;
+        let ch = tree_changes(d, &tree, &written, 1 << 20);
+        assert!(ch.ops.is_empty(), "a trusted stamp is not read: {ch:?}");
+    }
+
+    #[tokio::test]
+    async fn a_workdir_is_removed_after_use_or_when_dropped() {
+        let (tree, cache) = stored(&[("a.txt", "a\n")]);
+        let work = Workdir::create("forkfleet-test-", tree.clone(), &cache)
+            .await
+            .unwrap();
+        let path = work.root.0.clone();
+        let spec = CommandSpec {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "cat a.txt > made.txt && echo c > \"$HOME/cache\" && echo t > \"$TMPDIR/t\"".into(),
+            ],
+            env: BTreeMap::new(),
+            timeout: Duration::from_secs(30),
+            max_output_bytes: 1024,
+        };
+        let run = work
+            .run(&WsPath::root(), &spec, std::future::pending())
+            .await;
+        assert_eq!(
+            run.outcome,
+            CommandOutcome::Exited { code: 0 },
+            "{}",
+            run.output
+        );
+        // HOME and TMPDIR are beside the tree: what goes there is no change.
+        let ch = work.changes(1 << 20).await;
+        assert_eq!(summary(&ch), [("write", "made.txt")]);
+        assert!(!path.exists());
+
+        // Given up (dropped) where no runtime runs: removed at once.
+        let work = Workdir::create("forkfleet-test-", tree, &cache)
+            .await
+            .unwrap();
+        let path = work.root.0.clone();
+        assert!(path.join("ws/a.txt").exists());
+        std::thread::spawn(move || drop(work)).join().unwrap();
+        assert!(!path.exists());
     }
 }

@@ -17,17 +17,18 @@
 //!
 //! The branch's current tree (the fork-time snapshot with the branch's changes,
 //! [`Overlay::to_manifest`]) is materialised in a fresh temporary directory from the blob
-//! cache ([`runner::materialize`]; a symlink pointing outside the tree is not created), and the
-//! command runs there ([`runner::run_command`]): no shell, the environment cleared to `PATH`,
-//! `HOME`, `TMPDIR`, `LANG` and the spec's `env` (`HOME` and `TMPDIR` are scratch
-//! directories outside the tree, so caches and temporary files do not become changes), the
-//! whole process group killed at the timeout (the model's `timeout_s`, capped at the spec's).
-//! Afterwards (also after a timeout) the directory is compared with the tree it was
-//! materialised from ([`runner::tree_changes`]: every file read and hashed) and what the
-//! command did becomes overlay changes: deleted directories (`rmdir`) and files (`delete`)
-//! first, then created files (`write`) and changed ones (`edit`; a `chmod +x` is an edit
-//! that changes the mode), then new empty directories (`mkdir`); each new blob is stored
-//! before the change is recorded. Not taken back, and reported to the model: a symlink
+//! cache ([`Workdir`], the same path as a resolve's test job; a symlink pointing outside the
+//! tree is not created), and the command runs there ([`crate::runner::run_command`]): no
+//! shell, the environment cleared to `PATH`, `HOME`, `TMPDIR`, `LANG` and the spec's `env`
+//! (`HOME` and `TMPDIR` are scratch directories outside the tree, so caches and temporary
+//! files do not become changes), the whole process group killed at the timeout (the model's
+//! `timeout_s`, capped at the spec's). Afterwards (also after a timeout) the directory is
+//! compared with the tree it was materialised from ([`crate::runner::tree_changes`]: a file
+//! whose inode, size, mode and times are as written is not read again) and what the command
+//! did becomes overlay changes, in the order of that change log: deleted files (`delete`)
+//! and directories (`rmdir`), new empty directories (`mkdir`), then new files (`write`) and
+//! changed ones (`edit`; a `chmod +x` is an edit that changes the mode); every new blob is
+//! stored before the changes are recorded. Not taken back, and reported to the model: a symlink
 //! pointing outside the workspace, a new or changed file over [`MAX_IMPORT_FILE_BYTES`],
 //! anything that is not a file, directory or symlink, an unreadable entry; such a path stays
 //! as it was.
@@ -42,20 +43,21 @@ use crate::cache::BlobCache;
 use crate::error::WorkerError;
 use crate::forktools::fork_tool_specs;
 use crate::provider::{tools_json_bytes, ToolSpec};
-use crate::runner::{self, CommandOutcome, CommandSpec, MaterializeError, TreeChanges};
+use crate::runner::{
+    CommandOutcome, CommandSpec, MaterializeError, TreeChanges, Workdir, WorkdirError,
+};
 use bytes::Bytes;
 use forkfleet_shared::blob::BlobError;
 use forkfleet_shared::endpoint::CommandTool;
 use forkfleet_shared::event::ToolCall;
 use forkfleet_shared::manifest::{FileEntry, Node, MODE_FILE};
-use forkfleet_shared::overlay::{apply_edit, Overlay, OverlayError};
+use forkfleet_shared::overlay::{apply_edit, ChangeOp, Overlay, OverlayError};
 use forkfleet_shared::path::WsPath;
 use forkfleet_shared::protocol::BranchTask;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::json;
 use std::cell::Cell;
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -88,7 +90,7 @@ pub const RUN_COMMAND: &str = "run_command";
 /// size (64 MiB); a larger one is reported and the path left as it was.
 pub const MAX_IMPORT_FILE_BYTES: u64 = 64 << 20;
 /// Paths of each kind (created, changed, deleted, ...) a `run_command` result names.
-pub const MAX_LISTED_PATHS: usize = 50;
+const MAX_LISTED_PATHS: usize = 50;
 
 /// The tools of one branch: the standard ones, and `run_command` when its task enables it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -929,84 +931,43 @@ async fn run_command(
         Err(e) => return Ok(e),
     };
     let not_started = |why: String| ToolOutcome::err(format!("could not start: {why}"));
-    let root = match tempfile::Builder::new().prefix("forkfleet-cmd-").tempdir() {
-        Ok(d) => d,
-        Err(e) => {
-            return Ok(not_started(format!(
-                "cannot make a temporary directory: {e}"
-            )))
-        }
-    };
-    let ws = root.path().join("ws");
-    let home = root.path().join("home");
-    let tmp = root.path().join("tmp");
-    for d in [&ws, &home, &tmp] {
-        if let Err(e) = tokio::fs::create_dir(d).await {
-            remove_dir(root).await;
-            return Ok(not_started(format!(
-                "cannot make a temporary directory: {e}"
-            )));
-        }
-    }
-    let tree = ov.to_manifest();
     let started = std::time::Instant::now();
-    let stats = match runner::materialize(&tree, blobs, &ws).await {
-        Ok(s) => s,
-        Err(MaterializeError::Blob {
+    let work = match Workdir::create("forkfleet-cmd-", ov.to_manifest(), blobs).await {
+        Ok(w) => w,
+        Err(WorkdirError::Materialize(MaterializeError::Blob {
             source: e @ BlobError::Backend(_),
             ..
-        }) => {
-            remove_dir(root).await;
-            return Err(e.into());
-        }
-        Err(e) => {
-            remove_dir(root).await;
+        })) => return Err(e.into()),
+        Err(WorkdirError::Materialize(e)) => {
             return Ok(not_started(format!(
                 "cannot copy the workspace to run in: {e}"
-            )));
+            )))
         }
+        Err(e) => return Ok(not_started(e.to_string())),
     };
     let materialized = started.elapsed();
-    let mut env = BTreeMap::new();
-    env.insert("HOME".to_string(), home.display().to_string());
-    env.insert("TMPDIR".to_string(), tmp.display().to_string());
-    env.extend(tool.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let (files, bytes) = (work.written().files, work.written().bytes);
     let spec = CommandSpec {
         argv,
-        env,
+        env: tool.env.clone(),
         timeout,
         max_output_bytes: usize::try_from(tool.max_output_bytes).unwrap_or(usize::MAX),
     };
-    let run = runner::run_command(&cwd.to_os_path(&ws), &spec, std::future::pending()).await;
-    let scan_started = std::time::Instant::now();
+    let run = work.run(&cwd, &spec, std::future::pending()).await;
+    let compare_started = std::time::Instant::now();
     let changes = if matches!(run.outcome, CommandOutcome::SpawnFailed { .. }) {
+        work.remove().await;
         TreeChanges::default()
     } else {
-        let dir = ws.clone();
-        let skipped = stats.skipped.clone();
-        match tokio::task::spawn_blocking(move || {
-            runner::tree_changes(&dir, &tree, &skipped, MAX_IMPORT_FILE_BYTES)
-        })
-        .await
-        {
-            Ok(c) => c,
-            Err(e) => TreeChanges {
-                not_imported: vec![(
-                    ".".to_string(),
-                    format!("the workspace could not be compared after the command: {e}"),
-                )],
-                ..TreeChanges::default()
-            },
-        }
+        work.changes(MAX_IMPORT_FILE_BYTES).await
     };
-    let scanned = scan_started.elapsed();
-    remove_dir(root).await;
     tracing::debug!(
-        files = stats.files,
-        bytes = stats.bytes,
+        files,
+        bytes,
         materialize_ms = materialized.as_millis() as u64,
         run_ms = run.duration.as_millis() as u64,
-        compare_ms = scanned.as_millis() as u64,
+        compare_and_remove_ms = compare_started.elapsed().as_millis() as u64,
+        files_read = changes.read,
         outcome = ?run.outcome,
         "run_command done"
     );
@@ -1107,132 +1068,66 @@ fn listed(items: impl ExactSizeIterator<Item = String>) -> String {
     shown.join(", ")
 }
 
-/// Record a command's changes in the overlay: removals first (a path may change from a
-/// directory to a file or back), then new and changed files (each blob stored first), then
-/// new empty directories. A change the overlay refuses is reported, not recorded.
+/// Record a command's changes in the overlay, in the order of `changes.ops` (removals
+/// first: a path may change from a directory to a file or back), every new blob stored
+/// first. A change to a file the overlay has is an `edit`. A change the overlay refuses is
+/// reported, not recorded.
 async fn apply_changes(
     changes: TreeChanges,
     ov: &mut Overlay,
     blobs: &BlobCache,
 ) -> Result<Applied, BlobError> {
     use futures::{StreamExt, TryStreamExt};
+    futures::stream::iter(changes.blobs)
+        .map(|(hash, bytes)| blobs.put_known(hash, bytes))
+        .buffer_unordered(BLOB_PUTS_IN_FLIGHT)
+        .try_collect::<Vec<()>>()
+        .await?;
     let mut applied = Applied {
         not_imported: changes.not_imported,
         ..Applied::default()
     };
-    let refused = |applied: &mut Applied, path: &WsPath, e: OverlayError| {
-        applied.not_imported.push((path.to_string(), e.to_string()));
-    };
-    for d in &changes.deleted_dirs {
-        match ov.delete(d) {
-            Ok(()) => applied.deleted.push(format!("{d}/")),
-            Err(e) => refused(&mut applied, d, e),
-        }
-    }
-    for f in &changes.deleted {
-        match ov.delete(f) {
-            Ok(()) => applied.deleted.push(f.to_string()),
-            Err(e) => refused(&mut applied, f, e),
-        }
-    }
-    // Boxed as `Send` futures: an iterator of borrowing futures would make the tool's future
-    // unusable from a spawned task (a higher-ranked `Send`).
-    let puts: Vec<futures::future::BoxFuture<'_, Result<(), BlobError>>> = changes
-        .created
-        .iter()
-        .chain(&changes.modified)
-        .map(
-            |w| -> futures::future::BoxFuture<'_, Result<(), BlobError>> {
-                Box::pin(blobs.put_known(w.entry.hash, w.bytes.clone()))
-            },
-        )
-        .collect();
-    futures::stream::iter(puts)
-        .buffer_unordered(BLOB_PUTS_IN_FLIGHT)
-        .try_collect::<Vec<()>>()
-        .await?;
-    for w in &changes.created {
-        match ov.write(&w.path, w.entry) {
-            Ok(()) => applied.created.push(w.path.to_string()),
-            Err(e) => refused(&mut applied, &w.path, e),
-        }
-    }
-    for w in &changes.modified {
-        let before = ov.file(&w.path).ok();
-        match ov.edit(&w.path, w.entry) {
-            Ok(()) => {
-                let path = w.path.to_string();
-                let mode_only = before.is_some_and(|b| {
-                    b.hash == w.entry.hash && !b.is_symlink() && !w.entry.is_symlink()
-                });
-                if !mode_only {
-                    applied.changed.push(path);
-                } else if w.entry.mode & 0o111 != 0 {
-                    applied.made_executable.push(path);
-                } else {
-                    applied.made_not_executable.push(path);
+    for op in changes.ops {
+        let path = op.path().clone();
+        let (done, list, shown) = match op {
+            ChangeOp::Delete { .. } => (ov.delete(&path), &mut applied.deleted, path.to_string()),
+            ChangeOp::Rmdir { .. } => (ov.delete(&path), &mut applied.deleted, format!("{path}/")),
+            ChangeOp::Mkdir { .. } => (ov.mkdir(&path), &mut applied.new_dirs, format!("{path}/")),
+            ChangeOp::Write { entry, .. } | ChangeOp::Edit { entry, .. } => match ov.file(&path) {
+                Err(_) => (
+                    ov.write(&path, entry),
+                    &mut applied.created,
+                    path.to_string(),
+                ),
+                Ok(before) => {
+                    let mode_only =
+                        before.hash == entry.hash && !before.is_symlink() && !entry.is_symlink();
+                    let list = if !mode_only {
+                        &mut applied.changed
+                    } else if entry.mode & 0o111 != 0 {
+                        &mut applied.made_executable
+                    } else {
+                        &mut applied.made_not_executable
+                    };
+                    (ov.edit(&path, entry), list, path.to_string())
                 }
-            }
-            Err(e) => refused(&mut applied, &w.path, e),
+            },
+        };
+        match done {
+            Ok(()) => list.push(shown),
+            Err(e) => applied.not_imported.push((path.to_string(), e.to_string())),
         }
     }
-    // Deepest first: making a directory makes its parents, so only leaves are recorded.
-    for d in changes.new_dirs.iter().rev() {
-        if ov.node(d) != Node::Missing {
-            continue;
-        }
-        match ov.mkdir(d) {
-            Ok(()) => applied.new_dirs.push(format!("{d}/")),
-            Err(e) => refused(&mut applied, d, e),
-        }
-    }
-    applied.new_dirs.sort();
     Ok(applied)
 }
 
 /// Blobs of a command's new files stored at once.
 const BLOB_PUTS_IN_FLIGHT: usize = 16;
 
-/// Remove a command's temporary directory (off the async runtime). A command may have
-/// left directories without write permission: they are made writable and it is tried
-/// again.
-async fn remove_dir(root: tempfile::TempDir) {
-    let removed = tokio::task::spawn_blocking(move || {
-        let path = root.path().to_path_buf();
-        if root.close().is_ok() {
-            return Ok(());
-        }
-        make_writable(&path);
-        std::fs::remove_dir_all(&path).map_err(|e| format!("`{}`: {e}", path.display()))
-    })
-    .await;
-    match removed {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "cannot remove a run_command directory"),
-        Err(e) => tracing::warn!(error = %e, "cannot remove a run_command directory"),
-    }
-}
-
-/// Give every directory below `dir` (and `dir`) owner rwx, not following symlinks.
-fn make_writable(dir: &std::path::Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let _ = std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700));
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                stack.push(e.path());
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn commands_are_words_or_a_line_split_like_a_shell() {

@@ -76,9 +76,12 @@ async fn settled(h: &CoordinatorHandle, id: ForkId) -> ForkView {
     wait_view(h, id, |v| v.state == ForkState::Settled).await
 }
 
-fn bad_request(e: CoordinatorError) -> String {
+/// The request was refused as bad input, with a message that mentions `hint`.
+fn refused<T: std::fmt::Debug>(result: Result<T, CoordinatorError>, hint: &str) {
+    let e = result.unwrap_err();
     assert!(e.is_bad_input(), "{e}");
-    e.to_string()
+    let msg = e.to_string();
+    assert!(msg.contains(hint), "{msg}");
 }
 
 #[tokio::test]
@@ -133,8 +136,7 @@ async fn a_steer_reaches_only_the_branch_named_and_only_while_it_runs() {
     let err = within(dispatch(&h, req)).await.unwrap_err();
     assert_eq!(err.kind, ApiErrorKind::NotFound, "{err:?}");
     assert!(err.message.contains("a, b"), "{}", err.message);
-    let msg = bad_request(within(h.steer(id, "a", "  \n".into())).await.unwrap_err());
-    assert!(msg.contains("empty"), "{msg}");
+    refused(within(h.steer(id, "a", "  \n".into())).await, "empty");
 
     // A pending branch is steered too (its worker reads the command when it starts).
     // What each channel receives next is what was sent to it: nothing went astray.
@@ -156,12 +158,10 @@ async fn a_steer_reaches_only_the_branch_named_and_only_while_it_runs() {
         v.branch("a").unwrap().state == BranchState::Done
     })
     .await;
-    let msg = bad_request(
-        within(h.steer(id, "a", "too late".into()))
-            .await
-            .unwrap_err(),
+    refused(
+        within(h.steer(id, "a", "too late".into())).await,
+        "fork continue",
     );
-    assert!(msg.contains("fork continue"), "{msg}");
     // The unknown label left no trace in any log.
     for run in [a.run_id, b.run_id] {
         let log = within(h.run_events(run)).await.unwrap();
@@ -198,7 +198,7 @@ async fn a_follow_up_runs_a_new_turn_of_a_done_branch_in_the_same_overlay() {
         matches!(err, CoordinatorError::UnknownLabel { .. }),
         "{err}"
     );
-    bad_request(within(h.follow_up(id, "a", "".into())).await.unwrap_err());
+    refused(within(h.follow_up(id, "a", "".into())).await, "empty");
 
     let out = within(h.follow_up(id, "a", "now write the docs".into()))
         .await
@@ -220,12 +220,7 @@ async fn a_follow_up_runs_a_new_turn_of_a_done_branch_in_the_same_overlay() {
         )
     );
     // A pending (or running) branch cannot be continued: it is steered.
-    let msg = bad_request(
-        within(h.follow_up(id, "a", "again".into()))
-            .await
-            .unwrap_err(),
-    );
-    assert!(msg.contains("steer"), "{msg}");
+    refused(within(h.follow_up(id, "a", "again".into())).await, "steer");
 
     // The branch's task again, above the attempt that ran it: a worker takes it over from
     // the log, which ends with the follow-up.
@@ -280,12 +275,7 @@ async fn a_follow_up_runs_a_new_turn_of_a_done_branch_in_the_same_overlay() {
         .map(|c| c.path().to_string())
         .collect();
     assert_eq!(paths, ["a.txt", "docs.md"]);
-    let msg = bad_request(
-        within(h.follow_up(id, "b", "more".into()))
-            .await
-            .unwrap_err(),
-    );
-    assert!(msg.contains("merged"), "{msg}");
+    refused(within(h.follow_up(id, "b", "more".into())).await, "merged");
 }
 
 #[tokio::test]
@@ -411,27 +401,18 @@ async fn a_follow_up_is_refused_where_it_cannot_run() {
     settled(&h, id).await;
 
     // Stopped at its cap: refused until the cap has room, with the way to give it some.
-    let msg = bad_request(
-        within(h.follow_up(id, "a", "more".into()))
-            .await
-            .unwrap_err(),
+    refused(
+        within(h.follow_up(id, "a", "more".into())).await,
+        "budget_exhausted",
     );
-    assert!(
-        msg.contains("budget_exhausted") && msg.contains("topup"),
-        "{msg}"
-    );
+    refused(within(h.follow_up(id, "a", "more".into())).await, "topup");
     within(h.topup(id, Some("a"), 1.0)).await.unwrap();
     let out = within(h.follow_up(id, "a", "more".into())).await.unwrap();
     assert_eq!(out.previous, BranchState::BudgetExhausted);
 
     // An aborted fork's branches are final.
     within(h.abort(id)).await.unwrap();
-    let msg = bad_request(
-        within(h.follow_up(id, "b", "more".into()))
-            .await
-            .unwrap_err(),
-    );
-    assert!(msg.contains("aborted"), "{msg}");
+    refused(within(h.follow_up(id, "b", "more".into())).await, "aborted");
 }
 
 #[tokio::test]
@@ -469,4 +450,131 @@ async fn commands_after_a_follow_up_are_addressed_to_its_attempt() {
         }
     };
     assert_eq!(c.attempt, Some(attempt));
+}
+
+#[tokio::test]
+async fn a_terminate_its_worker_did_not_obey_ends_the_branch_at_the_next_takeover() {
+    let fx = Fixture::start().await;
+    let h = fx.h();
+    let snap = fx.upload(&[]).await;
+    let id = fx.create(plan(&["a"]), ParentRun::New, snap).await.fork_id;
+    let (task, _delivery) = fx.pull().await;
+    let mut rx = within(fx.bus.watch_control(task.run_id)).await.unwrap();
+    play_from(
+        &fx,
+        &task,
+        task.first_seq,
+        1,
+        vec![Step::Status(BranchState::Running)],
+    )
+    .await;
+    wait_view(&h, id, |v| v.branches[0].state == BranchState::Running).await;
+    // Addressed to the attempt that runs the branch, like every command.
+    assert!(within(h.terminate(id, "a")).await.unwrap().sent);
+    let c = next_control(&mut rx).await;
+    assert!(
+        matches!(c.command, ControlCommand::Terminate { .. }),
+        "{c:?}"
+    );
+    assert_eq!(c.attempt, Some(1));
+
+    // Its worker is lost before it obeys; the task's next attempt (which ignores a
+    // command for attempt 1) finds the branch ended, and the lost worker's late events
+    // are dropped.
+    let log = take_over(&fx, id, task.run_id, 2).await;
+    assert!(
+        matches!(
+            log.last(),
+            Some((_, Event::Status { state: BranchState::Terminated, error: Some(e) })) if e.contains("terminated by request")
+        ),
+        "{log:?}"
+    );
+    assert_eq!(
+        within(h.fork(id)).await.unwrap().branches[0].state,
+        BranchState::Terminated
+    );
+    let next = log.last().unwrap().0 + 1;
+    play_from(
+        &fx,
+        &task,
+        next,
+        1,
+        vec![Step::Write("late.txt".into(), "late\n".into())],
+    )
+    .await;
+    // The first copy of a seq that is not fenced is the one applied: one of attempt 3
+    // (above the fence), published after the late write, is applied only if it was dropped.
+    play_from(&fx, &task, next, 3, vec![Step::Respond("x".into())]).await;
+    let v = wait_view(&h, id, |v| v.branches[0].events > next).await;
+    assert_eq!(v.branches[0].changes, 0, "{v:?}");
+}
+
+#[tokio::test]
+async fn a_follow_up_of_a_branch_the_coordinator_ended_is_fenced_like_any_turn() {
+    let fx = Fixture::start().await;
+    let h = fx.h();
+    let snap = fx.upload(&[]).await;
+    let id = fx.create(plan(&["a"]), ParentRun::New, snap).await.fork_id;
+    fx.fake_worker(1, |_| {
+        vec![
+            Step::Status(BranchState::Running),
+            Step::Fail(BranchState::Paused, "cap reached"),
+        ]
+    })
+    .await;
+    wait_view(&h, id, |v| v.branches[0].state == BranchState::Paused).await;
+    // No worker runs a paused branch: the coordinator ends it itself, fencing off the
+    // attempts that ran it.
+    within(h.terminate(id, "a")).await.unwrap();
+    settled(&h, id).await;
+
+    // The new turn runs above those attempts, not at the top of the range: a takeover of
+    // it fences off the attempt it took over from.
+    let out = within(h.follow_up(id, "a", "go on".into())).await.unwrap();
+    let (task, delivery) = fx.pull().await;
+    assert_eq!(task.attempt_base, 2);
+    let first = task.attempt_base + delivery.attempt;
+    take_over(&fx, id, task.run_id, first).await;
+    play_from(
+        &fx,
+        &task,
+        out.seq + 1,
+        first,
+        vec![Step::Status(BranchState::Running)],
+    )
+    .await;
+    wait_view(&h, id, |v| v.branches[0].state == BranchState::Running).await;
+    // Its worker is presumed lost: the next attempt takes over; the first one's late write
+    // is dropped, the next one's events are the branch's.
+    take_over(&fx, id, task.run_id, first + 1).await;
+    play_from(
+        &fx,
+        &task,
+        out.seq + 2,
+        first,
+        vec![Step::Write("zombie.txt".into(), "z\n".into())],
+    )
+    .await;
+    play_from(
+        &fx,
+        &task,
+        out.seq + 2,
+        first + 1,
+        vec![
+            Step::Write("kept.txt".into(), "k\n".into()),
+            Step::Status(BranchState::Done),
+        ],
+    )
+    .await;
+    let v = settled(&h, id).await;
+    assert_eq!(v.branches[0].state, BranchState::Done);
+    let log = within(h.run_events(task.run_id)).await.unwrap();
+    let written: Vec<String> = log
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::FileChange { change } => Some(change.path().to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(written, ["kept.txt"]);
 }

@@ -23,47 +23,43 @@
 //! input price), cached tokens as `cache_read_input_tokens`, and output as `output_tokens`;
 //! an answer without usage is estimated from sizes, with a warning.
 
-use super::http::{estimated_usage, Api, Vendor};
-use super::{ModelProvider, ModelReply, ModelRequest, ProviderError};
-use async_trait::async_trait;
-use forkfleet_shared::endpoint::Endpoint;
+use super::http::{call_id, estimated_usage, parse_arguments, Api, Dialect, HttpProvider, Vendor};
+use super::{ModelReply, ModelRequest, ProviderError};
 use forkfleet_shared::event::{Message, ToolCall, Usage};
-use reqwest::header::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
+/// The API version sent with every request.
+const ANTHROPIC_VERSION: &str = "2023-06-01";
+
 /// Anthropic's API and defaults.
-pub static VENDOR: Vendor = Vendor {
+static VENDOR: Vendor = Vendor {
     provider: "anthropic",
     default_base_url: "https://api.anthropic.com/v1",
     default_key_env: "ANTHROPIC_API_KEY",
     host: "api.anthropic.com",
+    path: "/messages",
+    key_header: "x-api-key",
+    key_prefix: "",
+    headers: &[("anthropic-version", ANTHROPIC_VERSION)],
 };
 
-/// The API version sent with every request.
-pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// The Messages API dialect.
+#[derive(Debug)]
+pub struct Anthropic;
 
 /// The Anthropic Messages API.
-#[derive(Debug, Clone)]
-pub struct AnthropicProvider {
-    api: Api,
-}
+pub type AnthropicProvider = HttpProvider<Anthropic>;
 
-impl AnthropicProvider {
-    /// `model` is `anthropic:NAME`; `endpoint` `None` is Anthropic with its defaults.
-    pub fn new(
-        model: &str,
-        endpoint: Option<&Endpoint>,
-        client: reqwest::Client,
-    ) -> Result<Self, ProviderError> {
-        Ok(Self {
-            api: Api::new(&VENDOR, model, endpoint, client)?,
-        })
+impl Dialect for Anthropic {
+    const VENDOR: &'static Vendor = &VENDOR;
+
+    fn body(name: &str, req: &ModelRequest<'_>) -> serde_json::Result<Vec<u8>> {
+        serde_json::to_vec(&request(name, req))
     }
 
-    /// The settings (to change the backoff in tests).
-    pub fn api_mut(&mut self) -> &mut Api {
-        &mut self.api
+    fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
+        reply(api, body, req)
     }
 }
 
@@ -129,7 +125,9 @@ fn request<'a>(name: &'a str, req: &'a ModelRequest<'a>) -> MessagesRequest<'a> 
     for m in req.messages {
         let (role, blocks): (&'static str, Vec<Block<'a>>) = match m {
             Message::System { text } => {
-                system.push(text);
+                if !text.trim().is_empty() {
+                    system.push(text);
+                }
                 continue;
             }
             Message::User { text } => ("user", text_block(text).into_iter().collect()),
@@ -173,10 +171,6 @@ fn request<'a>(name: &'a str, req: &'a ModelRequest<'a>) -> MessagesRequest<'a> 
             },
         );
     }
-    let system = system
-        .into_iter()
-        .filter(|s| !s.trim().is_empty())
-        .collect::<Vec<_>>();
     MessagesRequest {
         model: name,
         max_tokens: req.max_output_tokens,
@@ -236,81 +230,54 @@ struct ResponseUsage {
     cache_read_input_tokens: Option<u64>,
 }
 
-impl AnthropicProvider {
-    fn reply(&self, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
-        let resp: MessagesResponse = serde_json::from_slice(body)
-            .map_err(|e| self.api.bad_response(format!("not a messages answer: {e}")))?;
-        if resp.stop_reason.as_deref() == Some("max_tokens") {
-            tracing::debug!(model = %self.api.model, "the reply was cut at max_tokens");
-        }
-        let mut texts: Vec<String> = Vec::new();
-        let mut tool_calls = Vec::new();
-        for block in resp.content {
-            match block {
-                ResponseBlock::Text { text } => texts.push(text),
-                ResponseBlock::ToolUse { id, name, input } => {
-                    if name.is_empty() {
-                        return Err(self.api.bad_response("a tool_use block has no name"));
-                    }
-                    let i = tool_calls.len();
-                    tool_calls.push(ToolCall {
-                        id: if id.is_empty() {
-                            format!("call_{}_{i}", req.turn)
-                        } else {
-                            id
-                        },
-                        name,
-                        args: super::http::parse_arguments(input),
-                    });
+/// The reply in a Messages answer.
+fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
+    let resp: MessagesResponse = serde_json::from_slice(body)
+        .map_err(|e| api.bad_response(format!("not a messages answer: {e}")))?;
+    if resp.stop_reason.as_deref() == Some("max_tokens") {
+        tracing::debug!(model = %api.model(), "the reply was cut at max_tokens");
+    }
+    let mut text = String::new();
+    let mut tool_calls = Vec::new();
+    for block in resp.content {
+        match block {
+            ResponseBlock::Text { text: t } => text.push_str(&t),
+            ResponseBlock::ToolUse { id, name, input } => {
+                if name.is_empty() {
+                    return Err(api.bad_response("a tool_use block has no name"));
                 }
-                ResponseBlock::Other => {}
+                tool_calls.push(ToolCall {
+                    id: call_id(Some(id), req, tool_calls.len()),
+                    name,
+                    args: parse_arguments(input),
+                });
+            }
+            ResponseBlock::Other => {}
+        }
+    }
+    let text = (!text.is_empty()).then_some(text);
+    let usage = match resp.usage {
+        Some(ResponseUsage {
+            input_tokens: Some(input),
+            output_tokens: Some(output),
+            cache_creation_input_tokens,
+            cache_read_input_tokens,
+        }) => {
+            let written = cache_creation_input_tokens.unwrap_or(0);
+            let read = cache_read_input_tokens.unwrap_or(0);
+            Usage {
+                input_tokens: input + written + read,
+                output_tokens: output,
+                cached_tokens: read,
             }
         }
-        let text = texts.concat();
-        let text = (!text.is_empty()).then_some(text);
-        let usage = match resp.usage {
-            Some(ResponseUsage {
-                input_tokens: Some(input),
-                output_tokens: Some(output),
-                cache_creation_input_tokens,
-                cache_read_input_tokens,
-            }) => {
-                let written = cache_creation_input_tokens.unwrap_or(0);
-                let read = cache_read_input_tokens.unwrap_or(0);
-                Usage {
-                    input_tokens: input + written + read,
-                    output_tokens: output,
-                    cached_tokens: read,
-                }
-            }
-            _ => estimated_usage(&self.api, req, text.as_deref(), &tool_calls),
-        };
-        Ok(ModelReply {
-            text,
-            tool_calls,
-            usage,
-        })
-    }
-}
-
-#[async_trait]
-impl ModelProvider for AnthropicProvider {
-    async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
-        let (body, mut headers, key) = self.api.prepare(
-            &request(&self.api.name, req),
-            HeaderName::from_static("x-api-key"),
-            "",
-        )?;
-        headers.insert(
-            HeaderName::from_static("anthropic-version"),
-            HeaderValue::from_static(ANTHROPIC_VERSION),
-        );
-        let answer = self
-            .api
-            .post("/messages", headers, body, key.as_ref(), req.messages.len())
-            .await?;
-        self.reply(&answer, req)
-    }
+        _ => estimated_usage(api, req, text.as_deref(), &tool_calls),
+    };
+    Ok(ModelReply {
+        text,
+        tool_calls,
+        usage,
+    })
 }
 
 #[cfg(test)]
@@ -319,60 +286,51 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    #[test]
-    fn roles_alternate_and_tool_results_are_grouped() {
-        let call = |id: &str| ToolCall {
-            id: id.into(),
-            name: "read_file".into(),
-            args: json!({"path": id}),
-        };
-        let msgs = vec![
-            Message::System { text: "one".into() },
-            Message::User {
-                text: "goal".into(),
-            },
-            Message::System { text: "two".into() },
-            Message::User {
-                text: "steer".into(),
-            },
-            Message::Assistant {
-                text: Some("reading".into()),
-                tool_calls: vec![call("a"), call("b")],
-            },
-            Message::Tool {
-                call_id: "a".into(),
-                name: "read_file".into(),
-                output: "A".into(),
-            },
-            Message::Tool {
-                call_id: "b".into(),
-                name: "read_file".into(),
-                output: "B".into(),
-            },
-            Message::User {
-                text: "more".into(),
-            },
-            Message::Assistant {
-                text: None,
-                tool_calls: vec![ToolCall {
-                    id: "c".into(),
-                    name: "x".into(),
-                    args: json!("{broken"),
-                }],
-            },
-        ];
+    fn body(msgs: &[Message]) -> serde_json::Value {
         let req = ModelRequest {
             model: "anthropic:m",
-            messages: &msgs,
+            messages: msgs,
             tools: &[],
             max_output_tokens: 9,
             label: "a",
             index: 0,
             turn: 0,
         };
-        let v = serde_json::to_value(request("m", &req)).unwrap();
+        serde_json::to_value(request("m", &req)).unwrap()
+    }
+
+    // The suite's shape test (tests/suite/providers.rs) covers a tool round trip on the
+    // wire; these cover the mapping's edges.
+
+    #[test]
+    fn systems_are_joined_empty_texts_dropped_and_roles_alternate() {
+        let msgs = vec![
+            Message::System { text: "one".into() },
+            Message::User {
+                text: "goal".into(),
+            },
+            Message::System { text: " ".into() },
+            Message::System { text: "two".into() },
+            Message::User {
+                text: "steer".into(),
+            },
+            Message::User { text: "".into() },
+            Message::Assistant {
+                text: Some("  ".into()),
+                tool_calls: vec![ToolCall {
+                    id: "c".into(),
+                    name: "x".into(),
+                    args: json!("{broken"),
+                }],
+            },
+            Message::Tool {
+                call_id: "c".into(),
+                name: "x".into(),
+                output: "out".into(),
+            },
+        ];
         assert_eq!(
-            v,
+            body(&msgs),
             json!({
                 "model": "m",
                 "max_tokens": 9,
@@ -383,17 +341,10 @@ mod tests {
                         {"type": "text", "text": "steer"}
                     ]},
                     {"role": "assistant", "content": [
-                        {"type": "text", "text": "reading"},
-                        {"type": "tool_use", "id": "a", "name": "read_file", "input": {"path": "a"}},
-                        {"type": "tool_use", "id": "b", "name": "read_file", "input": {"path": "b"}}
+                        {"type": "tool_use", "id": "c", "name": "x", "input": {"arguments": "{broken"}}
                     ]},
                     {"role": "user", "content": [
-                        {"type": "tool_result", "tool_use_id": "a", "content": "A"},
-                        {"type": "tool_result", "tool_use_id": "b", "content": "B"},
-                        {"type": "text", "text": "more"}
-                    ]},
-                    {"role": "assistant", "content": [
-                        {"type": "tool_use", "id": "c", "name": "x", "input": {"arguments": "{broken"}}
+                        {"type": "tool_result", "tool_use_id": "c", "content": "out"}
                     ]}
                 ],
                 "stream": false
@@ -403,22 +354,17 @@ mod tests {
 
     #[test]
     fn a_conversation_starts_with_the_user() {
-        let msgs = vec![Message::Assistant {
+        let v = body(&[Message::Assistant {
             text: Some("hi".into()),
             tool_calls: vec![],
-        }];
-        let req = ModelRequest {
-            model: "anthropic:m",
-            messages: &msgs,
-            tools: &[],
-            max_output_tokens: 9,
-            label: "a",
-            index: 0,
-            turn: 0,
-        };
-        let v = serde_json::to_value(request("m", &req)).unwrap();
-        assert_eq!(v["messages"][0]["role"], "user");
-        assert_eq!(v["messages"][1]["role"], "assistant");
+        }]);
+        assert_eq!(
+            v["messages"],
+            json!([
+                {"role": "user", "content": [{"type": "text", "text": "(continue)"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "hi"}]}
+            ])
+        );
         assert!(v.get("system").is_none());
     }
 }

@@ -3,21 +3,25 @@
 //! - **Client.** One [`reqwest::Client`] per worker ([`client`]), rustls only, shared by every
 //!   provider (its connection pool too). A provider is cheap to build: settings and a clone
 //!   of the client.
-//! - **Key.** Read on every call (so a rotated secret file is picked up) from the
-//!   environment variable the endpoint names (`api_key_env`, else the vendor's default such
-//!   as `OPENAI_API_KEY`) or from the file it names (`api_key_file`, trimmed). A key is
+//! - **Providers.** [`HttpProvider`] is every real provider: the settings of one (model,
+//!   endpoint) ([`Api`]) and a [`Dialect`], which writes the API's request body and reads its
+//!   answer (`openai::OpenAi`, `anthropic::Anthropic`). Everything else is here.
+//! - **Key.** Read once per call, not per try (so a rotated secret file is picked up) from
+//!   the environment variable the endpoint names (`api_key_env`, else the vendor's default
+//!   such as `OPENAI_API_KEY`) or from the file it names (`api_key_file`, trimmed). A key is
 //!   required when the endpoint names where it is, or when the base URL is the vendor's own
 //!   API; a local server (llama.cpp, vLLM, Ollama) needs none and then gets no key header.
-//!   [`ApiKey`] never shows itself in `Debug`, header values carrying it are marked
-//!   sensitive, and every text taken from an answer is redacted of it before it reaches an
-//!   error or a log.
+//!   The key never shows itself in `Debug`, header values carrying it are marked sensitive,
+//!   and every text taken from an answer is redacted of it before it reaches an error or a
+//!   log.
 //! - **Retries.** One call is at most `max_retries + 1` HTTP requests (default 3 retries),
-//!   each bounded by `timeout_s` (default 120 s, connecting and reading the whole answer).
-//!   Answers 408, 429 (except `insufficient_quota`) and 5xx, and requests that got no answer
-//!   (connection refused or reset, timeout) are retried: after the answer's `retry-after-ms`
-//!   or `retry-after` (seconds or an HTTP date, at most [`MAX_RETRY_AFTER`]) when it has
-//!   one, else after a full-jitter exponential backoff (a random wait up to
-//!   `base * 2^(try - 1)`, at most `cap`). Other answers are final.
+//!   each bounded by `timeout_s` (default 120 s, connecting and reading the whole answer);
+//!   the body and the headers are built once per call. Answers 408, 429 (except
+//!   `insufficient_quota`) and 5xx, and requests that got no answer (connection refused or
+//!   reset, timeout) are retried: after the answer's `retry-after-ms` or `retry-after`
+//!   (seconds or an HTTP date, at most 60 s) when it has one, else after a full-jitter
+//!   exponential backoff (a random wait up to `base * 2^(retry - 1)`, at most `cap`). Other
+//!   answers are final.
 //! - **Cancellation.** A call is one future: dropping it (a terminated branch) drops the
 //!   request in flight, which closes its connection, or the backoff sleep.
 //! - **Errors.** A final answer becomes a [`ProviderError`] that says what is wrong: the key
@@ -27,24 +31,24 @@
 //! - **Tracing.** A debug event per attempt (provider, model, attempt, status, latency), a
 //!   warning per retry; never the key, never a body.
 
-use super::{estimate_tokens, message_chars, tool_call_chars, ModelRequest, ProviderError};
+use super::{size_estimate, ModelProvider, ModelReply, ModelRequest, ProviderError};
+use async_trait::async_trait;
 use bytes::Bytes;
 use forkfleet_shared::endpoint::Endpoint;
 use forkfleet_shared::event::{ToolCall, Usage};
-use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::StatusCode;
 use std::fmt;
+use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 /// Seconds one HTTP request may take when the endpoint does not say.
-pub const DEFAULT_TIMEOUT_S: f64 = 120.0;
+const DEFAULT_TIMEOUT_S: f64 = 120.0;
 /// Retries of one call when the endpoint does not say.
-pub const DEFAULT_MAX_RETRIES: u32 = 3;
-/// The longest wait a `retry-after` is honoured with.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+const DEFAULT_MAX_RETRIES: u32 = 3;
 /// Characters of an API's error message kept in an error.
-pub const MAX_MESSAGE_CHARS: usize = 500;
+const MAX_MESSAGE_CHARS: usize = 500;
 
 /// The worker's HTTP client for model APIs (build one and share it).
 pub fn client() -> Result<reqwest::Client, ProviderError> {
@@ -54,7 +58,7 @@ pub fn client() -> Result<reqwest::Client, ProviderError> {
         .map_err(|e| ProviderError::Client(error_chain(&e)))
 }
 
-/// One vendor's API: its name and defaults.
+/// One vendor's API: its name, defaults and fixed headers.
 #[derive(Debug)]
 pub struct Vendor {
     /// The provider's prefix in model names (`openai`).
@@ -63,20 +67,78 @@ pub struct Vendor {
     pub default_key_env: &'static str,
     /// The vendor's own API host: a call to it without a key is an error.
     pub host: &'static str,
+    /// Where a call is posted, after the base URL (`/chat/completions`).
+    pub path: &'static str,
+    /// The header carrying the key (lowercase), and what precedes the key in it.
+    pub key_header: &'static str,
+    pub key_prefix: &'static str,
+    /// Headers (lowercase names) every request carries besides the content type and the key.
+    pub headers: &'static [(&'static str, &'static str)],
+}
+
+/// One API's wire format: the request body it wants and how its answer is read.
+pub trait Dialect: Send + Sync + 'static {
+    const VENDOR: &'static Vendor;
+    /// The JSON request body of `req` for the API's model `name`.
+    fn body(name: &str, req: &ModelRequest<'_>) -> serde_json::Result<Vec<u8>>;
+    /// The reply in a success answer's body.
+    fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError>;
+}
+
+/// A real model provider: a [`Dialect`] spoken over HTTP with the settings of one (model,
+/// endpoint).
+pub struct HttpProvider<D> {
+    api: Api,
+    dialect: PhantomData<fn() -> D>,
+}
+
+impl<D> fmt::Debug for HttpProvider<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpProvider")
+            .field("api", &self.api)
+            .finish()
+    }
+}
+
+impl<D: Dialect> HttpProvider<D> {
+    /// `model` is `provider:NAME`; `endpoint` `None` is the vendor's API with its defaults.
+    pub fn new(
+        model: &str,
+        endpoint: Option<&Endpoint>,
+        client: reqwest::Client,
+    ) -> Result<Self, ProviderError> {
+        Ok(Self {
+            api: Api::new(D::VENDOR, model, endpoint, client)?,
+            dialect: PhantomData,
+        })
+    }
+
+    /// The same provider waiting `backoff` between tries (tests shorten it).
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.api.backoff = backoff;
+        self
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> ModelProvider for HttpProvider<D> {
+    async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
+        let body = D::body(&self.api.name, req).map_err(|e| {
+            self.api
+                .bad_response(format!("cannot encode the request: {e}"))
+        })?;
+        let answer = self.api.post(body.into(), req.messages.len()).await?;
+        D::reply(&self.api, &answer, req)
+    }
 }
 
 /// An API key. `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
-pub struct ApiKey(String);
+struct ApiKey(String);
 
 impl ApiKey {
-    /// The key, for the one header that carries it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
     /// A header value carrying `prefix` and the key, marked sensitive (never printed).
-    pub fn header(&self, prefix: &str) -> Option<HeaderValue> {
+    fn header(&self, prefix: &str) -> Option<HeaderValue> {
         let mut v = HeaderValue::from_str(&format!("{prefix}{}", self.0)).ok()?;
         v.set_sensitive(true);
         Some(v)
@@ -91,7 +153,7 @@ impl fmt::Debug for ApiKey {
 
 /// Where the key is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeySource {
+enum KeySource {
     Env(String),
     File(PathBuf),
 }
@@ -108,7 +170,7 @@ impl fmt::Display for KeySource {
 /// Backoff between tries (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
-    /// The first backoff's bound; doubled for each further try.
+    /// The first backoff's bound; doubled for each further retry.
     pub base: Duration,
     /// The most one backoff may be.
     pub cap: Duration,
@@ -121,16 +183,16 @@ impl Default for Backoff {
         Self {
             base: Duration::from_millis(500),
             cap: Duration::from_secs(30),
-            max_retry_after: MAX_RETRY_AFTER,
+            max_retry_after: Duration::from_secs(60),
         }
     }
 }
 
 impl Backoff {
-    /// The wait before try `next` (2 for the first retry): a random duration up to
-    /// `base * 2^(next - 2)`, at most `cap` (full jitter).
-    pub fn jittered(&self, next: u32) -> Duration {
-        let exp = next.saturating_sub(2).min(20);
+    /// The wait before retry `retry` (1 for the first): a random duration up to
+    /// `base * 2^(retry - 1)`, at most `cap` (full jitter).
+    fn jittered(&self, retry: u32) -> Duration {
+        let exp = retry.saturating_sub(1).min(20);
         let bound = self.base.saturating_mul(1u32 << exp).min(self.cap);
         random_up_to(bound)
     }
@@ -151,21 +213,25 @@ fn random_up_to(bound: Duration) -> Duration {
 }
 
 /// A model API reached over HTTP: the settings every call of one (model, endpoint) uses.
-#[derive(Clone)]
 pub struct Api {
-    pub vendor: &'static Vendor,
+    vendor: &'static Vendor,
     /// `provider:name`.
-    pub model: String,
+    model: String,
     /// The name sent as the API's `model`.
-    pub name: String,
+    name: String,
     /// Without a trailing `/`.
-    pub base_url: String,
-    pub key_source: KeySource,
+    base_url: String,
+    /// `{base_url}{vendor.path}`.
+    url: String,
+    key_source: KeySource,
     /// A call fails without a key (see the module docs).
-    pub key_required: bool,
-    pub timeout: Duration,
-    pub max_retries: u32,
-    pub backoff: Backoff,
+    key_required: bool,
+    /// What every request carries but the key (built once).
+    headers: HeaderMap,
+    key_header: HeaderName,
+    timeout: Duration,
+    max_retries: u32,
+    backoff: Backoff,
     client: reqwest::Client,
 }
 
@@ -185,7 +251,7 @@ impl fmt::Debug for Api {
 impl Api {
     /// The settings of `model` (`provider:name`) at `endpoint` (`None`: the vendor's
     /// defaults). The endpoint is checked again: a worker trusts no task blindly.
-    pub fn new(
+    fn new(
         vendor: &'static Vendor,
         model: &str,
         endpoint: Option<&Endpoint>,
@@ -195,14 +261,7 @@ impl Api {
             model: model.to_string(),
             detail,
         };
-        let name = model
-            .split_once(':')
-            .map(|(_, n)| n)
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| ProviderError::BadModelName {
-                model: model.to_string(),
-                known: super::PROVIDERS.join(", "),
-            })?;
+        let (_, name) = super::split_model(model)?;
         let default = Endpoint::default();
         let ep = endpoint.unwrap_or(&default);
         ep.validate().map_err(bad)?;
@@ -225,13 +284,27 @@ impl Api {
         let timeout_s = ep.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
         let timeout = Duration::try_from_secs_f64(timeout_s)
             .map_err(|_| bad(format!("timeout_s {timeout_s} is not a duration")))?;
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            reqwest::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        for (name, value) in vendor.headers {
+            headers.insert(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
         Ok(Self {
             vendor,
             model: model.to_string(),
             name: name.to_string(),
+            url: format!("{base_url}{}", vendor.path),
             base_url,
             key_source,
             key_required: explicit || vendor_host,
+            headers,
+            key_header: HeaderName::from_static(vendor.key_header),
             timeout,
             max_retries: ep.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
             backoff: Backoff::default(),
@@ -239,38 +312,13 @@ impl Api {
         })
     }
 
-    /// What every call sends: the request as JSON, its content type, and the key (if any)
-    /// in header `key_header` after `prefix`. Returns the body, the headers and the key
-    /// (for redacting answers).
-    pub fn prepare(
-        &self,
-        request: &impl serde::Serialize,
-        key_header: reqwest::header::HeaderName,
-        prefix: &str,
-    ) -> Result<(Bytes, HeaderMap, Option<ApiKey>), ProviderError> {
-        let key = self.load_key()?;
-        let body = serde_json::to_vec(request)
-            .map_err(|e| self.bad_response(format!("cannot encode the request: {e}")))?;
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            reqwest::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if let Some(k) = &key {
-            let value = k.header(prefix).ok_or_else(|| ProviderError::MissingKey {
-                model: self.model.clone(),
-                detail: format!(
-                    "the key from {} is not a valid header value",
-                    self.key_source
-                ),
-            })?;
-            headers.insert(key_header, value);
-        }
-        Ok((body.into(), headers, key))
+    /// `provider:name`.
+    pub(super) fn model(&self) -> &str {
+        &self.model
     }
 
     /// Read the key (see the module docs). `None`: no key, and none is required.
-    pub fn load_key(&self) -> Result<Option<ApiKey>, ProviderError> {
+    fn load_key(&self) -> Result<Option<ApiKey>, ProviderError> {
         let missing = |detail: String| ProviderError::MissingKey {
             model: self.model.clone(),
             detail,
@@ -309,26 +357,38 @@ impl Api {
         }
     }
 
-    /// POST `body` (JSON) to `{base_url}{path}` with `headers`, retrying as the module docs
-    /// say; the answer's body when it is a success. `key` is what the headers carry (to
-    /// redact it from whatever the API answers); `messages` is the request's message count
-    /// (for a context overflow error).
-    pub async fn post(
-        &self,
-        path: &str,
-        headers: HeaderMap,
-        body: Bytes,
-        key: Option<&ApiKey>,
-        messages: usize,
-    ) -> Result<Bytes, ProviderError> {
-        let url = format!("{}{path}", self.base_url);
+    /// The headers of one call: the fixed ones and the key (read now), if any.
+    fn call_headers(&self) -> Result<(HeaderMap, Option<ApiKey>), ProviderError> {
+        let key = self.load_key()?;
+        let mut headers = self.headers.clone();
+        if let Some(k) = &key {
+            let value =
+                k.header(self.vendor.key_prefix)
+                    .ok_or_else(|| ProviderError::MissingKey {
+                        model: self.model.clone(),
+                        detail: format!(
+                            "the key from {} is not a valid header value",
+                            self.key_source
+                        ),
+                    })?;
+            headers.insert(self.key_header.clone(), value);
+        }
+        Ok((headers, key))
+    }
+
+    /// POST `body` (JSON) to the vendor's path, with the key read once for the call and
+    /// retrying as the module docs say; the answer's body when it is a success.
+    /// `messages` is the request's message count (for a context overflow error).
+    async fn post(&self, body: Bytes, messages: usize) -> Result<Bytes, ProviderError> {
+        let (headers, key) = self.call_headers()?;
+        let key = key.as_ref();
         let tries = self.max_retries.saturating_add(1);
         let mut last = String::new();
         for attempt in 1..=tries {
             let started = Instant::now();
             let sent = self
                 .client
-                .post(&url)
+                .post(&self.url)
                 .headers(headers.clone())
                 .timeout(self.timeout)
                 .body(body.clone())
@@ -337,7 +397,9 @@ impl Api {
             let answer = match sent {
                 Ok(resp) => {
                     let status = resp.status();
-                    let wait = retry_after(resp.headers(), SystemTime::now());
+                    let wait = (!status.is_success())
+                        .then(|| retry_after(resp.headers(), SystemTime::now()))
+                        .flatten();
                     resp.bytes().await.map(|b| (status, wait, b))
                 }
                 Err(e) => Err(e),
@@ -384,7 +446,7 @@ impl Api {
                 }
             };
             if attempt < tries {
-                let wait = wait.unwrap_or_else(|| self.backoff.jittered(attempt + 1));
+                let wait = wait.unwrap_or_else(|| self.backoff.jittered(attempt));
                 tracing::warn!(
                     provider = self.vendor.provider,
                     model = %self.model,
@@ -419,7 +481,7 @@ impl Api {
     }
 
     /// The error of a final (not retried) answer; `text` is its body, redacted.
-    pub fn failure(
+    fn failure(
         &self,
         status: StatusCode,
         text: &str,
@@ -472,7 +534,7 @@ impl Api {
     }
 
     /// A body the provider cannot read.
-    pub fn bad_response(&self, detail: impl Into<String>) -> ProviderError {
+    pub(super) fn bad_response(&self, detail: impl Into<String>) -> ProviderError {
         ProviderError::BadResponse {
             model: self.model.clone(),
             detail: detail.into(),
@@ -513,7 +575,7 @@ fn is_model_not_found(lower: &str) -> bool {
 
 /// The wait an answer asks for: `retry-after-ms` (milliseconds), else `retry-after`
 /// (seconds, or an HTTP date, counted from `now`). Not capped.
-pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let header = |name: &str| {
         headers
             .get(name)
@@ -539,7 +601,7 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 
 /// The API's error message in an error body (`{"error": {"message"}}`, `{"error": "..."}`,
 /// `{"message"}`, `{"detail"}`), else the body itself; truncated.
-pub fn api_message(text: &str) -> String {
+fn api_message(text: &str) -> String {
     let from_json = serde_json::from_str::<serde_json::Value>(text)
         .ok()
         .and_then(|v| {
@@ -564,7 +626,7 @@ pub fn api_message(text: &str) -> String {
 }
 
 /// `text` cut to `max` characters, marked when cut.
-pub fn truncate(text: &str, max: usize) -> String {
+fn truncate(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         None => text.to_string(),
         Some((at, _)) => format!("{}… (truncated)", &text[..at]),
@@ -572,7 +634,7 @@ pub fn truncate(text: &str, max: usize) -> String {
 }
 
 /// `text` with every occurrence of the key replaced.
-pub fn redact(text: &str, key: Option<&ApiKey>) -> String {
+fn redact(text: &str, key: Option<&ApiKey>) -> String {
     match key {
         Some(k) if !k.0.is_empty() => text.replace(&k.0, "[redacted]"),
         _ => text.to_string(),
@@ -595,8 +657,8 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// The usage of an answer that reports none: estimated from the sizes of the request and
-/// the reply, as the scripted provider does (logged as a warning).
-pub fn estimated_usage(
+/// the reply ([`size_estimate`], as the scripted provider does), with a warning.
+pub(super) fn estimated_usage(
     api: &Api,
     req: &ModelRequest<'_>,
     text: Option<&str>,
@@ -607,18 +669,13 @@ pub fn estimated_usage(
         model = %api.model,
         "the API reported no usage; tokens are estimated from sizes"
     );
-    let output = text.map_or(0, |t| t.chars().count() as u64) + tool_call_chars(calls);
-    Usage {
-        input_tokens: estimate_tokens(message_chars(req.messages)),
-        output_tokens: estimate_tokens(output),
-        cached_tokens: 0,
-    }
+    size_estimate(req.messages, text, calls)
 }
 
 /// A tool call's arguments as the API sent them: a JSON object in a string (parsed), an
 /// object, or nothing (`{}`). Arguments that are not valid JSON are kept as a JSON string,
 /// so the tool reports a clear error to the model instead of the branch failing.
-pub fn parse_arguments(raw: Option<serde_json::Value>) -> serde_json::Value {
+pub(super) fn parse_arguments(raw: Option<serde_json::Value>) -> serde_json::Value {
     match raw {
         None | Some(serde_json::Value::Null) => serde_json::json!({}),
         Some(serde_json::Value::String(s)) => {
@@ -632,6 +689,13 @@ pub fn parse_arguments(raw: Option<serde_json::Value>) -> serde_json::Value {
     }
 }
 
+/// A tool call's id: the API's, else (some local servers send none) `call_{turn}_{i}` for
+/// the `i`th call of the request's turn.
+pub(super) fn call_id(id: Option<String>, req: &ModelRequest<'_>, i: usize) -> String {
+    id.filter(|id| !id.is_empty())
+        .unwrap_or_else(|| format!("call_{}_{i}", req.turn))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -642,6 +706,10 @@ mod tests {
         default_base_url: "https://api.openai.com/v1",
         default_key_env: "FORKFLEET_HTTP_UNIT_TEST_UNSET_KEY",
         host: "api.openai.com",
+        path: "/chat/completions",
+        key_header: "authorization",
+        key_prefix: "Bearer ",
+        headers: &[],
     };
 
     fn api(endpoint: Option<&Endpoint>) -> Result<Api, ProviderError> {
@@ -676,15 +744,15 @@ mod tests {
         let b = Backoff {
             base: Duration::from_millis(100),
             cap: Duration::from_millis(350),
-            max_retry_after: MAX_RETRY_AFTER,
+            max_retry_after: Duration::from_secs(60),
         };
         for _ in 0..200 {
-            assert!(b.jittered(2) <= Duration::from_millis(100));
-            assert!(b.jittered(3) <= Duration::from_millis(200));
-            assert!(b.jittered(9) <= Duration::from_millis(350));
+            assert!(b.jittered(1) <= Duration::from_millis(100));
+            assert!(b.jittered(2) <= Duration::from_millis(200));
+            assert!(b.jittered(8) <= Duration::from_millis(350));
         }
         // Not a constant.
-        let waits: std::collections::HashSet<_> = (0..50).map(|_| b.jittered(9)).collect();
+        let waits: std::collections::HashSet<_> = (0..50).map(|_| b.jittered(8)).collect();
         assert!(waits.len() > 10, "{waits:?}");
         assert_eq!(random_up_to(Duration::ZERO), Duration::ZERO);
     }
@@ -779,7 +847,7 @@ mod tests {
             ..local.clone()
         };
         let a = api(Some(&file)).unwrap();
-        assert_eq!(a.load_key().unwrap().unwrap().expose(), "sk-file");
+        assert_eq!(a.load_key().unwrap(), Some(ApiKey("sk-file".into())));
         assert!(!format!("{a:?}").contains("sk-file"));
         std::fs::write(&path, "\n").unwrap();
         let err = a.load_key().unwrap_err().to_string();

@@ -23,43 +23,40 @@
 //! `completion_tokens` (output) and `prompt_tokens_details.cached_tokens` (cached); an
 //! answer without usage is estimated from sizes, with a warning.
 
-use super::http::{estimated_usage, parse_arguments, Api, Vendor};
-use super::{ModelProvider, ModelReply, ModelRequest, ProviderError, ToolSpec};
-use async_trait::async_trait;
-use forkfleet_shared::endpoint::Endpoint;
+use super::http::{call_id, estimated_usage, parse_arguments, Api, Dialect, HttpProvider, Vendor};
+use super::{ModelReply, ModelRequest, ProviderError, ToolSpec};
 use forkfleet_shared::event::{Message, ToolCall, Usage};
-use reqwest::header::AUTHORIZATION;
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 
 /// OpenAI's API and defaults.
-pub static VENDOR: Vendor = Vendor {
+static VENDOR: Vendor = Vendor {
     provider: "openai",
     default_base_url: "https://api.openai.com/v1",
     default_key_env: "OPENAI_API_KEY",
     host: "api.openai.com",
+    path: "/chat/completions",
+    key_header: "authorization",
+    key_prefix: "Bearer ",
+    headers: &[],
 };
 
-/// An OpenAI-compatible chat completions API.
-#[derive(Debug, Clone)]
-pub struct OpenAiProvider {
-    api: Api,
-}
+/// The chat completions dialect.
+#[derive(Debug)]
+pub struct OpenAi;
 
-impl OpenAiProvider {
-    /// `model` is `openai:NAME`; `endpoint` `None` is OpenAI with its defaults.
-    pub fn new(
-        model: &str,
-        endpoint: Option<&Endpoint>,
-        client: reqwest::Client,
-    ) -> Result<Self, ProviderError> {
-        Ok(Self {
-            api: Api::new(&VENDOR, model, endpoint, client)?,
-        })
+/// An OpenAI-compatible chat completions API.
+pub type OpenAiProvider = HttpProvider<OpenAi>;
+
+impl Dialect for OpenAi {
+    const VENDOR: &'static Vendor = &VENDOR;
+
+    fn body(name: &str, req: &ModelRequest<'_>) -> serde_json::Result<Vec<u8>> {
+        serde_json::to_vec(&request(name, req))
     }
 
-    /// The settings (to change the backoff in tests).
-    pub fn api_mut(&mut self) -> &mut Api {
-        &mut self.api
+    fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
+        reply(api, body, req)
     }
 }
 
@@ -200,7 +197,7 @@ struct Choice {
 #[derive(Deserialize)]
 struct ChoiceMessage {
     #[serde(default)]
-    content: Option<serde_json::Value>,
+    content: Option<Content>,
     #[serde(default)]
     tool_calls: Option<Vec<RawToolCall>>,
 }
@@ -213,7 +210,7 @@ struct RawToolCall {
     function: Option<RawFunction>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct RawFunction {
     #[serde(default)]
     name: Option<String>,
@@ -237,100 +234,84 @@ struct PromptDetails {
     cached_tokens: Option<u64>,
 }
 
-/// A message's content: a string, or parts whose texts are joined.
-fn content_text(content: Option<serde_json::Value>) -> Option<String> {
+/// A message's content: a string, or parts (whose texts are joined), or something else
+/// (ignored).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+    Other(IgnoredAny),
+}
+
+#[derive(Deserialize)]
+struct ContentPart {
+    #[serde(default)]
+    text: Option<String>,
+}
+
+/// A message's text, `None` when empty.
+fn content_text(content: Option<Content>) -> Option<String> {
     let text = match content? {
-        serde_json::Value::String(s) => s,
-        serde_json::Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
-            .collect::<Vec<_>>()
-            .join(""),
-        _ => return None,
+        Content::Text(s) => s,
+        Content::Parts(parts) => parts.into_iter().filter_map(|p| p.text).collect(),
+        Content::Other(_) => return None,
     };
     (!text.is_empty()).then_some(text)
 }
 
-impl OpenAiProvider {
-    fn reply(&self, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
-        let resp: ChatResponse = serde_json::from_slice(body)
-            .map_err(|e| self.api.bad_response(format!("not a chat completion: {e}")))?;
-        let choice = resp
-            .choices
-            .into_iter()
-            .next()
-            .ok_or_else(|| self.api.bad_response("no choices"))?;
-        if choice.finish_reason.as_deref() == Some("length") {
-            tracing::debug!(model = %self.api.model, "the reply was cut at max_tokens");
-        }
-        let message = choice
-            .message
-            .ok_or_else(|| self.api.bad_response("the choice has no message"))?;
-        let text = content_text(message.content);
-        let mut tool_calls = Vec::new();
-        for (i, call) in message
-            .tool_calls
-            .unwrap_or_default()
-            .into_iter()
-            .enumerate()
-        {
-            let function = call.function.unwrap_or(RawFunction {
-                name: None,
-                arguments: None,
-            });
-            let name = function
-                .name
+/// The reply in a chat completion.
+fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
+    let resp: ChatResponse = serde_json::from_slice(body)
+        .map_err(|e| api.bad_response(format!("not a chat completion: {e}")))?;
+    let choice = resp
+        .choices
+        .into_iter()
+        .next()
+        .ok_or_else(|| api.bad_response("no choices"))?;
+    if choice.finish_reason.as_deref() == Some("length") {
+        tracing::debug!(model = %api.model(), "the reply was cut at max_tokens");
+    }
+    let message = choice
+        .message
+        .ok_or_else(|| api.bad_response("the choice has no message"))?;
+    let text = content_text(message.content);
+    let tool_calls = message
+        .tool_calls
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, call)| {
+            let RawFunction { name, arguments } = call.function.unwrap_or_default();
+            let name = name
                 .filter(|n| !n.is_empty())
-                .ok_or_else(|| self.api.bad_response(format!("tool call {i} has no name")))?;
-            tool_calls.push(ToolCall {
-                id: call
-                    .id
-                    .filter(|id| !id.is_empty())
-                    .unwrap_or_else(|| format!("call_{}_{i}", req.turn)),
+                .ok_or_else(|| api.bad_response(format!("tool call {i} has no name")))?;
+            Ok(ToolCall {
+                id: call_id(call.id, req, i),
                 name,
-                args: parse_arguments(function.arguments),
-            });
-        }
-        let usage = match resp.usage {
-            Some(ChatUsage {
-                prompt_tokens: Some(input),
-                completion_tokens: Some(output),
-                prompt_tokens_details,
-            }) => Usage {
-                input_tokens: input,
-                output_tokens: output,
-                cached_tokens: prompt_tokens_details
-                    .and_then(|d| d.cached_tokens)
-                    .unwrap_or(0),
-            },
-            _ => estimated_usage(&self.api, req, text.as_deref(), &tool_calls),
-        };
-        Ok(ModelReply {
-            text,
-            tool_calls,
-            usage,
+                args: parse_arguments(arguments),
+            })
         })
-    }
-}
-
-#[async_trait]
-impl ModelProvider for OpenAiProvider {
-    async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
-        let (body, headers, key) =
-            self.api
-                .prepare(&request(&self.api.name, req), AUTHORIZATION, "Bearer ")?;
-        let answer = self
-            .api
-            .post(
-                "/chat/completions",
-                headers,
-                body,
-                key.as_ref(),
-                req.messages.len(),
-            )
-            .await?;
-        self.reply(&answer, req)
-    }
+        .collect::<Result<Vec<_>, ProviderError>>()?;
+    let usage = match resp.usage {
+        Some(ChatUsage {
+            prompt_tokens: Some(input),
+            completion_tokens: Some(output),
+            prompt_tokens_details,
+        }) => Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cached_tokens: prompt_tokens_details
+                .and_then(|d| d.cached_tokens)
+                .unwrap_or(0),
+        },
+        _ => estimated_usage(api, req, text.as_deref(), &tool_calls),
+    };
+    Ok(ModelReply {
+        text,
+        tool_calls,
+        usage,
+    })
 }
 
 #[cfg(test)]
@@ -401,13 +382,19 @@ mod tests {
 
     #[test]
     fn content_parts_are_joined() {
+        let text = |v: serde_json::Value| {
+            let m: ChoiceMessage = serde_json::from_value(json!({ "content": v })).unwrap();
+            content_text(m.content)
+        };
         assert_eq!(
-            content_text(Some(
-                json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}])
-            )),
+            text(
+                json!([{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}])
+            ),
             Some("ab".into())
         );
-        assert_eq!(content_text(Some(json!(""))), None);
-        assert_eq!(content_text(Some(json!(null))), None);
+        assert_eq!(text(json!("c")), Some("c".into()));
+        assert_eq!(text(json!("")), None);
+        assert_eq!(text(json!(null)), None);
+        assert_eq!(text(json!(7)), None);
     }
 }

@@ -22,8 +22,7 @@
 //! interleaving. A failed write is logged as a warning and never fails the call.
 
 use super::{
-    estimate_tokens, message_chars, tool_call_chars, upper_bound_estimate, ModelProvider,
-    ModelReply, ModelRequest, ProviderError,
+    size_estimate, upper_bound_estimate, ModelProvider, ModelReply, ModelRequest, ProviderError,
 };
 use async_trait::async_trait;
 use forkfleet_shared::event::Usage;
@@ -70,29 +69,13 @@ impl ScriptedProvider {
     pub fn parse(text: &str) -> Result<Self, ScriptError> {
         Script::parse(text).map(Self::new)
     }
-
-    pub fn script(&self) -> &Script {
-        &self.script
-    }
 }
 
 /// The usage a played turn reports for `req`: the script's, else estimated from sizes.
 fn usage_of(played: &PlayedTurn, req: &ModelRequest<'_>) -> Usage {
-    match played.usage {
-        Some(u) => u,
-        None => {
-            let output = played
-                .text
-                .as_deref()
-                .map_or(0, |t| t.chars().count() as u64)
-                + tool_call_chars(&played.tool_calls);
-            Usage {
-                input_tokens: estimate_tokens(message_chars(req.messages)),
-                output_tokens: estimate_tokens(output),
-                cached_tokens: 0,
-            }
-        }
-    }
+    played
+        .usage
+        .unwrap_or_else(|| size_estimate(req.messages, played.text.as_deref(), &played.tool_calls))
 }
 
 /// Append one call's usage to the log at `path` (see the module docs).
@@ -180,33 +163,21 @@ usage = { input_tokens = 7, output_tokens = 3, cached_tokens = 2 }
         let history = vec![Message::User {
             text: "abcdefghi".into(),
         }];
-        // Without usage in the script: one token per four characters of request and reply.
-        let r0 = req(&history, 0);
-        let est0 = p.estimate(&r0);
-        let reply0 = p.complete(&r0).await.unwrap();
-        assert_eq!(reply0.text.as_deref(), Some("12345678"));
-        assert_eq!(
-            reply0.usage,
-            Usage {
-                input_tokens: 3,
-                output_tokens: 2,
-                cached_tokens: 0
-            }
-        );
-        assert_eq!(est0, reply0.usage);
-        // The script's usage.
-        let r1 = req(&history, 1);
-        let est1 = p.estimate(&r1);
-        let reply1 = p.complete(&r1).await.unwrap();
-        assert_eq!(
-            reply1.usage,
-            Usage {
-                input_tokens: 7,
-                output_tokens: 3,
-                cached_tokens: 2
-            }
-        );
-        assert_eq!(est1, reply1.usage);
+        // Turn 0 has no usage in the script: one token per four characters of request (9)
+        // and reply (8). Turn 1 reports the script's.
+        for (turn, text, usage) in [(0, "12345678", (3, 2, 0)), (1, "x", (7, 3, 2))] {
+            let r = req(&history, turn);
+            let estimate = p.estimate(&r);
+            let reply = p.complete(&r).await.unwrap();
+            assert_eq!(reply.text.as_deref(), Some(text));
+            let (input_tokens, output_tokens, cached_tokens) = usage;
+            let expected = Usage {
+                input_tokens,
+                output_tokens,
+                cached_tokens,
+            };
+            assert_eq!((reply.usage, estimate), (expected, expected), "turn {turn}");
+        }
         // Past the script's end the call fails; the estimate is the default bound.
         let r2 = req(&history, 2);
         let err = p.complete(&r2).await.unwrap_err().to_string();

@@ -170,17 +170,18 @@ text = "done"
         .iter()
         .map(|c| (c.kind(), c.path().as_str()))
         .collect();
+    // Removals first, then new directories, then files in path order.
     assert_eq!(
         summary,
         [
             ("delete", "old.txt"),
-            ("write", "new.txt"),
-            ("edit", "README.md"),
-            ("edit", "run.sh"),
             ("mkdir", "sub/empty"),
+            ("edit", "README.md"),
+            ("write", "new.txt"),
+            ("edit", "run.sh"),
         ]
     );
-    let run_sh = changes[3].written().unwrap();
+    let run_sh = changes[4].written().unwrap();
     assert_eq!(run_sh.mode, MODE_EXEC);
     assert_eq!(
         run_sh.hash,
@@ -512,14 +513,15 @@ text = "done"
 
 /// What a call costs on a bigger tree (ignored by default; run with
 /// `cargo test -p forkfleet-worker --release --test all -- --ignored --nocapture run_command_cost`):
-/// every call materialises the whole tree and reads it all back.
+/// every call materialises the whole tree and compares it back (reading only the files
+/// whose stat changed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn run_command_cost_on_5000_files() {
     use forkfleet_shared::event::ToolCall;
     use forkfleet_worker::cache::BlobCache;
     let _ = tracing_subscriber::fmt()
-        .with_env_filter("forkfleet_worker::tools=debug")
+        .with_env_filter("forkfleet_worker::tools=debug,forkfleet_worker::runner=debug")
         .with_test_writer()
         .try_init();
     let fx = Fixture::store_only();

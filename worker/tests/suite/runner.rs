@@ -6,8 +6,10 @@ use bytes::Bytes;
 use forkfleet_shared::blob::{BlobHash, BlobStore, MemBlobStore};
 use forkfleet_shared::manifest::{FileEntry, Manifest, MODE_FILE, MODE_SYMLINK};
 use forkfleet_shared::path::WsPath;
+use forkfleet_worker::cache::BlobCache;
 use forkfleet_worker::runner::{materialize, run_command, CommandOutcome, CommandSpec};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -19,6 +21,11 @@ async fn put(blobs: &MemBlobStore, m: &mut Manifest, path: &str, content: &[u8],
         .await
         .unwrap();
     m.insert_file(WsPath::parse(path).unwrap(), e);
+}
+
+/// The worker's cache over `blobs` (what a tree is materialised from).
+fn cache(blobs: MemBlobStore) -> BlobCache {
+    BlobCache::new(Arc::new(blobs), 1 << 20)
 }
 
 fn sh(script: &str, timeout: Duration) -> CommandSpec {
@@ -48,9 +55,9 @@ async fn a_tree_is_written_with_modes_dirs_and_only_safe_symlinks() {
     m.dirs.insert(WsPath::parse("src").unwrap());
     m.dirs.insert(WsPath::parse("empty/dir").unwrap());
     let dir = tempfile::tempdir().unwrap();
-    let stats = materialize(&m, &blobs, dir.path()).await.unwrap();
+    let stats = materialize(&m, &cache(blobs), dir.path()).await.unwrap();
     assert_eq!(stats.files, 4);
-    assert_eq!(stats.skipped_symlinks, 1);
+    assert_eq!(stats.skipped, [WsPath::parse("src/escape").unwrap()]);
     let p = dir.path();
     assert_eq!(
         std::fs::read_to_string(p.join("src/lib.rs")).unwrap(),
@@ -88,7 +95,7 @@ async fn a_missing_blob_is_an_error_naming_the_path() {
         FileEntry::for_bytes(b"never stored", MODE_FILE),
     );
     let dir = tempfile::tempdir().unwrap();
-    let err = materialize(&m, &MemBlobStore::new(), dir.path())
+    let err = materialize(&m, &cache(MemBlobStore::new()), dir.path())
         .await
         .unwrap_err();
     assert!(err.to_string().contains("gone.txt"), "{err}");
@@ -153,27 +160,45 @@ async fn the_environment_is_cleared_to_path_home_and_what_is_passed() {
     assert_eq!(seen.len(), 5, "{seen:?}");
 }
 
-/// True while process `pid` exists and is not a zombie.
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
+/// A FIFO `held` in `dir` that a script opens as its fd 3 (`exec 3>held`), and every
+/// process it starts inherits. `opened` completes once the script opened it; `closed` once
+/// every process holding it has exited (the read end sees end of file): no polling.
+struct Held {
+    opened: tokio::sync::oneshot::Receiver<()>,
+    closed: tokio::sync::oneshot::Receiver<()>,
 }
 
-/// A child the command started is gone once the run returns (bounded: SIGKILL is
-/// delivered at once, but the kernel may take a moment to tear a process down).
-async fn assert_gone(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while alive(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "process {pid} outlived its command"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+const HOLD: &str = "exec 3>held; ";
+
+fn held(dir: &std::path::Path) -> Held {
+    let fifo = dir.join("held");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let (opened_tx, opened) = tokio::sync::oneshot::channel();
+    let (closed_tx, closed) = tokio::sync::oneshot::channel();
+    // A plain thread: opening a FIFO blocks until a writer opens it, which a script killed
+    // early never does (the thread is then left blocked, harmlessly).
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let Ok(mut reader) = std::fs::File::open(&fifo) else {
+            return;
+        };
+        let _ = opened_tx.send(());
+        let _ = reader.read_to_end(&mut Vec::new());
+        let _ = closed_tx.send(());
+    });
+    Held { opened, closed }
+}
+
+/// Every process the command started has exited.
+async fn assert_all_exited(closed: tokio::sync::oneshot::Receiver<()>) {
+    tokio::time::timeout(Duration::from_secs(5), closed)
+        .await
+        .expect("a process the command started outlived it")
+        .unwrap();
 }
 
 /// The pid a script wrote to `bg.pid` in `dir`, once it wrote all of it.
@@ -188,19 +213,20 @@ async fn a_hanging_command_is_killed_with_its_children_at_the_timeout() {
     // pid; a run whose timeout came first (a slow machine) is tried with a longer one.
     for timeout_ms in [300, 1_000, 3_000, 10_000] {
         let dir = tempfile::tempdir().unwrap();
+        let held = held(dir.path());
         let started = Instant::now();
         let out = run(
             dir.path(),
             &sh(
-                "sleep 60 & echo $! > bg.pid; sleep 60",
+                &format!("{HOLD}sleep 60 & echo $! > bg.pid; sleep 60"),
                 Duration::from_millis(timeout_ms),
             ),
         )
         .await;
         assert_eq!(out.outcome, CommandOutcome::TimedOut);
         assert!(started.elapsed() < Duration::from_millis(timeout_ms) + Duration::from_secs(5));
-        if let Some(pid) = bg_pid(dir.path()) {
-            assert_gone(pid).await;
+        if bg_pid(dir.path()).is_some() {
+            assert_all_exited(held.closed).await;
             return;
         }
     }
@@ -210,24 +236,30 @@ async fn a_hanging_command_is_killed_with_its_children_at_the_timeout() {
 #[tokio::test]
 async fn stragglers_left_after_a_normal_exit_are_killed() {
     let dir = tempfile::tempdir().unwrap();
+    let held = held(dir.path());
     let out = run(
         dir.path(),
         &sh(
-            "sleep 60 & echo $! > bg.pid; echo done",
+            &format!("{HOLD}sleep 60 & echo $! > bg.pid; echo done"),
             Duration::from_secs(10),
         ),
     )
     .await;
     assert_eq!(out.outcome, CommandOutcome::Exited { code: 0 });
     assert!(out.output.contains("done"));
-    assert_gone(bg_pid(dir.path()).unwrap()).await;
+    assert!(bg_pid(dir.path()).is_some());
+    assert_all_exited(held.closed).await;
 }
 
 #[tokio::test]
 async fn cancelling_kills_the_command() {
     let dir = tempfile::tempdir().unwrap();
+    let held = held(dir.path());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let spec = sh("echo started; sleep 60", Duration::from_secs(60));
+    let spec = sh(
+        &format!("{HOLD}sleep 60 & sleep 60"),
+        Duration::from_secs(60),
+    );
     let path = dir.path().to_path_buf();
     let running = tokio::spawn(async move {
         run_command(&path, &spec, async {
@@ -235,9 +267,15 @@ async fn cancelling_kills_the_command() {
         })
         .await
     });
+    // Cancelled once it runs: it and its child are killed.
+    tokio::time::timeout(WAIT, held.opened)
+        .await
+        .unwrap()
+        .unwrap();
     tx.send(()).unwrap();
     let out = tokio::time::timeout(WAIT, running).await.unwrap().unwrap();
     assert_eq!(out.outcome, CommandOutcome::Cancelled);
+    assert_all_exited(held.closed).await;
 }
 
 #[tokio::test]

@@ -4,8 +4,9 @@
 
 use super::common::*;
 use forkfleet_shared::event::{messages_from_events, Event, Message};
-use forkfleet_shared::protocol::ControlCommand;
+use forkfleet_shared::protocol::{Control, ControlCommand};
 use forkfleet_shared::state::BranchState;
+use forkfleet_shared::wire;
 use forkfleet_worker::provider::{estimate_tokens, message_chars};
 
 /// Two calls a turn (the branch's `max_turns`): a write, then an answer.
@@ -34,15 +35,20 @@ async fn a_follow_up_runs_a_new_turn_with_the_whole_history() {
     let worker = start(&fx, config(1)).await;
     events.until_terminal(&[task.run_id]).await;
     assert_eq!(events.terminal(task.run_id).unwrap().0, BranchState::Done);
-    // A terminate for no attempt in particular, sent after the first turn: on NATS the
-    // follow-up's watcher reads it again, and must not obey it.
-    fx.send(
-        task.run_id,
-        ControlCommand::Terminate {
+    // A terminate for the attempt that ran the first turn, as the coordinator sends it,
+    // sent after that turn: on NATS the follow-up's watcher reads it again, and must not
+    // obey it.
+    let earlier = Control {
+        run_id: task.run_id,
+        command: ControlCommand::Terminate {
             reason: "an earlier turn's".into(),
         },
-    )
-    .await;
+        attempt: Some(1),
+    };
+    fx.bus
+        .send_control(task.run_id, wire::encode(&earlier).unwrap())
+        .await
+        .unwrap();
 
     // The coordinator appends the follow-up and enqueues the task again (above attempt 1).
     let text = "now write two.txt as well";
