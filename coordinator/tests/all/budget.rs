@@ -596,6 +596,12 @@ async fn a_paused_branch_is_enqueued_once_however_often_its_cap_is_raised() {
     let view = fx.create(p, ParentRun::New, snap).await;
     let a = pull_all(&fx, 1).await.remove(0);
     running(&fx, &a).await;
+    // Applied before the takeover below fences attempt 1 off (else the `running` event
+    // is dropped and the `paused` one waits for it forever).
+    wait_view(&fx.h(), view.fork_id, |v| {
+        v.branches[0].state == BranchState::Running
+    })
+    .await;
     // Taken over by attempt 3 before it paused: a resumed task starts above that.
     let req = ResumeRequest {
         fork_id: a.fork_id,
