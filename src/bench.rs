@@ -16,7 +16,7 @@
 //!   starts `--workers` `forkfleet worker` processes, and talks to the coordinator as a
 //!   client does, over request/reply.
 //!
-//! Both run the same measurement ([`run_fanout`]) through a [`CoordinatorClient`].
+//! Both run the same measurement ([`run_fanout`]) through a [`Client`].
 //!
 //! `forkfleet bench budget`: the peer's aggregate-cap table ([`budget`]).
 
@@ -24,11 +24,11 @@ pub mod budget;
 mod cluster;
 pub mod nats_server;
 
-use crate::client;
 use crate::embedded::{Embedded, EmbeddedOptions};
-use crate::remote::CoordinatorClient;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
+use forkfleet_client::workspace as ws;
+use forkfleet_client::{ApiClient, Client};
 use forkfleet_shared::api::{CreateFork, ForkView, ParentRun};
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::diff::DiffOptions;
@@ -374,7 +374,7 @@ fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
 /// settles, the full diff report, merge b0 and apply it to the workspace directory.
 /// Returns the result (the fields only a cluster has left empty) and the settled view.
 async fn run_fanout(
-    coord: &CoordinatorClient,
+    coord: &Client,
     workspace: &Path,
     args: &FanoutArgs,
 ) -> anyhow::Result<(FanoutResult, ForkView)> {
@@ -385,13 +385,12 @@ async fn run_fanout(
     let blobs = coord.blobs();
     let t_up = Instant::now();
     let (_, upload) =
-        client::upload_workspace(blobs.as_ref(), workspace, &[], [(script_hash, script_text)])
-            .await?;
+        ws::upload_workspace(blobs.as_ref(), workspace, &[], [(script_hash, script_text)]).await?;
     let upload_s = t_up.elapsed().as_secs_f64();
     let plan = fanout_plan(n, k, script_hash);
     let t0 = Instant::now();
     let view = coord
-        .create_fork(CreateFork {
+        .call(CreateFork {
             plan,
             parent: ParentRun::New,
             snapshot: upload.snapshot,
@@ -410,7 +409,7 @@ async fn run_fanout(
 
     let t2 = Instant::now();
     let outcome = coord.merge(view.fork_id, "b0").await?;
-    let report = client::apply_merge(
+    let report = ws::apply_merge(
         blobs.as_ref(),
         &outcome,
         workspace,

@@ -8,10 +8,11 @@
 //! merge keeps local edits.
 
 use crate::cli::ClientArgs;
-use crate::remote::CoordinatorClient;
-use crate::BadInput;
 use anyhow::Context;
 use clap::Subcommand;
+use forkfleet_client::workspace as ws;
+use forkfleet_client::BadInput;
+use forkfleet_client::{ApiClient, Client};
 use forkfleet_shared::api::{CheckpointView, NewRunOutcome, RewindOutcome};
 use forkfleet_shared::blob::BlobStore;
 use forkfleet_shared::flush::{self, ConflictPolicy, DirTarget, FlushReport, FlushTarget};
@@ -111,7 +112,7 @@ impl CheckpointCommand {
 }
 
 /// Run a checkpoint command against `coord`.
-pub async fn run(coord: &CoordinatorClient, command: &CheckpointCommand) -> anyhow::Result<()> {
+pub async fn run(coord: &Client, command: &CheckpointCommand) -> anyhow::Result<()> {
     let json_out = command.client().json;
     match command {
         CheckpointCommand::Ls { run, .. } => {
@@ -202,7 +203,7 @@ pub async fn run(coord: &CoordinatorClient, command: &CheckpointCommand) -> anyh
 }
 
 async fn rewind(
-    coord: &CoordinatorClient,
+    coord: &Client,
     run: RunId,
     checkpoint: &str,
     apply: Option<&Path>,
@@ -249,7 +250,7 @@ pub async fn apply_rewind(
     dir: &Path,
     policy: ConflictPolicy,
 ) -> anyhow::Result<FlushReport> {
-    let (from, contents) = crate::client::replay_inputs(
+    let (from, contents) = ws::replay_inputs(
         store,
         &outcome.from_snapshot,
         &outcome.changes,

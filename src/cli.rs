@@ -1,20 +1,21 @@
 //! The command line. Each command is a function from parsed arguments to an exit code:
 //! 0 success, 1 failure, 2 bad input.
 //!
-//! Client commands (`fork ...`, `account ...`, `workers`, `log`) talk to a [`CoordinatorClient`]: a
+//! Client commands (`fork ...`, `account ...`, `workers`, `log`) talk to a [`Client`]: a
 //! remote coordinator when a NATS URL is configured (`--nats`, `FORKFLEET_NATS_URL`, or
 //! the `--config` file), else the embedded one over the run store in `--data`.
 
-use crate::client;
 use crate::config::{self, Config, Layer, NatsLayer, TlsLayer};
 use crate::embedded::{Embedded, EmbeddedOptions};
-use crate::forkdir;
-use crate::remote::{ClientError, CoordinatorClient, RemoteCoordinator};
-use crate::render::{self, Until};
 use crate::resolve_cmd;
 use crate::service;
-use crate::BadInput;
 use clap::{Args, Parser, Subcommand};
+use forkfleet_client::forkdir;
+use forkfleet_client::render;
+use forkfleet_client::watch::Until;
+use forkfleet_client::workspace as ws;
+use forkfleet_client::BadInput;
+use forkfleet_client::{ApiClient, Client, ClientError};
 use forkfleet_coordinator::CoordinatorError;
 use forkfleet_shared::api::{CreateFork, ForkView, ParentRun};
 use forkfleet_shared::budget::ForkCost;
@@ -682,7 +683,7 @@ async fn cmd_worker(args: WorkerArgs) -> anyhow::Result<()> {
 /// A client's connection to a coordinator: remote, or embedded over a data dir (then the
 /// embedded system must be shut down after the command, which [`Session::close`] does).
 struct Session {
-    client: CoordinatorClient,
+    client: Client,
     embedded: Option<Embedded>,
 }
 
@@ -717,7 +718,7 @@ impl Session {
         if let Some(nats) = config.nats_config("forkfleet-client") {
             let bus = service::connect_nats(nats).await?;
             return Ok(Some(Session {
-                client: CoordinatorClient::Remote(RemoteCoordinator::new(bus)),
+                client: Client::remote(bus),
                 embedded: None,
             }));
         }
@@ -837,7 +838,7 @@ const RESUME_GRACE: Duration = Duration::from_secs(2);
 /// Whether a single agent run's work is merged into the workspace: when its agent is
 /// `done` and left no fork of its own unresolved (then it says which, and how to finish).
 async fn solo_merge(
-    coord: &CoordinatorClient,
+    coord: &Client,
     view: &ForkView,
     data_dir: &Path,
 ) -> anyhow::Result<Option<&'static str>> {
@@ -995,18 +996,14 @@ async fn run_fork(
 }
 
 /// Upload the spec's workspace (only the blobs the store lacks) and create the fork.
-async fn create(
-    coord: &CoordinatorClient,
-    loaded: &spec::LoadedSpec,
-    show: bool,
-) -> anyhow::Result<ForkView> {
+async fn create(coord: &Client, loaded: &spec::LoadedSpec, show: bool) -> anyhow::Result<ForkView> {
     create_from(coord, loaded, None, show).await
 }
 
 /// [`create`], forking the existing root run `from` (its conversation and workspace
 /// version) when given; the spec's scripts are uploaded either way.
 async fn create_from(
-    coord: &CoordinatorClient,
+    coord: &Client,
     loaded: &spec::LoadedSpec,
     from: Option<RunId>,
     show: bool,
@@ -1025,7 +1022,7 @@ async fn create_from(
             )
         }
         None => {
-            let (_, upload) = client::upload_workspace(
+            let (_, upload) = ws::upload_workspace(
                 blobs.as_ref(),
                 &loaded.workspace,
                 &loaded.exclude,
@@ -1045,7 +1042,7 @@ async fn create_from(
         }
     };
     let view = coord
-        .create_fork(CreateFork {
+        .call(CreateFork {
             plan: loaded.plan.clone(),
             parent,
             snapshot,
@@ -1065,7 +1062,7 @@ async fn create_from(
 /// Merge `pick` in the store, then apply it to `dir` (if any). Returns the winner and the
 /// report of what happened to the directory (or to the parent's snapshot without one).
 async fn merge_and_apply(
-    coord: &CoordinatorClient,
+    coord: &Client,
     fork_id: ForkId,
     pick: &str,
     dir: Option<&Path>,
@@ -1075,7 +1072,7 @@ async fn merge_and_apply(
     let report = match dir {
         // A fork an agent made merges into its branch, not into a directory.
         Some(dir) if !outcome.into_branch => {
-            client::apply_merge(coord.blobs().as_ref(), &outcome, dir, policy).await?
+            ws::apply_merge(coord.blobs().as_ref(), &outcome, dir, policy).await?
         }
         _ => outcome.report.clone(),
     };
@@ -1263,7 +1260,7 @@ async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             }
             with_session!(&client, Local::Resume, |coord| async {
                 let id = coord.find_fork(&fork).await?;
-                let cost = coord.topup(id, branch.as_deref(), usd).await?;
+                let cost = coord.topup(id, branch.clone(), usd).await?;
                 let what = match &branch {
                     Some(b) => format!("branch `{b}`'s cap"),
                     None => "the fork's cap".to_string(),
@@ -1380,7 +1377,7 @@ fn print_cost(cost: &ForkCost, json: bool) -> anyhow::Result<()> {
 /// After a cap change: embedded, run what it resumed here until nothing runs (no worker
 /// outlives the command), then report the fork's cost; on a cluster, report at once.
 async fn after_resume(
-    coord: &CoordinatorClient,
+    coord: &Client,
     cost: ForkCost,
     done: &str,
     timeout_s: Option<u64>,
@@ -1415,7 +1412,7 @@ async fn after_resume(
 
 /// Embedded: follow `forks` until nothing runs in them (resumed branches included).
 async fn settle_resumed(
-    coord: &CoordinatorClient,
+    coord: &Client,
     forks: &[ForkId],
     timeout_s: Option<u64>,
     json: bool,
@@ -1444,7 +1441,7 @@ fn check_turn_args(label: &str, message: &str) -> anyhow::Result<()> {
 }
 
 async fn fork_steer(
-    coord: &CoordinatorClient,
+    coord: &Client,
     fork: &str,
     label: &str,
     message: &str,
@@ -1468,7 +1465,7 @@ async fn fork_steer(
 /// Start a new turn of a finished branch; wait for it (embedded always, on a cluster with
 /// `wait`) and show how it ended with its final text.
 async fn fork_continue(
-    coord: &CoordinatorClient,
+    coord: &Client,
     fork: &str,
     label: &str,
     message: &str,
@@ -1531,7 +1528,7 @@ async fn fork_continue(
 /// Follow fork `id` until branch `label` has finished or paused (or the fork was merged or
 /// aborted), giving up after `timeout`.
 async fn wait_for_branch(
-    coord: &CoordinatorClient,
+    coord: &Client,
     id: ForkId,
     label: &str,
     timeout: Option<Duration>,
@@ -1564,7 +1561,7 @@ async fn wait_for_branch(
 }
 
 async fn fork_create(
-    coord: &CoordinatorClient,
+    coord: &Client,
     loaded: &spec::LoadedSpec,
     from_run: Option<&str>,
     timeout: Option<Duration>,
@@ -1645,7 +1642,7 @@ impl MergeTarget<'_> {
 }
 
 async fn fork_resolve(
-    coord: &CoordinatorClient,
+    coord: &Client,
     fork: &str,
     strategy: Option<Strategy>,
     target: MergeTarget<'_>,
@@ -1679,7 +1676,7 @@ async fn fork_resolve(
 }
 
 async fn fork_merge(
-    coord: &CoordinatorClient,
+    coord: &Client,
     fork: &str,
     pick: &str,
     target: MergeTarget<'_>,
@@ -1773,7 +1770,7 @@ async fn cmd_account(command: AccountCommand) -> anyhow::Result<()> {
 
 /// The account named `name`, or a bad-input error listing the accounts there are.
 async fn find_account(
-    coord: &CoordinatorClient,
+    coord: &Client,
     name: &str,
 ) -> anyhow::Result<forkfleet_shared::budget::AccountView> {
     let all = coord.accounts().await?;
@@ -1803,10 +1800,9 @@ async fn cmd_workers(args: ClusterArgs) -> anyhow::Result<()> {
         )
         .into());
     };
-    let workers =
-        CoordinatorClient::Remote(RemoteCoordinator::new(service::connect_nats(nats).await?))
-            .workers()
-            .await?;
+    let workers = Client::remote(service::connect_nats(nats).await?)
+        .workers()
+        .await?;
     let now = now_ms();
     if args.json {
         print_json(&render::workers_json(&workers, now))

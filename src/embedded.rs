@@ -1,8 +1,8 @@
 //! The embedded mode: coordinator and workers in one process on the local bus. Its
 //! coordinator is reached through [`Embedded::client`], like a remote one.
 
-use crate::remote::CoordinatorClient;
 use anyhow::Context;
+use forkfleet_client::Client;
 use forkfleet_coordinator::service::ApiServer;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
 use forkfleet_shared::bus::local::LocalBus;
@@ -109,11 +109,8 @@ impl Embedded {
     }
 
     /// The coordinator as the CLI commands use it (the same calls as a remote one).
-    pub fn client(&self) -> CoordinatorClient {
-        CoordinatorClient::Embedded {
-            handle: self.coordinator.handle(),
-            bus: self.bus.clone(),
-        }
+    pub fn client(&self) -> Client {
+        Client::in_process(self.coordinator.handle(), self.bus.clone())
     }
 
     /// Stop the workers, then the coordinator (which flushes the store).

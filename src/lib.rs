@@ -10,7 +10,7 @@
 //!   NATS auth and TLS, secrets redacted.
 //! - [`service`]: the cluster services as library functions, `run_coordinator(config,
 //!   shutdown)` and `run_worker(config, shutdown)`.
-//! - [`remote`]: [`remote::CoordinatorClient`], which every client command uses: one
+//! - [`remote`]: [`remote::Client`], which every client command uses: one
 //!   method per API request, answered in process (embedded) or over the bus
 //!   ([`remote::RemoteCoordinator`]).
 //! - [`embedded`]: the single-machine mode: a coordinator and in-process workers on the
@@ -31,16 +31,9 @@
 pub mod bench;
 pub mod checkpoint_cmd;
 pub mod cli;
-pub mod client;
 pub mod config;
 pub mod embedded;
-pub mod forkdir;
-pub mod remote;
-pub mod render;
 pub mod resolve_cmd;
 pub mod service;
 
-/// An error caused by the user's input: exit code 2.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct BadInput(pub String);
+pub use forkfleet_client::BadInput;

@@ -2,8 +2,8 @@
 //! to resolve a fork (tests on every branch and the judges run on workers), apply a
 //! committed merge to a directory, and print the verdicts, signals and decision.
 
-use crate::client;
-use crate::remote::CoordinatorClient;
+use forkfleet_client::workspace as ws;
+use forkfleet_client::{ApiClient, Client};
 use forkfleet_shared::api::ResolveReport;
 use forkfleet_shared::flush::{ConflictPolicy, FlushReport};
 use forkfleet_shared::ids::ForkId;
@@ -48,7 +48,7 @@ pub struct Resolved {
 
 /// Resolve `fork`; on a commit, apply the merge to `dir` (if any).
 pub async fn resolve_and_apply(
-    coord: &CoordinatorClient,
+    coord: &Client,
     fork: ForkId,
     strategy: Option<Strategy>,
     dir: Option<&Path>,
@@ -57,7 +57,7 @@ pub async fn resolve_and_apply(
     let report = coord.resolve(fork, strategy).await?;
     let applied = match (&report.merge, dir) {
         (Some(outcome), Some(dir)) if !outcome.into_branch => {
-            Some(client::apply_merge(coord.blobs().as_ref(), outcome, dir, policy).await?)
+            Some(ws::apply_merge(coord.blobs().as_ref(), outcome, dir, policy).await?)
         }
         (Some(outcome), _) => Some(outcome.report.clone()),
         (None, _) => None,

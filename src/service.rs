@@ -11,8 +11,8 @@
 //! has (a `LocalBus` in tests).
 
 use crate::config::Config;
-use crate::BadInput;
 use anyhow::Context;
+use forkfleet_client::BadInput;
 use forkfleet_coordinator::service::ApiServer;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, RunStore};
 use forkfleet_shared::bus::nats::{NatsBus, NatsConfig};

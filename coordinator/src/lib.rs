@@ -7,6 +7,7 @@
 //! ## Layout
 //! - [`Coordinator`] (this file): start, handle, shutdown.
 //! - [`handle`]: [`CoordinatorHandle`], the API the CLI and the cluster service call.
+//! - [`api`]: the handler of every API operation (declared in `forkfleet_shared::api`).
 //! - [`service`]: the API over the bus's request/reply ([`service::serve`]).
 //! - [`store`]: [`RunStore`], sled under a data dir (runs, events, forks, branches,
 //!   checkpoints, blobs).
@@ -40,6 +41,7 @@
 //! fork is reloaded and each branch's replica rebuilt from its stored log; unacked events
 //! are redelivered and applied idempotently by (run, seq).
 
+pub mod api;
 pub mod error;
 pub mod handle;
 pub mod service;

@@ -9,7 +9,9 @@
 //! - Errors are mapped to three kinds: `not_found` (unknown fork, run or label),
 //!   `bad_input` (the request cannot succeed as sent), `failure` (the coordinator failed;
 //!   asking again may work).
-//! - Waits (`wait_settled`, `watch`) are capped at [`MAX_API_WAIT_MS`].
+//! - Each request goes to its handler through `forkfleet_shared::api::dispatch` (the
+//!   handlers: [`crate::api`]); waits (`wait_settled`, `watch`) are capped at
+//!   `MAX_API_WAIT_MS`.
 //! - A request or a reply larger than [`MAX_INLINE_BYTES`] travels as a blob of the bus's
 //!   blob store, named by a `stored` request or reply.
 //! - Blobs: clients upload to the bus's blob store and workers write there, but the
@@ -22,8 +24,7 @@ use crate::error::CoordinatorError;
 use crate::handle::CoordinatorHandle;
 use bytes::Bytes;
 use forkfleet_shared::api::{
-    ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, LoggedEvent, ServerInfo,
-    API_SUBJECT, MAX_API_WAIT_MS, MAX_INLINE_BYTES,
+    ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, API_SUBJECT, MAX_INLINE_BYTES,
 };
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::bus::{Bus, Request};
@@ -150,7 +151,9 @@ async fn answer(handle: CoordinatorHandle, bus: Arc<dyn Bus>, req: Request) {
     let response = match decode_request(bus.as_ref(), &req.payload).await {
         Ok(api) => {
             let span = tracing::info_span!("api.request", api.op = api.op(), bytes_in);
-            let result = dispatch(&handle, api).instrument(span.clone()).await;
+            let result = forkfleet_shared::api::dispatch(&handle, api)
+                .instrument(span.clone())
+                .await;
             if let Err(e) = &result {
                 span.in_scope(|| match e.kind {
                     ApiErrorKind::Failure => {
@@ -249,102 +252,6 @@ fn encode_error_or(response: ApiResponse) -> Bytes {
     wire::encode(&response).unwrap_or_else(|e| {
         tracing::error!(error = %e, "api.reply cannot be encoded");
         Bytes::new()
-    })
-}
-
-fn wait(timeout_ms: u64) -> Duration {
-    Duration::from_millis(timeout_ms.min(MAX_API_WAIT_MS))
-}
-
-/// Answer one request with `handle`: what the service does for each request it receives,
-/// and what an embedded client calls directly.
-pub async fn dispatch(handle: &CoordinatorHandle, req: ApiRequest) -> Result<ApiReply, ApiError> {
-    Ok(match req {
-        ApiRequest::Ping => ApiReply::Info(ServerInfo {
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            wire_version: WIRE_VERSION,
-        }),
-        ApiRequest::CreateFork(create) => ApiReply::Fork(handle.create_fork(*create).await?),
-        ApiRequest::AgentFork(req) => ApiReply::Fork(handle.agent_fork(*req).await?),
-        ApiRequest::RunWorkspace { run } => ApiReply::Workspace(handle.root_workspace(run).await?),
-        ApiRequest::AgentMerge {
-            fork,
-            pick,
-            parent_run,
-        } => ApiReply::Merge(handle.agent_merge(fork, &pick, parent_run).await?),
-        ApiRequest::Fork { fork } => ApiReply::Fork(handle.fork(fork).await?),
-        ApiRequest::Forks => ApiReply::Forks(handle.forks().await?),
-        ApiRequest::FindFork { prefix } => ApiReply::ForkId(handle.find_fork(&prefix).await?),
-        ApiRequest::WaitSettled { fork, timeout_ms } => {
-            ApiReply::Fork(handle.wait_settled(fork, wait(timeout_ms)).await?)
-        }
-        ApiRequest::Watch {
-            fork,
-            seen,
-            timeout_ms,
-        } => ApiReply::Watch(handle.watch(fork, seen, wait(timeout_ms)).await?),
-        ApiRequest::Diff { fork, options } => ApiReply::Diff(handle.diff(fork, options).await?),
-        ApiRequest::Merge { fork, pick } => ApiReply::Merge(handle.merge(fork, &pick).await?),
-        ApiRequest::Terminate { fork, label } => {
-            ApiReply::Terminate(handle.terminate(fork, &label).await?)
-        }
-        ApiRequest::Abort { fork } => ApiReply::Abort(handle.abort(fork).await?),
-        ApiRequest::Steer { fork, label, text } => {
-            ApiReply::Steer(handle.steer(fork, &label, text).await?)
-        }
-        ApiRequest::Continue { fork, label, text } => {
-            ApiReply::Continue(Box::new(handle.follow_up(fork, &label, text).await?))
-        }
-        ApiRequest::RunEvents { run } => ApiReply::Events(
-            handle
-                .run_events(run)
-                .await?
-                .into_iter()
-                .map(|(seq, event)| LoggedEvent { seq, event })
-                .collect(),
-        ),
-        ApiRequest::Checkpoints { run } => ApiReply::Checkpoints(handle.checkpoints(run).await?),
-        ApiRequest::Resolve { fork, strategy } => {
-            ApiReply::Resolve(Box::new(handle.resolve(fork, strategy).await?))
-        }
-        ApiRequest::ForkCost { fork } => ApiReply::Cost(handle.fork_cost(fork).await?),
-        ApiRequest::Topup { fork, branch, usd } => {
-            ApiReply::Cost(handle.topup(fork, branch.as_deref(), usd).await?)
-        }
-        ApiRequest::MoveBudget {
-            fork,
-            from,
-            to,
-            usd,
-        } => ApiReply::Cost(handle.move_budget(fork, &from, &to, usd).await?),
-        ApiRequest::AccountSet { name, cap_usd } => {
-            ApiReply::Account(handle.account_set(&name, cap_usd).await?)
-        }
-        ApiRequest::Accounts => ApiReply::Accounts(handle.accounts().await?),
-        ApiRequest::FindRun { prefix } => ApiReply::RunId(handle.find_run(&prefix).await?),
-        ApiRequest::CheckpointSave { run, label } => {
-            ApiReply::Checkpoint(handle.checkpoint_save(run, &label).await?)
-        }
-        ApiRequest::CheckpointRemove { run, checkpoint } => {
-            ApiReply::Checkpoint(handle.checkpoint_remove(run, &checkpoint).await?)
-        }
-        ApiRequest::CheckpointClear { run } => {
-            ApiReply::Checkpoints(handle.checkpoint_clear(run).await?)
-        }
-        ApiRequest::Rewind {
-            run,
-            checkpoint,
-            dry_run,
-        } => ApiReply::Rewind(Box::new(handle.rewind(run, &checkpoint, dry_run).await?)),
-        ApiRequest::ForkCheckpoint { run, checkpoint } => {
-            ApiReply::NewRun(handle.fork_checkpoint(run, &checkpoint).await?)
-        }
-        ApiRequest::Stored { .. } => {
-            return Err(ApiError::new(
-                ApiErrorKind::BadInput,
-                "a stored request cannot name another stored request",
-            ))
-        }
     })
 }
 

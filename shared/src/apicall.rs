@@ -1,8 +1,12 @@
-//! One request to the coordinator's API over the bus (the CLI's remote client and the
-//! agents' fork tools both call it): a request or a reply too large for one message
-//! travels through the blob store.
+//! The coordinator's API over the bus: [`BusApi`] is an [`ApiClient`] (one method per
+//! operation) for a coordinator serving a subject of a bus; [`call`] sends one request. A
+//! request or a reply too large for one message travels through the blob store. The CLI's
+//! client and the agents' fork tools both use it.
 
-use crate::api::{ApiError, ApiReply, ApiRequest, ApiResponse, MAX_INLINE_BYTES};
+use crate::api::{
+    ApiClient, ApiError, ApiReply, ApiRequest, ApiResponse, Operation, API_SUBJECT,
+    MAX_INLINE_BYTES,
+};
 use crate::blob::{fetch, BlobError, BlobHash};
 use crate::bus::{Bus, BusError};
 use crate::wire::{self, WireError};
@@ -13,7 +17,7 @@ use std::time::{Duration, Instant};
 pub enum CallError {
     /// The coordinator answered with an error.
     #[error("{0}")]
-    Api(ApiError),
+    Api(#[from] ApiError),
     /// The coordinator could not be reached or did not answer in time.
     #[error("cannot reach the coordinator: {0}")]
     Bus(#[from] BusError),
@@ -23,6 +27,43 @@ pub enum CallError {
     Blob(#[from] BlobError),
     #[error("the coordinator answered `{got}` to a `{op}` request")]
     UnexpectedReply { op: &'static str, got: &'static str },
+}
+
+impl CallError {
+    /// The message for a user or an agent: the coordinator's own words for an API error.
+    pub fn message(self) -> String {
+        match self {
+            CallError::Api(e) => e.message,
+            other => other.to_string(),
+        }
+    }
+}
+
+/// The API of the coordinator serving `subject` on `bus`.
+#[derive(Clone, Copy)]
+pub struct BusApi<'a> {
+    pub bus: &'a dyn Bus,
+    pub subject: &'a str,
+}
+
+impl<'a> BusApi<'a> {
+    /// The coordinator serving [`API_SUBJECT`] on `bus`.
+    pub fn new(bus: &'a dyn Bus) -> Self {
+        Self {
+            bus,
+            subject: API_SUBJECT,
+        }
+    }
+}
+
+impl ApiClient for BusApi<'_> {
+    type Error = CallError;
+
+    async fn call<O: Operation>(&self, op: O) -> Result<O::Reply, CallError> {
+        let timeout = op.timeout();
+        let reply = call(self.bus, self.subject, op.into(), timeout).await?;
+        O::from_reply(reply).map_err(|got| CallError::UnexpectedReply { op: O::NAME, got })
+    }
 }
 
 /// Send `req` on `subject` and decode the answer, waiting at most `timeout` for it.

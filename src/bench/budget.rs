@@ -23,11 +23,11 @@
 
 use super::cluster::{settle, Cluster};
 use super::{file_for, peak_rss_mb, seed_workspace, BenchBus, BENCH_MODEL};
-use crate::client;
 use crate::embedded::{Embedded, EmbeddedOptions};
-use crate::remote::CoordinatorClient;
 use anyhow::Context;
 use clap::Args;
+use forkfleet_client::workspace as ws;
+use forkfleet_client::{ApiClient, Client};
 use forkfleet_shared::api::{CreateFork, ParentRun};
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::budget::{BudgetMode, BudgetPolicy};
@@ -220,7 +220,7 @@ pub async fn run(args: &BudgetArgs) -> anyhow::Result<Vec<BudgetRow>> {
 }
 
 async fn rows(
-    coord: &CoordinatorClient,
+    coord: &Client,
     workspace: &Path,
     log: &Path,
     args: &BudgetArgs,
@@ -298,7 +298,7 @@ fn script(n: usize, equal: bool, latency_ms: u64, jitter_ms: u64) -> Script {
 
 #[allow(clippy::too_many_arguments)]
 async fn run_row(
-    coord: &CoordinatorClient,
+    coord: &Client,
     workspace: &Path,
     log: &Path,
     args: &BudgetArgs,
@@ -323,8 +323,7 @@ async fn run_row(
     let text = bytes::Bytes::from(toml::to_string(&script)?.into_bytes());
     let hash = BlobHash::of(&text);
     let blobs = coord.blobs();
-    let (_, upload) =
-        client::upload_workspace(blobs.as_ref(), workspace, &[], [(hash, text)]).await?;
+    let (_, upload) = ws::upload_workspace(blobs.as_ref(), workspace, &[], [(hash, text)]).await?;
     let max_turns = 16;
     let plan = ForkPlan {
         goal: format!("bench budget {} {fraction}", mode.as_str()),
@@ -365,7 +364,7 @@ async fn run_row(
     };
     let t0 = Instant::now();
     let view = coord
-        .create_fork(CreateFork {
+        .call(CreateFork {
             plan,
             parent: ParentRun::New,
             snapshot: upload.snapshot,

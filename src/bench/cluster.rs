@@ -18,9 +18,9 @@
 
 use super::nats_server::{tail, NatsServerGuard};
 use super::{proc_peak_rss_mb, run_fanout, seed_workspace, FanoutArgs, FanoutResult};
-use crate::remote::{CoordinatorClient, RemoteCoordinator};
 use crate::service;
 use anyhow::{bail, Context};
+use forkfleet_client::{ApiClient, Client};
 use forkfleet_shared::api::ForkView;
 use forkfleet_shared::bus::nats::NatsConfig;
 use forkfleet_shared::bus::Bus;
@@ -60,7 +60,7 @@ pub(super) struct Cluster {
     coordinator: tokio::task::JoinHandle<anyhow::Result<()>>,
     stop_tx: Option<tokio::sync::oneshot::Sender<()>>,
     workers: WorkerProcs,
-    client: Option<(Arc<dyn Bus>, CoordinatorClient)>,
+    client: Option<(Arc<dyn Bus>, Client)>,
 }
 
 /// What stopping a cluster found.
@@ -125,7 +125,7 @@ impl Cluster {
         env: &[(String, String)],
     ) -> anyhow::Result<()> {
         let client_bus = connect(url, "forkfleet-bench-client").await?;
-        let remote = CoordinatorClient::Remote(RemoteCoordinator::new(client_bus.clone()));
+        let remote = Client::remote(client_bus.clone());
         wait_api(&remote, &self.coordinator).await?;
         let n = workers.max(1);
         let exe = std::env::current_exe().context("cannot find this forkfleet binary")?;
@@ -145,7 +145,7 @@ impl Cluster {
     }
 
     /// The coordinator, as a client reaches it.
-    pub fn client(&self) -> anyhow::Result<&CoordinatorClient> {
+    pub fn client(&self) -> anyhow::Result<&Client> {
         self.client
             .as_ref()
             .map(|(_, c)| c)
@@ -283,7 +283,7 @@ async fn connect(url: &str, name: &str) -> anyhow::Result<Arc<dyn Bus>> {
 
 /// Until the coordinator's API answers a ping (it binds its subject as it starts).
 async fn wait_api(
-    remote: &CoordinatorClient,
+    remote: &Client,
     coordinator: &tokio::task::JoinHandle<anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + API_READY_TIMEOUT;

@@ -1,17 +1,18 @@
 //! The coordinator's API over request/reply: `forkfleet_coordinator::service::serve` and
-//! `forkfleet::remote::RemoteCoordinator` on a `LocalBus`, with real workers. Every
-//! request kind round-trips and answers what the coordinator handle answers directly;
-//! errors keep their kind; garbage and wrong versions are answered, never fatal.
+//! a `forkfleet_client::Client` on a `LocalBus`, with real workers. Every declared
+//! operation has a handler and answers the same through both transports (in process and
+//! over the bus); errors keep their kind; garbage and wrong versions are answered, never
+//! fatal.
 
 use super::harness::{slow_spec, Example};
-use forkfleet::client;
 use forkfleet::config::{Config, Layer};
-use forkfleet::remote::{ClientError, CoordinatorClient, RemoteCoordinator};
+use forkfleet_client::workspace as ws;
+use forkfleet_client::{ApiClient, Client, ClientError};
 use forkfleet_coordinator::service::ApiServer;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
 use forkfleet_shared::api::{
-    ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, CreateFork, ForkView, ParentRun,
-    API_SUBJECT,
+    self, ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, CreateFork, ForkView,
+    ParentRun, API_SUBJECT,
 };
 use forkfleet_shared::bus::local::LocalBus;
 use forkfleet_shared::bus::Bus;
@@ -34,7 +35,7 @@ struct System {
     _dir: tempfile::TempDir,
     bus: Arc<dyn Bus>,
     handle: CoordinatorHandle,
-    remote: CoordinatorClient,
+    remote: Client,
     coordinator: Option<Coordinator>,
     stops: Vec<oneshot::Sender<()>>,
     tasks: Vec<JoinHandle<()>>,
@@ -87,7 +88,7 @@ impl System {
         }
         Self {
             _dir: dir,
-            remote: CoordinatorClient::Remote(RemoteCoordinator::new(bus.clone())),
+            remote: Client::remote(bus.clone()),
             bus,
             handle,
             coordinator: Some(coordinator),
@@ -100,7 +101,7 @@ impl System {
     async fn create(&self, spec_path: &Path) -> ForkView {
         let loaded = spec::load(spec_path).unwrap();
         let blobs = self.bus.blobs();
-        let (_, upload) = client::upload_workspace(
+        let (_, upload) = ws::upload_workspace(
             blobs.as_ref(),
             &loaded.workspace,
             &loaded.exclude,
@@ -109,7 +110,7 @@ impl System {
         .await
         .unwrap();
         self.remote
-            .create_fork(CreateFork {
+            .call(CreateFork {
                 plan: loaded.plan,
                 parent: ParentRun::New,
                 snapshot: upload.snapshot,
@@ -412,7 +413,7 @@ async fn large_requests_and_replies_travel_as_blobs() {
         .bus
         .request(
             API_SUBJECT,
-            wire::encode(&ApiRequest::Fork { fork: view.fork_id }).unwrap(),
+            wire::encode(&ApiRequest::from(api::GetFork { fork: view.fork_id })).unwrap(),
             Duration::from_secs(10),
         )
         .await
@@ -428,9 +429,9 @@ async fn large_requests_and_replies_travel_as_blobs() {
         Ok(ApiReply::Fork(_))
     ));
     // ... and a stored request is read from its blob.
-    let inner = wire::encode(&ApiRequest::FindFork {
+    let inner = wire::encode(&ApiRequest::from(api::FindFork {
         prefix: view.fork_id.to_string(),
-    })
+    }))
     .unwrap();
     let hash = forkfleet_shared::blob::BlobHash::of(&inner);
     sys.bus.blobs().put(hash, inner).await.unwrap();
@@ -448,4 +449,182 @@ async fn large_requests_and_replies_travel_as_blobs() {
         Ok(ApiReply::ForkId(view.fork_id))
     );
     sys.stop().await;
+}
+
+/// One request of every declared operation, sent through both transports: the answers
+/// (replies or errors) are equal, none is a decode error or an unknown operation, and a
+/// new operation without a sample here fails the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_declared_operation_answers_alike_through_both_transports() {
+    use forkfleet_shared::ids::{ForkId, RunId};
+    let sys = System::start(1).await;
+    let ex = Example::quickstart();
+    let view = sys.create(&ex.spec()).await;
+    let settled = sys.remote.wait_settled(view.fork_id, LIMIT).await.unwrap();
+    let fork = settled.fork_id;
+    let run = settled.branches[0].run_id;
+    let (nofork, norun) = (ForkId::new(), RunId::new());
+    let bad_plan = {
+        let mut plan = spec::load(&ex.spec()).unwrap().plan;
+        plan.branches.clear();
+        plan
+    };
+    let samples: Vec<ApiRequest> = vec![
+        api::Ping.into(),
+        api::Forks.into(),
+        api::Accounts.into(),
+        api::CreateFork {
+            plan: bad_plan,
+            parent: ParentRun::New,
+            snapshot: view.snapshot,
+            workspace: None,
+        }
+        .into(),
+        api::AgentFork {
+            parent_run: norun,
+            cutoff_seq: 0,
+            snapshot: view.snapshot,
+            branches: vec![],
+            strategy: None,
+            aggregate_budget_usd: None,
+        }
+        .into(),
+        api::AgentMerge {
+            fork: nofork,
+            pick: "a".into(),
+            parent_run: norun,
+        }
+        .into(),
+        api::GetFork { fork }.into(),
+        api::FindFork {
+            prefix: fork.to_string()[..8].to_string(),
+        }
+        .into(),
+        api::WaitSettled {
+            fork,
+            timeout_ms: 1_000,
+        }
+        .into(),
+        api::Watch {
+            fork: nofork,
+            seen: None,
+            timeout_ms: 0,
+        }
+        .into(),
+        api::Diff {
+            fork,
+            options: DiffOptions::default(),
+        }
+        .into(),
+        api::Merge {
+            fork,
+            pick: "no-such-branch".into(),
+        }
+        .into(),
+        api::Terminate {
+            fork,
+            label: settled.branches[0].label.clone(),
+        }
+        .into(),
+        api::Abort { fork: nofork }.into(),
+        api::Steer {
+            fork,
+            label: "no-such-branch".into(),
+            text: "x".into(),
+        }
+        .into(),
+        api::Continue {
+            fork: nofork,
+            label: "a".into(),
+            text: "x".into(),
+        }
+        .into(),
+        api::RunEvents { run }.into(),
+        api::Checkpoints { run }.into(),
+        api::GetForkCost { fork }.into(),
+        api::Topup {
+            fork: nofork,
+            branch: None,
+            usd: 1.0,
+        }
+        .into(),
+        api::MoveBudget {
+            fork: nofork,
+            from: "a".into(),
+            to: "b".into(),
+            usd: 1.0,
+        }
+        .into(),
+        api::AccountSet {
+            name: "team".into(),
+            cap_usd: Some(5.0),
+        }
+        .into(),
+        api::Resolve {
+            fork: nofork,
+            strategy: None,
+        }
+        .into(),
+        api::FindRun {
+            prefix: run.to_string(),
+        }
+        .into(),
+        api::CheckpointSave {
+            run: norun,
+            label: "mine".into(),
+        }
+        .into(),
+        api::CheckpointRemove {
+            run: norun,
+            checkpoint: "mine".into(),
+        }
+        .into(),
+        api::CheckpointClear { run: norun }.into(),
+        api::Rewind {
+            run: norun,
+            checkpoint: "mine".into(),
+            dry_run: true,
+        }
+        .into(),
+        api::ForkCheckpoint {
+            run: norun,
+            checkpoint: "mine".into(),
+        }
+        .into(),
+        api::RunWorkspace { run: norun }.into(),
+    ];
+    let mut covered: Vec<&str> = samples.iter().map(ApiRequest::op).collect();
+    covered.sort_unstable();
+    let mut declared = api::OPERATIONS.to_vec();
+    declared.sort_unstable();
+    assert_eq!(
+        covered, declared,
+        "every declared operation needs a sample here"
+    );
+
+    let local = Client::in_process(sys.handle.clone(), sys.bus.clone());
+    for req in samples {
+        let op = req.op();
+        let here = local.request(req.clone(), LIMIT).await;
+        let there = sys.remote.request(req, LIMIT).await;
+        let (here, there) = (as_result(here), as_result(there));
+        assert_eq!(
+            here, there,
+            "`{op}` answers differently in process and over the bus"
+        );
+        if let Err(e) = &here {
+            assert!(
+                !e.message.contains("malformed") && !e.message.contains("unknown variant"),
+                "`{op}` did not reach its handler: {e:?}"
+            );
+        }
+    }
+    sys.stop().await;
+}
+
+fn as_result(r: Result<ApiReply, ClientError>) -> Result<ApiReply, ApiError> {
+    r.map_err(|e| match e.api() {
+        Some(e) => e.clone(),
+        None => panic!("a transport error: {e}"),
+    })
 }

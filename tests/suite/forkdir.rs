@@ -4,7 +4,7 @@
 
 use super::harness::{branch, forkfleet, forkfleet_env, json, path_str, run_spec, stderr, Example};
 use bytes::Bytes;
-use forkfleet::forkdir;
+use forkfleet_client::forkdir;
 use forkfleet_shared::api::{BranchView, ForkView};
 use forkfleet_shared::blob::{BlobHash, MemBlobStore};
 use forkfleet_shared::diff::{

@@ -4,9 +4,9 @@
 
 use super::fleet::{Fleet, Options, COMMAND_LIMIT, POLL};
 use super::harness::{branch, forkfleet, json, path_str, stderr, Example};
-use forkfleet::client;
 use forkfleet::embedded::{Embedded, EmbeddedOptions};
-use forkfleet::remote::{ClientError, CoordinatorClient};
+use forkfleet_client::workspace as ws;
+use forkfleet_client::{ApiClient, Client, ClientError};
 use forkfleet_shared::api::{ApiErrorKind, CreateFork, ForkView, LoggedEvent, ParentRun};
 use forkfleet_shared::diff::DiffOptions;
 use forkfleet_shared::event::{messages_from_events, Event, Message};
@@ -65,9 +65,9 @@ fn spec_with(ex: &Example, calls: u32) -> PathBuf {
     ))
 }
 
-async fn create(coord: &CoordinatorClient, spec_path: &Path) -> ForkView {
+async fn create(coord: &Client, spec_path: &Path) -> ForkView {
     let loaded = spec::load(spec_path).unwrap();
-    let (_, upload) = client::upload_workspace(
+    let (_, upload) = ws::upload_workspace(
         coord.blobs().as_ref(),
         &loaded.workspace,
         &loaded.exclude,
@@ -76,7 +76,7 @@ async fn create(coord: &CoordinatorClient, spec_path: &Path) -> ForkView {
     .await
     .unwrap();
     coord
-        .create_fork(CreateFork {
+        .call(CreateFork {
             plan: loaded.plan,
             parent: ParentRun::New,
             snapshot: upload.snapshot,
@@ -87,11 +87,7 @@ async fn create(coord: &CoordinatorClient, spec_path: &Path) -> ForkView {
 }
 
 /// Follow the fork until `done` holds for its view (bounded by [`LIMIT`]).
-async fn until(
-    coord: &CoordinatorClient,
-    id: ForkId,
-    done: impl Fn(&ForkView) -> bool,
-) -> ForkView {
+async fn until(coord: &Client, id: ForkId, done: impl Fn(&ForkView) -> bool) -> ForkView {
     tokio::time::timeout(LIMIT, async {
         let mut seen = None;
         loop {
@@ -123,7 +119,7 @@ fn refused<T: std::fmt::Debug>(result: Result<T, ClientError>, kind: ApiErrorKin
 
 /// An embedded system (real workers, the scripted model) over `ex`'s data, its client,
 /// and a fork of [`spec`] made through it.
-async fn start(ex: &Example) -> (Embedded, CoordinatorClient, ForkId) {
+async fn start(ex: &Example) -> (Embedded, Client, ForkId) {
     let system = Embedded::start_with_usage_log(&ex.data(), EmbeddedOptions::default(), None)
         .await
         .unwrap();

@@ -16,10 +16,8 @@
 use crate::cache::BlobCache;
 use crate::provider::ToolSpec;
 use crate::tools::ToolOutcome;
-use forkfleet_shared::api::{
-    AgentBranch, AgentFork, ApiReply, ApiRequest, ForkView, MergeOutcome, API_SUBJECT,
-};
-use forkfleet_shared::apicall::{self, CallError};
+use forkfleet_shared::api::{AgentBranch, ApiClient, ForkView, MergeOutcome};
+use forkfleet_shared::apicall::{BusApi, CallError};
 use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{render_summary, DiffOptions};
 use forkfleet_shared::event::{Event, ToolCall};
@@ -33,7 +31,6 @@ use forkfleet_shared::state::ForkState;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::OnceLock;
-use std::time::Duration;
 
 pub const FORK_RUN: &str = "fork_run";
 pub const INSPECT_BRANCHES: &str = "inspect_branches";
@@ -52,12 +49,6 @@ pub const FORK_TOOL_NAMES: &[&str] = &[
     FORK_COST,
 ];
 
-/// Bound of one quick call to the coordinator.
-const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-/// Bound of a call that does work (create, diff, merge).
-const WORK_TIMEOUT: Duration = Duration::from_secs(120);
-/// Bound of a resolve (`merge_or_select("auto")`): tests and judges run.
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3600);
 /// The longest `inspect_branches` waits for the branches to finish.
 pub const MAX_WAIT_S: f64 = 600.0;
 /// Characters of a diff summary returned to the model.
@@ -173,18 +164,17 @@ impl AgentForks {
             .put(bytes)
             .await
             .map_err(|e| format!("cannot store the workspace snapshot: {e}"))?;
-        let req = ApiRequest::AgentFork(Box::new(AgentFork {
-            parent_run: cx.run_id,
-            cutoff_seq: cx.cutoff_seq,
-            snapshot,
-            branches: a.branches,
-            strategy,
-            aggregate_budget_usd: a.aggregate_budget_usd,
-        }));
-        let view = match call(cx.bus, req, WORK_TIMEOUT).await? {
-            ApiReply::Fork(view) => view,
-            other => return Err(unexpected(FORK_RUN, &other)),
-        };
+        let view = BusApi::new(cx.bus)
+            .agent_fork(
+                cx.run_id,
+                cx.cutoff_seq,
+                snapshot,
+                a.branches,
+                strategy,
+                a.aggregate_budget_usd,
+            )
+            .await
+            .map_err(CallError::message)?;
         self.current = Some(view.fork_id);
         tracing::info!(fork.id = %view.fork_id, branches = view.branches.len(), "agent forked");
         Ok(json!({
@@ -207,15 +197,8 @@ impl AgentForks {
         };
         let view = if wait_s > 0.0 {
             let timeout_ms = (wait_s * 1000.0) as u64;
-            let req = ApiRequest::WaitSettled { fork, timeout_ms };
-            match call(
-                cx.bus,
-                req,
-                Duration::from_millis(timeout_ms) + CALL_TIMEOUT,
-            )
-            .await
-            {
-                Ok(ApiReply::Fork(view)) => view,
+            match BusApi::new(cx.bus).wait_settled(fork, timeout_ms).await {
+                Ok(view) => view,
                 // Not settled in time: say where the branches are.
                 _ => fork_view(cx.bus, fork).await?,
             }
@@ -227,30 +210,25 @@ impl AgentForks {
 
     async fn merge_or_select(&mut self, args: &Value, cx: ForkCall<'_>) -> Result<String, String> {
         let fork = self.target(args)?;
+        let api = BusApi::new(cx.bus);
         let action = args
             .get("action")
             .and_then(Value::as_str)
             .ok_or_else(|| "`action` is required: pick:<label>, auto or abort".to_string())?;
         if action == "abort" {
-            return match call(cx.bus, ApiRequest::Abort { fork }, CALL_TIMEOUT).await? {
-                ApiReply::Abort(a) => Ok(json!({
-                    "fork_id": fork.to_string(),
-                    "aborted": true,
-                    "terminated": a.terminated,
-                })
-                .to_string()),
-                other => Err(unexpected(MERGE_OR_SELECT, &other)),
-            };
+            let a = api.abort(fork).await.map_err(CallError::message)?;
+            return Ok(json!({
+                "fork_id": fork.to_string(),
+                "aborted": true,
+                "terminated": a.terminated,
+            })
+            .to_string());
         }
         let pick = if action == "auto" {
-            let req = ApiRequest::Resolve {
-                fork,
-                strategy: Some(Strategy::Auto),
-            };
-            let report = match call(cx.bus, req, RESOLVE_TIMEOUT).await? {
-                ApiReply::Resolve(r) => r,
-                other => return Err(unexpected(MERGE_OR_SELECT, &other)),
-            };
+            let report = api
+                .resolve(fork, Some(Strategy::Auto))
+                .await
+                .map_err(CallError::message)?;
             match &report.decision {
                 Decision::Commit { winner, .. } => winner.clone(),
                 other => {
@@ -266,15 +244,10 @@ impl AgentForks {
                 "action `{action}` is not valid: pick:<label>, auto or abort"
             ));
         };
-        let req = ApiRequest::AgentMerge {
-            fork,
-            pick,
-            parent_run: cx.run_id,
-        };
-        let outcome = match call(cx.bus, req, WORK_TIMEOUT).await? {
-            ApiReply::Merge(m) => m,
-            other => return Err(unexpected(MERGE_OR_SELECT, &other)),
-        };
+        let outcome = api
+            .agent_merge(fork, pick, cx.run_id)
+            .await
+            .map_err(CallError::message)?;
         apply_merge(&outcome, cx.overlay, cx.blobs).await
     }
 
@@ -286,15 +259,16 @@ impl AgentForks {
             .and_then(Value::as_str)
             .ok_or_else(|| "`label` is required: the branch to stop".to_string())?
             .to_string();
-        match call(cx.bus, ApiRequest::Terminate { fork, label }, CALL_TIMEOUT).await? {
-            ApiReply::Terminate(t) => Ok(json!({
-                "label": t.label,
-                "state": t.state.as_str(),
-                "stopped": t.sent,
-            })
-            .to_string()),
-            other => Err(unexpected(TERMINATE_BRANCH, &other)),
-        }
+        let t = BusApi::new(cx.bus)
+            .terminate(fork, label)
+            .await
+            .map_err(CallError::message)?;
+        Ok(json!({
+            "label": t.label,
+            "state": t.state.as_str(),
+            "stopped": t.sent,
+        })
+        .to_string())
     }
 
     async fn diff(&mut self, args: &Value, cx: ForkCall<'_>) -> Result<String, String> {
@@ -317,18 +291,20 @@ impl AgentForks {
             paths,
             ..DiffOptions::default()
         };
-        match call(cx.bus, ApiRequest::Diff { fork, options }, WORK_TIMEOUT).await? {
-            ApiReply::Diff(report) => Ok(cut(render_summary(&report), MAX_DIFF_CHARS)),
-            other => Err(unexpected(DIFF_BRANCHES, &other)),
-        }
+        let report = BusApi::new(cx.bus)
+            .diff(fork, options)
+            .await
+            .map_err(CallError::message)?;
+        Ok(cut(render_summary(&report), MAX_DIFF_CHARS))
     }
 
     async fn cost(&mut self, args: &Value, cx: ForkCall<'_>) -> Result<String, String> {
         let fork = self.target(args)?;
-        match call(cx.bus, ApiRequest::ForkCost { fork }, CALL_TIMEOUT).await? {
-            ApiReply::Cost(cost) => serde_json::to_string(&cost).map_err(|e| e.to_string()),
-            other => Err(unexpected(FORK_COST, &other)),
-        }
+        let cost = BusApi::new(cx.bus)
+            .fork_cost(fork)
+            .await
+            .map_err(CallError::message)?;
+        serde_json::to_string(&cost).map_err(|e| e.to_string())
     }
 }
 
@@ -368,27 +344,11 @@ async fn apply_merge(
     .to_string())
 }
 
-async fn call(bus: &dyn Bus, req: ApiRequest, timeout: Duration) -> Result<ApiReply, String> {
-    apicall::call(bus, API_SUBJECT, req, timeout)
-        .await
-        .map_err(|e| match e {
-            CallError::Api(e) => e.message,
-            other => other.to_string(),
-        })
-}
-
 async fn fork_view(bus: &dyn Bus, fork: ForkId) -> Result<ForkView, String> {
-    match call(bus, ApiRequest::Fork { fork }, CALL_TIMEOUT).await? {
-        ApiReply::Fork(view) => Ok(view),
-        other => Err(unexpected(INSPECT_BRANCHES, &other)),
-    }
-}
-
-fn unexpected(tool: &str, reply: &ApiReply) -> String {
-    format!(
-        "{tool}: the coordinator answered `{}` unexpectedly",
-        reply.name()
-    )
+    BusApi::new(bus)
+        .fork(fork)
+        .await
+        .map_err(CallError::message)
 }
 
 fn parse<T: serde::de::DeserializeOwned>(tool: &str, args: &Value) -> Result<T, String> {

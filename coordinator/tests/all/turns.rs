@@ -3,9 +3,9 @@
 
 use crate::support::*;
 use bytes::Bytes;
-use forkfleet_coordinator::service::dispatch;
 use forkfleet_coordinator::{CoordinatorError, CoordinatorHandle};
-use forkfleet_shared::api::{ApiErrorKind, ApiRequest, ForkView, ParentRun};
+use forkfleet_shared::api::dispatch;
+use forkfleet_shared::api::{ApiErrorKind, ApiRequest, ForkView, ParentRun, Steer};
 use forkfleet_shared::bus::Delivery;
 use forkfleet_shared::diff::DiffOptions;
 use forkfleet_shared::event::{Event, ToolCall};
@@ -128,11 +128,11 @@ async fn a_steer_reaches_only_the_branch_named_and_only_while_it_runs() {
         matches!(&err, CoordinatorError::UnknownLabel { valid, .. } if valid == "a, b"),
         "{err}"
     );
-    let req = ApiRequest::Steer {
+    let req = ApiRequest::from(Steer {
         fork: id,
         label: "nope".into(),
         text: "go right".into(),
-    };
+    });
     let err = within(dispatch(&h, req)).await.unwrap_err();
     assert_eq!(err.kind, ApiErrorKind::NotFound, "{err:?}");
     assert!(err.message.contains("a, b"), "{}", err.message);

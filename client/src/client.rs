@@ -1,0 +1,249 @@
+//! Talking to a coordinator: [`Client`] is what every front end uses. It is an
+//! [`ApiClient`], so it has one method per API operation (`client.merge(fork, "a")`, see
+//! `forkfleet_shared::api::ops`), each one request through a [`Transport`]: the bus's
+//! request/reply to a coordinator anywhere ([`BusTransport`]), or a handler in this process
+//! ([`InProcess`], the embedded mode), so every command works unchanged, errors included,
+//! against either.
+//!
+//! Every call is bounded: by the operation's own timeout ([`Operation::timeout`]); a
+//! waiting operation asks the coordinator to hold it at most `MAX_API_WAIT_MS`.
+//!
+//! Four methods wrap the generated ones with client-side behaviour, and shadow them on
+//! [`Client`]: [`Client::find_fork`] and [`Client::find_run`] need no round trip for a full
+//! id, [`Client::wait_settled`] asks again until its own deadline, and [`Client::watch`]
+//! takes a [`Duration`].
+
+use async_trait::async_trait;
+use forkfleet_shared::api::{
+    dispatch, ApiClient, ApiError, ApiErrorKind, ApiHandler, ApiReply, ApiRequest, ForkView,
+    ForkWatch, Operation, API_SUBJECT, MAX_API_WAIT_MS,
+};
+use forkfleet_shared::apicall::{self, CallError};
+use forkfleet_shared::blob::BlobStore;
+use forkfleet_shared::bus::Bus;
+use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::protocol::WorkerInfo;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Why a call to a coordinator failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The coordinator answered with an error (embedded or remote alike), could not be
+    /// reached, or answered something unexpected.
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// The command needs something only a cluster has.
+    #[error("{0}")]
+    NeedsCluster(&'static str),
+}
+
+impl From<ApiError> for ClientError {
+    fn from(e: ApiError) -> Self {
+        ClientError::Call(CallError::Api(e))
+    }
+}
+
+impl ClientError {
+    /// True when the request can be fixed by the user (exit code 2).
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            ClientError::Call(CallError::Api(e)) => e.is_bad_input(),
+            ClientError::NeedsCluster(_) => true,
+            _ => false,
+        }
+    }
+
+    /// The API error the coordinator answered with, if that is what this is.
+    pub fn api(&self) -> Option<&ApiError> {
+        match self {
+            ClientError::Call(CallError::Api(e)) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// How a request reaches a coordinator and its answer comes back.
+#[async_trait]
+pub trait Transport: Send + Sync {
+    /// Send one request and wait at most `timeout` for its answer.
+    async fn request(&self, req: ApiRequest, timeout: Duration) -> Result<ApiReply, CallError>;
+}
+
+/// A coordinator serving a subject of a bus (NATS in a cluster).
+pub struct BusTransport {
+    bus: Arc<dyn Bus>,
+    subject: String,
+}
+
+impl BusTransport {
+    pub fn new(bus: Arc<dyn Bus>, subject: &str) -> Self {
+        Self {
+            bus,
+            subject: subject.to_string(),
+        }
+    }
+}
+
+#[async_trait]
+impl Transport for BusTransport {
+    async fn request(&self, req: ApiRequest, timeout: Duration) -> Result<ApiReply, CallError> {
+        apicall::call(self.bus.as_ref(), &self.subject, req, timeout).await
+    }
+}
+
+/// A coordinator in this process: each request goes straight to its handler
+/// (`forkfleet_shared::api::dispatch`), with no encoding and no bus.
+pub struct InProcess<H> {
+    handler: H,
+}
+
+impl<H: ApiHandler + 'static> InProcess<H> {
+    pub fn new(handler: H) -> Self {
+        Self { handler }
+    }
+}
+
+#[async_trait]
+impl<H: ApiHandler + 'static> Transport for InProcess<H> {
+    async fn request(&self, req: ApiRequest, timeout: Duration) -> Result<ApiReply, CallError> {
+        let op = req.op();
+        match tokio::time::timeout(timeout, dispatch(&self.handler, req)).await {
+            Ok(reply) => reply.map_err(CallError::Api),
+            Err(_) => Err(CallError::Api(ApiError::new(
+                ApiErrorKind::Failure,
+                format!("`{op}` did not finish within {} ms", timeout.as_millis()),
+            ))),
+        }
+    }
+}
+
+/// The coordinator a front end talks to, and the bus its blobs and workers are on.
+#[derive(Clone)]
+pub struct Client {
+    transport: Arc<dyn Transport>,
+    bus: Arc<dyn Bus>,
+    remote: bool,
+}
+
+impl Client {
+    /// The coordinator serving [`API_SUBJECT`] on `bus`.
+    pub fn remote(bus: Arc<dyn Bus>) -> Self {
+        Self::on_subject(bus, API_SUBJECT)
+    }
+
+    /// The coordinator serving `subject` on `bus` (several coordinators on one bus, tests).
+    pub fn on_subject(bus: Arc<dyn Bus>, subject: &str) -> Self {
+        Self {
+            transport: Arc::new(BusTransport::new(bus.clone(), subject)),
+            bus,
+            remote: true,
+        }
+    }
+
+    /// A coordinator in this process (`handler`), whose workers are on `bus`.
+    pub fn in_process<H: ApiHandler + 'static>(handler: H, bus: Arc<dyn Bus>) -> Self {
+        Self {
+            transport: Arc::new(InProcess::new(handler)),
+            bus,
+            remote: false,
+        }
+    }
+
+    /// True when the coordinator is reached over a bus (a cluster), not in this process.
+    pub fn is_remote(&self) -> bool {
+        self.remote
+    }
+
+    /// Where the client uploads blobs and reads merge results.
+    pub fn blobs(&self) -> Arc<dyn BlobStore> {
+        self.bus.blobs()
+    }
+
+    /// The bus the client is on (the in-process one when embedded).
+    pub fn bus(&self) -> &Arc<dyn Bus> {
+        &self.bus
+    }
+
+    /// Send one request as it is and wait at most `timeout` for its answer.
+    pub async fn request(
+        &self,
+        req: ApiRequest,
+        timeout: Duration,
+    ) -> Result<ApiReply, ClientError> {
+        Ok(self.transport.request(req, timeout).await?)
+    }
+
+    /// A fork by full id (no round trip, so it works while the coordinator is away: an
+    /// unknown one is reported by the call that uses it) or unique prefix.
+    pub async fn find_fork(&self, prefix: &str) -> Result<ForkId, ClientError> {
+        match prefix.trim().parse::<ForkId>() {
+            Ok(id) => Ok(id),
+            Err(_) => ApiClient::find_fork(self, prefix).await,
+        }
+    }
+
+    /// A run by full id (no round trip) or unique prefix.
+    pub async fn find_run(&self, prefix: &str) -> Result<RunId, ClientError> {
+        match prefix.trim().parse::<RunId>() {
+            Ok(id) => Ok(id),
+            Err(_) => ApiClient::find_run(self, prefix).await,
+        }
+    }
+
+    /// The view once nothing runs (every branch is terminal, or paused by a budget cap
+    /// waiting for a top-up), waiting at most `timeout` (asking again every
+    /// `MAX_API_WAIT_MS`).
+    pub async fn wait_settled(
+        &self,
+        fork: ForkId,
+        timeout: Duration,
+    ) -> Result<ForkView, ClientError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let wait = left.min(Duration::from_millis(MAX_API_WAIT_MS));
+            let asked = Instant::now();
+            match ApiClient::wait_settled(self, fork, wait.as_millis() as u64).await {
+                Ok(view) => return Ok(view),
+                // Not settled within this round (the coordinator answers a timeout only
+                // after the whole wait): ask again while time is left.
+                Err(ClientError::Call(CallError::Api(e)))
+                    if e.kind == ApiErrorKind::Failure
+                        && asked.elapsed() >= wait
+                        && Instant::now() < deadline =>
+                {
+                    tracing::debug!(error = %e.message, "api.wait_settled: asking again");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The view once its version differs from `seen`, or after `wait` (capped at
+    /// `MAX_API_WAIT_MS`).
+    pub async fn watch(
+        &self,
+        fork: ForkId,
+        seen: Option<u64>,
+        wait: Duration,
+    ) -> Result<ForkWatch, ClientError> {
+        ApiClient::watch(self, fork, seen, wait.as_millis() as u64).await
+    }
+
+    /// The live workers (from their heartbeats on the bus, not from the coordinator).
+    pub async fn workers(&self) -> Result<Vec<WorkerInfo>, ClientError> {
+        Ok(self.bus.workers().await.map_err(CallError::from)?)
+    }
+}
+
+impl ApiClient for Client {
+    type Error = ClientError;
+
+    async fn call<O: Operation>(&self, op: O) -> Result<O::Reply, ClientError> {
+        let timeout = op.timeout();
+        let reply = self.transport.request(op.into(), timeout).await?;
+        O::from_reply(reply)
+            .map_err(|got| ClientError::Call(CallError::UnexpectedReply { op: O::NAME, got }))
+    }
+}

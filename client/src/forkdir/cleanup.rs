@@ -1,0 +1,92 @@
+//! Removing the fork directory after a merge.
+
+use super::*;
+
+/// What [`remove_after_merge`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cleanup {
+    /// The fork directory was removed (with `.forkfleet/forks` and `.forkfleet` when they
+    /// were left empty).
+    Removed(PathBuf),
+    /// `keep_artifacts` is set: the directory stays.
+    Kept(PathBuf),
+    /// There was nothing to remove (no workspace, or no directory).
+    Absent,
+}
+
+/// Remove the fork directory of a fork that has been **merged**, unless its plan says
+/// `keep_artifacts`.
+///
+/// Contract, for every path that merges (`fork merge`, `run --pick`, an automatic merge
+/// by the resolve path):
+/// - call it only after the merge has committed in the coordinator (and after any live
+///   sync of the fork has finished: a sync running afterwards would recreate the
+///   directory); `view` may be read before or after the merge, only its `fork_id`,
+///   `workspace` and `keep_artifacts` are used;
+/// - it touches nothing but `<workspace>/.forkfleet/forks/<fork id>/` (never following a
+///   symbolic link) and then removes `.forkfleet/forks/` and `.forkfleet/` only if they
+///   are empty;
+/// - it is idempotent: a second call (or a fork without a workspace, or a workspace not
+///   on this machine) answers [`Cleanup::Absent`];
+/// - an error means the directory could not be removed; the merge itself stands, so
+///   callers report it as a warning ([`cleanup_after_merge`] does) and never fail the
+///   merge for it.
+pub fn remove_after_merge(view: &ForkView) -> anyhow::Result<Cleanup> {
+    let Some(ws) = view.workspace.as_deref() else {
+        return Ok(Cleanup::Absent);
+    };
+    let ws = Path::new(ws);
+    let dir = fork_dir(ws, view.fork_id)?;
+    if view.keep_artifacts {
+        return Ok(if dir.is_dir() {
+            Cleanup::Kept(dir)
+        } else {
+            Cleanup::Absent
+        });
+    }
+    // Never through a link: every directory from the workspace down must be real.
+    let id = view.fork_id.to_string();
+    let mut cur = ws.to_path_buf();
+    let mut chain = Vec::new();
+    for part in FORKS_DIR
+        .iter()
+        .copied()
+        .chain(std::iter::once(id.as_str()))
+    {
+        cur.push(part);
+        match std::fs::symlink_metadata(&cur) {
+            Ok(m) if m.is_dir() => chain.push(cur.clone()),
+            Ok(m) if m.file_type().is_symlink() => anyhow::bail!(
+                "`{}` is a symbolic link; not removing the fork directory through it",
+                cur.display()
+            ),
+            _ => return Ok(Cleanup::Absent),
+        }
+    }
+    std::fs::remove_dir_all(&dir)
+        .with_context(|| format!("cannot remove the fork directory `{}`", dir.display()))?;
+    // `.forkfleet/forks`, then `.forkfleet`: only when empty (a data dir keeps its files).
+    chain.pop();
+    for d in chain.iter().rev() {
+        if std::fs::remove_dir(d).is_err() {
+            break;
+        }
+    }
+    Ok(Cleanup::Removed(dir))
+}
+
+/// After a merge of `fork` committed: [`remove_after_merge`] with the fork's view, any
+/// error printed as a warning on stderr (the merge stands either way).
+pub async fn cleanup_after_merge(coord: &Client, fork: ForkId) -> Option<Cleanup> {
+    let result = match coord.fork(fork).await {
+        Ok(view) => remove_after_merge(&view),
+        Err(e) => Err(e.into()),
+    };
+    match result {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("warning: the fork directory was not removed: {e:#}");
+            None
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! # forkfleet-client
+//!
+//! Everything a front end (the CLI today; an HTTP API, a console or a Python client
+//! tomorrow) does around a coordinator, on top of `forkfleet-shared` alone: it never
+//! reaches into the coordinator's or the workers' crates.
+//!
+//! ## Layout
+//! - [`client`]: [`Client`], one method per API operation (the [`ApiClient`] trait the
+//!   API declaration generates), over a [`Transport`]: the bus's request/reply
+//!   ([`client::BusTransport`]) or a handler in this process ([`client::InProcess`], the
+//!   embedded mode).
+//! - [`workspace`]: snapshot and upload a workspace; apply a merge or a rewind to a real
+//!   directory.
+//! - [`forkdir`]: the materialised fork directory (`.forkfleet/forks/<id>/`), split by job:
+//!   names and paths, layout, sync, live sync, cleanup after a merge, `fork open` with its
+//!   diff tools, the terminal diff.
+//! - [`watch`]: following a fork while it runs (bounded watches, progress lines).
+//! - [`render`]: tables, texts and `--json` documents of forks, costs, diffs and merges.
+//!
+//! A typical embedded front end: `Client::in_process(coordinator_handle, bus)`; a cluster
+//! one: `Client::remote(nats_bus)`. Then `client.create_fork(..)`, `watch::follow(..)`,
+//! `client.merge(fork, "label")`, `workspace::apply_merge(..)`.
+
+pub mod client;
+pub mod forkdir;
+pub mod render;
+pub mod watch;
+pub mod workspace;
+
+pub use client::{Client, ClientError, Transport};
+pub use forkfleet_shared::api::ApiClient;
+
+/// An error caused by the user's input (a path, a name, a template): exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);

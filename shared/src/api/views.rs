@@ -1,0 +1,316 @@
+//! What the API's operations answer with: views of forks, branches, runs and checkpoints,
+//! and the outcome of each command. Plain data, carried in [`super::ApiReply`].
+
+use crate::blob::BlobHash;
+use crate::event::Usage;
+use crate::flush::FlushReport;
+use crate::ids::{CheckpointId, ForkId, RunId};
+use crate::overlay::ChangeOp;
+use crate::state::{BranchState, ForkState};
+use serde::{Deserialize, Serialize};
+
+/// Where a fork's parent run comes from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ParentRun {
+    /// A new root run made of the plan's system prompt, history and goal.
+    New,
+    /// An existing run, forked at the end of its log.
+    Existing { run_id: RunId },
+    /// A branch run forked by its own agent (the fork tools): the branches get its history
+    /// up to `cutoff_seq` (the events before the model response that asked for the fork),
+    /// once the coordinator's copy of its log has reached that seq.
+    Branch { run_id: RunId, cutoff_seq: u64 },
+}
+
+/// One branch an agent asks for with `fork_run`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentBranch {
+    pub label: String,
+    pub steer: String,
+    /// A model the parent fork configures (the parent branch's model when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_usd: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_instructions: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BranchView {
+    pub label: String,
+    pub run_id: RunId,
+    pub state: BranchState,
+    pub error: Option<String>,
+    /// Model calls made by the branch.
+    pub turns: u32,
+    pub usage: Usage,
+    pub cost_usd: f64,
+    /// Entries in the branch's change log.
+    pub changes: usize,
+    /// Events in the branch's log.
+    pub events: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkView {
+    pub fork_id: ForkId,
+    pub parent_run: RunId,
+    pub goal: String,
+    pub state: ForkState,
+    pub created_at_ms: u64,
+    pub snapshot: BlobHash,
+    pub workspace: Option<String>,
+    pub branches: Vec<BranchView>,
+    /// The plan's `keep_artifacts`: keep the materialised fork directory after a merge
+    /// (false from a coordinator that predates it).
+    #[serde(default)]
+    pub keep_artifacts: bool,
+}
+
+impl ForkView {
+    pub fn total_cost_usd(&self) -> f64 {
+        self.branches.iter().map(|b| b.cost_usd).sum()
+    }
+
+    pub fn settled(&self) -> bool {
+        self.branches.iter().all(|b| b.state.is_terminal())
+    }
+
+    /// Nothing runs: every branch has finished or is paused.
+    pub fn quiet(&self) -> bool {
+        self.branches.iter().all(|b| b.state.is_stopped())
+    }
+
+    pub fn branch(&self, label: &str) -> Option<&BranchView> {
+        self.branches.iter().find(|b| b.label == label)
+    }
+}
+
+/// The result of merging a winner into its fork's parent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MergeOutcome {
+    pub fork_id: ForkId,
+    pub winner: String,
+    pub winner_run: RunId,
+    pub parent_run: RunId,
+    /// The flush of the winner's change log onto the parent's workspace version.
+    pub report: FlushReport,
+    /// The winner's change log, for clients applying the merge to a directory.
+    pub changes: Vec<ChangeOp>,
+    /// The fork-time snapshot (conflicts are detected against it).
+    pub fork_snapshot: BlobHash,
+    /// The parent's workspace version after the merge (a `Manifest` blob).
+    pub merged_snapshot: BlobHash,
+    /// The checkpoint saved after the merge (`post-fork:<fork id>`); empty for a merge
+    /// into a running agent's branch (the agent applies it).
+    pub checkpoint: String,
+    /// The plan's conflict policy (the agent applying an agent merge uses it).
+    #[serde(default)]
+    pub conflict_policy: crate::flush::ConflictPolicy,
+    /// Merged into the branch whose agent made the fork (ADR 14), not into a root run's
+    /// workspace: there is nothing to apply to a directory.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub into_branch: bool,
+    /// The winner's last answer (an agent merge hands it to the agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+}
+
+/// A checkpoint: a history position and a workspace version of one run.
+///
+/// The history is the run's conversation as it was at `seq` (rewinds before `seq`
+/// honoured, see [`crate::event::history_at`]); the workspace version is `snapshot` with
+/// the run's `file_change` events on that history after `base_seq` replayed onto it. A
+/// root run's checkpoints have `base_seq == seq` (their snapshot is the whole version); a
+/// branch run's have the fork snapshot and `base_seq == 0`, so saving one builds no
+/// manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointView {
+    /// Unique per run; UUID v7, so ids sort in creation order. (Checkpoints stored before
+    /// ids were in the record get theirs from the store's key.)
+    #[serde(default)]
+    pub id: CheckpointId,
+    pub run_id: RunId,
+    pub label: String,
+    /// The last event of the run the checkpoint includes.
+    pub seq: u64,
+    pub snapshot: BlobHash,
+    pub created_at_ms: u64,
+    /// File changes of the run after this seq (on the checkpoint's history) belong to
+    /// the version; see above.
+    #[serde(default)]
+    pub base_seq: u64,
+    /// Model calls the run had made at `seq`.
+    #[serde(default)]
+    pub turn: u32,
+    #[serde(default)]
+    pub kind: CheckpointKind,
+    /// Free-form details (`tool`: the tool of a `tool-N-...` checkpoint; `source_run`,
+    /// `source_checkpoint`: where a run made by `checkpoint fork` came from).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: std::collections::BTreeMap<String, String>,
+}
+
+/// How a checkpoint came to be. Automatic ones are evicted beyond the fork's
+/// `max_checkpoints`; named ones (`fork:`, `post-fork:`, `from:`, saved by hand) never are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointKind {
+    #[default]
+    Named,
+    Auto,
+}
+
+impl CheckpointKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckpointKind::Named => "named",
+            CheckpointKind::Auto => "auto",
+        }
+    }
+}
+
+/// A fork's view and the version it was read at. The version changes whenever the view
+/// does (a batch of events applied, a merge, a terminate, an abort); it starts again from
+/// 0 when the coordinator restarts, so a watcher compares it for equality, not order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkWatch {
+    pub version: u64,
+    pub view: ForkView,
+}
+
+/// What a terminate request did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TerminateOutcome {
+    pub fork_id: ForkId,
+    pub label: String,
+    pub run_id: RunId,
+    /// The branch's state when the request arrived.
+    pub state: BranchState,
+    /// True when a terminate command was sent; false when the branch had already finished.
+    pub sent: bool,
+}
+
+/// What a steer request did: the message was sent to the branch's worker, which applies
+/// it (a `steer` event in the branch's log) before its next model call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SteerOutcome {
+    pub fork_id: ForkId,
+    pub label: String,
+    pub run_id: RunId,
+    /// The branch's state when the request arrived (`pending` or `running`).
+    pub state: BranchState,
+    /// The task attempt the message is addressed to (a later attempt ignores it).
+    pub attempt: u32,
+}
+
+/// What a continue request did: a `follow_up` event appended to a finished branch's log,
+/// which re-opened it, and its task enqueued again (ADR 13).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContinueOutcome {
+    pub fork_id: ForkId,
+    pub label: String,
+    pub run_id: RunId,
+    /// The state the branch had finished in (`done`, `failed` or `terminated`).
+    pub previous: BranchState,
+    /// The seq of the `follow_up` event.
+    pub seq: u64,
+    /// The branch after the request (state `pending` until a worker takes it).
+    pub branch: BranchView,
+    /// The fork's state after the request (`open` again).
+    pub fork_state: ForkState,
+}
+
+/// What an abort request did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AbortOutcome {
+    /// The branches a terminate command was sent to (those not yet terminal).
+    pub terminated: Vec<String>,
+    /// False when the fork was already aborted (nothing changed).
+    pub changed: bool,
+    pub view: ForkView,
+}
+
+/// One event of a run's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoggedEvent {
+    pub seq: u64,
+    pub event: crate::event::Event,
+}
+
+/// What the coordinator says about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    /// The coordinator's crate version.
+    pub version: String,
+    /// The wire envelope version it speaks.
+    pub wire_version: u16,
+}
+
+/// What resolving a fork found and did: the tests on every branch, each judge's verdict,
+/// the confidence behind the pick, the strategy's decision and, when it committed, the
+/// merge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResolveReport {
+    pub fork_id: ForkId,
+    pub strategy: crate::resolve::Strategy,
+    pub formula: crate::resolve::ConfidenceFormula,
+    /// One per branch when the plan has a test command, in branch order.
+    pub tests: Vec<crate::protocol::TestRun>,
+    /// One per judge model, in the plan's order.
+    pub judges: Vec<JudgedBy>,
+    /// The diff report's agreement score.
+    pub agreement_score: f64,
+    pub decision: crate::resolve::Decision,
+    /// Present when the decision was a commit.
+    pub merge: Option<MergeOutcome>,
+    /// The judges' usage and cost together (not part of any branch's spend).
+    pub judge_usage: Usage,
+    pub judge_cost_usd: f64,
+    pub resolved_at_ms: u64,
+}
+
+/// One judge's run, with the confidence its pick scored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JudgedBy {
+    pub run: crate::protocol::JudgeRun,
+    /// The signals of the branch it picked (none without a verdict).
+    pub signals: Option<crate::resolve::ConfidenceSignals>,
+    /// The effective confidence: the formula's heuristic times the judge's confidence.
+    pub confidence: Option<f64>,
+}
+
+/// What a rewind did (or, on a dry run, would do).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RewindOutcome {
+    pub run_id: RunId,
+    pub checkpoint: CheckpointView,
+    /// False on a dry run: nothing was changed.
+    pub rewound: bool,
+    /// The seq of the `rewind` event appended to the run's log (none on a dry run).
+    pub marker_seq: Option<u64>,
+    /// Events of the run's history (conversation and file changes) the rewind leaves out.
+    pub dropped_events: u64,
+    /// The run's workspace version before the rewind (a `Manifest` blob): a directory
+    /// the changes apply to is checked against it, a path that differs is a conflict.
+    pub from_snapshot: BlobHash,
+    /// The checkpoint's workspace version, the run's after the rewind.
+    pub to_snapshot: BlobHash,
+    /// The change log turning `from_snapshot` into `to_snapshot`.
+    pub changes: Vec<ChangeOp>,
+}
+
+/// A run started from a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewRunOutcome {
+    pub run_id: RunId,
+    pub source_run: RunId,
+    /// The checkpoint it started from (of the source run).
+    pub source: CheckpointView,
+    /// Events in the new run's log: the conversation up to the checkpoint.
+    pub events: u64,
+    /// The new run's workspace version (a `Manifest` blob).
+    pub snapshot: BlobHash,
+}
