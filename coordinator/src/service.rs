@@ -27,6 +27,7 @@ use forkfleet_shared::api::{
 };
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::bus::{Bus, Request};
+use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::wire::{self, WireError, WIRE_VERSION};
 use std::future::Future;
 use std::sync::Arc;
@@ -348,18 +349,14 @@ pub async fn dispatch(handle: &CoordinatorHandle, req: ApiRequest) -> Result<Api
     })
 }
 
-/// The API error a coordinator error becomes: `not_found` for an unknown fork, run or
-/// label; `bad_input` for the rest of [`CoordinatorError::is_bad_input`]; else `failure`.
+/// The API error a coordinator error becomes, by its [`CoordinatorError::kind`]. The wire
+/// has no `conflict` or `unavailable` yet: a conflict is sent as `bad_input` (the caller
+/// must change something first), an unavailable service as `failure`.
 pub fn api_error(e: &CoordinatorError) -> ApiError {
-    let kind = match e {
-        CoordinatorError::UnknownFork(_)
-        | CoordinatorError::UnknownRun(_)
-        | CoordinatorError::UnknownLabel { .. }
-        | CoordinatorError::UnknownAccount { .. }
-        | CoordinatorError::UnknownCheckpoint { .. }
-        | CoordinatorError::NoSuchRun(_) => ApiErrorKind::NotFound,
-        e if e.is_bad_input() => ApiErrorKind::BadInput,
-        _ => ApiErrorKind::Failure,
+    let kind = match e.kind() {
+        ErrorKind::BadInput | ErrorKind::Conflict => ApiErrorKind::BadInput,
+        ErrorKind::NotFound => ApiErrorKind::NotFound,
+        ErrorKind::Unavailable | ErrorKind::Failure => ApiErrorKind::Failure,
     };
     ApiError::new(kind, e.to_string())
 }
