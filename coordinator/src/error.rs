@@ -32,7 +32,7 @@ pub enum CoordinatorError {
         matches: String,
     },
     /// A run prefix that matches several runs; `count` is how many were found (more than
-    /// [`LIST_LIMIT`] is written "more than 10").
+    /// 10 is written "more than 10").
     #[error("`{prefix}` matches {} runs ({matches}); give more of the id", at_most(.count))]
     AmbiguousRun {
         prefix: String,
