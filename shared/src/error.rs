@@ -147,7 +147,10 @@ mod tests {
                 .kind(),
                 ErrorKind::Unavailable,
             ),
-            (BusError::NoResponders("s".into()).kind(), ErrorKind::Unavailable),
+            (
+                BusError::NoResponders("s".into()).kind(),
+                ErrorKind::Unavailable,
+            ),
             (BusError::Backend("x".into()).kind(), ErrorKind::Unavailable),
             (
                 BusError::Blob(BlobError::Missing(hash)).kind(),
@@ -162,7 +165,10 @@ mod tests {
                 .kind(),
                 ErrorKind::Failure,
             ),
-            (BlobError::Backend("x".into()).kind(), ErrorKind::Unavailable),
+            (
+                BlobError::Backend("x".into()).kind(),
+                ErrorKind::Unavailable,
+            ),
         ];
         for (got, want) in table {
             assert_eq!(got, want);
