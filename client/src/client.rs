@@ -111,7 +111,7 @@ impl<H: ApiHandler + 'static> Transport for InProcess<H> {
         match tokio::time::timeout(timeout, dispatch(&self.handler, req)).await {
             Ok(reply) => reply.map_err(CallError::Api),
             Err(_) => Err(CallError::Api(ApiError::new(
-                ApiErrorKind::Failure,
+                ApiErrorKind::Unavailable,
                 format!("`{op}` did not finish within {} ms", timeout.as_millis()),
             ))),
         }
@@ -209,7 +209,7 @@ impl Client {
                 // Not settled within this round (the coordinator answers a timeout only
                 // after the whole wait): ask again while time is left.
                 Err(ClientError::Call(CallError::Api(e)))
-                    if e.kind == ApiErrorKind::Failure
+                    if !e.is_bad_input()
                         && asked.elapsed() >= wait
                         && Instant::now() < deadline =>
                 {

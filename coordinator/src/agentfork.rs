@@ -32,9 +32,7 @@ impl CoordinatorHandle {
     pub async fn agent_fork(&self, req: AgentFork) -> Result<ForkView, CoordinatorError> {
         let parent_run = req.parent_run;
         let Some(fork_id) = self.run_record(parent_run).await?.fork_id else {
-            return Err(CoordinatorError::BadRequest(format!(
-                "run {parent_run} is a root run: only an agent running in a branch forks itself with fork_run"
-            )));
+            return Err(CoordinatorError::RootRunForks { run: parent_run });
         };
         let (parent_fork, model) = self
             .blocking(move |s| {
@@ -76,9 +74,10 @@ impl CoordinatorHandle {
         let handle = self.fork_handle(fork).await?;
         let view = handle.view().await?;
         if view.parent_run != parent_run {
-            return Err(CoordinatorError::BadRequest(format!(
-                "fork {fork} was not made by run {parent_run}; an agent merges only the forks it made"
-            )));
+            return Err(CoordinatorError::NotMadeByRun {
+                fork,
+                run: parent_run,
+            });
         }
         handle.merge_into_agent(pick.to_string()).await
     }
@@ -127,10 +126,7 @@ fn child_plan(
     req: &AgentFork,
 ) -> Result<ForkPlan, CoordinatorError> {
     if req.branches.is_empty() {
-        return Err(CoordinatorError::BadRequest(
-            "fork_run needs at least one branch: give `branches` as a list of {label, steer}"
-                .to_string(),
-        ));
+        return Err(CoordinatorError::NoAgentBranches);
     }
     let labels = normalise_labels(req.branches.iter().map(|b| Some(b.label.as_str())))?;
     let mut branches = Vec::with_capacity(req.branches.len());
@@ -144,9 +140,7 @@ fn child_plan(
             });
         }
         if b.steer.trim().is_empty() {
-            return Err(CoordinatorError::BadRequest(format!(
-                "branch `{label}` has no steer: say what this branch should try"
-            )));
+            return Err(CoordinatorError::MissingSteer { label });
         }
         branches.push(BranchPlan {
             label,

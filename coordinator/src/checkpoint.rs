@@ -369,7 +369,7 @@ fn load_run(store: &RunStore, run: RunId) -> Result<RunRecord, CoordinatorError>
 fn last_seq(run: RunId, log: &[(u64, Event)]) -> Result<u64, CoordinatorError> {
     log.last()
         .map(|(s, _)| *s)
-        .ok_or_else(|| CoordinatorError::CheckpointRefused(format!("run {run} has no events")))
+        .ok_or(CoordinatorError::EmptyLog(run))
 }
 
 /// The run's current version: a root run's record, or a branch's snapshot + changes.
@@ -438,11 +438,12 @@ pub(crate) fn find(
             [one] => return Ok((*one).clone()),
             [] => {}
             many => {
-                return Err(CoordinatorError::CheckpointRefused(format!(
-                    "`{reference}` matches {} checkpoints of run {run} ({}); give more of the id",
-                    many.len(),
-                    list(many.iter().map(|c| c.label.as_str()))
-                )))
+                return Err(CoordinatorError::AmbiguousCheckpoint {
+                    run,
+                    reference: reference.to_string(),
+                    count: many.len(),
+                    matches: list(many.iter().map(|c| c.label.as_str())),
+                })
             }
         }
     }
@@ -463,22 +464,19 @@ pub(crate) fn find_run(store: &RunStore, prefix: &str) -> Result<RunId, Coordina
         };
     }
     if needle.is_empty() {
-        return Err(CoordinatorError::NoSuchRun(
-            "give a run id (or a unique prefix of one)".to_string(),
-        ));
+        return Err(CoordinatorError::MissingRunId);
     }
     let matches = store.run_ids_with_prefix(&needle, 11)?;
     match matches.as_slice() {
         [one] => Ok(*one),
-        [] => Err(CoordinatorError::NoSuchRun(format!(
-            "no run matches `{prefix}`; run ids are in `forkfleet fork show FORK` (branches) and `forkfleet fork ls` (parent runs)"
-        ))),
-        many => Err(CoordinatorError::NoSuchRun(format!(
-            "`{prefix}` matches {}{} runs ({}); give more of the id",
-            if many.len() > 10 { "more than " } else { "" },
-            many.len().min(10),
-            list(many.iter().take(10))
-        ))),
+        [] => Err(CoordinatorError::UnknownRunPrefix {
+            prefix: prefix.to_string(),
+        }),
+        many => Err(CoordinatorError::AmbiguousRun {
+            prefix: prefix.to_string(),
+            count: many.len(),
+            matches: list(many.iter().take(10)),
+        }),
     }
 }
 
@@ -488,28 +486,32 @@ pub(crate) fn find_run(store: &RunStore, prefix: &str) -> Result<RunId, Coordina
 /// digits, `-`, `_`, `.`, not starting with `.`), not an automatic label's form
 /// (`turn-`, `tool-`), not an id, and not used by another checkpoint of the run.
 fn check_manual_label(store: &RunStore, run: RunId, label: &str) -> Result<(), CoordinatorError> {
-    let refuse = |m: String| Err(CoordinatorError::CheckpointRefused(m));
+    let label_owned = || label.to_string();
     if label.is_empty() {
-        return refuse("a checkpoint label cannot be empty".to_string());
+        return Err(CoordinatorError::EmptyCheckpointLabel);
     }
     if let Err(e) = check_label(label) {
-        return refuse(e.to_string().replace("branch label", "checkpoint label"));
+        return Err(CoordinatorError::BadCheckpointLabel {
+            label: label_owned(),
+            rule: e.to_string().replace("branch label", "checkpoint label"),
+        });
     }
     if label.starts_with("turn-") || label.starts_with("tool-") {
-        return refuse(format!(
-            "`{label}` has the form of an automatic checkpoint's label (`turn-N`, `tool-N-NAME`); pick another"
-        ));
+        return Err(CoordinatorError::AutomaticCheckpointLabel {
+            label: label_owned(),
+        });
     }
     if label.parse::<CheckpointId>().is_ok() {
-        return refuse(format!(
-            "`{label}` looks like a checkpoint id; pick a label"
-        ));
+        return Err(CoordinatorError::CheckpointLabelIsId {
+            label: label_owned(),
+        });
     }
     if let Some(c) = store.checkpoint_by_label(run, label)? {
-        return refuse(format!(
-            "run {run} already has a checkpoint labelled `{label}` (at seq {}); remove it first (`forkfleet checkpoint rm {run} {label}`) or pick another label",
-            c.seq
-        ));
+        return Err(CoordinatorError::CheckpointLabelTaken {
+            run,
+            label: label_owned(),
+            seq: c.seq,
+        });
     }
     Ok(())
 }
@@ -597,10 +599,12 @@ pub(crate) struct RewindPlan {
 fn check_rewindable(run: RunId, kind: &RunKind) -> Result<(), CoordinatorError> {
     if let RunKind::Branch { fork, branch } = kind {
         if !branch.state.is_terminal() {
-            return Err(CoordinatorError::CheckpointRefused(format!(
-                "run {run} is branch `{}` of fork {} and it is {}: a running branch cannot be rewound; wait for it to finish or stop it (`forkfleet fork terminate {} {}`), or start a new run from the checkpoint (`forkfleet checkpoint fork RUN LABEL`)",
-                branch.label, fork.fork_id, branch.state, fork.fork_id, branch.label
-            )));
+            return Err(CoordinatorError::RewindRunning {
+                run,
+                fork: fork.fork_id,
+                label: branch.label.clone(),
+                state: branch.state,
+            });
         }
     }
     Ok(())
@@ -619,10 +623,12 @@ fn plan_rewind(
     let log = store.run_log(run)?;
     let end = last_seq(run, &log)?;
     if checkpoint.seq > end {
-        return Err(CoordinatorError::CheckpointRefused(format!(
-            "checkpoint `{}` is at seq {} but run {run}'s log ends at {end}",
-            checkpoint.label, checkpoint.seq
-        )));
+        return Err(CoordinatorError::CheckpointPastEnd {
+            run,
+            label: checkpoint.label.clone(),
+            seq: checkpoint.seq,
+            end,
+        });
     }
     let from = current_version(store, &record, &kind, &log)?;
     let to = version(
@@ -703,10 +709,12 @@ pub(crate) fn fork_from(
     let log = store.run_log(run)?;
     let end = last_seq(run, &log)?;
     if checkpoint.seq > end {
-        return Err(CoordinatorError::CheckpointRefused(format!(
-            "checkpoint `{}` is at seq {} but run {run}'s log ends at {end}",
-            checkpoint.label, checkpoint.seq
-        )));
+        return Err(CoordinatorError::CheckpointPastEnd {
+            run,
+            label: checkpoint.label.clone(),
+            seq: checkpoint.seq,
+            end,
+        });
     }
     let events: Vec<&Event> = history_at(&log, Some(checkpoint.seq))
         .into_iter()
@@ -714,10 +722,10 @@ pub(crate) fn fork_from(
         .filter(|e| e.is_conversational())
         .collect();
     if events.is_empty() {
-        return Err(CoordinatorError::CheckpointRefused(format!(
-            "checkpoint `{}` of run {run} has no conversation to start from",
-            checkpoint.label
-        )));
+        return Err(CoordinatorError::NoConversation {
+            run,
+            label: checkpoint.label.clone(),
+        });
     }
     let v = version(
         store,

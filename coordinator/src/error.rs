@@ -1,12 +1,18 @@
 //! The coordinator's one error type: a variant per decision a caller makes.
 //!
-//! [`CoordinatorError::is_bad_input`] splits them for the CLI: bad input (exit 2) is a
-//! request the caller can fix (an unknown fork or label, an invalid plan, a merge the
-//! fork's state does not allow, blobs not uploaded); everything else is a failure (exit 1).
+//! [`CoordinatorError::kind`] says what kind of error each variant is, in one match (see
+//! [`ErrorKind`] for the kinds and the CLI's exit codes): bad input is a request the caller
+//! can fix (an invalid plan, an empty message, blobs not uploaded); not found names what
+//! does not exist (a fork, run, label, checkpoint or account); a conflict is a valid request
+//! the current state forbids (a fork already merged, a branch still running, a store locked
+//! by another process); unavailable is a bus or actor that did not answer; the rest are
+//! failures.
 
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::bus::BusError;
+use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::ids::{ForkId, RunId};
+use forkfleet_shared::resolve::StrategyError;
 use forkfleet_shared::spec::SpecError;
 use forkfleet_shared::state::BranchState;
 use forkfleet_shared::wire::WireError;
@@ -18,22 +24,32 @@ const LIST_LIMIT: usize = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CoordinatorError {
-    // ---- bad input ---------------------------------------------------------------------
-    #[error("no fork matches `{0}`; `forkfleet fork ls` lists them")]
-    UnknownFork(String),
+    // ---- bad input: the request cannot succeed as sent -----------------------------------
     #[error("`{prefix}` matches {count} forks ({matches}); give more of the id")]
     AmbiguousFork {
         prefix: String,
         count: usize,
         matches: String,
     },
-    #[error("run {0} does not exist")]
-    UnknownRun(RunId),
-    #[error("fork {fork} has no branch labelled `{label}`; valid labels: {valid}")]
-    UnknownLabel {
-        fork: ForkId,
-        label: String,
-        valid: String,
+    /// A run prefix that matches several runs; `count` is how many were found (more than
+    /// 10 is written "more than 10").
+    #[error("`{prefix}` matches {} runs ({matches}); give more of the id", at_most(.count))]
+    AmbiguousRun {
+        prefix: String,
+        count: usize,
+        matches: String,
+    },
+    /// An empty run id (or prefix).
+    #[error("give a run id (or a unique prefix of one)")]
+    MissingRunId,
+    #[error(
+        "`{reference}` matches {count} checkpoints of run {run} ({matches}); give more of the id"
+    )]
+    AmbiguousCheckpoint {
+        run: RunId,
+        reference: String,
+        count: usize,
+        matches: String,
     },
     #[error("invalid fork plan: {0}")]
     InvalidPlan(#[from] SpecError),
@@ -51,6 +67,81 @@ pub enum CoordinatorError {
     MissingBlobs { count: usize, sample: String },
     #[error("snapshot {hash} is not a workspace manifest: {message}")]
     BadSnapshot { hash: BlobHash, message: String },
+    /// A resolve strategy that cannot be used as given.
+    #[error("cannot resolve: {0}")]
+    BadStrategy(#[from] StrategyError),
+    /// A resolve whose strategy needs a judge, of a fork whose spec configures none.
+    #[error("cannot resolve: strategy `{strategy}` needs a judge, and the fork's spec names none; set `judge_model` (or `judge_models` for vote) in the spec, or resolve with `--strategy manual`")]
+    NoJudge { strategy: String },
+    /// An empty steering or follow-up message; `what` names it.
+    #[error("a {what} cannot be empty")]
+    EmptyMessage { what: &'static str },
+    /// An empty checkpoint label.
+    #[error("a checkpoint label cannot be empty")]
+    EmptyCheckpointLabel,
+    /// A checkpoint label that breaks the label rules; `rule` says which and what is valid.
+    #[error("{rule}")]
+    BadCheckpointLabel { label: String, rule: String },
+    /// A checkpoint label of the form only automatic checkpoints use.
+    #[error("`{label}` has the form of an automatic checkpoint's label (`turn-N`, `tool-N-NAME`); pick another")]
+    AutomaticCheckpointLabel { label: String },
+    /// A checkpoint label that reads as a checkpoint id.
+    #[error("`{label}` looks like a checkpoint id; pick a label")]
+    CheckpointLabelIsId { label: String },
+    /// A checkpoint before any conversation: nothing to start a run from.
+    #[error("checkpoint `{label}` of run {run} has no conversation to start from")]
+    NoConversation { run: RunId, label: String },
+    /// `fork_run` asked of a root run: only a branch's agent forks itself.
+    #[error(
+        "run {run} is a root run: only an agent running in a branch forks itself with fork_run"
+    )]
+    RootRunForks { run: RunId },
+    /// `fork_run` with no branches.
+    #[error("fork_run needs at least one branch: give `branches` as a list of {{label, steer}}")]
+    NoAgentBranches,
+    /// A `fork_run` branch without a steer.
+    #[error("branch `{label}` has no steer: say what this branch should try")]
+    MissingSteer { label: String },
+    /// An agent merging a fork another run made.
+    #[error("fork {fork} was not made by run {run}; an agent merges only the forks it made")]
+    NotMadeByRun { fork: ForkId, run: RunId },
+    /// A root run's workspace asked of a branch run.
+    #[error("run {run} is a branch of fork {fork}: fork a root run; merge the branch first (`forkfleet fork merge {fork} --pick LABEL`) or start a run from one of its checkpoints (`forkfleet checkpoint fork {run} LABEL`)")]
+    NotARootRun { run: RunId, fork: ForkId },
+    /// A fork create request that cannot succeed as sent (the message says why and what is
+    /// valid). Built by `create.rs`, whose validation is being rewritten.
+    #[error("{0}")]
+    BadRequest(String),
+    /// A budget request that cannot succeed as sent (the message says why and what is
+    /// valid). Built by `budget.rs`, which is being rewritten.
+    #[error("{0}")]
+    BadBudget(String),
+
+    // ---- not found ---------------------------------------------------------------------
+    #[error("no fork matches `{0}`; `forkfleet fork ls` lists them")]
+    UnknownFork(String),
+    #[error("run {0} does not exist")]
+    UnknownRun(RunId),
+    /// No run id starts with `prefix`.
+    #[error("no run matches `{prefix}`; run ids are in `forkfleet fork show FORK` (branches) and `forkfleet fork ls` (parent runs)")]
+    UnknownRunPrefix { prefix: String },
+    #[error("fork {fork} has no branch labelled `{label}`; valid labels: {valid}")]
+    UnknownLabel {
+        fork: ForkId,
+        label: String,
+        valid: String,
+    },
+    /// Checkpoints: no checkpoint of the run has this label or id.
+    #[error("run {run} has no checkpoint `{reference}`; {valid}")]
+    UnknownCheckpoint {
+        run: RunId,
+        reference: String,
+        valid: String,
+    },
+    #[error("no account named `{name}`; {valid}")]
+    UnknownAccount { name: String, valid: String },
+
+    // ---- conflict: valid, but the current state forbids it --------------------------------
     #[error("fork {fork} was already merged (winner `{winner}`); a fork merges once")]
     AlreadyMerged { fork: ForkId, winner: String },
     #[error("fork {0} was aborted; nothing can be merged")]
@@ -59,32 +150,116 @@ pub enum CoordinatorError {
     MergeInProgress(ForkId),
     #[error("branch `{label}` is {state}: still running; wait for it or terminate it")]
     StillRunning { label: String, state: BranchState },
-    /// The fork cannot be resolved as asked (branches unfinished, no judge configured, ...).
-    #[error("cannot resolve: {0}")]
-    CannotResolve(String),
-    /// Checkpoints: no checkpoint of the run has this label or id.
-    #[error("run {run} has no checkpoint `{reference}`; {valid}")]
-    UnknownCheckpoint {
-        run: RunId,
-        reference: String,
-        valid: String,
+    /// A branch change asked while its fork is being merged or resolved (`activity`);
+    /// `then` says what to do once it is over.
+    #[error("fork {fork} is being {activity} right now; {then} afterwards")]
+    ForkBusy {
+        fork: ForkId,
+        activity: &'static str,
+        then: String,
     },
-    /// Checkpoints: no run matches a prefix, or several do.
-    #[error("{0}")]
-    NoSuchRun(String),
-    /// Checkpoints: the request cannot succeed as sent (a running branch, a bad label, ...).
-    #[error("{0}")]
-    CheckpointRefused(String),
-    /// A fork made by a running agent: the agent merges it (ADR 14).
-    #[error("{0}")]
-    AgentMerges(String),
-    /// A request that cannot succeed as sent (the message says why and what is valid).
-    #[error("{0}")]
-    BadRequest(String),
-
-    // ---- failures ----------------------------------------------------------------------
+    #[error("cannot resolve: fork {0} is being resolved right now")]
+    ResolveInProgress(ForkId),
+    /// A resolve of a fork whose branches have not all finished; `unfinished` lists them
+    /// as `` `label` (state) ``.
+    #[error("cannot resolve: fork {fork} has branches that have not finished: {}; wait for them (`forkfleet fork watch`), top up paused ones, or terminate them", .unfinished.join(", "))]
+    Unfinished {
+        fork: ForkId,
+        unfinished: Vec<String>,
+    },
+    /// A fork made by a running agent: the agent merges it (ADR 14). `parent` is the fork
+    /// of the agent's branch `label`.
+    #[error("fork {fork} was made by the agent of branch `{label}` of fork {parent}, which is {state}: the agent merges it itself (merge_or_select); wait for the branch to finish or terminate it, then merge here")]
+    AgentMerges {
+        fork: ForkId,
+        parent: ForkId,
+        label: String,
+        state: BranchState,
+    },
+    /// A fork's merge into the agent branch that made it, found running when the merge
+    /// was replayed onto it: its agent merges `child` itself.
+    #[error("branch `{label}` of fork {fork} is {state}: its agent merges fork {child} itself (merge_or_select); wait for it to finish or terminate it")]
+    AgentStillRunning {
+        fork: ForkId,
+        label: String,
+        state: BranchState,
+        child: ForkId,
+    },
+    /// A rewind of a branch run that has not finished.
+    #[error("run {run} is branch `{label}` of fork {fork} and it is {state}: a running branch cannot be rewound; wait for it to finish or stop it (`forkfleet fork terminate {fork} {label}`), or start a new run from the checkpoint (`forkfleet checkpoint fork RUN LABEL`)")]
+    RewindRunning {
+        run: RunId,
+        fork: ForkId,
+        label: String,
+        state: BranchState,
+    },
+    /// A branch's log grew between working out a rewind and applying it.
+    #[error("branch `{label}`'s log changed while the rewind was worked out; ask again")]
+    RewindRaced { label: String },
+    /// A run whose log holds no event yet.
+    #[error("run {0} has no events")]
+    EmptyLog(RunId),
+    /// A checkpoint past the end of its run's log.
+    #[error("checkpoint `{label}` is at seq {seq} but run {run}'s log ends at {end}")]
+    CheckpointPastEnd {
+        run: RunId,
+        label: String,
+        seq: u64,
+        end: u64,
+    },
+    /// A checkpoint label the run already uses.
+    #[error("run {run} already has a checkpoint labelled `{label}` (at seq {seq}); remove it first (`forkfleet checkpoint rm {run} {label}`) or pick another label")]
+    CheckpointLabelTaken { run: RunId, label: String, seq: u64 },
+    /// A steer of a branch paused by a budget cap (no worker runs it).
+    #[error("branch `{label}` of fork {fork} is paused by a budget cap: no worker runs it; raise the cap first (`forkfleet fork topup {fork} --branch {label} --usd N`, or the fork's or account's cap), then steer it")]
+    SteerPaused { fork: ForkId, label: String },
+    /// A steer of a finished branch.
+    #[error("branch `{label}` of fork {fork} has finished ({state}): there is no next model call to steer; start a new turn with `forkfleet fork continue {fork} {label} \"MESSAGE\"`")]
+    SteerFinished {
+        fork: ForkId,
+        label: String,
+        state: BranchState,
+    },
+    /// A steer of a fork that is merged or aborted (its branches are being stopped).
+    #[error("fork {fork} is {phase}: its branches are being stopped; nothing to steer")]
+    SteerStopping { fork: ForkId, phase: &'static str },
+    /// A follow-up on a branch of a merged fork.
+    #[error("fork {fork} was merged (winner `{winner}`): its branches are final and cannot be continued")]
+    ContinueMerged { fork: ForkId, winner: String },
+    /// A follow-up on a branch of an aborted fork.
+    #[error("fork {0} was aborted: its branches cannot be continued")]
+    ContinueAborted(ForkId),
+    /// A follow-up on a branch stopped by a cap that still has no room (`full` names it:
+    /// the branch's, the fork's or the account's).
+    #[error("branch `{label}` of fork {fork} stopped at a budget cap ({state}) and {full} has no room left: a new turn would stop at once; raise it first (`forkfleet fork topup {fork} --branch {label} --usd N` for the branch's cap, without --branch for the fork's, `forkfleet account set` for an account's), then continue it")]
+    CapFull {
+        fork: ForkId,
+        label: String,
+        state: BranchState,
+        full: &'static str,
+    },
+    /// A follow-up on a branch paused by a budget cap.
+    #[error("branch `{label}` of fork {fork} is paused by a budget cap, not finished: raise the cap (`forkfleet fork topup {fork} --branch {label} --usd N`) to resume it, and steer it (`forkfleet fork steer {fork} {label} \"MESSAGE\"`) while it runs")]
+    ContinuePaused { fork: ForkId, label: String },
+    /// A follow-up on a branch still running.
+    #[error("branch `{label}` of fork {fork} is {state} (still running): `fork continue` starts a new turn of a finished branch; steer this one instead (`forkfleet fork steer {fork} {label} \"MESSAGE\"`)")]
+    ContinueRunning {
+        fork: ForkId,
+        label: String,
+        state: BranchState,
+    },
     #[error("the run store in `{dir}` is locked by another process (another coordinator or `forkfleet run` using the same data dir): {message}")]
     StoreLocked { dir: PathBuf, message: String },
+
+    // ---- unavailable -------------------------------------------------------------------
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error("{what} did not finish within {ms} ms")]
+    Timeout { what: &'static str, ms: u64 },
+    #[error("the coordinator is shutting down or its {0} stopped")]
+    Closed(&'static str),
+
+    // ---- failures ----------------------------------------------------------------------
     #[error("cannot open the run store in `{dir}`: {message}")]
     StoreOpen { dir: PathBuf, message: String },
     #[error("run store failed: {0}")]
@@ -92,49 +267,82 @@ pub enum CoordinatorError {
     #[error("a stored {what} could not be read or written: {message}")]
     Codec { what: &'static str, message: String },
     #[error(transparent)]
-    Bus(#[from] BusError),
-    #[error(transparent)]
     Wire(#[from] WireError),
-    #[error("{what} did not finish within {ms} ms")]
-    Timeout { what: &'static str, ms: u64 },
-    #[error("the coordinator is shutting down or its {0} stopped")]
-    Closed(&'static str),
-    #[error("no account named `{name}`; {valid}")]
-    UnknownAccount { name: String, valid: String },
-    #[error("{0}")]
-    BadBudget(String),
+    /// A broken invariant of the coordinator (an actor that would not start, a stored
+    /// change log that does not apply, ...).
     #[error("internal error: {0}")]
     Internal(String),
 }
 
 impl CoordinatorError {
-    /// True when the caller asked for something it can fix (exit code 2); false for a
-    /// failure of the coordinator or its store or bus (exit code 1).
+    /// What kind of error this is: the one place the mapping lives.
+    pub fn kind(&self) -> ErrorKind {
+        use CoordinatorError as E;
+        match self {
+            E::AmbiguousFork { .. }
+            | E::AmbiguousRun { .. }
+            | E::MissingRunId
+            | E::AmbiguousCheckpoint { .. }
+            | E::InvalidPlan(_)
+            | E::DuplicateLabel(_)
+            | E::UnknownModel { .. }
+            | E::MissingBlobs { .. }
+            | E::BadSnapshot { .. }
+            | E::BadStrategy(_)
+            | E::NoJudge { .. }
+            | E::EmptyMessage { .. }
+            | E::EmptyCheckpointLabel
+            | E::BadCheckpointLabel { .. }
+            | E::AutomaticCheckpointLabel { .. }
+            | E::CheckpointLabelIsId { .. }
+            | E::NoConversation { .. }
+            | E::RootRunForks { .. }
+            | E::NoAgentBranches
+            | E::MissingSteer { .. }
+            | E::NotMadeByRun { .. }
+            | E::NotARootRun { .. }
+            | E::BadRequest(_)
+            | E::BadBudget(_) => ErrorKind::BadInput,
+            E::UnknownFork(_)
+            | E::UnknownRun(_)
+            | E::UnknownRunPrefix { .. }
+            | E::UnknownLabel { .. }
+            | E::UnknownCheckpoint { .. }
+            | E::UnknownAccount { .. } => ErrorKind::NotFound,
+            E::AlreadyMerged { .. }
+            | E::Aborted(_)
+            | E::MergeInProgress(_)
+            | E::StillRunning { .. }
+            | E::ForkBusy { .. }
+            | E::ResolveInProgress(_)
+            | E::Unfinished { .. }
+            | E::AgentMerges { .. }
+            | E::AgentStillRunning { .. }
+            | E::RewindRunning { .. }
+            | E::RewindRaced { .. }
+            | E::EmptyLog(_)
+            | E::CheckpointPastEnd { .. }
+            | E::CheckpointLabelTaken { .. }
+            | E::SteerPaused { .. }
+            | E::SteerFinished { .. }
+            | E::SteerStopping { .. }
+            | E::ContinueMerged { .. }
+            | E::ContinueAborted(_)
+            | E::CapFull { .. }
+            | E::ContinuePaused { .. }
+            | E::ContinueRunning { .. } => ErrorKind::Conflict,
+            E::Bus(e) => e.kind(),
+            E::Timeout { .. } | E::Closed(_) | E::StoreLocked { .. } => ErrorKind::Unavailable,
+            E::StoreOpen { .. } | E::Store(_) | E::Codec { .. } | E::Wire(_) | E::Internal(_) => {
+                ErrorKind::Failure
+            }
+        }
+    }
+
+    /// True when the request cannot succeed as things are (exit code 2: bad input, an
+    /// unknown name, a conflict with the current state); false for a failure (exit 1).
     pub fn is_bad_input(&self) -> bool {
-        matches!(
-            self,
-            CoordinatorError::UnknownFork(_)
-                | CoordinatorError::AmbiguousFork { .. }
-                | CoordinatorError::UnknownRun(_)
-                | CoordinatorError::UnknownLabel { .. }
-                | CoordinatorError::InvalidPlan(_)
-                | CoordinatorError::DuplicateLabel(_)
-                | CoordinatorError::UnknownModel { .. }
-                | CoordinatorError::MissingBlobs { .. }
-                | CoordinatorError::BadSnapshot { .. }
-                | CoordinatorError::AlreadyMerged { .. }
-                | CoordinatorError::Aborted(_)
-                | CoordinatorError::MergeInProgress(_)
-                | CoordinatorError::StillRunning { .. }
-                | CoordinatorError::CannotResolve(_)
-                | CoordinatorError::UnknownCheckpoint { .. }
-                | CoordinatorError::NoSuchRun(_)
-                | CoordinatorError::CheckpointRefused(_)
-                | CoordinatorError::BadRequest(_)
-                | CoordinatorError::AgentMerges(_)
-                | CoordinatorError::UnknownAccount { .. }
-                | CoordinatorError::BadBudget(_)
-        )
+        self.kind().is_bad_input()
     }
 
     pub(crate) fn codec(what: &'static str, e: impl std::fmt::Display) -> Self {
@@ -171,6 +379,15 @@ impl From<tokio::task::JoinError> for CoordinatorError {
     }
 }
 
+/// A count of matches as a message says it: "more than 10" past [`LIST_LIMIT`].
+fn at_most(count: &usize) -> String {
+    if *count > LIST_LIMIT {
+        format!("more than {LIST_LIMIT}")
+    } else {
+        count.to_string()
+    }
+}
+
 /// `a, b, c and N more`: at most [`LIST_LIMIT`] items.
 pub(crate) fn list<S: std::fmt::Display>(items: impl ExactSizeIterator<Item = S>) -> String {
     let total = items.len();
@@ -200,11 +417,484 @@ mod tests {
         assert!(s.ends_with("and 15 more"), "{s}");
     }
 
+    /// Every variant: its kind, and words its message must hold (what was wrong, and
+    /// what to do or what is valid).
     #[test]
-    fn bad_input_split() {
-        assert!(CoordinatorError::UnknownFork("x".into()).is_bad_input());
-        assert!(CoordinatorError::missing_blobs(&[BlobHash::of(b"x")]).is_bad_input());
-        assert!(!CoordinatorError::Closed("root").is_bad_input());
-        assert!(!CoordinatorError::Internal("x".into()).is_bad_input());
+    fn each_error_has_its_kind_and_names_what_was_wrong() {
+        use CoordinatorError as E;
+        use ErrorKind::*;
+        let (fork, parent, child, run) =
+            (ForkId::new(), ForkId::new(), ForkId::new(), RunId::new());
+        let (f, r) = (fork.to_string(), run.to_string());
+        let s = |x: &str| x.to_string();
+        let hash = BlobHash::of(b"x");
+        let table: Vec<(CoordinatorError, ErrorKind, Vec<String>)> = vec![
+            (
+                E::AmbiguousFork {
+                    prefix: s("01"),
+                    count: 2,
+                    matches: s("a, b"),
+                },
+                BadInput,
+                vec![s("`01` matches 2 forks (a, b)")],
+            ),
+            (
+                E::AmbiguousRun {
+                    prefix: s("01"),
+                    count: 3,
+                    matches: s("x, y, z"),
+                },
+                BadInput,
+                vec![s("`01` matches 3 runs (x, y, z)")],
+            ),
+            (
+                E::AmbiguousRun {
+                    prefix: s("0"),
+                    count: 11,
+                    matches: s("m"),
+                },
+                BadInput,
+                vec![s("matches more than 10 runs")],
+            ),
+            (E::MissingRunId, BadInput, vec![s("give a run id")]),
+            (
+                E::AmbiguousCheckpoint {
+                    run,
+                    reference: s("0190"),
+                    count: 2,
+                    matches: s("p, q"),
+                },
+                BadInput,
+                vec![s("`0190` matches 2 checkpoints"), r.clone()],
+            ),
+            (
+                E::InvalidPlan(SpecError::NoBranches),
+                BadInput,
+                vec![s("invalid fork plan")],
+            ),
+            (
+                E::DuplicateLabel(s("a")),
+                BadInput,
+                vec![s("`a` is used twice")],
+            ),
+            (
+                E::UnknownModel {
+                    label: s("a"),
+                    model: s("x:y"),
+                    valid: s("scripted:demo"),
+                },
+                BadInput,
+                vec![s("x:y"), s("configured models: scripted:demo")],
+            ),
+            (
+                E::missing_blobs(&[hash]),
+                BadInput,
+                vec![hash.short().to_string(), s("upload")],
+            ),
+            (
+                E::BadSnapshot {
+                    hash,
+                    message: s("bad"),
+                },
+                BadInput,
+                vec![s("not a workspace manifest")],
+            ),
+            (
+                E::BadStrategy(StrategyError::Threshold(2.0)),
+                BadInput,
+                vec![s("cannot resolve"), s("threshold 2")],
+            ),
+            (
+                E::NoJudge {
+                    strategy: s("auto"),
+                },
+                BadInput,
+                vec![s("strategy `auto` needs a judge"), s("--strategy manual")],
+            ),
+            (
+                E::EmptyMessage {
+                    what: "steering message",
+                },
+                BadInput,
+                vec![s("a steering message cannot be empty")],
+            ),
+            (
+                E::EmptyCheckpointLabel,
+                BadInput,
+                vec![s("a checkpoint label cannot be empty")],
+            ),
+            (
+                E::BadCheckpointLabel {
+                    label: s(".x"),
+                    rule: s("checkpoint label `.x` starts with `.`"),
+                },
+                BadInput,
+                vec![s("`.x`")],
+            ),
+            (
+                E::AutomaticCheckpointLabel { label: s("turn-1") },
+                BadInput,
+                vec![s("`turn-1`"), s("automatic")],
+            ),
+            (
+                E::CheckpointLabelIsId { label: s("0190") },
+                BadInput,
+                vec![s("`0190` looks like a checkpoint id")],
+            ),
+            (
+                E::NoConversation {
+                    run,
+                    label: s("fork"),
+                },
+                BadInput,
+                vec![s("checkpoint `fork`"), r.clone()],
+            ),
+            (
+                E::RootRunForks { run },
+                BadInput,
+                vec![format!("run {r} is a root run")],
+            ),
+            (
+                E::NoAgentBranches,
+                BadInput,
+                vec![s("at least one branch"), s("{label, steer}")],
+            ),
+            (
+                E::MissingSteer { label: s("a") },
+                BadInput,
+                vec![s("branch `a` has no steer")],
+            ),
+            (
+                E::NotMadeByRun { fork, run },
+                BadInput,
+                vec![format!("fork {f} was not made by run {r}")],
+            ),
+            (
+                E::NotARootRun { run, fork },
+                BadInput,
+                vec![format!("run {r} is a branch of fork {f}")],
+            ),
+            (
+                E::BadRequest(s("no such thing")),
+                BadInput,
+                vec![s("no such thing")],
+            ),
+            (
+                E::BadBudget(s("-1 is not an amount")),
+                BadInput,
+                vec![s("-1 is not an amount")],
+            ),
+            (
+                E::UnknownFork(s("zz")),
+                NotFound,
+                vec![s("no fork matches `zz`")],
+            ),
+            (
+                E::UnknownRun(run),
+                NotFound,
+                vec![format!("run {r} does not exist")],
+            ),
+            (
+                E::UnknownRunPrefix { prefix: s("zz") },
+                NotFound,
+                vec![s("no run matches `zz`")],
+            ),
+            (
+                E::UnknownLabel {
+                    fork,
+                    label: s("q"),
+                    valid: s("a, b"),
+                },
+                NotFound,
+                vec![s("`q`"), s("valid labels: a, b")],
+            ),
+            (
+                E::UnknownCheckpoint {
+                    run,
+                    reference: s("nope"),
+                    valid: s("checkpoints: a"),
+                },
+                NotFound,
+                vec![s("no checkpoint `nope`"), s("checkpoints: a")],
+            ),
+            (
+                E::UnknownAccount {
+                    name: s("team"),
+                    valid: s("accounts: x"),
+                },
+                NotFound,
+                vec![s("no account named `team`"), s("accounts: x")],
+            ),
+            (
+                E::AlreadyMerged {
+                    fork,
+                    winner: s("a"),
+                },
+                Conflict,
+                vec![s("already merged (winner `a`)")],
+            ),
+            (
+                E::Aborted(fork),
+                Conflict,
+                vec![format!("fork {f} was aborted")],
+            ),
+            (
+                E::MergeInProgress(fork),
+                Conflict,
+                vec![s("being merged right now")],
+            ),
+            (
+                E::StillRunning {
+                    label: s("a"),
+                    state: BranchState::Running,
+                },
+                Conflict,
+                vec![s("branch `a` is running: still running")],
+            ),
+            (
+                E::ForkBusy {
+                    fork,
+                    activity: "resolved",
+                    then: s("continue its branches"),
+                },
+                Conflict,
+                vec![s(
+                    "being resolved right now; continue its branches afterwards",
+                )],
+            ),
+            (
+                E::ResolveInProgress(fork),
+                Conflict,
+                vec![s("cannot resolve"), s("being resolved right now")],
+            ),
+            (
+                E::Unfinished {
+                    fork,
+                    unfinished: vec![s("`a` (running)"), s("`b` (paused)")],
+                },
+                Conflict,
+                vec![s("not finished: `a` (running), `b` (paused)")],
+            ),
+            (
+                E::AgentMerges {
+                    fork,
+                    parent,
+                    label: s("a"),
+                    state: BranchState::Running,
+                },
+                Conflict,
+                vec![
+                    format!("branch `a` of fork {parent}, which is running"),
+                    s("the agent merges it itself"),
+                ],
+            ),
+            (
+                E::AgentStillRunning {
+                    fork,
+                    label: s("a"),
+                    state: BranchState::Running,
+                    child,
+                },
+                Conflict,
+                vec![format!("its agent merges fork {child} itself")],
+            ),
+            (
+                E::RewindRunning {
+                    run,
+                    fork,
+                    label: s("a"),
+                    state: BranchState::Running,
+                },
+                Conflict,
+                vec![
+                    s("a running branch cannot be rewound"),
+                    format!("forkfleet fork terminate {f} a"),
+                ],
+            ),
+            (
+                E::RewindRaced { label: s("a") },
+                Conflict,
+                vec![s("branch `a`'s log changed"), s("ask again")],
+            ),
+            (
+                E::EmptyLog(run),
+                Conflict,
+                vec![format!("run {r} has no events")],
+            ),
+            (
+                E::CheckpointPastEnd {
+                    run,
+                    label: s("c"),
+                    seq: 9,
+                    end: 4,
+                },
+                Conflict,
+                vec![s("checkpoint `c` is at seq 9"), s("ends at 4")],
+            ),
+            (
+                E::CheckpointLabelTaken {
+                    run,
+                    label: s("c"),
+                    seq: 3,
+                },
+                Conflict,
+                vec![
+                    s("already has a checkpoint labelled `c` (at seq 3)"),
+                    s("checkpoint rm"),
+                ],
+            ),
+            (
+                E::SteerPaused {
+                    fork,
+                    label: s("a"),
+                },
+                Conflict,
+                vec![
+                    s("paused by a budget cap"),
+                    format!("forkfleet fork topup {f} --branch a"),
+                ],
+            ),
+            (
+                E::SteerFinished {
+                    fork,
+                    label: s("a"),
+                    state: BranchState::Done,
+                },
+                Conflict,
+                vec![
+                    s("has finished (done)"),
+                    format!("forkfleet fork continue {f} a"),
+                ],
+            ),
+            (
+                E::SteerStopping {
+                    fork,
+                    phase: "merged",
+                },
+                Conflict,
+                vec![format!("fork {f} is merged"), s("nothing to steer")],
+            ),
+            (
+                E::ContinueMerged {
+                    fork,
+                    winner: s("a"),
+                },
+                Conflict,
+                vec![s("was merged (winner `a`)"), s("cannot be continued")],
+            ),
+            (
+                E::ContinueAborted(fork),
+                Conflict,
+                vec![s("was aborted: its branches cannot be continued")],
+            ),
+            (
+                E::CapFull {
+                    fork,
+                    label: s("a"),
+                    state: BranchState::BudgetExhausted,
+                    full: "the fork's cap",
+                },
+                Conflict,
+                vec![
+                    s("the fork's cap has no room left"),
+                    s("forkfleet fork topup"),
+                ],
+            ),
+            (
+                E::ContinuePaused {
+                    fork,
+                    label: s("a"),
+                },
+                Conflict,
+                vec![
+                    s("paused by a budget cap, not finished"),
+                    format!("forkfleet fork steer {f} a"),
+                ],
+            ),
+            (
+                E::ContinueRunning {
+                    fork,
+                    label: s("a"),
+                    state: BranchState::Running,
+                },
+                Conflict,
+                vec![
+                    s("is running (still running)"),
+                    format!("forkfleet fork steer {f} a"),
+                ],
+            ),
+            (
+                E::StoreLocked {
+                    dir: PathBuf::from("/d"),
+                    message: s("held"),
+                },
+                Unavailable,
+                vec![s("`/d` is locked by another process")],
+            ),
+            (
+                E::Bus(BusError::Closed),
+                Unavailable,
+                vec![s("the bus is closed")],
+            ),
+            (
+                E::Bus(BusError::Backend(s("down"))),
+                Unavailable,
+                vec![s("down")],
+            ),
+            (
+                E::Timeout {
+                    what: "merge",
+                    ms: 50,
+                },
+                Unavailable,
+                vec![s("merge did not finish within 50 ms")],
+            ),
+            (E::Closed("root"), Unavailable, vec![s("its root stopped")]),
+            (
+                E::StoreOpen {
+                    dir: PathBuf::from("/d"),
+                    message: s("eio"),
+                },
+                Failure,
+                vec![s("cannot open the run store in `/d`: eio")],
+            ),
+            (
+                E::Store(sled::Error::Unsupported(s("x"))),
+                Failure,
+                vec![s("run store failed")],
+            ),
+            (
+                E::codec("fork record", "truncated"),
+                Failure,
+                vec![s(
+                    "a stored fork record could not be read or written: truncated",
+                )],
+            ),
+            (
+                E::Wire(WireError::Version {
+                    found: 9,
+                    supported: 1,
+                }),
+                Failure,
+                vec![s("wire version 9")],
+            ),
+            (
+                E::Internal(s("broken")),
+                Failure,
+                vec![s("internal error: broken")],
+            ),
+        ];
+        for (e, kind, words) in table {
+            assert_eq!(e.kind(), kind, "{e:?}");
+            assert_eq!(
+                e.is_bad_input(),
+                matches!(kind, BadInput | NotFound),
+                "{e:?}"
+            );
+            let text = e.to_string();
+            for w in words {
+                assert!(text.contains(&w), "`{w}` not in: {text}");
+            }
+        }
     }
 }

@@ -575,17 +575,18 @@ impl ForkState {
     /// Refuse to change a branch while its fork is being merged or resolved (they read the
     /// branches as they are); `then` says what to do once it is over.
     fn check_not_busy(&self, then: &str) -> Result<(), CoordinatorError> {
-        let busy = if self.merging {
+        let activity = if self.merging {
             "merged"
         } else if self.resolving {
             "resolved"
         } else {
             return Ok(());
         };
-        Err(CoordinatorError::BadRequest(format!(
-            "fork {} is being {busy} right now; {then} afterwards",
-            self.record.fork_id
-        )))
+        Err(CoordinatorError::ForkBusy {
+            fork: self.record.fork_id,
+            activity,
+            then: then.to_string(),
+        })
     }
 
     /// Enqueue, on `pool`, a task that runs branch `i` next: taken over from its log
@@ -758,16 +759,17 @@ impl ForkState {
         self.check_not_busy("rewind its branches")?;
         let b = &self.branches[i].record;
         if !b.state.is_terminal() {
-            return Err(CoordinatorError::CheckpointRefused(format!(
-                "branch `{}` of fork {fork_id} is {}: a running branch cannot be rewound; wait for it to finish or stop it (`forkfleet fork terminate {fork_id} {}`)",
-                b.label, b.state, b.label
-            )));
+            return Err(CoordinatorError::RewindRunning {
+                run,
+                fork: fork_id,
+                label: b.label.clone(),
+                state: b.state,
+            });
         }
         if b.next_seq != seq {
-            return Err(CoordinatorError::CheckpointRefused(format!(
-                "branch `{}`'s log changed while the rewind was worked out; ask again",
-                b.label
-            )));
+            return Err(CoordinatorError::RewindRaced {
+                label: b.label.clone(),
+            });
         }
         self.close(i)?;
         self.append_own(i, vec![marker])?;
@@ -793,10 +795,12 @@ impl ForkState {
         self.check_not_busy(&format!("merge fork {}", outcome.fork_id))?;
         let b = &self.branches[i];
         if !b.record.state.is_terminal() {
-            return Err(CoordinatorError::BadRequest(format!(
-                "branch `{}` of fork {fork_id} is {}: its agent merges fork {} itself (merge_or_select); wait for it to finish or terminate it",
-                b.record.label, b.record.state, outcome.fork_id
-            )));
+            return Err(CoordinatorError::AgentStillRunning {
+                fork: fork_id,
+                label: b.record.label.clone(),
+                state: b.record.state,
+                child: outcome.fork_id,
+            });
         }
         let bytes = self
             .store
@@ -880,30 +884,33 @@ impl ForkState {
         let fork_id = self.record.fork_id;
         let i = self.branch_index(label)?;
         if text.trim().is_empty() {
-            return Err(CoordinatorError::BadRequest(
-                "a steering message cannot be empty".into(),
-            ));
+            return Err(CoordinatorError::EmptyMessage {
+                what: "steering message",
+            });
         }
         let b = &self.branches[i].record;
         let (run_id, state) = (b.run_id, b.state);
         match state {
             BranchState::Pending | BranchState::Running => {}
             BranchState::Paused => {
-                return Err(CoordinatorError::BadRequest(format!(
-                    "branch `{label}` of fork {fork_id} is paused by a budget cap: no worker runs it; raise the cap first (`forkfleet fork topup {fork_id} --branch {label} --usd N`, or the fork's or account's cap), then steer it"
-                )))
+                return Err(CoordinatorError::SteerPaused {
+                    fork: fork_id,
+                    label: label.to_string(),
+                })
             }
             _ => {
-                return Err(CoordinatorError::BadRequest(format!(
-                    "branch `{label}` of fork {fork_id} has finished ({state}): there is no next model call to steer; start a new turn with `forkfleet fork continue {fork_id} {label} \"MESSAGE\"`"
-                )))
+                return Err(CoordinatorError::SteerFinished {
+                    fork: fork_id,
+                    label: label.to_string(),
+                    state,
+                })
             }
         }
         if self.record.state.is_resolved() {
-            return Err(CoordinatorError::BadRequest(format!(
-                "fork {fork_id} is {}: its branches are being stopped; nothing to steer",
-                self.record.state.as_str()
-            )));
+            return Err(CoordinatorError::SteerStopping {
+                fork: fork_id,
+                phase: self.record.state.as_str(),
+            });
         }
         let attempt = self.current_attempt(i);
         let control = Control {
@@ -931,15 +938,12 @@ impl ForkState {
         let fork_id = self.record.fork_id;
         match &self.record.state {
             ForkPhase::Merged { winner } => {
-                return Err(CoordinatorError::BadRequest(format!(
-                    "fork {fork_id} was merged (winner `{winner}`): its branches are final and cannot be continued"
-                )))
+                return Err(CoordinatorError::ContinueMerged {
+                    fork: fork_id,
+                    winner: winner.clone(),
+                })
             }
-            ForkPhase::Aborted => {
-                return Err(CoordinatorError::BadRequest(format!(
-                    "fork {fork_id} was aborted: its branches cannot be continued"
-                )))
-            }
+            ForkPhase::Aborted => return Err(CoordinatorError::ContinueAborted(fork_id)),
             ForkPhase::Open | ForkPhase::Settled => {}
         }
         self.check_not_busy("continue its branches (if it does not merge)")?;
@@ -950,19 +954,23 @@ impl ForkState {
             BranchState::BudgetExhausted | BranchState::AggregateBudgetExhausted => {
                 match self.budget_room(b.run_id) {
                     None => Ok(()),
-                    Some(full) => Err(CoordinatorError::BadRequest(format!(
-                        "branch `{label}` of fork {fork_id} stopped at a budget cap ({}) and {full} has no room left: a new turn would stop at once; raise it first (`forkfleet fork topup {fork_id} --branch {label} --usd N` for the branch's cap, without --branch for the fork's, `forkfleet account set` for an account's), then continue it",
-                        b.state
-                    ))),
+                    Some(full) => Err(CoordinatorError::CapFull {
+                        fork: fork_id,
+                        label: label.clone(),
+                        state: b.state,
+                        full,
+                    }),
                 }
             }
-            BranchState::Paused => Err(CoordinatorError::BadRequest(format!(
-                "branch `{label}` of fork {fork_id} is paused by a budget cap, not finished: raise the cap (`forkfleet fork topup {fork_id} --branch {label} --usd N`) to resume it, and steer it (`forkfleet fork steer {fork_id} {label} \"MESSAGE\"`) while it runs"
-            ))),
-            BranchState::Pending | BranchState::Running => Err(CoordinatorError::BadRequest(format!(
-                "branch `{label}` of fork {fork_id} is {} (still running): `fork continue` starts a new turn of a finished branch; steer this one instead (`forkfleet fork steer {fork_id} {label} \"MESSAGE\"`)",
-                b.state
-            ))),
+            BranchState::Paused => Err(CoordinatorError::ContinuePaused {
+                fork: fork_id,
+                label: label.clone(),
+            }),
+            BranchState::Pending | BranchState::Running => Err(CoordinatorError::ContinueRunning {
+                fork: fork_id,
+                label: label.clone(),
+                state: b.state,
+            }),
         }
     }
 
@@ -1004,9 +1012,9 @@ impl ForkState {
         let fork_id = self.record.fork_id;
         let i = self.branch_index(label)?;
         if text.trim().is_empty() {
-            return Err(CoordinatorError::BadRequest(
-                "a follow-up message cannot be empty".into(),
-            ));
+            return Err(CoordinatorError::EmptyMessage {
+                what: "follow-up message",
+            });
         }
         self.check_follow_up(i)?;
         let b = &self.branches[i].record;
@@ -1116,9 +1124,7 @@ impl ForkState {
         let fork = self.record.fork_id;
         self.check_mergeable()?;
         if self.resolving {
-            return Err(CoordinatorError::CannotResolve(format!(
-                "fork {fork} is being resolved right now"
-            )));
+            return Err(CoordinatorError::ResolveInProgress(fork));
         }
         let unfinished: Vec<String> = self
             .branches
@@ -1127,11 +1133,7 @@ impl ForkState {
             .map(|b| format!("`{}` ({})", b.record.label, b.record.state))
             .collect();
         if !unfinished.is_empty() {
-            return Err(CoordinatorError::CannotResolve(format!(
-                "fork {fork} has branches that have not finished: {}; wait for them \
-                 (`forkfleet fork watch`), top up paused ones, or terminate them",
-                unfinished.join(", ")
-            )));
+            return Err(CoordinatorError::Unfinished { fork, unfinished });
         }
         self.resolving = true;
         Ok(ResolveInputs {

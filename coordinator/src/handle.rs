@@ -289,10 +289,12 @@ impl CoordinatorHandle {
             .iter()
             .find(|b| b.run_id == parent_run && !b.state.is_terminal())
         {
-            return Err(CoordinatorError::AgentMerges(format!(
-                "fork {id} was made by the agent of branch `{}` of fork {}, which is {}: the agent merges it itself (merge_or_select); wait for the branch to finish or terminate it, then merge here",
-                b.label, parent_view.fork_id, b.state
-            )));
+            return Err(CoordinatorError::AgentMerges {
+                fork: id,
+                parent: parent_view.fork_id,
+                label: b.label.clone(),
+                state: b.state,
+            });
         }
         let mut outcome = fork.merge_into_agent(pick.to_string()).await?;
         outcome.report = parent_fork.adopt(parent_run, outcome.clone()).await?;
@@ -339,9 +341,7 @@ impl CoordinatorHandle {
         let record = self.run_record(run).await?;
         match record.fork_id {
             None => Ok(record.workspace),
-            Some(fork) => Err(CoordinatorError::BadRequest(format!(
-                "run {run} is a branch of fork {fork}: fork a root run; merge the branch first (`forkfleet fork merge {fork} --pick LABEL`) or start a run from one of its checkpoints (`forkfleet checkpoint fork {run} LABEL`)"
-            ))),
+            Some(fork) => Err(CoordinatorError::NotARootRun { run, fork }),
         }
     }
 

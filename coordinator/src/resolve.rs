@@ -82,9 +82,7 @@ async fn run(
     let plan = &inputs.record.plan;
     let fork_id = inputs.record.fork_id;
     let strategy = strategy.unwrap_or_else(|| plan.resolve.strategy.clone());
-    strategy
-        .validate()
-        .map_err(|e| CoordinatorError::CannotResolve(e.to_string()))?;
+    strategy.validate()?;
     let judges: Vec<String> = match &strategy {
         Strategy::Manual => Vec::new(),
         Strategy::Vote => plan.resolve.judge_models.clone(),
@@ -93,11 +91,9 @@ async fn run(
         }
     };
     if strategy.needs_judge() && judges.is_empty() {
-        return Err(CoordinatorError::CannotResolve(format!(
-            "strategy `{}` needs a judge, and the fork's spec names none; set `judge_model` \
-             (or `judge_models` for vote) in the spec, or resolve with `--strategy manual`",
-            strategy.as_str()
-        )));
+        return Err(CoordinatorError::NoJudge {
+            strategy: strategy.as_str().to_string(),
+        });
     }
     let bus = handle.bus();
     let labels: Vec<String> = inputs
@@ -266,7 +262,7 @@ async fn run(
         match handle.merge(fork_id, winner).await {
             Ok(outcome) => report.merge = Some(outcome),
             // A fork of a running agent: the agent merges the pick itself (ADR 14).
-            Err(CoordinatorError::AgentMerges(why)) => {
+            Err(why @ CoordinatorError::AgentMerges { .. }) => {
                 tracing::info!(reason = %why, "fork.resolve leaves the merge to the agent")
             }
             Err(e) => return Err(e),

@@ -156,7 +156,7 @@ async fn answer(handle: CoordinatorHandle, bus: Arc<dyn Bus>, req: Request) {
                 .await;
             if let Err(e) = &result {
                 span.in_scope(|| match e.kind {
-                    ApiErrorKind::Failure => {
+                    ApiErrorKind::Failure | ApiErrorKind::Unavailable => {
                         tracing::error!(api.error = e.kind.as_str(), error = %e.message, "api.request failed")
                     }
                     _ => {
@@ -255,20 +255,9 @@ fn encode_error_or(response: ApiResponse) -> Bytes {
     })
 }
 
-/// The API error a coordinator error becomes: `not_found` for an unknown fork, run or
-/// label; `bad_input` for the rest of [`CoordinatorError::is_bad_input`]; else `failure`.
+/// The API error a coordinator error becomes: its [`CoordinatorError::kind`] and message.
 pub fn api_error(e: &CoordinatorError) -> ApiError {
-    let kind = match e {
-        CoordinatorError::UnknownFork(_)
-        | CoordinatorError::UnknownRun(_)
-        | CoordinatorError::UnknownLabel { .. }
-        | CoordinatorError::UnknownAccount { .. }
-        | CoordinatorError::UnknownCheckpoint { .. }
-        | CoordinatorError::NoSuchRun(_) => ApiErrorKind::NotFound,
-        e if e.is_bad_input() => ApiErrorKind::BadInput,
-        _ => ApiErrorKind::Failure,
-    };
-    ApiError::new(kind, e.to_string())
+    ApiError::new(e.kind(), e.to_string())
 }
 
 impl From<CoordinatorError> for ApiError {

@@ -30,29 +30,10 @@ pub const MAX_INLINE_BYTES: usize = 512 * 1024;
 /// client wanting longer asks again.
 pub const MAX_API_WAIT_MS: u64 = 30_000;
 
-/// How an API call failed, for the caller to decide what to do (and the CLI's exit code:
-/// `bad_input` and `not_found` are 2, `failure` is 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ApiErrorKind {
-    /// The request cannot succeed as sent (malformed, wrong wire version, invalid plan,
-    /// a merge the fork's state does not allow, ...): fix it and ask again.
-    BadInput,
-    /// The fork, run or branch label named does not exist.
-    NotFound,
-    /// The coordinator failed (store, bus, timeout): the same request may succeed later.
-    Failure,
-}
-
-impl ApiErrorKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApiErrorKind::BadInput => "bad_input",
-            ApiErrorKind::NotFound => "not_found",
-            ApiErrorKind::Failure => "failure",
-        }
-    }
-}
+/// How an API call failed, for the caller to decide what to do (and the CLI's exit code):
+/// the error kind every forkfleet crate maps its errors to, on the wire as `bad_input`,
+/// `not_found`, `conflict`, `unavailable` or `failure`.
+pub type ApiErrorKind = crate::error::ErrorKind;
 
 /// An API error: its kind and a message written for the user.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -70,9 +51,9 @@ impl ApiError {
         }
     }
 
-    /// True when the caller can fix the request (exit code 2).
+    /// True when the request cannot succeed as things are (exit code 2).
     pub fn is_bad_input(&self) -> bool {
-        self.kind != ApiErrorKind::Failure
+        self.kind.is_bad_input()
     }
 }
 
@@ -213,6 +194,8 @@ mod tests {
     fn error_kinds_split_exit_codes() {
         assert!(ApiError::new(ApiErrorKind::NotFound, "x").is_bad_input());
         assert!(ApiError::new(ApiErrorKind::BadInput, "x").is_bad_input());
+        assert!(ApiError::new(ApiErrorKind::Conflict, "x").is_bad_input());
+        assert!(!ApiError::new(ApiErrorKind::Unavailable, "x").is_bad_input());
         assert!(!ApiError::new(ApiErrorKind::Failure, "x").is_bad_input());
     }
 }

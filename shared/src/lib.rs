@@ -13,6 +13,7 @@
 //! - [`flush`]: replaying a branch's change log onto a parent, with conflict detection.
 //! - [`event`], [`state`]: run events and branch / fork states.
 //! - [`pricing`], [`budget`]: model prices; budget policy, reservations, cost reports.
+//! - [`error`]: the kind every crate's errors answer (bad input, not found, ...), its exit code.
 //! - [`trace`]: W3C trace context carried by bus messages.
 //! - [`testsignal`]: test runner output and exit status to a branch's test signal.
 //! - [`resolve`]: confidence scoring, the judge's verdict and bounded prompt, merge strategies.
@@ -25,6 +26,7 @@ pub mod budget;
 pub mod bus;
 pub mod diff;
 pub mod endpoint;
+pub mod error;
 pub mod event;
 pub mod flush;
 pub mod ids;

@@ -34,14 +34,14 @@ use crate::context::WorkerCtx;
 use crate::error::WorkerError;
 use crate::forktools::{is_fork_tool, AgentForks, ForkCall, MERGE_OR_SELECT};
 use crate::node::TaskLease;
-use crate::provider::{ModelProvider, ModelRequest, ProviderError};
+use crate::provider::{ModelProvider, ModelRequest};
 use crate::tools::ToolBox;
 use bytes::Bytes;
-use forkfleet_shared::blob::{BlobError, BlobHash};
 use forkfleet_shared::budget::{
     estimate_cost, BudgetReply, BudgetRequest, OnExhausted, BUDGET_SUBJECT,
 };
 use forkfleet_shared::bus::{Bus, BusError};
+use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::event::{
     history_events, interrupted_results, messages_from_events, Event, Message, Usage,
 };
@@ -254,23 +254,6 @@ impl Actor for BranchAgent {
     }
 }
 
-/// Why a branch could not be loaded.
-enum LoadError {
-    /// The task cannot run (missing blob, bad prefix, unknown model): the branch fails.
-    Fatal(String),
-    /// The store failed; another attempt may work.
-    Transient(WorkerError),
-}
-
-impl LoadError {
-    fn blob(what: &str, hash: &BlobHash, e: BlobError) -> Self {
-        match e {
-            BlobError::Backend(_) => LoadError::Transient(WorkerError::Blob(e)),
-            other => LoadError::Fatal(format!("cannot load the {what} ({hash:?}): {other}")),
-        }
-    }
-}
-
 async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
     let task = &state.task;
     // Watch before announcing, so a command sent on seeing `running` is not missed.
@@ -328,8 +311,11 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
             state.run = Some(run);
             Ok(Step::Continue)
         }
-        Err(LoadError::Fatal(msg)) => Ok(Step::Finish(BranchState::Failed, Some(msg))),
-        Err(LoadError::Transient(e)) => Err(e),
+        // The store failed: another attempt may work.
+        Err(e) if e.kind() == ErrorKind::Unavailable => Err(e),
+        // The task cannot run (a missing blob, a bad prefix, an unknown model): the branch
+        // fails.
+        Err(e) => Ok(Step::Finish(BranchState::Failed, Some(e.to_string()))),
     }
 }
 
@@ -389,7 +375,7 @@ async fn load(
     ctx: &WorkerCtx,
     task: &BranchTask,
     resumed: Option<Vec<(u64, Event)>>,
-) -> Result<Run, LoadError> {
+) -> Result<Run, WorkerError> {
     let blobs = &ctx.blobs;
     let prefix = ctx
         .prefixes
@@ -397,12 +383,14 @@ async fn load(
             let bytes = blobs
                 .get(&task.prefix)
                 .await
-                .map_err(|e| LoadError::blob("history prefix", &task.prefix, e))?;
-            rmp_serde::from_slice::<Vec<Event>>(&bytes).map_err(|e| {
-                LoadError::Fatal(format!(
-                    "the history prefix blob {:?} is not a list of events: {e}",
-                    task.prefix
-                ))
+                .map_err(|error| WorkerError::TaskBlob {
+                    what: "history prefix",
+                    hash: task.prefix,
+                    error,
+                })?;
+            rmp_serde::from_slice::<Vec<Event>>(&bytes).map_err(|e| WorkerError::BadPrefix {
+                hash: task.prefix,
+                message: e.to_string(),
             })
         })
         .await?;
@@ -412,25 +400,25 @@ async fn load(
             let bytes = blobs
                 .get(&task.snapshot)
                 .await
-                .map_err(|e| LoadError::blob("workspace snapshot", &task.snapshot, e))?;
-            Manifest::from_blob(&bytes).map_err(|e| {
-                LoadError::Fatal(format!(
-                    "the workspace snapshot blob {:?} is not a manifest: {e}",
-                    task.snapshot
-                ))
+                .map_err(|error| WorkerError::TaskBlob {
+                    what: "workspace snapshot",
+                    hash: task.snapshot,
+                    error,
+                })?;
+            Manifest::from_blob(&bytes).map_err(|e| WorkerError::BadSnapshot {
+                hash: task.snapshot,
+                message: e.to_string(),
             })
         })
         .await?;
-    let provider = ctx
-        .providers
-        .provider_for(task)
-        .await
-        .map_err(|e| match e {
-            ProviderError::ScriptBlob(b @ BlobError::Backend(_)) => {
-                LoadError::Transient(WorkerError::Blob(b))
-            }
-            other => LoadError::Fatal(format!("cannot use model `{}`: {other}", task.model)),
-        })?;
+    let provider =
+        ctx.providers
+            .provider_for(task)
+            .await
+            .map_err(|e| WorkerError::ModelUnusable {
+                model: task.model.clone(),
+                error: Box::new(e),
+            })?;
 
     // A resumed branch's log holds what it already did, after its first `running` status
     // (the copied fork-time prefix never holds a status, a usage or a file change). A task
@@ -458,13 +446,15 @@ async fn load(
             } => own = true,
             Event::ModelResponse { .. } if own => turns += 1,
             Event::FollowUp { .. } => turn_base = turns,
-            Event::FileChange { change } => overlay.apply(change.clone()).map_err(|e| {
-                LoadError::Fatal(format!(
-                    "cannot replay the branch's {} of `{}`: {e}",
-                    change.kind(),
-                    change.path()
-                ))
-            })?,
+            Event::FileChange { change } => {
+                overlay
+                    .apply(change.clone())
+                    .map_err(|e| WorkerError::Replay {
+                        change: change.kind(),
+                        path: change.path().to_string(),
+                        message: e.to_string(),
+                    })?
+            }
             _ => {}
         }
     }

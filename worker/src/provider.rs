@@ -23,14 +23,13 @@ pub mod openai;
 pub mod scripted;
 
 use crate::cache::{BlobCache, Memo};
+use crate::error::WorkerError;
 use crate::tools::measured_json_bytes;
 use async_trait::async_trait;
-use forkfleet_shared::blob::BlobError;
 use forkfleet_shared::budget::estimate_input_tokens;
 use forkfleet_shared::endpoint::Endpoint;
 use forkfleet_shared::event::{Message, ToolCall, Usage};
 use forkfleet_shared::protocol::BranchTask;
-use forkfleet_shared::script::ScriptError;
 use forkfleet_shared::spec::SpecError;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -75,89 +74,10 @@ pub struct ModelReply {
     pub usage: Usage,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ProviderError {
-    #[error("model `{model}` must be written `provider:name` (known providers: {known})")]
-    BadModelName { model: String, known: String },
-    #[error("model `{model}` names unknown provider `{provider}` (known providers: {known})")]
-    UnknownProvider {
-        model: String,
-        provider: String,
-        known: String,
-    },
-    #[error("model `{model}` is scripted but the task carries no script")]
-    MissingScript { model: String },
-    #[error("cannot load the script: {0}")]
-    ScriptBlob(BlobError),
-    #[error("the script is not valid UTF-8")]
-    ScriptEncoding,
-    #[error(transparent)]
-    Script(#[from] ScriptError),
-    /// The key is not where the endpoint says (a variable unset, a file unreadable).
-    #[error("model `{model}`: no API key: {detail}")]
-    MissingKey { model: String, detail: String },
-    /// 401 or 403. `key` says which key was sent (where it was read, never its value).
-    #[error("model `{model}`: the API at {base_url} rejected {key} (HTTP {status}: {message})")]
-    BadKey {
-        model: String,
-        base_url: String,
-        key: String,
-        status: u16,
-        message: String,
-    },
-    /// 404, or an answer saying the model is not found.
-    #[error("model `{model}`: the API at {base_url} does not know model `{name}` (HTTP {status}: {message}); check the model name, and that base_url is the API's root (such as https://api.openai.com/v1)")]
-    UnknownModel {
-        model: String,
-        name: String,
-        base_url: String,
-        status: u16,
-        message: String,
-    },
-    /// The request does not fit the model's context window.
-    #[error("model `{model}`: the request ({messages} messages) exceeds the model's context window (HTTP {status}: {message})")]
-    ContextOverflow {
-        model: String,
-        messages: usize,
-        status: u16,
-        message: String,
-    },
-    /// Any other final error answer (status and the API's message, truncated).
-    #[error("model `{model}`: the API answered HTTP {status}: {message}")]
-    Api {
-        model: String,
-        status: u16,
-        message: String,
-    },
-    /// Every try was answered 429 or 5xx, or not at all.
-    #[error("model `{model}`: the API at {base_url} failed {tries} tries (the last: {last})")]
-    RetriesExhausted {
-        model: String,
-        base_url: String,
-        tries: u32,
-        last: String,
-    },
-    /// A success answer the provider cannot read.
-    #[error("model `{model}`: the API's answer is not understood: {detail}")]
-    BadResponse { model: String, detail: String },
-    /// The endpoint settings cannot be used.
-    #[error("model `{model}`: {detail}")]
-    BadEndpoint { model: String, detail: String },
-    #[error("cannot build the HTTP client: {0}")]
-    Client(String),
-}
-
-impl ProviderError {
-    /// True when trying again later may succeed (the blob store failed, not the input).
-    pub fn is_transient(&self) -> bool {
-        matches!(self, ProviderError::ScriptBlob(BlobError::Backend(_)))
-    }
-}
-
 #[async_trait]
 pub trait ModelProvider: Send + Sync {
     /// Make the call. Dropping the future cancels it (a branch stopped mid-call).
-    async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError>;
+    async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, WorkerError>;
 
     /// An upper bound of the usage `complete(req)` will report, reserved before the call in
     /// strict budget mode. Defaults to [`upper_bound_estimate`].
@@ -208,18 +128,18 @@ impl std::io::Write for Count {
 }
 
 /// Split `provider:name`, checking the provider is one this build knows.
-pub fn split_model(model: &str) -> Result<(&str, &str), ProviderError> {
+pub fn split_model(model: &str) -> Result<(&str, &str), WorkerError> {
     forkfleet_shared::spec::split_model(model).map_err(|e| match e {
         SpecError::UnknownProvider {
             model,
             provider,
             valid,
-        } => ProviderError::UnknownProvider {
+        } => WorkerError::UnknownProvider {
             model,
             provider,
             known: valid,
         },
-        _ => ProviderError::BadModelName {
+        _ => WorkerError::BadModelName {
             model: model.to_string(),
             known: PROVIDERS.join(", "),
         },
@@ -299,7 +219,7 @@ impl Providers {
     }
 
     /// The worker's HTTP client (built once; clones share its connection pool).
-    async fn http_client(&self) -> Result<reqwest::Client, ProviderError> {
+    async fn http_client(&self) -> Result<reqwest::Client, WorkerError> {
         self.http
             .get_or_try_init(|| async { http::client() })
             .await
@@ -311,7 +231,7 @@ impl Providers {
     pub async fn provider_for(
         &self,
         task: &BranchTask,
-    ) -> Result<Arc<dyn ModelProvider>, ProviderError> {
+    ) -> Result<Arc<dyn ModelProvider>, WorkerError> {
         self.provider(&task.model, task.script, task.endpoint.as_ref())
             .await
     }
@@ -323,11 +243,11 @@ impl Providers {
         model: &str,
         script: Option<forkfleet_shared::blob::BlobHash>,
         endpoint: Option<&Endpoint>,
-    ) -> Result<Arc<dyn ModelProvider>, ProviderError> {
+    ) -> Result<Arc<dyn ModelProvider>, WorkerError> {
         let (provider, _name) = split_model(model)?;
         match provider {
             "scripted" => {
-                let hash = script.ok_or_else(|| ProviderError::MissingScript {
+                let hash = script.ok_or_else(|| WorkerError::MissingScript {
                     model: model.to_string(),
                 })?;
                 let scripted = self
@@ -337,10 +257,10 @@ impl Providers {
                             .blobs
                             .get(&hash)
                             .await
-                            .map_err(ProviderError::ScriptBlob)?;
-                        let text = std::str::from_utf8(&bytes)
-                            .map_err(|_| ProviderError::ScriptEncoding)?;
-                        Ok::<_, ProviderError>(
+                            .map_err(WorkerError::ScriptBlob)?;
+                        let text =
+                            std::str::from_utf8(&bytes).map_err(|_| WorkerError::ScriptEncoding)?;
+                        Ok::<_, WorkerError>(
                             ScriptedProvider::parse(text)?
                                 .with_usage_log(self.scripted_usage_log.clone()),
                         )
@@ -358,7 +278,7 @@ impl Providers {
                 endpoint,
                 self.http_client().await?,
             )?)),
-            other => Err(ProviderError::UnknownProvider {
+            other => Err(WorkerError::UnknownProvider {
                 model: model.to_string(),
                 provider: other.to_string(),
                 known: PROVIDERS.join(", "),

@@ -21,7 +21,7 @@
 
 use crate::context::WorkerCtx;
 use crate::provider::ModelRequest;
-use crate::runner::{CommandOutcome, CommandSpec, Workdir, WorkdirError};
+use crate::runner::{CommandOutcome, CommandSpec, Workdir};
 use forkfleet_shared::bus::Request;
 use forkfleet_shared::event::{Message, Usage};
 use forkfleet_shared::manifest::Manifest;
@@ -116,7 +116,7 @@ async fn test_in_span(ctx: &WorkerCtx, job: TestJob) -> TestRun {
     let prefix = format!("forkfleet-test-{}-", job.fork_id);
     let work = match Workdir::create(&prefix, tree, ctx.blobs.as_ref()).await {
         Ok(w) => w,
-        Err(WorkdirError::Materialize(e)) => {
+        Err(e) if e.is_materialize() => {
             return failed(format!("cannot materialise the branch's tree: {e}"))
         }
         Err(e) => return failed(e.to_string()),

@@ -17,8 +17,9 @@
 //!   scratch `HOME` and `TMPDIR` beside it, the command, the comparison, the removal.
 
 use crate::cache::BlobCache;
+use crate::error::WorkerError;
 use bytes::Bytes;
-use forkfleet_shared::blob::{BlobError, BlobHash};
+use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::flush::changes_between;
 use forkfleet_shared::manifest::{FileEntry, Manifest, Node, MODE_EXEC, MODE_FILE, MODE_SYMLINK};
 use forkfleet_shared::overlay::ChangeOp;
@@ -90,25 +91,14 @@ impl Stamp {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum MaterializeError {
-    #[error("cannot write `{path}` into `{dir}`: {source}")]
-    Io {
-        dir: PathBuf,
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("cannot read the blob of `{path}`: {source}")]
-    Blob { path: String, source: BlobError },
-}
-
 /// Write `tree` into `dir` (which must exist and should be empty). Blobs come through the
-/// worker's cache, which verified each one when it arrived.
+/// worker's cache, which verified each one when it arrived. An error is a
+/// [`WorkerError::WriteFile`] or a [`WorkerError::ReadBlob`].
 pub async fn materialize(
     tree: &Manifest,
     blobs: &BlobCache,
     dir: &Path,
-) -> Result<Materialized, MaterializeError> {
+) -> Result<Materialized, WorkerError> {
     let mut done = Materialized::default();
     let dirs: Vec<WsPath> = tree.dirs.iter().cloned().collect();
     let root = dir.to_path_buf();
@@ -120,14 +110,14 @@ pub async fn materialize(
     })
     .await
     .unwrap_or_else(|e| Err((String::new(), std::io::Error::other(e))));
-    done.dirs = made.map_err(|(path, source)| MaterializeError::Io {
+    done.dirs = made.map_err(|(path, source)| WorkerError::WriteFile {
         dir: dir.to_path_buf(),
         path,
         source,
     })?;
     // Boxed as `Send` futures here: an iterator of async blocks borrowing the tree would
     // otherwise make the whole call unusable from a spawned task (a higher-ranked `Send`).
-    type Write<'a> = BoxFuture<'a, (&'a WsPath, Result<Wrote, MaterializeError>)>;
+    type Write<'a> = BoxFuture<'a, (&'a WsPath, Result<Wrote, WorkerError>)>;
     let writes: Vec<Write<'_>> = tree
         .files
         .iter()
@@ -169,11 +159,11 @@ async fn write_one(
     entry: &FileEntry,
     blobs: &BlobCache,
     dir: &Path,
-) -> Result<Wrote, MaterializeError> {
+) -> Result<Wrote, WorkerError> {
     let bytes = blobs
         .get(&entry.hash)
         .await
-        .map_err(|source| MaterializeError::Blob {
+        .map_err(|source| WorkerError::ReadBlob {
             path: path.to_string(),
             source,
         })?;
@@ -185,7 +175,7 @@ async fn write_one(
     tokio::task::spawn_blocking(move || write_entry(&target, &bytes, &entry))
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e)))
-        .map_err(|source| MaterializeError::Io {
+        .map_err(|source| WorkerError::WriteFile {
             dir: dir.to_path_buf(),
             path: path.to_string(),
             source,
@@ -777,30 +767,22 @@ pub struct Workdir {
     written: Materialized,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum WorkdirError {
-    #[error("cannot make a temporary directory: {0}")]
-    TempDir(std::io::Error),
-    #[error(transparent)]
-    Materialize(#[from] MaterializeError),
-}
-
 impl Workdir {
     /// Materialise `tree` in a new temporary directory whose name starts with `prefix`.
     pub async fn create(
         prefix: &str,
         tree: Manifest,
         blobs: &BlobCache,
-    ) -> Result<Self, WorkdirError> {
+    ) -> Result<Self, WorkerError> {
         let root = tempfile::Builder::new()
             .prefix(prefix)
             .tempdir()
-            .map_err(WorkdirError::TempDir)?;
+            .map_err(WorkerError::TempDir)?;
         let root = Scratch(root.keep());
         for d in ["ws", "home", "tmp"] {
             tokio::fs::create_dir(root.0.join(d))
                 .await
-                .map_err(WorkdirError::TempDir)?;
+                .map_err(WorkerError::TempDir)?;
         }
         let written = materialize(&tree, blobs, &root.0.join("ws")).await?;
         Ok(Self {

@@ -43,12 +43,11 @@ use crate::cache::BlobCache;
 use crate::error::WorkerError;
 use crate::forktools::fork_tool_specs;
 use crate::provider::{tools_json_bytes, ToolSpec};
-use crate::runner::{
-    CommandOutcome, CommandSpec, MaterializeError, TreeChanges, Workdir, WorkdirError,
-};
+use crate::runner::{CommandOutcome, CommandSpec, TreeChanges, Workdir};
 use bytes::Bytes;
 use forkfleet_shared::blob::BlobError;
 use forkfleet_shared::endpoint::CommandTool;
+use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::event::ToolCall;
 use forkfleet_shared::manifest::{FileEntry, Node, MODE_FILE};
 use forkfleet_shared::overlay::{apply_edit, ChangeOp, Overlay, OverlayError};
@@ -934,11 +933,9 @@ async fn run_command(
     let started = std::time::Instant::now();
     let work = match Workdir::create("forkfleet-cmd-", ov.to_manifest(), blobs).await {
         Ok(w) => w,
-        Err(WorkdirError::Materialize(MaterializeError::Blob {
-            source: e @ BlobError::Backend(_),
-            ..
-        })) => return Err(e.into()),
-        Err(WorkdirError::Materialize(e)) => {
+        // The blob store failed: another attempt may work.
+        Err(e) if e.kind() == ErrorKind::Unavailable => return Err(e),
+        Err(e) if e.is_materialize() => {
             return Ok(not_started(format!(
                 "cannot copy the workspace to run in: {e}"
             )))

@@ -24,7 +24,8 @@
 //! an answer without usage is estimated from sizes, with a warning.
 
 use super::http::{call_id, estimated_usage, parse_arguments, Api, Dialect, HttpProvider, Vendor};
-use super::{ModelReply, ModelRequest, ProviderError};
+use super::{ModelReply, ModelRequest};
+use crate::error::WorkerError;
 use forkfleet_shared::event::{Message, ToolCall, Usage};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -58,7 +59,7 @@ impl Dialect for Anthropic {
         serde_json::to_vec(&request(name, req))
     }
 
-    fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
+    fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, WorkerError> {
         reply(api, body, req)
     }
 }
@@ -231,7 +232,7 @@ struct ResponseUsage {
 }
 
 /// The reply in a Messages answer.
-fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
+fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, WorkerError> {
     let resp: MessagesResponse = serde_json::from_slice(body)
         .map_err(|e| api.bad_response(format!("not a messages answer: {e}")))?;
     if resp.stop_reason.as_deref() == Some("max_tokens") {

@@ -24,14 +24,15 @@
 //!   answers are final.
 //! - **Cancellation.** A call is one future: dropping it (a terminated branch) drops the
 //!   request in flight, which closes its connection, or the backoff sleep.
-//! - **Errors.** A final answer becomes a [`ProviderError`] that says what is wrong: the key
+//! - **Errors.** A final answer becomes a [`WorkerError`] that says what is wrong: the key
 //!   (401, 403), the model (404, or a body saying the model is not found), the context
 //!   window (`context_length_exceeded`, "maximum context length", "prompt is too long",
 //!   ...), or else the status with the API's own message, truncated.
 //! - **Tracing.** A debug event per attempt (provider, model, attempt, status, latency), a
 //!   warning per retry; never the key, never a body.
 
-use super::{size_estimate, ModelProvider, ModelReply, ModelRequest, ProviderError};
+use super::{size_estimate, ModelProvider, ModelReply, ModelRequest};
+use crate::error::WorkerError;
 use async_trait::async_trait;
 use bytes::Bytes;
 use forkfleet_shared::endpoint::Endpoint;
@@ -51,11 +52,11 @@ const DEFAULT_MAX_RETRIES: u32 = 3;
 const MAX_MESSAGE_CHARS: usize = 500;
 
 /// The worker's HTTP client for model APIs (build one and share it).
-pub fn client() -> Result<reqwest::Client, ProviderError> {
+pub fn client() -> Result<reqwest::Client, WorkerError> {
     reqwest::Client::builder()
         .user_agent(concat!("forkfleet/", env!("CARGO_PKG_VERSION")))
         .build()
-        .map_err(|e| ProviderError::Client(error_chain(&e)))
+        .map_err(|e| WorkerError::Client(error_chain(&e)))
 }
 
 /// One vendor's API: its name, defaults and fixed headers.
@@ -82,7 +83,7 @@ pub trait Dialect: Send + Sync + 'static {
     /// The JSON request body of `req` for the API's model `name`.
     fn body(name: &str, req: &ModelRequest<'_>) -> serde_json::Result<Vec<u8>>;
     /// The reply in a success answer's body.
-    fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError>;
+    fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, WorkerError>;
 }
 
 /// A real model provider: a [`Dialect`] spoken over HTTP with the settings of one (model,
@@ -106,7 +107,7 @@ impl<D: Dialect> HttpProvider<D> {
         model: &str,
         endpoint: Option<&Endpoint>,
         client: reqwest::Client,
-    ) -> Result<Self, ProviderError> {
+    ) -> Result<Self, WorkerError> {
         Ok(Self {
             api: Api::new(D::VENDOR, model, endpoint, client)?,
             dialect: PhantomData,
@@ -122,7 +123,7 @@ impl<D: Dialect> HttpProvider<D> {
 
 #[async_trait]
 impl<D: Dialect> ModelProvider for HttpProvider<D> {
-    async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
+    async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, WorkerError> {
         let body = D::body(&self.api.name, req).map_err(|e| {
             self.api
                 .bad_response(format!("cannot encode the request: {e}"))
@@ -256,8 +257,8 @@ impl Api {
         model: &str,
         endpoint: Option<&Endpoint>,
         client: reqwest::Client,
-    ) -> Result<Self, ProviderError> {
-        let bad = |detail: String| ProviderError::BadEndpoint {
+    ) -> Result<Self, WorkerError> {
+        let bad = |detail: String| WorkerError::BadEndpoint {
             model: model.to_string(),
             detail,
         };
@@ -318,8 +319,8 @@ impl Api {
     }
 
     /// Read the key (see the module docs). `None`: no key, and none is required.
-    fn load_key(&self) -> Result<Option<ApiKey>, ProviderError> {
-        let missing = |detail: String| ProviderError::MissingKey {
+    fn load_key(&self) -> Result<Option<ApiKey>, WorkerError> {
+        let missing = |detail: String| WorkerError::MissingKey {
             model: self.model.clone(),
             detail,
         };
@@ -358,13 +359,13 @@ impl Api {
     }
 
     /// The headers of one call: the fixed ones and the key (read now), if any.
-    fn call_headers(&self) -> Result<(HeaderMap, Option<ApiKey>), ProviderError> {
+    fn call_headers(&self) -> Result<(HeaderMap, Option<ApiKey>), WorkerError> {
         let key = self.load_key()?;
         let mut headers = self.headers.clone();
         if let Some(k) = &key {
             let value =
                 k.header(self.vendor.key_prefix)
-                    .ok_or_else(|| ProviderError::MissingKey {
+                    .ok_or_else(|| WorkerError::MissingKey {
                         model: self.model.clone(),
                         detail: format!(
                             "the key from {} is not a valid header value",
@@ -379,11 +380,12 @@ impl Api {
     /// POST `body` (JSON) to the vendor's path, with the key read once for the call and
     /// retrying as the module docs say; the answer's body when it is a success.
     /// `messages` is the request's message count (for a context overflow error).
-    async fn post(&self, body: Bytes, messages: usize) -> Result<Bytes, ProviderError> {
+    async fn post(&self, body: Bytes, messages: usize) -> Result<Bytes, WorkerError> {
         let (headers, key) = self.call_headers()?;
         let key = key.as_ref();
         let tries = self.max_retries.saturating_add(1);
         let mut last = String::new();
+        let mut last_status = None;
         for attempt in 1..=tries {
             let started = Instant::now();
             let sent = self
@@ -423,6 +425,7 @@ impl Api {
                         return Err(self.failure(status, &text, key.is_some(), messages));
                     }
                     last = format!("HTTP {}: {}", status.as_u16(), api_message(&text));
+                    last_status = Some(status.as_u16());
                     retry_after.map(|w| w.min(self.backoff.max_retry_after))
                 }
                 Err(e) => {
@@ -436,12 +439,13 @@ impl Api {
                         "model api attempt got no answer"
                     );
                     if e.is_builder() {
-                        return Err(ProviderError::BadEndpoint {
+                        return Err(WorkerError::BadEndpoint {
                             model: self.model.clone(),
                             detail: what,
                         });
                     }
                     last = what;
+                    last_status = None;
                     None
                 }
             };
@@ -458,11 +462,12 @@ impl Api {
                 tokio::time::sleep(wait).await;
             }
         }
-        Err(ProviderError::RetriesExhausted {
+        Err(WorkerError::RetriesExhausted {
             model: self.model.clone(),
             base_url: self.base_url.clone(),
             tries,
             last,
+            last_status,
         })
     }
 
@@ -487,12 +492,12 @@ impl Api {
         text: &str,
         sent_key: bool,
         messages: usize,
-    ) -> ProviderError {
+    ) -> WorkerError {
         let lower = text.to_ascii_lowercase();
         let message = api_message(text);
         let code = status.as_u16();
         if matches!(code, 400 | 413 | 422) && is_context_overflow(&lower) {
-            return ProviderError::ContextOverflow {
+            return WorkerError::ContextOverflow {
                 model: self.model.clone(),
                 messages,
                 status: code,
@@ -509,7 +514,7 @@ impl Api {
                     self.key_source
                 )
             };
-            return ProviderError::BadKey {
+            return WorkerError::BadKey {
                 model: self.model.clone(),
                 base_url: self.base_url.clone(),
                 key,
@@ -518,7 +523,7 @@ impl Api {
             };
         }
         if code == 404 || (matches!(code, 400 | 422) && is_model_not_found(&lower)) {
-            return ProviderError::UnknownModel {
+            return WorkerError::UnknownModel {
                 model: self.model.clone(),
                 name: self.name.clone(),
                 base_url: self.base_url.clone(),
@@ -526,7 +531,7 @@ impl Api {
                 message,
             };
         }
-        ProviderError::Api {
+        WorkerError::Api {
             model: self.model.clone(),
             status: code,
             message,
@@ -534,8 +539,8 @@ impl Api {
     }
 
     /// A body the provider cannot read.
-    pub(super) fn bad_response(&self, detail: impl Into<String>) -> ProviderError {
-        ProviderError::BadResponse {
+    pub(super) fn bad_response(&self, detail: impl Into<String>) -> WorkerError {
+        WorkerError::BadResponse {
             model: self.model.clone(),
             detail: detail.into(),
         }
@@ -712,7 +717,7 @@ mod tests {
         headers: &[],
     };
 
-    fn api(endpoint: Option<&Endpoint>) -> Result<Api, ProviderError> {
+    fn api(endpoint: Option<&Endpoint>) -> Result<Api, WorkerError> {
         Api::new(&TEST_VENDOR, "openai:m", endpoint, reqwest::Client::new())
     }
 
@@ -874,7 +879,7 @@ mod tests {
             12,
         );
         assert!(
-            matches!(e, ProviderError::ContextOverflow { messages: 12, .. }),
+            matches!(e, WorkerError::ContextOverflow { messages: 12, .. }),
             "{e}"
         );
         let e = a.failure(
@@ -896,9 +901,9 @@ mod tests {
             true,
             1,
         );
-        assert!(matches!(e, ProviderError::UnknownModel { .. }), "{e}");
+        assert!(matches!(e, WorkerError::UnknownModel { .. }), "{e}");
         let e = a.failure(s(400), r#"{"error":{"code":"model_not_found"}}"#, true, 1);
-        assert!(matches!(e, ProviderError::UnknownModel { .. }), "{e}");
+        assert!(matches!(e, WorkerError::UnknownModel { .. }), "{e}");
         let e = a.failure(
             s(400),
             r#"{"error":{"message":"temperature is wrong"}}"#,
@@ -906,7 +911,7 @@ mod tests {
             1,
         );
         assert!(
-            matches!(&e, ProviderError::Api { status: 400, message, .. } if message == "temperature is wrong"),
+            matches!(&e, WorkerError::Api { status: 400, message, .. } if message == "temperature is wrong"),
             "{e}"
         );
         assert!(retryable(s(429), "slow down"));

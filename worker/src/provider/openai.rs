@@ -24,7 +24,8 @@
 //! answer without usage is estimated from sizes, with a warning.
 
 use super::http::{call_id, estimated_usage, parse_arguments, Api, Dialect, HttpProvider, Vendor};
-use super::{ModelReply, ModelRequest, ProviderError, ToolSpec};
+use super::{ModelReply, ModelRequest, ToolSpec};
+use crate::error::WorkerError;
 use forkfleet_shared::event::{Message, ToolCall, Usage};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
@@ -55,7 +56,7 @@ impl Dialect for OpenAi {
         serde_json::to_vec(&request(name, req))
     }
 
-    fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
+    fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, WorkerError> {
         reply(api, body, req)
     }
 }
@@ -261,7 +262,7 @@ fn content_text(content: Option<Content>) -> Option<String> {
 }
 
 /// The reply in a chat completion.
-fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
+fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, WorkerError> {
     let resp: ChatResponse = serde_json::from_slice(body)
         .map_err(|e| api.bad_response(format!("not a chat completion: {e}")))?;
     let choice = resp
@@ -292,7 +293,7 @@ fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, P
                 args: parse_arguments(arguments),
             })
         })
-        .collect::<Result<Vec<_>, ProviderError>>()?;
+        .collect::<Result<Vec<_>, WorkerError>>()?;
     let usage = match resp.usage {
         Some(ChatUsage {
             prompt_tokens: Some(input),

@@ -21,9 +21,8 @@
 //! is written with one `write_all`, so several worker processes can share it without
 //! interleaving. A failed write is logged as a warning and never fails the call.
 
-use super::{
-    size_estimate, upper_bound_estimate, ModelProvider, ModelReply, ModelRequest, ProviderError,
-};
+use super::{size_estimate, upper_bound_estimate, ModelProvider, ModelReply, ModelRequest};
+use crate::error::WorkerError;
 use async_trait::async_trait;
 use forkfleet_shared::event::Usage;
 use forkfleet_shared::protocol::now_ms;
@@ -104,7 +103,7 @@ fn log_usage(path: &Path, req: &ModelRequest<'_>, usage: &Usage) {
 
 #[async_trait]
 impl ModelProvider for ScriptedProvider {
-    async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, ProviderError> {
+    async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, WorkerError> {
         let played = self.script.play(req.label, req.index, req.turn)?;
         if played.latency_ms > 0 {
             tokio::time::sleep(Duration::from_millis(played.latency_ms)).await;

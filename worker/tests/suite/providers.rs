@@ -7,14 +7,16 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use forkfleet_shared::endpoint::Endpoint;
+use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::event::{Event, Message, ToolCall, Usage};
 use forkfleet_shared::pricing::Price;
 use forkfleet_shared::protocol::ControlCommand;
 use forkfleet_shared::state::BranchState;
 use forkfleet_worker::provider::http::{client, Backoff, Dialect, HttpProvider};
 use forkfleet_worker::provider::{
-    AnthropicProvider, ModelProvider, ModelRequest, OpenAiProvider, ProviderError, ToolSpec,
+    AnthropicProvider, ModelProvider, ModelRequest, OpenAiProvider, ToolSpec,
 };
+use forkfleet_worker::WorkerError;
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -283,7 +285,7 @@ fn key_file(dir: &tempfile::TempDir, key: &str) -> String {
 async fn call<P: ModelProvider>(
     p: &P,
     r: &ModelRequest<'_>,
-) -> Result<forkfleet_worker::provider::ModelReply, ProviderError> {
+) -> Result<forkfleet_worker::provider::ModelReply, WorkerError> {
     tokio::time::timeout(WAIT, p.complete(r))
         .await
         .expect("the call did not end within the wait")
@@ -680,9 +682,17 @@ async fn a_500_every_time_exhausts_the_retries() {
     let err = call(&p, &req(&msgs, &[])).await.unwrap_err();
     server.until_request(2).await;
     assert!(
-        matches!(err, ProviderError::RetriesExhausted { tries: 3, .. }),
+        matches!(
+            err,
+            WorkerError::RetriesExhausted {
+                tries: 3,
+                last_status: Some(500),
+                ..
+            }
+        ),
         "{err}"
     );
+    assert_eq!(err.kind(), ErrorKind::Unavailable);
     let text = err.to_string();
     assert!(
         text.contains("3 tries")
@@ -707,8 +717,20 @@ async fn no_answer_is_retried_too() {
         },
     );
     let msgs = user("hi");
-    let err = call(&p, &req(&msgs, &[])).await.unwrap_err().to_string();
+    let err = call(&p, &req(&msgs, &[])).await.unwrap_err();
     server.until_request(1).await;
+    assert!(
+        matches!(
+            err,
+            WorkerError::RetriesExhausted {
+                tries: 2,
+                last_status: None,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = err.to_string();
     assert!(
         err.contains("2 tries") && err.contains("no answer within 0.2 s"),
         "{err}"
@@ -791,9 +813,10 @@ async fn errors_name_the_key_source_never_the_key() {
     let msgs = user("hi");
     let err = call(&p, &req(&msgs, &[])).await.unwrap_err();
     assert!(
-        matches!(err, ProviderError::BadKey { status: 401, .. }),
+        matches!(err, WorkerError::BadKey { status: 401, .. }),
         "{err}"
     );
+    assert_eq!(err.kind(), ErrorKind::BadInput);
     let text = err.to_string();
     assert!(
         text.contains("rejected the key from env `FORKFLEET_TEST_KEY_BAD`"),
@@ -884,9 +907,10 @@ async fn unknown_models_and_context_overflows_are_named() {
     let msgs = user("hi");
     let err = call(&unknown, &req(&msgs, &[])).await.unwrap_err();
     assert!(
-        matches!(err, ProviderError::UnknownModel { status: 404, .. }),
+        matches!(err, WorkerError::UnknownModel { status: 404, .. }),
         "{err}"
     );
+    assert_eq!(err.kind(), ErrorKind::NotFound);
     let text = err.to_string();
     assert!(
         text.contains("does not know model `no-such-model`") && text.contains(&server.url),
@@ -900,7 +924,7 @@ async fn unknown_models_and_context_overflows_are_named() {
     });
     let err = call(&p, &req(&long, &[])).await.unwrap_err();
     assert!(
-        matches!(err, ProviderError::ContextOverflow { messages: 5, .. }),
+        matches!(err, WorkerError::ContextOverflow { messages: 5, .. }),
         "{err}"
     );
     assert!(err.to_string().contains("context window"), "{err}");
@@ -908,7 +932,7 @@ async fn unknown_models_and_context_overflows_are_named() {
     let a = anthropic(&server, Endpoint::default());
     let err = call(&a, &req(&long, &[])).await.unwrap_err();
     assert!(
-        matches!(err, ProviderError::ContextOverflow { messages: 5, .. }),
+        matches!(err, WorkerError::ContextOverflow { messages: 5, .. }),
         "{err}"
     );
     assert!(err.to_string().contains("prompt is too long"), "{err}");
@@ -916,10 +940,8 @@ async fn unknown_models_and_context_overflows_are_named() {
     // Any other 4xx: the status and the API's message, truncated; not retried.
     let before = server.requests().len();
     let err = call(&p, &req(&msgs, &[])).await.unwrap_err();
-    assert!(
-        matches!(err, ProviderError::Api { status: 400, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, WorkerError::Api { status: 400, .. }), "{err}");
+    assert_eq!(err.kind(), ErrorKind::BadInput);
     let text = err.to_string();
     assert!(
         text.contains("HTTP 400")

@@ -4,10 +4,12 @@
 
 use bytes::Bytes;
 use forkfleet_shared::blob::{BlobHash, BlobStore, MemBlobStore};
+use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::manifest::{FileEntry, Manifest, MODE_FILE, MODE_SYMLINK};
 use forkfleet_shared::path::WsPath;
 use forkfleet_worker::cache::BlobCache;
 use forkfleet_worker::runner::{materialize, run_command, CommandOutcome, CommandSpec};
+use forkfleet_worker::WorkerError;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -99,6 +101,11 @@ async fn a_missing_blob_is_an_error_naming_the_path() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("gone.txt"), "{err}");
+    assert!(
+        matches!(&err, WorkerError::ReadBlob { path, .. } if path == "gone.txt"),
+        "{err}"
+    );
+    assert_eq!(err.kind(), ErrorKind::NotFound);
 }
 
 #[tokio::test]
