@@ -28,12 +28,9 @@
 //! The crates below: `forkfleet-shared` (types and pure logic), `forkfleet-coordinator`
 //! and `forkfleet-worker` (the two services, which never depend on each other).
 
-pub mod bench;
-pub mod checkpoint_cmd;
-pub mod cli;
 pub mod config;
 pub mod embedded;
-pub mod resolve_cmd;
 pub mod service;
+pub mod telemetry;
 
 pub use forkfleet_client::BadInput;

@@ -3,9 +3,11 @@
 
 use clap::Parser;
 
+mod cli;
+
 fn main() -> std::process::ExitCode {
-    let cli = forkfleet::cli::Cli::parse();
-    forkfleet::cli::init_tracing(cli.verbose);
+    let cli = cli::Cli::parse();
+    forkfleet::telemetry::init(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -16,6 +18,6 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
-    let code = runtime.block_on(forkfleet::cli::run(cli));
+    let code = runtime.block_on(cli::run(cli));
     std::process::ExitCode::from(code)
 }

@@ -16,6 +16,8 @@
 //!   diff tools, the terminal diff.
 //! - [`watch`]: following a fork while it runs (bounded watches, progress lines).
 //! - [`render`]: tables, texts and `--json` documents of forks, costs, diffs and merges.
+//! - [`run`]: the run workflow (create from a spec, follow, merge or resolve, apply) as
+//!   library functions; [`run::run_fork`] is the whole of `forkfleet run`.
 //!
 //! A typical embedded front end: `Client::in_process(coordinator_handle, bus)`; a cluster
 //! one: `Client::remote(nats_bus)`. Then `client.create_fork(..)`, `watch::follow(..)`,
@@ -24,6 +26,7 @@
 pub mod client;
 pub mod forkdir;
 pub mod render;
+pub mod run;
 pub mod watch;
 pub mod workspace;
 

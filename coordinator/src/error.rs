@@ -888,7 +888,7 @@ mod tests {
             assert_eq!(e.kind(), kind, "{e:?}");
             assert_eq!(
                 e.is_bad_input(),
-                matches!(kind, BadInput | NotFound),
+                matches!(kind, BadInput | NotFound | Conflict),
                 "{e:?}"
             );
             let text = e.to_string();

@@ -23,9 +23,9 @@
 
 use super::cluster::{settle, Cluster};
 use super::{file_for, peak_rss_mb, seed_workspace, BenchBus, BENCH_MODEL};
-use crate::embedded::{Embedded, EmbeddedOptions};
 use anyhow::Context;
 use clap::Args;
+use forkfleet::embedded::{Embedded, EmbeddedOptions};
 use forkfleet_client::workspace as ws;
 use forkfleet_client::{ApiClient, Client};
 use forkfleet_shared::api::{CreateFork, ParentRun};

@@ -2,16 +2,12 @@
 //! to resolve a fork (tests on every branch and the judges run on workers), apply a
 //! committed merge to a directory, and print the verdicts, signals and decision.
 
-use forkfleet_client::workspace as ws;
-use forkfleet_client::{ApiClient, Client};
+use super::*;
 use forkfleet_shared::api::ResolveReport;
-use forkfleet_shared::flush::{ConflictPolicy, FlushReport};
-use forkfleet_shared::ids::ForkId;
 use forkfleet_shared::resolve::{Decision, Strategy, DEFAULT_THRESHOLD, STRATEGY_NAMES};
 use forkfleet_shared::testsignal::TestOutcome;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
-use std::path::Path;
 
 /// `--strategy NAME [--threshold X]` as a strategy; `None` keeps the spec's.
 pub fn strategy_from_flags(
@@ -37,32 +33,6 @@ pub fn strategy_from_flags(
     }
     strategy.validate().map_err(|e| e.to_string())?;
     Ok(Some(strategy))
-}
-
-/// A resolve and what applying its merge did to a directory.
-pub struct Resolved {
-    pub report: ResolveReport,
-    /// The merge applied to the directory (or the store's report without one).
-    pub applied: Option<FlushReport>,
-}
-
-/// Resolve `fork`; on a commit, apply the merge to `dir` (if any).
-pub async fn resolve_and_apply(
-    coord: &Client,
-    fork: ForkId,
-    strategy: Option<Strategy>,
-    dir: Option<&Path>,
-    policy: ConflictPolicy,
-) -> anyhow::Result<Resolved> {
-    let report = coord.resolve(fork, strategy).await?;
-    let applied = match (&report.merge, dir) {
-        (Some(outcome), Some(dir)) if !outcome.into_branch => {
-            Some(ws::apply_merge(coord.blobs().as_ref(), outcome, dir, policy).await?)
-        }
-        (Some(outcome), _) => Some(outcome.report.clone()),
-        (None, _) => None,
-    };
-    Ok(Resolved { report, applied })
 }
 
 /// An error to exit with when the resolve could not decide what its strategy asked for:
@@ -195,7 +165,7 @@ pub fn report_text(report: &ResolveReport) -> String {
 }
 
 /// The report as JSON, with what applying the merge did.
-pub fn report_json(resolved: &Resolved) -> Value {
+pub fn report_json(resolved: &flow::Resolved) -> Value {
     let mut doc = serde_json::to_value(&resolved.report).unwrap_or(Value::Null);
     if let (Some(r), Some(obj)) = (&resolved.applied, doc.as_object_mut()) {
         obj.insert(
@@ -209,6 +179,63 @@ pub fn report_json(resolved: &Resolved) -> Value {
         );
     }
     doc
+}
+
+pub(crate) async fn fork_resolve(
+    coord: &Client,
+    fork: &str,
+    strategy: Option<Strategy>,
+    target: MergeTarget<'_>,
+    timeout: Option<Duration>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    let view = coord.fork(id).await?;
+    let (dir, policy) = target.resolve(&view)?;
+    // Embedded, unfinished branches run here (this session's workers) before the resolve.
+    if !coord.is_remote() && !view.settled() {
+        forkdir::follow(coord, id, timeout, AT_ONCE, !json).await?;
+    }
+    let resolved = flow::resolve_and_apply(coord, id, strategy, dir.as_deref(), policy).await?;
+    if resolved.report.merge.is_some() {
+        forkdir::cleanup_after_merge(coord, id).await;
+    }
+    if json {
+        print_json(&report_json(&resolved))?;
+    } else {
+        print!("{}", report_text(&resolved.report));
+        if let (Some(merge), Some(applied)) = (&resolved.report.merge, &resolved.applied) {
+            print!("{}", render::merge_text(&merge.winner, applied));
+        }
+    }
+    match failure(&resolved.report) {
+        Some(e) => Err(anyhow::anyhow!(e)),
+        None => Ok(()),
+    }
+}
+
+pub(crate) async fn fork_merge(
+    coord: &Client,
+    fork: &str,
+    pick: &str,
+    target: MergeTarget<'_>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    let view = coord.fork(id).await?;
+    let (dir, policy) = target.resolve(&view)?;
+    let (winner, report) = flow::merge_and_apply(coord, id, pick, dir.as_deref(), policy).await?;
+    if json {
+        let view = coord.fork(id).await?;
+        print_json(&render::fork_json(
+            &view,
+            None,
+            Some((winner.as_str(), &report)),
+        ))
+    } else {
+        print!("{}", render::merge_text(&winner, &report));
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -18,8 +18,8 @@
 
 use super::nats_server::{tail, NatsServerGuard};
 use super::{proc_peak_rss_mb, run_fanout, seed_workspace, FanoutArgs, FanoutResult};
-use crate::service;
 use anyhow::{bail, Context};
+use forkfleet::service;
 use forkfleet_client::{ApiClient, Client};
 use forkfleet_shared::api::ForkView;
 use forkfleet_shared::bus::nats::NatsConfig;
@@ -421,7 +421,10 @@ impl WorkerProcs {
             .stdout(Stdio::null())
             .stderr(Stdio::from(err));
         for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with(crate::config::ENV_PREFIX) {
+            if key
+                .to_string_lossy()
+                .starts_with(forkfleet::config::ENV_PREFIX)
+            {
                 cmd.env_remove(key);
             }
         }

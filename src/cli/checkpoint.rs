@@ -7,7 +7,7 @@
 //! file edited in the directory since is kept and reported (unless `--overwrite`), like a
 //! merge keeps local edits.
 
-use crate::cli::ClientArgs;
+use super::{ClientArgs, Local, Session};
 use anyhow::Context;
 use clap::Subcommand;
 use forkfleet_client::workspace as ws;
@@ -462,6 +462,12 @@ fn new_run_json(o: &NewRunOutcome) -> Value {
         "source": checkpoint_json(&o.source),
         "events": o.events,
         "snapshot": o.snapshot.to_string(),
+    })
+}
+
+pub(crate) async fn cmd_checkpoint(command: CheckpointCommand) -> anyhow::Result<()> {
+    with_session!(command.client(), Local::Read, |coord| {
+        run(coord, &command)
     })
 }
 

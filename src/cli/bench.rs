@@ -24,9 +24,9 @@ pub mod budget;
 mod cluster;
 pub mod nats_server;
 
-use crate::embedded::{Embedded, EmbeddedOptions};
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+use clap::{Args, Subcommand, ValueEnum};
+use forkfleet::embedded::{Embedded, EmbeddedOptions};
 use forkfleet_client::workspace as ws;
 use forkfleet_client::{ApiClient, Client};
 use forkfleet_shared::api::{CreateFork, ForkView, ParentRun};
@@ -479,4 +479,14 @@ pub fn proc_peak_rss_mb(pid: &str) -> Option<f64> {
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
         .map(|kb| kb / 1024.0)
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// N branches, each making K write_file calls then answering (the peer's fan-out work),
+    /// embedded (`--bus local`) or on a cluster of its own (`--bus nats`).
+    Fanout(self::FanoutArgs),
+    /// The peer's aggregate-cap table: 100 branches under caps of 10%, 25% and 50% of their
+    /// uncapped spend, in strict and best-effort mode; true spend against each cap.
+    Budget(self::budget::BudgetArgs),
 }

@@ -1,0 +1,671 @@
+//! `forkfleet fork ...`: create, inspect, steer, stop, resolve and merge forks.
+
+pub(crate) mod resolve;
+mod turns;
+
+use super::*;
+use resolve::*;
+use turns::*;
+
+/// After a top-up resumed branches, how long a fork may still look quiet (the resumed
+/// branches stay `paused` until a worker takes them).
+pub(crate) const RESUME_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Subcommand)]
+pub enum ForkCommand {
+    /// Create a fork from a spec file and print its id.
+    ///
+    /// Uploads only the workspace blobs the store lacks. On a cluster it returns at once
+    /// (follow with `fork watch`); embedded (no NATS URL) the fork runs here to the end,
+    /// since no worker outlives the command.
+    Create {
+        /// The fork spec (TOML). See docs/SPEC.md.
+        spec: PathBuf,
+        /// Embedded only: give up waiting for the branches after this many seconds.
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        /// Fork this existing root run (id or unique prefix) as it is now: its conversation
+        /// and its workspace version (a run merged into, or made by `checkpoint fork`),
+        /// instead of a new run from the spec's goal and workspace directory.
+        #[arg(long, value_name = "RUN")]
+        from_run: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List forks, newest first.
+    Ls(ClientArgs),
+    /// Show a fork's branches: state, turns, cost.
+    Show {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Follow a fork's branches (states, turns, costs) until every one has finished.
+    Watch {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// Give up after this many seconds (exit 1; the fork keeps running).
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show what the branches changed and where they agree.
+    Diff {
+        fork: String,
+        /// Only these paths (files or directories).
+        #[arg(long = "path")]
+        paths: Vec<String>,
+        /// Print unified diffs, not only the summary.
+        #[arg(long)]
+        unified: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Stop one branch; it keeps its partial work and can still be merged.
+    Terminate {
+        fork: String,
+        /// The branch's label.
+        label: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Stop every branch still running and mark the fork aborted (nothing can be merged).
+    Abort {
+        fork: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Send a running (or pending) branch a user message: it applies it before its next
+    /// model call, and the branch's log shows it as a `steer` event. An unknown label, an
+    /// empty message and a finished branch (see `fork continue`) are refused.
+    ///
+    /// Embedded (no NATS URL), what a stopped process left unfinished runs here, steered,
+    /// until nothing runs.
+    Steer {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// The branch's label.
+        label: String,
+        /// The message.
+        message: String,
+        /// Embedded only: give up waiting for the branches after this many seconds.
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Start a new turn of a finished branch (done, failed or terminated) with a user
+    /// message: it runs again with its whole history, writing into the same overlay (the
+    /// fork's diff and a merge then hold both turns' work). Prints the branch's new state.
+    ///
+    /// A running branch is refused (steer it), and so is a fork merged or aborted. Embedded
+    /// (no NATS URL) the new turn runs here to its end, then its final text is printed; on
+    /// a cluster, --wait waits for it.
+    Continue {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// The branch's label.
+        label: String,
+        /// The user message that starts the turn.
+        message: String,
+        /// Wait for the turn to end and print the branch's final text (always, embedded).
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this many seconds (exit 1; the branch keeps running).
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// A fork's money: per branch spent, reserved, cap, remaining and state; the fork's
+    /// and its account's totals.
+    Cost {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Raise a cap and resume the branches it paused: a branch's own cap with --branch,
+    /// else the fork's aggregate cap. Prints the cost report.
+    ///
+    /// Embedded (no NATS URL), the resumed branches run here until nothing runs.
+    Topup {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// The branch whose own cap to raise (default: the fork's aggregate cap).
+        #[arg(long, value_name = "LABEL")]
+        branch: Option<String>,
+        /// How much to add, in USD (finite, greater than 0).
+        #[arg(long, value_name = "USD", value_parser = parse_usd, allow_hyphen_values = true)]
+        usd: f64,
+        /// Embedded only: give up waiting for the resumed branches after this many seconds.
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Move cap from one branch of a fork to another (both must have a cap); resumes the
+    /// receiving branch if it was paused. Prints the cost report.
+    MoveBudget {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// The branch giving cap (it keeps at least what it spent and holds).
+        #[arg(long, value_name = "LABEL")]
+        from: String,
+        /// The branch receiving it.
+        #[arg(long, value_name = "LABEL")]
+        to: String,
+        /// How much to move, in USD (finite, greater than 0).
+        #[arg(long, value_name = "USD", value_parser = parse_usd, allow_hyphen_values = true)]
+        usd: f64,
+        /// Embedded only: give up waiting for the resumed branch after this many seconds.
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Resolve a fork: run the spec's test command on every branch's tree (on workers), ask
+    /// the judge(s), and decide by the strategy; a commit merges the winner and applies it
+    /// to the workspace directory. Prints the tests, each verdict with its confidence, and
+    /// the decision.
+    ///
+    /// Embedded (no NATS URL), unfinished branches run here first, then the tests and
+    /// judges run on in-process workers.
+    Resolve {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// Override the spec's strategy: manual, auto, auto_with_fallback, vote.
+        #[arg(long, value_name = "NAME")]
+        strategy: Option<String>,
+        /// auto_with_fallback's threshold in [0, 1] (default 0.80).
+        #[arg(long, value_name = "X", allow_hyphen_values = true)]
+        threshold: Option<f64>,
+        /// Apply a merge to this directory instead of the workspace the fork was made from.
+        #[arg(long, conflicts_with = "no_apply")]
+        apply: Option<PathBuf>,
+        /// Merge in the store only; leave every directory alone.
+        #[arg(long)]
+        no_apply: bool,
+        /// Overwrite files changed in the directory since the fork (default: keep them).
+        #[arg(long)]
+        overwrite: bool,
+        /// Embedded only: give up waiting for unfinished branches after this many seconds.
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Open the fork directory in a diff tool: the parent against each branch that
+    /// changed something (at PATH, when given).
+    ///
+    /// Syncs `<workspace>/.forkfleet/forks/<fork>/` first, then launches
+    /// $FORKFLEET_DIFFTOOL (a template with {parent} and {branches}), else PyCharm (a
+    /// 3-way diff), else VS Code (`code --diff`, pairwise), else prints a unified diff.
+    Open {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
+        /// A workspace-relative path the fork touched (default: the whole directories).
+        path: Option<String>,
+        /// Colour the terminal diff.
+        #[arg(long, value_enum, default_value_t = forkdir::ColorChoice::Auto)]
+        color: forkdir::ColorChoice,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Merge a branch into the fork's parent and apply it to the workspace directory.
+    Merge {
+        fork: String,
+        /// The winning branch's label.
+        #[arg(long)]
+        pick: String,
+        /// Apply to this directory instead of the workspace the fork was made from.
+        #[arg(long, conflicts_with = "no_apply")]
+        apply: Option<PathBuf>,
+        /// Merge in the store only; leave every directory alone.
+        #[arg(long)]
+        no_apply: bool,
+        /// Overwrite files changed in the directory since the fork (default: keep them).
+        #[arg(long)]
+        overwrite: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
+    match command {
+        ForkCommand::Create {
+            spec: spec_path,
+            timeout_s,
+            from_run,
+            client,
+        } => {
+            // Validate the spec before connecting: bad input creates nothing anywhere.
+            let config = client.load_config()?;
+            let loaded = spec::load_with(&spec_path, &config.pricing)?;
+            with_session!(
+                @open Session::connect(&client, &config, Local::Run),
+                |coord| fork_create(
+                    coord,
+                    &loaded,
+                    from_run.as_deref(),
+                    timeout_s.map(Duration::from_secs),
+                    client.json
+                )
+            )
+        }
+        ForkCommand::Ls(client) => with_session!(&client, Local::Read, |coord| async {
+            let forks = coord.forks().await?;
+            if client.json {
+                let docs: Vec<_> = forks
+                    .iter()
+                    .map(|v| render::fork_json(v, None, None))
+                    .collect();
+                print_json(&serde_json::Value::Array(docs))
+            } else {
+                print!("{}", render::fork_list(&forks));
+                Ok(())
+            }
+        }),
+        ForkCommand::Show { fork, client } => {
+            with_session!(&client, Local::Read, |coord| async {
+                let id = coord.find_fork(&fork).await?;
+                let view = coord.fork(id).await?;
+                print_view(&view, client.json)
+            })
+        }
+        // Embedded, watching also runs what a stopped process left unfinished.
+        ForkCommand::Watch {
+            fork,
+            timeout_s,
+            client,
+        } => with_session!(&client, Local::Resume, |coord| async {
+            let id = coord.find_fork(&fork).await?;
+            // Embedded, branches a stopped process left pending or running were enqueued
+            // again when this session started and its workers run them; paused ones wait
+            // for a top-up, which nothing can give while this process holds the store, so
+            // the watch ends once nothing runs. On a cluster another client may top up:
+            // it waits for every branch to finish.
+            let until = if coord.is_remote() {
+                Until::Finished
+            } else {
+                AT_ONCE
+            };
+            let timeout = timeout_s.map(Duration::from_secs);
+            // The fork directory follows the fork live.
+            let view = forkdir::follow(coord, id, timeout, until, !client.json).await?;
+            print_view(&view, client.json)
+        }),
+        ForkCommand::Diff {
+            fork,
+            paths,
+            unified,
+            client,
+        } => {
+            let filter = paths
+                .iter()
+                .map(|p| WsPath::parse(p).map_err(|e| BadInput(format!("--path: {e}"))))
+                .collect::<Result<Vec<_>, _>>()?;
+            with_session!(&client, Local::Read, |coord| async {
+                let id = coord.find_fork(&fork).await?;
+                let opts = DiffOptions {
+                    paths: if filter.is_empty() {
+                        None
+                    } else {
+                        Some(filter)
+                    },
+                    unified: unified || client.json,
+                    ..DiffOptions::default()
+                };
+                let report = coord.diff(id, opts).await?;
+                if client.json {
+                    print_json(&render::diff_json(&report, true))
+                } else {
+                    print!("{}", render::diff_text(&report, unified));
+                    Ok(())
+                }
+            })
+        }
+        ForkCommand::Terminate {
+            fork,
+            label,
+            client,
+        } => with_session!(&client, Local::Read, |coord| async {
+            let id = coord.find_fork(&fork).await?;
+            let outcome = coord.terminate(id, &label).await?;
+            if client.json {
+                print_json(&render::terminate_json(&outcome))
+            } else {
+                print!("{}", render::terminate_text(&outcome));
+                Ok(())
+            }
+        }),
+        ForkCommand::Abort { fork, client } => {
+            with_session!(&client, Local::Read, |coord| async {
+                let id = coord.find_fork(&fork).await?;
+                let outcome = coord.abort(id).await?;
+                if client.json {
+                    print_json(&render::abort_json(&outcome))
+                } else {
+                    print!("{}", render::abort_text(&outcome));
+                    Ok(())
+                }
+            })
+        }
+        ForkCommand::Steer {
+            fork,
+            label,
+            message,
+            timeout_s,
+            client,
+        } => {
+            check_turn_args(&label, &message)?;
+            // Embedded, the session's workers run what a stopped process left unfinished.
+            with_session!(&client, Local::Resume, |coord| fork_steer(
+                coord,
+                &fork,
+                &label,
+                &message,
+                timeout_s.map(Duration::from_secs),
+                client.json
+            ))
+        }
+        ForkCommand::Continue {
+            fork,
+            label,
+            message,
+            wait,
+            timeout_s,
+            client,
+        } => {
+            check_turn_args(&label, &message)?;
+            // Embedded, the session's workers run the new turn.
+            with_session!(&client, Local::Resume, |coord| fork_continue(
+                coord,
+                &fork,
+                &label,
+                &message,
+                wait,
+                timeout_s.map(Duration::from_secs),
+                client.json
+            ))
+        }
+        ForkCommand::Cost { fork, client } => {
+            with_session!(&client, Local::Read, |coord| async {
+                let id = coord.find_fork(&fork).await?;
+                let cost = coord.fork_cost(id).await?;
+                print_cost(&cost, client.json)
+            })
+        }
+        ForkCommand::Topup {
+            fork,
+            branch,
+            usd,
+            timeout_s,
+            client,
+        } => {
+            if let Some(label) = &branch {
+                spec::check_label(label).map_err(|e| BadInput(format!("--branch: {e}")))?;
+            }
+            with_session!(&client, Local::Resume, |coord| async {
+                let id = coord.find_fork(&fork).await?;
+                let cost = coord.topup(id, branch.clone(), usd).await?;
+                let what = match &branch {
+                    Some(b) => format!("branch `{b}`'s cap"),
+                    None => "the fork's cap".to_string(),
+                };
+                let done = format!("raised {what} by ${usd:.6}");
+                after_resume(coord, cost, &done, timeout_s, client.json).await
+            })
+        }
+        ForkCommand::MoveBudget {
+            fork,
+            from,
+            to,
+            usd,
+            timeout_s,
+            client,
+        } => {
+            for (flag, label) in [("--from", &from), ("--to", &to)] {
+                spec::check_label(label).map_err(|e| BadInput(format!("{flag}: {e}")))?;
+            }
+            if from == to {
+                return Err(BadInput(format!(
+                    "--from and --to both name branch `{from}`; move budget between two different branches"
+                ))
+                .into());
+            }
+            with_session!(&client, Local::Resume, |coord| async {
+                let id = coord.find_fork(&fork).await?;
+                let cost = coord.move_budget(id, &from, &to, usd).await?;
+                let done = format!("moved ${usd:.6} of cap from `{from}` to `{to}`");
+                after_resume(coord, cost, &done, timeout_s, client.json).await
+            })
+        }
+        ForkCommand::Resolve {
+            fork,
+            strategy,
+            threshold,
+            apply,
+            no_apply,
+            overwrite,
+            timeout_s,
+            client,
+        } => {
+            let strategy =
+                resolve::strategy_from_flags(strategy.as_deref(), threshold).map_err(BadInput)?;
+            with_session!(&client, Local::Resume, |coord| fork_resolve(
+                coord,
+                &fork,
+                strategy,
+                MergeTarget {
+                    apply: apply.as_deref(),
+                    no_apply,
+                    overwrite
+                },
+                timeout_s.map(Duration::from_secs),
+                client.json
+            ))
+        }
+        ForkCommand::Open {
+            fork,
+            path,
+            color,
+            client,
+        } => with_session!(&client, Local::Read, |coord| async {
+            let id = coord.find_fork(&fork).await?;
+            forkdir::open(coord, id, path.as_deref(), color, client.json).await
+        }),
+        ForkCommand::Merge {
+            fork,
+            pick,
+            apply,
+            no_apply,
+            overwrite,
+            client,
+        } => with_session!(&client, Local::Read, |coord| fork_merge(
+            coord,
+            &fork,
+            &pick,
+            MergeTarget {
+                apply: apply.as_deref(),
+                no_apply,
+                overwrite
+            },
+            client.json
+        )),
+    }
+}
+
+pub(crate) fn print_view(view: &ForkView, json: bool) -> anyhow::Result<()> {
+    if json {
+        print_json(&render::fork_json(view, None, None))
+    } else {
+        print!("{}", render::fork_header(view));
+        print!("{}", render::branch_table(view));
+        let paused = render::paused_labels(view);
+        if !paused.is_empty() && !view.state.is_resolved() {
+            print!(
+                "\n{}",
+                render::paused_hint(view.fork_id, &paused, view.branches.len(), None, "")
+            );
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn print_cost(cost: &ForkCost, json: bool) -> anyhow::Result<()> {
+    if json {
+        print_json(&render::to_json(cost)?)
+    } else {
+        print!("{}", render::cost_table(cost));
+        Ok(())
+    }
+}
+
+/// After a cap change: embedded, run what it resumed here until nothing runs (no worker
+/// outlives the command), then report the fork's cost; on a cluster, report at once.
+pub(crate) async fn after_resume(
+    coord: &Client,
+    cost: ForkCost,
+    done: &str,
+    timeout_s: Option<u64>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = cost.fork_id;
+    let cost = if coord.is_remote() {
+        cost
+    } else {
+        settle_resumed(coord, &[id], timeout_s, json).await?;
+        coord.fork_cost(id).await?
+    };
+    if json {
+        return print_cost(&cost, true);
+    }
+    println!("{done}");
+    print!("{}", render::cost_table(&cost));
+    let paused: Vec<&str> = cost
+        .branches
+        .iter()
+        .filter(|b| b.state == forkfleet_shared::state::BranchState::Paused)
+        .map(|b| b.label.as_str())
+        .collect();
+    if !paused.is_empty() {
+        print!(
+            "\n{}",
+            render::paused_hint(id, &paused, cost.branches.len(), Some(&cost), "")
+        );
+    }
+    Ok(())
+}
+
+/// Embedded: follow `forks` until nothing runs in them (resumed branches included).
+pub(crate) async fn settle_resumed(
+    coord: &Client,
+    forks: &[ForkId],
+    timeout_s: Option<u64>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let until = Until::Quiet {
+        grace: RESUME_GRACE,
+    };
+    for id in forks {
+        let view = coord.fork(*id).await?;
+        if view.state.is_resolved() || view.settled() {
+            continue;
+        }
+        // The fork directory follows what the resumed branches do.
+        forkdir::follow(coord, *id, timeout_s.map(Duration::from_secs), until, !json).await?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn fork_create(
+    coord: &Client,
+    loaded: &spec::LoadedSpec,
+    from_run: Option<&str>,
+    timeout: Option<Duration>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let from = match from_run {
+        Some(prefix) => Some(coord.find_run(prefix).await?),
+        None => None,
+    };
+    let (view, from_text) = flow::create_fork(coord, loaded, from).await?;
+    if !json {
+        eprintln!(
+            "fork {}: {} branches · {from_text}",
+            view.fork_id,
+            view.branches.len()
+        );
+    }
+    // Embedded, the workers live in this process: the fork runs to the end here (or until
+    // what is left waits, paused, for a top-up).
+    let view = if coord.is_remote() {
+        view
+    } else {
+        // The fork directory follows the fork live.
+        forkdir::follow(coord, view.fork_id, timeout, AT_ONCE, !json).await?
+    };
+    if json {
+        print_json(&render::fork_json(&view, None, None))?;
+    } else {
+        println!("{}", view.fork_id);
+    }
+    let paused = render::paused_labels(&view);
+    if !coord.is_remote() && !paused.is_empty() {
+        let cost = coord.fork_cost(view.fork_id).await.ok();
+        return Err(anyhow::anyhow!(
+            "{}",
+            render::paused_hint(
+                view.fork_id,
+                &paused,
+                view.branches.len(),
+                cost.as_ref(),
+                ""
+            )
+            .trim_end()
+        ));
+    }
+    Ok(())
+}
+
+/// Where a merge is applied.
+pub(crate) struct MergeTarget<'a> {
+    apply: Option<&'a Path>,
+    no_apply: bool,
+    overwrite: bool,
+}
+
+impl MergeTarget<'_> {
+    /// The directory a merge of `view` is applied to (checked before the merge: a merge is
+    /// final, and its result must land somewhere), and the conflict policy.
+    fn resolve(&self, view: &ForkView) -> anyhow::Result<(Option<PathBuf>, ConflictPolicy)> {
+        let dir = if self.no_apply {
+            None
+        } else {
+            match (self.apply, &view.workspace) {
+                (Some(a), _) => Some(a.to_path_buf()),
+                (None, Some(w)) => Some(PathBuf::from(w)),
+                (None, None) => None,
+            }
+        };
+        if let Some(d) = &dir {
+            if !d.is_dir() {
+                return Err(BadInput(format!(
+                    "cannot apply the merge: `{}` is not a directory (pass --apply DIR or --no-apply)",
+                    d.display()
+                ))
+                .into());
+            }
+        }
+        let policy = if self.overwrite {
+            ConflictPolicy::Overwrite
+        } else {
+            ConflictPolicy::KeepParent
+        };
+        Ok((dir, policy))
+    }
+}

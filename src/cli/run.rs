@@ -1,0 +1,144 @@
+//! `forkfleet run`: a fork from a spec file, embedded, start to merge.
+
+use super::*;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The fork spec (TOML). See docs/SPEC.md.
+    pub spec: PathBuf,
+    /// Merge this branch into the workspace when the fork settles.
+    #[arg(long)]
+    pub pick: Option<String>,
+    /// The data directory (default: `.forkfleet/` next to the spec).
+    #[arg(long, env = "FORKFLEET_DATA")]
+    pub data: Option<PathBuf>,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// In-process workers.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Branches each worker runs at once.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Give up waiting for the branches after this many seconds (they stay in the store).
+    #[arg(long)]
+    pub timeout_s: Option<u64>,
+    /// A TOML config file (default: $FORKFLEET_CONFIG); `run` uses its `[pricing]`.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+pub(crate) async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
+    // Only the config's `[pricing]` matters here; the data dir is `--data` or next to the
+    // spec, as always.
+    let pricing = Config::load_pricing(args.config.as_deref(), &config::process_env)?;
+    let loaded = spec::load_with(&args.spec, &pricing)?;
+    if let Some(pick) = &args.pick {
+        if !loaded.plan.branches.iter().any(|b| &b.label == pick) {
+            return Err(BadInput(format!(
+                "--pick `{pick}` is not a branch of this spec; branches: {}",
+                labels(loaded.plan.branches.iter().map(|b| b.label.as_str()))
+            ))
+            .into());
+        }
+    }
+    let data_dir = match &args.data {
+        Some(d) => d.clone(),
+        None => args
+            .spec
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
+            .join(".forkfleet"),
+    };
+    let opts = EmbeddedOptions {
+        workers: args.workers.max(1),
+        concurrency: args.concurrency.max(1),
+        requeue_unfinished: false,
+    };
+    let system = Embedded::start(&data_dir, opts).await?;
+    let result = run_fork(&system, &loaded, &args).await;
+    let shutdown = system.shutdown().await;
+    result?;
+    shutdown
+}
+
+/// Run the fork with the client's workflow ([`forkfleet_client::run::run_fork`]), then say
+/// what happened: the branches, the diff, the resolve report and the merge, or what is
+/// left to do.
+async fn run_fork(
+    system: &Embedded,
+    loaded: &spec::LoadedSpec,
+    args: &RunArgs,
+) -> anyhow::Result<()> {
+    let coord = system.client();
+    let opts = flow::RunOptions {
+        pick: args.pick.clone(),
+        timeout: args.timeout_s.map(Duration::from_secs),
+        show: !args.json,
+    };
+    let out = flow::run_fork(&coord, loaded, &opts).await?;
+    let fork_id = out.view.fork_id;
+    let data_flag = format!(" --data {}", system.data_dir.display());
+    if !out.solo_unresolved.is_empty() {
+        // On stderr whatever the output format: the run did not do what it usually does.
+        let open: Vec<String> = out.solo_unresolved.iter().map(ForkId::to_string).collect();
+        eprintln!(
+            "the agent left its fork(s) {} unresolved, so its work is not merged yet: resolve each (`forkfleet fork merge FORK --pick LABEL{data_flag}` or `fork abort`), then `forkfleet fork merge {fork_id} --pick {SOLO_LABEL}{data_flag}`",
+            open.join(", "),
+        );
+    }
+    if args.json {
+        let mut doc = render::fork_json(
+            &out.view,
+            Some(&out.diff),
+            out.merge.as_ref().map(|(w, r)| (w.as_str(), r)),
+        );
+        if let Some(r) = &out.resolved {
+            doc["resolve"] = fork::resolve::report_json(r);
+        }
+        print_json(&doc)?;
+    } else {
+        print!("{}", render::branch_table(&out.view));
+        println!();
+        print!("{}", render::diff_text(&out.diff, false));
+        if let Some(r) = &out.resolved {
+            print!("{}", fork::resolve::report_text(&r.report));
+        }
+        match &out.merge {
+            Some((winner, report)) => print!("{}", render::merge_text(winner, report)),
+            None if out.paused.is_empty() && out.resolved.is_none() => println!(
+                "\nunresolved: merge a branch with\n  forkfleet fork merge {fork_id} --pick LABEL{data_flag}"
+            ),
+            None => {}
+        }
+    }
+    if let Some(e) = out
+        .resolved
+        .as_ref()
+        .and_then(|r| fork::resolve::failure(&r.report))
+    {
+        return Err(anyhow::anyhow!("{e}"));
+    }
+    if out.merge.is_none() && !out.paused.is_empty() {
+        let cost = coord.fork_cost(fork_id).await.ok();
+        let refs: Vec<&str> = out.paused.iter().map(String::as_str).collect();
+        let hint = render::paused_hint(
+            fork_id,
+            &refs,
+            out.view.branches.len(),
+            cost.as_ref(),
+            &data_flag,
+        );
+        let picked = match &args.pick {
+            Some(p) => format!("--pick `{p}` is paused, not finished: nothing was merged; "),
+            None => String::new(),
+        };
+        return Err(anyhow::anyhow!(
+            "{picked}{}then merge a finished branch with `forkfleet fork merge {fork_id} --pick LABEL{data_flag}`",
+            hint
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! `forkfleet coordinator` and `forkfleet worker`: the cluster services, until a signal.
+
+use super::*;
+
+#[derive(Debug, Args)]
+pub struct CoordinatorArgs {
+    /// The data directory of the run store (default: .forkfleet; $FORKFLEET_DATA).
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// The task queue branch tasks go to (default: default; $FORKFLEET_POOL).
+    #[arg(long, value_name = "NAME")]
+    pub pool: Option<String>,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The task queue to pull from (default: default; $FORKFLEET_POOL).
+    #[arg(long, value_name = "NAME")]
+    pub pool: Option<String>,
+    /// Branches run at once (default: 64; $FORKFLEET_CONCURRENCY).
+    #[arg(long, value_name = "N")]
+    pub concurrency: Option<usize>,
+    /// On SIGTERM, seconds running branches get to finish before they are handed back
+    /// (default: 30; $FORKFLEET_DRAIN_GRACE_S).
+    #[arg(long, value_name = "SECONDS")]
+    pub drain_grace_s: Option<u64>,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+pub(crate) async fn cmd_coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
+    let config = args.config.load(Layer {
+        data: args.data,
+        pool: args.pool,
+        ..Layer::default()
+    })?;
+    if args.config.print_config {
+        print!("{}", config.render());
+        return Ok(());
+    }
+    service::run_coordinator(&config, service::shutdown_signal()).await
+}
+
+pub(crate) async fn cmd_worker(args: WorkerArgs) -> anyhow::Result<()> {
+    let config = args.config.load(Layer {
+        pool: args.pool,
+        concurrency: args.concurrency,
+        drain_grace_s: args.drain_grace_s,
+        ..Layer::default()
+    })?;
+    if args.config.print_config {
+        print!("{}", config.render());
+        return Ok(());
+    }
+    service::run_worker(&config, service::shutdown_signal()).await
+}

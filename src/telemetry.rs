@@ -1,0 +1,51 @@
+//! The process's telemetry: log lines and trace context.
+
+/// The process's subscriber: log lines on stderr, and an OpenTelemetry layer.
+///
+/// - **Logs**: filtered by `RUST_LOG`, else by `-v` (warn, info, debug).
+/// - **Traces**: forkfleet's own spans at info and above, whatever the log filter, get
+///   OpenTelemetry trace and span ids from an SDK tracer (sampled unless a remote parent
+///   says otherwise), so trace context propagates over the bus: tasks carry the
+///   `fork.create` span's `traceparent` and branch spans hang under it
+///   (`forkfleet_shared::trace`). Events and other crates' spans (ractor's `Actor`, ...)
+///   stay out of it. There is no exporter yet, so nothing leaves the process: spans are
+///   dropped as they end and the provider has no thread or buffer to flush at exit.
+pub fn init(verbose: u8) {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
+
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let provider = SdkTracerProvider::builder()
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
+        .build();
+    // The tracer keeps the provider alive for the life of the process.
+    let traces = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("forkfleet"))
+        .with_threads(false)
+        .with_filter(
+            tracing_subscriber::filter::filter_fn(|meta| {
+                meta.is_span()
+                    && *meta.level() <= tracing::Level::INFO
+                    && meta.target().starts_with("forkfleet")
+            })
+            // Without the hint, `log` records (sled's trace logging) would all be converted
+            // and dispatched only to be dropped.
+            .with_max_level_hint(tracing::Level::INFO),
+        );
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init();
+}
