@@ -13,6 +13,8 @@
 //! - [`flush`]: replaying a branch's change log onto a parent, with conflict detection.
 //! - [`event`], [`state`]: run events and branch / fork states.
 //! - [`pricing`], [`budget`]: model prices; budget policy, reservations, cost reports.
+//! - [`clock`]: the time that decides behaviour (reservation expiry, heartbeats), which tests
+//!   replace with a manual clock.
 //! - [`trace`]: W3C trace context carried by bus messages.
 //! - [`testsignal`]: test runner output and exit status to a branch's test signal.
 //! - [`resolve`]: confidence scoring, the judge's verdict and bounded prompt, merge strategies.
@@ -23,6 +25,7 @@ pub mod apicall;
 pub mod blob;
 pub mod budget;
 pub mod bus;
+pub mod clock;
 pub mod diff;
 pub mod endpoint;
 pub mod event;
