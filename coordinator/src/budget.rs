@@ -17,8 +17,12 @@
 //!   every branch under it is stopped (or paused), and it refuses everything until raised.
 //!   In best-effort mode the same happens when a `usage` event takes the spend to the cap.
 //! - Caps changed after creation (top-ups, moves) are written to the store's `caps` tree.
+//! - Time (when a reservation expires) comes from the ledger's [`Clock`], the system's
+//!   unless a test gives it a manual one ([`Ledger::open`]).
 
 mod service;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use service::start;
 
@@ -29,6 +33,7 @@ use forkfleet_shared::budget::{
     ForkCost, OnExhausted,
 };
 use forkfleet_shared::bus::Bus;
+use forkfleet_shared::clock::Clock;
 use forkfleet_shared::ids::{ForkId, ReservationId, RunId};
 use forkfleet_shared::protocol::{now_ms, Control, ControlCommand};
 use forkfleet_shared::spec::check_account_name;
@@ -116,6 +121,7 @@ pub(crate) struct Ledger {
     store: RunStore,
     bus: Arc<dyn Bus>,
     ttl_ms: u64,
+    clock: Arc<dyn Clock>,
 }
 
 impl State {
@@ -322,11 +328,13 @@ fn check_usd(what: &str, usd: f64, zero_ok: bool) -> Result<(), CoordinatorError
 
 impl Ledger {
     /// The ledger over `store`'s accounts and reservations (forks register themselves as
-    /// their actors start). Reservations expire `ttl_ms` after they are granted.
+    /// their actors start). Reservations expire `ttl_ms` after they are granted, by
+    /// `clock`.
     pub fn open(
         store: RunStore,
         bus: Arc<dyn Bus>,
         ttl_ms: u64,
+        clock: Arc<dyn Clock>,
     ) -> Result<Arc<Ledger>, CoordinatorError> {
         let mut state = State::default();
         for a in store.accounts()? {
@@ -346,6 +354,7 @@ impl Ledger {
             store,
             bus,
             ttl_ms,
+            clock,
         }))
     }
 
@@ -463,7 +472,7 @@ impl Ledger {
     /// Reserve an upper bound for one model call of a branch (strict mode). Granted, the
     /// reservation is written to the store; the caller flushes before answering.
     pub fn reserve(&self, req: &BudgetRequest) -> (BudgetReply, Actions) {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut out = Actions::default();
         let mut s = self.lock();
         let Some(run) = s.runs.get(&req.run_id) else {
@@ -642,7 +651,7 @@ impl Ledger {
         cost_usd: f64,
         reservation: Option<ReservationId>,
     ) -> Actions {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut out = Actions::default();
         // The replica's rule (`replica.rs`): a finite cost counts, anything else does not.
         let cost = if cost_usd.is_finite() { cost_usd } else { 0.0 };
@@ -726,7 +735,8 @@ impl Ledger {
         let stopped = state.is_stopped();
         if stopped {
             run.stopping = false;
-            run.stopped_at_ms.get_or_insert_with(now_ms);
+            let now = self.clock.now_ms();
+            run.stopped_at_ms.get_or_insert(now);
         } else if state == BranchState::Running {
             run.stopped_at_ms = None;
         }
@@ -755,7 +765,12 @@ impl Ledger {
         self.forget(&released);
     }
 
-    /// Release reservations past their expiry; how many.
+    /// Release reservations past their expiry by the ledger's clock; how many.
+    pub fn expire_due(&self) -> usize {
+        self.expire(self.clock.now_ms())
+    }
+
+    /// Release reservations that expire at `now` or before; how many.
     pub fn expire(&self, now: u64) -> usize {
         let mut s = self.lock();
         let released = s.release_where(|r| r.expires_at_ms <= now);

@@ -19,7 +19,7 @@
 //! Nothing is written until everything is validated. The fork record is written last, so a
 //! crash half-way leaves only unreachable runs, never a half-made fork.
 
-use crate::error::{list, CoordinatorError};
+use crate::error::CoordinatorError;
 use crate::store::{encode, BranchRecord, ForkRecord, RunRecord, RunStore};
 use bytes::Bytes;
 use forkfleet_shared::api::{CheckpointKind, CheckpointView, CreateFork, ParentRun};
@@ -29,9 +29,7 @@ use forkfleet_shared::event::{events_from_messages, history_at, Event, Usage};
 use forkfleet_shared::ids::{CheckpointId, ForkId, RunId};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::protocol::BranchTask;
-use forkfleet_shared::spec::{
-    check_depth, check_label, BranchPlan, ForkPlan, SpecError, SOLO_LABEL,
-};
+use forkfleet_shared::spec::{check_depth, BranchPlan, ForkPlan, SpecError};
 use forkfleet_shared::state::{BranchState, ForkState};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -57,81 +55,14 @@ pub fn post_fork_checkpoint_label(fork: ForkId) -> String {
     format!("post-fork:{fork}")
 }
 
-/// Checks that need no store: branches, labels, models, budgets.
+/// Checks that need no store: the plan's rules ([`ForkPlan::validate`], the same the spec
+/// loader applies), for a plan from any client.
 pub(crate) fn validate_plan(plan: &ForkPlan) -> Result<(), CoordinatorError> {
-    if plan.branches.is_empty() {
-        return Err(SpecError::NoBranches.into());
-    }
-    if plan.branches.len() > plan.limits.max_branches {
-        return Err(SpecError::TooManyBranches {
-            requested: plan.branches.len(),
-            max: plan.limits.max_branches,
-        }
-        .into());
-    }
-    for (field, v) in [
-        ("max_turns", plan.limits.max_turns),
-        ("max_output_tokens", plan.limits.max_output_tokens),
-    ] {
-        if v == 0 {
-            return Err(SpecError::ZeroLimit {
-                field: field.to_string(),
-            }
-            .into());
-        }
-    }
-    check_budget("aggregate_budget_usd", plan.aggregate_budget_usd)?;
-    plan.resolve.validate()?;
-    let mut seen: BTreeSet<&str> = BTreeSet::new();
-    for (i, b) in plan.branches.iter().enumerate() {
-        check_label(&b.label)?;
-        if b.label.is_empty() {
-            return Err(SpecError::BadLabel {
-                label: String::new(),
-                reason: "it is empty",
-            }
-            .into());
-        }
-        if !seen.insert(b.label.as_str()) {
-            return Err(CoordinatorError::DuplicateLabel(b.label.clone()));
-        }
-        if !plan.models.contains_key(&b.model) {
-            return Err(CoordinatorError::UnknownModel {
-                label: b.label.clone(),
-                model: b.model.clone(),
-                valid: list(plan.models.keys()),
-            });
-        }
-        if b.max_turns == 0 || b.max_output_tokens == Some(0) {
-            let field = if b.max_turns == 0 {
-                "max_turns"
-            } else {
-                "max_output_tokens"
-            };
-            return Err(SpecError::ZeroLimit {
-                field: format!("branches[{i}].{field}"),
-            }
-            .into());
-        }
-        if plan.solo && (plan.branches.len() != 1 || b.label != SOLO_LABEL) {
-            return Err(CoordinatorError::BadRequest(format!(
-                "a single agent run has exactly one branch, labelled `{SOLO_LABEL}`"
-            )));
-        }
-        check_budget(&format!("branches[{i}].budget_usd"), b.budget_usd)?;
-    }
-    Ok(())
-}
-
-fn check_budget(field: &str, v: Option<f64>) -> Result<(), CoordinatorError> {
-    match v {
-        Some(v) if !v.is_finite() || v < 0.0 => Err(SpecError::BadBudget {
-            field: field.to_string(),
-            value: v,
-        }
-        .into()),
-        _ => Ok(()),
-    }
+    plan.validate().map_err(|e| match e {
+        // The coordinator's callers match on this one by name.
+        SpecError::DuplicateLabel { label, .. } => CoordinatorError::DuplicateLabel(label),
+        other => CoordinatorError::InvalidPlan(other),
+    })
 }
 
 /// The snapshot manifest, after checking that it and every blob the fork needs (files,

@@ -121,7 +121,18 @@ impl Coordinator {
         store: RunStore,
         bus: Arc<dyn Bus>,
     ) -> Result<Coordinator, CoordinatorError> {
-        let ledger = Ledger::open(store.clone(), bus.clone(), config.reservation_ttl_ms)?;
+        Self::start_with_clock(config, store, bus, forkfleet_shared::clock::system()).await
+    }
+
+    /// [`Coordinator::start`], with budget reservations timed by `clock` (a test's
+    /// manual clock makes them expire without waiting).
+    pub async fn start_with_clock(
+        config: CoordinatorConfig,
+        store: RunStore,
+        bus: Arc<dyn Bus>,
+        clock: Arc<dyn forkfleet_shared::clock::Clock>,
+    ) -> Result<Coordinator, CoordinatorError> {
+        let ledger = Ledger::open(store.clone(), bus.clone(), config.reservation_ttl_ms, clock)?;
         let (root, root_join) = Actor::spawn(
             None,
             RootActor,

@@ -14,6 +14,8 @@
 //! - [`event`], [`state`]: run events and branch / fork states.
 //! - [`pricing`], [`budget`]: model prices; budget policy, reservations, cost reports.
 //! - [`error`]: the kind every crate's errors answer (bad input, not found, ...), its exit code.
+//! - [`clock`]: the time that decides behaviour (reservation expiry, heartbeats), which tests
+//!   replace with a manual clock.
 //! - [`trace`]: W3C trace context carried by bus messages.
 //! - [`testsignal`]: test runner output and exit status to a branch's test signal.
 //! - [`resolve`]: confidence scoring, the judge's verdict and bounded prompt, merge strategies.
@@ -24,6 +26,7 @@ pub mod apicall;
 pub mod blob;
 pub mod budget;
 pub mod bus;
+pub mod clock;
 pub mod diff;
 pub mod endpoint;
 pub mod error;

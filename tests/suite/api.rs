@@ -237,10 +237,10 @@ async fn every_request_kind_round_trips() {
 
     // Errors keep their kind.
     let (kind, msg) = api_kind(r.merge(id, "thorough").await.unwrap_err());
-    assert_eq!(kind, ApiErrorKind::BadInput);
+    assert_eq!(kind, ApiErrorKind::Conflict);
     assert!(msg.contains("already merged"), "{msg}");
     let (kind, _) = api_kind(r.abort(id).await.unwrap_err());
-    assert_eq!(kind, ApiErrorKind::BadInput);
+    assert_eq!(kind, ApiErrorKind::Conflict);
     let (kind, msg) = api_kind(r.terminate(id, "nope").await.unwrap_err());
     assert_eq!(kind, ApiErrorKind::NotFound);
     assert!(msg.contains("concise, thorough, tidy"), "{msg}");
@@ -314,7 +314,7 @@ async fn terminate_and_abort_stop_running_branches() {
     let again = r.abort(id).await.unwrap();
     assert!(!again.changed && again.terminated.is_empty());
     let (kind, msg) = api_kind(r.merge(id, "a").await.unwrap_err());
-    assert_eq!(kind, ApiErrorKind::BadInput);
+    assert_eq!(kind, ApiErrorKind::Conflict);
     assert!(msg.contains("aborted"), "{msg}");
 
     sys.stop().await;

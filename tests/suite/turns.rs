@@ -219,7 +219,7 @@ async fn a_steer_reaches_the_running_branch_before_its_next_call() {
     // A finished branch is not steered: it is continued.
     refused(
         coord.steer(id, "slow", "late").await,
-        ApiErrorKind::BadInput,
+        ApiErrorKind::Conflict,
         "fork continue",
     );
     system.shutdown().await.unwrap();
@@ -235,7 +235,7 @@ async fn a_follow_up_turn_runs_on_the_whole_history_and_merges_with_the_first() 
     assert!(!state(&view, "slow").is_terminal());
     refused(
         coord.continue_branch(id, "slow", "more").await,
-        ApiErrorKind::BadInput,
+        ApiErrorKind::Conflict,
         "steer",
     );
     coord.terminate(id, "slow").await.unwrap();
@@ -285,7 +285,7 @@ async fn a_follow_up_turn_runs_on_the_whole_history_and_merges_with_the_first() 
     assert_eq!(changed, ["a/first.txt", "a/second.txt"]);
     refused(
         coord.continue_branch(id, "slow", "more").await,
-        ApiErrorKind::BadInput,
+        ApiErrorKind::Conflict,
         "merged",
     );
     // (The client holds the store open: drop it before the system goes.)

@@ -56,6 +56,7 @@ pub use agent::COORDINATOR_TRIES;
 pub use error::WorkerError;
 
 use forkfleet_shared::bus::Bus;
+use forkfleet_shared::clock::Clock;
 use forkfleet_shared::ids::WorkerId;
 use forkfleet_shared::protocol::DEFAULT_POOL;
 use node::{NodeActor, NodeArgs, NodeHandle};
@@ -92,6 +93,9 @@ pub struct WorkerConfig {
     pub scripted_usage_log: Option<PathBuf>,
     /// Resolve jobs (tests on branch trees, judge calls) run at once.
     pub resolve_concurrency: usize,
+    /// The time the worker's heartbeats are stamped with (the system clock; tests may give
+    /// a manual one).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for WorkerConfig {
@@ -106,6 +110,7 @@ impl Default for WorkerConfig {
             drain_grace: Duration::from_secs(30),
             scripted_usage_log: None,
             resolve_concurrency: DEFAULT_RESOLVE_CONCURRENCY,
+            clock: forkfleet_shared::clock::system(),
         }
     }
 }

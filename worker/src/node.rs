@@ -19,7 +19,9 @@
 //!   stop when none is left. The caller bounds it with a grace period and then shuts down.
 //! - **Shutdown**: stop pulling, stop every agent at its next turn boundary, nak what did not
 //!   finish, wait for the puller to exit, then stop.
-//! - Every heartbeat also publishes the worker's [`WorkerInfo`] (for `forkfleet workers`).
+//! - Every heartbeat also publishes the worker's [`WorkerInfo`] (for `forkfleet workers`),
+//!   stamped by the config's clock: a heartbeat older than `WORKER_TTL_MS` means the
+//!   worker is gone.
 //! - A task's trace context ([`TaskLease::trace`]) becomes the parent of its agent's
 //!   `branch.run` span, so branches join the trace of the fork that enqueued them.
 
@@ -202,6 +204,7 @@ impl Actor for NodeActor {
         args: NodeArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let (stop_pull, stop_rx) = watch::channel(false);
+        let started_at_ms = args.config.clock.now_ms();
         Ok(NodeState {
             config: args.config,
             ctx: args.ctx,
@@ -213,7 +216,7 @@ impl Actor for NodeActor {
             draining: false,
             quiescing: false,
             waiters: Vec::new(),
-            started_at_ms: forkfleet_shared::protocol::now_ms(),
+            started_at_ms,
             hostname: hostname(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             heartbeat: None,
@@ -429,9 +432,9 @@ fn begin_drain(state: &mut NodeState) {
     }
 }
 
-/// Put this worker's heartbeat on the bus (off the mailbox).
-fn announce(state: &NodeState) {
-    let info = WorkerInfo {
+/// This worker's heartbeat: what it runs, stamped with its clock's time.
+fn worker_info(state: &NodeState) -> WorkerInfo {
+    WorkerInfo {
         worker_id: state.config.worker_id,
         pool: state.config.pool.clone(),
         concurrency: state.config.concurrency,
@@ -439,8 +442,13 @@ fn announce(state: &NodeState) {
         hostname: state.hostname.clone(),
         version: state.version.clone(),
         started_at_ms: state.started_at_ms,
-        heartbeat_at_ms: forkfleet_shared::protocol::now_ms(),
-    };
+        heartbeat_at_ms: state.config.clock.now_ms(),
+    }
+}
+
+/// Put this worker's heartbeat on the bus (off the mailbox).
+fn announce(state: &NodeState) {
+    let info = worker_info(state);
     let bus = state.ctx.bus.clone();
     tokio::spawn(async move {
         if let Err(e) = bus.put_worker(info).await {
@@ -524,5 +532,66 @@ impl Puller {
                 Err(_) => return None,
             }
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use forkfleet_shared::blob::MemBlobStore;
+    use forkfleet_shared::bus::local::LocalBus;
+    use forkfleet_shared::bus::Bus;
+    use forkfleet_shared::clock::{Clock, ManualClock};
+    use forkfleet_shared::protocol::{now_ms, WORKER_TTL_MS};
+
+    /// A node's state as `pre_start` makes it, without starting the node.
+    fn state(config: WorkerConfig, bus: Arc<dyn Bus>) -> NodeState {
+        let ctx = Arc::new(WorkerCtx::new(config.worker_id, bus, 1 << 20, None));
+        NodeState {
+            started_at_ms: config.clock.now_ms(),
+            config,
+            ctx,
+            exit: Arc::new(Mutex::new(None)),
+            running: HashMap::new(),
+            stop_pull: watch::channel(false).0,
+            stop_rx: None,
+            puller_done: false,
+            draining: false,
+            quiescing: false,
+            waiters: Vec::new(),
+            hostname: "h".into(),
+            version: "v".into(),
+            heartbeat: None,
+        }
+    }
+
+    /// A worker whose clock is more than the heartbeat ttl behind is not live; once its
+    /// clock catches up, its next heartbeat is (the bus judges by its own wall clock).
+    #[tokio::test]
+    async fn heartbeats_are_stamped_by_the_worker_clock() {
+        let behind = 2 * WORKER_TTL_MS;
+        let clock = ManualClock::new(now_ms() - behind);
+        let bus: Arc<dyn Bus> = Arc::new(LocalBus::new(Arc::new(MemBlobStore::new())));
+        let config = WorkerConfig {
+            clock: clock.shared(),
+            ..WorkerConfig::default()
+        };
+        let id = config.worker_id;
+        let state = state(config, bus.clone());
+        let started = state.started_at_ms;
+
+        let stale = worker_info(&state);
+        assert_eq!(stale.heartbeat_at_ms, clock.now_ms());
+        bus.put_worker(stale).await.unwrap();
+        assert!(bus.workers().await.unwrap().is_empty());
+
+        clock.advance(behind);
+        let fresh = worker_info(&state);
+        assert_eq!(fresh.heartbeat_at_ms, started + behind);
+        assert_eq!(fresh.started_at_ms, started);
+        bus.put_worker(fresh).await.unwrap();
+        let live = bus.workers().await.unwrap();
+        assert_eq!(live.iter().map(|w| w.worker_id).collect::<Vec<_>>(), [id]);
     }
 }

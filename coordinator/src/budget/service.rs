@@ -9,7 +9,6 @@ use crate::error::CoordinatorError;
 use crate::store::RunStore;
 use forkfleet_shared::budget::{BudgetReply, BudgetRequest, BUDGET_SUBJECT};
 use forkfleet_shared::bus::{Bus, BusError, Request};
-use forkfleet_shared::protocol::now_ms;
 use forkfleet_shared::wire;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,7 +41,7 @@ pub(crate) async fn start(
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => break,
                 _ = tick.tick() => {
-                    ledger.expire(now_ms());
+                    ledger.expire_due();
                 }
             }
         }

@@ -1,0 +1,519 @@
+//! The ledger's own tests: reservation expiry driven by a manual clock, and property tests
+//! of its arithmetic over random sequences of reservations, settlements, releases, top-ups
+//! and moves.
+//!
+//! Amounts are whole 64ths of a dollar (and settled costs quarters of those), so every sum
+//! the ledger and the model here make is exact in binary floating point, whatever order
+//! they are added in: the properties compare with `==`.
+
+use super::*;
+use crate::store::ForkRecord;
+use forkfleet_shared::blob::{BlobHash, MemBlobStore};
+use forkfleet_shared::bus::local::LocalBus;
+use forkfleet_shared::clock::ManualClock;
+use forkfleet_shared::event::Usage;
+use forkfleet_shared::pricing::Price;
+use forkfleet_shared::spec::{BranchPlan, ForkPlan, Limits, ModelPlan};
+use forkfleet_shared::state::ForkState;
+use proptest::prelude::*;
+
+const MODEL: &str = "scripted:demo";
+const TTL_MS: u64 = 1_000;
+const START_MS: u64 = 1_700_000_000_000;
+
+/// One ledger over a store of its own, with a manual clock.
+struct Fx {
+    _dir: tempfile::TempDir,
+    store: RunStore,
+    ledger: Arc<Ledger>,
+    clock: ManualClock,
+}
+
+impl Fx {
+    fn new() -> Fx {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RunStore::open(dir.path()).unwrap();
+        let bus: Arc<dyn Bus> = Arc::new(LocalBus::new(Arc::new(MemBlobStore::new())));
+        let clock = ManualClock::new(START_MS);
+        let ledger = Ledger::open(store.clone(), bus, TTL_MS, clock.shared()).unwrap();
+        Fx {
+            _dir: dir,
+            store,
+            ledger,
+            clock,
+        }
+    }
+
+    /// Register a fork of one branch per entry of `caps` (labels `b0`, `b1`, ...).
+    fn fork(&self, fork_cap: Option<f64>, caps: &[Option<f64>], policy: BudgetPolicy) -> Fork {
+        let fork_id = ForkId::new();
+        let plan = ForkPlan {
+            goal: "g".into(),
+            system_prompt: None,
+            history: Vec::new(),
+            model: MODEL.into(),
+            limits: Limits::default(),
+            conflict_policy: Default::default(),
+            aggregate_budget_usd: fork_cap,
+            budget: policy,
+            resolve: Default::default(),
+            models: BTreeMap::from([(
+                MODEL.to_string(),
+                ModelPlan {
+                    price: Some(Price {
+                        input_per_mtok: 1.0,
+                        output_per_mtok: 1.0,
+                        cached_per_mtok: None,
+                    }),
+                    script: None,
+                    endpoint: None,
+                },
+            )]),
+            branches: caps
+                .iter()
+                .enumerate()
+                .map(|(i, cap)| BranchPlan {
+                    label: format!("b{i}"),
+                    steer: String::new(),
+                    model: MODEL.into(),
+                    budget_usd: *cap,
+                    extra_instructions: None,
+                    max_turns: 10,
+                    max_output_tokens: None,
+                })
+                .collect(),
+            run_command: None,
+            forking: false,
+            solo: false,
+        };
+        let runs: Vec<RunId> = caps.iter().map(|_| RunId::new()).collect();
+        let branches: Vec<BranchRecord> = runs
+            .iter()
+            .enumerate()
+            .map(|(i, run_id)| BranchRecord {
+                fork_id,
+                run_id: *run_id,
+                index: i as u32,
+                label: format!("b{i}"),
+                model: MODEL.into(),
+                first_seq: 1,
+                state: BranchState::Running,
+                error: None,
+                turns: 0,
+                usage: Usage::default(),
+                cost_usd: 0.0,
+                changes: 0,
+                next_seq: 1,
+                min_attempt: 1,
+            })
+            .collect();
+        let record = ForkRecord {
+            fork_id,
+            plan,
+            parent_run: RunId::new(),
+            snapshot: BlobHash::of(b""),
+            workspace: None,
+            state: ForkState::Open,
+            created_at_ms: START_MS,
+            cutoff_seq: 0,
+            prefix: BlobHash::of(b""),
+            prefix_len: 0,
+        };
+        self.ledger.register_fork(&record, &branches);
+        Fork { id: fork_id, runs }
+    }
+
+    fn reserve(&self, fork: &Fork, branch: usize, attempt: u32, usd: f64) -> BudgetReply {
+        let (reply, _actions) = self.ledger.reserve(&BudgetRequest {
+            fork_id: fork.id,
+            run_id: fork.runs[branch],
+            attempt,
+            estimate_usd: usd,
+            estimate: Usage::default(),
+        });
+        reply
+    }
+
+    fn cost(&self, fork: &Fork) -> ForkCost {
+        self.ledger.fork_cost(fork.id).unwrap()
+    }
+}
+
+struct Fork {
+    id: ForkId,
+    runs: Vec<RunId>,
+}
+
+fn granted(reply: BudgetReply) -> ReservationId {
+    match reply {
+        BudgetReply::Granted { reservation } => reservation,
+        other => panic!("not granted: {other:?}"),
+    }
+}
+
+#[test]
+fn a_reservation_expires_after_its_ttl_and_not_before() {
+    let fx = Fx::new();
+    let fork = fx.fork(Some(1.0), &[None, None], BudgetPolicy::default());
+    let first = granted(fx.reserve(&fork, 0, 1, 0.75));
+    assert_eq!(fx.cost(&fork).reserved_usd, 0.75);
+    // The fork's cap has no room for another 0.5 while the first is held.
+    assert!(matches!(
+        fx.reserve(&fork, 1, 1, 0.5),
+        BudgetReply::Refused { .. }
+    ));
+    assert_eq!(fx.store.reservations().unwrap().len(), 1);
+
+    fx.clock.advance(TTL_MS - 1);
+    assert_eq!(fx.ledger.expire_due(), 0);
+    assert_eq!(fx.cost(&fork).reserved_usd, 0.75);
+
+    fx.clock.advance(1);
+    assert_eq!(fx.ledger.expire_due(), 1);
+    let cost = fx.cost(&fork);
+    assert_eq!((cost.reserved_usd, cost.spent_usd), (0.0, 0.0));
+    assert_eq!(cost.remaining_usd, Some(1.0));
+    assert!(fx.store.reservations().unwrap().is_empty());
+    // Settling the expired reservation late charges the cost but releases nothing more.
+    let _ = fx.ledger.on_usage(fork.runs[0], 0.25, Some(first));
+    let cost = fx.cost(&fork);
+    assert_eq!((cost.reserved_usd, cost.spent_usd), (0.0, 0.25));
+}
+
+#[test]
+fn a_reservation_lives_ttl_from_when_it_was_granted() {
+    let fx = Fx::new();
+    let fork = fx.fork(None, &[Some(1.0)], BudgetPolicy::default());
+    granted(fx.reserve(&fork, 0, 1, 0.5));
+    fx.clock.advance(TTL_MS / 2);
+    granted(fx.reserve(&fork, 0, 1, 0.25));
+    fx.clock.advance(TTL_MS / 2);
+    // The first is due, the second has half its ttl left.
+    assert_eq!(fx.ledger.expire_due(), 1);
+    assert_eq!(fx.cost(&fork).reserved_usd, 0.25);
+    fx.clock.advance(TTL_MS / 2);
+    assert_eq!(fx.ledger.expire_due(), 1);
+    assert_eq!(fx.cost(&fork).reserved_usd, 0.0);
+}
+
+#[test]
+fn a_stopped_branch_is_stamped_by_the_ledger_clock() {
+    let fx = Fx::new();
+    let fork = fx.fork(None, &[Some(1.0)], BudgetPolicy::default());
+    fx.clock.advance(5_000);
+    fx.ledger.on_state(fork.runs[0], BranchState::Paused);
+    let cost = fx.cost(&fork);
+    assert_eq!(cost.branches[0].stopped_at_ms, Some(START_MS + 5_000));
+    fx.ledger.on_state(fork.runs[0], BranchState::Running);
+    assert_eq!(fx.cost(&fork).branches[0].stopped_at_ms, None);
+}
+
+// ---- properties -------------------------------------------------------------------------
+
+/// 64ths of a dollar.
+fn usd(n: u32) -> f64 {
+    f64::from(n) / 64.0
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Reserve `est` for a call of `branch` under its current attempt.
+    Reserve { branch: usize, est: u32 },
+    /// Settle a live reservation (the `pick`th, modulo) at `quarters`/4 of its amount.
+    Settle { pick: usize, quarters: u32 },
+    /// Withdraw a live reservation (a grant that could not be persisted).
+    Cancel { pick: usize },
+    /// The branch pauses (its reservations are released), then runs again.
+    PauseResume { branch: usize },
+    /// A later task attempt takes the branch over.
+    Fence { branch: usize },
+    /// Time passes; due reservations expire.
+    Advance { ms: u64 },
+    /// Raise a branch's cap, or the fork's (`None`).
+    Topup { branch: Option<usize>, usd: u32 },
+    /// Move cap between two branches.
+    Move { from: usize, to: usize, usd: u32 },
+}
+
+const BRANCHES: usize = 3;
+
+fn op() -> impl Strategy<Value = Op> {
+    let branch = 0..BRANCHES;
+    prop_oneof![
+        4 => (branch.clone(), 0u32..=40).prop_map(|(branch, est)| Op::Reserve { branch, est }),
+        3 => (any::<usize>(), 0u32..=4).prop_map(|(pick, quarters)| Op::Settle { pick, quarters }),
+        1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
+        1 => branch.clone().prop_map(|branch| Op::PauseResume { branch }),
+        1 => branch.clone().prop_map(|branch| Op::Fence { branch }),
+        1 => (0u64..=TTL_MS).prop_map(|ms| Op::Advance { ms }),
+        1 => (proptest::option::of(branch.clone()), 1u32..=32)
+            .prop_map(|(branch, usd)| Op::Topup { branch, usd }),
+        1 => (branch.clone(), branch, 1u32..=32).prop_map(|(from, to, usd)| Op::Move { from, to, usd }),
+    ]
+}
+
+/// What the ledger should hold, kept by the test.
+struct Live {
+    id: ReservationId,
+    branch: usize,
+    usd: f64,
+    attempt: u32,
+    expires_at_ms: u64,
+}
+
+struct Model {
+    fork_cap: Option<f64>,
+    caps: Vec<Option<f64>>,
+    spent: Vec<f64>,
+    attempts: Vec<u32>,
+    live: Vec<Live>,
+    /// A fork-level refusal, or a settlement reaching the fork's cap, happened since the
+    /// fork's cap was last raised.
+    fork_exhausted: bool,
+}
+
+impl Model {
+    fn reserved(&self, branch: Option<usize>) -> f64 {
+        self.live
+            .iter()
+            .filter(|l| branch.is_none_or(|b| l.branch == b))
+            .map(|l| l.usd)
+            .sum()
+    }
+
+    fn fork_spent(&self) -> f64 {
+        self.spent.iter().sum()
+    }
+}
+
+/// The ledger's view of the fork agrees with the model, and every cap holds.
+fn check(fx: &Fx, fork: &Fork, m: &Model) -> Result<(), TestCaseError> {
+    let cost = fx.cost(fork);
+    prop_assert_eq!(cost.spent_usd, m.fork_spent());
+    prop_assert_eq!(cost.reserved_usd, m.reserved(None));
+    prop_assert!(cost.spent_usd >= 0.0 && cost.reserved_usd >= 0.0);
+    prop_assert_eq!(cost.cap_usd, m.fork_cap);
+    if let Some(cap) = cost.cap_usd {
+        // Strict reservations, costs within their estimates: no cap is ever passed.
+        prop_assert!(cost.spent_usd + cost.reserved_usd <= cap, "{cost:?}");
+        prop_assert_eq!(
+            cost.remaining_usd,
+            Some(cap - cost.spent_usd - cost.reserved_usd)
+        );
+    }
+    prop_assert_eq!(cost.branches.len(), BRANCHES);
+    for (i, b) in cost.branches.iter().enumerate() {
+        prop_assert_eq!(b.spent_usd, m.spent[i]);
+        prop_assert_eq!(b.reserved_usd, m.reserved(Some(i)));
+        prop_assert!(b.spent_usd >= 0.0 && b.reserved_usd >= 0.0);
+        prop_assert_eq!(b.cap_usd, m.caps[i]);
+        if let Some(cap) = b.cap_usd {
+            prop_assert!(b.spent_usd + b.reserved_usd <= cap, "branch {i}: {b:?}");
+            prop_assert_eq!(b.remaining_usd, Some(cap - b.spent_usd - b.reserved_usd));
+        }
+    }
+    prop_assert_eq!(fx.store.reservations().unwrap().len(), m.live.len());
+    Ok(())
+}
+
+fn apply(fx: &Fx, fork: &Fork, m: &mut Model, op: &Op) -> Result<(), TestCaseError> {
+    match *op {
+        Op::Reserve { branch, est } => {
+            let est = usd(est);
+            let branch_fits = m.caps[branch]
+                .is_none_or(|cap| m.spent[branch] + m.reserved(Some(branch)) + est <= cap);
+            let fork_fits = m
+                .fork_cap
+                .is_none_or(|cap| m.fork_spent() + m.reserved(None) + est <= cap);
+            let reply = fx.reserve(fork, branch, m.attempts[branch], est);
+            match reply {
+                BudgetReply::Granted { reservation } => {
+                    prop_assert!(branch_fits && fork_fits && !m.fork_exhausted);
+                    m.live.push(Live {
+                        id: reservation,
+                        branch,
+                        usd: est,
+                        attempt: m.attempts[branch],
+                        expires_at_ms: fx.clock.now_ms() + TTL_MS,
+                    });
+                }
+                BudgetReply::Refused { state, .. } => {
+                    // The branch's own cap is looked at first, then the fork's.
+                    if state == BranchState::BudgetExhausted {
+                        prop_assert!(!branch_fits);
+                    } else {
+                        prop_assert_eq!(state, BranchState::AggregateBudgetExhausted);
+                        prop_assert!(branch_fits && (!fork_fits || m.fork_exhausted));
+                        m.fork_exhausted = true;
+                    }
+                }
+                other => prop_assert!(false, "unexpected {other:?}"),
+            }
+        }
+        Op::Settle { pick, quarters } => {
+            if m.live.is_empty() {
+                return Ok(());
+            }
+            let l = m.live.remove(pick % m.live.len());
+            let cost = l.usd * f64::from(quarters) / 4.0;
+            let before = fx.cost(fork);
+            let _ = fx.ledger.on_usage(fork.runs[l.branch], cost, Some(l.id));
+            let after = fx.cost(fork);
+            // Settling releases exactly its reservation and charges exactly the cost.
+            prop_assert_eq!(after.reserved_usd, before.reserved_usd - l.usd);
+            prop_assert_eq!(after.spent_usd, before.spent_usd + cost);
+            m.spent[l.branch] += cost;
+            if m.fork_cap
+                .is_some_and(|cap| m.fork_spent() + EPSILON >= cap)
+            {
+                m.fork_exhausted = true;
+            }
+        }
+        Op::Cancel { pick } => {
+            if m.live.is_empty() {
+                return Ok(());
+            }
+            let l = m.live.remove(pick % m.live.len());
+            fx.ledger.cancel(l.id);
+        }
+        Op::PauseResume { branch } => {
+            fx.ledger.on_state(fork.runs[branch], BranchState::Paused);
+            m.live.retain(|l| l.branch != branch);
+            prop_assert_eq!(fx.cost(fork).branches[branch].reserved_usd, 0.0);
+            fx.ledger.on_state(fork.runs[branch], BranchState::Running);
+        }
+        Op::Fence { branch } => {
+            m.attempts[branch] += 1;
+            let attempt = m.attempts[branch];
+            fx.ledger.on_fence(fork.runs[branch], attempt);
+            m.live
+                .retain(|l| l.branch != branch || l.attempt >= attempt);
+        }
+        Op::Advance { ms } => {
+            let now = fx.clock.advance(ms);
+            let due = m.live.iter().filter(|l| l.expires_at_ms <= now).count();
+            prop_assert_eq!(fx.ledger.expire_due(), due);
+            m.live.retain(|l| l.expires_at_ms > now);
+        }
+        Op::Topup { branch, usd: n } => {
+            let amount = usd(n);
+            let label = branch.map(|b| format!("b{b}"));
+            let result = fx.ledger.topup(fork.id, label.as_deref(), amount);
+            let cap = match branch {
+                Some(b) => &mut m.caps[b],
+                None => &mut m.fork_cap,
+            };
+            match cap {
+                Some(c) => {
+                    prop_assert!(result.is_ok(), "{result:?}");
+                    *c += amount;
+                    if branch.is_none() {
+                        m.fork_exhausted = false;
+                    }
+                }
+                None => prop_assert!(result.is_err()),
+            }
+        }
+        Op::Move { from, to, usd: n } => {
+            let amount = usd(n);
+            let result =
+                fx.ledger
+                    .move_budget(fork.id, &format!("b{from}"), &format!("b{to}"), amount);
+            let movable =
+                m.caps[from].map(|cap| (cap - m.spent[from] - m.reserved(Some(from))).max(0.0));
+            let allowed =
+                from != to && m.caps[to].is_some() && movable.is_some_and(|room| amount <= room);
+            prop_assert_eq!(result.is_ok(), allowed, "{:?}", result);
+            if allowed {
+                let total = m.caps[from].unwrap_or(0.0) + m.caps[to].unwrap_or(0.0);
+                m.caps[from] = m.caps[from].map(|c| c - amount);
+                m.caps[to] = m.caps[to].map(|c| c + amount);
+                // A move keeps the sum of the two caps.
+                prop_assert_eq!(
+                    fx.ledger.run_cap(fork.runs[from]).unwrap_or(0.0)
+                        + fx.ledger.run_cap(fork.runs[to]).unwrap_or(0.0),
+                    total
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn caps() -> impl Strategy<Value = (Option<u32>, Vec<Option<u32>>)> {
+    (
+        proptest::option::of(0u32..=96),
+        proptest::collection::vec(proptest::option::of(0u32..=48), BRANCHES),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Strict reservations, costs within their estimates: after every operation the
+    /// ledger's spent and reserved equal the sums of what was settled and what is still
+    /// held, no cap is passed, remaining is cap - spent - reserved, nothing is negative,
+    /// and a call is granted exactly when every cap has room for it.
+    #[test]
+    fn ledger_arithmetic_holds_under_strict_reservations(
+        (fork_cap, branch_caps) in caps(),
+        ops in proptest::collection::vec(op(), 1..40),
+    ) {
+        let fx = Fx::new();
+        let fork_cap = fork_cap.map(usd);
+        let caps: Vec<Option<f64>> = branch_caps.into_iter().map(|c| c.map(usd)).collect();
+        let fork = fx.fork(fork_cap, &caps, BudgetPolicy::default());
+        let mut m = Model {
+            fork_cap,
+            caps,
+            spent: vec![0.0; BRANCHES],
+            attempts: vec![1; BRANCHES],
+            live: Vec::new(),
+            fork_exhausted: false,
+        };
+        check(&fx, &fork, &m)?;
+        for op in &ops {
+            apply(&fx, &fork, &mut m, op)?;
+            check(&fx, &fork, &m)?;
+        }
+    }
+
+    /// Two forks charging one account: what they spend and hold together never passes the
+    /// account's cap, and the account's view adds up.
+    #[test]
+    fn an_account_cap_holds_across_its_forks(
+        cap in 0u32..=64,
+        ops in proptest::collection::vec((0usize..2, 0u32..=24, any::<bool>(), 0u32..=4), 1..30),
+    ) {
+        let fx = Fx::new();
+        let cap = usd(cap);
+        let (view, _) = fx.ledger.account_set("team", Some(cap)).unwrap();
+        prop_assert_eq!(view.remaining_usd, Some(cap));
+        let policy = BudgetPolicy {
+            account: Some("team".into()),
+            ..BudgetPolicy::default()
+        };
+        let forks = [
+            fx.fork(None, &[None], policy.clone()),
+            fx.fork(None, &[None], policy),
+        ];
+        let mut live: Vec<(usize, ReservationId, f64)> = Vec::new();
+        for (f, est, settle, quarters) in ops {
+            if settle && !live.is_empty() {
+                let (f, id, held) = live.remove(0);
+                let _ = fx.ledger.on_usage(forks[f].runs[0], held * f64::from(quarters) / 4.0, Some(id));
+            } else if let BudgetReply::Granted { reservation } = fx.reserve(&forks[f], 0, 1, usd(est)) {
+                live.push((f, reservation, usd(est)));
+            }
+            let accounts = fx.ledger.accounts();
+            prop_assert_eq!(accounts.len(), 1);
+            let a = &accounts[0];
+            let spent = fx.cost(&forks[0]).spent_usd + fx.cost(&forks[1]).spent_usd;
+            prop_assert_eq!(a.spent_usd, spent);
+            prop_assert_eq!(a.reserved_usd, live.iter().map(|l| l.2).sum::<f64>());
+            prop_assert!(a.spent_usd + a.reserved_usd <= cap, "{a:?}");
+            prop_assert_eq!(a.remaining_usd, Some(cap - a.spent_usd - a.reserved_usd));
+            prop_assert_eq!(a.forks, 2);
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The validated shapes: a [`ForkPlan`] (what the coordinator creates a fork from) and its
+//! parts. [`ForkPlan::validate`] (in `validate.rs`) holds the rules over them.
+
+use crate::blob::BlobHash;
+use crate::budget::BudgetPolicy;
+use crate::endpoint::{CommandTool, Endpoint};
+use crate::event::Message;
+use crate::flush::ConflictPolicy;
+use crate::pricing::Price;
+use crate::resolve::{ConfidenceFormula, Strategy};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::{
+    DEFAULT_MAX_BRANCHES, DEFAULT_MAX_DEPTH, DEFAULT_MAX_OUTPUT_TOKENS, DEFAULT_MAX_TURNS,
+};
+
+/// The longest `test_timeout_s` (one hour).
+pub const MAX_TEST_TIMEOUT_S: f64 = 3600.0;
+
+/// The default `test_timeout_s`.
+pub const DEFAULT_TEST_TIMEOUT_S: f64 = 300.0;
+
+/// The test command of a fork, validated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TestPlan {
+    pub argv: Vec<String>,
+    pub timeout_s: f64,
+    pub env: BTreeMap<String, String>,
+}
+
+/// How a fork is resolved, validated. The default (also for plans stored before these
+/// settings existed) is `manual` with no test command.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ResolvePlan {
+    pub strategy: Strategy,
+    /// The judge models: none for `manual`, one for `auto` and `auto_with_fallback`, at
+    /// least one for `vote`.
+    #[serde(default)]
+    pub judge_models: Vec<String>,
+    #[serde(default)]
+    pub confidence_formula: ConfidenceFormula,
+    #[serde(default)]
+    pub test: Option<TestPlan>,
+    #[serde(default)]
+    pub keep_artifacts: bool,
+}
+
+/// The label of a root run's single agent (a spec without branches).
+pub const SOLO_LABEL: &str = "main";
+
+/// Limits that hold for the whole fork.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub max_branches: usize,
+    pub max_depth: u32,
+    pub max_turns: u32,
+    pub max_output_tokens: u32,
+    /// The branches' automatic checkpoints. A plan without it (stored before checkpoints
+    /// existed, or sent by an older client) takes none: [`CheckpointPolicy::legacy`].
+    #[serde(default = "CheckpointPolicy::legacy")]
+    pub checkpoints: CheckpointPolicy,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_branches: DEFAULT_MAX_BRANCHES,
+            max_depth: DEFAULT_MAX_DEPTH,
+            max_turns: DEFAULT_MAX_TURNS,
+            max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS,
+            checkpoints: CheckpointPolicy::default(),
+        }
+    }
+}
+
+// ---- checkpoints ------------------------------------------------------------------------
+
+/// The default `max_checkpoints`.
+pub const DEFAULT_MAX_CHECKPOINTS: u32 = 20;
+
+/// When the coordinator saves an automatic checkpoint of a branch run (`checkpoints`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointFrequency {
+    /// Before each model call: `turn-N` at the last event before call N's response.
+    EveryTurn,
+    /// After each tool call: `tool-N-NAME` at the call's result (the reference's default).
+    #[default]
+    EveryTool,
+    /// None: only `fork:`, `post-fork:` and the ones saved by hand.
+    ManualOnly,
+}
+
+impl CheckpointFrequency {
+    pub const VALID: &'static str = "every_turn, every_tool, manual_only";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckpointFrequency::EveryTurn => "every_turn",
+            CheckpointFrequency::EveryTool => "every_tool",
+            CheckpointFrequency::ManualOnly => "manual_only",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "every_turn" => Some(CheckpointFrequency::EveryTurn),
+            "every_tool" => Some(CheckpointFrequency::EveryTool),
+            "manual_only" => Some(CheckpointFrequency::ManualOnly),
+            _ => None,
+        }
+    }
+}
+
+/// The automatic checkpoints of a fork's branches: when, and how many each keeps (the
+/// oldest automatic one is evicted beyond `max_checkpoints`; named ones never are).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointPolicy {
+    pub frequency: CheckpointFrequency,
+    pub max_checkpoints: u32,
+}
+
+impl Default for CheckpointPolicy {
+    fn default() -> Self {
+        Self {
+            frequency: CheckpointFrequency::default(),
+            max_checkpoints: DEFAULT_MAX_CHECKPOINTS,
+        }
+    }
+}
+
+impl CheckpointPolicy {
+    /// The policy of a plan that does not say: no automatic checkpoints.
+    pub fn legacy() -> Self {
+        Self {
+            frequency: CheckpointFrequency::ManualOnly,
+            max_checkpoints: DEFAULT_MAX_CHECKPOINTS,
+        }
+    }
+}
+
+/// A model as the fork uses it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelPlan {
+    pub price: Option<Price>,
+    /// Scripted models: the script file's blob.
+    pub script: Option<BlobHash>,
+    /// Real models: how the workers reach the API (never the key itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<Endpoint>,
+}
+
+/// One branch, validated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BranchPlan {
+    pub label: String,
+    pub steer: String,
+    pub model: String,
+    pub budget_usd: Option<f64>,
+    pub extra_instructions: Option<String>,
+    pub max_turns: u32,
+    /// The branch's own output cap per call (the fork's when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
+}
+
+/// A validated fork: what the coordinator needs to create it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkPlan {
+    pub goal: String,
+    pub system_prompt: Option<String>,
+    /// An existing conversation the parent run starts from.
+    pub history: Vec<Message>,
+    pub model: String,
+    pub limits: Limits,
+    pub conflict_policy: ConflictPolicy,
+    pub aggregate_budget_usd: Option<f64>,
+    /// Mode, what a cap does when reached, and the account charged.
+    #[serde(default)]
+    pub budget: BudgetPolicy,
+    /// Strategy, judges, confidence formula, test command.
+    #[serde(default)]
+    pub resolve: ResolvePlan,
+    pub models: BTreeMap<String, ModelPlan>,
+    pub branches: Vec<BranchPlan>,
+    /// The agents' `run_command` tool, when enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_command: Option<CommandTool>,
+    /// The agents get the fork tools.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub forking: bool,
+    /// A root run of a single agent: one branch labelled `main` whose run is the root's own
+    /// agent (at the parent's depth, merged back when it is done).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub solo: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// A spec loaded from disk: the plan plus what the client uploads with it.
+#[derive(Debug, Clone)]
+pub struct LoadedSpec {
+    pub plan: ForkPlan,
+    pub spec_path: PathBuf,
+    /// The workspace directory, absolute.
+    pub workspace: PathBuf,
+    pub exclude: Vec<String>,
+    /// Script files by hash.
+    pub blobs: BTreeMap<BlobHash, Bytes>,
+}
