@@ -3,10 +3,10 @@
 
 use crate::remote::CoordinatorClient;
 use anyhow::Context;
+use forkfleet_bus::local::LocalBus;
+use forkfleet_bus::Bus;
 use forkfleet_coordinator::service::ApiServer;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
-use forkfleet_shared::bus::local::LocalBus;
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::ids::WorkerId;
 use forkfleet_worker::provider::scripted;
 use forkfleet_worker::{WorkerConfig, WorkerHandle};

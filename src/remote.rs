@@ -7,16 +7,16 @@
 //! Every remote call is bounded: the request carries the coordinator's own wait (capped at
 //! [`MAX_API_WAIT_MS`]), and the bus request times out a margin after it.
 
+use forkfleet_bus::apicall::{self, CallError};
+use forkfleet_bus::Bus;
 use forkfleet_coordinator::CoordinatorHandle;
 use forkfleet_shared::api::{
     AbortOutcome, ApiError, ApiErrorKind, ApiReply, ApiRequest, CheckpointView, ContinueOutcome,
     CreateFork, ForkView, ForkWatch, LoggedEvent, MergeOutcome, NewRunOutcome, ResolveReport,
     RewindOutcome, ServerInfo, SteerOutcome, TerminateOutcome, API_SUBJECT, MAX_API_WAIT_MS,
 };
-use forkfleet_shared::apicall::{self, CallError};
 use forkfleet_shared::blob::{BlobHash, BlobStore};
 use forkfleet_shared::budget::{AccountView, ForkCost};
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{DiffOptions, DiffReport};
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::protocol::WorkerInfo;

@@ -4,8 +4,8 @@
 //! request the caller can fix (an unknown fork or label, an invalid plan, a merge the
 //! fork's state does not allow, blobs not uploaded); everything else is a failure (exit 1).
 
+use forkfleet_bus::BusError;
 use forkfleet_shared::blob::BlobHash;
-use forkfleet_shared::bus::BusError;
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::spec::SpecError;
 use forkfleet_shared::state::BranchState;

@@ -21,9 +21,9 @@ use super::{proc_peak_rss_mb, run_fanout, seed_workspace, FanoutArgs, FanoutResu
 use crate::remote::{CoordinatorClient, RemoteCoordinator};
 use crate::service;
 use anyhow::{bail, Context};
+use forkfleet_bus::nats::NatsConfig;
+use forkfleet_bus::Bus;
 use forkfleet_shared::api::ForkView;
-use forkfleet_shared::bus::nats::NatsConfig;
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::protocol::{BranchEvent, DEFAULT_POOL};

@@ -7,14 +7,14 @@ use super::harness::{slow_spec, Example};
 use forkfleet::client;
 use forkfleet::config::{Config, Layer};
 use forkfleet::remote::{ClientError, CoordinatorClient, RemoteCoordinator};
+use forkfleet_bus::local::LocalBus;
+use forkfleet_bus::Bus;
 use forkfleet_coordinator::service::ApiServer;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
 use forkfleet_shared::api::{
     ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, CreateFork, ForkView, ParentRun,
     API_SUBJECT,
 };
-use forkfleet_shared::bus::local::LocalBus;
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::DiffOptions;
 use forkfleet_shared::path::WsPath;
 use forkfleet_shared::spec;
@@ -138,7 +138,7 @@ fn reply(r: ApiResponse) -> Result<ApiReply, ApiError> {
 
 fn api_kind(e: ClientError) -> (ApiErrorKind, String) {
     match e {
-        ClientError::Call(forkfleet_shared::apicall::CallError::Api(e)) => (e.kind, e.message),
+        ClientError::Call(forkfleet_bus::apicall::CallError::Api(e)) => (e.kind, e.message),
         other => panic!("expected an API error, got {other:?}"),
     }
 }

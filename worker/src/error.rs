@@ -6,8 +6,8 @@
 //! configuration, an actor that would not start, or an infrastructure failure (bus, blob
 //! store) that makes a branch hand its task back for another attempt.
 
+use forkfleet_bus::BusError;
 use forkfleet_shared::blob::BlobError;
-use forkfleet_shared::bus::BusError;
 use forkfleet_shared::wire::WireError;
 
 #[derive(Debug, thiserror::Error)]

@@ -16,11 +16,11 @@
 use crate::cache::BlobCache;
 use crate::provider::ToolSpec;
 use crate::tools::ToolOutcome;
+use forkfleet_bus::apicall::{self, CallError};
+use forkfleet_bus::Bus;
 use forkfleet_shared::api::{
     AgentBranch, AgentFork, ApiReply, ApiRequest, ForkView, MergeOutcome, API_SUBJECT,
 };
-use forkfleet_shared::apicall::{self, CallError};
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{render_summary, DiffOptions};
 use forkfleet_shared::event::{Event, ToolCall};
 use forkfleet_shared::flush::flush;

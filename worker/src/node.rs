@@ -26,7 +26,7 @@
 use crate::agent::{AgentArgs, BranchAgent};
 use crate::context::WorkerCtx;
 use crate::WorkerConfig;
-use forkfleet_shared::bus::{BusError, BusResult, Delivery};
+use forkfleet_bus::{BusError, BusResult, Delivery};
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::protocol::{BranchTask, WorkerInfo};
 use forkfleet_shared::wire;
@@ -472,7 +472,7 @@ fn maybe_stop(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
 
 /// Pulls tasks while permits are free; see the module docs.
 struct Puller {
-    bus: Arc<dyn forkfleet_shared::bus::Bus>,
+    bus: Arc<dyn forkfleet_bus::Bus>,
     pool: String,
     wait: Duration,
     permits: Arc<Semaphore>,

@@ -3,10 +3,10 @@
 
 use crate::support::*;
 use bytes::Bytes;
+use forkfleet_bus::Delivery;
 use forkfleet_coordinator::service::dispatch;
 use forkfleet_coordinator::{CoordinatorError, CoordinatorHandle};
 use forkfleet_shared::api::{ApiErrorKind, ApiRequest, ForkView, ParentRun};
-use forkfleet_shared::bus::Delivery;
 use forkfleet_shared::diff::DiffOptions;
 use forkfleet_shared::event::{Event, ToolCall};
 use forkfleet_shared::ids::{ForkId, RunId};

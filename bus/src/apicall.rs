@@ -2,10 +2,10 @@
 //! agents' fork tools both call it): a request or a reply too large for one message
 //! travels through the blob store.
 
-use crate::api::{ApiError, ApiReply, ApiRequest, ApiResponse, MAX_INLINE_BYTES};
-use crate::blob::{fetch, BlobError, BlobHash};
-use crate::bus::{Bus, BusError};
-use crate::wire::{self, WireError};
+use crate::{Bus, BusError};
+use forkfleet_shared::api::{ApiError, ApiReply, ApiRequest, ApiResponse, MAX_INLINE_BYTES};
+use forkfleet_shared::blob::{fetch, BlobError, BlobHash};
+use forkfleet_shared::wire::{self, WireError};
 use std::time::{Duration, Instant};
 
 /// Why a call to the coordinator failed.
