@@ -20,8 +20,8 @@
 //! ## Semantics
 //!
 //! Two implementations share these semantics and the same behavioural tests
-//! (`bus/tests/conformance.rs`): [`local::LocalBus`] (in-process, for the embedded mode) and
-//! [`nats::NatsBus`] (NATS JetStream).
+//! (`bus/tests/suite/conformance.rs`): [`local::LocalBus`] (in-process, for the embedded
+//! mode) and [`nats::NatsBus`] (NATS JetStream).
 //!
 //! - **Task queue** per pool: at-least-once. A pulled task must be acked; `nak` hands it
 //!   back (optionally after a delay); `in_progress` extends the ack deadline; a task neither

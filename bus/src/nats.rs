@@ -35,7 +35,7 @@
 //!   The object store costs four round trips per put (existence check, chunk, metadata, and
 //!   its own lookup of an older version) against one for a KV create, and a fork writes
 //!   thousands of small files. Measured over loopback on 2 busy cores (debug build,
-//!   `measure_rates` in `bus/tests/conformance.rs`), 300-byte puts: KV 5,500 to
+//!   `measure_rates` in `bus/tests/suite/conformance.rs`), 300-byte puts: KV 5,500 to
 //!   11,000/s one at a time and 25,000 to 54,000/s with 64 in flight; object store 1,400 to
 //!   2,800/s and 4,500 to 12,000/s. Both are named by the hex hash; `get` and `missing` look
 //!   in the KV bucket first. Concurrent puts of one large blob may leave orphan chunks

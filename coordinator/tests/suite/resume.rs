@@ -1,7 +1,7 @@
 //! A worker taking over a branch: the coordinator fences the earlier attempt and hands the
 //! branch's log over on the resume subject; late events of the lost worker are dropped.
 
-use crate::support::*;
+use super::support::*;
 use forkfleet_shared::api::ParentRun;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::{ForkId, RunId};

@@ -1,7 +1,7 @@
 //! Steering a running branch and follow-up turns of finished ones (ADR 13), through the
 //! coordinator's handle and its API dispatch, with a fake worker on the test bus.
 
-use crate::support::*;
+use super::support::*;
 use bytes::Bytes;
 use forkfleet_bus::Delivery;
 use forkfleet_coordinator::service::dispatch;

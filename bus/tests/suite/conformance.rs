@@ -1,8 +1,9 @@
 //! The same behavioural tests against both buses: [`LocalBus`] and [`NatsBus`] on a real
 //! `nats-server` (started per test on a free port by the `testkit` fixture).
 //!
-//! Run: `cargo test -p forkfleet-bus --test conformance` (needs `nats-server`: `scripts/setup`).
-//! Rates over loopback: `... --test conformance -- --ignored --nocapture measure_rates`.
+//! Run: `cargo test -p forkfleet-bus --test all conformance` (needs `nats-server`:
+//! `scripts/setup`).
+//! Rates over loopback: `... --test all -- --ignored --nocapture measure_rates`.
 //!
 //! Every bus call is bounded by [`within`]; waiting for an ack-wait expiry is done by pulling
 //! with a wait, never by sleeping.

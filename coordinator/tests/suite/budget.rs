@@ -3,7 +3,7 @@
 //! and reservations that never leak (settled, released on stop, on takeover, on expiry,
 //! kept across a restart).
 
-use crate::support::*;
+use super::support::*;
 use bytes::Bytes;
 use forkfleet_bus::local::LocalBusConfig;
 use forkfleet_coordinator::CoordinatorConfig;
