@@ -43,7 +43,7 @@
 //! files, since a command line is visible to every user of the machine. A secret is never
 //! printed: [`Config::render`] (`--print-config`) shows `<redacted>` and where it came from.
 
-use forkfleet_shared::bus::nats::{NatsAuth, NatsConfig, NatsTls};
+use forkfleet_bus::nats::{NatsAuth, NatsConfig, NatsTls};
 use forkfleet_shared::pricing::Price;
 use forkfleet_shared::protocol::DEFAULT_POOL;
 use serde::Deserialize;
@@ -746,7 +746,7 @@ impl Config {
 
 // URLs without their user info (every one of a comma-separated list), as `--print-config`
 // shows them: the bus's own redaction, so logs and printouts agree.
-use forkfleet_shared::bus::nats::redact_url;
+use forkfleet_bus::nats::redact_url;
 
 fn resolve_secret(
     what: &'static str,

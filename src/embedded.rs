@@ -2,11 +2,11 @@
 //! coordinator is reached through [`Embedded::client`], like a remote one.
 
 use anyhow::Context;
+use forkfleet_bus::local::LocalBus;
+use forkfleet_bus::Bus;
 use forkfleet_client::Client;
 use forkfleet_coordinator::service::ApiServer;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
-use forkfleet_shared::bus::local::LocalBus;
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::ids::WorkerId;
 use forkfleet_worker::provider::scripted;
 use forkfleet_worker::{WorkerConfig, WorkerHandle};

@@ -12,11 +12,11 @@
 
 use crate::config::Config;
 use anyhow::Context;
+use forkfleet_bus::nats::{NatsBus, NatsConfig};
+use forkfleet_bus::Bus;
 use forkfleet_client::BadInput;
 use forkfleet_coordinator::service::ApiServer;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, RunStore};
-use forkfleet_shared::bus::nats::{NatsBus, NatsConfig};
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::ids::WorkerId;
 use forkfleet_worker::provider::scripted;
 use forkfleet_worker::WorkerConfig;

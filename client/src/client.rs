@@ -14,13 +14,13 @@
 //! takes a [`Duration`].
 
 use async_trait::async_trait;
+use forkfleet_bus::apicall::{self, CallError};
+use forkfleet_bus::Bus;
 use forkfleet_shared::api::{
     dispatch, ApiClient, ApiError, ApiErrorKind, ApiHandler, ApiReply, ApiRequest, ForkView,
     ForkWatch, Operation, API_SUBJECT, MAX_API_WAIT_MS,
 };
-use forkfleet_shared::apicall::{self, CallError};
 use forkfleet_shared::blob::BlobStore;
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::protocol::WorkerInfo;
 use std::sync::Arc;

@@ -5,9 +5,9 @@
 
 use crate::error::CoordinatorError;
 use crate::store::RunStore;
+use forkfleet_bus::{Bus, BusError};
 use forkfleet_shared::api::CreateFork;
 use forkfleet_shared::blob::{BlobHash, BlobStore};
-use forkfleet_shared::bus::{Bus, BusError};
 use forkfleet_shared::diff::DiffReport;
 use forkfleet_shared::manifest::Manifest;
 use futures::{StreamExt, TryStreamExt};

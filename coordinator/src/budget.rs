@@ -28,11 +28,11 @@ pub(crate) use service::start;
 
 use crate::error::{list, CoordinatorError};
 use crate::store::{AccountRecord, BranchRecord, ForkRecord, ReservationRecord, RunStore};
+use forkfleet_bus::Bus;
 use forkfleet_shared::budget::{
     remaining, AccountView, BranchCost, BudgetMode, BudgetPolicy, BudgetReply, BudgetRequest,
     ForkCost, OnExhausted,
 };
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::clock::Clock;
 use forkfleet_shared::ids::{ForkId, ReservationId, RunId};
 use forkfleet_shared::protocol::{now_ms, Control, ControlCommand};

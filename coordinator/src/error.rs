@@ -8,8 +8,8 @@
 //! by another process); unavailable is a bus or actor that did not answer; the rest are
 //! failures.
 
+use forkfleet_bus::BusError;
 use forkfleet_shared::blob::BlobHash;
-use forkfleet_shared::bus::BusError;
 use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::resolve::StrategyError;

@@ -23,7 +23,7 @@ use crate::error::CoordinatorError;
 use crate::fork::ForkHandle;
 use crate::root::RootHandle;
 use crate::store::RunStore;
-use forkfleet_shared::bus::{Bus, BusError, Delivery, EventConsumer};
+use forkfleet_bus::{Bus, BusError, Delivery, EventConsumer};
 use forkfleet_shared::ids::ForkId;
 use forkfleet_shared::protocol::BranchEvent;
 use forkfleet_shared::wire;

@@ -9,10 +9,10 @@ use crate::error::{actor_call, list, CoordinatorError};
 use crate::merge::{self, MergeDone, MergeInto, MergeJob};
 use crate::replica::{BranchReplica, Placement};
 use crate::store::{encode, event_key, ForkRecord, RunStore};
+use forkfleet_bus::Bus;
 use forkfleet_shared::api::{
     AbortOutcome, ContinueOutcome, ForkView, MergeOutcome, SteerOutcome, TerminateOutcome,
 };
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{diff_overlays, DiffOptions, DiffReport};
 use forkfleet_shared::event::{history_events, interrupted_results, messages_from_events, Event};
 use forkfleet_shared::flush::{flush, FlushReport};

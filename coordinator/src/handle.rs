@@ -9,13 +9,13 @@ use crate::fork::Requeue;
 use crate::root::RootHandle;
 use crate::store::{RunRecord, RunStore};
 use crate::CoordinatorConfig;
+use forkfleet_bus::Bus;
 use forkfleet_shared::api::{
     AbortOutcome, CheckpointView, ContinueOutcome, CreateFork, ForkView, ForkWatch, MergeOutcome,
     SteerOutcome, TerminateOutcome,
 };
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::budget::{AccountView, ForkCost};
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{DiffOptions, DiffReport};
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::{ForkId, RunId};
@@ -93,7 +93,7 @@ impl CoordinatorHandle {
             .blobs()
             .put(prefix, prepared.prefix_bytes.clone())
             .await
-            .map_err(forkfleet_shared::bus::BusError::from)?;
+            .map_err(forkfleet_bus::BusError::from)?;
         let mut payloads = Vec::with_capacity(prepared.tasks.len());
         for t in &prepared.tasks {
             payloads.push(wire::encode(t)?);

@@ -69,7 +69,7 @@ pub use store::{RunStore, SledBlobStore, StoreCounts};
 
 use budget::Ledger;
 use event_loop::EventLoop;
-use forkfleet_shared::bus::Bus;
+use forkfleet_bus::Bus;
 use forkfleet_shared::protocol::DEFAULT_POOL;
 use ractor::{Actor, ActorRef};
 use root::{RootActor, RootArgs, RootHandle, RootMsg};

@@ -11,7 +11,7 @@
 
 use crate::error::CoordinatorError;
 use crate::root::RootHandle;
-use forkfleet_shared::bus::{Bus, Request};
+use forkfleet_bus::{Bus, Request};
 use forkfleet_shared::protocol::{BranchTask, ResumeReply, ResumeRequest, RESUME_SUBJECT};
 use forkfleet_shared::wire;
 use std::sync::Arc;

@@ -7,7 +7,7 @@ use crate::create::PreparedFork;
 use crate::error::{actor_call, list, CoordinatorError};
 use crate::fork::{ForkActor, ForkArgs, ForkHandle, CALL_TIMEOUT_MS};
 use crate::store::RunStore;
-use forkfleet_shared::bus::Bus;
+use forkfleet_bus::Bus;
 use forkfleet_shared::ids::ForkId;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::BTreeMap;

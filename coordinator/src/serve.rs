@@ -9,7 +9,7 @@
 //! - On stop, requests in flight get [`DRAIN`] to finish.
 
 use crate::error::CoordinatorError;
-use forkfleet_shared::bus::{Bus, Request};
+use forkfleet_bus::{Bus, Request};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

@@ -23,11 +23,11 @@
 use crate::error::CoordinatorError;
 use crate::handle::CoordinatorHandle;
 use bytes::Bytes;
+use forkfleet_bus::{Bus, Request};
 use forkfleet_shared::api::{
     ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, API_SUBJECT, MAX_INLINE_BYTES,
 };
 use forkfleet_shared::blob::BlobHash;
-use forkfleet_shared::bus::{Bus, Request};
 use forkfleet_shared::wire::{self, WireError, WIRE_VERSION};
 use std::future::Future;
 use std::sync::Arc;

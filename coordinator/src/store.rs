@@ -206,7 +206,7 @@ impl RunStore {
     /// The store's blobs (tree `blobs`) as a [`BlobStore`], e.g. for a [`LocalBus`] in the
     /// embedded mode so workers and coordinator share one copy.
     ///
-    /// [`LocalBus`]: forkfleet_shared::bus::local::LocalBus
+    /// [`LocalBus`]: forkfleet_bus::local::LocalBus
     pub fn blob_store(&self) -> Arc<dyn BlobStore> {
         self.inner.blob_store.clone()
     }

@@ -21,7 +21,6 @@
 //! so a remote client decides exactly as an in-process one.
 
 use crate::blob::BlobError;
-use crate::bus::BusError;
 use serde::{Deserialize, Serialize};
 
 /// What kind of error an error is (see the module docs for the exit codes).
@@ -100,20 +99,6 @@ impl BlobError {
     }
 }
 
-impl BusError {
-    /// A bus that is closed, failed or did not answer is `unavailable`; a blob error
-    /// carried by the bus is that error's kind.
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            BusError::Blob(e) => e.kind(),
-            BusError::Closed
-            | BusError::Timeout { .. }
-            | BusError::NoResponders(_)
-            | BusError::Backend(_) => ErrorKind::Unavailable,
-        }
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -149,24 +134,6 @@ mod tests {
     fn shared_errors_have_kinds() {
         let hash = BlobHash::of(b"x");
         let table = [
-            (BusError::Closed.kind(), ErrorKind::Unavailable),
-            (
-                BusError::Timeout {
-                    subject: "s".into(),
-                    ms: 1,
-                }
-                .kind(),
-                ErrorKind::Unavailable,
-            ),
-            (
-                BusError::NoResponders("s".into()).kind(),
-                ErrorKind::Unavailable,
-            ),
-            (BusError::Backend("x".into()).kind(), ErrorKind::Unavailable),
-            (
-                BusError::Blob(BlobError::Missing(hash)).kind(),
-                ErrorKind::NotFound,
-            ),
             (BlobError::Missing(hash).kind(), ErrorKind::NotFound),
             (
                 BlobError::Corrupt {

@@ -1,8 +1,9 @@
 //! # forkfleet-shared
 //!
 //! Types and pure logic shared by the coordinator, the workers and the CLI. No service loops
-//! live here: only data, the rules over it, and the narrow bus interface with its in-process
-//! implementation.
+//! live here: only data and the rules over it, and the bus-facing types (subjects, the wire
+//! envelope, the blob store trait, trace context). The bus, its implementations and
+//! the `nats-server` launcher are the `forkfleet-bus` crate's.
 //!
 //! ## Layout
 //! - [`ids`]: UUID v7 newtypes (`RunId`, `ForkId`, ...).
@@ -19,13 +20,9 @@
 //! - [`trace`]: W3C trace context carried by bus messages.
 //! - [`testsignal`]: test runner output and exit status to a branch's test signal.
 //! - [`resolve`]: confidence scoring, the judge's verdict and bounded prompt, merge strategies.
-//! - [`nats_server`]: a local `nats-server -js` child process (the test fixture's and the
-//!   bench's), with its store and log in one directory.
 pub mod api;
-pub mod apicall;
 pub mod blob;
 pub mod budget;
-pub mod bus;
 pub mod clock;
 pub mod diff;
 pub mod endpoint;
@@ -34,7 +31,6 @@ pub mod event;
 pub mod flush;
 pub mod ids;
 pub mod manifest;
-pub mod nats_server;
 pub mod overlay;
 pub mod path;
 pub mod pricing;
@@ -44,8 +40,6 @@ pub mod script;
 pub mod spec;
 pub mod state;
 pub mod subjects;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 pub mod testsignal;
 pub mod trace;
 pub mod wire;

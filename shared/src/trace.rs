@@ -3,7 +3,7 @@
 //! A span's OpenTelemetry context travels with a message as a W3C `traceparent` value,
 //! `00-<32 hex trace id>-<16 hex parent span id>-<2 hex flags>`: the NATS bus puts it in a
 //! header of every JetStream publish, the local bus keeps it beside the payload, and a
-//! [`Delivery`](crate::bus::Delivery) hands it out as `trace`. The worker makes each
+//! bus delivery (`forkfleet_bus::Delivery`) hands it out as `trace`. The worker makes each
 //! `branch.run` span a child of its task's context, so a fork's branches hang under the
 //! coordinator's `fork.create` span in a trace backend, across processes.
 //!

@@ -6,6 +6,8 @@
 
 use super::harness::{slow_spec, Example};
 use forkfleet::config::{Config, Layer};
+use forkfleet_bus::local::LocalBus;
+use forkfleet_bus::Bus;
 use forkfleet_client::workspace as ws;
 use forkfleet_client::{ApiClient, Client, ClientError};
 use forkfleet_coordinator::service::ApiServer;
@@ -14,8 +16,6 @@ use forkfleet_shared::api::{
     self, ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, CreateFork, ForkView,
     ParentRun, API_SUBJECT,
 };
-use forkfleet_shared::bus::local::LocalBus;
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::DiffOptions;
 use forkfleet_shared::path::WsPath;
 use forkfleet_shared::spec;
@@ -139,7 +139,7 @@ fn reply(r: ApiResponse) -> Result<ApiReply, ApiError> {
 
 fn api_kind(e: ClientError) -> (ApiErrorKind, String) {
     match e {
-        ClientError::Call(forkfleet_shared::apicall::CallError::Api(e)) => (e.kind, e.message),
+        ClientError::Call(forkfleet_bus::apicall::CallError::Api(e)) => (e.kind, e.message),
         other => panic!("expected an API error, got {other:?}"),
     }
 }

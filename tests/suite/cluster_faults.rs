@@ -4,10 +4,10 @@
 
 use super::fleet::{Fleet, Options, SHORT_ACK_WAIT_S};
 use super::harness::{branch, path_str, Example};
+use forkfleet_bus::nats::{NatsBus, NatsConfig};
+use forkfleet_bus::Bus;
 use forkfleet_shared::api::API_SUBJECT;
 use forkfleet_shared::budget::{BudgetReply, BUDGET_SUBJECT};
-use forkfleet_shared::bus::nats::{NatsBus, NatsConfig};
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::protocol::{ResumeReply, DEFAULT_POOL, RESUME_SUBJECT};
 use forkfleet_shared::wire;

@@ -4,7 +4,7 @@
 //! process is killed on drop.
 
 use super::harness::{command, path_str};
-use forkfleet_shared::testkit::NatsServer;
+use forkfleet_bus::testkit::NatsServer;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

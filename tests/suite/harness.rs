@@ -69,7 +69,7 @@ fn copy_dir(src: &Path, dst: &Path) {
 }
 
 /// The environment variables a test process keeps of the `FORKFLEET_*` ones: the binary the
-/// nats tests start (`forkfleet_shared::testkit::NATS_SERVER_ENV`).
+/// nats tests start (`forkfleet_bus::testkit::NATS_SERVER_ENV`).
 const KEPT_ENV: &[&str] = &["FORKFLEET_NATS_SERVER"];
 
 /// The binary, to be given its arguments: every `FORKFLEET_*` variable of the test's

@@ -109,7 +109,7 @@ fn state(v: &ForkView, label: &str) -> BranchState {
 /// The request failed with an API error of `kind` whose message mentions `hint`.
 fn refused<T: std::fmt::Debug>(result: Result<T, ClientError>, kind: ApiErrorKind, hint: &str) {
     match result.unwrap_err() {
-        ClientError::Call(forkfleet_shared::apicall::CallError::Api(e)) => {
+        ClientError::Call(forkfleet_bus::apicall::CallError::Api(e)) => {
             assert_eq!(e.kind, kind, "{e:?}");
             assert!(e.message.contains(hint), "{}", e.message);
         }

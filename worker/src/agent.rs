@@ -37,10 +37,10 @@ use crate::node::TaskLease;
 use crate::provider::{ModelProvider, ModelRequest};
 use crate::tools::ToolBox;
 use bytes::Bytes;
+use forkfleet_bus::{Bus, BusError};
 use forkfleet_shared::budget::{
     estimate_cost, BudgetReply, BudgetRequest, OnExhausted, BUDGET_SUBJECT,
 };
-use forkfleet_shared::bus::{Bus, BusError};
 use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::event::{
     history_events, interrupted_results, messages_from_events, Event, Message, Usage,

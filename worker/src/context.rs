@@ -3,7 +3,7 @@
 
 use crate::cache::{BlobCache, Memo};
 use crate::provider::Providers;
-use forkfleet_shared::bus::Bus;
+use forkfleet_bus::Bus;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::WorkerId;
 use forkfleet_shared::manifest::Manifest;

@@ -18,8 +18,8 @@
 //!   server errors and timeouts, whose `last_status` says which);
 //! - running a command: the temporary directory and the workspace written into it.
 
+use forkfleet_bus::BusError;
 use forkfleet_shared::blob::{BlobError, BlobHash};
-use forkfleet_shared::bus::BusError;
 use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::script::ScriptError;
 use forkfleet_shared::wire::WireError;

@@ -16,9 +16,9 @@
 use crate::cache::BlobCache;
 use crate::provider::ToolSpec;
 use crate::tools::ToolOutcome;
+use forkfleet_bus::apicall::{BusApi, CallError};
+use forkfleet_bus::Bus;
 use forkfleet_shared::api::{AgentBranch, ApiClient, ForkView, MergeOutcome};
-use forkfleet_shared::apicall::{BusApi, CallError};
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::diff::{render_summary, DiffOptions};
 use forkfleet_shared::event::{Event, ToolCall};
 use forkfleet_shared::flush::flush;

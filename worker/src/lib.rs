@@ -55,7 +55,7 @@ mod resolve;
 pub use agent::COORDINATOR_TRIES;
 pub use error::WorkerError;
 
-use forkfleet_shared::bus::Bus;
+use forkfleet_bus::Bus;
 use forkfleet_shared::clock::Clock;
 use forkfleet_shared::ids::WorkerId;
 use forkfleet_shared::protocol::DEFAULT_POOL;

@@ -28,7 +28,7 @@
 use crate::agent::{AgentArgs, BranchAgent};
 use crate::context::WorkerCtx;
 use crate::WorkerConfig;
-use forkfleet_shared::bus::{BusError, BusResult, Delivery};
+use forkfleet_bus::{BusError, BusResult, Delivery};
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::protocol::{BranchTask, WorkerInfo};
 use forkfleet_shared::wire;
@@ -480,7 +480,7 @@ fn maybe_stop(myself: &ActorRef<NodeMsg>, state: &mut NodeState) {
 
 /// Pulls tasks while permits are free; see the module docs.
 struct Puller {
-    bus: Arc<dyn forkfleet_shared::bus::Bus>,
+    bus: Arc<dyn forkfleet_bus::Bus>,
     pool: String,
     wait: Duration,
     permits: Arc<Semaphore>,
@@ -539,9 +539,9 @@ impl Puller {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use forkfleet_bus::local::LocalBus;
+    use forkfleet_bus::Bus;
     use forkfleet_shared::blob::MemBlobStore;
-    use forkfleet_shared::bus::local::LocalBus;
-    use forkfleet_shared::bus::Bus;
     use forkfleet_shared::clock::{Clock, ManualClock};
     use forkfleet_shared::protocol::{now_ms, WORKER_TTL_MS};
 

@@ -22,7 +22,7 @@
 use crate::context::WorkerCtx;
 use crate::provider::ModelRequest;
 use crate::runner::{CommandOutcome, CommandSpec, Workdir};
-use forkfleet_shared::bus::Request;
+use forkfleet_bus::Request;
 use forkfleet_shared::event::{Message, Usage};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::path::WsPath;

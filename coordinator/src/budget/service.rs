@@ -7,8 +7,8 @@
 use super::Ledger;
 use crate::error::CoordinatorError;
 use crate::store::RunStore;
+use forkfleet_bus::{Bus, BusError, Request};
 use forkfleet_shared::budget::{BudgetReply, BudgetRequest, BUDGET_SUBJECT};
-use forkfleet_shared::bus::{Bus, BusError, Request};
 use forkfleet_shared::wire;
 use std::sync::Arc;
 use std::time::Duration;

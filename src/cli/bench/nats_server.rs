@@ -1,14 +1,14 @@
 //! A `nats-server -js` of the bench's own: on a free loopback port, its JetStream store and
 //! log in the bench's directory, killed when the guard is dropped (error paths included).
 //!
-//! The launcher is the shared one ([`forkfleet_shared::nats_server`], also behind the test
+//! The launcher is the shared one ([`forkfleet_bus::nats_server`], also behind the test
 //! fixture); this adds the bench's context to its errors.
 
 use anyhow::Context;
-use forkfleet_shared::nats_server::LocalNatsServer;
+use forkfleet_bus::nats_server::LocalNatsServer;
 use std::path::Path;
 
-pub use forkfleet_shared::nats_server::tail;
+pub use forkfleet_bus::nats_server::tail;
 
 /// A running `nats-server`; killed (and waited for) on drop.
 #[derive(Debug)]

@@ -7,11 +7,12 @@
 #![allow(dead_code)]
 
 use bytes::Bytes;
+use forkfleet_bus::local::{LocalBus, LocalBusConfig};
+use forkfleet_bus::nats::{NatsBus, NatsConfig};
+use forkfleet_bus::testkit::NatsServer;
+use forkfleet_bus::{Bus, EventConsumer};
 use forkfleet_shared::blob::{BlobHash, MemBlobStore};
 use forkfleet_shared::budget::OnExhausted;
-use forkfleet_shared::bus::local::{LocalBus, LocalBusConfig};
-use forkfleet_shared::bus::nats::{NatsBus, NatsConfig};
-use forkfleet_shared::bus::{Bus, EventConsumer};
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::manifest::{FileEntry, Manifest, MODE_FILE, MODE_SYMLINK};
@@ -21,7 +22,6 @@ use forkfleet_shared::protocol::{
     RESUME_SUBJECT,
 };
 use forkfleet_shared::state::BranchState;
-use forkfleet_shared::testkit::NatsServer;
 use forkfleet_shared::wire;
 use forkfleet_worker::{WorkerConfig, WorkerHandle};
 use std::collections::HashMap;

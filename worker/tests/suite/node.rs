@@ -2,7 +2,7 @@
 
 use super::common::*;
 use bytes::Bytes;
-use forkfleet_shared::bus::local::LocalBusConfig;
+use forkfleet_bus::local::LocalBusConfig;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::protocol::{BranchEvent, DEFAULT_POOL};
 use forkfleet_shared::state::BranchState;

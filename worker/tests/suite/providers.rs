@@ -1123,7 +1123,7 @@ async fn a_judge_job_reaches_its_endpoint() {
     let reply = tokio::time::timeout(WAIT, async {
         loop {
             match fx.bus.request(RESOLVE_SUBJECT, payload.clone(), WAIT).await {
-                Err(forkfleet_shared::bus::BusError::NoResponders(_)) => {
+                Err(forkfleet_bus::BusError::NoResponders(_)) => {
                     tokio::time::sleep(Duration::from_millis(5)).await
                 }
                 other => return other.unwrap(),

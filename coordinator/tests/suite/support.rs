@@ -7,12 +7,13 @@
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use forkfleet_bus::local::{LocalBus, LocalBusConfig};
+use forkfleet_bus::nats::{NatsBus, NatsConfig};
+use forkfleet_bus::testkit::NatsServer;
+use forkfleet_bus::Bus;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
 use forkfleet_shared::api::{CreateFork, ForkView, ParentRun};
 use forkfleet_shared::blob::{BlobError, BlobHash, BlobStore};
-use forkfleet_shared::bus::local::{LocalBus, LocalBusConfig};
-use forkfleet_shared::bus::nats::{NatsBus, NatsConfig};
-use forkfleet_shared::bus::Bus;
 use forkfleet_shared::event::{Event, Message, Usage};
 use forkfleet_shared::flush::ConflictPolicy;
 use forkfleet_shared::ids::{ForkId, RunId};
@@ -23,7 +24,6 @@ use forkfleet_shared::pricing::Price;
 use forkfleet_shared::protocol::{BranchEvent, BranchTask, DEFAULT_POOL};
 use forkfleet_shared::spec::{BranchPlan, ForkPlan, Limits, ModelPlan};
 use forkfleet_shared::state::BranchState;
-use forkfleet_shared::testkit::NatsServer;
 use forkfleet_shared::wire;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -196,7 +196,7 @@ impl Fixture {
     }
 
     /// Pull one task from the pool (there must be one).
-    pub async fn pull(&self) -> (BranchTask, forkfleet_shared::bus::Delivery) {
+    pub async fn pull(&self) -> (BranchTask, forkfleet_bus::Delivery) {
         let d = within(self.bus.pull_task(DEFAULT_POOL, T))
             .await
             .unwrap()

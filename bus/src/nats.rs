@@ -1,7 +1,7 @@
 //! The NATS JetStream bus: the cluster implementation of [`Bus`], with the semantics of
 //! [`super::local::LocalBus`] (both run the same conformance tests).
 //!
-//! Every name lives in [`crate::subjects`]. Everything is created get-or-create at
+//! Every name lives in [`forkfleet_shared::subjects`]. Everything is created get-or-create at
 //! [`NatsBus::connect`], so processes may start in any order, or together.
 //!
 //! Layout: this file holds the bus and its `Bus` impl; `config` the connection settings,
@@ -35,7 +35,7 @@
 //!   The object store costs four round trips per put (existence check, chunk, metadata, and
 //!   its own lookup of an older version) against one for a KV create, and a fork writes
 //!   thousands of small files. Measured over loopback on 2 busy cores (debug build,
-//!   `measure_rates` in `shared/tests/bus_conformance.rs`), 300-byte puts: KV 5,500 to
+//!   `measure_rates` in `bus/tests/suite/conformance.rs`), 300-byte puts: KV 5,500 to
 //!   11,000/s one at a time and 25,000 to 54,000/s with 64 in flight; object store 1,400 to
 //!   2,800/s and 4,500 to 12,000/s. Both are named by the hex hash; `get` and `missing` look
 //!   in the KV bucket first. Concurrent puts of one large blob may leave orphan chunks
@@ -55,19 +55,19 @@
 //! Publishes to JetStream carry a `Nats-Msg-Id`, so a publish retried after a lost ack is
 //! stored once (within the stream's two-minute duplicate window), and, when the publisher
 //! is in a span with an OpenTelemetry context, a W3C `traceparent` header
-//! ([`crate::trace`]); task and event deliveries hand it out as [`Delivery::trace`].
+//! ([`forkfleet_shared::trace`]); task and event deliveries hand it out as [`Delivery::trace`].
 //! Control watchers ignore it.
 
 use super::{Acker, Bus, BusError, BusResult, Delivery, EventConsumer, Replier, Request};
-use crate::blob::{BlobError, BlobHash, BlobStore};
-use crate::ids::RunId;
-use crate::protocol::{now_ms, WorkerInfo, WORKER_TTL_MS};
-use crate::subjects::{self, SubjectError};
-use crate::trace::{current_traceparent, TRACEPARENT};
 use async_nats::jetstream::{self, consumer, kv, object_store, stream, AckKind};
 use async_nats::{Client, ConnectOptions};
 use async_trait::async_trait;
 use bytes::Bytes;
+use forkfleet_shared::blob::{BlobError, BlobHash, BlobStore};
+use forkfleet_shared::ids::RunId;
+use forkfleet_shared::protocol::{now_ms, WorkerInfo, WORKER_TTL_MS};
+use forkfleet_shared::subjects::{self, SubjectError};
+use forkfleet_shared::trace::{current_traceparent, TRACEPARENT};
 use futures::StreamExt;
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -698,7 +698,8 @@ impl Bus for NatsBus {
     }
 
     async fn put_worker(&self, info: WorkerInfo) -> BusResult<()> {
-        let value = crate::wire::encode(&info).map_err(|e| backend("encode worker info", e))?;
+        let value =
+            forkfleet_shared::wire::encode(&info).map_err(|e| backend("encode worker info", e))?;
         self.inner
             .workers
             .put(subjects::worker_key(info.worker_id), value)
@@ -726,7 +727,7 @@ impl Bus for NatsBus {
                 Ok(None) => continue,
                 Err(e) => return Err(backend(format!("read worker {key}"), e)),
             };
-            match crate::wire::decode::<WorkerInfo>(&bytes) {
+            match forkfleet_shared::wire::decode::<WorkerInfo>(&bytes) {
                 Ok(w) if now.saturating_sub(w.heartbeat_at_ms) < ttl_ms => out.push(w),
                 Ok(_) => {}
                 Err(e) => {

@@ -3,13 +3,13 @@
 //! request or a reply too large for one message travels through the blob store. The CLI's
 //! client and the agents' fork tools both use it.
 
-use crate::api::{
+use crate::{Bus, BusError};
+use forkfleet_shared::api::{
     ApiClient, ApiError, ApiReply, ApiRequest, ApiResponse, Operation, API_SUBJECT,
     MAX_INLINE_BYTES,
 };
-use crate::blob::{fetch, BlobError, BlobHash};
-use crate::bus::{Bus, BusError};
-use crate::wire::{self, WireError};
+use forkfleet_shared::blob::{fetch, BlobError, BlobHash};
+use forkfleet_shared::wire::{self, WireError};
 use std::time::{Duration, Instant};
 
 /// Why a call to the coordinator failed.

@@ -1,4 +1,4 @@
-use crate::support::*;
+use super::support::*;
 use forkfleet_coordinator::fork_checkpoint_label;
 use forkfleet_shared::api::ParentRun;
 use forkfleet_shared::event::Event;

@@ -1,4 +1,4 @@
-use crate::support::*;
+use super::support::*;
 use bytes::Bytes;
 use forkfleet_shared::api::ParentRun;
 use forkfleet_shared::event::Event;

@@ -2,8 +2,8 @@
 //!
 //! ```no_run
 //! # async fn demo() {
-//! use forkfleet_shared::bus::nats::{NatsBus, NatsConfig};
-//! let server = forkfleet_shared::testkit::NatsServer::start();
+//! use forkfleet_bus::nats::{NatsBus, NatsConfig};
+//! let server = forkfleet_bus::testkit::NatsServer::start();
 //! let bus = NatsBus::connect(NatsConfig::new(server.url())).await.unwrap();
 //! # }
 //! ```

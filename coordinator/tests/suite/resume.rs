@@ -1,7 +1,7 @@
 //! A worker taking over a branch: the coordinator fences the earlier attempt and hands the
 //! branch's log over on the resume subject; late events of the lost worker are dropped.
 
-use crate::support::*;
+use super::support::*;
 use forkfleet_shared::api::ParentRun;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::{ForkId, RunId};
@@ -107,7 +107,7 @@ async fn takeover_fences_the_lost_attempt_and_hands_over_the_log() {
 
 #[tokio::test]
 async fn a_task_no_worker_finishes_fails_its_branch_and_keeps_its_work() {
-    let fx = Fixture::start_with(forkfleet_shared::bus::local::LocalBusConfig {
+    let fx = Fixture::start_with(forkfleet_bus::local::LocalBusConfig {
         ack_wait: Duration::from_millis(200),
         max_deliver: 1,
     })

@@ -2,16 +2,16 @@
 //! mode needs no server.
 //!
 //! Like the NATS bus, it carries the publisher's trace context: a task or an event keeps the
-//! `traceparent` of the span it was enqueued or published in ([`crate::trace`]) beside its
+//! `traceparent` of the span it was enqueued or published in ([`forkfleet_shared::trace`]) beside its
 //! payload, and every delivery of it hands that out as [`Delivery::trace`].
 
 use super::{Acker, Bus, BusError, BusResult, Delivery, EventConsumer, Replier, Request};
-use crate::blob::BlobStore;
-use crate::ids::{RunId, WorkerId};
-use crate::protocol::{now_ms, WorkerInfo, WORKER_TTL_MS};
-use crate::trace::current_traceparent;
 use async_trait::async_trait;
 use bytes::Bytes;
+use forkfleet_shared::blob::BlobStore;
+use forkfleet_shared::ids::{RunId, WorkerId};
+use forkfleet_shared::protocol::{now_ms, WorkerInfo, WORKER_TTL_MS};
+use forkfleet_shared::trace::current_traceparent;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -486,7 +486,7 @@ impl Bus for LocalBus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blob::MemBlobStore;
+    use forkfleet_shared::blob::MemBlobStore;
 
     fn bus(ack_wait_ms: u64, max_deliver: u32) -> LocalBus {
         LocalBus::with_config(

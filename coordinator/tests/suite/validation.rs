@@ -1,4 +1,4 @@
-use crate::support::*;
+use super::support::*;
 use forkfleet_coordinator::{CoordinatorError, StoreCounts};
 use forkfleet_shared::api::{CreateFork, ParentRun};
 use forkfleet_shared::blob::BlobHash;

@@ -1,7 +1,27 @@
-//! The bus: the one narrow interface between the coordinator, the workers and clients.
+//! # forkfleet-bus
 //!
-//! Two implementations share these semantics and the same behavioural tests:
-//! [`local::LocalBus`] (in-process, for the embedded mode) and the NATS JetStream one.
+//! The bus: the one narrow interface between the coordinator, the workers and clients, with
+//! its two implementations and what runs over it. The types it carries (ids, subjects, the
+//! wire envelope, the blob store trait, trace context) live in `forkfleet-shared`.
+//!
+//! ## Layout
+//! - this file: the [`Bus`] trait and what it hands out ([`Delivery`], [`Request`],
+//!   [`EventConsumer`], [`BusError`]).
+//! - [`local`]: [`local::LocalBus`], the in-process bus of the embedded mode.
+//! - [`nats`]: [`nats::NatsBus`], the NATS JetStream bus of a cluster, and its connection
+//!   settings.
+//! - [`apicall`]: one request to the coordinator's API over the bus (the CLI's remote client
+//!   and the agents' fork tools).
+//! - [`nats_server`]: a local `nats-server -js` child process (the test fixture's and the
+//!   bench's), with its store and log in one directory.
+//! - `testkit` (feature `testkit`): a real `nats-server` on a free port for tests, which
+//!   panics where [`nats_server`] returns an error.
+//!
+//! ## Semantics
+//!
+//! Two implementations share these semantics and the same behavioural tests
+//! (`bus/tests/suite/conformance.rs`): [`local::LocalBus`] (in-process, for the embedded
+//! mode) and [`nats::NatsBus`] (NATS JetStream).
 //!
 //! - **Task queue** per pool: at-least-once. A pulled task must be acked; `nak` hands it
 //!   back (optionally after a delay); `in_progress` extends the ack deadline; a task neither
@@ -15,16 +35,21 @@
 //! - **Request/reply**: a bounded-time call to a service by subject.
 //!
 //! **Trace context**: a task or an event carries the W3C `traceparent` of the span it was
-//! enqueued or published in (see [`crate::trace`]), handed out as [`Delivery::trace`].
+//! enqueued or published in (see [`forkfleet_shared::trace`]), handed out as
+//! [`Delivery::trace`].
 
+pub mod apicall;
 pub mod local;
 pub mod nats;
+pub mod nats_server;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
-use crate::blob::{BlobError, BlobStore};
-use crate::ids::RunId;
-use crate::protocol::WorkerInfo;
 use async_trait::async_trait;
 use bytes::Bytes;
+use forkfleet_shared::blob::{BlobError, BlobStore};
+use forkfleet_shared::ids::RunId;
+use forkfleet_shared::protocol::WorkerInfo;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -59,7 +84,7 @@ pub struct Delivery {
     /// 1 on the first delivery, 2 on the first redelivery, ...
     pub attempt: u32,
     /// Tasks: the W3C `traceparent` of the span the task was enqueued in, as received
-    /// (unchecked: [`crate::trace::set_parent`] parses it strictly). `None` when it was
+    /// (unchecked: [`forkfleet_shared::trace::set_parent`] parses it strictly). `None` when it was
     /// enqueued outside any span or without an OpenTelemetry layer, and for events (their
     /// readers do not continue a trace, so publishing one would cost every event for
     /// nothing).
@@ -155,7 +180,7 @@ pub trait Bus: Send + Sync + 'static {
 
     /// Record a worker's heartbeat (replacing its previous one).
     async fn put_worker(&self, info: WorkerInfo) -> BusResult<()>;
-    /// Workers whose last heartbeat is younger than [`crate::protocol::WORKER_TTL_MS`].
+    /// Workers whose last heartbeat is younger than [`forkfleet_shared::protocol::WORKER_TTL_MS`].
     async fn workers(&self) -> BusResult<Vec<WorkerInfo>>;
 
     /// Send a request to one server of `subject` and wait at most `timeout` for its reply.
@@ -163,4 +188,43 @@ pub trait Bus: Send + Sync + 'static {
     /// Serve `subject`. Every server of a subject is in one queue group: each request goes
     /// to one of them.
     async fn serve(&self, subject: &str) -> BusResult<mpsc::Receiver<Request>>;
+}
+
+impl BusError {
+    /// A bus that is closed, failed or did not answer is `unavailable`; a blob error
+    /// carried by the bus is that error's kind.
+    pub fn kind(&self) -> forkfleet_shared::error::ErrorKind {
+        match self {
+            BusError::Blob(e) => e.kind(),
+            BusError::Closed
+            | BusError::Timeout { .. }
+            | BusError::NoResponders(_)
+            | BusError::Backend(_) => forkfleet_shared::error::ErrorKind::Unavailable,
+        }
+    }
+}
+
+#[cfg(test)]
+mod error_kind_tests {
+    use super::*;
+    use forkfleet_shared::blob::BlobHash;
+    use forkfleet_shared::error::ErrorKind;
+
+    #[test]
+    fn bus_errors_have_kinds() {
+        let timeout = BusError::Timeout {
+            subject: "s".into(),
+            ms: 1,
+        };
+        for e in [
+            BusError::Closed,
+            timeout,
+            BusError::NoResponders("s".into()),
+            BusError::Backend("x".into()),
+        ] {
+            assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        }
+        let missing = BusError::Blob(BlobError::Missing(BlobHash::of(b"x")));
+        assert_eq!(missing.kind(), ErrorKind::NotFound);
+    }
 }

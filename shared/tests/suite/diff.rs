@@ -1,7 +1,7 @@
 //! The cross-branch diff report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use super::common;
 
 use common::{p, Blobs};
 use forkfleet_shared::diff::{

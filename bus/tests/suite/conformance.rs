@@ -1,8 +1,9 @@
 //! The same behavioural tests against both buses: [`LocalBus`] and [`NatsBus`] on a real
 //! `nats-server` (started per test on a free port by the `testkit` fixture).
 //!
-//! Run: `cargo test -p forkfleet-shared --features testkit --test bus_conformance`.
-//! Rates over loopback: `... --test bus_conformance -- --ignored --nocapture measure_rates`.
+//! Run: `cargo test -p forkfleet-bus --test all conformance` (needs `nats-server`:
+//! `scripts/setup`).
+//! Rates over loopback: `... --test all -- --ignored --nocapture measure_rates`.
 //!
 //! Every bus call is bounded by [`within`]; waiting for an ack-wait expiry is done by pulling
 //! with a wait, never by sleeping.
@@ -10,13 +11,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use bytes::Bytes;
+use forkfleet_bus::local::{LocalBus, LocalBusConfig};
+use forkfleet_bus::nats::{NatsBus, NatsConfig};
+use forkfleet_bus::testkit::NatsServer;
+use forkfleet_bus::{Bus, BusError, EventConsumer};
 use forkfleet_shared::blob::{BlobHash, MemBlobStore};
-use forkfleet_shared::bus::local::{LocalBus, LocalBusConfig};
-use forkfleet_shared::bus::nats::{NatsBus, NatsConfig};
-use forkfleet_shared::bus::{Bus, BusError, EventConsumer};
 use forkfleet_shared::ids::{RunId, WorkerId};
 use forkfleet_shared::protocol::{now_ms, WorkerInfo};
-use forkfleet_shared::testkit::NatsServer;
 use forkfleet_shared::trace::traceparent_of;
 use std::future::Future;
 use std::sync::Arc;
@@ -719,7 +720,7 @@ async fn nats_publishes_during_an_outage_land_after_it() {
 /// behind in the queue.
 #[tokio::test]
 async fn nats_blob_size_boundary_and_dead_task_cleanup() {
-    use forkfleet_shared::bus::nats::SMALL_BLOB_MAX;
+    use forkfleet_bus::nats::SMALL_BLOB_MAX;
     let server = NatsServer::start();
     let bus = within(NatsBus::connect(nats_config(&server)))
         .await
@@ -803,7 +804,7 @@ async fn nats_concurrent_start_is_idempotent() {
 /// An unreachable server is a prompt error that names the URL.
 #[tokio::test]
 async fn nats_unreachable_server_is_a_clear_error() {
-    let port = forkfleet_shared::testkit::free_port();
+    let port = forkfleet_bus::testkit::free_port();
     let mut config = NatsConfig::new(format!("nats://127.0.0.1:{port}"));
     config.connect_timeout = ms(2000);
     let started = Instant::now();
@@ -816,7 +817,7 @@ async fn nats_unreachable_server_is_a_clear_error() {
 /// Credentials reach the server; a wrong one is refused without being echoed.
 #[tokio::test]
 async fn nats_token_auth_is_passed_through() {
-    use forkfleet_shared::bus::nats::NatsAuth;
+    use forkfleet_bus::nats::NatsAuth;
     let server = NatsServer::start_with(&["--auth", "s3cret-token"]);
     let mut config = nats_config(&server);
     config.auth = NatsAuth::Token("s3cret-token".into());

@@ -3,14 +3,14 @@
 //! and reservations that never leak (settled, released on stop, on takeover, on expiry,
 //! kept across a restart).
 
-use crate::support::*;
+use super::support::*;
 use bytes::Bytes;
+use forkfleet_bus::local::LocalBusConfig;
 use forkfleet_coordinator::CoordinatorConfig;
 use forkfleet_shared::api::ParentRun;
 use forkfleet_shared::budget::{
     BudgetMode, BudgetReply, BudgetRequest, OnExhausted, BUDGET_SUBJECT,
 };
-use forkfleet_shared::bus::local::LocalBusConfig;
 use forkfleet_shared::event::{Event, Usage};
 use forkfleet_shared::ids::ReservationId;
 use forkfleet_shared::protocol::{

@@ -3,7 +3,7 @@
 //! merge follow) and a root run (a later fork copies the rewound history), and a new run
 //! from a checkpoint.
 
-use crate::support::*;
+use super::support::*;
 use forkfleet_shared::api::{CheckpointKind, CheckpointView, ParentRun};
 use forkfleet_shared::diff::DiffOptions;
 use forkfleet_shared::event::{Event, ToolCall};

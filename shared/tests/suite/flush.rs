@@ -1,7 +1,7 @@
 //! Replaying a change log onto a parent.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use super::common;
 
 use common::{p, Blobs};
 use forkfleet_shared::flush::{

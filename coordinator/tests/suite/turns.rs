@@ -1,12 +1,12 @@
 //! Steering a running branch and follow-up turns of finished ones (ADR 13), through the
 //! coordinator's handle and its API dispatch, with a fake worker on the test bus.
 
-use crate::support::*;
+use super::support::*;
 use bytes::Bytes;
+use forkfleet_bus::Delivery;
 use forkfleet_coordinator::{CoordinatorError, CoordinatorHandle};
 use forkfleet_shared::api::dispatch;
 use forkfleet_shared::api::{ApiErrorKind, ApiRequest, ForkView, ParentRun, Steer};
-use forkfleet_shared::bus::Delivery;
 use forkfleet_shared::diff::DiffOptions;
 use forkfleet_shared::event::{Event, ToolCall};
 use forkfleet_shared::ids::{ForkId, RunId};

@@ -2,7 +2,7 @@
 //! Ignored by default; run with
 //! `cargo test -p forkfleet-coordinator --release -- --ignored --nocapture perf`.
 
-use crate::support::*;
+use super::support::*;
 use forkfleet_shared::api::ParentRun;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::protocol::BranchTask;

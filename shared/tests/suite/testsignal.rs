@@ -6,7 +6,7 @@
 //! with which versions. The table below gives, per fixture, the exit status the run had and
 //! the counts and signal it must give; a fixture without a row fails the test.
 //!
-//! Run: `cargo test -p forkfleet-shared --test testsignal`.
+//! Run: `cargo test -p forkfleet-shared --test all testsignal`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

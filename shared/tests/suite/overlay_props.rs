@@ -2,7 +2,7 @@
 //! log, `net_changes` and `flush` together.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use super::common;
 
 use common::{p, Blobs};
 use forkfleet_shared::flush::{flush, ConflictPolicy, DirTarget, ManifestTarget};
