@@ -3,30 +3,26 @@
 //! Fork one agent run into many branches, run them on a fleet of workers, keep the spend
 //! under caps, compare what every branch changed, and merge the winner back.
 //!
+//! The `forkfleet` package is the binary (`src/main.rs` and `src/cli/`, one file per
+//! command group: `fork` with `fork/turns` and `fork/resolve`, `run`, `account`,
+//! `checkpoint`, `workers`, `log`, `bench`, `services`) and this thin library, which holds
+//! what the binary and the integration tests both start:
+//!
 //! ## Layout
-//! - [`cli`]: the command line (`forkfleet run`, `coordinator`, `worker`, `fork ...`,
-//!   `workers`, `log`, `bench`); thin: parse, configure, call the functions below.
 //! - [`config`]: layered configuration (defaults < TOML file < `FORKFLEET_*` < flags),
 //!   NATS auth and TLS, secrets redacted.
-//! - [`service`]: the cluster services as library functions, `run_coordinator(config,
-//!   shutdown)` and `run_worker(config, shutdown)`.
-//! - [`remote`]: [`remote::Client`], which every client command uses: one
-//!   method per API request, answered in process (embedded) or over the bus
-//!   ([`remote::RemoteCoordinator`]).
+//! - [`service`]: the cluster services' start-up, `run_coordinator(config, shutdown)` and
+//!   `run_worker(config, shutdown)`, and connecting to NATS.
 //! - [`embedded`]: the single-machine mode: a coordinator and in-process workers on the
-//!   local bus, with the run store under a data directory.
-//! - [`client`]: what a client does around the coordinator: upload a workspace snapshot,
-//!   apply a merge to a real directory.
-//! - [`render`]: progress lines, tables and the `--json` documents.
-//! - [`checkpoint_cmd`]: `checkpoint ...`: list, save, remove, rewind (a directory too),
-//!   and new runs from a checkpoint.
-//! - [`forkdir`]: the materialised fork directory (`.forkfleet/forks/<id>/` in the
-//!   workspace: parent and every branch's version of the touched paths) and `fork open`.
-//! - [`resolve_cmd`]: `fork resolve` and `run`'s resolve step: the report, the merge applied.
-//! - [`bench`]: whole-system benchmarks.
+//!   local bus, the run store under a data directory, and a `forkfleet_client::Client`
+//!   that calls the coordinator in process.
+//! - [`telemetry`]: the process's log lines and trace context.
 //!
-//! The crates below: `forkfleet-shared` (types and pure logic), `forkfleet-coordinator`
-//! and `forkfleet-worker` (the two services, which never depend on each other).
+//! Everything a front end does around a coordinator (the API client, the workspace
+//! upload, the fork directory, watching, rendering, the run workflow) is the
+//! `forkfleet-client` crate; the types and pure logic are `forkfleet-shared`; the bus is
+//! `forkfleet-bus`; the two services are `forkfleet-coordinator` and `forkfleet-worker`,
+//! which never depend on each other.
 
 pub mod config;
 pub mod embedded;

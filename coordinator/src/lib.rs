@@ -21,6 +21,10 @@
 //! - `budget`: the ledger of branch, fork and account caps, and the reservation service.
 //! - `serve`: answering a request/reply subject (resubscribing, bounded, drained).
 //! - `root`, `fork`: the actors.
+//! - `agentfork`: forks made by a branch's own agent, merged into its branch (ADR 14).
+//! - `blobs`: copying what the run store lacks from the bus's blob store.
+//! - `resolve`: tests and judges on workers, the strategy's decision, the merge.
+//! - [`error`]: the one error type, [`CoordinatorError`], and its kind.
 //!
 //! ## Actors
 //!

@@ -20,6 +20,15 @@
 //! - [`trace`]: W3C trace context carried by bus messages.
 //! - [`testsignal`]: test runner output and exit status to a branch's test signal.
 //! - [`resolve`]: confidence scoring, the judge's verdict and bounded prompt, merge strategies.
+//! - [`api`]: the coordinator's API, every operation declared once (`api::ops`), and the
+//!   views and outcomes it answers with.
+//! - [`spec`]: the TOML fork spec, the `ForkPlan` it becomes, and the plan's one
+//!   validation.
+//! - [`script`]: the scripted model's turn file.
+//! - [`protocol`]: tasks, branch events, control commands and resolve jobs on the bus.
+//! - [`subjects`]: every bus subject and stream name, built in one place.
+//! - [`endpoint`]: a real model API's endpoint and the `run_command` tool's settings.
+//! - [`wire`]: the versioned MessagePack envelope every message travels in.
 pub mod api;
 pub mod blob;
 pub mod budget;

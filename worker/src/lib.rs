@@ -20,6 +20,11 @@
 //! - `resolve`: resolve jobs served on `worker.resolve`: a test command on a branch's
 //!   materialised tree, a judge's call with one retry of an invalid verdict.
 //! - [`tools`]: read, write, edit, delete, list, glob and grep over the overlay.
+//! - [`runner`]: materialise a branch's tree in a temporary directory and run a command in
+//!   it (no shell, cleared environment, timeout and cancel kill the process group), then
+//!   read back what the command changed.
+//! - `context`: what every branch of a worker shares: the bus, the blob cache, the
+//!   providers, and the decoded prefixes and manifests (one decode per fork).
 //! - [`cache`]: the per-worker blob cache and the decoded-blob memo shared by branches.
 //! - [`error`]: the one error type, [`WorkerError`].
 //!
