@@ -110,6 +110,29 @@ macro_rules! timeout_of {
     };
 }
 
+/// `impl Operation` for one declared operation.
+macro_rules! operation_impl {
+    ($T:ident, $wire:literal, $idem:ident, $time:ident, $RV:ident($R:ty)) => {
+        impl Operation for $T {
+            const NAME: &'static str = $wire;
+            const IDEMPOTENT: bool = idempotent!($idem);
+            type Reply = $R;
+            fn timeout(&self) -> Duration {
+                timeout_of!(self, $time)
+            }
+            fn into_reply(reply: $R) -> ApiReply {
+                ApiReply::$RV(reply)
+            }
+            fn from_reply(reply: ApiReply) -> Result<$R, &'static str> {
+                match reply {
+                    ApiReply::$RV(v) => Ok(v),
+                    other => Err(other.name()),
+                }
+            }
+        }
+    };
+}
+
 macro_rules! operations {
     (
         without_args {
@@ -133,23 +156,7 @@ macro_rules! operations {
             #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
             pub struct $U;
 
-            impl Operation for $U {
-                const NAME: &'static str = $uwire;
-                const IDEMPOTENT: bool = idempotent!($uidem);
-                type Reply = $UR;
-                fn timeout(&self) -> Duration {
-                    timeout_of!(self, $utime)
-                }
-                fn into_reply(reply: $UR) -> ApiReply {
-                    ApiReply::$URV(reply)
-                }
-                fn from_reply(reply: ApiReply) -> Result<$UR, &'static str> {
-                    match reply {
-                        ApiReply::$URV(v) => Ok(v),
-                        other => Err(other.name()),
-                    }
-                }
-            }
+            operation_impl!($U, $uwire, $uidem, $utime, $URV($UR));
 
             impl From<$U> for ApiRequest {
                 fn from(_: $U) -> Self {
@@ -164,23 +171,7 @@ macro_rules! operations {
                 $( $(#[$fmeta])* pub $field: $fty, )*
             }
 
-            impl Operation for $N {
-                const NAME: &'static str = $wire;
-                const IDEMPOTENT: bool = idempotent!($idem);
-                type Reply = $R;
-                fn timeout(&self) -> Duration {
-                    timeout_of!(self, $time)
-                }
-                fn into_reply(reply: $R) -> ApiReply {
-                    ApiReply::$RV(reply)
-                }
-                fn from_reply(reply: ApiReply) -> Result<$R, &'static str> {
-                    match reply {
-                        ApiReply::$RV(v) => Ok(v),
-                        other => Err(other.name()),
-                    }
-                }
-            }
+            operation_impl!($N, $wire, $idem, $time, $RV($R));
 
             impl From<$N> for ApiRequest {
                 fn from(op: $N) -> Self {
