@@ -62,6 +62,8 @@ pub enum SpecError {
     DepthExceeded { depth: u32, max: u32, last: u32 },
     #[error("branch label `{label}` is not valid: {reason}; labels are 1 to 64 characters of letters, digits, `-`, `_` and `.`, not starting with `.`")]
     BadLabel { label: String, reason: &'static str },
+    #[error("`branches[{index}].label` is empty; give branch {position} a label (1 to 64 characters of letters, digits, `-`, `_` and `.`), or leave `label` out and it is `branch-{position}`", position = index + 1)]
+    EmptyLabel { index: usize },
     #[error("`{field}` is {value}; budgets must be finite and zero or more (USD)")]
     BadBudget { field: String, value: f64 },
     #[error("`{field}` must be at least 1")]

@@ -20,15 +20,33 @@ fn spec(top: &str, model: &str, rest: &str) -> String {
 }
 
 #[test]
-fn labels_blank_and_duplicates() {
+fn labels_absent_and_duplicates() {
     let p = parse(&spec(
         "",
         "",
-        "[[branches]]\nsteer = \"a\"\n[[branches]]\nlabel = \"x\"\n[[branches]]\nlabel = \"x\"\n[[branches]]\nlabel = \" \"\n[[branches]]\nlabel = \"x\"",
+        "[[branches]]\nsteer = \"a\"\n[[branches]]\nlabel = \"x\"\n[[branches]]\nlabel = \"x\"\n[[branches]]\nsteer = \"b\"\n[[branches]]\nlabel = \"x\"",
     ))
     .unwrap();
     let labels: Vec<_> = p.branches.iter().map(|b| b.label.as_str()).collect();
     assert_eq!(labels, ["branch-1", "x", "x-2", "branch-4", "x-3"]);
+}
+
+/// An absent label defaults to `branch-N`; one given empty (or blank) is bad input that
+/// names the branch, not a silent default.
+#[test]
+fn an_empty_label_is_refused_with_its_position() {
+    for blank in ["\"\"", "\" \""] {
+        let err = parse(&spec(
+            "",
+            "",
+            &format!("[[branches]]\nlabel = \"a\"\n[[branches]]\nlabel = {blank}"),
+        ))
+        .unwrap_err();
+        assert!(matches!(err, SpecError::EmptyLabel { index: 1 }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("`branches[1].label` is empty"), "{text}");
+        assert!(text.contains("branch-2"), "{text}");
+    }
 }
 
 #[test]

@@ -358,8 +358,11 @@ pub fn normalise_labels<'a>(
     let mut seen: BTreeSet<String> = BTreeSet::new();
     let mut out = Vec::new();
     for (i, l) in labels.into_iter().enumerate() {
+        // An absent label defaults; one given empty is a mistake, not a request for the
+        // default.
         let base = match l.map(str::trim) {
-            None | Some("") => format!("branch-{}", i + 1),
+            None => format!("branch-{}", i + 1),
+            Some("") => return Err(SpecError::EmptyLabel { index: i }),
             Some(s) => s.to_string(),
         };
         check_label(&base)?;
