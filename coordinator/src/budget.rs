@@ -19,6 +19,11 @@
 //! - Caps changed after creation (top-ups, moves) are written to the store's `caps` tree.
 //! - Time (when a reservation expires) comes from the ledger's [`Clock`], the system's
 //!   unless a test gives it a manual one ([`Ledger::open`]).
+//!
+//! This file holds the ledger's state and its costs, registering forks, settling usage,
+//! branch state changes and fences, and sending stops; `budget/reserve.rs` reservations
+//! (grant, cancel, expiry), `budget/caps.rs` top-ups, moves and accounts,
+//! `budget/service.rs` the reservation service.
 
 mod caps;
 mod reserve;

@@ -113,7 +113,7 @@ pub enum CoordinatorError {
     #[error("{0}")]
     BadRequest(String),
     /// A budget request that cannot succeed as sent (the message says why and what is
-    /// valid). Built by `budget.rs`, which is being rewritten.
+    /// valid). Built by `budget/caps.rs`, which is being rewritten.
     #[error("{0}")]
     BadBudget(String),
 
