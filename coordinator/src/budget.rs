@@ -19,7 +19,14 @@
 //! - Caps changed after creation (top-ups, moves) are written to the store's `caps` tree.
 //! - Time (when a reservation expires) comes from the ledger's [`Clock`], the system's
 //!   unless a test gives it a manual one ([`Ledger::open`]).
+//!
+//! This file holds the ledger's state and its costs, registering forks, settling usage,
+//! branch state changes and fences, and sending stops; `budget/reserve.rs` reservations
+//! (grant, cancel, expiry), `budget/caps.rs` top-ups, moves and accounts,
+//! `budget/service.rs` the reservation service.
 
+mod caps;
+mod reserve;
 mod service;
 #[cfg(test)]
 mod tests;
@@ -30,13 +37,11 @@ use crate::error::{list, CoordinatorError};
 use crate::store::{AccountRecord, BranchRecord, ForkRecord, ReservationRecord, RunStore};
 use forkfleet_bus::Bus;
 use forkfleet_shared::budget::{
-    remaining, AccountView, BranchCost, BudgetMode, BudgetPolicy, BudgetReply, BudgetRequest,
-    ForkCost, OnExhausted,
+    remaining, AccountView, BranchCost, BudgetMode, BudgetPolicy, ForkCost, OnExhausted,
 };
 use forkfleet_shared::clock::Clock;
 use forkfleet_shared::ids::{ForkId, ReservationId, RunId};
-use forkfleet_shared::protocol::{now_ms, Control, ControlCommand};
-use forkfleet_shared::spec::check_account_name;
+use forkfleet_shared::protocol::{Control, ControlCommand};
 use forkfleet_shared::state::BranchState;
 use forkfleet_shared::wire;
 use std::collections::{BTreeMap, HashMap};
@@ -310,22 +315,6 @@ fn money(v: f64) -> String {
     format!("${v:.6}")
 }
 
-fn check_usd(what: &str, usd: f64, zero_ok: bool) -> Result<(), CoordinatorError> {
-    let ok = usd.is_finite() && if zero_ok { usd >= 0.0 } else { usd > 0.0 };
-    if ok {
-        Ok(())
-    } else {
-        let valid = if zero_ok {
-            "zero or more"
-        } else {
-            "more than zero"
-        };
-        Err(CoordinatorError::BadBudget(format!(
-            "{what} is {usd}; it must be a finite amount of USD, {valid}"
-        )))
-    }
-}
-
 impl Ledger {
     /// The ledger over `store`'s accounts and reservations (forks register themselves as
     /// their actors start). Reservations expire `ttl_ms` after they are granted, by
@@ -469,180 +458,6 @@ impl Ledger {
         })
     }
 
-    /// Reserve an upper bound for one model call of a branch (strict mode). Granted, the
-    /// reservation is written to the store; the caller flushes before answering.
-    pub fn reserve(&self, req: &BudgetRequest) -> (BudgetReply, Actions) {
-        let now = self.clock.now_ms();
-        let mut out = Actions::default();
-        let mut s = self.lock();
-        let Some(run) = s.runs.get(&req.run_id) else {
-            return (
-                BudgetReply::Gone {
-                    reason: format!("run {} is not a branch the coordinator knows", req.run_id),
-                },
-                out,
-            );
-        };
-        if run.fork != req.fork_id {
-            return (
-                BudgetReply::Gone {
-                    reason: format!("run {} is not a branch of fork {}", req.run_id, req.fork_id),
-                },
-                out,
-            );
-        }
-        if run.state.is_terminal() {
-            return (
-                BudgetReply::Gone {
-                    reason: format!("the branch already finished as {}", run.state),
-                },
-                out,
-            );
-        }
-        if req.attempt < run.min_attempt {
-            return (
-                BudgetReply::Gone {
-                    reason: format!(
-                        "task attempt {} was taken over by attempt {}",
-                        req.attempt, run.min_attempt
-                    ),
-                },
-                out,
-            );
-        }
-        let est = req.estimate_usd;
-        if !est.is_finite() || est < 0.0 {
-            return (
-                BudgetReply::Refused {
-                    state: BranchState::Failed,
-                    reason: format!("invalid cost estimate {est}: it must be a finite amount of USD, zero or more"),
-                },
-                out,
-            );
-        }
-        let (fork_id, run_cap, run_spent) = (run.fork, run.cap, run.spent);
-        let run_reserved = s.reserved(|r| r.run_id == req.run_id);
-        if let Some(cap) = run_cap {
-            if run_spent + run_reserved + est > cap + EPSILON {
-                let reason = format!(
-                    "branch cap {} reached: spent {}, reserved {}, this call needs up to {}",
-                    money(cap),
-                    money(run_spent),
-                    money(run_reserved),
-                    money(est)
-                );
-                if let Some(r) = s.runs.get_mut(&req.run_id) {
-                    r.blocked_by = Some(Level::Branch);
-                }
-                return (
-                    BudgetReply::Refused {
-                        state: BranchState::BudgetExhausted,
-                        reason,
-                    },
-                    out,
-                );
-            }
-        }
-        let Some(fork) = s.forks.get(&fork_id) else {
-            return (
-                BudgetReply::Gone {
-                    reason: format!("fork {fork_id} is not known"),
-                },
-                out,
-            );
-        };
-        let (fork_cap, fork_spent, fork_exhausted) = (fork.cap, fork.spent, fork.exhausted);
-        let account = fork.policy.account.clone();
-        let fork_reserved = s.reserved(|r| r.fork_id == fork_id);
-        let refuse = |s: &mut State, level: Level, reason: String, out: &mut Actions| {
-            if let Some(r) = s.runs.get_mut(&req.run_id) {
-                r.blocked_by = Some(level);
-                // The refused branch stops itself; the others are told to.
-                r.stopping = true;
-            }
-            match level {
-                Level::Account => {
-                    if let Some(name) = &account {
-                        s.exhaust_account(name, &reason, now, out)
-                    }
-                }
-                _ => s.exhaust_fork(fork_id, &reason, now, out),
-            }
-            BudgetReply::Refused {
-                state: BranchState::AggregateBudgetExhausted,
-                reason,
-            }
-        };
-        if let Some(cap) = fork_cap {
-            if fork_exhausted || fork_spent + fork_reserved + est > cap + EPSILON {
-                let reason = format!(
-                    "fork cap {} reached: spent {}, reserved {}, this call needs up to {}",
-                    money(cap),
-                    money(fork_spent),
-                    money(fork_reserved),
-                    money(est)
-                );
-                let reply = refuse(&mut s, Level::Fork, reason, &mut out);
-                return (reply, out);
-            }
-        }
-        if let Some(name) = &account {
-            let Some(a) = s.accounts.get(name) else {
-                return (
-                    BudgetReply::Refused {
-                        state: BranchState::AggregateBudgetExhausted,
-                        reason: format!("account `{name}` no longer exists"),
-                    },
-                    out,
-                );
-            };
-            let (cap, exhausted) = (a.record.cap_usd, a.exhausted);
-            if let Some(cap) = cap {
-                let spent = s.account_spent(name);
-                let reserved = s.reserved(|r| r.account.as_deref() == Some(name.as_str()));
-                if exhausted || spent + reserved + est > cap + EPSILON {
-                    let reason = format!(
-                        "account `{name}` cap {} reached: spent {}, reserved {}, this call needs up to {}",
-                        money(cap),
-                        money(spent),
-                        money(reserved),
-                        money(est)
-                    );
-                    let reply = refuse(&mut s, Level::Account, reason, &mut out);
-                    return (reply, out);
-                }
-            }
-        }
-        let record = ReservationRecord {
-            id: ReservationId::new(),
-            fork_id,
-            run_id: req.run_id,
-            account,
-            attempt: req.attempt,
-            usd: est,
-            expires_at_ms: now.saturating_add(self.ttl_ms),
-        };
-        if let Err(e) = self.store.put_reservation(&record) {
-            return (
-                BudgetReply::Retry {
-                    reason: format!("cannot record the reservation: {e}"),
-                },
-                out,
-            );
-        }
-        let id = record.id;
-        s.reservations.insert(id, record);
-        (BudgetReply::Granted { reservation: id }, out)
-    }
-
-    /// Withdraw a grant that could not be made durable.
-    pub fn cancel(&self, id: ReservationId) {
-        let removed = self.lock().reservations.remove(&id);
-        if removed.is_some() {
-            self.forget(&[id]);
-        }
-    }
-
     /// A `usage` event was applied: charge its cost, settle its reservation, and in
     /// best-effort mode stop what crossed a cap.
     pub fn on_usage(
@@ -765,26 +580,6 @@ impl Ledger {
         self.forget(&released);
     }
 
-    /// Release reservations past their expiry by the ledger's clock; how many.
-    pub fn expire_due(&self) -> usize {
-        self.expire(self.clock.now_ms())
-    }
-
-    /// Release reservations that expire at `now` or before; how many.
-    pub fn expire(&self, now: u64) -> usize {
-        let mut s = self.lock();
-        let released = s.release_where(|r| r.expires_at_ms <= now);
-        drop(s);
-        if !released.is_empty() {
-            tracing::warn!(
-                released = released.len(),
-                "budget: reservations expired (their workers are gone?)"
-            );
-        }
-        self.forget(&released);
-        released.len()
-    }
-
     /// A branch's cap now (after top-ups and moves).
     pub fn run_cap(&self, run_id: RunId) -> Option<f64> {
         self.lock().runs.get(&run_id).and_then(|r| r.cap)
@@ -794,245 +589,6 @@ impl Ledger {
         self.lock()
             .fork_cost(fork_id)
             .ok_or_else(|| CoordinatorError::UnknownFork(fork_id.to_string()))
-    }
-
-    fn label_to_run(
-        &self,
-        s: &State,
-        fork_id: ForkId,
-        label: &str,
-    ) -> Result<RunId, CoordinatorError> {
-        let f = s
-            .forks
-            .get(&fork_id)
-            .ok_or_else(|| CoordinatorError::UnknownFork(fork_id.to_string()))?;
-        f.runs
-            .iter()
-            .find(|r| s.runs.get(r).is_some_and(|b| b.label == label))
-            .copied()
-            .ok_or_else(|| CoordinatorError::UnknownLabel {
-                fork: fork_id,
-                label: label.to_string(),
-                valid: list(
-                    f.runs
-                        .iter()
-                        .filter_map(|r| s.runs.get(r))
-                        .map(|b| b.label.as_str())
-                        .collect::<Vec<_>>()
-                        .iter(),
-                ),
-            })
-    }
-
-    /// Paused branches whose blocking cap is one of `levels` (and, for the branch level,
-    /// only `only` when given), in branch order; they are marked unblocked.
-    fn take_resumable(
-        s: &mut State,
-        forks: &[ForkId],
-        levels: &[Level],
-        only: Option<RunId>,
-    ) -> Vec<(ForkId, RunId)> {
-        let mut out = Vec::new();
-        for fork_id in forks {
-            let Some(f) = s.forks.get(fork_id) else {
-                continue;
-            };
-            for run_id in f.runs.clone() {
-                if only.is_some_and(|o| o != run_id) {
-                    continue;
-                }
-                let Some(r) = s.runs.get_mut(&run_id) else {
-                    continue;
-                };
-                if r.state == BranchState::Paused
-                    && r.blocked_by.is_none_or(|l| levels.contains(&l))
-                {
-                    r.blocked_by = None;
-                    out.push((*fork_id, run_id));
-                }
-            }
-        }
-        out
-    }
-
-    /// Raise a branch's cap (`label`) or the fork's by `usd`. Returns the paused
-    /// branches to resume.
-    pub fn topup(
-        &self,
-        fork_id: ForkId,
-        label: Option<&str>,
-        usd: f64,
-    ) -> Result<Vec<(ForkId, RunId)>, CoordinatorError> {
-        check_usd("--usd", usd, false)?;
-        let mut s = self.lock();
-        match label {
-            Some(label) => {
-                let run_id = self.label_to_run(&s, fork_id, label)?;
-                let Some(run) = s.runs.get_mut(&run_id) else {
-                    return Err(CoordinatorError::UnknownRun(run_id));
-                };
-                let Some(cap) = run.cap else {
-                    return Err(CoordinatorError::BadBudget(format!(
-                        "branch `{label}` has no cap of its own; top up the fork's aggregate cap (leave out --branch) or its account (`forkfleet account set`)"
-                    )));
-                };
-                let new = cap + usd;
-                self.store.put_cap(fork_id, Some(run_id), new)?;
-                run.cap = Some(new);
-                tracing::info!(fork.id = %fork_id, branch.label = %label, cap = new, "budget.topup");
-                Ok(Self::take_resumable(
-                    &mut s,
-                    &[fork_id],
-                    &[Level::Branch],
-                    Some(run_id),
-                ))
-            }
-            None => {
-                let f = s
-                    .forks
-                    .get_mut(&fork_id)
-                    .ok_or_else(|| CoordinatorError::UnknownFork(fork_id.to_string()))?;
-                let Some(cap) = f.cap else {
-                    return Err(CoordinatorError::BadBudget(format!(
-                        "fork {fork_id} has no aggregate cap; top up a branch (--branch LABEL) or its account (`forkfleet account set`)"
-                    )));
-                };
-                let new = cap + usd;
-                self.store.put_cap(fork_id, None, new)?;
-                f.cap = Some(new);
-                f.exhausted = false;
-                tracing::info!(fork.id = %fork_id, cap = new, "budget.topup");
-                Ok(Self::take_resumable(
-                    &mut s,
-                    &[fork_id],
-                    &[Level::Fork],
-                    None,
-                ))
-            }
-        }
-    }
-
-    /// Move `usd` of cap from branch `from` to branch `to`. Returns `to` when it was
-    /// paused by its cap.
-    pub fn move_budget(
-        &self,
-        fork_id: ForkId,
-        from: &str,
-        to: &str,
-        usd: f64,
-    ) -> Result<Vec<(ForkId, RunId)>, CoordinatorError> {
-        check_usd("--usd", usd, false)?;
-        if from == to {
-            return Err(CoordinatorError::BadBudget(format!(
-                "--from and --to are both `{from}`; name two different branches"
-            )));
-        }
-        let mut s = self.lock();
-        let from_run = self.label_to_run(&s, fork_id, from)?;
-        let to_run = self.label_to_run(&s, fork_id, to)?;
-        let held = s.reserved(|r| r.run_id == from_run);
-        let (Some(a), Some(b)) = (
-            s.runs.get(&from_run).map(|r| (r.cap, r.spent)),
-            s.runs.get(&to_run).map(|r| r.cap),
-        ) else {
-            return Err(CoordinatorError::UnknownRun(from_run));
-        };
-        let (Some(from_cap), from_spent) = a else {
-            return Err(CoordinatorError::BadBudget(format!(
-                "branch `{from}` has no cap of its own to move budget from"
-            )));
-        };
-        let Some(to_cap) = b else {
-            return Err(CoordinatorError::BadBudget(format!(
-                "branch `{to}` has no cap of its own to move budget to; it is limited only by the fork's and the account's caps"
-            )));
-        };
-        let movable = (from_cap - from_spent - held).max(0.0);
-        if usd > movable + EPSILON {
-            return Err(CoordinatorError::BadBudget(format!(
-                "branch `{from}` can give at most {} (cap {}, spent {}, reserved {}); asked for {}",
-                money(movable),
-                money(from_cap),
-                money(from_spent),
-                money(held),
-                money(usd)
-            )));
-        }
-        self.store
-            .put_cap(fork_id, Some(from_run), from_cap - usd)?;
-        self.store.put_cap(fork_id, Some(to_run), to_cap + usd)?;
-        if let Some(r) = s.runs.get_mut(&from_run) {
-            r.cap = Some(from_cap - usd);
-        }
-        if let Some(r) = s.runs.get_mut(&to_run) {
-            r.cap = Some(to_cap + usd);
-        }
-        tracing::info!(fork.id = %fork_id, from, to, usd, "budget.move");
-        Ok(Self::take_resumable(
-            &mut s,
-            &[fork_id],
-            &[Level::Branch],
-            Some(to_run),
-        ))
-    }
-
-    /// Create an account or change its cap. Returns its view and the paused branches to
-    /// resume (a raised or removed cap resumes what it paused).
-    pub fn account_set(
-        &self,
-        name: &str,
-        cap_usd: Option<f64>,
-    ) -> Result<(AccountView, Vec<(ForkId, RunId)>), CoordinatorError> {
-        check_account_name(name)?;
-        if let Some(cap) = cap_usd {
-            check_usd("--cap", cap, true)?;
-        }
-        let mut s = self.lock();
-        let record = match s.accounts.get(name) {
-            Some(a) => AccountRecord {
-                cap_usd,
-                ..a.record.clone()
-            },
-            None => AccountRecord {
-                name: name.to_string(),
-                cap_usd,
-                created_at_ms: now_ms(),
-            },
-        };
-        self.store.put_account(&record)?;
-        let spent = s.account_spent(name);
-        let reserved = s.reserved(|r| r.account.as_deref() == Some(name));
-        let room = cap_usd.is_none_or(|c| c > spent + reserved + EPSILON);
-        s.accounts.insert(
-            name.to_string(),
-            AccountState {
-                record,
-                exhausted: !room,
-            },
-        );
-        let resume = if room {
-            let forks: Vec<ForkId> = s
-                .forks
-                .iter()
-                .filter(|(_, f)| f.policy.account.as_deref() == Some(name))
-                .map(|(id, _)| *id)
-                .collect();
-            Self::take_resumable(&mut s, &forks, &[Level::Account], None)
-        } else {
-            Vec::new()
-        };
-        let view = s
-            .accounts
-            .get(name)
-            .map(|a| s.account_view(a))
-            .ok_or_else(|| CoordinatorError::Internal("account vanished".into()))?;
-        tracing::info!(account = %name, cap = ?cap_usd, "budget.account_set");
-        Ok((view, resume))
-    }
-
-    pub fn accounts(&self) -> Vec<AccountView> {
-        let s = self.lock();
-        s.accounts.values().map(|a| s.account_view(a)).collect()
     }
 
     /// Send the commands of `actions` (in the background: callers hold actor state).

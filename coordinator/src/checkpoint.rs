@@ -30,24 +30,36 @@
 //! and merges see the rewound branch. A branch must have finished. The reply carries the
 //! change log from the current version to the checkpoint's and both manifests, for a
 //! client to apply to a directory with conflicts against the current version.
+//!
+//! # Files
+//! This file holds the labels, versions, finding checkpoints and runs, named checkpoints
+//! and the API; `checkpoint/auto.rs` the automatic checkpoints, `checkpoint/rewind.rs`
+//! working out and writing a rewind, `checkpoint/new_run.rs` a new run from a checkpoint.
+
+mod auto;
+mod new_run;
+mod rewind;
+
+pub(crate) use auto::AutoCheckpoints;
+use new_run::fork_from;
+use rewind::{rewind_in_store, RewindPlan};
 
 use crate::blobs;
 use crate::error::{list, CoordinatorError};
 use crate::handle::CoordinatorHandle;
-use crate::replica::{BranchReplica, Step};
+use crate::replica::BranchReplica;
 use crate::store::{BranchRecord, ForkRecord, RunRecord, RunStore};
 use bytes::Bytes;
 use forkfleet_bus::{Bus, BusError};
 use forkfleet_shared::api::{CheckpointKind, CheckpointView, NewRunOutcome, RewindOutcome};
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::event::{history_at, Event};
-use forkfleet_shared::flush::{changes_between, needed_blobs};
+use forkfleet_shared::flush::needed_blobs;
 use forkfleet_shared::ids::{CheckpointId, RunId};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::overlay::{ChangeOp, Overlay};
 use forkfleet_shared::protocol::now_ms;
-use forkfleet_shared::spec::{check_label, CheckpointFrequency, CheckpointPolicy};
-use std::collections::{HashMap, VecDeque};
+use forkfleet_shared::spec::check_label;
 use std::sync::Arc;
 
 /// The label of the automatic checkpoint before model call `n` (from 1).
@@ -63,45 +75,6 @@ pub fn tool_label(n: u32, name: &str) -> String {
 /// The label of the checkpoint a run made by `checkpoint fork` starts with.
 pub fn origin_label(source: RunId) -> String {
     format!("from:{source}")
-}
-
-/// One automatic checkpoint to save: its position, label, turn and tool.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct AutoPoint {
-    seq: u64,
-    label: String,
-    turn: u32,
-    tool: Option<String>,
-}
-
-impl AutoPoint {
-    /// Where an applied step puts an automatic checkpoint under `frequency`, if anywhere:
-    /// `every_turn` just before a model response, `every_tool` at a tool result.
-    fn of(step: &Step, frequency: CheckpointFrequency) -> Option<AutoPoint> {
-        match (frequency, step) {
-            (CheckpointFrequency::EveryTurn, Step::Response { seq, turn }) => Some(AutoPoint {
-                seq: seq.saturating_sub(1),
-                label: turn_label(*turn),
-                turn: turn - 1,
-                tool: None,
-            }),
-            (
-                CheckpointFrequency::EveryTool,
-                Step::Tool {
-                    seq,
-                    call,
-                    name,
-                    turn,
-                },
-            ) => Some(AutoPoint {
-                seq: *seq,
-                label: tool_label(*call, name),
-                turn: *turn,
-                tool: Some(name.clone()),
-            }),
-            _ => None,
-        }
-    }
 }
 
 /// True when a log holds a rewind (its replica's overlay is then rebuilt from the rewound
@@ -133,145 +106,6 @@ pub(crate) fn apply_rewind(
     replica.record.changes = overlay.changes().len() as u64;
     replica.overlay = overlay;
     Ok(())
-}
-
-/// The state of one branch run's automatic checkpoints.
-#[derive(Debug, Default)]
-struct AutoRun {
-    /// The highest position saved (or decided) so far: a point at or before it is not
-    /// saved again.
-    through: Option<u64>,
-    /// The automatic checkpoints this actor knows, oldest first (a superset of the store's:
-    /// one removed by hand is dropped here when its turn to be evicted comes).
-    saved: VecDeque<CheckpointId>,
-}
-
-/// The automatic checkpoints of one fork's branches, owned by its fork actor.
-pub(crate) struct AutoCheckpoints {
-    policy: CheckpointPolicy,
-    /// The fork snapshot: every branch checkpoint's `snapshot`.
-    snapshot: BlobHash,
-    runs: HashMap<RunId, AutoRun>,
-}
-
-impl AutoCheckpoints {
-    /// A fork just created: no checkpoints yet.
-    pub fn new(policy: CheckpointPolicy, snapshot: BlobHash) -> Self {
-        Self {
-            policy,
-            snapshot,
-            runs: HashMap::new(),
-        }
-    }
-
-    /// A fork loaded from the store: pick up each branch's counts and automatic
-    /// checkpoints, and save the points a crash lost (see the module documentation).
-    /// `steps` are each branch's, as its replica was rebuilt from its log.
-    pub fn load(
-        store: &RunStore,
-        policy: CheckpointPolicy,
-        snapshot: BlobHash,
-        steps: Vec<(RunId, Vec<Step>)>,
-    ) -> Result<Self, CoordinatorError> {
-        let mut this = Self::new(policy, snapshot);
-        if policy.frequency == CheckpointFrequency::ManualOnly {
-            return Ok(this);
-        }
-        for (run_id, steps) in steps {
-            let autos: Vec<CheckpointView> = store
-                .checkpoints(run_id)?
-                .into_iter()
-                .filter(|c| c.kind == CheckpointKind::Auto)
-                .collect();
-            let mark = store.checkpoint_mark(run_id)?;
-            let through = autos
-                .iter()
-                .map(|c| c.seq)
-                .chain((mark > 0).then_some(mark))
-                .max();
-            let mut run = AutoRun {
-                through,
-                saved: {
-                    let mut ids: Vec<(u64, CheckpointId)> =
-                        autos.iter().map(|c| (c.created_at_ms, c.id)).collect();
-                    ids.sort();
-                    ids.into_iter().map(|(_, id)| id).collect()
-                },
-            };
-            let missing: Vec<AutoPoint> = steps
-                .iter()
-                .filter_map(|step| AutoPoint::of(step, policy.frequency))
-                .filter(|p| through.is_none_or(|t| p.seq > t))
-                .collect();
-            // Older ones would be evicted at once.
-            let keep = policy.max_checkpoints as usize;
-            let skip = missing.len().saturating_sub(keep);
-            if !missing.is_empty() {
-                tracing::info!(run.id = %run_id, repaired = missing.len() - skip, "checkpoint.repair: saving automatic checkpoints a restart found missing");
-            }
-            for p in missing.into_iter().skip(skip) {
-                this.save(store, run_id, &mut run, p)?;
-            }
-            this.runs.insert(run_id, run);
-        }
-        Ok(this)
-    }
-
-    /// `run`'s replica applied `steps`: save the automatic checkpoints they make and evict
-    /// the oldest. A failure is logged, never fatal to applying events.
-    pub fn on_applied(&mut self, store: &RunStore, run: RunId, steps: &[Step]) {
-        if self.policy.frequency == CheckpointFrequency::ManualOnly || steps.is_empty() {
-            return;
-        }
-        let mut state = self.runs.remove(&run).unwrap_or_default();
-        for p in steps
-            .iter()
-            .filter_map(|step| AutoPoint::of(step, self.policy.frequency))
-        {
-            if state.through.is_some_and(|t| p.seq <= t) {
-                continue;
-            }
-            if let Err(e) = self.save(store, run, &mut state, p) {
-                tracing::error!(run.id = %run, error = %e, "checkpoint.auto: cannot save an automatic checkpoint");
-                break;
-            }
-        }
-        self.runs.insert(run, state);
-    }
-
-    fn save(
-        &self,
-        store: &RunStore,
-        run: RunId,
-        state: &mut AutoRun,
-        p: AutoPoint,
-    ) -> Result<(), CoordinatorError> {
-        let mut metadata = std::collections::BTreeMap::new();
-        if let Some(tool) = p.tool {
-            metadata.insert("tool".to_string(), tool);
-        }
-        let c = CheckpointView {
-            id: CheckpointId::new(),
-            run_id: run,
-            label: p.label,
-            seq: p.seq,
-            snapshot: self.snapshot,
-            created_at_ms: now_ms(),
-            base_seq: 0,
-            turn: p.turn,
-            kind: CheckpointKind::Auto,
-            metadata,
-        };
-        store.save_checkpoint(&c)?;
-        state.through = Some(p.seq);
-        state.saved.push_back(c.id);
-        while state.saved.len() > self.policy.max_checkpoints as usize {
-            if let Some(old) = state.saved.pop_front() {
-                store.remove_checkpoint(run, old)?;
-            }
-        }
-        Ok(())
-    }
 }
 
 // ---- versions ---------------------------------------------------------------------------
@@ -581,209 +415,6 @@ pub(crate) fn clear(store: &RunStore, run: RunId) -> Result<Vec<CheckpointView>,
     }
     store.flush()?;
     Ok(removed)
-}
-
-// ---- rewind -----------------------------------------------------------------------------
-
-/// A rewind worked out, not yet written.
-pub(crate) struct RewindPlan {
-    pub outcome: RewindOutcome,
-    /// The marker to append at `next_seq`.
-    pub marker: Event,
-    pub next_seq: u64,
-    /// The branch's fork, for a branch run (its actor appends the marker).
-    pub fork: Option<forkfleet_shared::ids::ForkId>,
-}
-
-/// Refuse a branch that has not finished.
-fn check_rewindable(run: RunId, kind: &RunKind) -> Result<(), CoordinatorError> {
-    if let RunKind::Branch { fork, branch } = kind {
-        if !branch.state.is_terminal() {
-            return Err(CoordinatorError::RewindRunning {
-                run,
-                fork: fork.fork_id,
-                label: branch.label.clone(),
-                state: branch.state,
-            });
-        }
-    }
-    Ok(())
-}
-
-fn plan_rewind(
-    store: &RunStore,
-    run: RunId,
-    reference: &str,
-    rewound: bool,
-) -> Result<(RewindPlan, RunRecord), CoordinatorError> {
-    let record = load_run(store, run)?;
-    let kind = run_kind(store, &record)?;
-    let checkpoint = find(store, run, reference)?;
-    check_rewindable(run, &kind)?;
-    let log = store.run_log(run)?;
-    let end = last_seq(run, &log)?;
-    if checkpoint.seq > end {
-        return Err(CoordinatorError::CheckpointPastEnd {
-            run,
-            label: checkpoint.label.clone(),
-            seq: checkpoint.seq,
-            end,
-        });
-    }
-    let from = current_version(store, &record, &kind, &log)?;
-    let to = version(
-        store,
-        &log,
-        checkpoint.snapshot,
-        checkpoint.base_seq,
-        checkpoint.seq,
-    )?;
-    let now: std::collections::HashSet<usize> = history_at(&log, None).into_iter().collect();
-    let then: std::collections::HashSet<usize> =
-        history_at(&log, Some(checkpoint.seq)).into_iter().collect();
-    let dropped = now.difference(&then).count() as u64;
-    let changes = changes_between(&from.manifest, &to.manifest);
-    let next_seq = end + 1;
-    let marker = Event::Rewind {
-        to_seq: checkpoint.seq,
-        checkpoint: checkpoint.id,
-        label: checkpoint.label.clone(),
-    };
-    let fork = match &kind {
-        RunKind::Root => None,
-        RunKind::Branch { fork, .. } => Some(fork.fork_id),
-    };
-    Ok((
-        RewindPlan {
-            outcome: RewindOutcome {
-                run_id: run,
-                checkpoint,
-                rewound,
-                marker_seq: rewound.then_some(next_seq),
-                dropped_events: dropped,
-                from_snapshot: from.hash,
-                to_snapshot: to.hash,
-                changes,
-            },
-            marker,
-            next_seq,
-            fork,
-        },
-        record,
-    ))
-}
-
-/// Work out a rewind; for a root run also write it (the marker event and the run's new
-/// workspace version, in one transaction). A branch run's plan is written by its fork
-/// actor ([`crate::fork::ForkHandle::rewind`]).
-pub(crate) fn rewind_in_store(
-    store: &RunStore,
-    run: RunId,
-    reference: &str,
-    dry_run: bool,
-) -> Result<RewindPlan, CoordinatorError> {
-    // Merges append to root runs under this lock; so does a rewind.
-    let _parents = store.lock_parents();
-    let (plan, mut record) = plan_rewind(store, run, reference, !dry_run)?;
-    if dry_run || plan.fork.is_some() {
-        return Ok(plan);
-    }
-    record.workspace = plan.outcome.to_snapshot;
-    record.next_seq = plan.next_seq + 1;
-    store.commit_rewind(&record, plan.next_seq, &plan.marker)?;
-    tracing::info!(run.id = %run, checkpoint = %plan.outcome.checkpoint.label, seq = plan.next_seq, changes = plan.outcome.changes.len(), "checkpoint.rewind");
-    Ok(plan)
-}
-
-// ---- a new run from a checkpoint --------------------------------------------------------
-
-/// Write a new root run whose log is `run`'s conversation up to the checkpoint and whose
-/// workspace is the checkpoint's version, with checkpoint `from:<run>` at its end.
-pub(crate) fn fork_from(
-    store: &RunStore,
-    run: RunId,
-    reference: &str,
-) -> Result<NewRunOutcome, CoordinatorError> {
-    let source = load_run(store, run)?;
-    let checkpoint = find(store, run, reference)?;
-    let log = store.run_log(run)?;
-    let end = last_seq(run, &log)?;
-    if checkpoint.seq > end {
-        return Err(CoordinatorError::CheckpointPastEnd {
-            run,
-            label: checkpoint.label.clone(),
-            seq: checkpoint.seq,
-            end,
-        });
-    }
-    let events: Vec<&Event> = history_at(&log, Some(checkpoint.seq))
-        .into_iter()
-        .map(|i| &log[i].1)
-        .filter(|e| e.is_conversational())
-        .collect();
-    if events.is_empty() {
-        return Err(CoordinatorError::NoConversation {
-            run,
-            label: checkpoint.label.clone(),
-        });
-    }
-    let v = version(
-        store,
-        &log,
-        checkpoint.snapshot,
-        checkpoint.base_seq,
-        checkpoint.seq,
-    )?;
-    let now = now_ms();
-    let run_id = RunId::new();
-    let n = events.len() as u64;
-    let record = RunRecord {
-        run_id,
-        parent: None,
-        fork_id: None,
-        fork_root: run_id,
-        depth: 0,
-        workspace: v.hash,
-        next_seq: n,
-        created_at_ms: now,
-    };
-    let mut metadata = std::collections::BTreeMap::new();
-    metadata.insert("source_run".to_string(), run.to_string());
-    metadata.insert("source_checkpoint".to_string(), checkpoint.label.clone());
-    metadata.insert("source_seq".to_string(), checkpoint.seq.to_string());
-    let origin = CheckpointView {
-        id: CheckpointId::new(),
-        run_id,
-        label: origin_label(run),
-        seq: n - 1,
-        snapshot: v.hash,
-        created_at_ms: now,
-        base_seq: n - 1,
-        turn: events
-            .iter()
-            .filter(|e| matches!(e, Event::ModelResponse { .. }))
-            .count() as u32,
-        kind: CheckpointKind::Named,
-        metadata,
-    };
-    store.put_events(
-        events
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (run_id, i as u64, *e)),
-    )?;
-    store.save_checkpoint(&origin)?;
-    // The record last: a crash half-way leaves no reachable run.
-    store.put_run(&record)?;
-    store.flush()?;
-    tracing::info!(run.id = %run_id, source.run = %source.run_id, checkpoint = %checkpoint.label, events = n, "checkpoint.fork: a new run");
-    Ok(NewRunOutcome {
-        run_id,
-        source_run: run,
-        source: checkpoint,
-        events: n,
-        snapshot: v.hash,
-    })
 }
 
 // ---- blobs for clients ------------------------------------------------------------------

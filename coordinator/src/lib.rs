@@ -14,17 +14,24 @@
 //! - `create`: validation and the writes of a new fork (branch logs, prefix blob, tasks).
 //! - `replica`: one branch's replica; events applied once, in seq order.
 //! - `merge`: flushing a winner onto its parent and adopting its history.
-//! - `checkpoint`: automatic checkpoints of branch runs, named ones, rewind, and new runs
-//!   from a checkpoint (ADR 12).
+//! - `checkpoint`: checkpoints (ADR 12): labels, versions, finding them, named ones and the
+//!   API; `checkpoint/auto.rs` automatic checkpoints of branch runs, `checkpoint/rewind.rs`
+//!   rewind, `checkpoint/new_run.rs` new runs from a checkpoint.
 //! - `event_loop`: the consumer of the event stream (pump, apply, flush-then-ack).
 //! - `resume`: hands a branch's log to a worker taking it over, fencing earlier attempts.
-//! - `budget`: the ledger of branch, fork and account caps, and the reservation service.
+//! - `budget`: the ledger of branch, fork and account caps (spend, usage, stops);
+//!   `budget/reserve.rs` reservations (grant, cancel, expiry), `budget/caps.rs` top-ups,
+//!   moves and accounts, `budget/service.rs` the reservation service.
 //! - `serve`: answering a request/reply subject (resubscribing, bounded, drained).
-//! - `root`, `fork`: the actors.
+//! - `root`, `fork`: the actors. `fork` holds the fork actor's messages, state and handler;
+//!   `fork/handle.rs` its handle, `fork/events.rs` applying events and fences,
+//!   `fork/control.rs` resume, follow-up, steer, terminate and abort, `fork/merging.rs`
+//!   merge, resolve, adopt and rewind.
 //! - `agentfork`: forks made by a branch's own agent, merged into its branch (ADR 14).
 //! - `blobs`: copying what the run store lacks from the bus's blob store.
 //! - `resolve`: tests and judges on workers, the strategy's decision, the merge.
-//! - [`error`]: the one error type, [`CoordinatorError`], and its kind.
+//! - [`error`]: the one error type, [`CoordinatorError`], and its kind (its tests in
+//!   `error/tests.rs`).
 //!
 //! ## Actors
 //!

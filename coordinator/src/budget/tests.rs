@@ -10,6 +10,7 @@ use super::*;
 use crate::store::ForkRecord;
 use forkfleet_bus::local::LocalBus;
 use forkfleet_shared::blob::{BlobHash, MemBlobStore};
+use forkfleet_shared::budget::{BudgetReply, BudgetRequest};
 use forkfleet_shared::clock::ManualClock;
 use forkfleet_shared::event::Usage;
 use forkfleet_shared::pricing::Price;

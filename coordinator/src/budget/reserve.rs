@@ -1,0 +1,204 @@
+//! Reservations: granting one for a model call of a branch (strict mode) when the branch,
+//! its fork and its account can all hold it, withdrawing one, and expiring them.
+
+use super::{money, Actions, Ledger, Level, State, EPSILON};
+use crate::store::ReservationRecord;
+use forkfleet_shared::budget::{BudgetReply, BudgetRequest};
+use forkfleet_shared::ids::ReservationId;
+use forkfleet_shared::state::BranchState;
+
+impl Ledger {
+    /// Reserve an upper bound for one model call of a branch (strict mode). Granted, the
+    /// reservation is written to the store; the caller flushes before answering.
+    pub fn reserve(&self, req: &BudgetRequest) -> (BudgetReply, Actions) {
+        let now = self.clock.now_ms();
+        let mut out = Actions::default();
+        let mut s = self.lock();
+        let Some(run) = s.runs.get(&req.run_id) else {
+            return (
+                BudgetReply::Gone {
+                    reason: format!("run {} is not a branch the coordinator knows", req.run_id),
+                },
+                out,
+            );
+        };
+        if run.fork != req.fork_id {
+            return (
+                BudgetReply::Gone {
+                    reason: format!("run {} is not a branch of fork {}", req.run_id, req.fork_id),
+                },
+                out,
+            );
+        }
+        if run.state.is_terminal() {
+            return (
+                BudgetReply::Gone {
+                    reason: format!("the branch already finished as {}", run.state),
+                },
+                out,
+            );
+        }
+        if req.attempt < run.min_attempt {
+            return (
+                BudgetReply::Gone {
+                    reason: format!(
+                        "task attempt {} was taken over by attempt {}",
+                        req.attempt, run.min_attempt
+                    ),
+                },
+                out,
+            );
+        }
+        let est = req.estimate_usd;
+        if !est.is_finite() || est < 0.0 {
+            return (
+                BudgetReply::Refused {
+                    state: BranchState::Failed,
+                    reason: format!("invalid cost estimate {est}: it must be a finite amount of USD, zero or more"),
+                },
+                out,
+            );
+        }
+        let (fork_id, run_cap, run_spent) = (run.fork, run.cap, run.spent);
+        let run_reserved = s.reserved(|r| r.run_id == req.run_id);
+        if let Some(cap) = run_cap {
+            if run_spent + run_reserved + est > cap + EPSILON {
+                let reason = format!(
+                    "branch cap {} reached: spent {}, reserved {}, this call needs up to {}",
+                    money(cap),
+                    money(run_spent),
+                    money(run_reserved),
+                    money(est)
+                );
+                if let Some(r) = s.runs.get_mut(&req.run_id) {
+                    r.blocked_by = Some(Level::Branch);
+                }
+                return (
+                    BudgetReply::Refused {
+                        state: BranchState::BudgetExhausted,
+                        reason,
+                    },
+                    out,
+                );
+            }
+        }
+        let Some(fork) = s.forks.get(&fork_id) else {
+            return (
+                BudgetReply::Gone {
+                    reason: format!("fork {fork_id} is not known"),
+                },
+                out,
+            );
+        };
+        let (fork_cap, fork_spent, fork_exhausted) = (fork.cap, fork.spent, fork.exhausted);
+        let account = fork.policy.account.clone();
+        let fork_reserved = s.reserved(|r| r.fork_id == fork_id);
+        let refuse = |s: &mut State, level: Level, reason: String, out: &mut Actions| {
+            if let Some(r) = s.runs.get_mut(&req.run_id) {
+                r.blocked_by = Some(level);
+                // The refused branch stops itself; the others are told to.
+                r.stopping = true;
+            }
+            match level {
+                Level::Account => {
+                    if let Some(name) = &account {
+                        s.exhaust_account(name, &reason, now, out)
+                    }
+                }
+                _ => s.exhaust_fork(fork_id, &reason, now, out),
+            }
+            BudgetReply::Refused {
+                state: BranchState::AggregateBudgetExhausted,
+                reason,
+            }
+        };
+        if let Some(cap) = fork_cap {
+            if fork_exhausted || fork_spent + fork_reserved + est > cap + EPSILON {
+                let reason = format!(
+                    "fork cap {} reached: spent {}, reserved {}, this call needs up to {}",
+                    money(cap),
+                    money(fork_spent),
+                    money(fork_reserved),
+                    money(est)
+                );
+                let reply = refuse(&mut s, Level::Fork, reason, &mut out);
+                return (reply, out);
+            }
+        }
+        if let Some(name) = &account {
+            let Some(a) = s.accounts.get(name) else {
+                return (
+                    BudgetReply::Refused {
+                        state: BranchState::AggregateBudgetExhausted,
+                        reason: format!("account `{name}` no longer exists"),
+                    },
+                    out,
+                );
+            };
+            let (cap, exhausted) = (a.record.cap_usd, a.exhausted);
+            if let Some(cap) = cap {
+                let spent = s.account_spent(name);
+                let reserved = s.reserved(|r| r.account.as_deref() == Some(name.as_str()));
+                if exhausted || spent + reserved + est > cap + EPSILON {
+                    let reason = format!(
+                        "account `{name}` cap {} reached: spent {}, reserved {}, this call needs up to {}",
+                        money(cap),
+                        money(spent),
+                        money(reserved),
+                        money(est)
+                    );
+                    let reply = refuse(&mut s, Level::Account, reason, &mut out);
+                    return (reply, out);
+                }
+            }
+        }
+        let record = ReservationRecord {
+            id: ReservationId::new(),
+            fork_id,
+            run_id: req.run_id,
+            account,
+            attempt: req.attempt,
+            usd: est,
+            expires_at_ms: now.saturating_add(self.ttl_ms),
+        };
+        if let Err(e) = self.store.put_reservation(&record) {
+            return (
+                BudgetReply::Retry {
+                    reason: format!("cannot record the reservation: {e}"),
+                },
+                out,
+            );
+        }
+        let id = record.id;
+        s.reservations.insert(id, record);
+        (BudgetReply::Granted { reservation: id }, out)
+    }
+
+    /// Withdraw a grant that could not be made durable.
+    pub fn cancel(&self, id: ReservationId) {
+        let removed = self.lock().reservations.remove(&id);
+        if removed.is_some() {
+            self.forget(&[id]);
+        }
+    }
+
+    /// Release reservations past their expiry by the ledger's clock; how many.
+    pub fn expire_due(&self) -> usize {
+        self.expire(self.clock.now_ms())
+    }
+
+    /// Release reservations that expire at `now` or before; how many.
+    pub fn expire(&self, now: u64) -> usize {
+        let mut s = self.lock();
+        let released = s.release_where(|r| r.expires_at_ms <= now);
+        drop(s);
+        if !released.is_empty() {
+            tracing::warn!(
+                released = released.len(),
+                "budget: reservations expired (their workers are gone?)"
+            );
+        }
+        self.forget(&released);
+        released.len()
+    }
+}

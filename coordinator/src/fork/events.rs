@@ -1,0 +1,225 @@
+//! Applying a fork's events (written, then applied to the branches' replicas, once per
+//! (run, seq)), the fences that drop the events of task attempts a later worker took over
+//! from, and the coordinator's own events, such as the status that ends a branch.
+
+use super::ForkState;
+use crate::error::CoordinatorError;
+use crate::replica::Placement;
+use crate::store::{encode, event_key};
+use forkfleet_shared::event::Event;
+use forkfleet_shared::ids::RunId;
+use forkfleet_shared::protocol::{now_ms, BranchEvent};
+use forkfleet_shared::state::BranchState;
+use std::collections::HashSet;
+
+impl ForkState {
+    /// The `attempt_base` of a task that runs branch `i` next: its latest takeover's attempt
+    /// (at least 1: the first attempt took it over implicitly), so the task's worker
+    /// (attempt `attempt_base + 1` and up) takes the branch over from its log. A branch no
+    /// worker has started (pending with no events of its own; a pending one with events
+    /// waits for its follow-up turn, ADR 13) starts afresh unless something took it over.
+    pub(super) fn attempt_base(&self, i: usize) -> u32 {
+        let b = &self.branches[i].record;
+        if b.state == BranchState::Pending && b.next_seq == b.first_seq {
+            b.min_attempt
+        } else {
+            b.min_attempt.max(1)
+        }
+    }
+
+    /// The task attempt branch `i` runs under (or its queued task will, before a worker
+    /// takes it): a command addressed to it reaches that worker and no later one (a worker
+    /// ignores commands for attempts below its own). The budget's stop commands address
+    /// `min_attempt.max(1)` likewise.
+    pub(super) fn current_attempt(&self, i: usize) -> u32 {
+        let b = &self.branches[i].record;
+        if self.requeued.contains(&b.run_id) {
+            self.attempt_base(i).saturating_add(1)
+        } else {
+            b.min_attempt.max(1)
+        }
+    }
+
+    /// A worker took over branch `run` under task `attempt`: from now on events of earlier
+    /// attempts are dropped, and what they left held beyond a gap is deleted. The answer is
+    /// the branch's log as stored, which the worker continues. A branch sent a terminate
+    /// its earlier attempt did not obey is ended first (the log says so, and the worker
+    /// drops its task): terminates are addressed to an attempt, like every command.
+    pub(super) async fn fence(
+        &mut self,
+        run: RunId,
+        attempt: u32,
+    ) -> Result<Vec<(u64, Event)>, CoordinatorError> {
+        self.raise_fence(run, attempt)?;
+        if let Some(reason) = self.stopping.remove(&run) {
+            self.end_branch(run, BranchState::Terminated, reason)?;
+            self.store.flush_async().await?;
+        }
+        self.store.run_log(run)
+    }
+
+    /// Fence off every attempt that ran branch `i`, which no worker runs any more: one
+    /// above its latest takeover. A task enqueued later (a follow-up, ADR 13) runs above
+    /// that, and is taken over by fencing like any other; a worker of an earlier task that
+    /// takes the branch over after this finds it finished.
+    pub(super) fn close(&mut self, i: usize) -> Result<(), CoordinatorError> {
+        let b = &self.branches[i].record;
+        self.raise_fence(b.run_id, b.min_attempt.max(1).saturating_add(1))
+    }
+
+    /// Drop the events of task attempts below `attempt` from now on, and what they left
+    /// held beyond a gap; persisted with the branch record.
+    fn raise_fence(&mut self, run: RunId, attempt: u32) -> Result<(), CoordinatorError> {
+        let i = self.run_index(run)?;
+        let b = &mut self.branches[i];
+        if let Some(held) = b.fence(attempt) {
+            if !held.is_empty() {
+                self.store.delete_events(run, &held)?;
+            }
+            self.store.put_branch(&b.record)?;
+            tracing::info!(fork.id = %self.record.fork_id, run.id = %run, branch.label = %b.record.label, attempt, dropped_held = held.len(), "fork.fence: a worker took the branch over");
+            self.ledger.on_fence(run, attempt);
+            self.requeued.remove(&run);
+        }
+        Ok(())
+    }
+
+    /// End a branch whose task no worker could finish: fence off every attempt, then
+    /// append a `failed` status as the branch's last event (its partial work is kept).
+    pub(super) fn fail_branch(
+        &mut self,
+        run: RunId,
+        error: String,
+    ) -> Result<(), CoordinatorError> {
+        tracing::warn!(fork.id = %self.record.fork_id, run.id = %run, error = %error, "fork.fail_branch");
+        self.end_branch(run, BranchState::Failed, error)
+    }
+
+    /// End a branch no worker runs (its task is dead, or it is paused): fence off every
+    /// attempt, then append the terminal status as its last event (its work is kept).
+    /// Written, not flushed.
+    pub(super) fn end_branch(
+        &mut self,
+        run: RunId,
+        state: BranchState,
+        error: String,
+    ) -> Result<(), CoordinatorError> {
+        let i = self.run_index(run)?;
+        if self.branches[i].record.state.is_terminal() {
+            return Ok(());
+        }
+        self.close(i)?;
+        self.append_own(
+            i,
+            vec![Event::Status {
+                state,
+                error: Some(error),
+            }],
+        )?;
+        Ok(())
+    }
+
+    /// Append the coordinator's own `events` to branch `i`'s log at its next seqs, through
+    /// the path the workers' events take, under the branch's current fence (so they are
+    /// not dropped, and a worker that takes the branch over later fences above them).
+    /// Written, not flushed; the answer is the seq of the last one.
+    pub(super) fn append_own(
+        &mut self,
+        i: usize,
+        events: Vec<Event>,
+    ) -> Result<u64, CoordinatorError> {
+        let b = &self.branches[i].record;
+        let (fork_id, run_id, attempt, first) =
+            (self.record.fork_id, b.run_id, b.min_attempt, b.next_seq);
+        let at_ms = now_ms();
+        let batch: Vec<BranchEvent> = (first..)
+            .zip(events)
+            .map(|(seq, event)| BranchEvent {
+                fork_id,
+                run_id,
+                seq,
+                at_ms,
+                event,
+                attempt,
+            })
+            .collect();
+        let last = batch.last().map_or(first, |e| e.seq);
+        self.apply_events(batch)?;
+        Ok(last)
+    }
+
+    /// Write a batch, then apply it. Nothing in memory changes unless the write succeeded.
+    pub(super) fn apply_events(
+        &mut self,
+        events: Vec<BranchEvent>,
+    ) -> Result<(), CoordinatorError> {
+        let fork_id = self.record.fork_id;
+        // Pass 1: write every event that is not a duplicate as of now.
+        // The first copy of a (run, seq) is the one applied, so it is the one written.
+        let mut batch = sled::Batch::default();
+        let mut written: HashSet<(RunId, u64)> = HashSet::with_capacity(events.len());
+        for ev in &events {
+            let Some(&i) = self.by_run.get(&ev.run_id) else {
+                continue;
+            };
+            if self.branches[i].fenced(ev.attempt) {
+                continue;
+            }
+            if self.branches[i].placement(ev.seq) != Placement::Duplicate
+                && written.insert((ev.run_id, ev.seq))
+            {
+                batch.insert(&event_key(ev.run_id, ev.seq), encode("event", &ev.event)?);
+            }
+        }
+        if !written.is_empty() {
+            self.store.apply_event_batch(batch)?;
+        }
+        // Pass 2: apply in memory.
+        let mut changed = false;
+        for ev in events {
+            let Some(&i) = self.by_run.get(&ev.run_id) else {
+                tracing::error!(fork.id = %fork_id, run.id = %ev.run_id, seq = ev.seq, "fork.event: run is not a branch of this fork; dropped");
+                continue;
+            };
+            let b = &mut self.branches[i];
+            if b.fenced(ev.attempt) {
+                tracing::warn!(fork.id = %fork_id, run.id = %ev.run_id, seq = ev.seq, attempt = ev.attempt, "fork.event: an earlier task attempt's event after a takeover; dropped");
+                continue;
+            }
+            let run_id = ev.run_id;
+            let effect = b.arrive(ev.seq, ev.event);
+            if effect.applied > 0 {
+                changed = true;
+                self.checkpoints
+                    .on_applied(&self.store, run_id, &effect.steps);
+            }
+            for (cost, reservation) in effect.usage {
+                let actions = self.ledger.on_usage(run_id, cost, reservation);
+                self.ledger.send(actions);
+            }
+            if effect.became_terminal {
+                self.terminal += 1;
+                self.stopping.remove(&run_id);
+            }
+            if effect.reopened {
+                // A follow-up started a new turn of a finished branch (ADR 13).
+                self.terminal = self.terminal.saturating_sub(1);
+                self.reopen();
+            }
+            if effect.state_changed {
+                let b = &self.branches[i];
+                self.ledger.on_state(run_id, b.record.state);
+                self.requeued.remove(&run_id);
+                tracing::debug!(fork.id = %fork_id, branch.label = %b.record.label, state = %b.record.state, "fork.branch_state");
+                if let Err(e) = self.store.put_branch(&b.record) {
+                    tracing::error!(fork.id = %fork_id, branch.label = %b.record.label, error = %e, "fork.branch_state: cannot write the branch record");
+                }
+            }
+        }
+        if changed {
+            self.check_settled();
+            self.bump();
+        }
+        Ok(())
+    }
+}
