@@ -60,7 +60,8 @@ handlers! {
     Topup(h, op) => h.topup(op.fork, op.branch.as_deref(), op.usd).await;
     MoveBudget(h, op) => h.move_budget(op.fork, &op.from, &op.to, op.usd).await;
     AccountSet(h, op) => h.account_set(&op.name, op.cap_usd).await;
-    Resolve(h, op) => h.resolve(op.fork, op.strategy).await;
+    // Tests on every branch and the judges (on workers), the decision, the merge.
+    Resolve(h, op) => crate::resolve::resolve(h, op.fork, op.strategy).await;
     FindRun(h, op) => h.find_run(&op.prefix).await;
     CheckpointSave(h, op) => h.checkpoint_save(op.run, &op.label).await;
     CheckpointRemove(h, op) => h.checkpoint_remove(op.run, &op.checkpoint).await;

@@ -41,17 +41,16 @@ mod new_run;
 mod rewind;
 
 pub(crate) use auto::AutoCheckpoints;
-use new_run::fork_from;
-use rewind::{rewind_in_store, RewindPlan};
+pub(crate) use new_run::fork_from;
+pub(crate) use rewind::{rewind_in_store, RewindPlan};
 
 use crate::blobs;
 use crate::error::{list, CoordinatorError};
-use crate::handle::CoordinatorHandle;
 use crate::replica::BranchReplica;
 use crate::store::{BranchRecord, ForkRecord, RunRecord, RunStore};
 use bytes::Bytes;
 use forkfleet_bus::{Bus, BusError};
-use forkfleet_shared::api::{CheckpointKind, CheckpointView, NewRunOutcome, RewindOutcome};
+use forkfleet_shared::api::{CheckpointKind, CheckpointView};
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::event::{history_at, Event};
 use forkfleet_shared::flush::needed_blobs;
@@ -422,7 +421,7 @@ pub(crate) fn clear(store: &RunStore, run: RunId) -> Result<Vec<CheckpointView>,
 /// Put on the bus's blob store what a client applying these changes reads (both
 /// manifests, the files written) and the run store has but the bus lacks. Nothing to do
 /// when both are one store (embedded).
-async fn publish_blobs(
+pub(crate) async fn publish_blobs(
     store: &RunStore,
     bus: &Arc<dyn Bus>,
     manifests: &[BlobHash],
@@ -445,96 +444,4 @@ async fn publish_blobs(
         }
     }
     Ok(())
-}
-
-// ---- the API --------------------------------------------------------------------------
-
-impl CoordinatorHandle {
-    /// A run by full id or unique prefix of its id.
-    pub async fn find_run(&self, prefix: &str) -> Result<RunId, CoordinatorError> {
-        let prefix = prefix.to_string();
-        self.blocking(move |s| find_run(s, &prefix)).await
-    }
-
-    /// Save checkpoint `label` at the run's current end (a named one: never evicted).
-    pub async fn checkpoint_save(
-        &self,
-        run: RunId,
-        label: &str,
-    ) -> Result<CheckpointView, CoordinatorError> {
-        let label = label.to_string();
-        self.blocking(move |s| save_named(s, run, &label)).await
-    }
-
-    /// Remove the checkpoint with this label or id.
-    pub async fn checkpoint_remove(
-        &self,
-        run: RunId,
-        reference: &str,
-    ) -> Result<CheckpointView, CoordinatorError> {
-        let reference = reference.to_string();
-        self.blocking(move |s| remove(s, run, &reference)).await
-    }
-
-    /// Remove every checkpoint of a run; returns the removed ones.
-    pub async fn checkpoint_clear(
-        &self,
-        run: RunId,
-    ) -> Result<Vec<CheckpointView>, CoordinatorError> {
-        self.blocking(move |s| clear(s, run)).await
-    }
-
-    /// Send a run back to a checkpoint (label or id): its history and its workspace
-    /// version. With `dry_run` nothing changes and the outcome says what would. A branch
-    /// run must have finished.
-    pub async fn rewind(
-        &self,
-        run: RunId,
-        reference: &str,
-        dry_run: bool,
-    ) -> Result<RewindOutcome, CoordinatorError> {
-        let reference = reference.to_string();
-        let plan = self
-            .blocking(move |s| rewind_in_store(s, run, &reference, dry_run))
-            .await?;
-        let RewindPlan {
-            mut outcome,
-            marker,
-            next_seq,
-            fork,
-        } = plan;
-        if let (Some(fork), false) = (fork, dry_run) {
-            let seq = self
-                .root()
-                .fork(fork)
-                .await?
-                .rewind(run, marker, next_seq)
-                .await?;
-            outcome.marker_seq = Some(seq);
-            tracing::info!(run.id = %run, fork.id = %fork, checkpoint = %outcome.checkpoint.label, seq, changes = outcome.changes.len(), "checkpoint.rewind of a branch");
-        }
-        publish_blobs(
-            self.store(),
-            &self.bus(),
-            &[outcome.from_snapshot, outcome.to_snapshot],
-            &outcome.changes,
-        )
-        .await?;
-        Ok(outcome)
-    }
-
-    /// Start a new root run from a checkpoint (label or id): the conversation up to it,
-    /// on its workspace version.
-    pub async fn fork_checkpoint(
-        &self,
-        run: RunId,
-        reference: &str,
-    ) -> Result<NewRunOutcome, CoordinatorError> {
-        let reference = reference.to_string();
-        let outcome = self
-            .blocking(move |s| fork_from(s, run, &reference))
-            .await?;
-        publish_blobs(self.store(), &self.bus(), &[outcome.snapshot], &[]).await?;
-        Ok(outcome)
-    }
 }

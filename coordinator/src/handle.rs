@@ -3,6 +3,7 @@
 
 use crate::blobs;
 use crate::budget::Ledger;
+use crate::checkpoint;
 use crate::create;
 use crate::error::CoordinatorError;
 use crate::fork::Requeue;
@@ -12,7 +13,7 @@ use crate::CoordinatorConfig;
 use forkfleet_bus::Bus;
 use forkfleet_shared::api::{
     AbortOutcome, CheckpointView, ContinueOutcome, CreateFork, ForkView, ForkWatch, MergeOutcome,
-    SteerOutcome, TerminateOutcome,
+    NewRunOutcome, RewindOutcome, SteerOutcome, TerminateOutcome,
 };
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::budget::{AccountView, ForkCost};
@@ -432,17 +433,6 @@ impl CoordinatorHandle {
         Ok(self.ledger.accounts())
     }
 
-    /// Resolve a settled fork: tests on every branch (on workers), the judges (on
-    /// workers), the strategy's decision (`strategy`, else the plan's) and the merge when
-    /// the decision is a commit.
-    pub async fn resolve(
-        &self,
-        id: ForkId,
-        strategy: Option<forkfleet_shared::resolve::Strategy>,
-    ) -> Result<forkfleet_shared::api::ResolveReport, CoordinatorError> {
-        crate::resolve::resolve(self, id, strategy).await
-    }
-
     pub(crate) fn root(&self) -> &RootHandle {
         &self.root
     }
@@ -454,5 +444,100 @@ impl CoordinatorHandle {
     /// The coordinator's store (blobs for diffs and merges, checkpoints).
     pub fn store(&self) -> &RunStore {
         &self.store
+    }
+}
+
+impl CoordinatorHandle {
+    // ---- checkpoints (ADR 12): the work is `crate::checkpoint`'s ----
+
+    /// A run by full id or unique prefix of its id.
+    pub async fn find_run(&self, prefix: &str) -> Result<RunId, CoordinatorError> {
+        let prefix = prefix.to_string();
+        self.blocking(move |s| checkpoint::find_run(s, &prefix))
+            .await
+    }
+
+    /// Save checkpoint `label` at the run's current end (a named one: never evicted).
+    pub async fn checkpoint_save(
+        &self,
+        run: RunId,
+        label: &str,
+    ) -> Result<CheckpointView, CoordinatorError> {
+        let label = label.to_string();
+        self.blocking(move |s| checkpoint::save_named(s, run, &label))
+            .await
+    }
+
+    /// Remove the checkpoint with this label or id.
+    pub async fn checkpoint_remove(
+        &self,
+        run: RunId,
+        reference: &str,
+    ) -> Result<CheckpointView, CoordinatorError> {
+        let reference = reference.to_string();
+        self.blocking(move |s| checkpoint::remove(s, run, &reference))
+            .await
+    }
+
+    /// Remove every checkpoint of a run; returns the removed ones.
+    pub async fn checkpoint_clear(
+        &self,
+        run: RunId,
+    ) -> Result<Vec<CheckpointView>, CoordinatorError> {
+        self.blocking(move |s| checkpoint::clear(s, run)).await
+    }
+
+    /// Send a run back to a checkpoint (label or id): its history and its workspace
+    /// version. With `dry_run` nothing changes and the outcome says what would. A branch
+    /// run must have finished.
+    pub async fn rewind(
+        &self,
+        run: RunId,
+        reference: &str,
+        dry_run: bool,
+    ) -> Result<RewindOutcome, CoordinatorError> {
+        let reference = reference.to_string();
+        let plan = self
+            .blocking(move |s| checkpoint::rewind_in_store(s, run, &reference, dry_run))
+            .await?;
+        let checkpoint::RewindPlan {
+            mut outcome,
+            marker,
+            next_seq,
+            fork,
+        } = plan;
+        if let (Some(fork), false) = (fork, dry_run) {
+            let seq = self
+                .root()
+                .fork(fork)
+                .await?
+                .rewind(run, marker, next_seq)
+                .await?;
+            outcome.marker_seq = Some(seq);
+            tracing::info!(run.id = %run, fork.id = %fork, checkpoint = %outcome.checkpoint.label, seq, changes = outcome.changes.len(), "checkpoint.rewind of a branch");
+        }
+        checkpoint::publish_blobs(
+            self.store(),
+            &self.bus(),
+            &[outcome.from_snapshot, outcome.to_snapshot],
+            &outcome.changes,
+        )
+        .await?;
+        Ok(outcome)
+    }
+
+    /// Start a new root run from a checkpoint (label or id): the conversation up to it,
+    /// on its workspace version.
+    pub async fn fork_checkpoint(
+        &self,
+        run: RunId,
+        reference: &str,
+    ) -> Result<NewRunOutcome, CoordinatorError> {
+        let reference = reference.to_string();
+        let outcome = self
+            .blocking(move |s| checkpoint::fork_from(s, run, &reference))
+            .await?;
+        checkpoint::publish_blobs(self.store(), &self.bus(), &[outcome.snapshot], &[]).await?;
+        Ok(outcome)
     }
 }
