@@ -1,18 +1,20 @@
 //! Running a command against a branch's tree: for the test command of a resolve (issue 5)
 //! and for the agent's `run_command` tool (`crate::tools`), both through a [`Workdir`].
 //!
-//! - [`materialize`] (in `materialize`) writes a tree (a snapshot manifest, or a branch overlay's view of it) into
-//!   a directory: every file from its blob, executable bits from the mode, empty
-//!   directories; a symlink is recreated only when its target stays inside the tree.
-//! - [`run_command`] (in `command`) runs an argv there, without a shell, in a process group of its own, with
-//!   the environment cleared to [`base_env`] plus what the caller passes (no secret of the
-//!   worker's leaks in by default), its output (stdout and stderr together, in arrival order)
-//!   kept up to a limit (head and tail), and a timeout: on timeout or cancellation the whole
-//!   process group is killed, and so are stragglers a command leaves behind.
-//! - [`tree_changes`] (in `changes`) compares a materialised directory, after a command ran in it, with the
-//!   tree it was materialised from, as the change log between the two
-//!   ([`forkfleet_shared::flush::changes_between`]), and says what cannot be taken back (a symlink leaving the tree,
-//!   a file over the size limit, a fifo, an unreadable entry).
+//! - [`materialize`](fn@materialize) (in `materialize`) writes a tree (a snapshot
+//!   manifest, or a branch overlay's view of it) into a directory: every file from its
+//!   blob, executable bits from the mode, empty directories; a symlink is recreated only
+//!   when its target stays inside the tree.
+//! - [`run_command`] (in `command`) runs an argv there, without a shell, in a process
+//!   group of its own, with the environment cleared to [`base_env`] plus what the caller
+//!   passes (no secret of the worker's leaks in by default), its output (stdout and stderr
+//!   together, in arrival order) kept up to a limit (head and tail), and a timeout: on
+//!   timeout or cancellation the whole process group is killed, and so are stragglers a
+//!   command leaves behind.
+//! - [`tree_changes`] (in `changes`) compares a materialised directory, after a command ran
+//!   in it, with the tree it was materialised from, as the change log between the two
+//!   ([`forkfleet_shared::flush::changes_between`]), and says what cannot be taken back (a
+//!   symlink leaving the tree, a file over the size limit, a fifo, an unreadable entry).
 //! - [`Workdir`] puts the three together: a fresh temporary directory with the tree and
 //!   scratch `HOME` and `TMPDIR` beside it, the command, the comparison, the removal
 //!   (here, with the removal of a directory a command may have made unwritable).

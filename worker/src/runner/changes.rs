@@ -31,10 +31,10 @@ pub struct TreeChanges {
 
 /// Compare `dir`, where `tree` was materialised (`written`: the symlinks it skipped stay as
 /// they are in the tree), with `tree`. A regular file is read and hashed unless it is
-/// exactly as [`materialize`] left it (same inode, size, mode, mtime and ctime, not written
-/// in its last clock tick); an executable bit
-/// counts (a mode is `0o755` or `0o644` as in a snapshot, or the tree's own mode when only
-/// the content changed). A symlink is taken back only when its target stays inside the
+/// exactly as [`materialize`](super::materialize()) left it (same inode, size, mode, mtime
+/// and ctime, not written in its last clock tick); an executable bit counts (a mode is
+/// `0o755` or `0o644` as in a snapshot, or the tree's own mode when only the content
+/// changed). A symlink is taken back only when its target stays inside the
 /// tree. A new or changed file over `max_file_bytes` is not read. Blocking: call it off the
 /// async runtime.
 pub fn tree_changes(
