@@ -13,16 +13,23 @@
 //! - `agent`: the branch agent actor: the agent loop (budget reservation in strict mode,
 //!   model call cancellable by control commands, usage, tools, terminal or paused status),
 //!   publishing events with consecutive seqs. Its requests to the coordinator are tried
-//!   up to [`COORDINATOR_TRIES`] times.
+//!   up to [`COORDINATOR_TRIES`] times. In `agent/`: `turn` (one turn of the loop),
+//!   `control` (control commands), `load` (loading and replaying a branch),
+//!   `coordinator` (`coord.resume` and `coord.budget` requests and their retries).
 //! - [`provider`]: the [`provider::ModelProvider`] trait, the scripted provider, and the
-//!   OpenAI-compatible and Anthropic providers over one shared HTTP client.
+//!   OpenAI-compatible and Anthropic providers over one shared HTTP client
+//!   (`provider::http`: the client, key, retries and errors; `provider::openai`,
+//!   `provider::anthropic`, `provider::scripted`).
 //! - [`forktools`]: the fork tools of an agent whose task has `forking` (ADR 14).
 //! - `resolve`: resolve jobs served on `worker.resolve`: a test command on a branch's
 //!   materialised tree, a judge's call with one retry of an invalid verdict.
-//! - [`tools`]: read, write, edit, delete, list, glob and grep over the overlay.
+//! - [`tools`]: read, write, edit, delete, list, glob and grep over the overlay, and
+//!   `run_command`. In `tools/`: `files` (read, write, edit, delete, list), `search` (glob,
+//!   grep), `command` (`run_command`, and taking back what the command changed).
 //! - [`runner`]: materialise a branch's tree in a temporary directory and run a command in
 //!   it (no shell, cleared environment, timeout and cancel kill the process group), then
-//!   read back what the command changed.
+//!   read back what the command changed. In `runner/`: `materialize` (write a tree),
+//!   `command` (run a command), `changes` (compare the directory with the tree).
 //! - `context`: what every branch of a worker shares: the bus, the blob cache, the
 //!   providers, and the decoded prefixes and manifests (one decode per fork).
 //! - [`cache`]: the per-worker blob cache and the decoded-blob memo shared by branches.

@@ -1,0 +1,141 @@
+//! The branch agent's requests to the coordinator: the branch's log when it takes a branch
+//! over (`coord.resume`) and budget reservations in strict mode (`coord.budget`), each
+//! tried again a few times with a growing backoff.
+
+use crate::error::WorkerError;
+use bytes::Bytes;
+use forkfleet_bus::{Bus, BusError};
+use forkfleet_shared::budget::{estimate_cost, BudgetReply, BudgetRequest, BUDGET_SUBJECT};
+use forkfleet_shared::event::{Event, Usage};
+use forkfleet_shared::ids::ReservationId;
+use forkfleet_shared::protocol::{BranchTask, ResumeReply, ResumeRequest, RESUME_SUBJECT};
+use forkfleet_shared::state::BranchState;
+use forkfleet_shared::wire;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long one resume request may wait for the coordinator.
+const RESUME_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The coordinator's answer to a resume.
+pub(super) enum Resumed {
+    /// The branch's log as the coordinator has it, `(seq, event)` from the `fork` event.
+    Log(Vec<(u64, Event)>),
+    /// The fork or the branch is not known: nothing to resume.
+    Gone(String),
+}
+
+/// Ask the coordinator for the branch's log, fencing off earlier attempts. A `retry`
+/// answer, a timeout or a bus error is tried again (see [`ask_coordinator`]).
+pub(super) async fn resume_log(
+    bus: &Arc<dyn Bus>,
+    task: &BranchTask,
+    attempt: u32,
+) -> Result<Resumed, WorkerError> {
+    let req = wire::encode(&ResumeRequest {
+        fork_id: task.fork_id,
+        run_id: task.run_id,
+        attempt,
+    })?;
+    ask_coordinator(
+        bus,
+        RESUME_SUBJECT,
+        req,
+        RESUME_TIMEOUT,
+        "branch log",
+        |reply| match reply {
+            ResumeReply::Log { events } => Ok(Resumed::Log(events)),
+            ResumeReply::Gone { reason } => Ok(Resumed::Gone(reason)),
+            ResumeReply::Retry { reason } => Err(reason),
+        },
+    )
+    .await
+}
+
+/// How long one budget request may wait for the coordinator.
+const BUDGET_TIMEOUT: Duration = Duration::from_secs(10);
+/// Requests to the coordinator (budget reservations, resumes) tried before the task is
+/// handed back.
+pub const COORDINATOR_TRIES: u32 = 5;
+/// The wait after the first failed request to the coordinator; doubled after each.
+const COORDINATOR_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Ask the coordinator: send `req` on `subject`, decode the reply and `classify` it (`Ok`:
+/// the answer; `Err(reason)`: a reply asking to try again later). A retry reply, a timeout
+/// (`timeout` per try), a bus error or an undecodable reply is tried again, up to
+/// [`COORDINATOR_TRIES`] times with a growing backoff, then becomes an error (the task is
+/// handed back). `what` names the answer in logs and errors.
+async fn ask_coordinator<R: wire::WireMessage, T>(
+    bus: &Arc<dyn Bus>,
+    subject: &str,
+    req: Bytes,
+    timeout: Duration,
+    what: &str,
+    classify: impl Fn(R) -> Result<T, String>,
+) -> Result<T, WorkerError> {
+    let mut backoff = COORDINATOR_BACKOFF;
+    let mut last = String::new();
+    for tried in 1..=COORDINATOR_TRIES {
+        match bus.request(subject, req.clone(), timeout).await {
+            Ok(bytes) => match wire::decode::<R>(&bytes) {
+                Ok(reply) => match classify(reply) {
+                    Ok(answer) => return Ok(answer),
+                    Err(reason) => last = reason,
+                },
+                Err(e) => last = format!("undecodable reply: {e}"),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        tracing::warn!(tried, error = %last, "no {what} from the coordinator yet");
+        if tried < COORDINATOR_TRIES {
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+        }
+    }
+    Err(WorkerError::Bus(BusError::Backend(format!(
+        "no {what} after {COORDINATOR_TRIES} tries: {last}"
+    ))))
+}
+
+/// The coordinator's answer to a reservation.
+pub(super) enum Reserved {
+    Granted(ReservationId),
+    Refused { state: BranchState, reason: String },
+    Gone(String),
+}
+
+/// Reserve the upper bound `estimate` of the next call's cost (strict mode). A `retry`
+/// answer, a timeout or a bus error is tried again (see [`ask_coordinator`]).
+pub(super) async fn reserve(
+    bus: &Arc<dyn Bus>,
+    task: &BranchTask,
+    attempt: u32,
+    estimate: Usage,
+) -> Result<Reserved, WorkerError> {
+    let estimate_usd = task.price.map_or(0.0, |p| estimate_cost(&p, &estimate));
+    let req = wire::encode(&BudgetRequest {
+        fork_id: task.fork_id,
+        run_id: task.run_id,
+        attempt,
+        estimate_usd,
+        estimate,
+    })?;
+    let reserved = ask_coordinator(
+        bus,
+        BUDGET_SUBJECT,
+        req,
+        BUDGET_TIMEOUT,
+        "budget reservation",
+        |reply| match reply {
+            BudgetReply::Granted { reservation } => Ok(Reserved::Granted(reservation)),
+            BudgetReply::Refused { state, reason } => Ok(Reserved::Refused { state, reason }),
+            BudgetReply::Gone { reason } => Ok(Reserved::Gone(reason)),
+            BudgetReply::Retry { reason } => Err(reason),
+        },
+    )
+    .await?;
+    if let Reserved::Granted(reservation) = &reserved {
+        tracing::debug!(reservation = %reservation, estimate_usd, "budget reserved");
+    }
+    Ok(reserved)
+}

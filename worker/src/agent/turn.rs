@@ -1,0 +1,248 @@
+//! One turn of the agent loop: control commands, the turn and budget checks, the model
+//! call, then its usage, its response and its tool calls published.
+
+use super::control::{exhausted, until_halted};
+use super::coordinator::{reserve, Reserved};
+use super::{AgentState, Publisher, Run, Step};
+use crate::error::WorkerError;
+use crate::forktools::{is_fork_tool, ForkCall, MERGE_OR_SELECT};
+use crate::provider::ModelRequest;
+use crate::tools::ToolBox;
+use forkfleet_shared::event::{Event, Message};
+use forkfleet_shared::state::BranchState;
+
+/// Run the next turn of the branch: the step it leads to.
+pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
+    let AgentState {
+        ctx,
+        task,
+        out,
+        control,
+        pending,
+        run,
+        ..
+    } = state;
+    let attempt = out.attempt;
+    let Some(run) = run.as_mut() else {
+        return Ok(Step::Finish(
+            BranchState::Failed,
+            Some("internal error: a turn ran before the branch was loaded".into()),
+        ));
+    };
+
+    // What arrived during the last call, then control commands sent since, one by one in
+    // order: steers are applied, a stop ends the branch (between calls a graceful stop is
+    // as good as an immediate one).
+    loop {
+        for text in std::mem::take(&mut pending.steers) {
+            apply_steer(out, run, text).await?;
+        }
+        if let Some(step) = pending.halt.take() {
+            return Ok(step);
+        }
+        let Some(bytes) = control.as_mut().and_then(|rx| rx.try_recv().ok()) else {
+            break;
+        };
+        if let Some(step) = pending.file(&bytes, task.run_id, attempt) {
+            return Ok(step);
+        }
+    }
+
+    if run.turns.saturating_sub(run.turn_base) >= task.max_turns {
+        return Ok(Step::Finish(
+            BranchState::Failed,
+            Some(format!("max_turns ({}) reached", task.max_turns)),
+        ));
+    }
+    // Without reservations, the branch's own cap is checked here; with them the
+    // coordinator's ledger is authoritative (and the cap may have been topped up).
+    if !task.reserve {
+        if let Some(budget) = task.budget_usd {
+            if run.spent_usd >= budget {
+                return Ok(exhausted(
+                    task.on_exhausted,
+                    BranchState::BudgetExhausted,
+                    format!(
+                        "branch budget of ${budget} reached (spent ${:.6})",
+                        run.spent_usd
+                    ),
+                ));
+            }
+        }
+    }
+
+    let tools = ToolBox::for_task(task);
+    let req = ModelRequest {
+        model: &task.model,
+        messages: &run.history,
+        tools: tools.specs(),
+        max_output_tokens: task.max_output_tokens,
+        label: &task.label,
+        index: task.index,
+        turn: run.turns,
+    };
+    let reservation = if task.reserve {
+        let estimate = run.provider.estimate(&req);
+        let reserving = reserve(&ctx.bus, task, attempt, estimate);
+        match until_halted(reserving, control, task.run_id, attempt, pending, None).await {
+            Err(step) => return Ok(step),
+            Ok(granted) => match granted? {
+                Reserved::Granted(id) => Some(id),
+                Reserved::Refused { state, reason } => {
+                    tracing::info!(reason = %reason, "budget reservation refused");
+                    return Ok(exhausted(task.on_exhausted, state, reason));
+                }
+                Reserved::Gone(reason) => return Ok(Step::Drop(reason)),
+            },
+        }
+    } else {
+        None
+    };
+    // A graceful stop that came while reserving waits in `pending` until this call, paid
+    // for by its reservation, is made and recorded.
+    // The call runs until it answers or a command stops the branch; a cancelled call is
+    // dropped (aborted) and nothing is published for it.
+    let call = run.provider.complete(&req);
+    let reply = match until_halted(
+        call,
+        control,
+        task.run_id,
+        attempt,
+        pending,
+        Some(&ctx.handback),
+    )
+    .await
+    {
+        Err(step) => {
+            tracing::info!("model call cancelled: the branch stops or is handed back");
+            return Ok(step);
+        }
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "model call failed");
+            return Ok(Step::Finish(
+                BranchState::Failed,
+                Some(format!("model call failed: {e}")),
+            ));
+        }
+    };
+    run.turns += 1;
+    tracing::debug!(
+        usage.input_tokens = reply.usage.input_tokens,
+        usage.output_tokens = reply.usage.output_tokens,
+        tool_calls = reply.tool_calls.len(),
+        "model replied"
+    );
+
+    // Usage first: the call is paid for whether or not its response is recorded. If this
+    // worker is lost before the response is, the branch's next worker makes the call again,
+    // and both calls are counted, as both were paid.
+    let cost_usd = task.price.map_or(0.0, |p| p.cost(&reply.usage));
+    run.spent_usd += cost_usd;
+    out.publish(Event::Usage {
+        model: task.model.clone(),
+        usage: reply.usage,
+        cost_usd,
+        reservation,
+    })
+    .await?;
+    // A fork the response asks for gets the history before it.
+    let cutoff_seq = out.seq.saturating_sub(1);
+    let response = out
+        .publish(Event::ModelResponse {
+            model: task.model.clone(),
+            text: reply.text,
+            tool_calls: reply.tool_calls,
+        })
+        .await?;
+    let Event::ModelResponse {
+        text, tool_calls, ..
+    } = response
+    else {
+        return Ok(Step::Continue);
+    };
+
+    if tool_calls.is_empty() {
+        run.history.push(Message::Assistant { text, tool_calls });
+        return Ok(Step::Finish(BranchState::Done, None));
+    }
+
+    let mut results = Vec::with_capacity(tool_calls.len());
+    for call in &tool_calls {
+        let before = run.overlay.changes().len();
+        let running = async {
+            if task.forking && is_fork_tool(&call.name) {
+                let fork_call = ForkCall {
+                    bus: ctx.bus.as_ref(),
+                    blobs: &ctx.blobs,
+                    run_id: task.run_id,
+                    cutoff_seq,
+                    overlay: &mut run.overlay,
+                };
+                Ok(run.forks.run(call, fork_call).await)
+            } else {
+                tools.run(call, &mut run.overlay, &ctx.blobs).await
+            }
+        };
+        let outcome = if call.name == MERGE_OR_SELECT {
+            // A merge is not cut short: the fork would be recorded merged and not applied.
+            running.await?
+        } else {
+            // A command or a wait on branches ends when the branch is stopped (what it did
+            // is not published: the branch ends here).
+            match until_halted(
+                running,
+                control,
+                task.run_id,
+                attempt,
+                pending,
+                Some(&ctx.handback),
+            )
+            .await
+            {
+                Ok(outcome) => outcome?,
+                Err(step) => return Ok(step),
+            }
+        };
+        for op in &run.overlay.changes()[before..] {
+            out.publish(Event::FileChange { change: op.clone() })
+                .await?;
+        }
+        if !outcome.ok {
+            tracing::debug!(tool = %call.name, "tool call failed");
+        }
+        let result = out
+            .publish(Event::ToolResult {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                ok: outcome.ok,
+                output: outcome.output,
+            })
+            .await?;
+        if let Event::ToolResult {
+            call_id,
+            name,
+            output,
+            ..
+        } = result
+        {
+            results.push(Message::Tool {
+                call_id,
+                name,
+                output,
+            });
+        }
+    }
+    run.history.push(Message::Assistant { text, tool_calls });
+    run.history.extend(results);
+    Ok(Step::Continue)
+}
+
+/// Publish a steer and add it to the model's history.
+async fn apply_steer(out: &mut Publisher, run: &mut Run, text: String) -> Result<(), WorkerError> {
+    tracing::info!("steering message applied");
+    if let Event::Steer { text } = out.publish(Event::Steer { text }).await? {
+        run.history.push(Message::User { text });
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! Writing a tree (a snapshot manifest, or a branch overlay's view of it) into a directory,
+//! stamping every file as written so a later comparison can skip the untouched ones.
+
+use crate::cache::BlobCache;
+use crate::error::WorkerError;
+use forkfleet_shared::manifest::{FileEntry, Manifest};
+use forkfleet_shared::path::WsPath;
+use futures::future::BoxFuture;
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Files fetched and written at once.
+const WRITES_IN_FLIGHT: usize = 32;
+
+/// What [`materialize`] wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Materialized {
+    /// Files and symlinks written.
+    pub files: usize,
+    pub bytes: u64,
+    pub dirs: usize,
+    /// Symlinks whose target would leave the tree: not created. In path order.
+    pub skipped: Vec<WsPath>,
+    /// How every regular file written looked right after (see [`Materialized::untouched`]).
+    pub(super) stamps: HashMap<WsPath, Stamp>,
+    /// The latest ctime among the stamps.
+    pub(super) last_ctime: Option<(i64, i64)>,
+}
+
+impl Materialized {
+    /// True when the file at `path`, as `meta` shows it now, is as [`materialize`] wrote it:
+    /// same inode, size, mode, mtime and ctime. A command can set an mtime back, not a
+    /// ctime (every write, chmod or utime moves it to the current time). A file stamped in
+    /// the last clock tick of the writing may have been changed within that same tick
+    /// without its ctime moving: it is not trusted (read again), as git treats a racily
+    /// clean index entry.
+    pub(super) fn untouched(&self, path: &WsPath, meta: &std::fs::Metadata) -> bool {
+        self.stamps
+            .get(path)
+            .is_some_and(|s| Some(s.ctime) != self.last_ctime && *s == Stamp::of(meta))
+    }
+}
+
+/// What `stat` says of a file, to tell whether anything touched it since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Stamp {
+    ino: u64,
+    size: u64,
+    mode: u32,
+    mtime: (i64, i64),
+    pub(super) ctime: (i64, i64),
+}
+
+impl Stamp {
+    pub(super) fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            ino: meta.ino(),
+            size: meta.size(),
+            mode: meta.mode(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// Write `tree` into `dir` (which must exist and should be empty). Blobs come through the
+/// worker's cache, which verified each one when it arrived. An error is a
+/// [`WorkerError::WriteFile`] or a [`WorkerError::ReadBlob`].
+pub async fn materialize(
+    tree: &Manifest,
+    blobs: &BlobCache,
+    dir: &Path,
+) -> Result<Materialized, WorkerError> {
+    let mut done = Materialized::default();
+    let dirs: Vec<WsPath> = tree.dirs.iter().cloned().collect();
+    let root = dir.to_path_buf();
+    let made = tokio::task::spawn_blocking(move || {
+        for d in &dirs {
+            std::fs::create_dir_all(d.to_os_path(&root)).map_err(|e| (d.to_string(), e))?;
+        }
+        Ok(dirs.len())
+    })
+    .await
+    .unwrap_or_else(|e| Err((String::new(), std::io::Error::other(e))));
+    done.dirs = made.map_err(|(path, source)| WorkerError::WriteFile {
+        dir: dir.to_path_buf(),
+        path,
+        source,
+    })?;
+    // Boxed as `Send` futures here: an iterator of async blocks borrowing the tree would
+    // otherwise make the whole call unusable from a spawned task (a higher-ranked `Send`).
+    type Write<'a> = BoxFuture<'a, (&'a WsPath, Result<Wrote, WorkerError>)>;
+    let writes: Vec<Write<'_>> = tree
+        .files
+        .iter()
+        .map(|(path, entry)| -> Write<'_> {
+            Box::pin(async move { (path, write_one(path, entry, blobs, dir).await) })
+        })
+        .collect();
+    let mut written = futures::stream::iter(writes).buffer_unordered(WRITES_IN_FLIGHT);
+    while let Some((path, wrote)) = written.next().await {
+        match wrote? {
+            Wrote::File { bytes, stamp } => {
+                done.files += 1;
+                done.bytes += bytes;
+                done.stamps.insert(path.clone(), stamp);
+            }
+            Wrote::Symlink => done.files += 1,
+            Wrote::Skipped => done.skipped.push(path.clone()),
+        }
+    }
+    done.skipped.sort();
+    done.last_ctime = done.stamps.values().map(|s| s.ctime).max();
+    Ok(done)
+}
+
+/// What [`write_one`] did.
+enum Wrote {
+    File {
+        bytes: u64,
+        stamp: Stamp,
+    },
+    Symlink,
+    /// A symlink leaving the tree, not created.
+    Skipped,
+}
+
+/// Write one file (or symlink) of a tree.
+async fn write_one(
+    path: &WsPath,
+    entry: &FileEntry,
+    blobs: &BlobCache,
+    dir: &Path,
+) -> Result<Wrote, WorkerError> {
+    let bytes = blobs
+        .get(&entry.hash)
+        .await
+        .map_err(|source| WorkerError::ReadBlob {
+            path: path.to_string(),
+            source,
+        })?;
+    if entry.is_symlink() && !stays_inside(path, &String::from_utf8_lossy(&bytes)) {
+        return Ok(Wrote::Skipped);
+    }
+    let target = path.to_os_path(dir);
+    let entry = *entry;
+    tokio::task::spawn_blocking(move || write_entry(&target, &bytes, &entry))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        .map_err(|source| WorkerError::WriteFile {
+            dir: dir.to_path_buf(),
+            path: path.to_string(),
+            source,
+        })
+}
+
+/// Write one file or symlink at `target` (blocking), and stamp a file as written. A
+/// missing parent directory (a manifest that does not list it) is made.
+fn write_entry(target: &Path, bytes: &[u8], entry: &FileEntry) -> std::io::Result<Wrote> {
+    let write = || -> std::io::Result<Wrote> {
+        if entry.is_symlink() {
+            std::os::unix::fs::symlink(&*String::from_utf8_lossy(bytes), target)?;
+            return Ok(Wrote::Symlink);
+        }
+        let mut file = std::fs::File::create(target)?;
+        std::io::Write::write_all(&mut file, bytes)?;
+        if entry.mode & 0o111 != 0 {
+            use std::os::unix::fs::PermissionsExt;
+            file.set_permissions(std::fs::Permissions::from_mode(entry.mode & 0o777))?;
+        }
+        Ok(Wrote::File {
+            bytes: bytes.len() as u64,
+            stamp: Stamp::of(&file.metadata()?),
+        })
+    };
+    match write() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            write()
+        }
+        other => other,
+    }
+}
+
+/// True when a symlink at `at` pointing to `target` resolves (lexically) inside the tree.
+/// An absolute target is outside (for the OS `/` is not the tree's root), and so is one
+/// with a `\` ([`WsPath::parse_in`] reads it as a separator, the OS as part of a name, so
+/// the two would count its `..` differently).
+pub(super) fn stays_inside(at: &WsPath, target: &str) -> bool {
+    if target.starts_with('/') || target.contains('\\') {
+        return false;
+    }
+    WsPath::parse_in(&at.parent().unwrap_or_default(), target).is_ok()
+}
