@@ -416,3 +416,47 @@ mod log;
 mod run;
 mod services;
 mod workers;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use forkfleet_shared::api::ApiError;
+
+    #[test]
+    fn the_first_known_cause_gives_the_exit_code() {
+        let conflict: ClientError = ApiError::new(ErrorKind::Conflict, "fork is merged").into();
+        let cases: Vec<(anyhow::Error, u8)> = vec![
+            (anyhow::Error::from(conflict).context("merging"), 2),
+            (
+                anyhow::Error::from(ClientError::NoWorkspace {
+                    fork: ForkId::new(),
+                }),
+                2,
+            ),
+            (
+                anyhow::Error::from(ClientError::DiffTool {
+                    failed: vec!["`meld` exited with 1".into()],
+                }),
+                1,
+            ),
+            (
+                anyhow::Error::from(BusError::Closed).context("connecting"),
+                1,
+            ),
+            (anyhow::Error::from(BadInput("--cap: -1".into())), 2),
+            (anyhow::anyhow!("something else"), 1),
+        ];
+        for (e, code) in cases {
+            assert_eq!(exit_code(&e), code, "{}", render::error_chain(&*e));
+        }
+    }
+
+    #[test]
+    fn every_known_kind_maps_through_error_kind_exit_code() {
+        for kind in ErrorKind::ALL {
+            let e = anyhow::Error::from(ClientError::from(ApiError::new(kind, "x")));
+            assert_eq!(exit_code(&e), kind.exit_code(), "{kind}");
+        }
+    }
+}
