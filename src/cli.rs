@@ -16,21 +16,24 @@ use clap::{Args, Parser, Subcommand};
 use forkfleet::config::{self, Config, Layer, NatsLayer, TlsLayer};
 use forkfleet::embedded::{Embedded, EmbeddedOptions};
 use forkfleet::service;
+use forkfleet::BadInput;
+use forkfleet_bus::BusError;
 use forkfleet_client::forkdir;
 use forkfleet_client::render;
 use forkfleet_client::run::{self as flow, AT_ONCE};
 use forkfleet_client::watch::Until;
-use forkfleet_client::BadInput;
 use forkfleet_client::{ApiClient, Client, ClientError};
 use forkfleet_coordinator::CoordinatorError;
 use forkfleet_shared::api::ForkView;
 use forkfleet_shared::budget::ForkCost;
 use forkfleet_shared::diff::DiffOptions;
+use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::flush::ConflictPolicy;
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::path::WsPath;
 use forkfleet_shared::protocol::now_ms;
 use forkfleet_shared::spec::{self, SOLO_LABEL};
+use forkfleet_worker::WorkerError;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -256,28 +259,37 @@ pub async fn run(cli: Cli) -> u8 {
         Ok(()) => 0,
         Err(e) => {
             let code = exit_code(&e);
-            eprintln!("error: {}", render::error_chain(&e));
+            eprintln!("error: {}", render::error_chain(&*e));
             code
         }
     }
 }
 
+/// The exit code of a failed command: that of the kind of the first cause in its chain
+/// whose kind is known ([`error_kind`]), through [`ErrorKind::exit_code`]; 1 when none is.
 fn exit_code(e: &anyhow::Error) -> u8 {
-    for cause in e.chain() {
-        if cause.is::<BadInput>()
-            || cause.is::<spec::SpecError>()
-            || cause.is::<config::ConfigError>()
-        {
-            return 2;
-        }
-        if let Some(c) = cause.downcast_ref::<CoordinatorError>() {
-            return if c.is_bad_input() { 2 } else { 1 };
-        }
-        if let Some(c) = cause.downcast_ref::<ClientError>() {
-            return if c.is_bad_input() { 2 } else { 1 };
-        }
+    e.chain()
+        .find_map(error_kind)
+        .map_or(1, ErrorKind::exit_code)
+}
+
+/// The kind of `e` when it is one of the errors the commands know: a crate's error enum
+/// (the client's, the coordinator's, the worker's, the bus's), or input the command
+/// line refused (a spec, the configuration, an argument). `None` for any other error.
+fn error_kind(e: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
+    if let Some(e) = e.downcast_ref::<ClientError>() {
+        Some(e.kind())
+    } else if let Some(e) = e.downcast_ref::<CoordinatorError>() {
+        Some(e.kind())
+    } else if let Some(e) = e.downcast_ref::<WorkerError>() {
+        Some(e.kind())
+    } else if let Some(e) = e.downcast_ref::<BusError>() {
+        Some(e.kind())
+    } else if e.is::<BadInput>() || e.is::<spec::SpecError>() || e.is::<config::ConfigError>() {
+        Some(ErrorKind::BadInput)
+    } else {
+        None
     }
-    1
 }
 
 // ---- client sessions -----------------------------------------------------------------
@@ -404,3 +416,47 @@ mod log;
 mod run;
 mod services;
 mod workers;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use forkfleet_shared::api::ApiError;
+
+    #[test]
+    fn the_first_known_cause_gives_the_exit_code() {
+        let conflict: ClientError = ApiError::new(ErrorKind::Conflict, "fork is merged").into();
+        let cases: Vec<(anyhow::Error, u8)> = vec![
+            (anyhow::Error::from(conflict).context("merging"), 2),
+            (
+                anyhow::Error::from(ClientError::NoWorkspace {
+                    fork: ForkId::new(),
+                }),
+                2,
+            ),
+            (
+                anyhow::Error::from(ClientError::DiffTool {
+                    failed: vec!["`meld` exited with 1".into()],
+                }),
+                1,
+            ),
+            (
+                anyhow::Error::from(BusError::Closed).context("connecting"),
+                1,
+            ),
+            (anyhow::Error::from(BadInput("--cap: -1".into())), 2),
+            (anyhow::anyhow!("something else"), 1),
+        ];
+        for (e, code) in cases {
+            assert_eq!(exit_code(&e), code, "{}", render::error_chain(&*e));
+        }
+    }
+
+    #[test]
+    fn every_known_kind_maps_through_error_kind_exit_code() {
+        for kind in ErrorKind::ALL {
+            let e = anyhow::Error::from(ClientError::from(ApiError::new(kind, "x")));
+            assert_eq!(exit_code(&e), kind.exit_code(), "{kind}");
+        }
+    }
+}

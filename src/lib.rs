@@ -29,4 +29,9 @@ pub mod embedded;
 pub mod service;
 pub mod telemetry;
 
-pub use forkfleet_client::BadInput;
+/// An error in the command line's input (an argument, a flag, a missing setting) that
+/// the command itself found: exit code 2. Errors the client crate finds in the user's
+/// input are `forkfleet_client::ClientError::BadInput`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);

@@ -11,10 +11,10 @@
 //! has (a `LocalBus` in tests).
 
 use crate::config::Config;
+use crate::BadInput;
 use anyhow::Context;
 use forkfleet_bus::nats::{NatsBus, NatsConfig};
 use forkfleet_bus::Bus;
-use forkfleet_client::BadInput;
 use forkfleet_coordinator::service::ApiServer;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, RunStore};
 use forkfleet_shared::ids::WorkerId;

@@ -13,6 +13,7 @@
 //! id, [`Client::wait_settled`] asks again until its own deadline, and [`Client::watch`]
 //! takes a [`Duration`].
 
+use crate::error::ClientError;
 use async_trait::async_trait;
 use forkfleet_bus::apicall::{self, CallError};
 use forkfleet_bus::Bus;
@@ -25,43 +26,6 @@ use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::protocol::WorkerInfo;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Why a call to a coordinator failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// The coordinator answered with an error (embedded or remote alike), could not be
-    /// reached, or answered something unexpected.
-    #[error(transparent)]
-    Call(#[from] CallError),
-    /// The command needs something only a cluster has.
-    #[error("{0}")]
-    NeedsCluster(&'static str),
-}
-
-impl From<ApiError> for ClientError {
-    fn from(e: ApiError) -> Self {
-        ClientError::Call(CallError::Api(e))
-    }
-}
-
-impl ClientError {
-    /// True when the request can be fixed by the user (exit code 2).
-    pub fn is_bad_input(&self) -> bool {
-        match self {
-            ClientError::Call(CallError::Api(e)) => e.is_bad_input(),
-            ClientError::NeedsCluster(_) => true,
-            _ => false,
-        }
-    }
-
-    /// The API error the coordinator answered with, if that is what this is.
-    pub fn api(&self) -> Option<&ApiError> {
-        match self {
-            ClientError::Call(CallError::Api(e)) => Some(e),
-            _ => None,
-        }
-    }
-}
 
 /// How a request reaches a coordinator and its answer comes back.
 #[async_trait]

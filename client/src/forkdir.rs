@@ -28,9 +28,8 @@
 //! branch are written as plain files holding their target.
 
 use crate::client::Client;
+use crate::error::ClientError;
 use crate::watch::{follow_with, Until};
-use crate::BadInput;
-use anyhow::Context;
 use bytes::Bytes;
 use forkfleet_shared::api::ApiClient;
 use forkfleet_shared::api::ForkView;

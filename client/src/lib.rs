@@ -9,6 +9,8 @@
 //!   API declaration generates), over a [`Transport`]: the bus's request/reply
 //!   ([`client::BusTransport`]) or a handler in this process ([`client::InProcess`], the
 //!   embedded mode).
+//! - [`error`]: [`ClientError`], the crate's one error enum, and its kind (which gives
+//!   the CLI's exit code).
 //! - [`workspace`]: snapshot and upload a workspace; apply a merge or a rewind to a real
 //!   directory.
 //! - [`forkdir`]: the materialised fork directory (`.forkfleet/forks/<id>/`), split by job:
@@ -24,16 +26,13 @@
 //! `client.merge(fork, "label")`, `workspace::apply_merge(..)`.
 
 pub mod client;
+pub mod error;
 pub mod forkdir;
 pub mod render;
 pub mod run;
 pub mod watch;
 pub mod workspace;
 
-pub use client::{Client, ClientError, Transport};
+pub use client::{Client, Transport};
+pub use error::ClientError;
 pub use forkfleet_shared::api::ApiClient;
-
-/// An error caused by the user's input (a path, a name, a template): exit code 2.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct BadInput(pub String);

@@ -1,5 +1,6 @@
 //! What the CLI shows: progress lines while a fork runs, tables, and `--json` documents.
 
+use crate::error::ClientError;
 use forkfleet_shared::api::{
     AbortOutcome, BranchView, ContinueOutcome, ForkView, SteerOutcome, TerminateOutcome,
 };
@@ -249,8 +250,8 @@ pub fn cost_table(cost: &ForkCost) -> String {
 }
 
 /// A value as JSON (the cost report and accounts are printed as they are defined).
-pub fn to_json<T: serde::Serialize>(value: &T) -> anyhow::Result<Value> {
-    Ok(serde_json::to_value(value)?)
+pub fn to_json<T: serde::Serialize>(value: &T) -> Result<Value, ClientError> {
+    serde_json::to_value(value).map_err(|e| ClientError::encode("a JSON document", e))
 }
 
 /// Accounts, one line each.
@@ -679,10 +680,11 @@ pub fn event_line(e: &Event) -> String {
     }
 }
 
-/// An error and its causes on one line.
-pub fn error_chain(e: &anyhow::Error) -> String {
+/// An error and its causes on one line, each cause once (a message that already contains
+/// its cause's text is not followed by it again). Pass an `anyhow::Error` as `&*e`.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
-    for cause in e.chain() {
+    for cause in std::iter::successors(Some(e), |c| c.source()) {
         let s = cause.to_string();
         if !parts.iter().any(|p| p.contains(&s)) {
             parts.push(s);

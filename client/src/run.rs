@@ -4,6 +4,7 @@
 //! whole of `forkfleet run`; the pieces are for commands that do one step.
 
 use crate::client::Client;
+use crate::error::ClientError;
 use crate::render::paused_labels;
 use crate::watch::Until;
 use crate::{forkdir, workspace};
@@ -30,13 +31,16 @@ pub async fn create_fork(
     coord: &Client,
     loaded: &LoadedSpec,
     from: Option<RunId>,
-) -> anyhow::Result<(ForkView, String)> {
+) -> Result<(ForkView, String), ClientError> {
     let blobs = coord.blobs();
     let (parent, snapshot, from_text) = match from {
         Some(run_id) => {
             let snapshot = coord.run_workspace(run_id).await?;
             for (hash, bytes) in &loaded.blobs {
-                blobs.put(*hash, bytes.clone()).await?;
+                blobs
+                    .put(*hash, bytes.clone())
+                    .await
+                    .map_err(|e| ClientError::blob("uploading the spec's scripts", e))?;
             }
             (
                 ParentRun::Existing { run_id },
@@ -84,7 +88,7 @@ pub async fn merge_and_apply(
     pick: &str,
     dir: Option<&Path>,
     policy: ConflictPolicy,
-) -> anyhow::Result<(String, FlushReport)> {
+) -> Result<(String, FlushReport), ClientError> {
     let outcome = coord.merge(fork_id, pick).await?;
     let report = match dir {
         // A fork an agent made merges into its branch, not into a directory.
@@ -113,7 +117,7 @@ pub async fn resolve_and_apply(
     strategy: Option<Strategy>,
     dir: Option<&Path>,
     policy: ConflictPolicy,
-) -> anyhow::Result<Resolved> {
+) -> Result<Resolved, ClientError> {
     let report = coord.resolve(fork, strategy).await?;
     let applied = match (&report.merge, dir) {
         (Some(outcome), Some(dir)) if !outcome.into_branch => {
@@ -130,7 +134,7 @@ pub async fn resolve_and_apply(
 pub async fn solo_open_forks(
     coord: &Client,
     view: &ForkView,
-) -> anyhow::Result<Option<Vec<ForkId>>> {
+) -> Result<Option<Vec<ForkId>>, ClientError> {
     let Some(agent) = view.branch(SOLO_LABEL) else {
         return Ok(None);
     };
@@ -183,7 +187,7 @@ pub async fn run_fork(
     coord: &Client,
     loaded: &LoadedSpec,
     opts: &RunOptions,
-) -> anyhow::Result<RunOutcome> {
+) -> Result<RunOutcome, ClientError> {
     let (view, from_text) = create_fork(coord, loaded, None).await?;
     if opts.show {
         eprintln!(

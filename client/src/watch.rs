@@ -3,6 +3,7 @@
 //! otherwise), a coordinator that does not answer retried for a while.
 
 use crate::client::Client;
+use crate::error::ClientError;
 use crate::render::{label_width, paused_hint, paused_labels};
 use forkfleet_shared::api::ForkView;
 use forkfleet_shared::ids::ForkId;
@@ -48,7 +49,7 @@ pub async fn follow(
     timeout: Option<Duration>,
     until: Until,
     show: bool,
-) -> anyhow::Result<ForkView> {
+) -> Result<ForkView, ClientError> {
     follow_with(coord, fork, timeout, until, show, &mut |_| {}).await
 }
 
@@ -62,7 +63,7 @@ pub async fn follow_with(
     until: Until,
     show: bool,
     on_version: &mut (dyn FnMut(&ForkView) + Send),
-) -> anyhow::Result<ForkView> {
+) -> Result<ForkView, ClientError> {
     let started = Instant::now();
     let tty = show && std::io::stderr().is_terminal();
     // A terminal redraws the elapsed time every second; a log only needs the changes.
@@ -94,7 +95,7 @@ pub async fn follow_with(
                 let since = *failing_since.get_or_insert_with(Instant::now);
                 let out_of_time = timeout.is_some_and(|t| started.elapsed() >= t);
                 if since.elapsed() >= RETRY_FOR || out_of_time {
-                    return Err(e.into());
+                    return Err(e);
                 }
                 if show && since.elapsed() < RETRY_PAUSE {
                     eprintln!("  (the coordinator does not answer: {e}; retrying)");
@@ -102,7 +103,7 @@ pub async fn follow_with(
                 tokio::time::sleep(RETRY_PAUSE).await;
                 continue;
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         };
         if seen != Some(watched.version) {
             on_version(&watched.view);
@@ -142,18 +143,17 @@ pub async fn follow_with(
         }
         if let Some(t) = timeout {
             if started.elapsed() >= t {
-                let paused = paused.len();
-                return Err(anyhow::anyhow!(
-                    "gave up waiting after {} s: {} of {} branches finished{} (the fork stays in the store; `forkfleet fork show {fork}`)",
-                    t.as_secs(),
-                    view.branches.iter().filter(|b| b.state.is_terminal()).count(),
-                    view.branches.len(),
-                    if paused > 0 {
-                        format!(", {paused} paused by a budget cap")
-                    } else {
-                        String::new()
-                    }
-                ));
+                return Err(ClientError::GaveUp {
+                    fork,
+                    after_s: t.as_secs(),
+                    finished: view
+                        .branches
+                        .iter()
+                        .filter(|b| b.state.is_terminal())
+                        .count(),
+                    total: view.branches.len(),
+                    paused: paused.len(),
+                });
             }
         }
         next.await;

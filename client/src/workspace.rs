@@ -1,6 +1,6 @@
 //! The client side of a fork: upload a workspace snapshot, apply a merge to a directory.
 
-use anyhow::Context;
+use crate::error::ClientError;
 use bytes::Bytes;
 use forkfleet_shared::api::MergeOutcome;
 use forkfleet_shared::blob::{fetch, BlobHash, BlobStore};
@@ -25,22 +25,29 @@ pub async fn upload_workspace(
     dir: &Path,
     exclude: &[String],
     extra: impl IntoIterator<Item = (BlobHash, Bytes)>,
-) -> anyhow::Result<(Manifest, Upload)> {
-    let scan = scan_dir(dir, exclude).map_err(|e| crate::BadInput(e.to_string()))?;
+) -> Result<(Manifest, Upload), ClientError> {
+    let scan = scan_dir(dir, exclude)?;
+    let uploading = |e| ClientError::blob("uploading the workspace", e);
     let mut blobs: HashMap<BlobHash, Bytes> = scan.blobs.into_iter().collect();
     blobs.extend(extra);
     let hashes: Vec<BlobHash> = blobs.keys().copied().collect();
-    let missing = store.missing(&hashes).await?;
+    let missing = store.missing(&hashes).await.map_err(uploading)?;
     let mut bytes_sent = 0;
     for h in &missing {
         if let Some(b) = blobs.remove(h) {
             bytes_sent += b.len() as u64;
-            store.put(*h, b).await?;
+            store.put(*h, b).await.map_err(uploading)?;
         }
     }
-    let manifest_blob = scan.manifest.to_blob()?;
+    let manifest_blob = scan
+        .manifest
+        .to_blob()
+        .map_err(|e| ClientError::encode("the workspace manifest", e))?;
     let snapshot = BlobHash::of(&manifest_blob);
-    store.put(snapshot, manifest_blob).await?;
+    store
+        .put(snapshot, manifest_blob)
+        .await
+        .map_err(uploading)?;
     let files = scan.manifest.files.len();
     Ok((
         scan.manifest,
@@ -61,37 +68,44 @@ pub async fn apply_merge(
     outcome: &MergeOutcome,
     dir: &Path,
     policy: ConflictPolicy,
-) -> anyhow::Result<FlushReport> {
+) -> Result<FlushReport, ClientError> {
     let (snapshot, contents) = replay_inputs(
         store,
         &outcome.fork_snapshot,
         &outcome.changes,
-        "fork snapshot",
+        "the fork snapshot",
     )
     .await?;
     let dir = dir.to_path_buf();
     let changes = outcome.changes.clone();
     let report = tokio::task::spawn_blocking(move || {
         let mut target = DirTarget::new(&dir, contents)
-            .with_context(|| format!("cannot apply the merge to `{}`", dir.display()))?;
-        Ok::<_, anyhow::Error>(flush::flush(&changes, &snapshot, &mut target, policy))
+            .map_err(|e| ClientError::io("apply the merge to", &dir, e))?;
+        Ok::<_, ClientError>(flush::flush(&changes, &snapshot, &mut target, policy))
     })
     .await??;
     Ok(report)
 }
 
 /// What replaying `changes` onto a directory needs: the manifest conflicts are detected
-/// against (`base`, described as `what` in errors) and the contents the changes write.
+/// against (`base`, described as `what` in errors: `the fork snapshot`) and the contents
+/// the changes write.
 pub async fn replay_inputs(
     store: &dyn BlobStore,
     base: &BlobHash,
     changes: &[forkfleet_shared::overlay::ChangeOp],
     what: &'static str,
-) -> anyhow::Result<(Manifest, HashMap<BlobHash, Bytes>)> {
-    let base = Manifest::from_blob(&fetch(store, base).await.context(what)?)?;
+) -> Result<(Manifest, HashMap<BlobHash, Bytes>), ClientError> {
+    let base = fetch(store, base)
+        .await
+        .map_err(|e| ClientError::blob(format!("reading {what}"), e))?;
+    let base = Manifest::from_blob(&base).map_err(|e| ClientError::decode(what, e))?;
     let mut contents = HashMap::new();
     for h in flush::needed_blobs(changes) {
-        contents.insert(h, fetch(store, &h).await?);
+        let bytes = fetch(store, &h)
+            .await
+            .map_err(|e| ClientError::blob("reading the contents the changes write", e))?;
+        contents.insert(h, bytes);
     }
     Ok((base, contents))
 }

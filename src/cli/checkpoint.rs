@@ -10,8 +10,8 @@
 use super::{ClientArgs, Local, Session};
 use anyhow::Context;
 use clap::Subcommand;
+use forkfleet::BadInput;
 use forkfleet_client::workspace as ws;
-use forkfleet_client::BadInput;
 use forkfleet_client::{ApiClient, Client};
 use forkfleet_shared::api::{CheckpointView, NewRunOutcome, RewindOutcome};
 use forkfleet_shared::blob::BlobStore;

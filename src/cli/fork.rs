@@ -476,7 +476,8 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             client,
         } => with_session!(&client, Local::Read, |coord| async {
             let id = coord.find_fork(&fork).await?;
-            forkdir::open(coord, id, path.as_deref(), color, client.json).await
+            forkdir::open(coord, id, path.as_deref(), color, client.json).await?;
+            Ok(())
         }),
         ForkCommand::Merge {
             fork,

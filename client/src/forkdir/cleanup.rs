@@ -31,7 +31,7 @@ pub enum Cleanup {
 /// - an error means the directory could not be removed; the merge itself stands, so
 ///   callers report it as a warning ([`cleanup_after_merge`] does) and never fail the
 ///   merge for it.
-pub fn remove_after_merge(view: &ForkView) -> anyhow::Result<Cleanup> {
+pub fn remove_after_merge(view: &ForkView) -> Result<Cleanup, ClientError> {
     let Some(ws) = view.workspace.as_deref() else {
         return Ok(Cleanup::Absent);
     };
@@ -56,15 +56,17 @@ pub fn remove_after_merge(view: &ForkView) -> anyhow::Result<Cleanup> {
         cur.push(part);
         match std::fs::symlink_metadata(&cur) {
             Ok(m) if m.is_dir() => chain.push(cur.clone()),
-            Ok(m) if m.file_type().is_symlink() => anyhow::bail!(
-                "`{}` is a symbolic link; not removing the fork directory through it",
-                cur.display()
-            ),
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(ClientError::Blocked {
+                    path: cur,
+                    why: "is a symbolic link; not removing the fork directory through it",
+                })
+            }
             _ => return Ok(Cleanup::Absent),
         }
     }
     std::fs::remove_dir_all(&dir)
-        .with_context(|| format!("cannot remove the fork directory `{}`", dir.display()))?;
+        .map_err(|e| ClientError::io("remove the fork directory", &dir, e))?;
     // `.forkfleet/forks`, then `.forkfleet`: only when empty (a data dir keeps its files).
     chain.pop();
     for d in chain.iter().rev() {
@@ -80,12 +82,15 @@ pub fn remove_after_merge(view: &ForkView) -> anyhow::Result<Cleanup> {
 pub async fn cleanup_after_merge(coord: &Client, fork: ForkId) -> Option<Cleanup> {
     let result = match coord.fork(fork).await {
         Ok(view) => remove_after_merge(&view),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(e),
     };
     match result {
         Ok(c) => Some(c),
         Err(e) => {
-            eprintln!("warning: the fork directory was not removed: {e:#}");
+            eprintln!(
+                "warning: the fork directory was not removed: {}",
+                crate::render::error_chain(&e)
+            );
             None
         }
     }

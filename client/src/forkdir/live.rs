@@ -9,8 +9,8 @@ pub(crate) struct Warner {
 }
 
 impl Warner {
-    pub(crate) fn warn(&mut self, e: &anyhow::Error) {
-        let msg = format!("{e:#}");
+    pub(crate) fn warn(&mut self, e: &ClientError) {
+        let msg = crate::render::error_chain(e);
         if self.last.as_deref() != Some(msg.as_str()) {
             eprintln!("warning: the fork directory is not up to date: {msg}");
             self.last = Some(msg);
@@ -48,7 +48,10 @@ impl LiveSync {
         match (&view.workspace, locate(view)) {
             (None, _) => return Self { inner: None },
             (Some(_), Err(e)) => {
-                eprintln!("warning: no fork directory: {e:#}");
+                eprintln!(
+                    "warning: no fork directory: {}",
+                    crate::render::error_chain(&e)
+                );
                 return Self { inner: None };
             }
             (Some(_), Ok(_)) => {}
@@ -151,7 +154,7 @@ pub async fn follow(
     timeout: Option<Duration>,
     until: Until,
     show: bool,
-) -> anyhow::Result<ForkView> {
+) -> Result<ForkView, ClientError> {
     let mut live: Option<LiveSync> = None;
     let result = follow_with(coord, fork, timeout, until, show, &mut |view| {
         live.get_or_insert_with(|| LiveSync::start(coord, view))

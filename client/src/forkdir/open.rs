@@ -39,15 +39,16 @@ impl Tool {
 
 /// Pick the diff tool: `difftool` (the `FORKFLEET_DIFFTOOL` value) when set and not
 /// blank, else PyCharm, else VS Code found on `path_var` (a `PATH` value), else the
-/// terminal. A template that does not split into words is bad input.
-pub fn detect(difftool: Option<&OsStr>, path_var: Option<&OsStr>) -> Result<Tool, BadInput> {
+/// terminal. A template that does not split into words is bad input
+/// ([`ClientError::BadInput`]).
+pub fn detect(difftool: Option<&OsStr>, path_var: Option<&OsStr>) -> Result<Tool, ClientError> {
     if let Some(t) = difftool {
         let t = t
             .to_str()
-            .ok_or_else(|| BadInput(format!("{DIFFTOOL_ENV} is not valid UTF-8")))?;
+            .ok_or_else(|| ClientError::BadInput(format!("{DIFFTOOL_ENV} is not valid UTF-8")))?;
         if !t.trim().is_empty() {
-            let words =
-                spec::split_words(t).map_err(|e| BadInput(format!("{DIFFTOOL_ENV} `{t}`: {e}")))?;
+            let words = spec::split_words(t)
+                .map_err(|e| ClientError::BadInput(format!("{DIFFTOOL_ENV} `{t}`: {e}")))?;
             return Ok(Tool::Custom(words));
         }
     }
@@ -147,7 +148,7 @@ pub(crate) fn targets(
     dir: &Path,
     synced: &Synced,
     path: Option<&WsPath>,
-) -> anyhow::Result<Targets> {
+) -> Result<Targets, ClientError> {
     let report = &synced.report;
     let branch_root = |i: usize| -> Option<PathBuf> {
         synced.dirs.get(i).map(|d| dir.join(BRANCHES_DIR).join(d))
@@ -172,14 +173,12 @@ pub(crate) fn targets(
     match path {
         Some(p) => {
             let Some(pd) = report.path(p) else {
-                return Err(BadInput(format!(
+                return Err(ClientError::BadInput(format!(
                     "the fork did not touch `{p}`; {}",
                     touched_list(report)
-                ))
-                .into());
+                )));
             };
-            let local = rel_path(pd.path.as_str())
-                .context("the path cannot be mirrored in the fork directory")?;
+            let local = confined(Path::new(""), pd.path.as_str())?;
             let pairs: Vec<Pair> = pd
                 .changes
                 .iter()
@@ -309,6 +308,12 @@ pub(crate) fn commands(tool: &Tool, t: &Targets) -> (Vec<Vec<OsString>>, Vec<Str
     (cmds, notes)
 }
 
+/// What `fork open` did, as the pretty JSON document `--json` prints.
+fn pretty(opened: &Opened) -> Result<String, ClientError> {
+    serde_json::to_string_pretty(opened)
+        .map_err(|e| ClientError::encode("the `fork open` document", e))
+}
+
 /// A command line as a shell would read it back.
 pub(crate) fn shell_line(argv: &[OsString]) -> String {
     argv.iter()
@@ -336,9 +341,9 @@ pub async fn open(
     path: Option<&str>,
     color: ColorChoice,
     json: bool,
-) -> anyhow::Result<()> {
+) -> Result<(), ClientError> {
     let path = path
-        .map(|p| WsPath::parse_file(p).map_err(|e| BadInput(format!("PATH: {e}"))))
+        .map(|p| WsPath::parse_file(p).map_err(|e| ClientError::BadInput(format!("PATH: {e}"))))
         .transpose()?;
     let tool = detect(
         std::env::var_os(DIFFTOOL_ENV).as_deref(),
@@ -366,7 +371,7 @@ pub async fn open(
     };
     if t.branches.is_empty() {
         if json {
-            println!("{}", serde_json::to_string_pretty(&opened)?);
+            println!("{}", pretty(&opened)?);
         } else {
             println!("no branch changed anything: nothing to compare");
         }
@@ -388,7 +393,7 @@ pub async fn open(
     if tool == Tool::Terminal {
         if json {
             opened.diff = Some(terminal_diff(&t.pairs, false));
-            println!("{}", serde_json::to_string_pretty(&opened)?);
+            println!("{}", pretty(&opened)?);
         } else {
             let on = match color {
                 ColorChoice::Always => true,
@@ -421,10 +426,10 @@ pub async fn open(
         }
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&opened)?);
+        println!("{}", pretty(&opened)?);
     }
     if !failed.is_empty() {
-        anyhow::bail!("{}", failed.join("; "));
+        return Err(ClientError::DiffTool { failed });
     }
     Ok(())
 }

@@ -86,19 +86,13 @@ pub fn fork_dir(workspace: &Path, fork: ForkId) -> Result<PathBuf, UnsafeName> {
 
 /// The workspace of `view` on this machine and its fork directory: an error when the
 /// fork has no workspace or it is not a directory here.
-pub(crate) fn locate(view: &ForkView) -> anyhow::Result<(PathBuf, PathBuf)> {
+pub(crate) fn locate(view: &ForkView) -> Result<(PathBuf, PathBuf), ClientError> {
     let Some(ws) = view.workspace.as_deref() else {
-        anyhow::bail!(
-            "fork {} has no workspace directory (its creator did not say where it is), so it has no fork directory",
-            view.fork_id
-        );
+        return Err(ClientError::NoWorkspace { fork: view.fork_id });
     };
     let ws = PathBuf::from(ws);
     if !ws.is_dir() {
-        anyhow::bail!(
-            "the fork's workspace `{}` is not a directory on this machine",
-            ws.display()
-        );
+        return Err(ClientError::WorkspaceNotHere { path: ws });
     }
     let dir = fork_dir(&ws, view.fork_id)?;
     Ok((ws, dir))
@@ -106,31 +100,38 @@ pub(crate) fn locate(view: &ForkView) -> anyhow::Result<(PathBuf, PathBuf)> {
 
 /// Create the directories from `workspace` down to `dir` (`.forkfleet/forks/<id>`),
 /// refusing to go through anything that is not a real directory.
-pub(crate) fn prepare_root(workspace: &Path, dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn prepare_root(workspace: &Path, dir: &Path) -> Result<(), ClientError> {
+    let blocked = |path: &Path, why| ClientError::Blocked {
+        path: path.to_path_buf(),
+        why,
+    };
     let rel = dir
         .strip_prefix(workspace)
-        .context("the fork directory is not under its workspace")?;
+        .map_err(|_| blocked(dir, "is not under the fork's workspace"))?;
     let mut cur = workspace.to_path_buf();
     for part in rel.components() {
         let Component::Normal(name) = part else {
-            anyhow::bail!("`{}` is not a plain path", rel.display());
+            return Err(blocked(
+                dir,
+                "is not a plain path under the fork's workspace",
+            ));
         };
         cur.push(name);
         match std::fs::symlink_metadata(&cur) {
             Ok(m) if m.is_dir() => {}
-            Ok(m) if m.file_type().is_symlink() => anyhow::bail!(
-                "`{}` is a symbolic link; the fork directory is never written through one",
-                cur.display()
-            ),
-            Ok(_) => anyhow::bail!("`{}` is in the way: it is not a directory", cur.display()),
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(blocked(
+                    &cur,
+                    "is a symbolic link; the fork directory is never written through one",
+                ))
+            }
+            Ok(_) => return Err(blocked(&cur, "is in the way: it is not a directory")),
             Err(e) if e.kind() == io::ErrorKind::NotFound => match std::fs::create_dir(&cur) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && cur.is_dir() => {}
-                Err(e) => {
-                    return Err(e).with_context(|| format!("cannot create `{}`", cur.display()))
-                }
+                Err(e) => return Err(ClientError::io("create", cur, e)),
             },
-            Err(e) => return Err(e).with_context(|| format!("cannot read `{}`", cur.display())),
+            Err(e) => return Err(ClientError::io("read", cur, e)),
         }
     }
     Ok(())

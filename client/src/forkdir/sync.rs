@@ -73,7 +73,7 @@ impl Materializer {
         coord: &Client,
         view: &ForkView,
         unified: bool,
-    ) -> anyhow::Result<Synced> {
+    ) -> Result<Synced, ClientError> {
         let (workspace, dir) = locate(view)?;
         let report = coord
             .diff(
@@ -104,7 +104,7 @@ impl Materializer {
         view: &ForkView,
         report: &DiffReport,
         blobs: &dyn BlobStore,
-    ) -> anyhow::Result<SyncStats> {
+    ) -> Result<SyncStats, ClientError> {
         self.write_layout(dir, view, report, blobs)
             .await
             .map(|(stats, _)| stats)
@@ -116,7 +116,7 @@ impl Materializer {
         view: &ForkView,
         report: &DiffReport,
         blobs: &dyn BlobStore,
-    ) -> anyhow::Result<(SyncStats, Vec<String>)> {
+    ) -> Result<(SyncStats, Vec<String>), ClientError> {
         if self.dir.as_deref() != Some(dir) {
             self.known.clear();
             self.dir = Some(dir.to_path_buf());
@@ -139,8 +139,11 @@ impl Materializer {
         let mut contents: HashMap<BlobHash, Bytes> = HashMap::new();
         for (_, info) in &plan.write {
             if let std::collections::hash_map::Entry::Vacant(slot) = contents.entry(info.hash) {
-                let bytes = blob::fetch(blobs, &info.hash).await.with_context(|| {
-                    format!("reading blob {} for the fork directory", info.hash)
+                let bytes = blob::fetch(blobs, &info.hash).await.map_err(|e| {
+                    ClientError::blob(
+                        format!("reading blob {} for the fork directory", info.hash),
+                        e,
+                    )
                 })?;
                 slot.insert(bytes);
             }
@@ -171,8 +174,8 @@ pub async fn materialize(
     view: &ForkView,
     report: &DiffReport,
     blobs: &dyn BlobStore,
-) -> anyhow::Result<SyncStats> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create `{}`", dir.display()))?;
+) -> Result<SyncStats, ClientError> {
+    std::fs::create_dir_all(dir).map_err(|e| ClientError::io("create", dir, e))?;
     Materializer::new().write(dir, view, report, blobs).await
 }
 
@@ -215,9 +218,8 @@ pub(crate) fn plan_sync(
     root: &Path,
     layout: &Layout,
     known: &mut HashMap<PathBuf, Known>,
-) -> anyhow::Result<Plan> {
-    let disk = scan_trees(root)
-        .with_context(|| format!("cannot read the fork directory `{}`", root.display()))?;
+) -> Result<Plan, ClientError> {
+    let disk = scan_trees(root).map_err(|e| ClientError::io("read the fork directory", root, e))?;
     known.retain(|rel, _| layout.files.contains_key(rel));
     let mut plan = Plan::default();
     for (rel, meta) in &disk.files {
@@ -328,7 +330,7 @@ pub(crate) fn apply_sync(
     plan: Plan,
     contents: &HashMap<BlobHash, Bytes>,
     known: &mut HashMap<PathBuf, Known>,
-) -> anyhow::Result<SyncStats> {
+) -> Result<SyncStats, ClientError> {
     let mut stats = SyncStats {
         dir: root.to_path_buf(),
         unchanged: plan.unchanged,
@@ -374,28 +376,24 @@ pub(crate) fn apply_sync(
             failures.push(format!("creating `{}`: {e}", tree.display()));
         }
     }
-    let mut doc = serde_json::to_vec_pretty(&layout.manifest)?;
+    let mut doc = serde_json::to_vec_pretty(&layout.manifest)
+        .map_err(|e| ClientError::encode("the fork directory's manifest", e))?;
     doc.push(b'\n');
     let path = root.join(MANIFEST_FILE);
     let same = std::fs::read(&path).is_ok_and(|old| old == doc);
     if !same {
         write_atomic(root, Path::new(MANIFEST_FILE), &doc, 0o644)
-            .with_context(|| format!("cannot write `{}`", path.display()))?;
+            .map_err(|e| ClientError::io("write", path, e))?;
         stats.manifest_written = true;
     }
     if !failures.is_empty() {
         let more = failures.len().saturating_sub(3);
         failures.truncate(3);
-        anyhow::bail!(
-            "the fork directory `{}` is incomplete: {}{}",
-            root.display(),
-            failures.join("; "),
-            if more > 0 {
-                format!(" (and {more} more)")
-            } else {
-                String::new()
-            }
-        );
+        return Err(ClientError::ForkDirIncomplete {
+            dir: root.to_path_buf(),
+            failures,
+            more,
+        });
     }
     Ok(stats)
 }
