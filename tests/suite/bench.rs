@@ -1,7 +1,7 @@
 //! The fan-out benchmark command produces a complete, consistent measurement (its figures
 //! are recorded in docs/BENCHMARKS.md, never asserted here).
 
-use super::harness::{forkfleet, json};
+use super::harness::{forkfleet, forkfleet_env, json, stderr};
 
 #[test]
 fn fanout_bench_reports_every_field() {
@@ -120,4 +120,31 @@ fn fanout_bench_on_nats_reports_every_field() {
     // b0 writes split_0 and unique/b0/f1.
     assert_eq!(doc["applied_paths"], 2);
     assert!((doc["total_cost_usd"].as_f64().unwrap() - 18.0 * 0.00027).abs() < 1e-9);
+}
+
+/// Without a nats-server, each bench's error names its own command on NATS and the way to
+/// run it without one (issue 13: `bench budget` named `bench fanout`).
+#[test]
+fn a_bench_without_a_nats_server_names_itself_and_the_local_bus() {
+    let missing = ("FORKFLEET_NATS_SERVER", "/nonexistent/nats-server");
+    for bench in ["budget", "fanout"] {
+        let mut args = vec!["bench", bench, "--bus", "nats"];
+        if bench == "budget" {
+            // Its default bus is NATS: no flag at all must say the same.
+            args.truncate(2);
+        }
+        let out = forkfleet_env(&args, &[missing]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!(
+                "`forkfleet bench {bench} --bus nats` needs a nats-server"
+            )),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("`forkfleet bench {bench} --bus local`")),
+            "{err}"
+        );
+    }
 }

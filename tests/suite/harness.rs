@@ -98,12 +98,12 @@ pub fn forkfleet_env(args: &[&str], env: &[(&str, &str)]) -> Output {
         .unwrap()
 }
 
-/// [`forkfleet_env`] with no variable set.
 /// `forkfleet run SPEC --json`, bounded by `--timeout-s 120`.
 pub fn run_spec(spec: &Path) -> Output {
     forkfleet(&["run", path_str(spec), "--json", "--timeout-s", "120"])
 }
 
+/// [`forkfleet_env`] with no variable set.
 pub fn forkfleet(args: &[&str]) -> Output {
     forkfleet_env(args, &[])
 }

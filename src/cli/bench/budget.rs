@@ -193,7 +193,8 @@ pub async fn run(args: &BudgetArgs) -> anyhow::Result<Vec<BudgetRow>> {
     match args.bus {
         BenchBus::Nats => {
             let env = [(USAGE_LOG_ENV.to_string(), log_str)];
-            let cluster = Cluster::start(tmp.path(), args.workers, args.concurrency, &env).await?;
+            let cluster =
+                Cluster::start("budget", tmp.path(), args.workers, args.concurrency, &env).await?;
             let measured = match cluster.client() {
                 Ok(client) => rows(client, &workspace, &log, args).await,
                 Err(e) => Err(e),

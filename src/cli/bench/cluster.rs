@@ -76,17 +76,20 @@ pub(super) struct Stopped {
 
 impl Cluster {
     /// Start a cluster whose files (server store, run store, worker logs) live in `dir`,
-    /// with `workers` worker processes of `concurrency` slots each and `env` set for them.
+    /// with `workers` worker processes of `concurrency` slots each and `env` set for them,
+    /// for the bench named `bench` (`fanout`, `budget`).
     pub async fn start(
+        bench: &'static str,
         dir: &Path,
         workers: usize,
         concurrency: usize,
         env: &[(String, String)],
     ) -> anyhow::Result<Cluster> {
         let server_dir = dir.to_path_buf();
-        let server = tokio::task::spawn_blocking(move || NatsServerGuard::start(&server_dir))
-            .await
-            .context("the nats-server start task failed")??;
+        let server =
+            tokio::task::spawn_blocking(move || NatsServerGuard::start(&server_dir, bench))
+                .await
+                .context("the nats-server start task failed")??;
         let url = server.url();
         tracing::info!(nats.url = %url, "bench: nats-server ready");
         let coord_bus = connect(&url, "forkfleet-bench-coordinator").await?;
@@ -229,7 +232,7 @@ pub async fn fanout(args: &FanoutArgs) -> anyhow::Result<FanoutResult> {
         .context("temporary directory")?;
     let workspace = tmp.path().join("workspace");
     seed_workspace(&workspace, args.writes)?;
-    let cluster = Cluster::start(tmp.path(), args.workers, args.concurrency, &[]).await?;
+    let cluster = Cluster::start("fanout", tmp.path(), args.workers, args.concurrency, &[]).await?;
     let measured = measure(args, &workspace, &cluster).await;
     let mut stopped = cluster.stop().await;
     let mut result = settle(measured, &mut stopped)?;

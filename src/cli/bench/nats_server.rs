@@ -16,11 +16,18 @@ pub struct NatsServerGuard(LocalNatsServer);
 
 impl NatsServerGuard {
     /// Start `nats-server -js -sd <dir>/nats-store -a 127.0.0.1 -p <free port>`, its log in
-    /// `<dir>/nats-server.log`; returns once it greets a client (bounded).
-    pub fn start(dir: &Path) -> anyhow::Result<NatsServerGuard> {
+    /// `<dir>/nats-server.log`; returns once it greets a client (bounded). `bench` is the
+    /// bench that asked (`fanout`, `budget`), named in the error.
+    pub fn start(dir: &Path, bench: &str) -> anyhow::Result<NatsServerGuard> {
         LocalNatsServer::start(dir)
             .map(NatsServerGuard)
-            .context("`bench fanout --bus nats` needs a nats-server of its own")
+            .with_context(|| {
+                format!(
+                    "`forkfleet bench {bench} --bus nats` needs a nats-server of its own \
+                 (`scripts/setup` installs one; or set FORKFLEET_NATS_SERVER); \
+                 `forkfleet bench {bench} --bus local` runs without one"
+                )
+            })
     }
 
     /// `nats://127.0.0.1:<port>`.
