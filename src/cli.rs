@@ -239,6 +239,14 @@ pub(crate) fn parse_amount(s: &str, zero_ok: bool, valid: &str) -> Result<f64, S
     Ok(v)
 }
 
+impl Command {
+    /// A command whose output may be piped into another program (not a long-running
+    /// service).
+    pub fn prints(&self) -> bool {
+        !matches!(self, Command::Coordinator(_) | Command::Worker(_))
+    }
+}
+
 /// Run a command; print its error; return the exit code.
 pub async fn run(cli: Cli) -> u8 {
     let result = match cli.command {

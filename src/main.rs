@@ -7,6 +7,9 @@ mod cli;
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
+    if cli.command.prints() {
+        forkfleet::telemetry::exit_quietly_on_broken_pipe();
+    }
     forkfleet::telemetry::init(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

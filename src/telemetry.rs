@@ -1,5 +1,26 @@
 //! The process's telemetry: log lines and trace context.
 
+/// Colour codes on stderr only when it is a terminal and `NO_COLOR` is unset or empty
+/// (<https://no-color.org>): a log file or a pipe gets plain text.
+pub fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// Let a closed standard output end the process quietly, as a Unix filter does
+/// (`forkfleet log RUN | head`): the default action of `SIGPIPE`, which Rust's runtime
+/// ignores so that `println!` panics on a broken pipe instead. For the commands that
+/// print; the long-running services keep ignoring it (their sockets never raise it: the
+/// standard library sends with `MSG_NOSIGNAL`).
+pub fn exit_quietly_on_broken_pipe() {
+    #[cfg(unix)]
+    // SAFETY: called at start-up before any thread is spawned; restoring a signal's
+    // default action has no other effect on the process's state.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// The process's subscriber: log lines on stderr, and an OpenTelemetry layer.
 ///
 /// - **Logs**: filtered by `RUST_LOG`, else by `-v` (warn, info, debug).
@@ -26,6 +47,7 @@ pub fn init(verbose: u8) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr())
         .with_filter(filter);
     let provider = SdkTracerProvider::builder()
         .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
