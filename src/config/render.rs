@@ -1,12 +1,13 @@
 //! The effective configuration as TOML for `--print-config`, secrets redacted, each value's
 //! origin in a comment.
 
-// URLs without their user info (every one of a comma-separated list), as `--print-config`
-// shows them: the bus's own redaction, so logs and printouts agree.
 use super::{Config, Origin};
-use forkfleet_bus::nats::redact_url;
 use std::fmt::Write as _;
 use std::path::Path;
+
+// URLs without their user info (every one of a comma-separated list), as `--print-config`
+// shows them: the bus's own redaction, so logs and printouts agree.
+use forkfleet_bus::nats::redact_url;
 
 impl Config {
     /// The effective configuration as TOML, secrets redacted, each value's origin in a
