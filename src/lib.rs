@@ -10,7 +10,9 @@
 //!
 //! ## Layout
 //! - [`config`]: layered configuration (defaults < TOML file < `FORKFLEET_*` < flags),
-//!   NATS auth and TLS, secrets redacted.
+//!   NATS auth and TLS, secrets redacted; in `config/`: `layer` (the file, environment and
+//!   flag layers as written), `secret`, `nats` (the NATS settings' checks and connection),
+//!   `pricing`, `render` (`--print-config`) and `tests`.
 //! - [`service`]: the cluster services' start-up, `run_coordinator(config, shutdown)` and
 //!   `run_worker(config, shutdown)`, and connecting to NATS.
 //! - [`embedded`]: the single-machine mode: a coordinator and in-process workers on the

@@ -9,7 +9,7 @@
 //!   [`EventConsumer`], [`BusError`]).
 //! - [`local`]: [`local::LocalBus`], the in-process bus of the embedded mode.
 //! - [`nats`]: [`nats::NatsBus`], the NATS JetStream bus of a cluster, and its connection
-//!   settings.
+//!   settings; in `nats/`: `config`, `consume`, `forward`, `blobs` and `tests`.
 //! - [`apicall`]: one request to the coordinator's API over the bus (the CLI's remote client
 //!   and the agents' fork tools).
 //! - [`nats_server`]: a local `nats-server -js` child process (the test fixture's and the

@@ -6,7 +6,8 @@
 //!
 //! Layout: this file holds the bus and its `Bus` impl; `config` the connection settings,
 //! `consume` deliveries and the event consumer, `forward` the control and dead-task
-//! forwarders, `blobs` the blob store.
+//! forwarders, `blobs` the blob store, `tests` the unit tests of the settings and the
+//! backoff.
 //!
 //! - **Tasks**: work-queue stream `FF_TASKS` (`ff.task.<pool>`), one durable pull consumer
 //!   per pool (`pool-<pool>`, explicit ack, `ack_wait` and `max_deliver` from the config).
@@ -82,6 +83,8 @@ mod blobs;
 mod config;
 mod consume;
 mod forward;
+#[cfg(test)]
+mod tests;
 
 use blobs::NatsBlobStore;
 pub use config::{redact_url, NatsAuth, NatsConfig, NatsStorage, NatsTls};
@@ -799,61 +802,5 @@ impl Bus for NatsBus {
             let _ = sub.unsubscribe().await;
         });
         Ok(rx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn debug_never_shows_secrets() {
-        let mut config = NatsConfig::new("nats://alice:hunter2@nats.example:4222");
-        config.auth = NatsAuth::UserPassword {
-            user: "alice".into(),
-            password: "hunter2".into(),
-        };
-        let shown = format!("{config:?}");
-        assert!(!shown.contains("hunter2"), "{shown}");
-        assert!(
-            shown.contains("nats://<redacted>@nats.example:4222"),
-            "{shown}"
-        );
-        for auth in [
-            NatsAuth::Token("s3cret-token".into()),
-            NatsAuth::NkeySeed("SUACSSL3UAHUDXKFSNVUZRF5UHPMWZ6BFDTJ7M6USDXIEDNPPQYYYCU3VY".into()),
-        ] {
-            let shown = format!("{auth:?}");
-            assert!(!shown.contains("s3cret"), "{shown}");
-            assert!(!shown.contains("SUACSSL3"), "{shown}");
-        }
-        assert_eq!(
-            format!("{:?}", NatsAuth::CredsFile("/etc/ff.creds".into())),
-            "CredsFile(\"/etc/ff.creds\")"
-        );
-    }
-
-    #[test]
-    fn redacts_user_info_only() {
-        assert_eq!(redact_url("nats://h:4222"), "nats://h:4222");
-        assert_eq!(redact_url("tls://tok@h:4222"), "tls://<redacted>@h:4222");
-        assert_eq!(redact_url("u:p@h"), "<redacted>@h");
-        assert_eq!(
-            redact_url("nats://a:1, nats://u:p@b:2"),
-            "nats://a:1,nats://<redacted>@b:2"
-        );
-    }
-
-    #[test]
-    fn backoff_grows_and_caps() {
-        let mut b = Backoff::new();
-        assert_eq!(b.next(), RETRY_MIN);
-        assert_eq!(b.next(), RETRY_MIN * 2);
-        for _ in 0..20 {
-            b.next();
-        }
-        assert_eq!(b.next(), RETRY_MAX);
-        b.reset();
-        assert_eq!(b.next(), RETRY_MIN);
     }
 }

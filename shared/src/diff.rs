@@ -39,26 +39,34 @@
 //! `operations` map is derived and ignored on input. [`DiffReport::to_json_value`] is a
 //! shortcut for `serde_json::to_value`. [`PathDiff`] and [`BranchChange`] on their own
 //! serialise the index, since they do not know the labels.
+//!
+//! # Layout
+//! This file holds the report's types and how it is built ([`diff_report`],
+//! [`diff_overlays`]); `unified` the unified diffs, `render` the terminal table
+//! ([`render_summary`]), `json` the JSON form.
+
+mod json;
+mod render;
+mod unified;
+
+pub use render::render_summary;
+pub use unified::{binary_placeholder, truncate_lines};
+
+use unified::DiffCache;
 
 use crate::blob::BlobHash;
 use crate::manifest::{FileEntry, Manifest};
 use crate::overlay::{NetChange, Overlay};
 use crate::path::WsPath;
 use bytes::Bytes;
-use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use similar::TextDiff;
-use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// A diff longer than this many lines is truncated.
 pub const MAX_DIFF_LINES: usize = 500;
 /// How many lines a truncated diff keeps at its start and at its end.
 pub const KEEP_DIFF_LINES: usize = 200;
-/// The longest a single text diff may compute before `similar` approximates.
-const DIFF_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// What to report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,7 +149,7 @@ impl std::fmt::Display for Agreement {
 /// A file's identity as the report shows it. `hash` serialises as hex.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct FileInfo {
-    #[serde(with = "hex_hash")]
+    #[serde(with = "json::hex_hash")]
     pub hash: BlobHash,
     pub size: u64,
     pub binary: bool,
@@ -177,7 +185,7 @@ pub struct BranchChange {
     pub entry: Option<FileInfo>,
     /// Unified diff (or a binary placeholder), when [`DiffOptions::unified`] was set.
     /// Branches with the same outcome share one allocation.
-    #[serde(with = "arc_str_opt", default)]
+    #[serde(with = "json::arc_str_opt", default)]
     pub diff: Option<Arc<str>>,
     /// The diff was longer than [`MAX_DIFF_LINES`] and its middle was cut.
     #[serde(default)]
@@ -403,8 +411,6 @@ pub fn diff_overlays<L: AsRef<str>>(
 type Touch<'a> = (&'a WsPath, u32, &'a NetChange);
 /// An end state: operation and content hash.
 type Outcome = (Operation, Option<BlobHash>);
-/// A cached diff text and whether it was truncated.
-type CachedDiff = (Arc<str>, bool);
 
 /// The end state a branch reached: operation and content hash.
 fn outcome(c: &NetChange) -> Outcome {
@@ -465,434 +471,5 @@ fn path_diff(
         agreement,
         parent: old.map(FileInfo::from),
         changes,
-    }
-}
-
-/// Unified diffs of one path, computed once per distinct outcome. The old side is fixed
-/// per path, so keying by the new side's (hash, mode) is keying by (old, new).
-struct DiffCache<'a> {
-    path: &'a WsPath,
-    old: Option<&'a FileEntry>,
-    old_text: Option<Option<Bytes>>,
-    blobs: &'a dyn Fn(&BlobHash) -> Option<Bytes>,
-    context: usize,
-    done: HashMap<Option<(BlobHash, u32)>, CachedDiff>,
-}
-
-impl<'a> DiffCache<'a> {
-    fn new(
-        path: &'a WsPath,
-        old: Option<&'a FileEntry>,
-        blobs: &'a dyn Fn(&BlobHash) -> Option<Bytes>,
-        context: usize,
-    ) -> Self {
-        Self {
-            path,
-            old,
-            old_text: None,
-            blobs,
-            context,
-            done: HashMap::new(),
-        }
-    }
-
-    fn get(&mut self, new: Option<&FileEntry>) -> CachedDiff {
-        let key = new.map(|e| (e.hash, e.mode));
-        if let Some((text, truncated)) = self.done.get(&key) {
-            return (Arc::clone(text), *truncated);
-        }
-        let (text, truncated) = self.compute(new);
-        let text: Arc<str> = Arc::from(text);
-        self.done.insert(key, (Arc::clone(&text), truncated));
-        (text, truncated)
-    }
-
-    fn old_bytes(&mut self) -> Option<Bytes> {
-        let old = self.old?;
-        let blobs = self.blobs;
-        self.old_text
-            .get_or_insert_with(|| blobs(&old.hash))
-            .clone()
-    }
-
-    fn compute(&mut self, new: Option<&FileEntry>) -> (String, bool) {
-        let old = self.old;
-        if let Some(n) = new.filter(|n| n.binary) {
-            return match old.filter(|o| !o.binary) {
-                Some(o) => (
-                    format!("{} → {}", text_placeholder(o), binary_placeholder(n)),
-                    false,
-                ),
-                None => (binary_placeholder(n), false),
-            };
-        }
-        if let Some(o) = old.filter(|o| o.binary) {
-            return match new {
-                Some(n) => (
-                    format!("{} → {}", binary_placeholder(o), text_placeholder(n)),
-                    false,
-                ),
-                None => (binary_placeholder(o), false),
-            };
-        }
-        let a = match old {
-            Some(_) => format!("a/{}", self.path.as_str()),
-            None => "/dev/null".to_string(),
-        };
-        let b = match new {
-            Some(_) => format!("b/{}", self.path.as_str()),
-            None => "/dev/null".to_string(),
-        };
-        let old_bytes = match old {
-            Some(o) => match self.old_bytes() {
-                Some(b) => b,
-                None => return (unavailable(o), false),
-            },
-            None => Bytes::new(),
-        };
-        let new_bytes = match new {
-            Some(n) => match (self.blobs)(&n.hash) {
-                Some(b) => b,
-                None => return (unavailable(n), false),
-            },
-            None => Bytes::new(),
-        };
-        let old_text = String::from_utf8_lossy(&old_bytes);
-        let new_text = String::from_utf8_lossy(&new_bytes);
-        let mut text = TextDiff::configure()
-            .timeout(DIFF_TIMEOUT)
-            .diff_lines(old_text.as_ref(), new_text.as_ref())
-            .unified_diff()
-            .context_radius(self.context)
-            .header(&a, &b)
-            .to_string();
-        if text.is_empty() {
-            // No hunks: an empty file created or deleted, or a mode-only change.
-            text = format!("--- {a}\n+++ {b}\n");
-            if let (Some(o), Some(n)) = (old, new) {
-                if o.mode != n.mode {
-                    let _ = writeln!(text, "mode {:o} → {:o}", o.mode, n.mode);
-                }
-            }
-        }
-        truncate_lines(text)
-    }
-}
-
-/// `[binary · {size} bytes · sha256:{first 12 hex}]`
-pub fn binary_placeholder(e: &FileEntry) -> String {
-    format!("[binary · {} bytes · sha256:{}]", e.size, e.hash.short())
-}
-
-fn text_placeholder(e: &FileEntry) -> String {
-    format!("[text · {} bytes · sha256:{}]", e.size, e.hash.short())
-}
-
-fn unavailable(e: &FileEntry) -> String {
-    format!(
-        "[content unavailable · {} bytes · sha256:{}]",
-        e.size,
-        e.hash.short()
-    )
-}
-
-/// Keep the first and last [`KEEP_DIFF_LINES`] lines of a diff longer than
-/// [`MAX_DIFF_LINES`], with a `... [N lines truncated] ...` marker between them.
-pub fn truncate_lines(text: String) -> (String, bool) {
-    let total = text.lines().count();
-    if total <= MAX_DIFF_LINES {
-        return (text, false);
-    }
-    // Byte offset just past the KEEP-th newline, and the start of line total-KEEP.
-    let newline_ends: Vec<usize> = text.match_indices('\n').map(|(i, _)| i + 1).collect();
-    let head_end = newline_ends
-        .get(KEEP_DIFF_LINES - 1)
-        .copied()
-        .unwrap_or(text.len());
-    let tail_start = newline_ends
-        .get(total - KEEP_DIFF_LINES - 1)
-        .copied()
-        .unwrap_or(head_end);
-    let cut = total - 2 * KEEP_DIFF_LINES;
-    let mut out = String::with_capacity(head_end + (text.len() - tail_start) + 40);
-    out.push_str(&text[..head_end]);
-    let _ = writeln!(out, "... [{cut} lines truncated] ...");
-    out.push_str(&text[tail_start..]);
-    (out, true)
-}
-
-/// A short table for terminals: a summary line, one row per reported path (path,
-/// agreement, which branches did what), and the per-branch unique counts.
-pub fn render_summary(report: &DiffReport) -> String {
-    const MAX_LABELS: usize = 6;
-    const MAX_GROUPS: usize = 4;
-    const MAX_UNIQUE: usize = 12;
-    let s = &report.summary;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{} branches · {} paths touched · {} unanimous · {} split · agreement {:.2}",
-        s.branches, s.total_paths_touched, s.unanimous_paths, s.split_paths, s.agreement_score
-    );
-    if report.paths.is_empty() {
-        out.push_str("no changes\n");
-    } else {
-        let width = report
-            .paths
-            .iter()
-            .map(|p| p.path.as_str().chars().count())
-            .max()
-            .unwrap_or(4)
-            .clamp(4, 60);
-        let _ = writeln!(out, "{:<width$}  {:<19}  BRANCHES", "PATH", "AGREEMENT");
-        for p in &report.paths {
-            let mut path = p.path.to_string();
-            if path.chars().count() > width {
-                let skip = path.chars().count() - (width - 1);
-                path = format!("…{}", path.chars().skip(skip).collect::<String>());
-            }
-            let _ = writeln!(
-                out,
-                "{:<width$}  {:<19}  {}",
-                path,
-                p.agreement.as_str(),
-                who_did_what(report, p, MAX_LABELS, MAX_GROUPS)
-            );
-        }
-    }
-    if !report.branches.is_empty() {
-        out.push_str("unique paths per branch:");
-        for (i, (label, n)) in s.per_branch_unique.iter().enumerate() {
-            if i == MAX_UNIQUE {
-                let _ = write!(out, " … (+{} more)", s.per_branch_unique.len() - MAX_UNIQUE);
-                break;
-            }
-            let _ = write!(out, " {label}={n}");
-        }
-        out.push('\n');
-    }
-    out
-}
-
-/// `modified: a, b · deleted: c`; on a split, outcomes that differ only by content carry
-/// the content's short hash.
-fn who_did_what(report: &DiffReport, p: &PathDiff, max_labels: usize, max_groups: usize) -> String {
-    if p.changes.is_empty() {
-        return "(no branch)".to_string();
-    }
-    // Outcomes in first-seen order, with the branches that reached each.
-    let mut outcomes: Vec<(Outcome, Vec<u32>)> = Vec::new();
-    for c in &p.changes {
-        let key = (c.operation, c.entry.map(|e| e.hash));
-        match outcomes.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => v.push(c.branch),
-            None => outcomes.push((key, vec![c.branch])),
-        }
-    }
-    let show_hash = p.agreement == Agreement::Split;
-    let mut parts = Vec::new();
-    for ((op, hash), members) in outcomes.iter().take(max_groups) {
-        let mut s = op.as_str().to_string();
-        if let (true, Some(h)) = (show_hash, hash) {
-            let short = h.short();
-            let _ = write!(s, "#{}", short.get(..6).unwrap_or(&short));
-        }
-        s.push_str(": ");
-        let names: Vec<&str> = members
-            .iter()
-            .take(max_labels)
-            .map(|b| report.label(*b))
-            .collect();
-        s.push_str(&names.join(", "));
-        if members.len() > max_labels {
-            let _ = write!(s, " +{} more", members.len() - max_labels);
-        }
-        parts.push(s);
-    }
-    let mut line = parts.join(" · ");
-    if outcomes.len() > max_groups {
-        let _ = write!(line, " · +{} other outcomes", outcomes.len() - max_groups);
-    }
-    line
-}
-
-// ---------------------------------------------------------------------------------------
-// serde
-
-mod hex_hash {
-    use crate::blob::BlobHash;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(h: &BlobHash, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&h.to_hex())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BlobHash, D::Error> {
-        let s = String::deserialize(d)?;
-        BlobHash::from_hex(&s).ok_or_else(|| serde::de::Error::custom("invalid sha256 hex"))
-    }
-}
-
-mod arc_str_opt {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::sync::Arc;
-
-    pub fn serialize<S: Serializer>(v: &Option<Arc<str>>, s: S) -> Result<S::Ok, S::Error> {
-        match v {
-            Some(t) => s.serialize_some(t.as_ref()),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Arc<str>>, D::Error> {
-        Ok(Option::<String>::deserialize(d)?.map(Arc::from))
-    }
-}
-
-struct PathsView<'a>(&'a DiffReport);
-struct PathView<'a>(&'a DiffReport, &'a PathDiff);
-struct OperationsView<'a>(&'a DiffReport, &'a PathDiff);
-struct ChangesView<'a>(&'a DiffReport, &'a PathDiff);
-struct ChangeView<'a>(&'a DiffReport, &'a BranchChange);
-
-impl Serialize for DiffReport {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut st = s.serialize_struct("DiffReport", 3)?;
-        st.serialize_field("branches", &self.branches)?;
-        st.serialize_field("summary", &self.summary)?;
-        st.serialize_field("paths", &PathsView(self))?;
-        st.end()
-    }
-}
-
-impl Serialize for PathsView<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.0.paths.len()))?;
-        for p in &self.0.paths {
-            seq.serialize_element(&PathView(self.0, p))?;
-        }
-        seq.end()
-    }
-}
-
-impl Serialize for PathView<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let p = self.1;
-        let mut st = s.serialize_struct("PathDiff", 5)?;
-        st.serialize_field("path", &p.path)?;
-        st.serialize_field("agreement", &p.agreement)?;
-        st.serialize_field("parent", &p.parent)?;
-        st.serialize_field("operations", &OperationsView(self.0, p))?;
-        st.serialize_field("changes", &ChangesView(self.0, p))?;
-        st.end()
-    }
-}
-
-impl Serialize for OperationsView<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(Some(self.1.changes.len()))?;
-        for c in &self.1.changes {
-            map.serialize_entry(self.0.label(c.branch), &c.operation)?;
-        }
-        map.end()
-    }
-}
-
-impl Serialize for ChangesView<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.1.changes.len()))?;
-        for c in &self.1.changes {
-            seq.serialize_element(&ChangeView(self.0, c))?;
-        }
-        seq.end()
-    }
-}
-
-impl Serialize for ChangeView<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let c = self.1;
-        let mut st = s.serialize_struct("BranchChange", 5)?;
-        st.serialize_field("branch", self.0.label(c.branch))?;
-        st.serialize_field("operation", &c.operation)?;
-        st.serialize_field("entry", &c.entry)?;
-        st.serialize_field("diff", &c.diff.as_deref())?;
-        st.serialize_field("truncated", &c.truncated)?;
-        st.end()
-    }
-}
-
-#[derive(Deserialize)]
-struct RawReport {
-    branches: Vec<String>,
-    summary: DiffSummary,
-    paths: Vec<RawPath>,
-}
-
-#[derive(Deserialize)]
-struct RawPath {
-    path: WsPath,
-    agreement: Agreement,
-    parent: Option<FileInfo>,
-    #[serde(default)]
-    changes: Vec<RawChange>,
-}
-
-#[derive(Deserialize)]
-struct RawChange {
-    branch: RawBranch,
-    operation: Operation,
-    entry: Option<FileInfo>,
-    #[serde(default)]
-    diff: Option<String>,
-    #[serde(default)]
-    truncated: bool,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum RawBranch {
-    Index(u32),
-    Label(String),
-}
-
-impl<'de> Deserialize<'de> for DiffReport {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = RawReport::deserialize(d)?;
-        let mut index: HashMap<&str, u32> = HashMap::new();
-        for (i, b) in raw.branches.iter().enumerate() {
-            let i = u32::try_from(i).map_err(serde::de::Error::custom)?;
-            index.entry(b.as_str()).or_insert(i);
-        }
-        let mut paths = Vec::with_capacity(raw.paths.len());
-        for p in raw.paths {
-            let mut changes = Vec::with_capacity(p.changes.len());
-            for c in p.changes {
-                let branch = match c.branch {
-                    RawBranch::Index(i) => i,
-                    RawBranch::Label(l) => *index.get(l.as_str()).ok_or_else(|| {
-                        serde::de::Error::custom(format!("unknown branch label `{l}`"))
-                    })?,
-                };
-                changes.push(BranchChange {
-                    branch,
-                    operation: c.operation,
-                    entry: c.entry,
-                    diff: c.diff.map(Arc::from),
-                    truncated: c.truncated,
-                });
-            }
-            changes.sort_by_key(|c| c.branch);
-            paths.push(PathDiff {
-                path: p.path,
-                agreement: p.agreement,
-                parent: p.parent,
-                changes,
-            });
-        }
-        Ok(DiffReport {
-            branches: raw.branches,
-            summary: raw.summary,
-            paths,
-        })
     }
 }

@@ -10,8 +10,11 @@
 //! - [`path`]: workspace paths, normalised and confined to the root.
 //! - [`blob`], [`manifest`]: content-addressed blobs and workspace snapshots.
 //! - [`overlay`]: the copy-on-write view a branch works in, with its change log.
-//! - [`diff`]: the cross-branch diff report.
-//! - [`flush`]: replaying a branch's change log onto a parent, with conflict detection.
+//! - [`diff`]: the cross-branch diff report; in `diff/`: `unified` (unified diffs of one path),
+//!   `render` (the terminal table), `json` (the report's JSON form).
+//! - [`flush`]: replaying a branch's change log onto a parent, with conflict detection; in
+//!   `flush/`: `memory` (manifest and overlay targets), `dir` (a directory target),
+//!   `between` (the change log between two workspace versions).
 //! - [`event`], [`state`]: run events and branch / fork states.
 //! - [`pricing`], [`budget`]: model prices; budget policy, reservations, cost reports.
 //! - [`error`]: the kind every crate's errors answer (bad input, not found, ...), its exit code.
@@ -19,7 +22,8 @@
 //!   replace with a manual clock.
 //! - [`trace`]: W3C trace context carried by bus messages.
 //! - [`testsignal`]: test runner output and exit status to a branch's test signal.
-//! - [`resolve`]: confidence scoring, the judge's verdict and bounded prompt, merge strategies.
+//! - [`resolve`]: confidence scoring, the judge's verdict and bounded prompt, merge strategies;
+//!   in `resolve/`: `confidence`, `verdict`, `prompt`, `strategy` and `tests`.
 //! - [`api`]: the coordinator's API, every operation declared once (`api::ops`), and the
 //!   views and outcomes it answers with.
 //! - [`spec`]: the TOML fork spec, the `ForkPlan` it becomes, and the plan's one

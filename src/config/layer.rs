@@ -1,0 +1,196 @@
+//! The layers as written: the TOML file, the `FORKFLEET_*` environment and the flags, each
+//! with where its keys came from.
+
+use super::{ConfigError, Origin, Secret, ENV_PREFIX};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// One layer as written: every key optional. The TOML file deserialises into it; the
+/// environment and the flags are read into it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Layer {
+    pub data: Option<PathBuf>,
+    pub pool: Option<String>,
+    pub concurrency: Option<usize>,
+    pub drain_grace_s: Option<u64>,
+    #[serde(default)]
+    pub nats: NatsLayer,
+    /// `[pricing."MODEL"]` entries as written; checked when the layers are merged.
+    #[serde(default)]
+    pub pricing: BTreeMap<String, toml::Value>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsLayer {
+    pub url: Option<String>,
+    pub name: Option<String>,
+    pub user: Option<String>,
+    pub password: Option<Secret>,
+    pub password_file: Option<PathBuf>,
+    pub token: Option<Secret>,
+    pub token_file: Option<PathBuf>,
+    pub nkey_seed: Option<Secret>,
+    pub nkey_seed_file: Option<PathBuf>,
+    pub creds_file: Option<PathBuf>,
+    /// Seconds a pulled task or event may go unacked before it is delivered again.
+    pub ack_wait_s: Option<u64>,
+    /// Deliveries of one task before its branch is failed.
+    pub max_deliver: Option<u32>,
+    #[serde(default)]
+    pub tls: TlsLayer,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsLayer {
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub require: Option<bool>,
+}
+
+/// A layer with where it came from: one origin for the file, one per key otherwise.
+pub struct SourcedLayer {
+    pub layer: Layer,
+    /// The origin of a key (its dotted path) in this layer.
+    pub origin: Box<dyn Fn(&'static str) -> Origin>,
+}
+
+/// Read and parse the config file; relative paths in it become relative to its directory.
+pub fn read_file(path: &Path) -> Result<Layer, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut layer: Layer = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.message().to_string(),
+    })?;
+    let base = path.parent().unwrap_or(Path::new(""));
+    let rebase = |p: &mut Option<PathBuf>| {
+        if let Some(p) = p {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+    };
+    rebase(&mut layer.data);
+    let n = &mut layer.nats;
+    for p in [
+        &mut n.password_file,
+        &mut n.token_file,
+        &mut n.nkey_seed_file,
+        &mut n.creds_file,
+        &mut n.tls.ca_file,
+        &mut n.tls.cert_file,
+        &mut n.tls.key_file,
+    ] {
+        rebase(p);
+    }
+    Ok(layer)
+}
+
+/// The environment variable of a key: `nats.tls.ca_file` -> `FORKFLEET_NATS_TLS_CA_FILE`.
+pub fn env_var(key: &str) -> String {
+    format!("{ENV_PREFIX}{}", key.replace('.', "_").to_ascii_uppercase())
+}
+
+/// The flag that sets a key (see `cli::ConfigArgs`).
+pub fn flag_origin(key: &'static str) -> &'static str {
+    match key {
+        "data" => "--data",
+        "pool" => "--pool",
+        "concurrency" => "--concurrency",
+        "drain_grace_s" => "--drain-grace-s",
+        "nats.url" => "--nats",
+        "nats.name" => "--nats-name",
+        "nats.user" => "--nats-user",
+        "nats.password_file" => "--nats-password-file",
+        "nats.token_file" => "--nats-token-file",
+        "nats.nkey_seed_file" => "--nats-nkey-seed-file",
+        "nats.creds_file" => "--nats-creds",
+        "nats.ack_wait_s" => "--nats-ack-wait-s",
+        "nats.max_deliver" => "--nats-max-deliver",
+        "nats.tls.ca_file" => "--tls-ca",
+        "nats.tls.cert_file" => "--tls-cert",
+        "nats.tls.key_file" => "--tls-key",
+        "nats.tls.require" => "--tls-require",
+        _ => "a flag",
+    }
+}
+
+/// The environment layer.
+pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigError> {
+    let get = |key: &str| env(&env_var(key)).filter(|v| !v.is_empty());
+    let parse = |key: &'static str, expected: &'static str| -> Result<Option<u64>, ConfigError> {
+        get(key)
+            .map(|v| {
+                v.trim().parse::<u64>().map_err(|_| ConfigError::Env {
+                    var: env_var(key),
+                    message: format!("expected {expected}, got `{v}`"),
+                })
+            })
+            .transpose()
+    };
+    let require = match get("nats.tls.require") {
+        None => None,
+        Some(v) => Some(match v.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => true,
+            "0" | "false" | "no" | "off" => false,
+            _ => {
+                return Err(ConfigError::Env {
+                    var: env_var("nats.tls.require"),
+                    message: format!("expected true or false, got `{v}`"),
+                })
+            }
+        }),
+    };
+    let pricing = match get("pricing") {
+        None => BTreeMap::new(),
+        Some(text) => toml::from_str::<BTreeMap<String, toml::Value>>(&text).map_err(|e| {
+            ConfigError::Env {
+                var: env_var("pricing"),
+                message: format!(
+                    "expected TOML entries like `\"MODEL\" = {{ input_per_mtok = 0.15, output_per_mtok = 0.60 }}`: {}",
+                    e.message()
+                ),
+            }
+        })?,
+    };
+    Ok(Layer {
+        pricing,
+        data: get("data").map(PathBuf::from),
+        pool: get("pool"),
+        concurrency: parse("concurrency", "a number of branches")?.map(|n| n as usize),
+        drain_grace_s: parse("drain_grace_s", "a number of seconds")?,
+        nats: NatsLayer {
+            url: get("nats.url"),
+            name: get("nats.name"),
+            user: get("nats.user"),
+            password: get("nats.password").map(Secret),
+            password_file: get("nats.password_file").map(PathBuf::from),
+            token: get("nats.token").map(Secret),
+            token_file: get("nats.token_file").map(PathBuf::from),
+            nkey_seed: get("nats.nkey_seed").map(Secret),
+            nkey_seed_file: get("nats.nkey_seed_file").map(PathBuf::from),
+            creds_file: get("nats.creds_file").map(PathBuf::from),
+            ack_wait_s: parse("nats.ack_wait_s", "a number of seconds")?,
+            max_deliver: parse("nats.max_deliver", "a number of deliveries")?
+                .map(|n| n.min(u32::MAX as u64) as u32),
+            tls: TlsLayer {
+                ca_file: get("nats.tls.ca_file").map(PathBuf::from),
+                cert_file: get("nats.tls.cert_file").map(PathBuf::from),
+                key_file: get("nats.tls.key_file").map(PathBuf::from),
+                require,
+            },
+        },
+    })
+}
+
+/// The process environment, for [`Config::load`](super::Config::load).
+pub fn process_env(var: &str) -> Option<String> {
+    std::env::var(var).ok()
+}

@@ -1,0 +1,127 @@
+//! The effective configuration as TOML for `--print-config`, secrets redacted, each value's
+//! origin in a comment.
+
+use super::{Config, Origin};
+use std::fmt::Write as _;
+use std::path::Path;
+
+// URLs without their user info (every one of a comma-separated list), as `--print-config`
+// shows them: the bus's own redaction, so logs and printouts agree.
+use forkfleet_bus::nats::redact_url;
+
+impl Config {
+    /// The effective configuration as TOML, secrets redacted, each value's origin in a
+    /// comment (`--print-config`).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# effective configuration: defaults < config file < FORKFLEET_* environment < flags"
+        );
+        if let Some(f) = &self.file {
+            let _ = writeln!(out, "# config file: {}", f.display());
+        }
+        fn line(out: &mut String, key: &str, value: String, origin: &Origin) {
+            let _ = writeln!(out, "{key} = {value}  # {origin}");
+        }
+        fn quoted(s: &str) -> String {
+            toml::Value::String(s.to_string()).to_string()
+        }
+        fn path(p: &Path) -> String {
+            quoted(&p.display().to_string())
+        }
+        line(&mut out, "data", path(&self.data.value), &self.data.origin);
+        line(
+            &mut out,
+            "pool",
+            quoted(&self.pool.value),
+            &self.pool.origin,
+        );
+        line(
+            &mut out,
+            "concurrency",
+            self.concurrency.value.to_string(),
+            &self.concurrency.origin,
+        );
+        line(
+            &mut out,
+            "drain_grace_s",
+            self.drain_grace.value.as_secs().to_string(),
+            &self.drain_grace.origin,
+        );
+        let n = &self.nats;
+        let _ = writeln!(out, "\n[nats]");
+        match &n.url {
+            Some(u) => line(&mut out, "url", quoted(&redact_url(&u.value)), &u.origin),
+            None => {
+                let _ = writeln!(
+                    out,
+                    "# url: not set (client commands use the embedded store under `data`)"
+                );
+            }
+        }
+        for (key, v) in [("name", &n.name), ("user", &n.user)] {
+            if let Some(v) = v {
+                line(&mut out, key, quoted(&v.value), &v.origin);
+            }
+        }
+        for (key, s) in [
+            ("password", &n.password),
+            ("token", &n.token),
+            ("nkey_seed", &n.nkey_seed),
+        ] {
+            if let Some(s) = s {
+                let from = match &s.file {
+                    Some(f) => format!("{} (file {})", s.origin, f.display()),
+                    None => s.origin.to_string(),
+                };
+                let _ = writeln!(out, "{key} = \"<redacted>\"  # {from}");
+            }
+        }
+        if let Some(c) = &n.creds_file {
+            line(&mut out, "creds_file", path(&c.value), &c.origin);
+        }
+        line(
+            &mut out,
+            "ack_wait_s",
+            n.ack_wait.value.as_secs().to_string(),
+            &n.ack_wait.origin,
+        );
+        line(
+            &mut out,
+            "max_deliver",
+            n.max_deliver.value.to_string(),
+            &n.max_deliver.origin,
+        );
+        let _ = writeln!(out, "\n[nats.tls]");
+        for (key, v) in [
+            ("ca_file", &n.tls_ca_file),
+            ("cert_file", &n.tls_cert_file),
+            ("key_file", &n.tls_key_file),
+        ] {
+            if let Some(v) = v {
+                line(&mut out, key, path(&v.value), &v.origin);
+            }
+        }
+        line(
+            &mut out,
+            "require",
+            n.tls_require.value.to_string(),
+            &n.tls_require.origin,
+        );
+        for (model, price) in &self.pricing {
+            let origin = self
+                .pricing_origins
+                .get(model)
+                .cloned()
+                .unwrap_or(Origin::Default);
+            let _ = writeln!(out, "\n[pricing.{}]  # {origin}", quoted(model));
+            let _ = writeln!(out, "input_per_mtok = {:?}", price.input_per_mtok);
+            let _ = writeln!(out, "output_per_mtok = {:?}", price.output_per_mtok);
+            if let Some(c) = price.cached_per_mtok {
+                let _ = writeln!(out, "cached_per_mtok = {c:?}");
+            }
+        }
+        out
+    }
+}
