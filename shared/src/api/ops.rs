@@ -1,6 +1,6 @@
 //! The coordinator's API, declared once.
 //!
-//! Each operation is one entry of the [`operations!`] invocation at the bottom of this file:
+//! Each operation is one entry of the `operations!` invocation at the bottom of this file:
 //! its request type (with its fields and docs), its name on the wire, the client method
 //! that sends it, the [`ApiReply`] variant it answers with, whether asking twice is the same
 //! as asking once, and how long a client waits for the answer. From that one entry come:
