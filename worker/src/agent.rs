@@ -49,7 +49,7 @@ pub use coordinator::COORDINATOR_TRIES;
 use crate::context::WorkerCtx;
 use crate::error::WorkerError;
 use crate::forktools::AgentForks;
-use crate::node::TaskLease;
+use crate::lease::TaskLease;
 use crate::provider::ModelProvider;
 use bytes::Bytes;
 use coordinator::{resume_log, Resumed};

@@ -12,10 +12,17 @@
 //!
 //! Errors the agent can act on (the depth limit, an unknown label, a branch still running,
 //! the coordinator not answering) are tool errors it reads, never a crash of the branch.
+//!
+//! The tools' definitions, what the model is offered, are in [`crate::toolspec`]
+//! ([`fork_tool_specs`](crate::toolspec::fork_tool_specs)); this module runs them.
+
+pub use crate::toolspec::{
+    DIFF_BRANCHES, FORK_COST, FORK_RUN, INSPECT_BRANCHES, MAX_WAIT_S, MERGE_OR_SELECT,
+    TERMINATE_BRANCH,
+};
 
 use crate::cache::BlobCache;
-use crate::provider::ToolSpec;
-use crate::tools::ToolOutcome;
+use crate::toolspec::ToolOutcome;
 use forkfleet_bus::apicall::{BusApi, CallError};
 use forkfleet_bus::Bus;
 use forkfleet_shared::api::{AgentBranch, ApiClient, ForkView, MergeOutcome};
@@ -30,14 +37,6 @@ use forkfleet_shared::resolve::{Decision, Strategy, DEFAULT_THRESHOLD, STRATEGY_
 use forkfleet_shared::state::ForkState;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::sync::OnceLock;
-
-pub const FORK_RUN: &str = "fork_run";
-pub const INSPECT_BRANCHES: &str = "inspect_branches";
-pub const MERGE_OR_SELECT: &str = "merge_or_select";
-pub const TERMINATE_BRANCH: &str = "terminate_branch";
-pub const DIFF_BRANCHES: &str = "diff_branches";
-pub const FORK_COST: &str = "fork_cost";
 
 /// The fork tools' names.
 pub const FORK_TOOL_NAMES: &[&str] = &[
@@ -49,8 +48,6 @@ pub const FORK_TOOL_NAMES: &[&str] = &[
     FORK_COST,
 ];
 
-/// The longest `inspect_branches` waits for the branches to finish.
-pub const MAX_WAIT_S: f64 = 600.0;
 /// Characters of a diff summary returned to the model.
 const MAX_DIFF_CHARS: usize = 12_000;
 
@@ -388,71 +385,4 @@ fn cut(mut s: String, max: usize) -> String {
         s.push_str("\n[... cut: ask for fewer paths with `paths`]");
     }
     s
-}
-
-/// The fork tools' definitions.
-pub fn fork_tool_specs() -> &'static [ToolSpec] {
-    static SPECS: OnceLock<Vec<ToolSpec>> = OnceLock::new();
-    SPECS.get_or_init(|| {
-        let spec = |name: &str, description: &str, parameters: Value| ToolSpec {
-            name: name.to_string(),
-            description: description.to_string(),
-            parameters,
-        };
-        let fork_id = json!({"type": "string", "description": "The fork (default: the last one you made)."});
-        vec![
-            spec(
-                FORK_RUN,
-                "Fork this run into parallel branches that each try an approach in their own copy of the workspace (as it is now), sharing this conversation up to here. The branches run while you continue. Then call inspect_branches (wait_s to wait), diff_branches, and resolve the fork with merge_or_select before you finish. You cannot fork past the configured depth.",
-                json!({"type": "object", "properties": {
-                    "branches": {"type": "array", "minItems": 1, "items": {"type": "object", "properties": {
-                        "label": {"type": "string", "description": "A short unique name: letters, digits, -, _ and ."},
-                        "steer": {"type": "string", "description": "What this branch should try."},
-                        "model": {"type": "string", "description": "A configured model (default: yours)."},
-                        "budget_usd": {"type": "number", "minimum": 0},
-                        "extra_instructions": {"type": "string"}
-                    }, "required": ["label", "steer"]}},
-                    "strategy": {"type": "string", "enum": ["manual", "auto", "auto_with_fallback", "vote"]},
-                    "aggregate_budget_usd": {"type": "number", "minimum": 0, "description": "A cap on the whole fork's spend."}
-                }, "required": ["branches"]}),
-            ),
-            spec(
-                INSPECT_BRANCHES,
-                "The fork's branches: state (pending, running, done, failed, terminated, budget_exhausted, aggregate_budget_exhausted, paused), turns, changes, cost. With wait_s, wait up to that many seconds for every branch to finish first.",
-                json!({"type": "object", "properties": {
-                    "fork_id": fork_id,
-                    "wait_s": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S}
-                }}),
-            ),
-            spec(
-                MERGE_OR_SELECT,
-                "Resolve the fork: `pick:<label>` merges that branch's file changes into your workspace (the other branches are stopped), `auto` lets the configured judge pick, `abort` discards every branch. A branch must have finished to be picked.",
-                json!({"type": "object", "properties": {
-                    "action": {"type": "string", "description": "pick:<label>, auto or abort"},
-                    "fork_id": fork_id
-                }, "required": ["action"]}),
-            ),
-            spec(
-                TERMINATE_BRANCH,
-                "Stop one branch of the fork; it keeps the work it did.",
-                json!({"type": "object", "properties": {
-                    "label": {"type": "string"},
-                    "fork_id": fork_id
-                }, "required": ["label"]}),
-            ),
-            spec(
-                DIFF_BRANCHES,
-                "Compare the branches: every path any branch touched, what each did, and where they agree.",
-                json!({"type": "object", "properties": {
-                    "paths": {"type": "array", "items": {"type": "string"}, "description": "Only these files or directories."},
-                    "fork_id": fork_id
-                }}),
-            ),
-            spec(
-                FORK_COST,
-                "What each branch of the fork spent, holds and may still spend, and the total.",
-                json!({"type": "object", "properties": {"fork_id": fork_id}}),
-            ),
-        ]
-    })
 }

@@ -20,12 +20,18 @@
 //!   OpenAI-compatible and Anthropic providers over one shared HTTP client
 //!   (`provider::http`: the client, key, retries and errors; `provider::openai`,
 //!   `provider::anthropic`, `provider::scripted`).
+//! - `lease`: a delivered task (`TaskLease`), shared by the node and the task's agent and
+//!   settled (acked or nak'ed) exactly once.
 //! - [`forktools`]: the fork tools of an agent whose task has `forking` (ADR 14).
 //! - `resolve`: resolve jobs served on `worker.resolve`: a test command on a branch's
 //!   materialised tree, a judge's call with one retry of an invalid verdict.
 //! - [`tools`]: read, write, edit, delete, list, glob and grep over the overlay, and
 //!   `run_command`. In `tools/`: `files` (read, write, edit, delete, list), `search` (glob,
 //!   grep), `command` (`run_command`, and taking back what the command changed).
+//! - [`toolspec`]: what the model is offered and what a tool answers: every tool's
+//!   definition ([`toolspec::ToolSpec`]) as data, the static tool lists a branch is offered
+//!   with their JSON sizes measured once, and [`toolspec::ToolOutcome`]. `provider`, `tools`
+//!   and `forktools` use it; it uses none of them.
 //! - [`runner`]: materialise a branch's tree in a temporary directory and run a command in
 //!   it (no shell, cleared environment, timeout and cancel kill the process group), then
 //!   read back what the command changed. In `runner/`: `materialize` (write a tree),
@@ -58,9 +64,11 @@ pub mod forktools;
 pub mod provider;
 pub mod runner;
 pub mod tools;
+pub mod toolspec;
 
 mod agent;
 mod context;
+mod lease;
 mod node;
 mod resolve;
 

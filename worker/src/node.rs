@@ -27,8 +27,9 @@
 
 use crate::agent::{AgentArgs, BranchAgent};
 use crate::context::WorkerCtx;
+use crate::lease::TaskLease;
 use crate::WorkerConfig;
-use forkfleet_bus::{BusError, BusResult, Delivery};
+use forkfleet_bus::{BusError, Delivery};
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::protocol::{BranchTask, WorkerInfo};
 use forkfleet_shared::wire;
@@ -37,66 +38,12 @@ use ractor::{
     SupervisionEvent,
 };
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 /// How long a task handed back after an agent failure waits before redelivery.
 const FAILED_NAK_DELAY: Duration = Duration::from_secs(1);
-
-/// One delivered task, settled exactly once by whoever finishes with it.
-pub(crate) struct TaskLease {
-    delivery: Delivery,
-    settled: AtomicBool,
-}
-
-impl TaskLease {
-    fn new(delivery: Delivery) -> Self {
-        Self {
-            delivery,
-            settled: AtomicBool::new(false),
-        }
-    }
-
-    pub fn attempt(&self) -> u32 {
-        self.delivery.attempt
-    }
-
-    /// The W3C `traceparent` the task was enqueued with (the coordinator's `fork.create`
-    /// span): the parent of the branch's `branch.run` span.
-    pub fn trace(&self) -> Option<&str> {
-        self.delivery.trace.as_deref()
-    }
-
-    pub fn is_settled(&self) -> bool {
-        self.settled.load(Ordering::SeqCst)
-    }
-
-    /// The task is done: remove it from the queue.
-    pub async fn ack(&self) -> BusResult<()> {
-        if self.settled.swap(true, Ordering::SeqCst) {
-            return Ok(());
-        }
-        self.delivery.ack().await
-    }
-
-    /// Hand the task back for another worker.
-    pub async fn nak(&self, delay: Option<Duration>) -> BusResult<()> {
-        if self.settled.swap(true, Ordering::SeqCst) {
-            return Ok(());
-        }
-        self.delivery.nak(delay).await
-    }
-
-    /// Still working on it: extend the ack deadline.
-    pub async fn in_progress(&self) -> BusResult<()> {
-        if self.is_settled() {
-            return Ok(());
-        }
-        self.delivery.in_progress().await
-    }
-}
 
 /// How the node stopped: `Ok` after a shutdown, `Err` when it had to stop on its own.
 /// Still `None` after the node is gone means it crashed.

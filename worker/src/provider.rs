@@ -24,31 +24,23 @@ pub mod scripted;
 
 use crate::cache::{BlobCache, Memo};
 use crate::error::WorkerError;
-use crate::tools::measured_json_bytes;
+use crate::toolspec::{measured_json_bytes, tools_json_bytes};
 use async_trait::async_trait;
 use forkfleet_shared::budget::estimate_input_tokens;
 use forkfleet_shared::endpoint::Endpoint;
 use forkfleet_shared::event::{Message, ToolCall, Usage};
 use forkfleet_shared::protocol::BranchTask;
 use forkfleet_shared::spec::SpecError;
-use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use crate::toolspec::ToolSpec;
 pub use anthropic::AnthropicProvider;
 pub use openai::OpenAiProvider;
 pub use scripted::ScriptedProvider;
 
 /// The providers this build implements (the spec checks model names against the same list).
 pub use forkfleet_shared::spec::PROVIDERS;
-
-/// A tool the model may call: its name, what it does, and its arguments as a JSON schema.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ToolSpec {
-    pub name: String,
-    pub description: String,
-    pub parameters: serde_json::Value,
-}
 
 /// One model call.
 #[derive(Debug, Clone, Copy)]
@@ -88,8 +80,8 @@ pub trait ModelProvider: Send + Sync {
 
 /// A conservative bound of a request's usage: its messages and tool schemas (as JSON)
 /// converted to input tokens by [`estimate_input_tokens`], and `max_output_tokens` of
-/// output; nothing counted as cached. The worker's own tool lists (what a branch's
-/// [`crate::tools::ToolBox`] sends) are measured once; other ones on every call.
+/// output; nothing counted as cached. The worker's own tool lists (the static lists of
+/// [`crate::toolspec`] a branch is offered) are measured once; other ones on every call.
 pub fn upper_bound_estimate(req: &ModelRequest<'_>) -> Usage {
     let tools_bytes = measured_json_bytes(req.tools).unwrap_or_else(|| tools_json_bytes(req.tools));
     Usage {
@@ -99,27 +91,14 @@ pub fn upper_bound_estimate(req: &ModelRequest<'_>) -> Usage {
     }
 }
 
-/// Bytes of the tool schemas encoded as JSON (as a request would carry them).
-pub fn tools_json_bytes(tools: &[ToolSpec]) -> usize {
-    let mut c = Count::default();
-    match serde_json::to_writer(&mut c, tools) {
-        Ok(()) => c.bytes as usize,
-        Err(_) => 0,
-    }
-}
-
-/// A writer that only counts what is written (bytes, and UTF-8 characters).
+/// A writer that only counts the UTF-8 characters written.
 #[derive(Default)]
-struct Count {
-    bytes: u64,
-    chars: u64,
-}
+struct CountChars(u64);
 
-impl std::io::Write for Count {
+impl std::io::Write for CountChars {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.bytes += buf.len() as u64;
         // Count UTF-8 sequence starts: one per character.
-        self.chars += buf.iter().filter(|b| (**b & 0xC0) != 0x80).count() as u64;
+        self.0 += buf.iter().filter(|b| (**b & 0xC0) != 0x80).count() as u64;
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -191,9 +170,9 @@ fn char_count(s: &str) -> u64 {
 
 /// Characters of a JSON value's compact encoding, without building the string.
 fn json_chars(v: &serde_json::Value) -> u64 {
-    let mut c = Count::default();
+    let mut c = CountChars::default();
     match serde_json::to_writer(&mut c, v) {
-        Ok(()) => c.chars,
+        Ok(()) => c.0,
         Err(_) => 0,
     }
 }
@@ -291,7 +270,7 @@ impl Providers {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::tools::{tool_specs, tool_specs_json_bytes};
+    use crate::toolspec::{tool_specs, tool_specs_json_bytes};
 
     #[test]
     fn model_names_are_checked() {

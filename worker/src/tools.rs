@@ -13,10 +13,13 @@
 //! `run_command` when the task has one ([`BranchTask::run_command`], the spec's
 //! `[run_command]` table).
 //!
+//! What the model is offered (the tools' definitions) and what a tool answers
+//! ([`ToolOutcome`], its output cut to [`MAX_OUTPUT_CHARS`]) are in [`crate::toolspec`];
+//! this module runs the tools.
+//!
 //! ## Layout
-//! - here: the [`ToolBox`] and the tool definitions, the dispatch ([`run_tool`]), and what
-//!   the tools share (argument parsing, paths followed through symlinks, file contents,
-//!   output cut to [`MAX_OUTPUT_CHARS`]).
+//! - here: the [`ToolBox`], the dispatch ([`run_tool`]), and what the tools share
+//!   (argument parsing, paths followed through symlinks, file contents).
 //! - `files`: `read_file`, `write_file`, `edit_file`, `delete_file`, `list_files`.
 //! - `search`: `glob` and `grep`.
 //! - `command`: `run_command` (how a command's changes are taken back is told there).
@@ -25,12 +28,12 @@ mod command;
 mod files;
 mod search;
 
+pub use crate::toolspec::{tool_specs, ToolOutcome, MAX_OUTPUT_CHARS, RUN_COMMAND};
 pub use command::MAX_IMPORT_FILE_BYTES;
 
 use crate::cache::BlobCache;
 use crate::error::WorkerError;
-use crate::forktools::fork_tool_specs;
-use crate::provider::{tools_json_bytes, ToolSpec};
+use crate::toolspec::{offered, ToolSpec};
 use bytes::Bytes;
 use forkfleet_shared::blob::BlobError;
 use forkfleet_shared::endpoint::CommandTool;
@@ -42,11 +45,7 @@ use forkfleet_shared::protocol::BranchTask;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use std::cell::Cell;
-use std::fmt::Write as _;
-use std::sync::OnceLock;
 
-/// Tool outputs longer than this many characters are truncated with a marker.
-pub const MAX_OUTPUT_CHARS: usize = 30_000;
 /// Lines `read_file` shows when no limit is given.
 pub const DEFAULT_READ_LIMIT: usize = 2_000;
 /// Longest line `read_file` and `grep` show before cutting it.
@@ -66,9 +65,6 @@ pub const TOOL_NAMES: &[&str] = &[
     "glob",
     "grep",
 ];
-
-/// The name of the command tool, offered only when a task enables it.
-pub const RUN_COMMAND: &str = "run_command";
 
 /// The tools of one branch: the standard ones, and `run_command` when its task enables it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -100,15 +96,11 @@ impl ToolBox {
         }
     }
 
-    /// The definitions given to the model. Static lists, so a provider's estimate can use
-    /// their size measured once ([`measured_json_bytes`]).
+    /// The definitions given to the model. Static lists ([`offered`]), so a provider's
+    /// estimate can use their size measured once
+    /// ([`measured_json_bytes`](crate::toolspec::measured_json_bytes)).
     pub fn specs(&self) -> &'static [ToolSpec] {
-        match (self.command.is_some(), self.forking) {
-            (false, false) => tool_specs(),
-            (true, false) => &with_command_specs().specs,
-            (false, true) => &with_fork_specs().specs,
-            (true, true) => &with_command_and_fork_specs().specs,
-        }
+        offered(self.command.is_some(), self.forking)
     }
 
     /// The names of the tools offered, in order.
@@ -146,158 +138,6 @@ impl ToolBox {
         }
         Ok(run_tool(call, overlay, blobs).await?)
     }
-}
-
-/// A static tool list and its size as JSON, measured once.
-struct SpecSet {
-    specs: Vec<ToolSpec>,
-    json_bytes: usize,
-}
-
-/// The standard tools and `run_command`.
-fn with_command_specs() -> &'static SpecSet {
-    static SET: OnceLock<SpecSet> = OnceLock::new();
-    SET.get_or_init(|| SpecSet::of(tool_specs().iter().chain([&command::run_command_spec()])))
-}
-
-/// The standard tools and the fork tools.
-fn with_fork_specs() -> &'static SpecSet {
-    static SET: OnceLock<SpecSet> = OnceLock::new();
-    SET.get_or_init(|| SpecSet::of(tool_specs().iter().chain(fork_tool_specs())))
-}
-
-/// The standard tools, `run_command` and the fork tools.
-fn with_command_and_fork_specs() -> &'static SpecSet {
-    static SET: OnceLock<SpecSet> = OnceLock::new();
-    SET.get_or_init(|| SpecSet::of(with_command_specs().specs.iter().chain(fork_tool_specs())))
-}
-
-impl SpecSet {
-    fn of<'a>(specs: impl Iterator<Item = &'a ToolSpec>) -> Self {
-        let specs: Vec<ToolSpec> = specs.cloned().collect();
-        let json_bytes = tools_json_bytes(&specs);
-        SpecSet { specs, json_bytes }
-    }
-}
-
-/// The JSON size of `tools` when it is one of the static lists a [`ToolBox`] hands out
-/// (the same slice, not an equal copy), measured once; `None` for any other list.
-pub fn measured_json_bytes(tools: &[ToolSpec]) -> Option<usize> {
-    if std::ptr::eq(tools, tool_specs()) {
-        return Some(tool_specs_json_bytes());
-    }
-    [
-        with_command_specs(),
-        with_fork_specs(),
-        with_command_and_fork_specs(),
-    ]
-    .into_iter()
-    .find(|set| std::ptr::eq(tools, set.specs.as_slice()))
-    .map(|set| set.json_bytes)
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolOutcome {
-    pub ok: bool,
-    pub output: String,
-}
-
-impl ToolOutcome {
-    fn ok(output: String) -> Self {
-        Self {
-            ok: true,
-            output: truncate(output),
-        }
-    }
-
-    fn err(output: impl Into<String>) -> Self {
-        Self {
-            ok: false,
-            output: truncate(output.into()),
-        }
-    }
-}
-
-/// Bytes of [`tool_specs`] encoded as JSON (see [`tools_json_bytes`]), measured once.
-pub fn tool_specs_json_bytes() -> usize {
-    static BYTES: OnceLock<usize> = OnceLock::new();
-    *BYTES.get_or_init(|| tools_json_bytes(tool_specs()))
-}
-
-/// The tool definitions given to the model.
-pub fn tool_specs() -> &'static [ToolSpec] {
-    static SPECS: OnceLock<Vec<ToolSpec>> = OnceLock::new();
-    SPECS.get_or_init(|| {
-        let spec = |name: &str, description: &str, parameters: serde_json::Value| ToolSpec {
-            name: name.to_string(),
-            description: description.to_string(),
-            parameters,
-        };
-        let path = |d: &str| json!({"type": "string", "description": d});
-        vec![
-            spec(
-                "read_file",
-                "Read a text file of the workspace. Lines are numbered from 1, like `cat -n`. \
-                 Use offset and limit to read part of a long file.",
-                json!({"type": "object", "properties": {
-                    "path": path("File path, relative to the workspace root."),
-                    "offset": {"type": "integer", "minimum": 1, "description": "First line to show (from 1)."},
-                    "limit": {"type": "integer", "minimum": 1, "description": "Most lines to show (default 2000)."}
-                }, "required": ["path"]}),
-            ),
-            spec(
-                "write_file",
-                "Create a file or replace its whole content. Missing parent directories are created.",
-                json!({"type": "object", "properties": {
-                    "path": path("File path, relative to the workspace root."),
-                    "content": {"type": "string", "description": "The complete new content."}
-                }, "required": ["path", "content"]}),
-            ),
-            spec(
-                "edit_file",
-                "Replace an exact string in a file. old_string must occur exactly once unless \
-                 replace_all is true; include surrounding lines to make it unique.",
-                json!({"type": "object", "properties": {
-                    "path": path("File path, relative to the workspace root."),
-                    "old_string": {"type": "string", "description": "The exact text to replace."},
-                    "new_string": {"type": "string", "description": "The replacement text."},
-                    "replace_all": {"type": "boolean", "description": "Replace every occurrence (default false)."}
-                }, "required": ["path", "old_string", "new_string"]}),
-            ),
-            spec(
-                "delete_file",
-                "Delete a file, or a directory with everything below it.",
-                json!({"type": "object", "properties": {
-                    "path": path("File or directory path, relative to the workspace root.")
-                }, "required": ["path"]}),
-            ),
-            spec(
-                "list_files",
-                "List a directory's entries; directories end with `/`.",
-                json!({"type": "object", "properties": {
-                    "path": path("Directory path, relative to the workspace root (default: the root).")
-                }}),
-            ),
-            spec(
-                "glob",
-                "Find files whose path matches a glob pattern, e.g. `src/**/*.rs` (`*` does not \
-                 cross `/`; `**` does).",
-                json!({"type": "object", "properties": {
-                    "pattern": {"type": "string", "description": "Glob pattern over workspace-relative paths."}
-                }, "required": ["pattern"]}),
-            ),
-            spec(
-                "grep",
-                "Search file contents with a regular expression. Prints `path:line:text` for \
-                 each matching line.",
-                json!({"type": "object", "properties": {
-                    "pattern": {"type": "string", "description": "Regular expression (Rust regex syntax)."},
-                    "path": path("File or directory to search (default: the whole workspace)."),
-                    "glob": {"type": "string", "description": "Only files matching this glob; without a `/` it matches file names."}
-                }, "required": ["pattern"]}),
-            ),
-        ]
-    })
 }
 
 /// Run one tool call against the overlay. `Err` only when the blob store fails.
@@ -350,20 +190,6 @@ fn args<T: DeserializeOwned>(call: &ToolCall) -> Result<T, ToolOutcome> {
         T::deserialize(&call.args)
     };
     parsed.map_err(|e| ToolOutcome::err(format!("invalid arguments for {}: {e}", call.name)))
-}
-
-/// Cut `s` to [`MAX_OUTPUT_CHARS`] characters, saying how much was left out.
-pub fn truncate(mut s: String) -> String {
-    if s.len() <= MAX_OUTPUT_CHARS {
-        return s;
-    }
-    let Some((cut, _)) = s.char_indices().nth(MAX_OUTPUT_CHARS) else {
-        return s;
-    };
-    let rest = s[cut..].chars().count();
-    s.truncate(cut);
-    let _ = write!(s, "\n[output truncated: {rest} more characters]");
-    s
 }
 
 fn cut_line(line: &str) -> std::borrow::Cow<'_, str> {

@@ -25,10 +25,9 @@
 //! together cut in the middle to the spec's `max_output_bytes` (a marker says how many bytes
 //! were left out), and a line listing the files created, changed and deleted.
 
-use super::{resolve, ToolOutcome, RUN_COMMAND};
+use super::{resolve, ToolOutcome};
 use crate::cache::BlobCache;
 use crate::error::WorkerError;
-use crate::provider::ToolSpec;
 use crate::runner::{CommandOutcome, CommandSpec, TreeChanges, Workdir};
 use forkfleet_shared::blob::BlobError;
 use forkfleet_shared::endpoint::CommandTool;
@@ -37,7 +36,6 @@ use forkfleet_shared::manifest::Node;
 use forkfleet_shared::overlay::{ChangeOp, Overlay};
 use forkfleet_shared::path::WsPath;
 use serde::Deserialize;
-use serde_json::json;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -46,31 +44,6 @@ use std::time::Duration;
 pub const MAX_IMPORT_FILE_BYTES: u64 = 64 << 20;
 /// Paths of each kind (created, changed, deleted, ...) a `run_command` result names.
 pub(super) const MAX_LISTED_PATHS: usize = 50;
-
-pub(super) fn run_command_spec() -> ToolSpec {
-    ToolSpec {
-        name: RUN_COMMAND.to_string(),
-        description: "Run a command in a copy of the workspace as it is now (with your changes) \
-            and see its exit code and output (stdout and stderr together; the middle of a long \
-            output is left out). There is no shell: `command` is a list of words, or a string \
-            split into words as a shell would (quotes, backslashes) with nothing expanded; for \
-            pipes, redirections, `&&` or variables run [\"sh\", \"-c\", \"...\"]. Files the \
-            command creates, changes or deletes become changes of the workspace, also when it \
-            times out. Only PATH, HOME, TMPDIR, LANG and the run's configured variables are set."
-            .to_string(),
-        parameters: json!({"type": "object", "properties": {
-            "command": {
-                "anyOf": [
-                    {"type": "array", "items": {"type": "string"}, "minItems": 1},
-                    {"type": "string"}
-                ],
-                "description": "The program and its arguments, e.g. [\"cargo\", \"test\"] or \"pytest -q tests\"."
-            },
-            "timeout_s": {"type": "number", "exclusiveMinimum": 0, "description": "Seconds before the command and everything it started are killed (default and most: the run's limit)."},
-            "cwd": {"type": "string", "description": "Directory to run in, relative to the workspace root (default: the root)."}
-        }, "required": ["command"]}),
-    }
-}
 
 /// What one tool call produced. The changes it made are the overlay's new log entries.
 #[derive(Deserialize)]

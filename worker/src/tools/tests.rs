@@ -1,5 +1,6 @@
 use super::command::{command_argv, Applied, MAX_LISTED_PATHS};
 use super::*;
+use crate::toolspec::{fork_tool_specs, measured_json_bytes, tools_json_bytes};
 use std::collections::BTreeMap;
 
 #[test]
@@ -44,7 +45,7 @@ fn the_static_tool_lists_are_measured_once() {
         forking: true,
         ..with.clone()
     };
-    let forks = crate::forktools::fork_tool_specs().len();
+    let forks = fork_tool_specs().len();
     assert_eq!(forking.specs().len(), tool_specs().len() + forks);
     assert_eq!(both.specs().len(), tool_specs().len() + 1 + forks);
     assert!(both.names().contains(&"fork_run") && both.names().contains(&RUN_COMMAND));
