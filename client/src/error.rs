@@ -5,7 +5,6 @@
 //! is (`forkfleet_shared::error::ErrorKind`, which gives the CLI's exit code). The mapping
 //! from variant to kind is the one match in [`ClientError::kind`].
 
-use crate::forkdir::UnsafeName;
 use forkfleet_bus::apicall::CallError;
 use forkfleet_shared::api::ApiError;
 use forkfleet_shared::blob::BlobError;
@@ -16,6 +15,14 @@ use std::path::PathBuf;
 
 /// Why a client-side operation failed: a call to the coordinator, the workspace, the
 /// blob store, the fork directory or a diff tool.
+/// A name that cannot be an entry of the fork directory.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{name}` cannot name an entry of the fork directory: {reason}")]
+pub struct UnsafeName {
+    pub name: String,
+    pub reason: &'static str,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The coordinator answered with an error (embedded or remote alike), could not be

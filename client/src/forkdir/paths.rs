@@ -1,14 +1,7 @@
 //! Names and paths in the fork directory: every component checked, every path confined.
 
 use super::*;
-
-/// A name that cannot be an entry of the fork directory.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{name}` cannot name an entry of the fork directory: {reason}")]
-pub struct UnsafeName {
-    pub name: String,
-    pub reason: &'static str,
-}
+pub use crate::error::UnsafeName;
 
 /// Check that `name` is exactly one normal path component: not empty, not `.` or `..`,
 /// no `/` or `\`, no NUL or control character, at most 255 bytes (and on Windows no `:`).
