@@ -326,30 +326,62 @@ pub fn diff_text(report: &DiffReport, unified: bool) -> String {
 
 /// What a merge did.
 pub fn merge_text(winner: &str, report: &FlushReport) -> String {
+    format!(
+        "\nmerged `{winner}`: {}",
+        flush_text(report, "applied", "changed since the fork")
+    )
+}
+
+/// `n` and the noun, singular for one: `1 file`, `2 files`.
+pub fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// What a flush did to a directory (a merge, a rewind), each path once with what happened
+/// to it: a summary line, then a line per path. `written` names a written path (`applied`,
+/// `restored`); `edited_since` says since when a conflicting path was edited locally.
+pub fn flush_text(report: &FlushReport, written: &str, edited_since: &str) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "\nmerged `{winner}`: {} files applied ({} changes), {} deleted, {} conflicts, {} errors",
-        report.applied_paths.len(),
-        report.applied_changes,
-        report.deleted_paths.len(),
-        report.conflicts.len(),
-        report.errors.len()
-    );
+    let mut summary = vec![
+        format!(
+            "{} {written} ({})",
+            count(report.applied_paths.len(), "file", "files"),
+            count(report.applied_changes, "change", "changes")
+        ),
+        format!("{} deleted", report.deleted_paths.len()),
+    ];
+    if !report.overwritten.is_empty() {
+        summary.push(format!("{} overwritten", report.overwritten.len()));
+    }
+    summary.push(count(report.conflicts.len(), "conflict", "conflicts"));
+    summary.push(count(report.errors.len(), "error", "errors"));
+    let _ = writeln!(out, "{}", summary.join(", "));
     for p in &report.applied_paths {
-        let _ = writeln!(out, "  applied   {p}");
+        let _ = writeln!(out, "  {written:<11} {p}");
     }
     for p in &report.deleted_paths {
-        let _ = writeln!(out, "  deleted   {p}");
+        let _ = writeln!(out, "  {:<11} {p}", "deleted");
+    }
+    for p in &report.overwritten {
+        let _ = writeln!(
+            out,
+            "  {:<11} {p} ({edited_since}; the local edit was replaced)",
+            "overwritten"
+        );
     }
     for p in &report.conflicts {
         let _ = writeln!(
             out,
-            "  conflict  {p} (changed since the fork; kept as it is)"
+            "  {:<11} {p} ({edited_since}; kept as it is)",
+            "conflict"
         );
     }
     for e in &report.errors {
-        let _ = writeln!(out, "  error     {} ({}): {}", e.path, e.op, e.message);
+        let _ = writeln!(
+            out,
+            "  {:<11} {} ({}): {}",
+            "error", e.path, e.op, e.message
+        );
     }
     out
 }
@@ -420,6 +452,7 @@ pub fn fork_json(
             "applied_paths": r.applied_paths,
             "applied_changes": r.applied_changes,
             "conflicts": r.conflicts,
+            "overwritten": r.overwritten,
             "errors": r.errors,
             "deleted_paths": r.deleted_paths,
         });

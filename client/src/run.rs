@@ -80,16 +80,18 @@ pub async fn create_fork(
 }
 
 /// Merge `pick` in the store, then apply it to `dir` (if any), and remove the fork
-/// directory unless the plan keeps it. Returns the winner and the report of what happened
-/// to the directory (or to the parent's snapshot without one).
+/// directory unless the plan keeps it. `policy` overrides the plan's `conflict_policy`
+/// for paths edited in `dir` since the fork. Returns the winner and the report of what
+/// happened to the directory (or to the parent's snapshot without one).
 pub async fn merge_and_apply(
     coord: &Client,
     fork_id: ForkId,
     pick: &str,
     dir: Option<&Path>,
-    policy: ConflictPolicy,
+    policy: Option<ConflictPolicy>,
 ) -> Result<(String, FlushReport), ClientError> {
     let outcome = coord.merge(fork_id, pick).await?;
+    let policy = policy.unwrap_or(outcome.conflict_policy);
     let report = match dir {
         // A fork an agent made merges into its branch, not into a directory.
         Some(dir) if !outcome.into_branch => {
@@ -110,17 +112,18 @@ pub struct Resolved {
 }
 
 /// Resolve `fork` (tests on every branch and the judges run on workers); on a commit,
-/// apply the merge to `dir` (if any).
+/// apply the merge to `dir` (if any), `policy` overriding the plan's `conflict_policy`.
 pub async fn resolve_and_apply(
     coord: &Client,
     fork: ForkId,
     strategy: Option<Strategy>,
     dir: Option<&Path>,
-    policy: ConflictPolicy,
+    policy: Option<ConflictPolicy>,
 ) -> Result<Resolved, ClientError> {
     let report = coord.resolve(fork, strategy).await?;
     let applied = match (&report.merge, dir) {
         (Some(outcome), Some(dir)) if !outcome.into_branch => {
+            let policy = policy.unwrap_or(outcome.conflict_policy);
             Some(workspace::apply_merge(coord.blobs().as_ref(), outcome, dir, policy).await?)
         }
         (Some(outcome), _) => Some(outcome.report.clone()),
@@ -222,16 +225,9 @@ pub async fn run_fork(
     let pick = requested
         .filter(|p| paused.is_empty() || view.branch(p).is_some_and(|b| b.state.is_terminal()));
     let merge = match pick {
-        Some(pick) => Some(
-            merge_and_apply(
-                coord,
-                fork_id,
-                pick,
-                Some(&loaded.workspace),
-                loaded.plan.conflict_policy,
-            )
-            .await?,
-        ),
+        Some(pick) => {
+            Some(merge_and_apply(coord, fork_id, pick, Some(&loaded.workspace), None).await?)
+        }
         None => None,
     };
     // Without a pick, the spec's resolve path: tests and judges when it has any.
@@ -239,16 +235,7 @@ pub async fn run_fork(
         loaded.plan.resolve.strategy.needs_judge() || loaded.plan.resolve.test.is_some();
     let resolved = if requested.is_none() && paused.is_empty() && plan_resolves && !loaded.plan.solo
     {
-        Some(
-            resolve_and_apply(
-                coord,
-                fork_id,
-                None,
-                Some(&loaded.workspace),
-                loaded.plan.conflict_policy,
-            )
-            .await?,
-        )
+        Some(resolve_and_apply(coord, fork_id, None, Some(&loaded.workspace), None).await?)
     } else {
         None
     };

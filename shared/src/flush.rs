@@ -15,7 +15,11 @@
 //!   (written, edited, deleted, or below a removed directory), comparing against the
 //!   snapshot passed in, never against the state at first touch.
 //! - [`ConflictPolicy::KeepParent`] does not replay ops on conflicting paths (the parent
-//!   keeps its content); [`ConflictPolicy::Overwrite`] replays them. Both list them.
+//!   keeps its content): they are listed in [`FlushReport::conflicts`].
+//!   [`ConflictPolicy::Overwrite`] replays them: a conflicting path that was written or
+//!   deleted is listed in [`FlushReport::overwritten`] (a local edit replaced), not as a
+//!   conflict. Each path is reported once: `applied_paths`, `deleted_paths`, `conflicts`
+//!   and `overwritten` are disjoint.
 //! - `Rmdir` deletes the target's files under the directory one by one (under keep-parent,
 //!   conflicting ones stay), then removes the directories that ended up empty, deepest
 //!   first; a directory that still holds kept files stays.
@@ -94,15 +98,22 @@ pub struct FlushError {
 /// The outcome of a flush.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlushReport {
-    /// Every path successfully written (write or edit), once, sorted.
+    /// Every path successfully written (write or edit) that was not a conflict, once,
+    /// sorted.
     pub applied_paths: Vec<WsPath>,
     /// How many ops were replayed successfully (skipped and failed ops not counted).
     pub applied_changes: usize,
-    /// Paths whose target state differed from the fork-time snapshot, sorted.
+    /// Paths whose target state differed from the fork-time snapshot and were left as
+    /// they are (keep-parent, or an op on them failed), sorted.
     pub conflicts: Vec<WsPath>,
     pub errors: Vec<FlushError>,
-    /// Files removed, and directories named by an `Rmdir` that were removed; sorted.
+    /// Files removed, and directories named by an `Rmdir` that were removed, that were not
+    /// conflicts; sorted.
     pub deleted_paths: Vec<WsPath>,
+    /// Under overwrite: paths whose target state differed from the fork-time snapshot (a
+    /// local edit) and were written or deleted anyway, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overwritten: Vec<WsPath>,
 }
 
 /// The parent a change log is replayed onto.
@@ -349,11 +360,19 @@ pub fn flush(
         }
     }
 
+    // Each path once, with what happened to it: a conflict that was written or deleted
+    // anyway (overwrite) is an overwritten local edit, not a conflict kept.
+    let (overwritten, conflicts): (BTreeSet<WsPath>, BTreeSet<WsPath>) = conflicts
+        .into_iter()
+        .partition(|p| applied.contains(p) || deleted.contains(p));
+    applied.retain(|p| !overwritten.contains(p));
+    deleted.retain(|p| !overwritten.contains(p));
     FlushReport {
         applied_paths: applied.into_iter().collect(),
         applied_changes: count,
         conflicts: conflicts.into_iter().collect(),
         errors,
         deleted_paths: deleted.into_iter().collect(),
+        overwritten: overwritten.into_iter().collect(),
     }
 }

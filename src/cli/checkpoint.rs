@@ -12,7 +12,7 @@ use anyhow::Context;
 use clap::Subcommand;
 use forkfleet::BadInput;
 use forkfleet_client::workspace as ws;
-use forkfleet_client::{ApiClient, Client};
+use forkfleet_client::{render, ApiClient, Client};
 use forkfleet_shared::api::{CheckpointView, NewRunOutcome, RewindOutcome};
 use forkfleet_shared::blob::BlobStore;
 use forkfleet_shared::flush::{self, ConflictPolicy, DirTarget, FlushReport, FlushTarget};
@@ -66,7 +66,8 @@ pub enum CheckpointCommand {
     ///
     /// Without --apply or --no-apply nothing changes: it prints what the rewind would
     /// change. A branch run must have finished. Files of DIR edited since the run's
-    /// current version are kept and reported as conflicts (unless --overwrite).
+    /// current version are kept and reported as conflicts (unless --overwrite, or the
+    /// fork plan's `conflict_policy = "overwrite"` for a branch run).
     Rewind {
         /// Run id (or a unique prefix of one).
         run: String,
@@ -223,10 +224,11 @@ async fn rewind(
     }
     let dry_run = apply.is_none() && !no_apply;
     let outcome = coord.rewind(run, checkpoint, dry_run).await?;
+    // --overwrite, else the run's fork plan's policy (keep-parent for a root run).
     let policy = if overwrite {
         ConflictPolicy::Overwrite
     } else {
-        ConflictPolicy::KeepParent
+        outcome.conflict_policy
     };
     let applied = match apply {
         Some(dir) => Some(apply_rewind(coord.blobs().as_ref(), &outcome, dir, policy).await?),
@@ -382,30 +384,12 @@ fn rewind_text(
     );
     match (applied, dir) {
         (Some(r), Some(dir)) => {
-            let _ = writeln!(
+            let _ = write!(
                 out,
-                "applied to {}: {} file(s) written, {} deleted, {} conflict(s), {} error(s)",
+                "applied to {}: {}",
                 dir.display(),
-                r.applied_paths.len(),
-                r.deleted_paths.len(),
-                r.conflicts.len(),
-                r.errors.len()
+                render::flush_text(r, "restored", "edited since the run's current version")
             );
-            for p in &r.applied_paths {
-                let _ = writeln!(out, "  restored  {p}");
-            }
-            for p in &r.deleted_paths {
-                let _ = writeln!(out, "  deleted   {p}");
-            }
-            for p in &r.conflicts {
-                let _ = writeln!(
-                    out,
-                    "  conflict  {p} (edited since the run's current version; kept as it is)"
-                );
-            }
-            for e in &r.errors {
-                let _ = writeln!(out, "  error     {} ({}): {}", e.path, e.op, e.message);
-            }
         }
         _ => {
             for op in &outcome.changes {
@@ -448,6 +432,7 @@ fn rewind_json(
             "applied_paths": r.applied_paths,
             "deleted_paths": r.deleted_paths,
             "conflicts": r.conflicts,
+            "overwritten": r.overwritten,
             "errors": r.errors,
             "applied_changes": r.applied_changes,
         });

@@ -188,7 +188,8 @@ pub enum ForkCommand {
         /// Merge in the store only; leave every directory alone.
         #[arg(long)]
         no_apply: bool,
-        /// Overwrite files changed in the directory since the fork (default: keep them).
+        /// Overwrite files changed in the directory since the fork (default: the spec's
+        /// `conflict_policy`, which keeps them unless it says `overwrite`).
         #[arg(long)]
         overwrite: bool,
         /// Embedded only: give up waiting for unfinished branches after this many seconds.
@@ -226,7 +227,8 @@ pub enum ForkCommand {
         /// Merge in the store only; leave every directory alone.
         #[arg(long)]
         no_apply: bool,
-        /// Overwrite files changed in the directory since the fork (default: keep them).
+        /// Overwrite files changed in the directory since the fork (default: the spec's
+        /// `conflict_policy`, which keeps them unless it says `overwrite`).
         #[arg(long)]
         overwrite: bool,
         #[command(flatten)]
@@ -642,8 +644,12 @@ pub(crate) struct MergeTarget<'a> {
 
 impl MergeTarget<'_> {
     /// The directory a merge of `view` is applied to (checked before the merge: a merge is
-    /// final, and its result must land somewhere), and the conflict policy.
-    fn resolve(&self, view: &ForkView) -> anyhow::Result<(Option<PathBuf>, ConflictPolicy)> {
+    /// final, and its result must land somewhere), and the conflict policy a flag asks for
+    /// (`None`: the plan's `conflict_policy`).
+    fn resolve(
+        &self,
+        view: &ForkView,
+    ) -> anyhow::Result<(Option<PathBuf>, Option<ConflictPolicy>)> {
         let dir = if self.no_apply {
             None
         } else {
@@ -662,11 +668,7 @@ impl MergeTarget<'_> {
                 .into());
             }
         }
-        let policy = if self.overwrite {
-            ConflictPolicy::Overwrite
-        } else {
-            ConflictPolicy::KeepParent
-        };
+        let policy = self.overwrite.then_some(ConflictPolicy::Overwrite);
         Ok((dir, policy))
     }
 }

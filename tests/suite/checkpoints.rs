@@ -206,7 +206,11 @@ fn rewind_apply_keeps_a_conflicting_local_edit_unless_overwrite() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("conflict  README.md"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("conflict") && l.contains("README.md (")),
+        "{text}"
+    );
     assert_eq!(tree(&ws)["README.md"], "mine too\n");
 
     // --overwrite: the checkpoint's files win.
@@ -223,10 +227,17 @@ fn rewind_apply_keeps_a_conflicting_local_edit_unless_overwrite() {
             "--json",
         ],
     ));
+    // Reported once, as what happened: the local edit was overwritten (issue 13).
     assert!(
-        strings(&out["applied"]["conflicts"]).contains(&"README.md".to_string()),
+        strings(&out["applied"]["overwritten"]).contains(&"README.md".to_string()),
         "{out}"
     );
+    for key in ["conflicts", "applied_paths", "deleted_paths"] {
+        assert!(
+            !strings(&out["applied"][key]).contains(&"README.md".to_string()),
+            "README.md also under {key}: {out}"
+        );
+    }
     let now = tree(&ws);
     assert_eq!(now["README.md"], original["README.md"]);
     assert_ne!(merged["README.md"], original["README.md"]);

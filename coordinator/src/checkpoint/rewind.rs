@@ -74,9 +74,9 @@ fn plan_rewind(
         checkpoint: checkpoint.id,
         label: checkpoint.label.clone(),
     };
-    let fork = match &kind {
-        RunKind::Root => None,
-        RunKind::Branch { fork, .. } => Some(fork.fork_id),
+    let (fork, conflict_policy) = match &kind {
+        RunKind::Root => (None, Default::default()),
+        RunKind::Branch { fork, .. } => (Some(fork.fork_id), fork.plan.conflict_policy),
     };
     Ok((
         RewindPlan {
@@ -89,6 +89,7 @@ fn plan_rewind(
                 from_snapshot: from.hash,
                 to_snapshot: to.hash,
                 changes,
+                conflict_policy,
             },
             marker,
             next_seq,

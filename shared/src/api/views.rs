@@ -300,6 +300,10 @@ pub struct RewindOutcome {
     pub to_snapshot: BlobHash,
     /// The change log turning `from_snapshot` into `to_snapshot`.
     pub changes: Vec<ChangeOp>,
+    /// What a directory the rewind is applied to does with a path edited since: a branch
+    /// run's fork plan's `conflict_policy`; a root run's is `keep-parent`.
+    #[serde(default)]
+    pub conflict_policy: crate::flush::ConflictPolicy,
 }
 
 /// A run started from a checkpoint.

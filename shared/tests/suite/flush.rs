@@ -286,11 +286,10 @@ fn conflicts_are_against_the_fork_snapshot_overwrite() {
     let log = branch_log(&mut blobs);
     let mut t = ManifestTarget::new(parent.clone());
     let r = flush(&log, &snap, &mut t, ConflictPolicy::Overwrite);
-    assert_eq!(paths(&r.conflicts), vec!["c.txt", "g.txt", "m.txt"]);
-    assert_eq!(
-        paths(&r.applied_paths),
-        vec!["a.txt", "c.txt", "g.txt", "m.txt"]
-    );
+    // Each path once, as what happened: the conflicting ones were overwritten.
+    assert_eq!(paths(&r.overwritten), vec!["c.txt", "g.txt", "m.txt"]);
+    assert!(r.conflicts.is_empty(), "{r:?}");
+    assert_eq!(paths(&r.applied_paths), vec!["a.txt"]);
     assert_eq!(r.applied_changes, 6);
     let m = t.manifest();
     assert_eq!(m.files[&p("m.txt")], blobs.entry("ours m 2\n"));
@@ -338,13 +337,11 @@ fn rmdir_keep_parent_keeps_conflicting_files_and_the_directory() {
 }
 
 #[test]
-fn rmdir_overwrite_removes_everything_but_reports_conflicts() {
+fn rmdir_overwrite_removes_everything_and_reports_the_overwritten() {
     let (r, m, _, _) = rmdir_case(ConflictPolicy::Overwrite);
-    assert_eq!(paths(&r.conflicts), vec!["d/added/new", "d/x"]);
-    assert_eq!(
-        paths(&r.deleted_paths),
-        vec!["d", "d/added/new", "d/sub/z", "d/x", "d/y"]
-    );
+    assert_eq!(paths(&r.overwritten), vec!["d/added/new", "d/x"]);
+    assert!(r.conflicts.is_empty(), "{r:?}");
+    assert_eq!(paths(&r.deleted_paths), vec!["d", "d/sub/z", "d/y"]);
     assert!(m.files.keys().all(|f| !f.starts_with(&p("d"))));
     assert!(m.dirs.iter().all(|f| !f.starts_with(&p("d"))));
 }
