@@ -83,6 +83,10 @@ pub enum ClientError {
     /// The fork has no workspace directory, so it has no fork directory.
     #[error("fork {fork} has no workspace directory (its creator did not say where it is), so it has no fork directory")]
     NoWorkspace { fork: ForkId },
+    /// The fork was merged and its fork directory removed (the plan does not keep it): it
+    /// is not made again.
+    #[error("fork {fork} was merged (winner `{winner}`), so its fork directory was removed (a plan with `keep_artifacts = true` keeps it); `forkfleet fork diff {fork} --unified` shows what the branches changed")]
+    ForkDirRemoved { fork: ForkId, winner: String },
     /// The fork's workspace is not a directory on this machine (it was created elsewhere).
     #[error("the fork's workspace `{}` is not a directory on this machine", path.display())]
     WorkspaceNotHere { path: PathBuf },
@@ -147,7 +151,7 @@ impl ClientError {
             E::Call(CallError::Blob(e)) | E::Blob { source: e, .. } => e.kind(),
             E::NeedsCluster(_) | E::BadInput(_) | E::Scan(_) => ErrorKind::BadInput,
             E::NoWorkspace { .. } | E::WorkspaceNotHere { .. } => ErrorKind::NotFound,
-            E::Blocked { .. } => ErrorKind::Conflict,
+            E::Blocked { .. } | E::ForkDirRemoved { .. } => ErrorKind::Conflict,
             E::GaveUp { .. } => ErrorKind::Unavailable,
             E::Call(CallError::Wire(_))
             | E::Call(CallError::UnexpectedReply { .. })
@@ -327,6 +331,14 @@ mod tests {
                 .into(),
                 ErrorKind::Failure,
                 "`a/../b` cannot name an entry of the fork directory",
+            ),
+            (
+                ClientError::ForkDirRemoved {
+                    fork: fork(),
+                    winner: "a".into(),
+                },
+                ErrorKind::Conflict,
+                "was merged (winner `a`), so its fork directory was removed",
             ),
             (
                 ClientError::NoWorkspace { fork: fork() },

@@ -200,7 +200,9 @@ pub async fn run_fork(
         );
     }
     let fork_id = view.fork_id;
-    let view = forkdir::follow(coord, fork_id, opts.timeout, AT_ONCE, opts.show).await?;
+    // The fork directory is announced only if it stays: a merge below removes it.
+    let (view, fork_dir) =
+        forkdir::follow_quietly(coord, fork_id, opts.timeout, AT_ONCE, opts.show).await?;
     let diff = coord.diff(fork_id, DiffOptions::default()).await?;
     let paused: Vec<String> = paused_labels(&view)
         .into_iter()
@@ -255,6 +257,11 @@ pub async fn run_fork(
     } else {
         view
     };
+    if let (true, Some(dir)) = (opts.show, fork_dir) {
+        if forkdir::removed_after_merge(&view).is_none() {
+            forkdir::announce(&dir);
+        }
+    }
     Ok(RunOutcome {
         view,
         diff,

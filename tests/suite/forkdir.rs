@@ -699,3 +699,53 @@ fn fork_open_without_a_tool_prints_a_coloured_diff() {
     assert!(stdout.contains("(deleted by tidy)"), "{stdout}");
     assert!(stdout.contains("+Nothing open."), "{stdout}");
 }
+
+/// A merge removes the fork directory, and nothing makes it again (issue 13): `run
+/// --pick` does not point at a directory it is about to remove, and `fork watch` or
+/// `fork open` on the merged fork leave it gone (`open` says why).
+#[test]
+fn a_merged_forks_directory_stays_removed() {
+    let ex = Example::quickstart();
+    let out = forkfleet(&[
+        "run",
+        path_str(&ex.spec()),
+        "--pick",
+        "concise",
+        "--timeout-s",
+        "120",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(!err.contains("fork directory:"), "{err}");
+    assert!(!err.contains("fork open"), "{err}");
+    let data = ex.data();
+    let listed = json(&forkfleet(&[
+        "fork",
+        "ls",
+        "--data",
+        path_str(&data),
+        "--json",
+    ]));
+    let id = listed[0]["fork_id"].as_str().unwrap().to_string();
+    assert!(!fork_dir(&ex, &id).exists());
+
+    let out = forkfleet(&["fork", "watch", &id, "--data", path_str(&data)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!fork_dir(&ex, &id).exists(), "fork watch made it again");
+
+    let out = forkfleet(&["fork", "open", &id, "--data", path_str(&data)]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("was merged (winner `concise`)"), "{err}");
+    assert!(!fork_dir(&ex, &id).exists(), "fork open made it again");
+    assert!(!ex.workspace().join(".forkfleet").exists());
+}
+
+/// Without a pick, the run says where the fork directory is: it stays.
+#[test]
+fn an_unresolved_run_points_at_its_fork_directory() {
+    let ex = Example::quickstart();
+    let out = forkfleet(&["run", path_str(&ex.spec()), "--timeout-s", "120"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("fork directory:"), "{}", stderr(&out));
+}

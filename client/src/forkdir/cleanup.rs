@@ -1,6 +1,17 @@
 //! Removing the fork directory after a merge.
 
 use super::*;
+use forkfleet_shared::state::ForkState;
+
+/// The winner of a merged fork whose plan does not keep its fork directory: the merge
+/// removed the directory (or is about to), and nothing may make it again. `None` for a fork
+/// that is not merged, or keeps its directory.
+pub fn removed_after_merge(view: &ForkView) -> Option<&str> {
+    match &view.state {
+        ForkState::Merged { winner } if !view.keep_artifacts => Some(winner),
+        _ => None,
+    }
+}
 
 /// What [`remove_after_merge`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -155,21 +155,50 @@ pub async fn follow(
     until: Until,
     show: bool,
 ) -> Result<ForkView, ClientError> {
+    let (view, dir) = follow_quietly(coord, fork, timeout, until, show).await?;
+    if let (true, Some(dir)) = (show, dir) {
+        announce(&dir);
+    }
+    Ok(view)
+}
+
+/// Say where the fork directory is, and how to open it.
+pub fn announce(dir: &Path) {
+    eprintln!(
+        "fork directory: {} (`forkfleet fork open` opens it in a diff tool)",
+        dir.display()
+    );
+}
+
+/// [`follow`], without saying where the fork directory is: the directory (when a sync
+/// made it) comes back with the view, for a caller that announces it only if it stays
+/// (a run that merges at once does not). A merged fork whose plan does not keep its
+/// directory is not synced: the merge removed it.
+pub async fn follow_quietly(
+    coord: &Client,
+    fork: ForkId,
+    timeout: Option<Duration>,
+    until: Until,
+    show: bool,
+) -> Result<(ForkView, Option<PathBuf>), ClientError> {
     let mut live: Option<LiveSync> = None;
     let result = follow_with(coord, fork, timeout, until, show, &mut |view| {
-        live.get_or_insert_with(|| LiveSync::start(coord, view))
-            .notify(view);
+        if removed_after_merge(view).is_none() {
+            live.get_or_insert_with(|| LiveSync::start(coord, view))
+                .notify(view);
+        }
     })
     .await;
     let stats = match live {
         Some(live) => live.finish().await,
         None => None,
     };
-    if let (true, Some(stats)) = (show, stats) {
-        eprintln!(
-            "fork directory: {} (`forkfleet fork open` opens it in a diff tool)",
-            stats.dir.display()
-        );
+    let view = result?;
+    if removed_after_merge(&view).is_some() {
+        // Merged by another client while this one watched: its last sync may have run
+        // after that merge's cleanup, so clean up again.
+        cleanup_after_merge(coord, view.fork_id).await;
+        return Ok((view, None));
     }
-    result
+    Ok((view, stats.map(|s| s.dir)))
 }

@@ -74,6 +74,12 @@ impl Materializer {
         view: &ForkView,
         unified: bool,
     ) -> Result<Synced, ClientError> {
+        if let Some(winner) = removed_after_merge(view) {
+            return Err(ClientError::ForkDirRemoved {
+                fork: view.fork_id,
+                winner: winner.to_string(),
+            });
+        }
         let (workspace, dir) = locate(view)?;
         let report = coord
             .diff(
