@@ -35,11 +35,11 @@ pub fn paused_hint(
     suffix: &str,
 ) -> String {
     let mut out = format!(
-        "{} of {} branches paused by a budget cap, their work kept: {}
+        "{} of {} paused by a budget cap, their work kept: {}
 resume them by raising the cap that stopped them:
 ",
         paused.len(),
-        total,
+        count(total, "branch", "branches"),
         paused.join(", ")
     );
     let left = |cap: Option<f64>, remaining: Option<f64>| match (cap, remaining) {
@@ -94,10 +94,10 @@ pub(crate) fn label_width(view: &ForkView) -> usize {
 /// One line about a fork.
 pub fn fork_header(view: &ForkView) -> String {
     format!(
-        "fork {} · {} · {} branches · ${:.6}\ngoal: {}\n",
+        "fork {} · {} · {} · ${:.6}\ngoal: {}\n",
         view.fork_id,
         list_state(view),
-        view.branches.len(),
+        count(view.branches.len(), "branch", "branches"),
         view.total_cost_usd(),
         view.goal
     )
@@ -631,8 +631,8 @@ pub fn abort_text(a: &AbortOutcome) -> String {
         format!("fork {id} aborted; no branch was still running\n")
     } else {
         format!(
-            "fork {id} aborted; terminate sent to {} branch(es): {}\n",
-            a.terminated.len(),
+            "fork {id} aborted; terminate sent to {}: {}\n",
+            count(a.terminated.len(), "branch", "branches"),
             a.terminated.join(", ")
         )
     }
@@ -724,4 +724,30 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         }
     }
     parts.join(": ")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use forkfleet_shared::path::WsPath;
+
+    /// Counts read as English: one file, two files (issue 13: "1 files applied").
+    #[test]
+    fn counts_are_singular_for_one() {
+        let one = FlushReport {
+            applied_paths: vec![WsPath::parse("a.txt").unwrap()],
+            applied_changes: 1,
+            ..FlushReport::default()
+        };
+        let text = merge_text("x", &one);
+        assert!(
+            text.contains(
+                "merged `x`: 1 file applied (1 change), 0 deleted, 0 conflicts, 0 errors"
+            ),
+            "{text}"
+        );
+        assert_eq!(count(2, "branch", "branches"), "2 branches");
+        assert_eq!(count(1, "branch", "branches"), "1 branch");
+    }
 }

@@ -5,7 +5,7 @@
 
 use crate::client::Client;
 use crate::error::ClientError;
-use crate::render::paused_labels;
+use crate::render::{count, paused_labels};
 use crate::watch::Until;
 use crate::{forkdir, workspace};
 use forkfleet_shared::api::{ApiClient, CreateFork, ForkView, ParentRun, ResolveReport};
@@ -60,10 +60,10 @@ pub async fn create_fork(
                 ParentRun::New,
                 upload.snapshot,
                 format!(
-                    "workspace {} ({} files, {} new blobs uploaded)",
+                    "workspace {} ({}, {} uploaded)",
                     loaded.workspace.display(),
-                    upload.files,
-                    upload.blobs_sent
+                    count(upload.files, "file", "files"),
+                    count(upload.blobs_sent, "new blob", "new blobs")
                 ),
             )
         }
@@ -194,9 +194,9 @@ pub async fn run_fork(
     let (view, from_text) = create_fork(coord, loaded, None).await?;
     if opts.show {
         eprintln!(
-            "fork {}: {} branches · {from_text}",
+            "fork {}: {} · {from_text}",
             view.fork_id,
-            view.branches.len()
+            count(view.branches.len(), "branch", "branches")
         );
     }
     let fork_id = view.fork_id;

@@ -492,7 +492,7 @@ impl Ledger {
         if let Some(cap) = run_cap {
             if run_spent + EPSILON >= cap && mode == BudgetMode::BestEffort {
                 let reason = format!(
-                    "branch cap {} reached: spent {}",
+                    "branch cap {} reached (when crossed: spent {})",
                     money(cap),
                     money(run_spent)
                 );
@@ -504,7 +504,7 @@ impl Ledger {
         if let Some(cap) = fork_cap {
             if fork_spent + EPSILON >= cap {
                 let reason = format!(
-                    "fork cap {} reached: spent {}",
+                    "fork cap {} reached (when crossed: spent {})",
                     money(cap),
                     money(fork_spent)
                 );
@@ -522,7 +522,7 @@ impl Ledger {
                 let spent = s.account_spent(&name);
                 if spent + EPSILON >= cap {
                     let reason = format!(
-                        "account `{name}` cap {} reached: spent {}",
+                        "account `{name}` cap {} reached (when crossed: spent {})",
                         money(cap),
                         money(spent)
                     );

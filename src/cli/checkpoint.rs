@@ -193,8 +193,11 @@ pub async fn run(coord: &Client, command: &CheckpointCommand) -> anyhow::Result<
                 print_json(&new_run_json(&outcome))
             } else {
                 eprintln!(
-                    "new run from checkpoint `{}` of run {} (seq {}): {} event(s)",
-                    outcome.source.label, outcome.source_run, outcome.source.seq, outcome.events
+                    "new run from checkpoint `{}` of run {} (seq {}): {}",
+                    outcome.source.label,
+                    outcome.source_run,
+                    outcome.source.seq,
+                    render::count(outcome.events as usize, "event", "events")
                 );
                 println!("{}", outcome.run_id);
                 Ok(())
@@ -375,12 +378,12 @@ fn rewind_text(
     };
     let _ = writeln!(
         out,
-        "{head} run {} to checkpoint `{}` (seq {}): {} event(s) of its history left out, {} file change(s)",
+        "{head} run {} to checkpoint `{}` (seq {}): {} of its history left out, {}",
         outcome.run_id,
         c.label,
         c.seq,
-        outcome.dropped_events,
-        outcome.changes.len()
+        render::count(outcome.dropped_events as usize, "event", "events"),
+        render::count(outcome.changes.len(), "file change", "file changes")
     );
     match (applied, dir) {
         (Some(r), Some(dir)) => {

@@ -599,9 +599,9 @@ pub(crate) async fn fork_create(
     let (view, from_text) = flow::create_fork(coord, loaded, from).await?;
     if !json {
         eprintln!(
-            "fork {}: {} branches · {from_text}",
+            "fork {}: {} · {from_text}",
             view.fork_id,
-            view.branches.len()
+            render::count(view.branches.len(), "branch", "branches")
         );
     }
     // Embedded, the workers live in this process: the fork runs to the end here (or until

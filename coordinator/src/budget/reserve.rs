@@ -64,7 +64,7 @@ impl Ledger {
         if let Some(cap) = run_cap {
             if run_spent + run_reserved + est > cap + EPSILON {
                 let reason = format!(
-                    "branch cap {} reached: spent {}, reserved {}, this call needs up to {}",
+                    "branch cap {} reached (at refusal: spent {}, reserved {}; the call needed up to {})",
                     money(cap),
                     money(run_spent),
                     money(run_reserved),
@@ -115,7 +115,7 @@ impl Ledger {
         if let Some(cap) = fork_cap {
             if fork_exhausted || fork_spent + fork_reserved + est > cap + EPSILON {
                 let reason = format!(
-                    "fork cap {} reached: spent {}, reserved {}, this call needs up to {}",
+                    "fork cap {} reached (at refusal: spent {}, reserved {}; the call needed up to {})",
                     money(cap),
                     money(fork_spent),
                     money(fork_reserved),
@@ -141,7 +141,7 @@ impl Ledger {
                 let reserved = s.reserved(|r| r.account.as_deref() == Some(name.as_str()));
                 if exhausted || spent + reserved + est > cap + EPSILON {
                     let reason = format!(
-                        "account `{name}` cap {} reached: spent {}, reserved {}, this call needs up to {}",
+                        "account `{name}` cap {} reached (at refusal: spent {}, reserved {}; the call needed up to {})",
                         money(cap),
                         money(spent),
                         money(reserved),

@@ -518,3 +518,19 @@ proptest! {
         }
     }
 }
+
+/// A refusal's reason is shown next to the branch long after (its ERROR column), when the
+/// figures have moved on: it says they are the ones at refusal (issue 13).
+#[test]
+fn a_refusal_says_its_figures_are_those_at_refusal() {
+    let fx = Fx::new();
+    let fork = fx.fork(Some(1.0), &[None, None], BudgetPolicy::default());
+    granted(fx.reserve(&fork, 0, 1, 0.75));
+    match fx.reserve(&fork, 1, 1, 0.5) {
+        BudgetReply::Refused { reason, .. } => {
+            assert!(reason.contains("reached (at refusal: spent"), "{reason}");
+            assert!(reason.contains("reserved $0.75"), "{reason}");
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+}
