@@ -28,7 +28,7 @@ use forkfleet_shared::api::ForkView;
 use forkfleet_shared::budget::ForkCost;
 use forkfleet_shared::diff::DiffOptions;
 use forkfleet_shared::error::ErrorKind;
-use forkfleet_shared::flush::ConflictPolicy;
+use forkfleet_shared::flush::{ConflictPolicy, FlushReport};
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::path::WsPath;
 use forkfleet_shared::protocol::now_ms;
@@ -276,9 +276,62 @@ pub async fn run(cli: Cli) -> u8 {
 /// The exit code of a failed command: that of the kind of the first cause in its chain
 /// whose kind is known ([`error_kind`]), through [`ErrorKind::exit_code`]; 1 when none is.
 fn exit_code(e: &anyhow::Error) -> u8 {
+    if let Some(i) = e.downcast_ref::<Incomplete>() {
+        return i.exit_code();
+    }
     e.chain()
         .find_map(error_kind)
         .map_or(1, ErrorKind::exit_code)
+}
+
+/// A command that ran but did not do all it was asked. Its output (the `--json` document
+/// included) is printed first; this only sets the exit code and says why on stderr.
+///
+/// The exit codes (README, "Exit codes"): 0 when what was asked happened in full; 1 when
+/// it ran and failed or applied only in part; 2 for input that cannot succeed; 3 when it
+/// applied everything but kept local edits as conflicts.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Incomplete {
+    /// It ran and failed, or applied only in part: exit 1.
+    #[error("{0}")]
+    Failed(String),
+    /// It applied, but left paths edited locally as they were: exit 3.
+    #[error("{0}")]
+    ConflictsKept(String),
+}
+
+impl Incomplete {
+    pub(crate) fn exit_code(&self) -> u8 {
+        match self {
+            Incomplete::Failed(_) => 1,
+            Incomplete::ConflictsKept(_) => 3,
+        }
+    }
+}
+
+/// What applying `report` (a merge, a rewind) to `dir` means for the exit code: errors
+/// are a failure, conflicts kept are exit 3, a clean apply is success.
+pub(crate) fn applied_in_full(what: &str, report: &FlushReport) -> anyhow::Result<()> {
+    if !report.errors.is_empty() {
+        return Err(Incomplete::Failed(format!(
+            "{what} applied in part: {} failed (see above)",
+            render::count(report.errors.len(), "path", "paths")
+        ))
+        .into());
+    }
+    if !report.conflicts.is_empty() {
+        return Err(Incomplete::ConflictsKept(format!(
+            "{what} applied, but {} edited since kept as {} (--overwrite replaces them)",
+            render::count(report.conflicts.len(), "path", "paths"),
+            if report.conflicts.len() == 1 {
+                "it is"
+            } else {
+                "they are"
+            }
+        ))
+        .into());
+    }
+    Ok(())
 }
 
 /// The kind of `e` when it is one of the errors the commands know: a crate's error enum

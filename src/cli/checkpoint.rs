@@ -238,10 +238,13 @@ async fn rewind(
         None => None,
     };
     if json_out {
-        print_json(&rewind_json(&outcome, applied.as_ref(), apply))
+        print_json(&rewind_json(&outcome, applied.as_ref(), apply))?;
     } else {
         print!("{}", rewind_text(&outcome, applied.as_ref(), apply));
-        Ok(())
+    }
+    match &applied {
+        Some(report) => super::applied_in_full("the rewind", report),
+        None => Ok(()),
     }
 }
 

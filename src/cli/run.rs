@@ -119,7 +119,7 @@ async fn run_fork(
         .as_ref()
         .and_then(|r| fork::resolve::failure(&r.report))
     {
-        return Err(anyhow::anyhow!("{e}"));
+        return Err(Incomplete::Failed(e).into());
     }
     if out.merge.is_none() && !out.paused.is_empty() {
         let cost = coord.fork_cost(fork_id).await.ok();
@@ -135,10 +135,14 @@ async fn run_fork(
             Some(p) => format!("--pick `{p}` is paused, not finished: nothing was merged; "),
             None => String::new(),
         };
-        return Err(anyhow::anyhow!(
+        return Err(Incomplete::Failed(format!(
             "{picked}{}then merge a finished branch with `forkfleet fork merge {fork_id} --pick LABEL{data_flag}`",
             hint
-        ));
+        ))
+        .into());
     }
-    Ok(())
+    match &out.merge {
+        Some((_, report)) => applied_in_full("the merge", report),
+        None => Ok(()),
+    }
 }

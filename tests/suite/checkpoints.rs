@@ -3,7 +3,7 @@
 //! automatic checkpoints are evicted beyond `max_checkpoints` and it can be rewound, and a
 //! new run starts from a checkpoint with the conversation up to it.
 
-use super::harness::{branch, forkfleet, json, path_str, run_spec, stderr, Example};
+use super::harness::{branch, forkfleet, json, json_exit, path_str, run_spec, stderr, Example};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -161,18 +161,22 @@ fn rewind_apply_keeps_a_conflicting_local_edit_unless_overwrite() {
     std::fs::write(ws.join("greet.py"), "# my local edit\n").unwrap();
     std::fs::write(ws.join("tests/mine.py"), "# mine\n").unwrap();
 
-    let out = json(&ff(
-        &ex,
-        &[
-            "checkpoint",
-            "rewind",
-            &parent,
-            &format!("fork:{fork}"),
-            "--apply",
-            path_str(&ws),
-            "--json",
-        ],
-    ));
+    // Applied with local edits kept: the document, and exit 3.
+    let out = json_exit(
+        &ff(
+            &ex,
+            &[
+                "checkpoint",
+                "rewind",
+                &parent,
+                &format!("fork:{fork}"),
+                "--apply",
+                path_str(&ws),
+                "--json",
+            ],
+        ),
+        3,
+    );
     let applied = &out["applied"];
     assert_eq!(
         strings(&applied["conflicts"]),
@@ -204,7 +208,13 @@ fn rewind_apply_keeps_a_conflicting_local_edit_unless_overwrite() {
             path_str(&ws),
         ],
     );
-    assert!(out.status.success(), "{}", stderr(&out));
+    // Applied, with a local edit kept: exit 3 (issue 13's exit-code rule).
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("edited since kept as"),
+        "{}",
+        stderr(&out)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.lines()

@@ -94,7 +94,8 @@ fn create_watch_diff_merge_and_workers_on_a_cluster() {
             path_str(&ex.workspace()),
             "--json",
         ])
-        .json();
+        // Applied, with the local edit kept as a conflict: exit 3.
+        .json_exit(3);
     assert_eq!(
         merged["merge"]["conflicts"],
         serde_json::json!(["README.md"])

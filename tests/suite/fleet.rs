@@ -121,9 +121,14 @@ pub(super) struct Ran {
 
 impl Ran {
     pub(super) fn json(&self) -> Value {
+        self.json_exit(0)
+    }
+
+    /// The JSON document a command printed before exiting with `code`.
+    pub(super) fn json_exit(&self, code: i32) -> Value {
         assert_eq!(
             self.code,
-            Some(0),
+            Some(code),
             "stderr: {}\nstdout: {}",
             self.stderr,
             self.stdout

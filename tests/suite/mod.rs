@@ -8,6 +8,7 @@ mod cli;
 mod cluster_cli;
 mod cluster_faults;
 mod config;
+mod exit_codes;
 mod fleet;
 mod forkdir;
 mod harness;

@@ -1,7 +1,7 @@
 //! A fork outlives the process that made it: created and settled in one process, read and
 //! merged from another, with a conflicting local edit kept.
 
-use super::harness::{command, forkfleet, json, path_str, run_spec, stderr, Example};
+use super::harness::{command, forkfleet, json, json_exit, path_str, run_spec, stderr, Example};
 
 #[test]
 fn fork_merged_by_a_later_process() {
@@ -38,9 +38,13 @@ fn fork_merged_by_a_later_process() {
     )
     .unwrap();
 
-    let merged = json(&forkfleet(&[
-        "fork", "merge", &fork_id, "--pick", "thorough", "--data", data, "--json",
-    ]));
+    // Applied, with the local edit kept: exit 3.
+    let merged = json_exit(
+        &forkfleet(&[
+            "fork", "merge", &fork_id, "--pick", "thorough", "--data", data, "--json",
+        ]),
+        3,
+    );
     let m = &merged["merge"];
     assert_eq!(m["winner"], "thorough");
     assert_eq!(m["conflicts"], serde_json::json!(["README.md"]));

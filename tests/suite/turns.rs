@@ -372,9 +372,9 @@ fn fork_continue_runs_the_new_turn_here_and_prints_its_final_text() {
         String::from_utf8_lossy(&text.stdout)
     );
 
-    // In text, and after a merge: refused, exit 2.
+    // In text: the turn runs here and fails (the script has no third turn): exit 1.
     let out = forkfleet(&["fork", "continue", &id, "a", "a third turn", "--data", data]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("continued: was done, now pending"),

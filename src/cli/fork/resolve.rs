@@ -208,9 +208,12 @@ pub(crate) async fn fork_resolve(
             print!("{}", render::merge_text(&merge.winner, applied));
         }
     }
-    match failure(&resolved.report) {
-        Some(e) => Err(anyhow::anyhow!(e)),
-        None => Ok(()),
+    if let Some(e) = failure(&resolved.report) {
+        return Err(Incomplete::Failed(e).into());
+    }
+    match &resolved.applied {
+        Some(applied) if resolved.report.merge.is_some() => applied_in_full("the merge", applied),
+        _ => Ok(()),
     }
 }
 
@@ -231,11 +234,11 @@ pub(crate) async fn fork_merge(
             &view,
             None,
             Some((winner.as_str(), &report)),
-        ))
+        ))?;
     } else {
         print!("{}", render::merge_text(&winner, &report));
-        Ok(())
     }
+    applied_in_full("the merge", &report)
 }
 
 #[cfg(test)]

@@ -88,10 +88,25 @@ pub(crate) async fn fork_continue(
     }
     if branch.state == forkfleet_shared::state::BranchState::Paused {
         let cost = coord.fork_cost(id).await.ok();
-        return Err(anyhow::anyhow!(
-            "{}",
-            render::paused_hint(id, &[label], view.branches.len(), cost.as_ref(), "").trim_end()
-        ));
+        return Err(Incomplete::Failed(
+            render::paused_hint(id, &[label], view.branches.len(), cost.as_ref(), "")
+                .trim_end()
+                .to_string(),
+        )
+        .into());
+    }
+    // The turn ran but did not end well (failed, terminated, stopped by a cap).
+    if branch.state != forkfleet_shared::state::BranchState::Done {
+        return Err(Incomplete::Failed(format!(
+            "the turn of branch `{label}` ended {}{}",
+            branch.state,
+            branch
+                .error
+                .as_deref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        ))
+        .into());
     }
     Ok(())
 }
