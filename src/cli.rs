@@ -391,9 +391,10 @@ impl Session {
             return Ok(None);
         }
         if let Some(nats) = config.nats_config("forkfleet-client") {
+            let reach = nats_reach(args, &nats.url);
             let bus = service::connect_nats(nats).await?;
             return Ok(Some(Session {
-                client: Client::remote(bus),
+                client: Client::remote(bus).with_reach(reach),
                 embedded: None,
             }));
         }
@@ -436,6 +437,24 @@ impl Session {
             None => Ok(()),
         }
     }
+}
+
+/// The flags a printed command needs to reach the same cluster from any directory: the
+/// `--config` file (absolute), and `--nats URL` unless the URL carries credentials (a hint
+/// never prints a secret: such a URL must come from the environment or the config file).
+fn nats_reach(args: &ClientArgs, url: &str) -> String {
+    let mut out = String::new();
+    if let Some(file) = &args.config.config {
+        let file = std::path::absolute(file).unwrap_or_else(|_| file.clone());
+        out.push_str(&format!(
+            " --config {}",
+            render::shell_word(&file.to_string_lossy())
+        ));
+    }
+    if !url.contains('@') {
+        out.push_str(&format!(" --nats {}", render::shell_word(url)));
+    }
+    out
 }
 
 /// Run `body` against the session `args` configure, then close it (the body's error

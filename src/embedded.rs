@@ -108,9 +108,11 @@ impl Embedded {
         self.coordinator.handle()
     }
 
-    /// The coordinator as the CLI commands use it (the same calls as a remote one).
+    /// The coordinator as the CLI commands use it (the same calls as a remote one); its
+    /// hints name this data directory.
     pub fn client(&self) -> Client {
         Client::in_process(self.coordinator.handle(), self.bus.clone())
+            .with_reach(data_reach(&self.data_dir))
     }
 
     /// Stop the workers, then the coordinator (which flushes the store).
@@ -125,4 +127,14 @@ impl Embedded {
         self.coordinator.shutdown().await?;
         Ok(())
     }
+}
+
+/// ` --data DIR`, the directory absolute and shell-quoted: what a printed command needs to
+/// reach the same run store from any directory.
+pub fn data_reach(dir: &Path) -> String {
+    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    format!(
+        " --data {}",
+        forkfleet_client::render::shell_word(&dir.to_string_lossy())
+    )
 }

@@ -85,6 +85,9 @@ impl<H: ApiHandler + 'static> Transport for InProcess<H> {
 /// The coordinator a front end talks to, and the bus its blobs and workers are on.
 #[derive(Clone)]
 pub struct Client {
+    /// The flags that reach this coordinator from a shell anywhere (` --data '/abs/dir'`,
+    /// ` --nats URL`), appended to every command a hint prints.
+    reach: Arc<str>,
     transport: Arc<dyn Transport>,
     bus: Arc<dyn Bus>,
     remote: bool,
@@ -99,6 +102,7 @@ impl Client {
     /// The coordinator serving `subject` on `bus` (several coordinators on one bus, tests).
     pub fn on_subject(bus: Arc<dyn Bus>, subject: &str) -> Self {
         Self {
+            reach: Arc::from(""),
             transport: Arc::new(BusTransport::new(bus.clone(), subject)),
             bus,
             remote: true,
@@ -108,10 +112,24 @@ impl Client {
     /// A coordinator in this process (`handler`), whose workers are on `bus`.
     pub fn in_process<H: ApiHandler + 'static>(handler: H, bus: Arc<dyn Bus>) -> Self {
         Self {
+            reach: Arc::from(""),
             transport: Arc::new(InProcess::new(handler)),
             bus,
             remote: false,
         }
+    }
+
+    /// The same client, whose hints name `reach`: the flags (each value shell-quoted,
+    /// paths absolute) that reach this coordinator from a shell in any directory.
+    pub fn with_reach(mut self, reach: impl Into<String>) -> Self {
+        self.reach = Arc::from(reach.into());
+        self
+    }
+
+    /// What [`Client::with_reach`] set: appended to every command a hint prints, so it
+    /// runs as printed from any directory.
+    pub fn reach(&self) -> &str {
+        &self.reach
     }
 
     /// True when the coordinator is reached over a bus (a cluster), not in this process.

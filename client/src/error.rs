@@ -85,8 +85,13 @@ pub enum ClientError {
     NoWorkspace { fork: ForkId },
     /// The fork was merged and its fork directory removed (the plan does not keep it): it
     /// is not made again.
-    #[error("fork {fork} was merged (winner `{winner}`), so its fork directory was removed (a plan with `keep_artifacts = true` keeps it); `forkfleet fork diff {fork} --unified` shows what the branches changed")]
-    ForkDirRemoved { fork: ForkId, winner: String },
+    #[error("fork {fork} was merged (winner `{winner}`), so its fork directory was removed (a plan with `keep_artifacts = true` keeps it); `forkfleet fork diff {fork} --unified{reach}` shows what the branches changed")]
+    ForkDirRemoved {
+        fork: ForkId,
+        winner: String,
+        /// The flags that reach the coordinator (see `Client::reach`).
+        reach: String,
+    },
     /// The fork's workspace is not a directory on this machine (it was created elsewhere).
     #[error("the fork's workspace `{}` is not a directory on this machine", path.display())]
     WorkspaceNotHere { path: PathBuf },
@@ -121,7 +126,7 @@ pub enum ClientError {
     },
     /// Following a fork gave up at its timeout; the fork itself keeps going.
     #[error(
-        "gave up waiting after {after_s} s: {finished} of {total} branches finished{} (the fork stays in the store; `forkfleet fork show {fork}`)",
+        "gave up waiting after {after_s} s: {finished} of {total} branches finished{} (the fork stays in the store; `forkfleet fork show {fork}{reach}`)",
         if *paused > 0 { format!(", {paused} paused by a budget cap") } else { String::new() }
     )]
     GaveUp {
@@ -130,6 +135,8 @@ pub enum ClientError {
         finished: usize,
         total: usize,
         paused: usize,
+        /// The flags that reach the coordinator (see `Client::reach`).
+        reach: String,
     },
 }
 
@@ -336,6 +343,7 @@ mod tests {
                 ClientError::ForkDirRemoved {
                     fork: fork(),
                     winner: "a".into(),
+                    reach: String::new(),
                 },
                 ErrorKind::Conflict,
                 "was merged (winner `a`), so its fork directory was removed",
@@ -383,6 +391,7 @@ mod tests {
                     finished: 1,
                     total: 3,
                     paused: 2,
+                    reach: " --data /d".into(),
                 },
                 ErrorKind::Unavailable,
                 "gave up waiting after 30 s: 1 of 3 branches finished, 2 paused by a budget cap",
@@ -420,6 +429,7 @@ mod tests {
     #[test]
     fn a_gave_up_message_without_paused_branches_says_nothing_of_them() {
         let e = ClientError::GaveUp {
+            reach: String::new(),
             fork: fork(),
             after_s: 5,
             finished: 0,

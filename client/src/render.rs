@@ -255,10 +255,15 @@ pub fn to_json<T: serde::Serialize>(value: &T) -> Result<Value, ClientError> {
 }
 
 /// Accounts, one line each.
-pub fn account_table(accounts: &[AccountView]) -> String {
+/// The accounts, one line each; `reach` (see `Client::reach`) ends the command the empty
+/// table suggests.
+pub fn account_table(accounts: &[AccountView], reach: &str) -> String {
     let mut out = String::new();
     if accounts.is_empty() {
-        out.push_str("no accounts; create one with `forkfleet account set NAME --cap USD`\n");
+        let _ = writeln!(
+            out,
+            "no accounts; create one with `forkfleet account set NAME --cap USD{reach}`"
+        );
         return out;
     }
     let width = accounts
@@ -330,6 +335,19 @@ pub fn merge_text(winner: &str, report: &FlushReport) -> String {
         "\nmerged `{winner}`: {}",
         flush_text(report, "applied", "changed since the fork")
     )
+}
+
+/// `s` as one word of a POSIX shell command: as it is when it is plain, else in single
+/// quotes (a quote inside written `'\''`).
+pub fn shell_word(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%{}~".contains(c));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
 }
 
 /// `n` and the noun, singular for one: `1 file`, `2 files`.

@@ -259,7 +259,7 @@ pub async fn run_fork(
     };
     if let (true, Some(dir)) = (opts.show, fork_dir) {
         if forkdir::removed_after_merge(&view).is_none() {
-            forkdir::announce(&dir);
+            forkdir::announce(coord, fork_id, &dir);
         }
     }
     Ok(RunOutcome {

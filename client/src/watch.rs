@@ -130,7 +130,7 @@ pub async fn follow_with(
                     if show && !hinted {
                         eprint!(
                             "  waiting for a top-up: {}",
-                            paused_hint(fork, &paused, view.branches.len(), None, "")
+                            paused_hint(fork, &paused, view.branches.len(), None, coord.reach())
                         );
                         drawn_lines = 0;
                     }
@@ -153,6 +153,7 @@ pub async fn follow_with(
                         .count(),
                     total: view.branches.len(),
                     paused: paused.len(),
+                    reach: coord.reach().to_string(),
                 });
             }
         }

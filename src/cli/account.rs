@@ -86,7 +86,7 @@ pub(crate) async fn cmd_account(command: AccountCommand) -> anyhow::Result<()> {
                         if client.json {
                             print_json(&render::to_json(&all)?)
                         } else {
-                            print!("{}", render::account_table(&all));
+                            print!("{}", render::account_table(&all, coord.reach()));
                             Ok(())
                         }
                     }
@@ -106,8 +106,10 @@ pub(crate) async fn find_account(
         return Ok(a.clone());
     }
     let known = if all.is_empty() {
-        "there are no accounts yet; create one with `forkfleet account set NAME --cap USD`"
-            .to_string()
+        format!(
+            "there are no accounts yet; create one with `forkfleet account set NAME --cap USD{}`",
+            coord.reach()
+        )
     } else {
         format!("accounts: {}", labels(all.iter().map(|a| a.name.as_str())))
     };

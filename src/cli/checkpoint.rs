@@ -122,7 +122,7 @@ pub async fn run(coord: &Client, command: &CheckpointCommand) -> anyhow::Result<
             if json_out {
                 print_json(&Value::Array(all.iter().map(checkpoint_json).collect()))
             } else {
-                print!("{}", checkpoint_table(run, &all, now_ms()));
+                print!("{}", checkpoint_table(run, &all, now_ms(), coord.reach()));
                 Ok(())
             }
         }
@@ -327,12 +327,14 @@ fn age(now: u64, then: u64) -> String {
 }
 
 /// A run's checkpoints, one line each.
-pub fn checkpoint_table(run: RunId, all: &[CheckpointView], now: u64) -> String {
+/// A run's checkpoints, one line each; `reach` (see `Client::reach`) ends the command the
+/// empty table suggests.
+pub fn checkpoint_table(run: RunId, all: &[CheckpointView], now: u64, reach: &str) -> String {
     let mut out = String::new();
     if all.is_empty() {
         let _ = writeln!(
             out,
-            "run {run} has no checkpoints; save one with `forkfleet checkpoint save {run} LABEL`"
+            "run {run} has no checkpoints; save one with `forkfleet checkpoint save {run} LABEL{reach}`"
         );
         return out;
     }
@@ -492,6 +494,7 @@ mod tests {
                 c("tool-1-grep", CheckpointKind::Auto),
             ],
             121_000,
+            "",
         );
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[0].starts_with("LABEL"), "{t}");
@@ -503,6 +506,6 @@ mod tests {
             lines[2].contains("auto") && lines[2].contains("2m ago"),
             "{t}"
         );
-        assert!(checkpoint_table(run, &[], 0).contains("has no checkpoints"));
+        assert!(checkpoint_table(run, &[], 0, "").contains("has no checkpoints"));
     }
 }

@@ -275,7 +275,7 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             with_session!(&client, Local::Read, |coord| async {
                 let id = coord.find_fork(&fork).await?;
                 let view = coord.fork(id).await?;
-                print_view(&view, client.json)
+                print_view(&view, client.json, coord.reach())
             })
         }
         // Embedded, watching also runs what a stopped process left unfinished.
@@ -298,7 +298,7 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             let timeout = timeout_s.map(Duration::from_secs);
             // The fork directory follows the fork live.
             let view = forkdir::follow(coord, id, timeout, until, !client.json).await?;
-            print_view(&view, client.json)
+            print_view(&view, client.json, coord.reach())
         }),
         ForkCommand::Diff {
             fork,
@@ -502,7 +502,8 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
     }
 }
 
-pub(crate) fn print_view(view: &ForkView, json: bool) -> anyhow::Result<()> {
+/// A fork's view; `reach` (see `Client::reach`) ends the commands its hints print.
+pub(crate) fn print_view(view: &ForkView, json: bool, reach: &str) -> anyhow::Result<()> {
     if json {
         print_json(&render::fork_json(view, None, None))
     } else {
@@ -512,7 +513,7 @@ pub(crate) fn print_view(view: &ForkView, json: bool) -> anyhow::Result<()> {
         if !paused.is_empty() && !view.state.is_resolved() {
             print!(
                 "\n{}",
-                render::paused_hint(view.fork_id, &paused, view.branches.len(), None, "")
+                render::paused_hint(view.fork_id, &paused, view.branches.len(), None, reach)
             );
         }
         Ok(())
@@ -558,7 +559,7 @@ pub(crate) async fn after_resume(
     if !paused.is_empty() {
         print!(
             "\n{}",
-            render::paused_hint(id, &paused, cost.branches.len(), Some(&cost), "")
+            render::paused_hint(id, &paused, cost.branches.len(), Some(&cost), coord.reach())
         );
     }
     Ok(())
@@ -627,7 +628,7 @@ pub(crate) async fn fork_create(
                 &paused,
                 view.branches.len(),
                 cost.as_ref(),
-                ""
+                coord.reach()
             )
             .trim_end()
         ));

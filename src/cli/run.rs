@@ -80,7 +80,8 @@ async fn run_fork(
     };
     let out = flow::run_fork(&coord, loaded, &opts).await?;
     let fork_id = out.view.fork_id;
-    let data_flag = format!(" --data {}", system.data_dir.display());
+    // Every command a hint prints runs as printed from any directory.
+    let data_flag = coord.reach().to_string();
     if !out.solo_unresolved.is_empty() {
         // On stderr whatever the output format: the run did not do what it usually does.
         let open: Vec<String> = out.solo_unresolved.iter().map(ForkId::to_string).collect();
@@ -104,7 +105,7 @@ async fn run_fork(
         println!();
         print!("{}", render::diff_text(&out.diff, false));
         if let Some(r) = &out.resolved {
-            print!("{}", fork::resolve::report_text(&r.report));
+            print!("{}", fork::resolve::report_text(&r.report, &data_flag));
         }
         match &out.merge {
             Some((winner, report)) => print!("{}", render::merge_text(winner, report)),
@@ -117,7 +118,7 @@ async fn run_fork(
     if let Some(e) = out
         .resolved
         .as_ref()
-        .and_then(|r| fork::resolve::failure(&r.report))
+        .and_then(|r| fork::resolve::failure(&r.report, &data_flag))
     {
         return Err(Incomplete::Failed(e).into());
     }

@@ -12,6 +12,7 @@ mod exit_codes;
 mod fleet;
 mod forkdir;
 mod harness;
+mod hints;
 mod lineage;
 mod merge_policy;
 mod pipes;

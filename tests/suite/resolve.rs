@@ -30,7 +30,7 @@ tool_calls = [{ name = "write_file", args = { path = "result.txt", content = "ba
 text = "bad done"
 "#;
 
-fn verdict(winner: &str, confidence: f64) -> String {
+pub(super) fn verdict(winner: &str, confidence: f64) -> String {
     format!(
         "[[turns.judge]]\ntext = '{{\"winner\": \"{winner}\", \"confidence\": {confidence}, \"reasoning\": \"because\"}}'\n"
     )
@@ -38,7 +38,7 @@ fn verdict(winner: &str, confidence: f64) -> String {
 
 /// A fork of `good` and `bad` in a fresh quickstart copy, with `top` spec keys and the
 /// judge scripts `judges` (`scripted:judge1`, `scripted:judge2`, ... in order).
-fn setup(top: &str, judges: &[String]) -> (Example, std::path::PathBuf) {
+pub(super) fn setup(top: &str, judges: &[String]) -> (Example, std::path::PathBuf) {
     let ex = Example::quickstart();
     std::fs::write(ex.dir.path().join("branches.toml"), BRANCHES).unwrap();
     std::fs::write(ex.workspace().join("check.py"), CHECK).unwrap();
@@ -60,7 +60,7 @@ fn setup(top: &str, judges: &[String]) -> (Example, std::path::PathBuf) {
     (ex, spec)
 }
 
-const TESTED: &str = "test_command = [\"python3\", \"check.py\"]\ntest_timeout_s = 60";
+pub(super) const TESTED: &str = "test_command = [\"python3\", \"check.py\"]\ntest_timeout_s = 60";
 
 fn test_of<'a>(resolve: &'a Value, label: &str) -> &'a Value {
     resolve["tests"]

@@ -157,16 +157,17 @@ pub async fn follow(
 ) -> Result<ForkView, ClientError> {
     let (view, dir) = follow_quietly(coord, fork, timeout, until, show).await?;
     if let (true, Some(dir)) = (show, dir) {
-        announce(&dir);
+        announce(coord, fork, &dir);
     }
     Ok(view)
 }
 
 /// Say where the fork directory is, and how to open it.
-pub fn announce(dir: &Path) {
+pub fn announce(coord: &Client, fork: ForkId, dir: &Path) {
     eprintln!(
-        "fork directory: {} (`forkfleet fork open` opens it in a diff tool)",
-        dir.display()
+        "fork directory: {} (`forkfleet fork open {fork}{}` opens it in a diff tool)",
+        dir.display(),
+        coord.reach()
     );
 }
 

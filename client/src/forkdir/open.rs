@@ -317,17 +317,7 @@ fn pretty(opened: &Opened) -> Result<String, ClientError> {
 /// A command line as a shell would read it back.
 pub(crate) fn shell_line(argv: &[OsString]) -> String {
     argv.iter()
-        .map(|a| {
-            let s = a.to_string_lossy();
-            let plain = !s.is_empty()
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%{}~".contains(c));
-            if plain {
-                s.into_owned()
-            } else {
-                format!("'{}'", s.replace('\'', r"'\''"))
-            }
-        })
+        .map(|a| crate::render::shell_word(&a.to_string_lossy()))
         .collect::<Vec<_>>()
         .join(" ")
 }

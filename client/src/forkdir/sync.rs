@@ -78,6 +78,7 @@ impl Materializer {
             return Err(ClientError::ForkDirRemoved {
                 fork: view.fork_id,
                 winner: winner.to_string(),
+                reach: coord.reach().to_string(),
             });
         }
         let (workspace, dir) = locate(view)?;

@@ -37,7 +37,7 @@ pub fn strategy_from_flags(
 
 /// An error to exit with when the resolve could not decide what its strategy asked for:
 /// every judge failed. `None` when the decision is what the strategy allows.
-pub fn failure(report: &ResolveReport) -> Option<String> {
+pub fn failure(report: &ResolveReport, reach: &str) -> Option<String> {
     if !report.strategy.needs_judge() || !matches!(report.decision, Decision::Manual) {
         return None;
     }
@@ -47,7 +47,7 @@ pub fn failure(report: &ResolveReport) -> Option<String> {
         .filter_map(|j| j.run.error.clone())
         .collect();
     Some(format!(
-        "no judge gave a valid verdict ({}); nothing was merged: pick a branch with `forkfleet fork merge {} --pick LABEL`",
+        "no judge gave a valid verdict ({}); nothing was merged: pick a branch with `forkfleet fork merge {} --pick LABEL{reach}`",
         if errors.is_empty() {
             "no judge ran".to_string()
         } else {
@@ -67,7 +67,9 @@ fn outcome_text(o: &TestOutcome) -> String {
 }
 
 /// The report for people: tests, each judge, the decision.
-pub fn report_text(report: &ResolveReport) -> String {
+/// The report for people; `reach` is appended to the commands it suggests (see
+/// `Client::reach`).
+pub fn report_text(report: &ResolveReport, reach: &str) -> String {
     let mut out = String::new();
     if !report.tests.is_empty() {
         let width = report
@@ -152,12 +154,13 @@ pub fn report_text(report: &ResolveReport) -> String {
         ),
         Decision::Defer { pick, confidence } => writeln!(
             out,
-            "\ndecision ({strategy}): `{pick}` suggested at {confidence:.2}, below the threshold: nothing merged\n  accept it with: forkfleet fork merge {} --pick {pick}",
-            report.fork_id
+            "\ndecision ({strategy}): `{pick}` suggested at {confidence:.2}, below the threshold: nothing merged\n  accept it with: forkfleet fork merge {} --pick {}{reach}",
+            report.fork_id,
+            render::shell_word(pick)
         ),
         Decision::Manual => writeln!(
             out,
-            "\ndecision ({strategy}): a person picks: forkfleet fork merge {} --pick LABEL",
+            "\ndecision ({strategy}): a person picks: forkfleet fork merge {} --pick LABEL{reach}",
             report.fork_id
         ),
     };
@@ -203,12 +206,12 @@ pub(crate) async fn fork_resolve(
     if json {
         print_json(&report_json(&resolved))?;
     } else {
-        print!("{}", report_text(&resolved.report));
+        print!("{}", report_text(&resolved.report, coord.reach()));
         if let (Some(merge), Some(applied)) = (&resolved.report.merge, &resolved.applied) {
             print!("{}", render::merge_text(&merge.winner, applied));
         }
     }
-    if let Some(e) = failure(&resolved.report) {
+    if let Some(e) = failure(&resolved.report, coord.reach()) {
         return Err(Incomplete::Failed(e).into());
     }
     match &resolved.applied {

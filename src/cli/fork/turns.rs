@@ -51,7 +51,10 @@ pub(crate) async fn fork_continue(
             return print_json(&render::continue_json(&outcome, None));
         }
         print!("{}", render::continue_text(&outcome));
-        println!("follow it with `forkfleet fork watch {id}`, or wait with `fork continue --wait`");
+        println!(
+            "follow it with `forkfleet fork watch {id}{}`, or wait with `fork continue --wait`",
+            coord.reach()
+        );
         return Ok(());
     }
     if !json {
@@ -89,9 +92,15 @@ pub(crate) async fn fork_continue(
     if branch.state == forkfleet_shared::state::BranchState::Paused {
         let cost = coord.fork_cost(id).await.ok();
         return Err(Incomplete::Failed(
-            render::paused_hint(id, &[label], view.branches.len(), cost.as_ref(), "")
-                .trim_end()
-                .to_string(),
+            render::paused_hint(
+                id,
+                &[label],
+                view.branches.len(),
+                cost.as_ref(),
+                coord.reach(),
+            )
+            .trim_end()
+            .to_string(),
         )
         .into());
     }
@@ -137,9 +146,10 @@ pub(crate) async fn wait_for_branch(
         if let Some(t) = timeout {
             if started.elapsed() >= t {
                 return Err(anyhow::anyhow!(
-                    "gave up waiting after {} s: branch `{label}` is {} (it keeps running; `forkfleet fork watch {id}`)",
+                    "gave up waiting after {} s: branch `{label}` is {} (it keeps running; `forkfleet fork watch {id}{}`)",
                     t.as_secs(),
-                    b.state
+                    b.state,
+                    coord.reach()
                 ));
             }
         }
