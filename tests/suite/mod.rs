@@ -12,6 +12,7 @@ mod fleet;
 mod forkdir;
 mod harness;
 mod lineage;
+mod live_embedded;
 mod merge_policy;
 mod pipes;
 mod resolve;
