@@ -3,7 +3,9 @@
 //!
 //! Client commands (`fork ...`, `account ...`, `workers`, `log`) talk to a [`Client`]: a
 //! remote coordinator when a NATS URL is configured (`--nats`, `FORKFLEET_NATS_URL`, or
-//! the `--config` file), else the embedded one over the run store in `--data`.
+//! the `--config` file), else the embedded one over the run store in `--data`. When another
+//! process (`forkfleet run`) holds that store, the command reaches that process's embedded
+//! coordinator through its socket `<data>/api.sock` instead.
 
 use account::AccountCommand;
 use bench::BenchCommand;
@@ -424,11 +426,46 @@ impl Session {
             }
             Local::Run => EmbeddedOptions::default(),
         };
-        let system = Embedded::start(data, opts).await?;
-        Ok(Some(Session {
-            client: system.client(),
-            embedded: Some(system),
-        }))
+        match Embedded::start(data, opts).await {
+            Ok(system) => Ok(Some(Session {
+                client: system.client(),
+                embedded: Some(system),
+            })),
+            Err(e) if store_locked(&e) => Ok(Some(Session {
+                client: Self::holder(data, e).await?,
+                embedded: None,
+            })),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The store in `data` is locked by another process (`locked`): a client of that
+    /// process's embedded coordinator through its socket, if it serves one; else `locked`.
+    /// A socket file nobody listens on (its process was killed) is removed.
+    #[cfg(unix)]
+    async fn holder(data: &Path, locked: anyhow::Error) -> anyhow::Result<Client> {
+        use forkfleet_client::local;
+        let path = local::socket_path(data);
+        match local::connect(&path).await {
+            Ok(Some(transport)) => {
+                tracing::info!(api.socket = %path.display(), "the store is held by another process: using its socket");
+                Ok(
+                    Client::over_socket(transport)
+                        .with_reach(forkfleet::embedded::data_reach(data)),
+                )
+            }
+            Ok(None) => Err(locked),
+            Err(e) => {
+                tracing::warn!(api.socket = %path.display(), error = %e, "the socket of the process holding the store cannot be reached");
+                Err(locked)
+            }
+        }
+    }
+
+    /// No Unix sockets: the lock error as it is.
+    #[cfg(not(unix))]
+    async fn holder(_data: &Path, locked: anyhow::Error) -> anyhow::Result<Client> {
+        Err(locked)
     }
 
     async fn close(self) -> anyhow::Result<()> {
@@ -455,6 +492,16 @@ fn nats_reach(args: &ClientArgs, url: &str) -> String {
         out.push_str(&format!(" --nats {}", render::shell_word(url)));
     }
     out
+}
+
+/// True when `e` says the run store is locked by another process.
+fn store_locked(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<CoordinatorError>(),
+            Some(CoordinatorError::StoreLocked { .. })
+        )
+    })
 }
 
 /// Run `body` against the session `args` configure, then close it (the body's error

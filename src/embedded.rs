@@ -1,5 +1,8 @@
 //! The embedded mode: coordinator and workers in one process on the local bus. Its
-//! coordinator is reached through [`Embedded::client`], like a remote one.
+//! coordinator is reached through [`Embedded::client`], like a remote one, and by other
+//! processes on this machine through the Unix socket `<data>/api.sock`
+//! (`forkfleet_client::local`), since the run store is locked to this process while it
+//! runs.
 
 use anyhow::Context;
 use forkfleet_bus::local::LocalBus;
@@ -33,6 +36,12 @@ impl Default for EmbeddedOptions {
     }
 }
 
+/// What stops a service task of [`Embedded`], and the task.
+type Service = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+);
+
 /// A running embedded system.
 pub struct Embedded {
     pub data_dir: PathBuf,
@@ -40,10 +49,10 @@ pub struct Embedded {
     coordinator: Coordinator,
     workers: Vec<WorkerHandle>,
     /// The API served on the local bus, for agents' fork tools; ends when this is dropped.
-    api: Option<(
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<()>,
-    )>,
+    api: Option<Service>,
+    /// The API served on `<data>/api.sock`, for other processes' client commands; ends (and
+    /// removes the socket file) when this is dropped.
+    socket: Option<Service>,
 }
 
 impl Embedded {
@@ -82,6 +91,9 @@ impl Embedded {
                 tracing::warn!(error = %e, "the embedded API service stopped");
             }
         });
+        // Other processes' client commands (`fork steer`, `fork watch`, ... with the same
+        // --data) cannot open the store this process holds: they come through the socket.
+        let socket = serve_socket(data_dir, coordinator.handle());
         let mut workers = Vec::with_capacity(opts.workers);
         for _ in 0..opts.workers {
             let config = WorkerConfig {
@@ -101,6 +113,7 @@ impl Embedded {
             coordinator,
             workers,
             api: Some((stop, api)),
+            socket,
         })
     }
 
@@ -115,8 +128,13 @@ impl Embedded {
             .with_reach(data_reach(&self.data_dir))
     }
 
-    /// Stop the workers, then the coordinator (which flushes the store).
+    /// Stop serving other processes, then the workers, then the coordinator (which flushes
+    /// the store).
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        if let Some((stop, socket)) = self.socket.take() {
+            let _ = stop.send(());
+            let _ = socket.await;
+        }
         for w in self.workers {
             w.shutdown().await?;
         }
@@ -137,4 +155,38 @@ pub fn data_reach(dir: &Path) -> String {
         " --data {}",
         forkfleet_client::render::shell_word(&dir.to_string_lossy())
     )
+}
+
+/// Serve the coordinator's API on `<data_dir>/api.sock` (mode 0600) for the client commands
+/// of other processes; the server stops, and removes the socket file, when the returned
+/// sender is used or dropped. A socket that cannot be bound (e.g. a path too long for a
+/// Unix socket) is logged and skipped: this process works as before, others get the lock
+/// error.
+#[cfg(unix)]
+fn serve_socket(data_dir: &Path, handle: CoordinatorHandle) -> Option<Service> {
+    use forkfleet_client::local::{socket_path, SocketServer};
+    let path = socket_path(data_dir);
+    match SocketServer::bind(&path) {
+        Ok(server) => {
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(server.run(handle, async {
+                let _ = stopped.await;
+            }));
+            Some((stop, task))
+        }
+        Err(e) => {
+            tracing::warn!(
+                api.socket = %path.display(),
+                error = %e,
+                "cannot serve the API on the local socket; other processes cannot reach this one"
+            );
+            None
+        }
+    }
+}
+
+/// No Unix sockets: other processes cannot reach this one.
+#[cfg(not(unix))]
+fn serve_socket(_data_dir: &Path, _handle: CoordinatorHandle) -> Option<Service> {
+    None
 }

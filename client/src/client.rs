@@ -1,9 +1,10 @@
 //! Talking to a coordinator: [`Client`] is what every front end uses. It is an
 //! [`ApiClient`], so it has one method per API operation (`client.merge(fork, "a")`, see
 //! `forkfleet_shared::api::ops`), each one request through a [`Transport`]: the bus's
-//! request/reply to a coordinator anywhere ([`BusTransport`]), or a handler in this process
-//! ([`InProcess`], the embedded mode), so every command works unchanged, errors included,
-//! against either.
+//! request/reply to a coordinator anywhere ([`BusTransport`]), a handler in this process
+//! ([`InProcess`], the embedded mode), or another process's embedded coordinator over the
+//! Unix socket in its data directory (`crate::local::SocketTransport`), so every command
+//! works unchanged, errors included, against any of them.
 //!
 //! Every call is bounded: by the operation's own timeout ([`Operation::timeout`]); a
 //! waiting operation asks the coordinator to hold it at most `MAX_API_WAIT_MS`.
@@ -132,7 +133,23 @@ impl Client {
         &self.reach
     }
 
-    /// True when the coordinator is reached over a bus (a cluster), not in this process.
+    /// The coordinator of another process's embedded system, served on its local socket
+    /// (`crate::local`): its workers run there, and its run store's blobs are read through
+    /// the socket (`get_blob`).
+    #[cfg(unix)]
+    pub fn over_socket(transport: crate::local::SocketTransport) -> Self {
+        let transport = Arc::new(transport);
+        let blobs = Arc::new(crate::local::SocketBlobs::new(transport.clone()));
+        Self {
+            reach: Arc::from(""),
+            transport,
+            bus: Arc::new(forkfleet_bus::local::LocalBus::new(blobs)),
+            remote: true,
+        }
+    }
+
+    /// True when the coordinator and its workers are not in this process: a cluster
+    /// reached over a bus, or another process's embedded system over its local socket.
     pub fn is_remote(&self) -> bool {
         self.remote
     }
@@ -142,7 +159,8 @@ impl Client {
         self.bus.blobs()
     }
 
-    /// The bus the client is on (the in-process one when embedded).
+    /// The bus the client is on (the in-process one when embedded; over a local socket, a
+    /// bus of its own that only carries the socket's blobs).
     pub fn bus(&self) -> &Arc<dyn Bus> {
         &self.bus
     }

@@ -9,6 +9,8 @@
 //!   API declaration generates), over a [`Transport`]: the bus's request/reply
 //!   ([`client::BusTransport`]) or a handler in this process ([`client::InProcess`], the
 //!   embedded mode).
+//! - [`local`]: the API over a Unix socket in the data directory, so other processes reach
+//!   an embedded coordinator while it holds the run store (server loop, transport, blobs).
 //! - [`error`]: [`ClientError`], the crate's one error enum, and its kind (which gives
 //!   the CLI's exit code).
 //! - [`workspace`]: snapshot and upload a workspace; apply a merge or a rewind to a real
@@ -28,6 +30,8 @@
 pub mod client;
 pub mod error;
 pub mod forkdir;
+#[cfg(unix)]
+pub mod local;
 pub mod render;
 pub mod run;
 pub mod watch;

@@ -69,6 +69,7 @@ handlers! {
     Rewind(h, op) => h.rewind(op.run, &op.checkpoint, op.dry_run).await;
     ForkCheckpoint(h, op) => h.fork_checkpoint(op.run, &op.checkpoint).await;
     RunWorkspace(h, op) => h.root_workspace(op.run).await;
+    GetBlob(h, op) => h.store().blob(&op.blob);
 }
 
 impl CoordinatorHandle {

@@ -592,6 +592,10 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
         }
         .into(),
         api::RunWorkspace { run: norun }.into(),
+        api::GetBlob {
+            blob: forkfleet_shared::blob::BlobHash::of(b"no such blob"),
+        }
+        .into(),
     ];
     let mut covered: Vec<&str> = samples.iter().map(ApiRequest::op).collect();
     covered.sort_unstable();

@@ -14,6 +14,7 @@ mod forkdir;
 mod harness;
 mod hints;
 mod lineage;
+mod live_embedded;
 mod merge_policy;
 mod pipes;
 mod resolve;

@@ -27,6 +27,7 @@ use crate::diff::{DiffOptions, DiffReport};
 use crate::ids::{ForkId, RunId};
 use crate::resolve::Strategy;
 use crate::spec::ForkPlan;
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::time::Duration;
@@ -460,6 +461,12 @@ operations! {
         RunWorkspace = "run_workspace", fn run_workspace {
             run: RunId,
         } -> Workspace(BlobHash), idempotent, quick;
+
+        /// A blob of the run store, `None` when the store lacks it: how a client of
+        /// another process's embedded coordinator (over its local socket) reads what it
+        /// cannot read from the store itself, e.g. the files of `fork watch`'s fork
+        /// directory.
+        GetBlob = "get_blob", fn get_blob { blob: BlobHash } -> Blob(Option<Bytes>), idempotent, quick;
     }
 }
 
@@ -496,6 +503,8 @@ pub enum ApiReply {
     NewRun(NewRunOutcome),
     /// A workspace version (a `Manifest` blob).
     Workspace(BlobHash),
+    /// A blob's bytes (`None`: not in the store).
+    Blob(Option<Bytes>),
     /// The reply is too large for one message: it is the `api_response` envelope stored
     /// as this blob in the bus's blob store.
     Stored {
@@ -530,6 +539,7 @@ impl ApiReply {
             ApiReply::Rewind(_) => "rewind",
             ApiReply::NewRun(_) => "new_run",
             ApiReply::Workspace(_) => "workspace",
+            ApiReply::Blob(_) => "blob",
             ApiReply::Stored { .. } => "stored",
         }
     }
