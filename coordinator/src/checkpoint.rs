@@ -205,6 +205,25 @@ fn last_seq(run: RunId, log: &[(u64, Event)]) -> Result<u64, CoordinatorError> {
         .ok_or(CoordinatorError::EmptyLog(run))
 }
 
+/// The last seq of `run`'s log, which `checkpoint` must not be past (a log cut short
+/// under it, e.g. a store restored from an older copy).
+fn end_at_or_after(
+    run: RunId,
+    log: &[(u64, Event)],
+    checkpoint: &CheckpointView,
+) -> Result<u64, CoordinatorError> {
+    let end = last_seq(run, log)?;
+    if checkpoint.seq > end {
+        return Err(CoordinatorError::CheckpointPastEnd {
+            run,
+            label: checkpoint.label.clone(),
+            seq: checkpoint.seq,
+            end,
+        });
+    }
+    Ok(end)
+}
+
 /// The run's current version: a root run's record, or a branch's snapshot + changes.
 fn current_version(
     store: &RunStore,

@@ -1,7 +1,7 @@
 //! A new root run from a checkpoint: the source run's conversation up to it, on its
 //! workspace version, starting with checkpoint `from:<run>`.
 
-use super::{find, last_seq, load_run, origin_label, version};
+use super::{end_at_or_after, find, load_run, origin_label, version};
 use crate::error::CoordinatorError;
 use crate::store::{RunRecord, RunStore};
 use forkfleet_shared::api::{CheckpointKind, CheckpointView, NewRunOutcome};
@@ -19,15 +19,7 @@ pub(crate) fn fork_from(
     let source = load_run(store, run)?;
     let checkpoint = find(store, run, reference)?;
     let log = store.run_log(run)?;
-    let end = last_seq(run, &log)?;
-    if checkpoint.seq > end {
-        return Err(CoordinatorError::CheckpointPastEnd {
-            run,
-            label: checkpoint.label.clone(),
-            seq: checkpoint.seq,
-            end,
-        });
-    }
+    end_at_or_after(run, &log, &checkpoint)?;
     let events: Vec<&Event> = history_at(&log, Some(checkpoint.seq))
         .into_iter()
         .map(|i| &log[i].1)

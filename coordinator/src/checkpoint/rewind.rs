@@ -2,7 +2,7 @@
 //! log between the two versions) and writing it for a root run; a branch run's marker is
 //! appended by its fork actor.
 
-use super::{current_version, find, last_seq, load_run, run_kind, version, RunKind};
+use super::{current_version, end_at_or_after, find, load_run, run_kind, version, RunKind};
 use crate::error::CoordinatorError;
 use crate::store::{RunRecord, RunStore};
 use forkfleet_shared::api::RewindOutcome;
@@ -46,15 +46,7 @@ fn plan_rewind(
     let checkpoint = find(store, run, reference)?;
     check_rewindable(run, &kind)?;
     let log = store.run_log(run)?;
-    let end = last_seq(run, &log)?;
-    if checkpoint.seq > end {
-        return Err(CoordinatorError::CheckpointPastEnd {
-            run,
-            label: checkpoint.label.clone(),
-            seq: checkpoint.seq,
-            end,
-        });
-    }
+    let end = end_at_or_after(run, &log, &checkpoint)?;
     let from = current_version(store, &record, &kind, &log)?;
     let to = version(
         store,
