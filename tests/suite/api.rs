@@ -451,7 +451,8 @@ async fn large_requests_and_replies_travel_as_blobs() {
     sys.stop().await;
 }
 
-/// One request of every declared operation, sent through both transports: the answers
+/// One request of every declared operation, sent through both transports (in process, and
+/// request/reply over a bus: the in-process bus and a real NATS server): the answers
 /// (replies or errors) are equal, none is a decode error or an unknown operation, and a
 /// new operation without a sample here fails the test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -606,15 +607,36 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
         "every declared operation needs a sample here"
     );
 
+    // The same coordinator served on a real NATS server too: request/reply over NATS, the
+    // transport a cluster uses.
+    let nats = forkfleet_bus::testkit::NatsServer::start();
+    let nats_bus: Arc<dyn Bus> = Arc::new(
+        forkfleet_bus::nats::NatsBus::connect(forkfleet_bus::nats::NatsConfig::new(nats.url()))
+            .await
+            .unwrap(),
+    );
+    let server = ApiServer::bind(sys.handle.clone(), nats_bus.clone())
+        .await
+        .unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let served = tokio::spawn(server.run(async {
+        let _ = stopped.await;
+    }));
+    let over_nats = Client::remote(nats_bus);
+
     let local = Client::in_process(sys.handle.clone(), sys.bus.clone());
     for req in samples {
         let op = req.op();
-        let here = local.request(req.clone(), LIMIT).await;
-        let there = sys.remote.request(req, LIMIT).await;
-        let (here, there) = (as_result(here), as_result(there));
+        let here = as_result(local.request(req.clone(), LIMIT).await);
+        let there = as_result(sys.remote.request(req.clone(), LIMIT).await);
+        let on_nats = as_result(over_nats.request(req, LIMIT).await);
         assert_eq!(
             here, there,
             "`{op}` answers differently in process and over the bus"
+        );
+        assert_eq!(
+            here, on_nats,
+            "`{op}` answers differently in process and over NATS"
         );
         if let Err(e) = &here {
             assert!(
@@ -623,6 +645,12 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
             );
         }
     }
+    let _ = stop.send(());
+    tokio::time::timeout(LIMIT, served)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     sys.stop().await;
 }
 
