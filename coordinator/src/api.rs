@@ -71,11 +71,3 @@ handlers! {
     RunWorkspace(h, op) => h.root_workspace(op.run).await;
     GetBlob(h, op) => h.store().blob(&op.blob);
 }
-
-impl CoordinatorHandle {
-    /// Answer one API request in this process, as the bus service would (see
-    /// [`forkfleet_shared::api::dispatch`]).
-    pub async fn dispatch(&self, req: ApiRequest) -> Result<ApiReply, ApiError> {
-        dispatch(self, req).await
-    }
-}

@@ -67,18 +67,6 @@ pub trait Handler<O: Operation>: Send + Sync {
     fn handle(&self, op: O) -> impl Future<Output = Result<O::Reply, ApiError>> + Send;
 }
 
-/// A reply of the wrong kind for the operation asked: the server and the client disagree
-/// about the API.
-pub fn unexpected_reply(op: &'static str, got: &ApiReply) -> ApiError {
-    ApiError::new(
-        ApiErrorKind::Failure,
-        format!(
-            "the coordinator answered `{}` to a `{op}` request",
-            got.name()
-        ),
-    )
-}
-
 /// The wait a waiting request asks for, as the coordinator honours it (capped at
 /// [`MAX_API_WAIT_MS`]).
 pub fn bounded_wait(timeout_ms: u64) -> Duration {
