@@ -426,6 +426,15 @@ impl Session {
             }
             Local::Run => EmbeddedOptions::default(),
         };
+        // A live embedded process that holds the store answers on its socket: ask it
+        // first, rather than wait out the store's lock retry (`RunStore::open`) to learn
+        // the store is taken.
+        if let Some(client) = Self::live_holder(data).await {
+            return Ok(Some(Session {
+                client,
+                embedded: None,
+            }));
+        }
         match Embedded::start(data, opts).await {
             Ok(system) => Ok(Some(Session {
                 client: system.client(),
@@ -439,33 +448,39 @@ impl Session {
         }
     }
 
-    /// The store in `data` is locked by another process (`locked`): a client of that
-    /// process's embedded coordinator through its socket, if it serves one; else `locked`.
-    /// A socket file nobody listens on (its process was killed) is removed.
+    /// A client of the embedded process that holds the store in `data`, through the socket
+    /// it serves there; `None` when nobody listens (a socket file a killed process left is
+    /// removed).
     #[cfg(unix)]
-    async fn holder(data: &Path, locked: anyhow::Error) -> anyhow::Result<Client> {
+    async fn live_holder(data: &Path) -> Option<Client> {
         use forkfleet_client::local;
         let path = local::socket_path(data);
         match local::connect(&path).await {
             Ok(Some(transport)) => {
                 tracing::info!(api.socket = %path.display(), "the store is held by another process: using its socket");
-                Ok(
+                Some(
                     Client::over_socket(transport)
                         .with_reach(forkfleet::embedded::data_reach(data)),
                 )
             }
-            Ok(None) => Err(locked),
+            Ok(None) => None,
             Err(e) => {
                 tracing::warn!(api.socket = %path.display(), error = %e, "the socket of the process holding the store cannot be reached");
-                Err(locked)
+                None
             }
         }
     }
 
-    /// No Unix sockets: the lock error as it is.
+    /// No Unix sockets: no other process can be reached.
     #[cfg(not(unix))]
-    async fn holder(_data: &Path, locked: anyhow::Error) -> anyhow::Result<Client> {
-        Err(locked)
+    async fn live_holder(_data: &Path) -> Option<Client> {
+        None
+    }
+
+    /// The store in `data` is locked by another process (`locked`): its socket if it
+    /// started serving since [`Session::live_holder`] looked, else the lock error.
+    async fn holder(data: &Path, locked: anyhow::Error) -> anyhow::Result<Client> {
+        Self::live_holder(data).await.ok_or(locked)
     }
 
     async fn close(self) -> anyhow::Result<()> {
