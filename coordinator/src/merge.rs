@@ -111,7 +111,7 @@ pub(crate) fn run(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
         .collect();
     adopted.push(Event::BranchSummary {
         text: format!(
-            "fork {} merged branch `{}` (run {}): {}, {} turn(s), {} change(s), ${:.4}; {} path(s) applied, {} conflict(s) under {}",
+            "fork {} merged branch `{}` (run {}): {}, {} turn(s), {} change(s), ${:.4}; {} path(s) applied, {} overwritten, {} conflict(s) under {}",
             fork.fork_id,
             winner.label,
             winner.run_id,
@@ -120,6 +120,7 @@ pub(crate) fn run(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
             changes.len(),
             winner.cost_usd,
             report.applied_paths.len(),
+            report.overwritten.len(),
             report.conflicts.len(),
             fork.plan.conflict_policy,
         ),

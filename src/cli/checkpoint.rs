@@ -160,7 +160,10 @@ pub async fn run(coord: &Client, command: &CheckpointCommand) -> anyhow::Result<
             if json_out {
                 print_json(&Value::Array(removed.iter().map(checkpoint_json).collect()))
             } else {
-                println!("removed {} checkpoint(s) of run {run}", removed.len());
+                println!(
+                    "removed {} of run {run}",
+                    render::count(removed.len(), "checkpoint", "checkpoints")
+                );
                 Ok(())
             }
         }

@@ -327,13 +327,15 @@ async fn apply_merge(
         fork.id = %outcome.fork_id,
         branch.label = %outcome.winner,
         applied = report.applied_paths.len(),
+        overwritten = report.overwritten.len(),
         conflicts = report.conflicts.len(),
         "agent merged its fork"
     );
     Ok(json!({
         "fork_id": outcome.fork_id.to_string(),
         "merged": outcome.winner,
-        // applied_paths, deleted_paths, conflicts, errors (each with path, op, message).
+        // applied_paths, deleted_paths, overwritten, conflicts, errors (each with path, op,
+        // message).
         "report": report,
         "conflict_policy": outcome.conflict_policy.to_string(),
         "winner_answer": outcome.summary,

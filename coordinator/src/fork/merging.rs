@@ -258,6 +258,7 @@ impl ForkState {
             fork.id = %fork_id,
             branch.label = %done.outcome.winner,
             applied = done.outcome.report.applied_paths.len(),
+            overwritten = done.outcome.report.overwritten.len(),
             conflicts = done.outcome.report.conflicts.len(),
             "fork.merged"
         );
@@ -269,10 +270,11 @@ impl ForkState {
 /// What a branch's history says about a fork of its agent that was merged into it.
 fn merge_summary(outcome: &MergeOutcome, report: &FlushReport) -> String {
     let mut text = format!(
-        "fork {} merged branch `{}` into this run: {} path(s) applied, {} conflict(s) under {}",
+        "fork {} merged branch `{}` into this run: {} path(s) applied, {} overwritten, {} conflict(s) under {}",
         outcome.fork_id,
         outcome.winner,
         report.applied_paths.len(),
+        report.overwritten.len(),
         report.conflicts.len(),
         outcome.conflict_policy,
     );

@@ -177,6 +177,7 @@ pub fn report_json(resolved: &flow::Resolved) -> Value {
                 "applied_paths": r.applied_paths,
                 "deleted_paths": r.deleted_paths,
                 "conflicts": r.conflicts,
+                "overwritten": r.overwritten,
                 "errors": r.errors.iter().map(|e| json!({"path": e.path, "op": e.op, "message": e.message})).collect::<Vec<_>>(),
             }),
         );
