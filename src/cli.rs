@@ -73,6 +73,12 @@ pub enum Command {
     },
     /// List a cluster's live workers: id, pool, running branches, last heartbeat.
     Workers(ClusterArgs),
+    /// Set up a cluster's security: `cluster auth` writes the NATS permissions and
+    /// credentials of each role.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster::ClusterCommand,
+    },
     /// Print a run's event log.
     Log(LogArgs),
     /// List, save and remove a run's checkpoints; rewind a run to one (its conversation,
@@ -138,6 +144,15 @@ pub struct ConfigArgs {
     /// $FORKFLEET_NATS_MAX_DELIVER). A cluster-wide setting.
     #[arg(long, value_name = "N")]
     pub nats_max_deliver: Option<u32>,
+    /// Replicas of the streams and buckets the coordinator creates, 1 to 5 (default: 1;
+    /// $FORKFLEET_NATS_REPLICAS); 3 on a NATS cluster.
+    #[arg(long, value_name = "N")]
+    pub nats_replicas: Option<usize>,
+    /// This client's identity: its requests go to ff.api.client.<IDENTITY>, and it acts on
+    /// the forks of its accounts only ($FORKFLEET_NATS_IDENTITY; see docs/CLUSTER.md,
+    /// "Security").
+    #[arg(long, value_name = "IDENTITY")]
+    pub identity: Option<String>,
     /// Print the effective configuration (secrets redacted) and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -157,6 +172,8 @@ impl ConfigArgs {
                 creds_file: self.nats_creds.clone(),
                 ack_wait_s: self.nats_ack_wait_s,
                 max_deliver: self.nats_max_deliver,
+                replicas: self.nats_replicas,
+                identity: self.identity.clone(),
                 tls: TlsLayer {
                     ca_file: self.tls_ca.clone(),
                     cert_file: self.tls_cert.clone(),
@@ -258,6 +275,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Fork { command } => fork::cmd_fork(command).await,
         Command::Account { command } => account::cmd_account(command).await,
         Command::Workers(args) => workers::cmd_workers(args).await,
+        Command::Cluster { command } => cluster::cmd_cluster(command).await,
         Command::Log(args) => log::cmd_log(args).await,
         Command::Checkpoint { command } => checkpoint::cmd_checkpoint(command).await,
         Command::Bench { command } => match command {
@@ -392,11 +410,11 @@ impl Session {
             print!("{}", config.render());
             return Ok(None);
         }
-        if let Some(nats) = config.nats_config("forkfleet-client") {
+        if let Some(nats) = config.nats_config_for(config::Role::Client) {
             let reach = nats_reach(args, &nats.url);
             let bus = service::connect_nats(nats).await?;
             return Ok(Some(Session {
-                client: Client::remote(bus).with_reach(reach),
+                client: Client::on_subject(bus, &config.api_subject()).with_reach(reach),
                 embedded: None,
             }));
         }
@@ -553,6 +571,7 @@ pub(crate) fn labels<'a>(it: impl Iterator<Item = &'a str>) -> String {
 mod account;
 mod bench;
 mod checkpoint;
+mod cluster;
 mod fork;
 mod log;
 mod run;

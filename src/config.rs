@@ -57,10 +57,10 @@ mod secret;
 mod tests;
 
 pub use layer::{
-    env_layer, env_var, flag_origin, process_env, read_file, Layer, NatsLayer, SourcedLayer,
-    TlsLayer,
+    env_layer, env_var, flag_origin, process_env, read_file, AccessLayer, Layer, NatsLayer,
+    SourcedLayer, TlsLayer,
 };
-pub use nats::NatsSettings;
+pub use nats::{NatsSettings, Role};
 pub use pricing::price_of;
 pub use secret::{Secret, SecretSetting};
 
@@ -86,7 +86,7 @@ pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_DELIVER: u32 = 5;
 
 /// The valid keys, as the file spells them (listed in errors).
-const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok";
+const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [access.\"IDENTITY\"] accounts";
 
 /// The keys of one `[pricing."MODEL"]` entry.
 
@@ -175,6 +175,10 @@ pub struct Config {
     pub pricing: BTreeMap<String, Price>,
     /// Where each model's price came from.
     pub pricing_origins: BTreeMap<String, Origin>,
+    /// `[access."IDENTITY"] accounts`: the accounts each scoped client identity may use
+    /// besides its own (the coordinator's; ADR 17). A higher layer's entry for an identity
+    /// replaces a lower layer's.
+    pub access: BTreeMap<String, std::collections::BTreeSet<String>>,
 }
 
 fn default<T>(value: T) -> Sourced<T> {
@@ -252,9 +256,13 @@ impl Config {
                 tls_require: default(false),
                 ack_wait: default(DEFAULT_ACK_WAIT),
                 max_deliver: default(DEFAULT_MAX_DELIVER),
+                replicas: default(1),
+                identity: None,
+                provision: default(true),
             },
             pricing: BTreeMap::new(),
             pricing_origins: BTreeMap::new(),
+            access: BTreeMap::new(),
         };
         // Secrets as layered: (value or file, origin), resolved after merging.
         let mut password: Option<LayeredSecret> = None;
@@ -303,7 +311,14 @@ impl Config {
                 c.pricing.insert(model.clone(), price);
                 c.pricing_origins.insert(model.clone(), from);
             }
+            for (identity, entry) in &layer.access {
+                c.access
+                    .insert(identity.clone(), entry.accounts.iter().cloned().collect());
+            }
             let n = &layer.nats;
+            set(&mut c.nats.replicas, &n.replicas, o, "nats.replicas");
+            set_opt(&mut c.nats.identity, &n.identity, o, "nats.identity");
+            set(&mut c.nats.provision, &n.provision, o, "nats.provision");
             set_opt(&mut c.nats.url, &n.url, o, "nats.url");
             set_opt(&mut c.nats.name, &n.name, o, "nats.name");
             set_opt(&mut c.nats.user, &n.user, o, "nats.user");
@@ -400,6 +415,41 @@ impl Config {
                 expected: "1 to 64 letters, digits, `_` or `-`",
                 value: format!("`{}` (from {}): {e}", self.pool.value, self.pool.origin),
             });
+        }
+        let replicas = &self.nats.replicas;
+        if !(1..=forkfleet_bus::nats::MAX_REPLICAS).contains(&replicas.value) {
+            return Err(ConfigError::Invalid {
+                key: "nats.replicas",
+                expected: "1 to 5 (3 on a NATS cluster of three servers or more)",
+                value: format!("{} (from {})", replicas.value, replicas.origin),
+            });
+        }
+        if let Some(id) = &self.nats.identity {
+            if let Err(e) = forkfleet_shared::subjects::check_identity(&id.value) {
+                return Err(ConfigError::Invalid {
+                    key: "nats.identity",
+                    expected: "1 to 64 letters, digits, `_` or `-`",
+                    value: format!("`{}` (from {}): {e}", id.value, id.origin),
+                });
+            }
+        }
+        for (identity, accounts) in &self.access {
+            if let Err(e) = forkfleet_shared::subjects::check_identity(identity) {
+                return Err(ConfigError::Invalid {
+                    key: "access",
+                    expected: "identities of 1 to 64 letters, digits, `_` or `-`",
+                    value: format!("`{identity}`: {e}"),
+                });
+            }
+            for account in accounts {
+                if let Err(e) = forkfleet_shared::spec::check_account_name(account) {
+                    return Err(ConfigError::Invalid {
+                        key: "access",
+                        expected: "valid account names",
+                        value: format!("[access.\"{identity}\"] accounts: {e}"),
+                    });
+                }
+            }
         }
         self.nats.check()
     }

@@ -19,6 +19,8 @@
 //!   local bus, the run store under a data directory, and a `forkfleet_client::Client`
 //!   that calls the coordinator in process.
 //! - [`telemetry`]: the process's log lines and trace context.
+//! - [`auth`]: `forkfleet cluster auth`: the nats-server permissions and the credentials
+//!   of each role (ADR 17).
 //!
 //! Everything a front end does around a coordinator (the API client, the workspace
 //! upload, the fork directory, watching, rendering, the run workflow) is the
@@ -26,6 +28,7 @@
 //! `forkfleet-bus`; the two services are `forkfleet-coordinator` and `forkfleet-worker`,
 //! which never depend on each other.
 
+pub mod auth;
 pub mod config;
 pub mod embedded;
 pub mod service;

@@ -10,7 +10,7 @@
 //! [`serve_coordinator`] and [`serve_worker`] are the same over a bus the caller already
 //! has (a `LocalBus` in tests).
 
-use crate::config::Config;
+use crate::config::{Config, Role};
 use crate::BadInput;
 use anyhow::Context;
 use forkfleet_bus::nats::{NatsBus, NatsConfig};
@@ -24,9 +24,15 @@ use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Connect to NATS with the configured settings; without a URL, say how to give one.
-pub async fn connect(config: &Config, role: &str) -> anyhow::Result<Arc<dyn Bus>> {
-    let nats = config.nats_config(&format!("forkfleet-{role}")).ok_or_else(|| {
+/// Connect to NATS with the configured settings for `role` (ADR 17: its reply inboxes,
+/// whether it creates streams and buckets); without a URL, say how to give one.
+pub async fn connect(config: &Config, role: Role) -> anyhow::Result<Arc<dyn Bus>> {
+    let nats = config.nats_config_for(role).ok_or_else(|| {
+        let role = match role {
+            Role::Coordinator => "coordinator",
+            Role::Worker => "worker",
+            Role::Client => "client",
+        };
         BadInput(format!(
             "forkfleet {role} needs a NATS server: pass --nats URL (or set FORKFLEET_NATS_URL, or [nats] url in the --config file)"
         ))
@@ -46,8 +52,8 @@ pub async fn run_coordinator(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let store = open_store(&config.data.value)?;
-    let bus = connect(config, "coordinator").await?;
-    serve_coordinator(store, bus, &config.pool.value, shutdown).await
+    let bus = connect(config, Role::Coordinator).await?;
+    serve_coordinator_with(store, bus, config, shutdown).await
 }
 
 /// Open (or create) the run store under `data`.
@@ -64,15 +70,40 @@ pub async fn serve_coordinator(
     pool: &str,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let dir = store.dir().to_path_buf();
     let config = CoordinatorConfig {
         pool: pool.to_string(),
         ..CoordinatorConfig::default()
     };
+    serve_coordinator_config(store, bus, config, shutdown).await
+}
+
+/// [`serve_coordinator`] with the pool and the `[access]` grants of `config`.
+pub async fn serve_coordinator_with(
+    store: RunStore,
+    bus: Arc<dyn Bus>,
+    config: &Config,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let coordinator = CoordinatorConfig {
+        pool: config.pool.value.clone(),
+        access: config.access.clone(),
+        ..CoordinatorConfig::default()
+    };
+    serve_coordinator_config(store, bus, coordinator, shutdown).await
+}
+
+async fn serve_coordinator_config(
+    store: RunStore,
+    bus: Arc<dyn Bus>,
+    config: CoordinatorConfig,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let dir = store.dir().to_path_buf();
+    let pool = config.pool.clone();
     let coordinator = Coordinator::start(config, store, bus.clone()).await?;
     let served = match ApiServer::bind(coordinator.handle(), bus).await {
         Ok(server) => {
-            tracing::info!(data = %dir.display(), pool, "coordinator.ready");
+            tracing::info!(data = %dir.display(), pool = %pool, "coordinator.ready");
             server.run(shutdown).await
         }
         Err(e) => Err(e),
@@ -89,7 +120,7 @@ pub async fn run_worker(
     config: &Config,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let bus = connect(config, "worker").await?;
+    let bus = connect(config, Role::Worker).await?;
     serve_worker(bus, config, shutdown).await
 }
 

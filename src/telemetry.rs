@@ -21,9 +21,26 @@ pub fn exit_quietly_on_broken_pipe() {
     }
 }
 
+/// Libraries whose debug and trace logs may carry secrets: async-nats prints its
+/// connection's options and protocol lines (the CONNECT with the password or token) at
+/// those levels. Capped at `warn` whatever `-v` or `RUST_LOG` ask for.
+const SECRET_LOGGING_TARGETS: &[&str] = &["async_nats"];
+
+/// `filter` with [`SECRET_LOGGING_TARGETS`] capped at `warn`: a directive for a target
+/// overrides any broader one (`RUST_LOG=trace`), and replaces one for the same target.
+pub fn quiet_libraries(mut filter: tracing_subscriber::EnvFilter) -> tracing_subscriber::EnvFilter {
+    for target in SECRET_LOGGING_TARGETS {
+        if let Ok(directive) = format!("{target}=warn").parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
+    filter
+}
+
 /// The process's subscriber: log lines on stderr, and an OpenTelemetry layer.
 ///
-/// - **Logs**: filtered by `RUST_LOG`, else by `-v` (warn, info, debug).
+/// - **Logs**: filtered by `RUST_LOG`, else by `-v` (warn, info, debug); the libraries
+///   that log secrets at debug and trace (async-nats) never below `warn`.
 /// - **Traces**: forkfleet's own spans at info and above, whatever the log filter, get
 ///   OpenTelemetry trace and span ids from an SDK tracer (sampled unless a remote parent
 ///   says otherwise), so trace context propagates over the bus: tasks carry the
@@ -45,6 +62,7 @@ pub fn init(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let filter = quiet_libraries(filter);
     let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(colour_on_stderr())

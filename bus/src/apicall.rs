@@ -6,7 +6,7 @@
 use crate::{Bus, BusError};
 use forkfleet_shared::api::{
     ApiClient, ApiError, ApiReply, ApiRequest, ApiResponse, Operation, API_SUBJECT,
-    MAX_INLINE_BYTES,
+    MAX_INLINE_BYTES, WORKER_API_SUBJECT,
 };
 use forkfleet_shared::blob::{fetch, BlobError, BlobHash};
 use forkfleet_shared::wire::{self, WireError};
@@ -52,6 +52,15 @@ impl<'a> BusApi<'a> {
         Self {
             bus,
             subject: API_SUBJECT,
+        }
+    }
+
+    /// The coordinator's API for workers, [`WORKER_API_SUBJECT`]: what the agents' fork
+    /// tools call (ADR 17).
+    pub fn worker(bus: &'a dyn Bus) -> Self {
+        Self {
+            bus,
+            subject: WORKER_API_SUBJECT,
         }
     }
 }

@@ -87,7 +87,7 @@ mod forward;
 mod tests;
 
 use blobs::NatsBlobStore;
-pub use config::{redact_url, NatsAuth, NatsConfig, NatsStorage, NatsTls};
+pub use config::{redact_url, NatsAuth, NatsConfig, NatsStorage, NatsTls, MAX_REPLICAS};
 use consume::*;
 use forward::*;
 
@@ -172,6 +172,7 @@ type Reconnects = tokio::sync::watch::Receiver<u64>;
 async fn connect_options(
     config: &NatsConfig,
     url: &str,
+    url_user: Option<(String, String)>,
     reconnects: Arc<tokio::sync::watch::Sender<u64>>,
 ) -> BusResult<ConnectOptions> {
     let log_url = url.to_string();
@@ -205,8 +206,28 @@ async fn connect_options(
     if let Some(name) = &config.name {
         opts = opts.name(name);
     }
+    if let Some(prefix) = &config.inbox_prefix {
+        opts = opts.custom_inbox_prefix(prefix);
+    }
+    if let Some((user, _)) = &url_user {
+        let other = match &config.auth {
+            NatsAuth::None => None,
+            NatsAuth::UserPassword { user, .. } => Some(format!("user `{user}` + password")),
+            NatsAuth::Token(_) => Some("a token".to_string()),
+            NatsAuth::NkeySeed(_) => Some("an nkey seed".to_string()),
+            NatsAuth::CredsFile(path) => Some(format!("the creds file {}", path.display())),
+        };
+        if let Some(other) = other {
+            return Err(BusError::Backend(format!(
+                "the NATS URL carries user `{user}` and {other} is configured too: give one auth method (the URL's user and password, or the configured one)"
+            )));
+        }
+    }
     opts = match &config.auth {
-        NatsAuth::None => opts,
+        NatsAuth::None => match url_user {
+            Some((user, password)) => opts.user_and_password(user, password),
+            None => opts,
+        },
         NatsAuth::UserPassword { user, password } => {
             opts.user_and_password(user.clone(), password.clone())
         }
@@ -312,14 +333,164 @@ async fn ensure_object_store(
     }
 }
 
+/// Get or create every stream and bucket (with `config.replicas`): the coordinator's
+/// set-up, and every process's in an unrestricted one.
+async fn provision(
+    js: &jetstream::Context,
+    config: &NatsConfig,
+    url: &str,
+) -> BusResult<(kv::Store, kv::Store, object_store::ObjectStore)> {
+    let storage: stream::StorageType = config.storage.into();
+
+    // Tasks keep until acked; events, control and dead-task advisories for `max_age`.
+    let streams = [
+        (
+            subjects::TASK_STREAM,
+            "forkfleet branch tasks, one subject per pool",
+            subjects::TASK_SUBJECTS.to_string(),
+            stream::RetentionPolicy::WorkQueue,
+            Duration::ZERO,
+        ),
+        (
+            subjects::EVENT_STREAM,
+            "forkfleet branch events",
+            subjects::EVENT_SUBJECTS.to_string(),
+            stream::RetentionPolicy::Limits,
+            config.max_age,
+        ),
+        (
+            subjects::CONTROL_STREAM,
+            "forkfleet control commands, one subject per run",
+            subjects::CONTROL_SUBJECTS.to_string(),
+            stream::RetentionPolicy::Limits,
+            config.max_age,
+        ),
+        (
+            subjects::DEAD_TASK_STREAM,
+            "max-deliveries advisories of the task consumers",
+            subjects::dead_task_advisories(),
+            stream::RetentionPolicy::WorkQueue,
+            config.max_age,
+        ),
+    ];
+    for (name, description, subject, retention, max_age) in streams {
+        let stream = stream::Config {
+            name: name.into(),
+            description: Some(description.into()),
+            subjects: vec![subject],
+            retention,
+            max_age,
+            storage,
+            max_consumers: STREAM_MAX_CONSUMERS,
+            num_replicas: config.replicas,
+            ..Default::default()
+        };
+        ensure_stream(js, stream, url).await?;
+    }
+    let workers = ensure_kv(
+        js,
+        kv::Config {
+            bucket: subjects::WORKER_BUCKET.into(),
+            description: "forkfleet worker heartbeats".into(),
+            history: 1,
+            max_age: config.worker_ttl,
+            storage,
+            num_replicas: config.replicas,
+            ..Default::default()
+        },
+        url,
+    )
+    .await?;
+    let small = ensure_kv(
+        js,
+        kv::Config {
+            bucket: subjects::SMALL_BLOB_BUCKET.into(),
+            description: "forkfleet small blobs, by hex SHA-256".into(),
+            history: 1,
+            storage,
+            num_replicas: config.replicas,
+            ..Default::default()
+        },
+        url,
+    )
+    .await?;
+    let large = ensure_object_store(
+        js,
+        object_store::Config {
+            bucket: subjects::BLOB_BUCKET.into(),
+            description: Some("forkfleet large blobs, by hex SHA-256".into()),
+            storage,
+            num_replicas: config.replicas,
+            ..Default::default()
+        },
+        url,
+    )
+    .await?;
+    Ok((workers, small, large))
+}
+
+/// Bind to the buckets a worker or client uses, which the coordinator creates: each is
+/// waited for (at most `config.bind_wait`, saying so every few seconds), so start order
+/// does not matter.
+async fn bind(
+    js: &jetstream::Context,
+    config: &NatsConfig,
+    url: &str,
+) -> BusResult<(kv::Store, kv::Store, object_store::ObjectStore)> {
+    let deadline = Instant::now() + config.bind_wait;
+    let workers = bind_one(subjects::WORKER_BUCKET, deadline, url, || js.get_key_value(subjects::WORKER_BUCKET)).await?;
+    let small = bind_one(subjects::SMALL_BLOB_BUCKET, deadline, url, || js.get_key_value(subjects::SMALL_BLOB_BUCKET)).await?;
+    let large = bind_one(subjects::BLOB_BUCKET, deadline, url, || js.get_object_store(subjects::BLOB_BUCKET)).await?;
+    Ok((workers, small, large))
+}
+
+/// Pause between two looks for a bucket the coordinator has not created yet.
+const BIND_RETRY: Duration = Duration::from_millis(500);
+/// How often a process waiting for a bucket says so.
+const BIND_LOG_EVERY: Duration = Duration::from_secs(5);
+
+async fn bind_one<T, E: fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    bucket: &str,
+    deadline: Instant,
+    url: &str,
+    get: impl Fn() -> F,
+) -> BusResult<T> {
+    let mut logged: Option<Instant> = None;
+    loop {
+        let err = match get().await {
+            Ok(found) => return Ok(found),
+            Err(e) => e,
+        };
+        let what = format!(
+            "the bucket {bucket} does not exist yet on {url} (or this NATS user may not read it): is the coordinator running? It creates the streams and buckets"
+        );
+        if Instant::now() + BIND_RETRY >= deadline {
+            return Err(backend(what, err));
+        }
+        if logged.is_none_or(|t| t.elapsed() >= BIND_LOG_EVERY) {
+            tracing::warn!(nats.bucket = %bucket, error = %err, "bus.nats waiting: {what}");
+            logged = Some(Instant::now());
+        }
+        tokio::time::sleep(BIND_RETRY).await;
+    }
+}
+
 impl NatsBus {
-    /// Connect, and get or create the streams and buckets the bus uses.
+    /// Connect, and get or create the streams and buckets the bus uses (with
+    /// [`NatsConfig::provision`]; else bind to them, waiting for the coordinator).
     pub async fn connect(config: NatsConfig) -> BusResult<NatsBus> {
         let url = redact_url(&config.url);
+        if !(1..=MAX_REPLICAS).contains(&config.replicas) {
+            return Err(BusError::Backend(format!(
+                "NATS replicas must be 1 to {MAX_REPLICAS}, got {}",
+                config.replicas
+            )));
+        }
+        // The library ignores a user in the URL: take it out and authenticate with it.
+        let (url_user, bare_urls) = config::url_credentials(&config.url).map_err(BusError::Backend)?;
         let (reconnects_tx, reconnects) = tokio::sync::watch::channel(0u64);
-        let opts = connect_options(&config, &url, Arc::new(reconnects_tx)).await?;
-        let servers: Vec<&str> = config
-            .url
+        let opts = connect_options(&config, &url, url_user, Arc::new(reconnects_tx)).await?;
+        let servers: Vec<&str> = bare_urls
             .split(',')
             .map(str::trim)
             .filter(|u| !u.is_empty())
@@ -336,88 +507,11 @@ impl NatsBus {
         let js = jetstream::ContextBuilder::new()
             .timeout(config.request_timeout)
             .build(client.clone());
-        let storage: stream::StorageType = config.storage.into();
-
-        // Tasks keep until acked; events, control and dead-task advisories for `max_age`.
-        let streams = [
-            (
-                subjects::TASK_STREAM,
-                "forkfleet branch tasks, one subject per pool",
-                subjects::TASK_SUBJECTS.to_string(),
-                stream::RetentionPolicy::WorkQueue,
-                Duration::ZERO,
-            ),
-            (
-                subjects::EVENT_STREAM,
-                "forkfleet branch events",
-                subjects::EVENT_SUBJECTS.to_string(),
-                stream::RetentionPolicy::Limits,
-                config.max_age,
-            ),
-            (
-                subjects::CONTROL_STREAM,
-                "forkfleet control commands, one subject per run",
-                subjects::CONTROL_SUBJECTS.to_string(),
-                stream::RetentionPolicy::Limits,
-                config.max_age,
-            ),
-            (
-                subjects::DEAD_TASK_STREAM,
-                "max-deliveries advisories of the task consumers",
-                subjects::dead_task_advisories(),
-                stream::RetentionPolicy::WorkQueue,
-                config.max_age,
-            ),
-        ];
-        for (name, description, subject, retention, max_age) in streams {
-            let stream = stream::Config {
-                name: name.into(),
-                description: Some(description.into()),
-                subjects: vec![subject],
-                retention,
-                max_age,
-                storage,
-                max_consumers: STREAM_MAX_CONSUMERS,
-                ..Default::default()
-            };
-            ensure_stream(&js, stream, &url).await?;
-        }
-        let workers = ensure_kv(
-            &js,
-            kv::Config {
-                bucket: subjects::WORKER_BUCKET.into(),
-                description: "forkfleet worker heartbeats".into(),
-                history: 1,
-                max_age: config.worker_ttl,
-                storage,
-                ..Default::default()
-            },
-            &url,
-        )
-        .await?;
-        let small = ensure_kv(
-            &js,
-            kv::Config {
-                bucket: subjects::SMALL_BLOB_BUCKET.into(),
-                description: "forkfleet small blobs, by hex SHA-256".into(),
-                history: 1,
-                storage,
-                ..Default::default()
-            },
-            &url,
-        )
-        .await?;
-        let large = ensure_object_store(
-            &js,
-            object_store::Config {
-                bucket: subjects::BLOB_BUCKET.into(),
-                description: Some("forkfleet large blobs, by hex SHA-256".into()),
-                storage,
-                ..Default::default()
-            },
-            &url,
-        )
-        .await?;
+        let (workers, small, large) = if config.provision {
+            provision(&js, &config, &url).await?
+        } else {
+            bind(&js, &config, &url).await?
+        };
         tracing::info!(nats.url = %url, "bus.nats ready");
         Ok(NatsBus {
             inner: Arc::new(Inner {
@@ -456,6 +550,28 @@ impl NatsBus {
         let name = subjects::pool_consumer(pool).map_err(invalid)?;
         let filter = subjects::task_subject(pool).map_err(invalid)?;
         let config = &self.inner.config;
+        if !config.provision {
+            // The coordinator creates it (when it starts, for its pool).
+            let consumer: consumer::PullConsumer = self
+                .inner
+                .js
+                .get_consumer_from_stream(&name, subjects::TASK_STREAM)
+                .await
+                .map_err(|e| {
+                    backend(
+                        format!(
+                            "the task consumer {name} of stream {} does not exist yet (or this NATS user may not use it): is the coordinator running with pool `{pool}`?",
+                            subjects::TASK_STREAM
+                        ),
+                        e,
+                    )
+                })?;
+            let consumer = Arc::new(consumer);
+            if let Ok(mut pools) = self.inner.pools.lock() {
+                pools.insert(pool.to_string(), consumer.clone());
+            }
+            return Ok(consumer);
+        }
         let consumer = self
             .inner
             .js
@@ -616,6 +732,11 @@ impl Bus for NatsBus {
     }
 
     async fn dead_tasks(&self, pool: &str) -> BusResult<mpsc::UnboundedReceiver<Bytes>> {
+        // The pool's watcher (the coordinator) makes its task consumer now, so workers that
+        // may only bind to it find it before the first fork.
+        if self.inner.config.provision {
+            self.pool_consumer(pool).await?;
+        }
         let name = subjects::dead_task_consumer(pool).map_err(invalid)?;
         let filter = subjects::dead_task_advisory(pool).map_err(invalid)?;
         let consumer: consumer::PullConsumer = self
@@ -771,7 +892,8 @@ impl Bus for NatsBus {
     }
 
     async fn serve(&self, subject: &str) -> BusResult<mpsc::Receiver<Request>> {
-        let full = subjects::api_subject(subject).map_err(invalid)?;
+        // `subject` may have `*` tokens (`client.*`); each request names its own.
+        let full = subjects::api_serve_subject(subject).map_err(invalid)?;
         let client = self.inner.client.clone();
         let mut sub = client
             .queue_subscribe(full, subjects::SERVICE_QUEUE_GROUP.to_string())
@@ -794,7 +916,8 @@ impl Bus for NatsBus {
                     client: client.clone(),
                     reply,
                 };
-                let req = Request::new(subject.clone(), msg.payload, Box::new(replier));
+                let service = subjects::service_of(&msg.subject).to_string();
+                let req = Request::new(service, msg.payload, Box::new(replier));
                 if tx.send(req).await.is_err() {
                     break;
                 }

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use forkfleet_bus::apicall::{self, CallError};
 use forkfleet_bus::Bus;
 use forkfleet_shared::api::{
-    dispatch, ApiClient, ApiError, ApiErrorKind, ApiHandler, ApiReply, ApiRequest, ForkView,
+    dispatch, ApiClient, ApiError, ApiErrorKind, ApiHandler, ApiReply, ApiRequest, Caller, ForkView,
     ForkWatch, Operation, API_SUBJECT, MAX_API_WAIT_MS,
 };
 use forkfleet_shared::blob::BlobStore;
@@ -73,7 +73,7 @@ impl<H: ApiHandler + 'static> InProcess<H> {
 impl<H: ApiHandler + 'static> Transport for InProcess<H> {
     async fn request(&self, req: ApiRequest, timeout: Duration) -> Result<ApiReply, CallError> {
         let op = req.op();
-        match tokio::time::timeout(timeout, dispatch(&self.handler, req)).await {
+        match tokio::time::timeout(timeout, dispatch(&self.handler, &Caller::Admin, req)).await {
             Ok(reply) => reply.map_err(CallError::Api),
             Err(_) => Err(CallError::Api(ApiError::new(
                 ApiErrorKind::Unavailable,

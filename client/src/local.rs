@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use forkfleet_bus::apicall::CallError;
 use forkfleet_shared::api::{
-    dispatch, ApiError, ApiErrorKind, ApiHandler, ApiReply, ApiRequest, ApiResponse, GetBlob,
+    dispatch, ApiError, ApiErrorKind, ApiHandler, ApiReply, ApiRequest, ApiResponse, Caller, GetBlob,
     Operation,
 };
 use forkfleet_shared::blob::{BlobError, BlobHash, BlobStore};
@@ -240,7 +240,7 @@ async fn answer<H: ApiHandler>(handler: &H, bytes: &[u8]) -> ApiResponse {
     match wire::decode::<ApiRequest>(bytes) {
         Ok(req) => {
             let op = req.op();
-            let result = dispatch(handler, req).await;
+            let result = dispatch(handler, &Caller::Admin, req).await;
             if let Err(e) = &result {
                 tracing::debug!(api.op = op, api.error = e.kind.as_str(), error = %e.message, "api.socket request refused");
             }

@@ -433,6 +433,14 @@ impl CoordinatorHandle {
         Ok(self.ledger.accounts())
     }
 
+    pub(crate) fn config(&self) -> &CoordinatorConfig {
+        &self.config
+    }
+
+    pub(crate) fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
     pub(crate) fn root(&self) -> &RootHandle {
         &self.root
     }

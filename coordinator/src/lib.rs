@@ -52,6 +52,7 @@
 //! fork is reloaded and each branch's replica rebuilt from its stored log; unacked events
 //! are redelivered and applied idempotently by (run, seq).
 
+pub mod access;
 pub mod api;
 pub mod error;
 pub mod handle;
@@ -99,6 +100,9 @@ pub struct CoordinatorConfig {
     /// How long a budget reservation holds money before it is released unsettled (its
     /// worker is presumed gone). Longer than the slowest model call.
     pub reservation_ttl_ms: u64,
+    /// The accounts each scoped client identity may use besides its own (`[access."ID"]
+    /// accounts`; see `crate::access`).
+    pub access: access::Grants,
 }
 
 /// The default of [`CoordinatorConfig::reservation_ttl_ms`]: ten minutes.
@@ -110,6 +114,7 @@ impl Default for CoordinatorConfig {
             pool: DEFAULT_POOL.to_string(),
             durable: "coordinator".to_string(),
             reservation_ttl_ms: DEFAULT_RESERVATION_TTL_MS,
+            access: access::Grants::new(),
         }
     }
 }

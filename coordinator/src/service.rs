@@ -1,6 +1,10 @@
 //! The coordinator's API over the bus: [`serve`] answers [`ApiRequest`]s on the service
-//! subject [`API_SUBJECT`] with [`ApiResponse`]s, both in the wire envelope.
+//! subjects [`API_SUBJECT`], [`WORKER_API_SUBJECT`] and [`CLIENT_API_PATTERN`] with
+//! [`ApiResponse`]s, both in the wire envelope.
 //!
+//! - Each request is answered for the [`Caller`] its subject names (ADR 17): an admin, a
+//!   worker, or the scoped client `ff.api.client.<identity>` names; never for a field of
+//!   the request.
 //! - Each request runs in its own task (at most 1,024 at once), so a slow diff or a
 //!   long-poll `watch` never holds up the others.
 //! - A request that does not decode (garbage, a wrong wire version, a wrong kind) is
@@ -25,7 +29,8 @@ use crate::handle::CoordinatorHandle;
 use bytes::Bytes;
 use forkfleet_bus::{Bus, Request};
 use forkfleet_shared::api::{
-    ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, API_SUBJECT, MAX_INLINE_BYTES,
+    ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, Caller, API_SUBJECT,
+    CLIENT_API_PATTERN, MAX_INLINE_BYTES, WORKER_API_SUBJECT,
 };
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::wire::{self, WireError, WIRE_VERSION};
@@ -42,9 +47,9 @@ const MAX_IN_FLIGHT: usize = 1024;
 /// Pause before subscribing again when the bus ends the subscription.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(500);
 
-/// Answer API requests on [`API_SUBJECT`] until `shutdown` completes; then stop taking
-/// requests and give the ones in flight a few seconds to finish. Same as
-/// [`ApiServer::bind`] then [`ApiServer::run`].
+/// Answer API requests on every API subject (see [`ApiServer::bind`]) until `shutdown`
+/// completes; then stop taking requests and give the ones in flight a few seconds to
+/// finish. Same as [`ApiServer::bind`] then [`ApiServer::run`].
 pub async fn serve(
     handle: CoordinatorHandle,
     bus: Arc<dyn Bus>,
@@ -57,31 +62,47 @@ pub async fn serve(
 pub struct ApiServer {
     handle: CoordinatorHandle,
     bus: Arc<dyn Bus>,
-    subject: String,
-    requests: tokio::sync::mpsc::Receiver<Request>,
+    subjects: Vec<String>,
+    /// The requests of every subject, each with the caller its subject names.
+    requests: tokio::sync::mpsc::Receiver<(Caller, Request)>,
 }
 
 impl ApiServer {
-    /// Subscribe to [`API_SUBJECT`].
+    /// Subscribe to the API's subjects, each for its callers (ADR 17): [`API_SUBJECT`]
+    /// (admins), [`WORKER_API_SUBJECT`] (workers' fork tools) and [`CLIENT_API_PATTERN`]
+    /// (scoped clients, one subject per identity).
     pub async fn bind(
         handle: CoordinatorHandle,
         bus: Arc<dyn Bus>,
     ) -> Result<Self, CoordinatorError> {
-        Self::bind_on(handle, bus, API_SUBJECT).await
+        Self::bind_all(handle, bus, &[API_SUBJECT, WORKER_API_SUBJECT, CLIENT_API_PATTERN]).await
     }
 
-    /// Subscribe to another subject (several coordinators on one bus, tests).
+    /// Subscribe to another subject only (several coordinators on one bus, tests); its
+    /// requests are an admin's.
     pub async fn bind_on(
         handle: CoordinatorHandle,
         bus: Arc<dyn Bus>,
         subject: &str,
     ) -> Result<Self, CoordinatorError> {
-        let requests = bus.serve(subject).await?;
-        tracing::info!(api.subject = %subject, "api.serving");
+        Self::bind_all(handle, bus, &[subject]).await
+    }
+
+    async fn bind_all(
+        handle: CoordinatorHandle,
+        bus: Arc<dyn Bus>,
+        subjects: &[&str],
+    ) -> Result<Self, CoordinatorError> {
+        let (tx, requests) = tokio::sync::mpsc::channel(MAX_IN_FLIGHT);
+        for subject in subjects {
+            let sub = bus.serve(subject).await?;
+            tracing::info!(api.subject = %subject, "api.serving");
+            tokio::spawn(forward(bus.clone(), subject.to_string(), sub, tx.clone()));
+        }
         Ok(Self {
             handle,
             bus,
-            subject: subject.to_string(),
+            subjects: subjects.iter().map(|s| s.to_string()).collect(),
             requests,
         })
     }
@@ -91,7 +112,7 @@ impl ApiServer {
         let ApiServer {
             handle,
             bus,
-            subject,
+            subjects,
             mut requests,
         } = self;
         tokio::pin!(shutdown);
@@ -101,23 +122,15 @@ impl ApiServer {
                 _ = &mut shutdown => break,
                 // At most MAX_IN_FLIGHT at once: past it, wait for one to finish.
                 req = requests.recv(), if tasks.len() < MAX_IN_FLIGHT => match req {
-                    Some(req) => {
-                        tasks.spawn(answer(handle.clone(), bus.clone(), req));
+                    Some((caller, req)) => {
+                        tasks.spawn(answer(handle.clone(), bus.clone(), caller, req));
                     }
-                    None => {
-                        // The bus ended the subscription: subscribe again (a bus that is
-                        // gone for good fails here, and that ends the service).
-                        tracing::warn!(api.subject = %subject, "api.subscription ended; subscribing again");
-                        tokio::select! {
-                            _ = &mut shutdown => break,
-                            _ = tokio::time::sleep(RESUBSCRIBE_AFTER) => {}
-                        }
-                        requests = bus.serve(&subject).await?;
-                    }
+                    None => break,
                 },
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => log_join(done),
             }
         }
+        // The forwarders stop when they see the receiver gone.
         drop(requests);
         let drained = tokio::time::timeout(DRAIN, async {
             while let Some(done) = tasks.join_next().await {
@@ -132,8 +145,51 @@ impl ApiServer {
             );
             tasks.abort_all();
         }
-        tracing::info!(api.subject = %subject, "api.stopped");
+        tracing::info!(api.subjects = ?subjects, "api.stopped");
         Ok(())
+    }
+}
+
+/// Hand the requests of one subscription to the service, each with its caller (from the
+/// subject it arrived on), until the service stops; when the bus ends the subscription,
+/// subscribe again.
+async fn forward(
+    bus: Arc<dyn Bus>,
+    subject: String,
+    mut sub: tokio::sync::mpsc::Receiver<Request>,
+    tx: tokio::sync::mpsc::Sender<(Caller, Request)>,
+) {
+    loop {
+        let req = tokio::select! {
+            _ = tx.closed() => return,
+            req = sub.recv() => req,
+        };
+        match req {
+            Some(req) => {
+                let caller = Caller::of_subject(&req.subject);
+                if tx.send((caller, req)).await.is_err() {
+                    return;
+                }
+            }
+            None => {
+                tracing::warn!(api.subject = %subject, "api.subscription ended; subscribing again");
+                loop {
+                    tokio::select! {
+                        _ = tx.closed() => return,
+                        _ = tokio::time::sleep(RESUBSCRIBE_AFTER) => {}
+                    }
+                    match bus.serve(&subject).await {
+                        Ok(s) => {
+                            sub = s;
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!(api.subject = %subject, error = %e, "api.subscribe failed; retrying")
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -145,13 +201,14 @@ fn log_join(done: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// Answer one request. Never fails: every outcome is a reply (or a logged send error).
-async fn answer(handle: CoordinatorHandle, bus: Arc<dyn Bus>, req: Request) {
+/// Answer one request from `caller`. Never fails: every outcome is a reply (or a logged
+/// send error).
+async fn answer(handle: CoordinatorHandle, bus: Arc<dyn Bus>, caller: Caller, req: Request) {
     let bytes_in = req.payload.len();
     let response = match decode_request(bus.as_ref(), &req.payload).await {
         Ok(api) => {
-            let span = tracing::info_span!("api.request", api.op = api.op(), bytes_in);
-            let result = forkfleet_shared::api::dispatch(&handle, api)
+            let span = tracing::info_span!("api.request", api.op = api.op(), api.caller = %caller, bytes_in);
+            let result = forkfleet_shared::api::dispatch(&handle, &caller, api)
                 .instrument(span.clone())
                 .await;
             if let Err(e) = &result {

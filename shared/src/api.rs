@@ -10,9 +10,11 @@
 //! An in-process client calls [`dispatch`] on the coordinator directly; a cluster carries
 //! requests over the bus's request/reply in wire envelopes.
 
+pub mod caller;
 pub mod ops;
 pub mod views;
 
+pub use caller::*;
 pub use ops::*;
 pub use views::*;
 

@@ -10,6 +10,8 @@
 //! | blobs | KV bucket `ff_blobs_small` (small blobs), object store `ff_blobs` (large), key = hex SHA-256 |
 //! | worker heartbeats | KV bucket `ff_workers`, key = worker id |
 //! | request/reply | `ff.api.<subject>`, queue group `ff` |
+//! | API per caller (ADR 17) | `ff.api.coordinator` (admin), `ff.api.worker` (workers), `ff.api.client.<identity>` (scoped clients) |
+//! | reply inboxes per role | `_INBOX_ff.coordinator`, `_INBOX_ff.worker`, `_INBOX_ff.client.<identity>` (a client without identity: `_INBOX`) |
 //!
 //! Names given by callers (pools, durable consumers, service subjects) are checked here: a
 //! token is 1 to 64 characters from `A-Z a-z 0-9 _ -`, so it is valid both as a subject
@@ -17,6 +19,8 @@
 
 use crate::blob::BlobHash;
 use crate::ids::{RunId, WorkerId};
+
+pub mod permissions;
 
 /// The work-queue stream of branch tasks.
 pub const TASK_STREAM: &str = "FF_TASKS";
@@ -82,6 +86,32 @@ fn check_token(what: &'static str, value: &str) -> Result<(), SubjectError> {
     Ok(())
 }
 
+/// The root of forkfleet's reply inboxes: each role's connection gets its own prefix
+/// under it, so nats-server permissions can give each the subscriptions to its own
+/// replies only.
+pub const INBOX_ROOT: &str = "_INBOX_ff";
+
+/// The reply inbox prefix of the coordinator: `_INBOX_ff.coordinator`.
+pub fn coordinator_inbox() -> String {
+    format!("{INBOX_ROOT}.coordinator")
+}
+
+/// The reply inbox prefix of the workers: `_INBOX_ff.worker`.
+pub fn worker_inbox() -> String {
+    format!("{INBOX_ROOT}.worker")
+}
+
+/// The reply inbox prefix of client `identity`: `_INBOX_ff.client.<identity>`.
+pub fn client_inbox(identity: &str) -> Result<String, SubjectError> {
+    check_identity(identity)?;
+    Ok(format!("{INBOX_ROOT}.client.{identity}"))
+}
+
+/// A client identity: one subject token (1 to 64 letters, digits, `_` or `-`).
+pub fn check_identity(identity: &str) -> Result<(), SubjectError> {
+    check_token("client identity", identity)
+}
+
 /// The subject tasks of `pool` are published on: `ff.task.<pool>`.
 pub fn task_subject(pool: &str) -> Result<String, SubjectError> {
     check_token("pool name", pool)?;
@@ -145,6 +175,27 @@ pub fn api_subject(subject: &str) -> Result<String, SubjectError> {
     Ok(format!("{API_PREFIX}{subject}"))
 }
 
+/// A service subject to serve, namespaced like [`api_subject`], where a whole token may
+/// also be `*` (one subject per client: `client.*`).
+pub fn api_serve_subject(subject: &str) -> Result<String, SubjectError> {
+    let concrete = subject
+        .split('.')
+        .map(|t| if t == "*" { "x" } else { t })
+        .collect::<Vec<_>>()
+        .join(".");
+    api_subject(&concrete).map_err(|e| SubjectError {
+        value: subject.to_string(),
+        ..e
+    })?;
+    Ok(format!("{API_PREFIX}{subject}"))
+}
+
+/// The service subject of a request received on `full` (`ff.api.client.alice` →
+/// `client.alice`); `full` itself when it is not under `ff.api.`.
+pub fn service_of(full: &str) -> &str {
+    full.strip_prefix(API_PREFIX).unwrap_or(full)
+}
+
 /// The key of a worker's heartbeat in [`WORKER_BUCKET`].
 pub fn worker_key(worker: WorkerId) -> String {
     worker.to_string()
@@ -179,6 +230,11 @@ mod tests {
         let run = RunId::new();
         assert_eq!(control_subject(run), format!("ff.control.{run}"));
         assert_eq!(blob_key(&BlobHash::of(b"x")).len(), 64);
+        assert_eq!(api_serve_subject("client.*").unwrap(), "ff.api.client.*");
+        assert!(api_serve_subject("client.>").is_err());
+        assert_eq!(service_of("ff.api.client.alice"), "client.alice");
+        assert_eq!(client_inbox("alice").unwrap(), "_INBOX_ff.client.alice");
+        assert!(client_inbox("a.b").is_err());
     }
 
     #[test]

@@ -8,7 +8,7 @@ pub(crate) async fn cmd_workers(args: ClusterArgs) -> anyhow::Result<()> {
         print!("{}", config.render());
         return Ok(());
     }
-    let Some(nats) = config.nats_config("forkfleet-client") else {
+    let Some(nats) = config.nats_config_for(config::Role::Client) else {
         return Err(ClientError::NeedsCluster(
             "`forkfleet workers` lists the workers of a cluster: pass --nats URL (or set FORKFLEET_NATS_URL)",
         )

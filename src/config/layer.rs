@@ -20,6 +20,19 @@ pub struct Layer {
     /// `[pricing."MODEL"]` entries as written; checked when the layers are merged.
     #[serde(default)]
     pub pricing: BTreeMap<String, toml::Value>,
+    /// `[access."IDENTITY"]` entries (the coordinator's): the accounts a scoped client
+    /// identity may use besides its own (ADR 17). File only.
+    #[serde(default)]
+    pub access: BTreeMap<String, AccessLayer>,
+}
+
+/// One `[access."IDENTITY"]` entry.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLayer {
+    /// Accounts the identity may use besides its own.
+    #[serde(default)]
+    pub accounts: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -39,6 +52,12 @@ pub struct NatsLayer {
     pub ack_wait_s: Option<u64>,
     /// Deliveries of one task before its branch is failed.
     pub max_deliver: Option<u32>,
+    /// Replicas of the streams and buckets the coordinator creates (1 to 5).
+    pub replicas: Option<usize>,
+    /// A client's identity: its API subject `ff.api.client.<identity>` (ADR 17).
+    pub identity: Option<String>,
+    /// Create missing streams and buckets (false: bind to the coordinator's).
+    pub provision: Option<bool>,
     #[serde(default)]
     pub tls: TlsLayer,
 }
@@ -114,6 +133,8 @@ pub fn flag_origin(key: &'static str) -> &'static str {
         "nats.creds_file" => "--nats-creds",
         "nats.ack_wait_s" => "--nats-ack-wait-s",
         "nats.max_deliver" => "--nats-max-deliver",
+        "nats.replicas" => "--nats-replicas",
+        "nats.identity" => "--identity",
         "nats.tls.ca_file" => "--tls-ca",
         "nats.tls.cert_file" => "--tls-cert",
         "nats.tls.key_file" => "--tls-key",
@@ -135,19 +156,20 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
             })
             .transpose()
     };
-    let require = match get("nats.tls.require") {
-        None => None,
-        Some(v) => Some(match v.trim().to_ascii_lowercase().as_str() {
-            "1" | "true" | "yes" | "on" => true,
-            "0" | "false" | "no" | "off" => false,
-            _ => {
-                return Err(ConfigError::Env {
-                    var: env_var("nats.tls.require"),
+    let boolean = |key: &'static str| -> Result<Option<bool>, ConfigError> {
+        match get(key) {
+            None => Ok(None),
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => Ok(Some(true)),
+                "0" | "false" | "no" | "off" => Ok(Some(false)),
+                _ => Err(ConfigError::Env {
+                    var: env_var(key),
                     message: format!("expected true or false, got `{v}`"),
-                })
-            }
-        }),
+                }),
+            },
+        }
     };
+    let require = boolean("nats.tls.require")?;
     let pricing = match get("pricing") {
         None => BTreeMap::new(),
         Some(text) => toml::from_str::<BTreeMap<String, toml::Value>>(&text).map_err(|e| {
@@ -162,6 +184,7 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
     };
     Ok(Layer {
         pricing,
+        access: BTreeMap::new(),
         data: get("data").map(PathBuf::from),
         pool: get("pool"),
         concurrency: parse("concurrency", "a number of branches")?.map(|n| n as usize),
@@ -180,6 +203,10 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
             ack_wait_s: parse("nats.ack_wait_s", "a number of seconds")?,
             max_deliver: parse("nats.max_deliver", "a number of deliveries")?
                 .map(|n| n.min(u32::MAX as u64) as u32),
+            replicas: parse("nats.replicas", "a number of replicas (1 to 5)")?
+                .map(|n| n.min(usize::MAX as u64) as usize),
+            identity: get("nats.identity"),
+            provision: boolean("nats.provision")?,
             tls: TlsLayer {
                 ca_file: get("nats.tls.ca_file").map(PathBuf::from),
                 cert_file: get("nats.tls.cert_file").map(PathBuf::from),

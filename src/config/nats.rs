@@ -22,6 +22,13 @@ pub struct NatsSettings {
     pub tls_require: Sourced<bool>,
     pub ack_wait: Sourced<Duration>,
     pub max_deliver: Sourced<u32>,
+    /// Replicas of the streams and buckets the coordinator creates.
+    pub replicas: Sourced<usize>,
+    /// A scoped client's identity (ADR 17).
+    pub identity: Option<Sourced<String>>,
+    /// Whether a worker or client creates missing streams and buckets (the coordinator
+    /// always does).
+    pub provision: Sourced<bool>,
 }
 
 impl NatsSettings {
@@ -75,7 +82,58 @@ impl NatsSettings {
     }
 }
 
+/// The role a process has on the bus (ADR 17): what it provisions and where its replies go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Coordinator,
+    Worker,
+    /// A client command: scoped by `[nats] identity` when set, else an admin.
+    Client,
+}
+
 impl Config {
+    /// The NATS connection of a process with `role`: [`Config::nats_config`], with the
+    /// role's reply inbox prefix, provisioning and replicas.
+    pub fn nats_config_for(&self, role: Role) -> Option<NatsConfig> {
+        let name = match role {
+            Role::Coordinator => "forkfleet-coordinator",
+            Role::Worker => "forkfleet-worker",
+            Role::Client => "forkfleet-client",
+        };
+        let mut nats = self.nats_config(name)?;
+        let n = &self.nats;
+        nats.replicas = n.replicas.value;
+        match role {
+            Role::Coordinator => {
+                nats.provision = true;
+                nats.inbox_prefix = Some(forkfleet_shared::subjects::coordinator_inbox());
+            }
+            Role::Worker => {
+                nats.provision = n.provision.value;
+                nats.inbox_prefix = Some(forkfleet_shared::subjects::worker_inbox());
+            }
+            Role::Client => {
+                nats.provision = n.provision.value;
+                // Checked when the configuration was loaded.
+                nats.inbox_prefix = n
+                    .identity
+                    .as_ref()
+                    .and_then(|id| forkfleet_shared::subjects::client_inbox(&id.value).ok());
+            }
+        }
+        Some(nats)
+    }
+
+    /// The API subject a client command sends to: its identity's
+    /// `client.<identity>`, else the admin subject.
+    pub fn api_subject(&self) -> String {
+        self.nats
+            .identity
+            .as_ref()
+            .and_then(|id| forkfleet_shared::api::client_api_subject(&id.value).ok())
+            .unwrap_or_else(|| forkfleet_shared::api::API_SUBJECT.to_string())
+    }
+
     /// The NATS connection to make, named `default_name` unless configured; `None`
     /// when no URL is configured (the embedded mode).
     pub fn nats_config(&self, default_name: &str) -> Option<NatsConfig> {
@@ -112,6 +170,7 @@ impl Config {
             },
             ack_wait: n.ack_wait.value,
             max_deliver: n.max_deliver.value,
+            replicas: n.replicas.value,
             ..NatsConfig::default()
         })
     }

@@ -93,6 +93,21 @@ impl Config {
             n.max_deliver.value.to_string(),
             &n.max_deliver.origin,
         );
+        line(
+            &mut out,
+            "replicas",
+            n.replicas.value.to_string(),
+            &n.replicas.origin,
+        );
+        if let Some(id) = &n.identity {
+            line(&mut out, "identity", quoted(&id.value), &id.origin);
+        }
+        line(
+            &mut out,
+            "provision",
+            n.provision.value.to_string(),
+            &n.provision.origin,
+        );
         let _ = writeln!(out, "\n[nats.tls]");
         for (key, v) in [
             ("ca_file", &n.tls_ca_file),
@@ -121,6 +136,11 @@ impl Config {
             if let Some(c) = price.cached_per_mtok {
                 let _ = writeln!(out, "cached_per_mtok = {c:?}");
             }
+        }
+        for (identity, accounts) in &self.access {
+            let _ = writeln!(out, "\n[access.{}]", quoted(identity));
+            let list: Vec<String> = accounts.iter().map(|a| quoted(a)).collect();
+            let _ = writeln!(out, "accounts = [{}]", list.join(", "));
         }
         out
     }

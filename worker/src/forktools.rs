@@ -161,7 +161,7 @@ impl AgentForks {
             .put(bytes)
             .await
             .map_err(|e| format!("cannot store the workspace snapshot: {e}"))?;
-        let view = BusApi::new(cx.bus)
+        let view = BusApi::worker(cx.bus)
             .agent_fork(
                 cx.run_id,
                 cx.cutoff_seq,
@@ -194,7 +194,7 @@ impl AgentForks {
         };
         let view = if wait_s > 0.0 {
             let timeout_ms = (wait_s * 1000.0) as u64;
-            match BusApi::new(cx.bus).wait_settled(fork, timeout_ms).await {
+            match BusApi::worker(cx.bus).wait_settled(fork, timeout_ms).await {
                 Ok(view) => view,
                 // Not settled in time: say where the branches are.
                 _ => fork_view(cx.bus, fork).await?,
@@ -207,7 +207,7 @@ impl AgentForks {
 
     async fn merge_or_select(&mut self, args: &Value, cx: ForkCall<'_>) -> Result<String, String> {
         let fork = self.target(args)?;
-        let api = BusApi::new(cx.bus);
+        let api = BusApi::worker(cx.bus);
         let action = args
             .get("action")
             .and_then(Value::as_str)
@@ -256,7 +256,7 @@ impl AgentForks {
             .and_then(Value::as_str)
             .ok_or_else(|| "`label` is required: the branch to stop".to_string())?
             .to_string();
-        let t = BusApi::new(cx.bus)
+        let t = BusApi::worker(cx.bus)
             .terminate(fork, label)
             .await
             .map_err(CallError::message)?;
@@ -288,7 +288,7 @@ impl AgentForks {
             paths,
             ..DiffOptions::default()
         };
-        let report = BusApi::new(cx.bus)
+        let report = BusApi::worker(cx.bus)
             .diff(fork, options)
             .await
             .map_err(CallError::message)?;
@@ -297,7 +297,7 @@ impl AgentForks {
 
     async fn cost(&mut self, args: &Value, cx: ForkCall<'_>) -> Result<String, String> {
         let fork = self.target(args)?;
-        let cost = BusApi::new(cx.bus)
+        let cost = BusApi::worker(cx.bus)
             .fork_cost(fork)
             .await
             .map_err(CallError::message)?;
@@ -344,7 +344,7 @@ async fn apply_merge(
 }
 
 async fn fork_view(bus: &dyn Bus, fork: ForkId) -> Result<ForkView, String> {
-    BusApi::new(bus)
+    BusApi::worker(bus)
         .fork(fork)
         .await
         .map_err(CallError::message)

@@ -83,7 +83,24 @@ pub struct NatsConfig {
     pub worker_ttl: Duration,
     /// How long events and control commands are kept.
     pub max_age: Duration,
+    /// Replicas of every stream and bucket this process creates: 1 to 5 ([`MAX_REPLICAS`]);
+    /// 3 on a NATS cluster of three or more servers. Streams that exist keep theirs.
+    pub replicas: usize,
+    /// Create the streams, buckets and consumers that are missing (the coordinator; every
+    /// process of an unrestricted set-up). When false (a worker or client whose NATS user may
+    /// not create them), bind to the existing ones, waiting at most [`NatsConfig::bind_wait`]
+    /// for the coordinator to create them.
+    pub provision: bool,
+    /// How long a process that does not provision waits for the streams and buckets.
+    pub bind_wait: Duration,
+    /// The prefix of this connection's reply inboxes (`None`: the library's `_INBOX`), so
+    /// that server permissions can let each identity subscribe to its own replies only
+    /// (`forkfleet_shared::subjects::client_inbox`).
+    pub inbox_prefix: Option<String>,
 }
+
+/// The most replicas a JetStream stream may have.
+pub const MAX_REPLICAS: usize = 5;
 
 impl NatsConfig {
     pub fn new(url: impl Into<String>) -> Self {
@@ -108,6 +125,10 @@ impl Default for NatsConfig {
             storage: NatsStorage::File,
             worker_ttl: Duration::from_millis(WORKER_TTL_MS),
             max_age: Duration::from_secs(7 * 24 * 3600),
+            replicas: 1,
+            provision: true,
+            bind_wait: Duration::from_secs(60),
+            inbox_prefix: None,
         }
     }
 }
@@ -126,6 +147,10 @@ impl fmt::Debug for NatsConfig {
             .field("storage", &self.storage)
             .field("worker_ttl", &self.worker_ttl)
             .field("max_age", &self.max_age)
+            .field("replicas", &self.replicas)
+            .field("provision", &self.provision)
+            .field("bind_wait", &self.bind_wait)
+            .field("inbox_prefix", &self.inbox_prefix)
             .finish()
     }
 }
@@ -150,4 +175,59 @@ pub(super) fn redact_one(url: &str) -> String {
         Some(at) => format!("{scheme}<redacted>{}", &rest[at..]),
         None => url.to_string(),
     }
+}
+
+/// The user and password inside the URLs (`nats://user:password@host`), percent-decoded,
+/// and the URLs without them: async-nats does not authenticate with them itself. `None`
+/// when no URL carries a user; an error when two URLs carry different ones.
+pub(super) fn url_credentials(urls: &str) -> Result<(Option<(String, String)>, String), String> {
+    let mut found: Option<(String, String)> = None;
+    let mut stripped = Vec::new();
+    for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let (scheme, rest) = match url.find("://") {
+            Some(i) => url.split_at(i + 3),
+            None => ("", url),
+        };
+        let host_end = rest.find('/').unwrap_or(rest.len());
+        let Some(at) = rest[..host_end].rfind('@') else {
+            stripped.push(url.to_string());
+            continue;
+        };
+        let info = &rest[..at];
+        let (user, password) = info.split_once(':').unwrap_or((info, ""));
+        let creds = (percent_decode(user), percent_decode(password));
+        if creds.0.is_empty() {
+            return Err(format!(
+                "the NATS URL {} has a password but no user",
+                redact_one(url)
+            ));
+        }
+        match &found {
+            Some(f) if *f != creds => {
+                return Err("the NATS URLs carry different users or passwords; give one user for every URL (or none, and nats.user)".into())
+            }
+            _ => found = Some(creds),
+        }
+        stripped.push(format!("{scheme}{}", &rest[at + 1..]));
+    }
+    Ok((found, stripped.join(",")))
+}
+
+/// `%XX` escapes decoded (what a URL's user info may use for `@`, `:` or `/`).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

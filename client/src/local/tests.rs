@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 struct Echo;
 
 impl<O: Operation> Handler<O> for Echo {
-    async fn handle(&self, _op: O) -> Result<O::Reply, ApiError> {
+    async fn handle(&self, _caller: &Caller, _op: O) -> Result<O::Reply, ApiError> {
         Err(ApiError::new(ApiErrorKind::NotFound, O::NAME))
     }
 }

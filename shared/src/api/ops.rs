@@ -19,6 +19,7 @@
 //! The wire form is `{"op": "<name>", "args": {<the struct's fields>}}`; operations without
 //! arguments are `{"op": "<name>"}`. Waits are bounded by [`MAX_API_WAIT_MS`].
 
+use super::caller::Caller;
 use super::views::*;
 use super::{ApiError, ApiErrorKind, MAX_API_WAIT_MS};
 use crate::blob::BlobHash;
@@ -62,9 +63,13 @@ pub trait Operation: Into<ApiRequest> + Send + Sized + 'static {
 }
 
 /// Answers one operation. The coordinator implements it once per operation; [`dispatch`]
-/// routes each request to its handler.
+/// routes each request to its handler, with who sent it ([`Caller`]).
 pub trait Handler<O: Operation>: Send + Sync {
-    fn handle(&self, op: O) -> impl Future<Output = Result<O::Reply, ApiError>> + Send;
+    fn handle(
+        &self,
+        caller: &Caller,
+        op: O,
+    ) -> impl Future<Output = Result<O::Reply, ApiError>> + Send;
 }
 
 /// The wait a waiting request asks for, as the coordinator honours it (capped at
@@ -216,15 +221,17 @@ macro_rules! operations {
 
         impl<T> ApiHandler for T where T: $(Handler<$U> +)* $(Handler<$N> +)* Send + Sync {}
 
-        /// Answer one request with `handler`: what the coordinator's service does for each
-        /// request it receives, and what an in-process client calls directly.
+        /// Answer one request from `caller` with `handler`: what the coordinator's service
+        /// does for each request it receives (the caller from its subject), and what an
+        /// in-process client calls directly (as [`Caller::Admin`]).
         pub async fn dispatch<H: ApiHandler>(
             handler: &H,
+            caller: &Caller,
             req: ApiRequest,
         ) -> Result<ApiReply, ApiError> {
             match req {
-                $( ApiRequest::$U => <H as Handler<$U>>::handle(handler, $U).await.map(<$U>::into_reply), )*
-                $( ApiRequest::$N(op) => <H as Handler<$N>>::handle(handler, op).await.map(<$N>::into_reply), )*
+                $( ApiRequest::$U => <H as Handler<$U>>::handle(handler, caller, $U).await.map(<$U>::into_reply), )*
+                $( ApiRequest::$N(op) => <H as Handler<$N>>::handle(handler, caller, op).await.map(<$N>::into_reply), )*
                 ApiRequest::Stored { .. } => Err(ApiError::new(
                     ApiErrorKind::BadInput,
                     "a stored request cannot name another stored request",

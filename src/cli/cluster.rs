@@ -1,0 +1,64 @@
+//! `forkfleet cluster auth`: the nats-server permissions and the credentials of each role
+//! ([`forkfleet::auth`]).
+
+use super::*;
+use forkfleet::auth::{self, AuthError, AuthPlan};
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Write the nats-server authorization block (auth.conf) that gives the coordinator,
+    /// the workers, an admin and each client identity its permissions, an nkey seed per
+    /// identity (mode 0600) and a forkfleet config file per identity. See docs/CLUSTER.md,
+    /// "Security".
+    Auth(AuthArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AuthArgs {
+    /// The directory to write into (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// A client identity (repeat for several): its user may call ff.api.client.<IDENTITY>
+    /// only and read its own replies only.
+    #[arg(long = "client", value_name = "IDENTITY")]
+    pub clients: Vec<String>,
+    /// A pool the workers pull from (repeat for several; default: default).
+    #[arg(long = "pool", value_name = "NAME")]
+    pub pools: Vec<String>,
+    /// The NATS URL to write into the config files.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// Overwrite files a previous run wrote (new keys: every identity needs its new file).
+    #[arg(long)]
+    pub force: bool,
+}
+
+pub(crate) async fn cmd_cluster(command: ClusterCommand) -> anyhow::Result<()> {
+    match command {
+        ClusterCommand::Auth(args) => {
+            let plan = AuthPlan {
+                clients: args.clients,
+                pools: if args.pools.is_empty() {
+                    vec![forkfleet_shared::protocol::DEFAULT_POOL.to_string()]
+                } else {
+                    args.pools
+                },
+                url: args.url,
+            };
+            let files = auth::generate(&plan, &args.out, args.force).map_err(|e| match e {
+                AuthError::Invalid(_) | AuthError::Exists(_) => {
+                    anyhow::Error::new(BadInput(e.to_string()))
+                }
+                other => anyhow::Error::new(other),
+            })?;
+            for f in files {
+                println!("{}", f.display());
+            }
+            eprintln!(
+                "include {} in nats-server.conf; give each process its .toml (--config) and .nk file",
+                args.out.join("auth.conf").display()
+            );
+            Ok(())
+        }
+    }
+}
