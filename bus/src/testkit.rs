@@ -56,6 +56,19 @@ impl NatsServer {
         NatsServer { server, _dir: dir }
     }
 
+    /// [`NatsServer::start`] with a configuration file (`-c FILE`), e.g. one that includes
+    /// the `authorization` block of `forkfleet cluster auth`. The port, store and JetStream
+    /// still come from the command line, which wins over the file.
+    pub fn start_with_config(config: &std::path::Path) -> NatsServer {
+        let path = config.to_string_lossy().into_owned();
+        Self::start_with(&["-c", &path])
+    }
+
+    /// The last lines of the server's log (its permission violations, for one).
+    pub fn log_tail(&self) -> String {
+        self.server.log_tail()
+    }
+
     /// `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         self.server.url()

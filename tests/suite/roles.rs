@@ -1,0 +1,381 @@
+//! Roles on the bus (ADR 17), against a nats-server started with the permissions that
+//! `forkfleet cluster auth` generated (the real binary), a real `forkfleet coordinator` and
+//! `forkfleet worker` using the generated config files, and client commands as `alice`,
+//! `bob` and `admin`:
+//!
+//! - a scripted fork completes under the roles;
+//! - a client sees and acts on the forks of its accounts only: another account's fork is
+//!   `not_found` to `fork show`, `terminate`, `abort`, `cost` and `merge`, and missing from
+//!   `fork ls`; `account show` lists its accounts only; `account set` is refused;
+//! - a client cannot publish a task, an event, a control command or a resolve job, nor
+//!   subscribe to the API or to another identity's replies: the server refuses (a
+//!   permissions violation) and nothing reaches an admin subscriber;
+//! - credentials in the URL authenticate, and no password reaches the logs at `-vv` or
+//!   `RUST_LOG=trace`.
+
+use super::fleet::{run, Ran, Service, COMMAND_LIMIT, POLL};
+use super::harness::{command, path_str, Example};
+use forkfleet_bus::testkit::NatsServer;
+use futures::StreamExt as _;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A nats-server with the generated permissions, a coordinator and a worker, each with its
+/// generated config file.
+struct Roles {
+    nats: NatsServer,
+    auth: PathBuf,
+    coordinator: Service,
+    worker: Service,
+    dir: tempfile::TempDir,
+}
+
+/// `forkfleet cluster auth --out DIR/auth --client alice --client bob`, and a nats-server
+/// whose config includes its `auth.conf`.
+fn generated_server(dir: &Path) -> (NatsServer, PathBuf) {
+    let auth = dir.join("auth");
+    let out = run(
+        dir,
+        &["cluster", "auth", "--out", path_str(&auth), "--client", "alice", "--client", "bob"],
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stdout.contains("auth.conf"), "{}", out.stdout);
+    // Generating again refuses to overwrite.
+    let again = run(dir, &["cluster", "auth", "--out", path_str(&auth), "--client", "alice"]);
+    assert_eq!(again.code, Some(2), "{}", again.stderr);
+    assert!(again.stderr.contains("--force"), "{}", again.stderr);
+    let conf = auth.join("nats.conf");
+    std::fs::write(&conf, "include ./auth.conf\n").unwrap();
+    (NatsServer::start_with_config(&conf), auth)
+}
+
+impl Roles {
+    fn start() -> Roles {
+        let dir = tempfile::tempdir().unwrap();
+        let (nats, auth) = generated_server(dir.path());
+        // bob may also use the account `shared`.
+        let coordinator_toml = auth.join("coordinator.toml");
+        let mut text = std::fs::read_to_string(&coordinator_toml).unwrap();
+        text.push_str("\n[access.\"bob\"]\naccounts = [\"shared\"]\n");
+        std::fs::write(&coordinator_toml, text).unwrap();
+        let url = nats.url();
+        let data = dir.path().join("data");
+        let coordinator = Service::spawn(
+            "coordinator",
+            &[
+                "coordinator",
+                "--config",
+                path_str(&coordinator_toml),
+                "--nats",
+                &url,
+                "--data",
+                path_str(&data),
+            ],
+            dir.path(),
+        );
+        let worker = Service::spawn(
+            "worker",
+            &[
+                "worker",
+                "--config",
+                path_str(&auth.join("worker.toml")),
+                "--nats",
+                &url,
+                "--concurrency",
+                "6",
+            ],
+            dir.path(),
+        );
+        let roles = Roles {
+            nats,
+            auth,
+            coordinator,
+            worker,
+            dir,
+        };
+        roles.wait_ready();
+        roles
+    }
+
+    /// Until alice's `fork ls` answers and the admin lists the worker (bounded).
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + COMMAND_LIMIT;
+        loop {
+            let ls = self.client("client-alice", &["fork", "ls", "--json"]);
+            let workers = self.client("admin", &["workers", "--json"]);
+            if ls.code == Some(0)
+                && workers.code == Some(0)
+                && workers.json().as_array().map(Vec::len) == Some(1)
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not come up\nfork ls: {}\nworkers: {}\n{}",
+                ls.stderr,
+                workers.stderr,
+                self.logs()
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// A client command as `who` (`client-alice`, `admin`, ...): its generated config file.
+    fn client(&self, who: &str, args: &[&str]) -> Ran {
+        let config = self.auth.join(format!("{who}.toml"));
+        let url = self.nats.url();
+        let mut all = args.to_vec();
+        all.extend(["--config", path_str(&config), "--nats", &url]);
+        run(self.dir.path(), &all)
+    }
+
+    fn logs(&self) -> String {
+        format!(
+            "coordinator:\n{}\nworker:\n{}\nnats-server:\n{}",
+            self.coordinator.log(),
+            self.worker.log(),
+            self.nats.log_tail()
+        )
+    }
+
+    fn create(&self, who: &str, spec: &Path) -> String {
+        let created = self.client(who, &["fork", "create", path_str(spec), "--json"]);
+        assert_eq!(created.code, Some(0), "{}\n{}", created.stderr, self.logs());
+        created.json()["fork_id"].as_str().unwrap().to_string()
+    }
+
+    fn watch(&self, who: &str, id: &str) -> Value {
+        let watched = self.client(who, &["fork", "watch", id, "--json", "--timeout-s", "50"]);
+        assert_eq!(watched.code, Some(0), "{}\n{}", watched.stderr, self.logs());
+        watched.json()
+    }
+
+    /// Fork ids `who` lists.
+    fn listed(&self, who: &str) -> Vec<String> {
+        let ls = self.client(who, &["fork", "ls", "--json"]);
+        ls.json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["fork_id"].as_str().unwrap().to_string())
+            .collect()
+    }
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+#[test]
+fn clients_see_and_act_on_the_forks_of_their_accounts_only() {
+    let roles = Roles::start();
+    let ex = Example::quickstart();
+
+    // A scripted fork completes under the roles; a fork without an account charges the
+    // client's own.
+    let a = roles.create("client-alice", &ex.spec());
+    let b = roles.create("client-bob", &ex.spec());
+    let watched = roles.watch("client-alice", &a);
+    assert_eq!(watched["state"], "settled", "{watched}\n{}", roles.logs());
+    for branch in watched["branches"].as_array().unwrap() {
+        assert_eq!(branch["state"], "done", "{watched}\n{}", roles.logs());
+    }
+    let cost = roles.client("client-alice", &["fork", "cost", &a, "--json"]).json();
+    assert_eq!(cost["account"]["name"], "alice", "{cost}");
+
+    // Listings: each client its own, the admin everything.
+    assert_eq!(roles.listed("client-alice"), vec![a.clone()]);
+    assert_eq!(roles.listed("client-bob"), vec![b.clone()]);
+    assert_eq!(sorted(roles.listed("admin")), sorted(vec![a.clone(), b.clone()]));
+
+    // bob's fork does not exist for alice, whatever she tries (by id or by prefix).
+    for args in [
+        vec!["fork", "show", b.as_str()],
+        vec!["fork", "show", &b[..13]],
+        vec!["fork", "cost", b.as_str()],
+        vec!["fork", "terminate", b.as_str(), "concise"],
+        vec!["fork", "abort", b.as_str()],
+        vec!["fork", "merge", b.as_str(), "--pick", "concise", "--no-apply"],
+    ] {
+        let refused = roles.client("client-alice", &args);
+        assert_eq!(refused.code, Some(2), "{args:?}: {}", refused.stderr);
+        assert!(
+            refused.stderr.contains("no fork matches"),
+            "{args:?}: {}",
+            refused.stderr
+        );
+    }
+    // ... and it went on untouched: every branch done, nothing merged or aborted.
+    let theirs = roles.watch("client-bob", &b);
+    assert_eq!(theirs["state"], "settled", "{theirs}");
+    for branch in theirs["branches"].as_array().unwrap() {
+        assert_eq!(branch["state"], "done", "{theirs}");
+    }
+    // alice acts on her own.
+    let shown = roles.client("client-alice", &["fork", "show", &a[..13], "--json"]);
+    assert_eq!(shown.json()["fork_id"], a.as_str());
+    let merged = roles.client(
+        "client-alice",
+        &["fork", "merge", &a, "--pick", "concise", "--no-apply", "--json"],
+    );
+    assert_eq!(merged.code, Some(0), "{}", merged.stderr);
+
+    // Accounts: changing a cap is an operator's; each client sees its own accounts.
+    let refused = roles.client("client-alice", &["account", "set", "alice", "--cap", "5"]);
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(refused.stderr.contains("operators only"), "{}", refused.stderr);
+    let set = roles.client("admin", &["account", "set", "shared", "--cap", "50"]);
+    assert_eq!(set.code, Some(0), "{}", set.stderr);
+    let names = |who: &str| -> Vec<String> {
+        let shown = roles.client(who, &["account", "show", "--json"]).json();
+        let list = shown.as_array().cloned().unwrap_or_else(|| vec![shown.clone()]);
+        sorted(list.iter().map(|a| a["name"].as_str().unwrap().to_string()).collect())
+    };
+    assert_eq!(names("client-alice"), vec!["alice".to_string()]);
+    assert_eq!(names("client-bob"), vec!["bob".to_string(), "shared".into()]);
+
+    // An account the client may not use is refused; a granted one is fine.
+    let spec = std::fs::read_to_string(ex.spec()).unwrap();
+    let shared = ex.write_spec(&format!("account = \"shared\"\n{spec}"));
+    let refused = roles.client("client-alice", &["fork", "create", path_str(&shared)]);
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("may not charge account `shared`"),
+        "{}",
+        refused.stderr
+    );
+    let granted = roles.create("client-bob", &shared);
+    assert!(!roles.listed("client-alice").contains(&granted));
+    assert!(roles.listed("client-bob").contains(&granted));
+}
+
+/// A raw NATS connection as one of the generated identities, with every server error it
+/// is told about.
+struct Raw {
+    client: async_nats::Client,
+    errors: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+async fn connect_as(url: &str, auth: &Path, who: &str, inbox: Option<&str>) -> Raw {
+    let seed = std::fs::read_to_string(auth.join(format!("{who}.nk"))).unwrap();
+    let (tx, errors) = tokio::sync::mpsc::unbounded_channel();
+    let mut opts = async_nats::ConnectOptions::with_nkey(seed.trim().to_string()).event_callback(
+        move |event| {
+            let tx = tx.clone();
+            async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    let _ = tx.send(e.to_string());
+                }
+            }
+        },
+    );
+    if let Some(prefix) = inbox {
+        opts = opts.custom_inbox_prefix(prefix);
+    }
+    let client = opts.connect(url).await.unwrap();
+    Raw { client, errors }
+}
+
+impl Raw {
+    /// Until the server says it refused `what` on `subject` (bounded).
+    async fn refused(&mut self, what: &str, subject: &str) {
+        let want = format!("permissions violation for {what} to \"{subject}\"").to_lowercase();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.errors.recv()).await {
+                Ok(Some(e)) if e.to_lowercase().contains(&want) => return,
+                Ok(Some(_)) => {}
+                _ => panic!("the server did not refuse {what} to {subject}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn the_server_refuses_what_a_role_may_not_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nats, auth) = generated_server(dir.path());
+    let url = nats.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // An admin listens on everything only the coordinator may publish.
+        let admin = connect_as(&url, &auth, "admin", None).await;
+        let mut seen = admin.client.subscribe("ff.>").await.unwrap();
+        admin.client.flush().await.unwrap();
+
+        let mut alice = connect_as(&url, &auth, "client-alice", Some("_INBOX_ff.client.alice")).await;
+        for subject in [
+            "ff.task.default",
+            "ff.event.branch",
+            "ff.control.x",
+            "ff.api.worker.resolve",
+            "ff.api.coordinator",
+            "ff.api.worker",
+            "ff.api.client.bob",
+            "ff.api.coord.budget",
+        ] {
+            alice.client.publish(subject, "forged".into()).await.unwrap();
+            alice.client.flush().await.unwrap();
+            alice.refused("publish", subject).await;
+        }
+        // Nor may she read the API's requests or anyone's replies but hers.
+        for subject in ["ff.api.coordinator", "ff.api.client.alice", "_INBOX_ff.client.bob.>", "_INBOX.>", "ff.api.worker.resolve"] {
+            let _sub = alice.client.subscribe(subject).await.unwrap();
+            alice.client.flush().await.unwrap();
+            alice.refused("subscription", subject).await;
+        }
+        // A worker may not publish tasks or resolve jobs either.
+        let mut worker = connect_as(&url, &auth, "worker", Some("_INBOX_ff.worker")).await;
+        for subject in ["ff.task.default", "ff.api.worker.resolve", "ff.control.x", "ff.api.coordinator"] {
+            worker.client.publish(subject, "forged".into()).await.unwrap();
+            worker.client.flush().await.unwrap();
+            worker.refused("publish", subject).await;
+        }
+        // Her own API subject is hers to publish on: the admin sees that one only.
+        alice.client.publish("ff.api.client.alice", "mine".into()).await.unwrap();
+        alice.client.flush().await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(10), seen.next())
+            .await
+            .expect("the admin saw nothing")
+            .unwrap();
+        assert_eq!(first.subject.as_str(), "ff.api.client.alice");
+        assert_eq!(first.payload.as_ref(), b"mine");
+    });
+    let log = nats.log_tail();
+    assert!(log.contains("Publish Violation - Subject \"ff.task.default\""), "{log}");
+}
+
+#[test]
+fn url_credentials_authenticate_and_no_password_reaches_the_logs() {
+    const PASSWORD: &str = "pw-Zk3q9-never-logged";
+    let nats = NatsServer::start_with(&["--user", "ffuser", "--pass", PASSWORD]);
+    let url = format!("nats://ffuser:{PASSWORD}@127.0.0.1:{}", nats.port());
+    for (verbose, rust_log) in [("-vv", None), ("-v", Some("trace"))] {
+        let mut cmd = command();
+        cmd.env_remove("RUST_LOG");
+        if let Some(level) = rust_log {
+            cmd.env("RUST_LOG", level);
+        }
+        let out = cmd.args(["workers", "--json", verbose, "--nats", &url]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        // The logs are on, and say nothing of the password.
+        assert!(stderr.contains("bus.nats ready"), "{stderr}");
+        assert!(!stderr.contains(PASSWORD), "{verbose} {rust_log:?}: {stderr}");
+    }
+    // A user in the URL and another auth method: an error naming both.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pw");
+    std::fs::write(&file, "other-password\n").unwrap();
+    let out = command()
+        .args(["workers", "--nats", &url, "--nats-user", "someone", "--nats-password-file", path_str(&file)])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("user `ffuser`") && stderr.contains("user `someone`"), "{stderr}");
+    assert!(!stderr.contains(PASSWORD) && !stderr.contains("other-password"), "{stderr}");
+}
