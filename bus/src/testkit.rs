@@ -64,9 +64,14 @@ impl NatsServer {
         Self::start_with(&["-c", &path])
     }
 
-    /// The last lines of the server's log (its permission violations, for one).
+    /// The last lines of the server's log.
     pub fn log_tail(&self) -> String {
         self.server.log_tail()
+    }
+
+    /// The server's whole log (its permission violations, for one).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.server.log_path()).unwrap_or_default()
     }
 
     /// `nats://127.0.0.1:<port>`.

@@ -249,6 +249,11 @@ fn clients_see_and_act_on_the_forks_of_their_accounts_only() {
     let granted = roles.create("client-bob", &shared);
     assert!(!roles.listed("client-alice").contains(&granted));
     assert!(roles.listed("client-bob").contains(&granted));
+    roles.watch("client-bob", &granted);
+
+    // Everything above needed no permission a role lacks.
+    let log = roles.nats.log();
+    assert!(!log.contains("Violation"), "{log}");
 }
 
 /// A raw NATS connection as one of the generated identities, with every server error it
