@@ -172,6 +172,8 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
 fn clients_see_and_act_on_the_forks_of_their_accounts_only() {
     let roles = Roles::start();
     let ex = Example::quickstart();
+    // A file too large for the small-blob bucket: the object store is used too.
+    std::fs::write(ex.workspace().join("big.txt"), "0123456789abcdef\n".repeat(16 * 1024)).unwrap();
 
     // A scripted fork completes under the roles; a fork without an account charges the
     // client's own.
