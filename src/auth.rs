@@ -116,8 +116,14 @@ fn identities(plan: &AuthPlan) -> Result<Vec<Identity>, AuthError> {
         public,
         permissions: Some(permissions::worker(&plan.pools).map_err(invalid)?),
         config: {
-            let mut c = config_file(plan, "worker", &format!("pool = {}\n", quoted(&plan.pools[0])));
-            c.push_str("# Bind to the streams and buckets the coordinator creates.\nprovision = false\n");
+            let mut c = config_file(
+                plan,
+                "worker",
+                &format!("pool = {}\n", quoted(&plan.pools[0])),
+            );
+            c.push_str(
+                "# Bind to the streams and buckets the coordinator creates.\nprovision = false\n",
+            );
             c
         },
     });
@@ -172,7 +178,11 @@ pub fn auth_conf<'a>(
             Some(p) => {
                 let _ = writeln!(out, "    {{ nkey: \"{public}\", permissions: {{");
                 let _ = writeln!(out, "        publish: {{ allow: {} }}", list(&p.publish));
-                let _ = writeln!(out, "        subscribe: {{ allow: {} }}", list(&p.subscribe));
+                let _ = writeln!(
+                    out,
+                    "        subscribe: {{ allow: {} }}",
+                    list(&p.subscribe)
+                );
                 if p.allow_responses {
                     let _ = writeln!(out, "        allow_responses: true");
                 }
@@ -225,15 +235,26 @@ pub fn generate(plan: &AuthPlan, out: &Path, force: bool) -> Result<Vec<PathBuf>
     let mut files: Vec<(PathBuf, String, bool)> = Vec::new();
     files.push((
         out.join("auth.conf"),
-        auth_conf(
-            ids.iter()
-                .map(|i| (i.public.as_str(), i.comment.as_str(), i.permissions.as_ref())),
-        ),
+        auth_conf(ids.iter().map(|i| {
+            (
+                i.public.as_str(),
+                i.comment.as_str(),
+                i.permissions.as_ref(),
+            )
+        })),
         false,
     ));
     for i in &ids {
-        files.push((out.join(format!("{}.nk", i.file_stem)), format!("{}\n", i.seed), true));
-        files.push((out.join(format!("{}.toml", i.file_stem)), i.config.clone(), false));
+        files.push((
+            out.join(format!("{}.nk", i.file_stem)),
+            format!("{}\n", i.seed),
+            true,
+        ));
+        files.push((
+            out.join(format!("{}.toml", i.file_stem)),
+            i.config.clone(),
+            false,
+        ));
     }
     if !force {
         // All or nothing: check before writing any.
@@ -296,7 +317,10 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt as _;
-            let mode = std::fs::metadata(dir.path().join("worker.nk")).unwrap().permissions().mode();
+            let mode = std::fs::metadata(dir.path().join("worker.nk"))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o777, 0o600);
         }
         let alice = std::fs::read_to_string(dir.path().join("client-alice.toml")).unwrap();
@@ -338,7 +362,10 @@ mod tests {
             clients: vec!["a".into(), "a".into()],
             ..plan()
         };
-        assert!(generate(&twice, dir.path(), false).unwrap_err().to_string().contains("twice"));
+        assert!(generate(&twice, dir.path(), false)
+            .unwrap_err()
+            .to_string()
+            .contains("twice"));
         assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
     }
 }

@@ -438,9 +438,18 @@ async fn bind(
     url: &str,
 ) -> BusResult<(kv::Store, kv::Store, object_store::ObjectStore)> {
     let deadline = Instant::now() + config.bind_wait;
-    let workers = bind_one(subjects::WORKER_BUCKET, deadline, url, || js.get_key_value(subjects::WORKER_BUCKET)).await?;
-    let small = bind_one(subjects::SMALL_BLOB_BUCKET, deadline, url, || js.get_key_value(subjects::SMALL_BLOB_BUCKET)).await?;
-    let large = bind_one(subjects::BLOB_BUCKET, deadline, url, || js.get_object_store(subjects::BLOB_BUCKET)).await?;
+    let workers = bind_one(subjects::WORKER_BUCKET, deadline, url, || {
+        js.get_key_value(subjects::WORKER_BUCKET)
+    })
+    .await?;
+    let small = bind_one(subjects::SMALL_BLOB_BUCKET, deadline, url, || {
+        js.get_key_value(subjects::SMALL_BLOB_BUCKET)
+    })
+    .await?;
+    let large = bind_one(subjects::BLOB_BUCKET, deadline, url, || {
+        js.get_object_store(subjects::BLOB_BUCKET)
+    })
+    .await?;
     Ok((workers, small, large))
 }
 
@@ -487,7 +496,8 @@ impl NatsBus {
             )));
         }
         // The library ignores a user in the URL: take it out and authenticate with it.
-        let (url_user, bare_urls) = config::url_credentials(&config.url).map_err(BusError::Backend)?;
+        let (url_user, bare_urls) =
+            config::url_credentials(&config.url).map_err(BusError::Backend)?;
         let (reconnects_tx, reconnects) = tokio::sync::watch::channel(0u64);
         let opts = connect_options(&config, &url, url_user, Arc::new(reconnects_tx)).await?;
         let servers: Vec<&str> = bare_urls

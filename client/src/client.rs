@@ -19,8 +19,8 @@ use async_trait::async_trait;
 use forkfleet_bus::apicall::{self, CallError};
 use forkfleet_bus::Bus;
 use forkfleet_shared::api::{
-    dispatch, ApiClient, ApiError, ApiErrorKind, ApiHandler, ApiReply, ApiRequest, Caller, ForkView,
-    ForkWatch, Operation, API_SUBJECT, MAX_API_WAIT_MS,
+    dispatch, ApiClient, ApiError, ApiErrorKind, ApiHandler, ApiReply, ApiRequest, Caller,
+    ForkView, ForkWatch, Operation, API_SUBJECT, MAX_API_WAIT_MS,
 };
 use forkfleet_shared::blob::BlobStore;
 use forkfleet_shared::ids::{ForkId, RunId};

@@ -27,8 +27,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use forkfleet_bus::apicall::CallError;
 use forkfleet_shared::api::{
-    dispatch, ApiError, ApiErrorKind, ApiHandler, ApiReply, ApiRequest, ApiResponse, Caller, GetBlob,
-    Operation,
+    dispatch, ApiError, ApiErrorKind, ApiHandler, ApiReply, ApiRequest, ApiResponse, Caller,
+    GetBlob, Operation,
 };
 use forkfleet_shared::blob::{BlobError, BlobHash, BlobStore};
 use forkfleet_shared::wire::{self, WIRE_VERSION};

@@ -48,7 +48,11 @@ impl CoordinatorHandle {
 
     /// `Ok` when `caller` may act on fork `id`; `UnknownFork` when it may not (as if the
     /// fork did not exist) or the fork does not exist.
-    pub(crate) async fn admit_fork(&self, caller: &Caller, id: ForkId) -> Result<(), CoordinatorError> {
+    pub(crate) async fn admit_fork(
+        &self,
+        caller: &Caller,
+        id: ForkId,
+    ) -> Result<(), CoordinatorError> {
         if self.usable_accounts(caller).is_none() {
             return Ok(());
         }
@@ -61,7 +65,11 @@ impl CoordinatorHandle {
 
     /// `Ok` when `caller` may act on run `run` (a branch run of a fork it may act on);
     /// `UnknownRun` otherwise.
-    pub(crate) async fn admit_run(&self, caller: &Caller, run: RunId) -> Result<(), CoordinatorError> {
+    pub(crate) async fn admit_run(
+        &self,
+        caller: &Caller,
+        run: RunId,
+    ) -> Result<(), CoordinatorError> {
         if self.usable_accounts(caller).is_none() {
             return Ok(());
         }
@@ -114,7 +122,10 @@ impl CoordinatorHandle {
     }
 
     /// Every fork `caller` may act on, newest first.
-    pub(crate) async fn forks_for(&self, caller: &Caller) -> Result<Vec<ForkView>, CoordinatorError> {
+    pub(crate) async fn forks_for(
+        &self,
+        caller: &Caller,
+    ) -> Result<Vec<ForkView>, CoordinatorError> {
         let forks = self.forks().await?;
         if self.usable_accounts(caller).is_none() {
             return Ok(forks);
@@ -129,16 +140,26 @@ impl CoordinatorHandle {
     }
 
     /// Every account `caller` may use, by name.
-    pub(crate) async fn accounts_for(&self, caller: &Caller) -> Result<Vec<AccountView>, CoordinatorError> {
+    pub(crate) async fn accounts_for(
+        &self,
+        caller: &Caller,
+    ) -> Result<Vec<AccountView>, CoordinatorError> {
         let accounts = self.accounts().await?;
         Ok(match self.usable_accounts(caller) {
             None => accounts,
-            Some(usable) => accounts.into_iter().filter(|a| usable.contains(&a.name)).collect(),
+            Some(usable) => accounts
+                .into_iter()
+                .filter(|a| usable.contains(&a.name))
+                .collect(),
         })
     }
 
     /// A fork by id or prefix, among those `caller` may act on.
-    pub(crate) async fn find_fork_for(&self, caller: &Caller, prefix: &str) -> Result<ForkId, CoordinatorError> {
+    pub(crate) async fn find_fork_for(
+        &self,
+        caller: &Caller,
+        prefix: &str,
+    ) -> Result<ForkId, CoordinatorError> {
         let id = self.find_fork(prefix).await?;
         self.admit_fork(caller, id)
             .await
@@ -147,7 +168,11 @@ impl CoordinatorHandle {
     }
 
     /// A run by id or prefix, among those `caller` may act on.
-    pub(crate) async fn find_run_for(&self, caller: &Caller, prefix: &str) -> Result<RunId, CoordinatorError> {
+    pub(crate) async fn find_run_for(
+        &self,
+        caller: &Caller,
+        prefix: &str,
+    ) -> Result<RunId, CoordinatorError> {
         let run = self.find_run(prefix).await?;
         self.admit_run(caller, run)
             .await

@@ -75,7 +75,12 @@ impl ApiServer {
         handle: CoordinatorHandle,
         bus: Arc<dyn Bus>,
     ) -> Result<Self, CoordinatorError> {
-        Self::bind_all(handle, bus, &[API_SUBJECT, WORKER_API_SUBJECT, CLIENT_API_PATTERN]).await
+        Self::bind_all(
+            handle,
+            bus,
+            &[API_SUBJECT, WORKER_API_SUBJECT, CLIENT_API_PATTERN],
+        )
+        .await
     }
 
     /// Subscribe to another subject only (several coordinators on one bus, tests); its

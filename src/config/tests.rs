@@ -305,3 +305,88 @@ fn urls_are_redacted() {
         "nats://a:1,nats://<redacted>@b:2"
     );
 }
+
+#[test]
+fn roles_identity_replicas_and_access() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "ff.toml",
+        "[nats]\nurl = \"nats://h:4222\"\nidentity = \"alice\"\nprovision = false\nreplicas = 3\n[access.\"bob\"]\naccounts = [\"team-a\", \"team-b\"]\n",
+    );
+    let c = Config::load(Some(&file), &env_of(&[]), Layer::default()).unwrap();
+    assert_eq!(c.api_subject(), "client.alice");
+    let client = c.nats_config_for(Role::Client).unwrap();
+    assert_eq!(
+        client.inbox_prefix.as_deref(),
+        Some("_INBOX_ff.client.alice")
+    );
+    assert!(!client.provision);
+    assert_eq!(client.replicas, 3);
+    // The coordinator always provisions, with its own inbox.
+    let coordinator = c.nats_config_for(Role::Coordinator).unwrap();
+    assert!(coordinator.provision);
+    assert_eq!(
+        coordinator.inbox_prefix.as_deref(),
+        Some("_INBOX_ff.coordinator")
+    );
+    assert_eq!(
+        c.access["bob"].iter().cloned().collect::<Vec<_>>(),
+        vec!["team-a".to_string(), "team-b".to_string()]
+    );
+    let shown = c.render();
+    assert!(shown.contains("identity = \"alice\""), "{shown}");
+    assert!(shown.contains("[access.\"bob\"]"), "{shown}");
+
+    // No identity: the admin subject, the library's inboxes; the environment sets them.
+    let plain = Config::load(
+        None,
+        &env_of(&[("FORKFLEET_NATS_URL", "nats://h")]),
+        Layer::default(),
+    )
+    .unwrap();
+    assert_eq!(plain.api_subject(), "coordinator");
+    assert_eq!(
+        plain.nats_config_for(Role::Client).unwrap().inbox_prefix,
+        None
+    );
+    assert!(plain.nats_config_for(Role::Worker).unwrap().provision);
+    let env = env_of(&[
+        ("FORKFLEET_NATS_IDENTITY", "bob"),
+        ("FORKFLEET_NATS_REPLICAS", "5"),
+        ("FORKFLEET_NATS_PROVISION", "no"),
+    ]);
+    let c = Config::load(None, &env, Layer::default()).unwrap();
+    assert_eq!(c.api_subject(), "client.bob");
+    assert_eq!(c.nats.replicas.value, 5);
+    assert!(!c.nats.provision.value);
+
+    // Mistakes name the key, the value and where it came from.
+    for (vars, key) in [
+        (vec![("FORKFLEET_NATS_IDENTITY", "a.b")], "nats.identity"),
+        (vec![("FORKFLEET_NATS_REPLICAS", "0")], "nats.replicas"),
+        (vec![("FORKFLEET_NATS_REPLICAS", "6")], "nats.replicas"),
+    ] {
+        let err = Config::load(None, &env_of(&vars), Layer::default()).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains(key), "{msg}");
+        assert!(msg.contains("FORKFLEET_NATS_"), "{msg}");
+    }
+    let err = Config::load(
+        None,
+        &env_of(&[("FORKFLEET_NATS_PROVISION", "maybe")]),
+        Layer::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("true or false"), "{err}");
+    let bad = write(dir.path(), "bad.toml", "[access.\"a.b\"]\naccounts = []\n");
+    let err = Config::load(Some(&bad), &env_of(&[]), Layer::default()).unwrap_err();
+    assert!(err.to_string().contains("client identity `a.b`"), "{err}");
+    let bad = write(
+        dir.path(),
+        "bad2.toml",
+        "[access.\"a\"]\naccounts = [\"../x\"]\n",
+    );
+    let err = Config::load(Some(&bad), &env_of(&[]), Layer::default()).unwrap_err();
+    assert!(err.to_string().contains("account name `../x`"), "{err}");
+}

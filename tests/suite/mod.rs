@@ -18,6 +18,6 @@ mod live_embedded;
 mod merge_policy;
 mod pipes;
 mod resolve;
-mod roles;
 mod restart;
+mod roles;
 mod turns;

@@ -37,12 +37,31 @@ fn generated_server(dir: &Path) -> (NatsServer, PathBuf) {
     let auth = dir.join("auth");
     let out = run(
         dir,
-        &["cluster", "auth", "--out", path_str(&auth), "--client", "alice", "--client", "bob"],
+        &[
+            "cluster",
+            "auth",
+            "--out",
+            path_str(&auth),
+            "--client",
+            "alice",
+            "--client",
+            "bob",
+        ],
     );
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(out.stdout.contains("auth.conf"), "{}", out.stdout);
     // Generating again refuses to overwrite.
-    let again = run(dir, &["cluster", "auth", "--out", path_str(&auth), "--client", "alice"]);
+    let again = run(
+        dir,
+        &[
+            "cluster",
+            "auth",
+            "--out",
+            path_str(&auth),
+            "--client",
+            "alice",
+        ],
+    );
     assert_eq!(again.code, Some(2), "{}", again.stderr);
     assert!(again.stderr.contains("--force"), "{}", again.stderr);
     let conf = auth.join("nats.conf");
@@ -98,12 +117,12 @@ impl Roles {
         roles
     }
 
-    /// Until alice's `fork ls` answers and the admin lists the worker (bounded).
+    /// Until alice's `fork ls` answers and she lists the worker (bounded).
     fn wait_ready(&self) {
         let deadline = Instant::now() + COMMAND_LIMIT;
         loop {
             let ls = self.client("client-alice", &["fork", "ls", "--json"]);
-            let workers = self.client("admin", &["workers", "--json"]);
+            let workers = self.client("client-alice", &["workers", "--json"]);
             if ls.code == Some(0)
                 && workers.code == Some(0)
                 && workers.json().as_array().map(Vec::len) == Some(1)
@@ -173,7 +192,11 @@ fn clients_see_and_act_on_the_forks_of_their_accounts_only() {
     let roles = Roles::start();
     let ex = Example::quickstart();
     // A file too large for the small-blob bucket: the object store is used too.
-    std::fs::write(ex.workspace().join("big.txt"), "0123456789abcdef\n".repeat(16 * 1024)).unwrap();
+    std::fs::write(
+        ex.workspace().join("big.txt"),
+        "0123456789abcdef\n".repeat(16 * 1024),
+    )
+    .unwrap();
 
     // A scripted fork completes under the roles; a fork without an account charges the
     // client's own.
@@ -184,13 +207,18 @@ fn clients_see_and_act_on_the_forks_of_their_accounts_only() {
     for branch in watched["branches"].as_array().unwrap() {
         assert_eq!(branch["state"], "done", "{watched}\n{}", roles.logs());
     }
-    let cost = roles.client("client-alice", &["fork", "cost", &a, "--json"]).json();
+    let cost = roles
+        .client("client-alice", &["fork", "cost", &a, "--json"])
+        .json();
     assert_eq!(cost["account"]["name"], "alice", "{cost}");
 
     // Listings: each client its own, the admin everything.
     assert_eq!(roles.listed("client-alice"), vec![a.clone()]);
     assert_eq!(roles.listed("client-bob"), vec![b.clone()]);
-    assert_eq!(sorted(roles.listed("admin")), sorted(vec![a.clone(), b.clone()]));
+    assert_eq!(
+        sorted(roles.listed("admin")),
+        sorted(vec![a.clone(), b.clone()])
+    );
 
     // bob's fork does not exist for alice, whatever she tries (by id or by prefix).
     for args in [
@@ -199,7 +227,14 @@ fn clients_see_and_act_on_the_forks_of_their_accounts_only() {
         vec!["fork", "cost", b.as_str()],
         vec!["fork", "terminate", b.as_str(), "concise"],
         vec!["fork", "abort", b.as_str()],
-        vec!["fork", "merge", b.as_str(), "--pick", "concise", "--no-apply"],
+        vec![
+            "fork",
+            "merge",
+            b.as_str(),
+            "--pick",
+            "concise",
+            "--no-apply",
+        ],
     ] {
         let refused = roles.client("client-alice", &args);
         assert_eq!(refused.code, Some(2), "{args:?}: {}", refused.stderr);
@@ -220,23 +255,45 @@ fn clients_see_and_act_on_the_forks_of_their_accounts_only() {
     assert_eq!(shown.json()["fork_id"], a.as_str());
     let merged = roles.client(
         "client-alice",
-        &["fork", "merge", &a, "--pick", "concise", "--no-apply", "--json"],
+        &[
+            "fork",
+            "merge",
+            &a,
+            "--pick",
+            "concise",
+            "--no-apply",
+            "--json",
+        ],
     );
     assert_eq!(merged.code, Some(0), "{}", merged.stderr);
 
     // Accounts: changing a cap is an operator's; each client sees its own accounts.
     let refused = roles.client("client-alice", &["account", "set", "alice", "--cap", "5"]);
     assert_eq!(refused.code, Some(2), "{}", refused.stderr);
-    assert!(refused.stderr.contains("operators only"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("operators only"),
+        "{}",
+        refused.stderr
+    );
     let set = roles.client("admin", &["account", "set", "shared", "--cap", "50"]);
     assert_eq!(set.code, Some(0), "{}", set.stderr);
     let names = |who: &str| -> Vec<String> {
         let shown = roles.client(who, &["account", "show", "--json"]).json();
-        let list = shown.as_array().cloned().unwrap_or_else(|| vec![shown.clone()]);
-        sorted(list.iter().map(|a| a["name"].as_str().unwrap().to_string()).collect())
+        let list = shown
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| vec![shown.clone()]);
+        sorted(
+            list.iter()
+                .map(|a| a["name"].as_str().unwrap().to_string())
+                .collect(),
+        )
     };
     assert_eq!(names("client-alice"), vec!["alice".to_string()]);
-    assert_eq!(names("client-bob"), vec!["bob".to_string(), "shared".into()]);
+    assert_eq!(
+        names("client-bob"),
+        vec!["bob".to_string(), "shared".into()]
+    );
 
     // An account the client may not use is refused; a granted one is fine.
     let spec = std::fs::read_to_string(ex.spec()).unwrap();
@@ -313,7 +370,8 @@ fn the_server_refuses_what_a_role_may_not_do() {
         let mut seen = admin.client.subscribe("ff.>").await.unwrap();
         admin.client.flush().await.unwrap();
 
-        let mut alice = connect_as(&url, &auth, "client-alice", Some("_INBOX_ff.client.alice")).await;
+        let mut alice =
+            connect_as(&url, &auth, "client-alice", Some("_INBOX_ff.client.alice")).await;
         for subject in [
             "ff.task.default",
             "ff.event.branch",
@@ -324,25 +382,48 @@ fn the_server_refuses_what_a_role_may_not_do() {
             "ff.api.client.bob",
             "ff.api.coord.budget",
         ] {
-            alice.client.publish(subject, "forged".into()).await.unwrap();
+            alice
+                .client
+                .publish(subject, "forged".into())
+                .await
+                .unwrap();
             alice.client.flush().await.unwrap();
             alice.refused("publish", subject).await;
         }
         // Nor may she read the API's requests or anyone's replies but hers.
-        for subject in ["ff.api.coordinator", "ff.api.client.alice", "_INBOX_ff.client.bob.>", "_INBOX.>", "ff.api.worker.resolve"] {
+        for subject in [
+            "ff.api.coordinator",
+            "ff.api.client.alice",
+            "_INBOX_ff.client.bob.>",
+            "_INBOX.>",
+            "ff.api.worker.resolve",
+        ] {
             let _sub = alice.client.subscribe(subject).await.unwrap();
             alice.client.flush().await.unwrap();
             alice.refused("subscription", subject).await;
         }
         // A worker may not publish tasks or resolve jobs either.
         let mut worker = connect_as(&url, &auth, "worker", Some("_INBOX_ff.worker")).await;
-        for subject in ["ff.task.default", "ff.api.worker.resolve", "ff.control.x", "ff.api.coordinator"] {
-            worker.client.publish(subject, "forged".into()).await.unwrap();
+        for subject in [
+            "ff.task.default",
+            "ff.api.worker.resolve",
+            "ff.control.x",
+            "ff.api.coordinator",
+        ] {
+            worker
+                .client
+                .publish(subject, "forged".into())
+                .await
+                .unwrap();
             worker.client.flush().await.unwrap();
             worker.refused("publish", subject).await;
         }
         // Her own API subject is hers to publish on: the admin sees that one only.
-        alice.client.publish("ff.api.client.alice", "mine".into()).await.unwrap();
+        alice
+            .client
+            .publish("ff.api.client.alice", "mine".into())
+            .await
+            .unwrap();
         alice.client.flush().await.unwrap();
         let first = tokio::time::timeout(Duration::from_secs(10), seen.next())
             .await
@@ -352,7 +433,10 @@ fn the_server_refuses_what_a_role_may_not_do() {
         assert_eq!(first.payload.as_ref(), b"mine");
     });
     let log = nats.log_tail();
-    assert!(log.contains("Publish Violation - Subject \"ff.task.default\""), "{log}");
+    assert!(
+        log.contains("Publish Violation - Subject \"ff.task.default\""),
+        "{log}"
+    );
 }
 
 #[test]
@@ -366,23 +450,43 @@ fn url_credentials_authenticate_and_no_password_reaches_the_logs() {
         if let Some(level) = rust_log {
             cmd.env("RUST_LOG", level);
         }
-        let out = cmd.args(["workers", "--json", verbose, "--nats", &url]).output().unwrap();
+        let out = cmd
+            .args(["workers", "--json", verbose, "--nats", &url])
+            .output()
+            .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{stderr}");
         // The logs are on, and say nothing of the password.
         assert!(stderr.contains("bus.nats ready"), "{stderr}");
-        assert!(!stderr.contains(PASSWORD), "{verbose} {rust_log:?}: {stderr}");
+        assert!(
+            !stderr.contains(PASSWORD),
+            "{verbose} {rust_log:?}: {stderr}"
+        );
     }
     // A user in the URL and another auth method: an error naming both.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("pw");
     std::fs::write(&file, "other-password\n").unwrap();
     let out = command()
-        .args(["workers", "--nats", &url, "--nats-user", "someone", "--nats-password-file", path_str(&file)])
+        .args([
+            "workers",
+            "--nats",
+            &url,
+            "--nats-user",
+            "someone",
+            "--nats-password-file",
+            path_str(&file),
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0), "{stderr}");
-    assert!(stderr.contains("user `ffuser`") && stderr.contains("user `someone`"), "{stderr}");
-    assert!(!stderr.contains(PASSWORD) && !stderr.contains("other-password"), "{stderr}");
+    assert!(
+        stderr.contains("user `ffuser`") && stderr.contains("user `someone`"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains(PASSWORD) && !stderr.contains("other-password"),
+        "{stderr}"
+    );
 }

@@ -52,3 +52,38 @@ fn backoff_grows_and_caps() {
     b.reset();
     assert_eq!(b.next(), RETRY_MIN);
 }
+
+#[test]
+fn url_credentials_are_taken_out_of_the_url() {
+    let (creds, urls) = config::url_credentials("nats://u:p%40ss@h:4222").unwrap();
+    assert_eq!(creds, Some(("u".to_string(), "p@ss".to_string())));
+    assert_eq!(urls, "nats://h:4222");
+    let (creds, urls) =
+        config::url_credentials("nats://u:p@a:1, nats://u:p@b:2,nats://c:3").unwrap();
+    assert_eq!(creds, Some(("u".to_string(), "p".to_string())));
+    assert_eq!(urls, "nats://a:1,nats://b:2,nats://c:3");
+    let (creds, urls) = config::url_credentials("nats://h:4222").unwrap();
+    assert_eq!(creds, None);
+    assert_eq!(urls, "nats://h:4222");
+    let err = config::url_credentials("nats://u:p@a:1,nats://v:q@b:2").unwrap_err();
+    assert!(err.contains("different users"), "{err}");
+    assert!(!err.contains(":q@"), "{err}");
+    let err = config::url_credentials("nats://:secret@a:1").unwrap_err();
+    assert!(!err.contains("secret"), "{err}");
+}
+
+#[tokio::test]
+async fn a_url_user_and_another_auth_method_is_an_error_naming_both() {
+    let mut config = NatsConfig::new("nats://alice:hunter2@127.0.0.1:1");
+    config.auth = NatsAuth::Token("tok".into());
+    let err = NatsBus::connect(config).await.unwrap_err().to_string();
+    assert!(
+        err.contains("user `alice`") && err.contains("a token"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+    let mut config = NatsConfig::new("nats://127.0.0.1:1");
+    config.replicas = 6;
+    let err = NatsBus::connect(config).await.unwrap_err().to_string();
+    assert!(err.contains("replicas must be 1 to 5"), "{err}");
+}

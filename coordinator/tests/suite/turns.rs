@@ -133,7 +133,9 @@ async fn a_steer_reaches_only_the_branch_named_and_only_while_it_runs() {
         label: "nope".into(),
         text: "go right".into(),
     });
-    let err = within(dispatch(&h, &forkfleet_shared::api::Caller::Admin, req)).await.unwrap_err();
+    let err = within(dispatch(&h, &forkfleet_shared::api::Caller::Admin, req))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind, ApiErrorKind::NotFound, "{err:?}");
     assert!(err.message.contains("a, b"), "{}", err.message);
     refused(within(h.steer(id, "a", "  \n".into())).await, "empty");

@@ -91,7 +91,9 @@ pub fn worker(pools: &[String]) -> Result<Permissions, SubjectError> {
     for pool in pools {
         let consumer = pool_consumer(pool)?;
         publish.push(format!("$JS.API.CONSUMER.INFO.{TASK_STREAM}.{consumer}"));
-        publish.push(format!("$JS.API.CONSUMER.MSG.NEXT.{TASK_STREAM}.{consumer}"));
+        publish.push(format!(
+            "$JS.API.CONSUMER.MSG.NEXT.{TASK_STREAM}.{consumer}"
+        ));
         publish.push(format!("$JS.ACK.{TASK_STREAM}.{consumer}.>"));
     }
     publish.extend(read_stream(CONTROL_STREAM));
@@ -136,11 +138,16 @@ mod tests {
         assert!(w
             .publish
             .contains(&"$JS.API.CONSUMER.MSG.NEXT.FF_TASKS.pool-gpu".to_string()));
-        assert!(w.publish.contains(&"$JS.ACK.FF_TASKS.pool-default.>".to_string()));
+        assert!(w
+            .publish
+            .contains(&"$JS.ACK.FF_TASKS.pool-default.>".to_string()));
         assert!(w.publish.contains(&"ff.api.worker".to_string()));
         assert_eq!(
             w.subscribe,
-            vec!["ff.api.worker.resolve".to_string(), "_INBOX_ff.worker.>".into()]
+            vec![
+                "ff.api.worker.resolve".to_string(),
+                "_INBOX_ff.worker.>".into()
+            ]
         );
         // Nobody but the coordinator publishes tasks, control or resolve jobs, or reads
         // events.
@@ -157,7 +164,10 @@ mod tests {
         }
         let c = client("alice").unwrap();
         assert!(c.publish.contains(&"ff.api.client.alice".to_string()));
-        assert!(!c.publish.iter().any(|s| s.starts_with("ff.") && s != "ff.api.client.alice"));
+        assert!(!c
+            .publish
+            .iter()
+            .any(|s| s.starts_with("ff.") && s != "ff.api.client.alice"));
         assert_eq!(c.subscribe, vec!["_INBOX_ff.client.alice.>".to_string()]);
         assert!(!c.allow_responses);
         assert!(client("a.b").is_err());
