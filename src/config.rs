@@ -17,12 +17,18 @@
 //!
 //! ack_wait_s = 30              # a task or event unacked this long is delivered again
 //! max_deliver = 5               # deliveries of a task before its branch is failed
+//! replicas = 1                  # coordinator: replicas of the streams and buckets (1 to 5)
+//! identity = "alice"            # client: its API subject ff.api.client.alice (ADR 17)
+//! provision = false             # worker, client: bind to the coordinator's streams and buckets
 //!
 //! [nats.tls]
 //! ca_file = "ca.pem"
 //! cert_file = "client.pem"      # with key_file
 //! key_file = "client.key"
 //! require = true
+//!
+//! [access."alice"]             # coordinator: accounts client `alice` may use besides `alice`
+//! accounts = ["team-a"]
 //!
 //! [pricing."scripted:demo"]    # USD per million tokens; used by `run` and `fork create`
 //! input_per_mtok = 0.15

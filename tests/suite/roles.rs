@@ -3,7 +3,8 @@
 //! `forkfleet worker` using the generated config files, and client commands as `alice`,
 //! `bob` and `admin`:
 //!
-//! - a scripted fork completes under the roles;
+//! - a worker started before the coordinator waits for its streams and buckets (it may not
+//!   create them), then a scripted fork completes under the roles;
 //! - a client sees and acts on the forks of its accounts only: another account's fork is
 //!   `not_found` to `fork show`, `terminate`, `abort`, `cost` and `merge`, and missing from
 //!   `fork ls`; `account show` lists its accounts only; `account set` is refused;
@@ -80,19 +81,6 @@ impl Roles {
         std::fs::write(&coordinator_toml, text).unwrap();
         let url = nats.url();
         let data = dir.path().join("data");
-        let coordinator = Service::spawn(
-            "coordinator",
-            &[
-                "coordinator",
-                "--config",
-                path_str(&coordinator_toml),
-                "--nats",
-                &url,
-                "--data",
-                path_str(&data),
-            ],
-            dir.path(),
-        );
         let worker = Service::spawn(
             "worker",
             &[
@@ -103,6 +91,25 @@ impl Roles {
                 &url,
                 "--concurrency",
                 "6",
+            ],
+            dir.path(),
+        );
+        // The worker started first binds to nothing yet: it waits, and says why.
+        let deadline = Instant::now() + COMMAND_LIMIT;
+        while !worker.log().contains("is the coordinator running?") {
+            assert!(Instant::now() < deadline, "the worker did not wait:\n{}", worker.log());
+            std::thread::sleep(POLL);
+        }
+        let coordinator = Service::spawn(
+            "coordinator",
+            &[
+                "coordinator",
+                "--config",
+                path_str(&coordinator_toml),
+                "--nats",
+                &url,
+                "--data",
+                path_str(&data),
             ],
             dir.path(),
         );
