@@ -122,7 +122,7 @@ pub enum ConfigError {
         path: PathBuf,
         origin: String,
     },
-    #[error("more than one NATS auth method is configured ({0}); choose one of user + password, token, nkey seed, creds file")]
+    #[error("more than one NATS auth method is configured ({0}); choose one of user + password (in the URL or set apart), token, nkey seed, creds file")]
     AuthConflict(String),
     #[error("{0}")]
     Incomplete(String),

@@ -37,11 +37,20 @@ impl NatsSettings {
     pub(super) fn check(&self) -> Result<(), ConfigError> {
         let n = self;
         let mut methods = Vec::new();
+        if let Some(url) = &n.url {
+            // A URL with user info (`nats://user:password@host`) authenticates too.
+            if forkfleet_bus::nats::redact_url(&url.value) != url.value {
+                methods.push(format!("a user in the URL from {}", url.origin));
+            }
+        }
         match (&n.user, &n.password) {
             (Some(u), Some(p)) => methods.push(format!(
                 "user + password from {} and {}",
                 u.origin, p.origin
             )),
+            (Some(u), None) if !methods.is_empty() => {
+                methods.push(format!("user `{}` from {}", u.value, u.origin))
+            }
             (Some(u), None) => {
                 return Err(ConfigError::Incomplete(format!(
                 "NATS user `{}` (from {}) has no password: set nats.password or nats.password_file",

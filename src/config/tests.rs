@@ -390,3 +390,34 @@ fn roles_identity_replicas_and_access() {
     let err = Config::load(Some(&bad), &env_of(&[]), Layer::default()).unwrap_err();
     assert!(err.to_string().contains("account name `../x`"), "{err}");
 }
+
+#[test]
+fn a_user_in_the_url_and_another_auth_method_is_an_error_naming_both() {
+    let env = env_of(&[
+        ("FORKFLEET_NATS_URL", "nats://u:pw@h:4222"),
+        ("FORKFLEET_NATS_TOKEN", "tok"),
+    ]);
+    let err = Config::load(None, &env, Layer::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("a user in the URL from environment variable FORKFLEET_NATS_URL"),
+        "{err}"
+    );
+    assert!(
+        err.contains("token from environment variable FORKFLEET_NATS_TOKEN"),
+        "{err}"
+    );
+    assert!(!err.contains("pw@"), "{err}");
+    let env = env_of(&[
+        ("FORKFLEET_NATS_URL", "nats://u:pw@h:4222"),
+        ("FORKFLEET_NATS_USER", "v"),
+    ]);
+    let err = Config::load(None, &env, Layer::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("user `v` from"), "{err}");
+    // The URL's user alone is fine.
+    let env = env_of(&[("FORKFLEET_NATS_URL", "nats://u:pw@h:4222")]);
+    assert!(Config::load(None, &env, Layer::default()).is_ok());
+}
