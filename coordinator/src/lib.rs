@@ -7,7 +7,10 @@
 //! ## Layout
 //! - [`Coordinator`] (this file): start, handle, shutdown.
 //! - [`handle`]: [`CoordinatorHandle`], the API the CLI and the cluster service call.
-//! - [`api`]: the handler of every API operation (declared in `forkfleet_shared::api`).
+//! - [`api`]: the handler of every API operation (declared in `forkfleet_shared::api`),
+//!   given the request's caller.
+//! - [`access`]: who may act on what: the accounts a caller may use, the checks the
+//!   handlers make (ADR 17).
 //! - [`service`]: the API over the bus's request/reply ([`service::serve`]).
 //! - [`store`]: [`RunStore`], sled under a data dir (runs, events, forks, branches,
 //!   checkpoints, blobs).
