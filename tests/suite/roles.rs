@@ -262,6 +262,11 @@ fn clients_see_and_act_on_the_forks_of_their_accounts_only() {
         assert_eq!(branch["state"], "done", "{theirs}");
     }
     // alice acts on her own.
+    let own = roles.client(
+        "client-alice",
+        &["fork", "terminate", &a, "concise", "--json"],
+    );
+    assert_eq!(own.json()["sent"], false, "finished already");
     let shown = roles.client("client-alice", &["fork", "show", &a[..13], "--json"]);
     assert_eq!(shown.json()["fork_id"], a.as_str());
     let merged = roles.client(
