@@ -326,6 +326,19 @@ fn clients_see_and_act_on_the_forks_of_their_accounts_only() {
     assert!(roles.listed("client-bob").contains(&granted));
     roles.watch("client-bob", &granted);
 
+    // A resolve under the roles: test jobs and the judge on the worker (which may only
+    // answer `worker.resolve`), the decision and the merge on the coordinator.
+    let fix = Example::named("fix-a-bug");
+    let id = roles.create("client-alice", &fix.spec());
+    roles.watch("client-alice", &id);
+    let resolved = roles.client(
+        "client-alice",
+        &["fork", "resolve", &id, "--no-apply", "--json"],
+    );
+    let doc = resolved.json();
+    assert_eq!(doc["decision"]["kind"], "commit", "{doc}\n{}", roles.logs());
+    assert!(doc["merge"]["winner"].is_string(), "{doc}");
+
     // Everything above needed no permission a role lacks.
     let log = roles.nats.log();
     assert!(!log.contains("Violation"), "{log}");
