@@ -339,10 +339,53 @@ fn clients_see_and_act_on_the_forks_of_their_accounts_only() {
     assert_eq!(doc["decision"]["kind"], "commit", "{doc}\n{}", roles.logs());
     assert!(doc["merge"]["winner"].is_string(), "{doc}");
 
+    // An agent forks itself through the workers' API subject; the fork it makes charges
+    // the same account, so alice sees it.
+    let agent = Example::quickstart();
+    std::fs::write(agent.dir.path().join("agent.toml"), AGENT_SCRIPT).unwrap();
+    let spec = agent.write_spec(
+        "goal = \"fork\"\nworkspace = \"workspace\"\nmodel = \"scripted:agent\"\nforking = true\n\
+         [models.\"scripted:agent\"]\nscript = \"agent.toml\"\n\
+         price = { input_per_mtok = 0.15, output_per_mtok = 0.60 }\n",
+    );
+    let before = roles.listed("client-alice").len();
+    let id = roles.create("client-alice", &spec);
+    let view = roles.watch("client-alice", &id);
+    assert_eq!(
+        view["branches"][0]["state"],
+        "done",
+        "{view}\n{}",
+        roles.logs()
+    );
+    assert_eq!(
+        roles.listed("client-alice").len(),
+        before + 2,
+        "the agent's fork is hers"
+    );
+    assert_eq!(roles.listed("client-bob").len(), 2);
+
     // Everything above needed no permission a role lacks.
     let log = roles.nats.log();
     assert!(!log.contains("Violation"), "{log}");
 }
+
+/// An agent that forks one branch, waits for it and merges it.
+const AGENT_SCRIPT: &str = r#"
+[defaults]
+usage = { input_tokens = 100, output_tokens = 10 }
+[[turns.main]]
+tool_calls = [{ name = "fork_run", args = { branches = [{ label = "x", steer = "write x" }] } }]
+[[turns.main]]
+tool_calls = [{ name = "inspect_branches", args = { wait_s = 60 } }]
+[[turns.main]]
+tool_calls = [{ name = "merge_or_select", args = { action = "pick:x" } }]
+[[turns.main]]
+text = "merged x"
+[[turns.x]]
+tool_calls = [{ name = "write_file", args = { path = "x.txt", content = "x\n" } }]
+[[turns.x]]
+text = "x done"
+"#;
 
 /// A raw NATS connection as one of the generated identities, with every server error it
 /// is told about.
