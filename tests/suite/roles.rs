@@ -261,6 +261,17 @@ fn clients_see_and_act_on_the_forks_of_their_accounts_only() {
     for branch in theirs["branches"].as_array().unwrap() {
         assert_eq!(branch["state"], "done", "{theirs}");
     }
+    // Nor do its runs.
+    let their_run = theirs["branches"][0]["id"].as_str().unwrap();
+    let refused = roles.client("client-alice", &["log", their_run]);
+    assert_eq!(refused.code, Some(2), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("does not exist"),
+        "{}",
+        refused.stderr
+    );
+    let mine = roles.client("client-bob", &["log", their_run, "--json"]);
+    assert!(!mine.json().as_array().unwrap().is_empty());
     // alice acts on her own.
     let own = roles.client(
         "client-alice",
