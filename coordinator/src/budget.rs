@@ -546,7 +546,9 @@ impl Ledger {
         out
     }
 
-    /// A branch's state changed: a stopped or paused branch holds no reservations.
+    /// A branch's state changed: a stopped or paused branch holds no reservations of its
+    /// current attempt. Those of attempts a takeover superseded stay held until their
+    /// usage settles them or they expire (their worker may still be making the call, ADR 18).
     pub fn on_state(&self, run_id: RunId, state: BranchState) {
         let mut s = self.lock();
         let Some(run) = s.runs.get_mut(&run_id) else {
@@ -564,7 +566,8 @@ impl Ledger {
         if !stopped {
             return;
         }
-        let released = s.release_where(|r| r.run_id == run_id);
+        let current = run.min_attempt;
+        let released = s.release_where(|r| r.run_id == run_id && r.attempt >= current);
         drop(s);
         self.forget(&released);
     }

@@ -93,9 +93,11 @@ pub(crate) async fn check_proof(
     }
     let payload = match bus.queued_task(pool, seq).await {
         Ok(Some(p)) => p,
-        Ok(None) => return Err(Refusal::Refused(format!(
+        Ok(None) => {
+            return Err(Refusal::Refused(format!(
             "task {seq} of pool `{pool}` is not queued (acked, dead-lettered, or never enqueued)"
-        ))),
+        )))
+        }
         Err(e) => return Err(Refusal::Retry(format!("cannot read task {seq}: {e}"))),
     };
     let task = wire::decode::<BranchTask>(&payload)

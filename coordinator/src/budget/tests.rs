@@ -235,15 +235,32 @@ fn a_takeover_keeps_the_earlier_attempts_reservation_until_its_usage_settles_it(
     assert_eq!(cost.reserved_usd, 0.0);
     assert_eq!(cost.spent_usd, 0.5);
     assert_eq!(cost.branches[0].calls, 1);
-    // The old attempt gets nothing more; the new one what is left.
-    assert!(!matches!(
+    // The old attempt gets nothing more: it is told it was superseded.
+    assert!(matches!(
+        fx.reserve(&fork, 0, 1, 0.25),
+        BudgetReply::Superseded { by: 2 }
+    ));
+}
+
+/// ADR 18: a branch that stops releases its current attempt's reservations, not those of
+/// an attempt a takeover superseded (its worker may still be making that call).
+#[test]
+fn a_stopped_branch_keeps_a_superseded_attempts_reservation() {
+    let fx = Fx::new();
+    let fork = fx.fork(None, &[Some(1.0)], BudgetPolicy::default());
+    let run = fork.runs[0];
+    assert!(matches!(
         fx.reserve(&fork, 0, 1, 0.25),
         BudgetReply::Granted { .. }
     ));
+    fx.ledger.on_fence(run, 2);
     assert!(matches!(
         fx.reserve(&fork, 0, 2, 0.5),
         BudgetReply::Granted { .. }
     ));
+    fx.ledger.on_state(run, BranchState::Done);
+    assert_eq!(fx.cost(&fork).branches[0].reserved_usd, 0.25);
+    assert_eq!(fx.store.reservations().unwrap().len(), 1);
 }
 
 // ---- properties -------------------------------------------------------------------------
@@ -261,7 +278,8 @@ enum Op {
     Settle { pick: usize, quarters: u32 },
     /// Withdraw a live reservation (a grant that could not be persisted).
     Cancel { pick: usize },
-    /// The branch pauses (its reservations are released), then runs again.
+    /// The branch pauses (its current attempt's reservations are released), then runs
+    /// again.
     PauseResume { branch: usize },
     /// A later task attempt takes the branch over (the earlier attempt's reservations stay
     /// held until settled or expired).
@@ -296,6 +314,8 @@ struct Live {
     id: ReservationId,
     branch: usize,
     usd: f64,
+    /// The task attempt that reserved it.
+    attempt: u32,
     expires_at_ms: u64,
 }
 
@@ -371,6 +391,7 @@ fn apply(fx: &Fx, fork: &Fork, m: &mut Model, op: &Op) -> Result<(), TestCaseErr
                         id: reservation,
                         branch,
                         usd: est,
+                        attempt: m.attempts[branch],
                         expires_at_ms: fx.clock.now_ms() + TTL_MS,
                     });
                 }
@@ -415,8 +436,13 @@ fn apply(fx: &Fx, fork: &Fork, m: &mut Model, op: &Op) -> Result<(), TestCaseErr
         }
         Op::PauseResume { branch } => {
             fx.ledger.on_state(fork.runs[branch], BranchState::Paused);
-            m.live.retain(|l| l.branch != branch);
-            prop_assert_eq!(fx.cost(fork).branches[branch].reserved_usd, 0.0);
+            // Only the current attempt's: a superseded attempt's stay held (ADR 18).
+            let current = m.attempts[branch];
+            m.live.retain(|l| l.branch != branch || l.attempt < current);
+            prop_assert_eq!(
+                fx.cost(fork).branches[branch].reserved_usd,
+                m.reserved(Some(branch))
+            );
             fx.ledger.on_state(fork.runs[branch], BranchState::Running);
         }
         Op::Fence { branch } => {

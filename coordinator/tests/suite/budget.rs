@@ -643,6 +643,8 @@ async fn a_paused_branch_is_enqueued_once_however_often_its_cap_is_raised() {
         3,
     )
     .await;
+    // A paused worker hands its task back as done.
+    a_held.ack().await.unwrap();
     wait_view(&fx.h(), view.fork_id, |v| {
         v.branches[0].state == BranchState::Paused
     })
