@@ -294,3 +294,59 @@ async fn a_task_no_worker_finishes_fails_its_branch_and_keeps_its_work() {
     assert_eq!(b.changes, 1);
     assert_eq!(within(h.run_events(run)).await.unwrap().len() as u64, s + 3);
 }
+
+/// ADR 18: a fenced attempt that finishes and settles the task the attempt that took the
+/// branch over runs from leaves the branch without a runner: the coordinator sees the task
+/// gone and enqueues the branch again above the fence.
+#[tokio::test]
+async fn a_branch_whose_task_a_fenced_attempt_settled_is_enqueued_again() {
+    let fx = Fixture::start().await;
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    fx.create(plan(&["solo"]), ParentRun::New, snap).await;
+    let (task, held) = fx.pull().await;
+    let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
+    let running = Event::Status {
+        state: BranchState::Running,
+        error: None,
+    };
+    fx.publish_as(fork, run, s, running.clone(), 1).await;
+    wait_view(&h, fork, |v| v.branches[0].state == BranchState::Running).await;
+    // Attempt 2 takes the branch over from the same task.
+    let proof = Fixture::proof(&task, &held, 2);
+    assert!(matches!(
+        resume(&fx, fork, run, 2, Some(proof)).await,
+        ResumeReply::Log { .. }
+    ));
+    fx.publish_as(fork, run, s + 1, running, 2).await;
+    // The fenced attempt 1 did not notice: it finishes and acks the shared task.
+    fx.publish_as(
+        fork,
+        run,
+        s + 1,
+        Event::Status {
+            state: BranchState::Done,
+            error: None,
+        },
+        1,
+    )
+    .await;
+    held.ack().await.unwrap();
+    fx.publish_as(
+        fork,
+        run,
+        s + 2,
+        Event::Status {
+            state: BranchState::Done,
+            error: None,
+        },
+        1,
+    )
+    .await;
+    // The branch is enqueued again, above the fence.
+    let (again, _d) = fx.pull().await;
+    assert_eq!(again.run_id, run);
+    assert_eq!(again.attempt_base, 2);
+    let v = within(h.fork(fork)).await.unwrap();
+    assert_eq!(v.branches[0].state, BranchState::Running, "{v:?}");
+}
