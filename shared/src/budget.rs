@@ -209,7 +209,8 @@ pub struct BranchCost {
     pub cap_usd: Option<f64>,
     /// `cap - spent - reserved`, never below 0; `None` without a cap.
     pub remaining_usd: Option<f64>,
-    /// Model calls made.
+    /// Model calls paid for: the branch's `usage` events, those of fenced task attempts
+    /// included (ADR 18).
     pub calls: u32,
     /// When the coordinator saw it stop (terminal or paused), milliseconds since the epoch.
     pub stopped_at_ms: Option<u64>,
