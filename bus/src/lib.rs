@@ -89,6 +89,14 @@ pub struct Delivery {
     /// readers do not continue a trace, so publishing one would cost every event for
     /// nothing).
     pub trace: Option<String>,
+    /// Tasks: how long the delivery holds the task without an extension (the queue's ack
+    /// wait): past it the task may be delivered to another worker. `None` when the bus
+    /// never hands a task held by a live process to another one (the local bus).
+    pub lease: Option<Duration>,
+    /// Tasks: the task's position in its queue (the stream sequence on NATS), the same on
+    /// every delivery of it; with [`Bus::queued_task`] the coordinator checks that a task
+    /// a worker names is still queued (the proof of a takeover, ADR 18).
+    pub seq: Option<u64>,
     acker: Box<dyn Acker>,
 }
 
@@ -98,8 +106,18 @@ impl Delivery {
             payload,
             attempt,
             trace,
+            lease: None,
+            seq: None,
             acker,
         }
+    }
+
+    /// The same delivery with its lease and queue position (see [`Delivery::lease`],
+    /// [`Delivery::seq`]).
+    pub fn with_position(mut self, lease: Option<Duration>, seq: Option<u64>) -> Self {
+        self.lease = lease;
+        self.seq = seq;
+        self
     }
 
     pub async fn ack(&self) -> BusResult<()> {
@@ -121,6 +139,8 @@ impl std::fmt::Debug for Delivery {
             .field("bytes", &self.payload.len())
             .field("attempt", &self.attempt)
             .field("trace", &self.trace)
+            .field("lease", &self.lease)
+            .field("seq", &self.seq)
             .finish()
     }
 }
@@ -169,6 +189,12 @@ pub trait Bus: Send + Sync + 'static {
     /// pull finds it past `max_deliver`. Each dead task is handed to one receiver; ones that
     /// died while nobody watched arrive first.
     async fn dead_tasks(&self, pool: &str) -> BusResult<mpsc::UnboundedReceiver<Bytes>>;
+    /// The payload of `pool`'s task at queue position `seq` ([`Delivery::seq`]) while it
+    /// is still queued or held by a worker; `None` once it was acked or dead-lettered (or
+    /// never existed).
+    async fn queued_task(&self, pool: &str, seq: u64) -> BusResult<Option<Bytes>>;
+    /// Deliveries of one task before it is dead-lettered.
+    fn max_deliver(&self) -> u32;
 
     async fn publish_event(&self, payload: Bytes) -> BusResult<()>;
     async fn events(&self, durable: &str) -> BusResult<Box<dyn EventConsumer>>;

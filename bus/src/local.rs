@@ -257,7 +257,9 @@ impl MsgQueue {
                         queue: self.clone(),
                         id,
                     });
-                    return Ok(Some(Delivery::new(payload, attempt, trace, acker)));
+                    return Ok(Some(
+                        Delivery::new(payload, attempt, trace, acker).with_position(None, Some(id)),
+                    ));
                 }
                 Err(wake) => {
                     if until.is_some_and(|u| u <= now) {
@@ -299,6 +301,19 @@ impl MsgQueue {
             self.notify.notify_one();
         }
         Ok(())
+    }
+
+    /// The payload of message `id` while it is queued or in flight.
+    fn queued(&self, id: u64) -> BusResult<Option<Bytes>> {
+        let st = lock(&self.state)?;
+        if let Some((msg, _)) = st.inflight.get(&id) {
+            return Ok(Some(msg.payload.clone()));
+        }
+        Ok(st
+            .ready
+            .iter()
+            .find(|m| m.id == id)
+            .map(|m| m.payload.clone()))
     }
 
     /// Hand every in-flight message back (a consumer went away).
@@ -383,6 +398,14 @@ impl Bus for LocalBus {
         }
         st.dead_watchers.push(tx);
         Ok(rx)
+    }
+
+    async fn queued_task(&self, pool: &str, seq: u64) -> BusResult<Option<Bytes>> {
+        self.queue(pool)?.queued(seq)
+    }
+
+    fn max_deliver(&self) -> u32 {
+        self.inner.config.max_deliver
     }
 
     async fn publish_event(&self, payload: Bytes) -> BusResult<()> {

@@ -718,7 +718,11 @@ impl Bus for NatsBus {
                 Err(e) => Err(e),
             };
             let pause = match result {
-                Ok(Some(msg)) => return Ok(Some(delivery(msg))),
+                Ok(Some(msg)) => {
+                    let d = delivery(msg);
+                    let seq = d.seq;
+                    return Ok(Some(d.with_position(Some(self.inner.config.ack_wait), seq)));
+                }
                 Ok(None) => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left < RETRY_MIN {
@@ -775,6 +779,31 @@ impl Bus for NatsBus {
             tx,
         ));
         Ok(rx)
+    }
+
+    async fn queued_task(&self, pool: &str, seq: u64) -> BusResult<Option<Bytes>> {
+        let subject = subjects::task_subject(pool).map_err(invalid)?;
+        let tasks = self
+            .inner
+            .js
+            .get_stream_no_info(subjects::TASK_STREAM)
+            .await
+            .map_err(|e| backend("cannot open the task stream", e))?;
+        // A work-queue stream: an acked task is deleted, and so is a dead one once its
+        // advisory is forwarded.
+        match tasks.get_raw_message(seq).await {
+            Ok(task) if task.subject.as_str() == subject => Ok(Some(task.payload)),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(backend(
+                format!("cannot read task {seq} of pool `{pool}`"),
+                e,
+            )),
+        }
+    }
+
+    fn max_deliver(&self) -> u32 {
+        self.inner.config.max_deliver
     }
 
     async fn publish_event(&self, payload: Bytes) -> BusResult<()> {

@@ -2,14 +2,16 @@
 //! money reserved for calls in flight. One per coordinator, shared by the fork actors (which
 //! settle usage as they apply events), the reservation service and the API.
 //!
-//! - **Spent** comes from applied `usage` events only (exactly once, by (run, seq)); on start
+//! - **Spent** comes from `usage` events: applied ones (exactly once, by (run, seq)) and
+//!   those of fenced attempts (exactly once, by (run, attempt, seq), ADR 18); on start
 //!   each fork actor registers its branches with the spend rebuilt from their logs. An
 //!   account's spend is the sum of its forks'.
 //! - **Reserved** is the sum of live reservations. A reservation is made by
 //!   [`Ledger::reserve`] (strict mode, before a call), persisted before it is granted, and
-//!   ends when the call's `usage` event names it (settled at the actual cost), when its
-//!   branch stops or pauses, when a later task attempt takes the branch over (the worker
-//!   that held it is presumed dead), or when it expires ([`Ledger::expire`]).
+//!   ends when the call's `usage` event names it (settled at the actual cost; a fenced
+//!   attempt's usage settles it too), when its branch stops or pauses, or when it expires
+//!   ([`Ledger::expire`]). A takeover does not end the earlier attempt's reservations: its
+//!   worker may only have been paused, and its call may still be paid for (ADR 18).
 //! - A call is granted only if `spent + reserved + estimate <= cap` at the branch, its fork
 //!   and its account at once, so money is spent only inside a reservation and the sum of
 //!   what calls really cost stays under every cap (up to the estimate being an upper bound).
@@ -72,10 +74,12 @@ struct RunBudget {
     label: String,
     cap: Option<f64>,
     spent: f64,
+    /// Model calls paid for (`usage` events, fenced ones included).
+    calls: u32,
     state: BranchState,
     /// The latest task attempt that took the branch over (every attempt above 1 is fenced
-    /// in through `coord.resume`), so reservations of attempts below it are void and a
-    /// task resuming the branch starts above it.
+    /// in through `coord.resume`): attempts below it get no new reservations, and a task
+    /// resuming the branch starts above it.
     min_attempt: u32,
     /// A stop or pause was sent and the branch has not stopped yet.
     stopping: bool,
@@ -280,8 +284,7 @@ impl State {
             reserved_usd: reserved,
             cap_usd: r.cap,
             remaining_usd: remaining(r.cap, r.spent, reserved),
-            // The fork's view has the turns; `CoordinatorHandle::fork_cost` fills them in.
-            calls: 0,
+            calls: r.calls,
             stopped_at_ms: r.stopped_at_ms,
         })
     }
@@ -408,6 +411,7 @@ impl Ledger {
                     label: b.label.clone(),
                     cap,
                     spent: b.cost_usd,
+                    calls: b.calls,
                     state: b.state,
                     min_attempt: b.min_attempt,
                     stopping: false,
@@ -458,8 +462,9 @@ impl Ledger {
         })
     }
 
-    /// A `usage` event was applied: charge its cost, settle its reservation, and in
-    /// best-effort mode stop what crossed a cap.
+    /// A `usage` event was applied, or one of a fenced attempt was first seen (ADR 18):
+    /// charge its cost, settle its reservation, and in best-effort mode stop what crossed a
+    /// cap.
     pub fn on_usage(
         &self,
         run_id: RunId,
@@ -480,6 +485,7 @@ impl Ledger {
             return out;
         };
         run.spent += cost;
+        run.calls += 1;
         let (fork_id, run_cap, run_spent) = (run.fork, run.cap, run.spent);
         let Some(fork) = s.forks.get_mut(&fork_id) else {
             return out;
@@ -540,7 +546,9 @@ impl Ledger {
         out
     }
 
-    /// A branch's state changed: a stopped or paused branch holds no reservations.
+    /// A branch's state changed: a stopped or paused branch holds no reservations of its
+    /// current attempt. Those of attempts a takeover superseded stay held until their
+    /// usage settles them or they expire (their worker may still be making the call, ADR 18).
     pub fn on_state(&self, run_id: RunId, state: BranchState) {
         let mut s = self.lock();
         let Some(run) = s.runs.get_mut(&run_id) else {
@@ -558,13 +566,17 @@ impl Ledger {
         if !stopped {
             return;
         }
-        let released = s.release_where(|r| r.run_id == run_id);
+        let current = run.min_attempt;
+        let released = s.release_where(|r| r.run_id == run_id && r.attempt >= current);
         drop(s);
         self.forget(&released);
     }
 
-    /// A task attempt took the branch over: reservations of earlier attempts are void
-    /// (their worker is presumed dead; a call it still had in flight is lost with it).
+    /// A task attempt took the branch over: earlier attempts get no new reservations. Those
+    /// they hold stay held (ADR 18): the worker that holds one may still be making its call
+    /// (it was paused, not dead), so the money stays reserved until the call's `usage`
+    /// settles it (counted even from a fenced attempt) or the reservation expires. Strict
+    /// caps so hold across a takeover.
     pub fn on_fence(&self, run_id: RunId, attempt: u32) {
         let mut s = self.lock();
         if let Some(r) = s.runs.get_mut(&run_id) {
@@ -572,12 +584,6 @@ impl Ledger {
             // A stop sent to the earlier attempt does not reach this one.
             r.stopping = false;
         }
-        let released = s.release_where(|r| r.run_id == run_id && r.attempt < attempt);
-        drop(s);
-        if !released.is_empty() {
-            tracing::info!(run.id = %run_id, attempt, released = released.len(), "budget: reservations of an earlier attempt released");
-        }
-        self.forget(&released);
     }
 
     /// A branch's cap now (after top-ups and moves).

@@ -287,6 +287,7 @@ pub(crate) fn create_fork(
             changes: 0,
             next_seq: first_seq,
             min_attempt: 0,
+            calls: 0,
         });
         let lineage = Event::Fork {
             fork_id,

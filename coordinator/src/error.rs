@@ -122,6 +122,9 @@ pub enum CoordinatorError {
     UnknownFork(String),
     #[error("run {0} does not exist")]
     UnknownRun(RunId),
+    /// A takeover by a task attempt below the branch's fence (ADR 18).
+    #[error("task attempt {attempt} is below the branch's fence: attempt {fence} took it over")]
+    Superseded { attempt: u32, fence: u32 },
     /// No run id starts with `prefix`.
     #[error("no run matches `{prefix}`; run ids are in `forkfleet fork show FORK` (branches) and `forkfleet fork ls` (parent runs)")]
     UnknownRunPrefix { prefix: String },
@@ -323,6 +326,7 @@ impl CoordinatorError {
             | E::EmptyLog(_)
             | E::CheckpointPastEnd { .. }
             | E::CheckpointLabelTaken { .. }
+            | E::Superseded { .. }
             | E::SteerPaused { .. }
             | E::SteerFinished { .. }
             | E::SteerStopping { .. }

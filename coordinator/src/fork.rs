@@ -4,12 +4,14 @@
 //!
 //! This file holds the actor, its messages ([`ForkMsg`]), its state ([`ForkState`]) with
 //! the views and settling, loading a fork from the store, and the message handler. The
-//! state's work is in `fork/events.rs` (applying events, fences), `fork/control.rs`
+//! state's work is in `fork/events.rs` (applying events, fences), `fork/fencing.rs`
+//! (takeovers, fenced spend, branches left without a runner, ADR 18), `fork/control.rs`
 //! (resume, follow-up, steer, terminate, abort) and `fork/merging.rs` (merge, resolve,
 //! adopt, rewind); [`ForkHandle`] is in `fork/handle.rs`.
 
 mod control;
 mod events;
+mod fencing;
 mod handle;
 mod merging;
 
@@ -81,6 +83,13 @@ pub(crate) struct ForkState {
     /// Branches sent a terminate that have not finished yet, with its reason: a later
     /// attempt that takes one over (its worker was lost before it obeyed) finds it ended.
     stopping: HashMap<RunId, String>,
+    /// The task each branch taken over runs from: the pool and queue position its
+    /// takeover proved (ADR 18). Not stored: after a restart a branch's is known again at
+    /// its next takeover.
+    tasks: HashMap<RunId, (String, u64)>,
+    /// Branches a fenced attempt reported finished, to check for a runner
+    /// ([`ForkState::check_runners`]).
+    suspects: Vec<RunId>,
     record: ForkRecord,
     base: Arc<Manifest>,
     branches: Vec<BranchReplica>,
@@ -143,11 +152,15 @@ pub(crate) enum ForkMsg {
     ),
     /// The branch's task was delivered `max_deliver` times without finishing: fail it.
     FailBranch(RunId, String),
-    /// A worker took a branch over under task attempt `u32`: drop the events of earlier
-    /// attempts from now on, and answer with the branch's log as stored.
+    /// A worker took a branch over under task attempt `u32`, holding the task at queue
+    /// position `u64` of the pool named (checked, ADR 18): drop the events of earlier
+    /// attempts from now on, tell them they are superseded, and answer with the branch's
+    /// log as stored.
     Fence(
         RunId,
         u32,
+        String,
+        u64,
         RpcReplyPort<Result<Vec<(u64, Event)>, CoordinatorError>>,
     ),
     /// Enqueue a task, on the pool named, for each branch `Requeue` selects that has no
@@ -306,6 +319,10 @@ fn load(store: &RunStore, fork: ForkId) -> Result<Loaded, CoordinatorError> {
         let stored = store.stored_events(run)?;
         let rewound = checkpoint::has_rewind(&stored);
         let (mut replica, applied) = BranchReplica::rebuild(b, base.clone(), stored);
+        // Calls of fenced attempts: paid for, not in the log (ADR 18).
+        for cost in store.fenced_usage(run)? {
+            replica.count_fenced(cost);
+        }
         steps.push((run, applied));
         if rewound {
             checkpoint::apply_rewind(&mut replica, &base, &store.run_log(run)?)?;
@@ -387,6 +404,8 @@ impl Actor for ForkActor {
             ledger,
             requeued: HashSet::new(),
             stopping: HashMap::new(),
+            tasks: HashMap::new(),
+            suspects: Vec::new(),
             record,
             base,
             branches,
@@ -420,6 +439,8 @@ impl Actor for ForkActor {
             }
             ForkMsg::ApplyEvents(events, reply) => {
                 let _ = reply.send(state.apply_events(events));
+                // Branches whose fenced attempt finished: is their task still held?
+                state.check_runners().await;
             }
             ForkMsg::Subscribe(reply) => {
                 let _ = reply.send(state.version.subscribe());
@@ -452,8 +473,8 @@ impl Actor for ForkActor {
                     let _ = reply.send(Ok(report));
                 });
             }
-            ForkMsg::Fence(run, attempt, reply) => {
-                let _ = reply.send(state.fence(run, attempt).await);
+            ForkMsg::Fence(run, attempt, pool, seq, reply) => {
+                let _ = reply.send(state.fence(run, attempt, pool, seq).await);
             }
             ForkMsg::FailBranch(run, error) => {
                 if let Err(e) = state.fail_branch(run, error) {

@@ -352,15 +352,12 @@ impl CoordinatorHandle {
     }
 
     /// Spent, reserved, cap and remaining per branch, for the fork and its account; calls
-    /// are the branches' model turns.
+    /// are the model calls paid for (fenced attempts' included, ADR 18).
     pub async fn fork_cost(&self, id: ForkId) -> Result<ForkCost, CoordinatorError> {
         // Through the root: an unknown fork is `UnknownFork` either way, and a fork whose
         // actor is still loading is waited for.
-        let view = self.root.fork(id).await?.view().await?;
+        self.root.fork(id).await?;
         let mut cost = self.ledger.fork_cost(id)?;
-        for b in &mut cost.branches {
-            b.calls = view.branch(&b.label).map_or(0, |v| v.turns);
-        }
         if let Some(report) = self.blocking(move |s| s.resolution(id)).await? {
             cost.judge_cost_usd = report.judge_cost_usd;
             cost.judge_usage = report.judge_usage;

@@ -240,7 +240,7 @@ async fn start_services(
     stop: &tokio::sync::watch::Sender<bool>,
 ) -> Result<Vec<tokio::task::JoinHandle<()>>, CoordinatorError> {
     Ok(vec![
-        resume::start(bus, root.clone(), stop.subscribe()).await?,
+        resume::start(bus, &config.pool, root.clone(), stop.subscribe()).await?,
         resume::start_dead_tasks(bus, &config.pool, root.clone(), stop.subscribe()).await?,
         budget::start(bus, ledger.clone(), store.clone(), stop.subscribe()).await?,
     ])

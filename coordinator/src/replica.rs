@@ -75,6 +75,7 @@ impl BranchReplica {
         record.state = BranchState::Pending;
         record.error = None;
         record.turns = 0;
+        record.calls = 0;
         record.usage = Usage::default();
         record.cost_usd = 0.0;
         record.changes = 0;
@@ -126,6 +127,16 @@ impl BranchReplica {
         }
         self.record.min_attempt = attempt;
         Some(std::mem::take(&mut self.held).into_keys().collect())
+    }
+
+    /// A `usage` event of a fenced attempt, first seen (see `fork/fenced.rs`): the call
+    /// was paid for, so it counts in the branch's calls and spend, though its event is not
+    /// in the log.
+    pub fn count_fenced(&mut self, cost_usd: f64) {
+        self.record.calls += 1;
+        if cost_usd.is_finite() {
+            self.record.cost_usd += cost_usd;
+        }
     }
 
     /// True when an event of this task attempt must be dropped.
@@ -189,6 +200,7 @@ impl BranchReplica {
                 reservation,
                 ..
             } => {
+                r.calls += 1;
                 r.usage.add(&usage);
                 if cost_usd.is_finite() {
                     r.cost_usd += cost_usd;
@@ -259,6 +271,7 @@ mod tests {
             changes: 0,
             next_seq: 0,
             min_attempt: 0,
+            calls: 0,
         };
         BranchReplica::new(record, Arc::new(Manifest::default()))
     }

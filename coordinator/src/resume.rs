@@ -6,33 +6,46 @@
 //! dropped from then on, so a worker presumed dead cannot interleave with its successor),
 //! then answers with the log as stored. The worker continues at the next seq.
 //!
+//! A resume request is accepted only from the worker holding the branch's task (ADR 18): it
+//! carries the delivery's proof ([`TaskProof`]: the task's queue position and delivery
+//! count), and the task at that position must still be queued or held, be this branch's,
+//! and `attempt_base + delivered` must be the request's attempt, with `delivered` within
+//! the queue's `max_deliver`. Anything else (a forged request, one without a proof, a late
+//! one from a delivery an acked task outlived) is refused with a WARN log, and nothing is
+//! fenced. So is a takeover by an attempt below the branch's fence.
+//!
 //! A task delivered `max_deliver` times without finishing comes back as a dead task: its
 //! branch is failed with an error that says so (its partial work stays mergeable).
 
 use crate::error::CoordinatorError;
 use crate::root::RootHandle;
 use forkfleet_bus::{Bus, Request};
-use forkfleet_shared::protocol::{BranchTask, ResumeReply, ResumeRequest, RESUME_SUBJECT};
+use forkfleet_shared::protocol::{
+    BranchTask, ResumeReply, ResumeRequest, TaskProof, RESUME_SUBJECT,
+};
 use forkfleet_shared::wire;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// Serve resume requests until `stop` turns true.
+/// Tasks are read from `pool`'s queue to check a request's proof.
 pub(crate) async fn start(
     bus: &Arc<dyn Bus>,
+    pool: &str,
     root: RootHandle,
     stop: watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, CoordinatorError> {
+    let (tasks, pool) = (bus.clone(), pool.to_string());
     crate::serve::serve(bus, RESUME_SUBJECT, stop, move |req| {
-        answer(root.clone(), req)
+        answer(tasks.clone(), pool.clone(), root.clone(), req)
     })
     .await
 }
 
-async fn answer(root: RootHandle, req: Request) {
+async fn answer(bus: Arc<dyn Bus>, pool: String, root: RootHandle, req: Request) {
     let reply = match wire::decode::<ResumeRequest>(&req.payload) {
-        Ok(r) => resume(&root, &r).await,
+        Ok(r) => resume(bus.as_ref(), &pool, &root, &r).await,
         Err(e) => {
             tracing::error!(error = %e, "coordinator.resume: malformed request");
             ResumeReply::Retry {
@@ -50,7 +63,70 @@ async fn answer(root: RootHandle, req: Request) {
     }
 }
 
-async fn resume(root: &RootHandle, r: &ResumeRequest) -> ResumeReply {
+/// Why a resume request is not acted on.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Refusal {
+    /// It does not come from the worker holding the branch's task.
+    Refused(String),
+    /// The queue could not be read: the worker asks again.
+    Retry(String),
+}
+
+/// Check that `r` comes from the worker holding the branch's current task (see the module
+/// doc); the answer is the task's queue position.
+pub(crate) async fn check_proof(
+    bus: &dyn Bus,
+    pool: &str,
+    r: &ResumeRequest,
+) -> Result<u64, Refusal> {
+    let Some(TaskProof { seq, delivered }) = r.task else {
+        return Err(Refusal::Refused(
+            "the request carries no delivery proof (the task's queue position and delivery count)"
+                .into(),
+        ));
+    };
+    let max = bus.max_deliver();
+    if delivered == 0 || delivered > max {
+        return Err(Refusal::Refused(format!(
+            "delivery count {delivered} is not one of 1..={max} (the queue's max_deliver)"
+        )));
+    }
+    let payload = match bus.queued_task(pool, seq).await {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            return Err(Refusal::Refused(format!(
+            "task {seq} of pool `{pool}` is not queued (acked, dead-lettered, or never enqueued)"
+        )))
+        }
+        Err(e) => return Err(Refusal::Retry(format!("cannot read task {seq}: {e}"))),
+    };
+    let task = wire::decode::<BranchTask>(&payload)
+        .map_err(|e| Refusal::Refused(format!("task {seq} is not a branch task: {e}")))?;
+    if task.fork_id != r.fork_id || task.run_id != r.run_id {
+        return Err(Refusal::Refused(format!(
+            "task {seq} runs branch {} of fork {}, not the one named",
+            task.run_id, task.fork_id
+        )));
+    }
+    let expected = task.attempt_base.saturating_add(delivered);
+    if expected != r.attempt {
+        return Err(Refusal::Refused(format!(
+            "attempt {} is not task {seq}'s attempt_base {} plus its delivery count {delivered}",
+            r.attempt, task.attempt_base
+        )));
+    }
+    Ok(seq)
+}
+
+async fn resume(bus: &dyn Bus, pool: &str, root: &RootHandle, r: &ResumeRequest) -> ResumeReply {
+    let seq = match check_proof(bus, pool, r).await {
+        Ok(seq) => seq,
+        Err(Refusal::Refused(reason)) => {
+            tracing::warn!(fork.id = %r.fork_id, run.id = %r.run_id, attempt = r.attempt, reason = %reason, "coordinator.resume: refused, nothing fenced: the request does not come from the worker holding the branch's task");
+            return ResumeReply::Refused { reason };
+        }
+        Err(Refusal::Retry(reason)) => return ResumeReply::Retry { reason },
+    };
     let fork = match root.lookup(r.fork_id).await {
         Ok(Some(f)) => f,
         Ok(None) => {
@@ -64,8 +140,15 @@ async fn resume(root: &RootHandle, r: &ResumeRequest) -> ResumeReply {
             }
         }
     };
-    match fork.fence(r.run_id, r.attempt).await {
+    match fork.fence(r.run_id, r.attempt, pool.to_string(), seq).await {
         Ok(events) => ResumeReply::Log { events },
+        Err(CoordinatorError::Superseded { attempt, fence }) => {
+            let reason = format!(
+                "task attempt {attempt} is below the branch's fence: attempt {fence} took it over"
+            );
+            tracing::warn!(fork.id = %r.fork_id, run.id = %r.run_id, attempt, fence, "coordinator.resume: refused: {reason}");
+            ResumeReply::Refused { reason }
+        }
         Err(CoordinatorError::UnknownRun(run)) => ResumeReply::Gone {
             reason: format!("run {run} is not a branch of fork {}", r.fork_id),
         },

@@ -12,6 +12,7 @@
 //! | `accounts`    | account name                         | [`AccountRecord`]          |
 //! | `reservations`| reservation id                       | [`ReservationRecord`]      |
 //! | `caps`        | fork id, or fork id ++ run id        | `Option<f64>`: a cap after top-ups |
+//! | `fenced_usage`| run id ++ attempt ++ seq             | `f64`: a fenced attempt's call cost (ADR 18) |
 //!
 //! Ids are UUID v7, so every prefix scan comes back in creation order and a run's events
 //! in seq order. The event log is the source of truth for a branch: its record's counters
@@ -24,6 +25,7 @@
 
 mod blobs;
 mod checkpoints;
+mod fenced;
 mod records;
 
 pub use blobs::SledBlobStore;

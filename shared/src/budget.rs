@@ -121,9 +121,11 @@ pub enum BudgetReply {
     /// Do not make the call: a cap has no room for it. `state` is `budget_exhausted` (the
     /// branch's own cap) or `aggregate_budget_exhausted` (the fork's or the account's).
     Refused { state: BranchState, reason: String },
-    /// The branch or its fork is gone, finished, or taken over by a later attempt: stop
-    /// without publishing anything more.
+    /// The branch or its fork is gone or finished: stop without publishing anything more.
     Gone { reason: String },
+    /// Task attempt `by` took the branch over: this worker's lease is lost. Stop without
+    /// publishing anything more and without settling the task (ADR 18).
+    Superseded { by: u32 },
     /// The coordinator could not decide (its store failed): try again later.
     Retry { reason: String },
 }
@@ -207,7 +209,8 @@ pub struct BranchCost {
     pub cap_usd: Option<f64>,
     /// `cap - spent - reserved`, never below 0; `None` without a cap.
     pub remaining_usd: Option<f64>,
-    /// Model calls made.
+    /// Model calls paid for: the branch's `usage` events, those of fenced task attempts
+    /// included (ADR 18).
     pub calls: u32,
     /// When the coordinator saw it stop (terminal or paused), milliseconds since the epoch.
     pub stopped_at_ms: Option<u64>,

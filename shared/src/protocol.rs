@@ -120,6 +120,13 @@ pub enum ControlCommand {
         #[serde(default, skip_serializing_if = "is_false")]
         graceful: bool,
     },
+    /// Another worker took the branch over under task attempt `by` (its task was delivered
+    /// again): a worker running an earlier attempt stops the branch at once, publishing
+    /// nothing more and leaving the task unsettled (the other worker holds it now). A
+    /// model call in flight finishes, so its usage is published and counted (ADR 18).
+    Superseded {
+        by: u32,
+    },
     /// A budget cap was crossed and the fork pauses instead of stopping: publish `paused`,
     /// hand the task back as finished, and wait for a top-up to enqueue the branch again.
     Pause {
@@ -185,6 +192,21 @@ pub struct ResumeRequest {
     pub fork_id: ForkId,
     pub run_id: RunId,
     pub attempt: u32,
+    /// The delivery the worker holds, as its bus reported it: without it (or when it does
+    /// not check out) the coordinator refuses the request (ADR 18).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskProof>,
+}
+
+/// The delivery a [`ResumeRequest`] comes from: the task's position in its queue (the
+/// stream sequence on NATS) and the bus's delivery count. The coordinator reads the task at
+/// `seq` from the queue: it must still be queued or held, be this branch's, and its
+/// `attempt_base + delivered` must be the request's attempt, with `delivered` within the
+/// queue's `max_deliver`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskProof {
+    pub seq: u64,
+    pub delivered: u32,
 }
 
 impl WireMessage for ResumeRequest {
@@ -202,6 +224,10 @@ pub enum ResumeReply {
     Gone { reason: String },
     /// Try again later (the coordinator could not read its store).
     Retry { reason: String },
+    /// The request does not come from the worker holding the branch's current task (its
+    /// delivery proof does not check out, or a later attempt took the branch over):
+    /// nothing was fenced. The worker stops the branch without settling its task.
+    Refused { reason: String },
 }
 
 impl WireMessage for ResumeReply {

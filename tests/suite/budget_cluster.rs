@@ -266,7 +266,7 @@ fn paused_branches_resume_after_a_top_up() {
 }
 
 #[test]
-fn a_killed_worker_leaks_no_reservation() {
+fn a_killed_worker_holds_only_its_own_reservations() {
     let mut run = Run::start(3, 8);
     let n = 60;
     let cap = (n * CALLS) as f64 * PER_CALL * 0.6;
@@ -281,10 +281,21 @@ fn a_killed_worker_leaks_no_reservation() {
     run.fleet.wait_progress(&id, 12);
     run.fleet.workers[0].kill();
     let cost = run.wait_quiet(&id);
-    assert_eq!(cost["reserved_usd"].as_f64(), Some(0.0), "{cost}");
-    for b in cost["branches"].as_array().unwrap() {
-        assert_eq!(b["reserved_usd"].as_f64(), Some(0.0), "{b}");
-    }
+    // What the killed worker had reserved for its calls in flight stays held until it
+    // expires (a superseded attempt may still be making its call, ADR 18): at most one
+    // reservation per branch it ran (8), none of any other branch.
+    let holding = cost["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["reserved_usd"].as_f64() != Some(0.0))
+        .count();
+    assert!(holding <= 8, "{holding} branches hold reservations: {cost}");
+    let (spent, reserved) = (
+        cost["spent_usd"].as_f64().unwrap(),
+        cost["reserved_usd"].as_f64().unwrap(),
+    );
+    assert!(spent + reserved <= cap + 1e-12, "{cost}");
     let truth = run.true_spend("scripted:killed");
     assert!(
         truth <= cap + 1e-12,

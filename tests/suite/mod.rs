@@ -9,6 +9,7 @@ mod cluster_cli;
 mod cluster_faults;
 mod config;
 mod exit_codes;
+mod fencing;
 mod fleet;
 mod forkdir;
 mod harness;

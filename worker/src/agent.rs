@@ -58,7 +58,7 @@ use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::event::{interrupted_results, Event, Message};
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::overlay::Overlay;
-use forkfleet_shared::protocol::{now_ms, BranchEvent, BranchTask};
+use forkfleet_shared::protocol::{now_ms, BranchEvent, BranchTask, TaskProof};
 use forkfleet_shared::state::BranchState;
 use forkfleet_shared::wire;
 use load::{load, terminal_state};
@@ -106,6 +106,9 @@ struct Pending {
     /// A graceful stop or pause that arrived during a call: the call finishes and is
     /// recorded, then the branch ends this way before the next call.
     halt: Option<Step>,
+    /// The coordinator said task attempt `superseded` took the branch over: this worker's
+    /// lease is lost (ADR 18).
+    superseded: Option<u32>,
 }
 
 /// The loaded branch.
@@ -134,6 +137,21 @@ enum Step {
     /// The worker hands its branches back (shutdown): stop without settling the task, so
     /// the node naks it and another worker takes the branch over from its log.
     HandBack,
+    /// This worker's lease on the task is lost (why): stop at once, publishing nothing
+    /// more and leaving the task unsettled: another worker holds it (ADR 18).
+    Lost(String),
+}
+
+/// [`Step::Lost`] when this worker's lease on the task is lost: it expired, or the
+/// coordinator said a later attempt took the branch over. Checked before every model call
+/// and every tool call.
+fn lease_lost(lease: &TaskLease, pending: &Pending, attempt: u32) -> Option<Step> {
+    if let Some(by) = pending.superseded {
+        lease.lose(format!(
+            "superseded: task attempt {by} took the branch over (this worker runs attempt {attempt})"
+        ));
+    }
+    lease.check().err().map(Step::Lost)
 }
 
 /// Publishes a branch's events with consecutive seqs.
@@ -248,6 +266,20 @@ impl Actor for BranchAgent {
                 tracing::info!(parent: &span, "call in flight dropped: the worker hands the branch back");
                 myself.stop(None);
             }
+            Step::Lost(why) => {
+                tracing::warn!(
+                    parent: &span,
+                    fork.id = %state.task.fork_id,
+                    run.id = %state.task.run_id,
+                    branch.label = %state.task.label,
+                    task.attempt = state.out.attempt,
+                    reason = %why,
+                    "branch stopped: this worker's lease on the task is lost; no more model calls or tools, the task is left to the worker that holds it"
+                );
+                state.finished = true;
+                state.lease.lose(why);
+                myself.stop(None);
+            }
             Step::Drop(reason) => {
                 tracing::info!(parent: &span, reason = %reason, "task dropped");
                 state.finished = true;
@@ -262,6 +294,9 @@ impl Actor for BranchAgent {
 }
 
 async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
+    if let Some(step) = lease_lost(&state.lease, &state.pending, state.out.attempt) {
+        return Ok(step);
+    }
     let task = &state.task;
     // Watch before announcing, so a command sent on seeing `running` is not missed.
     state.control = Some(state.ctx.bus.watch_control(task.run_id).await?);
@@ -270,7 +305,11 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
     // over from the coordinator's copy of its log, after the coordinator has fenced off the
     // earlier attempts' events.
     let resumed = if state.out.attempt > 1 {
-        match resume_log(&state.ctx.bus, task, state.out.attempt).await? {
+        let proof = state.lease.seq().map(|seq| TaskProof {
+            seq,
+            delivered: state.lease.attempt(),
+        });
+        match resume_log(&state.ctx.bus, task, state.out.attempt, proof).await? {
             Resumed::Log(events) => {
                 if let Some(end) = terminal_state(&events) {
                     return Ok(Step::Drop(format!("the branch already finished as {end}")));
@@ -279,6 +318,11 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
                 Some(events)
             }
             Resumed::Gone(reason) => return Ok(Step::Drop(reason)),
+            Resumed::Refused(reason) => {
+                return Ok(Step::Lost(format!(
+                    "the coordinator refused the takeover: {reason}"
+                )))
+            }
         }
     } else {
         None

@@ -8,8 +8,8 @@
 //! - [`run`] / [`start`]: the service entry points (`run(config, bus, shutdown)` for the
 //!   `forkfleet worker` command, [`start`] + [`WorkerHandle::shutdown`] for embedding).
 //! - `node`: the node actor. Pulls tasks under a concurrency limit, spawns one branch
-//!   agent per task, keeps tasks alive with `in_progress` heartbeats, acks finished tasks
-//!   and naks the ones it hands back.
+//!   agent per task, keeps tasks alive with confirmed `in_progress` extensions (its lease,
+//!   `lease`), acks finished tasks and naks the ones it hands back.
 //! - `agent`: the branch agent actor: the agent loop (budget reservation in strict mode,
 //!   model call cancellable by control commands, usage, tools, terminal or paused status),
 //!   publishing events with consecutive seqs. Its requests to the coordinator are tried
@@ -46,7 +46,8 @@
 //! ```text
 //! WorkerHandle ──▶ NodeActor                    (one per worker; unsupervised)
 //!                   ├── puller task             (pulls tasks, one semaphore permit each)
-//!                   ├── heartbeat timer         (in_progress on running tasks)
+//!                   ├── heartbeat timer         (the worker's info on the bus)
+//!                   ├── lease extenders         (in_progress, one per running task)
 //!                   ├── BranchAgent  run A      (spawn_linked: the node sees it end)
 //!                   ├── BranchAgent  run B
 //!                   └── ...                     (at most `concurrency` at once)
@@ -99,8 +100,8 @@ pub struct WorkerConfig {
     pub worker_id: WorkerId,
     /// How long one pull waits for a task before looking again.
     pub pull_wait: Duration,
-    /// How often running tasks' ack deadlines are extended; keep it well under the bus's
-    /// ack wait.
+    /// How often the worker's info is published, and running tasks' ack deadlines are
+    /// extended at most (at least three times per ack wait, ADR 18).
     pub heartbeat: Duration,
     /// Bytes of blobs the worker keeps in memory.
     pub blob_cache_bytes: u64,

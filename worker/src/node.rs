@@ -4,7 +4,7 @@
 //!   puller task ──TaskPulled──▶ NodeActor ──spawn_linked──▶ BranchAgent (one per task)
 //!   (one permit per branch)        │  ▲                          │
 //!                                  │  └── ActorTerminated/Failed ┘
-//!                                  └── Heartbeat: in_progress() on every running task
+//!                                  └── Heartbeat: the worker's info on the bus
 //! ```
 //!
 //! - The **puller** holds a semaphore of `concurrency` permits: it takes a permit, then pulls
@@ -12,7 +12,10 @@
 //!   the node. The permit lives as long as the branch, so never more than `concurrency`
 //!   branches run at once.
 //! - A task that does not decode is logged and acked (dropped): it can never run.
-//! - Each task is held in a [`TaskLease`] shared with its agent. The agent acks it right
+//! - Each task is held in a [`TaskLease`] shared with its agent, extended by a task of its
+//!   own every [`TaskLease::extend_every`] (a third of the ack wait, at most the heartbeat
+//!   interval) while it is held. A lease lost (expired, or superseded) is neither acked nor
+//!   naked: another worker holds the task (ADR 18). The agent acks it right
 //!   after publishing the branch's terminal (or `paused`) status; when an agent ends without having
 //!   settled its lease (handed back at shutdown, or failed on a bus error), the node naks.
 //! - **Drain** (a graceful stop, e.g. SIGTERM): stop pulling, let running branches finish,
@@ -230,18 +233,6 @@ impl Actor for NodeActor {
             }
             NodeMsg::Heartbeat => {
                 announce(state);
-                let leases: Vec<Arc<TaskLease>> =
-                    state.running.values().map(|r| r.lease.clone()).collect();
-                if !leases.is_empty() {
-                    // Off the mailbox: a slow bus must not delay branch bookkeeping.
-                    tokio::spawn(async move {
-                        for lease in leases {
-                            if let Err(e) = lease.in_progress().await {
-                                tracing::warn!(error = %e, "could not extend a task's ack deadline");
-                            }
-                        }
-                    });
-                }
             }
             NodeMsg::Shutdown(reply) => {
                 state.waiters.push(reply);
@@ -312,6 +303,10 @@ async fn task_pulled(
         }
     };
     let lease = Arc::new(TaskLease::new(delivery));
+    tokio::spawn(keep_extended(
+        lease.clone(),
+        lease.extend_every(state.config.heartbeat),
+    ));
     let run_id = task.run_id;
     let label = task.label.clone();
     let args = AgentArgs {
@@ -337,6 +332,24 @@ async fn task_pulled(
             if let Err(e) = lease.nak(Some(FAILED_NAK_DELAY)).await {
                 tracing::warn!(error = %e, "could not hand back a task");
             }
+        }
+    }
+}
+
+/// Extend `lease` every `every` until it is settled or lost (off the mailbox: a slow bus
+/// must not delay branch bookkeeping). A failed extension is tried again at the next tick;
+/// the lease is lost once it expires since the last confirmed one (see [`TaskLease`]).
+async fn keep_extended(lease: Arc<TaskLease>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        if lease.is_settled() {
+            return;
+        }
+        if let Err(e) = lease.extend().await {
+            if lease.is_settled() {
+                return;
+            }
+            tracing::warn!(error = %e, task.attempt = lease.attempt(), "could not extend a task's ack deadline");
         }
     }
 }

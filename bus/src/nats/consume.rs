@@ -34,10 +34,12 @@ impl Acker for NatsAcker {
 /// A task or event delivery, with the publisher's `traceparent` header (tasks carry one)
 /// as its trace.
 pub(super) fn delivery(msg: jetstream::Message) -> Delivery {
-    let attempt = msg
-        .info()
+    let info = msg.info().ok();
+    let attempt = info
+        .as_ref()
         .map(|info| u32::try_from(info.delivered.max(1)).unwrap_or(u32::MAX))
         .unwrap_or(1);
+    let seq = info.as_ref().map(|info| info.stream_sequence);
     let (msg, acker) = msg.split();
     let trace = msg
         .headers
@@ -45,6 +47,7 @@ pub(super) fn delivery(msg: jetstream::Message) -> Delivery {
         .and_then(|h| h.get(TRACEPARENT))
         .map(|v| v.as_str().to_string());
     Delivery::new(msg.payload, attempt, trace, Box::new(NatsAcker { acker }))
+        .with_position(None, seq)
 }
 
 /// One pull request for at most one message, held by the server for at most `wait`.

@@ -126,7 +126,31 @@ conformance!(
     workers_listed_and_stale_ones_hidden,
     payloads_are_opaque_bytes,
     tasks_carry_the_trace_context,
+    a_task_is_found_at_its_position_until_settled,
 );
+
+/// ADR 18: every delivery of a task names its queue position, the same on a redelivery;
+/// `queued_task` finds the task there while it is queued or held, and not once acked.
+async fn a_task_is_found_at_its_position_until_settled(fx: Fixture) {
+    let bus = &fx.bus;
+    assert_eq!(bus.max_deliver(), MAX_DELIVER);
+    within(bus.enqueue_task("p", b("t1"))).await.unwrap();
+    let d1 = within(bus.pull_task("p", ms(5000))).await.unwrap().unwrap();
+    let seq = d1.seq.expect("a task's position");
+    // A lease, when the bus has one, is its ack wait.
+    assert!(d1.lease.is_none() || d1.lease == Some(ACK_WAIT), "{d1:?}");
+    assert_eq!(
+        within(bus.queued_task("p", seq)).await.unwrap(),
+        Some(b("t1"))
+    );
+    assert_eq!(within(bus.queued_task("p", seq + 100)).await.unwrap(), None);
+    // Not acked: delivered again, at the same position.
+    let d2 = within(bus.pull_task("p", ms(5000))).await.unwrap().unwrap();
+    assert_eq!(d2.attempt, 2);
+    assert_eq!(d2.seq, Some(seq));
+    within(d2.ack()).await.unwrap();
+    assert_eq!(within(bus.queued_task("p", seq)).await.unwrap(), None);
+}
 
 async fn task_ack_removes_it(fx: Fixture) {
     let bus = &fx.bus;

@@ -40,11 +40,8 @@ impl Ledger {
         }
         if req.attempt < run.min_attempt {
             return (
-                BudgetReply::Gone {
-                    reason: format!(
-                        "task attempt {} was taken over by attempt {}",
-                        req.attempt, run.min_attempt
-                    ),
+                BudgetReply::Superseded {
+                    by: run.min_attempt,
                 },
                 out,
             );

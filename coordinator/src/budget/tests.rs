@@ -106,6 +106,7 @@ impl Fx {
                 changes: 0,
                 next_seq: 1,
                 min_attempt: 1,
+                calls: 0,
             })
             .collect();
         let record = ForkRecord {
@@ -209,6 +210,59 @@ fn a_stopped_branch_is_stamped_by_the_ledger_clock() {
     assert_eq!(fx.cost(&fork).branches[0].stopped_at_ms, None);
 }
 
+/// ADR 18: a takeover leaves the earlier attempt's reservation held, so the new attempt
+/// cannot reserve past the cap while the old call may still be paid for; the old call's
+/// usage (from a fenced attempt) settles it; the old attempt gets no new reservation.
+#[test]
+fn a_takeover_keeps_the_earlier_attempts_reservation_until_its_usage_settles_it() {
+    let fx = Fx::new();
+    let fork = fx.fork(Some(1.0), &[None], BudgetPolicy::default());
+    let run = fork.runs[0];
+    let BudgetReply::Granted { reservation: old } = fx.reserve(&fork, 0, 1, 0.75) else {
+        panic!("the first reservation fits");
+    };
+    fx.ledger.on_fence(run, 2);
+    let cost = fx.cost(&fork);
+    assert_eq!(cost.reserved_usd, 0.75, "{cost:?}");
+    // The new attempt cannot take what the old call may still spend.
+    assert!(matches!(
+        fx.reserve(&fork, 0, 2, 0.5),
+        BudgetReply::Refused { .. }
+    ));
+    // The paused worker's call completes; its usage (a fenced attempt's) settles it.
+    let _ = fx.ledger.on_usage(run, 0.5, Some(old));
+    let cost = fx.cost(&fork);
+    assert_eq!(cost.reserved_usd, 0.0);
+    assert_eq!(cost.spent_usd, 0.5);
+    assert_eq!(cost.branches[0].calls, 1);
+    // The old attempt gets nothing more: it is told it was superseded.
+    assert!(matches!(
+        fx.reserve(&fork, 0, 1, 0.25),
+        BudgetReply::Superseded { by: 2 }
+    ));
+}
+
+/// ADR 18: a branch that stops releases its current attempt's reservations, not those of
+/// an attempt a takeover superseded (its worker may still be making that call).
+#[test]
+fn a_stopped_branch_keeps_a_superseded_attempts_reservation() {
+    let fx = Fx::new();
+    let fork = fx.fork(None, &[Some(1.0)], BudgetPolicy::default());
+    let run = fork.runs[0];
+    assert!(matches!(
+        fx.reserve(&fork, 0, 1, 0.25),
+        BudgetReply::Granted { .. }
+    ));
+    fx.ledger.on_fence(run, 2);
+    assert!(matches!(
+        fx.reserve(&fork, 0, 2, 0.5),
+        BudgetReply::Granted { .. }
+    ));
+    fx.ledger.on_state(run, BranchState::Done);
+    assert_eq!(fx.cost(&fork).branches[0].reserved_usd, 0.25);
+    assert_eq!(fx.store.reservations().unwrap().len(), 1);
+}
+
 // ---- properties -------------------------------------------------------------------------
 
 /// 64ths of a dollar.
@@ -224,9 +278,11 @@ enum Op {
     Settle { pick: usize, quarters: u32 },
     /// Withdraw a live reservation (a grant that could not be persisted).
     Cancel { pick: usize },
-    /// The branch pauses (its reservations are released), then runs again.
+    /// The branch pauses (its current attempt's reservations are released), then runs
+    /// again.
     PauseResume { branch: usize },
-    /// A later task attempt takes the branch over.
+    /// A later task attempt takes the branch over (the earlier attempt's reservations stay
+    /// held until settled or expired).
     Fence { branch: usize },
     /// Time passes; due reservations expire.
     Advance { ms: u64 },
@@ -258,6 +314,7 @@ struct Live {
     id: ReservationId,
     branch: usize,
     usd: f64,
+    /// The task attempt that reserved it.
     attempt: u32,
     expires_at_ms: u64,
 }
@@ -379,16 +436,23 @@ fn apply(fx: &Fx, fork: &Fork, m: &mut Model, op: &Op) -> Result<(), TestCaseErr
         }
         Op::PauseResume { branch } => {
             fx.ledger.on_state(fork.runs[branch], BranchState::Paused);
-            m.live.retain(|l| l.branch != branch);
-            prop_assert_eq!(fx.cost(fork).branches[branch].reserved_usd, 0.0);
+            // Only the current attempt's: a superseded attempt's stay held (ADR 18).
+            let current = m.attempts[branch];
+            m.live.retain(|l| l.branch != branch || l.attempt < current);
+            prop_assert_eq!(
+                fx.cost(fork).branches[branch].reserved_usd,
+                m.reserved(Some(branch))
+            );
             fx.ledger.on_state(fork.runs[branch], BranchState::Running);
         }
         Op::Fence { branch } => {
             m.attempts[branch] += 1;
             let attempt = m.attempts[branch];
+            let before = fx.cost(fork);
             fx.ledger.on_fence(fork.runs[branch], attempt);
-            m.live
-                .retain(|l| l.branch != branch || l.attempt >= attempt);
+            // The earlier attempt's reservations stay held (ADR 18): its worker may still
+            // be making the call, which a fenced usage settles.
+            prop_assert_eq!(fx.cost(fork).reserved_usd, before.reserved_usd);
         }
         Op::Advance { ms } => {
             let now = fx.clock.advance(ms);

@@ -15,7 +15,7 @@ impl ForkState {
     /// Enqueue, on `pool`, a task that runs branch `i` next: taken over from its log
     /// (above every attempt before it, see [`ForkState::attempt_base`]), with its cap
     /// after top-ups. The answer is the task's `attempt_base`.
-    async fn enqueue(&mut self, i: usize, pool: &str) -> Result<u32, CoordinatorError> {
+    pub(super) async fn enqueue(&mut self, i: usize, pool: &str) -> Result<u32, CoordinatorError> {
         let fork_id = self.record.fork_id;
         let b = &self.branches[i].record;
         let Some(plan) = self.record.plan.branches.get(b.index as usize) else {
@@ -44,21 +44,27 @@ impl ForkState {
         Ok(task.attempt_base)
     }
 
-    /// Stop branch `i`: a running one is sent a terminate command; a paused one (no worker
-    /// runs it) is ended here, in the store but not flushed: true then, and the caller
-    /// flushes once for all it stopped.
+    /// Stop branch `i` and end it here, whether or not a worker runs it (ADR 18): a
+    /// pending or running one is first sent a terminate command (its worker, if any, stops
+    /// at once, cancelling its call in flight, and settles its task), then the branch is
+    /// fenced off and its `terminated` status appended under the fence, in the store but
+    /// not flushed: the caller flushes once for all it stopped. A terminate that cannot be
+    /// sent is logged; the branch ends all the same (a worker still running it finds its
+    /// lease superseded at its next takeover or its events dropped).
     pub(super) async fn stop_branch(
         &mut self,
         i: usize,
         reason: String,
-    ) -> Result<bool, CoordinatorError> {
-        if self.branches[i].record.state == BranchState::Paused {
-            let run = self.branches[i].record.run_id;
-            self.end_branch(run, BranchState::Terminated, reason)?;
-            return Ok(true);
+    ) -> Result<(), CoordinatorError> {
+        let run = self.branches[i].record.run_id;
+        if self.branches[i].record.state != BranchState::Paused {
+            if let Err(e) = self.send_terminate(i, reason.clone()).await {
+                tracing::warn!(fork.id = %self.record.fork_id, run.id = %run, error = %e, "fork.stop_branch: cannot send terminate; the branch is ended here all the same");
+            }
         }
-        self.send_terminate(i, reason).await?;
-        Ok(false)
+        self.end_branch(run, BranchState::Terminated, reason)?;
+        self.requeued.remove(&run);
+        Ok(())
     }
 
     /// Enqueue a task for each branch of `runs` that `which` selects, taking it over from
@@ -134,11 +140,9 @@ impl ForkState {
         let b = &self.branches[i].record;
         let (run_id, state) = (b.run_id, b.state);
         let sent = !state.is_terminal();
-        if sent
-            && self
-                .stop_branch(i, format!("terminated by request (fork {fork_id})"))
-                .await?
-        {
+        if sent {
+            self.stop_branch(i, format!("terminated by request (fork {fork_id})"))
+                .await?;
             self.store.flush_async().await?;
         }
         tracing::info!(fork.id = %fork_id, branch.label = %label, branch.state = %state, sent, "fork.terminate");
@@ -349,7 +353,6 @@ impl ForkState {
         self.store.flush_async().await?;
         self.record = record;
         let mut terminated = Vec::new();
-        let mut ended = false;
         for i in 0..self.branches.len() {
             if self.branches[i].record.state.is_terminal() {
                 continue;
@@ -359,16 +362,13 @@ impl ForkState {
                 .stop_branch(i, format!("fork {fork_id} was aborted"))
                 .await
             {
-                Ok(here) => {
-                    ended |= here;
-                    terminated.push(label);
-                }
+                Ok(()) => terminated.push(label),
                 Err(e) => {
-                    tracing::warn!(fork.id = %fork_id, branch.label = %label, error = %e, "fork.abort: cannot send terminate")
+                    tracing::error!(fork.id = %fork_id, branch.label = %label, error = %e, "fork.abort: cannot end the branch")
                 }
             }
         }
-        if ended {
+        if !terminated.is_empty() {
             self.store.flush_async().await?;
         }
         tracing::info!(fork.id = %fork_id, terminated = terminated.len(), "fork.aborted");

@@ -40,48 +40,37 @@ impl ForkState {
         }
     }
 
-    /// A worker took over branch `run` under task `attempt`: from now on events of earlier
-    /// attempts are dropped, and what they left held beyond a gap is deleted. The answer is
-    /// the branch's log as stored, which the worker continues. A branch sent a terminate
-    /// its earlier attempt did not obey is ended first (the log says so, and the worker
-    /// drops its task): terminates are addressed to an attempt, like every command.
-    pub(super) async fn fence(
-        &mut self,
-        run: RunId,
-        attempt: u32,
-    ) -> Result<Vec<(u64, Event)>, CoordinatorError> {
-        self.raise_fence(run, attempt)?;
-        if let Some(reason) = self.stopping.remove(&run) {
-            self.end_branch(run, BranchState::Terminated, reason)?;
-            self.store.flush_async().await?;
-        }
-        self.store.run_log(run)
-    }
-
     /// Fence off every attempt that ran branch `i`, which no worker runs any more: one
     /// above its latest takeover. A task enqueued later (a follow-up, ADR 13) runs above
     /// that, and is taken over by fencing like any other; a worker of an earlier task that
     /// takes the branch over after this finds it finished.
     pub(super) fn close(&mut self, i: usize) -> Result<(), CoordinatorError> {
         let b = &self.branches[i].record;
-        self.raise_fence(b.run_id, b.min_attempt.max(1).saturating_add(1))
+        self.raise_fence(b.run_id, b.min_attempt.max(1).saturating_add(1))?;
+        Ok(())
     }
 
     /// Drop the events of task attempts below `attempt` from now on, and what they left
     /// held beyond a gap; persisted with the branch record.
-    fn raise_fence(&mut self, run: RunId, attempt: u32) -> Result<(), CoordinatorError> {
+    /// True when the fence rose.
+    pub(super) fn raise_fence(
+        &mut self,
+        run: RunId,
+        attempt: u32,
+    ) -> Result<bool, CoordinatorError> {
         let i = self.run_index(run)?;
         let b = &mut self.branches[i];
-        if let Some(held) = b.fence(attempt) {
-            if !held.is_empty() {
-                self.store.delete_events(run, &held)?;
-            }
-            self.store.put_branch(&b.record)?;
-            tracing::info!(fork.id = %self.record.fork_id, run.id = %run, branch.label = %b.record.label, attempt, dropped_held = held.len(), "fork.fence: a worker took the branch over");
-            self.ledger.on_fence(run, attempt);
-            self.requeued.remove(&run);
+        let Some(held) = b.fence(attempt) else {
+            return Ok(false);
+        };
+        if !held.is_empty() {
+            self.store.delete_events(run, &held)?;
         }
-        Ok(())
+        self.store.put_branch(&b.record)?;
+        tracing::info!(fork.id = %self.record.fork_id, run.id = %run, branch.label = %b.record.label, attempt, dropped_held = held.len(), "fork.fence: a worker took the branch over");
+        self.ledger.on_fence(run, attempt);
+        self.requeued.remove(&run);
+        Ok(true)
     }
 
     /// End a branch whose task no worker could finish: fence off every attempt, then
@@ -184,6 +173,8 @@ impl ForkState {
             let b = &mut self.branches[i];
             if b.fenced(ev.attempt) {
                 tracing::warn!(fork.id = %fork_id, run.id = %ev.run_id, seq = ev.seq, attempt = ev.attempt, "fork.event: an earlier task attempt's event after a takeover; dropped");
+                // Its spend still counts; its end may leave the branch without a runner.
+                changed |= self.fenced_event(i, &ev);
                 continue;
             }
             let run_id = ev.run_id;

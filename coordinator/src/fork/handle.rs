@@ -80,14 +80,25 @@ impl ForkHandle {
             .map_err(|_| CoordinatorError::Closed("fork actor"))
     }
 
-    /// Fence branch `run` at task `attempt` and read its log (see `resume`).
+    /// Fence branch `run` at task `attempt`, held from queue position `seq` of `pool`, and
+    /// read its log (see `resume`).
     pub async fn fence(
         &self,
         run: RunId,
         attempt: u32,
+        pool: String,
+        seq: u64,
     ) -> Result<Vec<(u64, Event)>, CoordinatorError> {
-        ractor::call_t!(self.actor, ForkMsg::Fence, CALL_TIMEOUT_MS, run, attempt)
-            .map_err(|e| call_error(e, "fencing a branch", CALL_TIMEOUT_MS))?
+        ractor::call_t!(
+            self.actor,
+            ForkMsg::Fence,
+            CALL_TIMEOUT_MS,
+            run,
+            attempt,
+            pool,
+            seq
+        )
+        .map_err(|e| call_error(e, "fencing a branch", CALL_TIMEOUT_MS))?
     }
 
     /// Start resolving (see [`ForkMsg::ResolveStart`]); [`ForkHandle::resolve_end`] must

@@ -243,7 +243,7 @@ impl ForkState {
                 continue;
             }
             match self.stop_branch(i, reason.clone()).await {
-                Ok(here) => ended |= here,
+                Ok(()) => ended = true,
                 Err(e) => {
                     tracing::warn!(fork.id = %fork_id, branch.label = %self.branches[i].record.label, error = %e, "fork.merge: cannot stop a losing branch")
                 }

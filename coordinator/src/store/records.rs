@@ -71,6 +71,10 @@ pub(crate) struct BranchRecord {
     /// over (see `ForkMsg::Fence`).
     #[serde(default)]
     pub min_attempt: u32,
+    /// Model calls paid for: `usage` events applied, plus those of fenced attempts
+    /// (counted apart, ADR 18).
+    #[serde(default)]
+    pub calls: u32,
 }
 
 impl BranchRecord {

@@ -81,6 +81,16 @@ async fn next_control(rx: &mut UnboundedReceiver<Bytes>) -> ControlCommand {
     wire::decode::<Control>(&bytes).unwrap().command
 }
 
+/// Pull every task of a fork, held as a worker holds it (not acked), by branch index.
+async fn pull_held(fx: &Fixture, n: usize) -> Vec<(BranchTask, forkfleet_bus::Delivery)> {
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        tasks.push(fx.pull().await);
+    }
+    tasks.sort_by_key(|(t, _)| t.index);
+    tasks
+}
+
 /// Pull every task of a fork (in pull order) and sort them by branch index.
 async fn pull_all(fx: &Fixture, n: usize) -> Vec<BranchTask> {
     let mut tasks = Vec::new();
@@ -328,17 +338,18 @@ async fn a_paused_branch_resumes_after_a_top_up() {
     // Top up the fork: both branches are enqueued again, above every earlier attempt.
     let cost = fx.h().topup(view.fork_id, None, 1.0).await.unwrap();
     assert_eq!(cost.cap_usd, Some(1.5));
-    let resumed = pull_all(&fx, 2).await;
-    for t in &resumed {
+    let resumed = pull_held(&fx, 2).await;
+    for (t, _) in &resumed {
         // Never taken over: the first attempt was 1, so the resumed task starts above it.
         assert_eq!(t.attempt_base, 1, "{t:?}");
     }
     // A resumed worker takes the branch over from its log, and may reserve again.
-    let t = &resumed[0];
+    let (t, d) = &resumed[0];
     let req = ResumeRequest {
         fork_id: t.fork_id,
         run_id: t.run_id,
         attempt: t.attempt_base + 1,
+        task: Some(Fixture::proof(t, d, t.attempt_base + 1)),
     };
     let reply = within(
         fx.bus
@@ -531,16 +542,18 @@ async fn reservations_never_leak() {
     let view = fx
         .create(capped(&["a", "b"], Some(10.0), None), ParentRun::New, snap)
         .await;
-    let tasks = pull_all(&fx, 2).await;
-    let (a, b) = (&tasks[0], &tasks[1]);
+    let tasks = pull_held(&fx, 2).await;
+    let ((a, a_held), (b, _)) = (&tasks[0], &tasks[1]);
     running(&fx, a).await;
     running(&fx, b).await;
-    // Taken over by a later attempt: the earlier attempt's reservation is released.
+    // Taken over by a later attempt: the earlier attempt's reservation stays held (its
+    // worker may only be paused, ADR 18) until it settles or expires.
     granted(reserve(&fx, a, 1, 1.0).await);
     let req = ResumeRequest {
         fork_id: a.fork_id,
         run_id: a.run_id,
         attempt: 2,
+        task: Some(Fixture::proof(a, a_held, 2)),
     };
     within(
         fx.bus
@@ -549,11 +562,14 @@ async fn reservations_never_leak() {
     .await
     .unwrap();
     let cost = fx.h().fork_cost(view.fork_id).await.unwrap();
-    assert_eq!(cost.branches[0].reserved_usd, 0.0);
-    // The fenced-off attempt can no longer reserve.
+    assert_eq!(
+        cost.branches[0].reserved_usd, 1.0,
+        "still held after the takeover"
+    );
+    // The fenced-off attempt can no longer reserve: it is told it was superseded.
     assert!(matches!(
         reserve(&fx, a, 1, 1.0).await,
-        BudgetReply::Gone { .. }
+        BudgetReply::Superseded { by: 2 }
     ));
     // Never settled: it expires.
     granted(reserve(&fx, b, 1, 2.0).await);
@@ -594,7 +610,7 @@ async fn a_paused_branch_is_enqueued_once_however_often_its_cap_is_raised() {
     let mut p = capped(&["a"], None, Some(0.1));
     p.budget.on_exhausted = OnExhausted::Pause;
     let view = fx.create(p, ParentRun::New, snap).await;
-    let a = pull_all(&fx, 1).await.remove(0);
+    let (a, a_held) = pull_held(&fx, 1).await.remove(0);
     running(&fx, &a).await;
     // Applied before the takeover below fences attempt 1 off (else the `running` event
     // is dropped and the `paused` one waits for it forever).
@@ -607,6 +623,7 @@ async fn a_paused_branch_is_enqueued_once_however_often_its_cap_is_raised() {
         fork_id: a.fork_id,
         run_id: a.run_id,
         attempt: 3,
+        task: Some(Fixture::proof(&a, &a_held, 3)),
     };
     within(
         fx.bus
@@ -626,6 +643,8 @@ async fn a_paused_branch_is_enqueued_once_however_often_its_cap_is_raised() {
         3,
     )
     .await;
+    // A paused worker hands its task back as done.
+    a_held.ack().await.unwrap();
     wait_view(&fx.h(), view.fork_id, |v| {
         v.branches[0].state == BranchState::Paused
     })

@@ -5,16 +5,23 @@ use super::support::*;
 use forkfleet_shared::api::ParentRun;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::{ForkId, RunId};
-use forkfleet_shared::protocol::{ResumeReply, ResumeRequest, RESUME_SUBJECT};
+use forkfleet_shared::protocol::{ResumeReply, ResumeRequest, TaskProof, RESUME_SUBJECT};
 use forkfleet_shared::state::BranchState;
 use forkfleet_shared::wire;
 use std::time::Duration;
 
-async fn resume(fx: &Fixture, fork_id: ForkId, run_id: RunId, attempt: u32) -> ResumeReply {
+async fn resume(
+    fx: &Fixture,
+    fork_id: ForkId,
+    run_id: RunId,
+    attempt: u32,
+    task: Option<TaskProof>,
+) -> ResumeReply {
     let req = wire::encode(&ResumeRequest {
         fork_id,
         run_id,
         attempt,
+        task,
     })
     .unwrap();
     let reply = fx
@@ -31,7 +38,7 @@ async fn takeover_fences_the_lost_attempt_and_hands_over_the_log() {
     let h = fx.h();
     let snap = fx.upload(&[("a.txt", "a\n")]).await;
     fx.create(plan(&["solo"]), ParentRun::New, snap).await;
-    let (task, _lost) = fx.pull().await;
+    let (task, lost) = fx.pull().await;
     let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
     let blobs = fx.blobs();
     let running = Step::Status(BranchState::Running).into_event(&blobs).await;
@@ -49,18 +56,21 @@ async fn takeover_fences_the_lost_attempt_and_hands_over_the_log() {
     wait_view(&h, fork, |v| v.branches[0].events == s + 2).await;
 
     // Attempt 2 takes over: the log it gets ends at the last applied event.
-    let ResumeReply::Log { events } = resume(&fx, fork, run, 2).await else {
+    let proof = Fixture::proof(&task, &lost, 2);
+    let ResumeReply::Log { events } = resume(&fx, fork, run, 2, Some(proof)).await else {
         panic!("expected the log");
     };
     let seqs: Vec<u64> = events.iter().map(|(seq, _)| *seq).collect();
     assert_eq!(seqs, (0..s + 2).collect::<Vec<_>>());
     assert!(matches!(events[0].1, Event::Fork { .. }));
-    // A stale takeover (attempt 1, below the fence) must not lower the fence: the lost
-    // attempt's late event below stays dropped.
-    assert!(matches!(
-        resume(&fx, fork, run, 1).await,
-        ResumeReply::Log { .. }
-    ));
+    // A stale takeover (attempt 1, below the fence) is refused and does not lower the
+    // fence: the lost attempt's late event below stays dropped.
+    let stale = Fixture::proof(&task, &lost, 1);
+    let refused = resume(&fx, fork, run, 1, Some(stale)).await;
+    assert!(
+        matches!(&refused, ResumeReply::Refused { reason } if reason.contains("below the branch's fence")),
+        "{refused:?}"
+    );
 
     // The lost worker's late events are dropped; attempt 2 continues the seqs.
     fx.publish_as(fork, run, s + 2, late.clone(), 1).await;
@@ -100,9 +110,97 @@ async fn takeover_fences_the_lost_attempt_and_hands_over_the_log() {
         .collect();
     assert_eq!(written, ["one.txt", "two.txt"]);
 
-    // An unknown fork is gone, not retried.
-    let gone = resume(&fx, ForkId::new(), run, 2).await;
-    assert!(matches!(gone, ResumeReply::Gone { .. }), "{gone:?}");
+    // The task is settled: a takeover naming it is refused.
+    lost.ack().await.unwrap();
+    let late = resume(&fx, fork, run, 2, Some(proof)).await;
+    assert!(
+        matches!(&late, ResumeReply::Refused { reason } if reason.contains("not queued")),
+        "{late:?}"
+    );
+}
+
+/// ADR 18: a resume request is acted on only when it proves the delivery of the branch's
+/// task it comes from; anything else is refused and fences nothing, so the worker that
+/// holds the task goes on and its events are applied.
+#[tokio::test]
+async fn takeovers_without_a_valid_delivery_proof_are_refused_and_fence_nothing() {
+    let fx = Fixture::start().await;
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    fx.create(plan(&["solo", "other"]), ParentRun::New, snap)
+        .await;
+    let (t1, d1) = fx.pull().await;
+    let (t2, d2) = fx.pull().await;
+    let ((task, held), (other, other_d)) = if t1.label == "solo" {
+        ((t1, d1), (t2, d2))
+    } else {
+        ((t2, d2), (t1, d1))
+    };
+    let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
+    let seq = held.seq.unwrap();
+    let refusals = [
+        // A forged attempt far past the deliveries a task can have.
+        (99, Some(TaskProof { seq, delivered: 99 }), "max_deliver"),
+        // No proof at all.
+        (2, None, "no delivery proof"),
+        // An attempt that is not the task's attempt_base plus the delivery count.
+        (3, Some(TaskProof { seq, delivered: 2 }), "attempt_base"),
+        // Another branch's task.
+        (
+            2,
+            Some(Fixture::proof(&other, &other_d, 2)),
+            "not the one named",
+        ),
+        // A position no task holds.
+        (
+            2,
+            Some(TaskProof {
+                seq: seq + 1000,
+                delivered: 2,
+            }),
+            "not queued",
+        ),
+    ];
+    for (attempt, proof, why) in refusals {
+        let reply = resume(&fx, fork, run, attempt, proof).await;
+        assert!(
+            matches!(&reply, ResumeReply::Refused { reason } if reason.contains(why)),
+            "attempt {attempt}, {proof:?}: {reply:?}"
+        );
+    }
+    // Nothing was fenced: the real attempt's events are applied, and it finishes.
+    let running = Event::Status {
+        state: BranchState::Running,
+        error: None,
+    };
+    fx.publish_as(fork, run, s, running, 1).await;
+    fx.publish_as(
+        fork,
+        run,
+        s + 1,
+        Event::Status {
+            state: BranchState::Done,
+            error: None,
+        },
+        1,
+    )
+    .await;
+    let v = wait_view(&h, fork, |v| {
+        v.branch("solo")
+            .is_some_and(|b| b.state == BranchState::Done)
+    })
+    .await;
+    assert_eq!(v.branch("solo").unwrap().events, s + 2);
+    // A valid proof for an unknown fork is refused too (the task names another fork).
+    let gone = resume(
+        &fx,
+        ForkId::new(),
+        run,
+        2,
+        Some(TaskProof { seq, delivered: 2 }),
+    )
+    .await;
+    assert!(matches!(gone, ResumeReply::Refused { .. }), "{gone:?}");
 }
 
 #[tokio::test]
@@ -195,4 +293,60 @@ async fn a_task_no_worker_finishes_fails_its_branch_and_keeps_its_work() {
     assert_eq!(b.state, BranchState::Failed);
     assert_eq!(b.changes, 1);
     assert_eq!(within(h.run_events(run)).await.unwrap().len() as u64, s + 3);
+}
+
+/// ADR 18: a fenced attempt that finishes and settles the task the attempt that took the
+/// branch over runs from leaves the branch without a runner: the coordinator sees the task
+/// gone and enqueues the branch again above the fence.
+#[tokio::test]
+async fn a_branch_whose_task_a_fenced_attempt_settled_is_enqueued_again() {
+    let fx = Fixture::start().await;
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    fx.create(plan(&["solo"]), ParentRun::New, snap).await;
+    let (task, held) = fx.pull().await;
+    let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
+    let running = Event::Status {
+        state: BranchState::Running,
+        error: None,
+    };
+    fx.publish_as(fork, run, s, running.clone(), 1).await;
+    wait_view(&h, fork, |v| v.branches[0].state == BranchState::Running).await;
+    // Attempt 2 takes the branch over from the same task.
+    let proof = Fixture::proof(&task, &held, 2);
+    assert!(matches!(
+        resume(&fx, fork, run, 2, Some(proof)).await,
+        ResumeReply::Log { .. }
+    ));
+    fx.publish_as(fork, run, s + 1, running, 2).await;
+    // The fenced attempt 1 did not notice: it finishes and acks the shared task.
+    fx.publish_as(
+        fork,
+        run,
+        s + 1,
+        Event::Status {
+            state: BranchState::Done,
+            error: None,
+        },
+        1,
+    )
+    .await;
+    held.ack().await.unwrap();
+    fx.publish_as(
+        fork,
+        run,
+        s + 2,
+        Event::Status {
+            state: BranchState::Done,
+            error: None,
+        },
+        1,
+    )
+    .await;
+    // The branch is enqueued again, above the fence.
+    let (again, _d) = fx.pull().await;
+    assert_eq!(again.run_id, run);
+    assert_eq!(again.attempt_base, 2);
+    let v = within(h.fork(fork)).await.unwrap();
+    assert_eq!(v.branches[0].state, BranchState::Running, "{v:?}");
 }

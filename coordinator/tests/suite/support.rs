@@ -204,6 +204,20 @@ impl Fixture {
         (wire::decode::<BranchTask>(&d.payload).unwrap(), d)
     }
 
+    /// The delivery proof a worker holding `delivery` of `task` sends with a takeover under
+    /// `attempt` (ADR 18): the coordinator checks the task is queued at that position and
+    /// that the delivery count is within `max_deliver`, not that it is the bus's count.
+    pub fn proof(
+        task: &BranchTask,
+        delivery: &forkfleet_bus::Delivery,
+        attempt: u32,
+    ) -> forkfleet_shared::protocol::TaskProof {
+        forkfleet_shared::protocol::TaskProof {
+            seq: delivery.seq.expect("a task's queue position"),
+            delivered: attempt - task.attempt_base,
+        }
+    }
+
     pub async fn publish(&self, fork: ForkId, run: RunId, seq: u64, event: Event) {
         self.publish_as(fork, run, seq, event, 1).await
     }

@@ -56,11 +56,13 @@ async fn take_over(
     fork_id: ForkId,
     run_id: RunId,
     attempt: u32,
+    held: (&BranchTask, &forkfleet_bus::Delivery),
 ) -> Vec<(u64, Event)> {
     let req = wire::encode(&ResumeRequest {
         fork_id,
         run_id,
         attempt,
+        task: Some(Fixture::proof(held.0, held.1, attempt)),
     })
     .unwrap();
     let reply = within(fx.bus.request(RESUME_SUBJECT, req, T))
@@ -230,7 +232,7 @@ async fn a_follow_up_runs_a_new_turn_of_a_done_branch_in_the_same_overlay() {
     assert_eq!(task.run_id, a.run_id);
     assert_eq!(task.attempt_base, 1);
     let attempt = task.attempt_base + delivery.attempt;
-    let taken = take_over(&fx, id, a.run_id, attempt).await;
+    let taken = take_over(&fx, id, a.run_id, attempt, (&task, &delivery)).await;
     assert!(matches!(taken.last(), Some((_, Event::FollowUp { .. }))));
     // A steer now goes to the new attempt.
     let steered = within(h.steer(id, "a", "briefly".into())).await.unwrap();
@@ -359,7 +361,7 @@ async fn a_pending_follow_up_survives_a_restart_and_settles_the_fork_again() {
     let (task, delivery) = fx.pull().await;
     assert_eq!(task.run_id, b.run_id);
     let attempt = task.attempt_base + delivery.attempt;
-    take_over(&fx, id, b.run_id, attempt).await;
+    take_over(&fx, id, b.run_id, attempt, (&task, &delivery)).await;
     play_from(
         &fx,
         &task,
@@ -429,7 +431,7 @@ async fn commands_after_a_follow_up_are_addressed_to_its_attempt() {
     let (task, delivery) = fx.pull().await;
     let attempt = task.attempt_base + delivery.attempt;
     let mut rx = within(fx.bus.watch_control(task.run_id)).await.unwrap();
-    take_over(&fx, id, task.run_id, attempt).await;
+    take_over(&fx, id, task.run_id, attempt, (&task, &delivery)).await;
     let log = within(h.run_events(task.run_id)).await.unwrap();
     let next = log.last().unwrap().0 + 1;
     play_from(
@@ -483,7 +485,7 @@ async fn a_terminate_its_worker_did_not_obey_ends_the_branch_at_the_next_takeove
     // Its worker is lost before it obeys; the task's next attempt (which ignores a
     // command for attempt 1) finds the branch ended, and the lost worker's late events
     // are dropped.
-    let log = take_over(&fx, id, task.run_id, 2).await;
+    let log = take_over(&fx, id, task.run_id, 2, (&task, &_delivery)).await;
     assert!(
         matches!(
             log.last(),
@@ -536,7 +538,7 @@ async fn a_follow_up_of_a_branch_the_coordinator_ended_is_fenced_like_any_turn()
     let (task, delivery) = fx.pull().await;
     assert_eq!(task.attempt_base, 2);
     let first = task.attempt_base + delivery.attempt;
-    take_over(&fx, id, task.run_id, first).await;
+    take_over(&fx, id, task.run_id, first, (&task, &delivery)).await;
     play_from(
         &fx,
         &task,
@@ -548,7 +550,7 @@ async fn a_follow_up_of_a_branch_the_coordinator_ended_is_fenced_like_any_turn()
     wait_view(&h, id, |v| v.branches[0].state == BranchState::Running).await;
     // Its worker is presumed lost: the next attempt takes over; the first one's late write
     // is dropped, the next one's events are the branch's.
-    take_over(&fx, id, task.run_id, first + 1).await;
+    take_over(&fx, id, task.run_id, first + 1, (&task, &delivery)).await;
     play_from(
         &fx,
         &task,

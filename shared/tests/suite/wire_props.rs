@@ -245,6 +245,7 @@ fn resume_reply() -> impl Strategy<Value = ResumeReply> {
             .prop_map(|events| ResumeReply::Log { events }),
         text().prop_map(|reason| ResumeReply::Gone { reason }),
         text().prop_map(|reason| ResumeReply::Retry { reason }),
+        text().prop_map(|reason| ResumeReply::Refused { reason }),
     ]
 }
 
@@ -267,6 +268,7 @@ fn budget_reply() -> impl Strategy<Value = BudgetReply> {
         }),
         (branch_state(), text()).prop_map(|(state, reason)| BudgetReply::Refused { state, reason }),
         text().prop_map(|reason| BudgetReply::Gone { reason }),
+        any::<u32>().prop_map(|by| BudgetReply::Superseded { by }),
         text().prop_map(|reason| BudgetReply::Retry { reason }),
     ]
 }
@@ -428,7 +430,13 @@ proptest! {
         attempt in any::<u32>(),
         reply in resume_reply(),
     ) {
-        round_trip(&ResumeRequest { fork_id, run_id, attempt })?;
+        round_trip(&ResumeRequest { fork_id, run_id, attempt, task: None })?;
+        round_trip(&ResumeRequest {
+            fork_id,
+            run_id,
+            attempt,
+            task: Some(forkfleet_shared::protocol::TaskProof { seq: u64::from(attempt), delivered: attempt }),
+        })?;
         round_trip(&reply)?;
     }
 

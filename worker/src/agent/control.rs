@@ -18,6 +18,11 @@ impl Pending {
     pub(super) fn file(&mut self, bytes: &Bytes, run_id: RunId, attempt: u32) -> Option<Step> {
         match command(bytes, run_id, attempt)? {
             Command::Steer(text) => self.steers.push(text),
+            Command::Superseded(by) => {
+                if by > attempt {
+                    self.superseded.get_or_insert(by);
+                }
+            }
             Command::HaltAfterCall(step) => {
                 self.halt.get_or_insert(step);
             }
@@ -34,6 +39,9 @@ enum Command {
     Halt(Step),
     /// Stop (or pause) once the call in flight, if any, is recorded.
     HaltAfterCall(Step),
+    /// Attempt `by` took the branch over: the lease is lost (the call in flight finishes
+    /// and its usage is published, then the branch stops unsettled).
+    Superseded(u32),
 }
 
 /// Decode a control message for `run_id` and task attempt `attempt`; `None` (logged) when
@@ -59,6 +67,7 @@ fn command(bytes: &Bytes, run_id: RunId, attempt: u32) -> Option<Command> {
         }
         Ok(Control { command, .. }) => Some(match command {
             ControlCommand::Steer { text } => Command::Steer(text),
+            ControlCommand::Superseded { by } => Command::Superseded(by),
             ControlCommand::Terminate { reason } => {
                 tracing::info!(reason = %reason, "branch terminated by control command");
                 let reason = (!reason.is_empty()).then_some(reason);

@@ -8,7 +8,9 @@ use forkfleet_bus::{Bus, BusError};
 use forkfleet_shared::budget::{estimate_cost, BudgetReply, BudgetRequest, BUDGET_SUBJECT};
 use forkfleet_shared::event::{Event, Usage};
 use forkfleet_shared::ids::ReservationId;
-use forkfleet_shared::protocol::{BranchTask, ResumeReply, ResumeRequest, RESUME_SUBJECT};
+use forkfleet_shared::protocol::{
+    BranchTask, ResumeReply, ResumeRequest, TaskProof, RESUME_SUBJECT,
+};
 use forkfleet_shared::state::BranchState;
 use forkfleet_shared::wire;
 use std::sync::Arc;
@@ -23,19 +25,24 @@ pub(super) enum Resumed {
     Log(Vec<(u64, Event)>),
     /// The fork or the branch is not known: nothing to resume.
     Gone(String),
+    /// The coordinator refused the takeover (ADR 18): the task is not this worker's.
+    Refused(String),
 }
 
-/// Ask the coordinator for the branch's log, fencing off earlier attempts. A `retry`
+/// Ask the coordinator for the branch's log, fencing off earlier attempts; `proof` is the
+/// delivery this worker holds (the coordinator refuses a resume it cannot check). A `retry`
 /// answer, a timeout or a bus error is tried again (see [`ask_coordinator`]).
 pub(super) async fn resume_log(
     bus: &Arc<dyn Bus>,
     task: &BranchTask,
     attempt: u32,
+    proof: Option<TaskProof>,
 ) -> Result<Resumed, WorkerError> {
     let req = wire::encode(&ResumeRequest {
         fork_id: task.fork_id,
         run_id: task.run_id,
         attempt,
+        task: proof,
     })?;
     ask_coordinator(
         bus,
@@ -47,6 +54,7 @@ pub(super) async fn resume_log(
             ResumeReply::Log { events } => Ok(Resumed::Log(events)),
             ResumeReply::Gone { reason } => Ok(Resumed::Gone(reason)),
             ResumeReply::Retry { reason } => Err(reason),
+            ResumeReply::Refused { reason } => Ok(Resumed::Refused(reason)),
         },
     )
     .await
@@ -100,8 +108,13 @@ async fn ask_coordinator<R: wire::WireMessage, T>(
 /// The coordinator's answer to a reservation.
 pub(super) enum Reserved {
     Granted(ReservationId),
-    Refused { state: BranchState, reason: String },
+    Refused {
+        state: BranchState,
+        reason: String,
+    },
     Gone(String),
+    /// Task attempt `by` took the branch over.
+    Superseded(u32),
 }
 
 /// Reserve the upper bound `estimate` of the next call's cost (strict mode). A `retry`
@@ -130,6 +143,7 @@ pub(super) async fn reserve(
             BudgetReply::Granted { reservation } => Ok(Reserved::Granted(reservation)),
             BudgetReply::Refused { state, reason } => Ok(Reserved::Refused { state, reason }),
             BudgetReply::Gone { reason } => Ok(Reserved::Gone(reason)),
+            BudgetReply::Superseded { by } => Ok(Reserved::Superseded(by)),
             BudgetReply::Retry { reason } => Err(reason),
         },
     )

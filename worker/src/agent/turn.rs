@@ -3,7 +3,7 @@
 
 use super::control::{exhausted, until_halted};
 use super::coordinator::{reserve, Reserved};
-use super::{AgentState, Publisher, Run, Step};
+use super::{lease_lost, AgentState, Publisher, Run, Step};
 use crate::error::WorkerError;
 use crate::forktools::{is_fork_tool, ForkCall, MERGE_OR_SELECT};
 use crate::provider::ModelRequest;
@@ -15,6 +15,7 @@ use forkfleet_shared::state::BranchState;
 pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
     let AgentState {
         ctx,
+        lease,
         task,
         out,
         control,
@@ -71,6 +72,9 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
         }
     }
 
+    if let Some(step) = lease_lost(lease, pending, attempt) {
+        return Ok(step);
+    }
     let tools = ToolBox::for_task(task);
     let req = ModelRequest {
         model: &task.model,
@@ -93,11 +97,22 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                     return Ok(exhausted(task.on_exhausted, state, reason));
                 }
                 Reserved::Gone(reason) => return Ok(Step::Drop(reason)),
+                Reserved::Superseded(by) => {
+                    pending.superseded.get_or_insert(by);
+                    if let Some(step) = lease_lost(lease, pending, attempt) {
+                        return Ok(step);
+                    }
+                    return Ok(Step::Lost(format!("superseded by task attempt {by}")));
+                }
             },
         }
     } else {
         None
     };
+    // The reservation took time: the lease is checked again right before the call.
+    if let Some(step) = lease_lost(lease, pending, attempt) {
+        return Ok(step);
+    }
     // A graceful stop that came while reserving waits in `pending` until this call, paid
     // for by its reservation, is made and recorded.
     // The call runs until it answers or a command stops the branch; a cancelled call is
@@ -146,6 +161,11 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
         reservation,
     })
     .await?;
+    // A lease lost during the call: its usage is out (the provider bills it, and the
+    // coordinator counts it even from a fenced attempt); nothing more is done.
+    if let Some(step) = lease_lost(lease, pending, attempt) {
+        return Ok(step);
+    }
     // A fork the response asks for gets the history before it.
     let cutoff_seq = out.seq.saturating_sub(1);
     let response = out
@@ -169,6 +189,9 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
 
     let mut results = Vec::with_capacity(tool_calls.len());
     for call in &tool_calls {
+        if let Some(step) = lease_lost(lease, pending, attempt) {
+            return Ok(step);
+        }
         let before = run.overlay.changes().len();
         let running = async {
             if task.forking && is_fork_tool(&call.name) {

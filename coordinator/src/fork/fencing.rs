@@ -1,0 +1,132 @@
+//! Takeovers and what they leave behind (ADR 18): fencing a branch at a checked attempt
+//! and telling the earlier attempts they are superseded, counting the spend of a fenced
+//! attempt's calls, and resolving a branch left without a runner.
+
+use super::ForkState;
+use crate::budget::Actions;
+use crate::error::CoordinatorError;
+use forkfleet_shared::event::Event;
+use forkfleet_shared::ids::RunId;
+use forkfleet_shared::protocol::{BranchEvent, Control, ControlCommand};
+
+impl ForkState {
+    /// A worker took over branch `run` under task `attempt`, holding the task at queue
+    /// position `seq` of `pool` (its proof was checked, `resume.rs`): from now on events of
+    /// earlier attempts are dropped, what they left held beyond a gap is deleted, and the
+    /// earlier attempts are told they are superseded (a control command: their workers stop
+    /// without settling the task). The answer is the branch's log as stored, which the
+    /// worker continues. An attempt below the fence is refused
+    /// ([`CoordinatorError::Superseded`]). A branch sent a terminate its earlier attempt did
+    /// not obey is ended first (the log says so, and the worker drops its task): terminates
+    /// are addressed to an attempt, like every command.
+    pub(super) async fn fence(
+        &mut self,
+        run: RunId,
+        attempt: u32,
+        pool: String,
+        seq: u64,
+    ) -> Result<Vec<(u64, Event)>, CoordinatorError> {
+        let i = self.run_index(run)?;
+        let fence = self.branches[i].record.min_attempt;
+        if attempt < fence {
+            return Err(CoordinatorError::Superseded { attempt, fence });
+        }
+        if self.raise_fence(run, attempt)? && attempt > 1 {
+            self.ledger.send(Actions {
+                controls: vec![Control {
+                    run_id: run,
+                    command: ControlCommand::Superseded { by: attempt },
+                    attempt: Some(attempt - 1),
+                }],
+            });
+        }
+        self.tasks.insert(run, (pool, seq));
+        if let Some(reason) = self.stopping.remove(&run) {
+            self.end_branch(
+                run,
+                forkfleet_shared::state::BranchState::Terminated,
+                reason,
+            )?;
+            self.store.flush_async().await?;
+        }
+        self.store.run_log(run)
+    }
+
+    /// An event of a fenced attempt of branch `i` (dropped from the log): a `usage` event's
+    /// call was paid for, so it is counted once by (run, attempt, seq) in the branch's calls
+    /// and spend, and it settles its reservation; a status that ends the attempt makes the
+    /// branch a suspect for [`ForkState::check_runners`]. True when the branch changed.
+    pub(super) fn fenced_event(&mut self, i: usize, ev: &BranchEvent) -> bool {
+        let fork_id = self.record.fork_id;
+        match &ev.event {
+            Event::Usage {
+                cost_usd,
+                reservation,
+                ..
+            } => {
+                match self
+                    .store
+                    .put_fenced_usage(ev.run_id, ev.attempt, ev.seq, *cost_usd)
+                {
+                    Ok(true) => {}
+                    Ok(false) => return false,
+                    Err(e) => {
+                        tracing::error!(fork.id = %fork_id, run.id = %ev.run_id, error = %e, "fork.fenced_usage: cannot record a fenced attempt's call; not counted");
+                        return false;
+                    }
+                }
+                self.branches[i].count_fenced(*cost_usd);
+                let actions = self.ledger.on_usage(ev.run_id, *cost_usd, *reservation);
+                self.ledger.send(actions);
+                tracing::info!(fork.id = %fork_id, run.id = %ev.run_id, attempt = ev.attempt, seq = ev.seq, cost_usd, "fork.fenced_usage: a fenced attempt's call counted");
+                true
+            }
+            Event::Status { state, .. } if state.is_stopped() => {
+                self.suspects.push(ev.run_id);
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// Branches whose fenced attempt finished (its worker settled the task it shared with
+    /// the attempt that took the branch over): when the branch is not finished, not
+    /// enqueued again, and its task is no longer queued or held, no worker can run it, so
+    /// it is enqueued again above the fence (a WARN says why). A branch whose task's
+    /// position is not known here (the coordinator restarted since its takeover) is left
+    /// as it is, with a WARN.
+    pub(super) async fn check_runners(&mut self) {
+        let fork_id = self.record.fork_id;
+        for run in std::mem::take(&mut self.suspects) {
+            let Some(&i) = self.by_run.get(&run) else {
+                continue;
+            };
+            let b = &self.branches[i].record;
+            if b.state.is_stopped() || self.requeued.contains(&run) {
+                continue;
+            }
+            let label = b.label.clone();
+            let Some((pool, seq)) = self.tasks.get(&run).cloned() else {
+                tracing::warn!(fork.id = %fork_id, branch.label = %label, "fork.runner: a fenced attempt ended, and the task of the attempt that took over is not known here (the coordinator restarted since): not checked");
+                continue;
+            };
+            match self.bus.queued_task(&pool, seq).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    tracing::warn!(fork.id = %fork_id, branch.label = %label, task.seq = seq, "fork.runner: the branch's task was settled by a fenced attempt while the branch is unfinished, so no worker runs it: enqueued again above the fence");
+                    match self.enqueue(i, &pool).await {
+                        Ok(attempt_base) => {
+                            tracing::info!(fork.id = %fork_id, branch.label = %label, attempt_base, "fork.runner: the branch was enqueued again")
+                        }
+                        Err(e) => {
+                            tracing::error!(fork.id = %fork_id, branch.label = %label, error = %e, "fork.runner: cannot enqueue the branch again")
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(fork.id = %fork_id, branch.label = %label, error = %e, "fork.runner: cannot check the branch's task")
+                }
+            }
+        }
+    }
+}
