@@ -166,6 +166,23 @@ pub struct WorkerInfo {
     pub version: String,
     pub started_at_ms: u64,
     pub heartbeat_at_ms: u64,
+    /// The real models of its catalogue: names, dialects, base URLs, never a key source
+    /// (ADR 16). The coordinator checks a fork's models against them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<crate::catalogue::OfferedModel>,
+    /// The hosts (`host` or `host:port`) a spec's own `base_url` may point at.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_model_hosts: Vec<String>,
+}
+
+impl WorkerInfo {
+    /// What it advertises of its catalogue.
+    pub fn offer(&self) -> crate::catalogue::Offer {
+        crate::catalogue::Offer {
+            models: self.models.clone(),
+            allowed_hosts: self.allowed_model_hosts.clone(),
+        }
+    }
 }
 
 impl WireMessage for WorkerInfo {
