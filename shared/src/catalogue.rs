@@ -166,12 +166,7 @@ impl ModelCatalogue {
         spec.validate()?;
         if let Some(url) = &spec.base_url {
             if !host_allowed(&self.allowed_hosts, url) {
-                return Err(host_refusal(
-                    model,
-                    url,
-                    "this worker",
-                    &self.allowed_hosts,
-                ));
+                return Err(host_refusal(model, url, "this worker", &self.allowed_hosts));
             }
             return Ok(ModelRoute {
                 base_url: Some(url.clone()),
@@ -245,10 +240,7 @@ pub fn check_plan(plan: &ForkPlan, pool: &str, offers: &[Offer]) -> Result<(), S
         }
         match m.endpoint.as_ref().and_then(|e| e.base_url.as_deref()) {
             Some(url) => {
-                if !offers
-                    .iter()
-                    .any(|o| host_allowed(&o.allowed_hosts, url))
-                {
+                if !offers.iter().any(|o| host_allowed(&o.allowed_hosts, url)) {
                     let allowed: BTreeSet<&str> = offers
                         .iter()
                         .flat_map(|o| o.allowed_hosts.iter().map(String::as_str))
@@ -385,11 +377,13 @@ pub fn host_allowed(allowed: &[String], url: &str) -> bool {
     let Some(u) = url_host(url) else {
         return false;
     };
-    allowed.iter().any(|entry| match split_host_port(entry.trim()) {
-        Some((host, None)) => host == u.host,
-        Some((host, Some(port))) => host == u.host && port == u.port,
-        None => false,
-    })
+    allowed
+        .iter()
+        .any(|entry| match split_host_port(entry.trim()) {
+            Some((host, None)) => host == u.host,
+            Some((host, Some(port))) => host == u.host && port == u.port,
+            None => false,
+        })
 }
 
 /// A base URL's rules: http(s), a host, no user info.

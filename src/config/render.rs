@@ -134,10 +134,18 @@ impl Config {
                 let _ = writeln!(out, "base_url = {}", quoted(u));
             }
             if let Some(v) = &m.api_key_env {
-                let _ = writeln!(out, "api_key_env = {}  # the key's source, not its value", quoted(v));
+                let _ = writeln!(
+                    out,
+                    "api_key_env = {}  # the key's source, not its value",
+                    quoted(v)
+                );
             }
             if let Some(f) = &m.api_key_file {
-                let _ = writeln!(out, "api_key_file = {}  # the key's source, not its value", path(f));
+                let _ = writeln!(
+                    out,
+                    "api_key_file = {}  # the key's source, not its value",
+                    path(f)
+                );
             }
             if let Some(id) = &m.model {
                 let _ = writeln!(out, "model = {}", quoted(id));

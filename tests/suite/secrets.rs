@@ -157,7 +157,10 @@ fn a_spec_cannot_send_the_workers_secrets_anywhere() {
 
     // (a) A key source in a spec: refused by `fork create`, the field named.
     for (field, line) in [
-        ("api_key_env", "api_key_env = \"OPENAI_API_KEY\"".to_string()),
+        (
+            "api_key_env",
+            "api_key_env = \"OPENAI_API_KEY\"".to_string(),
+        ),
         (
             "api_key_file",
             format!("api_key_file = \"{}\"", path_str(&password_file)),
@@ -214,7 +217,10 @@ fn a_spec_cannot_send_the_workers_secrets_anywhere() {
     let only = branch(&watched, "only");
     assert_eq!(only["state"], "failed", "{watched}\n{}", fleet.logs());
     let error = only["error"].as_str().unwrap_or_default();
-    let host = capture.url.trim_start_matches("http://").trim_end_matches("/v1");
+    let host = capture
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1");
     for says in [
         "refused by the worker's model catalogue",
         "model `openai:gpt-test`",
@@ -272,6 +278,9 @@ fn a_spec_cannot_send_the_workers_secrets_anywhere() {
     assert_eq!(capture.connections(), Vec::<String>::new());
     let everything = format!("{outputs}\n{}", fleet.logs());
     for secret in [SECRET_KEY, PASSWORD] {
-        assert!(!everything.contains(secret), "{secret} leaked:\n{everything}");
+        assert!(
+            !everything.contains(secret),
+            "{secret} leaked:\n{everything}"
+        );
     }
 }

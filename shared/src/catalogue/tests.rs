@@ -104,7 +104,10 @@ fn the_worker_refuses_what_its_catalogue_does_not_allow() {
         ..at("http://127.0.0.1:1/v1")
     };
     let err = c.route("openai:gpt-4o", Some(&forged)).unwrap_err();
-    assert!(err.contains("api_key_file is not allowed in a spec"), "{err}");
+    assert!(
+        err.contains("api_key_file is not allowed in a spec"),
+        "{err}"
+    );
     // With no allow-list, no spec URL at all.
     let err = ModelCatalogue::default()
         .route("openai:x", Some(&at("http://127.0.0.1:1/v1")))
@@ -226,7 +229,8 @@ fn a_plan_is_checked_against_the_offers() {
     );
     let err = check_plan(&plan, "default", &offers).unwrap_err();
     assert!(
-        err.contains("host `10.0.0.9:1234`") && err.contains("allowed: 127.0.0.1, llm.internal:8080"),
+        err.contains("host `10.0.0.9:1234`")
+            && err.contains("allowed: 127.0.0.1, llm.internal:8080"),
         "{err}"
     );
     plan.models.get_mut("anthropic:claude").unwrap().endpoint =

@@ -140,7 +140,10 @@ fn a_spec_never_names_a_key_source() {
         [models.\"openai:gpt-4o\"]\nbase_url = \"http://127.0.0.1:9/v1\"\nKEY\n[[branches]]\n";
     for (line, field) in [
         ("api_key_env = \"OPENAI_API_KEY\"", "api_key_env"),
-        ("api_key_file = \"/run/secrets/nats-password\"", "api_key_file"),
+        (
+            "api_key_file = \"/run/secrets/nats-password\"",
+            "api_key_file",
+        ),
     ] {
         let err = parse(&text.replace("KEY", line)).unwrap_err().to_string();
         for says in [

@@ -916,8 +916,10 @@ async fn unknown_models_and_context_overflows_are_named() {
         }
     })
     .await;
-    let unknown: OpenAiProvider =
-        provider("openai:no-such-model", &at(&server, CatalogueModel::default()));
+    let unknown: OpenAiProvider = provider(
+        "openai:no-such-model",
+        &at(&server, CatalogueModel::default()),
+    );
     let msgs = user("hi");
     let err = call(&unknown, &req(&msgs, &[])).await.unwrap_err();
     assert!(
@@ -1243,7 +1245,13 @@ async fn a_worker_refuses_a_model_its_catalogue_does_not_allow_before_any_reques
         other => panic!("not failed: {other:?}"),
     };
     let reason = failed(not_allowed.run_id);
-    let host = server.url.trim_start_matches("http://").split('/').next().unwrap().to_string();
+    let host = server
+        .url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
     for says in [
         "model `openai:test-model`",
         &format!("host `{host}`"),

@@ -148,7 +148,9 @@ fn settings_have_defaults_and_keys_come_from_the_route() {
     assert_eq!(a.load_key().unwrap(), None);
     // A named variable must be set, even for a local server.
     let named = ModelRoute {
-        key: Some(KeySource::Env("FORKFLEET_HTTP_UNIT_TEST_NAMED_UNSET".into())),
+        key: Some(KeySource::Env(
+            "FORKFLEET_HTTP_UNIT_TEST_NAMED_UNSET".into(),
+        )),
         ..local.clone()
     };
     let err = api(Some(&named))
