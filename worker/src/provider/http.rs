@@ -1,7 +1,8 @@
 //! What the real providers share: the HTTP client, the API key, retries and errors.
 //!
-//! - **Client.** One [`reqwest::Client`] per worker ([`client`]), rustls only, shared by every
-//!   provider (its connection pool too). A provider is cheap to build: settings and a clone
+//! - **Client.** One [`reqwest::Client`] per worker ([`client`]), rustls only, redirects
+//!   never followed (a redirect would take the key to a URL the catalogue did not name),
+//!   shared by every provider (its connection pool too). A provider is cheap to build: settings and a clone
 //!   of the client.
 //! - **Providers.** [`HttpProvider`] is every real provider: the settings of one (model,
 //!   endpoint) ([`Api`]) and a [`Dialect`], which writes the API's request body and reads its
@@ -57,6 +58,9 @@ const MAX_MESSAGE_CHARS: usize = 500;
 pub fn client() -> Result<reqwest::Client, WorkerError> {
     reqwest::Client::builder()
         .user_agent(concat!("forkfleet/", env!("CARGO_PKG_VERSION")))
+        // A redirect would carry the key (`x-api-key` is not stripped on a change of host)
+        // to a URL the catalogue never named: a model API is never followed elsewhere.
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| WorkerError::Client(error_chain(&e)))
 }

@@ -1218,6 +1218,35 @@ async fn a_judge_job_reaches_its_endpoint() {
 }
 
 #[tokio::test]
+async fn a_redirect_is_never_followed_with_the_key() {
+    let elsewhere = MockApi::start(|_, _| ok(chat_text("never", json!({})))).await;
+    let target = format!("{}/chat/completions", elsewhere.url);
+    let mut server = MockApi::start(move |_, _| {
+        Answer::Json(307, vec![("location", target.clone())], json!({}))
+    })
+    .await;
+    for anthropic_api in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let entry = CatalogueModel {
+            api_key_file: Some(key_file(&dir, "sk-redirected-1234")),
+            max_retries: Some(0),
+            ..CatalogueModel::default()
+        };
+        let p: Box<dyn ModelProvider> = if anthropic_api {
+            Box::new(anthropic(&server, entry))
+        } else {
+            Box::new(openai(&server, entry))
+        };
+        let msgs = user("hi");
+        let err = p.complete(&req(&msgs, &[])).await.unwrap_err().to_string();
+        assert!(err.contains("307"), "{err}");
+        assert!(!err.contains("sk-redirected-1234"), "{err}");
+    }
+    server.until_request(1).await;
+    assert_eq!(elsewhere.requests().len(), 0, "the redirect was followed");
+}
+
+#[tokio::test]
 async fn a_worker_refuses_a_model_its_catalogue_does_not_allow_before_any_request() {
     let server = MockApi::start(|_, _| ok(chat_text("never", json!({})))).await;
     let fx = Fixture::new().await;
