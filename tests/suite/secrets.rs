@@ -272,7 +272,21 @@ fn a_spec_cannot_send_the_workers_secrets_anywhere() {
     for a in &auths {
         assert_eq!(a.as_deref(), Some(format!("Bearer {SECRET_KEY}").as_str()));
     }
-    outputs.push_str(&fleet.client(&["workers", "--json"]).stdout);
+    // `forkfleet workers` shows what the worker offers, never where its key is.
+    let workers = fleet.client(&["workers", "--json"]);
+    let listed = workers.json();
+    assert_eq!(
+        listed[0]["models"][0]["name"], "openai:catalogued",
+        "{listed}"
+    );
+    assert_eq!(listed[0]["models"][0]["base_url"], wire.url.as_str());
+    assert_eq!(listed[0]["allowed_model_hosts"][0], "llm.internal:8080");
+    assert!(
+        !workers.stdout.contains("OPENAI_API_KEY"),
+        "{}",
+        workers.stdout
+    );
+    outputs.push_str(&workers.stdout);
 
     // Nothing ever reached the capture server; no secret in any output or log.
     assert_eq!(capture.connections(), Vec::<String>::new());

@@ -479,6 +479,14 @@ mod tests {
                 BadInput,
                 vec!["base_url `x` is not a URL"],
             ),
+            (
+                E::ModelRefused {
+                    model: s("openai:m"),
+                    detail: s("model `openai:m` is not in the model catalogue of this worker"),
+                },
+                BadInput,
+                vec!["refused by the worker's model catalogue: model `openai:m`"],
+            ),
             (E::Client(s("no TLS")), Failure, vec!["HTTP client: no TLS"]),
             (
                 E::TempDir(io()),
