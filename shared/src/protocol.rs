@@ -58,7 +58,8 @@ pub struct BranchTask {
     /// it, so it takes the branch over from the coordinator's log like a redelivery.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempt_base: u32,
-    /// Real models: how to reach the API (the key is read on the worker).
+    /// Real models: the spec's settings (its own base URL, timeout, retries; never a key
+    /// source). The worker resolves the model in its own catalogue (ADR 16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<crate::endpoint::Endpoint>,
     /// The `run_command` tool, when the spec enables it.
@@ -281,7 +282,8 @@ pub struct JudgeJob {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidates_reason: Option<String>,
     pub max_output_tokens: u32,
-    /// Real judge models: how to reach the API (the key is read on the worker).
+    /// Real judge models: the spec's settings, resolved in the worker's catalogue as a
+    /// branch task's are (ADR 16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<crate::endpoint::Endpoint>,
 }
