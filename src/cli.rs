@@ -432,17 +432,21 @@ impl Session {
                     // What a stopped process left unfinished runs here too.
                     EmbeddedOptions {
                         requeue_unfinished: true,
+                        catalogue: std::sync::Arc::new(config.catalogue()),
                         ..EmbeddedOptions::default()
                     }
                 } else {
                     EmbeddedOptions {
                         workers: 0,
                         concurrency: 1,
-                        requeue_unfinished: false,
+                        ..EmbeddedOptions::default()
                     }
                 }
             }
-            Local::Run => EmbeddedOptions::default(),
+            Local::Run => EmbeddedOptions {
+                catalogue: std::sync::Arc::new(config.catalogue()),
+                ..EmbeddedOptions::default()
+            },
         };
         // A live embedded process that holds the store answers on its socket: ask it
         // first, rather than wait out the store's lock retry (`RunStore::open`) to learn

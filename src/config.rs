@@ -34,7 +34,21 @@
 //! input_per_mtok = 0.15
 //! output_per_mtok = 0.60
 //! cached_per_mtok = 0.075       # optional; defaults to the input price
+//!
+//! [models."openai:gpt-4o"]       # workers: the model catalogue (ADR 16); the name a spec uses
+//! base_url = "https://api.openai.com/v1"
+//! api_key_env = "OPENAI_API_KEY" # or api_key_file = "/run/secrets/openai"
+//! model = "gpt-4o-2024-08-06"    # optional: the provider's model id
+//! timeout_s = 60                 # optional
+//! max_retries = 3                # optional
+//!
+//! [model_hosts]
+//! allow = ["127.0.0.1", "llm.internal:8080"]  # hosts a spec's own base_url may point at
 //! ```
+//!
+//! Only the catalogue names key sources; a spec never does. Catalogue entries from the
+//! environment come as TOML in `FORKFLEET_MODELS` (a higher layer's entry replaces a lower
+//! one's), the allow-list as a comma-separated `FORKFLEET_ALLOWED_MODEL_HOSTS`.
 //!
 //! A spec's own `[models."NAME"] price` wins over `[pricing."NAME"]`, which wins over the
 //! built-in price table. A higher layer's entry for a model replaces a lower layer's whole
@@ -51,9 +65,11 @@
 //!
 //! Layout: this file holds the effective configuration and how the layers merge; `layer`
 //! the layers as written (file, environment, flags), `secret` secrets, `nats` the NATS
-//! settings' checks and connection, `pricing` model prices, `render` `--print-config`.
+//! settings' checks and connection, `pricing` model prices, `models` the workers' model
+//! catalogue, `render` `--print-config`.
 
 mod layer;
+mod models;
 mod nats;
 mod pricing;
 mod render;
@@ -63,13 +79,15 @@ mod secret;
 mod tests;
 
 pub use layer::{
-    env_layer, env_var, flag_origin, process_env, read_file, AccessLayer, Layer, NatsLayer,
+    env_layer, env_var, flag_origin, process_env, read_file, AccessLayer, Layer, ModelHostsLayer,
+    NatsLayer,
     SourcedLayer, TlsLayer,
 };
 pub use nats::{NatsSettings, Role};
 pub use pricing::price_of;
 pub use secret::{Secret, SecretSetting};
 
+use forkfleet_shared::catalogue::CatalogueModel;
 use forkfleet_shared::pricing::Price;
 use forkfleet_shared::protocol::DEFAULT_POOL;
 use secret::{resolve_secret, secret_of, LayeredSecret};
@@ -92,7 +110,7 @@ pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_DELIVER: u32 = 5;
 
 /// The valid keys, as the file spells them (listed in errors).
-const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [access.\"IDENTITY\"] accounts";
+const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts";
 
 /// The keys of one `[pricing."MODEL"]` entry.
 
@@ -132,6 +150,14 @@ pub enum ConfigError {
         origin: String,
         message: String,
     },
+    #[error("[models.\"{model}\"] (from {origin}): {message}; an entry is base_url, api_key_env or api_key_file, and optionally model, timeout_s, max_retries")]
+    BadModel {
+        model: String,
+        origin: String,
+        message: String,
+    },
+    #[error("[model_hosts] allow (from {origin}): {message}")]
+    BadModelHost { origin: String, message: String },
     #[error("{key} must be {expected}, got {value}")]
     Invalid {
         key: &'static str,
@@ -185,6 +211,12 @@ pub struct Config {
     /// besides its own (the coordinator's; ADR 17). A higher layer's entry for an identity
     /// replaces a lower layer's.
     pub access: BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// Workers: the model catalogue (`[models."MODEL"]`), key sources only, never keys.
+    pub models: BTreeMap<String, CatalogueModel>,
+    /// Where each catalogue entry came from.
+    pub models_origins: BTreeMap<String, Origin>,
+    /// Workers: the hosts a spec's own `base_url` may point at (`[model_hosts] allow`).
+    pub model_hosts: Sourced<Vec<String>>,
 }
 
 fn default<T>(value: T) -> Sourced<T> {
@@ -242,34 +274,8 @@ impl Config {
 
     /// Merge layers, lowest first, onto the defaults; read secret files; check the result.
     pub fn merge(layers: &[SourcedLayer]) -> Result<Config, ConfigError> {
-        let mut c = Config {
-            file: None,
-            data: default(PathBuf::from(DEFAULT_DATA)),
-            pool: default(DEFAULT_POOL.to_string()),
-            concurrency: default(DEFAULT_CONCURRENCY),
-            drain_grace: default(DEFAULT_DRAIN_GRACE),
-            nats: NatsSettings {
-                url: None,
-                name: None,
-                user: None,
-                password: None,
-                token: None,
-                nkey_seed: None,
-                creds_file: None,
-                tls_ca_file: None,
-                tls_cert_file: None,
-                tls_key_file: None,
-                tls_require: default(false),
-                ack_wait: default(DEFAULT_ACK_WAIT),
-                max_deliver: default(DEFAULT_MAX_DELIVER),
-                replicas: default(1),
-                identity: None,
-                provision: default(true),
-            },
-            pricing: BTreeMap::new(),
-            pricing_origins: BTreeMap::new(),
-            access: BTreeMap::new(),
-        };
+        let mut c = Config::merge_defaults();
+        models::merge_models(&mut c, layers)?;
         // Secrets as layered: (value or file, origin), resolved after merging.
         let mut password: Option<LayeredSecret> = None;
         let mut token: Option<LayeredSecret> = None;
@@ -405,6 +411,41 @@ impl Config {
         c.nats.nkey_seed = resolve_secret("NATS nkey seed", nkey)?;
         c.check()?;
         Ok(c)
+    }
+
+    /// The defaults alone, before any layer.
+    fn merge_defaults() -> Config {
+        Config {
+            file: None,
+            data: default(PathBuf::from(DEFAULT_DATA)),
+            pool: default(DEFAULT_POOL.to_string()),
+            concurrency: default(DEFAULT_CONCURRENCY),
+            drain_grace: default(DEFAULT_DRAIN_GRACE),
+            nats: NatsSettings {
+                url: None,
+                name: None,
+                user: None,
+                password: None,
+                token: None,
+                nkey_seed: None,
+                creds_file: None,
+                tls_ca_file: None,
+                tls_cert_file: None,
+                tls_key_file: None,
+                tls_require: default(false),
+                ack_wait: default(DEFAULT_ACK_WAIT),
+                max_deliver: default(DEFAULT_MAX_DELIVER),
+                replicas: default(1),
+                identity: None,
+                provision: default(true),
+            },
+            pricing: BTreeMap::new(),
+            pricing_origins: BTreeMap::new(),
+            access: BTreeMap::new(),
+            models: BTreeMap::new(),
+            models_origins: BTreeMap::new(),
+            model_hosts: default(Vec::new()),
+        }
     }
 
     fn check(&self) -> Result<(), ConfigError> {

@@ -10,6 +10,7 @@ use forkfleet_bus::Bus;
 use forkfleet_client::Client;
 use forkfleet_coordinator::service::ApiServer;
 use forkfleet_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle, RunStore};
+use forkfleet_shared::catalogue::ModelCatalogue;
 use forkfleet_shared::ids::WorkerId;
 use forkfleet_worker::provider::scripted;
 use forkfleet_worker::{WorkerConfig, WorkerHandle};
@@ -17,13 +18,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// How many in-process workers, and how many branches each runs at once.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct EmbeddedOptions {
     pub workers: usize,
     pub concurrency: usize,
     /// Enqueue again the unfinished branches of forks a stopped process left behind (the
     /// local bus's queue lives in memory), so these workers finish them.
     pub requeue_unfinished: bool,
+    /// The workers' model catalogue and allow-list (the configuration's, ADR 16).
+    pub catalogue: Arc<ModelCatalogue>,
 }
 
 impl Default for EmbeddedOptions {
@@ -32,6 +35,7 @@ impl Default for EmbeddedOptions {
             workers: 2,
             concurrency: 64,
             requeue_unfinished: false,
+            catalogue: Arc::default(),
         }
     }
 }
@@ -100,6 +104,7 @@ impl Embedded {
                 concurrency: opts.concurrency,
                 worker_id: WorkerId::new(),
                 scripted_usage_log: scripted_usage_log.clone(),
+                catalogue: opts.catalogue.clone(),
                 ..WorkerConfig::default()
             };
             workers.push(forkfleet_worker::start(config, bus.clone()).await?);

@@ -138,6 +138,7 @@ pub async fn serve_worker(
         drain_grace: config.drain_grace.value,
         worker_id: WorkerId::new(),
         scripted_usage_log: scripted::usage_log_from_env(),
+        catalogue: Arc::new(config.catalogue()),
         ..WorkerConfig::default()
     };
     tracing::info!(
@@ -145,6 +146,8 @@ pub async fn serve_worker(
         pool = %worker.pool,
         concurrency = worker.concurrency,
         drain_grace_s = worker.drain_grace.as_secs_f64(),
+        models = worker.catalogue.models.len(),
+        allowed_model_hosts = worker.catalogue.allowed_hosts.len(),
         "worker.ready"
     );
     forkfleet_worker::run(worker, bus, shutdown).await?;

@@ -528,6 +528,9 @@ pub fn workers_json(workers: &[WorkerInfo], now_ms: u64) -> Value {
                 "started_at_ms": w.started_at_ms,
                 "heartbeat_at_ms": w.heartbeat_at_ms,
                 "heartbeat_age_ms": now_ms.saturating_sub(w.heartbeat_at_ms),
+                // Its model catalogue as advertised: names, dialects, base URLs (no keys).
+                "models": w.models,
+                "allowed_model_hosts": w.allowed_model_hosts,
             })
         })
         .collect();

@@ -53,6 +53,11 @@ pub enum CoordinatorError {
     },
     #[error("invalid fork plan: {0}")]
     InvalidPlan(#[from] SpecError),
+    /// A real model of the plan that no live worker of the pool offers, or a spec
+    /// `base_url` whose host none allows (ADR 16); the message names the model, the host
+    /// and what the workers offer or allow.
+    #[error("{0}")]
+    ModelNotOffered(String),
     #[error("branch label `{0}` is used twice; labels must be unique within a fork")]
     DuplicateLabel(String),
     #[error("branch `{label}` uses model `{model}`, which the plan does not configure; configured models: {valid}")]
@@ -287,6 +292,7 @@ impl CoordinatorError {
             | E::MissingRunId
             | E::AmbiguousCheckpoint { .. }
             | E::InvalidPlan(_)
+            | E::ModelNotOffered(_)
             | E::DuplicateLabel(_)
             | E::UnknownModel { .. }
             | E::MissingBlobs { .. }

@@ -21,6 +21,7 @@ use forkfleet_shared::diff::{DiffOptions, DiffReport};
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::protocol::now_ms;
+use forkfleet_shared::spec::ForkPlan;
 use forkfleet_shared::wire;
 use futures::{StreamExt, TryStreamExt};
 use std::sync::Arc;
@@ -75,6 +76,7 @@ impl CoordinatorHandle {
     async fn create_inner(&self, req: CreateFork) -> Result<ForkView, CoordinatorError> {
         // The cheap checks first: a plan that cannot be created copies no blobs.
         create::validate_plan(&req.plan)?;
+        self.check_models_offered(&req.plan).await?;
         if let Some(account) = &req.plan.budget.account {
             self.ledger.check_account(account)?;
         }
@@ -109,6 +111,37 @@ impl CoordinatorHandle {
             .await?;
         tracing::info!(fork.id = %fork_id, branches = view.branches.len(), "fork.created");
         Ok(view)
+    }
+
+    /// Check the plan's real models against the catalogues the live workers of the pool
+    /// advertise ([`forkfleet_shared::catalogue::check_plan`], ADR 16). With no live worker
+    /// (or the list unreadable) the fork is accepted with a warning: start order must not
+    /// matter, and each worker checks every task again before any request.
+    async fn check_models_offered(&self, plan: &ForkPlan) -> Result<(), CoordinatorError> {
+        use forkfleet_shared::catalogue::{check_plan, dialect_of};
+        if !plan.models.keys().any(|m| dialect_of(m).is_some()) {
+            return Ok(());
+        }
+        let pool = &self.config.pool;
+        let offers: Vec<_> = match self.bus.workers().await {
+            Ok(workers) => workers
+                .iter()
+                .filter(|w| &w.pool == pool)
+                .map(|w| w.offer())
+                .collect(),
+            Err(e) => {
+                tracing::warn!(pool = %pool, error = %e, "fork.create cannot list the workers: its models are checked by the workers only");
+                return Ok(());
+            }
+        };
+        if offers.is_empty() {
+            tracing::warn!(pool = %pool, "fork.create: no live worker in the pool; its models are checked by the workers when they run the branches");
+            return Ok(());
+        }
+        check_plan(plan, pool, &offers).map_err(|e| {
+            tracing::info!(error = %e, "fork.create refused");
+            CoordinatorError::ModelNotOffered(e)
+        })
     }
 
     pub async fn fork(&self, id: ForkId) -> Result<ForkView, CoordinatorError> {

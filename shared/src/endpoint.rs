@@ -1,9 +1,11 @@
 //! How a worker reaches a real model's API, and what the agent's command tool may do.
 //!
 //! [`Endpoint`] is written in a spec's `[models."openai:NAME"]` (or `anthropic:`) section
-//! and travels in every branch task: the base URL, *where* the API key is (the name of an
-//! environment variable, or a secret file, both read on the worker), the request timeout and
-//! the retries. The key itself is never in a spec, a plan, a task, an event or a log.
+//! and travels in every branch task: the spec's own base URL (allowed only for hosts on the
+//! workers' allow-list, and then called with no key), the request timeout and the retries.
+//! A spec never names a key source: keys belong to the workers' catalogue
+//! ([`crate::catalogue`], ADR 16), and `api_key_env` / `api_key_file` here are refused
+//! everywhere an endpoint is checked (the spec loader, the coordinator, the worker).
 //!
 //! [`CommandTool`] is the spec's `[run_command]` table: the agent's `run_command` tool is
 //! offered only when it is present.
@@ -17,7 +19,7 @@ pub const MAX_TIMEOUT_S: f64 = crate::spec::MAX_TEST_TIMEOUT_S;
 pub const MAX_RETRIES: u32 = 10;
 
 /// True when `name` can name an environment variable: letters, digits and `_`, not
-/// starting with a digit (what the spec's `test_env`, `[run_command] env` and
+/// starting with a digit (what the spec's `test_env`, `[run_command] env` and a catalogue's
 /// `api_key_env` take).
 pub fn is_env_name(name: &str) -> bool {
     name.chars()
@@ -35,10 +37,11 @@ pub struct Endpoint {
     /// `https://api.anthropic.com/v1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_url: Option<String>,
-    /// The environment variable (on the worker) holding the API key.
+    /// Refused: kept so that a spec or a plan naming a key source gets a clear error rather
+    /// than an unknown field (key sources belong to the workers' catalogue).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
-    /// A file (on the worker, e.g. a mounted Kubernetes secret) holding the API key.
+    /// Refused, as `api_key_env`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_file: Option<String>,
     /// Seconds one HTTP request may take.
@@ -71,24 +74,19 @@ impl Endpoint {
             }
             if url.contains('@') {
                 return Err(
-                    "base_url must not carry credentials; name the key with api_key_env or api_key_file"
+                    "base_url must not carry credentials; keys belong to the workers' catalogue"
                         .to_string(),
                 );
             }
         }
-        if self.api_key_env.is_some() && self.api_key_file.is_some() {
-            return Err("set one of api_key_env and api_key_file, not both".to_string());
-        }
-        if let Some(name) = &self.api_key_env {
-            if !is_env_name(name) {
+        for (field, set) in [
+            ("api_key_env", self.api_key_env.is_some()),
+            ("api_key_file", self.api_key_file.is_some()),
+        ] {
+            if set {
                 return Err(format!(
-                    "api_key_env `{name}` is not an environment variable name (letters, digits and `_`, not starting with a digit)"
+                    "{field} is not allowed in a spec: key sources belong to the workers' catalogue (the worker's config `[models.\"NAME\"]`)"
                 ));
-            }
-        }
-        if let Some(path) = &self.api_key_file {
-            if path.is_empty() {
-                return Err("api_key_file is empty; give the path of the key file".to_string());
             }
         }
         if let Some(t) = self.timeout_s {
@@ -178,7 +176,6 @@ mod tests {
         assert!(Endpoint::default().validate().is_ok());
         let ok = Endpoint {
             base_url: Some("http://127.0.0.1:8080/v1".into()),
-            api_key_env: Some("OPENAI_API_KEY".into()),
             timeout_s: Some(30.0),
             max_retries: Some(3),
             ..Endpoint::default()
@@ -201,18 +198,17 @@ mod tests {
             ),
             (
                 Endpoint {
-                    api_key_env: Some("A".into()),
-                    api_key_file: Some("/k".into()),
+                    api_key_env: Some("OPENAI_API_KEY".into()),
                     ..Endpoint::default()
                 },
-                "not both",
+                "api_key_env is not allowed in a spec: key sources belong to the workers' catalogue",
             ),
             (
                 Endpoint {
-                    api_key_env: Some("1BAD-NAME".into()),
+                    api_key_file: Some("/run/secrets/nats".into()),
                     ..Endpoint::default()
                 },
-                "environment variable",
+                "api_key_file is not allowed in a spec",
             ),
             (
                 Endpoint {

@@ -36,6 +36,7 @@
 pub mod api;
 pub mod blob;
 pub mod budget;
+pub mod catalogue;
 pub mod clock;
 pub mod diff;
 pub mod endpoint;

@@ -58,7 +58,8 @@ pub struct BranchTask {
     /// it, so it takes the branch over from the coordinator's log like a redelivery.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempt_base: u32,
-    /// Real models: how to reach the API (the key is read on the worker).
+    /// Real models: the spec's settings (its own base URL, timeout, retries; never a key
+    /// source). The worker resolves the model in its own catalogue (ADR 16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<crate::endpoint::Endpoint>,
     /// The `run_command` tool, when the spec enables it.
@@ -173,6 +174,23 @@ pub struct WorkerInfo {
     pub version: String,
     pub started_at_ms: u64,
     pub heartbeat_at_ms: u64,
+    /// The real models of its catalogue: names, dialects, base URLs, never a key source
+    /// (ADR 16). The coordinator checks a fork's models against them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<crate::catalogue::OfferedModel>,
+    /// The hosts (`host` or `host:port`) a spec's own `base_url` may point at.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_model_hosts: Vec<String>,
+}
+
+impl WorkerInfo {
+    /// What it advertises of its catalogue.
+    pub fn offer(&self) -> crate::catalogue::Offer {
+        crate::catalogue::Offer {
+            models: self.models.clone(),
+            allowed_hosts: self.allowed_model_hosts.clone(),
+        }
+    }
 }
 
 impl WireMessage for WorkerInfo {
@@ -290,7 +308,8 @@ pub struct JudgeJob {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidates_reason: Option<String>,
     pub max_output_tokens: u32,
-    /// Real judge models: how to reach the API (the key is read on the worker).
+    /// Real judge models: the spec's settings, resolved in the worker's catalogue as a
+    /// branch task's are (ADR 16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<crate::endpoint::Endpoint>,
 }

@@ -315,6 +315,7 @@ pub async fn fanout(args: &FanoutArgs) -> anyhow::Result<FanoutResult> {
             workers: args.workers.max(1),
             concurrency: args.concurrency.max(1),
             requeue_unfinished: false,
+            ..EmbeddedOptions::default()
         },
     )
     .await?;

@@ -33,6 +33,7 @@ pub(crate) async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
     // Only the config's `[pricing]` matters here; the data dir is `--data` or next to the
     // spec, as always.
     let pricing = Config::load_pricing(args.config.as_deref(), &config::process_env)?;
+    let catalogue = Config::load_catalogue(args.config.as_deref(), &config::process_env)?;
     let loaded = spec::load_with(&args.spec, &pricing)?;
     if let Some(pick) = &args.pick {
         if !loaded.plan.branches.iter().any(|b| &b.label == pick) {
@@ -56,6 +57,7 @@ pub(crate) async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
         workers: args.workers.max(1),
         concurrency: args.concurrency.max(1),
         requeue_unfinished: false,
+        catalogue: std::sync::Arc::new(catalogue),
     };
     let system = Embedded::start(&data_dir, opts).await?;
     let result = run_fork(&system, &loaded, &args).await;

@@ -24,6 +24,12 @@ pub struct Layer {
     /// identity may use besides its own (ADR 17). File only.
     #[serde(default)]
     pub access: BTreeMap<String, AccessLayer>,
+    /// Workers: `[models."MODEL"]` catalogue entries as written; checked when merged.
+    #[serde(default)]
+    pub models: BTreeMap<String, toml::Value>,
+    /// Workers: `[model_hosts]`, the hosts a spec's own `base_url` may point at.
+    #[serde(default)]
+    pub model_hosts: ModelHostsLayer,
 }
 
 /// One `[access."IDENTITY"]` entry.
@@ -33,6 +39,14 @@ pub struct AccessLayer {
     /// Accounts the identity may use besides its own.
     #[serde(default)]
     pub accounts: Vec<String>,
+}
+
+/// `[model_hosts]` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelHostsLayer {
+    /// `host` or `host:port` entries.
+    pub allow: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -97,6 +111,15 @@ pub fn read_file(path: &Path) -> Result<Layer, ConfigError> {
         }
     };
     rebase(&mut layer.data);
+    // A catalogue entry's key file, too (left as written when it is not a string: the
+    // merge reports it).
+    for entry in layer.models.values_mut() {
+        if let Some(toml::Value::String(p)) = entry.get_mut("api_key_file") {
+            if Path::new(p.as_str()).is_relative() {
+                *p = base.join(p.as_str()).display().to_string();
+            }
+        }
+    }
     let n = &mut layer.nats;
     for p in [
         &mut n.password_file,
@@ -114,6 +137,9 @@ pub fn read_file(path: &Path) -> Result<Layer, ConfigError> {
 
 /// The environment variable of a key: `nats.tls.ca_file` -> `FORKFLEET_NATS_TLS_CA_FILE`.
 pub fn env_var(key: &str) -> String {
+    if key == "model_hosts.allow" {
+        return forkfleet_shared::catalogue::ALLOWED_HOSTS_ENV.to_string();
+    }
     format!("{ENV_PREFIX}{}", key.replace('.', "_").to_ascii_uppercase())
 }
 
@@ -182,9 +208,30 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
             }
         })?,
     };
+    let models = match get("models") {
+        None => BTreeMap::new(),
+        Some(text) => toml::from_str::<BTreeMap<String, toml::Value>>(&text).map_err(|e| {
+            ConfigError::Env {
+                var: env_var("models"),
+                message: format!(
+                    "expected TOML entries like `\"openai:gpt-4o\" = {{ base_url = \"https://api.openai.com/v1\", api_key_env = \"OPENAI_API_KEY\" }}`: {}",
+                    e.message()
+                ),
+            }
+        })?,
+    };
+    let allow = get("model_hosts.allow").map(|v| {
+        v.split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(str::to_string)
+            .collect()
+    });
     Ok(Layer {
         pricing,
         access: BTreeMap::new(),
+        models,
+        model_hosts: ModelHostsLayer { allow },
         data: get("data").map(PathBuf::from),
         pool: get("pool"),
         concurrency: parse("concurrency", "a number of branches")?.map(|n| n as usize),

@@ -142,6 +142,49 @@ impl Config {
             let list: Vec<String> = accounts.iter().map(|a| quoted(a)).collect();
             let _ = writeln!(out, "accounts = [{}]", list.join(", "));
         }
+        // The catalogue shows where keys are (a variable's name, a file's path), never a key.
+        for (model, m) in &self.models {
+            let origin = self
+                .models_origins
+                .get(model)
+                .cloned()
+                .unwrap_or(Origin::Default);
+            let _ = writeln!(out, "\n[models.{}]  # {origin}", quoted(model));
+            if let Some(u) = &m.base_url {
+                let _ = writeln!(out, "base_url = {}", quoted(u));
+            }
+            if let Some(v) = &m.api_key_env {
+                let _ = writeln!(
+                    out,
+                    "api_key_env = {}  # the key's source, not its value",
+                    quoted(v)
+                );
+            }
+            if let Some(f) = &m.api_key_file {
+                let _ = writeln!(
+                    out,
+                    "api_key_file = {}  # the key's source, not its value",
+                    path(f)
+                );
+            }
+            if let Some(id) = &m.model {
+                let _ = writeln!(out, "model = {}", quoted(id));
+            }
+            if let Some(t) = m.timeout_s {
+                let _ = writeln!(out, "timeout_s = {t:?}");
+            }
+            if let Some(r) = m.max_retries {
+                let _ = writeln!(out, "max_retries = {r}");
+            }
+        }
+        let hosts: Vec<String> = self.model_hosts.value.iter().map(|h| quoted(h)).collect();
+        let _ = writeln!(out, "\n[model_hosts]");
+        line(
+            &mut out,
+            "allow",
+            format!("[{}]", hosts.join(", ")),
+            &self.model_hosts.origin,
+        );
         out
     }
 }

@@ -422,3 +422,102 @@ fn a_user_in_the_url_and_another_auth_method_is_an_error_naming_both() {
     let shown = c.render();
     assert!(!shown.contains("urlsecret"), "{shown}");
 }
+
+#[test]
+fn the_model_catalogue_is_layered_checked_and_printed_without_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "ff.toml",
+        "[models.\"openai:gpt-4o\"]\nbase_url = \"https://api.openai.com/v1\"\napi_key_env = \"OPENAI_API_KEY\"\nmodel = \"gpt-4o-2024-08-06\"\ntimeout_s = 60\nmax_retries = 3\n\
+         [models.\"anthropic:claude\"]\napi_key_file = \"secrets/anthropic\"\n\
+         [model_hosts]\nallow = [\"127.0.0.1\", \"llm.internal:8080\"]\n",
+    );
+    let env = env_of(&[
+        (
+            "FORKFLEET_MODELS",
+            "\"openai:local\" = { base_url = \"http://127.0.0.1:8080/v1\" }",
+        ),
+        ("OPENAI_API_KEY", "sk-never-printed"),
+    ]);
+    let c = Config::load(Some(&file), &env, Layer::default()).unwrap();
+    let cat = c.catalogue();
+    assert_eq!(
+        cat.models.keys().collect::<Vec<_>>(),
+        ["anthropic:claude", "openai:gpt-4o", "openai:local"]
+    );
+    let gpt = &cat.models["openai:gpt-4o"];
+    assert_eq!(gpt.model.as_deref(), Some("gpt-4o-2024-08-06"));
+    assert_eq!((gpt.timeout_s, gpt.max_retries), (Some(60.0), Some(3)));
+    assert_eq!(
+        cat.models["anthropic:claude"].api_key_file,
+        Some(dir.path().join("secrets/anthropic")),
+        "relative to the file"
+    );
+    assert_eq!(cat.allowed_hosts, ["127.0.0.1", "llm.internal:8080"]);
+    assert_eq!(
+        c.models_origins["openai:local"],
+        Origin::Env("FORKFLEET_MODELS".into())
+    );
+    let printed = c.render();
+    for says in [
+        "[models.\"openai:gpt-4o\"]",
+        "api_key_env = \"OPENAI_API_KEY\"  # the key's source",
+        "[model_hosts]",
+        "allow = [\"127.0.0.1\", \"llm.internal:8080\"]",
+    ] {
+        assert!(printed.contains(says), "{says:?} not in {printed}");
+    }
+    assert!(!printed.contains("sk-never-printed"));
+    // The environment's allow-list replaces the file's.
+    let env = env_of(&[("FORKFLEET_ALLOWED_MODEL_HOSTS", "10.0.0.1:80, gpu-box")]);
+    let c = Config::load(Some(&file), &env, Layer::default()).unwrap();
+    assert_eq!(c.model_hosts.value, ["10.0.0.1:80", "gpu-box"]);
+    assert_eq!(
+        c.model_hosts.origin,
+        Origin::Env("FORKFLEET_ALLOWED_MODEL_HOSTS".into())
+    );
+}
+
+#[test]
+fn bad_catalogue_entries_name_the_model_and_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, says) in [
+        (
+            "[models.\"openai:x\"]\napi_key_env = \"A\"\napi_key_file = \"/k\"\n",
+            &["[models.\"openai:x\"]", "not both"][..],
+        ),
+        (
+            "[models.\"openai:x\"]\nbase_url = \"api.openai.com\"\n",
+            &["[models.\"openai:x\"]", "base_url"],
+        ),
+        (
+            "[models.\"openai:x\"]\napi_key = \"sk-inline\"\n",
+            &["[models.\"openai:x\"]", "api_key"],
+        ),
+        (
+            "[models.\"scripted:x\"]\nbase_url = \"http://x\"\n",
+            &["[models.\"scripted:x\"]", "openai:NAME"],
+        ),
+        (
+            "[model_hosts]\nallow = [\"http://evil.example/\"]\n",
+            &["[model_hosts] allow", "host:port"],
+        ),
+    ] {
+        let f = write(dir.path(), "bad.toml", text);
+        let err = Config::load(Some(&f), &env_of(&[]), Layer::default())
+            .unwrap_err()
+            .to_string();
+        for s in says {
+            assert!(err.contains(s), "{s:?} not in {err}");
+        }
+    }
+    let err = Config::load(
+        None,
+        &env_of(&[("FORKFLEET_MODELS", "not toml")]),
+        Layer::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("FORKFLEET_MODELS"), "{err}");
+}

@@ -21,4 +21,5 @@ mod pipes;
 mod resolve;
 mod restart;
 mod roles;
+mod secrets;
 mod turns;

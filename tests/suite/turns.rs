@@ -299,6 +299,7 @@ async fn a_follow_up_turn_runs_on_the_whole_history_and_merges_with_the_first() 
             workers: 0,
             concurrency: 1,
             requeue_unfinished: false,
+            ..EmbeddedOptions::default()
         },
     )
     .await

@@ -4,6 +4,7 @@
 use crate::cache::{BlobCache, Memo};
 use crate::provider::Providers;
 use forkfleet_bus::Bus;
+use forkfleet_shared::catalogue::ModelCatalogue;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::WorkerId;
 use forkfleet_shared::manifest::Manifest;
@@ -30,12 +31,13 @@ impl WorkerCtx {
         bus: Arc<dyn Bus>,
         blob_cache_bytes: u64,
         scripted_usage_log: Option<PathBuf>,
+        catalogue: Arc<ModelCatalogue>,
     ) -> Self {
         let blobs = Arc::new(BlobCache::new(bus.blobs(), blob_cache_bytes));
         Self {
             worker_id,
             bus,
-            providers: Providers::new(blobs.clone(), scripted_usage_log),
+            providers: Providers::new(blobs.clone(), scripted_usage_log, catalogue),
             blobs,
             prefixes: Memo::new(MEMO_CAPACITY),
             manifests: Memo::new(MEMO_CAPACITY),

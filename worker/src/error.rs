@@ -144,6 +144,10 @@ pub enum WorkerError {
     /// The endpoint settings cannot be used.
     #[error("model `{model}`: {detail}")]
     BadEndpoint { model: String, detail: String },
+    /// The worker's catalogue refuses the model: not offered, a spec `base_url` on a host
+    /// not allowed, or a key source in the task (`detail` names the model already).
+    #[error("refused by the worker's model catalogue: {detail}")]
+    ModelRefused { model: String, detail: String },
     #[error("cannot build the HTTP client: {0}")]
     Client(String),
 
@@ -178,7 +182,8 @@ impl WorkerError {
             | E::MissingKey { .. }
             | E::BadKey { .. }
             | E::ContextOverflow { .. }
-            | E::BadEndpoint { .. } => ErrorKind::BadInput,
+            | E::BadEndpoint { .. }
+            | E::ModelRefused { .. } => ErrorKind::BadInput,
             E::UnknownModel { .. } => ErrorKind::NotFound,
             E::Api { status, .. } if (400..500).contains(status) => ErrorKind::BadInput,
             E::RetriesExhausted { .. } => ErrorKind::Unavailable,
@@ -473,6 +478,14 @@ mod tests {
                 },
                 BadInput,
                 vec!["base_url `x` is not a URL"],
+            ),
+            (
+                E::ModelRefused {
+                    model: s("openai:m"),
+                    detail: s("model `openai:m` is not in the model catalogue of this worker"),
+                },
+                BadInput,
+                vec!["refused by the worker's model catalogue: model `openai:m`"],
             ),
             (E::Client(s("no TLS")), Failure, vec!["HTTP client: no TLS"]),
             (

@@ -117,6 +117,9 @@ pub struct WorkerConfig {
     /// The time the worker's heartbeats are stamped with (the system clock; tests may give
     /// a manual one).
     pub clock: Arc<dyn Clock>,
+    /// The real models this worker offers, where their keys are, and the hosts a spec's own
+    /// `base_url` may point at (ADR 16); advertised in the heartbeat, keys never.
+    pub catalogue: Arc<forkfleet_shared::catalogue::ModelCatalogue>,
 }
 
 impl Default for WorkerConfig {
@@ -132,6 +135,7 @@ impl Default for WorkerConfig {
             scripted_usage_log: None,
             resolve_concurrency: DEFAULT_RESOLVE_CONCURRENCY,
             clock: forkfleet_shared::clock::system(),
+            catalogue: Arc::default(),
         }
     }
 }
@@ -238,6 +242,7 @@ pub async fn start(config: WorkerConfig, bus: Arc<dyn Bus>) -> Result<WorkerHand
         bus,
         config.blob_cache_bytes,
         config.scripted_usage_log.clone(),
+        config.catalogue.clone(),
     ));
     let exit = Arc::new(Mutex::new(None));
     let resolve = tokio::spawn(resolve::serve(ctx.clone(), config.resolve_concurrency));

@@ -394,6 +394,7 @@ fn begin_drain(state: &mut NodeState) {
 
 /// This worker's heartbeat: what it runs, stamped with its clock's time.
 fn worker_info(state: &NodeState) -> WorkerInfo {
+    let offer = state.config.catalogue.offer();
     WorkerInfo {
         worker_id: state.config.worker_id,
         pool: state.config.pool.clone(),
@@ -403,6 +404,8 @@ fn worker_info(state: &NodeState) -> WorkerInfo {
         version: state.version.clone(),
         started_at_ms: state.started_at_ms,
         heartbeat_at_ms: state.config.clock.now_ms(),
+        models: offer.models,
+        allowed_model_hosts: offer.allowed_hosts,
     }
 }
 
@@ -507,7 +510,13 @@ mod tests {
 
     /// A node's state as `pre_start` makes it, without starting the node.
     fn state(config: WorkerConfig, bus: Arc<dyn Bus>) -> NodeState {
-        let ctx = Arc::new(WorkerCtx::new(config.worker_id, bus, 1 << 20, None));
+        let ctx = Arc::new(WorkerCtx::new(
+            config.worker_id,
+            bus,
+            1 << 20,
+            None,
+            config.catalogue.clone(),
+        ));
         NodeState {
             started_at_ms: config.clock.now_ms(),
             config,

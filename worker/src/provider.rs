@@ -2,8 +2,11 @@
 //!
 //! A model is named `provider:name` (`scripted:demo`, `openai:gpt-4o-mini`,
 //! `anthropic:claude-sonnet-4-20250514`). [`Providers::provider_for`] turns a task's model
-//! (and its [`Endpoint`]) into a [`ModelProvider`], caching what is expensive to build (a
-//! parsed script) per worker. The real providers ([`openai`], [`anthropic`]) are one
+//! (and the spec's [`Endpoint`] settings) into a [`ModelProvider`], caching what is
+//! expensive to build (a parsed script) per worker. A real model is resolved against the
+//! worker's own [`ModelCatalogue`] first (ADR 16): a model it does not offer, or a spec
+//! `base_url` whose host it does not allow, is refused before any connection is made; the
+//! key source comes from the catalogue only. The real providers ([`openai`], [`anthropic`]) are one
 //! [`http::HttpProvider`] each speaking its API's dialect; they share one HTTP client per
 //! worker and the plumbing in [`http`] (key, retries, errors); building one is cheap, so
 //! they are built per task (docs/PROVIDERS.md).
@@ -27,6 +30,7 @@ use crate::error::WorkerError;
 use crate::toolspec::{measured_json_bytes, tools_json_bytes};
 use async_trait::async_trait;
 use forkfleet_shared::budget::estimate_input_tokens;
+use forkfleet_shared::catalogue::ModelCatalogue;
 use forkfleet_shared::endpoint::Endpoint;
 use forkfleet_shared::event::{Message, ToolCall, Usage};
 use forkfleet_shared::protocol::BranchTask;
@@ -185,15 +189,22 @@ pub struct Providers {
     scripted_usage_log: Option<PathBuf>,
     /// The one HTTP client of the real providers, built on first use.
     http: tokio::sync::OnceCell<reqwest::Client>,
+    /// The real models this worker offers and the hosts a spec's `base_url` may name.
+    catalogue: Arc<ModelCatalogue>,
 }
 
 impl Providers {
-    pub fn new(blobs: Arc<BlobCache>, scripted_usage_log: Option<PathBuf>) -> Self {
+    pub fn new(
+        blobs: Arc<BlobCache>,
+        scripted_usage_log: Option<PathBuf>,
+        catalogue: Arc<ModelCatalogue>,
+    ) -> Self {
         Self {
             blobs,
             scripts: Memo::new(64),
             scripted_usage_log,
             http: tokio::sync::OnceCell::new(),
+            catalogue,
         }
     }
 
@@ -216,7 +227,9 @@ impl Providers {
     }
 
     /// The provider for `model` (`provider:name`); `script` is a scripted model's script,
-    /// `endpoint` a real model's connection settings (`None`: the provider's defaults).
+    /// `endpoint` the spec's settings of a real model (`None`: the catalogue's entry alone).
+    /// A real model the catalogue refuses is [`WorkerError::ModelRefused`], before any
+    /// request.
     pub async fn provider(
         &self,
         model: &str,
@@ -249,12 +262,12 @@ impl Providers {
             }
             "openai" => Ok(Arc::new(OpenAiProvider::new(
                 model,
-                endpoint,
+                &self.route(model, endpoint)?,
                 self.http_client().await?,
             )?)),
             "anthropic" => Ok(Arc::new(AnthropicProvider::new(
                 model,
-                endpoint,
+                &self.route(model, endpoint)?,
                 self.http_client().await?,
             )?)),
             other => Err(WorkerError::UnknownProvider {
@@ -263,6 +276,24 @@ impl Providers {
                 known: PROVIDERS.join(", "),
             }),
         }
+    }
+}
+
+impl Providers {
+    /// How this worker calls the real model `model` (see [`ModelCatalogue::route`]); a
+    /// refusal is logged at WARN (never a key: the catalogue holds only where keys are).
+    fn route(
+        &self,
+        model: &str,
+        endpoint: Option<&Endpoint>,
+    ) -> Result<forkfleet_shared::catalogue::ModelRoute, WorkerError> {
+        self.catalogue.route(model, endpoint).map_err(|detail| {
+            tracing::warn!(model, error = %detail, "model refused by the worker's catalogue");
+            WorkerError::ModelRefused {
+                model: model.to_string(),
+                detail,
+            }
+        })
     }
 }
 

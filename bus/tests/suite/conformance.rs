@@ -450,6 +450,8 @@ fn worker(heartbeat_at_ms: u64, running: Vec<RunId>) -> WorkerInfo {
         version: "test".into(),
         started_at_ms: heartbeat_at_ms,
         heartbeat_at_ms,
+        models: Vec::new(),
+        allowed_model_hosts: Vec::new(),
     }
 }
 

@@ -168,3 +168,98 @@ async fn unknown_forks_and_runs_are_bad_input() {
         assert!(err.is_bad_input(), "{err}");
     }
 }
+
+/// `plan(&["a"])` with its model renamed `model`, and the spec's own `base_url`.
+fn real_plan(model: &str, base_url: Option<&str>) -> forkfleet_shared::spec::ForkPlan {
+    let mut p = plan(&["a"]);
+    let mut m = p.models.remove(MODEL).unwrap();
+    m.endpoint = base_url.map(|u| forkfleet_shared::endpoint::Endpoint {
+        base_url: Some(u.into()),
+        ..Default::default()
+    });
+    p.models.insert(model.into(), m);
+    p.model = model.into();
+    for b in &mut p.branches {
+        b.model = model.into();
+    }
+    p
+}
+
+/// A live worker of `pool` offering `openai:gpt-4o` and allowing `llm.internal:8080`.
+fn live_worker(pool: &str) -> forkfleet_shared::protocol::WorkerInfo {
+    use forkfleet_shared::protocol::now_ms;
+    forkfleet_shared::protocol::WorkerInfo {
+        worker_id: forkfleet_shared::ids::WorkerId::new(),
+        pool: pool.into(),
+        concurrency: 1,
+        running: Vec::new(),
+        hostname: "w".into(),
+        version: "test".into(),
+        started_at_ms: now_ms(),
+        heartbeat_at_ms: now_ms(),
+        models: vec![forkfleet_shared::catalogue::OfferedModel {
+            name: "openai:gpt-4o".into(),
+            dialect: "openai".into(),
+            base_url: Some("https://api.openai.com/v1".into()),
+        }],
+        allowed_model_hosts: vec!["llm.internal:8080".into()],
+    }
+}
+
+#[tokio::test]
+async fn real_models_are_checked_against_the_live_workers_catalogues() {
+    let fx = Fixture::start().await;
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    within(fx.bus.put_worker(live_worker("default")))
+        .await
+        .unwrap();
+    let err = refused(&fx, real_plan("openai:other", None), ParentRun::New, snap).await;
+    assert!(matches!(err, CoordinatorError::ModelNotOffered(_)), "{err}");
+    assert!(
+        err.to_string().contains(
+            "model `openai:other` is not in the model catalogue of any live worker of pool `default` (offered: openai:gpt-4o)"
+        ),
+        "{err}"
+    );
+    let capture = real_plan("openai:gpt-4o", Some("http://capture.example:9/v1"));
+    let err = refused(&fx, capture, ParentRun::New, snap).await;
+    for says in [
+        "model `openai:gpt-4o`",
+        "host `capture.example:9`",
+        "allowed: llm.internal:8080",
+    ] {
+        assert!(err.to_string().contains(says), "{says:?} not in {err}");
+    }
+    // A spec naming a key source is refused before the workers are even asked.
+    let mut keyed = real_plan("openai:gpt-4o", Some("http://llm.internal:8080/v1"));
+    keyed.models.get_mut("openai:gpt-4o").unwrap().endpoint =
+        Some(forkfleet_shared::endpoint::Endpoint {
+            api_key_env: Some("OPENAI_API_KEY".into()),
+            ..Default::default()
+        });
+    let err = refused(&fx, keyed, ParentRun::New, snap).await;
+    assert!(
+        err.to_string()
+            .contains("api_key_env is not allowed in a spec"),
+        "{err}"
+    );
+    // Offered, or on an allowed host: created.
+    fx.create(real_plan("openai:gpt-4o", None), ParentRun::New, snap)
+        .await;
+    fx.create(
+        real_plan("openai:local", Some("http://llm.internal:8080/v1")),
+        ParentRun::New,
+        snap,
+    )
+    .await;
+
+    // No live worker in the pool (one of another pool only): accepted, the workers check.
+    let other = Fixture::start().await;
+    let snap = other.upload(&[("a.txt", "a\n")]).await;
+    within(other.bus.put_worker(live_worker("gpu")))
+        .await
+        .unwrap();
+    other
+        .create(real_plan("openai:nowhere", None), ParentRun::New, snap)
+        .await;
+}

@@ -113,13 +113,14 @@ pub struct ModelSection {
     pub script: Option<String>,
     #[serde(default)]
     pub price: Option<Price>,
-    /// Real models (`openai:`, `anthropic:`): the API's base URL.
+    /// Real models (`openai:`, `anthropic:`): the spec's own API base URL, used with no key
+    /// and only when the workers' allow-list holds its host.
     #[serde(default)]
     pub base_url: Option<String>,
-    /// The environment variable on the workers holding the API key.
+    /// Refused with a clear error: key sources belong to the workers' catalogue.
     #[serde(default)]
     pub api_key_env: Option<String>,
-    /// A file on the workers holding the API key.
+    /// Refused, as `api_key_env`.
     #[serde(default)]
     pub api_key_file: Option<String>,
     /// Seconds one request may take.

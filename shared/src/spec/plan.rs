@@ -148,7 +148,8 @@ pub struct ModelPlan {
     pub price: Option<Price>,
     /// Scripted models: the script file's blob.
     pub script: Option<BlobHash>,
-    /// Real models: how the workers reach the API (never the key itself).
+    /// Real models: the spec's own settings (base URL, timeout, retries); never a key
+    /// source, which only the workers' catalogue names (ADR 16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<Endpoint>,
 }

@@ -103,13 +103,13 @@ fn checkpoint_keys_default_and_are_validated() {
 fn real_models_take_endpoints_and_tools_are_enabled_per_spec() {
     let text = "goal = \"g\"\nworkspace = \"w\"\nmodel = \"openai:gpt-4o-mini\"\nforking = true\n\
         [run_command]\ntimeout_s = 5\nenv = { A = \"1\" }\n\
-        [models.\"openai:gpt-4o-mini\"]\nbase_url = \"http://127.0.0.1:9/v1\"\napi_key_env = \"MY_KEY\"\nmax_retries = 2\n\
+        [models.\"openai:gpt-4o-mini\"]\nbase_url = \"http://127.0.0.1:9/v1\"\nmax_retries = 2\n\
         [[branches]]\nlabel = \"a\"\nmax_output_tokens = 7\n";
     let p = parse(text).unwrap();
     let m = &p.models["openai:gpt-4o-mini"];
     let e = m.endpoint.as_ref().unwrap();
     assert_eq!(e.base_url.as_deref(), Some("http://127.0.0.1:9/v1"));
-    assert_eq!(e.api_key_env.as_deref(), Some("MY_KEY"));
+    assert_eq!(e.api_key_env, None);
     assert_eq!(e.max_retries, Some(2));
     assert!(p.forking && !p.solo);
     let tool = p.run_command.as_ref().unwrap();
@@ -132,6 +132,31 @@ fn real_models_take_endpoints_and_tools_are_enabled_per_spec() {
         err.to_string().contains("scripted model takes only"),
         "{err}"
     );
+}
+
+#[test]
+fn a_spec_never_names_a_key_source() {
+    let text = "goal = \"g\"\nworkspace = \"w\"\nmodel = \"openai:gpt-4o\"\n\
+        [models.\"openai:gpt-4o\"]\nbase_url = \"http://127.0.0.1:9/v1\"\nKEY\n[[branches]]\n";
+    for (line, field) in [
+        ("api_key_env = \"OPENAI_API_KEY\"", "api_key_env"),
+        (
+            "api_key_file = \"/run/secrets/nats-password\"",
+            "api_key_file",
+        ),
+    ] {
+        let err = parse(&text.replace("KEY", line)).unwrap_err().to_string();
+        for says in [
+            "[models.\"openai:gpt-4o\"]",
+            &format!("{field} is not allowed in a spec"),
+            "key sources belong to the workers' catalogue",
+            "define model `openai:gpt-4o` in the worker's config `[models.\"openai:gpt-4o\"]`",
+        ] {
+            assert!(err.contains(says), "{says:?} not in {err}");
+        }
+    }
+    // Without a key source the spec's own base_url is fine (the workers' allow-list decides).
+    parse(&text.replace("KEY", "")).unwrap();
 }
 
 #[test]

@@ -154,6 +154,16 @@ impl ForkPlan {
             if !scripted && m.script.is_some() {
                 return Err(bad_model(ONLY_SCRIPTED_TAKE_A_SCRIPT));
             }
+            for (field, set) in [
+                ("api_key_env", endpoint.api_key_env.is_some()),
+                ("api_key_file", endpoint.api_key_file.is_some()),
+            ] {
+                if set {
+                    return Err(bad_model(&crate::catalogue::key_source_refusal(
+                        name, field,
+                    )));
+                }
+            }
             endpoint.validate().map_err(|m| bad_model(&m))?;
         }
         Ok(())

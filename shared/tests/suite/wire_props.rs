@@ -234,6 +234,12 @@ fn worker_info() -> impl Strategy<Value = WorkerInfo> {
                     version,
                     started_at_ms: started,
                     heartbeat_at_ms: heartbeat,
+                    models: vec![forkfleet_shared::catalogue::OfferedModel {
+                        name: "openai:gpt-4o".into(),
+                        dialect: "openai".into(),
+                        base_url: Some("http://127.0.0.1:8080/v1".into()),
+                    }],
+                    allowed_model_hosts: vec!["127.0.0.1".into()],
                 }
             },
         )

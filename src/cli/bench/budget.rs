@@ -209,6 +209,7 @@ pub async fn run(args: &BudgetArgs) -> anyhow::Result<Vec<BudgetRow>> {
                     workers: args.workers.max(1),
                     concurrency: args.concurrency.max(1),
                     requeue_unfinished: false,
+                    ..EmbeddedOptions::default()
                 },
                 Some(log.clone()),
             )

@@ -37,7 +37,6 @@ const ANTHROPIC_VERSION: &str = "2023-06-01";
 static VENDOR: Vendor = Vendor {
     provider: "anthropic",
     default_base_url: "https://api.anthropic.com/v1",
-    default_key_env: "ANTHROPIC_API_KEY",
     host: "api.anthropic.com",
     path: "/messages",
     key_header: "x-api-key",

@@ -1,16 +1,20 @@
 //! What the real providers share: the HTTP client, the API key, retries and errors.
 //!
-//! - **Client.** One [`reqwest::Client`] per worker ([`client`]), rustls only, shared by every
-//!   provider (its connection pool too). A provider is cheap to build: settings and a clone
+//! - **Client.** One [`reqwest::Client`] per worker ([`client`]), rustls only, redirects
+//!   never followed (a redirect would take the key to a URL the catalogue did not name),
+//!   shared by every provider (its connection pool too). A provider is cheap to build: settings and a clone
 //!   of the client.
 //! - **Providers.** [`HttpProvider`] is every real provider: the settings of one (model,
 //!   endpoint) ([`Api`]) and a [`Dialect`], which writes the API's request body and reads its
 //!   answer (`openai::OpenAi`, `anthropic::Anthropic`). Everything else is here.
-//! - **Key.** Read once per call, not per try (so a rotated secret file is picked up) from
-//!   the environment variable the endpoint names (`api_key_env`, else the vendor's default
-//!   such as `OPENAI_API_KEY`) or from the file it names (`api_key_file`, trimmed). A key is
-//!   required when the endpoint names where it is, or when the base URL is the vendor's own
-//!   API; a local server (llama.cpp, vLLM, Ollama) needs none and then gets no key header.
+//! - **Key.** Only a model of the worker's catalogue has one (ADR 16): the route
+//!   ([`ModelRoute`], resolved from the catalogue by [`super::Providers`]) says where it is,
+//!   the environment variable (`api_key_env`) or the file (`api_key_file`, trimmed) of the
+//!   catalogue entry. It is read once per call, not per try (so a rotated secret file is
+//!   picked up), and required when the route names it. A route with no key (a catalogue
+//!   entry for a local server such as llama.cpp, vLLM or Ollama, or a spec's own `base_url`
+//!   on an allowed host) sends no key header; one that points at the vendor's own API is
+//!   refused before any request.
 //!   The key never shows itself in `Debug`, header values carrying it are marked sensitive,
 //!   and every text taken from an answer is redacted of it before it reaches an error or a
 //!   log.
@@ -35,13 +39,12 @@ use super::{size_estimate, ModelProvider, ModelReply, ModelRequest};
 use crate::error::WorkerError;
 use async_trait::async_trait;
 use bytes::Bytes;
-use forkfleet_shared::endpoint::Endpoint;
+use forkfleet_shared::catalogue::{KeySource, ModelRoute};
 use forkfleet_shared::event::{ToolCall, Usage};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::StatusCode;
 use std::fmt;
 use std::marker::PhantomData;
-use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 /// Seconds one HTTP request may take when the endpoint does not say.
@@ -55,6 +58,9 @@ const MAX_MESSAGE_CHARS: usize = 500;
 pub fn client() -> Result<reqwest::Client, WorkerError> {
     reqwest::Client::builder()
         .user_agent(concat!("forkfleet/", env!("CARGO_PKG_VERSION")))
+        // A redirect would carry the key (`x-api-key` is not stripped on a change of host)
+        // to a URL the catalogue never named: a model API is never followed elsewhere.
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| WorkerError::Client(error_chain(&e)))
 }
@@ -65,8 +71,7 @@ pub struct Vendor {
     /// The provider's prefix in model names (`openai`).
     pub provider: &'static str,
     pub default_base_url: &'static str,
-    pub default_key_env: &'static str,
-    /// The vendor's own API host: a call to it without a key is an error.
+    /// The vendor's own API host: a route to it without a key is an error.
     pub host: &'static str,
     /// Where a call is posted, after the base URL (`/chat/completions`).
     pub path: &'static str,
@@ -87,7 +92,7 @@ pub trait Dialect: Send + Sync + 'static {
 }
 
 /// A real model provider: a [`Dialect`] spoken over HTTP with the settings of one (model,
-/// endpoint).
+/// route).
 pub struct HttpProvider<D> {
     api: Api,
     dialect: PhantomData<fn() -> D>,
@@ -102,14 +107,15 @@ impl<D> fmt::Debug for HttpProvider<D> {
 }
 
 impl<D: Dialect> HttpProvider<D> {
-    /// `model` is `provider:NAME`; `endpoint` `None` is the vendor's API with its defaults.
+    /// `model` is `provider:NAME`; `route` where and how it is called (resolved from the
+    /// worker's catalogue, [`forkfleet_shared::catalogue::ModelCatalogue::route`]).
     pub fn new(
         model: &str,
-        endpoint: Option<&Endpoint>,
+        route: &ModelRoute,
         client: reqwest::Client,
     ) -> Result<Self, WorkerError> {
         Ok(Self {
-            api: Api::new(D::VENDOR, model, endpoint, client)?,
+            api: Api::new(D::VENDOR, model, route, client)?,
             dialect: PhantomData,
         })
     }
@@ -149,22 +155,6 @@ impl ApiKey {
 impl fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ApiKey(<redacted>)")
-    }
-}
-
-/// Where the key is read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum KeySource {
-    Env(String),
-    File(PathBuf),
-}
-
-impl fmt::Display for KeySource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            KeySource::Env(name) => write!(f, "env `{name}`"),
-            KeySource::File(path) => write!(f, "file `{}`", path.display()),
-        }
     }
 }
 
@@ -224,9 +214,8 @@ pub struct Api {
     base_url: String,
     /// `{base_url}{vendor.path}`.
     url: String,
-    key_source: KeySource,
-    /// A call fails without a key (see the module docs).
-    key_required: bool,
+    /// Where the key is read; `None`: no key is sent.
+    key_source: Option<KeySource>,
     /// What every request carries but the key (built once).
     headers: HeaderMap,
     key_header: HeaderName,
@@ -242,7 +231,6 @@ impl fmt::Debug for Api {
             .field("model", &self.model)
             .field("base_url", &self.base_url)
             .field("key_source", &self.key_source)
-            .field("key_required", &self.key_required)
             .field("timeout", &self.timeout)
             .field("max_retries", &self.max_retries)
             .finish_non_exhaustive()
@@ -250,12 +238,11 @@ impl fmt::Debug for Api {
 }
 
 impl Api {
-    /// The settings of `model` (`provider:name`) at `endpoint` (`None`: the vendor's
-    /// defaults). The endpoint is checked again: a worker trusts no task blindly.
+    /// The settings of `model` (`provider:name`) along `route`.
     fn new(
         vendor: &'static Vendor,
         model: &str,
-        endpoint: Option<&Endpoint>,
+        route: &ModelRoute,
         client: reqwest::Client,
     ) -> Result<Self, WorkerError> {
         let bad = |detail: String| WorkerError::BadEndpoint {
@@ -263,10 +250,8 @@ impl Api {
             detail,
         };
         let (_, name) = super::split_model(model)?;
-        let default = Endpoint::default();
-        let ep = endpoint.unwrap_or(&default);
-        ep.validate().map_err(bad)?;
-        let base_url = ep
+        let name = route.model.as_deref().unwrap_or(name);
+        let base_url = route
             .base_url
             .as_deref()
             .unwrap_or(vendor.default_base_url)
@@ -277,12 +262,15 @@ impl Api {
         let vendor_host = parsed
             .host_str()
             .is_some_and(|h| h.eq_ignore_ascii_case(vendor.host));
-        let (key_source, explicit) = match (&ep.api_key_file, &ep.api_key_env) {
-            (Some(path), _) => (KeySource::File(PathBuf::from(path)), true),
-            (None, Some(env)) => (KeySource::Env(env.clone()), true),
-            (None, None) => (KeySource::Env(vendor.default_key_env.to_string()), false),
-        };
-        let timeout_s = ep.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
+        if vendor_host && route.key.is_none() {
+            return Err(WorkerError::MissingKey {
+                model: model.to_string(),
+                detail: format!(
+                    "{base_url} is the vendor's own API, which needs a key; define the model in the worker's config `[models.\"{model}\"]` with api_key_env or api_key_file"
+                ),
+            });
+        }
+        let timeout_s = route.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
         let timeout = Duration::try_from_secs_f64(timeout_s)
             .map_err(|_| bad(format!("timeout_s {timeout_s} is not a duration")))?;
         let mut headers = HeaderMap::new();
@@ -302,12 +290,11 @@ impl Api {
             name: name.to_string(),
             url: format!("{base_url}{}", vendor.path),
             base_url,
-            key_source,
-            key_required: explicit || vendor_host,
+            key_source: route.key.clone(),
             headers,
             key_header: HeaderName::from_static(vendor.key_header),
             timeout,
-            max_retries: ep.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
+            max_retries: route.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
             backoff: Backoff::default(),
             client,
         })
@@ -325,7 +312,8 @@ impl Api {
             detail,
         };
         match &self.key_source {
-            KeySource::File(path) => {
+            None => Ok(None),
+            Some(KeySource::File(path)) => {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     missing(format!(
                         "cannot read the key file `{}`: {e}",
@@ -341,19 +329,16 @@ impl Api {
                 }
                 Ok(Some(ApiKey(key.to_string())))
             }
-            KeySource::Env(name) => {
+            Some(KeySource::Env(name)) => {
                 let value = std::env::var(name).unwrap_or_default();
                 let key = value.trim();
-                if !key.is_empty() {
-                    return Ok(Some(ApiKey(key.to_string())));
-                }
-                if self.key_required {
+                if key.is_empty() {
                     return Err(missing(format!(
                         "the environment variable `{name}` is not set (or empty) on the worker; \
-                         set it, or name another with api_key_env or a file with api_key_file"
+                         set it, or name another in the catalogue entry (api_key_env or api_key_file)"
                     )));
                 }
-                Ok(None)
+                Ok(Some(ApiKey(key.to_string())))
             }
         }
     }
@@ -362,15 +347,12 @@ impl Api {
     fn call_headers(&self) -> Result<(HeaderMap, Option<ApiKey>), WorkerError> {
         let key = self.load_key()?;
         let mut headers = self.headers.clone();
-        if let Some(k) = &key {
+        if let (Some(k), Some(source)) = (&key, &self.key_source) {
             let value =
                 k.header(self.vendor.key_prefix)
                     .ok_or_else(|| WorkerError::MissingKey {
                         model: self.model.clone(),
-                        detail: format!(
-                            "the key from {} is not a valid header value",
-                            self.key_source
-                        ),
+                        detail: format!("the key from {source} is not a valid header value"),
                     })?;
             headers.insert(self.key_header.clone(), value);
         }
@@ -505,14 +487,11 @@ impl Api {
             };
         }
         if matches!(code, 401 | 403) {
-            let key = if sent_key {
-                format!("the key from {}", self.key_source)
-            } else {
-                format!(
-                    "the request: no key was sent ({} is not set); set it, or name the key \
-                     with api_key_env or api_key_file",
-                    self.key_source
-                )
+            let key = match (&self.key_source, sent_key) {
+                (Some(source), true) => format!("the key from {source}"),
+                _ => "the request: no key was sent (the model has none: only a model of the \
+                      worker's catalogue with api_key_env or api_key_file has a key)"
+                    .to_string(),
             };
             return WorkerError::BadKey {
                 model: self.model.clone(),

@@ -34,7 +34,6 @@ use serde::{Deserialize, Serialize};
 static VENDOR: Vendor = Vendor {
     provider: "openai",
     default_base_url: "https://api.openai.com/v1",
-    default_key_env: "OPENAI_API_KEY",
     host: "api.openai.com",
     path: "/chat/completions",
     key_header: "authorization",

@@ -6,6 +6,7 @@ use super::common::*;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use forkfleet_shared::catalogue::{CatalogueModel, ModelCatalogue};
 use forkfleet_shared::endpoint::Endpoint;
 use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::event::{Event, Message, ToolCall, Usage};
@@ -16,7 +17,7 @@ use forkfleet_worker::provider::http::{client, Backoff, Dialect, HttpProvider};
 use forkfleet_worker::provider::{
     AnthropicProvider, ModelProvider, ModelRequest, OpenAiProvider, ToolSpec,
 };
-use forkfleet_worker::WorkerError;
+use forkfleet_worker::{WorkerConfig, WorkerError};
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -182,24 +183,37 @@ fn fast_backoff() -> Backoff {
     }
 }
 
-fn at(server: &MockApi, ep: Endpoint) -> Endpoint {
-    Endpoint {
+/// A catalogue entry for `server` (the worker's config `[models."NAME"]`).
+fn at(server: &MockApi, entry: CatalogueModel) -> CatalogueModel {
+    CatalogueModel {
         base_url: Some(server.url.clone()),
-        ..ep
+        ..entry
     }
 }
 
-fn provider<D: Dialect>(model: &str, ep: &Endpoint) -> HttpProvider<D> {
-    HttpProvider::new(model, Some(ep), client().unwrap())
+/// A catalogue of one model.
+fn catalogue_of(model: &str, entry: CatalogueModel) -> ModelCatalogue {
+    ModelCatalogue {
+        models: [(model.to_string(), entry)].into_iter().collect(),
+        allowed_hosts: Vec::new(),
+    }
+}
+
+/// The provider of `model` as a worker with `entry` in its catalogue builds it.
+fn provider<D: Dialect>(model: &str, entry: &CatalogueModel) -> HttpProvider<D> {
+    let route = catalogue_of(model, entry.clone())
+        .route(model, None)
+        .unwrap();
+    HttpProvider::new(model, &route, client().unwrap())
         .unwrap()
         .with_backoff(fast_backoff())
 }
 
-fn openai(server: &MockApi, ep: Endpoint) -> OpenAiProvider {
+fn openai(server: &MockApi, ep: CatalogueModel) -> OpenAiProvider {
     provider("openai:test-model", &at(server, ep))
 }
 
-fn anthropic(server: &MockApi, ep: Endpoint) -> AnthropicProvider {
+fn anthropic(server: &MockApi, ep: CatalogueModel) -> AnthropicProvider {
     provider("anthropic:claude-test", &at(server, ep))
 }
 
@@ -276,10 +290,10 @@ fn messages_text(text: &str) -> Value {
     })
 }
 
-fn key_file(dir: &tempfile::TempDir, key: &str) -> String {
+fn key_file(dir: &tempfile::TempDir, key: &str) -> std::path::PathBuf {
     let path = dir.path().join("api-key");
     std::fs::write(&path, format!("{key}\n")).unwrap();
-    path.display().to_string()
+    path
 }
 
 async fn call<P: ModelProvider>(
@@ -307,9 +321,9 @@ async fn openai_requests_and_replies_have_the_api_shape() {
     let dir = tempfile::tempdir().unwrap();
     let from_file = openai(
         &server,
-        Endpoint {
+        CatalogueModel {
             api_key_file: Some(key_file(&dir, "sk-from-file-1234")),
-            ..Endpoint::default()
+            ..CatalogueModel::default()
         },
     );
     let msgs = conversation();
@@ -330,14 +344,14 @@ async fn openai_requests_and_replies_have_the_api_shape() {
     std::env::set_var("FORKFLEET_TEST_KEY_OPENAI_SHAPE", "sk-from-env-5678");
     let from_env = openai(
         &server,
-        Endpoint {
+        CatalogueModel {
             api_key_env: Some("FORKFLEET_TEST_KEY_OPENAI_SHAPE".into()),
-            ..Endpoint::default()
+            ..CatalogueModel::default()
         },
     );
     let hi = user("hi");
     call(&from_env, &req(&hi, &[])).await.unwrap();
-    let keyless = openai(&server, Endpoint::default());
+    let keyless = openai(&server, CatalogueModel::default());
     call(&keyless, &req(&hi, &[])).await.unwrap();
     server.until_request(2).await;
 
@@ -404,9 +418,9 @@ async fn anthropic_requests_and_replies_have_the_api_shape() {
     let dir = tempfile::tempdir().unwrap();
     let from_file = anthropic(
         &server,
-        Endpoint {
+        CatalogueModel {
             api_key_file: Some(key_file(&dir, "sk-ant-file-1234")),
-            ..Endpoint::default()
+            ..CatalogueModel::default()
         },
     );
     let mut msgs = conversation();
@@ -440,9 +454,9 @@ async fn anthropic_requests_and_replies_have_the_api_shape() {
     std::env::set_var("FORKFLEET_TEST_KEY_ANTHROPIC_SHAPE", "sk-ant-env-5678");
     let from_env = anthropic(
         &server,
-        Endpoint {
+        CatalogueModel {
             api_key_env: Some("FORKFLEET_TEST_KEY_ANTHROPIC_SHAPE".into()),
-            ..Endpoint::default()
+            ..CatalogueModel::default()
         },
     );
     let hi = user("hi");
@@ -504,7 +518,7 @@ async fn openai_tool_calls_are_parsed() {
         }))
     })
     .await;
-    let p = openai(&server, Endpoint::default());
+    let p = openai(&server, CatalogueModel::default());
     let msgs = user("write x.txt");
     let reply = call(&p, &req(&msgs, &[])).await.unwrap();
     assert_eq!(reply.text, None);
@@ -556,7 +570,7 @@ async fn anthropic_tool_use_is_parsed() {
         }))
     })
     .await;
-    let p = anthropic(&server, Endpoint::default());
+    let p = anthropic(&server, CatalogueModel::default());
     let msgs = user("write x.txt");
     let reply = call(&p, &req(&msgs, &[])).await.unwrap();
     assert_eq!(reply.text.as_deref(), Some("Writing."));
@@ -603,7 +617,7 @@ async fn a_429_is_retried_after_its_retry_after() {
     })
     .await;
     // Without retry-after the backoff would be no wait at all.
-    let p = openai(&server, Endpoint::default()).with_backoff(Backoff {
+    let p = openai(&server, CatalogueModel::default()).with_backoff(Backoff {
         base: Duration::ZERO,
         cap: Duration::ZERO,
         max_retry_after: Duration::from_secs(5),
@@ -638,7 +652,7 @@ async fn retry_after_ms_is_honoured_and_long_waits_are_capped() {
         _ => ok(messages_text("ok")),
     })
     .await;
-    let p = anthropic(&server, Endpoint::default()).with_backoff(Backoff {
+    let p = anthropic(&server, CatalogueModel::default()).with_backoff(Backoff {
         base: Duration::ZERO,
         cap: Duration::ZERO,
         max_retry_after: Duration::from_millis(400),
@@ -673,9 +687,9 @@ async fn a_500_every_time_exhausts_the_retries() {
     .await;
     let p = openai(
         &server,
-        Endpoint {
+        CatalogueModel {
             max_retries: Some(2),
-            ..Endpoint::default()
+            ..CatalogueModel::default()
         },
     );
     let msgs = user("hi");
@@ -710,10 +724,10 @@ async fn no_answer_is_retried_too() {
     let mut server = MockApi::start(|_, _| Answer::Hang).await;
     let p = openai(
         &server,
-        Endpoint {
+        CatalogueModel {
             timeout_s: Some(0.2),
             max_retries: Some(1),
-            ..Endpoint::default()
+            ..CatalogueModel::default()
         },
     );
     let msgs = user("hi");
@@ -746,10 +760,10 @@ async fn no_answer_is_retried_too() {
     drop(closed);
     let p: OpenAiProvider = provider(
         "openai:test-model",
-        &Endpoint {
+        &CatalogueModel {
             base_url: Some(format!("http://127.0.0.1:{port}/v1")),
             max_retries: Some(1),
-            ..Endpoint::default()
+            ..CatalogueModel::default()
         },
     );
     let err = call(&p, &req(&msgs, &[])).await.unwrap_err().to_string();
@@ -767,9 +781,9 @@ async fn dropping_a_call_closes_its_connection() {
     for anthropic_api in [false, true] {
         let mut server = MockApi::start(|_, _| Answer::Hang).await;
         let p: Box<dyn ModelProvider> = if anthropic_api {
-            Box::new(anthropic(&server, Endpoint::default()))
+            Box::new(anthropic(&server, CatalogueModel::default()))
         } else {
-            Box::new(openai(&server, Endpoint::default()))
+            Box::new(openai(&server, CatalogueModel::default()))
         };
         let msgs = user("take your time");
         let r = req(&msgs, &[]);
@@ -805,9 +819,9 @@ async fn errors_name_the_key_source_never_the_key() {
     std::env::set_var("FORKFLEET_TEST_KEY_BAD", KEY);
     let p = openai(
         &server,
-        Endpoint {
+        CatalogueModel {
             api_key_env: Some("FORKFLEET_TEST_KEY_BAD".into()),
-            ..Endpoint::default()
+            ..CatalogueModel::default()
         },
     );
     let msgs = user("hi");
@@ -834,9 +848,9 @@ async fn errors_name_the_key_source_never_the_key() {
     // No key where the endpoint says: the variable or the file is named.
     let unset = openai(
         &server,
-        Endpoint {
+        CatalogueModel {
             api_key_env: Some("FORKFLEET_TEST_KEY_NEVER_SET".into()),
-            ..Endpoint::default()
+            ..CatalogueModel::default()
         },
     );
     let err = call(&unset, &req(&msgs, &[]))
@@ -849,9 +863,9 @@ async fn errors_name_the_key_source_never_the_key() {
     );
     let missing = anthropic(
         &server,
-        Endpoint {
+        CatalogueModel {
             api_key_file: Some("/nonexistent/forkfleet/key".into()),
-            ..Endpoint::default()
+            ..CatalogueModel::default()
         },
     );
     let err = call(&missing, &req(&msgs, &[]))
@@ -902,8 +916,10 @@ async fn unknown_models_and_context_overflows_are_named() {
         }
     })
     .await;
-    let unknown: OpenAiProvider =
-        provider("openai:no-such-model", &at(&server, Endpoint::default()));
+    let unknown: OpenAiProvider = provider(
+        "openai:no-such-model",
+        &at(&server, CatalogueModel::default()),
+    );
     let msgs = user("hi");
     let err = call(&unknown, &req(&msgs, &[])).await.unwrap_err();
     assert!(
@@ -917,7 +933,7 @@ async fn unknown_models_and_context_overflows_are_named() {
         "{text}"
     );
 
-    let p = openai(&server, Endpoint::default());
+    let p = openai(&server, CatalogueModel::default());
     let mut long = conversation();
     long.push(Message::User {
         text: "a long one".into(),
@@ -929,7 +945,7 @@ async fn unknown_models_and_context_overflows_are_named() {
     );
     assert!(err.to_string().contains("context window"), "{err}");
 
-    let a = anthropic(&server, Endpoint::default());
+    let a = anthropic(&server, CatalogueModel::default());
     let err = call(&a, &req(&long, &[])).await.unwrap_err();
     assert!(
         matches!(err, WorkerError::ContextOverflow { messages: 5, .. }),
@@ -956,17 +972,58 @@ async fn unknown_models_and_context_overflows_are_named() {
 // ---------------------------------------------------------------------------------------
 // Through the agent
 
-/// A branch task for `openai:test-model` at `server`.
+/// The key variable of the catalogue of [`catalogued`] (set by it).
+const AGENT_KEY_ENV: &str = "FORKFLEET_TEST_KEY_AGENT";
+const AGENT_KEY: &str = "sk-agent-test-4242";
+
+/// A worker config whose catalogue has `openai:test-model` at `server`, with its key from
+/// an environment variable.
+fn catalogued(server: &MockApi, concurrency: usize) -> WorkerConfig {
+    std::env::set_var(AGENT_KEY_ENV, AGENT_KEY);
+    let entry = at(
+        server,
+        CatalogueModel {
+            api_key_env: Some(AGENT_KEY_ENV.into()),
+            ..CatalogueModel::default()
+        },
+    );
+    WorkerConfig {
+        catalogue: Arc::new(catalogue_of("openai:test-model", entry)),
+        ..config(concurrency)
+    }
+}
+
+/// A worker config that allows a spec's own base_url on `hosts` (and offers no model).
+fn allowing(hosts: &[&str], concurrency: usize) -> WorkerConfig {
+    WorkerConfig {
+        catalogue: Arc::new(ModelCatalogue {
+            models: Default::default(),
+            allowed_hosts: hosts.iter().map(|h| h.to_string()).collect(),
+        }),
+        ..config(concurrency)
+    }
+}
+
+/// A spec's own `base_url` at `server` (no key source: a spec never has one).
+fn spec_url(server: &MockApi) -> Endpoint {
+    Endpoint {
+        base_url: Some(server.url.clone()),
+        ..Endpoint::default()
+    }
+}
+
+/// A branch task for `openai:test-model`, which the worker's catalogue routes (see
+/// [`catalogued`]).
 fn real_task(
     fx: &Fixture,
-    server: &MockApi,
+    _server: &MockApi,
     label: &str,
 ) -> forkfleet_shared::protocol::BranchTask {
     let (_, snap) = fx.snapshot(&[("README.md", "hello\n")]);
     let mut task = fx.task(label, 0, snap, fx.script(""));
     task.model = "openai:test-model".into();
     task.script = None;
-    task.endpoint = Some(at(server, Endpoint::default()));
+    task.endpoint = None;
     task.price = Some(Price {
         input_per_mtok: 1.0,
         output_per_mtok: 2.0,
@@ -998,10 +1055,17 @@ async fn a_branch_runs_against_an_openai_compatible_server() {
     let task = real_task(&fx, &server, "real");
     fx.enqueue(&task).await;
     let mut events = fx.events().await;
-    let worker = start(&fx, config(1)).await;
+    let worker = start(&fx, catalogued(&server, 1)).await;
     events.until_terminal(&[task.run_id]).await;
     shutdown(worker).await;
     server.until_request(1).await;
+    // The key of the worker's catalogue entry, from the worker's environment.
+    for r in server.requests() {
+        assert_eq!(
+            header(&r, "authorization"),
+            Some(format!("Bearer {AGENT_KEY}").as_str())
+        );
+    }
 
     assert_eq!(
         events.terminal(task.run_id),
@@ -1059,7 +1123,6 @@ async fn a_branch_runs_against_an_openai_compatible_server() {
     assert_eq!(reqs[0].body["model"], "test-model");
     assert_eq!(reqs[0].body["max_tokens"], task.max_output_tokens);
     assert!(reqs[0].body["tools"].as_array().unwrap().len() >= 7);
-    assert_eq!(header(&reqs[0], "authorization"), None);
 }
 
 #[tokio::test]
@@ -1069,7 +1132,7 @@ async fn terminate_aborts_a_slow_model_call() {
     let task = real_task(&fx, &server, "slow");
     fx.enqueue(&task).await;
     let mut events = fx.events().await;
-    let worker = start(&fx, config(1)).await;
+    let worker = start(&fx, catalogued(&server, 1)).await;
     server.until_request(0).await;
     let asked = Instant::now();
     fx.send(
@@ -1105,7 +1168,7 @@ async fn a_judge_job_reaches_its_endpoint() {
     })
     .await;
     let fx = Fixture::new().await;
-    let worker = start(&fx, config(1)).await;
+    let worker = start(&fx, allowing(&["127.0.0.1"], 1)).await;
     let job = ResolveJob::Judge(JudgeJob {
         fork_id: fx.fork_id,
         model: "openai:judge-model".into(),
@@ -1116,7 +1179,7 @@ async fn a_judge_job_reaches_its_endpoint() {
         candidates: Vec::new(),
         candidates_reason: None,
         max_output_tokens: 200,
-        endpoint: Some(at(&server, Endpoint::default())),
+        endpoint: Some(spec_url(&server)),
     });
     // The worker serves resolve jobs once its service task has subscribed: ask until then.
     let payload = forkfleet_shared::wire::encode(&job).unwrap();
@@ -1150,4 +1213,86 @@ async fn a_judge_job_reaches_its_endpoint() {
     let reqs = server.requests();
     assert_eq!(reqs[0].body["model"], "judge-model");
     assert_eq!(reqs[0].body["max_tokens"], 200);
+    // A spec's own base_url runs with no key.
+    assert_eq!(header(&reqs[0], "authorization"), None);
+}
+
+#[tokio::test]
+async fn a_redirect_is_never_followed_with_the_key() {
+    let elsewhere = MockApi::start(|_, _| ok(chat_text("never", json!({})))).await;
+    let target = format!("{}/chat/completions", elsewhere.url);
+    let mut server = MockApi::start(move |_, _| {
+        Answer::Json(307, vec![("location", target.clone())], json!({}))
+    })
+    .await;
+    for anthropic_api in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let entry = CatalogueModel {
+            api_key_file: Some(key_file(&dir, "sk-redirected-1234")),
+            max_retries: Some(0),
+            ..CatalogueModel::default()
+        };
+        let p: Box<dyn ModelProvider> = if anthropic_api {
+            Box::new(anthropic(&server, entry))
+        } else {
+            Box::new(openai(&server, entry))
+        };
+        let msgs = user("hi");
+        let err = p.complete(&req(&msgs, &[])).await.unwrap_err().to_string();
+        assert!(err.contains("307"), "{err}");
+        assert!(!err.contains("sk-redirected-1234"), "{err}");
+    }
+    server.until_request(1).await;
+    assert_eq!(elsewhere.requests().len(), 0, "the redirect was followed");
+}
+
+#[tokio::test]
+async fn a_worker_refuses_a_model_its_catalogue_does_not_allow_before_any_request() {
+    let server = MockApi::start(|_, _| ok(chat_text("never", json!({})))).await;
+    let fx = Fixture::new().await;
+    // A spec base_url on a host the worker does not allow (127.0.0.1 with another port
+    // only), and a model the catalogue does not offer.
+    let mut not_allowed = real_task(&fx, &server, "not-allowed");
+    not_allowed.endpoint = Some(spec_url(&server));
+    let mut not_offered = real_task(&fx, &server, "not-offered");
+    not_offered.model = "openai:other-model".into();
+    fx.enqueue(&not_allowed).await;
+    fx.enqueue(&not_offered).await;
+    let mut events = fx.events().await;
+    let mut cfg = catalogued(&server, 2);
+    cfg.catalogue = Arc::new(ModelCatalogue {
+        allowed_hosts: vec!["127.0.0.1:1".into()],
+        ..(*cfg.catalogue).clone()
+    });
+    let worker = start(&fx, cfg).await;
+    events
+        .until_terminal(&[not_allowed.run_id, not_offered.run_id])
+        .await;
+    shutdown(worker).await;
+    let failed = |run| match events.terminal(run) {
+        Some((BranchState::Failed, Some(reason))) => reason,
+        other => panic!("not failed: {other:?}"),
+    };
+    let reason = failed(not_allowed.run_id);
+    let host = server
+        .url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    for says in [
+        "model `openai:test-model`",
+        &format!("host `{host}`"),
+        "allowed: 127.0.0.1:1",
+    ] {
+        assert!(reason.contains(says), "{says:?} not in {reason}");
+    }
+    let reason = failed(not_offered.run_id);
+    assert!(
+        reason.contains("model `openai:other-model` is not in the model catalogue of this worker (offered: openai:test-model)"),
+        "{reason}"
+    );
+    assert!(!reason.contains(AGENT_KEY), "{reason}");
+    assert_eq!(server.requests().len(), 0, "no request reached the server");
 }

@@ -3,7 +3,6 @@ use super::*;
 static TEST_VENDOR: Vendor = Vendor {
     provider: "openai",
     default_base_url: "https://api.openai.com/v1",
-    default_key_env: "FORKFLEET_HTTP_UNIT_TEST_UNSET_KEY",
     host: "api.openai.com",
     path: "/chat/completions",
     key_header: "authorization",
@@ -11,8 +10,18 @@ static TEST_VENDOR: Vendor = Vendor {
     headers: &[],
 };
 
-fn api(endpoint: Option<&Endpoint>) -> Result<Api, WorkerError> {
-    Api::new(&TEST_VENDOR, "openai:m", endpoint, reqwest::Client::new())
+/// `None`: the vendor's API with a key from an unset variable.
+fn api(route: Option<&ModelRoute>) -> Result<Api, WorkerError> {
+    let vendor = ModelRoute {
+        key: Some(KeySource::Env("FORKFLEET_HTTP_UNIT_TEST_UNSET_KEY".into())),
+        ..ModelRoute::default()
+    };
+    Api::new(
+        &TEST_VENDOR,
+        "openai:m",
+        route.unwrap_or(&vendor),
+        reqwest::Client::new(),
+    )
 }
 
 #[test]
@@ -101,31 +110,47 @@ fn arguments_are_parsed_or_kept() {
 }
 
 #[test]
-fn settings_have_defaults_and_keys_are_required_where_needed() {
+fn settings_have_defaults_and_keys_come_from_the_route() {
     let a = api(None).unwrap();
     assert_eq!(a.name, "m");
     assert_eq!(a.base_url, "https://api.openai.com/v1");
     assert_eq!(a.timeout, Duration::from_secs(120));
     assert_eq!(a.max_retries, DEFAULT_MAX_RETRIES);
-    assert!(a.key_required);
     let err = a.load_key().unwrap_err().to_string();
     assert!(err.contains("FORKFLEET_HTTP_UNIT_TEST_UNSET_KEY"), "{err}");
-    // A local server needs no key.
-    let local = Endpoint {
+    // The vendor's own API with no key: refused before any request.
+    let err = Api::new(
+        &TEST_VENDOR,
+        "openai:m",
+        &ModelRoute::default(),
+        reqwest::Client::new(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("vendor's own API") && err.contains("[models.\"openai:m\"]"),
+        "{err}"
+    );
+    // A local server with no key (a spec's base_url on an allowed host, or a catalogue
+    // entry without a key source): no key header.
+    let local = ModelRoute {
         base_url: Some("http://127.0.0.1:8080/v1/".into()),
+        model: Some("provider-id".into()),
         timeout_s: Some(2.5),
         max_retries: Some(0),
-        ..Endpoint::default()
+        key: None,
     };
     let a = api(Some(&local)).unwrap();
     assert_eq!(a.base_url, "http://127.0.0.1:8080/v1");
+    assert_eq!(a.name, "provider-id", "the catalogue's model id is sent");
     assert_eq!(a.timeout, Duration::from_millis(2500));
     assert_eq!(a.max_retries, 0);
-    assert!(!a.key_required);
     assert_eq!(a.load_key().unwrap(), None);
     // A named variable must be set, even for a local server.
-    let named = Endpoint {
-        api_key_env: Some("FORKFLEET_HTTP_UNIT_TEST_NAMED_UNSET".into()),
+    let named = ModelRoute {
+        key: Some(KeySource::Env(
+            "FORKFLEET_HTTP_UNIT_TEST_NAMED_UNSET".into(),
+        )),
         ..local.clone()
     };
     let err = api(Some(&named))
@@ -141,8 +166,8 @@ fn settings_have_defaults_and_keys_are_required_where_needed() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("key");
     std::fs::write(&path, "  sk-file\n").unwrap();
-    let file = Endpoint {
-        api_key_file: Some(path.display().to_string()),
+    let file = ModelRoute {
+        key: Some(KeySource::File(path.clone())),
         ..local.clone()
     };
     let a = api(Some(&file)).unwrap();
@@ -154,10 +179,10 @@ fn settings_have_defaults_and_keys_are_required_where_needed() {
     std::fs::remove_file(&path).unwrap();
     let err = a.load_key().unwrap_err().to_string();
     assert!(err.contains(&path.display().to_string()), "{err}");
-    // An invalid endpoint is refused.
-    let bad = Endpoint {
+    // An unusable timeout is refused.
+    let bad = ModelRoute {
         timeout_s: Some(f64::NAN),
-        ..Endpoint::default()
+        ..local
     };
     assert!(api(Some(&bad)).is_err());
 }
