@@ -15,7 +15,7 @@ use run::RunArgs;
 use services::{CoordinatorArgs, WorkerArgs};
 
 use clap::{Args, Parser, Subcommand};
-use forkfleet::config::{self, Config, Layer, NatsLayer, TlsLayer};
+use forkfleet::config::{self, Config, CoordinatorLayer, Layer, NatsLayer, TlsLayer};
 use forkfleet::embedded::{Embedded, EmbeddedOptions};
 use forkfleet::service;
 use forkfleet::BadInput;
@@ -138,6 +138,10 @@ pub struct ConfigArgs {
     /// $FORKFLEET_NATS_MAX_DELIVER). A cluster-wide setting.
     #[arg(long, value_name = "N")]
     pub nats_max_deliver: Option<u32>,
+    /// Seconds to keep trying to reach NATS, and for a client command the coordinator,
+    /// before giving up (default: 15; $FORKFLEET_NATS_CONNECT_TIMEOUT_S).
+    #[arg(long, value_name = "SECONDS")]
+    pub nats_connect_timeout_s: Option<u64>,
     /// Print the effective configuration (secrets redacted) and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -157,6 +161,7 @@ impl ConfigArgs {
                 creds_file: self.nats_creds.clone(),
                 ack_wait_s: self.nats_ack_wait_s,
                 max_deliver: self.nats_max_deliver,
+                connect_timeout_s: self.nats_connect_timeout_s,
                 tls: TlsLayer {
                     ca_file: self.tls_ca.clone(),
                     cert_file: self.tls_cert.clone(),
@@ -176,6 +181,7 @@ impl ConfigArgs {
         flags.pool = extra.pool;
         flags.concurrency = extra.concurrency;
         flags.drain_grace_s = extra.drain_grace_s;
+        flags.coordinator = extra.coordinator;
         Config::load(self.config.as_deref(), &config::process_env, flags)
     }
 }
@@ -394,9 +400,13 @@ impl Session {
         }
         if let Some(nats) = config.nats_config("forkfleet-client") {
             let reach = nats_reach(args, &nats.url);
+            let retry = forkfleet_bus::apicall::Retry {
+                bound: nats.connect_timeout,
+                url: forkfleet_bus::nats::redact_url(&nats.url),
+            };
             let bus = service::connect_nats(nats).await?;
             return Ok(Some(Session {
-                client: Client::remote(bus).with_reach(reach),
+                client: Client::remote_retrying(bus, retry).with_reach(reach),
                 embedded: None,
             }));
         }

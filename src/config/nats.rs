@@ -22,6 +22,8 @@ pub struct NatsSettings {
     pub tls_require: Sourced<bool>,
     pub ack_wait: Sourced<Duration>,
     pub max_deliver: Sourced<u32>,
+    /// How long to keep trying to reach NATS (and, for a client command, the coordinator).
+    pub connect_timeout: Sourced<Duration>,
 }
 
 impl NatsSettings {
@@ -112,6 +114,7 @@ impl Config {
             },
             ack_wait: n.ack_wait.value,
             max_deliver: n.max_deliver.value,
+            connect_timeout: n.connect_timeout.value,
             ..NatsConfig::default()
         })
     }

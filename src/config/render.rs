@@ -93,6 +93,12 @@ impl Config {
             n.max_deliver.value.to_string(),
             &n.max_deliver.origin,
         );
+        line(
+            &mut out,
+            "connect_timeout_s",
+            n.connect_timeout.value.as_secs().to_string(),
+            &n.connect_timeout.origin,
+        );
         let _ = writeln!(out, "\n[nats.tls]");
         for (key, v) in [
             ("ca_file", &n.tls_ca_file),
@@ -108,6 +114,13 @@ impl Config {
             "require",
             n.tls_require.value.to_string(),
             &n.tls_require.origin,
+        );
+        let _ = writeln!(out, "\n[coordinator]");
+        line(
+            &mut out,
+            "lease_ttl_s",
+            self.lease_ttl.value.as_secs().to_string(),
+            &self.lease_ttl.origin,
         );
         for (model, price) in &self.pricing {
             let origin = self
