@@ -182,6 +182,8 @@ pub trait Bus: Send + Sync + 'static {
 
     /// Record a worker's heartbeat (replacing its previous one).
     async fn put_worker(&self, info: WorkerInfo) -> BusResult<()>;
+    /// Forget a worker's heartbeat (a worker stopping cleanly), so it is listed no more.
+    async fn remove_worker(&self, worker: forkfleet_shared::ids::WorkerId) -> BusResult<()>;
     /// Workers whose last heartbeat is younger than [`forkfleet_shared::protocol::WORKER_TTL_MS`].
     async fn workers(&self) -> BusResult<Vec<WorkerInfo>>;
 

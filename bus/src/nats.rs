@@ -745,6 +745,14 @@ impl Bus for NatsBus {
             .map_err(|e| backend("worker heartbeat put failed", e))
     }
 
+    async fn remove_worker(&self, worker: forkfleet_shared::ids::WorkerId) -> BusResult<()> {
+        self.inner
+            .workers
+            .delete(subjects::worker_key(worker))
+            .await
+            .map_err(|e| backend("worker heartbeat delete failed", e))
+    }
+
     async fn workers(&self) -> BusResult<Vec<WorkerInfo>> {
         let kv = &self.inner.workers;
         let keys: Vec<String> = kv

@@ -19,4 +19,5 @@ mod merge_policy;
 mod pipes;
 mod resolve;
 mod restart;
+mod standby;
 mod turns;
