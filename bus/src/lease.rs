@@ -148,7 +148,11 @@ impl LeaseBucket {
 
     /// Write `record` over the lease read at `revision` (`None`: the key never existed):
     /// the new revision, or [`LeaseError::Conflict`] if it was written since.
-    pub async fn write(&self, record: &LeaseRecord, revision: Option<u64>) -> Result<u64, LeaseError> {
+    pub async fn write(
+        &self,
+        record: &LeaseRecord,
+        revision: Option<u64>,
+    ) -> Result<u64, LeaseError> {
         let value = encode(record)?;
         match revision {
             None => self

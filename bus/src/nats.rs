@@ -276,7 +276,11 @@ async fn ensure_stream(
     Ok(())
 }
 
-pub(crate) async fn ensure_kv(js: &jetstream::Context, config: kv::Config, url: &str) -> BusResult<kv::Store> {
+pub(crate) async fn ensure_kv(
+    js: &jetstream::Context,
+    config: kv::Config,
+    url: &str,
+) -> BusResult<kv::Store> {
     let bucket = config.bucket.clone();
     if let Ok(store) = js.get_key_value(&bucket).await {
         return Ok(store);

@@ -64,8 +64,7 @@ impl Transport for BusTransport {
     async fn request(&self, req: ApiRequest, timeout: Duration) -> Result<ApiReply, CallError> {
         match &self.retry {
             Some(retry) => {
-                apicall::call_retrying(self.bus.as_ref(), &self.subject, req, timeout, retry)
-                    .await
+                apicall::call_retrying(self.bus.as_ref(), &self.subject, req, timeout, retry).await
             }
             None => apicall::call(self.bus.as_ref(), &self.subject, req, timeout).await,
         }

@@ -100,9 +100,7 @@ pub async fn acquire(
         let revision = state.revision();
         let take = match &state {
             LeaseState::Free { .. } => true,
-            LeaseState::Unreadable { .. } => {
-                watched.unchanged_for(revision, me.ttl)
-            }
+            LeaseState::Unreadable { .. } => watched.unchanged_for(revision, me.ttl),
             LeaseState::Held { record, .. } => {
                 let stale = watched.unchanged_for(revision, Duration::from_millis(record.ttl_ms));
                 let expired = stale || record.expired_at(now_ms());
@@ -282,9 +280,7 @@ async fn renew(
                     }
                     _ => "another coordinator".to_string(),
                 };
-                let _ = lost.send(Some(format!(
-                    "the coordinator lease was taken by {holder}"
-                )));
+                let _ = lost.send(Some(format!("the coordinator lease was taken by {holder}")));
                 return None;
             }
             Ok(Err(LeaseError::Bus(e))) => {

@@ -79,8 +79,12 @@ fn a_standby_waits_then_takes_over_and_another_store_is_refused() {
     // Another data dir: refused at once, naming both stores, exit code 2.
     let other_data = fleet.dir.path().join("other-data");
     let mut other = fleet.spawn_coordinator_on("other", &other_data);
-    let status = wait_bounded(other.child.as_mut().unwrap(), COMMAND_LIMIT)
-        .unwrap_or_else(|| panic!("the other store's coordinator did not exit:\n{}", other.log()));
+    let status = wait_bounded(other.child.as_mut().unwrap(), COMMAND_LIMIT).unwrap_or_else(|| {
+        panic!(
+            "the other store's coordinator did not exit:\n{}",
+            other.log()
+        )
+    });
     other.child = None;
     let log = other.log();
     assert_eq!(status.code(), Some(2), "{log}");
@@ -91,7 +95,11 @@ fn a_standby_waits_then_takes_over_and_another_store_is_refused() {
     // The same data dir: a standby, saying so, while the first serves.
     let standby = fleet.spawn_coordinator("standby");
     wait_for_log("the standby", "standby: coordinator", || standby.log());
-    assert!(!standby.log().contains("coordinator.ready"), "{}", standby.log());
+    assert!(
+        !standby.log().contains("coordinator.ready"),
+        "{}",
+        standby.log()
+    );
     let shown = fleet.client(&["fork", "show", &id, "--json"]);
     assert_eq!(shown.code, Some(0), "{}", shown.stderr);
 
@@ -110,6 +118,14 @@ fn a_standby_waits_then_takes_over_and_another_store_is_refused() {
     for b in view["branches"].as_array().unwrap() {
         assert_eq!(b["state"], "done", "{b}\n{}", standby.log());
     }
+
+    // A worker stopped cleanly is listed no more, at once.
+    let listed = fleet.client(&["workers", "--json"]).json();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    let status = fleet.workers[0].terminate();
+    assert!(status.success(), "{}", fleet.workers[0].log());
+    let listed = fleet.client(&["workers", "--json"]).json();
+    assert_eq!(listed, serde_json::json!([]), "{}", fleet.workers[0].log());
 }
 
 /// A client command started before NATS and the coordinator: it retries connecting, then
@@ -155,12 +171,20 @@ fn nothing_listening_is_a_clear_error_after_the_bound() {
     let url = format!("nats://user:s3cret-pw@127.0.0.1:{port}");
     let ran = run(
         dir.path(),
-        &["fork", "ls", "--nats", &url, "--nats-connect-timeout-s", "2"],
+        &[
+            "fork",
+            "ls",
+            "--nats",
+            &url,
+            "--nats-connect-timeout-s",
+            "2",
+        ],
     );
     assert_eq!(ran.code, Some(1), "{}", ran.stderr);
     assert!(
-        ran.stderr
-            .contains(&format!("cannot reach NATS at nats://<redacted>@127.0.0.1:{port}")),
+        ran.stderr.contains(&format!(
+            "cannot reach NATS at nats://<redacted>@127.0.0.1:{port}"
+        )),
         "{}",
         ran.stderr
     );

@@ -32,14 +32,24 @@ fn record(holder: &str, store: &str, ttl_ms: u64) -> LeaseRecord {
 async fn writes_are_revision_checked() {
     let server = NatsServer::start();
     let (a, b) = (connect(&server).await, connect(&server).await);
-    let (la, lb) = (a.lease_bucket().await.unwrap(), b.lease_bucket().await.unwrap());
-    assert_eq!(la.read().await.unwrap(), LeaseState::Free { revision: None });
+    let (la, lb) = (
+        a.lease_bucket().await.unwrap(),
+        b.lease_bucket().await.unwrap(),
+    );
+    assert_eq!(
+        la.read().await.unwrap(),
+        LeaseState::Free { revision: None }
+    );
 
     // Two coordinators take a free lease at once: one wins, the other conflicts.
     let first = la.write(&record("a", "s1", 1000), None).await.unwrap();
     let lost = lb.write(&record("b", "s1", 1000), None).await;
     assert!(matches!(lost, Err(LeaseError::Conflict)), "{lost:?}");
-    let LeaseState::Held { record: held, revision } = lb.read().await.unwrap() else {
+    let LeaseState::Held {
+        record: held,
+        revision,
+    } = lb.read().await.unwrap()
+    else {
         panic!("the lease is held")
     };
     assert_eq!((held.holder.as_str(), revision), ("a", first));
@@ -53,7 +63,10 @@ async fn writes_are_revision_checked() {
     assert!(matches!(stale, Err(LeaseError::Conflict)), "{stale:?}");
 
     // Taking over from the current revision (an expired lease) wins once.
-    let taken = lb.write(&record("b", "s1", 1000), Some(renewed)).await.unwrap();
+    let taken = lb
+        .write(&record("b", "s1", 1000), Some(renewed))
+        .await
+        .unwrap();
     let late = la.write(&held.renewed(), Some(renewed)).await;
     assert!(matches!(late, Err(LeaseError::Conflict)), "{late:?}");
 
@@ -62,11 +75,16 @@ async fn writes_are_revision_checked() {
     assert!(matches!(wrong, Err(LeaseError::Conflict)), "{wrong:?}");
     assert!(matches!(la.read().await.unwrap(), LeaseState::Held { .. }));
     lb.release(taken).await.unwrap();
-    let LeaseState::Free { revision: Some(free) } = la.read().await.unwrap() else {
+    let LeaseState::Free {
+        revision: Some(free),
+    } = la.read().await.unwrap()
+    else {
         panic!("released")
     };
     // Released, it is taken from the deletion's revision, once.
-    la.write(&record("a", "s1", 1000), Some(free)).await.unwrap();
+    la.write(&record("a", "s1", 1000), Some(free))
+        .await
+        .unwrap();
     let again = lb.write(&record("b", "s1", 1000), Some(free)).await;
     assert!(matches!(again, Err(LeaseError::Conflict)), "{again:?}");
 }

@@ -40,8 +40,14 @@ pub fn check_request_size(req: &ApiRequest) -> Result<(), ApiError> {
         R::AgentMerge(op) => vec![("pick", &op.pick, label)],
         R::Merge(op) => vec![("pick", &op.pick, label)],
         R::Terminate(op) => vec![("label", &op.label, label)],
-        R::Steer(op) => vec![("label", &op.label, label), ("text", &op.text, MAX_MESSAGE_BYTES)],
-        R::Continue(op) => vec![("label", &op.label, label), ("text", &op.text, MAX_MESSAGE_BYTES)],
+        R::Steer(op) => vec![
+            ("label", &op.label, label),
+            ("text", &op.text, MAX_MESSAGE_BYTES),
+        ],
+        R::Continue(op) => vec![
+            ("label", &op.label, label),
+            ("text", &op.text, MAX_MESSAGE_BYTES),
+        ],
         R::Topup(op) => op
             .branch
             .as_deref()
