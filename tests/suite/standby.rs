@@ -6,9 +6,15 @@
 
 use super::fleet::{binary, run, wait_bounded, Fleet, Options, Service, COMMAND_LIMIT, POLL};
 use super::harness::{path_str, Example};
+use forkfleet_bus::apicall::{self, CallError};
+use forkfleet_bus::nats::{NatsBus, NatsConfig};
 use forkfleet_bus::testkit::{free_port, NatsServer};
+use forkfleet_bus::Bus;
+use forkfleet_shared::api::{ApiErrorKind, FindFork, API_SUBJECT};
+use forkfleet_shared::protocol::RESOLVE_SUBJECT;
 use std::path::Path;
 use std::process::Stdio;
+use std::time::Duration;
 use std::time::Instant;
 
 /// A short lease, so the takeover happens within the test.
@@ -61,6 +67,42 @@ fn store_id(data: &Path) -> String {
         .to_string()
 }
 
+/// A 6 MB `find_fork` prefix is refused without being echoed; a malformed resolve job is
+/// logged at WARN by the worker.
+fn oversized_and_malformed_requests(fleet: &Fleet) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let wait = Duration::from_secs(20);
+    rt.block_on(async {
+        let bus = tokio::time::timeout(wait, NatsBus::connect(NatsConfig::new(fleet.nats.url())))
+            .await
+            .unwrap()
+            .unwrap();
+        let huge = FindFork {
+            prefix: "f".repeat(6 * 1024 * 1024),
+        };
+        let err = apicall::call(&bus, API_SUBJECT, huge.into(), wait)
+            .await
+            .unwrap_err();
+        let CallError::Api(e) = err else {
+            panic!("{err}")
+        };
+        assert_eq!(e.kind, ApiErrorKind::BadInput, "{}", e.message);
+        assert!(e.message.len() < 300, "{} bytes", e.message.len());
+        assert!(e.message.contains("prefix"), "{}", e.message);
+        assert!(!e.message.contains("ffff"), "{}", e.message);
+        let garbage = bytes::Bytes::from_static(b"\xc1 not a resolve job");
+        bus.request(RESOLVE_SUBJECT, garbage, wait).await.unwrap();
+    });
+    wait_for_log("the worker", "malformed job rejected", || {
+        fleet.workers[0].log()
+    });
+    assert!(
+        fleet.workers[0].log().contains("WARN"),
+        "{}",
+        fleet.workers[0].log()
+    );
+}
+
 #[test]
 fn a_standby_waits_then_takes_over_and_another_store_is_refused() {
     let mut fleet = Fleet::start(
@@ -75,6 +117,7 @@ fn a_standby_waits_then_takes_over_and_another_store_is_refused() {
     let data = fleet.dir.path().join("coordinator-data");
     let ex = Example::quickstart();
     let id = fleet.create(&spec(&ex));
+    oversized_and_malformed_requests(&fleet);
 
     // Another data dir: refused at once, naming both stores, exit code 2.
     let other_data = fleet.dir.path().join("other-data");
@@ -111,7 +154,7 @@ fn a_standby_waits_then_takes_over_and_another_store_is_refused() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|f| f["id"].as_str().unwrap())
+        .map(|f| f["fork_id"].as_str().unwrap())
         .collect();
     assert!(ids.contains(&id.as_str()), "{ls}\n{}", standby.log());
     let view = fleet.watch(&id);
