@@ -37,7 +37,7 @@ pub enum CallError {
         attempts: u32,
         /// What was retried: "no responders", or "no responders and timeouts".
         retried: &'static str,
-        last: BusError,
+        last: Box<BusError>,
     },
 }
 
@@ -89,7 +89,7 @@ pub async fn call_retrying(
                 } else {
                     "no responders"
                 },
-                last: err,
+                last: Box::new(err),
             });
         }
         tracing::debug!(api.op = op, attempt = attempts, error = %err, "api.call retry");
