@@ -15,7 +15,7 @@ use run::RunArgs;
 use services::{CoordinatorArgs, WorkerArgs};
 
 use clap::{Args, Parser, Subcommand};
-use forkfleet::config::{self, Config, Layer, NatsLayer, TlsLayer};
+use forkfleet::config::{self, Config, CoordinatorLayer, Layer, NatsLayer, TlsLayer};
 use forkfleet::embedded::{Embedded, EmbeddedOptions};
 use forkfleet::service;
 use forkfleet::BadInput;
@@ -153,6 +153,10 @@ pub struct ConfigArgs {
     /// "Security").
     #[arg(long, value_name = "IDENTITY")]
     pub identity: Option<String>,
+    /// Seconds to keep trying to reach NATS, and for a client command the coordinator,
+    /// before giving up (default: 15; $FORKFLEET_NATS_CONNECT_TIMEOUT_S).
+    #[arg(long, value_name = "SECONDS")]
+    pub nats_connect_timeout_s: Option<u64>,
     /// Print the effective configuration (secrets redacted) and exit.
     #[arg(long)]
     pub print_config: bool,
@@ -174,6 +178,7 @@ impl ConfigArgs {
                 max_deliver: self.nats_max_deliver,
                 replicas: self.nats_replicas,
                 identity: self.identity.clone(),
+                connect_timeout_s: self.nats_connect_timeout_s,
                 tls: TlsLayer {
                     ca_file: self.tls_ca.clone(),
                     cert_file: self.tls_cert.clone(),
@@ -193,6 +198,7 @@ impl ConfigArgs {
         flags.pool = extra.pool;
         flags.concurrency = extra.concurrency;
         flags.drain_grace_s = extra.drain_grace_s;
+        flags.coordinator = extra.coordinator;
         Config::load(self.config.as_deref(), &config::process_env, flags)
     }
 }
@@ -412,9 +418,14 @@ impl Session {
         }
         if let Some(nats) = config.nats_config_for(config::Role::Client) {
             let reach = nats_reach(args, &nats.url);
+            let retry = forkfleet_bus::apicall::Retry {
+                bound: nats.connect_timeout,
+                url: forkfleet_bus::nats::redact_url(&nats.url),
+            };
             let bus = service::connect_nats(nats).await?;
             return Ok(Some(Session {
-                client: Client::on_subject(bus, &config.api_subject()).with_reach(reach),
+                client: Client::on_subject_retrying(bus, &config.api_subject(), retry)
+                    .with_reach(reach),
                 embedded: None,
             }));
         }

@@ -79,8 +79,8 @@ mod secret;
 mod tests;
 
 pub use layer::{
-    env_layer, env_var, flag_origin, process_env, read_file, AccessLayer, Layer, ModelHostsLayer,
-    NatsLayer,
+    env_layer, env_var, flag_origin, process_env, read_file, AccessLayer, CoordinatorLayer, Layer,
+    ModelHostsLayer, NatsLayer,
     SourcedLayer, TlsLayer,
 };
 pub use nats::{NatsSettings, Role};
@@ -108,9 +108,13 @@ pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
 pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 /// Deliveries of one task before its branch is failed.
 pub const DEFAULT_MAX_DELIVER: u32 = 5;
+/// How long a process keeps trying to reach NATS, and a client command the coordinator.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long the coordinator lease lasts unless renewed.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
 
 /// The valid keys, as the file spells them (listed in errors).
-const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts";
+const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, connect_timeout_s, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts, [coordinator] lease_ttl_s";
 
 /// The keys of one `[pricing."MODEL"]` entry.
 
@@ -203,6 +207,8 @@ pub struct Config {
     pub concurrency: Sourced<usize>,
     pub drain_grace: Sourced<Duration>,
     pub nats: NatsSettings,
+    /// `[coordinator] lease_ttl_s`: how long the coordinator lease lasts unless renewed.
+    pub lease_ttl: Sourced<Duration>,
     /// Model prices (`[pricing."MODEL"]`), for `spec::load_with`.
     pub pricing: BTreeMap<String, Price>,
     /// Where each model's price came from.
@@ -347,6 +353,18 @@ impl Config {
                 o,
                 "nats.max_deliver",
             );
+            set(
+                &mut c.nats.connect_timeout,
+                &n.connect_timeout_s.map(Duration::from_secs),
+                o,
+                "nats.connect_timeout_s",
+            );
+            set(
+                &mut c.lease_ttl,
+                &layer.coordinator.lease_ttl_s.map(Duration::from_secs),
+                o,
+                "coordinator.lease_ttl_s",
+            );
             set_opt(
                 &mut c.nats.tls_ca_file,
                 &n.tls.ca_file,
@@ -438,7 +456,9 @@ impl Config {
                 replicas: default(1),
                 identity: None,
                 provision: default(true),
+                connect_timeout: default(DEFAULT_CONNECT_TIMEOUT),
             },
+            lease_ttl: default(DEFAULT_LEASE_TTL),
             pricing: BTreeMap::new(),
             pricing_origins: BTreeMap::new(),
             access: BTreeMap::new(),
@@ -455,6 +475,18 @@ impl Config {
                 expected: "at least 1",
                 value: format!("0 (from {})", self.concurrency.origin),
             });
+        }
+        for (key, value) in [
+            ("coordinator.lease_ttl_s", &self.lease_ttl),
+            ("nats.connect_timeout_s", &self.nats.connect_timeout),
+        ] {
+            if value.value.is_zero() {
+                return Err(ConfigError::Invalid {
+                    key,
+                    expected: "at least 1 second",
+                    value: format!("0 (from {})", value.origin),
+                });
+            }
         }
         if let Err(e) = forkfleet_shared::subjects::task_subject(&self.pool.value) {
             return Err(ConfigError::Invalid {

@@ -1,9 +1,12 @@
 //! The two cluster services as library functions, so `main` stays thin and tests (and the
 //! embedded mode) can start them in-process:
 //!
-//! - [`run_coordinator`]: open the run store under `data`, connect to NATS, start the
-//!   coordinator, answer the API ([`forkfleet_coordinator::service::serve`]) until
-//!   `shutdown`, then stop cleanly (events applied so far flushed and acked, store flushed).
+//! - [`run_coordinator`]: connect to NATS, take the coordinator lease ([`lease`]: standing
+//!   by while another coordinator of the same store holds it, refusing to serve beside one
+//!   of another store), open the run store under `data`, start the coordinator, answer the
+//!   API ([`forkfleet_coordinator::service::serve`]) until `shutdown` or the lease is lost,
+//!   then stop cleanly (events applied so far flushed and acked, store flushed) and
+//!   release the lease.
 //! - [`run_worker`]: connect to NATS and run a worker node on `pool` until `shutdown`, then
 //!   drain (running branches get `drain_grace` to finish; the rest go back to the queue).
 //!
@@ -23,6 +26,8 @@ use forkfleet_worker::WorkerConfig;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
+
+pub mod lease;
 
 /// Connect to NATS with the configured settings for `role` (ADR 17: its reply inboxes,
 /// whether it creates streams and buckets); without a URL, say how to give one.
@@ -51,9 +56,98 @@ pub async fn run_coordinator(
     config: &Config,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let store = open_store(&config.data.value)?;
-    let bus = connect(config, Role::Coordinator).await?;
-    serve_coordinator_with(store, bus, config, shutdown).await
+    let nats = config.nats_config_for(Role::Coordinator).ok_or_else(|| {
+        BadInput(
+            "forkfleet coordinator needs a NATS server: pass --nats URL (or set FORKFLEET_NATS_URL, or [nats] url in the --config file)".to_string(),
+        )
+    })?;
+    let data = &config.data.value;
+    // Read without opening the store: a standby's data dir is locked by the serving one.
+    let store_id = forkfleet_coordinator::store::store_id(data)?;
+    // Its errors name the (redacted) URL already.
+    let nats = NatsBus::connect(nats).await?;
+    let me = lease::Candidate {
+        store_id,
+        ttl: config.lease_ttl.value,
+    };
+    tokio::pin!(shutdown);
+    let Some(lease) = lease::acquire(&nats, &me, &mut shutdown).await? else {
+        return Ok(());
+    };
+    let store = tokio::select! {
+        store = open_store_when_free(data, &lease) => store,
+        _ = &mut shutdown => {
+            lease.release().await;
+            return Ok(());
+        }
+    };
+    let store = match store {
+        Ok(store) => store,
+        Err(e) => {
+            if lease.lost_reason().is_none() {
+                lease.release().await;
+            }
+            return Err(e);
+        }
+    };
+    let lost = lease.lost();
+    let stop = async {
+        tokio::select! {
+            _ = &mut shutdown => {}
+            why = lost => tracing::error!(reason = %why, "coordinator lease lost: stopping at once"),
+        }
+    };
+    let bus: Arc<dyn Bus> = Arc::new(nats);
+    let served = serve_coordinator_with(store, bus, config, stop).await;
+    if let Some(why) = lease.lost_reason() {
+        served?;
+        return Err(anyhow::anyhow!(
+            "stopped serving: {why}; only the lease holder may serve"
+        ));
+    }
+    lease.release().await;
+    served
+}
+
+/// Open the run store under `data` once its previous holder has let go of it (a holder
+/// whose lease expired but that still runs keeps sled's lock until it notices and stops).
+async fn open_store_when_free(data: &Path, lease: &lease::Lease) -> anyhow::Result<RunStore> {
+    let mut said = false;
+    loop {
+        if let Some(why) = lease.lost_reason() {
+            anyhow::bail!("{why}");
+        }
+        let dir = data.to_path_buf();
+        let opened = tokio::task::spawn_blocking(move || open_store(&dir)).await?;
+        match opened {
+            Ok(store) => {
+                if store.id() != lease.store_id() {
+                    anyhow::bail!(
+                        "the run store in `{}` changed under this coordinator: its id is now {}, the lease names {}",
+                        data.display(),
+                        store.id(),
+                        lease.store_id()
+                    );
+                }
+                return Ok(store);
+            }
+            Err(e) => {
+                let locked = e.chain().any(|c| {
+                    matches!(
+                        c.downcast_ref::<forkfleet_coordinator::CoordinatorError>(),
+                        Some(forkfleet_coordinator::CoordinatorError::StoreLocked { .. })
+                    )
+                });
+                if !locked {
+                    return Err(e);
+                }
+                if !said {
+                    tracing::warn!(data = %data.display(), "the run store is still locked by the previous coordinator; waiting for it to stop");
+                    said = true;
+                }
+            }
+        }
+    }
 }
 
 /// Open (or create) the run store under `data`.

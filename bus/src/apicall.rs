@@ -27,6 +27,75 @@ pub enum CallError {
     Blob(#[from] BlobError),
     #[error("the coordinator answered `{got}` to a `{op}` request")]
     UnexpectedReply { op: &'static str, got: &'static str },
+    /// No coordinator answered within the retry bound ([`Retry`]).
+    #[error("no coordinator answered `{op}` via NATS at {url} within {secs} s ({attempts} attempts, retrying {retried}); last: {last}; is `forkfleet coordinator` running on this NATS server?")]
+    GaveUp {
+        op: &'static str,
+        /// The NATS URL, credentials redacted.
+        url: String,
+        secs: u64,
+        attempts: u32,
+        /// What was retried: "no responders", or "no responders and timeouts".
+        retried: &'static str,
+        last: Box<BusError>,
+    },
+}
+
+/// How long [`call_retrying`] keeps asking while no coordinator answers, and the (redacted)
+/// NATS URL its final error names.
+#[derive(Debug, Clone)]
+pub struct Retry {
+    pub bound: Duration,
+    pub url: String,
+}
+
+/// Pauses between attempts of [`call_retrying`].
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// [`call`], asked again with backoff while the bus reports no responders (no coordinator
+/// subscribed: the request reached nobody, so asking again is safe for any operation) or,
+/// for an idempotent operation, a timeout, until `retry.bound` has passed since the first
+/// attempt; then a [`CallError::GaveUp`] naming the URL and what was tried. Other errors
+/// return at once.
+pub async fn call_retrying(
+    bus: &dyn Bus,
+    subject: &str,
+    req: ApiRequest,
+    timeout: Duration,
+    retry: &Retry,
+) -> Result<ApiReply, CallError> {
+    let op = req.op();
+    let idempotent = req.is_idempotent();
+    let deadline = Instant::now() + retry.bound;
+    let mut pause = RETRY_FIRST;
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let err = match call(bus, subject, req.clone(), timeout).await {
+            Err(CallError::Bus(e @ BusError::NoResponders(_))) => e,
+            Err(CallError::Bus(e @ BusError::Timeout { .. })) if idempotent => e,
+            other => return other,
+        };
+        let now = Instant::now();
+        if now + pause >= deadline {
+            return Err(CallError::GaveUp {
+                op,
+                url: retry.url.clone(),
+                secs: retry.bound.as_secs(),
+                attempts,
+                retried: if idempotent {
+                    "no responders and timeouts"
+                } else {
+                    "no responders"
+                },
+                last: Box::new(err),
+            });
+        }
+        tracing::debug!(api.op = op, attempt = attempts, error = %err, "api.call retry");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(RETRY_MAX);
+    }
 }
 
 impl CallError {

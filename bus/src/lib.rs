@@ -10,6 +10,7 @@
 //! - [`local`]: [`local::LocalBus`], the in-process bus of the embedded mode.
 //! - [`nats`]: [`nats::NatsBus`], the NATS JetStream bus of a cluster, and its connection
 //!   settings; in `nats/`: `config`, `consume`, `forward`, `blobs` and `tests`.
+//! - [`lease`]: the coordinator lease in NATS KV (revision-checked reads and writes).
 //! - [`apicall`]: one request to the coordinator's API over the bus (the CLI's remote client
 //!   and the agents' fork tools).
 //! - [`nats_server`]: a local `nats-server -js` child process (the test fixture's and the
@@ -39,6 +40,7 @@
 //! [`Delivery::trace`].
 
 pub mod apicall;
+pub mod lease;
 pub mod local;
 pub mod nats;
 pub mod nats_server;
@@ -206,6 +208,8 @@ pub trait Bus: Send + Sync + 'static {
 
     /// Record a worker's heartbeat (replacing its previous one).
     async fn put_worker(&self, info: WorkerInfo) -> BusResult<()>;
+    /// Forget a worker's heartbeat (a worker stopping cleanly), so it is listed no more.
+    async fn remove_worker(&self, worker: forkfleet_shared::ids::WorkerId) -> BusResult<()>;
     /// Workers whose last heartbeat is younger than [`forkfleet_shared::protocol::WORKER_TTL_MS`].
     async fn workers(&self) -> BusResult<Vec<WorkerInfo>>;
 

@@ -457,6 +457,11 @@ impl Bus for LocalBus {
         Ok(())
     }
 
+    async fn remove_worker(&self, worker: forkfleet_shared::ids::WorkerId) -> BusResult<()> {
+        lock(&self.inner.workers)?.remove(&worker);
+        Ok(())
+    }
+
     async fn workers(&self) -> BusResult<Vec<WorkerInfo>> {
         let now = now_ms();
         let mut workers = lock(&self.inner.workers)?;

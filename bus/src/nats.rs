@@ -297,7 +297,11 @@ async fn ensure_stream(
     Ok(())
 }
 
-async fn ensure_kv(js: &jetstream::Context, config: kv::Config, url: &str) -> BusResult<kv::Store> {
+pub(crate) async fn ensure_kv(
+    js: &jetstream::Context,
+    config: kv::Config,
+    url: &str,
+) -> BusResult<kv::Store> {
     let bucket = config.bucket.clone();
     if let Ok(store) = js.get_key_value(&bucket).await {
         return Ok(store);
@@ -486,7 +490,9 @@ async fn bind_one<T, E: fmt::Display, F: std::future::Future<Output = Result<T, 
 
 impl NatsBus {
     /// Connect, and get or create the streams and buckets the bus uses (with
-    /// [`NatsConfig::provision`]; else bind to them, waiting for the coordinator).
+    /// [`NatsConfig::provision`]; else bind to them, waiting for the coordinator). A server
+    /// that cannot be reached is tried again with backoff until `connect_timeout` has passed
+    /// (a process started while NATS is briefly down); a refused login fails at once.
     pub async fn connect(config: NatsConfig) -> BusResult<NatsBus> {
         let url = redact_url(&config.url);
         if !(1..=MAX_REPLICAS).contains(&config.replicas) {
@@ -499,21 +505,44 @@ impl NatsBus {
         let (url_user, bare_urls) =
             config::url_credentials(&config.url).map_err(BusError::Backend)?;
         let (reconnects_tx, reconnects) = tokio::sync::watch::channel(0u64);
-        let opts = connect_options(&config, &url, url_user, Arc::new(reconnects_tx)).await?;
+        let reconnects_tx = Arc::new(reconnects_tx);
         let servers: Vec<&str> = bare_urls
             .split(',')
             .map(str::trim)
             .filter(|u| !u.is_empty())
             .collect();
-        let client = tokio::time::timeout(config.connect_timeout, opts.connect(servers.as_slice()))
-            .await
-            .map_err(|_| {
-                BusError::Backend(format!(
-                    "cannot reach NATS at {url}: no connection within {} ms",
-                    config.connect_timeout.as_millis()
-                ))
-            })?
-            .map_err(|e| backend(format!("cannot connect to NATS at {url}"), e))?;
+        let deadline = Instant::now() + config.connect_timeout;
+        let mut backoff = Backoff::new();
+        let mut attempts = 0u32;
+        let client = loop {
+            attempts += 1;
+            let opts =
+                connect_options(&config, &url, url_user.clone(), reconnects_tx.clone()).await?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let last = match tokio::time::timeout(left, opts.connect(servers.as_slice())).await {
+                Ok(Ok(client)) => break client,
+                Ok(Err(e)) => {
+                    use async_nats::ConnectErrorKind as K;
+                    if matches!(
+                        e.kind(),
+                        K::AuthorizationViolation | K::Authentication | K::Tls | K::ServerParse
+                    ) {
+                        return Err(backend(format!("cannot connect to NATS at {url}"), e));
+                    }
+                    e.to_string()
+                }
+                Err(_) => "no connection".to_string(),
+            };
+            let pause = backoff.next();
+            if Instant::now() + pause >= deadline {
+                return Err(BusError::Backend(format!(
+                    "cannot reach NATS at {url}: tried for {} s ({attempts} attempts; `connect_timeout_s` sets how long); last: {last}",
+                    config.connect_timeout.as_secs_f64().round()
+                )));
+            }
+            tracing::debug!(nats.url = %url, attempt = attempts, error = %last, "bus.nats connect retry");
+            tokio::time::sleep(pause).await;
+        };
         let js = jetstream::ContextBuilder::new()
             .timeout(config.request_timeout)
             .build(client.clone());
@@ -539,6 +568,16 @@ impl NatsBus {
 
     pub fn config(&self) -> &NatsConfig {
         &self.inner.config
+    }
+
+    /// The JetStream context (the lease bucket's).
+    pub(crate) fn js(&self) -> &jetstream::Context {
+        &self.inner.js
+    }
+
+    /// The URL without credentials, for messages.
+    pub fn url(&self) -> &str {
+        &self.inner.url
     }
 
     /// Tasks of `pool` waiting or in flight (what a queue-depth autoscaler reads).
@@ -869,6 +908,14 @@ impl Bus for NatsBus {
             .await
             .map(|_| ())
             .map_err(|e| backend("worker heartbeat put failed", e))
+    }
+
+    async fn remove_worker(&self, worker: forkfleet_shared::ids::WorkerId) -> BusResult<()> {
+        self.inner
+            .workers
+            .delete(subjects::worker_key(worker))
+            .await
+            .map_err(|e| backend("worker heartbeat delete failed", e))
     }
 
     async fn workers(&self) -> BusResult<Vec<WorkerInfo>> {

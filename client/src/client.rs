@@ -39,6 +39,7 @@ pub trait Transport: Send + Sync {
 pub struct BusTransport {
     bus: Arc<dyn Bus>,
     subject: String,
+    retry: Option<apicall::Retry>,
 }
 
 impl BusTransport {
@@ -46,14 +47,27 @@ impl BusTransport {
         Self {
             bus,
             subject: subject.to_string(),
+            retry: None,
         }
+    }
+
+    /// The same transport, asking again while no coordinator answers, within `retry`
+    /// ([`apicall::call_retrying`]).
+    pub fn with_retry(mut self, retry: apicall::Retry) -> Self {
+        self.retry = Some(retry);
+        self
     }
 }
 
 #[async_trait]
 impl Transport for BusTransport {
     async fn request(&self, req: ApiRequest, timeout: Duration) -> Result<ApiReply, CallError> {
-        apicall::call(self.bus.as_ref(), &self.subject, req, timeout).await
+        match &self.retry {
+            Some(retry) => {
+                apicall::call_retrying(self.bus.as_ref(), &self.subject, req, timeout, retry).await
+            }
+            None => apicall::call(self.bus.as_ref(), &self.subject, req, timeout).await,
+        }
     }
 }
 
@@ -98,6 +112,24 @@ impl Client {
     /// The coordinator serving [`API_SUBJECT`] on `bus`.
     pub fn remote(bus: Arc<dyn Bus>) -> Self {
         Self::on_subject(bus, API_SUBJECT)
+    }
+
+    /// The coordinator serving [`API_SUBJECT`] on `bus`, each request asked again while no
+    /// coordinator answers, within `retry` (a command started while the coordinator is
+    /// briefly away).
+    pub fn remote_retrying(bus: Arc<dyn Bus>, retry: apicall::Retry) -> Self {
+        Self::on_subject_retrying(bus, API_SUBJECT, retry)
+    }
+
+    /// [`Client::on_subject`], each request asked again while no coordinator answers,
+    /// within `retry`.
+    pub fn on_subject_retrying(bus: Arc<dyn Bus>, subject: &str, retry: apicall::Retry) -> Self {
+        Self {
+            reach: Arc::from(""),
+            transport: Arc::new(BusTransport::new(bus.clone(), subject).with_retry(retry)),
+            bus,
+            remote: true,
+        }
     }
 
     /// The coordinator serving `subject` on `bus` (several coordinators on one bus, tests).

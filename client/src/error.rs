@@ -155,6 +155,7 @@ impl ClientError {
         match self {
             E::Call(CallError::Api(e)) => e.kind,
             E::Call(CallError::Bus(e)) => e.kind(),
+            E::Call(CallError::GaveUp { .. }) => ErrorKind::Unavailable,
             E::Call(CallError::Blob(e)) | E::Blob { source: e, .. } => e.kind(),
             E::NeedsCluster(_) | E::BadInput(_) | E::Scan(_) => ErrorKind::BadInput,
             E::NoWorkspace { .. } | E::WorkspaceNotHere { .. } => ErrorKind::NotFound,

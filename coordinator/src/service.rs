@@ -7,9 +7,10 @@
 //!   the request.
 //! - Each request runs in its own task (at most 1,024 at once), so a slow diff or a
 //!   long-poll `watch` never holds up the others.
-//! - A request that does not decode (garbage, a wrong wire version, a wrong kind) is
-//!   answered with a `bad_input` [`ApiError`] and logged; nothing a client sends stops
-//!   the service.
+//! - A request that does not decode (garbage, a wrong wire version, a wrong kind), or
+//!   whose strings exceed their bounds (`forkfleet_shared::api::limits`: checked before
+//!   any work, and never echoed), is answered with a `bad_input` [`ApiError`] and logged;
+//!   nothing a client sends stops the service.
 //! - Errors are mapped to three kinds: `not_found` (unknown fork, run or label),
 //!   `bad_input` (the request cannot succeed as sent), `failure` (the coordinator failed;
 //!   asking again may work).
@@ -210,7 +211,10 @@ fn log_join(done: Result<(), tokio::task::JoinError>) {
 /// send error).
 async fn answer(handle: CoordinatorHandle, bus: Arc<dyn Bus>, caller: Caller, req: Request) {
     let bytes_in = req.payload.len();
-    let response = match decode_request(bus.as_ref(), &req.payload).await {
+    let decoded = decode_request(bus.as_ref(), &req.payload)
+        .await
+        .and_then(|api| forkfleet_shared::api::limits::check_request_size(&api).map(|()| api));
+    let response = match decoded {
         Ok(api) => {
             let span = tracing::info_span!("api.request", api.op = api.op(), api.caller = %caller, bytes_in);
             let result = forkfleet_shared::api::dispatch(&handle, &caller, api)
@@ -229,7 +233,7 @@ async fn answer(handle: CoordinatorHandle, bus: Arc<dyn Bus>, caller: Caller, re
             ApiResponse::from(result)
         }
         Err(e) => {
-            tracing::error!(bytes_in, error = %e.message, "api.request rejected: it does not decode");
+            tracing::error!(bytes_in, error = %e.message, "api.request rejected: it does not decode or is oversized");
             ApiResponse::Err(e)
         }
     };
@@ -268,7 +272,11 @@ fn malformed(e: WireError) -> ApiError {
         WireError::Version { .. } => format!(
             "{e}; upgrade the client or the coordinator so both speak wire version {WIRE_VERSION}"
         ),
-        _ => format!("malformed API request: {e}"),
+        // A decoder's message may quote what it could not read.
+        _ => format!(
+            "malformed API request: {}",
+            forkfleet_shared::api::limits::truncated_to(&e.to_string(), 300)
+        ),
     };
     ApiError::new(ApiErrorKind::BadInput, message)
 }

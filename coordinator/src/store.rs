@@ -14,6 +14,8 @@
 //! | `caps`        | fork id, or fork id ++ run id        | `Option<f64>`: a cap after top-ups |
 //! | `fenced_usage`| run id ++ attempt ++ seq             | `f64`: a fenced attempt's call cost (ADR 18) |
 //!
+//! Beside sled's files, the file `store-id` holds the store's id (see [`store_id`]).
+//!
 //! Ids are UUID v7, so every prefix scan comes back in creation order and a run's events
 //! in seq order. The event log is the source of truth for a branch: its record's counters
 //! are a snapshot written when its state changes, and the replica is rebuilt from the log
@@ -26,9 +28,11 @@
 mod blobs;
 mod checkpoints;
 mod fenced;
+mod id;
 mod records;
 
 pub use blobs::SledBlobStore;
+pub use id::{store_id, STORE_ID_FILE};
 pub(crate) use records::{AccountRecord, BranchRecord, ForkRecord, ReservationRecord, RunRecord};
 
 use crate::error::CoordinatorError;
@@ -69,6 +73,8 @@ pub struct RunStore {
 
 struct Inner {
     dir: PathBuf,
+    /// The store id (`store-id` in the data dir).
+    id: String,
     db: sled::Db,
     runs: sled::Tree,
     events: sled::Tree,
@@ -145,6 +151,7 @@ impl RunStore {
     /// [`CoordinatorError::StoreLocked`] naming the directory.
     pub fn open(data_dir: &Path) -> Result<RunStore, CoordinatorError> {
         let dir = data_dir.to_path_buf();
+        let id = store_id(&dir)?;
         // A store closed a moment ago in this process keeps its lock until sled's background
         // flusher lets go (well under a second); another process's lock stays. Retry briefly.
         let deadline = std::time::Instant::now() + LOCK_RETRY_FOR;
@@ -193,6 +200,7 @@ impl RunStore {
             flush_requested: std::sync::atomic::AtomicU64::new(0),
             flush_done: std::sync::atomic::AtomicU64::new(0),
             dir,
+            id,
             db,
         };
         Ok(RunStore {
@@ -203,6 +211,11 @@ impl RunStore {
     /// The data dir this store lives in.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    /// The store's id (see [`store_id`]).
+    pub fn id(&self) -> &str {
+        &self.inner.id
     }
 
     /// The store's blobs (tree `blobs`) as a [`BlobStore`], e.g. for a [`LocalBus`] in the

@@ -5,12 +5,14 @@
 //!   [`ApiHandler`] traits a server implements, [`dispatch`], and [`ApiClient`], which gives
 //!   any client one method per operation.
 //! - [`views`]: what the operations answer with (views of forks and runs, outcomes).
+//! - [`limits`]: size bounds of a request's strings, checked before any work.
 //! - here: the error every operation may answer with, and the response envelope.
 //!
 //! An in-process client calls [`dispatch`] on the coordinator directly; a cluster carries
 //! requests over the bus's request/reply in wire envelopes.
 
 pub mod caller;
+pub mod limits;
 pub mod ops;
 pub mod views;
 

@@ -9,6 +9,7 @@
 //! | dead tasks (advisories, captured) | stream `FF_TASK_DEAD`, subjects `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.FF_TASKS.<consumer>`, consumer `dead-<pool>` |
 //! | blobs | KV bucket `ff_blobs_small` (small blobs), object store `ff_blobs` (large), key = hex SHA-256 |
 //! | worker heartbeats | KV bucket `ff_workers`, key = worker id |
+//! | the serving coordinator's lease | KV bucket `ff_coordinator`, key `lease` |
 //! | request/reply | `ff.api.<subject>`, queue group `ff` |
 //! | API per caller (ADR 17) | `ff.api.coordinator` (admin), `ff.api.worker` (workers), `ff.api.client.<identity>` (scoped clients) |
 //! | reply inboxes per role | `_INBOX_ff.coordinator`, `_INBOX_ff.worker`, `_INBOX_ff.client.<identity>` (a client without identity: `_INBOX`) |
@@ -48,6 +49,11 @@ pub const BLOB_BUCKET: &str = "ff_blobs";
 pub const SMALL_BLOB_BUCKET: &str = "ff_blobs_small";
 /// The KV bucket of worker heartbeats.
 pub const WORKER_BUCKET: &str = "ff_workers";
+
+/// The KV bucket of the coordinator lease: who serves the API and consumes the events.
+pub const COORDINATOR_BUCKET: &str = "ff_coordinator";
+/// The key of the coordinator lease in [`COORDINATOR_BUCKET`].
+pub const COORDINATOR_LEASE_KEY: &str = "lease";
 
 /// The queue group every service subscription joins, so one instance answers each request.
 pub const SERVICE_QUEUE_GROUP: &str = "ff";

@@ -10,6 +10,11 @@ pub struct CoordinatorArgs {
     /// The task queue branch tasks go to (default: default; $FORKFLEET_POOL).
     #[arg(long, value_name = "NAME")]
     pub pool: Option<String>,
+    /// Seconds the coordinator lease lasts unless renewed; a standby takes over this long
+    /// after the serving coordinator stops renewing it (default: 15;
+    /// $FORKFLEET_COORDINATOR_LEASE_TTL_S).
+    #[arg(long, value_name = "SECONDS")]
+    pub lease_ttl_s: Option<u64>,
     #[command(flatten)]
     pub config: ConfigArgs,
 }
@@ -34,6 +39,9 @@ pub(crate) async fn cmd_coordinator(args: CoordinatorArgs) -> anyhow::Result<()>
     let config = args.config.load(Layer {
         data: args.data,
         pool: args.pool,
+        coordinator: CoordinatorLayer {
+            lease_ttl_s: args.lease_ttl_s,
+        },
         ..Layer::default()
     })?;
     if args.config.print_config {

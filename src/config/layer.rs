@@ -17,6 +17,8 @@ pub struct Layer {
     pub drain_grace_s: Option<u64>,
     #[serde(default)]
     pub nats: NatsLayer,
+    #[serde(default)]
+    pub coordinator: CoordinatorLayer,
     /// `[pricing."MODEL"]` entries as written; checked when the layers are merged.
     #[serde(default)]
     pub pricing: BTreeMap<String, toml::Value>,
@@ -72,8 +74,20 @@ pub struct NatsLayer {
     pub identity: Option<String>,
     /// Create missing streams and buckets (false: bind to the coordinator's).
     pub provision: Option<bool>,
+    /// Seconds a process keeps trying to reach NATS (and a client command the
+    /// coordinator) before it gives up.
+    pub connect_timeout_s: Option<u64>,
     #[serde(default)]
     pub tls: TlsLayer,
+}
+
+/// `[coordinator]`: the coordinator lease (see `docs/CLUSTER.md`, "One coordinator at a
+/// time").
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoordinatorLayer {
+    /// Seconds the coordinator lease lasts unless renewed (every third of it).
+    pub lease_ttl_s: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -161,6 +175,8 @@ pub fn flag_origin(key: &'static str) -> &'static str {
         "nats.max_deliver" => "--nats-max-deliver",
         "nats.replicas" => "--nats-replicas",
         "nats.identity" => "--identity",
+        "nats.connect_timeout_s" => "--nats-connect-timeout-s",
+        "coordinator.lease_ttl_s" => "--lease-ttl-s",
         "nats.tls.ca_file" => "--tls-ca",
         "nats.tls.cert_file" => "--tls-cert",
         "nats.tls.key_file" => "--tls-key",
@@ -233,6 +249,9 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
         models,
         model_hosts: ModelHostsLayer { allow },
         data: get("data").map(PathBuf::from),
+        coordinator: CoordinatorLayer {
+            lease_ttl_s: parse("coordinator.lease_ttl_s", "a number of seconds")?,
+        },
         pool: get("pool"),
         concurrency: parse("concurrency", "a number of branches")?.map(|n| n as usize),
         drain_grace_s: parse("drain_grace_s", "a number of seconds")?,
@@ -254,6 +273,7 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
                 .map(|n| n.min(usize::MAX as u64) as usize),
             identity: get("nats.identity"),
             provision: boolean("nats.provision")?,
+            connect_timeout_s: parse("nats.connect_timeout_s", "a number of seconds")?,
             tls: TlsLayer {
                 ca_file: get("nats.tls.ca_file").map(PathBuf::from),
                 cert_file: get("nats.tls.cert_file").map(PathBuf::from),

@@ -29,6 +29,8 @@ pub struct NatsSettings {
     /// Whether a worker or client creates missing streams and buckets (the coordinator
     /// always does).
     pub provision: Sourced<bool>,
+    /// How long to keep trying to reach NATS (and, for a client command, the coordinator).
+    pub connect_timeout: Sourced<Duration>,
 }
 
 impl NatsSettings {
@@ -180,6 +182,7 @@ impl Config {
             ack_wait: n.ack_wait.value,
             max_deliver: n.max_deliver.value,
             replicas: n.replicas.value,
+            connect_timeout: n.connect_timeout.value,
             ..NatsConfig::default()
         })
     }

@@ -108,6 +108,12 @@ impl Config {
             n.provision.value.to_string(),
             &n.provision.origin,
         );
+        line(
+            &mut out,
+            "connect_timeout_s",
+            n.connect_timeout.value.as_secs().to_string(),
+            &n.connect_timeout.origin,
+        );
         let _ = writeln!(out, "\n[nats.tls]");
         for (key, v) in [
             ("ca_file", &n.tls_ca_file),
@@ -123,6 +129,13 @@ impl Config {
             "require",
             n.tls_require.value.to_string(),
             &n.tls_require.origin,
+        );
+        let _ = writeln!(out, "\n[coordinator]");
+        line(
+            &mut out,
+            "lease_ttl_s",
+            self.lease_ttl.value.as_secs().to_string(),
+            &self.lease_ttl.origin,
         );
         for (model, price) in &self.pricing {
             let origin = self

@@ -521,3 +521,39 @@ fn bad_catalogue_entries_name_the_model_and_the_key() {
     .to_string();
     assert!(err.contains("FORKFLEET_MODELS"), "{err}");
 }
+
+#[test]
+fn lease_ttl_and_connect_timeout_are_layered_and_checked() {
+    let c = Config::load(None, &env_of(&[]), Layer::default()).unwrap();
+    assert_eq!(c.lease_ttl.value, DEFAULT_LEASE_TTL);
+    assert_eq!(c.nats.connect_timeout.value, DEFAULT_CONNECT_TIMEOUT);
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "c.toml",
+        "[nats]\nurl = \"nats://h:4222\"\nconnect_timeout_s = 7\n[coordinator]\nlease_ttl_s = 5\n",
+    );
+    let env = env_of(&[("FORKFLEET_COORDINATOR_LEASE_TTL_S", "3")]);
+    let c = Config::load(Some(&file), &env, Layer::default()).unwrap();
+    assert_eq!(c.lease_ttl.value, Duration::from_secs(3));
+    assert_eq!(
+        c.lease_ttl.origin,
+        Origin::Env("FORKFLEET_COORDINATOR_LEASE_TTL_S".into())
+    );
+    assert_eq!(
+        c.nats_config("x").unwrap().connect_timeout,
+        Duration::from_secs(7)
+    );
+    let rendered = c.render();
+    assert!(
+        rendered.contains("[coordinator]\nlease_ttl_s = 3"),
+        "{rendered}"
+    );
+    assert!(rendered.contains("connect_timeout_s = 7"), "{rendered}");
+    let zero = env_of(&[("FORKFLEET_COORDINATOR_LEASE_TTL_S", "0")]);
+    let err = Config::load(None, &zero, Layer::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("coordinator.lease_ttl_s"), "{err}");
+    assert!(err.contains("at least 1 second"), "{err}");
+}

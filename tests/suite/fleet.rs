@@ -190,6 +190,8 @@ pub(super) struct Options<'a> {
     pub(super) pool: Option<&'a str>,
     /// Environment variables of the workers.
     pub(super) env: &'a [(&'a str, &'a str)],
+    /// More arguments of the coordinator (and of those [`Fleet::spawn_coordinator`] starts).
+    pub(super) coordinator_args: &'a [&'a str],
 }
 
 /// A nats-server, a coordinator and workers, with the client's working directory.
@@ -215,6 +217,7 @@ impl Fleet {
             .map(|s| s.to_string())
             .collect();
         coordinator_args.push(path_str(&data).to_string());
+        coordinator_args.extend(options.coordinator_args.iter().map(|s| s.to_string()));
         let mut worker_args: Vec<String> = ["worker", "--nats", &url]
             .iter()
             .map(|s| s.to_string())
@@ -257,6 +260,15 @@ impl Fleet {
     /// A coordinator process named `name` on this fleet's NATS server and data directory.
     pub(super) fn spawn_coordinator(&self, name: &str) -> Service {
         spawn_coordinator(&self.coordinator_args, name, self.dir.path())
+    }
+
+    /// A coordinator process named `name` like [`Fleet::spawn_coordinator`]'s, with `data`
+    /// as its data directory.
+    pub(super) fn spawn_coordinator_on(&self, name: &str, data: &Path) -> Service {
+        let mut args = self.coordinator_args.clone();
+        let at = args.iter().position(|a| a == "--data").unwrap() + 1;
+        args[at] = path_str(data).to_string();
+        spawn_coordinator(&args, name, self.dir.path())
     }
 
     /// Until the coordinator answers and lists every worker (bounded).

@@ -22,4 +22,5 @@ mod resolve;
 mod restart;
 mod roles;
 mod secrets;
+mod standby;
 mod turns;

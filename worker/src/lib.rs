@@ -276,6 +276,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), WorkerError> {
     let grace = config.drain_grace;
+    let heartbeats = bus.clone();
     let mut handle = start(config, bus).await?;
     tokio::select! {
         _ = shutdown => {}
@@ -286,6 +287,12 @@ pub async fn run(
             };
         }
     }
-    tracing::info!(worker.id = %handle.worker_id, "worker draining");
-    handle.drain(grace).await
+    let worker_id = handle.worker_id;
+    tracing::info!(worker.id = %worker_id, "worker draining");
+    let drained = handle.drain(grace).await;
+    // Stopped cleanly: leave the list of live workers now, not when the heartbeat expires.
+    if let Err(e) = heartbeats.remove_worker(worker_id).await {
+        tracing::warn!(worker.id = %worker_id, error = %e, "could not remove the worker heartbeat; it expires on its own");
+    }
+    drained
 }

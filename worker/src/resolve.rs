@@ -78,9 +78,18 @@ async fn answer(ctx: &WorkerCtx, req: Request) {
     let reply = match wire::decode::<ResolveJob>(&req.payload) {
         Ok(ResolveJob::Test(job)) => ResolveJobReply::Test(run_test(ctx, job).await),
         Ok(ResolveJob::Judge(job)) => ResolveJobReply::Judge(run_judge(ctx, &job).await),
-        Err(e) => ResolveJobReply::Failed {
-            error: format!("malformed resolve job: {e}"),
-        },
+        Err(e) => {
+            // The decoder's message may quote the payload: cut it short.
+            let error = forkfleet_shared::api::limits::truncated_to(&e.to_string(), 300);
+            tracing::warn!(
+                bytes_in = req.payload.len(),
+                error = %error,
+                "worker.resolve: malformed job rejected"
+            );
+            ResolveJobReply::Failed {
+                error: format!("malformed resolve job: {error}"),
+            }
+        }
     };
     let bytes = match wire::encode(&reply) {
         Ok(b) => b,

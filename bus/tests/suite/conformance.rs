@@ -124,6 +124,7 @@ conformance!(
     blobs_put_get_missing_dedup,
     request_reply_no_responders_and_timeout,
     workers_listed_and_stale_ones_hidden,
+    a_removed_worker_is_listed_no_more,
     payloads_are_opaque_bytes,
     tasks_carry_the_trace_context,
     a_task_is_found_at_its_position_until_settled,
@@ -468,6 +469,21 @@ async fn workers_listed_and_stale_ones_hidden(fx: Fixture) {
     live.heartbeat_at_ms = now_ms();
     within(bus.put_worker(live.clone())).await.unwrap();
     assert_eq!(within(bus.workers()).await.unwrap(), vec![live]);
+}
+
+async fn a_removed_worker_is_listed_no_more(fx: Fixture) {
+    let bus = &fx.bus;
+    let (a, b) = (worker(now_ms(), vec![]), worker(now_ms(), vec![]));
+    within(bus.put_worker(a.clone())).await.unwrap();
+    within(bus.put_worker(b.clone())).await.unwrap();
+    assert_eq!(within(bus.workers()).await.unwrap().len(), 2);
+    within(bus.remove_worker(a.worker_id)).await.unwrap();
+    assert_eq!(within(bus.workers()).await.unwrap(), vec![b.clone()]);
+    // Removing one that is gone already is fine.
+    within(bus.remove_worker(a.worker_id)).await.unwrap();
+    // A worker that comes back is listed again.
+    within(bus.put_worker(a.clone())).await.unwrap();
+    assert_eq!(within(bus.workers()).await.unwrap().len(), 2);
 }
 
 async fn payloads_are_opaque_bytes(fx: Fixture) {

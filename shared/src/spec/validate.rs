@@ -392,7 +392,7 @@ pub fn normalise_labels<'a>(
 pub fn check_label(label: &str) -> Result<(), SpecError> {
     let bad = |reason| {
         Err(SpecError::BadLabel {
-            label: label.to_string(),
+            label: crate::api::limits::truncated(label),
             reason,
         })
     };
@@ -425,7 +425,7 @@ pub fn check_account_name(name: &str) -> Result<(), SpecError> {
     }
     check_label(name).map_err(|e| match e {
         SpecError::BadLabel { reason, .. } => SpecError::BadAccount {
-            name: name.to_string(),
+            name: crate::api::limits::truncated(name),
             reason,
         },
         other => other,

@@ -1,0 +1,114 @@
+//! Size bounds of a request's user-given strings, checked before any work is done: a
+//! request beyond what its operation can legitimately carry is a `bad_input` error that
+//! says which field was too long and by how much, never quoting it (so a megabyte-long
+//! prefix comes back neither in the error nor in a stored reply). [`truncated`] shortens
+//! user input that an error message quotes.
+
+use super::{ApiError, ApiErrorKind, ApiRequest};
+use crate::spec::MAX_LABEL_LEN;
+
+/// A fork or run id as text (a UUID: 36 characters): the longest useful prefix.
+pub const MAX_ID_PREFIX_LEN: usize = 36;
+/// A checkpoint as named by a request: its label, number or id prefix.
+pub const MAX_CHECKPOINT_REF_LEN: usize = 256;
+/// A user message (`steer`, `continue`).
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+/// How much of a user's input an error message quotes.
+pub const QUOTE_MAX_CHARS: usize = 80;
+
+/// `s` as an error message quotes it: at most [`QUOTE_MAX_CHARS`] characters, then
+/// `…(N bytes)` when it was longer.
+pub fn truncated(s: &str) -> String {
+    truncated_to(s, QUOTE_MAX_CHARS)
+}
+
+/// `s` cut after `max` characters, then `…(N bytes)` when it was longer.
+pub fn truncated_to(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_string(),
+        Some((end, _)) => format!("{}…({} bytes)", &s[..end], s.len()),
+    }
+}
+
+/// `Ok` when every bounded string of `req` is within its bound.
+pub fn check_request_size(req: &ApiRequest) -> Result<(), ApiError> {
+    use ApiRequest as R;
+    let label = MAX_LABEL_LEN;
+    let fields: Vec<(&str, &str, usize)> = match req {
+        R::FindFork(op) => vec![("prefix", &op.prefix, MAX_ID_PREFIX_LEN)],
+        R::FindRun(op) => vec![("prefix", &op.prefix, MAX_ID_PREFIX_LEN)],
+        R::AgentMerge(op) => vec![("pick", &op.pick, label)],
+        R::Merge(op) => vec![("pick", &op.pick, label)],
+        R::Terminate(op) => vec![("label", &op.label, label)],
+        R::Steer(op) => vec![
+            ("label", &op.label, label),
+            ("text", &op.text, MAX_MESSAGE_BYTES),
+        ],
+        R::Continue(op) => vec![
+            ("label", &op.label, label),
+            ("text", &op.text, MAX_MESSAGE_BYTES),
+        ],
+        R::Topup(op) => op
+            .branch
+            .as_deref()
+            .map(|b| vec![("branch", b, label)])
+            .unwrap_or_default(),
+        R::MoveBudget(op) => vec![("from", &op.from, label), ("to", &op.to, label)],
+        R::AccountSet(op) => vec![("name", &op.name, label)],
+        R::CheckpointSave(op) => vec![("label", &op.label, MAX_CHECKPOINT_REF_LEN)],
+        R::CheckpointRemove(op) => vec![("checkpoint", &op.checkpoint, MAX_CHECKPOINT_REF_LEN)],
+        R::Rewind(op) => vec![("checkpoint", &op.checkpoint, MAX_CHECKPOINT_REF_LEN)],
+        R::ForkCheckpoint(op) => vec![("checkpoint", &op.checkpoint, MAX_CHECKPOINT_REF_LEN)],
+        _ => Vec::new(),
+    };
+    for (field, value, max) in fields {
+        if value.len() > max {
+            return Err(ApiError::new(
+                ApiErrorKind::BadInput,
+                format!(
+                    "`{}` request: `{field}` is {} bytes long, more than the {max} it can be",
+                    req.op(),
+                    value.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::api::{FindFork, Steer};
+    use crate::ids::ForkId;
+
+    #[test]
+    fn an_oversized_prefix_is_refused_without_being_echoed() {
+        let huge = "a".repeat(6 * 1024 * 1024);
+        let err = check_request_size(&FindFork { prefix: huge }.into()).unwrap_err();
+        assert_eq!(err.kind, ApiErrorKind::BadInput);
+        assert!(err.message.len() < 200, "{}", err.message);
+        assert!(err.message.contains("prefix"), "{}", err.message);
+        assert!(!err.message.contains("aaaa"), "{}", err.message);
+        let ok = FindFork {
+            prefix: "0193".into(),
+        };
+        check_request_size(&ok.into()).unwrap();
+        let steer = Steer {
+            fork: ForkId::new(),
+            label: "x".repeat(65),
+            text: "hi".into(),
+        };
+        assert!(check_request_size(&steer.into()).is_err());
+    }
+
+    #[test]
+    fn quotes_are_truncated() {
+        assert_eq!(truncated("short"), "short");
+        let long = "é".repeat(1000);
+        let t = truncated(&long);
+        assert!(t.starts_with(&"é".repeat(80)), "{t}");
+        assert!(t.ends_with("…(2000 bytes)"), "{t}");
+    }
+}

@@ -1,0 +1,293 @@
+//! One coordinator at a time on a NATS cluster: the policy over the lease of
+//! [`forkfleet_bus::lease`].
+//!
+//! - [`acquire`]: read the lease. Free or expired: take it (a take that loses the race
+//!   means someone else just took it: stand by). Held and live for this store: stand by,
+//!   subscribed to nothing, saying so at WARN, until it expires or is released, then take
+//!   it. Held and live for another store: refuse ([`BadInput`], exit code 2), naming both
+//!   store ids.
+//! - [`Lease`]: the lease held, renewed every third of its TTL in the background. When a
+//!   renewal finds the lease written by someone else, or none succeeds before the lease
+//!   would expire, it is lost: [`Lease::lost`] completes and the coordinator stops serving.
+//!   [`Lease::release`] on a clean stop deletes it, so a standby takes over at once.
+//!
+//! A lease is expired when this machine's clock passes its `expires_at_ms`, or when its
+//! revision has not changed for its TTL as this process watched it (on the monotonic
+//! clock, so a standby whose clock is behind still takes over within a TTL of the holder's
+//! last renewal).
+
+use crate::BadInput;
+use forkfleet_bus::lease::{LeaseBucket, LeaseError, LeaseRecord, LeaseState};
+use forkfleet_bus::nats::NatsBus;
+use forkfleet_shared::protocol::now_ms;
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// The longest pause between two reads of a standby.
+const STANDBY_POLL_MAX: Duration = Duration::from_secs(1);
+/// The pause before a failed renewal is tried again.
+const RENEW_RETRY: Duration = Duration::from_millis(200);
+
+/// Who this coordinator is, as the lease records it.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub store_id: String,
+    pub ttl: Duration,
+}
+
+impl Candidate {
+    fn record(&self, holder: &str) -> LeaseRecord {
+        let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
+        LeaseRecord {
+            holder: holder.to_string(),
+            store_id: self.store_id.clone(),
+            hostname: hostname(),
+            pid: std::process::id(),
+            ttl_ms,
+            expires_at_ms: now_ms().saturating_add(ttl_ms),
+        }
+    }
+}
+
+/// This machine's host name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`), or `unknown`.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// The lease as one reader watched it: its revision and when that revision was first seen.
+struct Watched {
+    revision: Option<u64>,
+    since: Instant,
+}
+
+impl Watched {
+    /// Note `revision`; true when it has not changed for `ttl`.
+    fn unchanged_for(&mut self, revision: Option<u64>, ttl: Duration) -> bool {
+        if self.revision != revision {
+            self.revision = revision;
+            self.since = Instant::now();
+        }
+        self.since.elapsed() >= ttl
+    }
+}
+
+/// Take the lease for `me`, standing by while a live coordinator of the same store holds
+/// it. `None` when `shutdown` completes first (a standby stopped: nothing to release).
+pub async fn acquire(
+    bus: &NatsBus,
+    me: &Candidate,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<Option<Lease>> {
+    let bucket = bus.lease_bucket().await?;
+    let holder = uuid::Uuid::now_v7().to_string();
+    let poll = (me.ttl / 4).clamp(Duration::from_millis(50), STANDBY_POLL_MAX);
+    let mut watched = Watched {
+        revision: None,
+        since: Instant::now(),
+    };
+    // The holder last reported, so standing by is said once per holder.
+    let mut reported: Option<String> = None;
+    tokio::pin!(shutdown);
+    loop {
+        let state = bucket.read().await?;
+        let revision = state.revision();
+        let take = match &state {
+            LeaseState::Free { .. } => true,
+            LeaseState::Unreadable { .. } => watched.unchanged_for(revision, me.ttl),
+            LeaseState::Held { record, .. } => {
+                let stale = watched.unchanged_for(revision, Duration::from_millis(record.ttl_ms));
+                let expired = stale || record.expired_at(now_ms());
+                if !expired && record.store_id != me.store_id {
+                    return Err(BadInput(format!(
+                        "another coordinator ({} on {}, pid {}) serves the run store {} on this NATS server; this one's data dir holds the store {}. Two stores cannot serve one cluster: point this coordinator at that store's data dir (it then waits as a standby), stop the other one, or use another NATS server",
+                        record.holder, record.hostname, record.pid, record.store_id, me.store_id
+                    ))
+                    .into());
+                }
+                if !expired && reported.as_deref() != Some(record.holder.as_str()) {
+                    tracing::warn!(
+                        lease.holder = %record.holder,
+                        lease.host = %record.hostname,
+                        lease.pid = record.pid,
+                        store.id = %record.store_id,
+                        "standby: coordinator {} on {} serves store {}; waiting to take over",
+                        record.holder,
+                        record.hostname,
+                        record.store_id
+                    );
+                    reported = Some(record.holder.clone());
+                }
+                expired
+            }
+        };
+        if take {
+            let record = me.record(&holder);
+            match bucket.write(&record, revision).await {
+                Ok(revision) => {
+                    if let LeaseState::Held { record: old, .. } = &state {
+                        tracing::warn!(
+                            lease.previous = %old.holder,
+                            lease.previous_host = %old.hostname,
+                            "coordinator lease taken over from an expired holder"
+                        );
+                    }
+                    tracing::info!(
+                        lease.holder = %holder,
+                        store.id = %me.store_id,
+                        lease.ttl_ms = record.ttl_ms,
+                        "coordinator lease taken"
+                    );
+                    return Ok(Some(Lease::hold(bucket, record, revision)));
+                }
+                // Someone else just took it: read it again, and stand by.
+                Err(LeaseError::Conflict) => continue,
+                Err(LeaseError::Bus(e)) => return Err(e.into()),
+            }
+        }
+        tokio::select! {
+            _ = &mut shutdown => {
+                tracing::info!("standby stopped before taking over");
+                return Ok(None);
+            }
+            _ = tokio::time::sleep(poll) => {}
+        }
+    }
+}
+
+/// The lease held by this coordinator, renewed in the background until released or lost.
+pub struct Lease {
+    lost: watch::Receiver<Option<String>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    renewer: tokio::task::JoinHandle<Option<u64>>,
+    bucket: LeaseBucket,
+    store_id: String,
+}
+
+impl Lease {
+    fn hold(bucket: LeaseBucket, record: LeaseRecord, revision: u64) -> Lease {
+        let (lost_tx, lost) = watch::channel(None);
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let store_id = record.store_id.clone();
+        let renewer = tokio::spawn(renew(bucket.clone(), record, revision, lost_tx, stopped));
+        Lease {
+            lost,
+            stop: Some(stop),
+            renewer,
+            bucket,
+            store_id,
+        }
+    }
+
+    /// The store id this lease is for.
+    pub fn store_id(&self) -> &str {
+        &self.store_id
+    }
+
+    /// Completes when the lease is lost, with why.
+    pub fn lost(&self) -> impl Future<Output = String> + Send + 'static {
+        let mut lost = self.lost.clone();
+        async move {
+            loop {
+                if let Some(why) = lost.borrow_and_update().clone() {
+                    return why;
+                }
+                if lost.changed().await.is_err() {
+                    // The renewer ended without losing it: released; never completes.
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+
+    /// Why the lease was lost, if it was.
+    pub fn lost_reason(&self) -> Option<String> {
+        self.lost.borrow().clone()
+    }
+
+    /// Stop renewing and delete the lease (if it is still ours), so a standby takes over
+    /// at once.
+    pub async fn release(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let revision = match (&mut self.renewer).await {
+            Ok(Some(revision)) => revision,
+            _ => return,
+        };
+        match self.bucket.release(revision).await {
+            Ok(()) => tracing::info!("coordinator lease released"),
+            Err(LeaseError::Conflict) => {
+                tracing::warn!("coordinator lease not released: another coordinator holds it")
+            }
+            Err(LeaseError::Bus(e)) => {
+                tracing::warn!(error = %e, "coordinator lease not released; a standby takes over when it expires")
+            }
+        }
+    }
+}
+
+/// Renew every third of the TTL until `stop` (the last revision: ours to release) or the
+/// lease is lost (`None`, and `lost` says why).
+async fn renew(
+    bucket: LeaseBucket,
+    mut record: LeaseRecord,
+    mut revision: u64,
+    lost: watch::Sender<Option<String>>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> Option<u64> {
+    let ttl = Duration::from_millis(record.ttl_ms);
+    let every = ttl / 3;
+    // The lease lasts a TTL from the start of the last write that succeeded.
+    let mut valid_until = Instant::now() + ttl;
+    let mut next = Instant::now() + every;
+    loop {
+        tokio::select! {
+            _ = &mut stop => return Some(revision),
+            _ = tokio::time::sleep_until(next.min(valid_until)) => {}
+        }
+        if Instant::now() >= valid_until {
+            let why = format!(
+                "the coordinator lease could not be renewed within its TTL ({} ms); a standby may take over",
+                record.ttl_ms
+            );
+            let _ = lost.send(Some(why));
+            return None;
+        }
+        let started = Instant::now();
+        record = record.renewed();
+        let written = tokio::time::timeout(
+            valid_until.saturating_duration_since(started),
+            bucket.write(&record, Some(revision)),
+        )
+        .await;
+        match written {
+            Ok(Ok(r)) => {
+                revision = r;
+                valid_until = started + ttl;
+                next = started + every;
+            }
+            Ok(Err(LeaseError::Conflict)) => {
+                let holder = match bucket.read().await {
+                    Ok(LeaseState::Held { record: other, .. }) => {
+                        format!("coordinator {} on {}", other.holder, other.hostname)
+                    }
+                    _ => "another coordinator".to_string(),
+                };
+                let _ = lost.send(Some(format!("the coordinator lease was taken by {holder}")));
+                return None;
+            }
+            Ok(Err(LeaseError::Bus(e))) => {
+                tracing::warn!(error = %e, "coordinator lease renewal failed; trying again");
+                next = Instant::now() + RENEW_RETRY;
+            }
+            Err(_) => next = Instant::now(),
+        }
+    }
+}
