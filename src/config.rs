@@ -80,8 +80,7 @@ mod tests;
 
 pub use layer::{
     env_layer, env_var, flag_origin, process_env, read_file, AccessLayer, CoordinatorLayer, Layer,
-    ModelHostsLayer, NatsLayer,
-    SourcedLayer, TlsLayer,
+    ModelHostsLayer, NatsLayer, SourcedLayer, TlsLayer,
 };
 pub use nats::{NatsSettings, Role};
 pub use pricing::price_of;
