@@ -256,25 +256,15 @@ fn terminate_and_abort_on_a_cluster() {
     assert_eq!(ex.read("slow/a-0.md"), None, "nothing applied");
 }
 
-/// A script of 30 turns of 100 ms per branch: about 3 s.
-const MEDIUM_SCRIPT: &str = r#"
-[defaults]
-latency_ms = 100
-usage = { input_tokens = 100, output_tokens = 10 }
-
-[[turns."*"]]
-tool_calls = [{ name = "write_file", args = { path = "medium/{label}-{repeat}.md", content = "x\n" } }]
-repeat = 30
-
-[[turns."*"]]
-text = "done"
-"#;
-
 #[test]
 fn watch_rides_out_a_coordinator_restart() {
     let mut cluster = start();
     let ex = Example::quickstart();
-    std::fs::write(ex.dir.path().join("medium.toml"), MEDIUM_SCRIPT).unwrap();
+    std::fs::write(
+        ex.dir.path().join("medium.toml"),
+        super::harness::writes_then_done(100, true, "medium/{label}-{repeat}.md", "x\\n", 30),
+    )
+    .unwrap();
     let spec = ex.write_spec(
         "goal = \"medium\"\nworkspace = \"workspace\"\nmodel = \"scripted:medium\"\nmax_turns = 50\n\
          [models.\"scripted:medium\"]\nscript = \"medium.toml\"\n\

@@ -20,19 +20,6 @@ const TURNS: u64 = 9;
 /// The test model's price per call: 100 input and 10 output tokens at $1 and $10 per Mtok.
 const COST_PER_CALL: f64 = 0.0002;
 
-const SCRIPT: &str = r#"
-[defaults]
-latency_ms = 150
-usage = { input_tokens = 100, output_tokens = 10 }
-
-[[turns."*"]]
-tool_calls = [{ name = "write_file", args = { path = "out/{label}/{repeat}.txt", content = "{label} {repeat}\n" } }]
-repeat = 8
-
-[[turns."*"]]
-text = "done"
-"#;
-
 /// A fleet of `workers` workers of `concurrency` slots, with a short ack wait.
 fn start(workers: usize, concurrency: usize) -> Fleet {
     Fleet::start(
@@ -45,9 +32,19 @@ fn start(workers: usize, concurrency: usize) -> Fleet {
     )
 }
 
-/// A spec of `n` branches playing [`SCRIPT`], in a fresh copy of the quickstart.
+/// A spec of `n` branches playing eight writes at 150 ms a call, in a fresh copy of the quickstart.
 fn faults_spec(ex: &Example, n: usize) -> PathBuf {
-    std::fs::write(ex.dir.path().join("faults.toml"), SCRIPT).unwrap();
+    std::fs::write(
+        ex.dir.path().join("faults.toml"),
+        super::harness::writes_then_done(
+            150,
+            true,
+            "out/{label}/{repeat}.txt",
+            "{label} {repeat}\\n",
+            8,
+        ),
+    )
+    .unwrap();
     ex.write_spec(&format!(
         "goal = \"faults\"\nworkspace = \"workspace\"\nmodel = \"scripted:faults\"\nmax_branches = {n}\n\
          [models.\"scripted:faults\"]\nscript = \"faults.toml\"\n\

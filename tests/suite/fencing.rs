@@ -41,7 +41,11 @@ fn poll<T>(fleet: &Fleet, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 
 /// A spec of `labels` playing a slow script in `ex` (a file every 100 ms for 15 s).
 fn slow_spec(ex: &Example, labels: &[&str]) -> PathBuf {
-    std::fs::write(ex.dir.path().join("slow.toml"), super::harness::SLOW_SCRIPT).unwrap();
+    std::fs::write(
+        ex.dir.path().join("slow.toml"),
+        super::harness::slow_script(),
+    )
+    .unwrap();
     let branches: String = labels
         .iter()
         .map(|l| format!("[[branches]]\nlabel = \"{l}\"\nsteer = \"go\"\n"))
@@ -51,19 +55,6 @@ fn slow_spec(ex: &Example, labels: &[&str]) -> PathBuf {
          [models.\"scripted:slow\"]\nscript = \"slow.toml\"\n{branches}"
     ))
 }
-
-/// A short script: six writes then an answer, 50 ms a call.
-const SHORT_SCRIPT: &str = r#"
-[defaults]
-latency_ms = 50
-
-[[turns."*"]]
-tool_calls = [{ name = "write_file", args = { path = "out/{label}/{repeat}.txt", content = "{label} {repeat}\n" } }]
-repeat = 6
-
-[[turns."*"]]
-text = "done"
-"#;
 
 fn run_id(view: &Value, label: &str) -> String {
     super::harness::branch(view, label)["id"]
@@ -79,7 +70,17 @@ fn run_id(view: &Value, label: &str) -> String {
 fn a_forged_resume_request_is_refused_and_the_branch_finishes() {
     let fleet = Fleet::start(1, 2, Options::default());
     let ex = Example::quickstart();
-    std::fs::write(ex.dir.path().join("short.toml"), SHORT_SCRIPT).unwrap();
+    std::fs::write(
+        ex.dir.path().join("short.toml"),
+        super::harness::writes_then_done(
+            50,
+            false,
+            "out/{label}/{repeat}.txt",
+            "{label} {repeat}\\n",
+            6,
+        ),
+    )
+    .unwrap();
     let spec = ex.write_spec(
         "goal = \"short\"\nworkspace = \"workspace\"\nmodel = \"scripted:short\"\n\
          [models.\"scripted:short\"]\nscript = \"short.toml\"\n[[branches]]\nlabel = \"a\"\n",

@@ -152,24 +152,36 @@ pub fn branch<'a>(doc: &'a Value, label: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no branch {label} in {doc}"))
 }
 
-/// A script whose branches write a file every 100 ms for 15 s: slow enough to be stopped
-/// mid-way.
-pub const SLOW_SCRIPT: &str = r#"
-[defaults]
-latency_ms = 100
-usage = { input_tokens = 100, output_tokens = 10 }
+/// A scripted model's turn file: `repeat` turns each writing one file (`path`, with
+/// `{label}` and `{repeat}` filled in, holding `content`, TOML-escaped), then an answer;
+/// `latency_ms` a call, and, with `usage`, 100 input and 10 output tokens a call.
+pub fn writes_then_done(
+    latency_ms: u64,
+    usage: bool,
+    path: &str,
+    content: &str,
+    repeat: u32,
+) -> String {
+    let usage = if usage {
+        "usage = { input_tokens = 100, output_tokens = 10 }\n"
+    } else {
+        ""
+    };
+    format!(
+        "[defaults]\nlatency_ms = {latency_ms}\n{usage}\n[[turns.\"*\"]]\n\
+         tool_calls = [{{ name = \"write_file\", args = {{ path = \"{path}\", content = \"{content}\" }} }}]\n\
+         repeat = {repeat}\n\n[[turns.\"*\"]]\ntext = \"done\"\n"
+    )
+}
 
-[[turns."*"]]
-tool_calls = [{ name = "write_file", args = { path = "slow/{label}-{repeat}.md", content = "x\n" } }]
-repeat = 150
+/// 150 writes at 100 ms a call.
+pub fn slow_script() -> String {
+    writes_then_done(100, true, "slow/{label}-{repeat}.md", "x\\n", 150)
+}
 
-[[turns."*"]]
-text = "done"
-"#;
-
-/// A spec of three branches, `a`, `b` and `c`, playing [`SLOW_SCRIPT`] in `ex`.
+/// A spec of three branches, `a`, `b` and `c`, playing [`slow_script`] in `ex`.
 pub fn slow_spec(ex: &Example) -> PathBuf {
-    std::fs::write(ex.dir.path().join("slow.toml"), SLOW_SCRIPT).unwrap();
+    std::fs::write(ex.dir.path().join("slow.toml"), slow_script()).unwrap();
     ex.write_spec(
         "goal = \"slow\"\nworkspace = \"workspace\"\nmodel = \"scripted:slow\"\nmax_turns = 200\n\
          [models.\"scripted:slow\"]\nscript = \"slow.toml\"\n\

@@ -17,25 +17,14 @@ const LIMIT: Duration = Duration::from_secs(90);
 /// The pause between two looks at something awaited.
 const POLL: Duration = Duration::from_millis(50);
 
-/// A script whose branches write a file every 100 ms for 60 s, far longer than the test
-/// needs: the test terminates them.
-const LONG_SCRIPT: &str = r#"
-[defaults]
-latency_ms = 100
-usage = { input_tokens = 100, output_tokens = 10 }
-
-[[turns."*"]]
-tool_calls = [{ name = "write_file", args = { path = "slow/{label}-{repeat}.md", content = "x\n" } }]
-repeat = 600
-
-[[turns."*"]]
-text = "done"
-"#;
-
 /// Three long branches `a`, `b`, `c`, and `p`, whose own cap pauses it after a call or
 /// two.
 fn live_spec(ex: &Example) -> PathBuf {
-    std::fs::write(ex.dir.path().join("long.toml"), LONG_SCRIPT).unwrap();
+    std::fs::write(
+        ex.dir.path().join("long.toml"),
+        super::harness::writes_then_done(100, true, "slow/{label}-{repeat}.md", "x\\n", 600),
+    )
+    .unwrap();
     ex.write_spec(
         "goal = \"long\"\nworkspace = \"workspace\"\nmodel = \"scripted:long\"\nmax_turns = 700\n\
          on_exhausted = \"pause\"\nmax_output_tokens = 200\n\

@@ -20,23 +20,19 @@ use std::time::Instant;
 /// A short lease, so the takeover happens within the test.
 const LEASE_TTL_S: &str = "2";
 
-/// Twenty writes at 150 ms a call: a fork that runs through the takeover.
-const SCRIPT: &str = r#"
-[defaults]
-latency_ms = 150
-usage = { input_tokens = 100, output_tokens = 10 }
-
-[[turns."*"]]
-tool_calls = [{ name = "write_file", args = { path = "out/{label}/{repeat}.txt", content = "{label} {repeat}\n" } }]
-repeat = 20
-
-[[turns."*"]]
-text = "done"
-"#;
-
-/// A spec of two branches playing [`SCRIPT`], in a fresh copy of the quickstart.
+/// A spec of two branches playing twenty writes at 150 ms a call, in a fresh copy of the quickstart.
 fn spec(ex: &Example) -> std::path::PathBuf {
-    std::fs::write(ex.dir.path().join("standby.toml"), SCRIPT).unwrap();
+    std::fs::write(
+        ex.dir.path().join("standby.toml"),
+        super::harness::writes_then_done(
+            150,
+            true,
+            "out/{label}/{repeat}.txt",
+            "{label} {repeat}\\n",
+            20,
+        ),
+    )
+    .unwrap();
     ex.write_spec(
         "goal = \"standby\"\nworkspace = \"workspace\"\nmodel = \"scripted:standby\"\n\
          [models.\"scripted:standby\"]\nscript = \"standby.toml\"\n\
