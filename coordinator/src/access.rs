@@ -154,31 +154,74 @@ impl CoordinatorHandle {
         })
     }
 
-    /// A fork by id or prefix, among those `caller` may act on.
+    /// A fork by id or prefix, among those `caller` may act on: a scoped client's prefix
+    /// is matched against its own forks only, so an ambiguity never names another
+    /// account's fork.
     pub(crate) async fn find_fork_for(
         &self,
         caller: &Caller,
         prefix: &str,
     ) -> Result<ForkId, CoordinatorError> {
-        let id = self.find_fork(prefix).await?;
-        self.admit_fork(caller, id)
-            .await
-            .map_err(|_| CoordinatorError::UnknownFork(prefix.to_string()))?;
-        Ok(id)
+        if self.usable_accounts(caller).is_none() {
+            return self.find_fork(prefix).await;
+        }
+        let ids = self.forks_for(caller).await?.into_iter().map(|f| f.fork_id);
+        match matching(ids, prefix).as_slice() {
+            [one] => Ok(*one),
+            [] => Err(CoordinatorError::UnknownFork(prefix.to_string())),
+            many => Err(CoordinatorError::AmbiguousFork {
+                prefix: prefix.to_string(),
+                count: many.len(),
+                matches: listed(many),
+            }),
+        }
     }
 
-    /// A run by id or prefix, among those `caller` may act on.
+    /// A run by id or prefix, among those `caller` may act on: a scoped client's prefix is
+    /// matched against the branch runs of its own forks only.
     pub(crate) async fn find_run_for(
         &self,
         caller: &Caller,
         prefix: &str,
     ) -> Result<RunId, CoordinatorError> {
-        let run = self.find_run(prefix).await?;
-        self.admit_run(caller, run)
-            .await
-            .map_err(|_| CoordinatorError::UnknownRunPrefix {
+        if self.usable_accounts(caller).is_none() {
+            return self.find_run(prefix).await;
+        }
+        let runs = self
+            .forks_for(caller)
+            .await?
+            .into_iter()
+            .flat_map(|f| f.branches.into_iter().map(|b| b.run_id));
+        match matching(runs, prefix).as_slice() {
+            [one] => Ok(*one),
+            [] => Err(CoordinatorError::UnknownRunPrefix {
                 prefix: prefix.to_string(),
-            })?;
-        Ok(run)
+            }),
+            many => Err(CoordinatorError::AmbiguousRun {
+                prefix: prefix.to_string(),
+                count: many.len(),
+                matches: listed(many),
+            }),
+        }
     }
+}
+
+/// The ids among `ids` that start with `prefix` (trimmed, any case); a whole id matches
+/// itself only.
+fn matching<T: ToString>(ids: impl Iterator<Item = T>, prefix: &str) -> Vec<T> {
+    let needle = prefix.trim().to_ascii_lowercase();
+    if needle.is_empty() {
+        return Vec::new();
+    }
+    ids.filter(|id| id.to_string().starts_with(&needle))
+        .collect()
+}
+
+/// The first ten of `ids`, comma-separated, for an ambiguity's message.
+fn listed<T: ToString>(ids: &[T]) -> String {
+    let mut out: Vec<String> = ids.iter().take(10).map(ToString::to_string).collect();
+    if ids.len() > 10 {
+        out.push(format!("and {} more", ids.len() - 10));
+    }
+    out.join(", ")
 }

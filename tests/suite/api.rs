@@ -660,3 +660,213 @@ fn as_result(r: Result<ApiReply, ClientError>) -> Result<ApiReply, ApiError> {
         None => panic!("a transport error: {e}"),
     })
 }
+
+/// Every declared operation, asked by a scoped client (`mallory`) about a fork and a run
+/// of another account, answers as if they did not exist (or, for changing a cap, is
+/// refused): a handler that forgets its scope check (`coordinator/src/api.rs`) fails
+/// here, and a new operation without a sample fails the coverage check. The same requests
+/// from an operator find the fork, so the refusals are the scope's, not missing objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
+    use forkfleet_shared::api::{dispatch, Caller};
+    let sys = System::start(1).await;
+    let ex = Example::quickstart();
+    let view = sys.create(&ex.spec()).await;
+    let settled = sys.remote.wait_settled(view.fork_id, LIMIT).await.unwrap();
+    let fork = settled.fork_id;
+    let run = settled.branches[0].run_id;
+    let label = settled.branches[0].label.clone();
+    let plan = spec::load(&ex.spec()).unwrap().plan;
+    // Operations a scoped client may send about anything: they answer for what it may use
+    // only (checked below), or name nothing of another account's.
+    let unscoped = ["ping", "forks", "accounts", "create_fork", "get_blob"];
+    let samples: Vec<ApiRequest> = vec![
+        api::Ping.into(),
+        api::Forks.into(),
+        api::Accounts.into(),
+        api::CreateFork {
+            plan,
+            parent: ParentRun::New,
+            snapshot: view.snapshot,
+            workspace: None,
+        }
+        .into(),
+        api::AgentFork {
+            parent_run: run,
+            cutoff_seq: 0,
+            snapshot: view.snapshot,
+            branches: vec![],
+            strategy: None,
+            aggregate_budget_usd: None,
+        }
+        .into(),
+        api::AgentMerge {
+            fork,
+            pick: label.clone(),
+            parent_run: run,
+        }
+        .into(),
+        api::GetFork { fork }.into(),
+        api::FindFork {
+            prefix: fork.to_string(),
+        }
+        .into(),
+        api::WaitSettled {
+            fork,
+            timeout_ms: 0,
+        }
+        .into(),
+        api::Watch {
+            fork,
+            seen: None,
+            timeout_ms: 0,
+        }
+        .into(),
+        api::Diff {
+            fork,
+            options: DiffOptions::default(),
+        }
+        .into(),
+        api::Merge {
+            fork,
+            pick: label.clone(),
+        }
+        .into(),
+        api::Terminate {
+            fork,
+            label: label.clone(),
+        }
+        .into(),
+        api::Abort { fork }.into(),
+        api::Steer {
+            fork,
+            label: label.clone(),
+            text: "x".into(),
+        }
+        .into(),
+        api::Continue {
+            fork,
+            label: label.clone(),
+            text: "x".into(),
+        }
+        .into(),
+        api::RunEvents { run }.into(),
+        api::Checkpoints { run }.into(),
+        api::GetForkCost { fork }.into(),
+        api::Topup {
+            fork,
+            branch: None,
+            usd: 1.0,
+        }
+        .into(),
+        api::MoveBudget {
+            fork,
+            from: label.clone(),
+            to: label.clone(),
+            usd: 1.0,
+        }
+        .into(),
+        api::AccountSet {
+            name: "mallory".into(),
+            cap_usd: Some(1_000.0),
+        }
+        .into(),
+        api::Resolve {
+            fork,
+            strategy: None,
+        }
+        .into(),
+        api::FindRun {
+            prefix: run.to_string(),
+        }
+        .into(),
+        api::CheckpointSave {
+            run,
+            label: "mine".into(),
+        }
+        .into(),
+        api::CheckpointRemove {
+            run,
+            checkpoint: format!("fork:{fork}"),
+        }
+        .into(),
+        api::CheckpointClear { run }.into(),
+        api::Rewind {
+            run,
+            checkpoint: format!("fork:{fork}"),
+            dry_run: true,
+        }
+        .into(),
+        api::ForkCheckpoint {
+            run,
+            checkpoint: format!("fork:{fork}"),
+        }
+        .into(),
+        api::RunWorkspace { run }.into(),
+        api::GetBlob {
+            blob: view.snapshot,
+        }
+        .into(),
+    ];
+    let mut covered: Vec<&str> = samples.iter().map(ApiRequest::op).collect();
+    covered.sort_unstable();
+    let mut declared = api::OPERATIONS.to_vec();
+    declared.sort_unstable();
+    assert_eq!(
+        covered, declared,
+        "every declared operation needs a sample here"
+    );
+
+    let mallory = Caller::Client("mallory".into());
+    for req in samples {
+        let op = req.op();
+        let answer = dispatch(&sys.handle, &mallory, req).await;
+        match op {
+            "forks" => match answer {
+                Ok(ApiReply::Forks(forks)) => assert!(forks.is_empty(), "{forks:?}"),
+                other => panic!("`forks`: {other:?}"),
+            },
+            "accounts" => match answer {
+                Ok(ApiReply::Accounts(accounts)) => {
+                    assert!(accounts.iter().all(|a| a.name == "mallory"), "{accounts:?}")
+                }
+                other => panic!("`accounts`: {other:?}"),
+            },
+            "account_set" => {
+                let e = answer.unwrap_err();
+                assert_eq!(e.kind, ApiErrorKind::BadInput, "{e:?}");
+                assert!(e.message.contains("operators only"), "{e:?}");
+            }
+            op if unscoped.contains(&op) => {}
+            op => {
+                let e = answer.expect_err(op);
+                assert_eq!(
+                    e.kind,
+                    ApiErrorKind::NotFound,
+                    "`{op}` answered a scoped client about another account's fork with {e:?}"
+                );
+            }
+        }
+    }
+    // A short prefix both forks share (ids begin with their time) finds mallory's own
+    // fork, created above: another account's forks are not even an ambiguity.
+    let short = api::FindFork {
+        prefix: fork.to_string()[..8].to_string(),
+    };
+    match dispatch(&sys.handle, &mallory, short.into()).await {
+        Ok(ApiReply::ForkId(own)) => assert_ne!(own, fork),
+        other => panic!("{other:?}"),
+    }
+    // The fork was not touched, and an operator finds it.
+    let admin = dispatch(&sys.handle, &Caller::Admin, api::GetFork { fork }.into())
+        .await
+        .unwrap();
+    match admin {
+        ApiReply::Fork(v) => {
+            assert_eq!(v.state, settled.state);
+            assert!(v.branches.iter().all(|b| b.state == BranchState::Done));
+        }
+        other => panic!("{other:?}"),
+    }
+    sys.stop().await;
+}
