@@ -288,6 +288,7 @@ pub(crate) fn create_fork(
             next_seq: first_seq,
             min_attempt: 0,
             calls: 0,
+            task: None,
         });
         let lineage = Event::Fork {
             fork_id,

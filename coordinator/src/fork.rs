@@ -83,10 +83,6 @@ pub(crate) struct ForkState {
     /// Branches sent a terminate that have not finished yet, with its reason: a later
     /// attempt that takes one over (its worker was lost before it obeyed) finds it ended.
     stopping: HashMap<RunId, String>,
-    /// The task each branch taken over runs from: the pool and queue position its
-    /// takeover proved (ADR 18). Not stored: after a restart a branch's is known again at
-    /// its next takeover.
-    tasks: HashMap<RunId, (String, u64)>,
     /// Branches a fenced attempt reported finished, to check for a runner
     /// ([`ForkState::check_runners`]).
     suspects: Vec<RunId>,
@@ -404,7 +400,6 @@ impl Actor for ForkActor {
             ledger,
             requeued: HashSet::new(),
             stopping: HashMap::new(),
-            tasks: HashMap::new(),
             suspects: Vec::new(),
             record,
             base,

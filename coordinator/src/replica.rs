@@ -272,6 +272,7 @@ mod tests {
             next_seq: 0,
             min_attempt: 0,
             calls: 0,
+            task: None,
         };
         BranchReplica::new(record, Arc::new(Manifest::default()))
     }

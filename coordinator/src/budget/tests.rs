@@ -107,6 +107,7 @@ impl Fx {
                 next_seq: 1,
                 min_attempt: 1,
                 calls: 0,
+                task: None,
             })
             .collect();
         let record = ForkRecord {

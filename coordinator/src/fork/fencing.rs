@@ -40,7 +40,11 @@ impl ForkState {
                 }],
             });
         }
-        self.tasks.insert(run, (pool, seq));
+        let b = &mut self.branches[i].record;
+        if b.task.as_ref() != Some(&(pool.clone(), seq)) {
+            b.task = Some((pool, seq));
+            self.store.put_branch(b)?;
+        }
         if let Some(reason) = self.stopping.remove(&run) {
             self.end_branch(
                 run,
@@ -106,8 +110,8 @@ impl ForkState {
                 continue;
             }
             let label = b.label.clone();
-            let Some((pool, seq)) = self.tasks.get(&run).cloned() else {
-                tracing::warn!(fork.id = %fork_id, branch.label = %label, "fork.runner: a fenced attempt ended, and the task of the attempt that took over is not known here (the coordinator restarted since): not checked");
+            let Some((pool, seq)) = b.task.clone() else {
+                tracing::warn!(fork.id = %fork_id, branch.label = %label, "fork.runner: a fenced attempt ended, and the task of the attempt that took over is not known (a takeover by a coordinator before ADR 18): not checked");
                 continue;
             };
             match self.bus.queued_task(&pool, seq).await {

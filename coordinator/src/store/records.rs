@@ -75,6 +75,11 @@ pub(crate) struct BranchRecord {
     /// (counted apart, ADR 18).
     #[serde(default)]
     pub calls: u32,
+    /// The task of the attempt that took the branch over last: its pool and its position
+    /// in that pool's queue (from the takeover's proof, ADR 18), so a branch left without
+    /// a runner is found after a restart too.
+    #[serde(default)]
+    pub task: Option<(String, u64)>,
 }
 
 impl BranchRecord {

@@ -300,8 +300,18 @@ async fn a_task_no_worker_finishes_fails_its_branch_and_keeps_its_work() {
 /// gone and enqueues the branch again above the fence.
 #[tokio::test]
 async fn a_branch_whose_task_a_fenced_attempt_settled_is_enqueued_again() {
-    let fx = Fixture::start().await;
-    let h = fx.h();
+    settled_by_a_fenced_attempt(false).await;
+}
+
+/// The same after a coordinator restart between the takeover and the fenced attempt's
+/// end: the task the takeover proved is in the branch's stored record.
+#[tokio::test]
+async fn a_branch_left_without_a_runner_is_found_after_a_restart_too() {
+    settled_by_a_fenced_attempt(true).await;
+}
+
+async fn settled_by_a_fenced_attempt(restart: bool) {
+    let mut fx = Fixture::start().await;
     let snap = fx.upload(&[("a.txt", "a\n")]).await;
     fx.create(plan(&["solo"]), ParentRun::New, snap).await;
     let (task, held) = fx.pull().await;
@@ -311,7 +321,10 @@ async fn a_branch_whose_task_a_fenced_attempt_settled_is_enqueued_again() {
         error: None,
     };
     fx.publish_as(fork, run, s, running.clone(), 1).await;
-    wait_view(&h, fork, |v| v.branches[0].state == BranchState::Running).await;
+    wait_view(&fx.h(), fork, |v| {
+        v.branches[0].state == BranchState::Running
+    })
+    .await;
     // Attempt 2 takes the branch over from the same task.
     let proof = Fixture::proof(&task, &held, 2);
     assert!(matches!(
@@ -319,6 +332,11 @@ async fn a_branch_whose_task_a_fenced_attempt_settled_is_enqueued_again() {
         ResumeReply::Log { .. }
     ));
     fx.publish_as(fork, run, s + 1, running, 2).await;
+    if restart {
+        wait_view(&fx.h(), fork, |v| v.branches[0].events > s + 1).await;
+        fx.restart().await;
+    }
+    let h = fx.h();
     // The fenced attempt 1 did not notice: it finishes and acks the shared task.
     fx.publish_as(
         fork,
