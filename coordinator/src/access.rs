@@ -16,6 +16,7 @@
 
 use crate::error::CoordinatorError;
 use crate::handle::CoordinatorHandle;
+use crate::prefix::{matching, one_fork, one_run};
 use forkfleet_shared::api::{Caller, CreateFork, ForkView};
 use forkfleet_shared::budget::AccountView;
 use forkfleet_shared::ids::{ForkId, RunId};
@@ -166,15 +167,7 @@ impl CoordinatorHandle {
             return self.find_fork(prefix).await;
         }
         let ids = self.forks_for(caller).await?.into_iter().map(|f| f.fork_id);
-        match matching(ids, prefix).as_slice() {
-            [one] => Ok(*one),
-            [] => Err(CoordinatorError::UnknownFork(prefix.to_string())),
-            many => Err(CoordinatorError::AmbiguousFork {
-                prefix: prefix.to_string(),
-                count: many.len(),
-                matches: listed(many),
-            }),
-        }
+        one_fork(&matching(ids, prefix), prefix)
     }
 
     /// A run by id or prefix, among those `caller` may act on: a scoped client's prefix is
@@ -192,36 +185,6 @@ impl CoordinatorHandle {
             .await?
             .into_iter()
             .flat_map(|f| f.branches.into_iter().map(|b| b.run_id));
-        match matching(runs, prefix).as_slice() {
-            [one] => Ok(*one),
-            [] => Err(CoordinatorError::UnknownRunPrefix {
-                prefix: prefix.to_string(),
-            }),
-            many => Err(CoordinatorError::AmbiguousRun {
-                prefix: prefix.to_string(),
-                count: many.len(),
-                matches: listed(many),
-            }),
-        }
+        one_run(&matching(runs, prefix), prefix)
     }
-}
-
-/// The ids among `ids` that start with `prefix` (trimmed, any case); a whole id matches
-/// itself only.
-fn matching<T: ToString>(ids: impl Iterator<Item = T>, prefix: &str) -> Vec<T> {
-    let needle = prefix.trim().to_ascii_lowercase();
-    if needle.is_empty() {
-        return Vec::new();
-    }
-    ids.filter(|id| id.to_string().starts_with(&needle))
-        .collect()
-}
-
-/// The first ten of `ids`, comma-separated, for an ambiguity's message.
-fn listed<T: ToString>(ids: &[T]) -> String {
-    let mut out: Vec<String> = ids.iter().take(10).map(ToString::to_string).collect();
-    if ids.len() > 10 {
-        out.push(format!("and {} more", ids.len() - 10));
-    }
-    out.join(", ")
 }

@@ -308,7 +308,7 @@ pub(crate) fn find(
 
 /// A run by full id or unique prefix of its id.
 pub(crate) fn find_run(store: &RunStore, prefix: &str) -> Result<RunId, CoordinatorError> {
-    let needle = prefix.trim().to_ascii_lowercase();
+    let needle = crate::prefix::needle(prefix);
     if let Ok(id) = needle.parse::<RunId>() {
         return match store.run(id)? {
             Some(_) => Ok(id),
@@ -319,17 +319,7 @@ pub(crate) fn find_run(store: &RunStore, prefix: &str) -> Result<RunId, Coordina
         return Err(CoordinatorError::MissingRunId);
     }
     let matches = store.run_ids_with_prefix(&needle, 11)?;
-    match matches.as_slice() {
-        [one] => Ok(*one),
-        [] => Err(CoordinatorError::UnknownRunPrefix {
-            prefix: prefix.to_string(),
-        }),
-        many => Err(CoordinatorError::AmbiguousRun {
-            prefix: prefix.to_string(),
-            count: many.len(),
-            matches: list(many.iter().take(10)),
-        }),
-    }
+    crate::prefix::one_run(&matches, prefix)
 }
 
 // ---- named checkpoints ------------------------------------------------------------------

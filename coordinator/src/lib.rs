@@ -70,6 +70,7 @@ mod create;
 mod event_loop;
 mod fork;
 mod merge;
+mod prefix;
 mod replica;
 mod resolve;
 mod resume;

@@ -4,7 +4,7 @@
 
 use crate::budget::Ledger;
 use crate::create::PreparedFork;
-use crate::error::{actor_call, list, CoordinatorError};
+use crate::error::{actor_call, CoordinatorError};
 use crate::fork::{ForkActor, ForkArgs, ForkHandle, CALL_TIMEOUT_MS};
 use crate::store::RunStore;
 use forkfleet_bus::Bus;
@@ -108,32 +108,15 @@ impl RootState {
     }
 
     fn find(&self, prefix: &str) -> Result<ForkId, CoordinatorError> {
-        let needle = prefix.trim().to_ascii_lowercase();
-        if let Ok(id) = needle.parse::<ForkId>() {
+        if let Ok(id) = crate::prefix::needle(prefix).parse::<ForkId>() {
             return if self.forks.contains_key(&id) {
                 Ok(id)
             } else {
                 Err(CoordinatorError::UnknownFork(prefix.to_string()))
             };
         }
-        if needle.is_empty() {
-            return Err(CoordinatorError::UnknownFork(prefix.to_string()));
-        }
-        let matches: Vec<ForkId> = self
-            .forks
-            .keys()
-            .filter(|id| id.to_string().starts_with(&needle))
-            .copied()
-            .collect();
-        match matches.as_slice() {
-            [] => Err(CoordinatorError::UnknownFork(prefix.to_string())),
-            [one] => Ok(*one),
-            many => Err(CoordinatorError::AmbiguousFork {
-                prefix: prefix.to_string(),
-                count: many.len(),
-                matches: list(many.iter()),
-            }),
-        }
+        let matches = crate::prefix::matching(self.forks.keys().copied(), prefix);
+        crate::prefix::one_fork(&matches, prefix)
     }
 }
 
