@@ -19,7 +19,10 @@
 use forkfleet_bus::{BusResult, Delivery};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's `Instant` is the monotonic clock (std's) in a service, and a test's paused clock
+// under `start_paused`, so a test advances the lease's time instead of sleeping.
+use tokio::time::Instant;
 
 /// The shortest time between two extensions.
 const MIN_EXTEND_EVERY: Duration = Duration::from_millis(100);
@@ -211,14 +214,17 @@ mod tests {
         assert_eq!(l.extend_every(hb), hb);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn an_expired_lease_is_lost_never_extended_and_never_settled() {
         let (l, counts) = lease(Some(Duration::from_millis(200)));
         assert_eq!(l.check(), Ok(()));
         assert_eq!(l.extend().await, Ok(()));
         assert_eq!(counts.progress.load(Ordering::SeqCst), 1);
-        // No extension for longer than the lease (as after a SIGSTOP).
-        std::thread::sleep(Duration::from_millis(250));
+        // No extension for longer than the lease (as after a SIGSTOP); just inside the
+        // lease (less its margin), still held.
+        tokio::time::advance(Duration::from_millis(179)).await;
+        assert_eq!(l.check(), Ok(()));
+        tokio::time::advance(Duration::from_millis(71)).await;
         let why = l.check().unwrap_err();
         assert!(why.contains("lease expired"), "{why}");
         assert!(l.extend().await.is_err());
@@ -234,14 +240,14 @@ mod tests {
         assert!(l.is_settled());
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_failed_extension_does_not_renew_the_lease() {
         let (l, counts) = lease(Some(Duration::from_millis(300)));
         counts.refuse.store(true, Ordering::SeqCst);
         assert!(l.extend().await.unwrap_err().contains("could not extend"));
         // Still held until the lease runs out since the last confirmed extension.
         assert_eq!(l.check(), Ok(()));
-        std::thread::sleep(Duration::from_millis(350));
+        tokio::time::advance(Duration::from_millis(350)).await;
         assert!(l.check().is_err());
     }
 

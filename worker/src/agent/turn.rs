@@ -72,6 +72,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
         }
     }
 
+    // Checked before reserving (a lost lease must not hold money) and so before the call.
     if let Some(step) = lease_lost(lease, pending, attempt) {
         return Ok(step);
     }
@@ -91,7 +92,11 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
         match until_halted(reserving, control, task.run_id, attempt, pending, None).await {
             Err(step) => return Ok(step),
             Ok(granted) => match granted? {
-                Reserved::Granted(id) => Some(id),
+                // The reservation took time: the lease is checked again before the call.
+                Reserved::Granted(id) => match lease_lost(lease, pending, attempt) {
+                    Some(step) => return Ok(step),
+                    None => Some(id),
+                },
                 Reserved::Refused { state, reason } => {
                     tracing::info!(reason = %reason, "budget reservation refused");
                     return Ok(exhausted(task.on_exhausted, state, reason));
@@ -109,10 +114,6 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     } else {
         None
     };
-    // The reservation took time: the lease is checked again right before the call.
-    if let Some(step) = lease_lost(lease, pending, attempt) {
-        return Ok(step);
-    }
     // A graceful stop that came while reserving waits in `pending` until this call, paid
     // for by its reservation, is made and recorded.
     // The call runs until it answers or a command stops the branch; a cancelled call is
