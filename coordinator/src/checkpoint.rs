@@ -136,6 +136,15 @@ struct Version {
     manifest: Manifest,
 }
 
+/// The workspace version checkpoint `c` names, on `log` (its run's).
+fn checkpoint_version(
+    store: &RunStore,
+    log: &[(u64, Event)],
+    c: &CheckpointView,
+) -> Result<Version, CoordinatorError> {
+    version(store, log, c.snapshot, c.base_seq, c.seq)
+}
+
 /// `snapshot` with the file changes on the history at `at` after `base_seq`; stored as a
 /// blob when it differs from the snapshot.
 fn version(

@@ -1,7 +1,7 @@
 //! A new root run from a checkpoint: the source run's conversation up to it, on its
 //! workspace version, starting with checkpoint `from:<run>`.
 
-use super::{end_at_or_after, find, load_run, origin_label, version};
+use super::{checkpoint_version, end_at_or_after, find, load_run, origin_label};
 use crate::error::CoordinatorError;
 use crate::store::{RunRecord, RunStore};
 use forkfleet_shared::api::{CheckpointKind, CheckpointView, NewRunOutcome};
@@ -31,13 +31,7 @@ pub(crate) fn fork_from(
             label: checkpoint.label.clone(),
         });
     }
-    let v = version(
-        store,
-        &log,
-        checkpoint.snapshot,
-        checkpoint.base_seq,
-        checkpoint.seq,
-    )?;
+    let v = checkpoint_version(store, &log, &checkpoint)?;
     let now = now_ms();
     let run_id = RunId::new();
     let n = events.len() as u64;

@@ -2,7 +2,9 @@
 //! log between the two versions) and writing it for a root run; a branch run's marker is
 //! appended by its fork actor.
 
-use super::{current_version, end_at_or_after, find, load_run, run_kind, version, RunKind};
+use super::{
+    checkpoint_version, current_version, end_at_or_after, find, load_run, run_kind, RunKind,
+};
 use crate::error::CoordinatorError;
 use crate::store::{RunRecord, RunStore};
 use forkfleet_shared::api::RewindOutcome;
@@ -48,13 +50,7 @@ fn plan_rewind(
     let log = store.run_log(run)?;
     let end = end_at_or_after(run, &log, &checkpoint)?;
     let from = current_version(store, &record, &kind, &log)?;
-    let to = version(
-        store,
-        &log,
-        checkpoint.snapshot,
-        checkpoint.base_seq,
-        checkpoint.seq,
-    )?;
+    let to = checkpoint_version(store, &log, &checkpoint)?;
     let now: std::collections::HashSet<usize> = history_at(&log, None).into_iter().collect();
     let then: std::collections::HashSet<usize> =
         history_at(&log, Some(checkpoint.seq)).into_iter().collect();
