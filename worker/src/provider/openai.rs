@@ -31,7 +31,7 @@ use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 
 /// OpenAI's API and defaults.
-static VENDOR: Vendor = Vendor {
+pub(crate) static VENDOR: Vendor = Vendor {
     provider: "openai",
     default_base_url: "https://api.openai.com/v1",
     host: "api.openai.com",

@@ -1,14 +1,7 @@
 use super::*;
 
-static TEST_VENDOR: Vendor = Vendor {
-    provider: "openai",
-    default_base_url: "https://api.openai.com/v1",
-    host: "api.openai.com",
-    path: "/chat/completions",
-    key_header: "authorization",
-    key_prefix: "Bearer ",
-    headers: &[],
-};
+/// OpenAI's: the vendor these tests build requests for.
+use crate::provider::openai::VENDOR as TEST_VENDOR;
 
 /// `None`: the vendor's API with a key from an unset variable.
 fn api(route: Option<&ModelRoute>) -> Result<Api, WorkerError> {
