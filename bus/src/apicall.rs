@@ -49,10 +49,6 @@ pub struct Retry {
     pub url: String,
 }
 
-/// Pauses between attempts of [`call_retrying`].
-const RETRY_FIRST: Duration = Duration::from_millis(100);
-const RETRY_MAX: Duration = Duration::from_secs(2);
-
 /// [`call`], asked again with backoff while the bus reports no responders (no coordinator
 /// subscribed: the request reached nobody, so asking again is safe for any operation) or,
 /// for an idempotent operation, a timeout, until `retry.bound` has passed since the first
@@ -68,7 +64,7 @@ pub async fn call_retrying(
     let op = req.op();
     let idempotent = req.is_idempotent();
     let deadline = Instant::now() + retry.bound;
-    let mut pause = RETRY_FIRST;
+    let mut backoff = crate::backoff::Backoff::new();
     let mut attempts = 0u32;
     loop {
         attempts += 1;
@@ -77,8 +73,8 @@ pub async fn call_retrying(
             Err(CallError::Bus(e @ BusError::Timeout { .. })) if idempotent => e,
             other => return other,
         };
-        let now = Instant::now();
-        if now + pause >= deadline {
+        let pause = backoff.next();
+        if Instant::now() + pause >= deadline {
             return Err(CallError::GaveUp {
                 op,
                 url: retry.url.clone(),
@@ -94,7 +90,6 @@ pub async fn call_retrying(
         }
         tracing::debug!(api.op = op, attempt = attempts, error = %err, "api.call retry");
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(RETRY_MAX);
     }
 }
 

@@ -40,6 +40,7 @@
 //! [`Delivery::trace`].
 
 pub mod apicall;
+mod backoff;
 pub mod lease;
 pub mod local;
 pub mod nats;

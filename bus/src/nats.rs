@@ -102,9 +102,7 @@ const EVENT_BATCH: usize = 256;
 const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
 /// Expiry of one long-lived pull request.
 const PULL_EXPIRES: Duration = Duration::from_secs(30);
-/// Backoff after a failed pull, consumer creation or forward.
-const RETRY_MIN: Duration = Duration::from_millis(50);
-const RETRY_MAX: Duration = Duration::from_secs(2);
+use crate::backoff::{Backoff, RETRY_MAX, RETRY_MIN};
 /// Blob lookups in flight at once in `missing`.
 const BLOB_LOOKUPS_IN_FLIGHT: usize = 64;
 
@@ -118,25 +116,6 @@ fn invalid(err: SubjectError) -> BusError {
 
 fn blob_backend(what: impl fmt::Display, err: impl fmt::Display) -> BlobError {
     BlobError::Backend(format!("{what}: {err}"))
-}
-
-/// Exponential backoff between `RETRY_MIN` and `RETRY_MAX`.
-struct Backoff(Duration);
-
-impl Backoff {
-    fn new() -> Self {
-        Self(RETRY_MIN)
-    }
-
-    fn next(&mut self) -> Duration {
-        let d = self.0;
-        self.0 = (self.0 * 2).min(RETRY_MAX);
-        d
-    }
-
-    fn reset(&mut self) {
-        self.0 = RETRY_MIN;
-    }
 }
 
 /// The JetStream bus. Cheap to clone.
