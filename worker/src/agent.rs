@@ -99,16 +99,32 @@ pub(crate) struct AgentState {
 }
 
 /// What control commands left for the next turn.
-#[derive(Default)]
 struct Pending {
     /// Steers, applied in order before the next call.
     steers: Vec<String>,
     /// A graceful stop or pause that arrived during a call: the call finishes and is
     /// recorded, then the branch ends this way before the next call.
     halt: Option<Step>,
-    /// The coordinator said task attempt `superseded` took the branch over: this worker's
-    /// lease is lost (ADR 18).
-    superseded: Option<u32>,
+    /// The task's lease: a command saying a later attempt took the branch over loses it
+    /// (ADR 18).
+    lease: Arc<TaskLease>,
+}
+
+impl Pending {
+    fn new(lease: Arc<TaskLease>) -> Self {
+        Self {
+            steers: Vec::new(),
+            halt: None,
+            lease,
+        }
+    }
+}
+
+/// Why a worker running task `attempt` lost its lease when attempt `by` took over.
+fn superseded(by: u32, attempt: u32) -> String {
+    format!(
+        "superseded: task attempt {by} took the branch over (this worker runs attempt {attempt})"
+    )
 }
 
 /// The loaded branch.
@@ -145,12 +161,7 @@ enum Step {
 /// [`Step::Lost`] when this worker's lease on the task is lost: it expired, or the
 /// coordinator said a later attempt took the branch over. Checked before every model call
 /// and every tool call.
-fn lease_lost(lease: &TaskLease, pending: &Pending, attempt: u32) -> Option<Step> {
-    if let Some(by) = pending.superseded {
-        lease.lose(format!(
-            "superseded: task attempt {by} took the branch over (this worker runs attempt {attempt})"
-        ));
-    }
+fn lease_lost(lease: &TaskLease) -> Option<Step> {
     lease.check().err().map(Step::Lost)
 }
 
@@ -214,12 +225,12 @@ impl Actor for BranchAgent {
         };
         Ok(AgentState {
             ctx: args.ctx,
+            pending: Pending::new(args.lease.clone()),
             lease: args.lease,
             task,
             span,
             out,
             control: None,
-            pending: Pending::default(),
             run: None,
             finished: false,
         })
@@ -294,7 +305,7 @@ impl Actor for BranchAgent {
 }
 
 async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
-    if let Some(step) = lease_lost(&state.lease, &state.pending, state.out.attempt) {
+    if let Some(step) = lease_lost(&state.lease) {
         return Ok(step);
     }
     let task = &state.task;

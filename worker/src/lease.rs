@@ -100,18 +100,18 @@ impl TaskLease {
                 since.as_millis(),
                 lease.as_millis()
             );
-            self.lose(why.clone());
-            return Err(why);
+            return Err(self.lose(why));
         }
         Ok(())
     }
 
     /// The lease is lost (`why`): the task is this worker's no more. Nothing settles it
-    /// from now on. The first reason is kept.
-    pub fn lose(&self, why: String) {
+    /// from now on. The first reason is kept, and returned.
+    pub fn lose(&self, why: String) -> String {
         self.settled.store(true, Ordering::SeqCst);
-        if let Ok(mut lost) = self.lost.lock() {
-            lost.get_or_insert(why);
+        match self.lost.lock() {
+            Ok(mut lost) => lost.get_or_insert(why).clone(),
+            Err(_) => why,
         }
     }
 

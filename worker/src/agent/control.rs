@@ -20,7 +20,7 @@ impl Pending {
             Command::Steer(text) => self.steers.push(text),
             Command::Superseded(by) => {
                 if by > attempt {
-                    self.superseded.get_or_insert(by);
+                    self.lease.lose(super::superseded(by, attempt));
                 }
             }
             Command::HaltAfterCall(step) => {

@@ -73,7 +73,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     }
 
     // Checked before reserving (a lost lease must not hold money) and so before the call.
-    if let Some(step) = lease_lost(lease, pending, attempt) {
+    if let Some(step) = lease_lost(lease) {
         return Ok(step);
     }
     let tools = ToolBox::for_task(task);
@@ -93,7 +93,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             Err(step) => return Ok(step),
             Ok(granted) => match granted? {
                 // The reservation took time: the lease is checked again before the call.
-                Reserved::Granted(id) => match lease_lost(lease, pending, attempt) {
+                Reserved::Granted(id) => match lease_lost(lease) {
                     Some(step) => return Ok(step),
                     None => Some(id),
                 },
@@ -103,11 +103,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 }
                 Reserved::Gone(reason) => return Ok(Step::Drop(reason)),
                 Reserved::Superseded(by) => {
-                    pending.superseded.get_or_insert(by);
-                    if let Some(step) = lease_lost(lease, pending, attempt) {
-                        return Ok(step);
-                    }
-                    return Ok(Step::Lost(format!("superseded by task attempt {by}")));
+                    return Ok(Step::Lost(lease.lose(super::superseded(by, attempt))));
                 }
             },
         }
@@ -164,7 +160,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     .await?;
     // A lease lost during the call: its usage is out (the provider bills it, and the
     // coordinator counts it even from a fenced attempt); nothing more is done.
-    if let Some(step) = lease_lost(lease, pending, attempt) {
+    if let Some(step) = lease_lost(lease) {
         return Ok(step);
     }
     // A fork the response asks for gets the history before it.
@@ -190,7 +186,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
 
     let mut results = Vec::with_capacity(tool_calls.len());
     for call in &tool_calls {
-        if let Some(step) = lease_lost(lease, pending, attempt) {
+        if let Some(step) = lease_lost(lease) {
             return Ok(step);
         }
         let before = run.overlay.changes().len();
