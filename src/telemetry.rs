@@ -213,8 +213,9 @@ fn sampler(setting: &SamplerSetting) -> opentelemetry_sdk::trace::Sampler {
 }
 
 /// The resource of every exported span: `service.name` (configured, else the process's
-/// default), `service.version`, the SDK's own attributes and the configured
-/// `resource_attributes` (which win over the variables the SDK reads itself).
+/// default), `service.version`, `service.instance.id` (unless configured: a fresh id per
+/// process), the SDK's own attributes and the configured `resource_attributes` (which win
+/// over the variables the SDK reads itself).
 fn resource(settings: &TelemetrySettings, service: Service) -> opentelemetry_sdk::Resource {
     use opentelemetry::KeyValue;
     let attributes = settings
@@ -232,9 +233,19 @@ fn resource(settings: &TelemetrySettings, service: Service) -> opentelemetry_sdk
                 |v| v.value.clone(),
             ),
     };
-    opentelemetry_sdk::Resource::builder()
+    let mut builder = opentelemetry_sdk::Resource::builder()
         .with_attributes(attributes)
         .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
-        .with_service_name(name)
-        .build()
+        .with_service_name(name);
+    if !settings
+        .resource_attributes
+        .contains_key("service.instance.id")
+    {
+        // Tells the processes of one service apart (two workers' spans).
+        builder = builder.with_attribute(KeyValue::new(
+            "service.instance.id",
+            uuid::Uuid::now_v7().to_string(),
+        ));
+    }
+    builder.build()
 }
