@@ -191,6 +191,10 @@ impl ConfigArgs {
                 },
                 ..NatsLayer::default()
             },
+            telemetry: config::TelemetryLayer {
+                log_format: LOG_FORMAT_FLAG.get().cloned().flatten(),
+                ..config::TelemetryLayer::default()
+            },
             ..Layer::default()
         }
     }
@@ -327,8 +331,13 @@ impl Cli {
     }
 }
 
+/// The global `--log-format`, for the configuration the commands load (and show with
+/// `--print-config`): set once by [`run`].
+static LOG_FORMAT_FLAG: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
 /// Run a command; print its error; return the exit code.
 pub async fn run(cli: Cli) -> u8 {
+    let _ = LOG_FORMAT_FLAG.set(cli.log_format.clone());
     let result = match cli.command {
         Command::Run(args) => run::cmd_run(args).await,
         Command::Coordinator(args) => services::cmd_coordinator(args).await,
