@@ -620,3 +620,29 @@ fn print_config_shows_the_telemetry_settings_with_headers_redacted() {
         "{err}"
     );
 }
+
+#[test]
+fn a_grpc_exporter_without_a_collector_is_reported_once_and_the_fork_finishes() {
+    // A port nobody listens on.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let ex = Example::quickstart();
+    let spec = traced_spec(&ex, &["a"], 0);
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let out = forkfleet_env(
+        &["run", path_str(&spec), "--json", "--timeout-s", "120"],
+        &[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ],
+    );
+    let doc = json(&out);
+    assert_eq!(doc["branches"][0]["state"], "done", "{doc}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(warnings[0].contains("cannot export spans"), "{stderr}");
+    assert!(warnings[0].contains(&endpoint), "{stderr}");
+}
