@@ -49,6 +49,10 @@ pub struct Cli {
     /// More logging on stderr (-v info, -vv debug). RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Log lines on stderr as `text` (the default) or `json`, one object per line with the
+    /// current trace_id and span_id ($FORKFLEET_LOG_FORMAT; [telemetry] log_format).
+    #[arg(long, global = true, value_name = "FORMAT", value_parser = ["text", "json"])]
+    pub log_format: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -187,6 +191,10 @@ impl ConfigArgs {
                 },
                 ..NatsLayer::default()
             },
+            telemetry: config::TelemetryLayer {
+                log_format: LOG_FORMAT_FLAG.get().cloned().flatten(),
+                ..config::TelemetryLayer::default()
+            },
             ..Layer::default()
         }
     }
@@ -270,10 +278,66 @@ impl Command {
     pub fn prints(&self) -> bool {
         !matches!(self, Command::Coordinator(_) | Command::Worker(_))
     }
+
+    /// What the process is, for its default `service.name`.
+    pub fn service(&self) -> forkfleet::telemetry::Service {
+        use forkfleet::telemetry::Service;
+        match self {
+            Command::Coordinator(_) => Service::Coordinator,
+            Command::Worker(_) => Service::Worker,
+            _ => Service::Command,
+        }
+    }
+
+    /// The `--config` file the command was given, for the telemetry settings read before
+    /// the command runs; `None` for the commands whose `[telemetry]` comes from
+    /// `FORKFLEET_CONFIG` alone (the `fork` and `account` groups, `cluster`, `bench`).
+    fn config_file(&self) -> Option<&Path> {
+        match self {
+            Command::Run(a) => a.config.as_deref(),
+            Command::Coordinator(a) => a.config.config.as_deref(),
+            Command::Worker(a) => a.config.config.as_deref(),
+            Command::Workers(a) => a.config.config.as_deref(),
+            Command::Log(a) => a.client.config.config.as_deref(),
+            Command::Checkpoint { command } => command.client().config.config.as_deref(),
+            _ => None,
+        }
+    }
 }
+
+impl Cli {
+    /// The telemetry settings of this invocation: the command's config file, the
+    /// environment and `--log-format`. When they cannot be read, those of the environment
+    /// alone (the command reports the configuration's error itself), else the defaults.
+    pub fn telemetry_settings(&self) -> config::TelemetrySettings {
+        let flags = || Layer {
+            telemetry: config::TelemetryLayer {
+                log_format: self.log_format.clone(),
+                ..config::TelemetryLayer::default()
+            },
+            ..Layer::default()
+        };
+        let file = self.command.config_file();
+        Config::load_telemetry(file, &config::process_env, flags())
+            .or_else(|_| {
+                let env_only = |var: &str| {
+                    (var != config::CONFIG_ENV)
+                        .then(|| config::process_env(var))
+                        .flatten()
+                };
+                Config::load_telemetry(None, &env_only, flags())
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// The global `--log-format`, for the configuration the commands load (and show with
+/// `--print-config`): set once by [`run`].
+static LOG_FORMAT_FLAG: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
 /// Run a command; print its error; return the exit code.
 pub async fn run(cli: Cli) -> u8 {
+    let _ = LOG_FORMAT_FLAG.set(cli.log_format.clone());
     let result = match cli.command {
         Command::Run(args) => run::cmd_run(args).await,
         Command::Coordinator(args) => services::cmd_coordinator(args).await,

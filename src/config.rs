@@ -66,7 +66,8 @@
 //! Layout: this file holds the effective configuration and how the layers merge; `layer`
 //! the layers as written (file, environment, flags), `secret` secrets, `nats` the NATS
 //! settings' checks and connection, `pricing` model prices, `models` the workers' model
-//! catalogue, `render` `--print-config`.
+//! catalogue, `telemetry` the `[telemetry]` table (logs, OTLP export), `render`
+//! `--print-config`.
 
 mod layer;
 mod models;
@@ -74,6 +75,7 @@ mod nats;
 mod pricing;
 mod render;
 mod secret;
+mod telemetry;
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests;
@@ -85,6 +87,9 @@ pub use layer::{
 pub use nats::{NatsSettings, Role};
 pub use pricing::price_of;
 pub use secret::{Secret, SecretSetting};
+pub use telemetry::{
+    LogFormat, OtlpProtocol, RootSampler, SamplerSetting, TelemetryLayer, TelemetrySettings,
+};
 
 use forkfleet_shared::catalogue::CatalogueModel;
 use forkfleet_shared::pricing::Price;
@@ -113,7 +118,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
 
 /// The valid keys, as the file spells them (listed in errors).
-const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, connect_timeout_s, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts, [coordinator] lease_ttl_s";
+const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, connect_timeout_s, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts, [coordinator] lease_ttl_s, [telemetry] log_format, otlp_endpoint, otlp_traces_endpoint, otlp_metrics_endpoint, otlp_protocol, otlp_headers, service_name, resource_attributes, sampler, sampler_arg, disabled, capture_message_content, metrics_interval_s";
 
 /// The keys of one `[pricing."MODEL"]` entry.
 
@@ -222,6 +227,8 @@ pub struct Config {
     pub models_origins: BTreeMap<String, Origin>,
     /// Workers: the hosts a spec's own `base_url` may point at (`[model_hosts] allow`).
     pub model_hosts: Sourced<Vec<String>>,
+    /// `[telemetry]`: log format, OTLP export, resource, sampler, content capture.
+    pub telemetry: TelemetrySettings,
 }
 
 fn default<T>(value: T) -> Sourced<T> {
@@ -426,6 +433,7 @@ impl Config {
         c.nats.password = resolve_secret("NATS password", password)?;
         c.nats.token = resolve_secret("NATS token", token)?;
         c.nats.nkey_seed = resolve_secret("NATS nkey seed", nkey)?;
+        c.telemetry = TelemetrySettings::merge(layers)?;
         c.check()?;
         Ok(c)
     }
@@ -464,6 +472,7 @@ impl Config {
             models: BTreeMap::new(),
             models_origins: BTreeMap::new(),
             model_hosts: default(Vec::new()),
+            telemetry: TelemetrySettings::default(),
         }
     }
 

@@ -1,4 +1,17 @@
-//! The process's telemetry: log lines and trace context.
+//! The process's telemetry: log lines (text or JSON), trace context, and OTLP export of
+//! traces.
+//!
+//! [`init`] installs the subscriber and returns a [`Telemetry`] guard; every command and
+//! service calls [`Telemetry::shutdown`] before the process exits, which flushes the spans
+//! still buffered (within [`FLUSH_BOUND`]). Layout: `export` builds the OTLP exporter and
+//! reports a failing collector once; `json` the JSON log lines.
+
+mod export;
+mod json;
+
+use crate::config::{LogFormat, RootSampler, SamplerSetting, TelemetrySettings};
+
+pub use export::FLUSH_BOUND;
 
 /// Colour codes on stderr only when it is a terminal and `NO_COLOR` is unset or empty
 /// (<https://no-color.org>): a log file or a pipe gets plain text.
@@ -37,24 +50,79 @@ pub fn quiet_libraries(mut filter: tracing_subscriber::EnvFilter) -> tracing_sub
     filter
 }
 
-/// The process's subscriber: log lines on stderr, and an OpenTelemetry layer.
+/// Targets of the OpenTelemetry SDK's own diagnostics (an export that failed, a full
+/// queue; a directive matches every target it prefixes): left out of the log lines, since they would repeat per batch; the exporter
+/// reports a failing collector once instead (`export`).
+const SDK_TARGETS: &[&str] = &["opentelemetry"];
+
+/// The `service.name` of a process that runs `command` when none is configured.
+pub fn default_service_name(service: Service) -> &'static str {
+    match service {
+        Service::Coordinator => "forkfleet-coordinator",
+        Service::Worker => "forkfleet-worker",
+        Service::Command => "forkfleet",
+    }
+}
+
+/// What the process is, for its default `service.name`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    Coordinator,
+    Worker,
+    /// Any other command (`run`, `fork ...`, ...).
+    Command,
+}
+
+/// The process's telemetry, installed by [`init`]: call [`Telemetry::shutdown`] before
+/// the process exits, so that the spans still buffered are exported.
+#[must_use = "call shutdown() before the process exits, or buffered spans are lost"]
+pub struct Telemetry {
+    provider: opentelemetry_sdk::trace::SdkTracerProvider,
+    exporter: Option<export::Reporter>,
+}
+
+impl Telemetry {
+    /// Export the spans still buffered and stop the exporter, waiting at most
+    /// [`FLUSH_BOUND`]; a collector that does not answer in time is reported (once, as any
+    /// export failure) and the spans are dropped. Nothing to do when export is off.
+    pub fn shutdown(self) {
+        let Some(reporter) = self.exporter else {
+            return;
+        };
+        // Shutting down exports what is queued, then stops the processor's thread.
+        if let Err(e) = self.provider.shutdown_with_timeout(FLUSH_BOUND) {
+            reporter.failed(&format!("flushing at exit: {e}"));
+        }
+    }
+}
+
+/// The process's subscriber: log lines on stderr, and an OpenTelemetry layer. Call it
+/// inside the tokio runtime (the gRPC exporter's connection runs on it) and call
+/// [`Telemetry::shutdown`] before that runtime drops.
 ///
 /// - **Logs**: filtered by `RUST_LOG`, else by `-v` (warn, info, debug); the libraries
-///   that log secrets at debug and trace (async-nats) never below `warn`.
+///   that log secrets at debug and trace (async-nats) never below `warn`, the
+///   OpenTelemetry SDK's own diagnostics never. Text lines, or with
+///   [`LogFormat::Json`] one JSON object per line carrying the current `trace_id` and
+///   `span_id` (`json`).
 /// - **Traces**: forkfleet's own spans at info and above, whatever the log filter, get
-///   OpenTelemetry trace and span ids from an SDK tracer (sampled unless a remote parent
-///   says otherwise), so trace context propagates over the bus: tasks carry the
-///   `fork.create` span's `traceparent` and branch spans hang under it
-///   (`forkfleet_shared::trace`). Events and other crates' spans (ractor's `Actor`, ...)
-///   stay out of it. There is no exporter yet, so nothing leaves the process: spans are
-///   dropped as they end and the provider has no thread or buffer to flush at exit.
-pub fn init(verbose: u8) {
+///   OpenTelemetry trace and span ids from an SDK tracer, so trace context propagates over
+///   the bus: tasks carry the `fork.create` span's `traceparent` and branch spans hang
+///   under it (`forkfleet_shared::trace`). Events and other crates' spans (ractor's
+///   `Actor`, the HTTP and gRPC clients' own) stay out of it, so an export never produces
+///   spans of its own. With an OTLP endpoint configured ([`TelemetrySettings::traces_endpoint`])
+///   ended spans go to a batch processor (its own thread, a bounded queue: a slow or
+///   unreachable collector drops spans, never blocks a branch) and out over OTLP; without
+///   one, or `disabled`, there is no exporter, no thread and no buffer, and spans are
+///   dropped as they end.
+pub fn init(verbose: u8, settings: &TelemetrySettings, service: Service) -> Telemetry {
     use opentelemetry::trace::TracerProvider as _;
-    use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+    use opentelemetry_sdk::trace::SdkTracerProvider;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::Layer as _;
 
+    forkfleet_shared::trace::set_capture_message_content(settings.capture_message_content.value);
     let default = match verbose {
         0 => "warn",
         1 => "info",
@@ -62,14 +130,45 @@ pub fn init(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let filter = quiet_libraries(filter);
-    let logs = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(colour_on_stderr())
-        .with_filter(filter);
-    let provider = SdkTracerProvider::builder()
-        .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
-        .build();
+    let mut filter = quiet_libraries(filter);
+    for target in SDK_TARGETS {
+        if let Ok(directive) = format!("{target}=off").parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
+    let logs = match settings.log_format.value {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(colour_on_stderr())
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(json::JsonLines)
+            .with_filter(filter)
+            .boxed(),
+    };
+    let mut builder = SdkTracerProvider::builder().with_sampler(sampler(&settings.sampler.value));
+    // Built before the subscriber is installed: its diagnostics would go nowhere yet, so a
+    // bad endpoint is reported below, once the log lines are set up.
+    let exporter = settings
+        .traces_endpoint()
+        .map(|endpoint| export::build(settings, &endpoint));
+    let mut reporter = None;
+    let mut build_error = None;
+    match exporter {
+        Some(Ok((exporter, r))) => {
+            builder = builder
+                .with_resource(resource(settings, service))
+                .with_span_processor(export::batch(exporter));
+            reporter = Some(r);
+        }
+        Some(Err(e)) => build_error = Some(e),
+        None => {}
+    }
+    let provider = builder.build();
     // The tracer keeps the provider alive for the life of the process.
     let traces = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("forkfleet"))
@@ -88,4 +187,65 @@ pub fn init(verbose: u8) {
         .with(logs)
         .with(traces)
         .try_init();
+    if let Some(e) = build_error {
+        tracing::warn!(error = %e, "traces: the OTLP exporter cannot be built; spans are not exported");
+    }
+    Telemetry {
+        provider,
+        exporter: reporter,
+    }
+}
+
+/// The SDK sampler of a setting.
+fn sampler(setting: &SamplerSetting) -> opentelemetry_sdk::trace::Sampler {
+    use opentelemetry_sdk::trace::Sampler;
+    let root = |r: &RootSampler| match r {
+        RootSampler::AlwaysOn => Sampler::AlwaysOn,
+        RootSampler::AlwaysOff => Sampler::AlwaysOff,
+        RootSampler::TraceIdRatio(ratio) => Sampler::TraceIdRatioBased(*ratio),
+    };
+    match setting {
+        SamplerSetting::AlwaysOn => Sampler::AlwaysOn,
+        SamplerSetting::AlwaysOff => Sampler::AlwaysOff,
+        SamplerSetting::TraceIdRatio(r) => Sampler::TraceIdRatioBased(*r),
+        SamplerSetting::ParentBased(r) => Sampler::ParentBased(Box::new(root(r))),
+    }
+}
+
+/// The resource of every exported span: `service.name` (configured, else the process's
+/// default), `service.version`, `service.instance.id` (unless configured: a fresh id per
+/// process), the SDK's own attributes and the configured `resource_attributes` (which win
+/// over the variables the SDK reads itself).
+fn resource(settings: &TelemetrySettings, service: Service) -> opentelemetry_sdk::Resource {
+    use opentelemetry::KeyValue;
+    let attributes = settings
+        .resource_attributes
+        .iter()
+        .filter(|(k, _)| k.as_str() != "service.name")
+        .map(|(k, v)| KeyValue::new(k.clone(), v.value.clone()));
+    let name = match &settings.service_name {
+        Some(s) => s.value.clone(),
+        None => settings
+            .resource_attributes
+            .get("service.name")
+            .map_or_else(
+                || default_service_name(service).to_string(),
+                |v| v.value.clone(),
+            ),
+    };
+    let mut builder = opentelemetry_sdk::Resource::builder()
+        .with_attributes(attributes)
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .with_service_name(name);
+    if !settings
+        .resource_attributes
+        .contains_key("service.instance.id")
+    {
+        // Tells the processes of one service apart (two workers' spans).
+        builder = builder.with_attribute(KeyValue::new(
+            "service.instance.id",
+            uuid::Uuid::now_v7().to_string(),
+        ));
+    }
+    builder.build()
 }

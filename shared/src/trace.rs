@@ -18,6 +18,22 @@ use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, Tra
 use opentelemetry::Context;
 use tracing_opentelemetry::{OpenTelemetrySpanExt, SetParentError};
 
+/// Whether prompt and completion text may be recorded on spans: set once at start-up from
+/// the configuration (`[telemetry] capture_message_content`,
+/// `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`); false until then.
+static CAPTURE_MESSAGE_CONTENT: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Whether spans may carry prompt and completion text (off unless enabled).
+pub fn capture_message_content() -> bool {
+    CAPTURE_MESSAGE_CONTENT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Set whether spans may carry prompt and completion text (once, at start-up).
+pub fn set_capture_message_content(on: bool) {
+    CAPTURE_MESSAGE_CONTENT.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The W3C trace context header (and the name of the field everywhere else).
 pub const TRACEPARENT: &str = "traceparent";
 

@@ -33,6 +33,12 @@ pub(crate) async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
     // Only the config's `[pricing]` matters here; the data dir is `--data` or next to the
     // spec, as always.
     let pricing = Config::load_pricing(args.config.as_deref(), &config::process_env)?;
+    // The `[telemetry]` table was read before the command started; its errors show here.
+    Config::load_telemetry(
+        args.config.as_deref(),
+        &config::process_env,
+        Layer::default(),
+    )?;
     let catalogue = Config::load_catalogue(args.config.as_deref(), &config::process_env)?;
     let loaded = spec::load_with(&args.spec, &pricing)?;
     if let Some(pick) = &args.pick {

@@ -32,6 +32,10 @@ pub struct Layer {
     /// Workers: `[model_hosts]`, the hosts a spec's own `base_url` may point at.
     #[serde(default)]
     pub model_hosts: ModelHostsLayer,
+    /// `[telemetry]`: logs and OTLP export; its environment layer is the OpenTelemetry
+    /// variables.
+    #[serde(default)]
+    pub telemetry: super::TelemetryLayer,
 }
 
 /// One `[access."IDENTITY"]` entry.
@@ -154,6 +158,9 @@ pub fn env_var(key: &str) -> String {
     if key == "model_hosts.allow" {
         return forkfleet_shared::catalogue::ALLOWED_HOSTS_ENV.to_string();
     }
+    if let Some(var) = super::telemetry::env_var(key) {
+        return var.to_string();
+    }
     format!("{ENV_PREFIX}{}", key.replace('.', "_").to_ascii_uppercase())
 }
 
@@ -181,6 +188,7 @@ pub fn flag_origin(key: &'static str) -> &'static str {
         "nats.tls.cert_file" => "--tls-cert",
         "nats.tls.key_file" => "--tls-key",
         "nats.tls.require" => "--tls-require",
+        "telemetry.log_format" => "--log-format",
         _ => "a flag",
     }
 }
@@ -248,6 +256,7 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
         access: BTreeMap::new(),
         models,
         model_hosts: ModelHostsLayer { allow },
+        telemetry: super::telemetry::env_layer(env)?,
         data: get("data").map(PathBuf::from),
         coordinator: CoordinatorLayer {
             lease_ttl_s: parse("coordinator.lease_ttl_s", "a number of seconds")?,

@@ -198,6 +198,93 @@ impl Config {
             format!("[{}]", hosts.join(", ")),
             &self.model_hosts.origin,
         );
+        let t = &self.telemetry;
+        let _ = writeln!(out, "\n[telemetry]");
+        line(
+            &mut out,
+            "log_format",
+            quoted(&t.log_format.value.to_string()),
+            &t.log_format.origin,
+        );
+        for (key, v) in [
+            ("otlp_endpoint", &t.otlp_endpoint),
+            ("otlp_traces_endpoint", &t.otlp_traces_endpoint),
+            ("otlp_metrics_endpoint", &t.otlp_metrics_endpoint),
+        ] {
+            if let Some(v) = v {
+                line(&mut out, key, quoted(&redact_url(&v.value)), &v.origin);
+            }
+        }
+        match t.traces_endpoint() {
+            Some(e) => {
+                let _ = writeln!(out, "# traces are exported to {}", redact_url(&e));
+            }
+            None if t.disabled.value => {
+                let _ = writeln!(out, "# export is off: disabled");
+            }
+            None => {
+                let _ = writeln!(out, "# export is off: no OTLP endpoint is set");
+            }
+        }
+        line(
+            &mut out,
+            "otlp_protocol",
+            quoted(&t.otlp_protocol.value.to_string()),
+            &t.otlp_protocol.origin,
+        );
+        if !t.otlp_headers.is_empty() {
+            // Header values are secrets (API keys): names and origins only.
+            let _ = writeln!(out, "# otlp_headers: values redacted");
+            let _ = writeln!(out, "otlp_headers = {{ {} }}", {
+                let entries: Vec<String> = t
+                    .otlp_headers
+                    .keys()
+                    .map(|k| format!("{} = \"<redacted>\"", quoted(k)))
+                    .collect();
+                entries.join(", ")
+            });
+            for (k, v) in &t.otlp_headers {
+                let _ = writeln!(out, "#   {k}: {}", v.origin);
+            }
+        }
+        if let Some(s) = &t.service_name {
+            line(&mut out, "service_name", quoted(&s.value), &s.origin);
+        }
+        if !t.resource_attributes.is_empty() {
+            let entries: Vec<String> = t
+                .resource_attributes
+                .iter()
+                .map(|(k, v)| format!("{} = {}", quoted(k), quoted(&v.value)))
+                .collect();
+            let _ = writeln!(out, "resource_attributes = {{ {} }}", entries.join(", "));
+            for (k, v) in &t.resource_attributes {
+                let _ = writeln!(out, "#   {k}: {}", v.origin);
+            }
+        }
+        line(
+            &mut out,
+            "sampler",
+            quoted(&t.sampler.value.to_string()),
+            &t.sampler.origin,
+        );
+        line(
+            &mut out,
+            "disabled",
+            t.disabled.value.to_string(),
+            &t.disabled.origin,
+        );
+        line(
+            &mut out,
+            "capture_message_content",
+            t.capture_message_content.value.to_string(),
+            &t.capture_message_content.origin,
+        );
+        line(
+            &mut out,
+            "metrics_interval_s",
+            t.metrics_interval.value.as_secs().to_string(),
+            &t.metrics_interval.origin,
+        );
         out
     }
 }

@@ -557,3 +557,135 @@ fn lease_ttl_and_connect_timeout_are_layered_and_checked() {
     assert!(err.contains("coordinator.lease_ttl_s"), "{err}");
     assert!(err.contains("at least 1 second"), "{err}");
 }
+
+#[test]
+fn telemetry_is_off_without_an_endpoint_and_disabled_wins() {
+    let c = Config::load(None, &env_of(&[]), Layer::default()).unwrap();
+    assert_eq!(c.telemetry.traces_endpoint(), None);
+    assert_eq!(c.telemetry.log_format.value, LogFormat::Text);
+    assert_eq!(
+        c.telemetry.sampler.value,
+        SamplerSetting::ParentBased(RootSampler::AlwaysOn)
+    );
+    let env = env_of(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/"),
+        ("OTEL_SDK_DISABLED", "true"),
+    ]);
+    let c = Config::load(None, &env, Layer::default()).unwrap();
+    assert_eq!(c.telemetry.traces_endpoint(), None);
+}
+
+#[test]
+fn the_traces_endpoint_wins_over_the_base_one_which_gets_the_http_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "c.toml",
+        "[telemetry]\notlp_endpoint = \"http://file:4318\"\nservice_name = \"svc\"\n",
+    );
+    let c = Config::load(Some(&file), &env_of(&[]), Layer::default()).unwrap();
+    assert_eq!(
+        c.telemetry.traces_endpoint().as_deref(),
+        Some("http://file:4318/v1/traces")
+    );
+    assert_eq!(
+        c.telemetry.metrics_endpoint().as_deref(),
+        Some("http://file:4318/v1/metrics")
+    );
+    let env = env_of(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4318"),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://tempo:4318/custom",
+        ),
+    ]);
+    let c = Config::load(Some(&file), &env, Layer::default()).unwrap();
+    assert_eq!(
+        c.telemetry.traces_endpoint().as_deref(),
+        Some("http://tempo:4318/custom")
+    );
+    assert_eq!(
+        c.telemetry.metrics_endpoint().as_deref(),
+        Some("http://env:4318/v1/metrics")
+    );
+    assert_eq!(
+        c.telemetry.otlp_endpoint.as_ref().unwrap().origin,
+        Origin::Env("OTEL_EXPORTER_OTLP_ENDPOINT".into())
+    );
+    assert_eq!(c.telemetry.service_name_or("x"), "svc");
+    // gRPC takes the base endpoint as it is.
+    let env = env_of(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4317"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+    ]);
+    let c = Config::load(None, &env, Layer::default()).unwrap();
+    assert_eq!(
+        c.telemetry.traces_endpoint().as_deref(),
+        Some("http://env:4317")
+    );
+}
+
+#[test]
+fn otlp_headers_and_resource_attributes_merge_by_key_and_headers_never_render() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "c.toml",
+        "[telemetry]\notlp_headers = { \"x-a\" = \"file-a\", \"x-b\" = \"file-b\" }\nresource_attributes = { team = \"t\" }\n",
+    );
+    let env = env_of(&[
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-b=env%20b, x-c=env-c"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod"),
+    ]);
+    let c = Config::load(Some(&file), &env, Layer::default()).unwrap();
+    let h = &c.telemetry.otlp_headers;
+    assert_eq!(h["x-a"].value.expose(), "file-a");
+    assert_eq!(h["x-b"].value.expose(), "env b");
+    assert_eq!(h["x-c"].value.expose(), "env-c");
+    assert_eq!(c.telemetry.resource_attributes.len(), 2);
+    let text = c.render();
+    for secret in ["file-a", "file-b", "env b", "env-c", "env%20b"] {
+        assert!(!text.contains(secret), "{text}");
+    }
+    assert!(text.contains("\"x-b\" = \"<redacted>\""), "{text}");
+}
+
+#[test]
+fn bad_telemetry_values_name_what_is_valid() {
+    for (var, value, expected) in [
+        (
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "http/json",
+            "grpc or http/protobuf",
+        ),
+        (
+            "OTEL_TRACES_SAMPLER",
+            "jaeger_remote",
+            "parentbased_traceidratio",
+        ),
+        ("OTEL_TRACES_SAMPLER_ARG", "2", "a ratio from 0 to 1"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-key", "name=value pairs"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "=v", "key=value pairs"),
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "collector:4318",
+            "an http:// or https:// URL",
+        ),
+        ("FORKFLEET_LOG_FORMAT", "xml", "text or json"),
+        ("OTEL_SDK_DISABLED", "maybe", "true or false"),
+    ] {
+        let e = Config::load(None, &env_of(&[(var, value)]), Layer::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(expected), "{var}={value}: {e}");
+    }
+    // A header's value never shows in an error.
+    let e = Config::load(
+        None,
+        &env_of(&[("OTEL_EXPORTER_OTLP_HEADERS", "x-key=sec%zzret")]),
+        Layer::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(!e.contains("sec"), "{e}");
+}

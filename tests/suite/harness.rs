@@ -73,12 +73,13 @@ fn copy_dir(src: &Path, dst: &Path) {
 const KEPT_ENV: &[&str] = &["FORKFLEET_NATS_SERVER"];
 
 /// The binary, to be given its arguments: every `FORKFLEET_*` variable of the test's
-/// environment removed (but [`KEPT_ENV`]), `RUST_LOG=warn`.
+/// environment removed (but [`KEPT_ENV`]), and every `OTEL_*` one, `RUST_LOG=warn`.
 pub fn command() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_forkfleet"));
     for (k, _) in std::env::vars_os() {
         if let Some(k) = k.to_str() {
-            if k.starts_with("FORKFLEET_") && !KEPT_ENV.contains(&k) {
+            // OTEL_*: no test exports unless it says so.
+            if (k.starts_with("FORKFLEET_") && !KEPT_ENV.contains(&k)) || k.starts_with("OTEL_") {
                 cmd.env_remove(k);
             }
         }

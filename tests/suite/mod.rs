@@ -23,4 +23,5 @@ mod restart;
 mod roles;
 mod secrets;
 mod standby;
+mod traces;
 mod turns;

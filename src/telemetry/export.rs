@@ -1,0 +1,149 @@
+//! The OTLP span exporter: built from the settings, behind a batch processor, and wrapped
+//! so that a failing collector is reported once (and its recovery once), not per batch.
+
+use crate::config::{OtlpProtocol, TelemetrySettings};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SpanData, SpanExporter};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long the exit flush waits for the collector, at most.
+pub const FLUSH_BOUND: Duration = Duration::from_secs(5);
+
+/// How long one export request may take before it fails (the OTLP default is 10 s; the
+/// exit flush must fit in [`FLUSH_BOUND`]).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Ended spans the batch processor holds at most; past it, spans are dropped, never
+/// waited for.
+const MAX_QUEUE: usize = 4096;
+
+/// How often the batch processor exports what it holds.
+const EXPORT_DELAY: Duration = Duration::from_secs(1);
+
+/// Reports the exporter's health on the log: the first failure as a warning, the first
+/// success after failures as "recovered", nothing else.
+#[derive(Debug, Clone)]
+pub(super) struct Reporter {
+    endpoint: Arc<str>,
+    failing: Arc<AtomicBool>,
+}
+
+impl Reporter {
+    /// An export failed (`what` says how): a warning unless one is already out.
+    pub(super) fn failed(&self, what: &str) {
+        if !self.failing.swap(true, Ordering::SeqCst) {
+            tracing::warn!(
+                otlp.endpoint = %self.endpoint,
+                error = %what,
+                "traces: cannot export spans to the collector; spans are dropped until it answers (reported once)"
+            );
+        }
+    }
+
+    /// An export succeeded: "recovered" if the last one had failed.
+    fn succeeded(&self) {
+        if self.failing.swap(false, Ordering::SeqCst) {
+            tracing::info!(otlp.endpoint = %self.endpoint, "traces: the collector answers again");
+        }
+    }
+}
+
+/// An exporter that reports its failures through a [`Reporter`].
+#[derive(Debug)]
+pub(super) struct Reporting<E> {
+    inner: E,
+    reporter: Reporter,
+}
+
+impl<E: SpanExporter> SpanExporter for Reporting<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let result = self.inner.export(batch).await;
+        match &result {
+            Ok(()) => self.reporter.succeeded(),
+            Err(e) => self.reporter.failed(&e.to_string()),
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The exporter to `endpoint` over the configured protocol, with the configured headers,
+/// wrapped in its [`Reporter`]. gRPC needs the tokio runtime entered.
+pub(super) fn build(
+    settings: &TelemetrySettings,
+    endpoint: &str,
+) -> Result<(Reporting<opentelemetry_otlp::SpanExporter>, Reporter), String> {
+    use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
+    let headers: std::collections::HashMap<String, String> = settings
+        .otlp_headers
+        .iter()
+        .map(|(k, v)| (k.clone(), v.value.expose().to_string()))
+        .collect();
+    let exporter = match settings.otlp_protocol.value {
+        OtlpProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(endpoint)
+            .with_timeout(EXPORT_TIMEOUT)
+            .with_headers(headers)
+            .build(),
+        OtlpProtocol::Grpc => {
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            for (k, v) in &headers {
+                let key = tonic::metadata::MetadataKey::from_bytes(k.as_bytes())
+                    .map_err(|_| format!("header `{k}` is not a valid gRPC metadata name"))?;
+                let value = v
+                    .parse()
+                    .map_err(|_| format!("the value of header `{k}` is not valid gRPC metadata"))?;
+                metadata.insert(key, value);
+            }
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_protocol(opentelemetry_otlp::Protocol::Grpc)
+                .with_endpoint(endpoint)
+                .with_timeout(EXPORT_TIMEOUT)
+                .with_metadata(metadata)
+                .build()
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    let reporter = Reporter {
+        endpoint: forkfleet_bus::nats::redact_url(endpoint).into(),
+        failing: Arc::new(AtomicBool::new(false)),
+    };
+    Ok((
+        Reporting {
+            inner: exporter,
+            reporter: reporter.clone(),
+        },
+        reporter,
+    ))
+}
+
+/// The batch processor in front of `exporter`: its own thread, a bounded queue.
+pub(super) fn batch<E: SpanExporter + 'static>(
+    exporter: E,
+) -> opentelemetry_sdk::trace::BatchSpanProcessor {
+    use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor};
+    BatchSpanProcessor::builder(exporter)
+        .with_batch_config(
+            BatchConfigBuilder::default()
+                .with_max_queue_size(MAX_QUEUE)
+                .with_scheduled_delay(EXPORT_DELAY)
+                .build(),
+        )
+        .build()
+}
