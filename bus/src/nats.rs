@@ -61,12 +61,12 @@
 
 use super::{Acker, Bus, BusError, BusResult, Delivery, EventConsumer, Replier, Request};
 use async_nats::jetstream::{self, consumer, kv, object_store, stream, AckKind};
-use forkfleet_shared::metrics::catalog as metrics;
 use async_nats::{Client, ConnectOptions};
 use async_trait::async_trait;
 use bytes::Bytes;
 use forkfleet_shared::blob::{BlobError, BlobHash, BlobStore};
 use forkfleet_shared::ids::RunId;
+use forkfleet_shared::metrics::catalog as metrics;
 use forkfleet_shared::protocol::{now_ms, WorkerInfo, WORKER_TTL_MS};
 use forkfleet_shared::subjects::{self, SubjectError};
 use forkfleet_shared::trace::{current_traceparent, TRACEPARENT};

@@ -48,8 +48,8 @@ pub const FAST_DURATION_BUCKETS: &[f64] = &[
 ];
 /// Histogram buckets of token counts (the GenAI conventions' advice: 1 to 64 Mi tokens).
 pub const TOKEN_BUCKETS: &[f64] = &[
-    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
-    4194304.0, 16777216.0, 67108864.0,
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
 ];
 
 /// What a family measures.

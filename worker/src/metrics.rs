@@ -34,7 +34,10 @@ impl ModelCall {
     pub fn ok(mut self, usage: &Usage) {
         self.record("ok", "");
         let (p, m) = (self.provider.as_str(), self.model.as_str());
-        for (kind, tokens) in [("input", usage.input_tokens), ("output", usage.output_tokens)] {
+        for (kind, tokens) in [
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+        ] {
             catalog::TOKEN_USAGE.observe(&[CHAT, p, m, kind], tokens as f64);
         }
     }

@@ -132,8 +132,7 @@ impl Ledger {
         for (name, a) in accounts {
             let n = name.as_str();
             metrics::ACCOUNT_SPENT.set(&[n], account_spent.get(n).copied().unwrap_or(0.0));
-            metrics::ACCOUNT_RESERVED
-                .set(&[n], account_reserved.get(n).copied().unwrap_or(0.0));
+            metrics::ACCOUNT_RESERVED.set(&[n], account_reserved.get(n).copied().unwrap_or(0.0));
             set_or_remove(&metrics::ACCOUNT_CAP, n, a.record.cap_usd);
             p.accounts.insert(name.clone());
         }

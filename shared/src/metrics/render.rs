@@ -57,7 +57,12 @@ pub fn snapshot_of(families: &[&Family]) -> Vec<FamilySnapshot> {
             series: lock(&f.series)
                 .iter()
                 .map(|(values, s)| SeriesSnapshot {
-                    labels: f.labels.iter().copied().zip(values.iter().cloned()).collect(),
+                    labels: f
+                        .labels
+                        .iter()
+                        .copied()
+                        .zip(values.iter().cloned())
+                        .collect(),
                     value: match &**s {
                         Series::Value(v) => {
                             SnapshotValue::Value(f64::from_bits(v.load(Ordering::Relaxed)))

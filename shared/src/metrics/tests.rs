@@ -142,7 +142,10 @@ fn an_ended_key_is_kept_for_the_grace_period_only() {
 
 #[test]
 fn catalogue_names_follow_the_contract() {
-    let names: Vec<String> = catalog::ALL.iter().map(|f| render::prometheus_name(f)).collect();
+    let names: Vec<String> = catalog::ALL
+        .iter()
+        .map(|f| render::prometheus_name(f))
+        .collect();
     for expected in [
         "forkfleet_branches",
         "forkfleet_branches_ended_total",
@@ -158,6 +161,9 @@ fn catalogue_names_follow_the_contract() {
         "gen_ai_client_operation_duration_seconds",
         "forkfleet_bus_reconnects_total",
     ] {
-        assert!(names.iter().any(|n| n == expected), "{expected} missing from {names:?}");
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} missing from {names:?}"
+        );
     }
 }
