@@ -17,7 +17,7 @@ pub(crate) struct Published {
     grace: GracePeriod<ForkId>,
     /// This ledger's share of `forkfleet.branches` per state (the shares of several
     /// coordinators in one process, as in tests, add up).
-    branches: HashMap<&'static str, f64>,
+    pub(super) branches: HashMap<&'static str, f64>,
     forks: HashSet<ForkId>,
     accounts: HashSet<String>,
 }
