@@ -2,7 +2,7 @@
 //! coordinator and a worker after a fork, `/readyz` and `/healthz` across a NATS outage,
 //! and the endpoint's configuration and binding errors.
 
-use super::fleet::{Fleet, Options, COMMAND_LIMIT, POLL};
+use super::fleet::{Fleet, Options, Service, COMMAND_LIMIT, POLL};
 use super::harness::{forkfleet, forkfleet_env, path_str, stderr, Example};
 use forkfleet_bus::testkit::free_port;
 use serde_json::Value;
@@ -217,6 +217,33 @@ fn metrics_of_a_finished_fork_and_readiness_across_a_nats_outage() {
         Some(calls as f64),
         "{text}"
     );
+
+    // A second coordinator of the same store stands by: alive, not ready.
+    let standby_addr = format!("127.0.0.1:{}", free_port());
+    let data = fleet.dir.path().join("coordinator-data");
+    let url = fleet.nats.url();
+    let standby = Service::spawn(
+        "standby",
+        &[
+            "coordinator",
+            "--nats",
+            &url,
+            "--data",
+            path_str(&data),
+            "--http-addr",
+            &standby_addr,
+        ],
+        fleet.dir.path(),
+    );
+    let r = until(&standby_addr, "/readyz", "a standby is not ready", |r| {
+        r.status == 503 && r.body.contains("standby")
+    });
+    assert_eq!(
+        r.body,
+        "not ready: standby: waiting for the coordinator lease\n"
+    );
+    assert_eq!(get(&standby_addr, "/healthz").unwrap().status, 200);
+    drop(standby);
 
     // Ready and alive; not ready while NATS is down (alive all the same); ready again
     // once it is back on the same port and store.
