@@ -7,6 +7,7 @@
 //! pool = "default"              # the task queue workers pull from and the coordinator fills
 //! concurrency = 64              # worker: branches run at once
 //! drain_grace_s = 30            # worker: on SIGTERM, how long running branches may finish
+//! http_addr = "0.0.0.0:9090"    # services: /metrics, /healthz, /readyz (off unless set)
 //!
 //! [nats]
 //! url = "nats://nats:4222"
@@ -97,6 +98,7 @@ use forkfleet_shared::protocol::DEFAULT_POOL;
 use secret::{resolve_secret, secret_of, LayeredSecret};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -118,7 +120,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
 
 /// The valid keys, as the file spells them (listed in errors).
-const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, connect_timeout_s, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts, [coordinator] lease_ttl_s, [telemetry] log_format, otlp_endpoint, otlp_traces_endpoint, otlp_metrics_endpoint, otlp_protocol, otlp_headers, service_name, resource_attributes, sampler, sampler_arg, disabled, capture_message_content, metrics_interval_s";
+const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, http_addr, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, connect_timeout_s, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts, [coordinator] lease_ttl_s, [telemetry] log_format, otlp_endpoint, otlp_traces_endpoint, otlp_metrics_endpoint, otlp_protocol, otlp_headers, service_name, resource_attributes, sampler, sampler_arg, disabled, capture_message_content, metrics_interval_s";
 
 /// The keys of one `[pricing."MODEL"]` entry.
 
@@ -210,6 +212,8 @@ pub struct Config {
     pub pool: Sourced<String>,
     pub concurrency: Sourced<usize>,
     pub drain_grace: Sourced<Duration>,
+    /// The services' HTTP endpoint (`/metrics`, `/healthz`, `/readyz`); off when `None`.
+    pub http_addr: Sourced<Option<SocketAddr>>,
     pub nats: NatsSettings,
     /// `[coordinator] lease_ttl_s`: how long the coordinator lease lasts unless renewed.
     pub lease_ttl: Sourced<Duration>,
@@ -329,6 +333,13 @@ impl Config {
                 o,
                 "drain_grace_s",
             );
+            if let Some(addr) = &layer.http_addr {
+                let from = o("http_addr");
+                c.http_addr = Sourced {
+                    value: Some(parse_http_addr(addr, &from)?),
+                    origin: from,
+                };
+            }
             for (model, value) in &layer.pricing {
                 let from = o("pricing");
                 let price = price_of(model, value, &from)?;
@@ -446,6 +457,7 @@ impl Config {
             pool: default(DEFAULT_POOL.to_string()),
             concurrency: default(DEFAULT_CONCURRENCY),
             drain_grace: default(DEFAULT_DRAIN_GRACE),
+            http_addr: default(None),
             nats: NatsSettings {
                 url: None,
                 name: None,
@@ -540,4 +552,21 @@ impl Config {
         }
         self.nats.check()
     }
+}
+
+/// `http_addr` as written: `IP:PORT` (`0.0.0.0:9090`, `[::1]:9090`) or `localhost:PORT`.
+fn parse_http_addr(addr: &str, origin: &Origin) -> Result<SocketAddr, ConfigError> {
+    let addr = addr.trim();
+    let parsed = match addr.strip_prefix("localhost:") {
+        Some(port) => port
+            .parse::<u16>()
+            .ok()
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], p))),
+        None => addr.parse::<SocketAddr>().ok(),
+    };
+    parsed.ok_or_else(|| ConfigError::Invalid {
+        key: "http_addr",
+        expected: "HOST:PORT with an IP address or localhost as the host (e.g. 0.0.0.0:9090, 127.0.0.1:9090, [::]:9090, localhost:9090)",
+        value: format!("`{addr}` (from {origin})"),
+    })
 }

@@ -12,6 +12,9 @@
 //!
 //! [`serve_coordinator`] and [`serve_worker`] are the same over a bus the caller already
 //! has (a `LocalBus` in tests).
+//!
+//! Both services serve `GET /metrics`, `/healthz` and `/readyz` on `http_addr` when it is
+//! set ([`http`]).
 
 use crate::config::{Config, Role};
 use crate::BadInput;
@@ -27,7 +30,10 @@ use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 
+pub mod http;
 pub mod lease;
+
+pub use http::Readiness;
 
 /// Connect to NATS with the configured settings for `role` (ADR 17: its reply inboxes,
 /// whether it creates streams and buckets); without a URL, say how to give one.
@@ -51,7 +57,10 @@ pub async fn connect_nats(nats: NatsConfig) -> anyhow::Result<Arc<dyn Bus>> {
     Ok(Arc::new(NatsBus::connect(nats).await?))
 }
 
-/// `forkfleet coordinator`: see the module documentation.
+/// `forkfleet coordinator`: see the module documentation. With `http_addr`, the HTTP
+/// endpoint ([`http`]) runs from start to stop; the coordinator is ready once it serves
+/// (not while it connects, stands by for the lease, opens its store or stops) and while
+/// its NATS connection is up.
 pub async fn run_coordinator(
     config: &Config,
     shutdown: impl Future<Output = ()>,
@@ -61,11 +70,27 @@ pub async fn run_coordinator(
             "forkfleet coordinator needs a NATS server: pass --nats URL (or set FORKFLEET_NATS_URL, or [nats] url in the --config file)".to_string(),
         )
     })?;
+    let readiness = Readiness::new("connecting to NATS");
+    let endpoint = http::start_if(config.http_addr.value, &readiness).await?;
+    let result = coordinate(config, nats, &readiness, shutdown).await;
+    http::stop(endpoint).await;
+    result
+}
+
+async fn coordinate(
+    config: &Config,
+    nats: NatsConfig,
+    readiness: &Readiness,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let data = &config.data.value;
     // Read without opening the store: a standby's data dir is locked by the serving one.
     let store_id = forkfleet_coordinator::store::store_id(data)?;
     // Its errors name the (redacted) URL already.
     let nats = NatsBus::connect(nats).await?;
+    let probe = nats.clone();
+    readiness.watch_bus(move || probe.connected());
+    readiness.not_ready("standby: waiting for the coordinator lease");
     let me = lease::Candidate {
         store_id,
         ttl: config.lease_ttl.value,
@@ -74,6 +99,7 @@ pub async fn run_coordinator(
     let Some(lease) = lease::acquire(&nats, &me, &mut shutdown).await? else {
         return Ok(());
     };
+    readiness.not_ready("opening the run store");
     let store = tokio::select! {
         store = open_store_when_free(data, &lease) => store,
         _ = &mut shutdown => {
@@ -98,7 +124,7 @@ pub async fn run_coordinator(
         }
     };
     let bus: Arc<dyn Bus> = Arc::new(nats);
-    let served = serve_coordinator_with(store, bus, config, stop).await;
+    let served = serve_coordinator_with(store, bus, config, stop, readiness).await;
     if let Some(why) = lease.lost_reason() {
         served?;
         return Err(anyhow::anyhow!(
@@ -168,22 +194,24 @@ pub async fn serve_coordinator(
         pool: pool.to_string(),
         ..CoordinatorConfig::default()
     };
-    serve_coordinator_config(store, bus, config, shutdown).await
+    serve_coordinator_config(store, bus, config, shutdown, &Readiness::new("starting")).await
 }
 
-/// [`serve_coordinator`] with the pool and the `[access]` grants of `config`.
+/// [`serve_coordinator`] with the pool and the `[access]` grants of `config`, ready (for
+/// `readiness`) once it answers the API and until `shutdown`.
 pub async fn serve_coordinator_with(
     store: RunStore,
     bus: Arc<dyn Bus>,
     config: &Config,
     shutdown: impl Future<Output = ()>,
+    readiness: &Readiness,
 ) -> anyhow::Result<()> {
     let coordinator = CoordinatorConfig {
         pool: config.pool.value.clone(),
         access: config.access.clone(),
         ..CoordinatorConfig::default()
     };
-    serve_coordinator_config(store, bus, coordinator, shutdown).await
+    serve_coordinator_config(store, bus, coordinator, shutdown, readiness).await
 }
 
 async fn serve_coordinator_config(
@@ -191,6 +219,7 @@ async fn serve_coordinator_config(
     bus: Arc<dyn Bus>,
     config: CoordinatorConfig,
     shutdown: impl Future<Output = ()>,
+    readiness: &Readiness,
 ) -> anyhow::Result<()> {
     let dir = store.dir().to_path_buf();
     let pool = config.pool.clone();
@@ -198,7 +227,13 @@ async fn serve_coordinator_config(
     let served = match ApiServer::bind(coordinator.handle(), bus).await {
         Ok(server) => {
             tracing::info!(data = %dir.display(), pool = %pool, "coordinator.ready");
-            server.run(shutdown).await
+            readiness.ready();
+            server
+                .run(async {
+                    shutdown.await;
+                    readiness.not_ready("stopping");
+                })
+                .await
         }
         Err(e) => Err(e),
     };
@@ -209,13 +244,24 @@ async fn serve_coordinator_config(
     Ok(())
 }
 
-/// `forkfleet worker`: see the module documentation.
+/// `forkfleet worker`: see the module documentation. With `http_addr`, the HTTP endpoint
+/// ([`http`]) runs from start to stop; the worker is ready while its node runs (not while
+/// it connects or drains) and its NATS connection is up.
 pub async fn run_worker(
     config: &Config,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let bus = connect(config, Role::Worker).await?;
-    serve_worker(bus, config, shutdown).await
+    let readiness = Readiness::new("connecting to NATS");
+    let endpoint = http::start_if(config.http_addr.value, &readiness).await?;
+    let result = async {
+        let bus = connect(config, Role::Worker).await?;
+        let probe = bus.clone();
+        readiness.watch_bus(move || probe.connected());
+        serve_worker_with(bus, config, shutdown, &readiness).await
+    }
+    .await;
+    http::stop(endpoint).await;
+    result
 }
 
 /// Run a worker node on `bus` with the pool, concurrency and drain grace of `config`; its
@@ -225,6 +271,16 @@ pub async fn serve_worker(
     bus: Arc<dyn Bus>,
     config: &Config,
     shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    serve_worker_with(bus, config, shutdown, &Readiness::new("starting")).await
+}
+
+/// [`serve_worker`], ready (for `readiness`) from the node's start until `shutdown`.
+pub async fn serve_worker_with(
+    bus: Arc<dyn Bus>,
+    config: &Config,
+    shutdown: impl Future<Output = ()> + Send,
+    readiness: &Readiness,
 ) -> anyhow::Result<()> {
     let worker = WorkerConfig {
         pool: config.pool.value.clone(),
@@ -244,6 +300,12 @@ pub async fn serve_worker(
         allowed_model_hosts = worker.catalogue.allowed_hosts.len(),
         "worker.ready"
     );
+    readiness.ready();
+    let draining = readiness.clone();
+    let shutdown = async move {
+        shutdown.await;
+        draining.not_ready("stopping: draining running branches");
+    };
     forkfleet_worker::run(worker, bus, shutdown).await?;
     Ok(())
 }

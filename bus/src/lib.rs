@@ -182,6 +182,22 @@ impl Request {
     }
 }
 
+/// A task queue's backlog ([`Bus::task_queue`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TaskQueue {
+    /// Tasks not yet delivered to any worker (the consumer's lag).
+    pub waiting: u64,
+    /// Tasks delivered and not yet acked (held by workers).
+    pub in_flight: u64,
+}
+
+impl TaskQueue {
+    /// Tasks not yet acked: waiting or in flight.
+    pub fn depth(&self) -> u64 {
+        self.waiting + self.in_flight
+    }
+}
+
 #[async_trait]
 pub trait Bus: Send + Sync + 'static {
     async fn enqueue_task(&self, pool: &str, payload: Bytes) -> BusResult<()>;
@@ -198,6 +214,13 @@ pub trait Bus: Send + Sync + 'static {
     async fn queued_task(&self, pool: &str, seq: u64) -> BusResult<Option<Bytes>>;
     /// Deliveries of one task before it is dead-lettered.
     fn max_deliver(&self) -> u32;
+    /// How many of `pool`'s tasks are waiting and how many are held by workers.
+    async fn task_queue(&self, pool: &str) -> BusResult<TaskQueue>;
+    /// Whether the bus is connected now (a NATS connection may be down and reconnecting;
+    /// the in-process bus always is).
+    fn connected(&self) -> bool {
+        true
+    }
 
     async fn publish_event(&self, payload: Bytes) -> BusResult<()>;
     async fn events(&self, durable: &str) -> BusResult<Box<dyn EventConsumer>>;

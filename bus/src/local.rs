@@ -404,6 +404,15 @@ impl Bus for LocalBus {
         self.queue(pool)?.queued(seq)
     }
 
+    async fn task_queue(&self, pool: &str) -> BusResult<crate::TaskQueue> {
+        let q = self.queue(pool)?;
+        let st = lock(&q.state)?;
+        Ok(crate::TaskQueue {
+            waiting: st.ready.len() as u64,
+            in_flight: st.inflight.len() as u64,
+        })
+    }
+
     fn max_deliver(&self) -> u32 {
         self.inner.config.max_deliver
     }

@@ -66,6 +66,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use forkfleet_shared::blob::{BlobError, BlobHash, BlobStore};
 use forkfleet_shared::ids::RunId;
+use forkfleet_shared::metrics::catalog as metrics;
 use forkfleet_shared::protocol::{now_ms, WorkerInfo, WORKER_TTL_MS};
 use forkfleet_shared::subjects::{self, SubjectError};
 use forkfleet_shared::trace::{current_traceparent, TRACEPARENT};
@@ -172,7 +173,13 @@ async fn connect_options(
             async move {
                 match event {
                     async_nats::Event::Connected => {
-                        reconnects.send_modify(|n| *n += 1);
+                        reconnects.send_modify(|n| {
+                            // The first connection is not a reconnect.
+                            if *n > 0 {
+                                metrics::BUS_RECONNECTS.inc(&[]);
+                            }
+                            *n += 1
+                        });
                         tracing::info!(nats.url = %url, "bus.nats connected")
                     }
                     async_nats::Event::Disconnected => {
@@ -818,6 +825,23 @@ impl Bus for NatsBus {
                 e,
             )),
         }
+    }
+
+    async fn task_queue(&self, pool: &str) -> BusResult<crate::TaskQueue> {
+        // A clone of the cached handle: `info` refreshes its cache, so it needs its own.
+        let mut consumer = (*self.pool_consumer(pool).await?).clone();
+        let info = consumer
+            .info()
+            .await
+            .map_err(|e| backend(format!("consumer info of pool `{pool}`"), e))?;
+        Ok(crate::TaskQueue {
+            waiting: info.num_pending,
+            in_flight: info.num_ack_pending as u64,
+        })
+    }
+
+    fn connected(&self) -> bool {
+        self.inner.client.connection_state() == async_nats::connection::State::Connected
     }
 
     fn max_deliver(&self) -> u32 {

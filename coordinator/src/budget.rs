@@ -25,9 +25,10 @@
 //! This file holds the ledger's state and its costs, registering forks, settling usage,
 //! branch state changes and fences, and sending stops; `budget/reserve.rs` reservations
 //! (grant, cancel, expiry), `budget/caps.rs` top-ups, moves and accounts,
-//! `budget/service.rs` the reservation service.
+//! `budget/service.rs` the reservation service, `budget/metrics.rs` the ledger's gauges.
 
 mod caps;
+pub(crate) mod metrics;
 mod reserve;
 mod service;
 #[cfg(test)]
@@ -43,6 +44,7 @@ use forkfleet_shared::budget::{
 };
 use forkfleet_shared::clock::Clock;
 use forkfleet_shared::ids::{ForkId, ReservationId, RunId};
+use forkfleet_shared::metrics::catalog;
 use forkfleet_shared::protocol::{Control, ControlCommand};
 use forkfleet_shared::state::BranchState;
 use forkfleet_shared::wire;
@@ -554,6 +556,9 @@ impl Ledger {
         let Some(run) = s.runs.get_mut(&run_id) else {
             return;
         };
+        if state.is_terminal() && !run.state.is_terminal() {
+            catalog::BRANCHES_ENDED.inc(&[state.as_str()]);
+        }
         run.state = state;
         let stopped = state.is_stopped();
         if stopped {

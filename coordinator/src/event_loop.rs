@@ -25,6 +25,7 @@ use crate::root::RootHandle;
 use crate::store::RunStore;
 use forkfleet_bus::{Bus, BusError, Delivery, EventConsumer};
 use forkfleet_shared::ids::ForkId;
+use forkfleet_shared::metrics::catalog as metrics;
 use forkfleet_shared::protocol::BranchEvent;
 use forkfleet_shared::wire;
 use futures::StreamExt;
@@ -215,8 +216,13 @@ async fn apply_batch(
             continue;
         };
         routes.insert(fork_id, handle.clone());
+        let (n, started) = (events.len(), std::time::Instant::now());
         match handle.apply(events).await {
-            Ok(()) => done.extend(deliveries),
+            Ok(()) => {
+                metrics::EVENTS_APPLIED.add(&[], n as f64);
+                metrics::EVENTS_APPLY_DURATION.observe(&[], started.elapsed().as_secs_f64());
+                done.extend(deliveries)
+            }
             Err(e) => {
                 tracing::error!(fork.id = %fork_id, error = %e, "coordinator.events: events not applied; redelivery requested");
                 routes.remove(&fork_id);

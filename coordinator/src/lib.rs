@@ -24,7 +24,9 @@
 //! - `resume`: hands a branch's log to a worker taking it over, fencing earlier attempts.
 //! - `budget`: the ledger of branch, fork and account caps (spend, usage, stops);
 //!   `budget/reserve.rs` reservations (grant, cancel, expiry), `budget/caps.rs` top-ups,
-//!   moves and accounts, `budget/service.rs` the reservation service.
+//!   moves and accounts, `budget/service.rs` the reservation service, `budget/metrics.rs`
+//!   the ledger's gauges.
+//! - `metrics`: publishes the ledger's gauges and samples the task queue's depth and lag.
 //! - `serve`: answering a request/reply subject (resubscribing, bounded, drained).
 //! - `root`, `fork`: the actors. `fork` holds the fork actor's messages, state and handler;
 //!   `fork/handle.rs` its handle, `fork/events.rs` applying events and fences,
@@ -70,6 +72,7 @@ mod create;
 mod event_loop;
 mod fork;
 mod merge;
+mod metrics;
 mod prefix;
 mod replica;
 mod resolve;
@@ -231,7 +234,7 @@ impl Coordinator {
 }
 
 /// The services beside the event loop, each stopping when `stop` turns true: branch
-/// takeovers (`coord.resume`), dead tasks, budget reservations (`coord.budget`).
+/// takeovers (`coord.resume`), dead tasks, budget reservations (`coord.budget`), metrics.
 async fn start_services(
     bus: &Arc<dyn Bus>,
     config: &CoordinatorConfig,
@@ -244,6 +247,7 @@ async fn start_services(
         resume::start(bus, &config.pool, root.clone(), stop.subscribe()).await?,
         resume::start_dead_tasks(bus, &config.pool, root.clone(), stop.subscribe()).await?,
         budget::start(bus, ledger.clone(), store.clone(), stop.subscribe()).await?,
+        metrics::start(bus, &config.pool, ledger, stop.subscribe()),
     ])
 }
 

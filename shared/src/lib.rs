@@ -21,6 +21,8 @@
 //! - [`clock`]: the time that decides behaviour (reservation expiry, heartbeats), which tests
 //!   replace with a manual clock.
 //! - [`trace`]: W3C trace context carried by bus messages.
+//! - [`metrics`]: the process-wide metric registry (counters, gauges, histograms), its
+//!   Prometheus text and snapshot; in `metrics/`: `catalog` (every metric), `render`.
 //! - [`testsignal`]: test runner output and exit status to a branch's test signal.
 //! - [`resolve`]: confidence scoring, the judge's verdict and bounded prompt, merge strategies;
 //!   in `resolve/`: `confidence`, `verdict`, `prompt`, `strategy` and `tests`.
@@ -45,6 +47,7 @@ pub mod event;
 pub mod flush;
 pub mod ids;
 pub mod manifest;
+pub mod metrics;
 pub mod overlay;
 pub mod path;
 pub mod pricing;

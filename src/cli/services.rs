@@ -15,6 +15,10 @@ pub struct CoordinatorArgs {
     /// $FORKFLEET_COORDINATOR_LEASE_TTL_S).
     #[arg(long, value_name = "SECONDS")]
     pub lease_ttl_s: Option<u64>,
+    /// Serve GET /metrics, /healthz and /readyz on HOST:PORT (default: off;
+    /// $FORKFLEET_HTTP_ADDR).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub http_addr: Option<String>,
     #[command(flatten)]
     pub config: ConfigArgs,
 }
@@ -31,6 +35,10 @@ pub struct WorkerArgs {
     /// (default: 30; $FORKFLEET_DRAIN_GRACE_S).
     #[arg(long, value_name = "SECONDS")]
     pub drain_grace_s: Option<u64>,
+    /// Serve GET /metrics, /healthz and /readyz on HOST:PORT (default: off;
+    /// $FORKFLEET_HTTP_ADDR).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub http_addr: Option<String>,
     #[command(flatten)]
     pub config: ConfigArgs,
 }
@@ -42,6 +50,7 @@ pub(crate) async fn cmd_coordinator(args: CoordinatorArgs) -> anyhow::Result<()>
         coordinator: CoordinatorLayer {
             lease_ttl_s: args.lease_ttl_s,
         },
+        http_addr: args.http_addr,
         ..Layer::default()
     })?;
     if args.config.print_config {
@@ -56,6 +65,7 @@ pub(crate) async fn cmd_worker(args: WorkerArgs) -> anyhow::Result<()> {
         pool: args.pool,
         concurrency: args.concurrency,
         drain_grace_s: args.drain_grace_s,
+        http_addr: args.http_addr,
         ..Layer::default()
     })?;
     if args.config.print_config {

@@ -15,6 +15,8 @@ pub struct Layer {
     pub pool: Option<String>,
     pub concurrency: Option<usize>,
     pub drain_grace_s: Option<u64>,
+    /// Services: `HOST:PORT` of the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`).
+    pub http_addr: Option<String>,
     #[serde(default)]
     pub nats: NatsLayer,
     #[serde(default)]
@@ -171,6 +173,7 @@ pub fn flag_origin(key: &'static str) -> &'static str {
         "pool" => "--pool",
         "concurrency" => "--concurrency",
         "drain_grace_s" => "--drain-grace-s",
+        "http_addr" => "--http-addr",
         "nats.url" => "--nats",
         "nats.name" => "--nats-name",
         "nats.user" => "--nats-user",
@@ -264,6 +267,7 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
         pool: get("pool"),
         concurrency: parse("concurrency", "a number of branches")?.map(|n| n as usize),
         drain_grace_s: parse("drain_grace_s", "a number of seconds")?,
+        http_addr: get("http_addr"),
         nats: NatsLayer {
             url: get("nats.url"),
             name: get("nats.name"),

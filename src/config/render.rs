@@ -49,6 +49,20 @@ impl Config {
             self.drain_grace.value.as_secs().to_string(),
             &self.drain_grace.origin,
         );
+        match &self.http_addr.value {
+            Some(addr) => line(
+                &mut out,
+                "http_addr",
+                quoted(&addr.to_string()),
+                &self.http_addr.origin,
+            ),
+            None => {
+                let _ = writeln!(
+                    out,
+                    "# http_addr: not set (the services serve no /metrics, /healthz, /readyz)"
+                );
+            }
+        }
         let n = &self.nats;
         let _ = writeln!(out, "\n[nats]");
         match &n.url {

@@ -17,6 +17,7 @@ mod hints;
 mod lineage;
 mod live_embedded;
 mod merge_policy;
+mod metrics;
 mod pipes;
 mod resolve;
 mod restart;

@@ -36,6 +36,8 @@
 //!   it (no shell, cleared environment, timeout and cancel kill the process group), then
 //!   read back what the command changed. In `runner/`: `materialize` (write a tree),
 //!   `command` (run a command), `changes` (compare the directory with the tree).
+//! - `metrics`: a model call's count, duration and tokens (the GenAI metrics); the node
+//!   holds the running branches' and the slots' gauges.
 //! - `context`: what every branch of a worker shares: the bus, the blob cache, the
 //!   providers, and the decoded prefixes and manifests (one decode per fork).
 //! - [`cache`]: the per-worker blob cache and the decoded-blob memo shared by branches.
@@ -70,6 +72,7 @@ pub mod toolspec;
 mod agent;
 mod context;
 mod lease;
+mod metrics;
 mod node;
 mod resolve;
 

@@ -34,6 +34,7 @@ use crate::lease::TaskLease;
 use crate::WorkerConfig;
 use forkfleet_bus::{BusError, Delivery};
 use forkfleet_shared::ids::RunId;
+use forkfleet_shared::metrics::{catalog, GaugeHold};
 use forkfleet_shared::protocol::{BranchTask, WorkerInfo};
 use forkfleet_shared::wire;
 use ractor::{
@@ -97,6 +98,8 @@ pub(crate) struct NodeState {
     hostname: String,
     version: String,
     heartbeat: Option<tokio::task::JoinHandle<()>>,
+    /// The node's `concurrency` in `forkfleet.worker.slots` while it runs.
+    _slots: GaugeHold,
 }
 
 struct RunningBranch {
@@ -105,6 +108,8 @@ struct RunningBranch {
     label: String,
     agent: ActorCell,
     _permit: OwnedSemaphorePermit,
+    /// Counts the branch in `forkfleet.worker.branches.running` while it runs.
+    _running: GaugeHold,
 }
 
 /// Handle to a running node; the only way other modules talk to it.
@@ -155,6 +160,7 @@ impl Actor for NodeActor {
     ) -> Result<Self::State, ActorProcessingErr> {
         let (stop_pull, stop_rx) = watch::channel(false);
         let started_at_ms = args.config.clock.now_ms();
+        let slots = catalog::WORKER_SLOTS.hold(&[], args.config.concurrency as f64);
         Ok(NodeState {
             config: args.config,
             ctx: args.ctx,
@@ -170,6 +176,7 @@ impl Actor for NodeActor {
             hostname: hostname(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             heartbeat: None,
+            _slots: slots,
         })
     }
 
@@ -324,6 +331,7 @@ async fn task_pulled(
                     label,
                     agent: agent.get_cell(),
                     _permit: permit,
+                    _running: catalog::WORKER_RUNNING.hold(&[], 1.0),
                 },
             );
         }
@@ -532,6 +540,7 @@ mod tests {
             hostname: "h".into(),
             version: "v".into(),
             heartbeat: None,
+            _slots: catalog::WORKER_SLOTS.hold(&[], 0.0),
         }
     }
 

@@ -128,7 +128,33 @@ conformance!(
     payloads_are_opaque_bytes,
     tasks_carry_the_trace_context,
     a_task_is_found_at_its_position_until_settled,
+    the_task_queue_counts_waiting_and_in_flight_tasks,
 );
+
+/// The backlog the coordinator's queue metrics read: waiting tasks, then held ones, none
+/// once acked (polled: an ack reaches the server after `ack` returns); a bus that is up
+/// says it is connected.
+async fn the_task_queue_counts_waiting_and_in_flight_tasks(fx: Fixture) {
+    let bus = &fx.bus;
+    assert!(bus.connected());
+    within(bus.enqueue_task("q", b("t1"))).await.unwrap();
+    within(bus.enqueue_task("q", b("t2"))).await.unwrap();
+    let q = within(bus.task_queue("q")).await.unwrap();
+    assert_eq!((q.waiting, q.in_flight, q.depth()), (2, 0, 2));
+    let d = within(bus.pull_task("q", ms(5000))).await.unwrap().unwrap();
+    let q = within(bus.task_queue("q")).await.unwrap();
+    assert_eq!((q.waiting, q.in_flight), (1, 1));
+    within(d.ack()).await.unwrap();
+    let deadline = std::time::Instant::now() + ms(5000);
+    loop {
+        let q = within(bus.task_queue("q")).await.unwrap();
+        if (q.waiting, q.in_flight) == (1, 0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{q:?}");
+        tokio::time::sleep(ms(20)).await;
+    }
+}
 
 /// ADR 18: every delivery of a task names its queue position, the same on a redelivery;
 /// `queued_task` finds the task there while it is queued or held, and not once acked.

@@ -5,6 +5,7 @@ use super::{money, Actions, Ledger, Level, State, EPSILON};
 use crate::store::ReservationRecord;
 use forkfleet_shared::budget::{BudgetReply, BudgetRequest};
 use forkfleet_shared::ids::ReservationId;
+use forkfleet_shared::metrics::catalog as metrics;
 use forkfleet_shared::state::BranchState;
 
 impl Ledger {
@@ -70,6 +71,7 @@ impl Ledger {
                 if let Some(r) = s.runs.get_mut(&req.run_id) {
                     r.blocked_by = Some(Level::Branch);
                 }
+                metrics::BUDGET_REFUSALS.inc(&["branch"]);
                 return (
                     BudgetReply::Refused {
                         state: BranchState::BudgetExhausted,
@@ -91,6 +93,12 @@ impl Ledger {
         let account = fork.policy.account.clone();
         let fork_reserved = s.reserved(|r| r.fork_id == fork_id);
         let refuse = |s: &mut State, level: Level, reason: String, out: &mut Actions| {
+            let scope = if level == Level::Account {
+                "account"
+            } else {
+                "fork"
+            };
+            metrics::BUDGET_REFUSALS.inc(&[scope]);
             if let Some(r) = s.runs.get_mut(&req.run_id) {
                 r.blocked_by = Some(level);
                 // The refused branch stops itself; the others are told to.

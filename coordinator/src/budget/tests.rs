@@ -264,6 +264,63 @@ fn a_stopped_branch_keeps_a_superseded_attempts_reservation() {
     assert_eq!(fx.store.reservations().unwrap().len(), 1);
 }
 
+/// The ledger's gauges: a fork's spend, reservations and cap while it runs and for the
+/// grace period after its branches finished (by the ledger's clock), then none; its
+/// branches counted by state meanwhile; a fork refusal counted.
+#[test]
+fn fork_gauges_last_the_grace_period_after_the_fork_ends() {
+    use super::metrics::Published;
+    use forkfleet_shared::metrics::catalog;
+    let fx = Fx::new();
+    let fork = fx.fork(Some(1.0), &[None, None], BudgetPolicy::default());
+    let id = fork.id.to_string();
+    let mut p = Published::new(std::time::Duration::from_millis(60_000));
+    let held = granted(fx.reserve(&fork, 0, 1, 0.25));
+    let refused_before = catalog::BUDGET_REFUSALS.get(&["fork"]).unwrap_or(0.0);
+    assert!(matches!(
+        fx.reserve(&fork, 1, 1, 1.0),
+        BudgetReply::Refused { .. }
+    ));
+    assert_eq!(
+        catalog::BUDGET_REFUSALS.get(&["fork"]),
+        Some(refused_before + 1.0)
+    );
+    fx.ledger.publish_metrics(&mut p);
+    assert_eq!(catalog::FORK_RESERVED.get(&[&id]), Some(0.25));
+    assert_eq!(catalog::FORK_SPENT.get(&[&id]), Some(0.0));
+    assert_eq!(catalog::FORK_CAP.get(&[&id]), Some(1.0));
+    assert_eq!(p.branches.get("running"), Some(&2.0));
+
+    let _ = fx.ledger.on_usage(fork.runs[0], 0.125, Some(held));
+    let ended_before = catalog::BRANCHES_ENDED.get(&["done"]).unwrap_or(0.0);
+    fx.ledger.on_state(fork.runs[0], BranchState::Done);
+    fx.ledger.on_state(fork.runs[1], BranchState::Done);
+    fx.ledger.on_state(fork.runs[1], BranchState::Done); // no change: not counted again
+    assert_eq!(
+        catalog::BRANCHES_ENDED.get(&["done"]),
+        Some(ended_before + 2.0)
+    );
+    fx.ledger.publish_metrics(&mut p);
+    assert_eq!(catalog::FORK_SPENT.get(&[&id]), Some(0.125));
+    assert_eq!(catalog::FORK_RESERVED.get(&[&id]), Some(0.0));
+    assert_eq!(p.branches.get("done"), Some(&2.0));
+    assert_eq!(p.branches.get("running"), Some(&0.0));
+
+    fx.clock.advance(59_999);
+    fx.ledger.publish_metrics(&mut p);
+    assert_eq!(catalog::FORK_SPENT.get(&[&id]), Some(0.125));
+    fx.clock.advance(1);
+    fx.ledger.publish_metrics(&mut p);
+    for g in [
+        &catalog::FORK_SPENT,
+        &catalog::FORK_RESERVED,
+        &catalog::FORK_CAP,
+    ] {
+        assert_eq!(g.get(&[&id]), None);
+    }
+    assert_eq!(p.branches.get("done"), Some(&0.0));
+}
+
 // ---- properties -------------------------------------------------------------------------
 
 /// 64ths of a dollar.

@@ -6,6 +6,7 @@ use super::coordinator::{reserve, Reserved};
 use super::{lease_lost, AgentState, Publisher, Run, Step};
 use crate::error::WorkerError;
 use crate::forktools::{is_fork_tool, ForkCall, MERGE_OR_SELECT};
+use crate::metrics::ModelCall;
 use crate::provider::ModelRequest;
 use crate::tools::ToolBox;
 use forkfleet_shared::event::{Event, Message};
@@ -115,6 +116,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     // The call runs until it answers or a command stops the branch; a cancelled call is
     // dropped (aborted) and nothing is published for it.
     let call = run.provider.complete(&req);
+    let measured = ModelCall::start(&task.model);
     let reply = match until_halted(
         call,
         control,
@@ -129,8 +131,12 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             tracing::info!("model call cancelled: the branch stops or is handed back");
             return Ok(step);
         }
-        Ok(Ok(r)) => r,
+        Ok(Ok(r)) => {
+            measured.ok(&r.usage);
+            r
+        }
         Ok(Err(e)) => {
+            measured.failed(&e);
             tracing::warn!(error = %e, "model call failed");
             return Ok(Step::Finish(
                 BranchState::Failed,

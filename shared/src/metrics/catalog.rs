@@ -1,0 +1,166 @@
+//! Every metric forkfleet records, in one place (`docs/OBSERVABILITY.md`, "Metrics and the
+//! HTTP endpoint", describes each one and where it is recorded). Label names are OTel
+//! attribute names; Prometheus shows their dots as underscores (`fork.id` -> `fork_id`).
+
+use super::{
+    Counter, Family, Gauge, Histogram, DURATION_BUCKETS, FAST_DURATION_BUCKETS, TOKEN_BUCKETS,
+};
+
+/// The label of a per-fork series.
+pub const FORK_ID: &str = "fork.id";
+
+// Coordinator: branches and budgets.
+pub static BRANCHES: Gauge = Gauge::new(
+    "forkfleet.branches",
+    "Branches per state over the forks the coordinator holds (live, and finished ones for a grace period).",
+    "{branch}",
+    &["state"],
+);
+pub static BRANCHES_ENDED: Counter = Counter::new(
+    "forkfleet.branches.ended",
+    "Branches that reached a terminal state, by that state.",
+    "{branch}",
+    &["state"],
+);
+pub static FORK_SPENT: Gauge = Gauge::new(
+    "forkfleet.fork.spent_usd",
+    "USD a fork has spent (live forks, and finished ones for a grace period).",
+    "USD",
+    &[FORK_ID],
+);
+pub static FORK_RESERVED: Gauge = Gauge::new(
+    "forkfleet.fork.reserved_usd",
+    "USD reserved for a fork's model calls in flight.",
+    "USD",
+    &[FORK_ID],
+);
+pub static FORK_CAP: Gauge = Gauge::new(
+    "forkfleet.fork.cap_usd",
+    "A fork's aggregate cap in USD (absent when uncapped).",
+    "USD",
+    &[FORK_ID],
+);
+pub static ACCOUNT_SPENT: Gauge = Gauge::new(
+    "forkfleet.account.spent_usd",
+    "USD an account's forks have spent (the forks the coordinator holds).",
+    "USD",
+    &["account"],
+);
+pub static ACCOUNT_RESERVED: Gauge = Gauge::new(
+    "forkfleet.account.reserved_usd",
+    "USD reserved for model calls in flight charged to an account.",
+    "USD",
+    &["account"],
+);
+pub static ACCOUNT_CAP: Gauge = Gauge::new(
+    "forkfleet.account.cap_usd",
+    "An account's cap in USD (absent when uncapped).",
+    "USD",
+    &["account"],
+);
+pub static BUDGET_REFUSALS: Counter = Counter::new(
+    "forkfleet.budget.refusals",
+    "Budget reservations refused, by the cap that refused them (branch, fork or account).",
+    "{reservation}",
+    &["scope"],
+);
+pub static QUEUE_DEPTH: Gauge = Gauge::new(
+    "forkfleet.queue.depth",
+    "Task messages of a pool not yet acked (waiting or held by a worker).",
+    "{task}",
+    &["pool"],
+);
+pub static QUEUE_LAG: Gauge = Gauge::new(
+    "forkfleet.queue.lag",
+    "Task messages of a pool not yet delivered to any worker (the consumer's lag).",
+    "{task}",
+    &["pool"],
+);
+pub static EVENTS_APPLIED: Counter = Counter::new(
+    "forkfleet.events.applied",
+    "Branch events the coordinator applied.",
+    "{event}",
+    &[],
+);
+pub static EVENTS_APPLY_DURATION: Histogram = Histogram::new(
+    "forkfleet.events.apply.duration",
+    "Time to write and apply one fork's batch of events.",
+    "s",
+    &[],
+    FAST_DURATION_BUCKETS,
+);
+
+// Worker.
+pub static WORKER_RUNNING: Gauge = Gauge::new(
+    "forkfleet.worker.branches.running",
+    "Branches this worker process runs now.",
+    "{branch}",
+    &[],
+);
+pub static WORKER_SLOTS: Gauge = Gauge::new(
+    "forkfleet.worker.slots",
+    "Branches this worker process may run at once (its concurrency).",
+    "{branch}",
+    &[],
+);
+pub static MODEL_CALLS: Counter = Counter::new(
+    "forkfleet.model.calls",
+    "Model calls made, by provider, model and outcome (ok, error, cancelled).",
+    "{call}",
+    &["gen_ai.provider.name", "gen_ai.request.model", "outcome"],
+);
+pub static TOKEN_USAGE: Histogram = Histogram::new(
+    "gen_ai.client.token.usage",
+    "Tokens used per model call, input and output (the GenAI semantic conventions).",
+    "{token}",
+    &[
+        "gen_ai.operation.name",
+        "gen_ai.provider.name",
+        "gen_ai.request.model",
+        "gen_ai.token.type",
+    ],
+    TOKEN_BUCKETS,
+);
+pub static OPERATION_DURATION: Histogram = Histogram::new(
+    "gen_ai.client.operation.duration",
+    "Duration of a model call (the GenAI semantic conventions); error.type is set on failure.",
+    "s",
+    &[
+        "gen_ai.operation.name",
+        "gen_ai.provider.name",
+        "gen_ai.request.model",
+        "error.type",
+    ],
+    DURATION_BUCKETS,
+);
+
+// Bus.
+pub static BUS_RECONNECTS: Counter = Counter::new(
+    "forkfleet.bus.reconnects",
+    "Times the NATS connection was established again after it was lost.",
+    "{reconnect}",
+    &[],
+);
+
+/// Every family, in the order they are rendered.
+pub static ALL: &[&Family] = &[
+    &BRANCHES.0,
+    &BRANCHES_ENDED.0,
+    &FORK_SPENT.0,
+    &FORK_RESERVED.0,
+    &FORK_CAP.0,
+    &ACCOUNT_SPENT.0,
+    &ACCOUNT_RESERVED.0,
+    &ACCOUNT_CAP.0,
+    &BUDGET_REFUSALS.0,
+    &QUEUE_DEPTH.0,
+    &QUEUE_LAG.0,
+    &EVENTS_APPLIED.0,
+    &EVENTS_APPLY_DURATION.0,
+    &WORKER_RUNNING.0,
+    &WORKER_SLOTS.0,
+    &MODEL_CALLS.0,
+    &TOKEN_USAGE.0,
+    &OPERATION_DURATION.0,
+    &BUS_RECONNECTS.0,
+];
