@@ -310,6 +310,7 @@ pub(crate) fn create_fork(
         cutoff_seq,
         prefix: prefix_hash,
         prefix_len,
+        trace: forkfleet_shared::trace::current_traceparent(),
     };
 
     // ---- writes: everything is valid ----

@@ -450,6 +450,7 @@ impl Actor for ForkActor {
             }
             ForkMsg::Diff(opts, reply) => {
                 let span = tracing::info_span!("fork.diff", fork.id = %state.record.fork_id, branches = state.branches.len());
+                forkfleet_shared::trace::set_parent(&span, state.record.trace.as_deref());
                 let labelled: Vec<(String, Overlay)> = state
                     .branches
                     .iter()

@@ -65,11 +65,16 @@ impl CoordinatorHandle {
     /// dropped request) cannot leave a fork written but not enqueued.
     pub async fn create_fork(&self, req: CreateFork) -> Result<ForkView, CoordinatorError> {
         let this = self.clone();
+        // The root of the fork's trace: its branches, resolve and merge hang under it. The
+        // request that asked (`api.request`) is linked, not its parent: it ends long before
+        // the fork does.
         let span = tracing::info_span!(
+            parent: None,
             "fork.create",
             fork.id = tracing::field::Empty,
-            branches = req.plan.branches.len()
+            fork.branches = req.plan.branches.len()
         );
+        span.follows_from(tracing::Span::current());
         tokio::spawn(async move { this.create_inner(req).await }.instrument(span)).await?
     }
 
@@ -84,10 +89,13 @@ impl CoordinatorHandle {
             blobs::import_for_fork(&self.store, &self.bus.blobs(), &req).await?;
         }
         let store = self.store.clone();
-        let prepared =
-            tokio::task::spawn_blocking(move || create::create_fork(&store, req, now_ms()))
-                .await?
-                .inspect_err(|e| tracing::info!(error = %e, "fork.create refused"))?;
+        // In this span: the fork's record keeps its trace context.
+        let span = tracing::Span::current();
+        let prepared = tokio::task::spawn_blocking(move || {
+            span.in_scope(|| create::create_fork(&store, req, now_ms()))
+        })
+        .await?
+        .inspect_err(|e| tracing::info!(error = %e, "fork.create refused"))?;
         let fork_id = prepared.fork.fork_id;
         tracing::Span::current().record("fork.id", tracing::field::display(fork_id));
         // Workers read the prefix from the bus's blob store (the same store when embedded).

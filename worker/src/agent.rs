@@ -206,13 +206,19 @@ impl Actor for BranchAgent {
     ) -> Result<Self::State, ActorProcessingErr> {
         let task = args.task;
         let attempt = task.attempt_base.saturating_add(args.lease.attempt());
+        // Exported as the GenAI conventions' agent invocation, `invoke_agent {label}`.
         let span = tracing::info_span!(
             "branch.run",
+            otel.name = %format_args!("invoke_agent {}", task.label),
+            gen_ai.operation.name = "invoke_agent",
+            gen_ai.agent.name = %task.label,
             fork.id = %task.fork_id,
+            branch.id = %task.run_id,
             run.id = %task.run_id,
             branch.label = %task.label,
             branch.index = task.index,
             worker.id = %args.ctx.worker_id,
+            forkfleet.cost_usd = tracing::field::Empty,
         );
         // Before the span is first entered: the task's trace context is its parent.
         forkfleet_shared::trace::set_parent(&span, args.lease.trace());
@@ -259,9 +265,19 @@ impl Actor for BranchAgent {
             AgentMsg::Start => start(state).instrument(span.clone()).await?,
             AgentMsg::Turn => {
                 let turn = state.run.as_ref().map_or(0, |r| r.turns);
-                let turn_span =
-                    tracing::info_span!(parent: &span, "branch.turn", branch.turn = turn);
-                run_turn(state).instrument(turn_span).await?
+                let turn_span = tracing::info_span!(
+                    parent: &span,
+                    "branch.turn",
+                    branch.turn = turn,
+                    fork.id = %state.task.fork_id,
+                    branch.id = %state.task.run_id,
+                );
+                let step = run_turn(state).instrument(turn_span).await?;
+                // The branch's spend so far (including a resumed branch's before).
+                if let Some(run) = &state.run {
+                    span.record("forkfleet.cost_usd", run.spent_usd);
+                }
+                step
             }
         };
         match step {
@@ -395,6 +411,7 @@ async fn finish(
         .run
         .as_ref()
         .map_or((0, 0.0), |r| (r.turns, r.spent_usd));
+    state.span.record("forkfleet.cost_usd", spent);
     if end == BranchState::Paused {
         tracing::info!(
             branch.turns = turns,
