@@ -72,7 +72,7 @@ impl CoordinatorHandle {
             parent: None,
             "fork.create",
             fork.id = tracing::field::Empty,
-            fork.branches = req.plan.branches.len()
+            fork.branches = i64::try_from(req.plan.branches.len()).unwrap_or(i64::MAX)
         );
         span.follows_from(tracing::Span::current());
         tokio::spawn(async move { this.create_inner(req).await }.instrument(span)).await?
@@ -89,13 +89,12 @@ impl CoordinatorHandle {
             blobs::import_for_fork(&self.store, &self.bus.blobs(), &req).await?;
         }
         let store = self.store.clone();
-        // In this span: the fork's record keeps its trace context.
-        let span = tracing::Span::current();
-        let prepared = tokio::task::spawn_blocking(move || {
-            span.in_scope(|| create::create_fork(&store, req, now_ms()))
-        })
-        .await?
-        .inspect_err(|e| tracing::info!(error = %e, "fork.create refused"))?;
+        // The fork's record keeps this span's trace context.
+        let trace = forkfleet_shared::trace::current_traceparent();
+        let prepared =
+            tokio::task::spawn_blocking(move || create::create_fork(&store, req, now_ms(), trace))
+                .await?
+                .inspect_err(|e| tracing::info!(error = %e, "fork.create refused"))?;
         let fork_id = prepared.fork.fork_id;
         tracing::Span::current().record("fork.id", tracing::field::display(fork_id));
         // Workers read the prefix from the bus's blob store (the same store when embedded).

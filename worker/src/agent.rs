@@ -216,7 +216,7 @@ impl Actor for BranchAgent {
             branch.id = %task.run_id,
             run.id = %task.run_id,
             branch.label = %task.label,
-            branch.index = task.index,
+            branch.index = i64::from(task.index),
             worker.id = %args.ctx.worker_id,
             forkfleet.cost_usd = tracing::field::Empty,
         );
@@ -268,16 +268,11 @@ impl Actor for BranchAgent {
                 let turn_span = tracing::info_span!(
                     parent: &span,
                     "branch.turn",
-                    branch.turn = turn,
+                    branch.turn = i64::from(turn),
                     fork.id = %state.task.fork_id,
                     branch.id = %state.task.run_id,
                 );
-                let step = run_turn(state).instrument(turn_span).await?;
-                // The branch's spend so far (including a resumed branch's before).
-                if let Some(run) = &state.run {
-                    span.record("forkfleet.cost_usd", run.spent_usd);
-                }
-                step
+                run_turn(state).instrument(turn_span).await?
             }
         };
         match step {
@@ -290,10 +285,12 @@ impl Actor for BranchAgent {
                 myself.stop(None);
             }
             Step::HandBack => {
+                record_cost(state);
                 tracing::info!(parent: &span, "call in flight dropped: the worker hands the branch back");
                 myself.stop(None);
             }
             Step::Lost(why) => {
+                record_cost(state);
                 tracing::warn!(
                     parent: &span,
                     fork.id = %state.task.fork_id,
@@ -397,6 +394,13 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
     }
 }
 
+/// Record the branch's spend (a resumed branch's before included) on its span, once, as
+/// this task's run of it ends: the OpenTelemetry span keeps every value recorded.
+fn record_cost(state: &AgentState) {
+    let spent = state.run.as_ref().map_or(0.0, |r| r.spent_usd);
+    state.span.record("forkfleet.cost_usd", spent);
+}
+
 async fn finish(
     state: &mut AgentState,
     end: BranchState,
@@ -407,11 +411,11 @@ async fn finish(
         .publish(Event::Status { state: end, error })
         .await?;
     state.finished = true;
+    record_cost(state);
     let (turns, spent) = state
         .run
         .as_ref()
         .map_or((0, 0.0), |r| (r.turns, r.spent_usd));
-    state.span.record("forkfleet.cost_usd", spent);
     if end == BranchState::Paused {
         tracing::info!(
             branch.turns = turns,

@@ -88,7 +88,7 @@ impl ChatSpan {
             gen_ai.operation.name = "chat",
             gen_ai.provider.name = provider_name(req.model),
             gen_ai.request.model = model_name(req.model),
-            gen_ai.request.max_tokens = req.max_output_tokens,
+            gen_ai.request.max_tokens = i64::from(req.max_output_tokens),
             gen_ai.response.model = Empty,
             gen_ai.response.finish_reasons = Empty,
             gen_ai.usage.input_tokens = Empty,
@@ -118,8 +118,8 @@ impl ChatSpan {
     /// no price known).
     pub(crate) fn replied(&self, reply: &ModelReply, cost_usd: Option<f64>) {
         let span = &self.0;
-        span.record("gen_ai.usage.input_tokens", reply.usage.input_tokens);
-        span.record("gen_ai.usage.output_tokens", reply.usage.output_tokens);
+        span.record("gen_ai.usage.input_tokens", int(reply.usage.input_tokens));
+        span.record("gen_ai.usage.output_tokens", int(reply.usage.output_tokens));
         if let Some(model) = &reply.response_model {
             span.record("gen_ai.response.model", model.as_str());
         }
@@ -140,6 +140,12 @@ impl ChatSpan {
         self.0.record("error.type", error_type);
         self.0.record("otel.status_code", "ERROR");
     }
+}
+
+/// A count as a span attribute: `tracing-opentelemetry` records a `u64` as text, an `i64`
+/// as an integer.
+pub(crate) fn int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// The span of one tool call, `execute_tool {name}`, a child of the branch's `branch.turn`.
