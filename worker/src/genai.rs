@@ -200,10 +200,12 @@ fn message_json(m: &Message) -> Value {
         Message::Tool {
             call_id, output, ..
         } => {
-            let mut response = text_part(output);
-            response["type"] = json!("tool_call_response");
-            response["id"] = json!(call_id);
-            json!({ "role": "tool", "parts": [response] })
+            let part = json!({
+                "type": "tool_call_response",
+                "id": call_id,
+                "response": text_part(output)["content"],
+            });
+            json!({ "role": "tool", "parts": [part] })
         }
     }
 }

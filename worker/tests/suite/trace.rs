@@ -403,6 +403,14 @@ async fn branch_spans_follow_the_genai_conventions_and_capture_text_only_when_en
     assert!(attribute(second, "gen_ai.output.messages")
         .unwrap()
         .contains("done"));
+    let input: serde_json::Value =
+        serde_json::from_str(attribute(second, "gen_ai.input.messages").unwrap()).unwrap();
+    let result = &input.as_array().unwrap().last().unwrap()["parts"][0];
+    assert_eq!(result["type"], "tool_call_response");
+    assert_eq!(
+        result["id"], output[0]["parts"][0]["id"],
+        "the tool's result answers the call"
+    );
     assert!(!holds_prompt_text(&with_text.run));
     for turn in &with_text.turns {
         assert!(!holds_prompt_text(turn));
