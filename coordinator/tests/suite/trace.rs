@@ -1,14 +1,16 @@
 //! The coordinator's spans, read back from the OpenTelemetry SDK as the binary installs it:
 //! `fork.create` is the root of its fork's trace (the request that asked is linked), its
-//! tasks carry its context, and `budget.reserve` and `fork.diff` join that trace.
+//! tasks carry its context, and `budget.reserve`, `fork.diff` and `fork.resolve` join that
+//! trace; resolve jobs carry the context of `fork.resolve`.
 
 use super::support::*;
-use forkfleet_shared::api::ParentRun;
+use forkfleet_shared::api::{dispatch, ApiRequest, Caller, ParentRun, Resolve};
 use forkfleet_shared::budget::{BudgetReply, BudgetRequest, BUDGET_SUBJECT};
 use forkfleet_shared::diff::DiffOptions;
 use forkfleet_shared::event::{Event, Usage};
-use forkfleet_shared::protocol::BranchTask;
-use forkfleet_shared::state::BranchState;
+use forkfleet_shared::protocol::{BranchTask, ResolveJob, ResolveJobReply, RESOLVE_SUBJECT};
+use forkfleet_shared::spec::TestPlan;
+use forkfleet_shared::state::{BranchState, ForkState};
 use forkfleet_shared::trace::{span_context_of, traceparent_of};
 use forkfleet_shared::wire;
 use opentelemetry::trace::{SpanId, TracerProvider as _};
@@ -206,4 +208,76 @@ async fn a_fork_is_one_trace_rooted_at_fork_create() {
         assert_eq!(value(&diff, "fork.id"), Some(&Value::from(fork_id.clone())));
         assert_eq!(value(&diff, "fork.branches"), Some(&Value::I64(2)));
     }
+}
+
+#[tokio::test]
+async fn resolve_joins_the_fork_trace_and_its_jobs_carry_its_context() {
+    let collector = Collector::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(collector.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("coordinator-test")));
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let fx = Fixture::start().await;
+    let snap = fx.upload(&[("a.txt", "1\n")]).await;
+    let mut tested = plan(&["a"]);
+    tested.resolve.test = Some(TestPlan {
+        argv: vec!["true".into()],
+        timeout_s: 5.0,
+        env: Default::default(),
+    });
+    let view = fx.create(tested, ParentRun::New, snap).await;
+    fx.fake_worker(1, |t| simple(t, "a.txt")).await;
+    wait_view(&fx.h(), view.fork_id, |v| v.state == ForkState::Settled).await;
+    let [create] = collector
+        .wait_for("fork.create", 1)
+        .await
+        .try_into()
+        .unwrap();
+
+    // The test acts as the worker: it takes the job and keeps the context it carries.
+    let mut jobs = within(fx.bus.serve(RESOLVE_SUBJECT)).await.unwrap();
+    let serve = async {
+        let req = within(jobs.recv()).await.expect("a resolve job");
+        let ResolveJob::Test(job) = wire::decode::<ResolveJob>(&req.payload).unwrap() else {
+            panic!("expected a test job");
+        };
+        let reply = ResolveJobReply::Failed {
+            error: "not run by this test".into(),
+        };
+        req.respond(wire::encode(&reply).unwrap()).await.unwrap();
+        job.trace
+    };
+    let request = tracing::info_span!("api.request");
+    let request_sc = span_context_of(&traceparent_of(&request).unwrap()).unwrap();
+    let resolve = ApiRequest::from(Resolve {
+        fork: view.fork_id,
+        strategy: None,
+    });
+    let h = fx.h();
+    let (job_trace, report) = tokio::join!(
+        serve,
+        within(dispatch(&h, &Caller::Admin, resolve)).instrument(request)
+    );
+    report.unwrap();
+
+    let [resolve] = collector
+        .wait_for("fork.resolve", 1)
+        .await
+        .try_into()
+        .unwrap();
+    assert_eq!(
+        resolve.span_context.trace_id(),
+        create.span_context.trace_id()
+    );
+    assert_eq!(resolve.parent_span_id, create.span_context.span_id());
+    assert!(resolve
+        .links
+        .iter()
+        .any(|l| l.span_context.span_id() == request_sc.span_id()));
+    let job_sc = span_context_of(&job_trace.expect("the job carries a traceparent")).unwrap();
+    assert_eq!(job_sc.trace_id(), resolve.span_context.trace_id());
+    assert_eq!(job_sc.span_id(), resolve.span_context.span_id());
 }
