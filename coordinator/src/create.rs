@@ -209,11 +209,13 @@ pub(crate) fn branch_task(
 
 /// Validate `req` and write the fork: the root run (for [`ParentRun::New`]), the prefix
 /// blob, every branch run with its log and record, checkpoint `fork:<id>` on the parent,
-/// and the fork record. Nothing is written on error.
+/// and the fork record (with `trace`, the `traceparent` of its `fork.create` span).
+/// Nothing is written on error.
 pub(crate) fn create_fork(
     store: &RunStore,
     req: CreateFork,
     now_ms: u64,
+    trace: Option<String>,
 ) -> Result<PreparedFork, CoordinatorError> {
     validate_plan(&req.plan)?;
     // A merge into an existing parent must not append while its log is read here.
@@ -310,6 +312,7 @@ pub(crate) fn create_fork(
         cutoff_seq,
         prefix: prefix_hash,
         prefix_len,
+        trace,
     };
 
     // ---- writes: everything is valid ----

@@ -449,7 +449,12 @@ impl Actor for ForkActor {
                 }
             }
             ForkMsg::Diff(opts, reply) => {
-                let span = tracing::info_span!("fork.diff", fork.id = %state.record.fork_id, branches = state.branches.len());
+                let span = tracing::info_span!(
+                    "fork.diff",
+                    fork.id = %state.record.fork_id,
+                    fork.branches = i64::try_from(state.branches.len()).unwrap_or(i64::MAX)
+                );
+                forkfleet_shared::trace::set_parent(&span, state.record.trace.as_deref());
                 let labelled: Vec<(String, Overlay)> = state
                     .branches
                     .iter()

@@ -65,11 +65,16 @@ impl CoordinatorHandle {
     /// dropped request) cannot leave a fork written but not enqueued.
     pub async fn create_fork(&self, req: CreateFork) -> Result<ForkView, CoordinatorError> {
         let this = self.clone();
+        // The root of the fork's trace: its branches, resolve and merge hang under it. The
+        // request that asked (`api.request`) is linked, not its parent: it ends long before
+        // the fork does.
         let span = tracing::info_span!(
+            parent: None,
             "fork.create",
             fork.id = tracing::field::Empty,
-            branches = req.plan.branches.len()
+            fork.branches = i64::try_from(req.plan.branches.len()).unwrap_or(i64::MAX)
         );
+        span.follows_from(tracing::Span::current());
         tokio::spawn(async move { this.create_inner(req).await }.instrument(span)).await?
     }
 
@@ -84,8 +89,10 @@ impl CoordinatorHandle {
             blobs::import_for_fork(&self.store, &self.bus.blobs(), &req).await?;
         }
         let store = self.store.clone();
+        // The fork's record keeps this span's trace context.
+        let trace = forkfleet_shared::trace::current_traceparent();
         let prepared =
-            tokio::task::spawn_blocking(move || create::create_fork(&store, req, now_ms()))
+            tokio::task::spawn_blocking(move || create::create_fork(&store, req, now_ms(), trace))
                 .await?
                 .inspect_err(|e| tracing::info!(error = %e, "fork.create refused"))?;
         let fork_id = prepared.fork.fork_id;

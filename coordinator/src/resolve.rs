@@ -62,6 +62,11 @@ pub(crate) async fn resolve(
     // Whatever happens below (an error, the caller giving up), the fork stops resolving.
     let _end = EndResolve(fork.clone());
     let span = tracing::info_span!("fork.resolve", fork.id = %id);
+    // In the fork's trace, under its `fork.create`; the request that asked is linked.
+    if inputs.record.trace.is_some() {
+        forkfleet_shared::trace::set_parent(&span, inputs.record.trace.as_deref());
+        span.follows_from(tracing::Span::current());
+    }
     tracing::Instrument::instrument(run(handle, inputs, strategy), span).await
 }
 
@@ -96,6 +101,8 @@ async fn run(
         });
     }
     let bus = handle.bus();
+    // Every job is a child of this `fork.resolve` span, across processes.
+    let trace = forkfleet_shared::trace::current_traceparent();
     let labels: Vec<String> = inputs
         .branches
         .iter()
@@ -110,6 +117,7 @@ async fn run(
                 let bus = bus.clone();
                 let tree = overlay.to_manifest();
                 let job_base = (record.label.clone(), test.clone());
+                let trace = trace.clone();
                 async move {
                     let (label, test) = job_base;
                     let hash = match put_tree(bus.as_ref(), &tree).await {
@@ -124,6 +132,7 @@ async fn run(
                         argv: test.argv.clone(),
                         timeout_ms: timeout.as_millis() as u64,
                         env: test.env.clone(),
+                        trace: trace.clone(),
                     });
                     match ask(bus.as_ref(), &job, timeout + TEST_MARGIN).await {
                         Ok(ResolveJobReply::Test(run)) => run,
@@ -187,6 +196,7 @@ async fn run(
                 candidates_reason: candidates_reason.clone(),
                 max_output_tokens: plan.limits.max_output_tokens,
                 endpoint: model_plan.and_then(|m| m.endpoint.clone()),
+                trace: trace.clone(),
             });
             let bus = bus.clone();
             async move {

@@ -106,6 +106,11 @@ pub struct BudgetRequest {
     pub estimate_usd: f64,
     /// The upper bound in tokens, for the record.
     pub estimate: Usage,
+    /// The W3C `traceparent` of the span the worker asks in (its `branch.turn`): the
+    /// coordinator's `budget.reserve` span is its child (`crate::trace`). `None` without
+    /// trace context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 impl WireMessage for BudgetRequest {

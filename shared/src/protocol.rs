@@ -284,6 +284,10 @@ pub struct TestJob {
     pub timeout_ms: u64,
     /// Set on top of the worker's minimal environment (PATH, HOME, TMPDIR, LANG).
     pub env: std::collections::BTreeMap<String, String>,
+    /// The W3C `traceparent` of the coordinator's `fork.resolve` span: the worker's
+    /// `resolve.test` span is its child (`crate::trace`). `None` without trace context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 /// Ask one judge model for a verdict.
@@ -312,6 +316,10 @@ pub struct JudgeJob {
     /// branch task's are (ADR 16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<crate::endpoint::Endpoint>,
+    /// The W3C `traceparent` of the coordinator's `fork.resolve` span: the worker's
+    /// `resolve.judge` span is its child (`crate::trace`). `None` without trace context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 /// A worker's answer to a [`ResolveJob`].

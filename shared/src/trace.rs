@@ -13,25 +13,31 @@
 //! leaves spans as they are. Nothing here ever fails a message: a malformed value is ignored.
 //!
 //! Only the `traceparent` field is carried; `tracestate` is not.
+//!
+//! Whether spans may record prompt and completion text (the GenAI attributes
+//! `gen_ai.input.messages` and `gen_ai.output.messages`) is one process-wide switch, off by
+//! default: [`set_capture_message_content`] at start-up, [`capture_message_content`] where a
+//! span is recorded.
 
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use opentelemetry::Context;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tracing_opentelemetry::{OpenTelemetrySpanExt, SetParentError};
 
-/// Whether prompt and completion text may be recorded on spans: set once at start-up from
-/// the configuration (`[telemetry] capture_message_content`,
-/// `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`); false until then.
-static CAPTURE_MESSAGE_CONTENT: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
+/// Whether spans may record message content; off until [`set_capture_message_content`].
+static CAPTURE_MESSAGE_CONTENT: AtomicBool = AtomicBool::new(false);
 
-/// Whether spans may carry prompt and completion text (off unless enabled).
+/// Whether model call spans may record prompt and completion text (`gen_ai.input.messages`,
+/// `gen_ai.output.messages`). `false` unless the process turned it on.
 pub fn capture_message_content() -> bool {
-    CAPTURE_MESSAGE_CONTENT.load(std::sync::atomic::Ordering::Relaxed)
+    CAPTURE_MESSAGE_CONTENT.load(Ordering::Relaxed)
 }
 
-/// Set whether spans may carry prompt and completion text (once, at start-up).
+/// Turn the recording of message content on or off for the whole process: once at start-up,
+/// from the resolved configuration (`telemetry.capture_message_content`,
+/// `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`).
 pub fn set_capture_message_content(on: bool) {
-    CAPTURE_MESSAGE_CONTENT.store(on, std::sync::atomic::Ordering::Relaxed);
+    CAPTURE_MESSAGE_CONTENT.store(on, Ordering::Relaxed);
 }
 
 /// The W3C trace context header (and the name of the field everywhere else).

@@ -206,13 +206,19 @@ impl Actor for BranchAgent {
     ) -> Result<Self::State, ActorProcessingErr> {
         let task = args.task;
         let attempt = task.attempt_base.saturating_add(args.lease.attempt());
+        // Exported as the GenAI conventions' agent invocation, `invoke_agent {label}`.
         let span = tracing::info_span!(
             "branch.run",
+            otel.name = %format_args!("invoke_agent {}", task.label),
+            gen_ai.operation.name = "invoke_agent",
+            gen_ai.agent.name = %task.label,
             fork.id = %task.fork_id,
+            branch.id = %task.run_id,
             run.id = %task.run_id,
             branch.label = %task.label,
-            branch.index = task.index,
+            branch.index = i64::from(task.index),
             worker.id = %args.ctx.worker_id,
+            forkfleet.cost_usd = tracing::field::Empty,
         );
         // Before the span is first entered: the task's trace context is its parent.
         forkfleet_shared::trace::set_parent(&span, args.lease.trace());
@@ -259,8 +265,13 @@ impl Actor for BranchAgent {
             AgentMsg::Start => start(state).instrument(span.clone()).await?,
             AgentMsg::Turn => {
                 let turn = state.run.as_ref().map_or(0, |r| r.turns);
-                let turn_span =
-                    tracing::info_span!(parent: &span, "branch.turn", branch.turn = turn);
+                let turn_span = tracing::info_span!(
+                    parent: &span,
+                    "branch.turn",
+                    branch.turn = i64::from(turn),
+                    fork.id = %state.task.fork_id,
+                    branch.id = %state.task.run_id,
+                );
                 run_turn(state).instrument(turn_span).await?
             }
         };
@@ -274,10 +285,12 @@ impl Actor for BranchAgent {
                 myself.stop(None);
             }
             Step::HandBack => {
+                record_cost(state);
                 tracing::info!(parent: &span, "call in flight dropped: the worker hands the branch back");
                 myself.stop(None);
             }
             Step::Lost(why) => {
+                record_cost(state);
                 tracing::warn!(
                     parent: &span,
                     fork.id = %state.task.fork_id,
@@ -381,6 +394,13 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
     }
 }
 
+/// Record the branch's spend (a resumed branch's before included) on its span, once, as
+/// this task's run of it ends: the OpenTelemetry span keeps every value recorded.
+fn record_cost(state: &AgentState) {
+    let spent = state.run.as_ref().map_or(0.0, |r| r.spent_usd);
+    state.span.record("forkfleet.cost_usd", spent);
+}
+
 async fn finish(
     state: &mut AgentState,
     end: BranchState,
@@ -391,6 +411,7 @@ async fn finish(
         .publish(Event::Status { state: end, error })
         .await?;
     state.finished = true;
+    record_cost(state);
     let (turns, spent) = state
         .run
         .as_ref()

@@ -64,6 +64,7 @@
 pub mod cache;
 pub mod error;
 pub mod forktools;
+pub mod genai;
 pub mod provider;
 pub mod runner;
 pub mod tools;

@@ -2,7 +2,7 @@
 //! provider is called (`agent/turn.rs`), with the GenAI conventions' labels; the running
 //! branches and the slots are held by the node (`node.rs`).
 
-use crate::error::WorkerError;
+use crate::genai;
 use forkfleet_shared::event::Usage;
 use forkfleet_shared::metrics::catalog;
 use std::time::Instant;
@@ -19,12 +19,12 @@ pub(crate) struct ModelCall {
 }
 
 impl ModelCall {
-    /// A call of `model` (`provider:name`) starting now.
+    /// A call of `model` (`provider:name`) starting now; labelled as its `chat {model}`
+    /// span is ([`genai::provider_name`], [`genai::model_name`]).
     pub fn start(model: &str) -> ModelCall {
-        let (provider, name) = model.split_once(':').unwrap_or(("", model));
         ModelCall {
-            provider: provider.to_string(),
-            model: name.to_string(),
+            provider: genai::provider_name(model).to_string(),
+            model: genai::model_name(model).to_string(),
             started: Instant::now(),
             recorded: false,
         }
@@ -42,9 +42,9 @@ impl ModelCall {
         }
     }
 
-    /// The call failed with `e`.
-    pub fn failed(mut self, e: &WorkerError) {
-        self.record("error", e.kind().as_str());
+    /// The call failed, of class `error_type` ([`genai::error_type`], as its span says).
+    pub fn failed(mut self, error_type: &str) {
+        self.record("error", error_type);
     }
 
     fn record(&mut self, outcome: &str, error_type: &str) {

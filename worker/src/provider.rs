@@ -68,6 +68,10 @@ pub struct ModelReply {
     pub text: Option<String>,
     pub tool_calls: Vec<ToolCall>,
     pub usage: Usage,
+    /// The model that answered, as the API names it (`None`: the API did not say).
+    pub response_model: Option<String>,
+    /// Why the model stopped, as the API says it (`stop`, `tool_calls`, `end_turn`, ...).
+    pub finish_reason: Option<String>,
 }
 
 #[async_trait]

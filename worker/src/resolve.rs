@@ -20,6 +20,7 @@
 //! process group is killed, the model call abandoned; the coordinator asks again.
 
 use crate::context::WorkerCtx;
+use crate::genai::{error_type, ChatSpan};
 use crate::provider::ModelRequest;
 use crate::runner::{CommandOutcome, CommandSpec, Workdir};
 use forkfleet_bus::Request;
@@ -108,6 +109,8 @@ async fn answer(ctx: &WorkerCtx, req: Request) {
 pub(crate) async fn run_test(ctx: &WorkerCtx, job: TestJob) -> TestRun {
     let span =
         tracing::info_span!("resolve.test", fork.id = %job.fork_id, branch.label = %job.label);
+    // A child of the coordinator's `fork.resolve`, whose context the job carries.
+    forkfleet_shared::trace::set_parent(&span, job.trace.as_deref());
     test_in_span(ctx, job).instrument(span).await
 }
 
@@ -218,6 +221,8 @@ fn tail_chars(text: &str, n: usize) -> String {
 pub(crate) async fn run_judge(ctx: &WorkerCtx, job: &JudgeJob) -> JudgeRun {
     let span =
         tracing::info_span!("resolve.judge", fork.id = %job.fork_id, judge.model = %job.model);
+    // A child of the coordinator's `fork.resolve`, whose context the job carries.
+    forkfleet_shared::trace::set_parent(&span, job.trace.as_deref());
     judge_in_span(ctx, job).instrument(span).await
 }
 
@@ -261,13 +266,17 @@ async fn judge_in_span(ctx: &WorkerCtx, job: &JudgeJob) -> JudgeRun {
             turn,
         };
         run.calls += 1;
-        let reply = match tokio::time::timeout(JUDGE_CALL_TIMEOUT, provider.complete(&req)).await {
+        let chat = ChatSpan::new(&req, job.fork_id, None);
+        let call = provider.complete(&req).instrument(chat.span().clone());
+        let reply = match tokio::time::timeout(JUDGE_CALL_TIMEOUT, call).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
+                chat.failed(&error_type(&e));
                 run.error = Some(format!("judge `{}` failed: {e}", job.model));
                 return run;
             }
             Err(_) => {
+                chat.failed("timeout");
                 run.error = Some(format!(
                     "judge `{}` did not answer within {} s",
                     job.model,
@@ -277,9 +286,10 @@ async fn judge_in_span(ctx: &WorkerCtx, job: &JudgeJob) -> JudgeRun {
             }
         };
         run.usage.add(&reply.usage);
-        if let Some(price) = &job.price {
-            run.cost_usd += price.cost(&reply.usage);
-        }
+        let cost = job.price.as_ref().map(|price| price.cost(&reply.usage));
+        chat.replied(&reply, cost);
+        drop(chat);
+        run.cost_usd += cost.unwrap_or(0.0);
         let text = reply.text.unwrap_or_default();
         let parsed = {
             let labels: Vec<&str> = job.labels.iter().map(String::as_str).collect();

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 /// How often expired reservations are looked for, at the most (a short ttl is looked at
 /// twice per ttl).
@@ -54,25 +55,22 @@ pub(crate) async fn start(
 async fn answer(ledger: Arc<Ledger>, store: RunStore, req: Request) {
     let reply = match wire::decode::<BudgetRequest>(&req.payload) {
         Ok(r) => {
-            let (reply, actions) = ledger.reserve(&r);
-            ledger.send(actions);
-            match reply {
-                BudgetReply::Granted { reservation } => match store.flush_async().await {
-                    Ok(()) => BudgetReply::Granted { reservation },
-                    Err(e) => {
-                        // Not durable: do not let the call run on it.
-                        ledger.cancel(reservation);
-                        BudgetReply::Retry {
-                            reason: format!("cannot persist the reservation: {e}"),
-                        }
-                    }
-                },
-                BudgetReply::Refused { state, reason } => {
-                    tracing::info!(run.id = %r.run_id, state = %state, reason = %reason, "budget.refused");
-                    BudgetReply::Refused { state, reason }
-                }
-                other => other,
-            }
+            // A child of the worker's `branch.turn` that asks, when the request carries its
+            // context: the decision is in the fork's trace.
+            let span = tracing::info_span!(
+                "budget.reserve",
+                fork.id = %r.fork_id,
+                branch.id = %r.run_id,
+                budget.usd = r.estimate_usd,
+                budget.granted = tracing::field::Empty,
+            );
+            forkfleet_shared::trace::set_parent(&span, r.trace.as_deref());
+            let reply = decide(&ledger, &store, &r).instrument(span.clone()).await;
+            span.record(
+                "budget.granted",
+                matches!(reply, BudgetReply::Granted { .. }),
+            );
+            reply
         }
         Err(e) => {
             tracing::error!(error = %e, bytes = req.payload.len(), "coordinator.budget: malformed request");
@@ -93,5 +91,28 @@ async fn answer(ledger: Arc<Ledger>, store: RunStore, req: Request) {
             }
         }
         Err(e) => tracing::error!(error = %e, "coordinator.budget: cannot encode the answer"),
+    }
+}
+
+/// The ledger's answer to a request, a grant only once its reservation is durable.
+async fn decide(ledger: &Ledger, store: &RunStore, r: &BudgetRequest) -> BudgetReply {
+    let (reply, actions) = ledger.reserve(r);
+    ledger.send(actions);
+    match reply {
+        BudgetReply::Granted { reservation } => match store.flush_async().await {
+            Ok(()) => BudgetReply::Granted { reservation },
+            Err(e) => {
+                // Not durable: do not let the call run on it.
+                ledger.cancel(reservation);
+                BudgetReply::Retry {
+                    reason: format!("cannot persist the reservation: {e}"),
+                }
+            }
+        },
+        BudgetReply::Refused { state, reason } => {
+            tracing::info!(run.id = %r.run_id, state = %state, reason = %reason, "budget.refused");
+            BudgetReply::Refused { state, reason }
+        }
+        other => other,
     }
 }

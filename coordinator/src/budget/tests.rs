@@ -121,6 +121,7 @@ impl Fx {
             cutoff_seq: 0,
             prefix: BlobHash::of(b""),
             prefix_len: 0,
+            trace: None,
         };
         self.ledger.register_fork(&record, &branches);
         Fork { id: fork_id, runs }
@@ -133,6 +134,7 @@ impl Fx {
             attempt,
             estimate_usd: usd,
             estimate: Usage::default(),
+            trace: None,
         });
         reply
     }

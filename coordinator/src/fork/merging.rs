@@ -174,6 +174,8 @@ impl ForkState {
     ) {
         let span =
             tracing::info_span!("fork.merge", fork.id = %self.record.fork_id, branch.label = %pick);
+        // In the fork's trace, under its `fork.create`.
+        forkfleet_shared::trace::set_parent(&span, self.record.trace.as_deref());
         let i = match span.in_scope(|| self.check_merge(&pick)) {
             Ok(i) => i,
             Err(e) => {

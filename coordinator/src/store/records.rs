@@ -45,6 +45,11 @@ pub(crate) struct ForkRecord {
     pub prefix: BlobHash,
     /// Events in the prefix: a branch log holds them at seqs `1..=prefix_len`.
     pub prefix_len: u64,
+    /// The W3C `traceparent` of the fork's `fork.create` span: the fork's later spans
+    /// (`fork.diff`, `fork.resolve`, `fork.merge`) join its trace, after a restart too.
+    /// `None` without trace context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 /// One branch of a fork. Static fields plus a summary of its log as of its last state

@@ -29,6 +29,7 @@ async fn reserve(fx: &Fixture, task: &BranchTask, attempt: u32, usd: f64) -> Bud
         attempt,
         estimate_usd: usd,
         estimate: Usage::default(),
+        trace: None,
     };
     let bytes = within(
         fx.bus

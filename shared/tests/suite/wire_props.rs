@@ -263,6 +263,7 @@ fn budget_request() -> impl Strategy<Value = BudgetRequest> {
             attempt,
             estimate_usd,
             estimate,
+            trace: None,
         },
     )
 }

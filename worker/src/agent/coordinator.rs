@@ -132,6 +132,7 @@ pub(super) async fn reserve(
         attempt,
         estimate_usd,
         estimate,
+        trace: forkfleet_shared::trace::current_traceparent(),
     })?;
     let reserved = ask_coordinator(
         bus,

@@ -6,11 +6,13 @@ use super::coordinator::{reserve, Reserved};
 use super::{lease_lost, AgentState, Publisher, Run, Step};
 use crate::error::WorkerError;
 use crate::forktools::{is_fork_tool, ForkCall, MERGE_OR_SELECT};
+use crate::genai::{error_type, tool_failed, tool_span, ChatSpan};
 use crate::metrics::ModelCall;
 use crate::provider::ModelRequest;
 use crate::tools::ToolBox;
 use forkfleet_shared::event::{Event, Message};
 use forkfleet_shared::state::BranchState;
+use tracing::Instrument;
 
 /// Run the next turn of the branch: the step it leads to.
 pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
@@ -115,7 +117,8 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     // for by its reservation, is made and recorded.
     // The call runs until it answers or a command stops the branch; a cancelled call is
     // dropped (aborted) and nothing is published for it.
-    let call = run.provider.complete(&req);
+    let chat = ChatSpan::new(&req, task.fork_id, Some(task.run_id));
+    let call = run.provider.complete(&req).instrument(chat.span().clone());
     let measured = ModelCall::start(&task.model);
     let reply = match until_halted(
         call,
@@ -128,6 +131,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     .await
     {
         Err(step) => {
+            chat.failed("cancelled");
             tracing::info!("model call cancelled: the branch stops or is handed back");
             return Ok(step);
         }
@@ -136,7 +140,9 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             r
         }
         Ok(Err(e)) => {
-            measured.failed(&e);
+            let class = error_type(&e);
+            chat.failed(&class);
+            measured.failed(&class);
             tracing::warn!(error = %e, "model call failed");
             return Ok(Step::Finish(
                 BranchState::Failed,
@@ -156,6 +162,8 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     // worker is lost before the response is, the branch's next worker makes the call again,
     // and both calls are counted, as both were paid.
     let cost_usd = task.price.map_or(0.0, |p| p.cost(&reply.usage));
+    chat.replied(&reply, task.price.map(|_| cost_usd));
+    drop(chat);
     run.spent_usd += cost_usd;
     out.publish(Event::Usage {
         model: task.model.clone(),
@@ -196,6 +204,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             return Ok(step);
         }
         let before = run.overlay.changes().len();
+        let tool_span = tool_span(call, task.fork_id, task.run_id);
         let running = async {
             if task.forking && is_fork_tool(&call.name) {
                 let fork_call = ForkCall {
@@ -209,7 +218,8 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             } else {
                 tools.run(call, &mut run.overlay, &ctx.blobs).await
             }
-        };
+        }
+        .instrument(tool_span.clone());
         let outcome = if call.name == MERGE_OR_SELECT {
             // A merge is not cut short: the fork would be recorded merged and not applied.
             running.await?
@@ -235,6 +245,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 .await?;
         }
         if !outcome.ok {
+            tool_failed(&tool_span);
             tracing::debug!(tool = %call.name, "tool call failed");
         }
         let result = out

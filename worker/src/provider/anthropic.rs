@@ -197,6 +197,8 @@ struct MessagesResponse {
     usage: Option<ResponseUsage>,
     #[serde(default)]
     stop_reason: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -277,6 +279,8 @@ fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, W
         text,
         tool_calls,
         usage,
+        response_model: resp.model,
+        finish_reason: resp.stop_reason,
     })
 }
 

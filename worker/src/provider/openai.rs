@@ -184,6 +184,8 @@ struct ChatResponse {
     choices: Vec<Choice>,
     #[serde(default)]
     usage: Option<ChatUsage>,
+    #[serde(default)]
+    model: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -264,6 +266,7 @@ fn content_text(content: Option<Content>) -> Option<String> {
 fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, WorkerError> {
     let resp: ChatResponse = serde_json::from_slice(body)
         .map_err(|e| api.bad_response(format!("not a chat completion: {e}")))?;
+    let response_model = resp.model;
     let choice = resp
         .choices
         .into_iter()
@@ -311,6 +314,8 @@ fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, W
         text,
         tool_calls,
         usage,
+        response_model,
+        finish_reason: choice.finish_reason,
     })
 }
 

@@ -112,10 +112,18 @@ impl ModelProvider for ScriptedProvider {
         if let Some(path) = &self.usage_log {
             log_usage(path, req, &usage);
         }
+        // What an API would say: the model as named, and why it stopped.
+        let finish_reason = if played.tool_calls.is_empty() {
+            "stop"
+        } else {
+            "tool_calls"
+        };
         Ok(ModelReply {
             text: played.text,
             tool_calls: played.tool_calls,
             usage,
+            response_model: Some(crate::genai::model_name(req.model).to_string()),
+            finish_reason: Some(finish_reason.to_string()),
         })
     }
 

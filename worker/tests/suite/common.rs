@@ -104,7 +104,7 @@ impl Fixture {
     }
 
     /// Copy the staged blobs to a NATS bus's store (a local bus reads the staging store).
-    async fn publish_blobs(&self) {
+    pub async fn publish_blobs(&self) {
         if let BusKind::Nats(..) = self.kind {
             let to = self.bus.blobs();
             let hashes = self.store.hashes();

@@ -1180,6 +1180,7 @@ async fn a_judge_job_reaches_its_endpoint() {
         candidates_reason: None,
         max_output_tokens: 200,
         endpoint: Some(spec_url(&server)),
+        trace: None,
     });
     // The worker serves resolve jobs once its service task has subscribed: ask until then.
     let payload = forkfleet_shared::wire::encode(&job).unwrap();

@@ -1,0 +1,283 @@
+//! The coordinator's spans, read back from the OpenTelemetry SDK as the binary installs it:
+//! `fork.create` is the root of its fork's trace (the request that asked is linked), its
+//! tasks carry its context, and `budget.reserve`, `fork.diff` and `fork.resolve` join that
+//! trace; resolve jobs carry the context of `fork.resolve`.
+
+use super::support::*;
+use forkfleet_shared::api::{dispatch, ApiRequest, Caller, ParentRun, Resolve};
+use forkfleet_shared::budget::{BudgetReply, BudgetRequest, BUDGET_SUBJECT};
+use forkfleet_shared::diff::DiffOptions;
+use forkfleet_shared::event::{Event, Usage};
+use forkfleet_shared::protocol::{BranchTask, ResolveJob, ResolveJobReply, RESOLVE_SUBJECT};
+use forkfleet_shared::spec::TestPlan;
+use forkfleet_shared::state::{BranchState, ForkState};
+use forkfleet_shared::trace::{span_context_of, traceparent_of};
+use forkfleet_shared::wire;
+use opentelemetry::trace::{SpanId, TracerProvider as _};
+use opentelemetry::Value;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tracing::Instrument;
+use tracing_subscriber::layer::SubscriberExt;
+
+/// Keeps every span the SDK ends.
+#[derive(Debug, Default)]
+struct Ended {
+    spans: Mutex<Vec<SpanData>>,
+    notify: Notify,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Collector(Arc<Ended>);
+
+impl SpanProcessor for Collector {
+    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        self.0.spans.lock().unwrap().push(span);
+        self.0.notify.notify_waiters();
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
+impl Collector {
+    /// The first `n` ended spans named `name`, waiting for them (bounded).
+    async fn wait_for(&self, name: &str, n: usize) -> Vec<SpanData> {
+        within(async {
+            loop {
+                let notified = self.0.notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                let found: Vec<SpanData> = self
+                    .0
+                    .spans
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|s| s.name == name)
+                    .cloned()
+                    .collect();
+                if found.len() >= n {
+                    return found;
+                }
+                notified.await;
+            }
+        })
+        .await
+    }
+}
+
+fn value<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| &kv.value)
+}
+
+async fn reserve(fx: &Fixture, task: &BranchTask, usd: f64, trace: Option<String>) -> BudgetReply {
+    let req = BudgetRequest {
+        fork_id: task.fork_id,
+        run_id: task.run_id,
+        attempt: 1,
+        estimate_usd: usd,
+        estimate: Usage::default(),
+        trace,
+    };
+    let bytes = within(
+        fx.bus
+            .request(BUDGET_SUBJECT, wire::encode(&req).unwrap(), T),
+    )
+    .await
+    .unwrap();
+    wire::decode(&bytes).unwrap()
+}
+
+#[tokio::test]
+async fn a_fork_is_one_trace_rooted_at_fork_create() {
+    let collector = Collector::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(collector.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("coordinator-test")));
+    // The test and the coordinator's actors run on this thread (a current-thread runtime).
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let fx = Fixture::start().await;
+    let snap = fx.upload(&[("a.txt", "1\n")]).await;
+    let mut capped = plan(&["a", "b"]);
+    capped.aggregate_budget_usd = Some(1.0);
+    // Created in a request's span: linked to the fork's trace, not its parent.
+    let request = tracing::info_span!("api.request");
+    let request_sc = span_context_of(&traceparent_of(&request).unwrap()).unwrap();
+    let view = fx
+        .create(capped, ParentRun::New, snap)
+        .instrument(request.clone())
+        .await;
+    drop(request);
+    let fork_id = view.fork_id.to_string();
+
+    let [create] = collector
+        .wait_for("fork.create", 1)
+        .await
+        .try_into()
+        .unwrap();
+    assert_eq!(
+        create.parent_span_id,
+        SpanId::INVALID,
+        "fork.create is a root"
+    );
+    assert_ne!(create.span_context.trace_id(), request_sc.trace_id());
+    assert!(
+        create
+            .links
+            .iter()
+            .any(|l| l.span_context.span_id() == request_sc.span_id()),
+        "the request is linked: {:?}",
+        create.links
+    );
+    assert_eq!(
+        value(&create, "fork.id"),
+        Some(&Value::from(fork_id.clone()))
+    );
+    assert_eq!(value(&create, "fork.branches"), Some(&Value::I64(2)));
+
+    // Every task carries the context of fork.create.
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (task, delivery) = fx.pull().await;
+        let sc = span_context_of(delivery.trace.as_deref().expect("a traceparent")).unwrap();
+        assert_eq!(sc.trace_id(), create.span_context.trace_id());
+        assert_eq!(sc.span_id(), create.span_context.span_id());
+        delivery.ack().await.unwrap();
+        fx.publish(
+            task.fork_id,
+            task.run_id,
+            task.first_seq,
+            Event::Status {
+                state: BranchState::Running,
+                error: None,
+            },
+        )
+        .await;
+        tasks.push((task, delivery.trace));
+    }
+    tasks.sort_by_key(|(t, _)| t.index);
+
+    // A reservation decided under the context the request carries (a worker's turn; here
+    // the task's own), granted or refused.
+    let (a, a_trace) = &tasks[0];
+    assert!(matches!(
+        reserve(&fx, a, 0.4, a_trace.clone()).await,
+        BudgetReply::Granted { .. }
+    ));
+    assert!(matches!(
+        reserve(&fx, a, 5.0, a_trace.clone()).await,
+        BudgetReply::Refused { .. }
+    ));
+    let reserves = collector.wait_for("budget.reserve", 2).await;
+    let run_id = a.run_id.to_string();
+    for (span, (usd, granted)) in reserves.iter().zip([(0.4, true), (5.0, false)]) {
+        assert_eq!(span.span_context.trace_id(), create.span_context.trace_id());
+        assert_eq!(span.parent_span_id, create.span_context.span_id());
+        assert_eq!(value(span, "fork.id"), Some(&Value::from(fork_id.clone())));
+        assert_eq!(value(span, "branch.id"), Some(&Value::from(run_id.clone())));
+        assert_eq!(value(span, "budget.usd"), Some(&Value::F64(usd)));
+        assert_eq!(value(span, "budget.granted"), Some(&Value::Bool(granted)));
+    }
+
+    // Later work on the fork, asked in another request's span, joins the fork's trace.
+    let other = tracing::info_span!("api.request");
+    within(fx.h().diff(view.fork_id, DiffOptions::default()))
+        .instrument(other)
+        .await
+        .unwrap();
+    for diff in collector.wait_for("fork.diff", 1).await {
+        assert_eq!(diff.span_context.trace_id(), create.span_context.trace_id());
+        assert_eq!(diff.parent_span_id, create.span_context.span_id());
+        assert_eq!(value(&diff, "fork.id"), Some(&Value::from(fork_id.clone())));
+        assert_eq!(value(&diff, "fork.branches"), Some(&Value::I64(2)));
+    }
+}
+
+#[tokio::test]
+async fn resolve_joins_the_fork_trace_and_its_jobs_carry_its_context() {
+    let collector = Collector::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(collector.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("coordinator-test")));
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let fx = Fixture::start().await;
+    let snap = fx.upload(&[("a.txt", "1\n")]).await;
+    let mut tested = plan(&["a"]);
+    tested.resolve.test = Some(TestPlan {
+        argv: vec!["true".into()],
+        timeout_s: 5.0,
+        env: Default::default(),
+    });
+    let view = fx.create(tested, ParentRun::New, snap).await;
+    fx.fake_worker(1, |t| simple(t, "a.txt")).await;
+    wait_view(&fx.h(), view.fork_id, |v| v.state == ForkState::Settled).await;
+    let [create] = collector
+        .wait_for("fork.create", 1)
+        .await
+        .try_into()
+        .unwrap();
+
+    // The test acts as the worker: it takes the job and keeps the context it carries.
+    let mut jobs = within(fx.bus.serve(RESOLVE_SUBJECT)).await.unwrap();
+    let serve = async {
+        let req = within(jobs.recv()).await.expect("a resolve job");
+        let ResolveJob::Test(job) = wire::decode::<ResolveJob>(&req.payload).unwrap() else {
+            panic!("expected a test job");
+        };
+        let reply = ResolveJobReply::Failed {
+            error: "not run by this test".into(),
+        };
+        req.respond(wire::encode(&reply).unwrap()).await.unwrap();
+        job.trace
+    };
+    let request = tracing::info_span!("api.request");
+    let request_sc = span_context_of(&traceparent_of(&request).unwrap()).unwrap();
+    let resolve = ApiRequest::from(Resolve {
+        fork: view.fork_id,
+        strategy: None,
+    });
+    let h = fx.h();
+    let (job_trace, report) = tokio::join!(
+        serve,
+        within(dispatch(&h, &Caller::Admin, resolve)).instrument(request)
+    );
+    report.unwrap();
+
+    let [resolve] = collector
+        .wait_for("fork.resolve", 1)
+        .await
+        .try_into()
+        .unwrap();
+    assert_eq!(
+        resolve.span_context.trace_id(),
+        create.span_context.trace_id()
+    );
+    assert_eq!(resolve.parent_span_id, create.span_context.span_id());
+    assert!(resolve
+        .links
+        .iter()
+        .any(|l| l.span_context.span_id() == request_sc.span_id()));
+    let job_sc = span_context_of(&job_trace.expect("the job carries a traceparent")).unwrap();
+    assert_eq!(job_sc.trace_id(), resolve.span_context.trace_id());
+    assert_eq!(job_sc.span_id(), resolve.span_context.span_id());
+}
