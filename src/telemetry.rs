@@ -8,6 +8,7 @@
 
 mod export;
 mod json;
+pub mod metrics;
 
 use crate::config::{LogFormat, RootSampler, SamplerSetting, TelemetrySettings};
 
@@ -79,6 +80,7 @@ pub enum Service {
 pub struct Telemetry {
     provider: opentelemetry_sdk::trace::SdkTracerProvider,
     exporter: Option<export::Reporter>,
+    metrics: Option<metrics::MetricsExport>,
 }
 
 impl Telemetry {
@@ -86,12 +88,17 @@ impl Telemetry {
     /// [`FLUSH_BOUND`]; a collector that does not answer in time is reported (once, as any
     /// export failure) and the spans are dropped. Nothing to do when export is off.
     pub fn shutdown(self) {
-        let Some(reporter) = self.exporter else {
-            return;
-        };
-        // Shutting down exports what is queued, then stops the processor's thread.
-        if let Err(e) = self.provider.shutdown_with_timeout(FLUSH_BOUND) {
-            reporter.failed(&format!("flushing at exit: {e}"));
+        let deadline = std::time::Instant::now() + FLUSH_BOUND;
+        // The metric export's last snapshot goes out while the spans are flushed.
+        let metrics = self.metrics.map(metrics::MetricsExport::stop);
+        if let Some(reporter) = self.exporter {
+            // Shutting down exports what is queued, then stops the processor's thread.
+            if let Err(e) = self.provider.shutdown_with_timeout(FLUSH_BOUND) {
+                reporter.failed(&format!("flushing at exit: {e}"));
+            }
+        }
+        if let Some(stopping) = metrics {
+            stopping.wait_until(deadline);
         }
     }
 }
@@ -156,12 +163,14 @@ pub fn init(verbose: u8, settings: &TelemetrySettings, service: Service) -> Tele
     let exporter = settings
         .traces_endpoint()
         .map(|endpoint| export::build(settings, &endpoint));
+    // One resource for both signals: the same `service.instance.id` on spans and metrics.
+    let resource = resource(settings, service);
     let mut reporter = None;
     let mut build_error = None;
     match exporter {
         Some(Ok((exporter, r))) => {
             builder = builder
-                .with_resource(resource(settings, service))
+                .with_resource(resource.clone())
                 .with_span_processor(export::batch(exporter));
             reporter = Some(r);
         }
@@ -190,9 +199,29 @@ pub fn init(verbose: u8, settings: &TelemetrySettings, service: Service) -> Tele
     if let Some(e) = build_error {
         tracing::warn!(error = %e, "traces: the OTLP exporter cannot be built; spans are not exported");
     }
+    // Metrics: the services' registry, exported as OTLP when an endpoint is configured
+    // (the commands' metrics die with them; a service is what a stack watches).
+    let metrics = match (service, settings.metrics_endpoint()) {
+        (Service::Coordinator | Service::Worker, Some(endpoint)) => {
+            let attributes = resource
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let reporter = export::Reporter::new("metrics", &endpoint);
+            match metrics::MetricsExport::start(settings, &endpoint, attributes, reporter) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics: the OTLP exporter cannot be built; metrics are not exported");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     Telemetry {
         provider,
         exporter: reporter,
+        metrics,
     }
 }
 

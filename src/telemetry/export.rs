@@ -26,26 +26,38 @@ const EXPORT_DELAY: Duration = Duration::from_secs(1);
 /// success after failures as "recovered", nothing else.
 #[derive(Debug, Clone)]
 pub(super) struct Reporter {
+    /// What is exported: "spans" or "metrics".
+    what: &'static str,
     endpoint: Arc<str>,
     failing: Arc<AtomicBool>,
 }
 
 impl Reporter {
+    /// A reporter of the export of `what` to `endpoint` (shown redacted).
+    pub(super) fn new(what: &'static str, endpoint: &str) -> Reporter {
+        Reporter {
+            what,
+            endpoint: forkfleet_bus::nats::redact_url(endpoint).into(),
+            failing: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
     /// An export failed (`what` says how): a warning unless one is already out.
     pub(super) fn failed(&self, what: &str) {
         if !self.failing.swap(true, Ordering::SeqCst) {
             tracing::warn!(
                 otlp.endpoint = %self.endpoint,
                 error = %what,
-                "traces: cannot export spans to the collector; spans are dropped until it answers (reported once)"
+                "telemetry: cannot export {} to the collector; they are dropped until it answers (reported once)",
+                self.what
             );
         }
     }
 
     /// An export succeeded: "recovered" if the last one had failed.
-    fn succeeded(&self) {
+    pub(super) fn succeeded(&self) {
         if self.failing.swap(false, Ordering::SeqCst) {
-            tracing::info!(otlp.endpoint = %self.endpoint, "traces: the collector answers again");
+            tracing::info!(otlp.endpoint = %self.endpoint, "telemetry: the collector takes {} again", self.what);
         }
     }
 }
@@ -120,10 +132,7 @@ pub(super) fn build(
         }
     }
     .map_err(|e| e.to_string())?;
-    let reporter = Reporter {
-        endpoint: forkfleet_bus::nats::redact_url(endpoint).into(),
-        failing: Arc::new(AtomicBool::new(false)),
-    };
+    let reporter = Reporter::new("spans", endpoint);
     Ok((
         Reporting {
             inner: exporter,

@@ -168,7 +168,7 @@ fn metrics_of_a_finished_fork_and_readiness_across_a_nats_outage() {
     assert_eq!(w.status, 200);
     let text = &w.body;
     let model = [
-        ("gen_ai_provider_name", "scripted"),
+        ("gen_ai_provider_name", "forkfleet.scripted"),
         ("gen_ai_request_model", "quickstart"),
     ];
     assert_eq!(

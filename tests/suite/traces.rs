@@ -78,6 +78,26 @@ impl Receiver {
     }
 }
 
+impl Receiver {
+    /// The metrics received so far (one line per metric per export).
+    fn metrics(&self) -> Vec<Value> {
+        self.text()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|v| v["signal"] == "metric")
+            .collect()
+    }
+}
+
+/// The string value of attribute `key` of an OTLP data point (protobuf's JSON mapping).
+fn point_label<'a>(point: &'a Value, key: &str) -> Option<&'a str> {
+    point["attributes"]
+        .as_array()?
+        .iter()
+        .find(|kv| kv["key"] == key)?["value"]["stringValue"]
+        .as_str()
+}
+
 impl Drop for Receiver {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -229,9 +249,10 @@ fn assert_fork_trace<'a>(
         );
         for chat in &chats {
             let c = &chat["attributes"];
-            assert_eq!(chat["name"], "chat scripted:traced", "{chat}");
+            assert_eq!(chat["name"], "chat traced", "{chat}");
             assert_eq!(c["gen_ai.operation.name"], "chat", "{chat}");
-            assert_eq!(c["gen_ai.request.model"], "scripted:traced", "{chat}");
+            assert_eq!(c["gen_ai.request.model"], "traced", "{chat}");
+            assert_eq!(c["gen_ai.provider.name"], "forkfleet.scripted", "{chat}");
             assert!(c["gen_ai.provider.name"].is_string(), "{chat}");
             assert_eq!(c["gen_ai.usage.input_tokens"], 100, "{chat}");
             assert_eq!(c["gen_ai.usage.output_tokens"], 10, "{chat}");
@@ -330,7 +351,11 @@ fn a_fork_over_nats_is_one_trace_across_the_coordinator_and_two_workers() {
     let url = nats.url();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("coordinator-data");
-    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    // Metrics every second (the default is a minute).
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "1000"),
+    ];
     let mut coordinator = Service::spawn_env(
         "coordinator",
         &["coordinator", "--nats", &url, "--data", path_str(&data)],
@@ -396,11 +421,55 @@ fn a_fork_over_nats_is_one_trace_across_the_coordinator_and_two_workers() {
         let b = super::harness::branch(&watched, label);
         assert_eq!(b["state"], "done", "{}", logs(&coordinator, &workers));
     }
+    let cost = fleet::run(dir.path(), &["fork", "cost", &id, "--json", "--nats", &url]).json();
+    let spent = cost["spent_usd"].as_f64().unwrap();
+    let full_id = cost["fork_id"].as_str().unwrap().to_string();
+    // Metrics go the same way, every second: the coordinator's spend gauge of the fork and
+    // the GenAI token histograms of both workers.
+    let spend_of = |metrics: &[Value]| {
+        metrics
+            .iter()
+            .filter(|m| m["name"] == "forkfleet.fork.spent_usd")
+            .filter(|m| m["resource"]["service.name"] == "forkfleet-coordinator")
+            .flat_map(|m| m["data"]["gauge"]["dataPoints"].as_array().unwrap().clone())
+            .filter(|p| point_label(p, "fork.id") == Some(full_id.as_str()))
+            .filter_map(|p| p["asDouble"].as_f64())
+            .any(|v| (v - spent).abs() < 1e-9)
+    };
+    let token_instances = |metrics: &[Value]| {
+        metrics
+            .iter()
+            .filter(|m| m["name"] == "gen_ai.client.token.usage")
+            .filter(|m| m["resource"]["service.name"] == "forkfleet-worker")
+            .filter(|m| {
+                m["data"]["histogram"]["dataPoints"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| point_label(p, "gen_ai.request.model") == Some("traced"))
+            })
+            .map(|m| m["resource"]["service.instance.id"].to_string())
+            .collect::<BTreeSet<_>>()
+            .len()
+    };
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    loop {
+        let metrics = receiver.metrics();
+        if spend_of(&metrics) && token_instances(&metrics) == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no spend {spent} of {full_id}, or token usage not from both workers: {metrics:#?}"
+        );
+        std::thread::sleep(POLL);
+    }
     // Clean shutdowns flush what each service still holds.
     for w in &mut workers {
         assert!(w.terminate().success());
     }
     assert!(coordinator.terminate().success());
+
 
     let all = receiver.spans();
     // The fork's own spans (the fleet's start-up requests are other traces).

@@ -90,7 +90,6 @@ impl ChatSpan {
             gen_ai.request.model = model_name(req.model),
             gen_ai.request.max_tokens = i64::from(req.max_output_tokens),
             gen_ai.response.model = Empty,
-            gen_ai.response.finish_reasons = Empty,
             gen_ai.usage.input_tokens = Empty,
             gen_ai.usage.output_tokens = Empty,
             gen_ai.input.messages = Empty,
@@ -124,7 +123,14 @@ impl ChatSpan {
             span.record("gen_ai.response.model", model.as_str());
         }
         if let Some(reason) = &reply.finish_reason {
-            span.record("gen_ai.response.finish_reasons", reason.as_str());
+            // A string array, as the conventions define it (a `tracing` field cannot be one).
+            use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+            span.set_attribute(
+                "gen_ai.response.finish_reasons",
+                opentelemetry::Value::Array(
+                    vec![opentelemetry::StringValue::from(reason.clone())].into(),
+                ),
+            );
         }
         if let Some(cost) = cost_usd {
             span.record("forkfleet.cost_usd", cost);

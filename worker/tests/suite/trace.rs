@@ -315,8 +315,10 @@ async fn branch_spans_follow_the_genai_conventions_and_capture_text_only_when_en
         assert_eq!(int(chat, "gen_ai.usage.input_tokens"), Some(input));
         assert_eq!(int(chat, "gen_ai.usage.output_tokens"), Some(output));
         assert_eq!(
-            attribute(chat, "gen_ai.response.finish_reasons"),
-            Some(finish)
+            value(chat, "gen_ai.response.finish_reasons"),
+            Some(&Value::Array(
+                vec![opentelemetry::StringValue::from(finish)].into()
+            ))
         );
         let call_cost = (input + 2 * output) as f64 * 1e-6;
         assert!((float(chat, "forkfleet.cost_usd").unwrap() - call_cost).abs() < 1e-12);
