@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A small OTLP/HTTP receiver for the tests: writes what it receives as JSON lines.
 
-    python3 tests/otlp_receiver.py OUT.jsonl
+    python3 tests/otlp_receiver.py [--count] OUT.jsonl
 
 Listens on a free loopback port and prints that port on stdout, then serves until killed:
 
@@ -12,6 +12,10 @@ Listens on a free loopback port and prints that port on stdout, then serves unti
 - POST /v1/metrics (protobuf): one line per metric, `{"signal": "metric", "name",
   "unit", "resource", "data": <the metric's data as protobuf's JSON mapping>}`;
 - POST /v1/logs: accepted, nothing written.
+
+With `--count` (for benchmarks, where the receiver should cost little) a request is
+decoded but only counted: one line per request, `{"signal": "count", "spans": N}` or
+`"metrics": N`.
 
 A request's lines are written and flushed before it is answered, so once the exporting
 process has exited after its final flush, the file holds everything it sent. Needs PyPI's
@@ -46,6 +50,19 @@ def value_of(any_value):
 
 def attributes_of(key_values):
     return {kv.key: value_of(kv.value) for kv in key_values}
+
+
+def count_lines(path, body):
+    """The one line `--count` writes for a request."""
+    if path == "/v1/traces":
+        request = trace_service_pb2.ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        return [{"signal": "count", "spans": n}]
+    request = metrics_service_pb2.ExportMetricsServiceRequest()
+    request.ParseFromString(body)
+    n = sum(len(sm.metrics) for rm in request.resource_metrics for sm in rm.scope_metrics)
+    return [{"signal": "count", "metrics": n}]
 
 
 def span_lines(body):
@@ -92,12 +109,18 @@ def metric_lines(body):
 
 class Handler(BaseHTTPRequestHandler):
     out = None
+    count = False
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length)
         try:
-            if self.path == "/v1/traces":
+            if self.count and self.path in ("/v1/traces", "/v1/metrics"):
+                lines = count_lines(self.path, body)
+                response = (trace_service_pb2.ExportTraceServiceResponse()
+                            if self.path == "/v1/traces"
+                            else metrics_service_pb2.ExportMetricsServiceResponse())
+            elif self.path == "/v1/traces":
                 lines = list(span_lines(body))
                 response = trace_service_pb2.ExportTraceServiceResponse()
             elif self.path == "/v1/metrics":
@@ -128,10 +151,14 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main():
-    if len(sys.argv) != 2:
-        print("usage: otlp_receiver.py OUT.jsonl", file=sys.stderr)
+    args = sys.argv[1:]
+    if args[:1] == ["--count"]:
+        Handler.count = True
+        args = args[1:]
+    if len(args) != 1:
+        print("usage: otlp_receiver.py [--count] OUT.jsonl", file=sys.stderr)
         sys.exit(2)
-    Handler.out = open(sys.argv[1], "a", encoding="utf-8")
+    Handler.out = open(args[0], "a", encoding="utf-8")
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     print(server.server_address[1], flush=True)
     server.serve_forever()

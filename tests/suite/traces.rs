@@ -470,7 +470,6 @@ fn a_fork_over_nats_is_one_trace_across_the_coordinator_and_two_workers() {
     }
     assert!(coordinator.terminate().success());
 
-
     let all = receiver.spans();
     // The fork's own spans (the fleet's start-up requests are other traces).
     let spans = fork_trace(&all);
