@@ -182,6 +182,15 @@ pub fn init(verbose: u8, settings: &TelemetrySettings, service: Service) -> Tele
     let traces = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("forkfleet"))
         .with_threads(false)
+        // Not `busy_ns`/`idle_ns` on every span: two clock reads at every poll of an
+        // instrumented future, a fifth of a fan-out's wall with export on (BENCHMARKS.md).
+        .with_tracked_inactivity(false)
+        // Nor the OpenTelemetry context made current at every enter (nothing here reads
+        // `Context::current()`: trace context is read from the span itself), nor the
+        // source location and target as attributes on every span.
+        .with_context_activation(false)
+        .with_location(false)
+        .with_target(false)
         .with_filter(
             tracing_subscriber::filter::filter_fn(|meta| {
                 meta.is_span()

@@ -16,8 +16,12 @@ pub const FLUSH_BOUND: Duration = Duration::from_secs(5);
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Ended spans the batch processor holds at most; past it, spans are dropped, never
-/// waited for.
-const MAX_QUEUE: usize = 4096;
+/// waited for. A fan-out of 1,000 branches of 10 tool calls ends 33,000 spans within a
+/// second or two: the queue holds half of that (a few MB) while the exporter catches up.
+const MAX_QUEUE: usize = 16_384;
+
+/// Spans per export request: fewer, larger requests cost both ends less per span.
+const MAX_BATCH: usize = 2_048;
 
 /// How often the batch processor exports what it holds.
 const EXPORT_DELAY: Duration = Duration::from_secs(1);
@@ -143,16 +147,23 @@ pub(super) fn build(
 }
 
 /// The batch processor in front of `exporter`: its own thread, a bounded queue.
+/// The standard variables, which the SDK reads, win over these defaults.
 pub(super) fn batch<E: SpanExporter + 'static>(
     exporter: E,
 ) -> opentelemetry_sdk::trace::BatchSpanProcessor {
     use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor};
+    let unset = |var: &str| std::env::var_os(var).is_none();
+    let mut config = BatchConfigBuilder::default();
+    if unset("OTEL_BSP_MAX_QUEUE_SIZE") {
+        config = config.with_max_queue_size(MAX_QUEUE);
+    }
+    if unset("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") {
+        config = config.with_max_export_batch_size(MAX_BATCH);
+    }
+    if unset("OTEL_BSP_SCHEDULE_DELAY") {
+        config = config.with_scheduled_delay(EXPORT_DELAY);
+    }
     BatchSpanProcessor::builder(exporter)
-        .with_batch_config(
-            BatchConfigBuilder::default()
-                .with_max_queue_size(MAX_QUEUE)
-                .with_scheduled_delay(EXPORT_DELAY)
-                .build(),
-        )
+        .with_batch_config(config.build())
         .build()
 }
