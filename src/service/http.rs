@@ -13,6 +13,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// The content type of the Prometheus text exposition format.
+/// How long requests in progress may take once the endpoint is told to stop.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 type Probe = Arc<dyn Fn() -> bool + Send + Sync>;
@@ -123,10 +126,14 @@ impl HttpEndpoint {
         self.addr
     }
 
-    /// Stop serving: requests in progress finish.
+    /// Stop serving: requests in progress get [`STOP_GRACE`] to finish, then their
+    /// connections are dropped (a scraper holding one open never holds up a stop).
     pub async fn stop(self) {
         let _ = self.stop.send(());
-        let _ = self.task.await;
+        let abort = self.task.abort_handle();
+        if tokio::time::timeout(STOP_GRACE, self.task).await.is_err() {
+            abort.abort();
+        }
     }
 }
 

