@@ -23,13 +23,24 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 async fn reserve(fx: &Fixture, task: &BranchTask, attempt: u32, usd: f64) -> BudgetReply {
+    reserve_traced(fx, task, attempt, usd, None).await
+}
+
+/// A budget request for `task`'s branch, sent with the trace context `trace`.
+pub(super) async fn reserve_traced(
+    fx: &Fixture,
+    task: &BranchTask,
+    attempt: u32,
+    usd: f64,
+    trace: Option<String>,
+) -> BudgetReply {
     let req = BudgetRequest {
         fork_id: task.fork_id,
         run_id: task.run_id,
         attempt,
         estimate_usd: usd,
         estimate: Usage::default(),
-        trace: None,
+        trace,
     };
     let bytes = within(
         fx.bus

@@ -6,9 +6,9 @@
 use super::support::*;
 use forkfleet_bus::testkit::SpanCollector;
 use forkfleet_shared::api::{dispatch, ApiRequest, Caller, ParentRun, Resolve};
-use forkfleet_shared::budget::{BudgetReply, BudgetRequest, BUDGET_SUBJECT};
+use forkfleet_shared::budget::BudgetReply;
 use forkfleet_shared::diff::DiffOptions;
-use forkfleet_shared::event::{Event, Usage};
+use forkfleet_shared::event::Event;
 use forkfleet_shared::protocol::{BranchTask, ResolveJob, ResolveJobReply, RESOLVE_SUBJECT};
 use forkfleet_shared::spec::TestPlan;
 use forkfleet_shared::state::{BranchState, ForkState};
@@ -42,21 +42,7 @@ fn value<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {
 }
 
 async fn reserve(fx: &Fixture, task: &BranchTask, usd: f64, trace: Option<String>) -> BudgetReply {
-    let req = BudgetRequest {
-        fork_id: task.fork_id,
-        run_id: task.run_id,
-        attempt: 1,
-        estimate_usd: usd,
-        estimate: Usage::default(),
-        trace,
-    };
-    let bytes = within(
-        fx.bus
-            .request(BUDGET_SUBJECT, wire::encode(&req).unwrap(), T),
-    )
-    .await
-    .unwrap();
-    wire::decode(&bytes).unwrap()
+    super::budget::reserve_traced(fx, task, 1, usd, trace).await
 }
 
 #[tokio::test]

@@ -418,3 +418,33 @@ pub async fn settle(fx: &Fixture, events: &mut Events) {
 pub fn is_status(ev: &BranchEvent, run: RunId, want: BranchState) -> bool {
     ev.run_id == run && matches!(&ev.event, Event::Status { state, .. } if *state == want)
 }
+
+/// Send `job` until a worker serves resolve jobs (its service task subscribes after it
+/// starts), and return its reply.
+pub async fn ask_resolve(
+    fx: &Fixture,
+    job: &forkfleet_shared::protocol::ResolveJob,
+) -> forkfleet_shared::protocol::ResolveJobReply {
+    let payload = wire::encode(job).unwrap();
+    let reply = tokio::time::timeout(WAIT, async {
+        loop {
+            match fx
+                .bus
+                .request(
+                    forkfleet_shared::protocol::RESOLVE_SUBJECT,
+                    payload.clone(),
+                    WAIT,
+                )
+                .await
+            {
+                Err(forkfleet_bus::BusError::NoResponders(_)) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                other => return other.unwrap(),
+            }
+        }
+    })
+    .await
+    .expect("no worker answered the resolve job");
+    wire::decode(&reply).unwrap()
+}

@@ -1159,7 +1159,7 @@ async fn terminate_aborts_a_slow_model_call() {
 
 #[tokio::test]
 async fn a_judge_job_reaches_its_endpoint() {
-    use forkfleet_shared::protocol::{JudgeJob, ResolveJob, ResolveJobReply, RESOLVE_SUBJECT};
+    use forkfleet_shared::protocol::{JudgeJob, ResolveJob, ResolveJobReply};
     let mut server = MockApi::start(|_, _| {
         ok(chat_text(
             r#"{"winner": "b", "confidence": 0.8, "reasoning": "b is simpler"}"#,
@@ -1182,22 +1182,9 @@ async fn a_judge_job_reaches_its_endpoint() {
         endpoint: Some(spec_url(&server)),
         trace: None,
     });
-    // The worker serves resolve jobs once its service task has subscribed: ask until then.
-    let payload = forkfleet_shared::wire::encode(&job).unwrap();
-    let reply = tokio::time::timeout(WAIT, async {
-        loop {
-            match fx.bus.request(RESOLVE_SUBJECT, payload.clone(), WAIT).await {
-                Err(forkfleet_bus::BusError::NoResponders(_)) => {
-                    tokio::time::sleep(Duration::from_millis(5)).await
-                }
-                other => return other.unwrap(),
-            }
-        }
-    })
-    .await
-    .expect("no worker answered the judge job");
+    let reply = ask_resolve(&fx, &job).await;
     shutdown(worker).await;
-    let ResolveJobReply::Judge(run) = forkfleet_shared::wire::decode(&reply).unwrap() else {
+    let ResolveJobReply::Judge(run) = reply else {
         panic!("not a judge reply");
     };
     assert_eq!(run.error, None);

@@ -9,12 +9,10 @@ use forkfleet_bus::testkit::SpanCollector;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::pricing::Price;
-use forkfleet_shared::protocol::{JudgeJob, ResolveJob, ResolveJobReply, TestJob, RESOLVE_SUBJECT};
+use forkfleet_shared::protocol::{JudgeJob, ResolveJob, ResolveJobReply, TestJob};
 use forkfleet_shared::trace::{span_context_of, traceparent_of};
-use forkfleet_shared::wire;
 use opentelemetry::Value;
 use opentelemetry_sdk::trace::SpanData;
-use std::time::Duration;
 use tracing::Instrument;
 
 const ANSWER: &str = r#"
@@ -389,24 +387,6 @@ usage = { input_tokens = 300, output_tokens = 20 }
 /// The coordinator's `fork.resolve` span, as a job carries it.
 const RESOLVE_PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-/// Send `job` until a worker serves resolve jobs, and return its reply.
-async fn ask(fx: &Fixture, job: &ResolveJob) -> ResolveJobReply {
-    let payload = wire::encode(job).unwrap();
-    let reply = tokio::time::timeout(WAIT, async {
-        loop {
-            match fx.bus.request(RESOLVE_SUBJECT, payload.clone(), WAIT).await {
-                Err(forkfleet_bus::BusError::NoResponders(_)) => {
-                    tokio::time::sleep(Duration::from_millis(5)).await
-                }
-                other => return other.unwrap(),
-            }
-        }
-    })
-    .await
-    .expect("no worker answered the resolve job");
-    wire::decode(&reply).unwrap()
-}
-
 #[tokio::test]
 async fn resolve_job_spans_are_children_of_the_context_the_job_carries() {
     let collector = Collector::default();
@@ -439,8 +419,11 @@ async fn resolve_job_spans_are_children_of_the_context_the_job_carries() {
         endpoint: None,
         trace: Some(RESOLVE_PARENT.into()),
     });
-    assert!(matches!(ask(&fx, &test).await, ResolveJobReply::Test(_)));
-    let ResolveJobReply::Judge(verdict) = ask(&fx, &judge).await else {
+    assert!(matches!(
+        ask_resolve(&fx, &test).await,
+        ResolveJobReply::Test(_)
+    ));
+    let ResolveJobReply::Judge(verdict) = ask_resolve(&fx, &judge).await else {
         panic!("not a judge reply");
     };
     assert_eq!(verdict.error, None);
