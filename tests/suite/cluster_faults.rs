@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Turns of the test script: eight writes and an answer.
-const TURNS: u64 = 9;
+pub(super) const TURNS: u64 = 9;
 /// The test model's price per call: 100 input and 10 output tokens at $1 and $10 per Mtok.
 const COST_PER_CALL: f64 = 0.0002;
 
@@ -34,10 +34,16 @@ fn start(workers: usize, concurrency: usize) -> Fleet {
 
 /// A spec of `n` branches playing eight writes at 150 ms a call, in a fresh copy of the quickstart.
 fn faults_spec(ex: &Example, n: usize) -> PathBuf {
+    faults_spec_at(ex, n, 150)
+}
+
+/// A spec of `n` branches playing eight writes (then an answer, [`TURNS`] calls) at
+/// `latency_ms` a call, in a fresh copy of the quickstart.
+pub(super) fn faults_spec_at(ex: &Example, n: usize, latency_ms: u64) -> PathBuf {
     std::fs::write(
         ex.dir.path().join("faults.toml"),
         super::harness::writes_then_done(
-            150,
+            latency_ms,
             true,
             "out/{label}/{repeat}.txt",
             "{label} {repeat}\\n",
@@ -55,7 +61,7 @@ fn faults_spec(ex: &Example, n: usize) -> PathBuf {
 
 /// Every branch finished its whole script exactly once: a contiguous log, every turn
 /// made once, every paid call counted once. Returns how many branches were taken over.
-fn check_branches(fleet: &Fleet, view: &Value, n: usize) -> usize {
+pub(super) fn check_branches(fleet: &Fleet, view: &Value, n: usize) -> usize {
     let branches = view["branches"].as_array().unwrap();
     assert_eq!(branches.len(), n);
     let mut taken_over = 0;

@@ -202,6 +202,9 @@ pub(super) struct Fleet {
     pub(super) dir: tempfile::TempDir,
     /// The coordinator's arguments, to start it again.
     coordinator_args: Vec<String>,
+    /// The workers' arguments and environment, to start more.
+    worker_args: Vec<String>,
+    worker_env: Vec<(String, String)>,
 }
 
 impl Fleet {
@@ -235,26 +238,36 @@ impl Fleet {
             }
         }
         let coordinator = spawn_coordinator(&coordinator_args, "coordinator", dir.path());
-        let worker_args: Vec<&str> = worker_args.iter().map(String::as_str).collect();
-        let workers = (0..workers)
-            .map(|i| {
-                Service::spawn_env(
-                    &format!("worker-{i}"),
-                    &worker_args,
-                    dir.path(),
-                    options.env,
-                )
-            })
-            .collect();
-        let fleet = Fleet {
+        let mut fleet = Fleet {
             nats,
             coordinator,
-            workers,
+            workers: Vec::new(),
             dir,
             coordinator_args,
+            worker_args,
+            worker_env: options
+                .env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
+        fleet.workers = (0..workers)
+            .map(|i| fleet.spawn_worker(&format!("worker-{i}")))
+            .collect();
         fleet.wait_ready();
         fleet
+    }
+
+    /// A worker process named `name`, started as [`Fleet::start`] started the first ones
+    /// (not added to [`Fleet::workers`]).
+    pub(super) fn spawn_worker(&self, name: &str) -> Service {
+        let args: Vec<&str> = self.worker_args.iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = self
+            .worker_env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        Service::spawn_env(name, &args, self.dir.path(), &env)
     }
 
     /// A coordinator process named `name` on this fleet's NATS server and data directory.

@@ -22,6 +22,7 @@ mod pipes;
 mod resolve;
 mod restart;
 mod roles;
+mod rolling;
 mod secrets;
 mod standby;
 mod traces;
