@@ -171,6 +171,11 @@ fn the_keda_trigger_names_the_stream_and_consumer_the_bus_creates() {
         base.display()
     );
     for (s, c) in triggers {
-        assert_eq!((s.as_str(), c.as_str()), (stream.as_str(), consumer.as_str()));
+        assert_eq!(
+            (s.as_str(), c.as_str()),
+            (stream.as_str(), consumer.as_str()),
+            "the ScaledObject's trigger (stream, consumer) in {} is not the bus's",
+            base.display()
+        );
     }
 }
