@@ -11,10 +11,10 @@ use super::harness::Example;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// The workers' `--drain-grace-s`: shorter than a branch, so a drain hands some back.
-const DRAIN_GRACE_S: &str = "2";
-/// A scripted call's latency: nine calls make a branch of about 3.6 s, longer than the grace.
-const LATENCY_MS: u64 = 400;
+/// The workers' `--drain-grace-s`: well under a branch's length, so a drain hands some back.
+const DRAIN_GRACE_S: &str = "1";
+/// A scripted call's latency: nine calls make a branch of about 4.5 s.
+const LATENCY_MS: u64 = 500;
 
 /// Until `forkfleet workers` lists `n` workers (bounded).
 fn wait_workers(fleet: &Fleet, n: usize) {
@@ -36,7 +36,7 @@ fn wait_workers(fleet: &Fleet, n: usize) {
 
 /// A rolling update with `maxSurge: 1, maxUnavailable: 0`: for each of the three workers, a
 /// new worker is started and listed first, then the old one gets SIGTERM and drains (its
-/// running branches have 2 s to finish, then are handed back) before the next is replaced.
+/// running branches have 1 s to finish, then are handed back) before the next is replaced.
 #[test]
 fn a_rolling_restart_of_every_worker_loses_no_branch_and_runs_none_twice() {
     let mut fleet = Fleet::start(
