@@ -2,13 +2,15 @@
 //! nats-server: every worker replaced one by one mid-fork (a new one started, the old one
 //! sent SIGTERM and drained), and no branch lost or run twice. The OOM kill (SIGKILL) of a
 //! worker mid-fork is `cluster_faults::killed_workers_branches_are_taken_over_and_finish_once`,
-//! with the same checks. Also: the KEDA trigger of `deploy/kubernetes/base` names the task
-//! stream and the worker consumer the bus really creates.
+//! with the same checks. Also: the KEDA trigger of every Kustomize and Helm rendering names
+//! the task stream and the worker consumer the bus really creates.
 
 use super::cluster_faults::{check_branches, faults_spec_at};
 use super::fleet::{Fleet, Options, COMMAND_LIMIT, POLL, SHORT_ACK_WAIT_S};
 use super::harness::Example;
-use std::path::{Path, PathBuf};
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 /// The workers' `--drain-grace-s`: well under a branch's length, so a drain hands some back.
@@ -82,63 +84,33 @@ fn a_rolling_restart_of_every_worker_loses_no_branch_and_runs_none_twice() {
     );
 }
 
-/// The YAML files under `dir`, recursively, sorted.
-fn yaml_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let entries = std::fs::read_dir(&d).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (the Kustomize manifests holding the KEDA ScaledObject)",
-                d.display()
-            )
-        });
-        for e in entries {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-/// The `stream` and `consumer` of every `ScaledObject` in the YAML files under `dir`, read
-/// line by line: the documents are split at `---`, and in one of `kind: ScaledObject` the
-/// first `stream:` and `consumer:` keys are taken, their values unquoted. A document with
-/// neither (an overlay's patch of the replica counts) is passed over. No YAML parser is a
-/// dependency, and the manifests are plain block YAML.
-fn keda_trigger_names(dir: &Path) -> Vec<(PathBuf, String, String)> {
-    let value = |line: &str, key: &str| -> Option<String> {
-        let rest = line.trim().strip_prefix(key)?.strip_prefix(':')?;
-        let v = rest.split(" #").next().unwrap_or("").trim();
-        Some(v.trim_matches(|c| c == '"' || c == '\'').to_string())
-    };
-    let mut found = Vec::new();
-    for file in yaml_files(dir) {
-        let text = std::fs::read_to_string(&file).unwrap();
-        for doc in text.split("\n---") {
-            if !doc
-                .lines()
-                .any(|l| value(l, "kind").as_deref() == Some("ScaledObject"))
-            {
-                continue;
-            }
-            let first = |key: &str| doc.lines().find_map(|l| value(l, key));
-            match (first("stream"), first("consumer")) {
-                (None, None) => {}
-                (Some(stream), Some(consumer)) => found.push((file.clone(), stream, consumer)),
-                _ => panic!(
-                    "{}: a ScaledObject trigger needs both `stream` and `consumer`:\n{doc}",
-                    file.display()
-                ),
-            }
-        }
-    }
-    found
+/// The `nats-jetstream` triggers of every rendering of `deploy/kubernetes` and
+/// `deploy/helm/forkfleet` (`scripts/check-kubernetes --print-keda`, which renders them as
+/// the suite's check does), each as `{rendering, pool, stream, consumer}`.
+fn rendered_keda_triggers() -> Vec<Value> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // scripts/test exports the Python scripts/setup found; python3 otherwise.
+    let python = std::env::var("FORKFLEET_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let out = Command::new(&python)
+        .arg(root.join("scripts/check-kubernetes"))
+        .arg("--print-keda")
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{python} scripts/check-kubernetes: {e}"));
+    assert!(
+        out.status.success(),
+        "scripts/check-kubernetes --print-keda: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "scripts/check-kubernetes --print-keda printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    doc.as_array().unwrap().clone()
 }
 
 /// The stream holding the tasks of pool `default` and the durable consumer filtered on it,
@@ -183,21 +155,23 @@ fn task_stream_and_consumer(url: &str) -> (String, String) {
 fn the_keda_trigger_names_the_stream_and_consumer_the_bus_creates() {
     let fleet = Fleet::start(1, 1, Options::default());
     let (stream, consumer) = task_stream_and_consumer(&fleet.nats.url());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes");
-    let triggers = keda_trigger_names(&root);
-    assert!(
-        triggers
-            .iter()
-            .any(|(file, _, _)| file.starts_with(root.join("base"))),
-        "no ScaledObject with a trigger in {}/base",
-        root.display()
-    );
-    for (file, s, c) in triggers {
+    let triggers = rendered_keda_triggers();
+    for want in ["deploy/kubernetes/", "deploy/helm/forkfleet"] {
+        assert!(
+            triggers
+                .iter()
+                .any(|t| t["rendering"].as_str().unwrap().starts_with(want)),
+            "no rendering of {want} has a KEDA trigger: {triggers:?}"
+        );
+    }
+    for t in &triggers {
+        // The worker above runs in pool `default`, as the renderings' workers do.
+        assert_eq!(t["pool"], "default", "{t}");
         assert_eq!(
-            (s.as_str(), c.as_str()),
-            (stream.as_str(), consumer.as_str()),
-            "the ScaledObject trigger's (stream, consumer) in {} are not the bus's",
-            file.display()
+            (t["stream"].as_str(), t["consumer"].as_str()),
+            (Some(stream.as_str()), Some(consumer.as_str())),
+            "the KEDA trigger's (stream, consumer) of {} are not the bus's",
+            t["rendering"]
         );
     }
 }
