@@ -65,6 +65,8 @@ pub(super) fn check_branches(fleet: &Fleet, view: &Value, n: usize) -> usize {
     let branches = view["branches"].as_array().unwrap();
     assert_eq!(branches.len(), n);
     let mut taken_over = 0;
+    let fork_id = view["fork_id"].as_str().unwrap();
+    let cost = fleet.client(&["fork", "cost", fork_id, "--json"]).json();
     for b in branches {
         assert_eq!(b["state"], "done", "{b}\n{}", fleet.logs());
         let log = fleet.log(b["id"].as_str().unwrap());
@@ -82,13 +84,27 @@ pub(super) fn check_branches(fleet: &Fleet, view: &Value, n: usize) -> usize {
         // The parent's goal is the only model_response-free prefix; every turn once.
         assert_eq!(count("model_response"), TURNS, "{}: {kinds:?}", b["label"]);
         assert_eq!(b["turns"], TURNS);
-        // Every paid call counted once: the cost is the usage events', no more.
-        let calls = count("usage");
-        assert!(calls >= TURNS, "{kinds:?}");
-        let cost = b["cost_usd"].as_f64().unwrap();
+        // Every paid call counted once: the ledger's calls are the log's usage events plus
+        // those of fenced attempts (ADR 18: an attempt taken over, e.g. when its ack was
+        // lost to a NATS restart, may have paid for a call its log never shows), and the
+        // spend is exactly those calls', no more.
+        let logged = count("usage");
+        assert!(logged >= TURNS, "{kinds:?}");
+        let paid = cost["branches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["label"] == b["label"])
+            .unwrap_or_else(|| panic!("no cost of {}: {cost}", b["label"]));
+        let calls = paid["calls"].as_u64().unwrap();
         assert!(
-            (cost - calls as f64 * COST_PER_CALL).abs() < 1e-9,
-            "{cost} for {calls} calls"
+            calls >= logged,
+            "{calls} calls paid, {logged} logged: {paid}"
+        );
+        let spent = paid["spent_usd"].as_f64().unwrap();
+        assert!(
+            (spent - calls as f64 * COST_PER_CALL).abs() < 1e-9,
+            "{spent} for {calls} calls"
         );
         let runnings = log
             .iter()
