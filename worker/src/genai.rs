@@ -14,6 +14,7 @@
 //! messages that fit in [`MAX_MESSAGES_BYTES`]. Nothing else in a span carries message text.
 
 use crate::error::WorkerError;
+use crate::metrics::ModelCall;
 use crate::provider::{ModelReply, ModelRequest};
 use forkfleet_shared::event::{Message, ToolCall};
 use forkfleet_shared::ids::{ForkId, RunId};
@@ -73,10 +74,12 @@ pub fn error_type(e: &WorkerError) -> String {
     }
 }
 
-/// The span of one model call, `chat {model}`: a child of the span it is made in (the
-/// branch's `branch.turn`, or `resolve.judge`). Made before the call and entered around it
-/// (`span()`); its outcome is recorded with [`ChatSpan::replied`] or [`ChatSpan::failed`].
-pub(crate) struct ChatSpan(tracing::Span);
+/// One model call's span, `chat {model}`, and its metrics (`crate::metrics::ModelCall`):
+/// the span a child of the span it is made in (the branch's `branch.turn`, or
+/// `resolve.judge`). Made before the call and entered around it (`span()`); its outcome is
+/// recorded on both with [`ChatSpan::replied`] or [`ChatSpan::failed`] (a call dropped
+/// before either is counted `cancelled`).
+pub(crate) struct ChatSpan(tracing::Span, ModelCall);
 
 impl ChatSpan {
     pub(crate) fn new(req: &ModelRequest<'_>, fork_id: ForkId, branch_id: Option<RunId>) -> Self {
@@ -105,7 +108,7 @@ impl ChatSpan {
         if capture_message_content() && !span.is_disabled() {
             span.record("gen_ai.input.messages", input_messages(req.messages));
         }
-        Self(span)
+        Self(span, ModelCall::start(req.model))
     }
 
     /// The span, to instrument the call with.
@@ -115,7 +118,7 @@ impl ChatSpan {
 
     /// The call answered: its usage, finish reason and response model, and its cost (`None`:
     /// no price known).
-    pub(crate) fn replied(&self, reply: &ModelReply, cost_usd: Option<f64>) {
+    pub(crate) fn replied(self, reply: &ModelReply, cost_usd: Option<f64>) {
         let span = &self.0;
         span.record("gen_ai.usage.input_tokens", int(reply.usage.input_tokens));
         span.record("gen_ai.usage.output_tokens", int(reply.usage.output_tokens));
@@ -138,12 +141,21 @@ impl ChatSpan {
         if capture_message_content() && !span.is_disabled() {
             span.record("gen_ai.output.messages", output_messages(reply));
         }
+        self.1.ok(&reply.usage);
     }
 
-    /// The call failed (`error_type`: see [`error_type`]; `cancelled` for a call a stopped
-    /// branch dropped, `timeout` for one that took too long).
-    pub(crate) fn failed(&self, error_type: &str) {
+    /// The call failed (`error_type`: see [`error_type`]; `timeout` for one that took too
+    /// long).
+    pub(crate) fn failed(self, error_type: &str) {
         self.0.record("error.type", error_type);
+        self.0.record("otel.status_code", "ERROR");
+        self.1.failed(error_type);
+    }
+
+    /// A stopped branch dropped the call: the span says `cancelled`, the call is counted
+    /// with that outcome.
+    pub(crate) fn cancelled(self) {
+        self.0.record("error.type", "cancelled");
         self.0.record("otel.status_code", "ERROR");
     }
 }

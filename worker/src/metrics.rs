@@ -1,6 +1,7 @@
-//! The worker's metrics: a model call's outcome, duration and tokens, recorded where the
-//! provider is called (`agent/turn.rs`), with the GenAI conventions' labels; the running
-//! branches and the slots are held by the node (`node.rs`).
+//! The worker's metrics: a model call's outcome, duration and tokens, recorded by the
+//! call's [`crate::genai::ChatSpan`] (branches' and judges' calls alike), with the GenAI
+//! conventions' labels; the running branches and the slots are held by the node
+//! (`node.rs`).
 
 use crate::genai;
 use forkfleet_shared::event::Usage;

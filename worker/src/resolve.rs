@@ -288,7 +288,6 @@ async fn judge_in_span(ctx: &WorkerCtx, job: &JudgeJob) -> JudgeRun {
         run.usage.add(&reply.usage);
         let cost = job.price.as_ref().map(|price| price.cost(&reply.usage));
         chat.replied(&reply, cost);
-        drop(chat);
         run.cost_usd += cost.unwrap_or(0.0);
         let text = reply.text.unwrap_or_default();
         let parsed = {

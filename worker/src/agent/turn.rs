@@ -7,7 +7,6 @@ use super::{lease_lost, AgentState, Publisher, Run, Step};
 use crate::error::WorkerError;
 use crate::forktools::{is_fork_tool, ForkCall, MERGE_OR_SELECT};
 use crate::genai::{error_type, tool_failed, tool_span, ChatSpan};
-use crate::metrics::ModelCall;
 use crate::provider::ModelRequest;
 use crate::tools::ToolBox;
 use forkfleet_shared::event::{Event, Message};
@@ -119,7 +118,6 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     // dropped (aborted) and nothing is published for it.
     let chat = ChatSpan::new(&req, task.fork_id, Some(task.run_id));
     let call = run.provider.complete(&req).instrument(chat.span().clone());
-    let measured = ModelCall::start(&task.model);
     let reply = match until_halted(
         call,
         control,
@@ -131,18 +129,13 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     .await
     {
         Err(step) => {
-            chat.failed("cancelled");
+            chat.cancelled();
             tracing::info!("model call cancelled: the branch stops or is handed back");
             return Ok(step);
         }
-        Ok(Ok(r)) => {
-            measured.ok(&r.usage);
-            r
-        }
+        Ok(Ok(r)) => r,
         Ok(Err(e)) => {
-            let class = error_type(&e);
-            chat.failed(&class);
-            measured.failed(&class);
+            chat.failed(&error_type(&e));
             tracing::warn!(error = %e, "model call failed");
             return Ok(Step::Finish(
                 BranchState::Failed,
@@ -163,7 +156,6 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     // and both calls are counted, as both were paid.
     let cost_usd = task.price.map_or(0.0, |p| p.cost(&reply.usage));
     chat.replied(&reply, task.price.map(|_| cost_usd));
-    drop(chat);
     run.spent_usd += cost_usd;
     out.publish(Event::Usage {
         model: task.model.clone(),
