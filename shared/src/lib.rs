@@ -23,6 +23,7 @@
 //! - [`trace`]: W3C trace context carried by bus messages.
 //! - [`metrics`]: the process-wide metric registry (counters, gauges, histograms), its
 //!   Prometheus text and snapshot; in `metrics/`: `catalog` (every metric), `render`.
+//! - [`percent`]: percent-decoding, for URLs' user info and `key=value` lists.
 //! - [`testsignal`]: test runner output and exit status to a branch's test signal.
 //! - [`resolve`]: confidence scoring, the judge's verdict and bounded prompt, merge strategies;
 //!   in `resolve/`: `confidence`, `verdict`, `prompt`, `strategy` and `tests`.
@@ -50,6 +51,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod overlay;
 pub mod path;
+pub mod percent;
 pub mod pricing;
 pub mod protocol;
 pub mod resolve;

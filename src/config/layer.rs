@@ -196,6 +196,16 @@ pub fn flag_origin(key: &'static str) -> &'static str {
     }
 }
 
+/// A boolean environment variable's value: `1`, `true`, `yes`, `on` or their opposites, in
+/// any case; `None` for anything else.
+pub(super) fn env_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
 /// The environment layer.
 pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigError> {
     let get = |key: &str| env(&env_var(key)).filter(|v| !v.is_empty());
@@ -212,14 +222,10 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
     let boolean = |key: &'static str| -> Result<Option<bool>, ConfigError> {
         match get(key) {
             None => Ok(None),
-            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                "1" | "true" | "yes" | "on" => Ok(Some(true)),
-                "0" | "false" | "no" | "off" => Ok(Some(false)),
-                _ => Err(ConfigError::Env {
-                    var: env_var(key),
-                    message: format!("expected true or false, got `{v}`"),
-                }),
-            },
+            Some(v) => env_bool(&v).map(Some).ok_or_else(|| ConfigError::Env {
+                var: env_var(key),
+                message: format!("expected true or false, got `{v}`"),
+            }),
         }
     };
     let require = boolean("nats.tls.require")?;

@@ -501,11 +501,9 @@ pub(super) fn env_layer(
     let boolean = |key: &str| -> Result<Option<bool>, ConfigError> {
         match get(key) {
             None => Ok(None),
-            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                "1" | "true" | "yes" | "on" => Ok(Some(true)),
-                "0" | "false" | "no" | "off" => Ok(Some(false)),
-                _ => Err(bad(key, format!("expected true or false, got `{v}`"))),
-            },
+            Some(v) => super::layer::env_bool(&v)
+                .map(Some)
+                .ok_or_else(|| bad(key, format!("expected true or false, got `{v}`"))),
         }
     };
     let headers = match get("telemetry.otlp_headers") {
@@ -577,7 +575,7 @@ fn parse_pairs(text: &str) -> Result<BTreeMap<String, String>, String> {
         if k.is_empty() {
             return Err(format!("entry {} has an empty name", i + 1));
         }
-        let v = percent_decode(v.trim()).ok_or_else(|| {
+        let v = forkfleet_shared::percent::decode(v.trim()).ok_or_else(|| {
             format!(
                 "the value of `{k}` (entry {}) is not valid percent-encoding",
                 i + 1
@@ -586,24 +584,6 @@ fn parse_pairs(text: &str) -> Result<BTreeMap<String, String>, String> {
         out.insert(k.to_string(), v);
     }
     Ok(out)
-}
-
-/// `%XX` escapes decoded; `None` for a bad escape or bytes that are not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 impl Config {

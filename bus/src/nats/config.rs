@@ -195,7 +195,17 @@ pub(super) fn url_credentials(urls: &str) -> Result<(Option<(String, String)>, S
         };
         let info = &rest[..at];
         let (user, password) = info.split_once(':').unwrap_or((info, ""));
-        let creds = (percent_decode(user), percent_decode(password));
+        // What a URL's user info escapes (`@`, `:`, `/`), decoded; a malformed escape is an
+        // error, not a password silently different from the one written.
+        let decoded = |part: &str, what: &str| {
+            forkfleet_shared::percent::decode(part).ok_or_else(|| {
+                format!(
+                    "the NATS URL {} has a malformed %-escape in its {what} (write `%` as %25)",
+                    redact_one(url)
+                )
+            })
+        };
+        let creds = (decoded(user, "user")?, decoded(password, "password")?);
         if creds.0.is_empty() {
             return Err(format!(
                 "the NATS URL {} has a password but no user",
@@ -211,23 +221,4 @@ pub(super) fn url_credentials(urls: &str) -> Result<(Option<(String, String)>, S
         stripped.push(format!("{scheme}{}", &rest[at + 1..]));
     }
     Ok((found, stripped.join(",")))
-}
-
-/// `%XX` escapes decoded (what a URL's user info may use for `@`, `:` or `/`).
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

@@ -70,6 +70,10 @@ fn url_credentials_are_taken_out_of_the_url() {
     assert!(!err.contains(":q@"), "{err}");
     let err = config::url_credentials("nats://:secret@a:1").unwrap_err();
     assert!(!err.contains("secret"), "{err}");
+    // A malformed escape is refused, not taken as written (and the password not shown).
+    let err = config::url_credentials("nats://u:50%off@a:1").unwrap_err();
+    assert!(err.contains("malformed %-escape in its password"), "{err}");
+    assert!(!err.contains("50%off"), "{err}");
 }
 
 #[tokio::test]
