@@ -78,63 +78,82 @@ fn set_or_remove(gauge: &Gauge, label: &str, v: Option<f64>) {
 }
 
 impl Ledger {
-    /// Bring the budget and branch gauges up to date (see the module documentation).
+    /// Bring the budget and branch gauges up to date (see the module documentation). The
+    /// ledger is locked only to read its sums, not while the registry is written, so a
+    /// scrape holds up no reservation.
     pub(crate) fn publish_metrics(&self, p: &mut Published) {
         let now = self.clock.now_ms();
-        let s = self.lock();
-        let State {
-            runs,
-            forks,
-            accounts,
-            reservations,
-        } = &*s;
-        let mut fork_reserved: HashMap<ForkId, f64> = HashMap::new();
-        let mut account_reserved: HashMap<&str, f64> = HashMap::new();
-        for r in reservations.values() {
-            *fork_reserved.entry(r.fork_id).or_default() += r.usd;
-            if let Some(a) = &r.account {
-                *account_reserved.entry(a.as_str()).or_default() += r.usd;
-            }
-        }
-        let mut account_spent: HashMap<&str, f64> = HashMap::new();
         let mut branches: HashMap<&'static str, f64> = BranchState::ALL
             .iter()
             .map(|state| (state.as_str(), 0.0))
             .collect();
-        let mut shown = HashSet::with_capacity(p.forks.len());
-        for (id, f) in forks {
-            if let Some(a) = &f.policy.account {
-                *account_spent.entry(a.as_str()).or_default() += f.spent;
+        // (fork, spent, reserved, cap) of the forks shown; (account, spent, reserved, cap).
+        let mut fork_rows = Vec::with_capacity(p.forks.len());
+        let mut account_rows = Vec::new();
+        {
+            let s = self.lock();
+            let State {
+                runs,
+                forks,
+                accounts,
+                reservations,
+            } = &*s;
+            let mut fork_reserved: HashMap<ForkId, f64> = HashMap::new();
+            let mut account_reserved: HashMap<&str, f64> = HashMap::new();
+            for r in reservations.values() {
+                *fork_reserved.entry(r.fork_id).or_default() += r.usd;
+                if let Some(a) = &r.account {
+                    *account_reserved.entry(a.as_str()).or_default() += r.usd;
+                }
             }
-            let states: Vec<BranchState> = f
-                .runs
-                .iter()
-                .filter_map(|r| runs.get(r).map(|r| r.state))
-                .collect();
-            let ended = states.iter().all(|st| st.is_terminal());
-            if !p.grace.keep(id, ended, now) {
-                continue;
+            let mut account_spent: HashMap<&str, f64> = HashMap::new();
+            for (id, f) in forks {
+                if let Some(a) = &f.policy.account {
+                    *account_spent.entry(a.as_str()).or_default() += f.spent;
+                }
+                let states: Vec<BranchState> = f
+                    .runs
+                    .iter()
+                    .filter_map(|r| runs.get(r).map(|r| r.state))
+                    .collect();
+                let ended = states.iter().all(|st| st.is_terminal());
+                if !p.grace.keep(id, ended, now) {
+                    continue;
+                }
+                for st in states {
+                    *branches.entry(st.as_str()).or_default() += 1.0;
+                }
+                let reserved = fork_reserved.get(id).copied().unwrap_or(0.0);
+                fork_rows.push((*id, f.spent, reserved, f.cap));
             }
-            for st in states {
-                *branches.entry(st.as_str()).or_default() += 1.0;
+            p.grace.retain(|id| forks.contains_key(id));
+            for (name, a) in accounts {
+                let n = name.as_str();
+                account_rows.push((
+                    name.clone(),
+                    account_spent.get(n).copied().unwrap_or(0.0),
+                    account_reserved.get(n).copied().unwrap_or(0.0),
+                    a.record.cap_usd,
+                ));
             }
+        }
+        let mut shown = HashSet::with_capacity(fork_rows.len());
+        for (id, spent, reserved, cap) in fork_rows {
             let label = id.to_string();
-            metrics::FORK_SPENT.set(&[&label], f.spent);
-            metrics::FORK_RESERVED.set(&[&label], fork_reserved.get(id).copied().unwrap_or(0.0));
-            set_or_remove(&metrics::FORK_CAP, &label, f.cap);
-            shown.insert(*id);
+            metrics::FORK_SPENT.set(&[&label], spent);
+            metrics::FORK_RESERVED.set(&[&label], reserved);
+            set_or_remove(&metrics::FORK_CAP, &label, cap);
+            shown.insert(id);
         }
         for gone in p.forks.difference(&shown) {
             remove_fork(*gone);
         }
         p.forks = shown;
-        p.grace.retain(|id| forks.contains_key(id));
-        for (name, a) in accounts {
-            let n = name.as_str();
-            metrics::ACCOUNT_SPENT.set(&[n], account_spent.get(n).copied().unwrap_or(0.0));
-            metrics::ACCOUNT_RESERVED.set(&[n], account_reserved.get(n).copied().unwrap_or(0.0));
-            set_or_remove(&metrics::ACCOUNT_CAP, n, a.record.cap_usd);
-            p.accounts.insert(name.clone());
+        for (name, spent, reserved, cap) in account_rows {
+            metrics::ACCOUNT_SPENT.set(&[&name], spent);
+            metrics::ACCOUNT_RESERVED.set(&[&name], reserved);
+            set_or_remove(&metrics::ACCOUNT_CAP, &name, cap);
+            p.accounts.insert(name);
         }
         for (state, n) in &branches {
             let before = p.branches.get(state).copied().unwrap_or(0.0);
