@@ -214,7 +214,6 @@ impl Actor for BranchAgent {
             gen_ai.agent.name = %task.label,
             fork.id = %task.fork_id,
             branch.id = %task.run_id,
-            run.id = %task.run_id,
             branch.label = %task.label,
             branch.index = i64::from(task.index),
             worker.id = %args.ctx.worker_id,

@@ -38,7 +38,7 @@ impl Collector {
     /// The ended `branch.run` span of `run`, waiting for it at most [`WAIT`].
     async fn branch_run(&self, run: &str) -> SpanData {
         self.wait_for("branch.run", |s| {
-            s.name.starts_with("invoke_agent ") && attribute(s, "run.id") == Some(run)
+            s.name.starts_with("invoke_agent ") && attribute(s, "branch.id") == Some(run)
         })
         .await
     }
