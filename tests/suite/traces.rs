@@ -501,6 +501,8 @@ fn a_fork_over_nats_is_one_trace_across_the_coordinator_and_two_workers() {
 struct Silent {
     port: u16,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Connections accepted so far.
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Silent {
@@ -510,17 +512,26 @@ impl Silent {
         let port = listener.local_addr().unwrap().port();
         listener.set_nonblocking(true).unwrap();
         let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (stopped, count) = (stop.clone(), accepted.clone());
+        // Non-blocking, so the thread sees `stop`; idle between tries.
         std::thread::spawn(move || {
             let mut held = Vec::new();
             while !stopped.load(Ordering::SeqCst) {
                 match listener.accept() {
-                    Ok((socket, _)) => held.push(socket),
+                    Ok((socket, _)) => {
+                        held.push(socket);
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
                     Err(_) => std::thread::sleep(Duration::from_millis(20)),
                 }
             }
         });
-        Silent { port, stop }
+        Silent {
+            port,
+            stop,
+            accepted,
+        }
     }
 }
 
@@ -562,6 +573,11 @@ fn a_collector_that_never_answers_delays_no_fork_and_is_reported_once() {
     for b in doc["branches"].as_array().unwrap() {
         assert_eq!(b["state"], "done", "{doc}");
     }
+    // The exporter did reach the collector (else nothing here was tested), and was held.
+    assert!(
+        silent.accepted.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "the exporter never connected to the silent collector\n{stderr}"
+    );
     let warnings = stderr
         .lines()
         .filter(|l| l.contains("cannot export spans"))
