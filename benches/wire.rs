@@ -26,6 +26,7 @@ fn events() -> Vec<BranchEvent> {
                 name: "write_file".into(),
                 args: serde_json::json!({"path": "shared/split_2.txt", "content": content}),
             }],
+            request: None,
         },
         Event::Usage {
             model: "scripted:bench".into(),
@@ -36,6 +37,7 @@ fn events() -> Vec<BranchEvent> {
             },
             cost_usd: 0.00027,
             reservation: None,
+            cached: false,
         },
         Event::FileChange {
             change: ChangeOp::Write {
@@ -48,6 +50,7 @@ fn events() -> Vec<BranchEvent> {
             name: "write_file".into(),
             ok: true,
             output: "wrote 260 bytes to shared/split_2.txt".into(),
+            request: None,
         },
     ];
     kinds
@@ -88,6 +91,8 @@ fn task() -> BranchTask {
         endpoint: None,
         run_command: None,
         forking: false,
+        temperature: None,
+        replay: None,
     }
 }
 

@@ -85,6 +85,12 @@ pub enum Command {
     },
     /// Print a run's event log.
     Log(LogArgs),
+    /// Every run and its lineage; fork any recorded run at any event into a child run,
+    /// copied or replayed from its record, with changed settings (docs/LINEAGE.md).
+    Runs {
+        #[command(subcommand)]
+        command: runs::RunsCommand,
+    },
     /// List, save and remove a run's checkpoints; rewind a run to one (its conversation,
     /// its workspace version and, with --apply, a directory); start a new run from one.
     Checkpoint {
@@ -300,6 +306,7 @@ impl Command {
             Command::Worker(a) => a.config.config.as_deref(),
             Command::Workers(a) => a.config.config.as_deref(),
             Command::Log(a) => a.client.config.config.as_deref(),
+            Command::Runs { command } => command.client().config.config.as_deref(),
             Command::Checkpoint { command } => command.client().config.config.as_deref(),
             _ => None,
         }
@@ -348,6 +355,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Workers(args) => workers::cmd_workers(args).await,
         Command::Cluster { command } => cluster::cmd_cluster(command).await,
         Command::Log(args) => log::cmd_log(args).await,
+        Command::Runs { command } => runs::cmd_runs(command).await,
         Command::Checkpoint { command } => checkpoint::cmd_checkpoint(command).await,
         Command::Bench { command } => match command {
             BenchCommand::Fanout(args) => bench::cmd_fanout(args).await,
@@ -655,6 +663,7 @@ mod cluster;
 mod fork;
 mod log;
 mod run;
+mod runs;
 mod services;
 mod workers;
 

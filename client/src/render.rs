@@ -208,20 +208,28 @@ pub fn cost_table(cost: &ForkCost) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<width$}  {:<26}  {:>12}  {:>12}  {:>12}  {:>13}  {:>5}",
-        "LABEL", "STATE", "SPENT_USD", "RESERVED_USD", "CAP_USD", "REMAINING_USD", "CALLS"
+        "{:<width$}  {:<26}  {:>12}  {:>12}  {:>12}  {:>13}  {:>5}  {:>6}",
+        "LABEL",
+        "STATE",
+        "SPENT_USD",
+        "RESERVED_USD",
+        "CAP_USD",
+        "REMAINING_USD",
+        "CALLS",
+        "CACHED"
     );
     for b in &cost.branches {
         let _ = writeln!(
             out,
-            "{:<width$}  {:<26}  {:>12.6}  {:>12.6}  {:>12}  {:>13}  {:>5}",
+            "{:<width$}  {:<26}  {:>12.6}  {:>12.6}  {:>12}  {:>13}  {:>5}  {:>6}",
             b.label,
             b.state.as_str(),
             money(b.spent_usd),
             money(b.reserved_usd),
             usd(b.cap_usd),
             usd(b.remaining_usd),
-            b.calls
+            b.calls,
+            b.cached_calls
         );
     }
     let _ = writeln!(
@@ -713,6 +721,9 @@ pub fn event_line(e: &Event) -> String {
             )
         }
         Event::FileChange { change } => format!("change     {} {}", change.kind(), change.path()),
+        Event::Usage { cached: true, .. } => {
+            "usage      served from the replay's record · $0".to_string()
+        }
         Event::Usage {
             usage, cost_usd, ..
         } => format!(

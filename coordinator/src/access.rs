@@ -140,6 +140,27 @@ impl CoordinatorHandle {
         Ok(out)
     }
 
+    /// Every run `caller` may see: all for an operator; for a client, the runs of forks
+    /// of its accounts (root runs are not theirs, as for every operation).
+    pub(crate) async fn runs_for(
+        &self,
+        caller: &Caller,
+    ) -> Result<Vec<forkfleet_shared::api::RunView>, CoordinatorError> {
+        let runs = self.runs().await?;
+        if self.usable_accounts(caller).is_none() {
+            return Ok(runs);
+        }
+        let mut out = Vec::with_capacity(runs.len());
+        for r in runs {
+            if let Some(fork) = r.fork_id {
+                if self.admit_fork(caller, fork).await.is_ok() {
+                    out.push(r);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Every account `caller` may use, by name.
     pub(crate) async fn accounts_for(
         &self,

@@ -150,6 +150,7 @@ fn child_plan(
             extra_instructions: b.extra_instructions.clone(),
             max_turns: parent.limits.max_turns,
             max_output_tokens: None,
+            temperature: None,
         });
     }
     if branches.len() > parent.limits.max_branches {

@@ -75,4 +75,9 @@ handlers! {
     RunWorkspace(h, c, op) => { h.admit_run(c, op.run).await?; h.root_workspace(op.run).await };
     // Blobs are content-addressed: a scoped client reads the bus's blob store anyway.
     GetBlob(h, _, op) => h.store().blob(&op.blob);
+    // Runs and lineage (docs/LINEAGE.md).
+    Runs(h, c, _) => h.runs_for(c).await;
+    GetRun(h, c, op) => { h.admit_run(c, op.run).await?; h.run_detail(op.run).await };
+    RunFork(h, c, op) => { h.admit_run(c, op.parent).await?; h.fork_run(op.parent, op.options).await };
+    RunResume(h, c, op) => { h.admit_run(c, op.run).await?; h.resume_run(op.run, op.text).await };
 }

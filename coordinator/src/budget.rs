@@ -78,6 +78,8 @@ struct RunBudget {
     spent: f64,
     /// Model calls paid for (`usage` events, fenced ones included).
     calls: u32,
+    /// Model calls a replay served from the record.
+    cached_calls: u32,
     state: BranchState,
     /// The latest task attempt that took the branch over (every attempt above 1 is fenced
     /// in through `coord.resume`): attempts below it get no new reservations, and a task
@@ -287,6 +289,7 @@ impl State {
             cap_usd: r.cap,
             remaining_usd: remaining(r.cap, r.spent, reserved),
             calls: r.calls,
+            cached_calls: r.cached_calls,
             stopped_at_ms: r.stopped_at_ms,
         })
     }
@@ -414,6 +417,7 @@ impl Ledger {
                     cap,
                     spent: b.cost_usd,
                     calls: b.calls,
+                    cached_calls: b.cached_calls,
                     state: b.state,
                     min_attempt: b.min_attempt,
                     stopping: false,
@@ -467,6 +471,13 @@ impl Ledger {
     /// A `usage` event was applied, or one of a fenced attempt was first seen (ADR 18):
     /// charge its cost, settle its reservation, and in best-effort mode stop what crossed a
     /// cap.
+    /// A call a replay served from the record: counted, nothing spent.
+    pub fn on_cached(&self, run_id: RunId) {
+        if let Some(run) = self.lock().runs.get_mut(&run_id) {
+            run.cached_calls += 1;
+        }
+    }
+
     pub fn on_usage(
         &self,
         run_id: RunId,

@@ -145,6 +145,17 @@ fn checkpoint_version(
     version(store, log, c.snapshot, c.base_seq, c.seq)
 }
 
+/// [`version`]'s hash: the version's manifest blob, stored.
+pub(crate) fn version_hash(
+    store: &RunStore,
+    log: &[(u64, Event)],
+    snapshot: BlobHash,
+    base_seq: u64,
+    at: u64,
+) -> Result<BlobHash, CoordinatorError> {
+    Ok(version(store, log, snapshot, base_seq, at)?.hash)
+}
+
 /// `snapshot` with the file changes on the history at `at` after `base_seq`; stored as a
 /// blob when it differs from the snapshot.
 fn version(

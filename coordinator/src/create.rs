@@ -204,6 +204,8 @@ pub(crate) fn branch_task(
         endpoint: model.and_then(|m| m.endpoint.clone()),
         run_command: plan.run_command.clone(),
         forking: plan.forking,
+        temperature: b.temperature,
+        replay: None,
     }
 }
 
@@ -291,6 +293,7 @@ pub(crate) fn create_fork(
             min_attempt: 0,
             calls: 0,
             task: None,
+            cached_calls: 0,
         });
         let lineage = Event::Fork {
             fork_id,
@@ -298,6 +301,8 @@ pub(crate) fn create_fork(
             fork_root: parent.fork_root,
             cutoff_seq,
             label: b.label.clone(),
+            replay_event_count: 0,
+            strategy: None,
         };
         logs.push((run_id, lineage, tail));
     }
@@ -313,6 +318,7 @@ pub(crate) fn create_fork(
         prefix: prefix_hash,
         prefix_len,
         trace,
+        replay: None,
     };
 
     // ---- writes: everything is valid ----

@@ -110,13 +110,15 @@ pub enum CoordinatorError {
     /// An agent merging a fork another run made.
     #[error("fork {fork} was not made by run {run}; an agent merges only the forks it made")]
     NotMadeByRun { fork: ForkId, run: RunId },
-    /// A root run's workspace asked of a branch run.
-    #[error("run {run} is a branch of fork {fork}: fork a root run; merge the branch first (`forkfleet fork merge {fork} --pick LABEL`) or start a run from one of its checkpoints (`forkfleet checkpoint fork {run} LABEL`)")]
+    /// The workspace of a branch run a worker still runs.
+    #[error("run {run} is a branch of fork {fork} that is still running: its files are still changing; wait for it to finish (`forkfleet fork watch {fork}`), or start a run from one of its checkpoints (`forkfleet checkpoint fork {run} LABEL`)")]
     NotARootRun { run: RunId, fork: ForkId },
     /// A fork create request that cannot succeed as sent (the message says why and what is
     /// valid). Built by `create.rs`, whose validation is being rewritten.
     #[error("{0}")]
     BadRequest(String),
+    #[error("run {run} finished as {state}: give a message to continue it (`forkfleet runs resume {run} MESSAGE`)")]
+    NeedsMessage { run: RunId, state: BranchState },
     /// A budget request that cannot succeed as sent (the message says why and what is
     /// valid). Built by `budget/caps.rs`, which is being rewritten.
     #[error("{0}")]
@@ -311,6 +313,7 @@ impl CoordinatorError {
             | E::NotMadeByRun { .. }
             | E::NotARootRun { .. }
             | E::BadRequest(_)
+            | E::NeedsMessage { .. }
             | E::BadBudget(_) => ErrorKind::BadInput,
             E::UnknownFork(_)
             | E::UnknownRun(_)

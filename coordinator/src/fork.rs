@@ -143,7 +143,7 @@ pub(crate) enum ForkMsg {
     Continue(
         String,
         String,
-        String,
+        Option<String>,
         RpcReplyPort<Result<ContinueOutcome, CoordinatorError>>,
     ),
     /// The branch's task was delivered `max_deliver` times without finishing: fail it.

@@ -287,7 +287,36 @@ impl CoordinatorHandle {
         self.root
             .fork(id)
             .await?
-            .follow_up(self.config.pool.clone(), label.to_string(), text)
+            .follow_up(self.config.pool.clone(), label.to_string(), Some(text))
+            .await
+    }
+
+    /// `runs resume`: start an idle child of `runs fork` (with `text` as a user message when
+    /// given), or continue a finished branch run with `text` (docs/LINEAGE.md).
+    pub async fn resume_run(
+        &self,
+        run: RunId,
+        text: Option<String>,
+    ) -> Result<ContinueOutcome, CoordinatorError> {
+        let record = self.run_record(run).await?;
+        let Some(fork_id) = record.fork_id else {
+            return Err(CoordinatorError::BadRequest(format!(
+                "run {run} is a root run: no worker runs it; fork it (`forkfleet runs fork {run}`) and resume the child"
+            )));
+        };
+        let label = self
+            .blocking(move |s| {
+                s.branches(fork_id)?
+                    .into_iter()
+                    .find(|b| b.run_id == run)
+                    .map(|b| b.label)
+                    .ok_or(CoordinatorError::UnknownRun(run))
+            })
+            .await?;
+        self.root
+            .fork(fork_id)
+            .await?
+            .follow_up(self.config.pool.clone(), label, text)
             .await
     }
 
@@ -366,6 +395,83 @@ impl CoordinatorHandle {
         .await
     }
 
+    /// Every run of the store with its lineage, oldest first; each branch's state and money
+    /// as the ledger has them now.
+    pub async fn runs(&self) -> Result<Vec<forkfleet_shared::api::RunView>, CoordinatorError> {
+        let mut views = self.blocking(crate::lineage::run_views).await?;
+        for v in &mut views {
+            self.live_money(v);
+        }
+        Ok(views)
+    }
+
+    /// A branch's state and money from the ledger (the store's records are written at
+    /// state changes only).
+    fn live_money(&self, v: &mut forkfleet_shared::api::RunView) {
+        let Some(fork) = v.fork_id else { return };
+        if let Ok(cost) = self.ledger.fork_cost(fork) {
+            if let Some(b) = cost.branches.iter().find(|b| b.run_id == v.run_id) {
+                v.state = Some(b.state);
+                v.cost_usd = b.spent_usd;
+                v.calls = b.calls;
+                v.cached_calls = b.cached_calls;
+            }
+        }
+    }
+
+    /// One run with its settings, workspace and children (`runs show`).
+    pub async fn run_detail(
+        &self,
+        run: RunId,
+    ) -> Result<forkfleet_shared::api::RunDetail, CoordinatorError> {
+        let mut detail = self
+            .blocking(move |s| crate::lineage::run_detail(s, run))
+            .await?;
+        self.live_money(&mut detail.run);
+        Ok(detail)
+    }
+
+    /// `runs fork`: plan a child of a recorded run (and with `dry_run` stop there), write
+    /// it, start its fork's actor, and enqueue its task when it replays (docs/LINEAGE.md).
+    pub async fn fork_run(
+        &self,
+        parent: RunId,
+        options: forkfleet_shared::api::RunForkOptions,
+    ) -> Result<forkfleet_shared::api::RunForkOutcome, CoordinatorError> {
+        let dry_run = options.dry_run;
+        let req = crate::lineage::ForkRunRequest { parent, options };
+        let planned = req.clone();
+        let mut child = self
+            .blocking(move |s| crate::lineage::plan_child(s, &planned))
+            .await?;
+        if child.wants_model_summary {
+            let text = crate::resolve::model_summary(self, &req, &child).await?;
+            crate::lineage::with_summary(&mut child, text);
+        }
+        if dry_run {
+            return Ok(child.outcome);
+        }
+        let written = self
+            .blocking(move |s| crate::lineage::write_child(s, child, now_ms()))
+            .await?;
+        // Workers read the prefix, the record and the snapshot from the bus's blob store.
+        checkpoint::publish_blobs(self.store(), &self.bus(), &[written.snapshot], &[]).await?;
+        for (hash, bytes) in written.blobs {
+            self.bus
+                .blobs()
+                .put(hash, bytes)
+                .await
+                .map_err(forkfleet_bus::BusError::from)?;
+        }
+        self.root.load_fork(written.fork_id).await?;
+        if let Some(task) = written.task {
+            self.bus
+                .enqueue_task(&self.config.pool, wire::encode(&task)?)
+                .await?;
+        }
+        Ok(written.outcome)
+    }
+
     /// A run's checkpoints, oldest first.
     pub async fn checkpoints(&self, run: RunId) -> Result<Vec<CheckpointView>, CoordinatorError> {
         self.blocking(move |s| {
@@ -380,10 +486,25 @@ impl CoordinatorHandle {
     /// [`ApiRequest::RunWorkspace`]: forkfleet_shared::api::ApiRequest::RunWorkspace
     pub async fn root_workspace(&self, run: RunId) -> Result<BlobHash, CoordinatorError> {
         let record = self.run_record(run).await?;
-        match record.fork_id {
-            None => Ok(record.workspace),
-            Some(fork) => Err(CoordinatorError::NotARootRun { run, fork }),
+        let Some(fork) = record.fork_id else {
+            return Ok(record.workspace);
+        };
+        // A branch run no worker runs (a child of `runs fork`, a finished branch): its
+        // current version, its fork snapshot with its file changes.
+        let stopped = self
+            .ledger
+            .fork_cost(fork)
+            .ok()
+            .and_then(|c| c.branches.into_iter().find(|b| b.run_id == run))
+            .is_some_and(|b| b.state.is_stopped());
+        if !stopped {
+            return Err(CoordinatorError::NotARootRun { run, fork });
         }
+        let hash = self
+            .blocking(move |s| crate::lineage::current_workspace(s, run))
+            .await?;
+        checkpoint::publish_blobs(self.store(), &self.bus(), &[hash], &[]).await?;
+        Ok(hash)
     }
 
     /// A run's current workspace version (a `Manifest` blob).

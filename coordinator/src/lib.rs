@@ -33,6 +33,8 @@
 //!   `fork/control.rs` resume, follow-up, steer, terminate and abort, `fork/merging.rs`
 //!   merge, resolve, adopt and rewind.
 //! - `agentfork`: forks made by a branch's own agent, merged into its branch (ADR 14).
+//! - `lineage`: the runs and their lineage, and `runs fork`: a child run from a prefix of
+//!   any recorded run, copied or replayed (docs/LINEAGE.md).
 //! - `blobs`: copying what the run store lacks from the bus's blob store.
 //! - `resolve`: tests and judges on workers, the strategy's decision, the merge.
 //! - [`error`]: the one error type, [`CoordinatorError`], and its kind (its tests in
@@ -71,6 +73,7 @@ mod checkpoint;
 mod create;
 mod event_loop;
 mod fork;
+mod lineage;
 mod merge;
 mod metrics;
 mod prefix;

@@ -42,6 +42,8 @@ pub(crate) struct Effect {
     pub applied: usize,
     /// The cost and reservation of each `usage` event applied, in order.
     pub usage: Vec<(f64, Option<ReservationId>)>,
+    /// Calls a replay served from the record (no spend).
+    pub cached: u32,
     /// The model responses and tool results applied, in order (automatic checkpoints).
     pub steps: Vec<Step>,
 }
@@ -76,6 +78,7 @@ impl BranchReplica {
         record.error = None;
         record.turns = 0;
         record.calls = 0;
+        record.cached_calls = 0;
         record.usage = Usage::default();
         record.cost_usd = 0.0;
         record.changes = 0;
@@ -194,6 +197,10 @@ impl BranchReplica {
                     turn: r.turns,
                 });
             }
+            Event::Usage { cached: true, .. } => {
+                r.cached_calls += 1;
+                effect.cached += 1;
+            }
             Event::Usage {
                 usage,
                 cost_usd,
@@ -223,7 +230,7 @@ impl BranchReplica {
             }
             // A new turn (ADR 13): the first terminal state is final within a turn, and this
             // one starts the next, back at pending until a worker takes it.
-            Event::FollowUp { .. } if r.state.is_terminal() => {
+            Event::FollowUp { .. } if r.state.is_terminal() || r.state == BranchState::Idle => {
                 r.state = BranchState::Pending;
                 r.error = None;
                 effect.state_changed = true;
@@ -273,6 +280,7 @@ mod tests {
             min_attempt: 0,
             calls: 0,
             task: None,
+            cached_calls: 0,
         };
         BranchReplica::new(record, Arc::new(Manifest::default()))
     }
@@ -329,12 +337,14 @@ mod tests {
             model: "scripted:x".into(),
             text: None,
             tool_calls: Vec::new(),
+            request: None,
         };
         let result = |name: &str| Event::ToolResult {
             call_id: "c".into(),
             name: name.into(),
             ok: true,
             output: String::new(),
+            request: None,
         };
         let mut r = replica();
         let log = vec![
@@ -382,6 +392,7 @@ mod tests {
                 model: "m".into(),
                 text: None,
                 tool_calls: vec![],
+                request: None,
             },
         );
         let usage = Usage {
@@ -396,6 +407,7 @@ mod tests {
                 usage,
                 cost_usd: 0.25,
                 reservation: None,
+                cached: false,
             },
         );
         let e = r.arrive(

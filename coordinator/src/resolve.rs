@@ -484,6 +484,49 @@ fn diff_text(report: &DiffReport) -> String {
     out
 }
 
+/// `runs fork --summarize=model` (docs/LINEAGE.md): the child's branch summary written by
+/// the parent run's model, on a worker (as a judge's call is). Its cost is the summary's
+/// own, never part of a fork's spend; a model that fails or writes nothing is an error and
+/// nothing is written.
+pub(crate) async fn model_summary(
+    h: &CoordinatorHandle,
+    req: &crate::lineage::ForkRunRequest,
+    child: &crate::lineage::ChildPlan,
+) -> Result<String, CoordinatorError> {
+    use forkfleet_shared::protocol::SummaryJob;
+    let settings = &child.outcome.settings;
+    let model_plan = child.plan_model(&settings.model);
+    let job = ResolveJob::Summary(SummaryJob {
+        run_id: req.parent,
+        fork_id: child.parent_fork(),
+        model: settings.model.clone(),
+        price: model_plan.and_then(|m| m.price),
+        script: model_plan.and_then(|m| m.script),
+        endpoint: model_plan.and_then(|m| m.endpoint.clone()),
+        prompt: forkfleet_shared::lineage::summary_prompt(&child.summary_source),
+        max_output_tokens: settings.max_output_tokens,
+        trace: forkfleet_shared::trace::current_traceparent(),
+    });
+    let failed = |why: String| {
+        CoordinatorError::BadRequest(format!(
+            "--summarize=model: model `{}` wrote no summary: {why}; use --summarize (deterministic) instead",
+            settings.model
+        ))
+    };
+    match ask(h.bus().as_ref(), &job, JUDGE_JOB_TIMEOUT).await {
+        Ok(ResolveJobReply::Summary(run)) => {
+            tracing::info!(run.id = %req.parent, model = %run.model, cost_usd = run.cost_usd, "runs.fork: model summary written");
+            match (run.text, run.error) {
+                (Some(text), _) if !text.trim().is_empty() => Ok(text),
+                (_, Some(error)) => Err(failed(error)),
+                _ => Err(failed("an empty answer".to_string())),
+            }
+        }
+        Ok(other) => Err(failed(unexpected(&other))),
+        Err(e) => Err(failed(e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -529,6 +572,7 @@ mod tests {
                 model: "scripted:x".into(),
                 text: text.map(str::to_string),
                 tool_calls: calls,
+                request: None,
             }
         };
         let log = vec![
@@ -540,6 +584,7 @@ mod tests {
                     name: "read_file".into(),
                     ok: false,
                     output: "no".into(),
+                    request: None,
                 },
             ),
             (3, response(vec![call("a")], None)),

@@ -34,6 +34,9 @@ pub(crate) enum RootMsg {
         Box<PreparedFork>,
         RpcReplyPort<Result<ForkHandle, CoordinatorError>>,
     ),
+    /// Start the actor of a fork just written to the store, loading it from the store
+    /// (a child of `runs fork`, whose log already holds its own events).
+    LoadFork(ForkId, RpcReplyPort<Result<ForkHandle, CoordinatorError>>),
     Lookup(ForkId, RpcReplyPort<Option<ForkHandle>>),
     /// Every fork, newest first.
     List(RpcReplyPort<Vec<ForkHandle>>),
@@ -60,6 +63,10 @@ impl RootHandle {
             Box::new(prepared)
         )
         .map_err(call_error)?
+    }
+
+    pub async fn load_fork(&self, id: ForkId) -> Result<ForkHandle, CoordinatorError> {
+        ractor::call_t!(self.0, RootMsg::LoadFork, CALL_TIMEOUT_MS, id).map_err(call_error)?
     }
 
     pub async fn lookup(&self, id: ForkId) -> Result<Option<ForkHandle>, CoordinatorError> {
@@ -164,6 +171,10 @@ impl Actor for RootActor {
                     bus: state.bus.clone(),
                     ledger: state.ledger.clone(),
                 };
+                let _ = reply.send(state.spawn_fork(&myself, id, args).await);
+            }
+            RootMsg::LoadFork(id, reply) => {
+                let args = state.load_args(id);
                 let _ = reply.send(state.spawn_fork(&myself, id, args).await);
             }
             RootMsg::Lookup(id, reply) => {

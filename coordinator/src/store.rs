@@ -292,6 +292,26 @@ impl RunStore {
         }
     }
 
+    /// Every run, in id order (UUID v7: creation order).
+    pub(crate) fn runs(&self) -> Result<Vec<RunRecord>, CoordinatorError> {
+        self.inner
+            .runs
+            .iter()
+            .map(|kv| {
+                let (_, v) = kv?;
+                decode("run record", &v)
+            })
+            .collect()
+    }
+
+    /// One event of a run's log.
+    pub(crate) fn event(&self, run: RunId, seq: u64) -> Result<Option<Event>, CoordinatorError> {
+        match self.inner.events.get(event_key(run, seq))? {
+            Some(v) => Ok(Some(decode("event", &v)?)),
+            None => Ok(None),
+        }
+    }
+
     pub(crate) fn put_run(&self, run: &RunRecord) -> Result<(), CoordinatorError> {
         self.inner
             .runs

@@ -217,6 +217,9 @@ pub struct BranchCost {
     /// Model calls paid for: the branch's `usage` events, those of fenced task attempts
     /// included (ADR 18).
     pub calls: u32,
+    /// Model calls a replay served from the record: nothing spent (docs/LINEAGE.md).
+    #[serde(default)]
+    pub cached_calls: u32,
     /// When the coordinator saw it stop (terminal or paused), milliseconds since the epoch.
     pub stopped_at_ms: Option<u64>,
 }

@@ -7,9 +7,18 @@
 //! (ADR 13).
 
 use crate::ids::{CheckpointId, ForkId, RunId};
+use crate::lineage::RequestHash;
 use crate::overlay::ChangeOp;
 use crate::state::BranchState;
 use serde::{Deserialize, Serialize};
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
 
 /// A tool call requested by the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -49,6 +58,14 @@ pub enum Event {
         /// The last parent event the branch's history includes.
         cutoff_seq: u64,
         label: String,
+        /// A child of `runs fork` (docs/LINEAGE.md): the parent's events it copied or
+        /// re-executes, from seq 1 on (0 for a fork's branch, whose copied prefix is its
+        /// fork's).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        replay_event_count: u64,
+        /// A child of `runs fork`: how its prefix was made ([`crate::lineage::STRATEGY`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        strategy: Option<String>,
     },
     System {
         text: String,
@@ -60,12 +77,21 @@ pub enum Event {
         model: String,
         text: Option<String>,
         tool_calls: Vec<ToolCall>,
+        /// The content hash of the request this answers (a replay serves the response
+        /// from the record while its request hashes the same). `None`: not made by a
+        /// recorded model call (a spec's history, a log of an older version).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request: Option<RequestHash>,
     },
     ToolResult {
         call_id: String,
         name: String,
         ok: bool,
         output: String,
+        /// The hash of the call's tool name and arguments ([`crate::lineage::tool_call_hash`]);
+        /// `None` for a result no tool made (an interrupted call, an older log).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request: Option<String>,
     },
     FileChange {
         change: ChangeOp,
@@ -78,6 +104,10 @@ pub enum Event {
         /// event settles it with the actual cost.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reservation: Option<crate::ids::ReservationId>,
+        /// Served from the record by a replay (docs/LINEAGE.md): no provider was called and
+        /// nothing was spent (`cost_usd` is 0); `fork cost` counts it as cached.
+        #[serde(default, skip_serializing_if = "is_false")]
+        cached: bool,
     },
     /// The steer that starts a branch, or a steering message sent to a running one.
     Steer {
@@ -266,6 +296,7 @@ pub fn events_from_messages(messages: &[Message], model: &str) -> Vec<Event> {
                 model: model.to_string(),
                 text: text.clone(),
                 tool_calls: tool_calls.clone(),
+                request: None,
             },
             Message::Tool {
                 call_id,
@@ -276,6 +307,7 @@ pub fn events_from_messages(messages: &[Message], model: &str) -> Vec<Event> {
                 name: name.clone(),
                 ok: true,
                 output: output.clone(),
+                request: None,
             },
         })
         .collect()
@@ -312,6 +344,7 @@ pub fn interrupted_results(history: &[Message]) -> Vec<Event> {
             name: c.name.clone(),
             ok: false,
             output: INTERRUPTED.to_string(),
+            request: None,
         })
         .collect()
 }
@@ -413,6 +446,7 @@ mod tests {
                 usage: Usage::default(),
                 cost_usd: 0.0,
                 reservation: None,
+                cached: false,
             },
             Event::Steer {
                 text: "go left".into(),
@@ -441,6 +475,7 @@ mod tests {
                 model: "m".into(),
                 text: Some("done".into()),
                 tool_calls: vec![],
+                request: None,
             },
             Event::Status {
                 state: BranchState::Done,

@@ -16,6 +16,8 @@
 //!   `flush/`: `memory` (manifest and overlay targets), `dir` (a directory target),
 //!   `between` (the change log between two workspace versions).
 //! - [`event`], [`state`]: run events and branch / fork states.
+//! - [`lineage`]: forking a recorded run at any event: copy rules, `--set` settings,
+//!   request hashes for replay, summaries.
 //! - [`pricing`], [`budget`]: model prices; budget policy, reservations, cost reports.
 //! - [`error`]: the kind every crate's errors answer (bad input, not found, ...), its exit code.
 //! - [`clock`]: the time that decides behaviour (reservation expiry, heartbeats), which tests
@@ -47,6 +49,7 @@ pub mod error;
 pub mod event;
 pub mod flush;
 pub mod ids;
+pub mod lineage;
 pub mod manifest;
 pub mod metrics;
 pub mod overlay;

@@ -68,6 +68,31 @@ pub struct BranchTask {
     /// The agent gets the fork tools (its forks are created through the coordinator).
     #[serde(default, skip_serializing_if = "is_false")]
     pub forking: bool,
+    /// The sampling temperature sent with each model call (the provider's default when
+    /// absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// A child of `runs fork --replay` (docs/LINEAGE.md): re-execute the parent's recorded
+    /// prefix, serving each model call and tool call from the record while its request
+    /// hashes the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<ReplayTask>,
+}
+
+/// What a replaying child re-executes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayTask {
+    /// The parent's events the child replays, in order (an rmp `Vec<(u64, Event)>` blob in
+    /// the bus's blob store, each with its seq in the parent's log): its conversation on
+    /// its history through the cutoff, with the file changes its recorded tool calls made,
+    /// and the child's branch summary last when it asked for one.
+    pub record: BlobHash,
+    /// The parent run, named in a divergence error.
+    pub parent_run: RunId,
+    /// `--record`: at the first request that differs from the record, go on live (and
+    /// record the live answers in the child) instead of failing the child.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub record_live: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -266,6 +291,41 @@ pub const RESOLVE_SUBJECT: &str = "worker.resolve";
 pub enum ResolveJob {
     Test(TestJob),
     Judge(JudgeJob),
+    /// `runs fork --summarize=model` (docs/LINEAGE.md): one call of the run's model.
+    Summary(SummaryJob),
+}
+
+/// Write a child's branch summary with the parent run's model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SummaryJob {
+    /// The run summarised, and its fork (a root run has none).
+    pub run_id: RunId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_id: Option<ForkId>,
+    /// `provider:name`.
+    pub model: String,
+    pub price: Option<Price>,
+    /// Scripted models: the script file; the scripted provider plays the turns of label
+    /// `summary` (or `*`), turn 0.
+    pub script: Option<BlobHash>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<crate::endpoint::Endpoint>,
+    /// The bounded prompt ([`crate::lineage::summary_prompt`]).
+    pub prompt: String,
+    pub max_output_tokens: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
+}
+
+/// What a summary job wrote.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SummaryRun {
+    pub model: String,
+    /// The summary; `None` with `error` when the call failed or wrote nothing.
+    pub text: Option<String>,
+    pub error: Option<String>,
+    pub usage: crate::event::Usage,
+    pub cost_usd: f64,
 }
 
 impl WireMessage for ResolveJob {
@@ -328,6 +388,7 @@ pub struct JudgeJob {
 pub enum ResolveJobReply {
     Test(TestRun),
     Judge(JudgeRun),
+    Summary(SummaryRun),
     /// The job could not be run at all (a blob is missing, the job is malformed): asking
     /// again will not help.
     Failed {

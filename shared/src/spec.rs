@@ -68,13 +68,17 @@ pub enum SpecError {
     BadBudget { field: String, value: f64 },
     #[error("`{field}` must be at least 1")]
     ZeroLimit { field: String },
+    #[error("`{field}` is {value}; a temperature is a number from 0 to 2")]
+    BadTemperature { field: String, value: f64 },
     #[error("`branches[{index}].label` is `{label}`, like `branches[{first}].label`; labels must be unique within a fork")]
     DuplicateLabel {
         label: String,
         first: usize,
         index: usize,
     },
-    #[error("a single agent run (`solo`) has exactly one branch, labelled `main`; this plan has {count} ({labels})")]
+    #[error(
+        "a single agent run (`solo`) has exactly one branch; this plan has {count} ({labels})"
+    )]
     BadSolo { count: usize, labels: String },
     #[error(
         "`{field}` is `{model}`, which the plan does not configure; configured models: {valid}"
@@ -117,7 +121,7 @@ pub enum SpecError {
         message: String,
     },
     #[error(
-        "[models.\"{model}\"] is configured but no branch uses it and it is not the fork's model"
+        "[models.\"{model}\"] is configured but no branch uses it and it is not the fork's model; mark it `spare = true` to keep it for `runs fork --set model=...`"
     )]
     UnusedModel { model: String },
     #[error("[models.\"{model}\"]: {message}")]

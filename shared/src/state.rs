@@ -10,6 +10,10 @@ use std::fmt;
 pub enum BranchState {
     /// Created and queued, not yet picked up by a worker.
     Pending,
+    /// A child `runs fork` made from a recorded run (docs/LINEAGE.md): its history is the
+    /// parent's up to the cutoff, no worker runs it until `runs resume` starts it. Not
+    /// terminal; stopped, like `paused`.
+    Idle,
     Running,
     /// Stopped by a budget cap with `on_exhausted = "pause"`: its work is kept, no worker
     /// runs it, and a top-up resumes it. Not terminal.
@@ -22,8 +26,9 @@ pub enum BranchState {
 }
 
 impl BranchState {
-    pub const ALL: [BranchState; 8] = [
+    pub const ALL: [BranchState; 9] = [
         BranchState::Pending,
+        BranchState::Idle,
         BranchState::Running,
         BranchState::Paused,
         BranchState::Done,
@@ -36,19 +41,20 @@ impl BranchState {
     pub fn is_terminal(self) -> bool {
         !matches!(
             self,
-            BranchState::Pending | BranchState::Running | BranchState::Paused
+            BranchState::Pending | BranchState::Idle | BranchState::Running | BranchState::Paused
         )
     }
 
-    /// Terminal or paused: no worker runs the branch, nothing it does changes until a
-    /// top-up (paused) or never (terminal).
+    /// Terminal, paused or idle: no worker runs the branch, nothing it does changes until a
+    /// top-up (paused), `runs resume` (idle) or never (terminal).
     pub fn is_stopped(self) -> bool {
-        self.is_terminal() || self == BranchState::Paused
+        self.is_terminal() || matches!(self, BranchState::Paused | BranchState::Idle)
     }
 
     pub fn as_str(self) -> &'static str {
         match self {
             BranchState::Pending => "pending",
+            BranchState::Idle => "idle",
             BranchState::Running => "running",
             BranchState::Paused => "paused",
             BranchState::Done => "done",
@@ -66,8 +72,9 @@ impl BranchState {
         if self.is_terminal() || self == next {
             return None;
         }
-        // Nothing goes back to pending once a worker took it.
-        if next == BranchState::Pending {
+        // Nothing goes back to pending once a worker took it; an idle child, which no
+        // worker ever took, is queued by `runs resume`.
+        if next == BranchState::Pending && self != BranchState::Idle {
             return None;
         }
         Some(next)
@@ -125,6 +132,12 @@ mod tests {
             Some(BranchState::Running)
         );
         assert_eq!(BranchState::Running.transition(BranchState::Pending), None);
+        assert_eq!(BranchState::Paused.transition(BranchState::Pending), None);
+        assert_eq!(
+            BranchState::Idle.transition(BranchState::Pending),
+            Some(BranchState::Pending)
+        );
+        assert!(!BranchState::Idle.is_terminal() && BranchState::Idle.is_stopped());
         assert_eq!(
             BranchState::Running.transition(BranchState::BudgetExhausted),
             Some(BranchState::BudgetExhausted)

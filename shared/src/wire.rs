@@ -197,6 +197,8 @@ mod tests {
             endpoint: None,
             run_command: None,
             forking: false,
+            temperature: None,
+            replay: None,
         }
     }
 
@@ -218,6 +220,8 @@ mod tests {
                 fork_root: run_id(),
                 cutoff_seq: 2,
                 label: "a".into(),
+                replay_event_count: 0,
+                strategy: None,
             },
             Event::System { text: "s".into() },
             Event::UserMessage { text: "u".into() },
@@ -229,12 +233,14 @@ mod tests {
                     name: "write_file".into(),
                     args: serde_json::json!({"path": "a", "content": "b"}),
                 }],
+                request: None,
             },
             Event::ToolResult {
                 call_id: "c1".into(),
                 name: "write_file".into(),
                 ok: true,
                 output: "ok".into(),
+                request: None,
             },
             Event::Usage {
                 model: "scripted:x".into(),
@@ -245,6 +251,7 @@ mod tests {
                 },
                 cost_usd: 0.25,
                 reservation: Some(crate::ids::ReservationId::new()),
+                cached: false,
             },
             Event::Steer { text: "t".into() },
             Event::BranchSummary { text: "b".into() },

@@ -362,6 +362,7 @@ fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
                 extra_instructions: None,
                 max_turns: (k + 5) as u32,
                 max_output_tokens: None,
+                temperature: None,
             })
             .collect(),
         run_command: None,

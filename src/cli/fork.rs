@@ -1,7 +1,7 @@
 //! `forkfleet fork ...`: create, inspect, steer, stop, resolve and merge forks.
 
 pub(crate) mod resolve;
-mod turns;
+pub(crate) mod turns;
 
 use super::*;
 use resolve::*;

@@ -597,6 +597,21 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
             blob: forkfleet_shared::blob::BlobHash::of(b"no such blob"),
         }
         .into(),
+        api::Runs.into(),
+        api::GetRun { run }.into(),
+        api::RunFork {
+            parent: run,
+            options: api::RunForkOptions {
+                dry_run: true,
+                ..Default::default()
+            },
+        }
+        .into(),
+        api::RunResume {
+            run: norun,
+            text: None,
+        }
+        .into(),
     ];
     let mut covered: Vec<&str> = samples.iter().map(ApiRequest::op).collect();
     covered.sort_unstable();
@@ -807,6 +822,14 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
             blob: view.snapshot,
         }
         .into(),
+        api::Runs.into(),
+        api::GetRun { run }.into(),
+        api::RunFork {
+            parent: run,
+            options: api::RunForkOptions::default(),
+        }
+        .into(),
+        api::RunResume { run, text: None }.into(),
     ];
     let mut covered: Vec<&str> = samples.iter().map(ApiRequest::op).collect();
     covered.sort_unstable();
@@ -831,6 +854,14 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
                     assert!(accounts.iter().all(|a| a.name == "mallory"), "{accounts:?}")
                 }
                 other => panic!("`accounts`: {other:?}"),
+            },
+            "runs" => match answer {
+                Ok(ApiReply::Runs(runs)) => assert!(
+                    runs.iter()
+                        .all(|r| r.fork_id != Some(fork) && r.run_id != run),
+                    "{runs:?}"
+                ),
+                other => panic!("`runs`: {other:?}"),
             },
             "account_set" => {
                 let e = answer.unwrap_err();

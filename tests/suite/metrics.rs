@@ -11,14 +11,14 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 /// A response: status, headers (lower-case names) and body.
-struct Response {
-    status: u16,
-    head: String,
-    body: String,
+pub(super) struct Response {
+    pub(super) status: u16,
+    pub(super) head: String,
+    pub(super) body: String,
 }
 
 /// `GET path` from `addr` over HTTP/1.1 (bounded); `None` when nothing answers.
-fn get(addr: &str, path: &str) -> Option<Response> {
+pub(super) fn get(addr: &str, path: &str) -> Option<Response> {
     let mut s = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(5)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     write!(
@@ -54,6 +54,17 @@ fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         }
         value.parse().ok()
     })
+}
+
+/// The sum of every sample of `name` in `text` (0 when there is none).
+pub(super) fn sample_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let n = series.split_once('{').map_or(series, |(n, _)| n);
+            (n == name).then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum()
 }
 
 /// Poll `GET path` until `done` accepts the response (bounded); the last response.

@@ -19,6 +19,7 @@ mod live_embedded;
 mod merge_policy;
 mod metrics;
 mod pipes;
+mod replay;
 mod resolve;
 mod restart;
 mod roles;

@@ -42,6 +42,7 @@
 mod control;
 mod coordinator;
 mod load;
+mod replay;
 mod turn;
 
 pub use coordinator::COORDINATOR_TRIES;
@@ -140,6 +141,10 @@ struct Run {
     spent_usd: f64,
     /// The forks this branch's agent made (fork tools, ADR 14).
     forks: AgentForks,
+    /// The hash of `history` so far, extended before each call (request hashes).
+    messages_hash: forkfleet_shared::lineage::MessagesHash,
+    /// A child of `runs fork --replay` still re-executing its parent's record.
+    replay: Option<replay::Replay>,
 }
 
 enum Step {

@@ -60,6 +60,8 @@ pub struct ModelRequest<'a> {
     pub index: u32,
     /// Model calls the branch made before this one (0 for the first).
     pub turn: u32,
+    /// The sampling temperature (`None`: the provider's default, and none is sent).
+    pub temperature: Option<f64>,
 }
 
 /// What the model answered.
@@ -365,6 +367,7 @@ mod tests {
             label: "a",
             index: 0,
             turn: 0,
+            temperature: None,
         };
         // (100 + 64 bytes) / 2 per token, plus 8 tokens for the message and 8 for the tools.
         assert_eq!(
@@ -390,6 +393,7 @@ mod tests {
             label: "a",
             index: 0,
             turn: 0,
+            temperature: None,
         };
         let copied = ModelRequest {
             tools: &copy,

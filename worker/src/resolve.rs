@@ -28,7 +28,8 @@ use forkfleet_shared::event::{Message, Usage};
 use forkfleet_shared::manifest::Manifest;
 use forkfleet_shared::path::WsPath;
 use forkfleet_shared::protocol::{
-    JudgeJob, JudgeRun, ResolveJob, ResolveJobReply, TestJob, TestRun, RESOLVE_SUBJECT,
+    JudgeJob, JudgeRun, ResolveJob, ResolveJobReply, SummaryJob, SummaryRun, TestJob, TestRun,
+    RESOLVE_SUBJECT,
 };
 use forkfleet_shared::resolve::{parse_verdict, JudgeVerdict};
 use forkfleet_shared::testsignal::{test_signal, TestOutcome};
@@ -79,6 +80,7 @@ async fn answer(ctx: &WorkerCtx, req: Request) {
     let reply = match wire::decode::<ResolveJob>(&req.payload) {
         Ok(ResolveJob::Test(job)) => ResolveJobReply::Test(run_test(ctx, job).await),
         Ok(ResolveJob::Judge(job)) => ResolveJobReply::Judge(run_judge(ctx, &job).await),
+        Ok(ResolveJob::Summary(job)) => ResolveJobReply::Summary(run_summary(ctx, &job).await),
         Err(e) => {
             // The decoder's message may quote the payload: cut it short.
             let error = forkfleet_shared::api::limits::truncated_to(&e.to_string(), 300);
@@ -218,6 +220,86 @@ fn tail_chars(text: &str, n: usize) -> String {
 }
 
 /// Ask the judge; retry once when the answer is not a valid verdict.
+/// What a summary model is told (`runs fork --summarize=model`, docs/LINEAGE.md).
+const SUMMARY_SYSTEM: &str = "You write the branch summary of an agent run: a short, factual operational summary for whoever continues the run. Plain text, no preamble.";
+
+/// One call of the run's model writing a child's branch summary.
+pub(crate) async fn run_summary(ctx: &WorkerCtx, job: &SummaryJob) -> SummaryRun {
+    let span = tracing::info_span!("runs.summary", run.id = %job.run_id, gen_ai.request.model = %job.model);
+    forkfleet_shared::trace::set_parent(&span, job.trace.as_deref());
+    async {
+        let mut run = SummaryRun {
+            model: job.model.clone(),
+            text: None,
+            error: None,
+            usage: Usage::default(),
+            cost_usd: 0.0,
+        };
+        let provider = match ctx
+            .providers
+            .provider(&job.model, job.script, job.endpoint.as_ref())
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                run.error = Some(format!("model `{}`: {e}", job.model));
+                return run;
+            }
+        };
+        let messages = vec![
+            Message::System {
+                text: SUMMARY_SYSTEM.to_string(),
+            },
+            Message::User {
+                text: job.prompt.clone(),
+            },
+        ];
+        let req = ModelRequest {
+            model: &job.model,
+            messages: &messages,
+            tools: &[],
+            max_output_tokens: job.max_output_tokens,
+            label: "summary",
+            index: 0,
+            turn: 0,
+            temperature: None,
+        };
+        // A root run has no fork: its spans carry the nil id.
+        let fork_id = job
+            .fork_id
+            .unwrap_or(forkfleet_shared::ids::ForkId::from_bytes([0; 16]));
+        let chat = ChatSpan::new(&req, fork_id, Some(job.run_id));
+        let call = provider.complete(&req).instrument(chat.span().clone());
+        match tokio::time::timeout(JUDGE_CALL_TIMEOUT, call).await {
+            Ok(Ok(reply)) => {
+                let cost = job.price.as_ref().map(|p| p.cost(&reply.usage));
+                chat.replied(&reply, cost);
+                run.usage = reply.usage;
+                run.cost_usd = cost.unwrap_or(0.0);
+                run.text = reply.text.filter(|t| !t.trim().is_empty());
+                if run.text.is_none() {
+                    run.error = Some("the model answered without text".to_string());
+                }
+            }
+            Ok(Err(e)) => {
+                chat.failed(&error_type(&e));
+                run.error = Some(format!("model `{}` failed: {e}", job.model));
+            }
+            Err(_) => {
+                chat.failed("timeout");
+                run.error = Some(format!(
+                    "model `{}` did not answer within {} s",
+                    job.model,
+                    JUDGE_CALL_TIMEOUT.as_secs()
+                ));
+            }
+        }
+        run
+    }
+    .instrument(span)
+    .await
+}
+
 pub(crate) async fn run_judge(ctx: &WorkerCtx, job: &JudgeJob) -> JudgeRun {
     let span =
         tracing::info_span!("resolve.judge", fork.id = %job.fork_id, judge.model = %job.model);
@@ -264,6 +346,7 @@ async fn judge_in_span(ctx: &WorkerCtx, job: &JudgeJob) -> JudgeRun {
             label: "judge",
             index: 0,
             turn,
+            temperature: None,
         };
         run.calls += 1;
         let chat = ChatSpan::new(&req, job.fork_id, None);

@@ -81,6 +81,7 @@ impl Fx {
                     extra_instructions: None,
                     max_turns: 10,
                     max_output_tokens: None,
+                    temperature: None,
                 })
                 .collect(),
             run_command: None,
@@ -108,6 +109,7 @@ impl Fx {
                 min_attempt: 1,
                 calls: 0,
                 task: None,
+                cached_calls: 0,
             })
             .collect();
         let record = ForkRecord {
@@ -122,6 +124,7 @@ impl Fx {
             prefix: BlobHash::of(b""),
             prefix_len: 0,
             trace: None,
+            replay: None,
         };
         self.ledger.register_fork(&record, &branches);
         Fork { id: fork_id, runs }

@@ -39,6 +39,7 @@ impl ForkState {
         );
         task.attempt_base = self.attempt_base(i);
         task.budget_usd = self.ledger.run_cap(run_id);
+        task.replay = self.record.replay.clone();
         self.bus.enqueue_task(pool, wire::encode(&task)?).await?;
         self.requeued.insert(run_id);
         Ok(task.attempt_base)
@@ -233,7 +234,10 @@ impl ForkState {
         let b = &self.branches[i].record;
         let label = &b.label;
         match b.state {
-            BranchState::Done | BranchState::Failed | BranchState::Terminated => Ok(()),
+            BranchState::Done
+            | BranchState::Failed
+            | BranchState::Terminated
+            | BranchState::Idle => Ok(()),
             BranchState::BudgetExhausted | BranchState::AggregateBudgetExhausted => {
                 match self.budget_room(b.run_id) {
                     None => Ok(()),
@@ -286,15 +290,19 @@ impl ForkState {
     /// branch (pending) and the fork. In that order, a failure leaves at worst a task that finds the branch finished
     /// and is dropped, never a re-opened branch without a task. Both happen before this
     /// actor reads its next message, so the worker's takeover finds the event in the log.
+    ///
+    /// Without `text`, an idle child of `runs fork` (docs/LINEAGE.md) is started from its
+    /// copied history: a `pending` status is appended instead of a follow-up (a finished
+    /// branch needs a message).
     pub(super) async fn follow_up(
         &mut self,
         pool: &str,
         label: &str,
-        text: String,
+        text: Option<String>,
     ) -> Result<ContinueOutcome, CoordinatorError> {
         let fork_id = self.record.fork_id;
         let i = self.branch_index(label)?;
-        if text.trim().is_empty() {
+        if text.as_ref().is_some_and(|t| t.trim().is_empty()) {
             return Err(CoordinatorError::EmptyMessage {
                 what: "follow-up message",
             });
@@ -302,12 +310,24 @@ impl ForkState {
         self.check_follow_up(i)?;
         let b = &self.branches[i].record;
         let (run_id, previous) = (b.run_id, b.state);
-        // What a lost worker left unanswered (the model API needs a result for every call
-        // before the next user message).
+        if text.is_none() && previous != BranchState::Idle {
+            return Err(CoordinatorError::NeedsMessage {
+                run: run_id,
+                state: previous,
+            });
+        }
+        // What a lost worker left unanswered, or a child's cutoff left after a response
+        // (the model API needs a result for every call before the next user message).
         let log = self.store.run_log(run_id)?;
         let history = messages_from_events(history_events(&log, None).into_iter().map(|(_, e)| e));
         let mut events = interrupted_results(&history);
-        events.push(Event::FollowUp { text });
+        events.push(match text {
+            Some(text) => Event::FollowUp { text },
+            None => Event::Status {
+                state: BranchState::Pending,
+                error: None,
+            },
+        });
         let attempt_base = self.enqueue(i, pool).await?;
         let seq = self.append_own(i, events)?;
         self.store.flush_async().await?;

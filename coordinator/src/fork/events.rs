@@ -188,6 +188,9 @@ impl ForkState {
                 let actions = self.ledger.on_usage(run_id, cost, reservation);
                 self.ledger.send(actions);
             }
+            for _ in 0..effect.cached {
+                self.ledger.on_cached(run_id);
+            }
             if effect.became_terminal {
                 self.terminal += 1;
                 self.stopping.remove(&run_id);

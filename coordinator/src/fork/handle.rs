@@ -201,7 +201,7 @@ impl ForkHandle {
         &self,
         pool: String,
         label: String,
-        text: String,
+        text: Option<String>,
     ) -> Result<ContinueOutcome, CoordinatorError> {
         ractor::call_t!(
             self.actor,

@@ -50,6 +50,9 @@ pub(crate) struct ForkRecord {
     /// `None` without trace context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
+    /// A child of `runs fork --replay`: what its branch's tasks replay (docs/LINEAGE.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<forkfleet_shared::protocol::ReplayTask>,
 }
 
 /// One branch of a fork. Static fields plus a summary of its log as of its last state
@@ -85,6 +88,10 @@ pub(crate) struct BranchRecord {
     /// a runner is found after a restart too.
     #[serde(default)]
     pub task: Option<(String, u64)>,
+    /// Model calls a replay served from the record (`usage` events marked `cached`:
+    /// nothing spent, docs/LINEAGE.md).
+    #[serde(default)]
+    pub cached_calls: u32,
 }
 
 impl BranchRecord {

@@ -75,6 +75,7 @@ fn usage_event(cost: f64, reservation: Option<ReservationId>) -> Event {
         },
         cost_usd: cost,
         reservation,
+        cached: false,
     }
 }
 

@@ -32,6 +32,7 @@ fn response(text: &str, tool: Option<&str>) -> Event {
             })
             .into_iter()
             .collect(),
+        request: None,
     }
 }
 
@@ -41,6 +42,7 @@ fn tool_result(text: &str, name: &str) -> Event {
         name: name.into(),
         ok: true,
         output: "ok".into(),
+        request: None,
     }
 }
 

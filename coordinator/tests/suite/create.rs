@@ -49,6 +49,8 @@ async fn branch_logs_start_with_the_fork_event_then_prefix_then_steer() {
             fork_root,
             cutoff_seq,
             label,
+            replay_event_count: 0,
+            strategy: None,
         } => {
             assert_eq!(*fork_id, view.fork_id);
             assert_eq!(*parent_run, view.parent_run);

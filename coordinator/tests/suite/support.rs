@@ -286,6 +286,7 @@ impl Step {
                 model: MODEL.into(),
                 text: Some(text),
                 tool_calls: vec![],
+                request: None,
             },
             Step::Write(path, content) => {
                 let bytes = Bytes::from(content);
@@ -313,6 +314,7 @@ impl Step {
                 },
                 cost_usd: cost,
                 reservation: None,
+                cached: false,
             },
         }
     }
@@ -373,6 +375,7 @@ pub fn plan(labels: &[&str]) -> ForkPlan {
                 extra_instructions: None,
                 max_turns: 10,
                 max_output_tokens: None,
+                temperature: None,
             })
             .collect(),
         run_command: None,

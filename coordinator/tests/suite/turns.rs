@@ -319,6 +319,7 @@ async fn a_pending_follow_up_survives_a_restart_and_settles_the_fork_again() {
             model: MODEL.into(),
             text: None,
             tool_calls: vec![call],
+            request: None,
         },
     )
     .await;

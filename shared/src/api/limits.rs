@@ -59,6 +59,24 @@ pub fn check_request_size(req: &ApiRequest) -> Result<(), ApiError> {
         R::CheckpointRemove(op) => vec![("checkpoint", &op.checkpoint, MAX_CHECKPOINT_REF_LEN)],
         R::Rewind(op) => vec![("checkpoint", &op.checkpoint, MAX_CHECKPOINT_REF_LEN)],
         R::ForkCheckpoint(op) => vec![("checkpoint", &op.checkpoint, MAX_CHECKPOINT_REF_LEN)],
+        R::RunFork(op) => op
+            .options
+            .label
+            .as_deref()
+            .map(|l| ("label", l, label))
+            .into_iter()
+            .chain(
+                op.options
+                    .set
+                    .iter()
+                    .map(|s| ("set", s.as_str(), MAX_MESSAGE_BYTES)),
+            )
+            .collect(),
+        R::RunResume(op) => op
+            .text
+            .as_deref()
+            .map(|t| vec![("text", t, MAX_MESSAGE_BYTES)])
+            .unwrap_or_default(),
         _ => Vec::new(),
     };
     for (field, value, max) in fields {

@@ -278,6 +278,8 @@ operations! {
         Forks = "forks", fn forks -> Forks(Vec<ForkView>), idempotent, quick;
         /// Every account, by name.
         Accounts = "accounts", fn accounts -> Accounts(Vec<AccountView>), idempotent, quick;
+        /// Every run of the store, oldest first, with its lineage (docs/LINEAGE.md).
+        Runs = "runs", fn runs -> Runs(Vec<RunView>), idempotent, quick;
     }
     with_args {
         /// Create a fork. Every blob the snapshot names (the workspace's files, scripts)
@@ -457,6 +459,26 @@ operations! {
             run: RunId,
         } -> Workspace(BlobHash), idempotent, quick;
 
+        /// One run with its settings and workspace version.
+        GetRun = "run", fn run { run: RunId } -> Run(RunDetail), idempotent, work;
+
+        /// Fork a recorded run at event `at_event` (default: its last replayable event)
+        /// into a new child run (docs/LINEAGE.md): its history copied (or, with `replay`,
+        /// re-executed from the record), its workspace as it was at the cutoff, `set`
+        /// (`KEY=VALUE`) applied to its settings. With `dry_run`, nothing is written.
+        RunFork = "run_fork", fn run_fork {
+            parent: RunId,
+            options: RunForkOptions,
+        } -> RunFork(RunForkOutcome), changes, work;
+
+        /// Run a child (or a finished branch) again on the workers: an idle child from its
+        /// copied history, with `text` as a new user message when given; a finished run
+        /// needs `text` (a follow-up turn, like `continue`).
+        RunResume = "run_resume", fn run_resume {
+            run: RunId,
+            text: Option<String>,
+        } -> Continue(ContinueOutcome), changes, quick;
+
         /// A blob of the run store, `None` when the store lacks it: how a client of
         /// another process's embedded coordinator (over its local socket) reads what it
         /// cannot read from the store itself, e.g. the files of `fork watch`'s fork
@@ -496,6 +518,9 @@ pub enum ApiReply {
     Checkpoint(CheckpointView),
     Rewind(RewindOutcome),
     NewRun(NewRunOutcome),
+    Runs(Vec<RunView>),
+    Run(RunDetail),
+    RunFork(RunForkOutcome),
     /// A workspace version (a `Manifest` blob).
     Workspace(BlobHash),
     /// A blob's bytes (`None`: not in the store).
@@ -533,6 +558,9 @@ impl ApiReply {
             ApiReply::Checkpoint(_) => "checkpoint",
             ApiReply::Rewind(_) => "rewind",
             ApiReply::NewRun(_) => "new_run",
+            ApiReply::Runs(_) => "runs",
+            ApiReply::Run(_) => "run",
+            ApiReply::RunFork(_) => "run_fork",
             ApiReply::Workspace(_) => "workspace",
             ApiReply::Blob(_) => "blob",
             ApiReply::Stored { .. } => "stored",

@@ -318,3 +318,171 @@ pub struct NewRunOutcome {
     /// The new run's workspace version (a `Manifest` blob).
     pub snapshot: BlobHash,
 }
+
+// ---- runs and lineage (docs/LINEAGE.md) ---------------------------------------------------
+
+/// How a run came to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunKind {
+    /// A parent run: a spec's system prompt, history and goal, or a `checkpoint fork`.
+    Root,
+    /// A branch of a fork (a spec's single agent `main` included).
+    Branch,
+    /// A child `runs fork` made from a recorded run.
+    Child,
+}
+
+impl RunKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunKind::Root => "root",
+            RunKind::Branch => "branch",
+            RunKind::Child => "child",
+        }
+    }
+}
+
+/// A run's seq-0 `fork` lineage event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lineage {
+    pub fork_id: ForkId,
+    pub parent_run: RunId,
+    pub fork_root: RunId,
+    /// The last parent event the run's history includes.
+    pub cutoff_seq: u64,
+    pub label: String,
+    /// A child: the parent's events it copied or re-executes.
+    pub replay_event_count: u64,
+    /// A child: how its prefix was made (`replay_v1`).
+    pub strategy: Option<String>,
+}
+
+/// A root run made by `checkpoint fork`: where it came from (its `from:<run>` checkpoint).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunOrigin {
+    pub run: RunId,
+    pub checkpoint: String,
+    pub seq: u64,
+}
+
+/// One run of the store (`runs ls`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunView {
+    pub run_id: RunId,
+    pub kind: RunKind,
+    /// The run it was forked from (`None` for a root run).
+    pub parent: Option<RunId>,
+    /// The root run of its tree.
+    pub fork_root: RunId,
+    /// The fork it is a branch of (a child: the one-branch fork `runs fork` made).
+    pub fork_id: Option<ForkId>,
+    pub label: Option<String>,
+    /// A branch's or child's state; `None` for a root run (no worker runs it).
+    pub state: Option<BranchState>,
+    pub error: Option<String>,
+    pub model: Option<String>,
+    /// Events in its log.
+    pub events: u64,
+    pub cost_usd: f64,
+    /// Model calls paid for.
+    pub calls: u32,
+    /// Model calls a replay served from the record (nothing spent).
+    pub cached_calls: u32,
+    pub created_at_ms: u64,
+    /// Its seq-0 lineage event (branches and children).
+    pub lineage: Option<Lineage>,
+    /// A root run made by `checkpoint fork`.
+    pub origin: Option<RunOrigin>,
+    /// Its fork was merged and it was the winner.
+    pub merged: bool,
+    /// The workspace version it started from (a root run: its current one).
+    pub workspace: BlobHash,
+}
+
+/// One file of a workspace version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileAt {
+    pub path: String,
+    pub bytes: u64,
+    pub hash: BlobHash,
+}
+
+/// A run with its settings and workspace (`runs show`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunDetail {
+    pub run: RunView,
+    /// What `runs fork --set` starts from: the run's model and limits (`None`: a root run
+    /// never forked, whose settings no plan holds).
+    pub settings: Option<crate::lineage::RunSettings>,
+    /// Its current workspace version: a root run's, or a branch's fork snapshot with its
+    /// file changes.
+    pub workspace: BlobHash,
+    pub files: u64,
+    pub bytes: u64,
+    /// Runs forked from it, oldest first.
+    pub children: Vec<RunId>,
+}
+
+/// One event a child copies: its seq in the parent and in the child.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CopiedEvent {
+    /// `None`: not the parent's (the system prompt `--set` gave the child).
+    pub parent_seq: Option<u64>,
+    pub seq: u64,
+    pub kind: String,
+}
+
+/// How `runs fork` makes a child (docs/LINEAGE.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunForkOptions {
+    /// The last parent event the child copies (default: the parent's last replayable one).
+    pub at_event: Option<u64>,
+    /// The child's label (default: `at-<cutoff>`).
+    pub label: Option<String>,
+    /// `KEY=VALUE` overrides of the child's settings.
+    pub set: Vec<String>,
+    /// Record a branch summary after the copied prefix.
+    pub summarize: Option<crate::lineage::SummaryMode>,
+    /// Re-execute the prefix, served from the parent's record, instead of copying it.
+    pub replay: bool,
+    /// With `replay`: go on live at the first divergence instead of failing.
+    pub record: bool,
+    /// Say what would be done; write nothing.
+    pub dry_run: bool,
+}
+
+/// What `runs fork` does (with `dry_run`, would do: then nothing is written and `run_id`
+/// is `None`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunForkOutcome {
+    pub dry_run: bool,
+    pub parent_run: RunId,
+    pub fork_root: RunId,
+    /// The last parent event the child's history includes.
+    pub cutoff_seq: u64,
+    pub label: String,
+    /// `replay_v1`.
+    pub strategy: String,
+    /// Events copied into the child (empty with `replay`: they are re-executed).
+    pub copied: Vec<CopiedEvent>,
+    /// The parent's events the child copies or re-executes.
+    pub replay_event_count: u64,
+    /// Events on the parent's history through the cutoff that are not copied, by kind.
+    pub skipped: std::collections::BTreeMap<String, u64>,
+    /// The branch summary recorded after the copied prefix (`--summarize`).
+    pub summary: Option<String>,
+    /// The child's settings, `--set` applied.
+    pub settings: crate::lineage::RunSettings,
+    /// The keys `--set` changed.
+    pub changed: Vec<String>,
+    /// The child's workspace: the parent's files as they were at the cutoff (with `replay`,
+    /// what the parent started from: the replay rebuilds the rest).
+    pub workspace: BlobHash,
+    pub files: Vec<FileAt>,
+    pub replay: bool,
+    pub record: bool,
+    pub run_id: Option<RunId>,
+    pub fork_id: Option<ForkId>,
+    pub state: Option<BranchState>,
+}

@@ -165,6 +165,7 @@ pub fn validate_with(
             extra_instructions: b.extra_instructions.clone(),
             max_turns: b.max_turns.unwrap_or(limits.max_turns),
             max_output_tokens: b.max_output_tokens,
+            temperature: b.temperature.or(file.temperature),
         })
         .collect();
 
@@ -172,6 +173,12 @@ pub fn validate_with(
     let mut used: BTreeSet<&str> = branches.iter().map(|b| b.model.as_str()).collect();
     used.insert(file.model.as_str());
     used.extend(resolve.judge_models.iter().map(String::as_str));
+    used.extend(
+        file.models
+            .iter()
+            .filter(|(_, m)| m.spare)
+            .map(|(name, _)| name.as_str()),
+    );
     for name in file.models.keys() {
         if !used.contains(name.as_str()) {
             return Err(SpecError::UnusedModel {

@@ -31,6 +31,8 @@ pub struct SpecFile {
     #[serde(default)]
     pub max_output_tokens: Option<u32>,
     #[serde(default)]
+    pub temperature: Option<f64>,
+    #[serde(default)]
     pub conflict_policy: Option<ConflictPolicy>,
     #[serde(default)]
     pub budget_usd: Option<f64>,
@@ -129,6 +131,10 @@ pub struct ModelSection {
     /// Retries on 429, 5xx or no answer.
     #[serde(default)]
     pub max_retries: Option<u32>,
+    /// Configured though no branch uses it: a model the runs may be switched to later
+    /// (`runs fork --set model=NAME`, docs/LINEAGE.md), which keeps its script and price.
+    #[serde(default)]
+    pub spare: bool,
 }
 
 impl ModelSection {
@@ -161,4 +167,6 @@ pub struct BranchSection {
     pub max_turns: Option<u32>,
     #[serde(default)]
     pub max_output_tokens: Option<u32>,
+    #[serde(default)]
+    pub temperature: Option<f64>,
 }

@@ -166,6 +166,10 @@ pub struct BranchPlan {
     /// The branch's own output cap per call (the fork's when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u32>,
+    /// The sampling temperature sent with each call (0 to 2; the provider's default when
+    /// absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
 }
 
 /// A validated fork: what the coordinator needs to create it.

@@ -4,7 +4,7 @@
 
 use super::{
     CheckpointPolicy, ForkPlan, ResolvePlan, SpecError, TestPlan, MAX_LABEL_LEN,
-    MAX_TEST_TIMEOUT_S, PROVIDERS, SOLO_LABEL,
+    MAX_TEST_TIMEOUT_S, PROVIDERS,
 };
 use crate::endpoint::CommandToolSection;
 use crate::resolve::Strategy;
@@ -98,8 +98,18 @@ impl ForkPlan {
                     });
                 }
             }
+            if let Some(t) = b
+                .temperature
+                .filter(|t| !(t.is_finite() && (0.0..=2.0).contains(t)))
+            {
+                return Err(SpecError::BadTemperature {
+                    field: format!("branches[{i}].temperature"),
+                    value: t,
+                });
+            }
         }
-        if self.solo && (self.branches.len() != 1 || self.branches[0].label != SOLO_LABEL) {
+        // A spec's single agent is `main`; a child of `runs fork` keeps its own label.
+        if self.solo && self.branches.len() != 1 {
             return Err(SpecError::BadSolo {
                 count: self.branches.len(),
                 labels: names(self.branches.iter().map(|b| format!("`{}`", b.label))),
@@ -437,7 +447,7 @@ mod tests {
     use super::*;
     use crate::endpoint::{CommandTool, Endpoint};
     use crate::pricing::Price;
-    use crate::spec::{BranchPlan, Limits, ModelPlan};
+    use crate::spec::{BranchPlan, Limits, ModelPlan, SOLO_LABEL};
 
     const MODEL: &str = "scripted:demo";
 
@@ -475,6 +485,7 @@ mod tests {
                     extra_instructions: None,
                     max_turns: 10,
                     max_output_tokens: None,
+                    temperature: None,
                 })
                 .collect(),
             run_command: None,
@@ -557,15 +568,26 @@ mod tests {
             );
             assert!(matches!(err, SpecError::BadLabel { .. }), "{bad}: {err}");
         }
-        // A single agent run: one branch, `main`.
+        // A single agent run: one branch (`main` from a spec; a `runs fork` child keeps its
+        // own label).
         let err = refused(|p| p.solo = true, &["exactly one branch", "`a`, `b`, `c`"]);
         assert!(matches!(err, SpecError::BadSolo { count: 3, .. }), "{err}");
-        let mut solo = plan(&["other"]);
+        let mut solo = plan(&["retry"]);
         solo.solo = true;
-        assert!(matches!(
-            solo.validate(),
-            Err(SpecError::BadSolo { count: 1, .. })
-        ));
+        solo.validate().unwrap();
+    }
+
+    #[test]
+    fn temperatures_are_from_0_to_2() {
+        for bad in [-0.1, 2.5, f64::NAN] {
+            refused(
+                |p| p.branches[1].temperature = Some(bad),
+                &["`branches[1].temperature`", "from 0 to 2"],
+            );
+        }
+        let mut p = plan(&["a"]);
+        p.branches[0].temperature = Some(0.0);
+        p.validate().unwrap();
     }
 
     #[test]

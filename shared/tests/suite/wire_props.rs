@@ -117,6 +117,8 @@ fn event() -> impl Strategy<Value = Event> {
                 fork_root,
                 cutoff_seq,
                 label,
+                replay_event_count: 0,
+                strategy: None,
             }
         ),
         text().prop_map(|text| Event::System { text }),
@@ -130,6 +132,7 @@ fn event() -> impl Strategy<Value = Event> {
                 model,
                 text,
                 tool_calls,
+                request: None,
             }),
         (text(), text(), any::<bool>(), text()).prop_map(|(call_id, name, ok, output)| {
             Event::ToolResult {
@@ -137,6 +140,7 @@ fn event() -> impl Strategy<Value = Event> {
                 name,
                 ok,
                 output,
+                request: None,
             }
         }),
         change_op().prop_map(|change| Event::FileChange { change }),
@@ -151,6 +155,7 @@ fn event() -> impl Strategy<Value = Event> {
                 usage,
                 cost_usd,
                 reservation: reservation.map(ReservationId::from_bytes),
+                cached: false,
             }),
         text().prop_map(|text| Event::Steer { text }),
         text().prop_map(|text| Event::FollowUp { text }),

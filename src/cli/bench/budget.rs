@@ -358,6 +358,7 @@ async fn run_row(
                 extra_instructions: None,
                 max_turns,
                 max_output_tokens: None,
+                temperature: None,
             })
             .collect(),
         run_command: None,

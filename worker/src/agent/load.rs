@@ -1,6 +1,7 @@
 //! Loading a branch: its history (the fork-time prefix and tail, or the coordinator's log
 //! of a branch taken over), its workspace overlay, its provider, and what it already did.
 
+use super::replay::Replay;
 use super::Run;
 use crate::context::WorkerCtx;
 use crate::error::WorkerError;
@@ -114,6 +115,29 @@ pub(super) async fn load(
             _ => {}
         }
     }
+    // A replaying child: the parent's record, after what its log already holds.
+    let replay = match &task.replay {
+        None => None,
+        Some(r) => {
+            let bytes = blobs
+                .get(&r.record)
+                .await
+                .map_err(|error| WorkerError::TaskBlob {
+                    what: "replay record",
+                    hash: r.record,
+                    error,
+                })?;
+            let own: Vec<&Event> = match &resumed {
+                Some(events) => events
+                    .iter()
+                    .filter(|(seq, _)| *seq >= task.first_seq)
+                    .map(|(_, e)| e)
+                    .collect(),
+                None => Vec::new(),
+            };
+            Replay::new(r, &bytes, &own)?
+        }
+    };
     // Money spent stays spent, whatever a rewind left out of the history.
     let spent_usd = match &resumed {
         Some(events) => events.iter().map(|(_, e)| cost_of(e)).sum(),
@@ -127,6 +151,8 @@ pub(super) async fn load(
         turn_base,
         spent_usd,
         forks: AgentForks::from_log(log()),
+        messages_hash: Default::default(),
+        replay,
     })
 }
 

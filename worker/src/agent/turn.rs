@@ -3,13 +3,16 @@
 
 use super::control::{exhausted, until_halted};
 use super::coordinator::{reserve, Reserved};
+use super::replay::Next;
 use super::{lease_lost, AgentState, Publisher, Run, Step};
 use crate::error::WorkerError;
 use crate::forktools::{is_fork_tool, ForkCall, MERGE_OR_SELECT};
 use crate::genai::{error_type, tool_failed, tool_span, ChatSpan};
 use crate::provider::ModelRequest;
 use crate::tools::ToolBox;
-use forkfleet_shared::event::{Event, Message};
+use forkfleet_shared::event::{messages_from_events, Event, Message};
+use forkfleet_shared::lineage::{tool_call_hash, RequestHash};
+use forkfleet_shared::overlay::ChangeOp;
 use forkfleet_shared::state::BranchState;
 use tracing::Instrument;
 
@@ -51,6 +54,18 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
         }
     }
 
+    // A replaying child: what the parent's record holds before its next call.
+    if let Some(replay) = run.replay.as_mut() {
+        let inputs = replay.inputs();
+        if matches!(replay.next(), Next::Done) {
+            tracing::info!("replay: the record is used up; the branch goes on live");
+            run.replay = None;
+        }
+        for event in inputs {
+            publish_recorded(out, run, event).await?;
+        }
+    }
+
     if run.turns.saturating_sub(run.turn_base) >= task.max_turns {
         return Ok(Step::Finish(
             BranchState::Failed,
@@ -79,103 +94,163 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
         return Ok(step);
     }
     let tools = ToolBox::for_task(task);
-    let req = ModelRequest {
-        model: &task.model,
-        messages: &run.history,
-        tools: tools.specs(),
-        max_output_tokens: task.max_output_tokens,
-        label: &task.label,
-        index: task.index,
-        turn: run.turns,
-    };
-    let reservation = if task.reserve {
-        let estimate = run.provider.estimate(&req);
-        let reserving = reserve(&ctx.bus, task, attempt, estimate);
-        match until_halted(reserving, control, task.run_id, attempt, pending, None).await {
-            Err(step) => return Ok(step),
-            Ok(granted) => match granted? {
-                // The reservation took time: the lease is checked again before the call.
-                Reserved::Granted(id) => match lease_lost(lease) {
-                    Some(step) => return Ok(step),
-                    None => Some(id),
-                },
-                Reserved::Refused { state, reason } => {
-                    tracing::info!(reason = %reason, "budget reservation refused");
-                    return Ok(exhausted(task.on_exhausted, state, reason));
-                }
-                Reserved::Gone(reason) => return Ok(Step::Drop(reason)),
-                Reserved::Superseded(by) => {
-                    return Ok(Step::Lost(lease.lose(super::superseded(by, attempt))));
-                }
-            },
-        }
-    } else {
-        None
-    };
-    // A graceful stop that came while reserving waits in `pending` until this call, paid
-    // for by its reservation, is made and recorded.
-    // The call runs until it answers or a command stops the branch; a cancelled call is
-    // dropped (aborted) and nothing is published for it.
-    let chat = ChatSpan::new(&req, task.fork_id, Some(task.run_id));
-    let call = run.provider.complete(&req).instrument(chat.span().clone());
-    let reply = match until_halted(
-        call,
-        control,
-        task.run_id,
-        attempt,
-        pending,
-        Some(&ctx.handback),
-    )
-    .await
-    {
-        Err(step) => {
-            chat.cancelled();
-            tracing::info!("model call cancelled: the branch stops or is handed back");
-            return Ok(step);
-        }
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            chat.failed(&error_type(&e));
-            tracing::warn!(error = %e, "model call failed");
-            return Ok(Step::Finish(
-                BranchState::Failed,
-                Some(format!("model call failed: {e}")),
-            ));
-        }
-    };
-    run.turns += 1;
-    tracing::debug!(
-        usage.input_tokens = reply.usage.input_tokens,
-        usage.output_tokens = reply.usage.output_tokens,
-        tool_calls = reply.tool_calls.len(),
-        "model replied"
+    // The request's content hash, recorded with its response (and compared with the
+    // record's by a replay).
+    run.messages_hash.update(&run.history);
+    let request = RequestHash::of(
+        &task.model,
+        &run.messages_hash,
+        tools.specs(),
+        task.temperature,
+        task.max_output_tokens,
     );
+    let served = match run.replay.as_mut() {
+        None => None,
+        Some(replay) => match replay.next() {
+            Next::Done => None,
+            Next::Call {
+                seq,
+                request: recorded,
+            } if recorded.hash == request.hash => {
+                tracing::debug!(
+                    parent.seq = seq,
+                    "replay: model call served from the record"
+                );
+                replay.serve_response()
+            }
+            Next::Call {
+                seq,
+                request: recorded,
+            } => {
+                let why = replay.divergence(out.seq + 1, seq, recorded, &request);
+                if !replay.record_live() {
+                    tracing::info!(reason = %why, "replay diverged");
+                    return Ok(Step::Finish(BranchState::Failed, Some(why)));
+                }
+                tracing::info!(reason = %why, "replay diverged; going on live and recording (--record)");
+                run.replay = None;
+                None
+            }
+        },
+    };
+    let (text, tool_calls) = match served {
+        Some(answer) => {
+            run.turns += 1;
+            // Served from the record: no provider call, nothing spent.
+            out.publish(Event::Usage {
+                model: task.model.clone(),
+                usage: Default::default(),
+                cost_usd: 0.0,
+                reservation: None,
+                cached: true,
+            })
+            .await?;
+            answer
+        }
+        None => {
+            let req = ModelRequest {
+                model: &task.model,
+                messages: &run.history,
+                tools: tools.specs(),
+                max_output_tokens: task.max_output_tokens,
+                label: &task.label,
+                index: task.index,
+                turn: run.turns,
+                temperature: task.temperature,
+            };
+            let reservation = if task.reserve {
+                let estimate = run.provider.estimate(&req);
+                let reserving = reserve(&ctx.bus, task, attempt, estimate);
+                match until_halted(reserving, control, task.run_id, attempt, pending, None).await {
+                    Err(step) => return Ok(step),
+                    Ok(granted) => match granted? {
+                        // The reservation took time: the lease is checked again before the call.
+                        Reserved::Granted(id) => match lease_lost(lease) {
+                            Some(step) => return Ok(step),
+                            None => Some(id),
+                        },
+                        Reserved::Refused { state, reason } => {
+                            tracing::info!(reason = %reason, "budget reservation refused");
+                            return Ok(exhausted(task.on_exhausted, state, reason));
+                        }
+                        Reserved::Gone(reason) => return Ok(Step::Drop(reason)),
+                        Reserved::Superseded(by) => {
+                            return Ok(Step::Lost(lease.lose(super::superseded(by, attempt))));
+                        }
+                    },
+                }
+            } else {
+                None
+            };
+            // A graceful stop that came while reserving waits in `pending` until this call, paid
+            // for by its reservation, is made and recorded.
+            // The call runs until it answers or a command stops the branch; a cancelled call is
+            // dropped (aborted) and nothing is published for it.
+            let chat = ChatSpan::new(&req, task.fork_id, Some(task.run_id));
+            let call = run.provider.complete(&req).instrument(chat.span().clone());
+            let reply = match until_halted(
+                call,
+                control,
+                task.run_id,
+                attempt,
+                pending,
+                Some(&ctx.handback),
+            )
+            .await
+            {
+                Err(step) => {
+                    chat.cancelled();
+                    tracing::info!("model call cancelled: the branch stops or is handed back");
+                    return Ok(step);
+                }
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    chat.failed(&error_type(&e));
+                    tracing::warn!(error = %e, "model call failed");
+                    return Ok(Step::Finish(
+                        BranchState::Failed,
+                        Some(format!("model call failed: {e}")),
+                    ));
+                }
+            };
+            run.turns += 1;
+            tracing::debug!(
+                usage.input_tokens = reply.usage.input_tokens,
+                usage.output_tokens = reply.usage.output_tokens,
+                tool_calls = reply.tool_calls.len(),
+                "model replied"
+            );
 
-    // Usage first: the call is paid for whether or not its response is recorded. If this
-    // worker is lost before the response is, the branch's next worker makes the call again,
-    // and both calls are counted, as both were paid.
-    let cost_usd = task.price.map_or(0.0, |p| p.cost(&reply.usage));
-    chat.replied(&reply, task.price.map(|_| cost_usd));
-    run.spent_usd += cost_usd;
-    out.publish(Event::Usage {
-        model: task.model.clone(),
-        usage: reply.usage,
-        cost_usd,
-        reservation,
-    })
-    .await?;
-    // A lease lost during the call: its usage is out (the provider bills it, and the
-    // coordinator counts it even from a fenced attempt); nothing more is done.
-    if let Some(step) = lease_lost(lease) {
-        return Ok(step);
-    }
+            // Usage first: the call is paid for whether or not its response is recorded. If this
+            // worker is lost before the response is, the branch's next worker makes the call again,
+            // and both calls are counted, as both were paid.
+            let cost_usd = task.price.map_or(0.0, |p| p.cost(&reply.usage));
+            chat.replied(&reply, task.price.map(|_| cost_usd));
+            run.spent_usd += cost_usd;
+            out.publish(Event::Usage {
+                model: task.model.clone(),
+                usage: reply.usage,
+                cost_usd,
+                reservation,
+                cached: false,
+            })
+            .await?;
+            // A lease lost during the call: its usage is out (the provider bills it, and the
+            // coordinator counts it even from a fenced attempt); nothing more is done.
+            if let Some(step) = lease_lost(lease) {
+                return Ok(step);
+            }
+            (reply.text, reply.tool_calls)
+        }
+    };
     // A fork the response asks for gets the history before it.
     let cutoff_seq = out.seq.saturating_sub(1);
     let response = out
         .publish(Event::ModelResponse {
             model: task.model.clone(),
-            text: reply.text,
-            tool_calls: reply.tool_calls,
+            text,
+            tool_calls,
+            request: Some(request),
         })
         .await?;
     let Event::ModelResponse {
@@ -185,8 +260,17 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
         return Ok(Step::Continue);
     };
 
+    if run.replay.as_ref().is_some_and(|r| r.exhausted()) {
+        tracing::info!("replay: the record is used up; the branch goes on live");
+        run.replay = None;
+    }
     if tool_calls.is_empty() {
         run.history.push(Message::Assistant { text, tool_calls });
+        // A replay whose record goes on (the parent was continued after this answer)
+        // replays the rest before the branch ends.
+        if run.replay.is_some() {
+            return Ok(Step::Continue);
+        }
         return Ok(Step::Finish(BranchState::Done, None));
     }
 
@@ -194,6 +278,27 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     for call in &tool_calls {
         if let Some(step) = lease_lost(lease) {
             return Ok(step);
+        }
+        // A replay serves the recorded call: its recorded file changes, then its result.
+        if let Some((changes, result)) = run.replay.as_mut().and_then(|r| r.serve_tool(call)) {
+            for change in changes {
+                apply_recorded(run, &change)?;
+                out.publish(Event::FileChange { change }).await?;
+            }
+            if let Event::ToolResult {
+                call_id,
+                name,
+                output,
+                ..
+            } = out.publish(result).await?
+            {
+                results.push(Message::Tool {
+                    call_id,
+                    name,
+                    output,
+                });
+            }
+            continue;
         }
         let before = run.overlay.changes().len();
         let tool_span = tool_span(call, task.fork_id, task.run_id);
@@ -246,6 +351,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 name: call.name.clone(),
                 ok: outcome.ok,
                 output: outcome.output,
+                request: Some(tool_call_hash(call)),
             })
             .await?;
         if let Event::ToolResult {
@@ -273,5 +379,35 @@ async fn apply_steer(out: &mut Publisher, run: &mut Run, text: String) -> Result
     if let Event::Steer { text } = out.publish(Event::Steer { text }).await? {
         run.history.push(Message::User { text });
     }
+    Ok(())
+}
+
+/// A recorded file change applied to the branch's overlay (a replay's).
+fn apply_recorded(run: &mut Run, change: &ChangeOp) -> Result<(), WorkerError> {
+    run.overlay
+        .apply(change.clone())
+        .map_err(|e| WorkerError::Replay {
+            change: change.kind(),
+            path: change.path().to_string(),
+            message: e.to_string(),
+        })
+}
+
+/// Publish an event a replay copies from its record as it is (the conversation no
+/// recorded call made, and changes of calls not served), into the history or the overlay.
+async fn publish_recorded(
+    out: &mut Publisher,
+    run: &mut Run,
+    event: Event,
+) -> Result<(), WorkerError> {
+    if let Event::FileChange { change } = &event {
+        apply_recorded(run, change)?;
+    }
+    if matches!(event, Event::FollowUp { .. }) {
+        // A follow-up turn of the parent: max_turns counts from here, as on a load.
+        run.turn_base = run.turns;
+    }
+    let event = out.publish(event).await?;
+    run.history.extend(messages_from_events([&event]));
     Ok(())
 }

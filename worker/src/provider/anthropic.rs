@@ -72,6 +72,8 @@ struct MessagesRequest<'a> {
     messages: Vec<Turn<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
     stream: bool,
 }
 
@@ -185,6 +187,7 @@ fn request<'a>(name: &'a str, req: &'a ModelRequest<'a>) -> MessagesRequest<'a> 
                 input_schema: &t.parameters,
             })
             .collect(),
+        temperature: req.temperature,
         stream: false,
     }
 }
@@ -299,6 +302,7 @@ mod tests {
             label: "a",
             index: 0,
             turn: 0,
+            temperature: None,
         };
         serde_json::to_value(request("m", &req)).unwrap()
     }

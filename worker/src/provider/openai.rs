@@ -67,6 +67,8 @@ struct ChatRequest<'a> {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<ChatTool<'a>>,
     max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
     stream: bool,
 }
 
@@ -163,6 +165,7 @@ fn request<'a>(name: &'a str, req: &'a ModelRequest<'a>) -> ChatRequest<'a> {
         messages,
         tools: req.tools.iter().map(tool).collect(),
         max_tokens: req.max_output_tokens,
+        temperature: req.temperature,
         stream: false,
     }
 }
@@ -363,6 +366,7 @@ mod tests {
             label: "a",
             index: 0,
             turn: 0,
+            temperature: None,
         };
         let v = serde_json::to_value(request("m", &req)).unwrap();
         assert_eq!(

@@ -151,6 +151,7 @@ mod tests {
             label: "a",
             index: 0,
             turn,
+            temperature: None,
         }
     }
 

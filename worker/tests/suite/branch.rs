@@ -93,6 +93,7 @@ async fn a_branch_runs_end_to_end() {
                     usage,
                     cost_usd,
                     reservation,
+                    cached: false,
                 } => {
                     assert_eq!(*reservation, None, "no reservation without strict mode");
                     assert_eq!(model, "scripted:test");
@@ -377,12 +378,14 @@ text = "resumed at turn {turn}"
             model: "scripted:test".into(),
             text: None,
             tool_calls: vec![],
+            request: None,
         },
         Event::Usage {
             model: "scripted:test".into(),
             usage: Usage::default(),
             cost_usd: 0.25,
             reservation: None,
+            cached: false,
         },
         Event::FileChange {
             change: ChangeOp::Write {

@@ -163,6 +163,8 @@ impl Fixture {
                 fork_root: RunId::new(),
                 cutoff_seq: 1,
                 label: label.to_string(),
+                replay_event_count: 0,
+                strategy: None,
             },
             Event::System {
                 text: "You are a careful engineer.".into(),
@@ -195,6 +197,8 @@ impl Fixture {
             endpoint: None,
             run_command: None,
             forking: false,
+            temperature: None,
+            replay: None,
         }
     }
 
@@ -273,6 +277,8 @@ impl Fixture {
                 fork_root: RunId::new(),
                 cutoff_seq: 0,
                 label: task.label.clone(),
+                replay_event_count: 0,
+                strategy: None,
             },
         )];
         log.extend((1u64..).zip(self.initial_log(task)));

@@ -226,6 +226,7 @@ fn req<'a>(messages: &'a [Message], tools: &'a [ToolSpec]) -> ModelRequest<'a> {
         label: "a",
         index: 0,
         turn: 3,
+        temperature: None,
     }
 }
 
