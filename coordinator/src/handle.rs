@@ -446,6 +446,10 @@ impl CoordinatorHandle {
             .await?;
         if child.wants_model_summary {
             let text = crate::resolve::model_summary(self, &req, &child).await?;
+            let text = format!(
+                "[model summary by {}; lossy: the events before this are the record] {text}",
+                child.outcome.settings.model
+            );
             crate::lineage::with_summary(&mut child, text);
         }
         if dry_run {

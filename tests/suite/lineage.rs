@@ -180,8 +180,9 @@ fn fork_create_from_run_forks_a_root_run_as_it_is_now() {
         .find(|e| e["type"] == "tool_result" && e["name"] == "delete_file")
         .unwrap();
     assert_eq!(deleted["ok"], false, "{deleted}");
-    // A branch run is refused, naming what to do instead.
-    let out = forkfleet(&[
+    // A finished branch run forks as it is too: its conversation and its files (its fork
+    // snapshot with its changes), like a child of `runs fork` (docs/LINEAGE.md).
+    let doc = json(&forkfleet(&[
         "fork",
         "create",
         path_str(&ex.spec()),
@@ -189,8 +190,7 @@ fn fork_create_from_run_forks_a_root_run_as_it_is_now() {
         &concise,
         "--data",
         data,
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("is a branch of fork"), "{err}");
+        "--json",
+    ]));
+    assert_eq!(doc["parent_run"], concise.as_str(), "{doc}");
 }

@@ -304,6 +304,27 @@ fn fork_roots_are_inherited_over_generations_and_the_tree_shows_them() {
     let of_root = fork(&ex, &root, &["--label", "of-root"]);
     assert_eq!(of_root["fork_root"], root.as_str());
     assert_eq!(of_root["parent_run"], root.as_str());
+    // A run started from one of main's checkpoints: a root of its own, under main.
+    let d = data(&ex);
+    json(&forkfleet(&[
+        "checkpoint",
+        "save",
+        &main,
+        "mark",
+        "--data",
+        &d,
+        "--json",
+    ]));
+    let started = json(&forkfleet(&[
+        "checkpoint",
+        "fork",
+        &main,
+        "mark",
+        "--data",
+        &d,
+        "--json",
+    ]));
+    let from_checkpoint = started["run_id"].as_str().unwrap().to_string();
 
     let tree = json(&forkfleet(&[
         "runs",
@@ -324,8 +345,24 @@ fn fork_roots_are_inherited_over_generations_and_the_tree_shows_them() {
     let mut node = &kids[0];
     assert_eq!(node["merged"], true);
     assert_eq!(node["kind"], "branch");
+    let under_main = node["children"].as_array().unwrap();
+    let started = under_main
+        .iter()
+        .find(|k| k["run_id"] == from_checkpoint.as_str())
+        .unwrap_or_else(|| panic!("the checkpoint fork under main: {tree}"));
+    assert_eq!(started["kind"], "root");
+    assert_eq!(started["origin"]["checkpoint"], "mark");
+    assert!(started["how"]
+        .as_str()
+        .unwrap()
+        .starts_with("checkpoint fork of"));
     for (generation, id) in ids.iter().enumerate() {
-        let next = &node["children"].as_array().unwrap()[0];
+        let next = node["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["kind"] == "child")
+            .unwrap();
         assert_eq!(next["run_id"], id.as_str());
         assert_eq!(next["kind"], "child");
         assert_eq!(next["state"], "idle");
@@ -634,4 +671,33 @@ fn a_replay_runs_on_any_worker_of_a_cluster_from_the_coordinators_record() {
     let tree = fleet.client(&["runs", "tree", "--json"]).json();
     assert_eq!(tree.as_array().unwrap().len(), 1, "{tree}");
     let _ = ex;
+}
+
+/// `examples/lineage/demo.sh`, the example a new user runs, end to end.
+#[test]
+fn the_lineage_example_runs_end_to_end() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/lineage/demo.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .env("FORKFLEET", env!("CARGO_BIN_EXE_forkfleet"))
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{stdout}\n{err}");
+    assert!(stdout.contains("state      idle"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "finished done: 18 events, $0.000000 spent (0 calls paid, 4 served from the record)"
+        ),
+        "{stdout}"
+    );
+    assert!(err.contains("first differing field: model"), "{err}");
+    assert!(
+        stdout.contains("state      failed: replay_divergence"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("careful-live"), "{stdout}");
 }
