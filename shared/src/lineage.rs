@@ -418,12 +418,18 @@ impl MessagesHash {
 }
 
 impl RequestHash {
+    /// The hash of the tool schemas a request offers (a branch's are the same at every
+    /// call: it hashes them once).
+    pub fn tools_hash<T: Serialize + ?Sized>(tools: &T) -> String {
+        short_hash(&serde_json::to_vec(tools).unwrap_or_default())
+    }
+
     /// The hash of a request; `messages` is the history's [`MessagesHash`] (updated to the
-    /// request's messages), `tools` the tool schemas offered.
-    pub fn of<T: Serialize + ?Sized>(
+    /// request's messages), `tools` the [`RequestHash::tools_hash`] of the schemas offered.
+    pub fn of(
         model: &str,
         messages: &MessagesHash,
-        tools: &T,
+        tools: &str,
         temperature: Option<f64>,
         max_output_tokens: u32,
     ) -> RequestHash {
@@ -433,10 +439,7 @@ impl RequestHash {
                 "messages".to_string(),
                 format!("{}:{}", messages.count(), messages.hex()),
             ),
-            (
-                "tools".to_string(),
-                short_hash(&serde_json::to_vec(tools).unwrap_or_default()),
-            ),
+            ("tools".to_string(), tools.to_string()),
             (
                 "temperature".to_string(),
                 short_hash(format!("{temperature:?}").as_bytes()),

@@ -369,25 +369,37 @@ fn runs_table(runs: &[RunView], now: u64) -> String {
         out.push_str("no runs\n");
         return out;
     }
+    let from = |v: &RunView| match (&v.lineage, &v.origin) {
+        (Some(l), _) => format!("{}@{}", short(l.parent_run), l.cutoff_seq),
+        (None, Some(o)) => format!("{}@{}", short(o.run), o.seq),
+        _ => "-".to_string(),
+    };
+    let w = runs
+        .iter()
+        .map(|v| from(v).len())
+        .max()
+        .unwrap_or(0)
+        .max(10);
+    let lw = runs
+        .iter()
+        .map(|v| v.label.as_deref().map_or(1, str::len))
+        .max()
+        .unwrap_or(0)
+        .max(5);
     let _ = writeln!(
         out,
-        "{:<36}  {:<6}  {:<12}  {:<26}  {:<14}  {:>6}  {:>10}  {:>6}  age",
+        "{:<36}  {:<6}  {:<lw$}  {:<26}  {:<w$}  {:>6}  {:>10}  {:>6}  age",
         "RUN", "KIND", "LABEL", "STATE", "PARENT@SEQ", "EVENTS", "COST", "CACHED"
     );
     for v in runs {
-        let from = match (&v.lineage, &v.origin) {
-            (Some(l), _) => format!("{}@{}", short(l.parent_run), l.cutoff_seq),
-            (None, Some(o)) => format!("{}@{}", short(o.run), o.seq),
-            _ => "-".to_string(),
-        };
         let _ = writeln!(
             out,
-            "{:<36}  {:<6}  {:<12}  {:<26}  {:<14}  {:>6}  {:>10}  {:>6}  {}",
+            "{:<36}  {:<6}  {:<lw$}  {:<26}  {:<w$}  {:>6}  {:>10}  {:>6}  {}",
             v.run_id,
             v.kind.as_str(),
             v.label.as_deref().unwrap_or("-"),
             state_of(v),
-            from,
+            from(v),
             v.events,
             format!("${:.4}", v.cost_usd),
             v.cached_calls,

@@ -291,7 +291,7 @@ fn request_hashes_name_the_first_differing_part() {
     ];
     let mut h = MessagesHash::default();
     h.update(&messages);
-    let tools = serde_json::json!([{"name": "read_file"}]);
+    let tools = RequestHash::tools_hash(&serde_json::json!([{"name": "read_file"}]));
     let a = RequestHash::of("scripted:a", &h, &tools, None, 100);
     assert_eq!(a, RequestHash::of("scripted:a", &h, &tools, None, 100));
     assert_eq!(a.first_difference(&a), None);
@@ -301,7 +301,13 @@ fn request_hashes_name_the_first_differing_part() {
     assert_eq!(t.first_difference(&a).as_deref(), Some("temperature"));
     let o = RequestHash::of("scripted:a", &h, &tools, None, 101);
     assert_eq!(o.first_difference(&a).as_deref(), Some("max_output_tokens"));
-    let n = RequestHash::of("scripted:a", &h, &serde_json::json!([]), None, 100);
+    let n = RequestHash::of(
+        "scripted:a",
+        &h,
+        &RequestHash::tools_hash(&serde_json::json!([])),
+        None,
+        100,
+    );
     assert_eq!(n.first_difference(&a).as_deref(), Some("tools"));
 
     // Extended incrementally or hashed at once: the same hash.

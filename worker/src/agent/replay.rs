@@ -218,7 +218,7 @@ mod tests {
     fn hash(n: u32) -> RequestHash {
         let mut m = lineage::MessagesHash::default();
         m.update(&[]);
-        RequestHash::of("scripted:x", &m, &serde_json::json!([]), None, n)
+        RequestHash::of("scripted:x", &m, "no tools", None, n)
     }
 
     fn call() -> ToolCall {

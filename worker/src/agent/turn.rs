@@ -97,10 +97,13 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     // The request's content hash, recorded with its response (and compared with the
     // record's by a replay).
     run.messages_hash.update(&run.history);
+    let tools_hash = run
+        .tools_hash
+        .get_or_insert_with(|| RequestHash::tools_hash(tools.specs()));
     let request = RequestHash::of(
         &task.model,
         &run.messages_hash,
-        tools.specs(),
+        tools_hash,
         task.temperature,
         task.max_output_tokens,
     );
