@@ -145,15 +145,28 @@ fn checkpoint_version(
     version(store, log, c.snapshot, c.base_seq, c.seq)
 }
 
-/// [`version`]'s hash: the version's manifest blob, stored.
-pub(crate) fn version_hash(
+/// [`version`] without storing it: the version, and its manifest blob's bytes when it is
+/// not `snapshot` itself (for a caller that stores it later, or never: a dry run).
+pub(crate) fn version_unstored(
     store: &RunStore,
     log: &[(u64, Event)],
     snapshot: BlobHash,
     base_seq: u64,
     at: u64,
-) -> Result<BlobHash, CoordinatorError> {
-    Ok(version(store, log, snapshot, base_seq, at)?.hash)
+) -> Result<(BlobHash, Manifest, Option<Bytes>), CoordinatorError> {
+    let base = read_manifest(store, snapshot)?;
+    let ops = file_changes(log, Some(at), base_seq);
+    if ops.is_empty() {
+        return Ok((snapshot, base, None));
+    }
+    let overlay = Overlay::from_log(Arc::new(base), ops).map_err(|e| {
+        CoordinatorError::Internal(format!("the run's file changes do not apply: {e}"))
+    })?;
+    let manifest = overlay.to_manifest();
+    let bytes = manifest
+        .to_blob()
+        .map_err(|e| CoordinatorError::codec("workspace manifest", e))?;
+    Ok((BlobHash::of(&bytes), manifest, Some(bytes)))
 }
 
 /// `snapshot` with the file changes on the history at `at` after `base_seq`; stored as a
@@ -165,23 +178,10 @@ fn version(
     base_seq: u64,
     at: u64,
 ) -> Result<Version, CoordinatorError> {
-    let base = read_manifest(store, snapshot)?;
-    let ops = file_changes(log, Some(at), base_seq);
-    if ops.is_empty() {
-        return Ok(Version {
-            hash: snapshot,
-            manifest: base,
-        });
+    let (hash, manifest, bytes) = version_unstored(store, log, snapshot, base_seq, at)?;
+    if let Some(bytes) = bytes {
+        store.blobs().put_trusted(hash, &bytes)?;
     }
-    let overlay = Overlay::from_log(Arc::new(base), ops).map_err(|e| {
-        CoordinatorError::Internal(format!("the run's file changes do not apply: {e}"))
-    })?;
-    let manifest = overlay.to_manifest();
-    let bytes = manifest
-        .to_blob()
-        .map_err(|e| CoordinatorError::codec("workspace manifest", e))?;
-    let hash = BlobHash::of(&bytes);
-    store.blobs().put_trusted(hash, &bytes)?;
     Ok(Version { hash, manifest })
 }
 

@@ -505,8 +505,9 @@ impl CoordinatorHandle {
             return Err(CoordinatorError::NotARootRun { run, fork });
         }
         let hash = self
-            .blocking(move |s| crate::lineage::current_workspace(s, run))
-            .await?;
+            .blocking(move |s| crate::lineage::current_workspace(s, run, true))
+            .await?
+            .0;
         checkpoint::publish_blobs(self.store(), &self.bus(), &[hash], &[]).await?;
         Ok(hash)
     }

@@ -61,6 +61,8 @@ pub(crate) struct ChildPlan {
     record: Option<Vec<(u64, Event)>>,
     /// The snapshot the child's branch starts from.
     snapshot: BlobHash,
+    /// The workspace version at the cutoff, when it was built (stored only when written).
+    version_blob: Option<(BlobHash, Bytes)>,
     /// A model-written summary is asked for: [`with_summary`] sets it before writing.
     pub wants_model_summary: bool,
     /// What the summary model is given (a model summary only).
@@ -170,24 +172,27 @@ fn origin(store: &RunStore, run: RunId) -> Result<Option<RunOrigin>, Coordinator
 /// on its history through `seq`; a root run's (which changes files only by merges and
 /// rewinds, each with a checkpoint) the version of its last checkpoint at or before `seq`,
 /// else its first one's (nothing changed before it), else its current one.
+///
+/// Nothing is stored: the answer holds the version's manifest blob when the store may lack
+/// it (built from changes), for the caller to store once it writes.
 fn workspace_at(
     store: &RunStore,
     run: &RunRecord,
     log: &[(u64, Event)],
     seq: u64,
-) -> Result<BlobHash, CoordinatorError> {
+) -> Result<(BlobHash, Manifest, Option<Bytes>), CoordinatorError> {
     if let Some(fork_id) = run.fork_id {
         let fork = store
             .fork(fork_id)?
             .ok_or_else(|| CoordinatorError::UnknownFork(fork_id.to_string()))?;
-        return checkpoint::version_hash(store, log, fork.snapshot, 0, seq);
+        return checkpoint::version_unstored(store, log, fork.snapshot, 0, seq);
     }
     let mut all = store.checkpoints(run.run_id)?;
     all.sort_by_key(|c| (c.seq, c.created_at_ms));
     let at = all.iter().rev().find(|c| c.seq <= seq).or(all.first());
     match at {
-        Some(c) => checkpoint::version_hash(store, log, c.snapshot, c.base_seq, c.seq),
-        None => Ok(run.workspace),
+        Some(c) => checkpoint::version_unstored(store, log, c.snapshot, c.base_seq, c.seq),
+        None => Ok((run.workspace, manifest(store, run.workspace)?, None)),
     }
 }
 
@@ -320,7 +325,7 @@ pub(crate) fn plan_child(
         ),
         Some(SummaryMode::Model) => (None, true),
     };
-    let at_cutoff = workspace_at(store, &parent, &log, cutoff)?;
+    let (at_cutoff, cutoff_manifest, version_blob) = workspace_at(store, &parent, &log, cutoff)?;
     let (prefix, record, snapshot) = if o.replay {
         // The workspace the parent's own file changes apply to: a branch's fork snapshot
         // (its copied prefix's effects are in it), a root run's version at the cutoff.
@@ -375,7 +380,7 @@ pub(crate) fn plan_child(
         })
         .collect();
     let prefix: Vec<Event> = prefix.into_iter().map(|(_, e)| e).collect();
-    let files = files_of(&manifest(store, at_cutoff)?);
+    let files = files_of(&cutoff_manifest);
     let summary_source = if wants_model_summary {
         history.iter().map(|(_, e)| e.clone()).collect()
     } else {
@@ -409,6 +414,7 @@ pub(crate) fn plan_child(
         tail: Vec::new(),
         record,
         snapshot,
+        version_blob: version_blob.map(|b| (at_cutoff, b)),
         wants_model_summary,
         summary_source,
     };
@@ -497,6 +503,7 @@ pub(crate) fn write_child(
     let prefix_hash = BlobHash::of(&prefix_bytes);
     let prefix_len = child.prefix.len() as u64;
     let mut blobs = vec![(prefix_hash, prefix_bytes)];
+    blobs.extend(child.version_blob.take());
     let replay = match &child.record {
         Some(record) => {
             let bytes = Bytes::from(encode("replay record", record)?);
@@ -713,17 +720,25 @@ fn view_of(
 
 /// A run's current workspace version: a root run's record, a branch run's fork snapshot
 /// with the file changes on its history.
+/// With `keep`, the version's manifest is stored (a snapshot a fork will name).
 pub(crate) fn current_workspace(
     store: &RunStore,
     run_id: RunId,
-) -> Result<BlobHash, CoordinatorError> {
+    keep: bool,
+) -> Result<(BlobHash, Manifest), CoordinatorError> {
     let run = store
         .run(run_id)?
         .ok_or(CoordinatorError::UnknownRun(run_id))?;
     let log = store.run_log(run_id)?;
     match log.last() {
-        Some((last, _)) if run.fork_id.is_some() => workspace_at(store, &run, &log, *last),
-        _ => Ok(run.workspace),
+        Some((last, _)) if run.fork_id.is_some() => {
+            let (hash, m, bytes) = workspace_at(store, &run, &log, *last)?;
+            if let (true, Some(bytes)) = (keep, bytes) {
+                store.blobs().put_trusted(hash, &bytes)?;
+            }
+            Ok((hash, m))
+        }
+        _ => Ok((run.workspace, manifest(store, run.workspace)?)),
     }
 }
 
@@ -739,8 +754,7 @@ pub(crate) fn run_detail(store: &RunStore, run_id: RunId) -> Result<RunDetail, C
         .cloned()
         .ok_or(CoordinatorError::UnknownRun(run_id))?;
     let settings = settings_source(store, &run)?.map(|(p, b)| settings_of(&p, &b));
-    let workspace = current_workspace(store, run_id)?;
-    let m = manifest(store, workspace)?;
+    let (workspace, m) = current_workspace(store, run_id, false)?;
     let children = views
         .iter()
         .filter(|v| v.parent == Some(run_id))
