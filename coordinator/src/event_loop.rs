@@ -19,6 +19,7 @@
 //!   event of an unknown fork likewise. A batch a fork could not write is nak'ed for
 //!   redelivery. Nothing stops the loop but [`EventLoop::stop`] or a closed bus.
 
+use crate::blobs::Prefetch;
 use crate::error::CoordinatorError;
 use crate::fork::ForkHandle;
 use crate::root::RootHandle;
@@ -53,6 +54,8 @@ pub(crate) struct EventLoop {
     pump: JoinHandle<Box<dyn EventConsumer>>,
     apply: JoinHandle<()>,
     acker: JoinHandle<()>,
+    /// Copies the text blobs branches write into the run store (a cluster only).
+    prefetch: Option<JoinHandle<()>>,
 }
 
 impl EventLoop {
@@ -66,10 +69,12 @@ impl EventLoop {
         let (stop, stop_rx) = watch::channel(false);
         let (dtx, drx) = mpsc::channel(PUMP_BUFFER);
         let (atx, arx) = mpsc::channel(ACK_BUFFER);
+        let (prefetch, prefetch_task) = Prefetch::start(&store, bus);
         Ok(EventLoop {
             pump: tokio::spawn(pump(consumer, dtx, stop_rx.clone())),
-            apply: tokio::spawn(apply(drx, atx, root, stop_rx)),
+            apply: tokio::spawn(apply(drx, atx, root, prefetch, stop_rx)),
             acker: tokio::spawn(acker(arx, store)),
+            prefetch: prefetch_task,
             stop,
         })
     }
@@ -93,6 +98,10 @@ impl EventLoop {
         match self.pump.await {
             Ok(consumer) => drop(consumer),
             Err(e) => tracing::error!(error = %e, "coordinator.events: pump task failed"),
+        }
+        // Copies still queued are not needed: a diff copies what it lacks.
+        if let Some(task) = self.prefetch {
+            task.abort();
         }
     }
 }
@@ -143,6 +152,7 @@ async fn apply(
     mut rx: mpsc::Receiver<Delivery>,
     acks: mpsc::Sender<Vec<Delivery>>,
     root: RootHandle,
+    prefetch: Prefetch,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut routes: HashMap<ForkId, ForkHandle> = HashMap::new();
@@ -163,7 +173,7 @@ async fn apply(
                 Err(_) => break,
             }
         }
-        let done = apply_batch(batch, &mut routes, &root).await;
+        let done = apply_batch(batch, &mut routes, &root, &prefetch).await;
         if acks.send(done).await.is_err() {
             break;
         }
@@ -175,18 +185,22 @@ async fn apply_batch(
     batch: Vec<Delivery>,
     routes: &mut HashMap<ForkId, ForkHandle>,
     root: &RootHandle,
+    prefetch: &Prefetch,
 ) -> Vec<Delivery> {
     let mut done = Vec::with_capacity(batch.len());
     let mut groups: Vec<(ForkId, Vec<BranchEvent>, Vec<Delivery>)> = Vec::new();
     for d in batch {
         match wire::decode::<BranchEvent>(&d.payload) {
-            Ok(ev) => match groups.iter_mut().find(|g| g.0 == ev.fork_id) {
-                Some(g) => {
-                    g.1.push(ev);
-                    g.2.push(d);
+            Ok(ev) => {
+                prefetch.event(&ev.event);
+                match groups.iter_mut().find(|g| g.0 == ev.fork_id) {
+                    Some(g) => {
+                        g.1.push(ev);
+                        g.2.push(d);
+                    }
+                    None => groups.push((ev.fork_id, vec![ev], vec![d])),
                 }
-                None => groups.push((ev.fork_id, vec![ev], vec![d])),
-            },
+            }
             Err(e) => {
                 tracing::error!(
                     error = %e,
