@@ -43,15 +43,7 @@ pub const REPLAYABLE_KINDS: &[&str] = &[
 /// from them instead), status, checkpoints, rewinds, earlier lineage events and branch
 /// summaries (interpretive: a child records its own).
 pub fn is_replayable(e: &Event) -> bool {
-    matches!(
-        e,
-        Event::System { .. }
-            | Event::UserMessage { .. }
-            | Event::ModelResponse { .. }
-            | Event::ToolResult { .. }
-            | Event::Steer { .. }
-            | Event::FollowUp { .. }
-    )
+    e.is_conversational() && !matches!(e, Event::BranchSummary { .. })
 }
 
 /// What a child copies from its parent's log.
