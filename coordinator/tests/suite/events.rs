@@ -204,3 +204,39 @@ async fn a_fork_settles_when_every_branch_is_terminal_and_counts_add_up() {
         ForkState::Settled
     );
 }
+
+/// The text blobs branches write reach the coordinator's run store as their events are
+/// applied, before any diff asks for them (on NATS, where the run store is not the bus's
+/// blob store; embedded they are one store, and this holds trivially).
+#[tokio::test]
+async fn written_text_blobs_are_copied_into_the_run_store_as_their_events_arrive() {
+    let fx = Fixture::start().await;
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    fx.create(plan(&["solo"]), ParentRun::New, snap).await;
+    let (task, _d) = fx.pull().await;
+    let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
+    let blobs = fx.blobs();
+    let running = Step::Status(BranchState::Running).into_event(&blobs).await;
+    let write = Step::Write("notes.txt".into(), "written by the branch\n".into())
+        .into_event(&blobs)
+        .await;
+    let Event::FileChange { change } = &write else {
+        unreachable!()
+    };
+    let hash = change.written().unwrap().hash;
+    fx.publish(fork, run, s, running).await;
+    fx.publish(fork, run, s + 1, write).await;
+    wait_view(&h, fork, |v| v.branches[0].changes == 1).await;
+    // No diff was asked for: the copy is the prefetch's (bounded wait).
+    within(async {
+        while h.store().blob(&hash).unwrap().is_none() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        h.store().blob(&hash).unwrap().as_deref(),
+        Some(&b"written by the branch\n"[..])
+    );
+}
