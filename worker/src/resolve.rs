@@ -220,6 +220,41 @@ fn tail_chars(text: &str, n: usize) -> String {
 }
 
 /// Ask the judge; retry once when the answer is not a valid verdict.
+/// One call of a resolve-side model (a judge, a summary) under its `chat` span, bounded by
+/// [`JUDGE_CALL_TIMEOUT`]: the reply and its cost, or why it failed (`who`: "judge", "model").
+async fn call_once(
+    provider: &dyn crate::provider::ModelProvider,
+    req: &ModelRequest<'_>,
+    span: (
+        forkfleet_shared::ids::ForkId,
+        Option<forkfleet_shared::ids::RunId>,
+    ),
+    price: Option<&forkfleet_shared::pricing::Price>,
+    who: &str,
+) -> Result<(crate::provider::ModelReply, Option<f64>), String> {
+    let chat = ChatSpan::new(req, span.0, span.1);
+    let call = provider.complete(req).instrument(chat.span().clone());
+    match tokio::time::timeout(JUDGE_CALL_TIMEOUT, call).await {
+        Ok(Ok(reply)) => {
+            let cost = price.map(|p| p.cost(&reply.usage));
+            chat.replied(&reply, cost);
+            Ok((reply, cost))
+        }
+        Ok(Err(e)) => {
+            chat.failed(&error_type(&e));
+            Err(format!("{who} `{}` failed: {e}", req.model))
+        }
+        Err(_) => {
+            chat.failed("timeout");
+            Err(format!(
+                "{who} `{}` did not answer within {} s",
+                req.model,
+                JUDGE_CALL_TIMEOUT.as_secs()
+            ))
+        }
+    }
+}
+
 /// What a summary model is told (`runs fork --summarize=model`, docs/LINEAGE.md).
 const SUMMARY_SYSTEM: &str = "You write the branch summary of an agent run: a short, factual operational summary for whoever continues the run. Plain text, no preamble.";
 
@@ -268,12 +303,9 @@ pub(crate) async fn run_summary(ctx: &WorkerCtx, job: &SummaryJob) -> SummaryRun
         let fork_id = job
             .fork_id
             .unwrap_or(forkfleet_shared::ids::ForkId::from_bytes([0; 16]));
-        let chat = ChatSpan::new(&req, fork_id, Some(job.run_id));
-        let call = provider.complete(&req).instrument(chat.span().clone());
-        match tokio::time::timeout(JUDGE_CALL_TIMEOUT, call).await {
-            Ok(Ok(reply)) => {
-                let cost = job.price.as_ref().map(|p| p.cost(&reply.usage));
-                chat.replied(&reply, cost);
+        let span = (fork_id, Some(job.run_id));
+        match call_once(provider.as_ref(), &req, span, job.price.as_ref(), "model").await {
+            Ok((reply, cost)) => {
                 run.usage = reply.usage;
                 run.cost_usd = cost.unwrap_or(0.0);
                 run.text = reply.text.filter(|t| !t.trim().is_empty());
@@ -281,18 +313,7 @@ pub(crate) async fn run_summary(ctx: &WorkerCtx, job: &SummaryJob) -> SummaryRun
                     run.error = Some("the model answered without text".to_string());
                 }
             }
-            Ok(Err(e)) => {
-                chat.failed(&error_type(&e));
-                run.error = Some(format!("model `{}` failed: {e}", job.model));
-            }
-            Err(_) => {
-                chat.failed("timeout");
-                run.error = Some(format!(
-                    "model `{}` did not answer within {} s",
-                    job.model,
-                    JUDGE_CALL_TIMEOUT.as_secs()
-                ));
-            }
+            Err(e) => run.error = Some(e),
         }
         run
     }
@@ -349,28 +370,16 @@ async fn judge_in_span(ctx: &WorkerCtx, job: &JudgeJob) -> JudgeRun {
             temperature: None,
         };
         run.calls += 1;
-        let chat = ChatSpan::new(&req, job.fork_id, None);
-        let call = provider.complete(&req).instrument(chat.span().clone());
-        let reply = match tokio::time::timeout(JUDGE_CALL_TIMEOUT, call).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                chat.failed(&error_type(&e));
-                run.error = Some(format!("judge `{}` failed: {e}", job.model));
-                return run;
-            }
-            Err(_) => {
-                chat.failed("timeout");
-                run.error = Some(format!(
-                    "judge `{}` did not answer within {} s",
-                    job.model,
-                    JUDGE_CALL_TIMEOUT.as_secs()
-                ));
-                return run;
-            }
-        };
+        let span = (job.fork_id, None);
+        let (reply, cost) =
+            match call_once(provider.as_ref(), &req, span, job.price.as_ref(), "judge").await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    run.error = Some(e);
+                    return run;
+                }
+            };
         run.usage.add(&reply.usage);
-        let cost = job.price.as_ref().map(|price| price.cost(&reply.usage));
-        chat.replied(&reply, cost);
         run.cost_usd += cost.unwrap_or(0.0);
         let text = reply.text.unwrap_or_default();
         let parsed = {
