@@ -668,6 +668,13 @@ fn a_replay_runs_on_any_worker_of_a_cluster_from_the_coordinators_record() {
         ])
         .json();
     assert_eq!(resumed["run"]["run"]["state"], "done", "{resumed}");
+    // The same counter on the same worker counts the live calls of the resumed child:
+    // the zero above is a count, not a missing series.
+    let live = resumed["run"]["run"]["calls"].as_f64().unwrap();
+    assert!(live > 0.0, "{resumed}");
+    let metrics = super::metrics::get(&addr, "/metrics").expect("the worker's /metrics");
+    let calls = super::metrics::sample_sum(&metrics.body, "forkfleet_model_calls_total");
+    assert_eq!(calls, live, "every live call counted:\n{}", metrics.body);
     let tree = fleet.client(&["runs", "tree", "--json"]).json();
     assert_eq!(tree.as_array().unwrap().len(), 1, "{tree}");
     let _ = ex;
