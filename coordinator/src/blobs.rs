@@ -23,8 +23,8 @@ pub(crate) fn shared_with_bus(store: &RunStore, bus: &Arc<dyn Bus>) -> bool {
 
 /// Blobs copied at once: each copy is a request to the bus and waits for its answer, so
 /// the window, not the bandwidth, bounds a copy of thousands of small files (a window of
-/// 64 took 2.0 s for the 6,677 text blobs of a 1,000 x 10 fork's unified diff, 256 about
-/// 0.35 s, docs/BENCHMARKS.md).
+/// 64 took 1.1 to 2.0 s for the 6,677 text blobs of a 1,000 x 10 fork's unified diff, 256
+/// 0.33 to 0.40 s, docs/BENCHMARKS.md).
 const COPY_IN_FLIGHT: usize = 256;
 /// Hashes a prefetch copies in one go.
 const PREFETCH_BATCH: usize = 4096;
