@@ -425,22 +425,10 @@ impl RequestHash {
         temperature: Option<f64>,
         max_output_tokens: u32,
     ) -> RequestHash {
-        let parts = vec![
-            ("model".to_string(), short_hash(model.as_bytes())),
-            (
-                "messages".to_string(),
-                format!("{}:{}", messages.count(), messages.hex()),
-            ),
-            ("tools".to_string(), tools.to_string()),
-            (
-                "temperature".to_string(),
-                short_hash(format!("{temperature:?}").as_bytes()),
-            ),
-            (
-                "max_output_tokens".to_string(),
-                short_hash(max_output_tokens.to_string().as_bytes()),
-            ),
-        ];
+        RequestHasher::new(model, tools, temperature, max_output_tokens).hash(messages)
+    }
+
+    fn from_parts(parts: Vec<(String, String)>) -> RequestHash {
         let mut all = Sha256::new();
         for (name, h) in &parts {
             all.update(name.as_bytes());
@@ -474,6 +462,50 @@ impl RequestHash {
             }
         }
         Some("the request's form (recorded by another version)".to_string())
+    }
+}
+
+/// A branch's request hashes: the parts that are the same at every call of a task (model,
+/// tools, temperature, output cap) hashed once, the messages at each call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHasher {
+    model: String,
+    tools: String,
+    temperature: String,
+    max_output_tokens: String,
+}
+
+impl RequestHasher {
+    /// `tools` is the [`RequestHash::tools_hash`] of the schemas offered.
+    pub fn new(
+        model: &str,
+        tools: &str,
+        temperature: Option<f64>,
+        max_output_tokens: u32,
+    ) -> RequestHasher {
+        RequestHasher {
+            model: short_hash(model.as_bytes()),
+            tools: tools.to_string(),
+            temperature: short_hash(format!("{temperature:?}").as_bytes()),
+            max_output_tokens: short_hash(max_output_tokens.to_string().as_bytes()),
+        }
+    }
+
+    /// The hash of the request whose history `messages` hashes.
+    pub fn hash(&self, messages: &MessagesHash) -> RequestHash {
+        RequestHash::from_parts(vec![
+            ("model".to_string(), self.model.clone()),
+            (
+                "messages".to_string(),
+                format!("{}:{}", messages.count(), messages.hex()),
+            ),
+            ("tools".to_string(), self.tools.clone()),
+            ("temperature".to_string(), self.temperature.clone()),
+            (
+                "max_output_tokens".to_string(),
+                self.max_output_tokens.clone(),
+            ),
+        ])
     }
 }
 

@@ -143,8 +143,8 @@ struct Run {
     forks: AgentForks,
     /// The hash of `history` so far, extended before each call (request hashes).
     messages_hash: forkfleet_shared::lineage::MessagesHash,
-    /// The hash of the task's tool schemas (the same at every call), once computed.
-    tools_hash: Option<String>,
+    /// The task's request hasher (its fixed parts hashed once), from the first call on.
+    hasher: Option<forkfleet_shared::lineage::RequestHasher>,
     /// A child of `runs fork --replay` still re-executing its parent's record.
     replay: Option<replay::Replay>,
 }

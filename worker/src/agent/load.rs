@@ -152,7 +152,7 @@ pub(super) async fn load(
         spent_usd,
         forks: AgentForks::from_log(log()),
         messages_hash: Default::default(),
-        tools_hash: None,
+        hasher: None,
         replay,
     })
 }

@@ -11,7 +11,7 @@ use crate::genai::{error_type, tool_failed, tool_span, ChatSpan};
 use crate::provider::ModelRequest;
 use crate::tools::ToolBox;
 use forkfleet_shared::event::{messages_from_events, Event, Message};
-use forkfleet_shared::lineage::{tool_call_hash, RequestHash};
+use forkfleet_shared::lineage::{tool_call_hash, RequestHash, RequestHasher};
 use forkfleet_shared::overlay::ChangeOp;
 use forkfleet_shared::state::BranchState;
 use tracing::Instrument;
@@ -97,16 +97,17 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     // The request's content hash, recorded with its response (and compared with the
     // record's by a replay).
     run.messages_hash.update(&run.history);
-    let tools_hash = run
-        .tools_hash
-        .get_or_insert_with(|| RequestHash::tools_hash(tools.specs()));
-    let request = RequestHash::of(
-        &task.model,
-        &run.messages_hash,
-        tools_hash,
-        task.temperature,
-        task.max_output_tokens,
-    );
+    let request = run
+        .hasher
+        .get_or_insert_with(|| {
+            RequestHasher::new(
+                &task.model,
+                &RequestHash::tools_hash(tools.specs()),
+                task.temperature,
+                task.max_output_tokens,
+            )
+        })
+        .hash(&run.messages_hash);
     let served = match run.replay.as_mut() {
         None => None,
         Some(replay) => match replay.next() {
