@@ -418,6 +418,11 @@ async fn finish(
         .await?;
     state.finished = true;
     record_cost(state);
+    // Its command tree stays a while only, for a resolve's tests on this worker.
+    state.ctx.trees.finished(&crate::runner::TreeKey {
+        fork: state.task.fork_id,
+        label: state.task.label.clone(),
+    });
     let (turns, spent) = state
         .run
         .as_ref()

@@ -3,6 +3,7 @@
 
 use crate::cache::{BlobCache, Memo};
 use crate::provider::Providers;
+use crate::runner::Trees;
 use forkfleet_bus::Bus;
 use forkfleet_shared::catalogue::ModelCatalogue;
 use forkfleet_shared::event::Event;
@@ -23,6 +24,8 @@ pub(crate) struct WorkerCtx {
     pub manifests: Memo<Manifest>,
     /// Set when the node hands its branches back: model calls and waits in flight end.
     pub handback: tokio::sync::watch::Sender<bool>,
+    /// Branches' command trees kept between calls (`crate::runner::Trees`).
+    pub trees: Arc<Trees>,
 }
 
 impl WorkerCtx {
@@ -30,6 +33,7 @@ impl WorkerCtx {
         worker_id: WorkerId,
         bus: Arc<dyn Bus>,
         blob_cache_bytes: u64,
+        tree_cache_bytes: u64,
         scripted_usage_log: Option<PathBuf>,
         catalogue: Arc<ModelCatalogue>,
     ) -> Self {
@@ -42,6 +46,7 @@ impl WorkerCtx {
             prefixes: Memo::new(MEMO_CAPACITY),
             manifests: Memo::new(MEMO_CAPACITY),
             handback: tokio::sync::watch::Sender::new(false),
+            trees: Arc::new(Trees::new(tree_cache_bytes)),
         }
     }
 }

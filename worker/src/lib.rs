@@ -109,6 +109,9 @@ pub struct WorkerConfig {
     pub heartbeat: Duration,
     /// Bytes of blobs the worker keeps in memory.
     pub blob_cache_bytes: u64,
+    /// Bytes of branches' command trees the worker keeps on disk between `run_command`
+    /// calls (`runner::Trees`); 0 keeps none (every call starts from a fresh copy).
+    pub tree_cache_bytes: u64,
     /// On a graceful stop (SIGTERM), how long running branches may take to finish before
     /// the rest are handed back to the queue for another worker.
     pub drain_grace: Duration,
@@ -135,6 +138,7 @@ impl Default for WorkerConfig {
             pull_wait: Duration::from_millis(200),
             heartbeat: Duration::from_secs(10),
             blob_cache_bytes: cache::DEFAULT_BLOB_CACHE_BYTES,
+            tree_cache_bytes: runner::DEFAULT_TREE_CACHE_BYTES,
             drain_grace: Duration::from_secs(30),
             scripted_usage_log: None,
             resolve_concurrency: DEFAULT_RESOLVE_CONCURRENCY,
@@ -245,6 +249,7 @@ pub async fn start(config: WorkerConfig, bus: Arc<dyn Bus>) -> Result<WorkerHand
         worker_id,
         bus,
         config.blob_cache_bytes,
+        config.tree_cache_bytes,
         config.scripted_usage_log.clone(),
         config.catalogue.clone(),
     ));

@@ -522,6 +522,7 @@ mod tests {
             config.worker_id,
             bus,
             1 << 20,
+            0,
             None,
             config.catalogue.clone(),
         ));

@@ -22,7 +22,7 @@
 use crate::context::WorkerCtx;
 use crate::genai::{error_type, ChatSpan};
 use crate::provider::ModelRequest;
-use crate::runner::{CommandOutcome, CommandSpec, Workdir};
+use crate::runner::{CommandOutcome, CommandSpec, TreeKey};
 use forkfleet_bus::Request;
 use forkfleet_shared::event::{Message, Usage};
 use forkfleet_shared::manifest::Manifest;
@@ -128,8 +128,21 @@ async fn test_in_span(ctx: &WorkerCtx, job: TestJob) -> TestRun {
         Err(e) => return failed(format!("cannot read the branch's tree: {e}")),
     };
     let prefix = format!("forkfleet-test-{}-", job.fork_id);
-    let work = match Workdir::create(&prefix, tree, ctx.blobs.as_ref()).await {
-        Ok(w) => w,
+    // The branch's command tree, when it ran here and the tree is still kept: brought up to
+    // date with the paths that differ, not written whole.
+    let key = TreeKey {
+        fork: job.fork_id,
+        label: job.label.clone(),
+    };
+    let work = match ctx
+        .trees
+        .checkout(Some(&key), &prefix, tree, ctx.blobs.as_ref())
+        .await
+    {
+        Ok((w, checkout)) => {
+            tracing::debug!(?checkout, "resolve.test tree ready");
+            w
+        }
         Err(e) if e.is_materialize() => {
             return failed(format!("cannot materialise the branch's tree: {e}"))
         }

@@ -22,14 +22,18 @@
 mod changes;
 mod command;
 mod materialize;
+mod trees;
 
 pub use changes::{tree_changes, TreeChanges};
 pub use command::{base_env, run_command, CommandOutcome, CommandRun, CommandSpec};
 pub use materialize::{materialize, Materialized};
+pub use trees::{Checkout, TreeKey, Trees, DEFAULT_TREE_CACHE_BYTES, FINISHED_TTL};
 
 use crate::cache::BlobCache;
 use crate::error::WorkerError;
+use forkfleet_shared::flush::changes_between;
 use forkfleet_shared::manifest::Manifest;
+use forkfleet_shared::overlay::ChangeOp;
 use forkfleet_shared::path::WsPath;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -55,9 +59,20 @@ impl Workdir {
         tree: Manifest,
         blobs: &BlobCache,
     ) -> Result<Self, WorkerError> {
+        Self::create_in(&std::env::temp_dir(), prefix, tree, blobs).await
+    }
+
+    /// Materialise `tree` in a new directory under `parent` whose name starts with
+    /// `prefix`.
+    pub async fn create_in(
+        parent: &Path,
+        prefix: &str,
+        tree: Manifest,
+        blobs: &BlobCache,
+    ) -> Result<Self, WorkerError> {
         let root = tempfile::Builder::new()
             .prefix(prefix)
-            .tempdir()
+            .tempdir_in(parent)
             .map_err(WorkerError::TempDir)?;
         let root = Scratch(root.keep());
         for d in ["ws", "home", "tmp"] {
@@ -76,6 +91,74 @@ impl Workdir {
     /// What was written.
     pub fn written(&self) -> &Materialized {
         &self.written
+    }
+
+    /// The bytes of the files of the tree it holds.
+    pub fn bytes(&self) -> u64 {
+        self.tree.total_bytes()
+    }
+
+    /// Bring the directory from the tree it holds to `target`: only the paths that differ
+    /// are removed or written ([`changes_between`]), a file's stamp taken as it is written.
+    /// Returns how many paths that was. On an error the directory is in between: remove it.
+    pub async fn update(
+        &mut self,
+        target: Manifest,
+        blobs: &BlobCache,
+    ) -> Result<usize, WorkerError> {
+        use futures::StreamExt;
+        let ops = changes_between(&self.tree, &target);
+        let ws = self.root.0.join("ws");
+        let mut writes = Vec::new();
+        let mut removals = Vec::new();
+        for op in ops {
+            match op {
+                ChangeOp::Write { path, entry } | ChangeOp::Edit { path, entry } => {
+                    writes.push((path, entry))
+                }
+                other => removals.push(other),
+            }
+        }
+        let paths = writes.len() + removals.len();
+        for op in &removals {
+            let path = op.path();
+            self.written.stamps.remove(path);
+            let under = |p: &WsPath| p == path || p.starts_with(path);
+            self.written.stamps.retain(|p, _| !under(p));
+            self.written.skipped.retain(|p| !under(p));
+        }
+        let dir = ws.clone();
+        tokio::task::spawn_blocking(move || remove_and_make(&dir, &removals))
+            .await
+            .unwrap_or_else(|e| Err((String::new(), std::io::Error::other(e))))
+            .map_err(|(path, source)| WorkerError::WriteFile {
+                dir: ws.clone(),
+                path,
+                source,
+            })?;
+        let mut wrote = futures::stream::iter(writes.into_iter().map(|(path, entry)| {
+            let ws = &ws;
+            async move {
+                let done = materialize::replace_one(&path, &entry, blobs, ws).await;
+                (path, done)
+            }
+        }))
+        .buffer_unordered(materialize::WRITES_IN_FLIGHT);
+        while let Some((path, done)) = wrote.next().await {
+            self.written.skipped.retain(|p| p != &path);
+            self.written.stamps.remove(&path);
+            match done? {
+                materialize::Wrote::File { stamp, .. } => {
+                    self.written.stamps.insert(path, stamp);
+                }
+                materialize::Wrote::Symlink => {}
+                materialize::Wrote::Skipped => self.written.skipped.push(path),
+            }
+        }
+        self.written.skipped.sort();
+        self.tree = target;
+        self.written.fence = fence(&self.root.0).or(self.written.fence);
+        Ok(paths)
     }
 
     /// Run `spec` in the tree's directory `cwd` (see [`run_command`]), with `HOME` and
@@ -132,6 +215,57 @@ impl Workdir {
         })
     }
 
+    /// What the command did to the tree ([`tree_changes`]). The directory is kept, as the
+    /// tree it now holds, when every path of it was taken back (returned); otherwise it is
+    /// removed.
+    pub async fn changes_keeping(self, max_file_bytes: u64) -> (TreeChanges, Option<Workdir>) {
+        let failed = |e: tokio::task::JoinError| TreeChanges {
+            not_imported: vec![(
+                ".".to_string(),
+                format!("the workspace could not be compared after the command: {e}"),
+            )],
+            ..TreeChanges::default()
+        };
+        let compared = tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let mut changes = tree_changes(
+                &self.root.0.join("ws"),
+                &self.tree,
+                &self.written,
+                max_file_bytes,
+            );
+            let kept = match changes.state.take() {
+                Some(state) => {
+                    let mut work = self;
+                    work.tree = state.tree;
+                    work.written.stamps = state.stamps;
+                    work.written.skipped = state.skipped;
+                    work.written.fence = fence(&work.root.0).or(work.written.fence);
+                    Some(work)
+                }
+                None => {
+                    let mut work = self;
+                    remove_now(&work.root.take());
+                    None
+                }
+            };
+            tracing::debug!(
+                read = changes.read,
+                compare_ms = started.elapsed().as_millis() as u64,
+                kept = kept.is_some(),
+                "tree compared"
+            );
+            (changes, kept)
+        })
+        .await;
+        compared.unwrap_or_else(|e| (failed(e), None))
+    }
+
+    /// Forget the directory without removing it (it goes with a directory above it).
+    pub(crate) fn disown(mut self) {
+        self.root.take();
+    }
+
     /// Remove the directory.
     pub async fn remove(mut self) {
         let root = self.root.take();
@@ -163,6 +297,41 @@ impl Drop for Scratch {
             Err(_) => remove_now(&path),
         }
     }
+}
+
+/// The ctime of a file written now in `root` (outside the tree): a stamp taken before has
+/// an earlier ctime unless it was taken in the same clock tick, and is then not trusted
+/// ([`Materialized::untouched`]). `None` when the file cannot be written.
+fn fence(root: &Path) -> Option<(i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let path = root.join("fence");
+    std::fs::write(&path, b"").ok()?;
+    let meta = std::fs::metadata(&path).ok()?;
+    Some((meta.ctime(), meta.ctime_nsec()))
+}
+
+/// Apply removals and new empty directories of a change log to `dir` (blocking): deletes
+/// (a missing file is no error: a symlink that was not created), removed directories
+/// (made writable first when needed), new directories. `Err`: the path and the error.
+fn remove_and_make(dir: &Path, ops: &[ChangeOp]) -> Result<(), (String, std::io::Error)> {
+    for op in ops {
+        let path = op.path();
+        let full = path.to_os_path(dir);
+        let done = match op {
+            ChangeOp::Delete { .. } => match std::fs::remove_file(&full) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                other => other,
+            },
+            ChangeOp::Rmdir { .. } => std::fs::remove_dir_all(&full).or_else(|_| {
+                make_writable(&full);
+                std::fs::remove_dir_all(&full)
+            }),
+            ChangeOp::Mkdir { .. } => std::fs::create_dir_all(&full),
+            _ => Ok(()),
+        };
+        done.map_err(|e| (path.to_string(), e))?;
+    }
+    Ok(())
 }
 
 /// Remove a command's temporary directory (blocking). A command may have left directories

@@ -33,6 +33,7 @@ pub use command::MAX_IMPORT_FILE_BYTES;
 
 use crate::cache::BlobCache;
 use crate::error::WorkerError;
+use crate::runner::{TreeKey, Trees};
 use crate::toolspec::{offered, ToolSpec};
 use bytes::Bytes;
 use forkfleet_shared::blob::BlobError;
@@ -45,6 +46,7 @@ use forkfleet_shared::protocol::BranchTask;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use std::cell::Cell;
+use std::sync::Arc;
 
 /// Lines `read_file` shows when no limit is given.
 pub const DEFAULT_READ_LIMIT: usize = 2_000;
@@ -72,6 +74,28 @@ pub struct ToolBox {
     command: Option<CommandTool>,
     /// The fork tools are offered too (they run in `crate::forktools`).
     forking: bool,
+    /// Where `run_command` keeps the branch's tree between calls; `None`: every call runs
+    /// in a fresh copy.
+    trees: Option<TreeSlot>,
+}
+
+/// A branch's place among the worker's kept command trees.
+#[derive(Clone)]
+pub struct TreeSlot {
+    pub trees: Arc<Trees>,
+    pub key: TreeKey,
+}
+
+impl std::fmt::Debug for TreeSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TreeSlot").field("key", &self.key).finish()
+    }
+}
+
+impl PartialEq for TreeSlot {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.trees, &other.trees) && self.key == other.key
+    }
 }
 
 impl ToolBox {
@@ -85,6 +109,15 @@ impl ToolBox {
         Self {
             command: task.run_command.clone(),
             forking: task.forking,
+            trees: None,
+        }
+    }
+
+    /// `run_command` keeps the branch's tree in `slot` between calls.
+    pub fn with_trees(self, slot: TreeSlot) -> Self {
+        Self {
+            trees: Some(slot),
+            ..self
         }
     }
 
@@ -93,6 +126,7 @@ impl ToolBox {
         Self {
             command,
             forking: false,
+            trees: None,
         }
     }
 
@@ -119,7 +153,9 @@ impl ToolBox {
         if call.name == RUN_COMMAND {
             return match &self.command {
                 Some(tool) => match args(call) {
-                    Ok(a) => command::run_command(tool, a, overlay, blobs).await,
+                    Ok(a) => {
+                        command::run_command(tool, a, overlay, blobs, self.trees.as_ref()).await
+                    }
                     Err(e) => Ok(e),
                 },
                 None => Ok(ToolOutcome::err(format!(

@@ -9,7 +9,8 @@ use crate::error::WorkerError;
 use crate::forktools::{is_fork_tool, ForkCall, MERGE_OR_SELECT};
 use crate::genai::{error_type, tool_failed, tool_span, ChatSpan};
 use crate::provider::ModelRequest;
-use crate::tools::ToolBox;
+use crate::runner::TreeKey;
+use crate::tools::{ToolBox, TreeSlot};
 use forkfleet_shared::event::{messages_from_events, Event, Message};
 use forkfleet_shared::lineage::{tool_call_hash, RequestHash, RequestHasher};
 use forkfleet_shared::overlay::ChangeOp;
@@ -93,7 +94,13 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     if let Some(step) = lease_lost(lease) {
         return Ok(step);
     }
-    let tools = ToolBox::for_task(task);
+    let tools = ToolBox::for_task(task).with_trees(TreeSlot {
+        trees: ctx.trees.clone(),
+        key: TreeKey {
+            fork: task.fork_id,
+            label: task.label.clone(),
+        },
+    });
     // The request's content hash, recorded with its response (and compared with the
     // record's by a replay).
     run.messages_hash.update(&run.history);

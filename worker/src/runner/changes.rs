@@ -1,7 +1,7 @@
 //! Comparing a materialised directory, after a command ran in it, with the tree it was
 //! materialised from: the change log between the two and what cannot be taken back.
 
-use super::materialize::{stays_inside, Materialized};
+use super::materialize::{stays_inside, Materialized, Stamp};
 use bytes::Bytes;
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::flush::changes_between;
@@ -27,6 +27,21 @@ pub struct TreeChanges {
     pub not_imported: Vec<(String, String)>,
     /// Files read and hashed to compare them (the others were as materialised).
     pub read: usize,
+    /// The directory as the command left it, when all of it was taken back (nothing in
+    /// `not_imported`): what a kept tree holds from then on. `None` when some path was left
+    /// as it was in the tree (the directory and the tree differ there).
+    pub(super) state: Option<DirState>,
+}
+
+/// What a materialised directory holds, file by file, as last seen.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct DirState {
+    /// The directory as a tree (a symlink it could not hold, see `skipped`, included).
+    pub(super) tree: Manifest,
+    /// How every regular file looked when it was seen.
+    pub(super) stamps: HashMap<WsPath, Stamp>,
+    /// Symlinks of `tree` leaving it, so not in the directory. In path order.
+    pub(super) skipped: Vec<WsPath>,
 }
 
 /// Compare `dir`, where `tree` was materialised (`written`: the symlinks it skipped stay as
@@ -46,6 +61,7 @@ pub fn tree_changes(
     let mut out = TreeChanges::default();
     // The directory as a version of the tree.
     let mut after = Manifest::default();
+    let mut stamps = HashMap::new();
     // Paths left as they are in the tree (not taken back, or unreadable).
     let mut kept: Vec<WsPath> = Vec::new();
     let mut stack = vec![(dir.to_path_buf(), WsPath::root())];
@@ -107,14 +123,19 @@ pub fn tree_changes(
                         .files
                         .get(&path)
                         .filter(|_| written.skipped.binary_search(&path).is_err());
-                    read_entry(&full, &meta, &path, old, written, max_file_bytes).map(Some)
+                    let stamp = meta.is_file().then(|| Stamp::of(&meta));
+                    read_entry(&full, &meta, &path, old, written, max_file_bytes)
+                        .map(|found| Some((found, stamp)))
                 });
             match found {
                 Ok(None) => {
                     after.dirs.insert(path.clone());
                     stack.push((full, path));
                 }
-                Ok(Some(found)) => {
+                Ok(Some((found, stamp))) => {
+                    if let Some(stamp) = stamp {
+                        stamps.insert(path.clone(), stamp);
+                    }
                     let entry = match found {
                         Found::Untouched(entry) => entry,
                         Found::Read(entry, bytes) => {
@@ -157,6 +178,7 @@ pub fn tree_changes(
     }
     // A symlink that was not created is still there, unless the command put something at
     // its path or removed its directory.
+    let mut skipped = Vec::new();
     for p in &written.skipped {
         let dir_there = p
             .parent()
@@ -164,11 +186,19 @@ pub fn tree_changes(
         if dir_there && after.node(p) == Node::Missing {
             if let Some(e) = tree.files.get(p) {
                 after.files.insert(p.clone(), *e);
+                skipped.push(p.clone());
             }
         }
     }
     out.ops = changes_between(tree, &after);
     out.not_imported.sort();
+    if kept.is_empty() && out.not_imported.is_empty() {
+        out.state = Some(DirState {
+            tree: after,
+            stamps,
+            skipped,
+        });
+    }
     out
 }
 

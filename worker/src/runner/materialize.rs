@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 /// Files fetched and written at once.
-const WRITES_IN_FLIGHT: usize = 32;
+pub(super) const WRITES_IN_FLIGHT: usize = 32;
 
 /// What [`materialize`] wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -24,21 +24,24 @@ pub struct Materialized {
     pub skipped: Vec<WsPath>,
     /// How every regular file written looked right after (see [`Materialized::untouched`]).
     pub(super) stamps: HashMap<WsPath, Stamp>,
-    /// The latest ctime among the stamps.
-    pub(super) last_ctime: Option<(i64, i64)>,
+    /// A stamp whose ctime is at or after this is not trusted: the file may have changed
+    /// within the clock tick it was stamped in. The latest ctime among the stamps after
+    /// [`materialize`]; a [`Workdir`](super::Workdir) moves it to the ctime of a file it
+    /// writes after stamping (`None`: every stamp is trusted).
+    pub(super) fence: Option<(i64, i64)>,
 }
 
 impl Materialized {
     /// True when the file at `path`, as `meta` shows it now, is as [`materialize`] wrote it:
     /// same inode, size, mode, mtime and ctime. A command can set an mtime back, not a
     /// ctime (every write, chmod or utime moves it to the current time). A file stamped in
-    /// the last clock tick of the writing may have been changed within that same tick
-    /// without its ctime moving: it is not trusted (read again), as git treats a racily
-    /// clean index entry.
+    /// the last clock tick of the stamping (at or after the [fence](Self::fence)) may have
+    /// been changed within that same tick without its ctime moving: it is not trusted (read
+    /// again), as git treats a racily clean index entry.
     pub(super) fn untouched(&self, path: &WsPath, meta: &std::fs::Metadata) -> bool {
-        self.stamps
-            .get(path)
-            .is_some_and(|s| Some(s.ctime) != self.last_ctime && *s == Stamp::of(meta))
+        self.stamps.get(path).is_some_and(|s| {
+            self.fence.is_none_or(|fence| s.ctime < fence) && *s == Stamp::of(meta)
+        })
     }
 }
 
@@ -112,12 +115,12 @@ pub async fn materialize(
         }
     }
     done.skipped.sort();
-    done.last_ctime = done.stamps.values().map(|s| s.ctime).max();
+    done.fence = done.stamps.values().map(|s| s.ctime).max();
     Ok(done)
 }
 
 /// What [`write_one`] did.
-enum Wrote {
+pub(super) enum Wrote {
     File {
         bytes: u64,
         stamp: Stamp,
@@ -156,9 +159,39 @@ async fn write_one(
         })
 }
 
+/// Write one file (or symlink) of a tree where something may be already (a kept tree
+/// brought up to date): what is there is removed first (never written through: it may be
+/// a symlink, or a file a command made read-only).
+pub(super) async fn replace_one(
+    path: &WsPath,
+    entry: &FileEntry,
+    blobs: &BlobCache,
+    dir: &Path,
+) -> Result<Wrote, WorkerError> {
+    let target = path.to_os_path(dir);
+    let removed = tokio::task::spawn_blocking(move || match std::fs::symlink_metadata(&target) {
+        Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&target),
+        Ok(_) => std::fs::remove_file(&target),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    removed.map_err(|source| WorkerError::WriteFile {
+        dir: dir.to_path_buf(),
+        path: path.to_string(),
+        source,
+    })?;
+    write_one(path, entry, blobs, dir).await
+}
+
 /// Write one file or symlink at `target` (blocking), and stamp a file as written. A
 /// missing parent directory (a manifest that does not list it) is made.
-fn write_entry(target: &Path, bytes: &[u8], entry: &FileEntry) -> std::io::Result<Wrote> {
+pub(super) fn write_entry(
+    target: &Path,
+    bytes: &[u8],
+    entry: &FileEntry,
+) -> std::io::Result<Wrote> {
     let write = || -> std::io::Result<Wrote> {
         if entry.is_symlink() {
             std::os::unix::fs::symlink(&*String::from_utf8_lossy(bytes), target)?;

@@ -297,7 +297,7 @@ async fn files_as_materialised_are_not_read_again() {
     let d = dir.path();
     // Nothing touched, and every stamp older than the last clock tick of the writing:
     // nothing is read.
-    written.last_ctime = None;
+    written.fence = None;
     let ch = tree_changes(d, &tree, &written, 1 << 20);
     assert!(ch.ops.is_empty(), "{ch:?}");
     assert_eq!(ch.read, 0);
@@ -318,7 +318,7 @@ async fn files_as_materialised_are_not_read_again() {
     if !moved {
         // Changed within the clock tick it was written in (a kernel without fine-grained
         // ctimes): only the last-tick rule tells.
-        written.last_ctime = Some(now.ctime);
+        written.fence = Some(now.ctime);
     }
     let ch = tree_changes(d, &tree, &written, 1 << 20);
     assert_eq!(summary(&ch), [("write", "a.txt")]);
@@ -336,10 +336,10 @@ async fn a_file_stamped_in_the_last_tick_is_read() {
     std::fs::write(d.join("a.txt"), "AAAA\n").unwrap();
     let now = Stamp::of(&std::fs::metadata(d.join("a.txt")).unwrap());
     written.stamps.insert(ws("a.txt"), now);
-    written.last_ctime = Some(now.ctime);
+    written.fence = Some(now.ctime);
     let ch = tree_changes(d, &tree, &written, 1 << 20);
     assert_eq!(summary(&ch), [("write", "a.txt")]);
-    written.last_ctime = None;
+    written.fence = None;
     let ch = tree_changes(d, &tree, &written, 1 << 20);
     assert!(ch.ops.is_empty(), "a trusted stamp is not read: {ch:?}");
 }

@@ -25,10 +25,11 @@
 //! together cut in the middle to the spec's `max_output_bytes` (a marker says how many bytes
 //! were left out), and a line listing the files created, changed and deleted.
 
+use super::TreeSlot;
 use super::{resolve, ToolOutcome};
 use crate::cache::BlobCache;
 use crate::error::WorkerError;
-use crate::runner::{CommandOutcome, CommandSpec, TreeChanges, Workdir};
+use crate::runner::{Checkout, CommandOutcome, CommandSpec, TreeChanges, Workdir};
 use forkfleet_shared::blob::BlobError;
 use forkfleet_shared::endpoint::CommandTool;
 use forkfleet_shared::error::ErrorKind;
@@ -130,6 +131,7 @@ pub(super) async fn run_command(
     a: CommandArgs,
     ov: &mut Overlay,
     blobs: &BlobCache,
+    trees: Option<&TreeSlot>,
 ) -> Result<ToolOutcome, WorkerError> {
     let argv = match command_argv(&a.command) {
         Ok(v) => v,
@@ -158,7 +160,17 @@ pub(super) async fn run_command(
     };
     let not_started = |why: String| ToolOutcome::err(format!("could not start: {why}"));
     let started = std::time::Instant::now();
-    let work = match Workdir::create("forkfleet-cmd-", ov.to_manifest(), blobs).await {
+    let checkout = match trees {
+        Some(slot) => {
+            slot.trees
+                .checkout(Some(&slot.key), "forkfleet-cmd-", ov.to_manifest(), blobs)
+                .await
+        }
+        None => Workdir::create("forkfleet-cmd-", ov.to_manifest(), blobs)
+            .await
+            .map(|w| (w, Checkout::Fresh)),
+    };
+    let (work, checkout) = match checkout {
         Ok(w) => w,
         // The blob store failed: another attempt may work.
         Err(e) if e.kind() == ErrorKind::Unavailable => return Err(e),
@@ -170,7 +182,7 @@ pub(super) async fn run_command(
         Err(e) => return Ok(not_started(e.to_string())),
     };
     let materialized = started.elapsed();
-    let (files, bytes) = (work.written().files, work.written().bytes);
+    let bytes = work.bytes();
     let spec = CommandSpec {
         argv,
         env: tool.env.clone(),
@@ -179,15 +191,24 @@ pub(super) async fn run_command(
     };
     let run = work.run(&cwd, &spec, std::future::pending()).await;
     let compare_started = std::time::Instant::now();
-    let changes = if matches!(run.outcome, CommandOutcome::SpawnFailed { .. }) {
-        work.remove().await;
-        TreeChanges::default()
-    } else {
-        work.changes(MAX_IMPORT_FILE_BYTES).await
+    let changes = match trees {
+        // Kept for the next call when the directory is a version of the workspace.
+        Some(slot) => {
+            let (changes, kept) = work.changes_keeping(MAX_IMPORT_FILE_BYTES).await;
+            if let Some(kept) = kept {
+                slot.trees.keep(slot.key.clone(), kept);
+            }
+            changes
+        }
+        None if matches!(run.outcome, CommandOutcome::SpawnFailed { .. }) => {
+            work.remove().await;
+            TreeChanges::default()
+        }
+        None => work.changes(MAX_IMPORT_FILE_BYTES).await,
     };
     tracing::debug!(
-        files,
         bytes,
+        ?checkout,
         materialize_ms = materialized.as_millis() as u64,
         run_ms = run.duration.as_millis() as u64,
         compare_and_remove_ms = compare_started.elapsed().as_millis() as u64,

@@ -560,3 +560,162 @@ async fn run_command_cost_on_5000_files() {
     }
     assert_eq!(ov.changes().len(), 1);
 }
+
+/// Calls of one branch: `(tool, args)`.
+const KEPT_TREE_CALLS: &[(&str, &str)] = &[
+    (
+        "run_command",
+        r#"{"command": ["sh", "-c", "echo A > a.txt; rm b.txt; mv d/c.txt d/moved.txt; chmod +x run.sh; mkdir -p e/f; ln -s a.txt link; echo new > n.txt"]}"#,
+    ),
+    (
+        "write_file",
+        r#"{"path": "n.txt", "content": "from the write tool\n"}"#,
+    ),
+    (
+        "run_command",
+        r#"{"command": ["sh", "-c", "cat n.txt > copy.txt; rm -r gone; chmod -x run.sh; echo AA >> a.txt; ln -s ../../etc/passwd out; touch -d 2000-01-01 keep.txt"]}"#,
+    ),
+    (
+        "run_command",
+        r#"{"command": ["sh", "-c", "mv d e/d2; rm link; printf x > a.txt; truncate -s 70M big; mkfifo fifo"]}"#,
+    ),
+    (
+        "run_command",
+        r#"{"command": ["sh", "-c", "ls -R; rm -f big fifo; echo after > after.txt; printf y > a.txt"]}"#,
+    ),
+    ("delete_file", r#"{"path": "after.txt"}"#),
+    (
+        "run_command",
+        r#"{"command": ["sh", "-c", "ls -R; test ! -e after.txt && cat a.txt copy.txt"]}"#,
+    ),
+];
+
+/// Play [`KEPT_TREE_CALLS`] with `tools`: every result, and the change log at the end.
+async fn play_kept_tree_calls(
+    tools: &ToolBox,
+    base: Arc<Manifest>,
+    cache: &forkfleet_worker::cache::BlobCache,
+) -> (Vec<(bool, String)>, Vec<ChangeOp>) {
+    use forkfleet_shared::event::ToolCall;
+    let mut ov = Overlay::new(base);
+    let mut results = Vec::new();
+    for (i, (name, args)) in KEPT_TREE_CALLS.iter().enumerate() {
+        let call = ToolCall {
+            id: format!("c{i}"),
+            name: name.to_string(),
+            args: serde_json::from_str(args).unwrap(),
+        };
+        let out = tools.run(&call, &mut ov, cache).await.unwrap();
+        results.push((out.ok, out.output));
+    }
+    (results, ov.changes().to_vec())
+}
+
+/// A branch's tree is kept between its `run_command` calls and brought up to date, and the
+/// calls yield exactly what a fresh copy per call (the runner before kept trees, kept here
+/// as the reference) yields: the same results and the same change log, through edits,
+/// deletes, renames, chmods, symlinks (one leaving the tree), a new file over the import
+/// limit, a fifo, and changes made by other tools between calls.
+#[tokio::test]
+async fn a_kept_tree_yields_the_same_changes_as_a_fresh_copy_per_call() {
+    use forkfleet_worker::cache::BlobCache;
+    use forkfleet_worker::runner::{TreeKey, Trees};
+    use forkfleet_worker::tools::TreeSlot;
+    use std::os::unix::fs::MetadataExt;
+    let fx = Fixture::store_only();
+    let (base, _) = fx.snapshot(&[
+        ("a.txt", "a\n"),
+        ("b.txt", "b\n"),
+        ("d/c.txt", "c\n"),
+        ("run.sh", "echo hi\n"),
+        ("gone/x.txt", "x\n"),
+        ("keep.txt", "untouched\n"),
+    ]);
+    let cache = BlobCache::new(Arc::new(fx.store.clone()), 1 << 30);
+    let fresh = ToolBox::with_command(Some(tool(30.0)));
+    let (want, want_log) = play_kept_tree_calls(&fresh, base.clone(), &cache).await;
+
+    let trees = Arc::new(Trees::new(1 << 30));
+    let key = TreeKey {
+        fork: forkfleet_shared::ids::ForkId::new(),
+        label: "a".into(),
+    };
+    let kept = ToolBox::with_command(Some(tool(30.0))).with_trees(TreeSlot {
+        trees: trees.clone(),
+        key,
+    });
+    let (got, got_log) = play_kept_tree_calls(&kept, base.clone(), &cache).await;
+    assert_eq!(got, want);
+    assert_eq!(got_log, want_log);
+    // The reference is what the calls should do (so the comparison is not of two no-ops).
+    assert!(want[3].1.contains("not taken back"), "{}", want[3].1);
+    assert!(
+        want[3].1.contains("`big`") && want[3].1.contains("`fifo`"),
+        "{}",
+        want[3].1
+    );
+    // What was not taken back is not in the next call's tree.
+    assert!(
+        !want[4].1.contains("big") && !want[4].1.contains("fifo"),
+        "{}",
+        want[4].1
+    );
+    assert!(
+        want[6].0 && want[6].1.contains("yfrom the write tool\n"),
+        "{}",
+        want[6].1
+    );
+    assert!(
+        want[2].1.contains("`out` (a symlink to `../../etc/passwd`"),
+        "{}",
+        want[2].1
+    );
+
+    // The tree is one directory, kept between calls: a file no call touched keeps its inode.
+    let tree_dirs = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(trees.dir().unwrap())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect()
+    };
+    assert_eq!(trees.held().0, 1);
+    let dirs = tree_dirs();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let inode = |dirs: &[std::path::PathBuf]| {
+        std::fs::metadata(dirs[0].join("ws/keep.txt"))
+            .unwrap()
+            .ino()
+    };
+    let before = inode(&dirs);
+    let call = forkfleet_shared::event::ToolCall {
+        id: "again".into(),
+        name: RUN_COMMAND.into(),
+        args: serde_json::json!({ "command": "true" }),
+    };
+    let mut ov = Overlay::new(base);
+    for op in &got_log {
+        ov.apply(op.clone()).unwrap();
+    }
+    let out = kept.run(&call, &mut ov, &cache).await.unwrap();
+    assert!(
+        out.ok && out.output.ends_with("files: no changes\n"),
+        "{}",
+        out.output
+    );
+    assert_eq!(tree_dirs(), dirs);
+    assert_eq!(inode(&tree_dirs()), before, "not written again");
+
+    // Dropping the trees (the worker stops) removes their directory.
+    let dir = trees.dir().unwrap().to_path_buf();
+    drop(kept);
+    drop(trees);
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while dir.exists() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the trees' directory is removed");
+}
