@@ -91,16 +91,25 @@ pub(crate) fn label_width(view: &ForkView) -> usize {
         .max(5)
 }
 
-/// One line about a fork.
+/// One line about a fork, its goal, and what its workspace snapshot left out (when told).
 pub fn fork_header(view: &ForkView) -> String {
-    format!(
+    let mut out = format!(
         "fork {} · {} · {} · ${:.6}\ngoal: {}\n",
         view.fork_id,
         list_state(view),
         count(view.branches.len(), "branch", "branches"),
         view.total_cost_usd(),
         view.goal
-    )
+    );
+    if let Some(left_out) = &view.left_out {
+        let _ = writeln!(
+            out,
+            "workspace: {} · {}",
+            view.workspace.as_deref().unwrap_or("(not told)"),
+            left_out.summary()
+        );
+    }
+    out
 }
 
 fn state_text(view: &ForkView) -> String {
@@ -463,6 +472,7 @@ pub fn fork_json(
         "state": view.state.as_str(),
         "created_at_ms": view.created_at_ms,
         "workspace": view.workspace,
+        "left_out": view.left_out,
         "total_cost_usd": view.total_cost_usd(),
         "branches": branches,
     });

@@ -33,7 +33,7 @@ pub async fn create_fork(
     from: Option<RunId>,
 ) -> Result<(ForkView, String), ClientError> {
     let blobs = coord.blobs();
-    let (parent, snapshot, from_text) = match from {
+    let (parent, snapshot, from_text, left_out) = match from {
         Some(run_id) => {
             let snapshot = coord.run_workspace(run_id).await?;
             for (hash, bytes) in &loaded.blobs {
@@ -46,13 +46,14 @@ pub async fn create_fork(
                 ParentRun::Existing { run_id },
                 snapshot,
                 format!("from run {run_id}"),
+                None,
             )
         }
         None => {
             let (_, upload) = workspace::upload_workspace(
                 blobs.as_ref(),
                 &loaded.workspace,
-                &loaded.exclude,
+                &loaded.scan,
                 loaded.blobs.clone(),
             )
             .await?;
@@ -60,11 +61,14 @@ pub async fn create_fork(
                 ParentRun::New,
                 upload.snapshot,
                 format!(
-                    "workspace {} ({}, {} uploaded)",
+                    "workspace {} ({}, {}, {} uploaded; {})",
                     loaded.workspace.display(),
                     count(upload.files, "file", "files"),
-                    count(upload.blobs_sent, "new blob", "new blobs")
+                    forkfleet_shared::scan::human_bytes(upload.bytes),
+                    count(upload.blobs_sent, "new blob", "new blobs"),
+                    upload.left_out.summary()
                 ),
+                Some(upload.left_out),
             )
         }
     };
@@ -74,6 +78,7 @@ pub async fn create_fork(
             parent,
             snapshot,
             workspace: Some(loaded.workspace.display().to_string()),
+            left_out,
         })
         .await?;
     Ok((view, from_text))

@@ -5,42 +5,101 @@ use bytes::Bytes;
 use forkfleet_shared::api::MergeOutcome;
 use forkfleet_shared::blob::{fetch, BlobHash, BlobStore};
 use forkfleet_shared::flush::{self, ConflictPolicy, DirTarget, FlushReport};
-use forkfleet_shared::manifest::{scan_dir, Manifest};
+use forkfleet_shared::manifest::{Manifest, ScanError};
+use forkfleet_shared::scan::{self, LeftOut, ScanOptions, StatCache};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What an upload did.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Upload {
     pub snapshot: BlobHash,
     pub files: usize,
+    /// Bytes of the files in the snapshot.
+    pub bytes: u64,
     pub blobs_sent: usize,
     pub bytes_sent: u64,
+    /// Files read and hashed (the others came from the stat cache).
+    pub files_read: usize,
+    /// What the snapshot left out, and why.
+    pub left_out: LeftOut,
 }
 
-/// Snapshot `dir` and upload the blobs the store lacks (deduplicated by hash), then the
-/// manifest itself. Returns the manifest's hash.
+/// Blobs read from disk and sent at once: the bytes held are these files'.
+const PUTS_IN_FLIGHT: usize = 8;
+
+/// Snapshot `dir` (what `opts` leaves out left out, see [`forkfleet_shared::scan`]) and
+/// upload the blobs the store lacks, then the manifest itself. Returns the manifest.
+///
+/// The workspace's bytes are never held together: files are hashed in chunks on every
+/// core (unchanged ones served by the stat cache in the user's cache directory), then the
+/// missing ones read again one by one as they are sent, each checked against its hash (a
+/// file changed meanwhile fails the upload, naming it: run again).
 pub async fn upload_workspace(
     store: &dyn BlobStore,
     dir: &Path,
-    exclude: &[String],
+    opts: &ScanOptions,
     extra: impl IntoIterator<Item = (BlobHash, Bytes)>,
 ) -> Result<(Manifest, Upload), ClientError> {
-    let scan = scan_dir(dir, exclude)?;
+    use futures::{StreamExt, TryStreamExt};
+    let root = dir.to_path_buf();
+    let opts = opts.clone();
+    let (listing, manifest, hashed) = tokio::task::spawn_blocking(move || {
+        let listing = scan::list(&root, &opts)?;
+        let cache_file = stat_cache_file(&root);
+        let cache = cache_file
+            .as_deref()
+            .map(StatCache::load)
+            .unwrap_or_default();
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let (manifest, hashed) = scan::hash(&listing, &cache, threads)?;
+        if let Some(file) = cache_file {
+            if let Err(e) = StatCache::save(&file, &listing, &manifest) {
+                tracing::debug!(error = %e, file = %file.display(), "cannot write the snapshot's stat cache");
+            }
+            prune_stat_caches(&file);
+        }
+        Ok::<_, ScanError>((listing, manifest, hashed))
+    })
+    .await??;
     let uploading = |e| ClientError::blob("uploading the workspace", e);
-    let mut blobs: HashMap<BlobHash, Bytes> = scan.blobs.into_iter().collect();
-    blobs.extend(extra);
-    let hashes: Vec<BlobHash> = blobs.keys().copied().collect();
-    let missing = store.missing(&hashes).await.map_err(uploading)?;
-    let mut bytes_sent = 0;
-    for h in &missing {
-        if let Some(b) = blobs.remove(h) {
-            bytes_sent += b.len() as u64;
-            store.put(*h, b).await.map_err(uploading)?;
+    let extra: HashMap<BlobHash, Bytes> = extra.into_iter().collect();
+    // One listed file (or extra blob) for each hash.
+    let mut by_hash: HashMap<BlobHash, &scan::Listed> = HashMap::new();
+    for f in &listing.files {
+        if let Some(e) = manifest.files.get(&f.path) {
+            by_hash.entry(e.hash).or_insert(f);
         }
     }
-    let manifest_blob = scan
-        .manifest
+    let mut hashes: Vec<BlobHash> = by_hash.keys().copied().collect();
+    hashes.extend(extra.keys().filter(|h| !by_hash.contains_key(h)));
+    let missing = store.missing(&hashes).await.map_err(uploading)?;
+    let sent: Vec<u64> = futures::stream::iter(missing.iter().copied())
+        .map(|h| {
+            let extra = extra.get(&h).cloned();
+            let listed = by_hash
+                .get(&h)
+                .map(|f| ((*f).clone(), manifest.files[&f.path]));
+            async move {
+                let bytes = match (extra, listed) {
+                    (Some(b), _) => b,
+                    (None, Some((f, entry))) => {
+                        tokio::task::spawn_blocking(move || {
+                            scan::read_checked(&f, &entry).map(Bytes::from)
+                        })
+                        .await??
+                    }
+                    (None, None) => return Ok(0),
+                };
+                let len = bytes.len() as u64;
+                store.put(h, bytes).await.map_err(uploading)?;
+                Ok::<u64, ClientError>(len)
+            }
+        })
+        .buffer_unordered(PUTS_IN_FLIGHT)
+        .try_collect()
+        .await?;
+    let manifest_blob = manifest
         .to_blob()
         .map_err(|e| ClientError::encode("the workspace manifest", e))?;
     let snapshot = BlobHash::of(&manifest_blob);
@@ -48,16 +107,64 @@ pub async fn upload_workspace(
         .put(snapshot, manifest_blob)
         .await
         .map_err(uploading)?;
-    let files = scan.manifest.files.len();
-    Ok((
-        scan.manifest,
-        Upload {
-            snapshot,
-            files,
-            blobs_sent: missing.len(),
-            bytes_sent,
-        },
-    ))
+    let upload = Upload {
+        snapshot,
+        files: manifest.files.len(),
+        bytes: manifest.total_bytes(),
+        blobs_sent: sent.len(),
+        bytes_sent: sent.iter().sum(),
+        files_read: hashed.read,
+        left_out: listing.left_out,
+    };
+    Ok((manifest, upload))
+}
+
+/// The stat cache of the workspace at `dir`: in the user's cache directory
+/// (`$XDG_CACHE_HOME/forkfleet/scan/`, else `~/.cache/forkfleet/scan/`), named by the hash of
+/// the workspace's absolute path, so nothing is written into the workspace. `None` without
+/// a cache directory (`FORKFLEET_STAT_CACHE=off` turns it off).
+pub fn stat_cache_file(dir: &Path) -> Option<PathBuf> {
+    if std::env::var("FORKFLEET_STAT_CACHE").is_ok_and(|v| v == "off") {
+        return None;
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let abs = std::fs::canonicalize(dir).ok()?;
+    let name = BlobHash::of(abs.to_string_lossy().as_bytes()).short();
+    Some(base.join("forkfleet").join("scan").join(name))
+}
+
+/// Stat caches kept (one per workspace), the most recently written.
+const STAT_CACHES_KEPT: usize = 32;
+
+/// Remove all but the [`STAT_CACHES_KEPT`] most recently written stat caches beside
+/// `file`.
+fn prune_stat_caches(file: &Path) {
+    let Some(dir) = file.parent() else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut caches: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    if caches.len() <= STAT_CACHES_KEPT {
+        return;
+    }
+    caches.sort_by_key(|c| std::cmp::Reverse(c.0));
+    for (_, old) in caches.into_iter().skip(STAT_CACHES_KEPT) {
+        let _ = std::fs::remove_file(old);
+    }
+}
+
+/// List what a snapshot of `dir` would hold and leave out, reading no file (a dry run).
+pub async fn list_workspace(dir: &Path, opts: &ScanOptions) -> Result<scan::Listing, ClientError> {
+    let (root, opts) = (dir.to_path_buf(), opts.clone());
+    tokio::task::spawn_blocking(move || scan::list(&root, &opts))
+        .await?
+        .map_err(ClientError::from)
 }
 
 /// Apply a merge to a real directory: replay the winner's change log onto `dir`, detecting

@@ -312,6 +312,7 @@ pub(crate) fn create_fork(
         parent_run: parent.run_id,
         snapshot: req.snapshot,
         workspace: req.workspace.clone(),
+        left_out: req.left_out.clone(),
         state: ForkState::Open,
         created_at_ms: now_ms,
         cutoff_seq,

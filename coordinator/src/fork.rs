@@ -205,6 +205,7 @@ impl ForkState {
             created_at_ms: self.record.created_at_ms,
             snapshot: self.record.snapshot,
             workspace: self.record.workspace.clone(),
+            left_out: self.record.left_out.clone(),
             branches: self.branches.iter().map(|b| b.record.view()).collect(),
             keep_artifacts: self.record.plan.resolve.keep_artifacts,
         }

@@ -609,6 +609,7 @@ pub(crate) fn write_child(
         parent_run: parent.run_id,
         snapshot: child.snapshot,
         workspace: None,
+        left_out: None,
         state: ForkState::Open,
         created_at_ms: now_ms,
         cutoff_seq: child.outcome.cutoff_seq,

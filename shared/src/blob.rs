@@ -18,6 +18,11 @@ impl BlobHash {
         Self(Sha256::digest(bytes).into())
     }
 
+    /// The hash of bytes digested in parts (SHA-256, as [`BlobHash::of`]).
+    pub fn from_digest(digest: [u8; 32]) -> Self {
+        Self(digest)
+    }
+
     pub fn to_hex(&self) -> String {
         hex::encode(self.0)
     }

@@ -8,7 +8,8 @@
 //! ## Layout
 //! - [`ids`]: UUID v7 newtypes (`RunId`, `ForkId`, ...).
 //! - [`path`]: workspace paths, normalised and confined to the root.
-//! - [`blob`], [`manifest`]: content-addressed blobs and workspace snapshots.
+//! - [`blob`], [`manifest`]: content-addressed blobs and workspace snapshots; [`scan`]: reading
+//!   a workspace for a snapshot (ignore files, parallel hashing, a stat cache).
 //! - [`overlay`]: the copy-on-write view a branch works in, with its change log.
 //! - [`diff`]: the cross-branch diff report; in `diff/`: `unified` (unified diffs of one path),
 //!   `render` (the terminal table), `json` (the report's JSON form).
@@ -58,6 +59,7 @@ pub mod percent;
 pub mod pricing;
 pub mod protocol;
 pub mod resolve;
+pub mod scan;
 pub mod script;
 pub mod spec;
 pub mod state;

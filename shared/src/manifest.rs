@@ -130,6 +130,10 @@ pub enum ScanError {
     NonUtf8 { path: PathBuf },
     #[error(transparent)]
     Path(#[from] PathError),
+    #[error("cannot read the ignore file `{path}`: {error}")]
+    Ignore { path: PathBuf, error: String },
+    #[error("`{path}` changed while the snapshot was taken; run again")]
+    Changed { path: PathBuf },
 }
 
 /// A scanned workspace: the manifest and the bytes of every file, by hash.
@@ -138,79 +142,31 @@ pub struct Scan {
     pub blobs: BTreeMap<BlobHash, Bytes>,
 }
 
-/// Read a directory into a manifest and its blobs. Entries whose name matches `exclude`
-/// (a top-level or nested directory or file name such as `.git`) are skipped. Symlinks are
-/// recorded as symlinks, never followed.
+/// Read a directory into a manifest and its blobs, all in memory (small trees and tests;
+/// a snapshot of a workspace goes through [`crate::scan`], which does not hold the bytes).
+/// Entries whose name matches `exclude` (a top-level or nested directory or file name such
+/// as `.git`) are skipped; no ignore file is read. Symlinks are recorded as symlinks, never
+/// followed.
 pub fn scan_dir(root: &Path, exclude: &[String]) -> Result<Scan, ScanError> {
-    if !root.is_dir() {
-        return Err(ScanError::NotADirectory(root.to_path_buf()));
-    }
+    let listing = crate::scan::list(root, &crate::scan::ScanOptions::names_only(exclude))?;
     let mut scan = Scan {
         manifest: Manifest::default(),
         blobs: BTreeMap::new(),
     };
-    let mut stack = vec![(root.to_path_buf(), WsPath::root())];
-    while let Some((dir, rel)) = stack.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|source| ScanError::Io {
-            path: dir.clone(),
-            source,
-        })?;
-        for entry in entries {
-            let entry = entry.map_err(|source| ScanError::Io {
-                path: dir.clone(),
+    scan.manifest.dirs.extend(listing.dirs.iter().cloned());
+    for f in &listing.files {
+        let bytes = match &f.link {
+            Some(target) => Bytes::from(target.clone().into_bytes()),
+            None => Bytes::from(std::fs::read(&f.full).map_err(|source| ScanError::Io {
+                path: f.full.clone(),
                 source,
-            })?;
-            let os_name = entry.file_name();
-            let name = os_name
-                .to_str()
-                .ok_or_else(|| ScanError::NonUtf8 { path: entry.path() })?;
-            if exclude.iter().any(|x| x == name) {
-                continue;
-            }
-            let child = rel.join(name)?;
-            let full = entry.path();
-            let meta = std::fs::symlink_metadata(&full).map_err(|source| ScanError::Io {
-                path: full.clone(),
-                source,
-            })?;
-            let io = |source| ScanError::Io {
-                path: full.clone(),
-                source,
-            };
-            if meta.file_type().is_symlink() {
-                let target = std::fs::read_link(&full).map_err(io)?;
-                let target = target.to_string_lossy().into_owned();
-                let bytes = Bytes::from(target.into_bytes());
-                let fe = FileEntry::for_bytes(&bytes, MODE_SYMLINK);
-                scan.blobs.insert(fe.hash, bytes);
-                scan.manifest.insert_file(child, fe);
-            } else if meta.is_dir() {
-                scan.manifest.dirs.insert(child.clone());
-                stack.push((full, child));
-            } else if meta.is_file() {
-                let bytes = Bytes::from(std::fs::read(&full).map_err(io)?);
-                let fe = FileEntry::for_bytes(&bytes, file_mode(&meta));
-                scan.blobs.insert(fe.hash, bytes);
-                scan.manifest.insert_file(child, fe);
-            }
-        }
+            })?),
+        };
+        let fe = FileEntry::for_bytes(&bytes, f.stat.mode);
+        scan.blobs.insert(fe.hash, bytes);
+        scan.manifest.insert_file(f.path.clone(), fe);
     }
     Ok(scan)
-}
-
-#[cfg(unix)]
-fn file_mode(meta: &std::fs::Metadata) -> u32 {
-    use std::os::unix::fs::PermissionsExt;
-    if meta.permissions().mode() & 0o111 != 0 {
-        MODE_EXEC
-    } else {
-        MODE_FILE
-    }
-}
-
-#[cfg(not(unix))]
-fn file_mode(_meta: &std::fs::Metadata) -> u32 {
-    MODE_FILE
 }
 
 #[cfg(test)]

@@ -386,8 +386,13 @@ async fn run_fanout(
     let script_hash = BlobHash::of(&script_text);
     let blobs = coord.blobs();
     let t_up = Instant::now();
-    let (_, upload) =
-        ws::upload_workspace(blobs.as_ref(), workspace, &[], [(script_hash, script_text)]).await?;
+    let (_, upload) = ws::upload_workspace(
+        blobs.as_ref(),
+        workspace,
+        &forkfleet_shared::scan::ScanOptions::names_only(&[]),
+        [(script_hash, script_text)],
+    )
+    .await?;
     let upload_s = t_up.elapsed().as_secs_f64();
     let plan = fanout_plan(n, k, script_hash);
     let t0 = Instant::now();
@@ -397,6 +402,7 @@ async fn run_fanout(
             parent: ParentRun::New,
             snapshot: upload.snapshot,
             workspace: Some(workspace.display().to_string()),
+            left_out: None,
         })
         .await?;
     let fork_call_s = t0.elapsed().as_secs_f64();

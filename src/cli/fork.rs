@@ -29,6 +29,10 @@ pub enum ForkCommand {
         /// instead of a new run from the spec's goal and workspace directory.
         #[arg(long, value_name = "RUN")]
         from_run: Option<String>,
+        /// Check the spec and say what the workspace snapshot would hold and leave out
+        /// (and why), reading no file's contents; nothing is uploaded or created.
+        #[arg(long)]
+        dry_run: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -242,11 +246,15 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             spec: spec_path,
             timeout_s,
             from_run,
+            dry_run,
             client,
         } => {
             // Validate the spec before connecting: bad input creates nothing anywhere.
             let config = client.load_config()?;
             let loaded = spec::load_with(&spec_path, &config.pricing)?;
+            if dry_run {
+                return super::run::dry_run(&loaded, client.json).await;
+            }
             with_session!(
                 @open Session::connect(&client, &config, Local::Run),
                 |coord| fork_create(

@@ -27,6 +27,51 @@ pub struct RunArgs {
     /// A TOML config file (default: $FORKFLEET_CONFIG); `run` uses its `[pricing]`.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Check the spec and say what the workspace snapshot would hold and leave out (and
+    /// why), reading no file's contents; nothing is run, uploaded or stored.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `--dry-run`: the spec is valid (loaded already); what the snapshot of its workspace
+/// would hold and leave out.
+pub(crate) async fn dry_run(loaded: &spec::LoadedSpec, json: bool) -> anyhow::Result<()> {
+    let listing =
+        forkfleet_client::workspace::list_workspace(&loaded.workspace, &loaded.scan).await?;
+    let labels: Vec<&str> = loaded
+        .plan
+        .branches
+        .iter()
+        .map(|b| b.label.as_str())
+        .collect();
+    if json {
+        print_json(&serde_json::json!({
+            "dry_run": true,
+            "branches": labels,
+            "workspace": loaded.workspace.display().to_string(),
+            "files": listing.files.len(),
+            "bytes": listing.bytes(),
+            "dirs": listing.dirs.len(),
+            "exclude": loaded.scan.exclude,
+            "respect_gitignore": loaded.scan.respect_gitignore,
+            "left_out": listing.left_out,
+        }))?;
+    } else {
+        println!(
+            "spec ok: {} ({})",
+            render::count(labels.len(), "branch", "branches"),
+            labels.join(", ")
+        );
+        println!(
+            "workspace {}: {}, {} would be snapshotted",
+            loaded.workspace.display(),
+            render::count(listing.files.len(), "file", "files"),
+            forkfleet_shared::scan::human_bytes(listing.bytes())
+        );
+        println!("{}", listing.left_out.summary());
+        println!("dry run: nothing was uploaded, created or run");
+    }
+    Ok(())
 }
 
 pub(crate) async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
@@ -41,6 +86,9 @@ pub(crate) async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
     )?;
     let catalogue = Config::load_catalogue(args.config.as_deref(), &config::process_env)?;
     let loaded = spec::load_with(&args.spec, &pricing)?;
+    if args.dry_run {
+        return dry_run(&loaded, args.json).await;
+    }
     if let Some(pick) = &args.pick {
         if !loaded.plan.branches.iter().any(|b| &b.label == pick) {
             return Err(BadInput(format!(

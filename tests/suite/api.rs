@@ -104,7 +104,7 @@ impl System {
         let (_, upload) = ws::upload_workspace(
             blobs.as_ref(),
             &loaded.workspace,
-            &loaded.exclude,
+            &loaded.scan,
             loaded.blobs.clone(),
         )
         .await
@@ -115,6 +115,7 @@ impl System {
                 parent: ParentRun::New,
                 snapshot: upload.snapshot,
                 workspace: Some(loaded.workspace.display().to_string()),
+                left_out: None,
             })
             .await
             .unwrap()
@@ -479,6 +480,7 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
             parent: ParentRun::New,
             snapshot: view.snapshot,
             workspace: None,
+            left_out: None,
         }
         .into(),
         api::AgentFork {
@@ -704,6 +706,7 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
             parent: ParentRun::New,
             snapshot: view.snapshot,
             workspace: None,
+            left_out: None,
         }
         .into(),
         api::AgentFork {

@@ -163,7 +163,7 @@ fn strict_caps_are_never_overshot_by_true_spend() {
     );
     for (label, calls) in run.calls("scripted:strict") {
         let i: usize = label[1..].parse().unwrap();
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             assert!(
                 calls.len() <= 2,
                 "{label} made {} calls over its cap",

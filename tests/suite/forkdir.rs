@@ -352,6 +352,7 @@ fn view(labels: &[&str], workspace: &Path) -> ForkView {
         created_at_ms: 0,
         snapshot: BlobHash::of(b""),
         workspace: Some(workspace.display().to_string()),
+        left_out: None,
         branches: labels.iter().map(|l| branch_view(l)).collect(),
         keep_artifacts: false,
     }

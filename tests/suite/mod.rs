@@ -28,3 +28,4 @@ mod secrets;
 mod standby;
 mod traces;
 mod turns;
+mod workspace_scan;

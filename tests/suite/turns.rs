@@ -70,7 +70,7 @@ async fn create(coord: &Client, spec_path: &Path) -> ForkView {
     let (_, upload) = ws::upload_workspace(
         coord.blobs().as_ref(),
         &loaded.workspace,
-        &loaded.exclude,
+        &loaded.scan,
         loaded.blobs.clone(),
     )
     .await
@@ -81,6 +81,7 @@ async fn create(coord: &Client, spec_path: &Path) -> ForkView {
             parent: ParentRun::New,
             snapshot: upload.snapshot,
             workspace: Some(loaded.workspace.display().to_string()),
+            left_out: None,
         })
         .await
         .unwrap()

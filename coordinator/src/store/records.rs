@@ -37,6 +37,9 @@ pub(crate) struct ForkRecord {
     /// The fork-time workspace snapshot (a `Manifest` blob).
     pub snapshot: BlobHash,
     pub workspace: Option<String>,
+    /// What the client's snapshot left out, as it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_out: Option<forkfleet_shared::scan::LeftOut>,
     pub state: ForkState,
     pub created_at_ms: u64,
     /// The parent's last event the branches' histories include.

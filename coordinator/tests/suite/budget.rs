@@ -498,6 +498,7 @@ async fn an_account_cap_holds_across_forks() {
             parent: ParentRun::New,
             snapshot: snap,
             workspace: None,
+            left_out: None,
         })
         .await
         .unwrap_err();

@@ -190,6 +190,7 @@ impl Fixture {
             parent,
             snapshot,
             workspace: Some("/tmp/ws".into()),
+            left_out: None,
         }))
         .await
         .unwrap()

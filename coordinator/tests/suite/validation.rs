@@ -20,6 +20,7 @@ async fn refused(
         parent,
         snapshot: snap,
         workspace: None,
+        left_out: None,
     }))
     .await
     .unwrap_err();

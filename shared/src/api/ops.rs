@@ -27,6 +27,7 @@ use crate::budget::{AccountView, ForkCost};
 use crate::diff::{DiffOptions, DiffReport};
 use crate::ids::{ForkId, RunId};
 use crate::resolve::Strategy;
+use crate::scan::LeftOut;
 use crate::spec::ForkPlan;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -291,6 +292,9 @@ operations! {
             snapshot: BlobHash,
             /// Where the workspace lives on the client, for display only.
             workspace: Option<String>,
+            /// What the snapshot left out (`exclude`, the ignore files), for display only.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            left_out: Option<LeftOut>,
         } -> Fork(ForkView), changes, work;
 
         /// An agent forks its own branch run: the coordinator makes the fork's plan from

@@ -62,6 +62,9 @@ pub struct ForkView {
     pub created_at_ms: u64,
     pub snapshot: BlobHash,
     pub workspace: Option<String>,
+    /// What the workspace snapshot left out (`None`: not told, e.g. an agent's fork).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_out: Option<crate::scan::LeftOut>,
     pub branches: Vec<BranchView>,
     /// The plan's `keep_artifacts`: keep the materialised fork directory after a merge
     /// (false from a coordinator that predates it).

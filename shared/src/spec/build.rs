@@ -109,10 +109,13 @@ pub fn load_with(
         plan,
         spec_path: spec_path.to_path_buf(),
         workspace,
-        exclude: file
-            .exclude
-            .clone()
-            .unwrap_or_else(|| vec![".git".to_string(), ".forkfleet".to_string()]),
+        scan: crate::scan::ScanOptions::snapshot(
+            &file
+                .exclude
+                .clone()
+                .unwrap_or_else(|| vec![".git".to_string(), ".forkfleet".to_string()]),
+            file.respect_gitignore.unwrap_or(true),
+        ),
         blobs,
     })
 }

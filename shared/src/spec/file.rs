@@ -22,6 +22,10 @@ pub struct SpecFile {
     pub history: Option<String>,
     #[serde(default)]
     pub exclude: Option<Vec<String>>,
+    /// Honour `.gitignore`, `.ignore` and `.git/info/exclude` in the snapshot (default true;
+    /// `.forkfleetignore` is always honoured).
+    #[serde(default)]
+    pub respect_gitignore: Option<bool>,
     #[serde(default)]
     pub max_branches: Option<usize>,
     #[serde(default)]

@@ -214,7 +214,8 @@ pub struct LoadedSpec {
     pub spec_path: PathBuf,
     /// The workspace directory, absolute.
     pub workspace: PathBuf,
-    pub exclude: Vec<String>,
+    /// What the workspace snapshot leaves out (`exclude`, the ignore files).
+    pub scan: crate::scan::ScanOptions,
     /// Script files by hash.
     pub blobs: BTreeMap<BlobHash, Bytes>,
 }

@@ -325,7 +325,13 @@ async fn run_row(
     let text = bytes::Bytes::from(toml::to_string(&script)?.into_bytes());
     let hash = BlobHash::of(&text);
     let blobs = coord.blobs();
-    let (_, upload) = ws::upload_workspace(blobs.as_ref(), workspace, &[], [(hash, text)]).await?;
+    let (_, upload) = ws::upload_workspace(
+        blobs.as_ref(),
+        workspace,
+        &forkfleet_shared::scan::ScanOptions::names_only(&[]),
+        [(hash, text)],
+    )
+    .await?;
     let max_turns = 16;
     let plan = ForkPlan {
         goal: format!("bench budget {} {fraction}", mode.as_str()),
@@ -372,6 +378,7 @@ async fn run_row(
             parent: ParentRun::New,
             snapshot: upload.snapshot,
             workspace: Some(workspace.display().to_string()),
+            left_out: None,
         })
         .await?;
     let view = coord
