@@ -8,8 +8,9 @@
 //!   a shell, with the minimal environment (`HOME` and `TMPDIR` scratch directories beside
 //!   the tree) plus the plan's variables, until it exits or its timeout kills its process
 //!   group, in the sandbox of the job's settings (the plan's `[run_command]` ones, or the
-//!   defaults: [`crate::runner::sandbox`]); the output becomes a [`TestSignal`](forkfleet_shared::testsignal::TestSignal).
-//!   The directory is removed afterwards, whatever happened.
+//!   defaults: [`crate::runner::sandbox`]); the output becomes a
+//!   [`TestSignal`](forkfleet_shared::testsignal::TestSignal). The directory is removed
+//!   afterwards, whatever happened.
 //! - **Judge** ([`JudgeJob`]): one call to the judge model with the bounded prompt; the
 //!   answer is parsed and validated against the fork's labels and, when the tests narrowed
 //!   them, the candidates (the branches with the best pass ratio). An answer that is not a

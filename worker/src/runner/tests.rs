@@ -386,6 +386,50 @@ async fn a_workdir_is_removed_after_use_or_when_dropped() {
     assert!(!path.exists());
 }
 
+#[tokio::test]
+async fn a_workdir_command_is_confined_to_its_tree_home_and_tmp() {
+    assert!(
+        sandbox::support().landlock(),
+        "this test needs a kernel with Landlock"
+    );
+    let (tree, cache) = stored(&[("a.txt", "in-tree\n")]);
+    let secret = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(secret.path(), "workdir-secret\n").unwrap();
+    let work = Workdir::create("forkfleet-test-", tree, &cache)
+        .await
+        .unwrap();
+    let root = work.root.0.clone();
+    let spec = CommandSpec {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            "cat a.txt; cat \"$1\"; echo read=$?; echo x > \"$HOME/../escape\"; echo wrote=$?; echo h > \"$HOME/h\" && echo t > \"$TMPDIR/t\" && echo scratch-ok".into(),
+            "sh".into(),
+            secret.path().display().to_string(),
+        ],
+        env: BTreeMap::new(),
+        timeout: Duration::from_secs(30),
+        max_output_bytes: 4096,
+        sandbox: SandboxSpec::default(),
+    };
+    let run = work
+        .run(&WsPath::root(), &spec, std::future::pending())
+        .await;
+    assert_eq!(
+        run.outcome,
+        CommandOutcome::Exited { code: 0 },
+        "{}",
+        run.output
+    );
+    assert!(run.output.contains("in-tree"), "{}", run.output);
+    assert!(run.output.contains("read=1"), "{}", run.output);
+    assert!(!run.output.contains("workdir-secret"), "{}", run.output);
+    assert!(run.output.contains("wrote=2"), "{}", run.output);
+    assert!(run.output.contains("scratch-ok"), "{}", run.output);
+    assert!(!root.join("escape").exists());
+    work.remove().await;
+}
+
 mod sandbox_prepare {
     use super::super::sandbox::{around, prepare, SandboxSpec, Support};
     use forkfleet_shared::endpoint::{CommandSandbox, SandboxMode};
