@@ -113,6 +113,13 @@ async fn run(
     let tests: Vec<TestRun> = match &plan.resolve.test {
         None => Vec::new(),
         Some(test) => {
+            // The test command is confined as the `run_command` tool's commands are.
+            let sandbox = plan
+                .run_command
+                .as_ref()
+                .map(|t| t.sandbox.clone())
+                .unwrap_or_default();
+            let sandbox = &sandbox;
             let jobs = inputs.branches.iter().map(|(record, overlay)| {
                 let bus = bus.clone();
                 let tree = overlay.to_manifest();
@@ -132,6 +139,7 @@ async fn run(
                         argv: test.argv.clone(),
                         timeout_ms: timeout.as_millis() as u64,
                         env: test.env.clone(),
+                        sandbox: sandbox.clone(),
                         trace: trace.clone(),
                     });
                     match ask(bus.as_ref(), &job, timeout + TEST_MARGIN).await {

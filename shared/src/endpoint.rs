@@ -8,7 +8,9 @@
 //! everywhere an endpoint is checked (the spec loader, the coordinator, the worker).
 //!
 //! [`CommandTool`] is the spec's `[run_command]` table: the agent's `run_command` tool is
-//! offered only when it is present.
+//! offered only when it is present. Its [`CommandSandbox`] (the table's `sandbox`,
+//! `network` and limit fields) confines the tool's commands and the resolve's test command
+//! alike (ADR 22).
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -110,6 +112,87 @@ pub const DEFAULT_COMMAND_TIMEOUT_S: f64 = 60.0;
 /// Default bytes of a command's output the model sees (the middle is cut).
 pub const DEFAULT_COMMAND_OUTPUT_BYTES: u32 = 16 * 1024;
 
+/// Whether a command runs in the sandbox (`[run_command] sandbox`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxMode {
+    /// Confined where the worker's kernel has Landlock; elsewhere only the resource limits
+    /// apply (the worker says so once when it starts).
+    #[default]
+    Auto,
+    /// Confined, or not run: a command is refused, naming why, when the kernel cannot
+    /// confine it (no Landlock, or no network rules while `network` is off).
+    Required,
+    /// No sandbox and no limits: the command sees what the worker sees.
+    Off,
+}
+
+impl SandboxMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxMode::Auto => "auto",
+            SandboxMode::Required => "required",
+            SandboxMode::Off => "off",
+        }
+    }
+}
+
+/// Default most processes (per user, as the kernel counts them) a command may have.
+pub const DEFAULT_MAX_PROCESSES: u32 = 4096;
+/// Default most megabytes of data memory one process of a command may use.
+pub const DEFAULT_MAX_MEMORY_MB: u64 = 4096;
+/// Default largest file, in megabytes, a command may write.
+pub const DEFAULT_MAX_FILE_SIZE_MB: u64 = 1024;
+
+/// How a command (the `run_command` tool's, and the resolve's test command) is confined:
+/// the filesystem limited to its tree and scratch directories plus read-only system paths,
+/// no TCP unless `network`, resource limits. Every field has a default, so a message
+/// written before the sandbox existed decodes to the defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CommandSandbox {
+    pub mode: SandboxMode,
+    /// TCP connections and listening sockets allowed.
+    pub network: bool,
+    /// `RLIMIT_NPROC`: processes of the worker's user (the kernel counts per user, and not
+    /// for root) beyond which a command's fork fails.
+    pub max_processes: u32,
+    /// `RLIMIT_DATA` of every process of the command, megabytes.
+    pub max_memory_mb: u64,
+    /// `RLIMIT_FSIZE`: the largest file a command may write, megabytes.
+    pub max_file_size_mb: u64,
+}
+
+impl Default for CommandSandbox {
+    fn default() -> Self {
+        Self {
+            mode: SandboxMode::Auto,
+            network: false,
+            max_processes: DEFAULT_MAX_PROCESSES,
+            max_memory_mb: DEFAULT_MAX_MEMORY_MB,
+            max_file_size_mb: DEFAULT_MAX_FILE_SIZE_MB,
+        }
+    }
+}
+
+impl CommandSandbox {
+    /// Check the limits; the error names the field and the valid range.
+    pub fn validate(&self) -> Result<(), String> {
+        for (field, value, min, max) in [
+            ("max_processes", u64::from(self.max_processes), 8, 1_048_576),
+            ("max_memory_mb", self.max_memory_mb, 64, 1_048_576),
+            ("max_file_size_mb", self.max_file_size_mb, 1, 1_048_576),
+        ] {
+            if !(min..=max).contains(&value) {
+                return Err(format!(
+                    "{field} is {value}; it must be between {min} and {max}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The agent's `run_command` tool, as the spec's `[run_command]` table enables it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CommandTool {
@@ -120,6 +203,9 @@ pub struct CommandTool {
     pub env: BTreeMap<String, String>,
     /// Bytes of output (stdout and stderr) returned to the model.
     pub max_output_bytes: u32,
+    /// How the tool's commands (and the resolve's test command) are confined.
+    #[serde(default)]
+    pub sandbox: CommandSandbox,
 }
 
 /// `[run_command]` as written in a spec.
@@ -132,9 +218,35 @@ pub struct CommandToolSection {
     pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub max_output_bytes: Option<u32>,
+    /// `"auto"` (default), `"required"` or `"off"`.
+    #[serde(default)]
+    pub sandbox: Option<SandboxMode>,
+    /// TCP allowed (default false).
+    #[serde(default)]
+    pub network: Option<bool>,
+    #[serde(default)]
+    pub max_processes: Option<u32>,
+    #[serde(default)]
+    pub max_memory_mb: Option<u64>,
+    #[serde(default)]
+    pub max_file_size_mb: Option<u64>,
 }
 
 impl CommandToolSection {
+    /// The section a validated tool came from (every field written out).
+    pub fn from_tool(tool: &CommandTool) -> Self {
+        Self {
+            timeout_s: Some(tool.timeout_s),
+            env: tool.env.clone(),
+            max_output_bytes: Some(tool.max_output_bytes),
+            sandbox: Some(tool.sandbox.mode),
+            network: Some(tool.sandbox.network),
+            max_processes: Some(tool.sandbox.max_processes),
+            max_memory_mb: Some(tool.sandbox.max_memory_mb),
+            max_file_size_mb: Some(tool.sandbox.max_file_size_mb),
+        }
+    }
+
     /// The validated tool; the error names the field and what is valid.
     pub fn validate(&self) -> Result<CommandTool, String> {
         let timeout_s = self.timeout_s.unwrap_or(DEFAULT_COMMAND_TIMEOUT_S);
@@ -158,10 +270,20 @@ impl CommandToolSection {
                 ));
             }
         }
+        let defaults = CommandSandbox::default();
+        let sandbox = CommandSandbox {
+            mode: self.sandbox.unwrap_or(defaults.mode),
+            network: self.network.unwrap_or(defaults.network),
+            max_processes: self.max_processes.unwrap_or(defaults.max_processes),
+            max_memory_mb: self.max_memory_mb.unwrap_or(defaults.max_memory_mb),
+            max_file_size_mb: self.max_file_size_mb.unwrap_or(defaults.max_file_size_mb),
+        };
+        sandbox.validate()?;
         Ok(CommandTool {
             timeout_s,
             env: self.env.clone(),
             max_output_bytes,
+            sandbox,
         })
     }
 }
@@ -249,5 +371,78 @@ mod tests {
         .validate()
         .unwrap_err();
         assert!(err.contains("max_output_bytes"), "{err}");
+    }
+
+    #[test]
+    fn the_sandbox_has_defaults_and_limits() {
+        let t = CommandToolSection::default().validate().unwrap();
+        assert_eq!(t.sandbox, CommandSandbox::default());
+        assert_eq!(t.sandbox.mode, SandboxMode::Auto);
+        assert!(!t.sandbox.network);
+        for (section, says) in [
+            (
+                CommandToolSection {
+                    max_processes: Some(0),
+                    ..Default::default()
+                },
+                "max_processes is 0; it must be between 8 and 1048576",
+            ),
+            (
+                CommandToolSection {
+                    max_memory_mb: Some(1),
+                    ..Default::default()
+                },
+                "max_memory_mb is 1; it must be between 64 and 1048576",
+            ),
+            (
+                CommandToolSection {
+                    max_file_size_mb: Some(0),
+                    ..Default::default()
+                },
+                "max_file_size_mb is 0; it must be between 1 and 1048576",
+            ),
+        ] {
+            assert_eq!(section.validate().unwrap_err(), says);
+        }
+        let section: CommandToolSection = toml::from_str(
+            "sandbox = \"required\"\nnetwork = true\nmax_processes = 64\nmax_memory_mb = 512\nmax_file_size_mb = 8",
+        )
+        .unwrap();
+        let t = section.validate().unwrap();
+        assert_eq!(
+            t.sandbox,
+            CommandSandbox {
+                mode: SandboxMode::Required,
+                network: true,
+                max_processes: 64,
+                max_memory_mb: 512,
+                max_file_size_mb: 8,
+            }
+        );
+        let back = CommandToolSection::from_tool(&t).validate().unwrap();
+        assert_eq!(back, t);
+        let err = toml::from_str::<CommandToolSection>("sandbox = \"maybe\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("auto") && err.contains("required") && err.contains("off"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_command_tool_without_a_sandbox_decodes_to_the_defaults() {
+        #[derive(Serialize)]
+        struct Old {
+            timeout_s: f64,
+            max_output_bytes: u32,
+        }
+        let bytes = rmp_serde::to_vec_named(&Old {
+            timeout_s: 5.0,
+            max_output_bytes: 1024,
+        })
+        .unwrap();
+        let t: CommandTool = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(t.sandbox, CommandSandbox::default());
     }
 }

@@ -344,6 +344,11 @@ pub struct TestJob {
     pub timeout_ms: u64,
     /// Set on top of the worker's minimal environment (PATH, HOME, TMPDIR, LANG).
     pub env: std::collections::BTreeMap<String, String>,
+    /// How the command is confined: the plan's `[run_command]` sandbox settings, or the
+    /// defaults when the plan has no `run_command` table (a message without it decodes to
+    /// the defaults).
+    #[serde(default)]
+    pub sandbox: crate::endpoint::CommandSandbox,
     /// The W3C `traceparent` of the coordinator's `fork.resolve` span: the worker's
     /// `resolve.test` span is its child (`crate::trace`). `None` without trace context.
     #[serde(default, skip_serializing_if = "Option::is_none")]

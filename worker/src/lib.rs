@@ -244,6 +244,16 @@ impl WorkerHandle {
 /// Start a worker in this process.
 pub async fn start(config: WorkerConfig, bus: Arc<dyn Bus>) -> Result<WorkerHandle, WorkerError> {
     config.validate()?;
+    // What the command sandbox can enforce on this kernel, said once; the catalogue's key
+    // files are kept out of every command's reach.
+    runner::sandbox::log_support();
+    runner::sandbox::protect(
+        config
+            .catalogue
+            .models
+            .values()
+            .filter_map(|m| m.api_key_file.clone()),
+    );
     let worker_id = config.worker_id;
     let ctx = Arc::new(context::WorkerCtx::new(
         worker_id,

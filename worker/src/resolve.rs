@@ -7,8 +7,10 @@
 //!   directory ([`Workdir`], as for the `run_command` tool), the command runs there without
 //!   a shell, with the minimal environment (`HOME` and `TMPDIR` scratch directories beside
 //!   the tree) plus the plan's variables, until it exits or its timeout kills its process
-//!   group; the output becomes a [`TestSignal`](forkfleet_shared::testsignal::TestSignal).
-//!   The directory is removed afterwards, whatever happened.
+//!   group, in the sandbox of the job's settings (the plan's `[run_command]` ones, or the
+//!   defaults: [`crate::runner::sandbox`]); the output becomes a
+//!   [`TestSignal`](forkfleet_shared::testsignal::TestSignal). The directory is removed
+//!   afterwards, whatever happened.
 //! - **Judge** ([`JudgeJob`]): one call to the judge model with the bounded prompt; the
 //!   answer is parsed and validated against the fork's labels and, when the tests narrowed
 //!   them, the candidates (the branches with the best pass ratio). An answer that is not a
@@ -22,7 +24,7 @@
 use crate::context::WorkerCtx;
 use crate::genai::{error_type, ChatSpan};
 use crate::provider::ModelRequest;
-use crate::runner::{CommandOutcome, CommandSpec, TreeKey};
+use crate::runner::{CommandOutcome, CommandSpec, SandboxSpec, TreeKey};
 use forkfleet_bus::Request;
 use forkfleet_shared::event::{Message, Usage};
 use forkfleet_shared::manifest::Manifest;
@@ -153,6 +155,10 @@ async fn test_in_span(ctx: &WorkerCtx, job: TestJob) -> TestRun {
         env: job.env.clone(),
         timeout: Duration::from_millis(job.timeout_ms.max(1)),
         max_output_bytes: TEST_OUTPUT_BYTES,
+        sandbox: SandboxSpec {
+            settings: job.sandbox.clone(),
+            writable: Vec::new(),
+        },
     };
     let run = work
         .run(&WsPath::root(), &spec, std::future::pending())

@@ -15,6 +15,9 @@
 //!   in it, with the tree it was materialised from, as the change log between the two
 //!   ([`forkfleet_shared::flush::changes_between`]), and says what cannot be taken back (a
 //!   symlink leaving the tree, a file over the size limit, a fifo, an unreadable entry).
+//! - [`sandbox`] confines the command (Landlock filesystem and network rules, resource
+//!   limits) between fork and exec; [`Workdir::run`] gives it the tree, `HOME` and `TMPDIR`
+//!   as the only writable directories.
 //! - [`Workdir`] puts the three together: a fresh temporary directory with the tree and
 //!   scratch `HOME` and `TMPDIR` beside it, the command, the comparison, the removal
 //!   (here, with the removal of a directory a command may have made unwritable).
@@ -22,11 +25,13 @@
 mod changes;
 mod command;
 mod materialize;
+pub mod sandbox;
 mod trees;
 
 pub use changes::{tree_changes, TreeChanges};
 pub use command::{base_env, run_command, CommandOutcome, CommandRun, CommandSpec};
 pub use materialize::{materialize, Materialized};
+pub use sandbox::SandboxSpec;
 pub use trees::{Checkout, TreeKey, Trees, DEFAULT_TREE_CACHE_BYTES, FINISHED_TTL};
 
 use crate::cache::BlobCache;
@@ -177,10 +182,15 @@ impl Workdir {
             );
         }
         env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let spec = CommandSpec {
+        let mut spec = CommandSpec {
             env,
             ..spec.clone()
         };
+        // The command writes only in its tree and its scratch HOME and TMPDIR.
+        spec.sandbox.writable = ["ws", "home", "tmp"]
+            .iter()
+            .map(|d| self.root.0.join(d))
+            .collect();
         run_command(&cwd.to_os_path(&self.root.0.join("ws")), &spec, cancel).await
     }
 

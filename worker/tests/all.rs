@@ -13,6 +13,7 @@ mod suite {
     mod providers;
     mod run_command;
     mod runner;
+    mod sandbox;
     mod tools;
     mod trace;
     mod turns;

@@ -34,12 +34,9 @@ impl ForkPlan {
         self.check_models()?;
         self.check_prices_for_caps()?;
         if let Some(tool) = &self.run_command {
-            let section = CommandToolSection {
-                timeout_s: Some(tool.timeout_s),
-                env: tool.env.clone(),
-                max_output_bytes: Some(tool.max_output_bytes),
-            };
-            section.validate().map_err(SpecError::BadRunCommand)?;
+            CommandToolSection::from_tool(tool)
+                .validate()
+                .map_err(SpecError::BadRunCommand)?;
         }
         Ok(())
     }
@@ -733,6 +730,7 @@ mod tests {
             timeout_s: 5.0,
             env: BTreeMap::new(),
             max_output_bytes: 4096,
+            sandbox: Default::default(),
         };
         let mut p = plan(&["a"]);
         p.run_command = Some(tool.clone());
@@ -754,6 +752,18 @@ mod tests {
                 })
             },
             &["[run_command]", "max_output_bytes"],
+        );
+        refused(
+            |p| {
+                p.run_command = Some(CommandTool {
+                    sandbox: crate::endpoint::CommandSandbox {
+                        max_file_size_mb: 0,
+                        ..Default::default()
+                    },
+                    ..tool.clone()
+                })
+            },
+            &["[run_command]", "max_file_size_mb"],
         );
     }
 }

@@ -1,6 +1,8 @@
 //! Running one command in a directory: no shell, a cleared environment, its own process
-//! group (killed on timeout, cancellation or drop), its output capped to a head and a tail.
+//! group (killed on timeout, cancellation or drop), its output capped to a head and a tail,
+//! confined by its sandbox ([`super::sandbox`]) between fork and exec.
 
+use super::sandbox::{self, SandboxSpec};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
@@ -42,6 +44,9 @@ pub struct CommandSpec {
     pub timeout: Duration,
     /// Output kept: the first and the last half of this many bytes.
     pub max_output_bytes: usize,
+    /// How the command is confined (default: the default sandbox, writing only in the
+    /// directory it runs in).
+    pub sandbox: SandboxSpec,
 }
 
 /// What a command did.
@@ -207,17 +212,37 @@ pub async fn run_command(
             0,
         );
     };
+    let mut env = base_env(dir);
+    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let mut sandbox_spec = spec.sandbox.clone();
+    if sandbox_spec.writable.is_empty() {
+        sandbox_spec.writable.push(dir.to_path_buf());
+    }
+    let confinement = match sandbox::prepare(
+        &sandbox_spec,
+        env.get("PATH").map(String::as_str),
+        sandbox::support(),
+    ) {
+        Ok(c) => c,
+        Err(error) => return done(CommandOutcome::SpawnFailed { error }, String::new(), 0),
+    };
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .current_dir(dir)
         .env_clear()
-        .envs(base_env(dir))
-        .envs(&spec.env)
+        .envs(&env)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(confinement) = confinement {
+        // SAFETY: `apply` makes only async-signal-safe system calls (setrlimit, prctl,
+        // landlock_restrict_self) and allocates nothing, as code between fork and exec must.
+        unsafe {
+            cmd.pre_exec(move || confinement.apply());
+        }
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {

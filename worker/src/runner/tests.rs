@@ -360,6 +360,7 @@ async fn a_workdir_is_removed_after_use_or_when_dropped() {
         env: BTreeMap::new(),
         timeout: Duration::from_secs(30),
         max_output_bytes: 1024,
+        sandbox: Default::default(),
     };
     let run = work
         .run(&WsPath::root(), &spec, std::future::pending())
@@ -383,4 +384,123 @@ async fn a_workdir_is_removed_after_use_or_when_dropped() {
     assert!(path.join("ws/a.txt").exists());
     std::thread::spawn(move || drop(work)).join().unwrap();
     assert!(!path.exists());
+}
+
+#[tokio::test]
+async fn a_workdir_command_is_confined_to_its_tree_home_and_tmp() {
+    assert!(
+        sandbox::support().landlock(),
+        "this test needs a kernel with Landlock"
+    );
+    let (tree, cache) = stored(&[("a.txt", "in-tree\n")]);
+    let secret = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(secret.path(), "workdir-secret\n").unwrap();
+    let work = Workdir::create("forkfleet-test-", tree, &cache)
+        .await
+        .unwrap();
+    let root = work.root.0.clone();
+    let spec = CommandSpec {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            "cat a.txt; cat \"$1\"; echo read=$?; echo x > \"$HOME/../escape\"; echo wrote=$?; echo h > \"$HOME/h\" && echo t > \"$TMPDIR/t\" && echo scratch-ok".into(),
+            "sh".into(),
+            secret.path().display().to_string(),
+        ],
+        env: BTreeMap::new(),
+        timeout: Duration::from_secs(30),
+        max_output_bytes: 4096,
+        sandbox: SandboxSpec::default(),
+    };
+    let run = work
+        .run(&WsPath::root(), &spec, std::future::pending())
+        .await;
+    assert_eq!(
+        run.outcome,
+        CommandOutcome::Exited { code: 0 },
+        "{}",
+        run.output
+    );
+    assert!(run.output.contains("in-tree"), "{}", run.output);
+    assert!(run.output.contains("read=1"), "{}", run.output);
+    assert!(!run.output.contains("workdir-secret"), "{}", run.output);
+    assert!(run.output.contains("wrote=2"), "{}", run.output);
+    assert!(run.output.contains("scratch-ok"), "{}", run.output);
+    assert!(!root.join("escape").exists());
+    work.remove().await;
+}
+
+mod sandbox_prepare {
+    use super::super::sandbox::{around, prepare, SandboxSpec, Support};
+    use forkfleet_shared::endpoint::{CommandSandbox, SandboxMode};
+
+    fn spec(mode: SandboxMode, network: bool) -> SandboxSpec {
+        SandboxSpec {
+            settings: CommandSandbox {
+                mode,
+                network,
+                ..CommandSandbox::default()
+            },
+            writable: vec![std::env::temp_dir()],
+        }
+    }
+
+    #[test]
+    fn off_is_nothing_and_auto_without_landlock_is_limits_only() {
+        let none = Support { abi: 0 };
+        assert!(prepare(&spec(SandboxMode::Off, false), None, none)
+            .unwrap()
+            .is_none());
+        let auto = prepare(&spec(SandboxMode::Auto, false), None, none)
+            .unwrap()
+            .unwrap();
+        assert!(!auto.landlocked());
+    }
+
+    #[test]
+    fn required_without_landlock_is_refused_naming_why() {
+        let err =
+            prepare(&spec(SandboxMode::Required, true), None, Support { abi: 0 }).unwrap_err();
+        assert!(
+            err.starts_with("the sandbox is required (`[run_command] sandbox = \"required\"`) but this worker's kernel has no Landlock"),
+            "{err}"
+        );
+        // Landlock without network rules: refused only while the network is to be off.
+        let err = prepare(
+            &spec(SandboxMode::Required, false),
+            None,
+            Support { abi: 3 },
+        )
+        .unwrap_err();
+        assert!(err.contains("ABI 3 without network rules"), "{err}");
+        if super::super::sandbox::support().landlock() {
+            let ok = prepare(&spec(SandboxMode::Required, true), None, Support { abi: 3 })
+                .unwrap()
+                .unwrap();
+            assert!(ok.landlocked());
+        }
+    }
+
+    #[test]
+    fn a_directory_is_granted_around_what_is_kept_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        for d in ["a/b", "c"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        for f in ["a/key", "a/b/x", "a/y", "z"] {
+            std::fs::write(root.join(f), "").unwrap();
+        }
+        std::os::unix::fs::symlink("/", root.join("a/link")).unwrap();
+        assert_eq!(around(&root, &[]), vec![root.clone()]);
+        let key = root.join("a/key");
+        let mut got = around(&root, &[&key]);
+        got.sort();
+        let want: Vec<_> = ["a/b", "a/y", "c", "z"]
+            .iter()
+            .map(|p| root.join(p))
+            .collect();
+        assert_eq!(got, want);
+        assert!(around(&root, &[&root]).is_empty());
+    }
 }

@@ -19,6 +19,13 @@
 //! anything that is not a file, directory or symlink, an unreadable entry; such a path stays
 //! as it was.
 //!
+//! The command runs in the sandbox of the spec's `[run_command]` settings
+//! ([`crate::runner::sandbox`]): it reads and writes its tree, `HOME` and `TMPDIR`, reads
+//! system paths, has no TCP unless `network = true`, and has resource limits; what the
+//! sandbox blocks fails in the command (`EACCES`, `EPERM`) and shows in its output. With
+//! `sandbox = "required"` on a worker that cannot confine it, the call is refused
+//! (`could not start: the sandbox is required ...`).
+//!
 //! The result is `ok` when the command exited with code 0; a non-zero exit, a signal, a
 //! timeout or a command that could not start is `ok = false`. The output is the outcome
 //! line (`exit code N`, `timed out after N s`, `could not start: ...`), stdout and stderr
@@ -29,7 +36,7 @@ use super::TreeSlot;
 use super::{resolve, ToolOutcome};
 use crate::cache::BlobCache;
 use crate::error::WorkerError;
-use crate::runner::{Checkout, CommandOutcome, CommandSpec, TreeChanges, Workdir};
+use crate::runner::{Checkout, CommandOutcome, CommandSpec, SandboxSpec, TreeChanges, Workdir};
 use forkfleet_shared::blob::BlobError;
 use forkfleet_shared::endpoint::CommandTool;
 use forkfleet_shared::error::ErrorKind;
@@ -188,6 +195,10 @@ pub(super) async fn run_command(
         env: tool.env.clone(),
         timeout,
         max_output_bytes: usize::try_from(tool.max_output_bytes).unwrap_or(usize::MAX),
+        sandbox: SandboxSpec {
+            settings: tool.sandbox.clone(),
+            writable: Vec::new(),
+        },
     };
     let run = work.run(&cwd, &spec, std::future::pending()).await;
     let compare_started = std::time::Instant::now();

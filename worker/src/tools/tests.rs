@@ -33,6 +33,7 @@ fn the_static_tool_lists_are_measured_once() {
         timeout_s: 5.0,
         env: BTreeMap::new(),
         max_output_bytes: 1024,
+        sandbox: Default::default(),
     }));
     assert!(std::ptr::eq(standard.specs(), tool_specs()));
     assert_eq!(with.specs().len(), tool_specs().len() + 1);

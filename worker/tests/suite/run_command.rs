@@ -19,6 +19,7 @@ fn tool(timeout_s: f64) -> CommandTool {
         timeout_s,
         env: BTreeMap::new(),
         max_output_bytes: 16 * 1024,
+        sandbox: Default::default(),
     }
 }
 

@@ -36,6 +36,7 @@ fn sh(script: &str, timeout: Duration) -> CommandSpec {
         env: BTreeMap::new(),
         timeout,
         max_output_bytes: 64 * 1024,
+        sandbox: Default::default(),
     }
 }
 

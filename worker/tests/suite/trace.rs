@@ -404,6 +404,7 @@ async fn resolve_job_spans_are_children_of_the_context_the_job_carries() {
         argv: vec!["true".into()],
         timeout_ms: 10_000,
         env: Default::default(),
+        sandbox: Default::default(),
         trace: Some(RESOLVE_PARENT.into()),
     });
     let judge = ResolveJob::Judge(JudgeJob {
