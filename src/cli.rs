@@ -360,6 +360,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Bench { command } => match command {
             BenchCommand::Fanout(args) => bench::cmd_fanout(args).await,
             BenchCommand::Budget(args) => bench::budget::cmd_budget(args).await,
+            BenchCommand::Workspace(args) => bench::workspace::cmd_workspace(args).await,
         },
     };
     match result {

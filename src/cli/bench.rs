@@ -23,6 +23,7 @@
 pub mod budget;
 mod cluster;
 pub mod nats_server;
+pub mod workspace;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
@@ -497,4 +498,8 @@ pub enum BenchCommand {
     /// The peer's aggregate-cap table: 100 branches under caps of 10%, 25% and 50% of their
     /// uncapped spend, in strict and best-effort mode; true spend against each cap.
     Budget(self::budget::BudgetArgs),
+    /// Forks of a large real tree (issue 18): snapshot time, run_command overhead per call
+    /// (kept trees against a fresh copy), whole runs of 4 and 32 branches with peak RSS,
+    /// and the same work with one git worktree per branch, side by side.
+    Workspace(self::workspace::WorkspaceArgs),
 }

@@ -118,6 +118,7 @@ impl Fx {
             parent_run: RunId::new(),
             snapshot: BlobHash::of(b""),
             workspace: None,
+            left_out: None,
             state: ForkState::Open,
             created_at_ms: START_MS,
             cutoff_seq: 0,

@@ -1,0 +1,446 @@
+//! `forkfleet bench workspace`: forks of a large real tree (issue 18).
+//!
+//! On a tree (`--dir`, e.g. the crate sources in the local cargo registry, or one
+//! generated with `--files` and `--mb`: 14,000 files, 233 MB by default), in one run, side
+//! by side:
+//! - **snapshot**: listing and hashing the tree cold (no stat cache) and again warm (the
+//!   stat cache serves unchanged files), in this process;
+//! - **per-call command overhead**: a branch's `run_command` calls (`true`) through the
+//!   worker's own tool code, with kept trees (now) and with a fresh copy per call (before),
+//!   p50 and p90 over `--commands` calls;
+//! - **whole runs**: `forkfleet run` of a spec forking the tree into each `--branches`
+//!   count, every branch making `--commands` `run_command` calls and writing one file, as a
+//!   child process whose wall time and peak RSS (`/usr/bin/time`) are reported;
+//! - **git worktrees**: the same work done the way users do it without forkfleet, one
+//!   `git worktree add` per branch, the commands run in place, every branch at once.
+
+use super::*;
+use forkfleet_shared::scan::{self, ScanOptions, StatCache};
+use forkfleet_worker::cache::BlobCache;
+use forkfleet_worker::runner::{TreeKey, Trees};
+use forkfleet_worker::tools::{ToolBox, TreeSlot, RUN_COMMAND};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Debug, Args)]
+pub struct WorkspaceArgs {
+    /// A tree to fork (read, never changed: it is copied into a scratch directory first).
+    /// Default: a generated one of `--files` files and `--mb` megabytes.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Files of the generated tree.
+    #[arg(long, default_value_t = 14_000)]
+    pub files: usize,
+    /// Megabytes of the generated tree.
+    #[arg(long, default_value_t = 233)]
+    pub mb: u64,
+    /// Branch counts to run, one whole run each.
+    #[arg(long, value_delimiter = ',', default_value = "4,32")]
+    pub branches: Vec<usize>,
+    /// `run_command` calls per branch.
+    #[arg(long, default_value_t = 10)]
+    pub commands: usize,
+    /// Skip the git-worktree comparison.
+    #[arg(long)]
+    pub no_git: bool,
+    /// Give up on a whole run after this many seconds.
+    #[arg(long, default_value_t = 1200)]
+    pub timeout_s: u64,
+    /// Print one JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One whole run, forkfleet's and git worktrees'.
+#[derive(Debug, Serialize)]
+struct RunRow {
+    branches: usize,
+    forkfleet_wall_s: f64,
+    forkfleet_peak_rss_mb: f64,
+    git_worktree_wall_s: Option<f64>,
+    git_peak_rss_mb: Option<f64>,
+    ratio: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct WorkspaceResult {
+    files: usize,
+    mb: f64,
+    snapshot_cold_s: f64,
+    snapshot_warm_s: f64,
+    snapshot_warm_files_read: usize,
+    call_kept_p50_ms: f64,
+    call_kept_p90_ms: f64,
+    call_fresh_p50_ms: f64,
+    call_fresh_p90_ms: f64,
+    runs: Vec<RunRow>,
+}
+
+pub async fn cmd_workspace(args: WorkspaceArgs) -> anyhow::Result<()> {
+    let scratch = tempfile::Builder::new()
+        .prefix("forkfleet-bench-ws-")
+        .tempdir()?;
+    let tree = scratch.path().join("workspace");
+    match &args.dir {
+        Some(src) => copy_tree(src, &tree)?,
+        None => generate(&tree, args.files, args.mb << 20)?,
+    }
+    let opts = ScanOptions::names_only(&[".git".to_string()]);
+
+    // Snapshot, cold then warm.
+    let t = Instant::now();
+    let listing = scan::list(&tree, &opts)?;
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let (manifest, _) = scan::hash(&listing, &StatCache::default(), threads)?;
+    let snapshot_cold_s = t.elapsed().as_secs_f64();
+    let cache_file = scratch.path().join("stat-cache");
+    StatCache::save(&cache_file, &listing, &manifest)?;
+    let cache = StatCache::load(&cache_file);
+    let t = Instant::now();
+    let (_, warm) = scan::hash(&scan::list(&tree, &opts)?, &cache, threads)?;
+    let snapshot_warm_s = t.elapsed().as_secs_f64();
+    let (files, bytes) = (manifest.files.len(), manifest.total_bytes());
+    eprintln!(
+        "tree: {files} files, {:.1} MB; snapshot {snapshot_cold_s:.2} s cold, {snapshot_warm_s:.2} s warm",
+        bytes as f64 / 1e6
+    );
+
+    // Per-call overhead through the worker's tool code.
+    let (kept, fresh) = call_overhead(&tree, &listing, &manifest, args.commands.max(2)).await?;
+    eprintln!(
+        "run_command overhead: kept trees p50 {:.1} ms p90 {:.1} ms; fresh copy p50 {:.1} ms p90 {:.1} ms",
+        kept.0, kept.1, fresh.0, fresh.1
+    );
+
+    // Whole runs.
+    let mut runs = Vec::new();
+    for &n in &args.branches {
+        let (wall, rss) = forkfleet_run(scratch.path(), &tree, n, args.commands, args.timeout_s)?;
+        let git = if args.no_git {
+            None
+        } else {
+            Some(git_worktrees(scratch.path(), &tree, n, args.commands)?)
+        };
+        eprintln!(
+            "{n} branches x {} commands: forkfleet {wall:.2} s (peak RSS {rss:.0} MB){}",
+            args.commands,
+            git.map(|(w, r)| format!("; git worktrees {w:.2} s (peak RSS {r:.0} MB)"))
+                .unwrap_or_default()
+        );
+        runs.push(RunRow {
+            branches: n,
+            forkfleet_wall_s: wall,
+            forkfleet_peak_rss_mb: rss,
+            git_worktree_wall_s: git.map(|g| g.0),
+            git_peak_rss_mb: git.map(|g| g.1),
+            ratio: git.map(|g| wall / g.0),
+        });
+    }
+    let result = WorkspaceResult {
+        files,
+        mb: bytes as f64 / 1e6,
+        snapshot_cold_s,
+        snapshot_warm_s,
+        snapshot_warm_files_read: warm.read,
+        call_kept_p50_ms: kept.0,
+        call_kept_p90_ms: kept.1,
+        call_fresh_p50_ms: fresh.0,
+        call_fresh_p90_ms: fresh.1,
+        runs,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        print!("{}", table(&result, args.commands));
+    }
+    Ok(())
+}
+
+fn table(r: &WorkspaceResult, commands: usize) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "tree: {} files, {:.1} MB", r.files, r.mb);
+    let _ = writeln!(
+        out,
+        "snapshot: {:.2} s cold, {:.2} s warm ({} files read)",
+        r.snapshot_cold_s, r.snapshot_warm_s, r.snapshot_warm_files_read
+    );
+    let _ = writeln!(
+        out,
+        "run_command overhead per call: kept tree p50 {:.1} ms, p90 {:.1} ms; fresh copy p50 {:.1} ms, p90 {:.1} ms",
+        r.call_kept_p50_ms, r.call_kept_p90_ms, r.call_fresh_p50_ms, r.call_fresh_p90_ms
+    );
+    let _ = writeln!(
+        out,
+        "{:>8}  {:>13}  {:>12}  {:>13}  {:>12}  {:>7}",
+        "BRANCHES", "FORKFLEET_S", "PEAK_RSS_MB", "WORKTREES_S", "PEAK_RSS_MB", "RATIO"
+    );
+    for row in &r.runs {
+        let _ = writeln!(
+            out,
+            "{:>8}  {:>13.2}  {:>12.0}  {:>13}  {:>12}  {:>7}",
+            row.branches,
+            row.forkfleet_wall_s,
+            row.forkfleet_peak_rss_mb,
+            row.git_worktree_wall_s
+                .map(|s| format!("{s:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            row.git_peak_rss_mb
+                .map(|s| format!("{s:.0}"))
+                .unwrap_or_else(|| "-".into()),
+            row.ratio
+                .map(|s| format!("{s:.3}"))
+                .unwrap_or_else(|| "-".into()),
+        );
+    }
+    let _ = writeln!(out, "({commands} run_command calls and one write per branch)");
+    out
+}
+
+/// A tree shaped like a crate registry's sources: `files` files over directories of about
+/// 20, sizes spread around the mean (a few large ones), text content.
+fn generate(dir: &Path, files: usize, bytes: u64) -> anyhow::Result<()> {
+    let mean = bytes / files.max(1) as u64;
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let line = "fn example(input: &str) -> Option<usize> { input.find(\"forkfleet\") }\n";
+    for i in 0..files {
+        let d = dir.join(format!("crate{}/src/m{}", i / 200, (i / 20) % 10));
+        std::fs::create_dir_all(&d)?;
+        // Sizes from 1/8 to ~2x the mean, and every 500th file 20x.
+        let r = next();
+        let mut size = mean / 8 + (r % (mean * 15 / 8 + 1));
+        if i % 500 == 0 {
+            size = mean * 20;
+        }
+        let mut text = String::with_capacity(size as usize + line.len());
+        let _ = writeln!(text, "// file {i} seed {r}");
+        while (text.len() as u64) < size {
+            text.push_str(line);
+        }
+        std::fs::write(d.join(format!("f{i}.rs")), text)?;
+    }
+    Ok(())
+}
+
+/// Copy `src` into `dst` (files, directories and symlinks; `.git` left out).
+fn copy_tree(src: &Path, dst: &Path) -> anyhow::Result<()> {
+    let listing = scan::list(src, &ScanOptions::names_only(&[".git".to_string()]))?;
+    std::fs::create_dir_all(dst)?;
+    for d in &listing.dirs {
+        std::fs::create_dir_all(d.to_os_path(dst))?;
+    }
+    for f in &listing.files {
+        let to = f.path.to_os_path(dst);
+        match &f.link {
+            Some(target) => std::os::unix::fs::symlink(target, &to)?,
+            None => {
+                std::fs::copy(&f.full, &to)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// p50 and p90 of a branch's `run_command` calls through the worker's tool code, with a
+/// kept tree and with a fresh copy per call, in ms.
+async fn call_overhead(
+    tree: &Path,
+    listing: &scan::Listing,
+    manifest: &forkfleet_shared::manifest::Manifest,
+    calls: usize,
+) -> anyhow::Result<((f64, f64), (f64, f64))> {
+    use forkfleet_shared::blob::MemBlobStore;
+    let store = MemBlobStore::new();
+    for f in &listing.files {
+        if let Some(e) = manifest.files.get(&f.path) {
+            store.insert(bytes::Bytes::from(scan::read_checked(f, e)?));
+        }
+    }
+    let _ = tree;
+    let cache = BlobCache::new(Arc::new(store), 1 << 30);
+    let base = Arc::new(manifest.clone());
+    let tool = forkfleet_shared::endpoint::CommandTool {
+        timeout_s: 60.0,
+        env: BTreeMap::new(),
+        max_output_bytes: 4096,
+        sandbox: Default::default(),
+    };
+    let trees = Arc::new(Trees::new(4 << 30));
+    let kept = ToolBox::with_command(Some(tool.clone())).with_trees(TreeSlot {
+        trees,
+        key: TreeKey {
+            fork: forkfleet_shared::ids::ForkId::new(),
+            label: "bench".into(),
+        },
+    });
+    let fresh = ToolBox::with_command(Some(tool));
+    let mut out = Vec::new();
+    for tools in [&kept, &fresh] {
+        let mut ov = forkfleet_shared::overlay::Overlay::new(base.clone());
+        let mut ms = Vec::new();
+        // The first call of a kept tree materialises it: not counted (every call of a
+        // fresh copy does, and is counted).
+        for i in 0..=calls {
+            let call = forkfleet_shared::event::ToolCall {
+                id: format!("c{i}"),
+                name: RUN_COMMAND.into(),
+                args: serde_json::json!({ "command": "true" }),
+            };
+            let t = Instant::now();
+            let r = tools.run(&call, &mut ov, &cache).await?;
+            anyhow::ensure!(r.ok, "the bench's command failed: {}", r.output);
+            if i > 0 {
+                ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            if std::ptr::eq(tools, &fresh) && ms.len() >= 3 {
+                break; // A fresh copy per call takes seconds: three calls tell.
+            }
+        }
+        ms.sort_by(|a, b| a.total_cmp(b));
+        out.push((pct(&ms, 0.5), pct(&ms, 0.9)));
+    }
+    Ok((out[0], out[1]))
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// `forkfleet run` of a spec forking `tree` into `n` branches, each making `commands`
+/// `run_command` calls then writing a file; wall seconds and peak RSS (MB) of the process.
+fn forkfleet_run(
+    scratch: &Path,
+    tree: &Path,
+    n: usize,
+    commands: usize,
+    timeout_s: u64,
+) -> anyhow::Result<(f64, f64)> {
+    let dir = scratch.join(format!("run-{n}"));
+    std::fs::create_dir_all(&dir)?;
+    let mut script = String::new();
+    for i in 0..commands {
+        let _ = writeln!(
+            script,
+            "[[turns.\"*\"]]\ntool_calls = [{{ name = \"run_command\", args = {{ command = [\"sh\", \"-c\", \"ls | wc -l # {i}\"] }} }}]\n"
+        );
+    }
+    script.push_str("[[turns.\"*\"]]\ntool_calls = [{ name = \"write_file\", args = { path = \"BRANCH.txt\", content = \"done\\n\" } }]\n\n[[turns.\"*\"]]\ntext = \"done\"\n");
+    std::fs::write(dir.join("script.toml"), script)?;
+    let mut spec = format!(
+        "goal = \"bench workspace\"\nworkspace = {:?}\nmodel = \"scripted:bench\"\nmax_turns = {}\n\n[models.\"scripted:bench\"]\nscript = \"script.toml\"\n\n[run_command]\ntimeout_s = 60\n\n",
+        tree.display().to_string(),
+        commands + 5
+    );
+    for b in 0..n {
+        let _ = writeln!(spec, "[[branches]]\nlabel = \"b{b}\"\nsteer = \"branch {b}\"\n");
+    }
+    std::fs::write(dir.join("fork.toml"), spec)?;
+    let exe = std::env::current_exe()?;
+    let t = Instant::now();
+    let out = std::process::Command::new("/usr/bin/time")
+        .arg("-f")
+        .arg("%M")
+        .arg(exe)
+        .args(["run", "fork.toml", "--json", "--timeout-s"])
+        .arg(timeout_s.to_string())
+        .arg("--data")
+        .arg(dir.join("data"))
+        .current_dir(&dir)
+        .env("FORKFLEET_STAT_CACHE", "off")
+        .output()
+        .context("running forkfleet under /usr/bin/time (Debian package `time`)")?;
+    let wall = t.elapsed().as_secs_f64();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(
+        out.status.success(),
+        "forkfleet run failed: {}",
+        stderr.lines().rev().take(5).collect::<Vec<_>>().join(" / ")
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let done = doc["branches"]
+        .as_array()
+        .map(|b| b.iter().filter(|b| b["state"] == "done").count())
+        .unwrap_or(0);
+    anyhow::ensure!(done == n, "only {done} of {n} branches finished done");
+    Ok((wall, max_rss_mb(&stderr)))
+}
+
+/// The last number `/usr/bin/time -f %M` printed (KB), in MB.
+fn max_rss_mb(stderr: &str) -> f64 {
+    stderr
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// The same work with one git worktree per branch, every branch at once: `git worktree
+/// add`, the commands in place, one file written. The repository is made first (not
+/// timed). Wall seconds and the largest peak RSS of the git processes (MB).
+fn git_worktrees(
+    scratch: &Path,
+    tree: &Path,
+    n: usize,
+    commands: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let repo = scratch.join(format!("git-{n}"));
+    copy_tree(tree, &repo)?;
+    let git = |dir: &Path, args: &[&str]| -> anyhow::Result<f64> {
+        let out = std::process::Command::new("/usr/bin/time")
+            .args(["-f", "%M", "git", "-c", "user.name=bench", "-c", "user.email=bench@invalid"])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .context("running git")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "git {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(max_rss_mb(&String::from_utf8_lossy(&out.stderr)))
+    };
+    git(&repo, &["init", "-q"])?;
+    git(&repo, &["add", "-A"])?;
+    git(&repo, &["commit", "-qm", "base"])?;
+    let t = Instant::now();
+    let rss = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|b| {
+                let repo = &repo;
+                s.spawn(move || -> anyhow::Result<f64> {
+                    let wt = repo.with_file_name(format!("{}-wt{b}", repo.display()));
+                    let wt_s = wt.display().to_string();
+                    let rss = git(repo, &["worktree", "add", "-q", "--detach", &wt_s])?;
+                    for i in 0..commands {
+                        let out = std::process::Command::new("sh")
+                            .args(["-c", &format!("ls | wc -l # {i}")])
+                            .current_dir(&wt)
+                            .output()?;
+                        anyhow::ensure!(out.status.success(), "a command failed");
+                    }
+                    std::fs::write(wt.join("BRANCH.txt"), "done\n")?;
+                    Ok(rss)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a worktree thread panicked")))
+            })
+            .collect::<anyhow::Result<Vec<f64>>>()
+    })?;
+    let wall = t.elapsed().as_secs_f64();
+    Ok((wall, rss.into_iter().fold(0.0, f64::max)))
+}
