@@ -59,6 +59,7 @@ impl CoordinatorHandle {
             },
             snapshot: req.snapshot,
             workspace: parent_fork.workspace.clone(),
+            git: None,
         })
         .await
     }

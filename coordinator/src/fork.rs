@@ -207,6 +207,7 @@ impl ForkState {
             workspace: self.record.workspace.clone(),
             branches: self.branches.iter().map(|b| b.record.view()).collect(),
             keep_artifacts: self.record.plan.resolve.keep_artifacts,
+            git: self.record.git.clone(),
         }
     }
 

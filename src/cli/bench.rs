@@ -397,6 +397,7 @@ async fn run_fanout(
             parent: ParentRun::New,
             snapshot: upload.snapshot,
             workspace: Some(workspace.display().to_string()),
+            git: None,
         })
         .await?;
     let fork_call_s = t0.elapsed().as_secs_f64();

@@ -115,6 +115,7 @@ impl System {
                 parent: ParentRun::New,
                 snapshot: upload.snapshot,
                 workspace: Some(loaded.workspace.display().to_string()),
+                git: None,
             })
             .await
             .unwrap()
@@ -479,6 +480,11 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
             parent: ParentRun::New,
             snapshot: view.snapshot,
             workspace: None,
+            git: Some(api::GitHead {
+                commit: "0123456789abcdef0123456789abcdef01234567".into(),
+                prefix: "sub/".into(),
+                dirty: true,
+            }),
         }
         .into(),
         api::AgentFork {
@@ -704,6 +710,7 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
             parent: ParentRun::New,
             snapshot: view.snapshot,
             workspace: None,
+            git: None,
         }
         .into(),
         api::AgentFork {

@@ -354,6 +354,7 @@ fn view(labels: &[&str], workspace: &Path) -> ForkView {
         workspace: Some(workspace.display().to_string()),
         branches: labels.iter().map(|l| branch_view(l)).collect(),
         keep_artifacts: false,
+        git: None,
     }
 }
 

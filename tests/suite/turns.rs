@@ -81,6 +81,7 @@ async fn create(coord: &Client, spec_path: &Path) -> ForkView {
             parent: ParentRun::New,
             snapshot: upload.snapshot,
             workspace: Some(loaded.workspace.display().to_string()),
+            git: None,
         })
         .await
         .unwrap()

@@ -498,6 +498,7 @@ async fn an_account_cap_holds_across_forks() {
             parent: ParentRun::New,
             snapshot: snap,
             workspace: None,
+            git: None,
         })
         .await
         .unwrap_err();

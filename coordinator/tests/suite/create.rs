@@ -174,6 +174,7 @@ async fn forking_a_branch_run_goes_one_level_deeper_and_copies_only_conversation
         parent: ParentRun::Existing { run_id: deep_run },
         snapshot: snap,
         workspace: None,
+        git: None,
     }))
     .await
     .unwrap_err();

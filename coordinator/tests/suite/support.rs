@@ -190,6 +190,7 @@ impl Fixture {
             parent,
             snapshot,
             workspace: Some("/tmp/ws".into()),
+            git: None,
         }))
         .await
         .unwrap()

@@ -20,6 +20,7 @@ async fn refused(
         parent,
         snapshot: snap,
         workspace: None,
+        git: None,
     }))
     .await
     .unwrap_err();

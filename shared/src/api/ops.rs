@@ -291,6 +291,10 @@ operations! {
             snapshot: BlobHash,
             /// Where the workspace lives on the client, for display only.
             workspace: Option<String>,
+            /// The git commit the workspace was at, when it is in a git repository (what
+            /// `fork merge --git-branch` commits on top of). Absent from older clients.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            git: Option<GitHead>,
         } -> Fork(ForkView), changes, work;
 
         /// An agent forks its own branch run: the coordinator makes the fork's plan from

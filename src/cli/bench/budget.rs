@@ -372,6 +372,7 @@ async fn run_row(
             parent: ParentRun::New,
             snapshot: upload.snapshot,
             workspace: Some(workspace.display().to_string()),
+            git: None,
         })
         .await?;
     let view = coord
