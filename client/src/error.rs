@@ -118,6 +118,9 @@ pub enum ClientError {
         /// How many more failures there were.
         more: usize,
     },
+    /// A step in the user's git repository failed or was refused (`--git-branch`).
+    #[error(transparent)]
+    Git(#[from] crate::git::GitError),
     /// A diff tool `fork open` launched could not be run or exited with a failure.
     #[error("{}", failed.join("; "))]
     DiffTool {
@@ -161,6 +164,7 @@ impl ClientError {
             E::NoWorkspace { .. } | E::WorkspaceNotHere { .. } => ErrorKind::NotFound,
             E::Blocked { .. } | E::ForkDirRemoved { .. } => ErrorKind::Conflict,
             E::GaveUp { .. } => ErrorKind::Unavailable,
+            E::Git(e) => e.kind(),
             E::Call(CallError::Wire(_))
             | E::Call(CallError::UnexpectedReply { .. })
             | E::Io { .. }

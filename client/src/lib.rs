@@ -20,6 +20,9 @@
 //!   diff tools, the terminal diff.
 //! - [`watch`]: following a fork while it runs (bounded watches, progress lines).
 //! - [`render`]: tables, texts and `--json` documents of forks, costs, diffs and merges.
+//! - [`git`]: the user's git repository: the commit a workspace is at when a fork is made,
+//!   a winner committed on a new branch from it (plumbing only).
+//! - [`changes`]: one branch's changes with their bytes, as a git patch or a commit.
 //! - [`run`]: the run workflow (create from a spec, follow, merge or resolve, apply) as
 //!   library functions; [`run::run_fork`] is the whole of `forkfleet run`.
 //!
@@ -27,9 +30,11 @@
 //! one: `Client::remote(nats_bus)`. Then `client.create_fork(..)`, `watch::follow(..)`,
 //! `client.merge(fork, "label")`, `workspace::apply_merge(..)`.
 
+pub mod changes;
 pub mod client;
 pub mod error;
 pub mod forkdir;
+pub mod git;
 #[cfg(unix)]
 pub mod local;
 pub mod render;

@@ -109,7 +109,26 @@ pub fn fork_header(view: &ForkView) -> String {
             left_out.summary()
         );
     }
+    if let Some(g) = &view.git {
+        out.push_str(&git_line(g));
+    }
     out
+}
+
+/// `git: <commit> (in <prefix>, uncommitted changes)`: where the workspace stood.
+fn git_line(g: &forkfleet_shared::api::GitHead) -> String {
+    let mut notes = Vec::new();
+    if !g.prefix.is_empty() {
+        notes.push(format!("workspace at {}", g.prefix));
+    }
+    if g.dirty {
+        notes.push("uncommitted changes".to_string());
+    }
+    if notes.is_empty() {
+        format!("git: {}\n", g.commit)
+    } else {
+        format!("git: {} ({})\n", g.commit, notes.join(", "))
+    }
 }
 
 fn state_text(view: &ForkView) -> String {
@@ -478,6 +497,9 @@ pub fn fork_json(
     });
     if let forkfleet_shared::state::ForkState::Merged { winner } = &view.state {
         doc["winner"] = json!(winner);
+    }
+    if let Some(g) = &view.git {
+        doc["git"] = json!({"commit": g.commit, "prefix": g.prefix, "dirty": g.dirty});
     }
     if let Some(d) = diff {
         doc["diff"] = diff_json(d, false);

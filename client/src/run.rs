@@ -7,7 +7,7 @@ use crate::client::Client;
 use crate::error::ClientError;
 use crate::render::{count, paused_labels};
 use crate::watch::Until;
-use crate::{forkdir, workspace};
+use crate::{forkdir, git, workspace};
 use forkfleet_shared::api::{ApiClient, CreateFork, ForkView, ParentRun, ResolveReport};
 use forkfleet_shared::diff::{DiffOptions, DiffReport};
 use forkfleet_shared::flush::{ConflictPolicy, FlushReport};
@@ -33,7 +33,7 @@ pub async fn create_fork(
     from: Option<RunId>,
 ) -> Result<(ForkView, String), ClientError> {
     let blobs = coord.blobs();
-    let (parent, snapshot, from_text, left_out) = match from {
+    let (parent, snapshot, from_text, left_out, git) = match from {
         Some(run_id) => {
             let snapshot = coord.run_workspace(run_id).await?;
             for (hash, bytes) in &loaded.blobs {
@@ -47,6 +47,7 @@ pub async fn create_fork(
                 snapshot,
                 format!("from run {run_id}"),
                 None,
+                None,
             )
         }
         None => {
@@ -57,6 +58,13 @@ pub async fn create_fork(
                 loaded.blobs.clone(),
             )
             .await?;
+            // The commit the workspace is at, when it is in a git repository (what
+            // `fork merge --git-branch` commits on); nothing when git cannot say.
+            let dir = loaded.workspace.clone();
+            let git = tokio::task::spawn_blocking(move || git::head_at(&dir))
+                .await
+                .ok()
+                .flatten();
             (
                 ParentRun::New,
                 upload.snapshot,
@@ -69,6 +77,7 @@ pub async fn create_fork(
                     upload.left_out.summary()
                 ),
                 Some(upload.left_out),
+                git,
             )
         }
     };
@@ -79,6 +88,7 @@ pub async fn create_fork(
             snapshot,
             workspace: Some(loaded.workspace.display().to_string()),
             left_out,
+            git,
         })
         .await?;
     Ok((view, from_text))

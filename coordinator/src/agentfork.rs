@@ -60,6 +60,7 @@ impl CoordinatorHandle {
             snapshot: req.snapshot,
             workspace: parent_fork.workspace.clone(),
             left_out: None,
+            git: None,
         })
         .await
     }

@@ -320,6 +320,12 @@ pub(crate) fn create_fork(
         prefix_len,
         trace,
         replay: None,
+        // A fork of an existing run starts from that run's workspace, not the client's
+        // checkout: a commit recorded for it would not be the snapshot's.
+        git: match req.parent {
+            ParentRun::New => req.git.clone(),
+            _ => None,
+        },
     };
 
     // ---- writes: everything is valid ----

@@ -208,6 +208,7 @@ impl ForkState {
             left_out: self.record.left_out.clone(),
             branches: self.branches.iter().map(|b| b.record.view()).collect(),
             keep_artifacts: self.record.plan.resolve.keep_artifacts,
+            git: self.record.git.clone(),
         }
     }
 

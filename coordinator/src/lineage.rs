@@ -617,6 +617,7 @@ pub(crate) fn write_child(
         prefix_len,
         trace: forkfleet_shared::trace::current_traceparent(),
         replay,
+        git: None,
     };
     store.put_fork(&fork)?;
     store.flush()?;

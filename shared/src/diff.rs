@@ -43,9 +43,10 @@
 //! # Layout
 //! This file holds the report's types and how it is built ([`diff_report`],
 //! [`diff_overlays`]); `unified` the unified diffs, `render` the terminal table
-//! ([`render_summary`]), `json` the JSON form.
+//! ([`render_summary`]), `json` the JSON form, `patch` a branch's change as a git patch.
 
 mod json;
+pub mod patch;
 mod render;
 mod unified;
 

@@ -404,6 +404,7 @@ async fn run_fanout(
             snapshot: upload.snapshot,
             workspace: Some(workspace.display().to_string()),
             left_out: None,
+            git: None,
         })
         .await?;
     let fork_call_s = t0.elapsed().as_secs_f64();

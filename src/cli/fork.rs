@@ -1,9 +1,11 @@
 //! `forkfleet fork ...`: create, inspect, steer, stop, resolve and merge forks.
 
+pub(crate) mod git;
 pub(crate) mod resolve;
 pub(crate) mod turns;
 
 use super::*;
+use git::*;
 use resolve::*;
 use turns::*;
 
@@ -64,6 +66,21 @@ pub enum ForkCommand {
         /// Print unified diffs, not only the summary.
         #[arg(long)]
         unified: bool,
+        /// Write one branch's changes (against the fork snapshot) as a git patch that
+        /// `git apply` takes, to FILE (whole or not at all), or to stdout without FILE or
+        /// with `-`. Binary files are `GIT binary patch` hunks, symlinks mode 120000.
+        #[arg(
+            long,
+            value_name = "FILE",
+            num_args = 0..=1,
+            default_missing_value = "-",
+            conflicts_with = "unified"
+        )]
+        patch: Option<PathBuf>,
+        /// The branch --patch writes (default: the merged winner, else the fork's only
+        /// branch; a fork of several branches needs it).
+        #[arg(long, value_name = "LABEL", requires = "patch")]
+        branch: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -189,6 +206,12 @@ pub enum ForkCommand {
         /// Apply a merge to this directory instead of the workspace the fork was made from.
         #[arg(long, conflicts_with = "no_apply")]
         apply: Option<PathBuf>,
+        /// Commit the winner's changes on a new branch NAME of the git repository the
+        /// workspace was in, on top of the commit it was at when the fork was made; the
+        /// working tree, index and current branch are left alone, and an existing NAME is
+        /// refused. With it, no directory is applied to unless --apply DIR names one.
+        #[arg(long, value_name = "NAME")]
+        git_branch: Option<String>,
         /// Merge in the store only; leave every directory alone.
         #[arg(long)]
         no_apply: bool,
@@ -219,7 +242,8 @@ pub enum ForkCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Merge a branch into the fork's parent and apply it to the workspace directory.
+    /// Merge a branch into the fork's parent and apply it to the workspace directory, or
+    /// commit it on a new git branch (--git-branch) without touching the workspace.
     Merge {
         fork: String,
         /// The winning branch's label.
@@ -228,6 +252,12 @@ pub enum ForkCommand {
         /// Apply to this directory instead of the workspace the fork was made from.
         #[arg(long, conflicts_with = "no_apply")]
         apply: Option<PathBuf>,
+        /// Commit the winner's changes on a new branch NAME of the git repository the
+        /// workspace was in, on top of the commit it was at when the fork was made; the
+        /// working tree, index and current branch are left alone, and an existing NAME is
+        /// refused. With it, no directory is applied to unless --apply DIR names one.
+        #[arg(long, value_name = "NAME")]
+        git_branch: Option<String>,
         /// Merge in the store only; leave every directory alone.
         #[arg(long)]
         no_apply: bool,
@@ -312,12 +342,25 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             fork,
             paths,
             unified,
+            patch,
+            branch,
             client,
         } => {
             let filter = paths
                 .iter()
                 .map(|p| WsPath::parse(p).map_err(|e| BadInput(format!("--path: {e}"))))
                 .collect::<Result<Vec<_>, _>>()?;
+            if let Some(out) = patch {
+                let to = PatchTo::parse(out, client.json)?;
+                return with_session!(&client, Local::Read, |coord| fork_diff_patch(
+                    coord,
+                    &fork,
+                    branch.as_deref(),
+                    (!filter.is_empty()).then(|| filter.clone()),
+                    &to,
+                    client.json
+                ));
+            }
             with_session!(&client, Local::Read, |coord| async {
                 let id = coord.find_fork(&fork).await?;
                 let opts = DiffOptions {
@@ -459,6 +502,7 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             strategy,
             threshold,
             apply,
+            git_branch,
             no_apply,
             overwrite,
             timeout_s,
@@ -472,6 +516,7 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                 strategy,
                 MergeTarget {
                     apply: apply.as_deref(),
+                    git_branch: git_branch.as_deref(),
                     no_apply,
                     overwrite
                 },
@@ -493,6 +538,7 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             fork,
             pick,
             apply,
+            git_branch,
             no_apply,
             overwrite,
             client,
@@ -502,6 +548,7 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             &pick,
             MergeTarget {
                 apply: apply.as_deref(),
+                git_branch: git_branch.as_deref(),
                 no_apply,
                 overwrite
             },
@@ -644,9 +691,12 @@ pub(crate) async fn fork_create(
     Ok(())
 }
 
-/// Where a merge is applied.
+/// Where a merge is applied, and the git branch it is committed on.
 pub(crate) struct MergeTarget<'a> {
     apply: Option<&'a Path>,
+    /// `--git-branch NAME`: commit the winner on a new branch; no directory is applied to
+    /// unless `--apply DIR` names one.
+    git_branch: Option<&'a str>,
     no_apply: bool,
     overwrite: bool,
 }
@@ -664,6 +714,8 @@ impl MergeTarget<'_> {
         } else {
             match (self.apply, &view.workspace) {
                 (Some(a), _) => Some(a.to_path_buf()),
+                // A git branch alone leaves every directory alone.
+                (None, _) if self.git_branch.is_some() => None,
                 (None, Some(w)) => Some(PathBuf::from(w)),
                 (None, None) => None,
             }

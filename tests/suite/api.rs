@@ -116,6 +116,7 @@ impl System {
                 snapshot: upload.snapshot,
                 workspace: Some(loaded.workspace.display().to_string()),
                 left_out: None,
+                git: None,
             })
             .await
             .unwrap()
@@ -481,6 +482,11 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
             snapshot: view.snapshot,
             workspace: None,
             left_out: None,
+            git: Some(api::GitHead {
+                commit: "0123456789abcdef0123456789abcdef01234567".into(),
+                prefix: "sub/".into(),
+                dirty: true,
+            }),
         }
         .into(),
         api::AgentFork {
@@ -707,6 +713,7 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
             snapshot: view.snapshot,
             workspace: None,
             left_out: None,
+            git: None,
         }
         .into(),
         api::AgentFork {

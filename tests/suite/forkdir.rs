@@ -355,6 +355,7 @@ fn view(labels: &[&str], workspace: &Path) -> ForkView {
         left_out: None,
         branches: labels.iter().map(|l| branch_view(l)).collect(),
         keep_artifacts: false,
+        git: None,
     }
 }
 

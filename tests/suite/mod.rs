@@ -12,6 +12,7 @@ mod exit_codes;
 mod fencing;
 mod fleet;
 mod forkdir;
+mod git;
 mod harness;
 mod hints;
 mod lineage;

@@ -82,6 +82,7 @@ async fn create(coord: &Client, spec_path: &Path) -> ForkView {
             snapshot: upload.snapshot,
             workspace: Some(loaded.workspace.display().to_string()),
             left_out: None,
+            git: None,
         })
         .await
         .unwrap()

@@ -126,6 +126,7 @@ impl Fx {
             prefix_len: 0,
             trace: None,
             replay: None,
+            git: None,
         };
         self.ledger.register_fork(&record, &branches);
         Fork { id: fork_id, runs }

@@ -56,6 +56,10 @@ pub(crate) struct ForkRecord {
     /// A child of `runs fork --replay`: what its branch's tasks replay (docs/LINEAGE.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<forkfleet_shared::protocol::ReplayTask>,
+    /// The git commit the client's workspace was at (`fork merge --git-branch`); absent
+    /// from records stored before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<forkfleet_shared::api::GitHead>,
 }
 
 /// One branch of a fork. Static fields plus a summary of its log as of its last state

@@ -499,6 +499,7 @@ async fn an_account_cap_holds_across_forks() {
             snapshot: snap,
             workspace: None,
             left_out: None,
+            git: None,
         })
         .await
         .unwrap_err();

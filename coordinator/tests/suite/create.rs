@@ -175,6 +175,7 @@ async fn forking_a_branch_run_goes_one_level_deeper_and_copies_only_conversation
         snapshot: snap,
         workspace: None,
         left_out: None,
+        git: None,
     }))
     .await
     .unwrap_err();

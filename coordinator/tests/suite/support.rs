@@ -191,6 +191,7 @@ impl Fixture {
             snapshot,
             workspace: Some("/tmp/ws".into()),
             left_out: None,
+            git: None,
         }))
         .await
         .unwrap()

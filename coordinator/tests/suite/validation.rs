@@ -21,6 +21,7 @@ async fn refused(
         snapshot: snap,
         workspace: None,
         left_out: None,
+        git: None,
     }))
     .await
     .unwrap_err();

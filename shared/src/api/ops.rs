@@ -295,6 +295,10 @@ operations! {
             /// What the snapshot left out (`exclude`, the ignore files), for display only.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             left_out: Option<LeftOut>,
+            /// The git commit the workspace was at, when it is in a git repository (what
+            /// `fork merge --git-branch` commits on top of). Absent from older clients.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            git: Option<GitHead>,
         } -> Fork(ForkView), changes, work;
 
         /// An agent forks its own branch run: the coordinator makes the fork's plan from

@@ -70,6 +70,25 @@ pub struct ForkView {
     /// (false from a coordinator that predates it).
     #[serde(default)]
     pub keep_artifacts: bool,
+    /// The git commit the workspace was at when the fork was made (`None`: not a git
+    /// repository, or a fork made by an agent, from a run, or before this was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<GitHead>,
+}
+
+/// Where a workspace stood in its git repository when a fork was made: what
+/// `fork merge --git-branch` commits the winner on top of (docs/GIT.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GitHead {
+    /// The commit `HEAD` named (its full hex id).
+    pub commit: String,
+    /// The workspace's directory inside the repository, `/`-terminated (`sub/dir/`);
+    /// empty when the workspace is the repository's top level.
+    #[serde(default)]
+    pub prefix: String,
+    /// Tracked files had uncommitted changes (the snapshot holds them, the commit not).
+    #[serde(default)]
+    pub dirty: bool,
 }
 
 impl ForkView {

@@ -379,6 +379,7 @@ async fn run_row(
             snapshot: upload.snapshot,
             workspace: Some(workspace.display().to_string()),
             left_out: None,
+            git: None,
         })
         .await?;
     let view = coord

@@ -192,7 +192,10 @@ fn table(r: &WorkspaceResult, commands: usize) -> String {
                 .unwrap_or_else(|| "-".into()),
         );
     }
-    let _ = writeln!(out, "({commands} run_command calls and one write per branch)");
+    let _ = writeln!(
+        out,
+        "({commands} run_command calls and one write per branch)"
+    );
     out
 }
 
@@ -341,7 +344,10 @@ fn forkfleet_run(
         commands + 5
     );
     for b in 0..n {
-        let _ = writeln!(spec, "[[branches]]\nlabel = \"b{b}\"\nsteer = \"branch {b}\"\n");
+        let _ = writeln!(
+            spec,
+            "[[branches]]\nlabel = \"b{b}\"\nsteer = \"branch {b}\"\n"
+        );
     }
     std::fs::write(dir.join("fork.toml"), spec)?;
     let exe = std::env::current_exe()?;
@@ -396,7 +402,15 @@ fn git_worktrees(
     copy_tree(tree, &repo)?;
     let git = |dir: &Path, args: &[&str]| -> anyhow::Result<f64> {
         let out = std::process::Command::new("/usr/bin/time")
-            .args(["-f", "%M", "git", "-c", "user.name=bench", "-c", "user.email=bench@invalid"])
+            .args([
+                "-f",
+                "%M",
+                "git",
+                "-c",
+                "user.name=bench",
+                "-c",
+                "user.email=bench@invalid",
+            ])
             .args(args)
             .current_dir(dir)
             .output()

@@ -3,6 +3,7 @@
 //! committed merge to a directory, and print the verdicts, signals and decision.
 
 use super::*;
+use forkfleet_client::changes;
 use forkfleet_shared::api::ResolveReport;
 use forkfleet_shared::resolve::{Decision, Strategy, DEFAULT_THRESHOLD, STRATEGY_NAMES};
 use forkfleet_shared::testsignal::TestOutcome;
@@ -196,6 +197,11 @@ pub(crate) async fn fork_resolve(
     let id = coord.find_fork(fork).await?;
     let view = coord.fork(id).await?;
     let (dir, policy) = target.resolve(&view)?;
+    // Everything a git branch needs is checked before the resolve can merge.
+    let repo = match target.git_branch {
+        Some(name) => Some(changes::open_repo(&view, name).await?),
+        None => None,
+    };
     // Embedded, unfinished branches run here (this session's workers) before the resolve.
     if !coord.is_remote() && !view.settled() {
         forkdir::follow(coord, id, timeout, AT_ONCE, !json).await?;
@@ -204,12 +210,38 @@ pub(crate) async fn fork_resolve(
     if resolved.report.merge.is_some() {
         forkdir::cleanup_after_merge(coord, id).await;
     }
+    let git = match (repo, &resolved.report.merge) {
+        (Some(repo), Some(merge)) => {
+            let commit = changes::write_commit(coord, &view, &merge.winner, &repo)
+                .await
+                .map_err(|e| {
+                    anyhow::Error::from(e).context(format!(
+                        "the merge of `{}` is recorded, but its commit for branch `{}` was not written",
+                        merge.winner, repo.branch
+                    ))
+                })?;
+            Some(finish_branch(repo, commit, id, &merge.winner).await?)
+        }
+        _ => None,
+    };
     if json {
-        print_json(&report_json(&resolved))?;
+        let mut doc = report_json(&resolved);
+        if let (Some(g), Some(obj)) = (&git, doc.as_object_mut()) {
+            obj.insert("git_branch".to_string(), g.json());
+        }
+        print_json(&doc)?;
     } else {
         print!("{}", report_text(&resolved.report, coord.reach()));
         if let (Some(merge), Some(applied)) = (&resolved.report.merge, &resolved.applied) {
             print!("{}", render::merge_text(&merge.winner, applied));
+        }
+        match (&git, target.git_branch) {
+            (Some(g), _) => print!("{}", g.text()),
+            (None, Some(name)) => println!(
+                "
+nothing merged, so branch `{name}` was not made"
+            ),
+            (None, None) => {}
         }
     }
     if let Some(e) = failure(&resolved.report, coord.reach()) {
@@ -231,16 +263,40 @@ pub(crate) async fn fork_merge(
     let id = coord.find_fork(fork).await?;
     let view = coord.fork(id).await?;
     let (dir, policy) = target.resolve(&view)?;
+    // A git branch: checked, and its commit written (no ref yet), before the merge, which
+    // is final.
+    let prepared = match target.git_branch {
+        Some(name) => {
+            let repo = changes::open_repo(&view, name).await?;
+            let label = changes::pick_branch(&view, Some(pick))?;
+            let commit = changes::write_commit(coord, &view, &label, &repo).await?;
+            Some((repo, commit))
+        }
+        None => None,
+    };
     let (winner, report) = flow::merge_and_apply(coord, id, pick, dir.as_deref(), policy).await?;
+    let git = match prepared {
+        Some((repo, commit)) => Some(finish_branch(repo, commit, id, &winner).await?),
+        None => None,
+    };
     if json {
         let view = coord.fork(id).await?;
-        print_json(&render::fork_json(
-            &view,
-            None,
-            Some((winner.as_str(), &report)),
-        ))?;
+        let mut doc = render::fork_json(&view, None, Some((winner.as_str(), &report)));
+        if let (Some(g), Some(obj)) = (&git, doc.as_object_mut()) {
+            obj.insert("git_branch".to_string(), g.json());
+        }
+        print_json(&doc)?;
     } else {
-        print!("{}", render::merge_text(&winner, &report));
+        match (&git, &dir) {
+            // Nothing was applied to a directory: the store's merge, said so.
+            (Some(_), None) => println!(
+                "\nmerged `{winner}` in the store; no directory was touched (--apply DIR also applies it to one)"
+            ),
+            _ => print!("{}", render::merge_text(&winner, &report)),
+        }
+        if let Some(g) = &git {
+            print!("{}", g.text());
+        }
     }
     applied_in_full("the merge", &report)
 }
