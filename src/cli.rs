@@ -212,6 +212,7 @@ impl ConfigArgs {
         flags.pool = extra.pool;
         flags.concurrency = extra.concurrency;
         flags.drain_grace_s = extra.drain_grace_s;
+        flags.tree_cache_mb = extra.tree_cache_mb;
         flags.http_addr = extra.http_addr;
         flags.coordinator = extra.coordinator;
         Config::load(self.config.as_deref(), &config::process_env, flags)

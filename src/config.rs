@@ -7,6 +7,7 @@
 //! pool = "default"              # the task queue workers pull from and the coordinator fills
 //! concurrency = 64              # worker: branches run at once
 //! drain_grace_s = 30            # worker: on SIGTERM, how long running branches may finish
+//! tree_cache_mb = 2048          # worker: branches' command trees kept on disk between calls
 //! http_addr = "0.0.0.0:9090"    # services: /metrics, /healthz, /readyz (off unless set)
 //!
 //! [nats]
@@ -110,6 +111,8 @@ pub const CONFIG_ENV: &str = "FORKFLEET_CONFIG";
 pub const DEFAULT_DATA: &str = ".forkfleet";
 pub const DEFAULT_CONCURRENCY: usize = 64;
 pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
+/// `tree_cache_mb`'s default: `forkfleet_worker::runner::DEFAULT_TREE_CACHE_BYTES`.
+pub const DEFAULT_TREE_CACHE_MB: u64 = forkfleet_worker::runner::DEFAULT_TREE_CACHE_BYTES >> 20;
 /// A pulled task or event unacked this long is delivered again (the NATS consumers').
 pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 /// Deliveries of one task before its branch is failed.
@@ -120,7 +123,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
 
 /// The valid keys, as the file spells them (listed in errors).
-const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, http_addr, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, connect_timeout_s, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts, [coordinator] lease_ttl_s, [telemetry] log_format, otlp_endpoint, otlp_traces_endpoint, otlp_metrics_endpoint, otlp_protocol, otlp_headers, service_name, resource_attributes, sampler, sampler_arg, disabled, capture_message_content, metrics_interval_s";
+const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, tree_cache_mb, http_addr, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, connect_timeout_s, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts, [coordinator] lease_ttl_s, [telemetry] log_format, otlp_endpoint, otlp_traces_endpoint, otlp_metrics_endpoint, otlp_protocol, otlp_headers, service_name, resource_attributes, sampler, sampler_arg, disabled, capture_message_content, metrics_interval_s";
 
 /// The keys of one `[pricing."MODEL"]` entry.
 
@@ -212,6 +215,9 @@ pub struct Config {
     pub pool: Sourced<String>,
     pub concurrency: Sourced<usize>,
     pub drain_grace: Sourced<Duration>,
+    /// Worker: megabytes of branches' command trees kept on disk between `run_command`
+    /// calls (0: none kept, every call copies the tree afresh).
+    pub tree_cache_mb: Sourced<u64>,
     /// The services' HTTP endpoint (`/metrics`, `/healthz`, `/readyz`); off when `None`.
     pub http_addr: Sourced<Option<SocketAddr>>,
     pub nats: NatsSettings,
@@ -332,6 +338,12 @@ impl Config {
                 &layer.drain_grace_s.map(Duration::from_secs),
                 o,
                 "drain_grace_s",
+            );
+            set(
+                &mut c.tree_cache_mb,
+                &layer.tree_cache_mb,
+                o,
+                "tree_cache_mb",
             );
             if let Some(addr) = &layer.http_addr {
                 let from = o("http_addr");
@@ -457,6 +469,7 @@ impl Config {
             pool: default(DEFAULT_POOL.to_string()),
             concurrency: default(DEFAULT_CONCURRENCY),
             drain_grace: default(DEFAULT_DRAIN_GRACE),
+            tree_cache_mb: default(DEFAULT_TREE_CACHE_MB),
             http_addr: default(None),
             nats: NatsSettings {
                 url: None,

@@ -17,6 +17,10 @@ use forkfleet_worker::{WorkerConfig, WorkerHandle};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// Bytes of blobs each in-process worker keeps in memory (16 MiB): the store it reads them
+/// from is in this process (see [`Embedded::start`]).
+pub const EMBEDDED_BLOB_CACHE_BYTES: u64 = 16 << 20;
+
 /// How many in-process workers, and how many branches each runs at once.
 #[derive(Debug, Clone)]
 pub struct EmbeddedOptions {
@@ -105,6 +109,10 @@ impl Embedded {
                 worker_id: WorkerId::new(),
                 scripted_usage_log: scripted_usage_log.clone(),
                 catalogue: opts.catalogue.clone(),
+                // The blobs are in this process's store already (sled, with its own
+                // cache): a worker's copy of them would only double the memory a large
+                // workspace takes.
+                blob_cache_bytes: EMBEDDED_BLOB_CACHE_BYTES,
                 ..WorkerConfig::default()
             };
             workers.push(forkfleet_worker::start(config, bus.clone()).await?);

@@ -286,6 +286,7 @@ pub async fn serve_worker_with(
         pool: config.pool.value.clone(),
         concurrency: config.concurrency.value,
         drain_grace: config.drain_grace.value,
+        tree_cache_bytes: config.tree_cache_mb.value.saturating_mul(1 << 20),
         worker_id: WorkerId::new(),
         scripted_usage_log: scripted::usage_log_from_env(),
         catalogue: Arc::new(config.catalogue()),

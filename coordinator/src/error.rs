@@ -274,6 +274,9 @@ pub enum CoordinatorError {
     StoreOpen { dir: PathBuf, message: String },
     #[error("run store failed: {0}")]
     Store(#[from] sled::Error),
+    /// A blob of the run store could not be read or written (a blob file).
+    #[error("run store failed: {0}")]
+    StoreBlob(#[from] forkfleet_shared::blob::BlobError),
     #[error("a stored {what} could not be read or written: {message}")]
     Codec { what: &'static str, message: String },
     #[error(transparent)]
@@ -346,9 +349,12 @@ impl CoordinatorError {
             | E::ContinueRunning { .. } => ErrorKind::Conflict,
             E::Bus(e) => e.kind(),
             E::Timeout { .. } | E::Closed(_) | E::StoreLocked { .. } => ErrorKind::Unavailable,
-            E::StoreOpen { .. } | E::Store(_) | E::Codec { .. } | E::Wire(_) | E::Internal(_) => {
-                ErrorKind::Failure
-            }
+            E::StoreOpen { .. }
+            | E::Store(_)
+            | E::StoreBlob(_)
+            | E::Codec { .. }
+            | E::Wire(_)
+            | E::Internal(_) => ErrorKind::Failure,
         }
     }
 

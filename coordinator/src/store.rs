@@ -8,7 +8,8 @@
 //! | `branches`    | fork id ++ run id                    | [`BranchRecord`]           |
 //! | `checkpoints` | run id ++ checkpoint id              | [`CheckpointView`]         |
 //! | `checkpoint_marks` | run id                          | u64: automatic checkpoints removed by hand up to this seq |
-//! | `blobs`       | blob hash (32 bytes)                 | the bytes                  |
+//! | `blobs`       | blob hash (32 bytes)                 | the bytes (up to 1 KiB)    |
+//! | `blob_files`  | blob hash (32 bytes)                 | length of a larger blob, whose bytes are the file `blobs/<hex>` of the data dir |
 //! | `accounts`    | account name                         | [`AccountRecord`]          |
 //! | `reservations`| reservation id                       | [`ReservationRecord`]      |
 //! | `caps`        | fork id, or fork id ++ run id        | `Option<f64>`: a cap after top-ups |
@@ -181,7 +182,7 @@ impl RunStore {
             }
         };
         let tree = |name: &str| db.open_tree(name);
-        let blobs = SledBlobStore::new(tree("blobs")?);
+        let blobs = SledBlobStore::new(tree("blobs")?, tree("blob_files")?, dir.join("blobs"));
         let inner = Inner {
             runs: tree("runs")?,
             events: tree("events")?,
@@ -622,5 +623,53 @@ mod tests {
         let other = BlobHash::of(b"nope");
         assert_eq!(blobs.missing(&[h, other]).await.unwrap(), vec![other]);
         assert!(blobs.put(other, Bytes::from_static(b"x")).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_large_blob_is_a_file_of_its_own_and_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = Bytes::from(vec![7u8; blobs::INLINE_MAX + 1]);
+        let small = Bytes::from(vec![1u8; blobs::INLINE_MAX]);
+        let (hb, hs) = (BlobHash::of(&big), BlobHash::of(&small));
+        {
+            let store = RunStore::open(dir.path()).unwrap();
+            let b = store.blob_store();
+            b.put(hb, big.clone()).await.unwrap();
+            b.put(hs, small.clone()).await.unwrap();
+            // Stored twice: once.
+            b.put(hb, big.clone()).await.unwrap();
+            assert_eq!(store.blobs().len(), 2);
+            store.flush_async().await.unwrap();
+        }
+        let hex = hb.to_hex();
+        let file = dir.path().join("blobs").join(&hex[..2]).join(&hex[2..]);
+        assert_eq!(std::fs::read(&file).unwrap(), big.to_vec());
+        let small_hex = hs.to_hex();
+        assert!(
+            !dir.path().join("blobs").join(&small_hex[..2]).exists()
+                || !dir
+                    .path()
+                    .join("blobs")
+                    .join(&small_hex[..2])
+                    .join(&small_hex[2..])
+                    .exists()
+        );
+        let store = RunStore::open(dir.path()).unwrap();
+        assert_eq!(store.blob(&hb).unwrap().unwrap(), big);
+        assert_eq!(store.blob(&hs).unwrap().unwrap(), small);
+        assert!(store
+            .blob_store()
+            .missing(&[hb, hs])
+            .await
+            .unwrap()
+            .is_empty());
+        // A recorded blob whose file was lost (a power loss) reads as missing, not as bytes,
+        // and is stored again.
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(store.blob(&hb).unwrap(), None);
+        let b = store.blob_store();
+        assert_eq!(b.missing(&[hb]).await.unwrap(), vec![hb]);
+        b.put(hb, big.clone()).await.unwrap();
+        assert_eq!(store.blob(&hb).unwrap().unwrap(), big);
     }
 }

@@ -408,12 +408,20 @@ impl Overlay {
 
     /// The view as a manifest (used to materialise a branch's tree).
     pub fn to_manifest(&self) -> Manifest {
-        let mut m = Manifest::default();
-        for d in self.dirs() {
-            m.dirs.insert(d);
-        }
-        for (p, e) in self.files() {
-            m.insert_file(p, e);
+        // Both lists are in path order: the maps are built without searching.
+        let mut m = Manifest {
+            files: self.files().into_iter().collect(),
+            dirs: self.dirs().into_iter().collect(),
+        };
+        // A visible file's directories are visible ones; should one be missing, it is added.
+        let orphans: Vec<WsPath> = m
+            .files
+            .keys()
+            .filter(|p| p.ancestor_strs().any(|a| !m.dirs.contains(a)))
+            .cloned()
+            .collect();
+        for p in orphans {
+            m.dirs.extend(p.ancestors());
         }
         m
     }

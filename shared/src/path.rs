@@ -111,6 +111,18 @@ impl WsPath {
     }
 
     pub fn join(&self, name: &str) -> Result<WsPath, PathError> {
+        // One plain name (a directory's entry): appended, nothing to normalise.
+        let plain =
+            !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0']);
+        if plain {
+            let mut s = String::with_capacity(self.0.len() + 1 + name.len());
+            if !self.0.is_empty() {
+                s.push_str(&self.0);
+                s.push('/');
+            }
+            s.push_str(name);
+            return Ok(Self(s));
+        }
         Self::parse_in(self, name)
     }
 

@@ -35,6 +35,10 @@ pub struct WorkerArgs {
     /// (default: 30; $FORKFLEET_DRAIN_GRACE_S).
     #[arg(long, value_name = "SECONDS")]
     pub drain_grace_s: Option<u64>,
+    /// Megabytes of branches' command trees kept on disk between `run_command` calls, least
+    /// recently used removed first; 0 keeps none (default: 2048; $FORKFLEET_TREE_CACHE_MB).
+    #[arg(long, value_name = "MB")]
+    pub tree_cache_mb: Option<u64>,
     /// Serve GET /metrics, /healthz and /readyz on HOST:PORT (default: off;
     /// $FORKFLEET_HTTP_ADDR).
     #[arg(long, value_name = "HOST:PORT")]
@@ -65,6 +69,7 @@ pub(crate) async fn cmd_worker(args: WorkerArgs) -> anyhow::Result<()> {
         pool: args.pool,
         concurrency: args.concurrency,
         drain_grace_s: args.drain_grace_s,
+        tree_cache_mb: args.tree_cache_mb,
         http_addr: args.http_addr,
         ..Layer::default()
     })?;

@@ -15,6 +15,8 @@ pub struct Layer {
     pub pool: Option<String>,
     pub concurrency: Option<usize>,
     pub drain_grace_s: Option<u64>,
+    /// Worker: megabytes of command trees kept between calls.
+    pub tree_cache_mb: Option<u64>,
     /// Services: `HOST:PORT` of the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`).
     pub http_addr: Option<String>,
     #[serde(default)]
@@ -173,6 +175,7 @@ pub fn flag_origin(key: &'static str) -> &'static str {
         "pool" => "--pool",
         "concurrency" => "--concurrency",
         "drain_grace_s" => "--drain-grace-s",
+        "tree_cache_mb" => "--tree-cache-mb",
         "http_addr" => "--http-addr",
         "nats.url" => "--nats",
         "nats.name" => "--nats-name",
@@ -273,6 +276,7 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
         pool: get("pool"),
         concurrency: parse("concurrency", "a number of branches")?.map(|n| n as usize),
         drain_grace_s: parse("drain_grace_s", "a number of seconds")?,
+        tree_cache_mb: parse("tree_cache_mb", "a number of megabytes")?,
         http_addr: get("http_addr"),
         nats: NatsLayer {
             url: get("nats.url"),

@@ -49,6 +49,12 @@ impl Config {
             self.drain_grace.value.as_secs().to_string(),
             &self.drain_grace.origin,
         );
+        line(
+            &mut out,
+            "tree_cache_mb",
+            self.tree_cache_mb.value.to_string(),
+            &self.tree_cache_mb.origin,
+        );
         match &self.http_addr.value {
             Some(addr) => line(
                 &mut out,

@@ -148,3 +148,50 @@ fn a_bench_without_a_nats_server_names_itself_and_the_local_bus() {
         );
     }
 }
+
+#[test]
+fn workspace_bench_reports_every_field() {
+    let doc = json(&forkfleet(&[
+        "bench",
+        "workspace",
+        "--files",
+        "300",
+        "--mb",
+        "2",
+        "--branches",
+        "2,3",
+        "--commands",
+        "3",
+        "--json",
+        "--timeout-s",
+        "120",
+    ]));
+    assert_eq!(doc["files"], 300, "{doc}");
+    for key in [
+        "mb",
+        "snapshot_cold_s",
+        "snapshot_warm_s",
+        "call_kept_p50_ms",
+        "call_kept_p90_ms",
+        "call_fresh_p50_ms",
+        "call_fresh_p90_ms",
+    ] {
+        assert!(doc[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {doc}");
+    }
+    // The warm snapshot is served by the stat cache where the clock allows (a file stamped
+    // in the cache's last tick is read again): never more files than the tree has.
+    assert!(doc["snapshot_warm_files_read"].as_u64().unwrap() <= 300);
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{doc}");
+    for (run, n) in runs.iter().zip([2, 3]) {
+        assert_eq!(run["branches"], n);
+        // Every branch finished `done` (the bench refuses otherwise), on both sides.
+        assert!(run["forkfleet_wall_s"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(
+            run["forkfleet_peak_rss_mb"].as_f64().unwrap() > 0.0,
+            "{run}"
+        );
+        assert!(run["git_worktree_wall_s"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(run["ratio"].as_f64().is_some(), "{run}");
+    }
+}

@@ -158,6 +158,7 @@ async fn test_in_span(ctx: &WorkerCtx, job: TestJob) -> TestRun {
         sandbox: SandboxSpec {
             settings: job.sandbox.clone(),
             writable: Vec::new(),
+            exec: Vec::new(),
         },
     };
     let run = work

@@ -110,9 +110,21 @@ impl Workdir {
         &mut self,
         target: Manifest,
         blobs: &BlobCache,
-    ) -> Result<usize, WorkerError> {
+    ) -> Result<usize, (WorkerError, Manifest)> {
+        match self.apply(&target, blobs).await {
+            Ok(paths) => {
+                drop_later(std::mem::replace(&mut self.tree, target));
+                self.written.fence = fence(&self.root.0).or(self.written.fence);
+                Ok(paths)
+            }
+            Err(e) => Err((e, target)),
+        }
+    }
+
+    /// The removals and writes of [`Workdir::update`].
+    async fn apply(&mut self, target: &Manifest, blobs: &BlobCache) -> Result<usize, WorkerError> {
         use futures::StreamExt;
-        let ops = changes_between(&self.tree, &target);
+        let ops = changes_between(&self.tree, target);
         let ws = self.root.0.join("ws");
         let mut writes = Vec::new();
         let mut removals = Vec::new();
@@ -128,9 +140,11 @@ impl Workdir {
         for op in &removals {
             let path = op.path();
             self.written.stamps.remove(path);
-            let under = |p: &WsPath| p == path || p.starts_with(path);
-            self.written.stamps.retain(|p, _| !under(p));
-            self.written.skipped.retain(|p| !under(p));
+            self.written.skipped.retain(|p| p != path);
+            if matches!(op, ChangeOp::Rmdir { .. }) {
+                self.written.stamps.retain(|p, _| !p.starts_with(path));
+                self.written.skipped.retain(|p| !p.starts_with(path));
+            }
         }
         let dir = ws.clone();
         tokio::task::spawn_blocking(move || remove_and_make(&dir, &removals))
@@ -145,24 +159,22 @@ impl Workdir {
             let ws = &ws;
             async move {
                 let done = materialize::replace_one(&path, &entry, blobs, ws).await;
-                (path, done)
+                (path, entry, done)
             }
         }))
         .buffer_unordered(materialize::WRITES_IN_FLIGHT);
-        while let Some((path, done)) = wrote.next().await {
+        while let Some((path, entry, done)) = wrote.next().await {
             self.written.skipped.retain(|p| p != &path);
             self.written.stamps.remove(&path);
             match done? {
                 materialize::Wrote::File { stamp, .. } => {
-                    self.written.stamps.insert(path, stamp);
+                    self.written.stamps.insert(path, (stamp, entry));
                 }
                 materialize::Wrote::Symlink => {}
                 materialize::Wrote::Skipped => self.written.skipped.push(path),
             }
         }
         self.written.skipped.sort();
-        self.tree = target;
-        self.written.fence = fence(&self.root.0).or(self.written.fence);
         Ok(paths)
     }
 
@@ -247,8 +259,10 @@ impl Workdir {
             let kept = match changes.state.take() {
                 Some(state) => {
                     let mut work = self;
-                    work.tree = state.tree;
-                    work.written.stamps = state.stamps;
+                    drop_later((
+                        std::mem::replace(&mut work.tree, state.tree),
+                        std::mem::replace(&mut work.written.stamps, state.stamps),
+                    ));
                     work.written.skipped = state.skipped;
                     work.written.fence = fence(&work.root.0).or(work.written.fence);
                     Some(work)
@@ -306,6 +320,15 @@ impl Drop for Scratch {
             Ok(rt) => drop(rt.spawn_blocking(move || remove_now(&path))),
             Err(_) => remove_now(&path),
         }
+    }
+}
+
+/// Drop `value` (a tree of a large workspace: thousands of allocations) on the blocking
+/// pool, not on the way of the command's result.
+fn drop_later<T: Send + 'static>(value: T) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(move || drop(value))),
+        Err(_) => drop(value),
     }
 }
 

@@ -1,52 +1,127 @@
-//! Blobs in the run store (tree `blobs`): the coordinator's copy of workspace files,
-//! scripts, history prefixes and manifests.
+//! Blobs in the run store: the coordinator's copy of workspace files, scripts, history
+//! prefixes and manifests. A small blob (up to [`INLINE_MAX`] bytes) is a value of the sled
+//! tree `blobs`; a larger one is a file of its own under `<data>/blobs/` (the first two hex
+//! digits of its hash, then the rest), recorded in the tree `blob_files` (hash -> length)
+//! once written. sled keeps the nodes it reads in memory: a workspace's files as values
+//! made a run's memory grow with the workspace (ADR 24); as files they are read and
+//! released. A store written before holds its blobs in `blobs`, read as always.
+//!
+//! A blob file is written under a temporary name and renamed into place, then recorded: a
+//! recorded blob's file is whole. It is not synced on its own (a sync per file would cost
+//! more than the fork): a power loss before the next sync of the file system may lose a
+//! blob's bytes, which then reads as missing, as a blob the store never had (and is stored
+//! again by the next `put` of it).
 
 use crate::error::CoordinatorError;
 use async_trait::async_trait;
 use bytes::Bytes;
 use forkfleet_shared::blob::{BlobError, BlobHash, BlobStore};
+use std::path::{Path, PathBuf};
 
-/// A [`BlobStore`] over a sled tree. `put` verifies the hash, so a blob stored under a
-/// hash always has that content.
+/// Blobs up to this size are sled values; larger ones are files.
+pub const INLINE_MAX: usize = 1024;
+
+/// A [`BlobStore`] over the run store (see the module's documentation). `put` verifies the
+/// hash, so a blob stored under a hash always has that content.
 #[derive(Clone)]
 pub struct SledBlobStore {
     tree: sled::Tree,
+    /// Blobs stored as files: hash -> length (8 bytes, big-endian).
+    files: sled::Tree,
+    dir: PathBuf,
 }
 
-fn backend(e: sled::Error) -> BlobError {
+fn backend(e: impl std::fmt::Display) -> BlobError {
     BlobError::Backend(e.to_string())
 }
 
 impl SledBlobStore {
-    pub(crate) fn new(tree: sled::Tree) -> Self {
-        Self { tree }
+    pub(crate) fn new(tree: sled::Tree, files: sled::Tree, dir: PathBuf) -> Self {
+        Self { tree, files, dir }
+    }
+
+    /// The file of a blob stored as one.
+    fn path(&self, hash: &BlobHash) -> PathBuf {
+        let hex = hash.to_hex();
+        self.dir.join(&hex[..2]).join(&hex[2..])
     }
 
     /// The bytes of a blob, synchronously.
     pub fn get_sync(&self, hash: &BlobHash) -> Result<Option<Bytes>, CoordinatorError> {
-        Ok(self.tree.get(hash.0)?.map(|v| Bytes::copy_from_slice(&v)))
+        self.read(hash).map_err(CoordinatorError::from)
+    }
+
+    fn read(&self, hash: &BlobHash) -> Result<Option<Bytes>, BlobError> {
+        if let Some(v) = self.tree.get(hash.0).map_err(backend)? {
+            return Ok(Some(Bytes::copy_from_slice(&v)));
+        }
+        if !self.files.contains_key(hash.0).map_err(backend)? {
+            return Ok(None);
+        }
+        match std::fs::read(self.path(hash)) {
+            Ok(bytes) => Ok(Some(Bytes::from(bytes))),
+            // Recorded, but its bytes were lost (see the module's documentation).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(backend(format!(
+                "cannot read blob file `{}`: {e}",
+                self.path(hash).display()
+            ))),
+        }
     }
 
     pub fn contains(&self, hash: &BlobHash) -> Result<bool, CoordinatorError> {
-        Ok(self.tree.contains_key(hash.0)?)
+        Ok(self.has(hash)?)
+    }
+
+    /// Stored: a value, or a recorded file that is there (one lost is stored again).
+    fn has(&self, hash: &BlobHash) -> Result<bool, BlobError> {
+        Ok(self.tree.contains_key(hash.0).map_err(backend)?
+            || (self.files.contains_key(hash.0).map_err(backend)? && self.path(hash).exists()))
     }
 
     /// Blobs stored.
     pub fn len(&self) -> usize {
-        self.tree.len()
+        self.tree.len() + self.files.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.tree.is_empty()
+        self.tree.is_empty() && self.files.is_empty()
     }
 
     /// Store bytes whose hash the caller computed (no re-hashing).
     pub(crate) fn put_trusted(&self, hash: BlobHash, bytes: &[u8]) -> Result<(), CoordinatorError> {
-        if !self.tree.contains_key(hash.0)? {
-            self.tree.insert(hash.0, bytes)?;
+        Ok(self.store(hash, bytes)?)
+    }
+
+    fn store(&self, hash: BlobHash, bytes: &[u8]) -> Result<(), BlobError> {
+        if self.has(&hash)? {
+            return Ok(());
         }
+        if bytes.len() <= INLINE_MAX {
+            self.tree.insert(hash.0, bytes).map_err(backend)?;
+            return Ok(());
+        }
+        let path = self.path(&hash);
+        write_whole(&path, bytes)
+            .map_err(|e| backend(format!("cannot write blob file `{}`: {e}", path.display())))?;
+        self.files
+            .insert(hash.0, &(bytes.len() as u64).to_be_bytes())
+            .map_err(backend)?;
         Ok(())
     }
+}
+
+/// Write `bytes` at `path` under a temporary name in the same directory, then rename it
+/// into place (a reader never sees part of it).
+fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| std::io::Error::other("a blob file has no directory"))?;
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    std::io::Write::write_all(&mut tmp, bytes)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 #[async_trait]
@@ -59,24 +134,17 @@ impl BlobStore for SledBlobStore {
                 actual,
             });
         }
-        if !self.tree.contains_key(hash.0).map_err(backend)? {
-            self.tree.insert(hash.0, &bytes[..]).map_err(backend)?;
-        }
-        Ok(())
+        self.store(hash, &bytes)
     }
 
     async fn get(&self, hash: &BlobHash) -> Result<Option<Bytes>, BlobError> {
-        Ok(self
-            .tree
-            .get(hash.0)
-            .map_err(backend)?
-            .map(|v| Bytes::copy_from_slice(&v)))
+        self.read(hash)
     }
 
     async fn missing(&self, hashes: &[BlobHash]) -> Result<Vec<BlobHash>, BlobError> {
         let mut out = Vec::new();
         for h in hashes {
-            if !self.tree.contains_key(h.0).map_err(backend)? {
+            if !self.has(h)? {
                 out.push(*h);
             }
         }

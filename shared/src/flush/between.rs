@@ -26,9 +26,28 @@ pub fn changes_between(from: &Manifest, to: &Manifest) -> Vec<ChangeOp> {
             .any(|a| from.dirs.contains(a) && !to.dirs.contains(a))
     };
     let mut ops = Vec::new();
-    for path in from.files.keys() {
-        if !to.files.contains_key(path) && !under_removed(path) {
-            ops.push(ChangeOp::Delete { path: path.clone() });
+    // Both file maps are in path order: one merge walk pairs them (no lookups).
+    let mut old = from.files.iter().peekable();
+    let mut writes = Vec::new();
+    for (path, entry) in &to.files {
+        while let Some((p, _)) = old.next_if(|(p, _)| *p < path) {
+            if !under_removed(p) {
+                ops.push(ChangeOp::Delete { path: p.clone() });
+            }
+        }
+        let same = old
+            .next_if(|(p, _)| *p == path)
+            .is_some_and(|(_, e)| e.same_as(entry));
+        if !same {
+            writes.push(ChangeOp::Write {
+                path: path.clone(),
+                entry: *entry,
+            });
+        }
+    }
+    for (p, _) in old {
+        if !under_removed(p) {
+            ops.push(ChangeOp::Delete { path: p.clone() });
         }
     }
     for d in removed_dirs {
@@ -40,15 +59,7 @@ pub fn changes_between(from: &Manifest, to: &Manifest) -> Vec<ChangeOp> {
             ops.push(ChangeOp::Mkdir { path: d.clone() });
         }
     }
-    for (path, entry) in &to.files {
-        let same = from.files.get(path).is_some_and(|e| e.same_as(entry));
-        if !same {
-            ops.push(ChangeOp::Write {
-                path: path.clone(),
-                entry: *entry,
-            });
-        }
-    }
+    ops.extend(writes);
     ops
 }
 

@@ -12,7 +12,8 @@
 //!   count, every branch making `--commands` `run_command` calls and writing one file, as a
 //!   child process whose wall time and peak RSS (`/usr/bin/time`) are reported;
 //! - **git worktrees**: the same work done the way users do it without forkfleet, one
-//!   `git worktree add` per branch, the commands run in place, every branch at once.
+//!   `git worktree add` per branch (one after the other: concurrent adds race on the
+//!   repository), then the commands run in place, every branch at once.
 
 use super::*;
 use forkfleet_shared::scan::{self, ScanOptions, StatCache};
@@ -83,7 +84,7 @@ pub async fn cmd_workspace(args: WorkspaceArgs) -> anyhow::Result<()> {
     let tree = scratch.path().join("workspace");
     match &args.dir {
         Some(src) => copy_tree(src, &tree)?,
-        None => generate(&tree, args.files, args.mb << 20)?,
+        None => generate(&tree, args.files, args.mb * 1_000_000)?,
     }
     let opts = ScanOptions::names_only(&[".git".to_string()]);
 
@@ -106,7 +107,8 @@ pub async fn cmd_workspace(args: WorkspaceArgs) -> anyhow::Result<()> {
     );
 
     // Per-call overhead through the worker's tool code.
-    let (kept, fresh) = call_overhead(&tree, &listing, &manifest, args.commands.max(2)).await?;
+    let (kept, fresh) =
+        call_overhead(scratch.path(), &listing, &manifest, args.commands.max(2)).await?;
     eprintln!(
         "run_command overhead: kept trees p50 {:.1} ms p90 {:.1} ms; fresh copy p50 {:.1} ms p90 {:.1} ms",
         kept.0, kept.1, fresh.0, fresh.1
@@ -252,20 +254,23 @@ fn copy_tree(src: &Path, dst: &Path) -> anyhow::Result<()> {
 /// p50 and p90 of a branch's `run_command` calls through the worker's tool code, with a
 /// kept tree and with a fresh copy per call, in ms.
 async fn call_overhead(
-    tree: &Path,
+    scratch: &Path,
     listing: &scan::Listing,
     manifest: &forkfleet_shared::manifest::Manifest,
     calls: usize,
 ) -> anyhow::Result<((f64, f64), (f64, f64))> {
-    use forkfleet_shared::blob::MemBlobStore;
-    let store = MemBlobStore::new();
+    // The blobs in a run store on disk, as an embedded worker reads them: this process
+    // stays the size of a worker (a command is started by fork and exec, whose cost grows
+    // with the parent's memory).
+    let store = forkfleet_coordinator::store::RunStore::open(&scratch.join("store"))?;
+    let blobs = store.blob_store();
     for f in &listing.files {
         if let Some(e) = manifest.files.get(&f.path) {
-            store.insert(bytes::Bytes::from(scan::read_checked(f, e)?));
+            let bytes = scan::read_checked(f, e)?;
+            blobs.put(e.hash, bytes::Bytes::from(bytes)).await?;
         }
     }
-    let _ = tree;
-    let cache = BlobCache::new(Arc::new(store), 1 << 30);
+    let cache = BlobCache::new(blobs, forkfleet::embedded::EMBEDDED_BLOB_CACHE_BYTES);
     let base = Arc::new(manifest.clone());
     let tool = forkfleet_shared::endpoint::CommandTool {
         timeout_s: 60.0,
@@ -339,7 +344,7 @@ fn forkfleet_run(
     script.push_str("[[turns.\"*\"]]\ntool_calls = [{ name = \"write_file\", args = { path = \"BRANCH.txt\", content = \"done\\n\" } }]\n\n[[turns.\"*\"]]\ntext = \"done\"\n");
     std::fs::write(dir.join("script.toml"), script)?;
     let mut spec = format!(
-        "goal = \"bench workspace\"\nworkspace = {:?}\nmodel = \"scripted:bench\"\nmax_turns = {}\n\n[models.\"scripted:bench\"]\nscript = \"script.toml\"\n\n[run_command]\ntimeout_s = 60\n\n",
+        "goal = \"bench workspace\"\nworkspace = {:?}\nmodel = \"scripted:bench\"\nmax_turns = {}\nmax_branches = {n}\n\n[models.\"scripted:bench\"]\nscript = \"script.toml\"\n\n[run_command]\ntimeout_s = 60\n\n",
         tree.display().to_string(),
         commands + 5
     );
@@ -427,23 +432,30 @@ fn git_worktrees(
     git(&repo, &["add", "-A"])?;
     git(&repo, &["commit", "-qm", "base"])?;
     let t = Instant::now();
-    let rss = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|b| {
-                let repo = &repo;
-                s.spawn(move || -> anyhow::Result<f64> {
-                    let wt = repo.with_file_name(format!("{}-wt{b}", repo.display()));
-                    let wt_s = wt.display().to_string();
-                    let rss = git(repo, &["worktree", "add", "-q", "--detach", &wt_s])?;
+    // `git worktree add` one after the other (concurrent adds race on the repository's
+    // worktree list), then every branch's work at once.
+    let mut rss = 0.0_f64;
+    let mut trees = Vec::new();
+    for b in 0..n {
+        let wt = repo.with_file_name(format!("{}-wt{b}", repo.display()));
+        let wt_s = wt.display().to_string();
+        rss = rss.max(git(&repo, &["worktree", "add", "-q", "--detach", &wt_s])?);
+        trees.push(wt);
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = trees
+            .iter()
+            .map(|wt| {
+                s.spawn(move || -> anyhow::Result<()> {
                     for i in 0..commands {
                         let out = std::process::Command::new("sh")
                             .args(["-c", &format!("ls | wc -l # {i}")])
-                            .current_dir(&wt)
+                            .current_dir(wt)
                             .output()?;
                         anyhow::ensure!(out.status.success(), "a command failed");
                     }
                     std::fs::write(wt.join("BRANCH.txt"), "done\n")?;
-                    Ok(rss)
+                    Ok(())
                 })
             })
             .collect();
@@ -453,8 +465,8 @@ fn git_worktrees(
                 h.join()
                     .unwrap_or_else(|_| Err(anyhow::anyhow!("a worktree thread panicked")))
             })
-            .collect::<anyhow::Result<Vec<f64>>>()
+            .collect::<anyhow::Result<Vec<()>>>()
     })?;
     let wall = t.elapsed().as_secs_f64();
-    Ok((wall, rss.into_iter().fold(0.0, f64::max)))
+    Ok((wall, rss))
 }

@@ -39,7 +39,7 @@ pub(super) struct DirState {
     /// The directory as a tree (a symlink it could not hold, see `skipped`, included).
     pub(super) tree: Manifest,
     /// How every regular file looked when it was seen.
-    pub(super) stamps: HashMap<WsPath, Stamp>,
+    pub(super) stamps: HashMap<WsPath, (Stamp, FileEntry)>,
     /// Symlinks of `tree` leaving it, so not in the directory. In path order.
     pub(super) skipped: Vec<WsPath>,
 }
@@ -58,104 +58,24 @@ pub fn tree_changes(
     written: &Materialized,
     max_file_bytes: u64,
 ) -> TreeChanges {
-    let mut out = TreeChanges::default();
-    // The directory as a version of the tree.
-    let mut after = Manifest::default();
-    let mut stamps = HashMap::new();
-    // Paths left as they are in the tree (not taken back, or unreadable).
-    let mut kept: Vec<WsPath> = Vec::new();
-    let mut stack = vec![(dir.to_path_buf(), WsPath::root())];
-    while let Some((os_dir, rel)) = stack.pop() {
-        let entries = match std::fs::read_dir(&os_dir) {
-            Ok(e) => e,
-            Err(e) => {
-                let shown = if rel.is_root() {
-                    ".".to_string()
-                } else {
-                    format!("{rel}/")
-                };
-                out.not_imported
-                    .push((shown, format!("cannot read the directory: {e}")));
-                kept.push(rel);
-                continue;
-            }
-        };
-        for entry in entries {
-            let entry = match entry {
-                Ok(e) => e,
-                Err(e) => {
-                    out.not_imported
-                        .push((rel.to_string(), format!("cannot list the directory: {e}")));
-                    kept.push(rel.clone());
-                    continue;
-                }
-            };
-            let os_name = entry.file_name();
-            let shown = |name: &str| format!("{}{name}", rel.child_prefix());
-            let Some(name) = os_name.to_str() else {
-                out.not_imported.push((
-                    shown(&os_name.to_string_lossy()),
-                    "the name is not valid UTF-8".to_string(),
-                ));
-                continue;
-            };
-            if name.contains('\\') {
-                // forkfleet reads `\` as a separator: this name cannot be a workspace path.
-                out.not_imported
-                    .push((shown(name), "the name has a `\\`".to_string()));
-                continue;
-            }
-            let path = match rel.join(name) {
-                Ok(p) => p,
-                Err(e) => {
-                    out.not_imported.push((shown(name), e.to_string()));
-                    continue;
-                }
-            };
-            let full = entry.path();
-            let found = std::fs::symlink_metadata(&full)
-                .map_err(|e| format!("cannot read it: {e}"))
-                .and_then(|meta| {
-                    if meta.is_dir() {
-                        return Ok(None);
-                    }
-                    let old = tree
-                        .files
-                        .get(&path)
-                        .filter(|_| written.skipped.binary_search(&path).is_err());
-                    let stamp = meta.is_file().then(|| Stamp::of(&meta));
-                    read_entry(&full, &meta, &path, old, written, max_file_bytes)
-                        .map(|found| Some((found, stamp)))
-                });
-            match found {
-                Ok(None) => {
-                    after.dirs.insert(path.clone());
-                    stack.push((full, path));
-                }
-                Ok(Some((found, stamp))) => {
-                    if let Some(stamp) = stamp {
-                        stamps.insert(path.clone(), stamp);
-                    }
-                    let entry = match found {
-                        Found::Untouched(entry) => entry,
-                        Found::Read(entry, bytes) => {
-                            out.read += 1;
-                            // A mode change only: the blob is the tree's, stored already.
-                            if tree.files.get(&path).is_none_or(|o| o.hash != entry.hash) {
-                                out.blobs.insert(entry.hash, bytes);
-                            }
-                            entry
-                        }
-                    };
-                    after.files.insert(path, entry);
-                }
-                Err(why) => {
-                    out.not_imported.push((path.to_string(), why));
-                    kept.push(path);
-                }
-            }
-        }
-    }
+    let walked = walk(dir, tree, written, max_file_bytes);
+    let mut out = TreeChanges {
+        blobs: walked.blobs,
+        not_imported: walked.not_imported,
+        read: walked.read,
+        ..TreeChanges::default()
+    };
+    let kept = walked.kept;
+    // The directory as a version of the tree: built at once from what the walk found (in
+    // path order after a sort, which a map builds from without searching).
+    let mut files = walked.files;
+    files.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut stamps = HashMap::with_capacity(walked.stamps.len());
+    stamps.extend(walked.stamps);
+    let mut after = Manifest {
+        files: files.into_iter().collect(),
+        dirs: walked.dirs.into_iter().collect(),
+    };
     // What is left as it was: the tree's node there (and below), whatever the directory has.
     for p in &kept {
         after.files.retain(|f, _| !f.starts_with(p));
@@ -202,24 +122,212 @@ pub fn tree_changes(
     out
 }
 
-/// A file or symlink found by [`tree_changes`].
-enum Found {
-    /// As materialised: the tree's entry.
-    Untouched(FileEntry),
-    /// Read: its entry and bytes.
-    Read(FileEntry, Bytes),
+/// What the walk of a directory found (see [`tree_changes`]).
+#[derive(Default)]
+struct Walked {
+    files: Vec<(WsPath, FileEntry)>,
+    dirs: Vec<WsPath>,
+    stamps: Vec<(WsPath, (Stamp, FileEntry))>,
+    blobs: HashMap<BlobHash, Bytes>,
+    not_imported: Vec<(String, String)>,
+    kept: Vec<WsPath>,
+    read: usize,
 }
 
-/// The entry of the file or symlink at `full` (`old`: the tree's), or why it is not taken
-/// back.
+impl Walked {
+    fn absorb(&mut self, other: Walked) {
+        self.files.extend(other.files);
+        self.dirs.extend(other.dirs);
+        self.stamps.extend(other.stamps);
+        self.blobs.extend(other.blobs);
+        self.not_imported.extend(other.not_imported);
+        self.kept.extend(other.kept);
+        self.read += other.read;
+    }
+}
+
+/// Threads walking a directory at once: a stat walk of a large tree is bound by the
+/// system calls, which run in parallel.
+const WALKERS: usize = 4;
+
+/// Walk `dir` on up to [`WALKERS`] threads, each taking the next directory to list from a
+/// shared stack.
+fn walk(dir: &Path, tree: &Manifest, written: &Materialized, max_file_bytes: u64) -> Walked {
+    use std::sync::{Condvar, Mutex};
+    struct Queue {
+        dirs: Vec<(std::path::PathBuf, WsPath)>,
+        /// Walkers listing a directory now (which may push more).
+        busy: usize,
+    }
+    let queue = Mutex::new(Queue {
+        dirs: vec![(dir.to_path_buf(), WsPath::root())],
+        busy: 0,
+    });
+    let wake = Condvar::new();
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, WALKERS);
+    let walker = || {
+        let mut mine = Walked::default();
+        loop {
+            let next = {
+                let Ok(mut q) = queue.lock() else { break };
+                loop {
+                    if let Some(d) = q.dirs.pop() {
+                        q.busy += 1;
+                        break Some(d);
+                    }
+                    if q.busy == 0 {
+                        break None;
+                    }
+                    q = match wake.wait(q) {
+                        Ok(q) => q,
+                        Err(_) => return mine,
+                    };
+                }
+            };
+            let Some((os_dir, rel)) = next else {
+                wake.notify_all();
+                break;
+            };
+            let subdirs = list_dir(&os_dir, &rel, tree, written, max_file_bytes, &mut mine);
+            let Ok(mut q) = queue.lock() else { break };
+            q.dirs.extend(subdirs);
+            q.busy -= 1;
+            drop(q);
+            wake.notify_all();
+        }
+        mine
+    };
+    let mut all = Walked::default();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads).map(|_| s.spawn(walker)).collect();
+        for h in handles {
+            match h.join() {
+                Ok(w) => all.absorb(w),
+                Err(_) => {
+                    all.not_imported
+                        .push((".".to_string(), "the comparison failed".to_string()));
+                    all.kept.push(WsPath::root());
+                }
+            }
+        }
+    });
+    all
+}
+
+/// List one directory of the walk into `out`; returns its subdirectories.
+fn list_dir(
+    os_dir: &Path,
+    rel: &WsPath,
+    tree: &Manifest,
+    written: &Materialized,
+    max_file_bytes: u64,
+    out: &mut Walked,
+) -> Vec<(std::path::PathBuf, WsPath)> {
+    let mut subdirs = Vec::new();
+    let entries = match std::fs::read_dir(os_dir) {
+        Ok(e) => e,
+        Err(e) => {
+            let shown = if rel.is_root() {
+                ".".to_string()
+            } else {
+                format!("{rel}/")
+            };
+            out.not_imported
+                .push((shown, format!("cannot read the directory: {e}")));
+            out.kept.push(rel.clone());
+            return subdirs;
+        }
+    };
+    for entry in entries {
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) => {
+                out.not_imported
+                    .push((rel.to_string(), format!("cannot list the directory: {e}")));
+                out.kept.push(rel.clone());
+                continue;
+            }
+        };
+        let os_name = entry.file_name();
+        let shown = |name: &str| format!("{}{name}", rel.child_prefix());
+        let Some(name) = os_name.to_str() else {
+            out.not_imported.push((
+                shown(&os_name.to_string_lossy()),
+                "the name is not valid UTF-8".to_string(),
+            ));
+            continue;
+        };
+        if name.contains('\\') {
+            // forkfleet reads `\` as a separator: this name cannot be a workspace path.
+            out.not_imported
+                .push((shown(name), "the name has a `\\`".to_string()));
+            continue;
+        }
+        let path = match rel.join(name) {
+            Ok(p) => p,
+            Err(e) => {
+                out.not_imported.push((shown(name), e.to_string()));
+                continue;
+            }
+        };
+        let meta = match entry.metadata() {
+            Ok(m) => m,
+            Err(e) => {
+                out.not_imported
+                    .push((path.to_string(), format!("cannot read it: {e}")));
+                out.kept.push(path);
+                continue;
+            }
+        };
+        if meta.is_dir() {
+            out.dirs.push(path.clone());
+            subdirs.push((entry.path(), path));
+            continue;
+        }
+        // A file as it was stamped: its entry, without a look in the tree.
+        if meta.is_file() {
+            if let Some(e) = written.untouched(&path, &meta) {
+                out.stamps.push((path.clone(), (Stamp::of(&meta), e)));
+                out.files.push((path, e));
+                continue;
+            }
+        }
+        let old = tree
+            .files
+            .get(&path)
+            .filter(|_| written.skipped.binary_search(&path).is_err());
+        match read_entry(&entry.path(), &meta, &path, old, max_file_bytes) {
+            Ok((entry, bytes)) => {
+                out.read += 1;
+                // A mode change only: the blob is the tree's, stored already.
+                if tree.files.get(&path).is_none_or(|o| o.hash != entry.hash) {
+                    out.blobs.insert(entry.hash, bytes);
+                }
+                if meta.is_file() {
+                    out.stamps.push((path.clone(), (Stamp::of(&meta), entry)));
+                }
+                out.files.push((path, entry));
+            }
+            Err(why) => {
+                out.not_imported.push((path.to_string(), why));
+                out.kept.push(path);
+            }
+        }
+    }
+    subdirs
+}
+
+/// The entry and bytes of the file or symlink at `full` (`old`: the tree's entry; the caller
+/// found it changed or new), or why it is not taken back.
 fn read_entry(
     full: &Path,
     meta: &std::fs::Metadata,
     path: &WsPath,
     old: Option<&FileEntry>,
-    written: &Materialized,
     max_file_bytes: u64,
-) -> Result<Found, String> {
+) -> Result<(FileEntry, Bytes), String> {
     let file_type = meta.file_type();
     if file_type.is_symlink() {
         let target =
@@ -232,20 +340,12 @@ fn read_entry(
             return Err(format!("a symlink to `{target}`, outside the workspace"));
         }
         let bytes = Bytes::from(target.into_bytes());
-        return Ok(Found::Read(
-            FileEntry::for_bytes(&bytes, MODE_SYMLINK),
-            bytes,
-        ));
+        return Ok((FileEntry::for_bytes(&bytes, MODE_SYMLINK), bytes));
     }
     if !file_type.is_file() {
         return Err("not a regular file, a directory or a symlink".to_string());
     }
     let old = old.filter(|e| !e.is_symlink());
-    if let Some(old) = old {
-        if written.untouched(path, meta) {
-            return Ok(Found::Untouched(*old));
-        }
-    }
     let size = meta.len();
     if size > max_file_bytes && old.is_none_or(|e| e.size != size) {
         return Err(format!(
@@ -262,5 +362,5 @@ fn read_entry(
         _ if exec => MODE_EXEC,
         _ => MODE_FILE,
     };
-    Ok(Found::Read(FileEntry::for_bytes(&bytes, mode), bytes))
+    Ok((FileEntry::for_bytes(&bytes, mode), bytes))
 }

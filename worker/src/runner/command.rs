@@ -218,11 +218,7 @@ pub async fn run_command(
     if sandbox_spec.writable.is_empty() {
         sandbox_spec.writable.push(dir.to_path_buf());
     }
-    let confinement = match sandbox::prepare(
-        &sandbox_spec,
-        env.get("PATH").map(String::as_str),
-        sandbox::support(),
-    ) {
+    let confinement = match sandbox::prepare(&sandbox_spec, sandbox::support()) {
         Ok(c) => c,
         Err(error) => return done(CommandOutcome::SpawnFailed { error }, String::new(), 0),
     };

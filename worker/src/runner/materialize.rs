@@ -23,7 +23,8 @@ pub struct Materialized {
     /// Symlinks whose target would leave the tree: not created. In path order.
     pub skipped: Vec<WsPath>,
     /// How every regular file written looked right after (see [`Materialized::untouched`]).
-    pub(super) stamps: HashMap<WsPath, Stamp>,
+    /// With each, the file's entry in the tree (what an untouched file still is).
+    pub(super) stamps: HashMap<WsPath, (Stamp, FileEntry)>,
     /// A stamp whose ctime is at or after this is not trusted: the file may have changed
     /// within the clock tick it was stamped in. The latest ctime among the stamps after
     /// [`materialize`]; a [`Workdir`](super::Workdir) moves it to the ctime of a file it
@@ -38,10 +39,10 @@ impl Materialized {
     /// the last clock tick of the stamping (at or after the [fence](Self::fence)) may have
     /// been changed within that same tick without its ctime moving: it is not trusted (read
     /// again), as git treats a racily clean index entry.
-    pub(super) fn untouched(&self, path: &WsPath, meta: &std::fs::Metadata) -> bool {
-        self.stamps.get(path).is_some_and(|s| {
-            self.fence.is_none_or(|fence| s.ctime < fence) && *s == Stamp::of(meta)
-        })
+    pub(super) fn untouched(&self, path: &WsPath, meta: &std::fs::Metadata) -> Option<FileEntry> {
+        let (stamp, entry) = self.stamps.get(path)?;
+        let trusted = self.fence.is_none_or(|fence| stamp.ctime < fence);
+        (trusted && *stamp == Stamp::of(meta)).then_some(*entry)
     }
 }
 
@@ -94,28 +95,28 @@ pub async fn materialize(
     })?;
     // Boxed as `Send` futures here: an iterator of async blocks borrowing the tree would
     // otherwise make the whole call unusable from a spawned task (a higher-ranked `Send`).
-    type Write<'a> = BoxFuture<'a, (&'a WsPath, Result<Wrote, WorkerError>)>;
+    type Write<'a> = BoxFuture<'a, (&'a WsPath, &'a FileEntry, Result<Wrote, WorkerError>)>;
     let writes: Vec<Write<'_>> = tree
         .files
         .iter()
         .map(|(path, entry)| -> Write<'_> {
-            Box::pin(async move { (path, write_one(path, entry, blobs, dir).await) })
+            Box::pin(async move { (path, entry, write_one(path, entry, blobs, dir).await) })
         })
         .collect();
     let mut written = futures::stream::iter(writes).buffer_unordered(WRITES_IN_FLIGHT);
-    while let Some((path, wrote)) = written.next().await {
+    while let Some((path, entry, wrote)) = written.next().await {
         match wrote? {
             Wrote::File { bytes, stamp } => {
                 done.files += 1;
                 done.bytes += bytes;
-                done.stamps.insert(path.clone(), stamp);
+                done.stamps.insert(path.clone(), (stamp, *entry));
             }
             Wrote::Symlink => done.files += 1,
             Wrote::Skipped => done.skipped.push(path.clone()),
         }
     }
     done.skipped.sort();
-    done.fence = done.stamps.values().map(|s| s.ctime).max();
+    done.fence = done.stamps.values().map(|(s, _)| s.ctime).max();
     Ok(done)
 }
 

@@ -3,7 +3,8 @@
 //!
 //! - **Filesystem** (Landlock): read, write and execute in the command's writable
 //!   directories (the tree, its scratch `HOME` and `TMPDIR`); read and execute in the system
-//!   directories ([`SYSTEM_EXEC`]) and the directories on the command's `PATH`; read only
+//!   directories ([`SYSTEM_EXEC`]) and the directories on the worker's `PATH` with the toolchains they belong to
+//!   ([`toolchain_dirs`]; never a spec's `env.PATH`); read only
 //!   in [`SYSTEM_READ`] (`/etc`, `/sys`), the system-wide entries of `/proc` (`cpuinfo`,
 //!   `meminfo`, `sys/`, ...: every entry but the per-process directories) and the command's
 //!   own `/proc/<pid>` (granted in the child, see below); read and write (not list) the
@@ -197,6 +198,9 @@ pub struct SandboxSpec {
     /// The directories the command may write in (the tree, its `HOME` and `TMPDIR`); empty:
     /// the directory it runs in.
     pub writable: Vec<PathBuf>,
+    /// The directories it may read and run programs from besides the system ones; empty:
+    /// the worker's own `PATH` and the toolchains it names ([`toolchain_dirs`]).
+    pub exec: Vec<PathBuf>,
 }
 
 /// A confinement ready to apply in a forked child.
@@ -308,14 +312,10 @@ struct PathBeneathAttr {
 /// `LANDLOCK_RULE_PATH_BENEATH`.
 const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
 
-/// The confinement of a command run with `spec` (its `PATH` from `path_var`), on a kernel
+/// The confinement of a command run with `spec`, on a kernel
 /// offering `support`: `Ok(None)` when the sandbox is off, `Err` (the reason, for the
 /// model) when it is required and cannot be applied or the ruleset cannot be built.
-pub fn prepare(
-    spec: &SandboxSpec,
-    path_var: Option<&str>,
-    support: Support,
-) -> Result<Option<Confinement>, String> {
+pub fn prepare(spec: &SandboxSpec, support: Support) -> Result<Option<Confinement>, String> {
     let settings = &spec.settings;
     if settings.mode == SandboxMode::Off {
         return Ok(None);
@@ -354,7 +354,7 @@ pub fn prepare(
             support.abi
         ));
     }
-    let fd = ruleset(spec, path_var, support)
+    let fd = ruleset(spec, support)
         .map_err(|e| format!("the command sandbox could not be set up: {e}"))?;
     conf.ruleset = fd;
     Ok(Some(conf))
@@ -368,7 +368,7 @@ struct Grant {
 
 /// The rules of a command's sandbox, in order: system paths, `PATH`, devices, the writable
 /// directories.
-fn grants(spec: &SandboxSpec, path_var: Option<&str>, abi: ABI) -> Vec<Grant> {
+fn grants(spec: &SandboxSpec, abi: ABI) -> Vec<Grant> {
     let read = AccessFs::ReadFile | AccessFs::ReadDir;
     let exec = AccessFs::from_read(abi);
     let file_rw = AccessFs::from_file(abi) & !BitFlags::from(AccessFs::Execute);
@@ -382,11 +382,18 @@ fn grants(spec: &SandboxSpec, path_var: Option<&str>, abi: ABI) -> Vec<Grant> {
     for p in SYSTEM_EXEC {
         push(Path::new(p), exec);
     }
-    for dir in path_var.unwrap_or_default().split(':') {
-        // Relative entries mean nothing here; `/` would open everything.
-        if dir.starts_with('/') && Path::new(dir) != Path::new("/") {
-            push(Path::new(dir), exec);
-        }
+    // The worker's own `PATH` only: a spec's `env.PATH` chooses where programs are looked
+    // up, never what becomes readable (it could name any directory of the worker's).
+    let dirs = if spec.exec.is_empty() {
+        toolchain_dirs(
+            &std::env::var("PATH").unwrap_or_default(),
+            std::env::var_os("HOME").map(PathBuf::from).as_deref(),
+        )
+    } else {
+        spec.exec.clone()
+    };
+    for dir in dirs {
+        push(&dir, exec);
     }
     for p in SYSTEM_READ.iter().map(PathBuf::from).chain(proc_entries()) {
         push(&p, read);
@@ -401,6 +408,55 @@ fn grants(spec: &SandboxSpec, path_var: Option<&str>, abi: ABI) -> Vec<Grant> {
     }
     for dir in &spec.writable {
         push(dir, AccessFs::from_all(abi));
+    }
+    out
+}
+
+/// The directories a command may read and run programs from besides the system ones: every
+/// absolute directory of the worker's `PATH` and, for one under the worker's home, the
+/// toolchain it belongs to: the first directory below the home (`~/.pyenv` for
+/// `~/.pyenv/shims`, whose shims run `~/.pyenv/libexec`; `~/.cargo`, with `~/.rustup`
+/// that its proxies read; `~/.nvm`), except `~/.local`, of which only `bin`, `lib` and
+/// `pipx` (`~/.local/share` may hold keyrings). The rest of the home (`~/.ssh`,
+/// `~/.aws`, ...) stays closed.
+pub fn toolchain_dirs(path_var: &str, home: Option<&Path>) -> Vec<PathBuf> {
+    let home = home.filter(|h| h.is_absolute() && *h != Path::new("/"));
+    let mut out: Vec<PathBuf> = Vec::new();
+    let mut add = |p: PathBuf| {
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    };
+    for dir in path_var.split(':') {
+        // Relative entries mean nothing here; `/` would open everything.
+        if !dir.starts_with('/') || Path::new(dir) == Path::new("/") {
+            continue;
+        }
+        let dir = PathBuf::from(dir);
+        add(dir.clone());
+        let Some(home) = home else { continue };
+        let Ok(rel) = dir.strip_prefix(home) else {
+            continue;
+        };
+        let Some(std::path::Component::Normal(first)) = rel.components().next() else {
+            continue;
+        };
+        let first = first.to_string_lossy();
+        match first.as_ref() {
+            ".local" => {
+                for sub in ["bin", "lib", "pipx"] {
+                    add(home.join(".local").join(sub));
+                }
+            }
+            // `~/bin` and such: the directory itself only.
+            name if !name.starts_with('.') => {}
+            name => {
+                add(home.join(name));
+                if name == ".cargo" {
+                    add(home.join(".rustup"));
+                }
+            }
+        }
     }
     out
 }
@@ -434,7 +490,6 @@ fn proc_entries() -> Vec<PathBuf> {
 /// protected paths). `None` when nothing could be handled.
 fn ruleset(
     spec: &SandboxSpec,
-    path_var: Option<&str>,
     support: Support,
 ) -> Result<Option<OwnedFd>, landlock::RulesetError> {
     let abi = support.abi();
@@ -452,7 +507,7 @@ fn ruleset(
         .iter()
         .filter_map(|p| std::fs::canonicalize(p).ok())
         .collect();
-    for g in grants(spec, path_var, abi) {
+    for g in grants(spec, abi) {
         let Ok(path) = std::fs::canonicalize(&g.path) else {
             continue; // Not on this system.
         };

@@ -314,7 +314,7 @@ async fn files_as_materialised_are_not_read_again() {
         .unwrap();
     file.set_modified(mtime).unwrap();
     let now = Stamp::of(&std::fs::metadata(d.join("a.txt")).unwrap());
-    let moved = now != written.stamps[&ws("a.txt")];
+    let moved = now != written.stamps[&ws("a.txt")].0;
     if !moved {
         // Changed within the clock tick it was written in (a kernel without fine-grained
         // ctimes): only the last-tick rule tells.
@@ -335,7 +335,8 @@ async fn a_file_stamped_in_the_last_tick_is_read() {
     // written in): trusted, the stamp would hide the change; as the last tick's, it is read.
     std::fs::write(d.join("a.txt"), "AAAA\n").unwrap();
     let now = Stamp::of(&std::fs::metadata(d.join("a.txt")).unwrap());
-    written.stamps.insert(ws("a.txt"), now);
+    let entry = tree.files[&ws("a.txt")];
+    written.stamps.insert(ws("a.txt"), (now, entry));
     written.fence = Some(now.ctime);
     let ch = tree_changes(d, &tree, &written, 1 << 20);
     assert_eq!(summary(&ch), [("write", "a.txt")]);
@@ -442,16 +443,17 @@ mod sandbox_prepare {
                 ..CommandSandbox::default()
             },
             writable: vec![std::env::temp_dir()],
+            exec: Vec::new(),
         }
     }
 
     #[test]
     fn off_is_nothing_and_auto_without_landlock_is_limits_only() {
         let none = Support { abi: 0 };
-        assert!(prepare(&spec(SandboxMode::Off, false), None, none)
+        assert!(prepare(&spec(SandboxMode::Off, false), none)
             .unwrap()
             .is_none());
-        let auto = prepare(&spec(SandboxMode::Auto, false), None, none)
+        let auto = prepare(&spec(SandboxMode::Auto, false), none)
             .unwrap()
             .unwrap();
         assert!(!auto.landlocked());
@@ -459,22 +461,16 @@ mod sandbox_prepare {
 
     #[test]
     fn required_without_landlock_is_refused_naming_why() {
-        let err =
-            prepare(&spec(SandboxMode::Required, true), None, Support { abi: 0 }).unwrap_err();
+        let err = prepare(&spec(SandboxMode::Required, true), Support { abi: 0 }).unwrap_err();
         assert!(
             err.starts_with("the sandbox is required (`[run_command] sandbox = \"required\"`) but this worker's kernel has no Landlock"),
             "{err}"
         );
         // Landlock without network rules: refused only while the network is to be off.
-        let err = prepare(
-            &spec(SandboxMode::Required, false),
-            None,
-            Support { abi: 3 },
-        )
-        .unwrap_err();
+        let err = prepare(&spec(SandboxMode::Required, false), Support { abi: 3 }).unwrap_err();
         assert!(err.contains("ABI 3 without network rules"), "{err}");
         if super::super::sandbox::support().landlock() {
-            let ok = prepare(&spec(SandboxMode::Required, true), None, Support { abi: 3 })
+            let ok = prepare(&spec(SandboxMode::Required, true), Support { abi: 3 })
                 .unwrap()
                 .unwrap();
             assert!(ok.landlocked());

@@ -119,15 +119,17 @@ impl Trees {
         target: Manifest,
         blobs: &BlobCache,
     ) -> Result<(Workdir, Checkout), WorkerError> {
+        let mut target = target;
         if let Some(mut kept) = key.and_then(|k| self.take(k)) {
-            match kept.update(target.clone(), blobs).await {
+            match kept.update(target, blobs).await {
                 Ok(paths) => return Ok((kept, Checkout::Updated { paths })),
-                Err(e) => {
+                Err((e, back)) => {
                     tracing::warn!(error = %e, "a kept command tree could not be brought up to date; making a fresh one");
                     kept.remove().await;
                     if e.kind() == forkfleet_shared::error::ErrorKind::Unavailable {
                         return Err(e);
                     }
+                    target = back;
                 }
             }
         }

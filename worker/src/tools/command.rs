@@ -198,6 +198,7 @@ pub(super) async fn run_command(
         sandbox: SandboxSpec {
             settings: tool.sandbox.clone(),
             writable: Vec::new(),
+            exec: Vec::new(),
         },
     };
     let run = work.run(&cwd, &spec, std::future::pending()).await;

@@ -65,6 +65,18 @@ async fn run_env(
     settings: CommandSandbox,
     env: BTreeMap<String, String>,
 ) -> CommandRun {
+    run_exec(d, argv, settings, env, Vec::new()).await
+}
+
+/// [`run_env`] with `exec` the directories the command may read and run programs from
+/// besides the system ones (empty: the worker's `PATH`).
+async fn run_exec(
+    d: &Dirs,
+    argv: &[&str],
+    settings: CommandSandbox,
+    env: BTreeMap<String, String>,
+    exec: Vec<PathBuf>,
+) -> CommandRun {
     let spec = CommandSpec {
         argv: argv.iter().map(|s| s.to_string()).collect(),
         env,
@@ -73,6 +85,7 @@ async fn run_env(
         sandbox: SandboxSpec {
             settings,
             writable: vec![d.ws.clone(), d.home.clone(), d.tmp.clone()],
+            exec,
         },
     };
     tokio::time::timeout(WAIT, run_command(&d.ws, &spec, std::future::pending()))
@@ -319,7 +332,7 @@ async fn the_limits_apply() {
 async fn a_protected_path_stays_closed_below_a_readable_directory() {
     needs_landlock();
     let d = dirs();
-    // A directory on the command's PATH (readable and executable) holding a key file the
+    // A directory of the worker's PATH (readable and executable) holding a key file the
     // worker protects, beside a program.
     let bin = tempfile::tempdir().unwrap();
     std::fs::create_dir(bin.path().join("keys")).unwrap();
@@ -335,7 +348,8 @@ async fn a_protected_path_stays_closed_below_a_readable_directory() {
     );
     let script = "cat \"$1/notes.txt\" \"$1/keys/readme\"; cat \"$1/keys/model.key\"; echo key=$?";
     let argv = ["sh", "-c", script, "sh", s(bin.path())];
-    let run = run_env(&d, &argv, CommandSandbox::default(), env.clone()).await;
+    let exec = vec![bin.path().to_path_buf(), "/usr/bin".into(), "/bin".into()];
+    let run = run_exec(&d, &argv, CommandSandbox::default(), env.clone(), exec).await;
     assert!(run.output.contains("notes-text"), "{}", run.output);
     assert!(run.output.contains("readme-text"), "{}", run.output);
     assert!(run.output.contains("key=1"), "{}", run.output);
@@ -395,4 +409,65 @@ async fn without_landlock() {
     let auto = run_in(&d, &argv, CommandSandbox::default()).await;
     assert_eq!(exited(&auto), 0, "{}", auto.output);
     println!("refused as expected");
+}
+
+/// A spec's `env.PATH` chooses where programs are looked up, not what becomes readable: a
+/// directory of the worker's named on it stays closed.
+#[tokio::test]
+async fn a_specs_path_does_not_open_the_workers_directories() {
+    needs_landlock();
+    let d = dirs();
+    let sec = secrets();
+    let key_dir = sec.key.parent().unwrap().to_path_buf();
+    let mut env = BTreeMap::new();
+    env.insert("HOME".to_string(), d.home.display().to_string());
+    env.insert("TMPDIR".to_string(), d.tmp.display().to_string());
+    env.insert(
+        "PATH".to_string(),
+        format!("{}:/usr/bin:/bin", key_dir.display()),
+    );
+    let argv = ["sh", "-c", "cat \"$1\"; echo key=$?", "sh", s(&sec.key)];
+    let run = run_env(&d, &argv, CommandSandbox::default(), env.clone()).await;
+    assert!(run.output.contains("key=1"), "{}", run.output);
+    assert!(
+        !run.output.contains("sk-forkfleet-secret-key"),
+        "{}",
+        run.output
+    );
+    // Control: unsandboxed, the same read works.
+    let open = run_env(&d, &argv, settings(SandboxMode::Off), env).await;
+    assert!(
+        open.output.contains("sk-forkfleet-secret-key"),
+        "{}",
+        open.output
+    );
+}
+
+#[test]
+fn toolchains_under_the_home_are_readable_the_rest_of_it_is_not() {
+    let home = Path::new("/home/w");
+    let dirs = sandbox::toolchain_dirs(
+        "/home/w/.pyenv/shims:/usr/bin:relative:/:/home/w/.cargo/bin:/home/w/.local/bin:/home/w/bin:/opt/tool/bin",
+        Some(home),
+    );
+    let got: Vec<&str> = dirs.iter().map(|p| p.to_str().unwrap()).collect();
+    assert_eq!(
+        got,
+        [
+            "/home/w/.pyenv/shims",
+            "/home/w/.pyenv",
+            "/usr/bin",
+            "/home/w/.cargo/bin",
+            "/home/w/.cargo",
+            "/home/w/.rustup",
+            "/home/w/.local/bin",
+            "/home/w/.local/lib",
+            "/home/w/.local/pipx",
+            "/home/w/bin",
+            "/opt/tool/bin",
+        ]
+    );
+    // A home of `/` opens nothing beyond the PATH itself.
+    let root = sandbox::toolchain_dirs("/.x/bin", Some(Path::new("/")));
+    assert_eq!(root, [PathBuf::from("/.x/bin")]);
 }
