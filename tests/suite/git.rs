@@ -298,40 +298,24 @@ fn git_branch_refuses_an_existing_branch_a_bad_name_and_a_fork_made_outside_git(
     let data = data(&ex);
     git(&ws, &["branch", "taken"]);
 
-    let out = forkfleet(&[
-        "fork",
-        "merge",
-        &fork,
-        "--pick",
-        "w",
-        "--git-branch",
-        "taken",
-        "--data",
-        &data,
-    ]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("branch `taken` already exists"),
-        "{}",
-        stderr(&out)
-    );
-    let out = forkfleet(&[
-        "fork",
-        "merge",
-        &fork,
-        "--pick",
-        "w",
-        "--git-branch",
-        "a b",
-        "--data",
-        &data,
-    ]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("not a valid branch name"),
-        "{}",
-        stderr(&out)
-    );
+    // `fork merge FORK --pick w --git-branch BRANCH`: refused with exit 2, saying `says`.
+    let refused = |fork: &str, data: &str, branch: &str, says: &str| {
+        let out = forkfleet(&[
+            "fork",
+            "merge",
+            fork,
+            "--pick",
+            "w",
+            "--git-branch",
+            branch,
+            "--data",
+            data,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{}", stderr(&out));
+    };
+    refused(&fork, &data, "taken", "branch `taken` already exists");
+    refused(&fork, &data, "a b", "not a valid branch name");
     // Refused before anything happened: not merged, the branch where it was, no new ref.
     let show = json(&forkfleet(&[
         "fork", "show", &fork, "--data", &data, "--json",
@@ -358,23 +342,7 @@ fn git_branch_refuses_an_existing_branch_a_bad_name_and_a_fork_made_outside_git(
         "--json",
     ]));
     assert!(show.get("git").is_none(), "{show}");
-    let out = forkfleet(&[
-        "fork",
-        "merge",
-        &plain_fork,
-        "--pick",
-        "w",
-        "--git-branch",
-        "x",
-        "--data",
-        &plain_data,
-    ]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("has no git commit recorded"),
-        "{}",
-        stderr(&out)
-    );
+    refused(&plain_fork, &plain_data, "x", "has no git commit recorded");
     let show = json(&forkfleet(&[
         "fork",
         "show",
