@@ -5,7 +5,7 @@ use bytes::Bytes;
 use forkfleet_shared::api::MergeOutcome;
 use forkfleet_shared::blob::{fetch, BlobHash, BlobStore};
 use forkfleet_shared::flush::{self, ConflictPolicy, DirTarget, FlushReport};
-use forkfleet_shared::manifest::{Manifest, ScanError};
+use forkfleet_shared::manifest::{FileEntry, Manifest, ScanError};
 use forkfleet_shared::scan::{self, LeftOut, ScanOptions, StatCache};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -65,10 +65,10 @@ pub async fn upload_workspace(
     let uploading = |e| ClientError::blob("uploading the workspace", e);
     let extra: HashMap<BlobHash, Bytes> = extra.into_iter().collect();
     // One listed file (or extra blob) for each hash.
-    let mut by_hash: HashMap<BlobHash, &scan::Listed> = HashMap::new();
+    let mut by_hash: HashMap<BlobHash, (&scan::Listed, FileEntry)> = HashMap::new();
     for f in &listing.files {
         if let Some(e) = manifest.files.get(&f.path) {
-            by_hash.entry(e.hash).or_insert(f);
+            by_hash.entry(e.hash).or_insert((f, *e));
         }
     }
     let mut hashes: Vec<BlobHash> = by_hash.keys().copied().collect();
@@ -77,9 +77,7 @@ pub async fn upload_workspace(
     let sent: Vec<u64> = futures::stream::iter(missing.iter().copied())
         .map(|h| {
             let extra = extra.get(&h).cloned();
-            let listed = by_hash
-                .get(&h)
-                .map(|f| ((*f).clone(), manifest.files[&f.path]));
+            let listed = by_hash.get(&h).map(|(f, e)| ((*f).clone(), *e));
             async move {
                 let bytes = match (extra, listed) {
                     (Some(b), _) => b,

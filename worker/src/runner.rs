@@ -18,9 +18,12 @@
 //! - [`sandbox`] confines the command (Landlock filesystem and network rules, resource
 //!   limits) between fork and exec; [`Workdir::run`] gives it the tree, `HOME` and `TMPDIR`
 //!   as the only writable directories.
-//! - [`Workdir`] puts the three together: a fresh temporary directory with the tree and
-//!   scratch `HOME` and `TMPDIR` beside it, the command, the comparison, the removal
-//!   (here, with the removal of a directory a command may have made unwritable).
+//! - [`Workdir`] puts the three together: a directory with the tree and scratch `HOME` and
+//!   `TMPDIR` beside it, the command, the comparison, and the removal (here, with the
+//!   removal of a directory a command may have made unwritable) or, for a branch's
+//!   `run_command`, the directory kept as the tree it now holds and brought up to date on
+//!   the next call ([`Workdir::update`]; `trees`: [`Trees`], which holds them per branch,
+//!   bounded by bytes).
 
 mod changes;
 mod command;

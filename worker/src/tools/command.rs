@@ -2,9 +2,11 @@
 //! changes become overlay changes.
 //!
 //! The branch's current tree (the fork-time snapshot with the branch's changes,
-//! [`Overlay::to_manifest`]) is materialised in a fresh temporary directory from the blob
-//! cache ([`Workdir`], the same path as a resolve's test job; a symlink pointing outside the
-//! tree is not created), and the command runs there ([`crate::runner::run_command`]): no
+//! [`Overlay::to_manifest`]) is materialised from the blob cache ([`Workdir`], the same
+//! path as a resolve's test job; a symlink pointing outside the tree is not created): the
+//! first call of a branch writes it whole, later ones take the branch's kept tree
+//! ([`crate::runner::Trees`]) and write or remove only the paths that changed since. The
+//! command runs there ([`crate::runner::run_command`]): no
 //! shell, the environment cleared to `PATH`, `HOME`, `TMPDIR`, `LANG` and the spec's `env`
 //! (`HOME` and `TMPDIR` are scratch directories outside the tree, so caches and temporary
 //! files do not become changes), the whole process group killed at the timeout (the model's
