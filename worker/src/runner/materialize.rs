@@ -96,15 +96,22 @@ pub async fn materialize(
     // Boxed as `Send` futures here: an iterator of async blocks borrowing the tree would
     // otherwise make the whole call unusable from a spawned task (a higher-ranked `Send`).
     type Write<'a> = BoxFuture<'a, (&'a WsPath, &'a FileEntry, Result<Wrote, WorkerError>)>;
-    let writes: Vec<Write<'_>> = tree
-        .files
-        .iter()
-        .map(|(path, entry)| -> Write<'_> {
-            Box::pin(async move { (path, entry, write_one(path, entry, blobs, dir).await) })
-        })
-        .collect();
-    let mut written = futures::stream::iter(writes).buffer_unordered(WRITES_IN_FLIGHT);
-    while let Some((path, entry, wrote)) = written.next().await {
+    // Made as slots free up: only the writes in flight exist at once (not one future per
+    // file of a large tree).
+    let mut files = tree.files.iter();
+    let mut written = futures::stream::FuturesUnordered::<Write<'_>>::new();
+    loop {
+        while written.len() < WRITES_IN_FLIGHT {
+            let Some((path, entry)) = files.next() else {
+                break;
+            };
+            written.push(Box::pin(async move {
+                (path, entry, write_one(path, entry, blobs, dir).await)
+            }));
+        }
+        let Some((path, entry, wrote)) = written.next().await else {
+            break;
+        };
         match wrote? {
             Wrote::File { bytes, stamp } => {
                 done.files += 1;
