@@ -138,7 +138,7 @@ async fn test_in_span(ctx: &WorkerCtx, job: TestJob) -> TestRun {
     };
     let work = match ctx
         .trees
-        .checkout(Some(&key), &prefix, tree, ctx.blobs.as_ref())
+        .checkout(&key, &prefix, tree, ctx.blobs.as_ref())
         .await
     {
         Ok((w, checkout)) => {

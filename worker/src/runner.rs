@@ -211,33 +211,11 @@ impl Workdir {
 
     /// What the command did to the tree ([`tree_changes`]); then the directory is removed.
     pub async fn changes(self, max_file_bytes: u64) -> TreeChanges {
-        let Workdir {
-            mut root,
-            tree,
-            written,
-        } = self;
-        let compared = tokio::task::spawn_blocking(move || {
-            let started = Instant::now();
-            let changes = tree_changes(&root.0.join("ws"), &tree, &written, max_file_bytes);
-            let compare_ms = started.elapsed().as_millis() as u64;
-            remove_now(&root.take());
-            tracing::debug!(
-                files = written.files,
-                read = changes.read,
-                compare_ms,
-                remove_ms = started.elapsed().as_millis() as u64 - compare_ms,
-                "tree compared and removed"
-            );
-            changes
-        })
-        .await;
-        compared.unwrap_or_else(|e| TreeChanges {
-            not_imported: vec![(
-                ".".to_string(),
-                format!("the workspace could not be compared after the command: {e}"),
-            )],
-            ..TreeChanges::default()
-        })
+        let (changes, kept) = self.changes_keeping(max_file_bytes).await;
+        if let Some(kept) = kept {
+            kept.remove().await;
+        }
+        changes
     }
 
     /// What the command did to the tree ([`tree_changes`]). The directory is kept, as the
@@ -319,20 +297,22 @@ impl Drop for Scratch {
         if path.as_os_str().is_empty() {
             return;
         }
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(move || remove_now(&path))),
-            Err(_) => remove_now(&path),
-        }
+        off_runtime(move || remove_now(&path));
     }
 }
 
-/// Drop `value` (a tree of a large workspace: thousands of allocations) on the blocking
-/// pool, not on the way of the command's result.
-fn drop_later<T: Send + 'static>(value: T) {
+/// Run `work` (a removal, a large drop) on the blocking pool when a runtime runs, not on
+/// the way of what the caller returns; at once otherwise.
+fn off_runtime(work: impl FnOnce() + Send + 'static) {
     match tokio::runtime::Handle::try_current() {
-        Ok(rt) => drop(rt.spawn_blocking(move || drop(value))),
-        Err(_) => drop(value),
+        Ok(rt) => drop(rt.spawn_blocking(work)),
+        Err(_) => work(),
     }
+}
+
+/// Drop `value` (a tree of a large workspace: thousands of allocations) off the runtime.
+fn drop_later<T: Send + 'static>(value: T) {
+    off_runtime(move || drop(value));
 }
 
 /// The ctime of a file written now in `root` (outside the tree): a stamp taken before has

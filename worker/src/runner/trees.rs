@@ -114,13 +114,13 @@ impl Trees {
     /// fresh one made.
     pub async fn checkout(
         &self,
-        key: Option<&TreeKey>,
+        key: &TreeKey,
         prefix: &str,
         target: Manifest,
         blobs: &BlobCache,
     ) -> Result<(Workdir, Checkout), WorkerError> {
         let mut target = target;
-        if let Some(mut kept) = key.and_then(|k| self.take(k)) {
+        if let Some(mut kept) = self.take(key) {
             match kept.update(target, blobs).await {
                 Ok(paths) => return Ok((kept, Checkout::Updated { paths })),
                 Err((e, back)) => {
@@ -290,10 +290,7 @@ impl Drop for Trees {
         }
         if let Some(d) = &self.dir {
             let path = d.path.clone();
-            match tokio::runtime::Handle::try_current() {
-                Ok(rt) => drop(rt.spawn_blocking(move || super::remove_now(&path))),
-                Err(_) => super::remove_now(&path),
-            }
+            super::off_runtime(move || super::remove_now(&path));
         }
     }
 }
@@ -332,41 +329,26 @@ mod tests {
         let (m, cache) = tree(100);
         let (a, b, c) = (key("a"), key("b"), key("c"));
         for k in [&a, &b] {
-            let (w, how) = trees
-                .checkout(Some(k), "t-", m.clone(), &cache)
-                .await
-                .unwrap();
+            let (w, how) = trees.checkout(k, "t-", m.clone(), &cache).await.unwrap();
             assert_eq!(how, Checkout::Fresh);
             trees.keep(k.clone(), w);
         }
         assert_eq!(trees.held(), (2, 200));
         // `a` used again: `b` is now the least recently used.
-        let (w, how) = trees
-            .checkout(Some(&a), "t-", m.clone(), &cache)
-            .await
-            .unwrap();
+        let (w, how) = trees.checkout(&a, "t-", m.clone(), &cache).await.unwrap();
         assert_eq!(how, Checkout::Updated { paths: 0 });
         trees.keep(a.clone(), w);
-        let (w, _) = trees
-            .checkout(Some(&c), "t-", m.clone(), &cache)
-            .await
-            .unwrap();
+        let (w, _) = trees.checkout(&c, "t-", m.clone(), &cache).await.unwrap();
         trees.keep(c.clone(), w);
         assert_eq!(trees.held(), (2, 200));
-        let (_, how) = trees
-            .checkout(Some(&b), "t-", m.clone(), &cache)
-            .await
-            .unwrap();
+        let (_, how) = trees.checkout(&b, "t-", m.clone(), &cache).await.unwrap();
         assert_eq!(how, Checkout::Fresh, "b was evicted");
-        let (_, how) = trees
-            .checkout(Some(&a), "t-", m.clone(), &cache)
-            .await
-            .unwrap();
+        let (_, how) = trees.checkout(&a, "t-", m.clone(), &cache).await.unwrap();
         assert_eq!(how, Checkout::Updated { paths: 0 });
 
         // A tree over the bound alone is not kept.
         let (big, cache) = tree(300);
-        let (w, _) = trees.checkout(Some(&a), "t-", big, &cache).await.unwrap();
+        let (w, _) = trees.checkout(&a, "t-", big, &cache).await.unwrap();
         trees.keep(a.clone(), w);
         assert_eq!(trees.held(), (1, 100), "only c is left");
     }
@@ -376,10 +358,7 @@ mod tests {
         let trees = Trees::new(1 << 20);
         let (m, cache) = tree(10);
         let (a, b) = (key("a"), key("b"));
-        let (w, _) = trees
-            .checkout(Some(&a), "t-", m.clone(), &cache)
-            .await
-            .unwrap();
+        let (w, _) = trees.checkout(&a, "t-", m.clone(), &cache).await.unwrap();
         trees.keep(a.clone(), w);
         trees.finished(&a);
         {
@@ -393,7 +372,7 @@ mod tests {
             assert_eq!(gone.len(), 1);
             assert!(held.trees.is_empty());
         }
-        let (w, _) = trees.checkout(Some(&b), "t-", m, &cache).await.unwrap();
+        let (w, _) = trees.checkout(&b, "t-", m, &cache).await.unwrap();
         trees.keep(b, w);
         assert_eq!(trees.held().0, 1);
     }

@@ -172,7 +172,7 @@ pub(super) async fn run_command(
     let checkout = match trees {
         Some(slot) => {
             slot.trees
-                .checkout(Some(&slot.key), "forkfleet-cmd-", ov.to_manifest(), blobs)
+                .checkout(&slot.key, "forkfleet-cmd-", ov.to_manifest(), blobs)
                 .await
         }
         None => Workdir::create("forkfleet-cmd-", ov.to_manifest(), blobs)
