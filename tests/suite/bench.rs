@@ -173,6 +173,8 @@ fn workspace_bench_reports_every_field() {
         "snapshot_warm_s",
         "call_kept_p50_ms",
         "call_kept_p90_ms",
+        "call_whole_p50_ms",
+        "call_whole_p90_ms",
         "call_fresh_p50_ms",
         "call_fresh_p90_ms",
     ] {
@@ -191,7 +193,12 @@ fn workspace_bench_reports_every_field() {
             run["forkfleet_peak_rss_mb"].as_f64().unwrap() > 0.0,
             "{run}"
         );
+        assert!(
+            run["forkfleet_warm_wall_s"].as_f64().unwrap() > 0.0,
+            "{run}"
+        );
         assert!(run["git_worktree_wall_s"].as_f64().unwrap() > 0.0, "{run}");
         assert!(run["ratio"].as_f64().is_some(), "{run}");
+        assert!(run["ratio_warm"].as_f64().is_some(), "{run}");
     }
 }

@@ -138,7 +138,7 @@ async fn test_in_span(ctx: &WorkerCtx, job: TestJob) -> TestRun {
     };
     let work = match ctx
         .trees
-        .checkout(&key, &prefix, tree, ctx.blobs.as_ref())
+        .checkout(&key, &prefix, tree, None, ctx.blobs.as_ref())
         .await
     {
         Ok((w, checkout)) => {
@@ -159,6 +159,7 @@ async fn test_in_span(ctx: &WorkerCtx, job: TestJob) -> TestRun {
             settings: job.sandbox.clone(),
             writable: Vec::new(),
             exec: Vec::new(),
+            layers: None,
         },
     };
     let run = work

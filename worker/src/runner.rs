@@ -23,10 +23,12 @@
 //!   removal of a directory a command may have made unwritable) or, for a branch's
 //!   `run_command`, the directory kept as the tree it now holds and brought up to date on
 //!   the next call ([`Workdir::update`]; `trees`: [`Trees`], which holds them per branch,
-//!   bounded by bytes).
+//!   bounded by bytes). A kept tree may be layered ([`layered`]): the fork's base shared,
+//!   the branch's changes in an overlayfs upper directory, mounted by the command's child.
 
 mod changes;
 mod command;
+pub mod layered;
 mod materialize;
 pub mod sandbox;
 mod trees;
@@ -58,6 +60,10 @@ pub struct Workdir {
     root: Scratch,
     tree: Manifest,
     written: Materialized,
+    /// A layered tree ([`layered`]): the fork's base under the upper directory `upper/`
+    /// (with overlayfs's `work/` beside it); `ws/` is only where a command's mount goes.
+    /// `written` then stamps the upper directory's files only.
+    base: Option<std::sync::Arc<layered::Base>>,
 }
 
 impl Workdir {
@@ -93,7 +99,60 @@ impl Workdir {
             root,
             tree,
             written,
+            base: None,
         })
+    }
+
+    /// A layered tree holding `target` in a new directory under `parent`: `base` below, an
+    /// upper directory with what `target` changes of it above ([`layered`]).
+    pub async fn layered(
+        parent: &Path,
+        prefix: &str,
+        base: std::sync::Arc<layered::Base>,
+        target: Manifest,
+        blobs: &BlobCache,
+    ) -> Result<Self, WorkerError> {
+        let root = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in(parent)
+            .map_err(WorkerError::TempDir)?;
+        let root = Scratch(root.keep());
+        for d in ["ws", "home", "tmp", "upper", "work"] {
+            tokio::fs::create_dir(root.0.join(d))
+                .await
+                .map_err(WorkerError::TempDir)?;
+        }
+        let mut work = Self {
+            root,
+            tree: (*base.tree).clone(),
+            written: Materialized {
+                skipped: base.skipped.clone(),
+                ..Materialized::default()
+            },
+            base: Some(base),
+        };
+        work.update(target, blobs).await.map_err(|(e, _)| e)?;
+        Ok(work)
+    }
+
+    /// True when the tree is layered over a base.
+    pub fn is_layered(&self) -> bool {
+        self.base.is_some()
+    }
+
+    /// The base it is layered over.
+    pub(super) fn base(&self) -> Option<&std::sync::Arc<layered::Base>> {
+        self.base.as_ref()
+    }
+
+    /// The bytes this tree holds on disk of its own: all of its files, or for a layered
+    /// tree those of its upper directory (the base is shared).
+    pub fn own_bytes(&self) -> u64 {
+        if self.base.is_some() {
+            self.written.stamps.values().map(|(_, e)| e.size).sum()
+        } else {
+            self.bytes()
+        }
     }
 
     /// What was written.
@@ -128,7 +187,11 @@ impl Workdir {
     async fn apply(&mut self, target: &Manifest, blobs: &BlobCache) -> Result<usize, WorkerError> {
         use futures::StreamExt;
         let ops = changes_between(&self.tree, target);
-        let ws = self.root.0.join("ws");
+        // Where the change log goes: the tree's directory, or a layered tree's upper one.
+        let ws = match &self.base {
+            Some(_) => self.root.0.join("upper"),
+            None => self.root.0.join("ws"),
+        };
         let mut writes = Vec::new();
         let mut removals = Vec::new();
         for op in ops {
@@ -140,6 +203,7 @@ impl Workdir {
             }
         }
         let paths = writes.len() + removals.len();
+        let base = self.base.clone();
         for op in &removals {
             let path = op.path();
             self.written.stamps.remove(path);
@@ -150,18 +214,28 @@ impl Workdir {
             }
         }
         let dir = ws.clone();
-        tokio::task::spawn_blocking(move || remove_and_make(&dir, &removals))
-            .await
-            .unwrap_or_else(|e| Err((String::new(), std::io::Error::other(e))))
-            .map_err(|(path, source)| WorkerError::WriteFile {
-                dir: ws.clone(),
-                path,
-                source,
-            })?;
+        let layered = base
+            .clone()
+            .map(|b| (b, writes.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>()));
+        tokio::task::spawn_blocking(move || match layered {
+            Some((base, written)) => layered_prepare(&dir, &base.tree, &removals, &written),
+            None => remove_and_make(&dir, &removals),
+        })
+        .await
+        .unwrap_or_else(|e| Err((String::new(), std::io::Error::other(e))))
+        .map_err(|(path, source)| WorkerError::WriteFile {
+            dir: ws.clone(),
+            path,
+            source,
+        })?;
         let mut wrote = futures::stream::iter(writes.into_iter().map(|(path, entry)| {
             let ws = &ws;
+            let base = &base;
             async move {
-                let done = materialize::replace_one(&path, &entry, blobs, ws).await;
+                let done = match base {
+                    Some(base) => layered_write(&path, &entry, blobs, ws, &base.tree).await,
+                    None => materialize::replace_one(&path, &entry, blobs, ws).await,
+                };
                 (path, entry, done)
             }
         }))
@@ -206,6 +280,24 @@ impl Workdir {
             .iter()
             .map(|d| self.root.0.join(d))
             .collect();
+        if self.base.is_some() {
+            if let Err(e) = layered::reset_work(&self.root.0.join("work")) {
+                return CommandRun {
+                    outcome: CommandOutcome::SpawnFailed {
+                        error: format!("cannot prepare the tree's mount: {e}"),
+                    },
+                    output: String::new(),
+                    truncated_bytes: 0,
+                    duration: std::time::Duration::ZERO,
+                };
+            }
+        }
+        spec.sandbox.layers = self.base.as_ref().map(|base| layered::Dirs {
+            lower: base.dir(),
+            upper: self.root.0.join("upper"),
+            work: self.root.0.join("work"),
+            merged: self.root.0.join("ws"),
+        });
         run_command(&cwd.to_os_path(&self.root.0.join("ws")), &spec, cancel).await
     }
 
@@ -231,12 +323,22 @@ impl Workdir {
         };
         let compared = tokio::task::spawn_blocking(move || {
             let started = Instant::now();
-            let mut changes = tree_changes(
-                &self.root.0.join("ws"),
-                &self.tree,
-                &self.written,
-                max_file_bytes,
-            );
+            let mut changes = match &self.base {
+                Some(base) => changes::layered_changes(
+                    &self.root.0.join("upper"),
+                    &base.tree,
+                    &base.skipped,
+                    &self.tree,
+                    &self.written,
+                    max_file_bytes,
+                ),
+                None => tree_changes(
+                    &self.root.0.join("ws"),
+                    &self.tree,
+                    &self.written,
+                    max_file_bytes,
+                ),
+            };
             let kept = match changes.state.take() {
                 Some(state) => {
                     let mut work = self;
@@ -350,11 +452,114 @@ fn remove_and_make(dir: &Path, ops: &[ChangeOp]) -> Result<(), (String, std::io:
     Ok(())
 }
 
+/// Prepare the upper directory `upper` of a layered tree (blocking) for a change log from
+/// the tree it holds: removals (a whiteout where the base would show through), new
+/// directories, and for each write its directory made and what is at its path removed.
+/// `Err`: the path and the error.
+fn layered_prepare(
+    upper: &Path,
+    base: &Manifest,
+    removals: &[ChangeOp],
+    writes: &[WsPath],
+) -> Result<(), (String, std::io::Error)> {
+    for op in removals {
+        let path = op.path();
+        let done = match op {
+            ChangeOp::Delete { .. } | ChangeOp::Rmdir { .. } => {
+                remove_upper(upper, path).and_then(|()| {
+                    if layered::base_shows(upper, base, path) {
+                        upper_dir(upper, &path.parent().unwrap_or_default())?;
+                        layered::whiteout(&path.to_os_path(upper))
+                    } else {
+                        Ok(())
+                    }
+                })
+            }
+            ChangeOp::Mkdir { .. } => upper_dir(upper, path),
+            _ => Ok(()),
+        };
+        done.map_err(|e| (path.to_string(), e))?;
+    }
+    for path in writes {
+        upper_dir(upper, &path.parent().unwrap_or_default())
+            .and_then(|()| remove_upper(upper, path))
+            .map_err(|e| (path.to_string(), e))?;
+    }
+    Ok(())
+}
+
+/// Remove what the upper directory has at `path` (nothing there is no error).
+fn remove_upper(upper: &Path, path: &WsPath) -> std::io::Result<()> {
+    let full = path.to_os_path(upper);
+    match std::fs::symlink_metadata(&full) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&full).or_else(|_| {
+            make_writable(&full);
+            std::fs::remove_dir_all(&full)
+        }),
+        Ok(_) => std::fs::remove_file(&full),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Make `dir` a directory in the upper directory, with every directory above it: one that
+/// is missing is made (it merges with the base's, if any); in place of a whiteout or a
+/// file, an opaque one (the base's entries there stay hidden).
+fn upper_dir(upper: &Path, dir: &WsPath) -> std::io::Result<()> {
+    let mut chain = Vec::new();
+    let mut at = Some(dir.clone());
+    while let Some(a) = at {
+        if a.is_root() {
+            break;
+        }
+        at = a.parent();
+        chain.push(a);
+    }
+    for a in chain.into_iter().rev() {
+        let full = a.to_os_path(upper);
+        match std::fs::symlink_metadata(&full) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                std::fs::remove_file(&full)?;
+                std::fs::create_dir(&full)?;
+                layered::set_opaque(&full)?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir(&full)?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Write one file (or symlink) into a layered tree's upper directory, prepared by
+/// [`layered_prepare`]; a symlink leaving the tree is not made, and a whiteout hides what
+/// the base has at its path.
+async fn layered_write(
+    path: &WsPath,
+    entry: &forkfleet_shared::manifest::FileEntry,
+    blobs: &BlobCache,
+    upper: &Path,
+    base: &Manifest,
+) -> Result<materialize::Wrote, WorkerError> {
+    let wrote = materialize::write_one(path, entry, blobs, upper).await?;
+    if matches!(wrote, materialize::Wrote::Skipped) && layered::base_shows(upper, base, path) {
+        layered::whiteout(&path.to_os_path(upper)).map_err(|source| WorkerError::WriteFile {
+            dir: upper.to_path_buf(),
+            path: path.to_string(),
+            source,
+        })?;
+    }
+    Ok(wrote)
+}
+
 /// Remove a command's temporary directory (blocking). A command may have left directories
 /// without write permission: they are made writable and it is tried again.
 fn remove_now(path: &Path) {
-    if std::fs::remove_dir_all(path).is_ok() {
-        return;
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => return,
+        // Gone with a directory above it (a base when its worker's trees went).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(_) => {}
     }
     make_writable(path);
     if let Err(e) = std::fs::remove_dir_all(path) {

@@ -127,14 +127,26 @@ fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[async_trait]
 impl BlobStore for SledBlobStore {
     async fn put(&self, hash: BlobHash, bytes: Bytes) -> Result<(), BlobError> {
-        let actual = BlobHash::of(&bytes);
-        if actual != hash {
-            return Err(BlobError::Corrupt {
-                expected: hash,
-                actual,
-            });
+        // Hashing and writing a file block: off the runtime, so that puts in flight (an
+        // upload of a large workspace) run side by side.
+        let store = self.clone();
+        let put = move || {
+            let actual = BlobHash::of(&bytes);
+            if actual != hash {
+                return Err(BlobError::Corrupt {
+                    expected: hash,
+                    actual,
+                });
+            }
+            store.store(hash, &bytes)
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => rt
+                .spawn_blocking(put)
+                .await
+                .map_err(|e| backend(format!("a blob write stopped: {e}")))?,
+            Err(_) => put(),
         }
-        self.store(hash, &bytes)
     }
 
     async fn get(&self, hash: &BlobHash) -> Result<Option<Bytes>, BlobError> {

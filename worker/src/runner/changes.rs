@@ -58,7 +58,73 @@ pub fn tree_changes(
     written: &Materialized,
     max_file_bytes: u64,
 ) -> TreeChanges {
-    let walked = walk(dir, tree, written, max_file_bytes);
+    let mut walked = walk(dir, tree, written, max_file_bytes, false);
+    // The directory as a version of the tree: built at once from what the walk found (in
+    // path order after a sort, which a map builds from without searching).
+    let mut files = std::mem::take(&mut walked.files);
+    files.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let after = Manifest {
+        files: files.into_iter().collect(),
+        dirs: std::mem::take(&mut walked.dirs).into_iter().collect(),
+    };
+    finish(tree, written, walked, after)
+}
+
+/// Compare a layered tree ([`super::layered`]) after a command with `tree`, the tree it
+/// held: only its upper directory `upper` is walked (what differs from the base `base`,
+/// whose symlinks leaving the tree are `base_skipped`); the rest is the base's. Otherwise
+/// as [`tree_changes`].
+pub(super) fn layered_changes(
+    upper: &Path,
+    base: &Manifest,
+    base_skipped: &[WsPath],
+    tree: &Manifest,
+    written: &Materialized,
+    max_file_bytes: u64,
+) -> TreeChanges {
+    let mut walked = walk(upper, tree, written, max_file_bytes, true);
+    let mut after = base.clone();
+    for p in base_skipped {
+        after.files.remove(p);
+    }
+    let remove_below = |after: &mut Manifest, p: &WsPath| {
+        let files: Vec<WsPath> = after.files_under(p).map(|(f, _)| f.clone()).collect();
+        for f in files {
+            after.files.remove(&f);
+        }
+        let dirs: Vec<WsPath> = after.dirs_under(p).cloned().collect();
+        for d in dirs {
+            after.dirs.remove(&d);
+        }
+    };
+    // A whiteout hides the base's node (and what is below it); an opaque directory what is
+    // below it; an upper file a base directory at its path.
+    for w in std::mem::take(&mut walked.whiteouts) {
+        after.files.remove(&w);
+        if after.dirs.remove(&w) {
+            remove_below(&mut after, &w);
+        }
+    }
+    for o in std::mem::take(&mut walked.opaque) {
+        remove_below(&mut after, &o);
+    }
+    for (p, e) in std::mem::take(&mut walked.files) {
+        if after.dirs.remove(&p) {
+            remove_below(&mut after, &p);
+        }
+        after.files.insert(p, e);
+    }
+    for d in std::mem::take(&mut walked.dirs) {
+        after.files.remove(&d);
+        after.dirs.insert(d);
+    }
+    finish(tree, written, walked, after)
+}
+
+/// The change log from `tree` to `after` (what the walk found), with what the walk could
+/// not take back left as it was in the tree.
+fn finish(tree: &Manifest, written: &Materialized, walked: Walked, after: Manifest) -> TreeChanges {
+    let mut after = after;
     let mut out = TreeChanges {
         blobs: walked.blobs,
         not_imported: walked.not_imported,
@@ -66,16 +132,8 @@ pub fn tree_changes(
         ..TreeChanges::default()
     };
     let kept = walked.kept;
-    // The directory as a version of the tree: built at once from what the walk found (in
-    // path order after a sort, which a map builds from without searching).
-    let mut files = walked.files;
-    files.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut stamps = HashMap::with_capacity(walked.stamps.len());
     stamps.extend(walked.stamps);
-    let mut after = Manifest {
-        files: files.into_iter().collect(),
-        dirs: walked.dirs.into_iter().collect(),
-    };
     // What is left as it was: the tree's node there (and below), whatever the directory has.
     for p in &kept {
         after.files.retain(|f, _| !f.starts_with(p));
@@ -132,6 +190,9 @@ struct Walked {
     not_imported: Vec<(String, String)>,
     kept: Vec<WsPath>,
     read: usize,
+    /// In an upper directory: whiteouts, and opaque directories.
+    whiteouts: Vec<WsPath>,
+    opaque: Vec<WsPath>,
 }
 
 impl Walked {
@@ -143,6 +204,8 @@ impl Walked {
         self.not_imported.extend(other.not_imported);
         self.kept.extend(other.kept);
         self.read += other.read;
+        self.whiteouts.extend(other.whiteouts);
+        self.opaque.extend(other.opaque);
     }
 }
 
@@ -152,7 +215,13 @@ const WALKERS: usize = 4;
 
 /// Walk `dir` on up to [`WALKERS`] threads, each taking the next directory to list from a
 /// shared stack.
-fn walk(dir: &Path, tree: &Manifest, written: &Materialized, max_file_bytes: u64) -> Walked {
+fn walk(
+    dir: &Path,
+    tree: &Manifest,
+    written: &Materialized,
+    max_file_bytes: u64,
+    upper: bool,
+) -> Walked {
     use std::sync::{Condvar, Mutex};
     struct Queue {
         dirs: Vec<(std::path::PathBuf, WsPath)>,
@@ -190,7 +259,15 @@ fn walk(dir: &Path, tree: &Manifest, written: &Materialized, max_file_bytes: u64
                 wake.notify_all();
                 break;
             };
-            let subdirs = list_dir(&os_dir, &rel, tree, written, max_file_bytes, &mut mine);
+            let subdirs = list_dir(
+                &os_dir,
+                &rel,
+                tree,
+                written,
+                max_file_bytes,
+                upper,
+                &mut mine,
+            );
             let Ok(mut q) = queue.lock() else { break };
             q.dirs.extend(subdirs);
             q.busy -= 1;
@@ -216,13 +293,15 @@ fn walk(dir: &Path, tree: &Manifest, written: &Materialized, max_file_bytes: u64
     all
 }
 
-/// List one directory of the walk into `out`; returns its subdirectories.
+/// List one directory of the walk into `out` (`upper`: of an overlay's upper directory,
+/// with whiteouts and opaque directories); returns its subdirectories.
 fn list_dir(
     os_dir: &Path,
     rel: &WsPath,
     tree: &Manifest,
     written: &Materialized,
     max_file_bytes: u64,
+    upper: bool,
     out: &mut Walked,
 ) -> Vec<(std::path::PathBuf, WsPath)> {
     let mut subdirs = Vec::new();
@@ -281,7 +360,14 @@ fn list_dir(
                 continue;
             }
         };
+        if upper && super::layered::is_whiteout(&meta) {
+            out.whiteouts.push(path);
+            continue;
+        }
         if meta.is_dir() {
+            if upper && super::layered::is_opaque(&entry.path()) {
+                out.opaque.push(path.clone());
+            }
             out.dirs.push(path.clone());
             subdirs.push((entry.path(), path));
             continue;

@@ -222,9 +222,32 @@ pub async fn run_command(
         Ok(c) => c,
         Err(error) => return done(CommandOutcome::SpawnFailed { error }, String::new(), 0),
     };
+    // A layered tree is mounted by the child itself, before it is confined.
+    let mount = match &spec.sandbox.layers {
+        Some(dirs) => match super::layered::Mount::new(dirs, dir) {
+            Ok(m) => Some(m),
+            Err(error) => {
+                return done(
+                    CommandOutcome::SpawnFailed {
+                        error: format!("cannot mount the tree: {error}"),
+                    },
+                    String::new(),
+                    0,
+                )
+            }
+        },
+        None => None,
+    };
     let mut cmd = tokio::process::Command::new(program);
+    // A layered tree's directory is empty until the child mounts it; the child enters `dir`
+    // after the mount.
+    let start_in = spec
+        .sandbox
+        .layers
+        .as_ref()
+        .map_or(dir, |l| l.merged.as_path());
     cmd.args(args)
-        .current_dir(dir)
+        .current_dir(start_in)
         .env_clear()
         .envs(&env)
         .stdin(Stdio::null())
@@ -232,11 +255,20 @@ pub async fn run_command(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    if let Some(confinement) = confinement {
-        // SAFETY: `apply` makes only async-signal-safe system calls (setrlimit, prctl,
-        // landlock_restrict_self) and allocates nothing, as code between fork and exec must.
+    if mount.is_some() || confinement.is_some() {
+        // SAFETY: both `apply`s make only async-signal-safe system calls (unshare, open,
+        // write, mount, chdir, setrlimit, prctl, landlock_*) on memory made before the fork
+        // and allocate nothing, as code between fork and exec must.
         unsafe {
-            cmd.pre_exec(move || confinement.apply());
+            cmd.pre_exec(move || {
+                if let Some(m) = &mount {
+                    m.apply()?;
+                }
+                if let Some(c) = &confinement {
+                    c.apply()?;
+                }
+                Ok(())
+            });
         }
     }
     let mut child = match cmd.spawn() {

@@ -139,7 +139,7 @@ pub(super) enum Wrote {
 }
 
 /// Write one file (or symlink) of a tree.
-async fn write_one(
+pub(super) async fn write_one(
     path: &WsPath,
     entry: &FileEntry,
     blobs: &BlobCache,

@@ -201,6 +201,9 @@ pub struct SandboxSpec {
     /// The directories it may read and run programs from besides the system ones; empty:
     /// the worker's own `PATH` and the toolchains it names ([`toolchain_dirs`]).
     pub exec: Vec<PathBuf>,
+    /// A layered tree: the mount the command's child makes before it is confined
+    /// ([`super::layered::Mount`]); the tree's directory is then granted as mounted.
+    pub layers: Option<super::layered::Dirs>,
 }
 
 /// A confinement ready to apply in a forked child.
@@ -213,6 +216,9 @@ pub struct Confinement {
     nproc: libc::rlim_t,
     data: libc::rlim_t,
     fsize: libc::rlim_t,
+    /// A layered tree's directory and the rights on it, granted after the mount (a rule
+    /// made before it would name the directory under the mount).
+    mounted: Option<(std::ffi::CString, u64)>,
 }
 
 impl Confinement {
@@ -243,6 +249,30 @@ impl Confinement {
             // SAFETY: plain system calls on integers, a NUL-terminated literal, a stack
             // value and descriptors this value owns or opens.
             unsafe {
+                if let Some((dir, access)) = &self.mounted {
+                    let tree = libc::open(
+                        dir.as_ptr(),
+                        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                    );
+                    if tree < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let attr = PathBeneathAttr {
+                        allowed_access: *access,
+                        parent_fd: tree,
+                    };
+                    let added = libc::syscall(
+                        libc::SYS_landlock_add_rule,
+                        fd.as_raw_fd(),
+                        LANDLOCK_RULE_PATH_BENEATH,
+                        &attr as *const PathBeneathAttr,
+                        0u32,
+                    );
+                    libc::close(tree);
+                    if added != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 let own = libc::open(
                     c"/proc/self".as_ptr(),
                     libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
@@ -333,6 +363,7 @@ pub fn prepare(spec: &SandboxSpec, support: Support) -> Result<Option<Confinemen
             hard_limit!(libc::RLIMIT_FSIZE),
             mb(settings.max_file_size_mb),
         ),
+        mounted: None,
     };
     let required = settings.mode == SandboxMode::Required;
     if !support.landlock() {
@@ -356,6 +387,11 @@ pub fn prepare(spec: &SandboxSpec, support: Support) -> Result<Option<Confinemen
     }
     let fd = ruleset(spec, support)
         .map_err(|e| format!("the command sandbox could not be set up: {e}"))?;
+    if let Some(layers) = &spec.layers {
+        let dir = std::ffi::CString::new(layers.merged.as_os_str().as_encoded_bytes())
+            .map_err(|_| "the tree's directory has a NUL byte".to_string())?;
+        conf.mounted = Some((dir, AccessFs::from_all(support.abi()).bits()));
+    }
     conf.ruleset = fd;
     Ok(Some(conf))
 }

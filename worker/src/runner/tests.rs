@@ -444,6 +444,7 @@ mod sandbox_prepare {
             },
             writable: vec![std::env::temp_dir()],
             exec: Vec::new(),
+            layers: None,
         }
     }
 

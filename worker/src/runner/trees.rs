@@ -14,11 +14,18 @@
 //!   recently used ones are removed. A tree over the bound alone is not kept.
 //! - A branch that ended keeps its tree for [`FINISHED_TTL`], for the tests of a resolve
 //!   that runs on this worker; a test job takes the tree and removes it after.
+//! - Where the kernel allows it a new tree is layered ([`super::layered`], ADR 25): an
+//!   upper directory over the fork's base, which the worker materialises once per fork and
+//!   shares between the fork's branches; it is removed when no tree of the fork is held.
+//!   Bytes count a base once.
 //! - Every tree lives in one directory of this worker's, `forkfleet-trees-<pid>-<random>`
 //!   in the temporary directory, locked (`flock`) while the worker runs. At start a worker
 //!   removes such directories that no live worker holds locked (those of a worker that
-//!   crashed or was killed), so a restart leaves nothing behind.
+//!   crashed or was killed, or one that ended before it finished removing its own), so a
+//!   restart leaves nothing behind; both removals run on threads of their own, never in
+//!   the way of a worker's start or of a process's end.
 
+use super::layered::{self, Base};
 use super::Workdir;
 use crate::cache::BlobCache;
 use crate::error::WorkerError;
@@ -26,7 +33,7 @@ use forkfleet_shared::ids::ForkId;
 use forkfleet_shared::manifest::Manifest;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Bytes of trees a worker keeps between calls by default (2 GiB).
@@ -52,6 +59,9 @@ pub struct TreeKey {
 pub enum Checkout {
     /// Materialised whole, in a new directory.
     Fresh,
+    /// A new layered tree: an upper directory over the fork's base on this worker
+    /// (materialised by the first branch of the fork that ran a command here).
+    Layered { paths: usize },
     /// A kept tree, brought up to date by writing or removing `paths` paths.
     Updated { paths: usize },
 }
@@ -63,6 +73,17 @@ pub struct Trees {
     dir: Option<TreesDir>,
     max_bytes: u64,
     held: Mutex<Held>,
+    /// The bases of layered trees, by fork ([`super::layered`]): made once, shared by the
+    /// fork's branches, dropped (and removed) when no tree uses them.
+    bases: Mutex<HashMap<ForkId, Arc<BaseCell>>>,
+    /// Trees are layered ([`layered::supported`], unless turned off for this one).
+    layered: bool,
+}
+
+/// A fork's base on this worker, made by the first checkout that needs it.
+struct BaseCell {
+    tree: Arc<Manifest>,
+    base: tokio::sync::OnceCell<Arc<Base>>,
 }
 
 /// The directory and its lock (released when the file closes).
@@ -80,7 +101,10 @@ struct Held {
 
 struct HeldTree {
     used: u64,
+    /// Its own bytes (a layered tree's upper directory).
     bytes: u64,
+    /// A layered tree's base: which one (its address) and its bytes.
+    base: Option<(usize, u64)>,
     /// When its branch ended.
     finished: Option<Instant>,
     tree: Workdir,
@@ -91,7 +115,7 @@ impl Trees {
     /// Directories of workers that are gone are removed first.
     pub fn new(max_bytes: u64) -> Self {
         let dir = match make_dir(&std::env::temp_dir()) {
-            Ok(d) => Some(d),
+            Ok((d, _removing)) => Some(d),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot make a directory for command trees; every command will start from a fresh copy");
                 None
@@ -101,7 +125,21 @@ impl Trees {
             dir,
             max_bytes,
             held: Mutex::new(Held::default()),
+            bases: Mutex::new(HashMap::new()),
+            layered: layered::supported(),
         }
+    }
+
+    /// Never layer trees: every branch keeps a whole tree of its own (as on a kernel
+    /// without overlayfs in user namespaces).
+    pub fn whole_trees(mut self) -> Self {
+        self.layered = false;
+        self
+    }
+
+    /// True when new trees are layered over a base per fork.
+    pub fn layered(&self) -> bool {
+        self.layered
     }
 
     /// Where this worker's trees are (`None`: none are kept).
@@ -110,13 +148,16 @@ impl Trees {
     }
 
     /// A directory holding `target` for a command: the tree kept for `key` brought up to
-    /// date, or a fresh one. A kept tree that cannot be brought up to date is removed and a
-    /// fresh one made.
+    /// date, or a new one: layered over the fork's base where the kernel allows it (`base`:
+    /// the branch overlay's base, the fork's snapshot; without it, only a base made already
+    /// for the fork is used), whole otherwise. A kept tree that cannot be brought up to date
+    /// is removed and a new one made.
     pub async fn checkout(
         &self,
         key: &TreeKey,
         prefix: &str,
         target: Manifest,
+        base: Option<&Arc<Manifest>>,
         blobs: &BlobCache,
     ) -> Result<(Workdir, Checkout), WorkerError> {
         let mut target = target;
@@ -133,6 +174,13 @@ impl Trees {
                 }
             }
         }
+        if let Some(d) = &self.dir {
+            if let Some(base) = self.base(key, base, blobs, &d.path).await? {
+                let tree = Workdir::layered(&d.path, prefix, base, target, blobs).await?;
+                let paths = tree.written().stamps.len();
+                return Ok((tree, Checkout::Layered { paths }));
+            }
+        }
         let tree = match &self.dir {
             Some(d) => Workdir::create_in(&d.path, prefix, target, blobs).await?,
             None => Workdir::create(prefix, target, blobs).await?,
@@ -140,12 +188,76 @@ impl Trees {
         Ok((tree, Checkout::Fresh))
     }
 
+    /// The base of `key`'s fork for a layered tree: the one this worker has, or one made
+    /// of `tree`. `None` when trees are not layered here, or there is no base and no `tree`.
+    async fn base(
+        &self,
+        key: &TreeKey,
+        tree: Option<&Arc<Manifest>>,
+        blobs: &BlobCache,
+        parent: &Path,
+    ) -> Result<Option<Arc<Base>>, WorkerError> {
+        if !self.layered {
+            return Ok(None);
+        }
+        let cell = {
+            let Ok(mut bases) = self.bases.lock() else {
+                return Ok(None);
+            };
+            match (bases.get(&key.fork), tree) {
+                (Some(c), _) => c.clone(),
+                (None, Some(tree)) => {
+                    let c = Arc::new(BaseCell {
+                        tree: tree.clone(),
+                        base: tokio::sync::OnceCell::new(),
+                    });
+                    bases.insert(key.fork, c.clone());
+                    c
+                }
+                (None, None) => return Ok(None),
+            }
+        };
+        let base = cell
+            .base
+            .get_or_try_init(|| async {
+                let started = Instant::now();
+                let base = Base::create(parent, cell.tree.clone(), blobs).await?;
+                tracing::debug!(
+                    fork.id = %key.fork,
+                    bytes = base.bytes(),
+                    ms = started.elapsed().as_millis() as u64,
+                    "command trees: the fork's base materialised"
+                );
+                Ok::<_, WorkerError>(Arc::new(base))
+            })
+            .await?;
+        Ok(Some(base.clone()))
+    }
+
+    /// Drop the bases no tree uses (their directories go off the runtime).
+    fn prune_bases(&self) {
+        let gone: Vec<Arc<BaseCell>> = match self.bases.lock() {
+            Ok(mut bases) => {
+                let unused: Vec<ForkId> = bases
+                    .iter()
+                    .filter(|(_, c)| c.base.get().is_some_and(|b| Arc::strong_count(b) == 1))
+                    .map(|(f, _)| *f)
+                    .collect();
+                unused.iter().filter_map(|f| bases.remove(f)).collect()
+            }
+            Err(_) => Vec::new(),
+        };
+        drop(gone);
+    }
+
     /// Keep `tree` for `key` (replacing one held), then remove the least recently used
     /// trees over the bound and the finished ones past [`FINISHED_TTL`].
     pub fn keep(&self, key: TreeKey, tree: Workdir) {
-        let bytes = tree.bytes();
-        if self.dir.is_none() || bytes > self.max_bytes {
+        let bytes = tree.own_bytes();
+        let base = tree.base().map(|b| (Arc::as_ptr(b) as usize, b.bytes()));
+        if self.dir.is_none() || bytes + base.map_or(0, |b| b.1) > self.max_bytes {
             drop(tree);
+            self.prune_bases();
             return;
         }
         let evicted = {
@@ -159,6 +271,7 @@ impl Trees {
                 HeldTree {
                     used,
                     bytes,
+                    base,
                     finished: None,
                     tree,
                 },
@@ -167,6 +280,7 @@ impl Trees {
         };
         // Removed off the runtime (a `Workdir` removes its directory when dropped).
         drop(evicted);
+        self.prune_bases();
     }
 
     /// The branch `key` ended: its tree stays [`FINISHED_TTL`] at most.
@@ -204,12 +318,19 @@ impl Held {
             })
             .map(|(k, _)| k.clone())
             .collect();
-        let mut total: u64 = self
-            .trees
-            .iter()
-            .filter(|(k, _)| !gone.contains(k))
-            .map(|(_, t)| t.bytes)
-            .sum();
+        // A base counts once, however many trees use it.
+        let mut users: HashMap<usize, (usize, u64)> = HashMap::new();
+        let mut total: u64 = 0;
+        for (_, t) in self.trees.iter().filter(|(k, _)| !gone.contains(k)) {
+            total += t.bytes;
+            if let Some((id, bytes)) = t.base {
+                let u = users.entry(id).or_insert((0, bytes));
+                if u.0 == 0 {
+                    total += bytes;
+                }
+                u.0 += 1;
+            }
+        }
         if total > max_bytes {
             let mut by_age: Vec<(&TreeKey, &HeldTree)> = self
                 .trees
@@ -222,6 +343,14 @@ impl Held {
                     break;
                 }
                 total -= t.bytes;
+                if let Some((id, bytes)) = t.base {
+                    if let Some(u) = users.get_mut(&id) {
+                        u.0 -= 1;
+                        if u.0 == 0 {
+                            total -= bytes;
+                        }
+                    }
+                }
                 gone.push(k.clone());
             }
         }
@@ -233,8 +362,15 @@ impl Held {
 
 /// Make this worker's directory of trees in `tmp`, locked, after removing the directories
 /// of workers that are gone.
-fn make_dir(tmp: &Path) -> std::io::Result<TreesDir> {
-    remove_abandoned(tmp);
+/// Those are removed off the worker's way, on a thread of its own (returned; whatever it
+/// does not finish, the next worker to start does).
+fn make_dir(tmp: &Path) -> std::io::Result<(TreesDir, Option<std::thread::JoinHandle<()>>)> {
+    let gone_from = tmp.to_path_buf();
+    let removing = std::thread::Builder::new()
+        .name("forkfleet-trees-abandoned".into())
+        .spawn(move || remove_abandoned(&gone_from))
+        .map_err(|e| tracing::warn!(error = %e, "cannot start removing abandoned command trees"))
+        .ok();
     // Made under another name and renamed once locked: another worker starting now never
     // sees it without its lock held.
     let making = tempfile::Builder::new()
@@ -251,7 +387,7 @@ fn make_dir(tmp: &Path) -> std::io::Result<TreesDir> {
         .to_string();
     let path = tmp.join(format!("{DIR_PREFIX}{}-{unique}", std::process::id()));
     std::fs::rename(making.keep(), &path)?;
-    Ok(TreesDir { path, _lock: lock })
+    Ok((TreesDir { path, _lock: lock }, removing))
 }
 
 /// Remove every directory of trees in `tmp` whose lock no process holds: its worker is
@@ -288,9 +424,28 @@ impl Drop for Trees {
         for t in held.into_values() {
             t.tree.disown();
         }
-        if let Some(d) = &self.dir {
-            let path = d.path.clone();
-            super::off_runtime(move || super::remove_now(&path));
+        let bases = self.bases.get_mut().map(std::mem::take).unwrap_or_default();
+        for cell in bases.into_values() {
+            if let Some(base) = Arc::into_inner(cell).and_then(|c| c.base.into_inner()) {
+                if let Some(base) = Arc::into_inner(base) {
+                    base.disown();
+                }
+            }
+        }
+        // Removed on a thread of its own, not the runtime's blocking pool: a process that
+        // ends does not wait for it (removing a large tree takes seconds on a busy disk).
+        // The lock goes with the thread: if the process ends first, the next worker to
+        // start finds the directory unlocked and removes the rest.
+        if let Some(d) = self.dir.take() {
+            let spawned = std::thread::Builder::new()
+                .name("forkfleet-trees-removal".into())
+                .spawn(move || {
+                    super::remove_now(&d.path);
+                    drop(d._lock);
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start removing the command trees");
+            }
         }
     }
 }
@@ -329,26 +484,41 @@ mod tests {
         let (m, cache) = tree(100);
         let (a, b, c) = (key("a"), key("b"), key("c"));
         for k in [&a, &b] {
-            let (w, how) = trees.checkout(k, "t-", m.clone(), &cache).await.unwrap();
+            let (w, how) = trees
+                .checkout(k, "t-", m.clone(), None, &cache)
+                .await
+                .unwrap();
             assert_eq!(how, Checkout::Fresh);
             trees.keep(k.clone(), w);
         }
         assert_eq!(trees.held(), (2, 200));
         // `a` used again: `b` is now the least recently used.
-        let (w, how) = trees.checkout(&a, "t-", m.clone(), &cache).await.unwrap();
+        let (w, how) = trees
+            .checkout(&a, "t-", m.clone(), None, &cache)
+            .await
+            .unwrap();
         assert_eq!(how, Checkout::Updated { paths: 0 });
         trees.keep(a.clone(), w);
-        let (w, _) = trees.checkout(&c, "t-", m.clone(), &cache).await.unwrap();
+        let (w, _) = trees
+            .checkout(&c, "t-", m.clone(), None, &cache)
+            .await
+            .unwrap();
         trees.keep(c.clone(), w);
         assert_eq!(trees.held(), (2, 200));
-        let (_, how) = trees.checkout(&b, "t-", m.clone(), &cache).await.unwrap();
+        let (_, how) = trees
+            .checkout(&b, "t-", m.clone(), None, &cache)
+            .await
+            .unwrap();
         assert_eq!(how, Checkout::Fresh, "b was evicted");
-        let (_, how) = trees.checkout(&a, "t-", m.clone(), &cache).await.unwrap();
+        let (_, how) = trees
+            .checkout(&a, "t-", m.clone(), None, &cache)
+            .await
+            .unwrap();
         assert_eq!(how, Checkout::Updated { paths: 0 });
 
         // A tree over the bound alone is not kept.
         let (big, cache) = tree(300);
-        let (w, _) = trees.checkout(&a, "t-", big, &cache).await.unwrap();
+        let (w, _) = trees.checkout(&a, "t-", big, None, &cache).await.unwrap();
         trees.keep(a.clone(), w);
         assert_eq!(trees.held(), (1, 100), "only c is left");
     }
@@ -358,7 +528,10 @@ mod tests {
         let trees = Trees::new(1 << 20);
         let (m, cache) = tree(10);
         let (a, b) = (key("a"), key("b"));
-        let (w, _) = trees.checkout(&a, "t-", m.clone(), &cache).await.unwrap();
+        let (w, _) = trees
+            .checkout(&a, "t-", m.clone(), None, &cache)
+            .await
+            .unwrap();
         trees.keep(a.clone(), w);
         trees.finished(&a);
         {
@@ -372,7 +545,7 @@ mod tests {
             assert_eq!(gone.len(), 1);
             assert!(held.trees.is_empty());
         }
-        let (w, _) = trees.checkout(&b, "t-", m, &cache).await.unwrap();
+        let (w, _) = trees.checkout(&b, "t-", m, None, &cache).await.unwrap();
         trees.keep(b, w);
         assert_eq!(trees.held().0, 1);
     }
@@ -380,7 +553,8 @@ mod tests {
     #[test]
     fn directories_of_workers_that_are_gone_are_removed_at_start() {
         let tmp = tempfile::tempdir().unwrap();
-        let live = make_dir(tmp.path()).unwrap();
+        let (live, removing) = make_dir(tmp.path()).unwrap();
+        removing.unwrap().join().unwrap();
         // A worker that was killed: its lock file is there, nobody holds it.
         let dead = tmp.path().join(format!("{DIR_PREFIX}1-dead"));
         std::fs::create_dir_all(dead.join("cmd-x/ws")).unwrap();
@@ -389,7 +563,8 @@ mod tests {
         // Not ours: left alone.
         let other = tmp.path().join("something-else");
         std::fs::create_dir(&other).unwrap();
-        let second = make_dir(tmp.path()).unwrap();
+        let (second, removing) = make_dir(tmp.path()).unwrap();
+        removing.unwrap().join().unwrap();
         assert!(!dead.exists(), "a dead worker's trees are removed");
         assert!(live.path.exists(), "a live worker's trees are kept");
         assert!(second.path.exists() && other.exists());

@@ -172,7 +172,13 @@ pub(super) async fn run_command(
     let checkout = match trees {
         Some(slot) => {
             slot.trees
-                .checkout(&slot.key, "forkfleet-cmd-", ov.to_manifest(), blobs)
+                .checkout(
+                    &slot.key,
+                    "forkfleet-cmd-",
+                    ov.to_manifest(),
+                    Some(ov.base()),
+                    blobs,
+                )
                 .await
         }
         None => Workdir::create("forkfleet-cmd-", ov.to_manifest(), blobs)
@@ -201,6 +207,7 @@ pub(super) async fn run_command(
             settings: tool.sandbox.clone(),
             writable: Vec::new(),
             exec: Vec::new(),
+            layers: None,
         },
     };
     let run = work.run(&cwd, &spec, std::future::pending()).await;

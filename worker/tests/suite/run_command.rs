@@ -589,6 +589,21 @@ const KEPT_TREE_CALLS: &[(&str, &str)] = &[
         "run_command",
         r#"{"command": ["sh", "-c", "ls -R; test ! -e after.txt && cat a.txt copy.txt"]}"#,
     ),
+    // Between calls: a file of the snapshot deleted, a directory a command removed made
+    // again (a layered tree: a whiteout, then an opaque directory in its place).
+    ("delete_file", r#"{"path": "src/lib.rs"}"#),
+    (
+        "write_file",
+        r#"{"path": "gone/y.txt", "content": "back\n"}"#,
+    ),
+    (
+        "run_command",
+        r#"{"command": ["sh", "-c", "ls -R ..; cat ../gone/*; test ! -e lib.rs && echo none > lib.rs"], "cwd": "src"}"#,
+    ),
+    (
+        "run_command",
+        r#"{"command": ["sh", "-c", "rm -r gone src; mkdir gone; echo z > gone/x.txt; ls -R"]}"#,
+    ),
 ];
 
 /// Play [`KEPT_TREE_CALLS`] with `tools`: every result, and the change log at the end.
@@ -619,10 +634,28 @@ async fn play_kept_tree_calls(
 /// limit, a fifo, and changes made by other tools between calls.
 #[tokio::test]
 async fn a_kept_tree_yields_the_same_changes_as_a_fresh_copy_per_call() {
+    let trees = forkfleet_worker::runner::Trees::new(1 << 30).whole_trees();
+    kept_tree_matches_a_fresh_copy(trees).await;
+}
+
+/// The same with a layered tree (an overlay of the branch's changes over the fork's base,
+/// mounted in a user namespace per command), which this kernel allows.
+#[tokio::test]
+async fn a_layered_tree_yields_the_same_changes_as_a_fresh_copy_per_call() {
+    let trees = forkfleet_worker::runner::Trees::new(1 << 30);
+    assert!(
+        trees.layered(),
+        "overlayfs in a user namespace is not available here (see the worker's log line `command trees:`)"
+    );
+    kept_tree_matches_a_fresh_copy(trees).await;
+}
+
+async fn kept_tree_matches_a_fresh_copy(trees: forkfleet_worker::runner::Trees) {
     use forkfleet_worker::cache::BlobCache;
-    use forkfleet_worker::runner::{TreeKey, Trees};
+    use forkfleet_worker::runner::TreeKey;
     use forkfleet_worker::tools::TreeSlot;
     use std::os::unix::fs::MetadataExt;
+    let layered = trees.layered();
     let fx = Fixture::store_only();
     let (base, _) = fx.snapshot(&[
         ("a.txt", "a\n"),
@@ -631,12 +664,13 @@ async fn a_kept_tree_yields_the_same_changes_as_a_fresh_copy_per_call() {
         ("run.sh", "echo hi\n"),
         ("gone/x.txt", "x\n"),
         ("keep.txt", "untouched\n"),
+        ("src/lib.rs", "pub fn f() {}\n"),
     ]);
     let cache = BlobCache::new(Arc::new(fx.store.clone()), 1 << 30);
     let fresh = ToolBox::with_command(Some(tool(30.0)));
     let (want, want_log) = play_kept_tree_calls(&fresh, base.clone(), &cache).await;
 
-    let trees = Arc::new(Trees::new(1 << 30));
+    let trees = Arc::new(trees);
     let key = TreeKey {
         fork: forkfleet_shared::ids::ForkId::new(),
         label: "a".into(),
@@ -672,20 +706,57 @@ async fn a_kept_tree_yields_the_same_changes_as_a_fresh_copy_per_call() {
         want[2].1
     );
 
-    // The tree is one directory, kept between calls: a file no call touched keeps its inode.
+    // The tree is one directory, kept between calls (a layered one beside the fork's
+    // base): a file is not written again by a call that changes nothing.
     let tree_dirs = || -> Vec<std::path::PathBuf> {
-        std::fs::read_dir(trees.dir().unwrap())
+        let mut dirs: Vec<_> = std::fs::read_dir(trees.dir().unwrap())
             .unwrap()
             .flatten()
             .map(|e| e.path())
             .filter(|p| p.is_dir())
-            .collect()
+            .collect();
+        dirs.sort();
+        dirs
     };
     assert_eq!(trees.held().0, 1);
     let dirs = tree_dirs();
-    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let names: Vec<String> = dirs
+        .iter()
+        .map(|d| d.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    if layered {
+        assert_eq!(dirs.len(), 2, "{dirs:?}");
+        assert!(names[0].starts_with("base-"), "{names:?}");
+        // The upper directory holds only what the branch changed since the tree was made
+        // (after the call that left a fifo, which was not kept): `a.txt`, a whiteout for
+        // the removed `src/`, `gone/` made again; not `keep.txt`, which no call changed
+        // since.
+        use std::os::unix::fs::FileTypeExt;
+        let upper = dirs[1].join("upper");
+        assert_eq!(std::fs::read_to_string(upper.join("a.txt")).unwrap(), "y");
+        let src = std::fs::symlink_metadata(upper.join("src")).unwrap();
+        assert!(src.file_type().is_char_device() && src.rdev() == 0);
+        assert_eq!(
+            std::fs::read_to_string(upper.join("gone/x.txt")).unwrap(),
+            "z\n"
+        );
+        assert!(!upper.join("keep.txt").exists());
+        // The base is never written: it holds the snapshot's files as they were.
+        assert_eq!(
+            std::fs::read_to_string(dirs[0].join("ws/a.txt")).unwrap(),
+            "a\n"
+        );
+        assert!(dirs[0].join("ws/b.txt").exists() && dirs[0].join("ws/gone/x.txt").exists());
+    } else {
+        assert_eq!(dirs.len(), 1, "{dirs:?}");
+    }
+    let in_tree = if layered {
+        "upper/a.txt"
+    } else {
+        "ws/keep.txt"
+    };
     let inode = |dirs: &[std::path::PathBuf]| {
-        std::fs::metadata(dirs[0].join("ws/keep.txt"))
+        std::fs::metadata(dirs[dirs.len() - 1].join(in_tree))
             .unwrap()
             .ino()
     };
@@ -719,4 +790,79 @@ async fn a_kept_tree_yields_the_same_changes_as_a_fresh_copy_per_call() {
     })
     .await
     .expect("the trees' directory is removed");
+}
+
+/// Two branches of one fork on one worker share the fork's base (materialised once), see
+/// only their own changes, and cannot write into the base (the sandbox grants the mounted
+/// tree, not the directories under it).
+#[tokio::test]
+async fn branches_of_a_fork_share_one_base_and_see_only_their_own_changes() {
+    use forkfleet_shared::event::ToolCall;
+    use forkfleet_worker::cache::BlobCache;
+    use forkfleet_worker::runner::{TreeKey, Trees};
+    use forkfleet_worker::tools::TreeSlot;
+    let trees = Arc::new(Trees::new(1 << 30));
+    assert!(trees.layered());
+    let fx = Fixture::store_only();
+    let (base, _) = fx.snapshot(&[("a.txt", "a\n"), ("lib/b.txt", "b\n")]);
+    let cache = BlobCache::new(Arc::new(fx.store.clone()), 1 << 30);
+    let fork = forkfleet_shared::ids::ForkId::new();
+    let branch = |label: &str| {
+        ToolBox::with_command(Some(tool(30.0))).with_trees(TreeSlot {
+            trees: trees.clone(),
+            key: TreeKey {
+                fork,
+                label: label.into(),
+            },
+        })
+    };
+    let (one, two) = (branch("one"), branch("two"));
+    let (mut ov1, mut ov2) = (Overlay::new(base.clone()), Overlay::new(base.clone()));
+    let call = |command: &str| ToolCall {
+        id: "c".into(),
+        name: RUN_COMMAND.into(),
+        args: serde_json::json!({ "command": ["sh", "-c", command] }),
+    };
+    let out = one
+        .run(&call("echo one > a.txt; rm lib/b.txt"), &mut ov1, &cache)
+        .await
+        .unwrap();
+    assert!(out.ok, "{}", out.output);
+    let out = two
+        .run(&call("cat a.txt; ls lib"), &mut ov2, &cache)
+        .await
+        .unwrap();
+    assert!(out.ok && out.output.contains("a\nb.txt"), "{}", out.output);
+    assert_eq!(ov1.changes().len(), 2);
+    assert!(ov2.changes().is_empty());
+
+    let dirs: Vec<_> = std::fs::read_dir(trees.dir().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    let bases: Vec<_> = dirs
+        .iter()
+        .filter(|d| {
+            d.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("base-")
+        })
+        .collect();
+    assert_eq!((dirs.len(), bases.len()), (3, 1), "{dirs:?}");
+    let in_base = bases[0].join("ws/a.txt");
+    let out = one
+        .run(
+            &call(&format!("echo x > {}", in_base.display())),
+            &mut ov1,
+            &cache,
+        )
+        .await
+        .unwrap();
+    assert!(!out.ok, "{}", out.output);
+    assert_eq!(std::fs::read_to_string(&in_base).unwrap(), "a\n");
+    let out = two.run(&call("cat a.txt"), &mut ov2, &cache).await.unwrap();
+    assert!(out.ok && out.output.contains("a\n"), "{}", out.output);
 }

@@ -86,6 +86,7 @@ async fn run_exec(
             settings,
             writable: vec![d.ws.clone(), d.home.clone(), d.tmp.clone()],
             exec,
+            layers: None,
         },
     };
     tokio::time::timeout(WAIT, run_command(&d.ws, &spec, std::future::pending()))

@@ -1,0 +1,405 @@
+//! Layered command trees: one base tree per fork on a worker, and for each branch an
+//! overlayfs upper directory holding only what differs from it (ADR 25).
+//!
+//! - The **base** is the fork's snapshot, materialised once per worker ([`Base`]) and
+//!   never written again: every branch of the fork that runs a command here shares it.
+//! - A branch's tree is the base with its **upper** directory on top: the files it wrote,
+//!   whiteouts (a character device 0/0) where it removed something of the base, and opaque
+//!   directories (`user.overlay.opaque`) where it replaced a directory of the base whole.
+//!   The worker writes the upper directory itself to bring the tree up to date between
+//!   calls ([`super::Workdir::update`]); nothing is mounted then.
+//! - A command runs in a **mount** of the two: between fork and exec the child enters a
+//!   user and mount namespace of its own, mounts `overlay` (`userxattr`, as an unprivileged
+//!   user may) on the tree's directory and changes into it ([`Mount::apply`]). The mount
+//!   lives as long as that namespace: when the command's processes are gone, so is the
+//!   mount; the worker's view never changes. The mount is `volatile`: its going does not
+//!   sync the disk (the tree is scratch; [`reset_work`] clears the marker that leaves).
+//! - Afterwards only the upper directory is walked: it is exactly what differs from the
+//!   base, so a call on a tree of 14,000 files stats the handful the branch changed.
+//!
+//! Used where the kernel allows it ([`supported`]: a probe at first use makes a user
+//! namespace, mounts an overlay and makes a whiteout, as a command would);
+//! `FORKFLEET_LAYERED_TREES=off` turns it off. Elsewhere a branch keeps a whole tree of
+//! its own (`super::trees`), as before.
+
+use super::materialize::{materialize, Materialized};
+use crate::cache::BlobCache;
+use crate::error::WorkerError;
+use forkfleet_shared::manifest::{Manifest, Node};
+use forkfleet_shared::path::WsPath;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+/// Set to `off` to never layer trees (every branch then keeps a whole tree).
+pub const LAYERED_ENV: &str = "FORKFLEET_LAYERED_TREES";
+
+/// The extended attribute overlayfs reads (with `userxattr`) to hide a lower directory's
+/// entries under an upper one.
+const OPAQUE_XATTR: &std::ffi::CStr = c"user.overlay.opaque";
+
+/// A fork's snapshot, materialised once on this worker, shared by its branches' trees.
+/// Removed (off the runtime) when the last tree using it is gone.
+#[derive(Debug)]
+pub struct Base {
+    /// The directory holding the base (`ws/` below it is the tree).
+    root: PathBuf,
+    pub(super) tree: Arc<Manifest>,
+    /// Symlinks of the tree leaving it, not in the directory.
+    pub(super) skipped: Vec<WsPath>,
+    bytes: u64,
+}
+
+impl Base {
+    /// Materialise `tree` in a new directory under `parent`.
+    pub async fn create(
+        parent: &Path,
+        tree: Arc<Manifest>,
+        blobs: &BlobCache,
+    ) -> Result<Self, WorkerError> {
+        let root = tempfile::Builder::new()
+            .prefix("base-")
+            .tempdir_in(parent)
+            .map_err(WorkerError::TempDir)?
+            .keep();
+        let made = async {
+            tokio::fs::create_dir(root.join("ws"))
+                .await
+                .map_err(WorkerError::TempDir)?;
+            materialize(&tree, blobs, &root.join("ws")).await
+        }
+        .await;
+        match made {
+            Ok(Materialized { skipped, bytes, .. }) => Ok(Self {
+                root,
+                tree,
+                skipped,
+                bytes,
+            }),
+            Err(e) => {
+                super::off_runtime(move || super::remove_now(&root));
+                Err(e)
+            }
+        }
+    }
+
+    /// The tree's directory (the lower layer of every branch's mount).
+    pub(super) fn dir(&self) -> PathBuf {
+        self.root.join("ws")
+    }
+
+    /// Forget the directory without removing it (it goes with a directory above it).
+    pub(super) fn disown(mut self) {
+        self.root = PathBuf::new();
+    }
+
+    /// The bytes of its files.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Base {
+    fn drop(&mut self) {
+        let root = std::mem::take(&mut self.root);
+        if !root.as_os_str().is_empty() {
+            super::off_runtime(move || super::remove_now(&root));
+        }
+    }
+}
+
+/// True when trees can be layered here: not turned off with [`LAYERED_ENV`], and a probe
+/// (once per process) made a user and mount namespace, mounted an overlay with
+/// `userxattr` in it, and made a whiteout and an opaque directory as this user.
+pub fn supported() -> bool {
+    static SUPPORTED: OnceLock<bool> = OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        if std::env::var(LAYERED_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
+            tracing::info!("layered command trees turned off ({LAYERED_ENV}=off)");
+            return false;
+        }
+        match probe() {
+            Ok(()) => {
+                tracing::info!("command trees: one base per fork, an overlay per branch");
+                true
+            }
+            Err(why) => {
+                tracing::info!(reason = %why, "command trees: a whole tree per branch (no overlay in a user namespace here)");
+                false
+            }
+        }
+    })
+}
+
+/// Try what a layered tree needs, in a scratch directory.
+fn probe() -> Result<(), String> {
+    let scratch = tempfile::Builder::new()
+        .prefix("forkfleet-overlay-probe-")
+        .tempdir()
+        .map_err(|e| format!("no temporary directory: {e}"))?;
+    let dirs = Dirs::new(scratch.path());
+    for d in [&dirs.lower, &dirs.upper, &dirs.work, &dirs.merged] {
+        std::fs::create_dir(d).map_err(|e| e.to_string())?;
+    }
+    std::fs::write(dirs.lower.join("gone"), b"").map_err(|e| e.to_string())?;
+    std::fs::create_dir(dirs.lower.join("dir")).map_err(|e| e.to_string())?;
+    std::fs::write(dirs.lower.join("dir/hidden"), b"").map_err(|e| e.to_string())?;
+    whiteout(&dirs.upper.join("gone")).map_err(|e| format!("cannot make a whiteout: {e}"))?;
+    std::fs::create_dir(dirs.upper.join("dir")).map_err(|e| e.to_string())?;
+    set_opaque(&dirs.upper.join("dir"))
+        .map_err(|e| format!("cannot set an overlay attribute: {e}"))?;
+    let mount = Mount::new(&dirs, &dirs.merged)?;
+    // Mounted in a child, as for a command; the child checks what the mount shows.
+    let gone = path_c(&dirs.merged.join("gone"))?;
+    let hidden = path_c(&dirs.merged.join("dir/hidden"))?;
+    // SAFETY: the child makes only async-signal-safe system calls on memory made before the
+    // fork, then `_exit`s; the parent waits for it.
+    unsafe {
+        let pid = libc::fork();
+        if pid < 0 {
+            return Err(format!("fork: {}", std::io::Error::last_os_error()));
+        }
+        if pid == 0 {
+            let mut st: libc::stat = std::mem::zeroed();
+            let code = if mount.apply().is_err() {
+                1
+            } else if libc::lstat(gone.as_ptr(), &mut st) == 0
+                || libc::lstat(hidden.as_ptr(), &mut st) == 0
+            {
+                2
+            } else {
+                0
+            };
+            libc::_exit(code);
+        }
+        let mut status = 0;
+        if libc::waitpid(pid, &mut status, 0) != pid {
+            return Err(format!("waitpid: {}", std::io::Error::last_os_error()));
+        }
+        match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
+            (true, 0) => Ok(()),
+            (true, 1) => Err("cannot mount an overlay in a user namespace".into()),
+            (true, _) => Err("the overlay does not hide whiteouts and opaque directories".into()),
+            _ => Err("the probe was killed".into()),
+        }
+    }
+}
+
+/// The directories of one branch's mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dirs {
+    /// The base (read only).
+    pub lower: PathBuf,
+    /// What the branch changed.
+    pub upper: PathBuf,
+    /// overlayfs's own scratch directory, beside `upper`.
+    pub work: PathBuf,
+    /// Where the command sees the tree.
+    pub merged: PathBuf,
+}
+
+impl Dirs {
+    /// `lower`, `upper`, `work` and `ws` (merged) under `root`.
+    fn new(root: &Path) -> Self {
+        Self {
+            lower: root.join("lower"),
+            upper: root.join("upper"),
+            work: root.join("work"),
+            merged: root.join("ws"),
+        }
+    }
+}
+
+/// What a command's child does between fork and exec to see its tree: everything it needs
+/// made before the fork (C strings, the ID maps), so that [`Mount::apply`] only makes
+/// system calls.
+#[derive(Debug)]
+pub struct Mount {
+    merged: CString,
+    options: CString,
+    cwd: CString,
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+}
+
+impl Mount {
+    /// The mount of `dirs`, the command to start in `cwd` (inside `dirs.merged`). `Err`:
+    /// a path overlayfs cannot take in its options (a `,`, `:` or `\`), or with a NUL.
+    pub fn new(dirs: &Dirs, cwd: &Path) -> Result<Self, String> {
+        let opt = |p: &Path| -> Result<String, String> {
+            let s = p
+                .to_str()
+                .ok_or_else(|| format!("`{}` is not UTF-8", p.display()))?;
+            if s.contains([',', ':', '\\']) {
+                return Err(format!(
+                    "`{s}` has a `,`, `:` or `\\` an overlay mount cannot take"
+                ));
+            }
+            Ok(s.to_string())
+        };
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={},userxattr,volatile",
+            opt(&dirs.lower)?,
+            opt(&dirs.upper)?,
+            opt(&dirs.work)?
+        );
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Ok(Self {
+            merged: path_c(&dirs.merged)?,
+            options: CString::new(options).map_err(|e| e.to_string())?,
+            cwd: path_c(cwd)?,
+            uid_map: format!("{uid} {uid} 1").into_bytes(),
+            gid_map: format!("{gid} {gid} 1").into_bytes(),
+        })
+    }
+
+    /// In the child, between fork and exec: a user and mount namespace of its own (the
+    /// command keeps its user and group IDs), the mounts made private (nothing reaches the
+    /// worker's namespace), the overlay mounted, the working directory entered again (it
+    /// named the directory under the mount). Only async-signal-safe system calls.
+    pub fn apply(&self) -> std::io::Result<()> {
+        let fail = || Err(std::io::Error::last_os_error());
+        // SAFETY: plain system calls on C strings and buffers made before the fork.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+                return fail();
+            }
+            for (file, data) in [
+                (c"/proc/self/setgroups", &b"deny"[..]),
+                (c"/proc/self/uid_map", &self.uid_map[..]),
+                (c"/proc/self/gid_map", &self.gid_map[..]),
+            ] {
+                let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return fail();
+                }
+                let wrote = libc::write(fd, data.as_ptr().cast(), data.len());
+                libc::close(fd);
+                if wrote < 0 {
+                    return fail();
+                }
+            }
+            if libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return fail();
+            }
+            if libc::mount(
+                c"overlay".as_ptr(),
+                self.merged.as_ptr(),
+                c"overlay".as_ptr(),
+                0,
+                self.options.as_ptr().cast(),
+            ) != 0
+            {
+                return fail();
+            }
+            if libc::chdir(self.cwd.as_ptr()) != 0 {
+                return fail();
+            }
+        }
+        Ok(())
+    }
+
+    /// The tree's directory, for a sandbox rule opened after the mount.
+    pub fn merged(&self) -> &std::ffi::CStr {
+        &self.merged
+    }
+}
+
+fn path_c(p: &Path) -> Result<CString, String> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| format!("`{}` has a NUL byte", p.display()))
+}
+
+/// Empty overlayfs's work directory `work` before a mount. A `volatile` mount (which skips
+/// syncing the upper directory's file system when it goes: a command's tree is scratch,
+/// and a sync after every command would write out every tree being made on the worker)
+/// leaves a marker there that refuses the next mount.
+pub(super) fn reset_work(work: &Path) -> std::io::Result<()> {
+    super::remove_now(work);
+    std::fs::create_dir(work)
+}
+
+/// Make a whiteout at `path` (nothing there): a character device 0/0, which Linux lets any
+/// user make (5.8 and later).
+pub(super) fn whiteout(path: &Path) -> std::io::Result<()> {
+    let c = path_c(path).map_err(std::io::Error::other)?;
+    // SAFETY: a C string for the call's duration.
+    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o600, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// True when `meta` is a whiteout.
+pub(super) fn is_whiteout(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    meta.file_type().is_char_device() && meta.rdev() == 0
+}
+
+/// Mark the directory `path` opaque: the base's entries below it are hidden.
+pub(super) fn set_opaque(path: &Path) -> std::io::Result<()> {
+    let c = path_c(path).map_err(std::io::Error::other)?;
+    // SAFETY: C strings and a one-byte buffer for the call's duration.
+    let done = unsafe {
+        libc::lsetxattr(
+            c.as_ptr(),
+            OPAQUE_XATTR.as_ptr(),
+            b"y".as_ptr().cast(),
+            1,
+            0,
+        )
+    };
+    if done != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// True when the directory `path` is opaque.
+pub(super) fn is_opaque(path: &Path) -> bool {
+    let Ok(c) = path_c(path) else {
+        return false;
+    };
+    let mut value = [0u8; 4];
+    // SAFETY: C strings and a buffer of the length given, for the call's duration.
+    let n = unsafe {
+        libc::lgetxattr(
+            c.as_ptr(),
+            OPAQUE_XATTR.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    n == 1 && value[0] == b'y'
+}
+
+/// What the upper directory `upper` shows at `path` in the merged view, as far as hiding
+/// the base goes: true when the base's node at `path` shows through (no ancestor in the
+/// upper directory is a whiteout, a non-directory or an opaque directory).
+pub(super) fn base_shows(upper: &Path, base: &Manifest, path: &WsPath) -> bool {
+    if matches!(base.node(path), Node::Missing) {
+        return false;
+    }
+    let mut at = path.parent();
+    while let Some(a) = at {
+        if a.is_root() {
+            break;
+        }
+        let full = a.to_os_path(upper);
+        match std::fs::symlink_metadata(&full) {
+            Ok(m) if !m.is_dir() => return false,
+            Ok(_) if is_opaque(&full) => return false,
+            _ => {}
+        }
+        at = a.parent();
+    }
+    true
+}
