@@ -84,16 +84,7 @@ impl Workdir {
         tree: Manifest,
         blobs: &BlobCache,
     ) -> Result<Self, WorkerError> {
-        let root = tempfile::Builder::new()
-            .prefix(prefix)
-            .tempdir_in(parent)
-            .map_err(WorkerError::TempDir)?;
-        let root = Scratch(root.keep());
-        for d in ["ws", "home", "tmp"] {
-            tokio::fs::create_dir(root.0.join(d))
-                .await
-                .map_err(WorkerError::TempDir)?;
-        }
+        let root = Scratch::make(parent, prefix, &["ws", "home", "tmp"]).await?;
         let written = materialize(&tree, blobs, &root.0.join("ws")).await?;
         Ok(Self {
             root,
@@ -112,16 +103,8 @@ impl Workdir {
         target: Manifest,
         blobs: &BlobCache,
     ) -> Result<Self, WorkerError> {
-        let root = tempfile::Builder::new()
-            .prefix(prefix)
-            .tempdir_in(parent)
-            .map_err(WorkerError::TempDir)?;
-        let root = Scratch(root.keep());
-        for d in ["ws", "home", "tmp", "upper", "work"] {
-            tokio::fs::create_dir(root.0.join(d))
-                .await
-                .map_err(WorkerError::TempDir)?;
-        }
+        let dirs = ["ws", "home", "tmp", "upper", "work"];
+        let root = Scratch::make(parent, prefix, &dirs).await?;
         let mut work = Self {
             root,
             tree: (*base.tree).clone(),
@@ -387,6 +370,21 @@ impl Workdir {
 struct Scratch(PathBuf);
 
 impl Scratch {
+    /// A new directory under `parent` whose name starts with `prefix`, with `dirs` in it.
+    async fn make(parent: &Path, prefix: &str, dirs: &[&str]) -> Result<Self, WorkerError> {
+        let root = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in(parent)
+            .map_err(WorkerError::TempDir)?;
+        let root = Scratch(root.keep());
+        for d in dirs {
+            tokio::fs::create_dir(root.0.join(d))
+                .await
+                .map_err(WorkerError::TempDir)?;
+        }
+        Ok(root)
+    }
+
     /// The path, now the caller's to remove.
     fn take(&mut self) -> PathBuf {
         std::mem::take(&mut self.0)

@@ -250,50 +250,12 @@ impl Confinement {
             // value and descriptors this value owns or opens.
             unsafe {
                 if let Some((dir, access)) = &self.mounted {
-                    let tree = libc::open(
-                        dir.as_ptr(),
-                        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-                    );
-                    if tree < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    let attr = PathBeneathAttr {
-                        allowed_access: *access,
-                        parent_fd: tree,
-                    };
-                    let added = libc::syscall(
-                        libc::SYS_landlock_add_rule,
-                        fd.as_raw_fd(),
-                        LANDLOCK_RULE_PATH_BENEATH,
-                        &attr as *const PathBeneathAttr,
-                        0u32,
-                    );
-                    libc::close(tree);
-                    if added != 0 {
+                    if !grant_in_child(fd.as_raw_fd(), dir, *access)? {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
-                let own = libc::open(
-                    c"/proc/self".as_ptr(),
-                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-                );
-                if own >= 0 {
-                    let attr = PathBeneathAttr {
-                        allowed_access: self.own_proc,
-                        parent_fd: own,
-                    };
-                    let added = libc::syscall(
-                        libc::SYS_landlock_add_rule,
-                        fd.as_raw_fd(),
-                        LANDLOCK_RULE_PATH_BENEATH,
-                        &attr as *const PathBeneathAttr,
-                        0u32,
-                    );
-                    libc::close(own);
-                    if added != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
+                // Its own `/proc/<pid>`, which only the child can name (absent: no rule).
+                grant_in_child(fd.as_raw_fd(), c"/proc/self", self.own_proc)?;
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -304,6 +266,45 @@ impl Confinement {
         }
         Ok(())
     }
+}
+
+/// In a forked child: add a rule to the ruleset `ruleset` granting `access` below the
+/// directory `dir`. `Ok(false)` when `dir` cannot be opened; only system calls, no
+/// allocation.
+///
+/// # Safety
+/// `ruleset` is a Landlock ruleset descriptor.
+unsafe fn grant_in_child(
+    ruleset: libc::c_int,
+    dir: &std::ffi::CStr,
+    access: u64,
+) -> std::io::Result<bool> {
+    // SAFETY: plain system calls on a C string, a stack value and a descriptor opened here.
+    unsafe {
+        let fd = libc::open(
+            dir.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return Ok(false);
+        }
+        let attr = PathBeneathAttr {
+            allowed_access: access,
+            parent_fd: fd,
+        };
+        let added = libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset,
+            LANDLOCK_RULE_PATH_BENEATH,
+            &attr as *const PathBeneathAttr,
+            0u32,
+        );
+        libc::close(fd);
+        if added != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(true)
 }
 
 /// The worker's own hard limit of `resource` (`RLIM_INFINITY` when unknown). A macro: the
