@@ -65,11 +65,20 @@ tool_calls = [{ name = "write_file", args = { path = "other.txt", content = "oth
 text = "done"
 "#;
 
+/// A judge for `fork resolve --strategy auto`: it picks `w`.
+const JUDGE: &str = r#"
+[[turns.judge]]
+text = '{"winner": "w", "confidence": 0.9, "reasoning": "It does what the goal asks."}'
+"#;
+
 fn spec(ex: &Example) -> std::path::PathBuf {
     std::fs::write(ex.dir.path().join("git.toml"), SCRIPT).unwrap();
+    std::fs::write(ex.dir.path().join("judge.toml"), JUDGE).unwrap();
     ex.write_spec(
         "goal = \"Tidy the greet tool.\"\nworkspace = \"workspace\"\nmodel = \"scripted:git\"\n\
+         judge_model = \"scripted:judge\"\n\
          [models.\"scripted:git\"]\nscript = \"git.toml\"\n\
+         [models.\"scripted:judge\"]\nscript = \"judge.toml\"\n\
          [run_command]\ntimeout_s = 30\n\
          [[branches]]\nlabel = \"w\"\nsteer = \"go\"\n\
          [[branches]]\nlabel = \"other\"\nsteer = \"go\"\n",
@@ -352,4 +361,43 @@ fn git_branch_refuses_an_existing_branch_a_bad_name_and_a_fork_made_outside_git(
         "--json",
     ]));
     assert_eq!(show["state"], "settled", "{show}");
+}
+
+/// `fork resolve --git-branch`: the judge's pick is committed on the new branch from the
+/// fork-time commit, and the checkout is left alone.
+#[test]
+fn resolve_with_git_branch_commits_the_judges_pick() {
+    let (ex, fork, fork_head) = forked_repo();
+    let ws = ex.workspace();
+    let data = data(&ex);
+    let status = git(&ws, &["status", "--porcelain"]);
+    let doc = json(&forkfleet(&[
+        "fork",
+        "resolve",
+        &fork,
+        "--strategy",
+        "auto",
+        "--git-branch",
+        "ff/resolved",
+        "--data",
+        &data,
+        "--json",
+    ]));
+    assert_eq!(doc["decision"]["kind"], "commit", "{doc}");
+    assert_eq!(doc["decision"]["winner"], "w", "{doc}");
+    let commit = doc["git_branch"]["commit"].as_str().unwrap();
+    assert_eq!(git(&ws, &["rev-parse", "ff/resolved"]).trim(), commit);
+    assert_eq!(
+        git(&ws, &["log", "-1", "--format=%P", "ff/resolved"]).trim(),
+        fork_head
+    );
+    assert!(git(&ws, &["log", "-1", "--format=%B", "ff/resolved"])
+        .starts_with(&format!("forkfleet: branch `w` of fork {fork}\n")));
+    assert_eq!(
+        git(&ws, &["show", "ff/resolved:added.txt"]),
+        "a new file\nwith two lines\n"
+    );
+    // Nothing applied to the checkout.
+    assert_eq!(git(&ws, &["status", "--porcelain"]), status);
+    assert!(!ws.join("added.txt").exists());
 }
