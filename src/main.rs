@@ -6,6 +6,7 @@ use clap::Parser;
 mod cli;
 
 fn main() -> std::process::ExitCode {
+    limit_malloc_arenas();
     let cli = cli::Cli::parse();
     if cli.command.prints() {
         forkfleet::telemetry::exit_quietly_on_broken_pipe();
@@ -33,4 +34,21 @@ fn main() -> std::process::ExitCode {
     telemetry.shutdown();
     drop(runtime);
     std::process::ExitCode::from(code)
+}
+
+/// glibc gives threads that allocate at once arenas of their own, up to eight per core,
+/// and keeps what is freed in each: a worker's blocking pool (hundreds of threads
+/// materialising and comparing command trees) then holds far more than it uses. Two per
+/// core: 32 branches x 10 commands on a 257 MB tree peaked at 270 to 285 MB with glibc's
+/// default, 187 MB with this (docs/BENCHMARKS.md). `MALLOC_ARENA_MAX`, when set, decides.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let arenas = libc::c_int::try_from(cores * 2).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt takes two integers; called before any thread is started.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, arenas);
+        }
+    }
 }

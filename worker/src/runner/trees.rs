@@ -78,6 +78,8 @@ pub struct Trees {
     bases: Mutex<HashMap<ForkId, Arc<BaseCell>>>,
     /// Trees are layered ([`layered::supported`], unless turned off for this one).
     layered: bool,
+    /// Trees being brought up to date or compared at once ([`Trees::permit`]).
+    work: tokio::sync::Semaphore,
 }
 
 /// A fork's base on this worker, made by the first checkout that needs it.
@@ -127,7 +129,19 @@ impl Trees {
             held: Mutex::new(Held::default()),
             bases: Mutex::new(HashMap::new()),
             layered: layered::supported(),
+            work: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get()) * 2,
+            ),
         }
+    }
+
+    /// A turn to bring a tree up to date or compare it: at most twice the cores at once.
+    /// Each holds the branch's whole tree, its target and the comparison's result in
+    /// memory (for a large workspace, megabytes each) and keeps the cores busy; more at
+    /// once would only add memory, not speed. `None`: never refused (the semaphore is
+    /// never closed).
+    pub async fn permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.work.acquire().await.ok()
     }
 
     /// Never layer trees: every branch keeps a whole tree of its own (as on a kernel
