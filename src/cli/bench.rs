@@ -242,6 +242,8 @@ pub fn fanout_script(n: usize, k: usize, lines: usize) -> Script {
         input_tokens: INPUT_TOKENS,
         output_tokens: OUTPUT_TOKENS,
         cached_tokens: 0,
+        cache_write_tokens: 0,
+        reasoning_tokens: 0,
     });
     let mut turns = BTreeMap::new();
     for b in 0..n {
@@ -331,6 +333,7 @@ fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
         input_per_mtok: 0.15,
         output_per_mtok: 0.60,
         cached_per_mtok: None,
+        cache_write_per_mtok: None,
     };
     ForkPlan {
         goal: "bench fan-out".into(),

@@ -72,6 +72,8 @@ fn usage_event(cost: f64, reservation: Option<ReservationId>) -> Event {
             input_tokens: 10,
             output_tokens: 5,
             cached_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
         },
         cost_usd: cost,
         reservation,

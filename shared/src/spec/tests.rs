@@ -331,6 +331,7 @@ fn config_prices_fill_in_after_the_spec() {
             input_per_mtok: 1.0,
             output_per_mtok: 2.0,
             cached_per_mtok: None,
+            cache_write_per_mtok: None,
         },
     );
     let plan = validate_with(&f, 0, &prices).unwrap();

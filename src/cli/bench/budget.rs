@@ -47,6 +47,7 @@ const PRICE: Price = Price {
     input_per_mtok: 0.15,
     output_per_mtok: 0.60,
     cached_per_mtok: None,
+    cache_write_per_mtok: None,
 };
 
 #[derive(Debug, Args)]
@@ -266,6 +267,8 @@ fn script(n: usize, equal: bool, latency_ms: u64, jitter_ms: u64) -> Script {
         input_tokens: super::INPUT_TOKENS,
         output_tokens: super::OUTPUT_TOKENS,
         cached_tokens: 0,
+        cache_write_tokens: 0,
+        reasoning_tokens: 0,
     };
     let mut turns = BTreeMap::new();
     for b in 0..n {
@@ -316,6 +319,8 @@ async fn run_row(
         input_tokens: super::INPUT_TOKENS,
         output_tokens: super::OUTPUT_TOKENS,
         cached_tokens: 0,
+        cache_write_tokens: 0,
+        reasoning_tokens: 0,
     });
     let calls: usize = (0..n).map(|b| writes(b, equal) + 1).sum();
     let uncapped = calls as f64 * per_call;
@@ -463,6 +468,8 @@ mod tests {
             input_tokens: 1000,
             output_tokens: 200,
             cached_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
         });
         assert!((calls as f64 * per_call - 0.1755).abs() < 1e-9);
         let s = script(3, true, 5, 0);

@@ -7,13 +7,13 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use forkfleet_shared::catalogue::{CatalogueModel, ModelCatalogue};
-use forkfleet_shared::endpoint::Endpoint;
+use forkfleet_shared::endpoint::{CacheMode, Endpoint};
 use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::event::{Event, Message, ToolCall, Usage};
 use forkfleet_shared::pricing::Price;
 use forkfleet_shared::protocol::ControlCommand;
 use forkfleet_shared::state::BranchState;
-use forkfleet_worker::provider::http::{client, Backoff, Dialect, HttpProvider};
+use forkfleet_worker::provider::http::{client, Backoff, CallSettings, Dialect, HttpProvider};
 use forkfleet_worker::provider::{
     AnthropicProvider, ModelProvider, ModelRequest, OpenAiProvider, ToolSpec,
 };
@@ -199,14 +199,30 @@ fn catalogue_of(model: &str, entry: CatalogueModel) -> ModelCatalogue {
     }
 }
 
-/// The provider of `model` as a worker with `entry` in its catalogue builds it.
+/// The provider of `model` as a worker with `entry` in its catalogue builds it, with
+/// neither streaming nor the prompt cache (the plain request shapes).
 fn provider<D: Dialect>(model: &str, entry: &CatalogueModel) -> HttpProvider<D> {
+    let plain = Endpoint {
+        stream: Some(false),
+        cache: Some(CacheMode::Off),
+        ..Endpoint::default()
+    };
+    provider_with(model, entry, &plain)
+}
+
+/// The provider of `model` with the spec's settings `spec`.
+fn provider_with<D: Dialect>(
+    model: &str,
+    entry: &CatalogueModel,
+    spec: &Endpoint,
+) -> HttpProvider<D> {
     let route = catalogue_of(model, entry.clone())
         .route(model, None)
         .unwrap();
     HttpProvider::new(model, &route, client().unwrap())
         .unwrap()
         .with_backoff(fast_backoff())
+        .with_settings(CallSettings::of(Some(spec)))
 }
 
 fn openai(server: &MockApi, ep: CatalogueModel) -> OpenAiProvider {
@@ -227,6 +243,9 @@ fn req<'a>(messages: &'a [Message], tools: &'a [ToolSpec]) -> ModelRequest<'a> {
         index: 0,
         turn: 3,
         temperature: None,
+        cache_key: None,
+        shared_prefix: 0,
+        spend_cap: None,
     }
 }
 
@@ -250,6 +269,7 @@ fn conversation() -> Vec<Message> {
                 name: "read_file".into(),
                 args: json!({"path": "a.txt"}),
             }],
+            reasoning: None,
         },
         Message::Tool {
             call_id: "call_a".into(),
@@ -337,7 +357,9 @@ async fn openai_requests_and_replies_have_the_api_shape() {
         Usage {
             input_tokens: 120,
             output_tokens: 7,
-            cached_tokens: 100
+            cached_tokens: 100,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
         }
     );
 
@@ -449,7 +471,9 @@ async fn anthropic_requests_and_replies_have_the_api_shape() {
         Usage {
             input_tokens: 150,
             output_tokens: 9,
-            cached_tokens: 100
+            cached_tokens: 100,
+            cache_write_tokens: 30,
+            reasoning_tokens: 0,
         }
     );
     std::env::set_var("FORKFLEET_TEST_KEY_ANTHROPIC_SHAPE", "sk-ant-env-5678");
@@ -550,7 +574,9 @@ async fn openai_tool_calls_are_parsed() {
         Usage {
             input_tokens: 3,
             output_tokens: 19,
-            cached_tokens: 0
+            cached_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
         }
     );
 }
@@ -595,7 +621,9 @@ async fn anthropic_tool_use_is_parsed() {
         Usage {
             input_tokens: 11,
             output_tokens: 22,
-            cached_tokens: 0
+            cached_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
         }
     );
 }
@@ -1029,6 +1057,7 @@ fn real_task(
         input_per_mtok: 1.0,
         output_per_mtok: 2.0,
         cached_per_mtok: Some(0.5),
+        cache_write_per_mtok: None,
     });
     task
 }
@@ -1094,12 +1123,16 @@ async fn a_branch_runs_against_an_openai_compatible_server() {
             Usage {
                 input_tokens: 900,
                 output_tokens: 40,
-                cached_tokens: 600
+                cached_tokens: 600,
+                cache_write_tokens: 0,
+                reasoning_tokens: 0,
             },
             Usage {
                 input_tokens: 1000,
                 output_tokens: 8,
-                cached_tokens: 0
+                cached_tokens: 0,
+                cache_write_tokens: 0,
+                reasoning_tokens: 0,
             },
         ]
     );
@@ -1195,7 +1228,9 @@ async fn a_judge_job_reaches_its_endpoint() {
         Usage {
             input_tokens: 500,
             output_tokens: 30,
-            cached_tokens: 0
+            cached_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
         }
     );
     server.until_request(0).await;
