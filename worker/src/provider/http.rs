@@ -39,7 +39,7 @@
 //!   (a server that ignores `stream`) is read as such. Retries cover getting the answer's
 //!   status; a stream broken after it is an error. With a [`super::SpendCap`], the running
 //!   cost (the input as the stream reported it, else estimated from sizes, plus the output
-//!   so far at four characters a token) is checked at every chunk: past the cap, the
+//!   so far at four characters a token) is checked at every event: past the cap, the
 //!   stream is closed and the partial text comes back marked [`super::BUDGET_CUT`], its
 //!   usage estimated.
 //! - **Prompt cache.** A call whose answer reports cache reads or writes confirms that
@@ -265,8 +265,7 @@ impl<D: Dialect> HttpProvider<D> {
             let Some(chunk) = chunk else { break };
             for ev in parser.push(&chunk) {
                 apply(&mut state, &ev.name, &ev.data)?;
-            }
-            if let Some(cap) = req.spend_cap {
+                let Some(cap) = req.spend_cap else { continue };
                 let usage = running_usage(&state, req);
                 if cap.price.cost(&usage) > cap.remaining_usd {
                     drop(resp);
