@@ -19,8 +19,11 @@
 //! Both run the same measurement ([`run_fanout`]) through a [`Client`].
 //!
 //! `forkfleet bench budget`: the peer's aggregate-cap table ([`budget`]).
+//!
+//! `forkfleet bench cache`: what fork-aware prompt caching saves ([`cache`]).
 
 pub mod budget;
+pub mod cache;
 mod cluster;
 pub mod nats_server;
 pub mod workspace;
@@ -506,4 +509,8 @@ pub enum BenchCommand {
     /// (kept trees against a fresh copy), whole runs of 4 and 32 branches with peak RSS,
     /// and the same work with one git worktree per branch, side by side.
     Workspace(self::workspace::WorkspaceArgs),
+    /// Fork-aware prompt caching: a fork of 10 branches x 10 turns on a 20,000-token
+    /// parent history, against a local server that bills a prompt cache as Anthropic
+    /// does; the fork's input cost with caching and without.
+    Cache(self::cache::CacheArgs),
 }

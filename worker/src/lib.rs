@@ -76,6 +76,7 @@ mod lease;
 mod metrics;
 mod node;
 mod resolve;
+mod warmup;
 
 pub use agent::COORDINATOR_TRIES;
 pub use error::WorkerError;

@@ -148,6 +148,12 @@ pub trait ModelProvider: Send + Sync {
     fn estimate(&self, req: &ModelRequest<'_>) -> Usage {
         upper_bound_estimate(req)
     }
+
+    /// The provider's prompt cache is used: a fork's branches warm it with one first call
+    /// (`crate::warmup`).
+    fn caches_prompts(&self) -> bool {
+        false
+    }
 }
 
 /// A conservative bound of a request's usage: its messages and tool schemas (as JSON)

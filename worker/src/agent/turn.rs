@@ -11,6 +11,7 @@ use crate::genai::{error_type, tool_failed, tool_span, ChatSpan};
 use crate::provider::{is_truncated, ModelRequest, SpendCap, BUDGET_CUT};
 use crate::runner::TreeKey;
 use crate::tools::{ToolBox, TreeSlot};
+use crate::warmup::{self, Turn};
 use forkfleet_shared::budget::OnExhausted;
 use forkfleet_shared::event::{messages_from_events, Event, Message};
 use forkfleet_shared::lineage::{tool_call_hash, RequestHash, RequestHasher};
@@ -186,6 +187,35 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 shared_prefix: run.shared_prefix,
                 spend_cap,
             };
+            // The branch's first call with a prompt cache: one per fork on this worker writes
+            // the shared history to the cache, the others wait for it and read it.
+            let _warming =
+                if run.turns == 0 && run.shared_prefix > 0 && run.provider.caches_prompts() {
+                    match ctx.warmups.enter(&run.cache_key, task.prefix) {
+                        Turn::Go(held) => Some(held),
+                        Turn::Wait(rx) => {
+                            tracing::debug!(
+                                "waiting for this fork's first call to warm the prompt cache"
+                            );
+                            let waiting = warmup::wait(rx);
+                            if let Err(step) = until_halted(
+                                waiting,
+                                control,
+                                task.run_id,
+                                attempt,
+                                pending,
+                                Some(&ctx.handback),
+                            )
+                            .await
+                            {
+                                return Ok(step);
+                            }
+                            None
+                        }
+                    }
+                } else {
+                    None
+                };
             let reservation = if task.reserve {
                 let estimate = run.provider.estimate(&req);
                 let reserving = reserve(&ctx.bus, task, attempt, estimate);

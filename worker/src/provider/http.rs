@@ -354,6 +354,10 @@ impl<D: Dialect> ModelProvider for HttpProvider<D> {
         Ok(reply)
     }
 
+    fn caches_prompts(&self) -> bool {
+        self.api.settings.cache
+    }
+
     /// [`upper_bound_estimate`], plus the thinking budget; with the prompt cache on, the
     /// prefix a recent answer confirmed cached counts as cached and, where writes cost
     /// more, the rest as written (ADR 25).
