@@ -26,6 +26,7 @@ pub mod budget;
 pub mod cache;
 mod cluster;
 pub mod nats_server;
+pub mod stream_model;
 pub mod workspace;
 
 use anyhow::Context;

@@ -27,7 +27,7 @@ pub(crate) struct WorkerCtx {
     /// Branches' command trees kept between calls (`crate::runner::Trees`).
     pub trees: Arc<Trees>,
     /// First calls of a fork's branches warming the prompt cache (`crate::warmup`).
-    pub warmups: Arc<crate::warmup::Warmups>,
+    pub warmups: Option<Arc<crate::warmup::Warmups>>,
 }
 
 impl WorkerCtx {
@@ -49,7 +49,7 @@ impl WorkerCtx {
             manifests: Memo::new(MEMO_CAPACITY),
             handback: tokio::sync::watch::Sender::new(false),
             trees: Arc::new(Trees::new(tree_cache_bytes)),
-            warmups: Arc::default(),
+            warmups: Some(Arc::default()),
         }
     }
 }

@@ -75,6 +75,26 @@ pub struct ModelRequest<'a> {
     /// Cut the answer as it streams once its running cost passes this (best-effort mode
     /// with `on_exhausted = "stop"`): the partial answer comes back marked `budget_cut`.
     pub spend_cap: Option<SpendCap>,
+    /// Where a streamed call keeps its running usage, for a caller that cancels it (the
+    /// part already streamed was paid for).
+    pub meter: Option<&'a StreamMeter>,
+}
+
+/// The running usage of a streamed call (input as reported or estimated, output so far at
+/// four characters a token); `None` before its first event.
+#[derive(Debug, Default)]
+pub struct StreamMeter(std::sync::Mutex<Option<Usage>>);
+
+impl StreamMeter {
+    pub fn set(&self, usage: Usage) {
+        if let Ok(mut u) = self.0.lock() {
+            *u = Some(usage);
+        }
+    }
+
+    pub fn get(&self) -> Option<Usage> {
+        self.0.lock().ok().and_then(|u| *u)
+    }
 }
 
 impl<'a> ModelRequest<'a> {
@@ -97,6 +117,7 @@ impl<'a> ModelRequest<'a> {
             cache_key: None,
             shared_prefix: 0,
             spend_cap: None,
+            meter: None,
         }
     }
 }

@@ -76,6 +76,9 @@ pub struct CacheArgs {
     /// Print one JSON object per row.
     #[arg(long)]
     pub json: bool,
+    /// Turn the workers' prompt-cache warm-up off: every branch's first call goes at once.
+    #[arg(long)]
+    pub no_warmup: bool,
 }
 
 /// What the server billed.
@@ -94,6 +97,8 @@ pub struct Bill {
 pub struct CacheRow {
     /// `auto` or `off`.
     pub cache: &'static str,
+    /// The workers' first-call warm-up was on.
+    pub warmup: bool,
     pub branches: usize,
     pub turns: usize,
     pub workers: usize,
@@ -434,6 +439,7 @@ pub async fn cmd_cache(args: CacheArgs) -> anyhow::Result<()> {
             concurrency: 64,
             requeue_unfinished: false,
             catalogue: Arc::new(catalogue),
+            prompt_cache_warmup: !args.no_warmup,
         },
     )
     .await?;
@@ -505,6 +511,7 @@ async fn run_row(
         + per(bill.cache_write_tokens, price.cache_write_rate());
     Ok(CacheRow {
         cache: if caching { "auto" } else { "off" },
+        warmup: !args.no_warmup,
         branches: args.branches,
         turns: args.turns,
         workers: args.workers,
@@ -529,8 +536,13 @@ fn print_rows(args: &CacheArgs, rows: &[CacheRow]) -> anyhow::Result<()> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "prompt cache: {} branches x {} turns, ~{} tokens of parent history, {} workers, {} ms per answer",
-        args.branches, args.turns, args.history_tokens, args.workers, args.latency_ms
+        "prompt cache: {} branches x {} turns, ~{} tokens of parent history, {} workers, {} ms per answer, warm-up {}",
+        args.branches,
+        args.turns,
+        args.history_tokens,
+        args.workers,
+        args.latency_ms,
+        if args.no_warmup { "off" } else { "on" }
     );
     let _ = writeln!(
         out,

@@ -8,7 +8,7 @@ use super::{lease_lost, AgentState, Publisher, Run, Step};
 use crate::error::WorkerError;
 use crate::forktools::{is_fork_tool, ForkCall, MERGE_OR_SELECT};
 use crate::genai::{error_type, tool_failed, tool_span, ChatSpan};
-use crate::provider::{is_truncated, ModelRequest, SpendCap, BUDGET_CUT};
+use crate::provider::{is_truncated, ModelRequest, SpendCap, StreamMeter, BUDGET_CUT};
 use crate::runner::TreeKey;
 use crate::tools::{ToolBox, TreeSlot};
 use crate::warmup::{self, Turn};
@@ -174,6 +174,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 }),
                 _ => None,
             };
+            let meter = StreamMeter::default();
             let req = ModelRequest {
                 model: &task.model,
                 messages: &run.history,
@@ -186,36 +187,39 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 cache_key: Some(&run.cache_key),
                 shared_prefix: run.shared_prefix,
                 spend_cap,
+                meter: Some(&meter),
             };
             // The branch's first call with a prompt cache: one per fork on this worker writes
             // the shared history to the cache, the others wait for it and read it.
-            let _warming =
-                if run.turns == 0 && run.shared_prefix > 0 && run.provider.caches_prompts() {
-                    match ctx.warmups.enter(&run.cache_key, task.prefix) {
-                        Turn::Go(held) => Some(held),
-                        Turn::Wait(rx) => {
-                            tracing::debug!(
-                                "waiting for this fork's first call to warm the prompt cache"
-                            );
-                            let waiting = warmup::wait(rx);
-                            if let Err(step) = until_halted(
-                                waiting,
-                                control,
-                                task.run_id,
-                                attempt,
-                                pending,
-                                Some(&ctx.handback),
-                            )
-                            .await
-                            {
-                                return Ok(step);
-                            }
-                            None
+            let warmups = ctx.warmups.as_ref().filter(|_| {
+                run.turns == 0 && run.shared_prefix > 0 && run.provider.caches_prompts()
+            });
+            let _warming = if let Some(warmups) = warmups {
+                match warmups.enter(&run.cache_key, task.prefix) {
+                    Turn::Go(held) => Some(held),
+                    Turn::Wait(rx) => {
+                        tracing::debug!(
+                            "waiting for this fork's first call to warm the prompt cache"
+                        );
+                        let waiting = warmup::wait(rx);
+                        if let Err(step) = until_halted(
+                            waiting,
+                            control,
+                            task.run_id,
+                            attempt,
+                            pending,
+                            Some(&ctx.handback),
+                        )
+                        .await
+                        {
+                            return Ok(step);
                         }
+                        None
                     }
-                } else {
-                    None
-                };
+                }
+            } else {
+                None
+            };
             let reservation = if task.reserve {
                 let estimate = run.provider.estimate(&req);
                 let reserving = reserve(&ctx.bus, task, attempt, estimate);
@@ -243,7 +247,8 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             // A graceful stop that came while reserving waits in `pending` until this call, paid
             // for by its reservation, is made and recorded.
             // The call runs until it answers or a command stops the branch; a cancelled call is
-            // dropped (aborted) and nothing is published for it.
+            // dropped (aborted, its stream closed); what it had streamed was paid for and is
+            // published as its usage when a command ended the branch.
             let chat = ChatSpan::new(&req, task.fork_id, Some(task.run_id));
             let call = run.provider.complete(&req).instrument(chat.span().clone());
             let reply = match until_halted(
@@ -259,6 +264,18 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 Err(step) => {
                     chat.cancelled();
                     tracing::info!("model call cancelled: the branch stops or is handed back");
+                    if let (Step::Finish(..), Some(usage)) = (&step, meter.get()) {
+                        let cost_usd = task.price.map_or(0.0, |p| p.cost(&usage));
+                        run.spent_usd += cost_usd;
+                        out.publish(Event::Usage {
+                            model: task.model.clone(),
+                            usage,
+                            cost_usd,
+                            reservation,
+                            cached: false,
+                        })
+                        .await?;
+                    }
                     return Ok(step);
                 }
                 Ok(Ok(r)) => r,

@@ -599,6 +599,16 @@ impl StreamState for MessagesStream {
         })
     }
 
+    fn text(&self) -> Option<String> {
+        let text: String = self
+            .blocks
+            .iter()
+            .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect();
+        (!text.is_empty()).then_some(text)
+    }
+
     fn body(&self) -> Value {
         let content: Vec<Value> = self
             .blocks

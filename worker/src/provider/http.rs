@@ -171,6 +171,8 @@ pub trait StreamState: Default + Send {
     fn input_usage(&self) -> Option<Usage>;
     /// The answer as the API's non-streamed body.
     fn body(&self) -> serde_json::Value;
+    /// The text streamed so far (`None`: none).
+    fn text(&self) -> Option<String>;
 }
 
 /// A real model provider: a [`Dialect`] spoken over HTTP with the settings of one (model,
@@ -265,6 +267,9 @@ impl<D: Dialect> HttpProvider<D> {
             let Some(chunk) = chunk else { break };
             for ev in parser.push(&chunk) {
                 apply(&mut state, &ev.name, &ev.data)?;
+                if let Some(meter) = req.meter {
+                    meter.set(running_usage(&state, req));
+                }
                 let Some(cap) = req.spend_cap else { continue };
                 let usage = running_usage(&state, req);
                 if cap.price.cost(&usage) > cap.remaining_usd {
@@ -275,7 +280,7 @@ impl<D: Dialect> HttpProvider<D> {
                         remaining_usd = cap.remaining_usd,
                         "the answer was cut mid-stream: its running cost passed the branch's cap"
                     );
-                    return self.cut(&state, req, usage);
+                    return Ok(self.cut(&state, usage));
                 }
             }
         }
@@ -289,25 +294,15 @@ impl<D: Dialect> HttpProvider<D> {
 
     /// The partial answer of a stream cut by its spend cap: its text so far (tool calls
     /// in progress are dropped), marked [`BUDGET_CUT`], with `usage` (estimated).
-    fn cut(
-        &self,
-        state: &D::Stream,
-        req: &ModelRequest<'_>,
-        usage: Usage,
-    ) -> Result<ModelReply, WorkerError> {
-        let body = serde_json::to_vec(&state.body()).map_err(|e| {
-            self.api
-                .bad_response(format!("cannot read the streamed answer: {e}"))
-        })?;
-        let partial = D::reply(&self.api, &body, req).ok();
-        Ok(ModelReply {
-            text: partial.as_ref().and_then(|p| p.text.clone()),
+    fn cut(&self, state: &D::Stream, usage: Usage) -> ModelReply {
+        ModelReply {
+            text: state.text(),
             tool_calls: Vec::new(),
             usage,
-            response_model: partial.and_then(|p| p.response_model),
+            response_model: None,
             finish_reason: Some(BUDGET_CUT.to_string()),
             reasoning: None,
-        })
+        }
     }
 }
 

@@ -516,6 +516,10 @@ impl StreamState for ChatStream {
         None
     }
 
+    fn text(&self) -> Option<String> {
+        (!self.text.is_empty()).then(|| self.text.clone())
+    }
+
     fn body(&self) -> Value {
         let calls: Vec<Value> = self
             .calls

@@ -301,6 +301,10 @@ impl StreamState for ResponsesStream {
         None
     }
 
+    fn text(&self) -> Option<String> {
+        (!self.text.is_empty()).then(|| self.text.clone())
+    }
+
     fn body(&self) -> Value {
         match &self.done {
             Some(response) => response.clone(),

@@ -158,6 +158,7 @@ mod tests {
             cache_key: None,
             shared_prefix: 0,
             spend_cap: None,
+            meter: None,
         }
     }
 

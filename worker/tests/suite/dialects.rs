@@ -18,7 +18,7 @@ use forkfleet_shared::spec::{OnTruncated, CONTINUE_TRUNCATED};
 use forkfleet_shared::state::BranchState;
 use forkfleet_worker::provider::{
     AnthropicProvider, ModelProvider, ModelRequest, OpenAiProvider, ResponsesProvider, SpendCap,
-    BUDGET_CUT,
+    StreamMeter, BUDGET_CUT,
 };
 use serde_json::{json, Value};
 
@@ -575,16 +575,30 @@ async fn dropping_a_streamed_call_closes_its_stream_at_once() {
     })
     .await;
     let p = std::sync::Arc::new(openai_with(&server, Endpoint::default()));
+    let meter = std::sync::Arc::new(StreamMeter::default());
     let running = {
-        let p = p.clone();
+        let (p, meter) = (p.clone(), meter.clone());
         tokio::spawn(async move {
             let hi = user("hi");
-            p.complete(&req(&hi, &[])).await
+            let r = ModelRequest {
+                meter: Some(&meter),
+                ..req(&hi, &[])
+            };
+            p.complete(&r).await
         })
     };
-    server.until_request(0).await;
-    // The call is reading its stream (which never ends) when it is dropped.
+    // The call has read the first event of its stream (which never ends)...
+    tokio::time::timeout(WAIT, async {
+        while meter.get().is_none() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the stream's first event was not read within the wait");
     assert!(!running.is_finished());
+    // ...and its meter holds what it had streamed: the input estimated from the request
+    // ("hi": 1 token), 14 characters of output (4 tokens).
+    assert_eq!(meter.get(), Some(Usage::tokens(1, 4)));
     running.abort();
     server.until_dropped().await;
 }

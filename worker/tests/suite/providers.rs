@@ -94,6 +94,7 @@ pub(super) fn req<'a>(messages: &'a [Message], tools: &'a [ToolSpec]) -> ModelRe
         cache_key: None,
         shared_prefix: 0,
         spend_cap: None,
+        meter: None,
     }
 }
 
