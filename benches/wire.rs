@@ -27,6 +27,8 @@ fn events() -> Vec<BranchEvent> {
                 args: serde_json::json!({"path": "shared/split_2.txt", "content": content}),
             }],
             request: None,
+            finish_reason: None,
+            reasoning: None,
         },
         Event::Usage {
             model: "scripted:bench".into(),
@@ -34,6 +36,8 @@ fn events() -> Vec<BranchEvent> {
                 input_tokens: 1000,
                 output_tokens: 200,
                 cached_tokens: 0,
+                cache_write_tokens: 0,
+                reasoning_tokens: 0,
             },
             cost_usd: 0.00027,
             reservation: None,
@@ -93,6 +97,8 @@ fn task() -> BranchTask {
         forking: false,
         temperature: None,
         replay: None,
+        fork_root: None,
+        on_truncated: Default::default(),
     }
 }
 

@@ -362,6 +362,7 @@ pub async fn run(cli: Cli) -> u8 {
             BenchCommand::Fanout(args) => bench::cmd_fanout(args).await,
             BenchCommand::Budget(args) => bench::budget::cmd_budget(args).await,
             BenchCommand::Workspace(args) => bench::workspace::cmd_workspace(args).await,
+            BenchCommand::Cache(args) => bench::cache::cmd_cache(args).await,
         },
     };
     match result {

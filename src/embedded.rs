@@ -31,6 +31,8 @@ pub struct EmbeddedOptions {
     pub requeue_unfinished: bool,
     /// The workers' model catalogue and allow-list (the configuration's, ADR 16).
     pub catalogue: Arc<ModelCatalogue>,
+    /// The workers' prompt-cache warm-up (`WorkerConfig::prompt_cache_warmup`).
+    pub prompt_cache_warmup: bool,
 }
 
 impl Default for EmbeddedOptions {
@@ -40,6 +42,7 @@ impl Default for EmbeddedOptions {
             concurrency: 64,
             requeue_unfinished: false,
             catalogue: Arc::default(),
+            prompt_cache_warmup: true,
         }
     }
 }
@@ -109,6 +112,7 @@ impl Embedded {
                 worker_id: WorkerId::new(),
                 scripted_usage_log: scripted_usage_log.clone(),
                 catalogue: opts.catalogue.clone(),
+                prompt_cache_warmup: opts.prompt_cache_warmup,
                 // The blobs are in this process's store already (sled, with its own
                 // cache): a worker's copy of them would only double the memory a large
                 // workspace takes.

@@ -236,7 +236,7 @@ pub fn cost_table(cost: &ForkCost) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<width$}  {:<26}  {:>12}  {:>12}  {:>12}  {:>13}  {:>5}  {:>6}",
+        "{:<width$}  {:<26}  {:>12}  {:>12}  {:>12}  {:>13}  {:>5}  {:>6}  {:>12}  {:>12}",
         "LABEL",
         "STATE",
         "SPENT_USD",
@@ -244,12 +244,14 @@ pub fn cost_table(cost: &ForkCost) -> String {
         "CAP_USD",
         "REMAINING_USD",
         "CALLS",
-        "CACHED"
+        "CACHED",
+        "CACHE_READ",
+        "SAVED_USD"
     );
     for b in &cost.branches {
         let _ = writeln!(
             out,
-            "{:<width$}  {:<26}  {:>12.6}  {:>12.6}  {:>12}  {:>13}  {:>5}  {:>6}",
+            "{:<width$}  {:<26}  {:>12.6}  {:>12.6}  {:>12}  {:>13}  {:>5}  {:>6}  {:>12}  {:>12.6}",
             b.label,
             b.state.as_str(),
             money(b.spent_usd),
@@ -257,7 +259,9 @@ pub fn cost_table(cost: &ForkCost) -> String {
             usd(b.cap_usd),
             usd(b.remaining_usd),
             b.calls,
-            b.cached_calls
+            b.cached_calls,
+            b.usage.cached_tokens,
+            money(b.cache_saved_usd)
         );
     }
     let _ = writeln!(
@@ -270,6 +274,19 @@ pub fn cost_table(cost: &ForkCost) -> String {
         cost.mode.as_str(),
         cost.on_exhausted.as_str()
     );
+    let u = &cost.usage;
+    if u.input_tokens + u.output_tokens > 0 {
+        let _ = writeln!(
+            out,
+            "tokens: {} input ({} read from the prompt cache, {} written to it) · {} output ({} reasoning) · the prompt cache saved ${:.6}",
+            u.input_tokens,
+            u.cached_tokens,
+            u.cache_write_tokens,
+            u.output_tokens,
+            u.reasoning_tokens,
+            money(cost.cache_saved_usd)
+        );
+    }
     if let Some(a) = &cost.account {
         out.push_str(&account_text(a));
     }
@@ -730,11 +747,22 @@ pub fn event_line(e: &Event) -> String {
         Event::Steer { text } => format!("steer      {}", short(text)),
         Event::FollowUp { text } => format!("follow-up  {}", short(text)),
         Event::ModelResponse {
-            text, tool_calls, ..
+            text,
+            tool_calls,
+            finish_reason,
+            ..
         } => {
             let calls: Vec<&str> = tool_calls.iter().map(|c| c.name.as_str()).collect();
+            // A cut answer says so: at the output cap, or at the branch's budget.
+            let cut = match finish_reason.as_deref() {
+                Some(r @ ("length" | "max_tokens" | "max_output_tokens")) => {
+                    format!(" [truncated: {r}]")
+                }
+                Some("budget_cut") => " [cut mid-answer: budget]".to_string(),
+                _ => String::new(),
+            };
             format!(
-                "model      {}{}",
+                "model      {}{}{cut}",
                 text.as_deref().map(short).unwrap_or_default(),
                 if calls.is_empty() {
                     String::new()
@@ -759,8 +787,20 @@ pub fn event_line(e: &Event) -> String {
         Event::Usage {
             usage, cost_usd, ..
         } => format!(
-            "usage      in {} out {} cached {} · ${cost_usd:.6}",
-            usage.input_tokens, usage.output_tokens, usage.cached_tokens
+            "usage      in {} out {} cached {}{}{} · ${cost_usd:.6}",
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cached_tokens,
+            if usage.cache_write_tokens > 0 {
+                format!(" cache-write {}", usage.cache_write_tokens)
+            } else {
+                String::new()
+            },
+            if usage.reasoning_tokens > 0 {
+                format!(" reasoning {}", usage.reasoning_tokens)
+            } else {
+                String::new()
+            }
         ),
         Event::BranchSummary { text } => format!("summary    {}", short(text)),
         Event::Checkpoint { label } => format!("checkpoint {label}"),

@@ -291,6 +291,8 @@ impl State {
             calls: r.calls,
             cached_calls: r.cached_calls,
             stopped_at_ms: r.stopped_at_ms,
+            usage: Default::default(),
+            cache_saved_usd: 0.0,
         })
     }
 
@@ -315,6 +317,8 @@ impl State {
                 .map(|a| self.account_view(a)),
             judge_cost_usd: 0.0,
             judge_usage: Default::default(),
+            usage: Default::default(),
+            cache_saved_usd: 0.0,
         })
     }
 }

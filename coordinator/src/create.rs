@@ -206,6 +206,8 @@ pub(crate) fn branch_task(
         forking: plan.forking,
         temperature: b.temperature,
         replay: None,
+        fork_root: None,
+        on_truncated: plan.limits.on_truncated,
     }
 }
 
@@ -248,7 +250,7 @@ pub(crate) fn create_fork(
         let tail = branch_tail(b);
         let first_seq = 1 + prefix_len + tail.len() as u64;
         let index = u32::try_from(i).unwrap_or(u32::MAX);
-        tasks.push(branch_task(
+        let mut task = branch_task(
             plan,
             b,
             BranchIds {
@@ -259,7 +261,9 @@ pub(crate) fn create_fork(
             prefix_hash,
             req.snapshot,
             first_seq,
-        ));
+        );
+        task.fork_root = Some(parent.fork_root);
+        tasks.push(task);
         runs.push(RunRecord {
             run_id,
             parent: Some(parent.run_id),

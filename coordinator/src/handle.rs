@@ -528,6 +528,23 @@ impl CoordinatorHandle {
             cost.judge_cost_usd = report.judge_cost_usd;
             cost.judge_usage = report.judge_usage;
         }
+        // Tokens per branch from its log's summary, and what the prompt cache saved at its
+        // model's price.
+        let view = self.root.fork(id).await?.view().await?;
+        let plan = self.blocking(move |s| s.fork(id)).await?.map(|r| r.plan);
+        for b in &mut cost.branches {
+            let Some(v) = view.branches.iter().find(|v| v.run_id == b.run_id) else {
+                continue;
+            };
+            b.usage = v.usage;
+            let price = plan.as_ref().and_then(|p| {
+                let model = &p.branches.iter().find(|x| x.label == b.label)?.model;
+                p.models.get(model)?.price
+            });
+            b.cache_saved_usd = price.map_or(0.0, |p| p.cache_saving(&v.usage));
+            cost.usage.add(&v.usage);
+            cost.cache_saved_usd += b.cache_saved_usd;
+        }
         Ok(cost)
     }
 

@@ -554,6 +554,7 @@ pub(crate) fn write_child(
         first_seq,
     );
     task.replay = replay.clone();
+    task.fork_root = Some(parent.fork_root);
 
     for (hash, bytes) in &blobs {
         store.blobs().put_trusted(*hash, bytes)?;

@@ -338,6 +338,8 @@ mod tests {
             text: None,
             tool_calls: Vec::new(),
             request: None,
+            finish_reason: None,
+            reasoning: None,
         };
         let result = |name: &str| Event::ToolResult {
             call_id: "c".into(),
@@ -393,12 +395,16 @@ mod tests {
                 text: None,
                 tool_calls: vec![],
                 request: None,
+                finish_reason: None,
+                reasoning: None,
             },
         );
         let usage = Usage {
             input_tokens: 10,
             output_tokens: 5,
             cached_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
         };
         r.arrive(
             5,

@@ -581,6 +581,8 @@ mod tests {
                 text: text.map(str::to_string),
                 tool_calls: calls,
                 request: None,
+                finish_reason: None,
+                reasoning: None,
             }
         };
         let log = vec![

@@ -156,8 +156,13 @@ pub fn estimate_input_tokens(messages: &[Message], tools_bytes: usize) -> u64 {
     for m in messages {
         bytes += match m {
             Message::System { text } | Message::User { text } => text.len() as u64,
-            Message::Assistant { text, tool_calls } => {
+            Message::Assistant {
+                text,
+                tool_calls,
+                reasoning,
+            } => {
                 text.as_ref().map_or(0, |t| t.len() as u64)
+                    + reasoning.as_ref().map_or(0, |r| r.len() as u64)
                     + tool_calls
                         .iter()
                         .map(|c| (c.id.len() + c.name.len()) as u64 + json_len(&c.args))
@@ -191,13 +196,18 @@ pub fn json_len(value: &serde_json::Value) -> u64 {
     count.0
 }
 
-/// The upper bound of a call's cost: its estimated usage at `price`, all input priced as
-/// fresh (uncached) input.
+/// The upper bound of a call's cost: its estimated usage at `price`. Only the estimate's
+/// `cached_tokens` are priced at the cached rate (a provider counts there only a prefix its
+/// API confirmed cached, ADR 25); every other input token at the higher of the input and
+/// cache-write rates, as it may be written to the cache.
 pub fn estimate_cost(price: &Price, estimate: &Usage) -> f64 {
-    price.cost(&Usage {
-        cached_tokens: 0,
-        ..*estimate
-    })
+    let cached = estimate.cached_tokens.min(estimate.input_tokens);
+    let rest = estimate.input_tokens - cached;
+    let rest_rate = price.input_per_mtok.max(price.cache_write_rate());
+    (rest as f64 * rest_rate
+        + cached as f64 * price.cached_rate()
+        + estimate.output_tokens as f64 * price.output_per_mtok)
+        / 1_000_000.0
 }
 
 /// One branch's money.
@@ -222,6 +232,13 @@ pub struct BranchCost {
     pub cached_calls: u32,
     /// When the coordinator saw it stop (terminal or paused), milliseconds since the epoch.
     pub stopped_at_ms: Option<u64>,
+    /// Its tokens: input (cached reads and cache writes among them) and output.
+    #[serde(default)]
+    pub usage: crate::event::Usage,
+    /// What the provider's prompt cache saved, at its model's price
+    /// ([`crate::pricing::Price::cache_saving`]).
+    #[serde(default)]
+    pub cache_saved_usd: f64,
 }
 
 /// A named ledger shared by every fork that charges it.
@@ -259,6 +276,12 @@ pub struct ForkCost {
     pub judge_cost_usd: f64,
     #[serde(default)]
     pub judge_usage: crate::event::Usage,
+    /// The branches' tokens, summed.
+    #[serde(default)]
+    pub usage: crate::event::Usage,
+    /// What the prompt cache saved the branches, summed.
+    #[serde(default)]
+    pub cache_saved_usd: f64,
 }
 
 /// `cap - spent - reserved`, not below zero.
@@ -289,19 +312,31 @@ mod tests {
                 name: "write_file".into(),
                 args: args.clone(),
             }],
+            reasoning: None,
         };
         let bytes = 2 + 10 + args.to_string().len() as u64;
         assert_eq!(estimate_input_tokens(&[call], 0), bytes.div_ceil(2) + 16);
         let price = builtin_price("gpt-4o-mini").unwrap();
+        // No cached tokens: all input at the input price.
+        let c = estimate_cost(&price, &Usage::tokens(1000, 200));
+        assert!((c - 0.00027).abs() < 1e-12);
+        // Cached tokens the provider confirmed: at the cached rate.
+        let confirmed = Usage {
+            cached_tokens: 1000,
+            ..Usage::tokens(1000, 200)
+        };
+        assert!((estimate_cost(&price, &confirmed) - 0.000195).abs() < 1e-12);
+        // Where writes cost more (Anthropic), every other input token is priced as a write,
+        // whether or not the estimate marked it one.
+        let claude = builtin_price("claude-sonnet-4").unwrap();
         let c = estimate_cost(
-            &price,
+            &claude,
             &Usage {
-                input_tokens: 1000,
-                output_tokens: 200,
-                cached_tokens: 1000,
+                cached_tokens: 600,
+                ..Usage::tokens(1000, 0)
             },
         );
-        assert!((c - 0.00027).abs() < 1e-12);
+        assert!((c - (400.0 * 3.75 + 600.0 * 0.3) / 1e6).abs() < 1e-12);
         assert_eq!(remaining(Some(1.0), 0.5, 0.75), Some(0.0));
         assert_eq!(remaining(None, 0.5, 0.75), None);
     }

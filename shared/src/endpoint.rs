@@ -30,6 +30,46 @@ pub fn is_env_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// Which OpenAI API an `openai:` model is called through (`api`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpenAiApi {
+    /// `POST /chat/completions`: OpenAI and every compatible server.
+    #[default]
+    Chat,
+    /// `POST /responses`: OpenAI's Responses API (reasoning items carried between turns).
+    Responses,
+}
+
+/// Whether the provider's prompt cache is used (`cache`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheMode {
+    /// Anthropic: `cache_control` breakpoints on the system prompt, the tools, the end of
+    /// the fork's shared history and the end of the branch's own; OpenAI:
+    /// `prompt_cache_key` set to the fork tree's root, so every branch of a tree is routed
+    /// to one cache.
+    #[default]
+    Auto,
+    /// No breakpoint and no cache key is sent.
+    Off,
+}
+
+/// The request field that carries the output cap of an OpenAI chat call (`token_param`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenParam {
+    /// What compatible servers (llama.cpp, vLLM, Ollama, OpenRouter) read.
+    MaxTokens,
+    /// What OpenAI's reasoning models require (and its other models accept).
+    MaxCompletionTokens,
+}
+
+/// The valid `reasoning_effort` values.
+pub const REASONING_EFFORTS: &[&str] = &["minimal", "low", "medium", "high"];
+/// The least `thinking_budget` Anthropic accepts.
+pub const MIN_THINKING_BUDGET: u32 = 1024;
+
 /// A real model API's connection settings (every field optional: the provider's defaults).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -52,6 +92,27 @@ pub struct Endpoint {
     /// Retries of a call answered 429 or 5xx (or not answered), with backoff and jitter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_retries: Option<u32>,
+    /// `openai:` models: `chat` (default) or `responses`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<OpenAiApi>,
+    /// `auto` (default) or `off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheMode>,
+    /// Stream the answer (SSE; default true): the output is metered as it comes and a
+    /// cancelled call closes its stream at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// `openai:` reasoning models: `minimal`, `low`, `medium` or `high`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
+    /// `openai:` chat models: `max_tokens` or `max_completion_tokens`. Default:
+    /// `max_completion_tokens` for OpenAI's own API, `max_tokens` for any other base URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_param: Option<TokenParam>,
+    /// `anthropic:` models: extended thinking with this many tokens of budget (at least
+    /// 1024, and below the call's output cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking_budget: Option<u32>,
 }
 
 impl Endpoint {
@@ -103,7 +164,67 @@ impl Endpoint {
                 return Err(format!("max_retries is {n}; at most {MAX_RETRIES}"));
             }
         }
+        if let Some(effort) = &self.reasoning_effort {
+            if !REASONING_EFFORTS.contains(&effort.as_str()) {
+                return Err(format!(
+                    "reasoning_effort is `{effort}`; valid: {}",
+                    REASONING_EFFORTS.join(", ")
+                ));
+            }
+        }
+        if let Some(budget) = self.thinking_budget {
+            if budget < MIN_THINKING_BUDGET {
+                return Err(format!(
+                    "thinking_budget is {budget}; it must be at least {MIN_THINKING_BUDGET} tokens"
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// [`Endpoint::validate`], and that the settings are ones `provider`'s models take:
+    /// `api`, `reasoning_effort` and `token_param` for `openai`, `thinking_budget` for
+    /// `anthropic`.
+    pub fn validate_for(&self, provider: &str) -> Result<(), String> {
+        self.validate()?;
+        let only = |field: &str, set: bool, for_provider: &str| {
+            if set && provider != for_provider {
+                Err(format!(
+                    "{field} is for {for_provider}: models; a {provider}: model does not take it"
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        only("api", self.api.is_some(), "openai")?;
+        only(
+            "reasoning_effort",
+            self.reasoning_effort.is_some(),
+            "openai",
+        )?;
+        only("token_param", self.token_param.is_some(), "openai")?;
+        only(
+            "thinking_budget",
+            self.thinking_budget.is_some(),
+            "anthropic",
+        )?;
+        if self.api == Some(OpenAiApi::Responses) && self.token_param.is_some() {
+            return Err(
+                "token_param is for api = \"chat\"; the Responses API always takes max_output_tokens"
+                    .to_string(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether answers are streamed (default true).
+    pub fn streams(&self) -> bool {
+        self.stream.unwrap_or(true)
+    }
+
+    /// Whether the prompt cache is used (default true).
+    pub fn caches(&self) -> bool {
+        self.cache.unwrap_or_default() == CacheMode::Auto
     }
 }
 

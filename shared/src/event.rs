@@ -29,20 +29,43 @@ pub struct ToolCall {
     pub args: serde_json::Value,
 }
 
-/// Tokens and dollars of one model call.
+/// Tokens of one model call (or a sum of calls).
+///
+/// `input_tokens` counts every input token, those read from and written to the provider's
+/// prompt cache included: `cached_tokens` of them were read from the cache (priced at the
+/// cached rate) and `cache_write_tokens` written to it (priced at the cache-write rate,
+/// Anthropic's 1.25x). `output_tokens` counts every output token, the model's reasoning
+/// (`reasoning_tokens` of them) included.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
     #[serde(default)]
     pub cached_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reasoning_tokens: u64,
 }
 
 impl Usage {
+    /// Input and output tokens, nothing cached or reasoned.
+    pub const fn tokens(input_tokens: u64, output_tokens: u64) -> Self {
+        Self {
+            input_tokens,
+            output_tokens,
+            cached_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
+        }
+    }
+
     pub fn add(&mut self, other: &Usage) {
         self.input_tokens += other.input_tokens;
         self.output_tokens += other.output_tokens;
         self.cached_tokens += other.cached_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+        self.reasoning_tokens += other.reasoning_tokens;
     }
 }
 
@@ -77,6 +100,17 @@ pub enum Event {
         model: String,
         text: Option<String>,
         tool_calls: Vec<ToolCall>,
+        /// Why the model stopped, as its API said (`stop`, `tool_calls`, `end_turn`,
+        /// `length`, `max_tokens`, ...), or `budget_cut` for an answer the worker cut
+        /// mid-stream when the branch's spend crossed its cap (the partial answer is kept).
+        /// `None`: not a live model call (a spec's history, a log of an older version).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        finish_reason: Option<String>,
+        /// The model's reasoning items as its API wants them back (Anthropic thinking
+        /// blocks with their signatures, Responses API reasoning items), a JSON array the
+        /// provider that made it reads; never shown to other providers.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reasoning: Option<String>,
         /// The content hash of the request this answers (a replay serves the response
         /// from the record while its request hashes the same). `None`: not made by a
         /// recorded model call (a spec's history, a log of an older version).
@@ -241,6 +275,10 @@ pub enum Message {
     Assistant {
         text: Option<String>,
         tool_calls: Vec<ToolCall>,
+        /// The reasoning items the provider wants back with this turn
+        /// ([`Event::ModelResponse`]'s `reasoning`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reasoning: Option<String>,
     },
     Tool {
         call_id: String,
@@ -262,10 +300,14 @@ pub fn messages_from_events<'a>(events: impl IntoIterator<Item = &'a Event>) -> 
                 text: format!("[branch summary] {text}"),
             }),
             Event::ModelResponse {
-                text, tool_calls, ..
+                text,
+                tool_calls,
+                reasoning,
+                ..
             } => out.push(Message::Assistant {
                 text: text.clone(),
                 tool_calls: tool_calls.clone(),
+                reasoning: reasoning.clone(),
             }),
             Event::ToolResult {
                 call_id,
@@ -292,10 +334,16 @@ pub fn events_from_messages(messages: &[Message], model: &str) -> Vec<Event> {
         .map(|m| match m {
             Message::System { text } => Event::System { text: text.clone() },
             Message::User { text } => Event::UserMessage { text: text.clone() },
-            Message::Assistant { text, tool_calls } => Event::ModelResponse {
+            Message::Assistant {
+                text,
+                tool_calls,
+                reasoning,
+            } => Event::ModelResponse {
                 model: model.to_string(),
                 text: text.clone(),
                 tool_calls: tool_calls.clone(),
+                finish_reason: None,
+                reasoning: reasoning.clone(),
                 request: None,
             },
             Message::Tool {
@@ -369,10 +417,12 @@ mod tests {
             Message::Assistant {
                 text: None,
                 tool_calls: vec![call("old")],
+                reasoning: None,
             },
             Message::Assistant {
                 text: None,
                 tool_calls: vec![call("a"), call("b")],
+                reasoning: None,
             },
             tool("a"),
         ];
@@ -476,6 +526,8 @@ mod tests {
                 text: Some("done".into()),
                 tool_calls: vec![],
                 request: None,
+                finish_reason: None,
+                reasoning: None,
             },
             Event::Status {
                 state: BranchState::Done,

@@ -608,7 +608,9 @@ pub fn summary_prompt(history: &[Event]) -> String {
         let line = match m {
             Message::System { text } => format!("[system] {text}"),
             Message::User { text } => format!("[user] {text}"),
-            Message::Assistant { text, tool_calls } => {
+            Message::Assistant {
+                text, tool_calls, ..
+            } => {
                 let calls: Vec<String> = tool_calls
                     .iter()
                     .map(|c| format!("{}({})", c.name, c.args))

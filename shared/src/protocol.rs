@@ -77,6 +77,14 @@ pub struct BranchTask {
     /// hashes the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<ReplayTask>,
+    /// The root run of the branch's fork tree: every branch of the tree shares its
+    /// provider prompt cache (OpenAI's `prompt_cache_key`). `None` from an older
+    /// coordinator: the fork is the cache's scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_root: Option<RunId>,
+    /// What an answer cut at the output cap with no tool call does.
+    #[serde(default, skip_serializing_if = "crate::spec::OnTruncated::is_continue")]
+    pub on_truncated: crate::spec::OnTruncated,
 }
 
 /// What a replaying child re-executes.

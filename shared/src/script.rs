@@ -77,6 +77,10 @@ pub struct ScriptUsage {
     pub output_tokens: u64,
     #[serde(default)]
     pub cached_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    #[serde(default)]
+    pub reasoning_tokens: u64,
 }
 
 impl From<ScriptUsage> for Usage {
@@ -85,6 +89,8 @@ impl From<ScriptUsage> for Usage {
             input_tokens: u.input_tokens,
             output_tokens: u.output_tokens,
             cached_tokens: u.cached_tokens,
+            cache_write_tokens: u.cache_write_tokens,
+            reasoning_tokens: u.reasoning_tokens,
         }
     }
 }
@@ -103,6 +109,10 @@ pub struct ScriptTurn {
     /// Play this turn this many times (default 1).
     #[serde(default)]
     pub repeat: Option<u32>,
+    /// The finish reason the call reports (default `stop`, or `tool_calls` when it calls
+    /// tools); `length` plays an answer cut at the output cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,6 +135,8 @@ pub struct PlayedTurn {
     /// `None`: estimate from sizes.
     pub usage: Option<Usage>,
     pub latency_ms: u64,
+    /// The script's finish reason, if it gives one.
+    pub finish_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -205,6 +217,7 @@ impl Script {
                         })
                         .collect(),
                     usage: t.usage.or(self.defaults.usage).map(Usage::from),
+                    finish_reason: t.finish_reason.clone(),
                     latency_ms: t
                         .latency_ms
                         .unwrap_or(self.defaults.latency_ms)

@@ -30,8 +30,8 @@ pub use build::{load, load_with, split_words, validate, validate_with};
 pub use file::{BranchSection, ModelSection, SpecFile, TestCommand};
 pub use plan::{
     BranchPlan, CheckpointFrequency, CheckpointPolicy, ForkPlan, Limits, LoadedSpec, ModelPlan,
-    ResolvePlan, TestPlan, DEFAULT_MAX_CHECKPOINTS, DEFAULT_TEST_TIMEOUT_S, MAX_TEST_TIMEOUT_S,
-    SOLO_LABEL,
+    OnTruncated, ResolvePlan, TestPlan, CONTINUE_TRUNCATED, DEFAULT_MAX_CHECKPOINTS,
+    DEFAULT_TEST_TIMEOUT_S, MAX_TEST_TIMEOUT_S, SOLO_LABEL,
 };
 pub use validate::{check_account_name, check_depth, check_label, normalise_labels, split_model};
 

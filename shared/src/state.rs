@@ -23,10 +23,14 @@ pub enum BranchState {
     Terminated,
     BudgetExhausted,
     AggregateBudgetExhausted,
+    /// The model's last answer was cut at the output cap (`max_output_tokens`) with no
+    /// tool call, and the spec's `on_truncated = "stop"` ends the branch here rather than
+    /// asking the model to go on.
+    Truncated,
 }
 
 impl BranchState {
-    pub const ALL: [BranchState; 9] = [
+    pub const ALL: [BranchState; 10] = [
         BranchState::Pending,
         BranchState::Idle,
         BranchState::Running,
@@ -36,6 +40,7 @@ impl BranchState {
         BranchState::Terminated,
         BranchState::BudgetExhausted,
         BranchState::AggregateBudgetExhausted,
+        BranchState::Truncated,
     ];
 
     pub fn is_terminal(self) -> bool {
@@ -62,6 +67,7 @@ impl BranchState {
             BranchState::Terminated => "terminated",
             BranchState::BudgetExhausted => "budget_exhausted",
             BranchState::AggregateBudgetExhausted => "aggregate_budget_exhausted",
+            BranchState::Truncated => "truncated",
         }
     }
 

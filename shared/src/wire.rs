@@ -199,6 +199,8 @@ mod tests {
             forking: false,
             temperature: None,
             replay: None,
+            fork_root: None,
+            on_truncated: Default::default(),
         }
     }
 
@@ -234,6 +236,8 @@ mod tests {
                     args: serde_json::json!({"path": "a", "content": "b"}),
                 }],
                 request: None,
+                finish_reason: None,
+                reasoning: None,
             },
             Event::ToolResult {
                 call_id: "c1".into(),
@@ -248,6 +252,8 @@ mod tests {
                     input_tokens: 1,
                     output_tokens: 2,
                     cached_tokens: 0,
+                    cache_write_tokens: 0,
+                    reasoning_tokens: 0,
                 },
                 cost_usd: 0.25,
                 reservation: Some(crate::ids::ReservationId::new()),

@@ -19,10 +19,14 @@
 //! Both run the same measurement ([`run_fanout`]) through a [`Client`].
 //!
 //! `forkfleet bench budget`: the peer's aggregate-cap table ([`budget`]).
+//!
+//! `forkfleet bench cache`: what fork-aware prompt caching saves ([`cache`]).
 
 pub mod budget;
+pub mod cache;
 mod cluster;
 pub mod nats_server;
+pub mod stream_model;
 pub mod workspace;
 
 use anyhow::Context;
@@ -242,6 +246,8 @@ pub fn fanout_script(n: usize, k: usize, lines: usize) -> Script {
         input_tokens: INPUT_TOKENS,
         output_tokens: OUTPUT_TOKENS,
         cached_tokens: 0,
+        cache_write_tokens: 0,
+        reasoning_tokens: 0,
     });
     let mut turns = BTreeMap::new();
     for b in 0..n {
@@ -331,6 +337,7 @@ fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
         input_per_mtok: 0.15,
         output_per_mtok: 0.60,
         cached_per_mtok: None,
+        cache_write_per_mtok: None,
     };
     ForkPlan {
         goal: "bench fan-out".into(),
@@ -503,4 +510,8 @@ pub enum BenchCommand {
     /// (kept trees against a fresh copy), whole runs of 4 and 32 branches with peak RSS,
     /// and the same work with one git worktree per branch, side by side.
     Workspace(self::workspace::WorkspaceArgs),
+    /// Fork-aware prompt caching: a fork of 10 branches x 10 turns on a 20,000-token
+    /// parent history, against a local server that bills a prompt cache as Anthropic
+    /// does; the fork's input cost with caching and without.
+    Cache(self::cache::CacheArgs),
 }

@@ -112,6 +112,7 @@ pub(crate) async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
         concurrency: args.concurrency.max(1),
         requeue_unfinished: false,
         catalogue: std::sync::Arc::new(catalogue),
+        ..EmbeddedOptions::default()
     };
     let system = Embedded::start(&data_dir, opts).await?;
     let result = run_fork(&system, &loaded, &args).await;

@@ -147,6 +147,11 @@ struct Run {
     hasher: Option<forkfleet_shared::lineage::RequestHasher>,
     /// A child of `runs fork --replay` still re-executing its parent's record.
     replay: Option<replay::Replay>,
+    /// The prompt-cache family of the branch's calls: its fork tree's root (its fork's
+    /// id from an older coordinator).
+    cache_key: String,
+    /// Messages at the start of `history` that are the fork's shared history.
+    shared_prefix: usize,
 }
 
 enum Step {

@@ -26,6 +26,8 @@ pub(crate) struct WorkerCtx {
     pub handback: tokio::sync::watch::Sender<bool>,
     /// Branches' command trees kept between calls (`crate::runner::Trees`).
     pub trees: Arc<Trees>,
+    /// First calls of a fork's branches warming the prompt cache (`crate::warmup`).
+    pub warmups: Option<Arc<crate::warmup::Warmups>>,
 }
 
 impl WorkerCtx {
@@ -47,6 +49,7 @@ impl WorkerCtx {
             manifests: Memo::new(MEMO_CAPACITY),
             handback: tokio::sync::watch::Sender::new(false),
             trees: Arc::new(Trees::new(tree_cache_bytes)),
+            warmups: Some(Arc::default()),
         }
     }
 }

@@ -95,6 +95,9 @@ impl ChatSpan {
             gen_ai.response.model = Empty,
             gen_ai.usage.input_tokens = Empty,
             gen_ai.usage.output_tokens = Empty,
+            gen_ai.usage.cache_read.input_tokens = Empty,
+            gen_ai.usage.cache_creation.input_tokens = Empty,
+            gen_ai.usage.reasoning.output_tokens = Empty,
             gen_ai.input.messages = Empty,
             gen_ai.output.messages = Empty,
             error.type = Empty,
@@ -122,6 +125,24 @@ impl ChatSpan {
         let span = &self.0;
         span.record("gen_ai.usage.input_tokens", int(reply.usage.input_tokens));
         span.record("gen_ai.usage.output_tokens", int(reply.usage.output_tokens));
+        for (field, tokens) in [
+            (
+                "gen_ai.usage.cache_read.input_tokens",
+                reply.usage.cached_tokens,
+            ),
+            (
+                "gen_ai.usage.cache_creation.input_tokens",
+                reply.usage.cache_write_tokens,
+            ),
+            (
+                "gen_ai.usage.reasoning.output_tokens",
+                reply.usage.reasoning_tokens,
+            ),
+        ] {
+            if tokens > 0 {
+                span.record(field, int(tokens));
+            }
+        }
         if let Some(model) = &reply.response_model {
             span.record("gen_ai.response.model", model.as_str());
         }
@@ -207,7 +228,9 @@ fn message_json(m: &Message) -> Value {
     match m {
         Message::System { text } => json!({ "role": "system", "parts": [text_part(text)] }),
         Message::User { text } => json!({ "role": "user", "parts": [text_part(text)] }),
-        Message::Assistant { text, tool_calls } => {
+        Message::Assistant {
+            text, tool_calls, ..
+        } => {
             let parts: Vec<Value> = text
                 .iter()
                 .map(|t| text_part(t))
@@ -249,6 +272,7 @@ fn output_messages(reply: &ModelReply) -> String {
     let mut message = message_json(&Message::Assistant {
         text: reply.text.clone(),
         tool_calls: reply.tool_calls.clone(),
+        reasoning: None,
     });
     if let Some(reason) = &reply.finish_reason {
         message["finish_reason"] = json!(reason);

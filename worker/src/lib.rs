@@ -76,6 +76,7 @@ mod lease;
 mod metrics;
 mod node;
 mod resolve;
+mod warmup;
 
 pub use agent::COORDINATOR_TRIES;
 pub use error::WorkerError;
@@ -127,6 +128,10 @@ pub struct WorkerConfig {
     /// The real models this worker offers, where their keys are, and the hosts a spec's own
     /// `base_url` may point at (ADR 16); advertised in the heartbeat, keys never.
     pub catalogue: Arc<forkfleet_shared::catalogue::ModelCatalogue>,
+    /// The first call of a fork's branches that use a prompt cache goes alone on this
+    /// worker, the others waiting for it to warm the cache (`warmup`, ADR 25); `false`: every
+    /// branch calls at once.
+    pub prompt_cache_warmup: bool,
 }
 
 impl Default for WorkerConfig {
@@ -144,6 +149,7 @@ impl Default for WorkerConfig {
             resolve_concurrency: DEFAULT_RESOLVE_CONCURRENCY,
             clock: forkfleet_shared::clock::system(),
             catalogue: Arc::default(),
+            prompt_cache_warmup: true,
         }
     }
 }
@@ -255,14 +261,18 @@ pub async fn start(config: WorkerConfig, bus: Arc<dyn Bus>) -> Result<WorkerHand
             .filter_map(|m| m.api_key_file.clone()),
     );
     let worker_id = config.worker_id;
-    let ctx = Arc::new(context::WorkerCtx::new(
+    let mut ctx = context::WorkerCtx::new(
         worker_id,
         bus,
         config.blob_cache_bytes,
         config.tree_cache_bytes,
         config.scripted_usage_log.clone(),
         config.catalogue.clone(),
-    ));
+    );
+    if !config.prompt_cache_warmup {
+        ctx.warmups = None;
+    }
+    let ctx = Arc::new(ctx);
     let exit = Arc::new(Mutex::new(None));
     let resolve = tokio::spawn(resolve::serve(ctx.clone(), config.resolve_concurrency));
     let args = NodeArgs {

@@ -41,6 +41,16 @@ impl ModelCall {
         ] {
             catalog::TOKEN_USAGE.observe(&[CHAT, p, m, kind], tokens as f64);
         }
+        // Prompt-cache reads and writes and reasoning, of the calls that had any.
+        for (kind, tokens) in [
+            ("cache_read", usage.cached_tokens),
+            ("cache_creation", usage.cache_write_tokens),
+            ("reasoning", usage.reasoning_tokens),
+        ] {
+            if tokens > 0 {
+                catalog::TOKEN_USAGE.observe(&[CHAT, p, m, kind], tokens as f64);
+            }
+        }
     }
 
     /// The call failed, of class `error_type` ([`genai::error_type`], as its span says).

@@ -23,7 +23,9 @@
 pub mod anthropic;
 pub mod http;
 pub mod openai;
+pub mod responses;
 pub mod scripted;
+pub mod sse;
 
 use crate::cache::{BlobCache, Memo};
 use crate::error::WorkerError;
@@ -31,7 +33,7 @@ use crate::toolspec::{measured_json_bytes, tools_json_bytes};
 use async_trait::async_trait;
 use forkfleet_shared::budget::estimate_input_tokens;
 use forkfleet_shared::catalogue::ModelCatalogue;
-use forkfleet_shared::endpoint::Endpoint;
+use forkfleet_shared::endpoint::{Endpoint, OpenAiApi};
 use forkfleet_shared::event::{Message, ToolCall, Usage};
 use forkfleet_shared::protocol::BranchTask;
 use forkfleet_shared::spec::SpecError;
@@ -41,6 +43,7 @@ use std::sync::Arc;
 pub use crate::toolspec::ToolSpec;
 pub use anthropic::AnthropicProvider;
 pub use openai::OpenAiProvider;
+pub use responses::ResponsesProvider;
 pub use scripted::ScriptedProvider;
 
 /// The providers this build implements (the spec checks model names against the same list).
@@ -62,6 +65,81 @@ pub struct ModelRequest<'a> {
     pub turn: u32,
     /// The sampling temperature (`None`: the provider's default, and none is sent).
     pub temperature: Option<f64>,
+    /// The prompt-cache family of the call: the same for every branch of a fork tree
+    /// (its root), so a provider routes them to one cache (OpenAI's `prompt_cache_key`).
+    /// `None`: none is sent.
+    pub cache_key: Option<&'a str>,
+    /// How many of `messages`, from the start, are the fork's shared history (the parent's
+    /// conversation every branch starts from): where a cache breakpoint goes.
+    pub shared_prefix: usize,
+    /// Cut the answer as it streams once its running cost passes this (best-effort mode
+    /// with `on_exhausted = "stop"`): the partial answer comes back marked `budget_cut`.
+    pub spend_cap: Option<SpendCap>,
+    /// Where a streamed call keeps its running usage, for a caller that cancels it (the
+    /// part already streamed was paid for).
+    pub meter: Option<&'a StreamMeter>,
+}
+
+/// The running usage of a streamed call (input as reported or estimated, output so far at
+/// four characters a token); `None` before its first event.
+#[derive(Debug, Default)]
+pub struct StreamMeter(std::sync::Mutex<Option<Usage>>);
+
+impl StreamMeter {
+    pub fn set(&self, usage: Usage) {
+        if let Ok(mut u) = self.0.lock() {
+            *u = Some(usage);
+        }
+    }
+
+    pub fn get(&self) -> Option<Usage> {
+        self.0.lock().ok().and_then(|u| *u)
+    }
+}
+
+impl<'a> ModelRequest<'a> {
+    /// A request of `messages` and `tools` with no temperature, cache key or spend cap.
+    pub fn new(
+        model: &'a str,
+        messages: &'a [Message],
+        tools: &'a [ToolSpec],
+        max_output_tokens: u32,
+    ) -> Self {
+        Self {
+            model,
+            messages,
+            tools,
+            max_output_tokens,
+            label: "",
+            index: 0,
+            turn: 0,
+            temperature: None,
+            cache_key: None,
+            shared_prefix: 0,
+            spend_cap: None,
+            meter: None,
+        }
+    }
+}
+
+/// The most a streamed answer may cost before it is cut.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpendCap {
+    pub price: forkfleet_shared::pricing::Price,
+    /// USD the branch may still spend (its cap less what it spent).
+    pub remaining_usd: f64,
+}
+
+/// The finish reason of an answer cut mid-stream by its [`SpendCap`].
+pub const BUDGET_CUT: &str = "budget_cut";
+
+/// True when `finish_reason` says the answer was cut at the output cap (OpenAI's `length`,
+/// Anthropic's `max_tokens`, the Responses API's `max_output_tokens`).
+pub fn is_truncated(finish_reason: Option<&str>) -> bool {
+    matches!(
+        finish_reason,
+        Some("length" | "max_tokens" | "max_output_tokens")
+    )
 }
 
 /// What the model answered.
@@ -72,8 +150,13 @@ pub struct ModelReply {
     pub usage: Usage,
     /// The model that answered, as the API names it (`None`: the API did not say).
     pub response_model: Option<String>,
-    /// Why the model stopped, as the API says it (`stop`, `tool_calls`, `end_turn`, ...).
+    /// Why the model stopped, as the API says it (`stop`, `tool_calls`, `end_turn`, ...),
+    /// or [`BUDGET_CUT`].
     pub finish_reason: Option<String>,
+    /// Reasoning items the API wants back with this turn (a JSON document the dialect that
+    /// made it reads: [`Event::ModelResponse`](forkfleet_shared::event::Event)'s
+    /// `reasoning`).
+    pub reasoning: Option<String>,
 }
 
 #[async_trait]
@@ -86,6 +169,12 @@ pub trait ModelProvider: Send + Sync {
     fn estimate(&self, req: &ModelRequest<'_>) -> Usage {
         upper_bound_estimate(req)
     }
+
+    /// The provider's prompt cache is used: a fork's branches warm it with one first call
+    /// (`crate::warmup`).
+    fn caches_prompts(&self) -> bool {
+        false
+    }
 }
 
 /// A conservative bound of a request's usage: its messages and tool schemas (as JSON)
@@ -94,11 +183,10 @@ pub trait ModelProvider: Send + Sync {
 /// [`crate::toolspec`] a branch is offered) are measured once; other ones on every call.
 pub fn upper_bound_estimate(req: &ModelRequest<'_>) -> Usage {
     let tools_bytes = measured_json_bytes(req.tools).unwrap_or_else(|| tools_json_bytes(req.tools));
-    Usage {
-        input_tokens: estimate_input_tokens(req.messages, tools_bytes),
-        output_tokens: u64::from(req.max_output_tokens),
-        cached_tokens: 0,
-    }
+    Usage::tokens(
+        estimate_input_tokens(req.messages, tools_bytes),
+        u64::from(req.max_output_tokens),
+    )
 }
 
 /// A writer that only counts the UTF-8 characters written.
@@ -144,11 +232,10 @@ pub fn estimate_tokens(chars: u64) -> u64 {
 /// without it): one token per four characters of the request's messages (input) and of the
 /// reply's text and tool calls (output), nothing cached.
 pub fn size_estimate(messages: &[Message], text: Option<&str>, calls: &[ToolCall]) -> Usage {
-    Usage {
-        input_tokens: estimate_tokens(message_chars(messages)),
-        output_tokens: estimate_tokens(text.map_or(0, char_count) + tool_call_chars(calls)),
-        cached_tokens: 0,
-    }
+    Usage::tokens(
+        estimate_tokens(message_chars(messages)),
+        estimate_tokens(text.map_or(0, char_count) + tool_call_chars(calls)),
+    )
 }
 
 /// Characters of a request's messages, counted as a model would read them (texts, tool
@@ -158,9 +245,9 @@ pub fn message_chars(messages: &[Message]) -> u64 {
         .iter()
         .map(|m| match m {
             Message::System { text } | Message::User { text } => char_count(text),
-            Message::Assistant { text, tool_calls } => {
-                text.as_deref().map_or(0, char_count) + tool_call_chars(tool_calls)
-            }
+            Message::Assistant {
+                text, tool_calls, ..
+            } => text.as_deref().map_or(0, char_count) + tool_call_chars(tool_calls),
             Message::Tool { name, output, .. } => char_count(name) + char_count(output),
         })
         .sum()
@@ -266,16 +353,27 @@ impl Providers {
                     .await?;
                 Ok(scripted)
             }
-            "openai" => Ok(Arc::new(OpenAiProvider::new(
-                model,
-                &self.route(model, endpoint)?,
-                self.http_client().await?,
-            )?)),
-            "anthropic" => Ok(Arc::new(AnthropicProvider::new(
-                model,
-                &self.route(model, endpoint)?,
-                self.http_client().await?,
-            )?)),
+            "openai" => {
+                let route = self.route(model, endpoint)?;
+                let settings = http::CallSettings::of(endpoint);
+                let client = self.http_client().await?;
+                Ok(match endpoint.and_then(|e| e.api).unwrap_or_default() {
+                    OpenAiApi::Chat => Arc::new(
+                        OpenAiProvider::new(model, &route, client)?.with_settings(settings),
+                    ),
+                    OpenAiApi::Responses => Arc::new(
+                        ResponsesProvider::new(model, &route, client)?.with_settings(settings),
+                    ),
+                })
+            }
+            "anthropic" => Ok(Arc::new(
+                AnthropicProvider::new(
+                    model,
+                    &self.route(model, endpoint)?,
+                    self.http_client().await?,
+                )?
+                .with_settings(http::CallSettings::of(endpoint)),
+            )),
             other => Err(WorkerError::UnknownProvider {
                 model: model.to_string(),
                 provider: other.to_string(),
@@ -338,6 +436,7 @@ mod tests {
                     name: "ab".into(),
                     args: serde_json::json!({"p": "é"}),
                 }],
+                reasoning: None,
             },
         ];
         // 5 + 2 + len(`{"p":"é"}`) = 5 + 2 + 9
@@ -359,25 +458,9 @@ mod tests {
         }];
         // `[{"name":"t","description":"é","parameters":{"type":"object"}}]`
         assert_eq!(tools_json_bytes(&tools), 64);
-        let req = ModelRequest {
-            model: "scripted:t",
-            messages: &msgs,
-            tools: &tools,
-            max_output_tokens: 321,
-            label: "a",
-            index: 0,
-            turn: 0,
-            temperature: None,
-        };
+        let req = ModelRequest::new("scripted:t", &msgs, &tools, 321);
         // (100 + 64 bytes) / 2 per token, plus 8 tokens for the message and 8 for the tools.
-        assert_eq!(
-            upper_bound_estimate(&req),
-            Usage {
-                input_tokens: 98,
-                output_tokens: 321,
-                cached_tokens: 0
-            }
-        );
+        assert_eq!(upper_bound_estimate(&req), Usage::tokens(98, 321));
     }
 
     #[test]
@@ -385,16 +468,7 @@ mod tests {
         let msgs = vec![Message::User { text: "hi".into() }];
         let copy = tool_specs().to_vec();
         assert_eq!(tool_specs_json_bytes(), tools_json_bytes(&copy));
-        let shared = ModelRequest {
-            model: "scripted:t",
-            messages: &msgs,
-            tools: tool_specs(),
-            max_output_tokens: 1,
-            label: "a",
-            index: 0,
-            turn: 0,
-            temperature: None,
-        };
+        let shared = ModelRequest::new("scripted:t", &msgs, tool_specs(), 1);
         let copied = ModelRequest {
             tools: &copy,
             ..shared

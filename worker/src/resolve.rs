@@ -311,14 +311,8 @@ pub(crate) async fn run_summary(ctx: &WorkerCtx, job: &SummaryJob) -> SummaryRun
             },
         ];
         let req = ModelRequest {
-            model: &job.model,
-            messages: &messages,
-            tools: &[],
-            max_output_tokens: job.max_output_tokens,
             label: "summary",
-            index: 0,
-            turn: 0,
-            temperature: None,
+            ..ModelRequest::new(&job.model, &messages, &[], job.max_output_tokens)
         };
         // A root run has no fork: its spans carry the nil id.
         let fork_id = job
@@ -381,14 +375,9 @@ async fn judge_in_span(ctx: &WorkerCtx, job: &JudgeJob) -> JudgeRun {
     ];
     for turn in 0..2u32 {
         let req = ModelRequest {
-            model: &job.model,
-            messages: &messages,
-            tools: &[],
-            max_output_tokens: job.max_output_tokens,
             label: "judge",
-            index: 0,
             turn,
-            temperature: None,
+            ..ModelRequest::new(&job.model, &messages, &[], job.max_output_tokens)
         };
         run.calls += 1;
         let span = (job.fork_id, None);
@@ -422,6 +411,7 @@ async fn judge_in_span(ctx: &WorkerCtx, job: &JudgeJob) -> JudgeRun {
                 messages.push(Message::Assistant {
                     text: Some(text),
                     tool_calls: Vec::new(),
+                    reasoning: None,
                 });
                 let valid = if job.candidates.is_empty() {
                     &job.labels

@@ -9,6 +9,8 @@ mod suite {
     mod branch;
     mod budget;
     mod control;
+    mod dialects;
+    mod mock_api;
     mod node;
     mod providers;
     mod run_command;

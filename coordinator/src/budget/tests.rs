@@ -65,6 +65,7 @@ impl Fx {
                         input_per_mtok: 1.0,
                         output_per_mtok: 1.0,
                         cached_per_mtok: None,
+                        cache_write_per_mtok: None,
                     }),
                     script: None,
                     endpoint: None,

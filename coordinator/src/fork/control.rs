@@ -40,6 +40,7 @@ impl ForkState {
         task.attempt_base = self.attempt_base(i);
         task.budget_usd = self.ledger.run_cap(run_id);
         task.replay = self.record.replay.clone();
+        task.fork_root = self.store.run(self.record.parent_run)?.map(|r| r.fork_root);
         self.bus.enqueue_task(pool, wire::encode(&task)?).await?;
         self.requeued.insert(run_id);
         Ok(task.attempt_base)
@@ -237,6 +238,7 @@ impl ForkState {
             BranchState::Done
             | BranchState::Failed
             | BranchState::Terminated
+            | BranchState::Truncated
             | BranchState::Idle => Ok(()),
             BranchState::BudgetExhausted | BranchState::AggregateBudgetExhausted => {
                 match self.budget_room(b.run_id) {

@@ -72,6 +72,8 @@ fn usage_event(cost: f64, reservation: Option<ReservationId>) -> Event {
             input_tokens: 10,
             output_tokens: 5,
             cached_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
         },
         cost_usd: cost,
         reservation,
@@ -673,4 +675,56 @@ async fn a_paused_branch_is_enqueued_once_however_often_its_cap_is_raised() {
     assert_eq!(t.budget_usd, Some(1.1));
     let cost = fx.h().fork_cost(view.fork_id).await.unwrap();
     assert!((cost.branches[0].cap_usd.unwrap() - 2.1).abs() < 1e-9);
+}
+
+/// `fork cost` reports each branch's tokens, its prompt-cache reads and writes, and what
+/// the cache saved at its model's price; every task names the fork tree's root (the
+/// providers' cache family).
+#[tokio::test]
+async fn fork_cost_reports_cache_tokens_and_savings() {
+    let fx = Fixture::start().await;
+    let snap = fx.upload(&[("a.txt", "1\n")]).await;
+    let mut p = plan(&["a", "b"]);
+    // Anthropic's rates: reads at 0.1x, writes at 1.25x.
+    p.models.get_mut(MODEL).unwrap().price = Some(forkfleet_shared::pricing::Price {
+        input_per_mtok: 4.0,
+        output_per_mtok: 20.0,
+        cached_per_mtok: Some(0.4),
+        cache_write_per_mtok: Some(5.0),
+    });
+    p.budget.mode = BudgetMode::BestEffort;
+    let view = fx.create(p, ParentRun::New, snap).await;
+    let tasks = pull_all(&fx, 2).await;
+    assert_eq!(tasks[0].fork_root, Some(view.parent_run));
+    assert_eq!(tasks[0].fork_root, tasks[1].fork_root);
+    for t in &tasks {
+        running(&fx, t).await;
+    }
+    // Branch a writes the shared prefix (1,000 tokens); b reads it.
+    let usage = |cached: u64, written: u64| Event::Usage {
+        model: MODEL.into(),
+        usage: Usage {
+            cached_tokens: cached,
+            cache_write_tokens: written,
+            ..Usage::tokens(1_100, 50)
+        },
+        cost_usd: 0.001,
+        reservation: None,
+        cached: false,
+    };
+    let (a, b) = (&tasks[0], &tasks[1]);
+    fx.publish(a.fork_id, a.run_id, a.first_seq + 1, usage(0, 1_000))
+        .await;
+    fx.publish(b.fork_id, b.run_id, b.first_seq + 1, usage(1_000, 0))
+        .await;
+    let cost = wait_cost(&fx, view.fork_id, |c| c.usage.input_tokens == 2_200).await;
+    let by = |label: &str| cost.branches.iter().find(|x| x.label == label).unwrap();
+    assert_eq!(by("a").usage.cache_write_tokens, 1_000);
+    assert_eq!(by("b").usage.cached_tokens, 1_000);
+    // a: 1,000 written at $1 over the input price; b: 1,000 read at $3.60 under it.
+    assert!((by("a").cache_saved_usd + 1_000.0 * 1.0 / 1e6).abs() < 1e-12);
+    assert!((by("b").cache_saved_usd - 1_000.0 * 3.6 / 1e6).abs() < 1e-12);
+    assert!((cost.cache_saved_usd - 2_600.0 / 1e6).abs() < 1e-12);
+    assert_eq!(cost.usage.cached_tokens, 1_000);
+    assert_eq!(cost.usage.output_tokens, 100);
 }

@@ -33,6 +33,8 @@ fn response(text: &str, tool: Option<&str>) -> Event {
             .into_iter()
             .collect(),
         request: None,
+        finish_reason: None,
+        reasoning: None,
     }
 }
 

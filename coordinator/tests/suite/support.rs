@@ -289,6 +289,8 @@ impl Step {
                 text: Some(text),
                 tool_calls: vec![],
                 request: None,
+                finish_reason: None,
+                reasoning: None,
             },
             Step::Write(path, content) => {
                 let bytes = Bytes::from(content);
@@ -313,6 +315,8 @@ impl Step {
                     input_tokens: input,
                     output_tokens: output,
                     cached_tokens: 0,
+                    cache_write_tokens: 0,
+                    reasoning_tokens: 0,
                 },
                 cost_usd: cost,
                 reservation: None,
@@ -343,6 +347,7 @@ pub fn plan(labels: &[&str]) -> ForkPlan {
                 input_per_mtok: 1.0,
                 output_per_mtok: 2.0,
                 cached_per_mtok: None,
+                cache_write_per_mtok: None,
             }),
             script: None,
             endpoint: None,
@@ -358,6 +363,7 @@ pub fn plan(labels: &[&str]) -> ForkPlan {
             Message::Assistant {
                 text: Some("earlier answer".into()),
                 tool_calls: vec![],
+                reasoning: None,
             },
         ],
         model: MODEL.into(),

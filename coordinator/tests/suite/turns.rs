@@ -320,6 +320,8 @@ async fn a_pending_follow_up_survives_a_restart_and_settles_the_fork_again() {
             text: None,
             tool_calls: vec![call],
             request: None,
+            finish_reason: None,
+            reasoning: None,
         },
     )
     .await;

@@ -18,6 +18,8 @@ fn response(t: &str) -> Event {
         text: Some(t.into()),
         tool_calls: vec![],
         request: None,
+        finish_reason: None,
+        reasoning: None,
     }
 }
 
@@ -64,6 +66,8 @@ fn log() -> Vec<(u64, Event)> {
                 args: serde_json::json!({"path": "a.txt", "content": "a"}),
             }],
             request: None,
+            finish_reason: None,
+            reasoning: None,
         },
         write("a.txt"),
         Event::ToolResult {

@@ -111,7 +111,7 @@ pub static MODEL_CALLS: Counter = Counter::new(
 );
 pub static TOKEN_USAGE: Histogram = Histogram::new(
     "gen_ai.client.token.usage",
-    "Tokens used per model call, input and output (the GenAI semantic conventions).",
+    "Tokens used per model call, input and output (the GenAI semantic conventions); cache_read, cache_creation and reasoning for the calls that had any (they are counted in input and output too).",
     "{token}",
     &[
         "gen_ai.operation.name",

@@ -152,6 +152,7 @@ pub fn validate_with(
         max_turns: file.max_turns.unwrap_or(DEFAULT_MAX_TURNS),
         max_output_tokens: file.max_output_tokens.unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS),
         checkpoints: checkpoint_policy(file)?,
+        on_truncated: file.on_truncated.unwrap_or_default(),
     };
     let labels = normalise_labels(sections.iter().map(|b| b.label.as_deref()))?;
     // The default of every branch's budget; the plan has only the branches'.

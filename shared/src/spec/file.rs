@@ -34,6 +34,10 @@ pub struct SpecFile {
     pub max_turns: Option<u32>,
     #[serde(default)]
     pub max_output_tokens: Option<u32>,
+    /// What an answer cut at `max_output_tokens` with no tool call does: `continue`
+    /// (default: the branch is asked to go on) or `stop` (the branch ends `truncated`).
+    #[serde(default)]
+    pub on_truncated: Option<super::plan::OnTruncated>,
     #[serde(default)]
     pub temperature: Option<f64>,
     #[serde(default)]
@@ -135,6 +139,24 @@ pub struct ModelSection {
     /// Retries on 429, 5xx or no answer.
     #[serde(default)]
     pub max_retries: Option<u32>,
+    /// `openai:` models: `chat` (default) or `responses`.
+    #[serde(default)]
+    pub api: Option<crate::endpoint::OpenAiApi>,
+    /// Prompt caching: `auto` (default) or `off`.
+    #[serde(default)]
+    pub cache: Option<crate::endpoint::CacheMode>,
+    /// Stream answers (default true).
+    #[serde(default)]
+    pub stream: Option<bool>,
+    /// `openai:` reasoning models: `minimal`, `low`, `medium`, `high`.
+    #[serde(default)]
+    pub reasoning_effort: Option<String>,
+    /// `openai:` chat models: `max_tokens` or `max_completion_tokens`.
+    #[serde(default)]
+    pub token_param: Option<crate::endpoint::TokenParam>,
+    /// `anthropic:` models: extended thinking's budget, tokens.
+    #[serde(default)]
+    pub thinking_budget: Option<u32>,
     /// Configured though no branch uses it: a model the runs may be switched to later
     /// (`runs fork --set model=NAME`, docs/LINEAGE.md), which keeps its script and price.
     #[serde(default)]
@@ -150,6 +172,12 @@ impl ModelSection {
             api_key_file: self.api_key_file.clone(),
             timeout_s: self.timeout_s,
             max_retries: self.max_retries,
+            api: self.api,
+            cache: self.cache,
+            stream: self.stream,
+            reasoning_effort: self.reasoning_effort.clone(),
+            token_param: self.token_param,
+            thinking_budget: self.thinking_budget,
         }
     }
 }

@@ -62,7 +62,32 @@ pub struct Limits {
     /// existed, or sent by an older client) takes none: [`CheckpointPolicy::legacy`].
     #[serde(default = "CheckpointPolicy::legacy")]
     pub checkpoints: CheckpointPolicy,
+    /// What an answer cut at the output cap with no tool call does.
+    #[serde(default)]
+    pub on_truncated: OnTruncated,
 }
+
+/// What an answer cut at the output cap (`max_output_tokens`) with no tool call does to
+/// its branch (`on_truncated`); either way the `model_response` records why it stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTruncated {
+    /// The branch goes on: a user message ([`CONTINUE_TRUNCATED`]) asks the model to
+    /// continue where it was cut (within `max_turns`).
+    #[default]
+    Continue,
+    /// The branch ends `truncated`.
+    Stop,
+}
+
+impl OnTruncated {
+    pub fn is_continue(&self) -> bool {
+        *self == OnTruncated::Continue
+    }
+}
+
+/// The user message that asks a model cut at its output cap to go on.
+pub const CONTINUE_TRUNCATED: &str = "[forkfleet] Your last answer was cut off at the output token limit. Continue exactly where it stopped; to change files, call the tools (keep each call short enough to fit).";
 
 impl Default for Limits {
     fn default() -> Self {
@@ -72,6 +97,7 @@ impl Default for Limits {
             max_turns: DEFAULT_MAX_TURNS,
             max_output_tokens: DEFAULT_MAX_OUTPUT_TOKENS,
             checkpoints: CheckpointPolicy::default(),
+            on_truncated: OnTruncated::default(),
         }
     }
 }

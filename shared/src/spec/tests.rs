@@ -135,6 +135,94 @@ fn real_models_take_endpoints_and_tools_are_enabled_per_spec() {
 }
 
 #[test]
+fn model_call_settings_are_per_model_and_checked() {
+    let text = "goal = \"g\"\nworkspace = \"w\"\nmodel = \"openai:o4-mini\"\non_truncated = \"stop\"\n\
+        [models.\"openai:o4-mini\"]\nreasoning_effort = \"low\"\napi = \"responses\"\ncache = \"off\"\nstream = false\n\
+        [models.\"anthropic:claude-sonnet-4-5\"]\nthinking_budget = 2048\nspare = true\n\
+        [models.\"openai:local\"]\nbase_url = \"http://127.0.0.1:8080/v1\"\ntoken_param = \"max_tokens\"\nspare = true\n\
+        [[branches]]\nlabel = \"a\"\n";
+    let p = parse(text).unwrap();
+    assert_eq!(p.limits.on_truncated, OnTruncated::Stop);
+    let o4 = p.models["openai:o4-mini"].endpoint.clone().unwrap();
+    assert_eq!(o4.reasoning_effort.as_deref(), Some("low"));
+    assert_eq!(o4.api, Some(crate::endpoint::OpenAiApi::Responses));
+    assert!(!o4.caches() && !o4.streams());
+    let claude = p.models["anthropic:claude-sonnet-4-5"]
+        .endpoint
+        .clone()
+        .unwrap();
+    assert_eq!(claude.thinking_budget, Some(2048));
+    assert!(claude.caches() && claude.streams());
+    // The built-in price has the cache rates.
+    let price = p.models["anthropic:claude-sonnet-4-5"].price.unwrap();
+    assert_eq!(price.cache_write_per_mtok, Some(3.75));
+    let local = p.models["openai:local"].endpoint.clone().unwrap();
+    assert_eq!(
+        local.token_param,
+        Some(crate::endpoint::TokenParam::MaxTokens)
+    );
+    // Not given: continue.
+    let p = parse(&text.replace("on_truncated = \"stop\"\n", "")).unwrap();
+    assert_eq!(p.limits.on_truncated, OnTruncated::Continue);
+
+    for (from, to, says) in [
+        (
+            "reasoning_effort = \"low\"",
+            "reasoning_effort = \"extreme\"",
+            "reasoning_effort is `extreme`; valid: minimal, low, medium, high",
+        ),
+        (
+            "thinking_budget = 2048",
+            "thinking_budget = 100",
+            "thinking_budget is 100; it must be at least 1024",
+        ),
+        (
+            "reasoning_effort = \"low\"",
+            "thinking_budget = 4096",
+            "thinking_budget is for anthropic: models; a openai: model does not take it",
+        ),
+        (
+            "thinking_budget = 2048",
+            "reasoning_effort = \"high\"",
+            "reasoning_effort is for openai: models",
+        ),
+        (
+            "token_param = \"max_tokens\"",
+            "token_param = \"max_tokens\"\napi = \"responses\"",
+            "token_param is for api = \"chat\"",
+        ),
+    ] {
+        let err = parse(&text.replace(from, to)).unwrap_err().to_string();
+        assert!(err.contains(says), "{err}");
+    }
+    for (from, to, says) in [
+        ("api = \"responses\"", "api = \"completions\"", "chat"),
+        ("cache = \"off\"", "cache = \"on\"", "auto"),
+        (
+            "on_truncated = \"stop\"",
+            "on_truncated = \"ignore\"",
+            "continue",
+        ),
+        ("stream = false", "streaming = false", "stream"),
+    ] {
+        let err = parse(&text.replace(from, to)).unwrap_err().to_string();
+        // The bad value or key is named with what is valid.
+        let bad = to.split(' ').next().unwrap().trim_matches('"');
+        let bad_value = to.rsplit(' ').next().unwrap().trim_matches('"');
+        assert!(
+            err.contains(says) && (err.contains(bad) || err.contains(bad_value)),
+            "{err}"
+        );
+    }
+    // A scripted model takes none of them.
+    let err = parse(&spec("", "cache = \"off\"", "[[branches]]")).unwrap_err();
+    assert!(
+        err.to_string().contains("scripted model takes only"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_spec_never_names_a_key_source() {
     let text = "goal = \"g\"\nworkspace = \"w\"\nmodel = \"openai:gpt-4o\"\n\
         [models.\"openai:gpt-4o\"]\nbase_url = \"http://127.0.0.1:9/v1\"\nKEY\n[[branches]]\n";
@@ -331,6 +419,7 @@ fn config_prices_fill_in_after_the_spec() {
             input_per_mtok: 1.0,
             output_per_mtok: 2.0,
             cached_per_mtok: None,
+            cache_write_per_mtok: None,
         },
     );
     let plan = validate_with(&f, 0, &prices).unwrap();

@@ -171,7 +171,8 @@ impl ForkPlan {
                     )));
                 }
             }
-            endpoint.validate().map_err(|m| bad_model(&m))?;
+            let provider = name.split_once(':').map_or("", |(p, _)| p);
+            endpoint.validate_for(provider).map_err(|m| bad_model(&m))?;
         }
         Ok(())
     }
@@ -216,7 +217,7 @@ impl ForkPlan {
 }
 
 /// Why a scripted model's section may not set connection settings.
-pub(super) const SCRIPTED_TAKES_NO_ENDPOINT: &str = "a scripted model takes only `script` and `price`; base_url, api_key_env, api_key_file, timeout_s and max_retries are for openai: and anthropic: models";
+pub(super) const SCRIPTED_TAKES_NO_ENDPOINT: &str = "a scripted model takes only `script` and `price`; base_url, api_key_env, api_key_file, timeout_s, max_retries, api, cache, stream, reasoning_effort, token_param and thinking_budget are for openai: and anthropic: models";
 
 /// Why a real model's section may not name a script.
 pub(super) const ONLY_SCRIPTED_TAKE_A_SCRIPT: &str = "only scripted: models take a `script`";
@@ -467,6 +468,7 @@ mod tests {
                         input_per_mtok: 1.0,
                         output_per_mtok: 2.0,
                         cached_per_mtok: None,
+                        cache_write_per_mtok: None,
                     }),
                     script: None,
                     endpoint: None,

@@ -89,6 +89,8 @@ fn usage() -> impl Strategy<Value = Usage> {
         input_tokens: i,
         output_tokens: o,
         cached_tokens: c,
+        cache_write_tokens: 0,
+        reasoning_tokens: 0,
     })
 }
 
@@ -133,6 +135,8 @@ fn event() -> impl Strategy<Value = Event> {
                 text,
                 tool_calls,
                 request: None,
+                finish_reason: None,
+                reasoning: None,
             }),
         (text(), text(), any::<bool>(), text()).prop_map(|(call_id, name, ok, output)| {
             Event::ToolResult {

@@ -20,6 +20,15 @@
 //! nats-server, the coordinator in this process and `--workers` worker processes; with
 //! `--bus local` the embedded system. Every row's model has its own name, so the usage log
 //! tells the rows apart.
+//!
+//! `--model streamed` plays the same work on a real provider instead: a local
+//! OpenAI-compatible server in the bench process ([`super::stream_model`]) streams every
+//! answer over its latency and bills what it generates (the input once a call starts
+//! streaming, the output chunk by chunk), so a cancelled or cut call is billed what it
+//! got: that bill is the true spend. Its calls are capped at 256 output tokens (the
+//! answers are 200), so a strict reservation is not the default cap's 4,096. A fifth case
+//! caps each branch (50% of its own uncapped spend) instead of the fork: in best-effort
+//! mode the worker cuts a streamed answer mid-stream at the branch's cap (ADR 25).
 
 use super::cluster::{settle, Cluster};
 use super::{file_for, peak_rss_mb, seed_workspace, BenchBus, BENCH_MODEL};
@@ -47,6 +56,7 @@ const PRICE: Price = Price {
     input_per_mtok: 0.15,
     output_per_mtok: 0.60,
     cached_per_mtok: None,
+    cache_write_per_mtok: None,
 };
 
 #[derive(Debug, Args)]
@@ -80,7 +90,21 @@ pub struct BudgetArgs {
     /// print where it is.
     #[arg(long)]
     pub keep: bool,
+    /// `scripted` (the scripted model, answers whole) or `streamed` (an OpenAI-compatible
+    /// server streaming every answer, billing what it generates).
+    #[arg(long, value_enum, default_value_t = BenchModel::Scripted)]
+    pub model: BenchModel,
 }
+
+/// The model the rows run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchModel {
+    Scripted,
+    Streamed,
+}
+
+/// The streamed model's name in the workers' catalogue.
+const STREAMED_MODEL: &str = "openai:bench-stream";
 
 /// One row of the table.
 #[derive(Debug, Clone, Serialize)]
@@ -94,6 +118,12 @@ pub struct BudgetRow {
     pub cap_fraction: f64,
     /// Every branch makes the same calls (10 writes and an answer).
     pub equal_branches: bool,
+    /// The cap is on each branch (its fraction of the branch's uncapped spend), not on the
+    /// fork.
+    #[serde(default)]
+    pub branch_caps: bool,
+    /// `scripted` or `streamed`.
+    pub model: &'static str,
     pub bus: &'static str,
     pub branches: usize,
     pub latency_ms: u64,
@@ -116,8 +146,14 @@ pub struct BudgetRow {
     pub wall_s: f64,
 }
 
-/// The rows: (cap fraction, equal branches), in the peer's order.
-const CASES: [(f64, bool); 4] = [(0.10, false), (0.25, false), (0.50, false), (0.25, true)];
+/// The rows: (cap fraction, equal branches, caps on each branch), the peer's four first.
+const CASES: [(f64, bool, bool); 5] = [
+    (0.10, false, false),
+    (0.25, false, false),
+    (0.50, false, false),
+    (0.25, true, false),
+    (0.50, false, true),
+];
 
 pub async fn cmd_budget(args: BudgetArgs) -> anyhow::Result<()> {
     let rows = run(&args).await?;
@@ -130,8 +166,9 @@ pub async fn cmd_budget(args: BudgetArgs) -> anyhow::Result<()> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "aggregate cap, N={} ({} bus, {} workers x {}, calls of {} to {} ms, uncapped ${:.4})",
+        "aggregate cap, N={} ({} model, {} bus, {} workers x {}, calls of {} to {} ms, uncapped ${:.4})",
         args.branches,
+        rows.first().map_or("scripted", |r| r.model),
         args.bus.as_str(),
         args.workers,
         args.concurrency,
@@ -146,9 +183,10 @@ pub async fn cmd_budget(args: BudgetArgs) -> anyhow::Result<()> {
     );
     for r in &rows {
         let cap = format!(
-            "{:.0}%{}",
+            "{:.0}%{}{}",
             r.cap_fraction * 100.0,
-            if r.equal_branches { " equal" } else { "" }
+            if r.equal_branches { " equal" } else { "" },
+            if r.branch_caps { " per branch" } else { "" }
         );
         let stop = r
             .stop_latency_ms
@@ -190,13 +228,40 @@ pub async fn run(args: &BudgetArgs) -> anyhow::Result<Vec<BudgetRow>> {
     seed_workspace(&workspace, 10)?;
     let log = tmp.path().join("usage.jsonl");
     let log_str = log.display().to_string();
-    match args.bus {
+    // The streamed model's server, and the workers' catalogue entry for it.
+    let streamed = match args.model {
+        BenchModel::Scripted => None,
+        BenchModel::Streamed => {
+            Some(super::stream_model::start(args.latency_ms, args.jitter_ms).await?)
+        }
+    };
+    let catalogue =
+        streamed
+            .as_ref()
+            .map(|(_, url, _)| forkfleet_shared::catalogue::ModelCatalogue {
+                models: BTreeMap::from([(
+                    STREAMED_MODEL.to_string(),
+                    forkfleet_shared::catalogue::CatalogueModel {
+                        base_url: Some(url.clone()),
+                        ..Default::default()
+                    },
+                )]),
+                allowed_hosts: Vec::new(),
+            });
+    let model = streamed.as_ref().map(|(m, _, _)| m.clone());
+    let measured = match args.bus {
         BenchBus::Nats => {
-            let env = [(USAGE_LOG_ENV.to_string(), log_str)];
+            let mut env = vec![(USAGE_LOG_ENV.to_string(), log_str)];
+            if let Some((_, url, _)) = &streamed {
+                env.push((
+                    "FORKFLEET_MODELS".to_string(),
+                    format!("\"{STREAMED_MODEL}\" = {{ base_url = \"{url}\" }}"),
+                ));
+            }
             let cluster =
                 Cluster::start("budget", tmp.path(), args.workers, args.concurrency, &env).await?;
             let measured = match cluster.client() {
-                Ok(client) => rows(client, &workspace, &log, args).await,
+                Ok(client) => rows(client, &workspace, &log, args, model.as_deref()).await,
                 Err(e) => Err(e),
             };
             let mut stopped = cluster.stop().await;
@@ -209,16 +274,21 @@ pub async fn run(args: &BudgetArgs) -> anyhow::Result<Vec<BudgetRow>> {
                     workers: args.workers.max(1),
                     concurrency: args.concurrency.max(1),
                     requeue_unfinished: false,
+                    catalogue: std::sync::Arc::new(catalogue.unwrap_or_default()),
                     ..EmbeddedOptions::default()
                 },
                 Some(log.clone()),
             )
             .await?;
-            let measured = rows(&system.client(), &workspace, &log, args).await;
+            let measured = rows(&system.client(), &workspace, &log, args, model.as_deref()).await;
             system.shutdown().await?;
             measured
         }
+    };
+    if let Some((_, _, server)) = streamed {
+        server.abort();
     }
+    measured
 }
 
 async fn rows(
@@ -226,6 +296,7 @@ async fn rows(
     workspace: &Path,
     log: &Path,
     args: &BudgetArgs,
+    streamed: Option<&super::stream_model::StreamModel>,
 ) -> anyhow::Result<Vec<BudgetRow>> {
     let mut out = Vec::new();
     // Strict as configured by default (calls in flight finish), strict cancelling them,
@@ -236,14 +307,22 @@ async fn rows(
         (BudgetMode::BestEffort, true),
     ];
     for (m, (mode, cancel)) in modes.into_iter().enumerate() {
-        for (i, (fraction, equal)) in CASES.into_iter().enumerate() {
-            let model = format!("{BENCH_MODEL}-{m}-{i}");
+        for (i, (fraction, equal, branch_caps)) in CASES.into_iter().enumerate() {
+            let model = match streamed {
+                None => format!("{BENCH_MODEL}-{m}-{i}"),
+                Some(_) => STREAMED_MODEL.to_string(),
+            };
             let policy = BudgetPolicy {
                 mode,
                 cancel_in_flight: Some(cancel),
                 ..BudgetPolicy::default()
             };
-            let row = run_row(coord, workspace, log, args, &model, policy, fraction, equal).await?;
+            let case = Case {
+                fraction,
+                equal,
+                branch_caps,
+            };
+            let row = run_row(coord, workspace, log, args, &model, policy, case, streamed).await?;
             tracing::info!(?row, "bench.budget row");
             out.push(row);
         }
@@ -266,6 +345,8 @@ fn script(n: usize, equal: bool, latency_ms: u64, jitter_ms: u64) -> Script {
         input_tokens: super::INPUT_TOKENS,
         output_tokens: super::OUTPUT_TOKENS,
         cached_tokens: 0,
+        cache_write_tokens: 0,
+        reasoning_tokens: 0,
     };
     let mut turns = BTreeMap::new();
     for b in 0..n {
@@ -298,6 +379,15 @@ fn script(n: usize, equal: bool, latency_ms: u64, jitter_ms: u64) -> Script {
     }
 }
 
+/// One row's cap.
+#[derive(Clone, Copy)]
+struct Case {
+    fraction: f64,
+    equal: bool,
+    /// On each branch instead of the fork.
+    branch_caps: bool,
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run_row(
     coord: &Client,
@@ -306,9 +396,14 @@ async fn run_row(
     args: &BudgetArgs,
     model: &str,
     policy: BudgetPolicy,
-    fraction: f64,
-    equal: bool,
+    case: Case,
+    streamed: Option<&super::stream_model::StreamModel>,
 ) -> anyhow::Result<BudgetRow> {
+    let Case {
+        fraction,
+        equal,
+        branch_caps,
+    } = case;
     let mode = policy.mode;
     let cancel_in_flight = policy.cancels_in_flight();
     let n = args.branches.max(1);
@@ -316,6 +411,8 @@ async fn run_row(
         input_tokens: super::INPUT_TOKENS,
         output_tokens: super::OUTPUT_TOKENS,
         cached_tokens: 0,
+        cache_write_tokens: 0,
+        reasoning_tokens: 0,
     });
     let calls: usize = (0..n).map(|b| writes(b, equal) + 1).sum();
     let uncapped = calls as f64 * per_call;
@@ -341,17 +438,23 @@ async fn run_row(
         limits: Limits {
             max_branches: n,
             max_turns,
+            // A real model's reservation is bounded by the output cap: the answers are 200.
+            max_output_tokens: if streamed.is_some() {
+                256
+            } else {
+                Limits::default().max_output_tokens
+            },
             ..Limits::default()
         },
         conflict_policy: ConflictPolicy::KeepParent,
-        aggregate_budget_usd: Some(cap),
+        aggregate_budget_usd: (!branch_caps).then_some(cap),
         budget: policy,
         resolve: Default::default(),
         models: BTreeMap::from([(
             model.to_string(),
             ModelPlan {
                 price: Some(PRICE),
-                script: Some(hash),
+                script: streamed.is_none().then_some(hash),
                 endpoint: None,
             },
         )]),
@@ -360,7 +463,8 @@ async fn run_row(
                 label: format!("b{b}"),
                 steer: format!("BENCH b={b} k={} tool=write_file", writes(b, equal)),
                 model: model.to_string(),
-                budget_usd: None,
+                budget_usd: branch_caps
+                    .then(|| (writes(b, equal) + 1) as f64 * per_call * fraction),
                 extra_instructions: None,
                 max_turns,
                 max_output_tokens: None,
@@ -388,8 +492,18 @@ async fn run_row(
     let wall_s = t0.elapsed().as_secs_f64();
     let cost = coord.fork_cost(view.fork_id).await?;
 
-    let true_calls = completed_calls(log, model)?;
-    let true_spend = true_calls as f64 * per_call;
+    let (true_calls, true_spend) = match streamed {
+        None => {
+            let calls = completed_calls(log, model)?;
+            (calls, calls as f64 * per_call)
+        }
+        Some(server) => {
+            let billed = server.take();
+            let usage =
+                forkfleet_shared::event::Usage::tokens(billed.input_tokens, billed.output_tokens);
+            (billed.completed as usize, PRICE.cost(&usage))
+        }
+    };
     let mut states: BTreeMap<String, usize> = BTreeMap::new();
     for b in &cost.branches {
         *states.entry(b.state.as_str().to_string()).or_default() += 1;
@@ -416,6 +530,12 @@ async fn run_row(
         cancel_in_flight,
         cap_fraction: fraction,
         equal_branches: equal,
+        branch_caps,
+        model: if streamed.is_some() {
+            "streamed"
+        } else {
+            "scripted"
+        },
         bus: args.bus.as_str(),
         branches: n,
         latency_ms: args.latency_ms,
@@ -463,6 +583,8 @@ mod tests {
             input_tokens: 1000,
             output_tokens: 200,
             cached_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
         });
         assert!((calls as f64 * per_call - 0.1755).abs() < 1e-9);
         let s = script(3, true, 5, 0);

@@ -143,10 +143,23 @@ pub(super) async fn load(
         Some(events) => events.iter().map(|(_, e)| cost_of(e)).sum(),
         None => log().map(cost_of).sum(),
     };
+    let history = messages_from_events(log());
+    // The fork's shared history (every branch's first messages): the prefix's
+    // conversation, as long as the history still starts with it (a rewind may cut it).
+    let shared = messages_from_events(prefix.iter());
+    let shared_prefix = if history.starts_with(&shared) {
+        shared.len()
+    } else {
+        0
+    };
     Ok(Run {
         provider,
         overlay,
-        history: messages_from_events(log()),
+        history,
+        cache_key: task
+            .fork_root
+            .map_or_else(|| task.fork_id.to_string(), |root| root.to_string()),
+        shared_prefix,
         turns,
         turn_base,
         spent_usd,

@@ -212,6 +212,8 @@ mod tests {
             text: Some(text.into()),
             tool_calls: calls,
             request,
+            finish_reason: None,
+            reasoning: None,
         }
     }
 

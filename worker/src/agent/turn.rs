@@ -8,12 +8,15 @@ use super::{lease_lost, AgentState, Publisher, Run, Step};
 use crate::error::WorkerError;
 use crate::forktools::{is_fork_tool, ForkCall, MERGE_OR_SELECT};
 use crate::genai::{error_type, tool_failed, tool_span, ChatSpan};
-use crate::provider::ModelRequest;
+use crate::provider::{is_truncated, ModelRequest, SpendCap, StreamMeter, BUDGET_CUT};
 use crate::runner::TreeKey;
 use crate::tools::{ToolBox, TreeSlot};
+use crate::warmup::{self, Turn};
+use forkfleet_shared::budget::OnExhausted;
 use forkfleet_shared::event::{messages_from_events, Event, Message};
 use forkfleet_shared::lineage::{tool_call_hash, RequestHash, RequestHasher};
 use forkfleet_shared::overlay::ChangeOp;
+use forkfleet_shared::spec::{OnTruncated, CONTINUE_TRUNCATED};
 use forkfleet_shared::state::BranchState;
 use tracing::Instrument;
 
@@ -144,6 +147,9 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             }
         },
     };
+    // Why the live call's answer stopped, and its reasoning items.
+    let mut finish_reason = None;
+    let mut reasoning = None;
     let (text, tool_calls) = match served {
         Some(answer) => {
             run.turns += 1;
@@ -159,6 +165,16 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             answer
         }
         None => {
+            // Best-effort mode stopping at the branch's cap: the answer is metered as it
+            // streams and cut when its running cost passes what is left.
+            let spend_cap = match (task.reserve, task.on_exhausted, task.budget_usd, task.price) {
+                (false, OnExhausted::Stop, Some(budget), Some(price)) => Some(SpendCap {
+                    price,
+                    remaining_usd: (budget - run.spent_usd).max(0.0),
+                }),
+                _ => None,
+            };
+            let meter = StreamMeter::default();
             let req = ModelRequest {
                 model: &task.model,
                 messages: &run.history,
@@ -168,6 +184,41 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 index: task.index,
                 turn: run.turns,
                 temperature: task.temperature,
+                cache_key: Some(&run.cache_key),
+                shared_prefix: run.shared_prefix,
+                spend_cap,
+                meter: Some(&meter),
+            };
+            // The branch's first call with a prompt cache: one per fork on this worker writes
+            // the shared history to the cache, the others wait for it and read it.
+            let warmups = ctx.warmups.as_ref().filter(|_| {
+                run.turns == 0 && run.shared_prefix > 0 && run.provider.caches_prompts()
+            });
+            let _warming = if let Some(warmups) = warmups {
+                match warmups.enter(&run.cache_key, task.prefix) {
+                    Turn::Go(held) => Some(held),
+                    Turn::Wait(rx) => {
+                        tracing::debug!(
+                            "waiting for this fork's first call to warm the prompt cache"
+                        );
+                        let waiting = warmup::wait(rx);
+                        if let Err(step) = until_halted(
+                            waiting,
+                            control,
+                            task.run_id,
+                            attempt,
+                            pending,
+                            Some(&ctx.handback),
+                        )
+                        .await
+                        {
+                            return Ok(step);
+                        }
+                        None
+                    }
+                }
+            } else {
+                None
             };
             let reservation = if task.reserve {
                 let estimate = run.provider.estimate(&req);
@@ -196,7 +247,8 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             // A graceful stop that came while reserving waits in `pending` until this call, paid
             // for by its reservation, is made and recorded.
             // The call runs until it answers or a command stops the branch; a cancelled call is
-            // dropped (aborted) and nothing is published for it.
+            // dropped (aborted, its stream closed); what it had streamed was paid for and is
+            // published as its usage when a command ended the branch.
             let chat = ChatSpan::new(&req, task.fork_id, Some(task.run_id));
             let call = run.provider.complete(&req).instrument(chat.span().clone());
             let reply = match until_halted(
@@ -212,6 +264,18 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 Err(step) => {
                     chat.cancelled();
                     tracing::info!("model call cancelled: the branch stops or is handed back");
+                    if let (Step::Finish(..), Some(usage)) = (&step, meter.get()) {
+                        let cost_usd = task.price.map_or(0.0, |p| p.cost(&usage));
+                        run.spent_usd += cost_usd;
+                        out.publish(Event::Usage {
+                            model: task.model.clone(),
+                            usage,
+                            cost_usd,
+                            reservation,
+                            cached: false,
+                        })
+                        .await?;
+                    }
                     return Ok(step);
                 }
                 Ok(Ok(r)) => r,
@@ -251,9 +315,13 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             if let Some(step) = lease_lost(lease) {
                 return Ok(step);
             }
+            finish_reason = reply.finish_reason;
+            reasoning = reply.reasoning;
             (reply.text, reply.tool_calls)
         }
     };
+    let cut = finish_reason.as_deref() == Some(BUDGET_CUT);
+    let truncated = is_truncated(finish_reason.as_deref());
     // A fork the response asks for gets the history before it.
     let cutoff_seq = out.seq.saturating_sub(1);
     let response = out
@@ -261,11 +329,16 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             model: task.model.clone(),
             text,
             tool_calls,
+            finish_reason,
+            reasoning,
             request: Some(request),
         })
         .await?;
     let Event::ModelResponse {
-        text, tool_calls, ..
+        text,
+        tool_calls,
+        reasoning,
+        ..
     } = response
     else {
         return Ok(Step::Continue);
@@ -275,12 +348,36 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
         tracing::info!("replay: the record is used up; the branch goes on live");
         run.replay = None;
     }
+    if cut {
+        // The partial answer is recorded (marked `budget_cut`); the branch stops here.
+        run.history.push(Message::Assistant {
+            text,
+            tool_calls,
+            reasoning,
+        });
+        let budget = task.budget_usd.unwrap_or(0.0);
+        return Ok(exhausted(
+            task.on_exhausted,
+            BranchState::BudgetExhausted,
+            format!(
+                "branch budget of ${budget} reached mid-answer (spent ${:.6}): the answer was cut as it streamed, its partial text kept",
+                run.spent_usd
+            ),
+        ));
+    }
     if tool_calls.is_empty() {
-        run.history.push(Message::Assistant { text, tool_calls });
+        run.history.push(Message::Assistant {
+            text,
+            tool_calls,
+            reasoning,
+        });
         // A replay whose record goes on (the parent was continued after this answer)
         // replays the rest before the branch ends.
         if run.replay.is_some() {
             return Ok(Step::Continue);
+        }
+        if truncated {
+            return on_truncated(out, run, task.on_truncated, task.max_output_tokens).await;
         }
         return Ok(Step::Finish(BranchState::Done, None));
     }
@@ -379,9 +476,44 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             });
         }
     }
-    run.history.push(Message::Assistant { text, tool_calls });
+    run.history.push(Message::Assistant {
+        text,
+        tool_calls,
+        reasoning,
+    });
     run.history.extend(results);
     Ok(Step::Continue)
+}
+
+/// An answer cut at the output cap with no tool call: the branch is asked to go on (a
+/// user message, recorded), or ends `truncated`, as the spec's `on_truncated` says.
+async fn on_truncated(
+    out: &mut Publisher,
+    run: &mut Run,
+    setting: OnTruncated,
+    max_output_tokens: u32,
+) -> Result<Step, WorkerError> {
+    match setting {
+        OnTruncated::Stop => Ok(Step::Finish(
+            BranchState::Truncated,
+            Some(format!(
+                "the model's answer was cut at max_output_tokens ({max_output_tokens}) with no tool call (on_truncated = \"stop\")"
+            )),
+        )),
+        OnTruncated::Continue => {
+            tracing::info!(
+                max_output_tokens,
+                "the answer was cut at the output cap: the model is asked to go on"
+            );
+            let asked = out
+                .publish(Event::UserMessage {
+                    text: CONTINUE_TRUNCATED.to_string(),
+                })
+                .await?;
+            run.history.extend(messages_from_events([&asked]));
+            Ok(Step::Continue)
+        }
+    }
 }
 
 /// Publish a steer and add it to the model's history.

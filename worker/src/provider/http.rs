@@ -32,19 +32,41 @@
 //!   (401, 403), the model (404, or a body saying the model is not found), the context
 //!   window (`context_length_exceeded`, "maximum context length", "prompt is too long",
 //!   ...), or else the status with the API's own message, truncated.
+//! - **Streaming.** On by default (the spec's `stream = false` turns it off): the request
+//!   asks for server-sent events and the dialect's [`StreamState`] assembles the answer from
+//!   them (text, tool calls, reasoning, usage from the last events) into the body a
+//!   non-streamed call would have had, read as one. An answer that comes back as plain JSON
+//!   (a server that ignores `stream`) is read as such. Retries cover getting the answer's
+//!   status; a stream broken after it is an error. With a [`super::SpendCap`], the running
+//!   cost (the input as the stream reported it, else estimated from sizes, plus the output
+//!   so far at four characters a token) is checked at every event: past the cap, the
+//!   stream is closed and the partial text comes back marked [`super::BUDGET_CUT`], its
+//!   usage estimated.
+//! - **Prompt cache.** A call whose answer reports cache reads or writes confirms that
+//!   many tokens of its prefix cached; for four minutes (Anthropic's cache lives five,
+//!   refreshed by every read) the call's [`ModelProvider::estimate`] counts them as cached,
+//!   and every other input token as a cache write when the dialect writes at a surcharge
+//!   (ADR 25).
 //! - **Tracing.** A debug event per attempt (provider, model, attempt, status, latency), a
 //!   warning per retry; never the key, never a body.
 
-use super::{size_estimate, ModelProvider, ModelReply, ModelRequest};
+use super::sse::SseParser;
+use super::{
+    estimate_tokens, message_chars, size_estimate, upper_bound_estimate, ModelProvider, ModelReply,
+    ModelRequest, BUDGET_CUT,
+};
 use crate::error::WorkerError;
 use async_trait::async_trait;
 use bytes::Bytes;
 use forkfleet_shared::catalogue::{KeySource, ModelRoute};
+use forkfleet_shared::endpoint::{Endpoint, TokenParam};
 use forkfleet_shared::event::{ToolCall, Usage};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::StatusCode;
 use std::fmt;
+use std::future::Future;
 use std::marker::PhantomData;
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 /// Seconds one HTTP request may take when the endpoint does not say.
@@ -82,21 +104,90 @@ pub struct Vendor {
     pub headers: &'static [(&'static str, &'static str)],
 }
 
+/// How a model's calls are made: the spec's settings of the model
+/// ([`Endpoint`]) besides where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallSettings {
+    /// Stream answers (default true).
+    pub stream: bool,
+    /// Use the prompt cache (default true).
+    pub cache: bool,
+    /// OpenAI's `reasoning_effort`.
+    pub reasoning_effort: Option<String>,
+    /// OpenAI chat's output cap field (`None`: by the base URL, see [`Api::token_param`]).
+    pub token_param: Option<TokenParam>,
+    /// Anthropic's extended thinking budget.
+    pub thinking_budget: Option<u32>,
+}
+
+impl Default for CallSettings {
+    fn default() -> Self {
+        Self::of(None)
+    }
+}
+
+impl CallSettings {
+    /// The settings a spec's model section gives (`None`: the defaults).
+    pub fn of(endpoint: Option<&Endpoint>) -> Self {
+        let e = endpoint.cloned().unwrap_or_default();
+        Self {
+            stream: e.streams(),
+            cache: e.caches(),
+            reasoning_effort: e.reasoning_effort,
+            token_param: e.token_param,
+            thinking_budget: e.thinking_budget,
+        }
+    }
+}
+
 /// One API's wire format: the request body it wants and how its answer is read.
 pub trait Dialect: Send + Sync + 'static {
     const VENDOR: &'static Vendor;
-    /// The JSON request body of `req` for the API's model `name`.
-    fn body(name: &str, req: &ModelRequest<'_>) -> serde_json::Result<Vec<u8>>;
+    /// Cache writes cost more than fresh input (Anthropic's 1.25x): the estimate of a
+    /// call counts its uncached input as written.
+    const CACHE_WRITE_SURCHARGE: bool = false;
+    /// Reads a streamed answer.
+    type Stream: StreamState;
+    /// The JSON request body of `req` for the API's model (`api.name()`).
+    fn body(api: &Api, req: &ModelRequest<'_>) -> serde_json::Result<Vec<u8>>;
     /// The reply in a success answer's body.
     fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, WorkerError>;
+    /// Output tokens a call may spend beyond `max_output_tokens` (Anthropic's thinking
+    /// budget).
+    fn extra_output_tokens(_api: &Api) -> u64 {
+        0
+    }
+}
+
+/// A streamed answer being read: its events folded into the body a non-streamed answer
+/// would have had.
+pub trait StreamState: Default + Send {
+    /// One event (its `event:` name, empty when none, and its data). An error event is an
+    /// `Err` with the API's message.
+    fn event(&mut self, name: &str, data: &str) -> Result<(), String>;
+    /// Characters of output streamed so far (text, tool arguments, reasoning).
+    fn output_chars(&self) -> u64;
+    /// The input usage the stream reported so far (Anthropic says it first).
+    fn input_usage(&self) -> Option<Usage>;
+    /// The answer as the API's non-streamed body.
+    fn body(&self) -> serde_json::Value;
+    /// The text streamed so far (`None`: none).
+    fn text(&self) -> Option<String>;
 }
 
 /// A real model provider: a [`Dialect`] spoken over HTTP with the settings of one (model,
 /// route).
 pub struct HttpProvider<D> {
     api: Api,
+    /// Tokens of the prompt the API last said it read from or wrote to its cache, and
+    /// when.
+    confirmed: Mutex<Option<(u64, Instant)>>,
     dialect: PhantomData<fn() -> D>,
 }
+
+/// How long a confirmed cached prefix is counted on: Anthropic keeps a cache entry five
+/// minutes after its last use.
+const CONFIRMED_CACHE_TTL: Duration = Duration::from_secs(240);
 
 impl<D> fmt::Debug for HttpProvider<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -116,6 +207,7 @@ impl<D: Dialect> HttpProvider<D> {
     ) -> Result<Self, WorkerError> {
         Ok(Self {
             api: Api::new(D::VENDOR, model, route, client)?,
+            confirmed: Mutex::new(None),
             dialect: PhantomData,
         })
     }
@@ -125,18 +217,176 @@ impl<D: Dialect> HttpProvider<D> {
         self.api.backoff = backoff;
         self
     }
+
+    /// The same provider with the spec's call settings (the defaults otherwise).
+    pub fn with_settings(mut self, settings: CallSettings) -> Self {
+        self.api.settings = settings;
+        self
+    }
+
+    /// Tokens of the prompt confirmed cached by a recent answer.
+    fn confirmed_cached(&self) -> u64 {
+        let confirmed = self.confirmed.lock().map(|c| *c).unwrap_or(None);
+        match confirmed {
+            Some((tokens, at)) if at.elapsed() < CONFIRMED_CACHE_TTL => tokens,
+            _ => 0,
+        }
+    }
+
+    /// Note what `usage` says is cached now.
+    fn confirm(&self, usage: &Usage) {
+        let tokens = usage.cached_tokens + usage.cache_write_tokens;
+        if tokens > 0 {
+            if let Ok(mut c) = self.confirmed.lock() {
+                *c = Some((tokens, Instant::now()));
+            }
+        }
+    }
+
+    /// Read a streamed answer (see the module docs).
+    async fn read_stream(
+        &self,
+        mut resp: reqwest::Response,
+        req: &ModelRequest<'_>,
+    ) -> Result<ModelReply, WorkerError> {
+        let mut parser = SseParser::default();
+        let mut state = D::Stream::default();
+        let api = &self.api;
+        let apply = |state: &mut D::Stream, name: &str, data: &str| {
+            if data.trim() == "[DONE]" {
+                return Ok(());
+            }
+            state
+                .event(name, data)
+                .map_err(|message| api.stream_error(&message))
+        };
+        loop {
+            let chunk = resp.chunk().await.map_err(|e| {
+                api.bad_response(format!("the answer's stream broke: {}", error_chain(&e)))
+            })?;
+            let Some(chunk) = chunk else { break };
+            for ev in parser.push(&chunk) {
+                apply(&mut state, &ev.name, &ev.data)?;
+                if let Some(meter) = req.meter {
+                    meter.set(running_usage(&state, req));
+                }
+                let Some(cap) = req.spend_cap else { continue };
+                let usage = running_usage(&state, req);
+                if cap.price.cost(&usage) > cap.remaining_usd {
+                    drop(resp);
+                    tracing::info!(
+                        model = %api.model,
+                        output_tokens = usage.output_tokens,
+                        remaining_usd = cap.remaining_usd,
+                        "the answer was cut mid-stream: its running cost passed the branch's cap"
+                    );
+                    return Ok(self.cut(&state, usage));
+                }
+            }
+        }
+        if let Some(ev) = parser.finish() {
+            apply(&mut state, &ev.name, &ev.data)?;
+        }
+        let body = serde_json::to_vec(&state.body())
+            .map_err(|e| api.bad_response(format!("cannot read the streamed answer: {e}")))?;
+        D::reply(api, &body, req)
+    }
+
+    /// The partial answer of a stream cut by its spend cap: its text so far (tool calls
+    /// in progress are dropped), marked [`BUDGET_CUT`], with `usage` (estimated).
+    fn cut(&self, state: &D::Stream, usage: Usage) -> ModelReply {
+        ModelReply {
+            text: state.text(),
+            tool_calls: Vec::new(),
+            usage,
+            response_model: None,
+            finish_reason: Some(BUDGET_CUT.to_string()),
+            reasoning: None,
+        }
+    }
+}
+
+/// The usage of a stream so far: its input as reported (else estimated from the request's
+/// sizes), its output at four characters a token.
+fn running_usage<S: StreamState>(state: &S, req: &ModelRequest<'_>) -> Usage {
+    let output = estimate_tokens(state.output_chars());
+    match state.input_usage() {
+        Some(input) => Usage {
+            output_tokens: output,
+            ..input
+        },
+        None => Usage::tokens(estimate_tokens(message_chars(req.messages)), output),
+    }
 }
 
 #[async_trait]
 impl<D: Dialect> ModelProvider for HttpProvider<D> {
     async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, WorkerError> {
-        let body = D::body(&self.api.name, req).map_err(|e| {
+        let body = D::body(&self.api, req).map_err(|e| {
             self.api
                 .bad_response(format!("cannot encode the request: {e}"))
         })?;
-        let answer = self.api.post(body.into(), req.messages.len()).await?;
-        D::reply(&self.api, &answer, req)
+        let messages = req.messages.len();
+        let reply = if self.api.settings.stream {
+            let resp = self.api.send(body.into(), messages, stream_start).await?;
+            if is_event_stream(resp.headers()) {
+                self.read_stream(resp, req).await?
+            } else {
+                // A server that ignored `stream`: its answer is the plain body.
+                let answer = resp.bytes().await.map_err(|e| {
+                    self.api
+                        .bad_response(format!("cannot read the answer: {}", error_chain(&e)))
+                })?;
+                D::reply(&self.api, &answer, req)?
+            }
+        } else {
+            let answer = self.api.send(body.into(), messages, whole_body).await?;
+            D::reply(&self.api, &answer, req)?
+        };
+        if self.api.settings.cache {
+            self.confirm(&reply.usage);
+        }
+        Ok(reply)
     }
+
+    fn caches_prompts(&self) -> bool {
+        self.api.settings.cache
+    }
+
+    /// [`upper_bound_estimate`], plus the thinking budget; with the prompt cache on, the
+    /// prefix a recent answer confirmed cached counts as cached and, where writes cost
+    /// more, the rest as written (ADR 25).
+    fn estimate(&self, req: &ModelRequest<'_>) -> Usage {
+        let mut usage = upper_bound_estimate(req);
+        usage.output_tokens += D::extra_output_tokens(&self.api);
+        if self.api.settings.cache {
+            usage.cached_tokens = self.confirmed_cached().min(usage.input_tokens);
+            if D::CACHE_WRITE_SURCHARGE {
+                usage.cache_write_tokens = usage.input_tokens - usage.cached_tokens;
+            }
+        }
+        usage
+    }
+}
+
+/// A successful streamed answer: its response, the body unread.
+fn stream_start(
+    resp: reqwest::Response,
+) -> std::future::Ready<Result<reqwest::Response, reqwest::Error>> {
+    std::future::ready(Ok(resp))
+}
+
+/// A successful answer's whole body.
+fn whole_body(resp: reqwest::Response) -> impl Future<Output = Result<Bytes, reqwest::Error>> {
+    resp.bytes()
+}
+
+/// True when the answer is `text/event-stream`.
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.to_ascii_lowercase().starts_with("text/event-stream"))
 }
 
 /// An API key. `Debug` never shows it.
@@ -223,6 +473,10 @@ pub struct Api {
     max_retries: u32,
     backoff: Backoff,
     client: reqwest::Client,
+    /// How calls are made (the spec's settings).
+    settings: CallSettings,
+    /// The base URL is the vendor's own API (not a compatible server).
+    vendor_api: bool,
 }
 
 impl fmt::Debug for Api {
@@ -297,12 +551,48 @@ impl Api {
             max_retries: route.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
             backoff: Backoff::default(),
             client,
+            settings: CallSettings::default(),
+            vendor_api: vendor_host,
         })
     }
 
     /// `provider:name`.
     pub(super) fn model(&self) -> &str {
         &self.model
+    }
+
+    /// The name sent as the API's `model`.
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How calls are made.
+    pub(super) fn settings(&self) -> &CallSettings {
+        &self.settings
+    }
+
+    /// The field carrying an OpenAI chat call's output cap: the setting, else
+    /// `max_completion_tokens` for OpenAI's own API (its reasoning models refuse
+    /// `max_tokens`) and `max_tokens` for any other server (llama.cpp, vLLM, Ollama,
+    /// OpenRouter read it).
+    pub(super) fn token_param(&self) -> TokenParam {
+        self.settings.token_param.unwrap_or(if self.vendor_api {
+            TokenParam::MaxCompletionTokens
+        } else {
+            TokenParam::MaxTokens
+        })
+    }
+
+    /// An error event in an answer's stream.
+    fn stream_error(&self, message: &str) -> WorkerError {
+        WorkerError::Api {
+            model: self.model.clone(),
+            status: 200,
+            message: format!(
+                "the answer's stream reported an error: {}",
+                truncate(message, MAX_MESSAGE_CHARS)
+            ),
+        }
     }
 
     /// Read the key (see the module docs). `None`: no key, and none is required.
@@ -360,9 +650,19 @@ impl Api {
     }
 
     /// POST `body` (JSON) to the vendor's path, with the key read once for the call and
-    /// retrying as the module docs say; the answer's body when it is a success.
+    /// retrying as the module docs say; `success` reads a success answer (its whole body,
+    /// or only its start for a stream: an error there counts as no answer and is retried).
     /// `messages` is the request's message count (for a context overflow error).
-    async fn post(&self, body: Bytes, messages: usize) -> Result<Bytes, WorkerError> {
+    async fn send<T, F, Fut>(
+        &self,
+        body: Bytes,
+        messages: usize,
+        success: F,
+    ) -> Result<T, WorkerError>
+    where
+        F: Fn(reqwest::Response) -> Fut,
+        Fut: Future<Output = Result<T, reqwest::Error>>,
+    {
         let (headers, key) = self.call_headers()?;
         let key = key.as_ref();
         let tries = self.max_retries.saturating_add(1);
@@ -379,18 +679,19 @@ impl Api {
                 .send()
                 .await;
             let answer = match sent {
+                Ok(resp) if resp.status().is_success() => {
+                    success(resp).await.map(|done| Ok((StatusCode::OK, done)))
+                }
                 Ok(resp) => {
                     let status = resp.status();
-                    let wait = (!status.is_success())
-                        .then(|| retry_after(resp.headers(), SystemTime::now()))
-                        .flatten();
-                    resp.bytes().await.map(|b| (status, wait, b))
+                    let wait = retry_after(resp.headers(), SystemTime::now());
+                    resp.bytes().await.map(|b| Err((status, wait, b)))
                 }
                 Err(e) => Err(e),
             };
             let latency_ms = started.elapsed().as_millis() as u64;
             let wait = match answer {
-                Ok((status, retry_after, bytes)) => {
+                Ok(Ok((status, done))) => {
                     tracing::debug!(
                         provider = self.vendor.provider,
                         model = %self.model,
@@ -399,9 +700,17 @@ impl Api {
                         latency_ms,
                         "model api attempt"
                     );
-                    if status.is_success() {
-                        return Ok(bytes);
-                    }
+                    return Ok(done);
+                }
+                Ok(Err((status, retry_after, bytes))) => {
+                    tracing::debug!(
+                        provider = self.vendor.provider,
+                        model = %self.model,
+                        attempt,
+                        status = status.as_u16(),
+                        latency_ms,
+                        "model api attempt"
+                    );
                     let text = redact(&String::from_utf8_lossy(&bytes), key);
                     if !retryable(status, &text) {
                         return Err(self.failure(status, &text, key.is_some(), messages));

@@ -3,8 +3,9 @@
 //!
 //! One call is `POST {base_url}/chat/completions` (default base
 //! `https://api.openai.com/v1`) with `Authorization: Bearer KEY` when there is a key (see
-//! [`super::http`] for the key, the retries and the errors) and the body
-//! `{model: NAME, messages, tools?, max_tokens, stream: false}`:
+//! [`super::http`] for the key, the retries, streaming and the errors) and the body
+//! `{model: NAME, messages, tools?, max_tokens | max_completion_tokens, reasoning_effort?,
+//! prompt_cache_key?, stream, stream_options?}`:
 //!
 //! - messages: system → `system`, user → `user`, an assistant turn → `assistant` with
 //!   `content` (`""` when it only calls tools: OpenAI takes null too, llama.cpp's server
@@ -13,22 +14,35 @@
 //!   string), a tool result → `{"role": "tool", "tool_call_id", "content"}`;
 //! - tools: `[{type: "function", function: {name, description, parameters}}]`, left out when
 //!   there are none (some servers refuse an empty list);
-//! - `max_tokens` rather than `max_completion_tokens`: every compatible server knows it
-//!   (OpenAI still accepts it for its chat models; reasoning models want the other).
+//! - the output cap as `max_completion_tokens` for OpenAI's own API (its reasoning models
+//!   refuse `max_tokens`) and `max_tokens` for any other base URL (what llama.cpp, vLLM,
+//!   Ollama and OpenRouter read); the spec's `token_param` chooses either;
+//! - `reasoning_effort` when the spec sets it;
+//! - `prompt_cache_key` (`forkfleet-{fork root}`) unless `cache = "off"`: every branch of
+//!   a fork tree is routed to the same cache, so the parent history they all send is
+//!   cached once;
+//! - streaming: `stream: true` and `stream_options: {include_usage: true}` (the usage comes
+//!   in the last chunk); the chunks' `delta`s are folded into one message (text appended,
+//!   tool calls by `index`: id and name from the first, arguments appended).
 //!
 //! The answer's `choices[0].message` gives the text (`content`) and the tool calls (their
 //! arguments parsed from their JSON string; text that is not JSON is kept as a JSON
 //! string, so the tool reports the error to the model; a missing id becomes
 //! `call_{turn}_{i}`). `usage` gives `prompt_tokens` (input, cached ones included),
-//! `completion_tokens` (output) and `prompt_tokens_details.cached_tokens` (cached); an
-//! answer without usage is estimated from sizes, with a warning.
+//! `completion_tokens` (output, reasoning included), `prompt_tokens_details.cached_tokens`
+//! (cached) and `completion_tokens_details.reasoning_tokens`; an answer without usage is
+//! estimated from sizes, with a warning.
 
-use super::http::{call_id, estimated_usage, parse_arguments, Api, Dialect, HttpProvider, Vendor};
+use super::http::{
+    call_id, estimated_usage, parse_arguments, Api, Dialect, HttpProvider, StreamState, Vendor,
+};
 use super::{ModelReply, ModelRequest, ToolSpec};
 use crate::error::WorkerError;
+use forkfleet_shared::endpoint::TokenParam;
 use forkfleet_shared::event::{Message, ToolCall, Usage};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 
 /// OpenAI's API and defaults.
 pub(crate) static VENDOR: Vendor = Vendor {
@@ -50,14 +64,37 @@ pub type OpenAiProvider = HttpProvider<OpenAi>;
 
 impl Dialect for OpenAi {
     const VENDOR: &'static Vendor = &VENDOR;
+    type Stream = ChatStream;
 
-    fn body(name: &str, req: &ModelRequest<'_>) -> serde_json::Result<Vec<u8>> {
-        serde_json::to_vec(&request(name, req))
+    fn body(api: &Api, req: &ModelRequest<'_>) -> serde_json::Result<Vec<u8>> {
+        let settings = api.settings();
+        let options = ChatOptions {
+            token_param: api.token_param(),
+            reasoning_effort: settings.reasoning_effort.as_deref(),
+            cache: settings.cache,
+            stream: settings.stream,
+        };
+        serde_json::to_vec(&request(api.name(), req, &options))
     }
 
     fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, WorkerError> {
         reply(api, body, req)
     }
+}
+
+/// What the spec's settings make of a request.
+struct ChatOptions<'a> {
+    token_param: TokenParam,
+    reasoning_effort: Option<&'a str>,
+    cache: bool,
+    stream: bool,
+}
+
+/// The prompt-cache key of a cache family (the fork tree's root).
+pub(super) fn prompt_cache_key(req: &ModelRequest<'_>, cache: bool) -> Option<String> {
+    req.cache_key
+        .filter(|_| cache)
+        .map(|k| format!("forkfleet-{k}"))
 }
 
 #[derive(Serialize)]
@@ -66,10 +103,24 @@ struct ChatRequest<'a> {
     messages: Vec<ChatMessage<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<ChatTool<'a>>,
-    max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_effort: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_cache_key: Option<String>,
     stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
 }
 
 #[derive(Serialize)]
@@ -130,14 +181,20 @@ fn arguments_string(args: &serde_json::Value) -> String {
 }
 
 /// The request body of `req` for model `name`.
-fn request<'a>(name: &'a str, req: &'a ModelRequest<'a>) -> ChatRequest<'a> {
+fn request<'a>(
+    name: &'a str,
+    req: &'a ModelRequest<'a>,
+    options: &ChatOptions<'a>,
+) -> ChatRequest<'a> {
     let messages = req
         .messages
         .iter()
         .map(|m| match m {
             Message::System { text } => ChatMessage::System { content: text },
             Message::User { text } => ChatMessage::User { content: text },
-            Message::Assistant { text, tool_calls } => ChatMessage::Assistant {
+            Message::Assistant {
+                text, tool_calls, ..
+            } => ChatMessage::Assistant {
                 // Always a string: llama.cpp's server fails on a null content.
                 content: Some(text.as_deref().unwrap_or("")),
                 tool_calls: tool_calls
@@ -160,13 +217,21 @@ fn request<'a>(name: &'a str, req: &'a ModelRequest<'a>) -> ChatRequest<'a> {
             },
         })
         .collect();
+    let cap = Some(req.max_output_tokens);
+    let completion = options.token_param == TokenParam::MaxCompletionTokens;
     ChatRequest {
         model: name,
         messages,
         tools: req.tools.iter().map(tool).collect(),
-        max_tokens: req.max_output_tokens,
+        max_tokens: cap.filter(|_| !completion),
+        max_completion_tokens: cap.filter(|_| completion),
+        reasoning_effort: options.reasoning_effort,
         temperature: req.temperature,
-        stream: false,
+        prompt_cache_key: prompt_cache_key(req, options.cache),
+        stream: options.stream,
+        stream_options: options.stream.then_some(StreamOptions {
+            include_usage: true,
+        }),
     }
 }
 
@@ -231,12 +296,20 @@ struct ChatUsage {
     completion_tokens: Option<u64>,
     #[serde(default)]
     prompt_tokens_details: Option<PromptDetails>,
+    #[serde(default)]
+    completion_tokens_details: Option<CompletionDetails>,
 }
 
 #[derive(Deserialize)]
 struct PromptDetails {
     #[serde(default)]
     cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct CompletionDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
 }
 
 /// A message's content: a string, or parts (whose texts are joined), or something else
@@ -304,12 +377,15 @@ fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, W
             prompt_tokens: Some(input),
             completion_tokens: Some(output),
             prompt_tokens_details,
+            completion_tokens_details,
         }) => Usage {
-            input_tokens: input,
-            output_tokens: output,
             cached_tokens: prompt_tokens_details
                 .and_then(|d| d.cached_tokens)
                 .unwrap_or(0),
+            reasoning_tokens: completion_tokens_details
+                .and_then(|d| d.reasoning_tokens)
+                .unwrap_or(0),
+            ..Usage::tokens(input, output)
         },
         _ => estimated_usage(api, req, text.as_deref(), &tool_calls),
     };
@@ -319,14 +395,154 @@ fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, W
         usage,
         response_model,
         finish_reason: choice.finish_reason,
+        reasoning: None,
     })
+}
+
+/// A streamed chat completion: its chunks folded into one choice.
+#[derive(Debug, Default)]
+pub struct ChatStream {
+    text: String,
+    /// Tool calls by their `index`: id, name, arguments so far.
+    calls: Vec<(Option<String>, String, String)>,
+    finish_reason: Option<String>,
+    usage: Option<Value>,
+    model: Option<String>,
+    chars: u64,
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<ChunkChoice>,
+    #[serde(default)]
+    usage: Option<Value>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice {
+    #[serde(default)]
+    delta: Option<Delta>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<DeltaCall>,
+}
+
+#[derive(Deserialize)]
+struct DeltaCall {
+    #[serde(default)]
+    index: Option<usize>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<DeltaFunction>,
+}
+
+#[derive(Deserialize)]
+struct DeltaFunction {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+}
+
+impl StreamState for ChatStream {
+    fn event(&mut self, _name: &str, data: &str) -> Result<(), String> {
+        let chunk: Chunk =
+            serde_json::from_str(data).map_err(|e| format!("not a chat completion chunk: {e}"))?;
+        if let Some(error) = chunk.error {
+            return Err(error
+                .get("message")
+                .and_then(Value::as_str)
+                .map_or_else(|| error.to_string(), str::to_string));
+        }
+        if chunk.model.is_some() {
+            self.model = chunk.model;
+        }
+        if chunk.usage.as_ref().is_some_and(|u| !u.is_null()) {
+            self.usage = chunk.usage;
+        }
+        for choice in chunk.choices {
+            if choice.finish_reason.is_some() {
+                self.finish_reason = choice.finish_reason;
+            }
+            let Some(delta) = choice.delta else { continue };
+            if let Some(text) = delta.content {
+                self.chars += text.chars().count() as u64;
+                self.text.push_str(&text);
+            }
+            for call in delta.tool_calls {
+                let i = call.index.unwrap_or(self.calls.len().saturating_sub(1));
+                while self.calls.len() <= i {
+                    self.calls.push((None, String::new(), String::new()));
+                }
+                let Some(slot) = self.calls.get_mut(i) else {
+                    continue;
+                };
+                if call.id.is_some() {
+                    slot.0 = call.id;
+                }
+                if let Some(f) = call.function {
+                    if let Some(name) = f.name {
+                        self.chars += name.chars().count() as u64;
+                        slot.1.push_str(&name);
+                    }
+                    if let Some(args) = f.arguments {
+                        self.chars += args.chars().count() as u64;
+                        slot.2.push_str(&args);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn output_chars(&self) -> u64 {
+        self.chars
+    }
+
+    fn input_usage(&self) -> Option<Usage> {
+        None
+    }
+
+    fn text(&self) -> Option<String> {
+        (!self.text.is_empty()).then(|| self.text.clone())
+    }
+
+    fn body(&self) -> Value {
+        let calls: Vec<Value> = self
+            .calls
+            .iter()
+            .map(|(id, name, args)| {
+                json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
+            })
+            .collect();
+        json!({
+            "model": self.model,
+            "choices": [{
+                "message": {"role": "assistant", "content": self.text, "tool_calls": calls},
+                "finish_reason": self.finish_reason,
+            }],
+            "usage": self.usage,
+        })
+    }
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn requests_map_every_message_kind() {
@@ -347,6 +563,7 @@ mod tests {
                         args: json!("{broken"),
                     },
                 ],
+                reasoning: None,
             },
             Message::Tool {
                 call_id: "c1".into(),
@@ -356,19 +573,17 @@ mod tests {
             Message::Assistant {
                 text: None,
                 tool_calls: vec![],
+                reasoning: None,
             },
         ];
-        let req = ModelRequest {
-            model: "openai:m",
-            messages: &msgs,
-            tools: &[],
-            max_output_tokens: 7,
-            label: "a",
-            index: 0,
-            turn: 0,
-            temperature: None,
+        let req = ModelRequest::new("openai:m", &msgs, &[], 7);
+        let options = ChatOptions {
+            token_param: TokenParam::MaxTokens,
+            reasoning_effort: None,
+            cache: true,
+            stream: false,
         };
-        let v = serde_json::to_value(request("m", &req)).unwrap();
+        let v = serde_json::to_value(request("m", &req, &options)).unwrap();
         assert_eq!(
             v,
             json!({

@@ -113,17 +113,20 @@ impl ModelProvider for ScriptedProvider {
             log_usage(path, req, &usage);
         }
         // What an API would say: the model as named, and why it stopped.
-        let finish_reason = if played.tool_calls.is_empty() {
-            "stop"
-        } else {
-            "tool_calls"
-        };
+        let finish_reason = played.finish_reason.unwrap_or_else(|| {
+            if played.tool_calls.is_empty() {
+                "stop".to_string()
+            } else {
+                "tool_calls".to_string()
+            }
+        });
         Ok(ModelReply {
             text: played.text,
             tool_calls: played.tool_calls,
             usage,
             response_model: Some(crate::genai::model_name(req.model).to_string()),
-            finish_reason: Some(finish_reason.to_string()),
+            finish_reason: Some(finish_reason),
+            reasoning: None,
         })
     }
 
@@ -152,6 +155,10 @@ mod tests {
             index: 0,
             turn,
             temperature: None,
+            cache_key: None,
+            shared_prefix: 0,
+            spend_cap: None,
+            meter: None,
         }
     }
 
@@ -183,6 +190,8 @@ usage = { input_tokens = 7, output_tokens = 3, cached_tokens = 2 }
                 input_tokens,
                 output_tokens,
                 cached_tokens,
+                cache_write_tokens: 0,
+                reasoning_tokens: 0,
             };
             assert_eq!((reply.usage, estimate), (expected, expected), "turn {turn}");
         }

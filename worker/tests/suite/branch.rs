@@ -45,6 +45,7 @@ async fn a_branch_runs_end_to_end() {
         input_per_mtok: 1.0,
         output_per_mtok: 2.0,
         cached_per_mtok: None,
+        cache_write_per_mtok: None,
     });
     fx.enqueue(&task).await;
     let mut events = fx.events().await;
@@ -288,6 +289,7 @@ repeat = 10
         input_per_mtok: 1.0,
         output_per_mtok: 1.0,
         cached_per_mtok: None,
+        cache_write_per_mtok: None,
     });
     task.budget_usd = Some(1.5);
     fx.enqueue(&task).await;
@@ -379,6 +381,8 @@ text = "resumed at turn {turn}"
             text: None,
             tool_calls: vec![],
             request: None,
+            finish_reason: None,
+            reasoning: None,
         },
         Event::Usage {
             model: "scripted:test".into(),

@@ -21,6 +21,7 @@ const PRICE: Price = Price {
     input_per_mtok: 1.0,
     output_per_mtok: 2.0,
     cached_per_mtok: Some(0.5),
+    cache_write_per_mtok: None,
 };
 
 /// Three calls: scripted usage (with cached tokens), usage estimated from sizes, and

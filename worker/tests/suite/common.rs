@@ -199,6 +199,8 @@ impl Fixture {
             forking: false,
             temperature: None,
             replay: None,
+            fork_root: None,
+            on_truncated: Default::default(),
         }
     }
 

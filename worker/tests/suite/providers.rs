@@ -3,179 +3,27 @@
 //! cancellation; and a branch run through the agent on an OpenAI-compatible server.
 
 use super::common::*;
-use axum::body::Bytes;
-use axum::http::{HeaderMap, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use super::mock_api::*;
 use forkfleet_shared::catalogue::{CatalogueModel, ModelCatalogue};
-use forkfleet_shared::endpoint::Endpoint;
+use forkfleet_shared::endpoint::{CacheMode, Endpoint};
 use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::event::{Event, Message, ToolCall, Usage};
 use forkfleet_shared::pricing::Price;
 use forkfleet_shared::protocol::ControlCommand;
 use forkfleet_shared::state::BranchState;
-use forkfleet_worker::provider::http::{client, Backoff, Dialect, HttpProvider};
+use forkfleet_worker::provider::http::{client, Backoff, CallSettings, Dialect, HttpProvider};
 use forkfleet_worker::provider::{
     AnthropicProvider, ModelProvider, ModelRequest, OpenAiProvider, ToolSpec,
 };
 use forkfleet_worker::{WorkerConfig, WorkerError};
 use serde_json::{json, Value};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
-
-// ---------------------------------------------------------------------------------------
-// The server
-
-/// One request the server received.
-#[derive(Debug, Clone)]
-struct Recorded {
-    path: String,
-    headers: HeaderMap,
-    body: Value,
-    at: Instant,
-}
-
-/// What the server answers to a request.
-enum Answer {
-    /// A status, headers and a JSON body.
-    Json(u16, Vec<(&'static str, String)>, Value),
-    /// Never answer (until the client goes away: the handler is then dropped).
-    Hang,
-}
-
-fn ok(body: Value) -> Answer {
-    Answer::Json(200, Vec::new(), body)
-}
-
-type Script = Box<dyn Fn(usize, &Value) -> Answer + Send + Sync>;
-
-struct ServerState {
-    script: Script,
-    requests: Mutex<Vec<Recorded>>,
-    arrived: mpsc::UnboundedSender<usize>,
-    dropped: mpsc::UnboundedSender<()>,
-}
-
-/// Signals when a handler that never answers is dropped (its connection closed).
-struct DropSignal(mpsc::UnboundedSender<()>);
-
-impl Drop for DropSignal {
-    fn drop(&mut self) {
-        let _ = self.0.send(());
-    }
-}
-
-struct MockApi {
-    /// The API's base URL (`http://127.0.0.1:PORT/v1`).
-    url: String,
-    state: Arc<ServerState>,
-    arrived: mpsc::UnboundedReceiver<usize>,
-    dropped: mpsc::UnboundedReceiver<()>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for MockApi {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn handle(
-    axum::extract::State(state): axum::extract::State<Arc<ServerState>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let n = {
-        let mut reqs = state.requests.lock().unwrap();
-        reqs.push(Recorded {
-            path: uri.path().to_string(),
-            headers,
-            body: body.clone(),
-            at: Instant::now(),
-        });
-        reqs.len() - 1
-    };
-    let answer = (state.script)(n, &body);
-    let _ = state.arrived.send(n);
-    match answer {
-        Answer::Json(status, extra, value) => {
-            let mut resp = (
-                StatusCode::from_u16(status).unwrap(),
-                [("content-type", "application/json")],
-                value.to_string(),
-            )
-                .into_response();
-            for (name, v) in extra {
-                resp.headers_mut().insert(name, v.parse().unwrap());
-            }
-            resp
-        }
-        Answer::Hang => {
-            let _signal = DropSignal(state.dropped.clone());
-            std::future::pending::<Response>().await
-        }
-    }
-}
-
-impl MockApi {
-    async fn start(script: impl Fn(usize, &Value) -> Answer + Send + Sync + 'static) -> Self {
-        let (arrived_tx, arrived) = mpsc::unbounded_channel();
-        let (dropped_tx, dropped) = mpsc::unbounded_channel();
-        let state = Arc::new(ServerState {
-            script: Box::new(script),
-            requests: Mutex::new(Vec::new()),
-            arrived: arrived_tx,
-            dropped: dropped_tx,
-        });
-        let app = axum::Router::new()
-            .fallback(handle)
-            .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Self {
-            url: format!("http://{addr}/v1"),
-            state,
-            arrived,
-            dropped,
-            task,
-        }
-    }
-
-    fn requests(&self) -> Vec<Recorded> {
-        self.state.requests.lock().unwrap().clone()
-    }
-
-    /// Wait (bounded) until request `n` (from 0) has arrived.
-    async fn until_request(&mut self, n: usize) {
-        loop {
-            let got = tokio::time::timeout(WAIT, self.arrived.recv())
-                .await
-                .expect("no request within the wait")
-                .expect("server gone");
-            if got >= n {
-                return;
-            }
-        }
-    }
-
-    /// Wait (bounded) until a handler that never answers has been dropped.
-    async fn until_dropped(&mut self) {
-        tokio::time::timeout(WAIT, self.dropped.recv())
-            .await
-            .expect("the server still holds the request: the connection was not closed")
-            .expect("server gone");
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // Helpers
 
-fn fast_backoff() -> Backoff {
+pub(super) fn fast_backoff() -> Backoff {
     Backoff {
         base: Duration::from_millis(5),
         cap: Duration::from_millis(20),
@@ -184,7 +32,7 @@ fn fast_backoff() -> Backoff {
 }
 
 /// A catalogue entry for `server` (the worker's config `[models."NAME"]`).
-fn at(server: &MockApi, entry: CatalogueModel) -> CatalogueModel {
+pub(super) fn at(server: &MockApi, entry: CatalogueModel) -> CatalogueModel {
     CatalogueModel {
         base_url: Some(server.url.clone()),
         ..entry
@@ -192,32 +40,48 @@ fn at(server: &MockApi, entry: CatalogueModel) -> CatalogueModel {
 }
 
 /// A catalogue of one model.
-fn catalogue_of(model: &str, entry: CatalogueModel) -> ModelCatalogue {
+pub(super) fn catalogue_of(model: &str, entry: CatalogueModel) -> ModelCatalogue {
     ModelCatalogue {
         models: [(model.to_string(), entry)].into_iter().collect(),
         allowed_hosts: Vec::new(),
     }
 }
 
-/// The provider of `model` as a worker with `entry` in its catalogue builds it.
-fn provider<D: Dialect>(model: &str, entry: &CatalogueModel) -> HttpProvider<D> {
+/// The provider of `model` as a worker with `entry` in its catalogue builds it, with
+/// neither streaming nor the prompt cache (the plain request shapes).
+pub(super) fn provider<D: Dialect>(model: &str, entry: &CatalogueModel) -> HttpProvider<D> {
+    let plain = Endpoint {
+        stream: Some(false),
+        cache: Some(CacheMode::Off),
+        ..Endpoint::default()
+    };
+    provider_with(model, entry, &plain)
+}
+
+/// The provider of `model` with the spec's settings `spec`.
+pub(super) fn provider_with<D: Dialect>(
+    model: &str,
+    entry: &CatalogueModel,
+    spec: &Endpoint,
+) -> HttpProvider<D> {
     let route = catalogue_of(model, entry.clone())
         .route(model, None)
         .unwrap();
     HttpProvider::new(model, &route, client().unwrap())
         .unwrap()
         .with_backoff(fast_backoff())
+        .with_settings(CallSettings::of(Some(spec)))
 }
 
-fn openai(server: &MockApi, ep: CatalogueModel) -> OpenAiProvider {
+pub(super) fn openai(server: &MockApi, ep: CatalogueModel) -> OpenAiProvider {
     provider("openai:test-model", &at(server, ep))
 }
 
-fn anthropic(server: &MockApi, ep: CatalogueModel) -> AnthropicProvider {
+pub(super) fn anthropic(server: &MockApi, ep: CatalogueModel) -> AnthropicProvider {
     provider("anthropic:claude-test", &at(server, ep))
 }
 
-fn req<'a>(messages: &'a [Message], tools: &'a [ToolSpec]) -> ModelRequest<'a> {
+pub(super) fn req<'a>(messages: &'a [Message], tools: &'a [ToolSpec]) -> ModelRequest<'a> {
     ModelRequest {
         model: "test",
         messages,
@@ -227,15 +91,19 @@ fn req<'a>(messages: &'a [Message], tools: &'a [ToolSpec]) -> ModelRequest<'a> {
         index: 0,
         turn: 3,
         temperature: None,
+        cache_key: None,
+        shared_prefix: 0,
+        spend_cap: None,
+        meter: None,
     }
 }
 
-fn user(text: &str) -> Vec<Message> {
+pub(super) fn user(text: &str) -> Vec<Message> {
     vec![Message::User { text: text.into() }]
 }
 
 /// A conversation with every kind of message, a tool call round trip included.
-fn conversation() -> Vec<Message> {
+pub(super) fn conversation() -> Vec<Message> {
     vec![
         Message::System {
             text: "You are careful.".into(),
@@ -250,6 +118,7 @@ fn conversation() -> Vec<Message> {
                 name: "read_file".into(),
                 args: json!({"path": "a.txt"}),
             }],
+            reasoning: None,
         },
         Message::Tool {
             call_id: "call_a".into(),
@@ -259,7 +128,7 @@ fn conversation() -> Vec<Message> {
     ]
 }
 
-fn tools() -> Vec<ToolSpec> {
+pub(super) fn tools() -> Vec<ToolSpec> {
     vec![ToolSpec {
         name: "read_file".into(),
         description: "Read a file.".into(),
@@ -267,11 +136,11 @@ fn tools() -> Vec<ToolSpec> {
     }]
 }
 
-fn header<'a>(r: &'a Recorded, name: &str) -> Option<&'a str> {
+pub(super) fn header<'a>(r: &'a Recorded, name: &str) -> Option<&'a str> {
     r.headers.get(name).map(|v| v.to_str().unwrap())
 }
 
-fn chat_text(text: &str, usage: Value) -> Value {
+pub(super) fn chat_text(text: &str, usage: Value) -> Value {
     json!({
         "id": "chatcmpl-1",
         "object": "chat.completion",
@@ -282,7 +151,7 @@ fn chat_text(text: &str, usage: Value) -> Value {
     })
 }
 
-fn messages_text(text: &str) -> Value {
+pub(super) fn messages_text(text: &str) -> Value {
     json!({
         "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test",
         "content": [{"type": "text", "text": text}],
@@ -291,13 +160,13 @@ fn messages_text(text: &str) -> Value {
     })
 }
 
-fn key_file(dir: &tempfile::TempDir, key: &str) -> std::path::PathBuf {
+pub(super) fn key_file(dir: &tempfile::TempDir, key: &str) -> std::path::PathBuf {
     let path = dir.path().join("api-key");
     std::fs::write(&path, format!("{key}\n")).unwrap();
     path
 }
 
-async fn call<P: ModelProvider>(
+pub(super) async fn call<P: ModelProvider>(
     p: &P,
     r: &ModelRequest<'_>,
 ) -> Result<forkfleet_worker::provider::ModelReply, WorkerError> {
@@ -337,7 +206,9 @@ async fn openai_requests_and_replies_have_the_api_shape() {
         Usage {
             input_tokens: 120,
             output_tokens: 7,
-            cached_tokens: 100
+            cached_tokens: 100,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
         }
     );
 
@@ -449,7 +320,9 @@ async fn anthropic_requests_and_replies_have_the_api_shape() {
         Usage {
             input_tokens: 150,
             output_tokens: 9,
-            cached_tokens: 100
+            cached_tokens: 100,
+            cache_write_tokens: 30,
+            reasoning_tokens: 0,
         }
     );
     std::env::set_var("FORKFLEET_TEST_KEY_ANTHROPIC_SHAPE", "sk-ant-env-5678");
@@ -550,7 +423,9 @@ async fn openai_tool_calls_are_parsed() {
         Usage {
             input_tokens: 3,
             output_tokens: 19,
-            cached_tokens: 0
+            cached_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
         }
     );
 }
@@ -595,7 +470,9 @@ async fn anthropic_tool_use_is_parsed() {
         Usage {
             input_tokens: 11,
             output_tokens: 22,
-            cached_tokens: 0
+            cached_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
         }
     );
 }
@@ -979,7 +856,7 @@ const AGENT_KEY: &str = "sk-agent-test-4242";
 
 /// A worker config whose catalogue has `openai:test-model` at `server`, with its key from
 /// an environment variable.
-fn catalogued(server: &MockApi, concurrency: usize) -> WorkerConfig {
+pub(super) fn catalogued(server: &MockApi, concurrency: usize) -> WorkerConfig {
     std::env::set_var(AGENT_KEY_ENV, AGENT_KEY);
     let entry = at(
         server,
@@ -1015,7 +892,7 @@ fn spec_url(server: &MockApi) -> Endpoint {
 
 /// A branch task for `openai:test-model`, which the worker's catalogue routes (see
 /// [`catalogued`]).
-fn real_task(
+pub(super) fn real_task(
     fx: &Fixture,
     _server: &MockApi,
     label: &str,
@@ -1029,6 +906,7 @@ fn real_task(
         input_per_mtok: 1.0,
         output_per_mtok: 2.0,
         cached_per_mtok: Some(0.5),
+        cache_write_per_mtok: None,
     });
     task
 }
@@ -1094,12 +972,16 @@ async fn a_branch_runs_against_an_openai_compatible_server() {
             Usage {
                 input_tokens: 900,
                 output_tokens: 40,
-                cached_tokens: 600
+                cached_tokens: 600,
+                cache_write_tokens: 0,
+                reasoning_tokens: 0,
             },
             Usage {
                 input_tokens: 1000,
                 output_tokens: 8,
-                cached_tokens: 0
+                cached_tokens: 0,
+                cache_write_tokens: 0,
+                reasoning_tokens: 0,
             },
         ]
     );
@@ -1195,7 +1077,9 @@ async fn a_judge_job_reaches_its_endpoint() {
         Usage {
             input_tokens: 500,
             output_tokens: 30,
-            cached_tokens: 0
+            cached_tokens: 0,
+            cache_write_tokens: 0,
+            reasoning_tokens: 0,
         }
     );
     server.until_request(0).await;

@@ -220,6 +220,7 @@ async fn branch_spans_follow_the_genai_conventions_and_capture_text_only_when_en
         input_per_mtok: 1.0,
         output_per_mtok: 2.0,
         cached_per_mtok: None,
+        cache_write_per_mtok: None,
     };
     let mut plain = fx.task("plain", 0, snap, script);
     plain.price = Some(price);

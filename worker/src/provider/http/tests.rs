@@ -139,6 +139,16 @@ fn settings_have_defaults_and_keys_come_from_the_route() {
     assert_eq!(a.timeout, Duration::from_millis(2500));
     assert_eq!(a.max_retries, 0);
     assert_eq!(a.load_key().unwrap(), None);
+    // A local server gets `max_tokens`, OpenAI's own API `max_completion_tokens` (its
+    // reasoning models refuse the other); the spec's token_param chooses either.
+    assert_eq!(a.token_param(), TokenParam::MaxTokens);
+    assert_eq!(
+        api(None).unwrap().token_param(),
+        TokenParam::MaxCompletionTokens
+    );
+    let mut chosen = api(None).unwrap();
+    chosen.settings.token_param = Some(TokenParam::MaxTokens);
+    assert_eq!(chosen.token_param(), TokenParam::MaxTokens);
     // A named variable must be set, even for a local server.
     let named = ModelRoute {
         key: Some(KeySource::Env(
