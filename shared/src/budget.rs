@@ -198,7 +198,7 @@ pub fn json_len(value: &serde_json::Value) -> u64 {
 
 /// The upper bound of a call's cost: its estimated usage at `price`. Only the estimate's
 /// `cached_tokens` are priced at the cached rate (a provider counts there only a prefix its
-/// API confirmed cached, ADR 25); every other input token at the higher of the input and
+/// API confirmed cached, ADR 26); every other input token at the higher of the input and
 /// cache-write rates, as it may be written to the cache.
 pub fn estimate_cost(price: &Price, estimate: &Usage) -> f64 {
     let cached = estimate.cached_tokens.min(estimate.input_tokens);

@@ -129,7 +129,7 @@ pub struct WorkerConfig {
     /// `base_url` may point at (ADR 16); advertised in the heartbeat, keys never.
     pub catalogue: Arc<forkfleet_shared::catalogue::ModelCatalogue>,
     /// The first call of a fork's branches that use a prompt cache goes alone on this
-    /// worker, the others waiting for it to warm the cache (`warmup`, ADR 25); `false`: every
+    /// worker, the others waiting for it to warm the cache (`warmup`, ADR 26); `false`: every
     /// branch calls at once.
     pub prompt_cache_warmup: bool,
 }

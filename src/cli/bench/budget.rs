@@ -28,7 +28,7 @@
 //! got: that bill is the true spend. Its calls are capped at 256 output tokens (the
 //! answers are 200), so a strict reservation is not the default cap's 4,096. A fifth case
 //! caps each branch (50% of its own uncapped spend) instead of the fork: in best-effort
-//! mode the worker cuts a streamed answer mid-stream at the branch's cap (ADR 25).
+//! mode the worker cuts a streamed answer mid-stream at the branch's cap (ADR 26).
 
 use super::cluster::{settle, Cluster};
 use super::{file_for, peak_rss_mb, seed_workspace, BenchBus, BENCH_MODEL};

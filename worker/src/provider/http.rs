@@ -46,7 +46,7 @@
 //!   many tokens of its prefix cached; for four minutes (Anthropic's cache lives five,
 //!   refreshed by every read) the call's [`ModelProvider::estimate`] counts them as cached,
 //!   and every other input token as a cache write when the dialect writes at a surcharge
-//!   (ADR 25).
+//!   (ADR 26).
 //! - **Tracing.** A debug event per attempt (provider, model, attempt, status, latency), a
 //!   warning per retry; never the key, never a body.
 
@@ -355,7 +355,7 @@ impl<D: Dialect> ModelProvider for HttpProvider<D> {
 
     /// [`upper_bound_estimate`], plus the thinking budget; with the prompt cache on, the
     /// prefix a recent answer confirmed cached counts as cached and, where writes cost
-    /// more, the rest as written (ADR 25).
+    /// more, the rest as written (ADR 26).
     fn estimate(&self, req: &ModelRequest<'_>) -> Usage {
         let mut usage = upper_bound_estimate(req);
         usage.output_tokens += D::extra_output_tokens(&self.api);
