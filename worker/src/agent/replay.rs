@@ -32,6 +32,16 @@ pub(crate) struct Replay {
     record_live: bool,
 }
 
+/// A model response served from the record: what the recorded call answered, and why it
+/// stopped (so the replayed log is the parent's, event for event).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Served {
+    pub(crate) text: Option<String>,
+    pub(crate) tool_calls: Vec<ToolCall>,
+    pub(crate) finish_reason: Option<String>,
+    pub(crate) reasoning: Option<String>,
+}
+
 /// What the next recorded model call is.
 pub(crate) enum Next<'a> {
     /// A recorded call to serve or diverge from: its seq in the parent and its request.
@@ -105,15 +115,24 @@ impl Replay {
     }
 
     /// The recorded response, served: the record moves past it.
-    pub(crate) fn serve_response(&mut self) -> Option<(Option<String>, Vec<ToolCall>)> {
+    pub(crate) fn serve_response(&mut self) -> Option<Served> {
         match self.items.get(self.pos) {
             Some((
                 _,
                 Event::ModelResponse {
-                    text, tool_calls, ..
+                    text,
+                    tool_calls,
+                    finish_reason,
+                    reasoning,
+                    ..
                 },
             )) => {
-                let out = (text.clone(), tool_calls.clone());
+                let out = Served {
+                    text: text.clone(),
+                    tool_calls: tool_calls.clone(),
+                    finish_reason: finish_reason.clone(),
+                    reasoning: reasoning.clone(),
+                };
                 self.pos += 1;
                 Some(out)
             }
@@ -266,7 +285,7 @@ mod tests {
         let mut r = replay(&[]).unwrap();
         assert_eq!(r.inputs().len(), 2);
         assert!(matches!(r.next(), Next::Call { seq: 4, .. }));
-        let (_, calls) = r.serve_response().unwrap();
+        let calls = r.serve_response().unwrap().tool_calls;
         let (changes, result) = r.serve_tool(&calls[0]).unwrap();
         assert!(changes.is_empty());
         assert!(matches!(result, Event::ToolResult { .. }));

@@ -147,11 +147,14 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             }
         },
     };
-    // Why the live call's answer stopped, and its reasoning items.
-    let mut finish_reason = None;
-    let mut reasoning = None;
+    // Why the answer stopped, and its reasoning items (the live call's, or the record's).
+    let finish_reason: Option<String>;
+    let reasoning: Option<String>;
     let (text, tool_calls) = match served {
         Some(answer) => {
+            // As the record says it stopped (and the reasoning the next call sends back).
+            finish_reason = answer.finish_reason;
+            reasoning = answer.reasoning;
             run.turns += 1;
             // Served from the record: no provider call, nothing spent.
             out.publish(Event::Usage {
@@ -162,7 +165,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 cached: true,
             })
             .await?;
-            answer
+            (answer.text, answer.tool_calls)
         }
         None => {
             // Best-effort mode stopping at the branch's cap: the answer is metered as it
