@@ -12,11 +12,15 @@
 //!   during the last call first, then those sent since, in order), check max_turns, then
 //!   the budget: with `task.reserve` (strict mode) reserve the call's upper-bound cost on
 //!   `coord.budget` (granted: go on; refused: stop or pause; gone: drop the task), else
-//!   check the branch's own cap locally. Then call the model, racing the call against the
-//!   control channel: `terminate`, `stop` or `pause` cancels the call (nothing is published
-//!   for it) and ends the turn at once, a `steer` is buffered. Publish the call's usage
-//!   (naming its reservation) and then its response, run the tools (each `file_change`
-//!   after its blob is stored, then the `tool_result`).
+//!   check the branch's own cap locally. A branch's first call with a prompt cache waits
+//!   for the fork's first call on this worker to warm it (`crate::warmup`). Then call the
+//!   model, racing the call against the control channel: `terminate`, `stop` or `pause`
+//!   cancels the call (only the usage of what it had streamed is published) and ends the
+//!   turn at once, a `steer` is buffered. Publish the call's usage (naming its
+//!   reservation) and then its response (with its finish reason; an answer cut at the
+//!   output cap with no tool call continues or ends `truncated`, one cut at the branch's
+//!   cap ends it), run the tools (each `file_change` after its blob is stored, then the
+//!   `tool_result`).
 //! - finish: publish the terminal status as the branch's last event, ack the task, stop.
 //! - pause (a budget cap with `on_exhausted = "pause"`): the same with `status: paused`;
 //!   the branch is not finished, and a top-up makes the coordinator enqueue it again with

@@ -217,6 +217,10 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                         {
                             return Ok(step);
                         }
+                        // The wait took time: the lease is checked again before the call.
+                        if let Some(step) = lease_lost(lease) {
+                            return Ok(step);
+                        }
                         None
                     }
                 }
