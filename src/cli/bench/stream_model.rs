@@ -7,9 +7,9 @@
 //! text delta of about 400 characters, then the tool call's arguments padded to fill the
 //! rest) streamed as 20 chunks spread evenly over the call's latency (`latency_ms` plus a
 //! jitter fixed by branch and call), then the usage (1,000 input, 200 output). The bill:
-//! a call's 1,000 input tokens once its first chunk goes out, and 10 output tokens per
-//! chunk generated; a client that goes away stops the generation, so a cut or cancelled
-//! call is billed what it got.
+//! a call's 1,000 input tokens when it arrives (the input is read at once), and 10 output
+//! tokens per chunk generated; a client that goes away stops the generation, so a cut or
+//! cancelled call is billed its input and the output it got.
 
 use super::file_for;
 use axum::body::Bytes;
@@ -119,6 +119,8 @@ async fn chat(
     let Some((b, k, turn)) = position(&body) else {
         return (axum::http::StatusCode::BAD_REQUEST, "no BENCH steer").into_response();
     };
+    // The input is read (and billed) as the call arrives.
+    model.add(|bill| bill.input_tokens += INPUT_TOKENS);
     let latency = model.latency_ms + jitter(b, turn, model.jitter_ms);
     let pause = Duration::from_millis(latency / CHUNKS);
     let chars = (CHUNKS * TOKENS_PER_CHUNK * 4) as usize;
@@ -190,12 +192,7 @@ async fn chat(
             } else {
                 CHUNKS * TOKENS_PER_CHUNK / n as u64
             };
-            model.add(|b| {
-                if i == 0 {
-                    b.input_tokens += INPUT_TOKENS;
-                }
-                b.output_tokens += tokens;
-            });
+            model.add(|b| b.output_tokens += tokens);
             Some((Ok(chunk(delta, Value::Null)), (model, pieces, false)))
         },
     );

@@ -329,6 +329,11 @@ impl<D: Dialect> ModelProvider for HttpProvider<D> {
         let messages = req.messages.len();
         let reply = if self.api.settings.stream {
             let resp = self.api.send(body.into(), messages, stream_start).await?;
+            // Answered: the API is reading the input, which it bills even if the call is
+            // cancelled before the first event.
+            if let Some(meter) = req.meter {
+                meter.set(running_usage(&D::Stream::default(), req));
+            }
             if is_event_stream(resp.headers()) {
                 self.read_stream(resp, req).await?
             } else {
