@@ -327,13 +327,13 @@ impl<D: Dialect> ModelProvider for HttpProvider<D> {
                 .bad_response(format!("cannot encode the request: {e}"))
         })?;
         let messages = req.messages.len();
+        // From here the API may read the input, which it bills even if the call is
+        // cancelled before any answer: a caller that cancels counts it (estimated).
+        if let Some(meter) = req.meter {
+            meter.set(running_usage(&D::Stream::default(), req));
+        }
         let reply = if self.api.settings.stream {
             let resp = self.api.send(body.into(), messages, stream_start).await?;
-            // Answered: the API is reading the input, which it bills even if the call is
-            // cancelled before the first event.
-            if let Some(meter) = req.meter {
-                meter.set(running_usage(&D::Stream::default(), req));
-            }
             if is_event_stream(resp.headers()) {
                 self.read_stream(resp, req).await?
             } else {

@@ -597,7 +597,8 @@ async fn dropping_a_streamed_call_closes_its_stream_at_once() {
     .expect("the stream's first event was not read within the wait");
     assert!(!running.is_finished());
     // ...and its meter holds what it had streamed: the input estimated from the request
-    // ("hi": 1 token; counted from the answer's start), 14 characters of output (4 tokens).
+    // ("hi": 1 token; counted from the request's sending), 14 characters of output (4
+    // tokens).
     assert_eq!(meter.get(), Some(Usage::tokens(1, 4)));
     running.abort();
     server.until_dropped().await;

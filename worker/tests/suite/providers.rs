@@ -7,13 +7,14 @@ use super::mock_api::*;
 use forkfleet_shared::catalogue::{CatalogueModel, ModelCatalogue};
 use forkfleet_shared::endpoint::{CacheMode, Endpoint};
 use forkfleet_shared::error::ErrorKind;
-use forkfleet_shared::event::{Event, Message, ToolCall, Usage};
+use forkfleet_shared::event::{messages_from_events, Event, Message, ToolCall, Usage};
 use forkfleet_shared::pricing::Price;
 use forkfleet_shared::protocol::ControlCommand;
 use forkfleet_shared::state::BranchState;
 use forkfleet_worker::provider::http::{client, Backoff, CallSettings, Dialect, HttpProvider};
 use forkfleet_worker::provider::{
-    AnthropicProvider, ModelProvider, ModelRequest, OpenAiProvider, ToolSpec,
+    estimate_tokens, message_chars, AnthropicProvider, ModelProvider, ModelRequest, OpenAiProvider,
+    ToolSpec,
 };
 use forkfleet_worker::{WorkerConfig, WorkerError};
 use serde_json::{json, Value};
@@ -1034,7 +1035,26 @@ async fn terminate_aborts_a_slow_model_call() {
         events.terminal(task.run_id),
         Some((BranchState::Terminated, Some("too slow".into())))
     );
-    assert_eq!(events.count(task.run_id, "usage"), 0);
+    // The call was sent, so its input may have been billed: its usage is the input
+    // estimated from the request (no output came), published before the status.
+    let log = events.of(task.run_id);
+    let usages: Vec<&Event> = log
+        .iter()
+        .filter(|e| matches!(e, Event::Usage { .. }))
+        .collect();
+    let [Event::Usage {
+        usage, cost_usd, ..
+    }] = usages.as_slice()
+    else {
+        panic!("one usage event expected: {usages:?}");
+    };
+    let seen = messages_from_events(&fx.initial_log(&task));
+    assert_eq!(
+        *usage,
+        Usage::tokens(estimate_tokens(message_chars(&seen)), 0)
+    );
+    assert!(*cost_usd > 0.0);
+    assert!(matches!(log.last(), Some(Event::Status { .. })));
     assert_eq!(events.count(task.run_id, "model_response"), 0);
     assert!(took < Duration::from_secs(5), "took {took:?}");
     assert_eq!(server.requests().len(), 1);
