@@ -223,6 +223,14 @@ pub fn split_model(model: &str) -> Result<(&str, &str), WorkerError> {
     })
 }
 
+/// The input tokens of a request estimated from its size: one per four characters of its
+/// messages and of its tool schemas (as JSON). What a provider bills for a call cancelled
+/// before it reported its usage.
+pub fn request_tokens(req: &ModelRequest<'_>) -> u64 {
+    let tools = measured_json_bytes(req.tools).unwrap_or_else(|| tools_json_bytes(req.tools));
+    estimate_tokens(message_chars(req.messages) + tools as u64)
+}
+
 /// Estimated tokens of a text: one per four characters, rounded up.
 pub fn estimate_tokens(chars: u64) -> u64 {
     chars.div_ceil(4)

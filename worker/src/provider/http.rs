@@ -52,8 +52,8 @@
 
 use super::sse::SseParser;
 use super::{
-    estimate_tokens, message_chars, size_estimate, upper_bound_estimate, ModelProvider, ModelReply,
-    ModelRequest, BUDGET_CUT,
+    estimate_tokens, request_tokens, size_estimate, upper_bound_estimate, ModelProvider,
+    ModelReply, ModelRequest, BUDGET_CUT,
 };
 use crate::error::WorkerError;
 use async_trait::async_trait;
@@ -307,7 +307,7 @@ impl<D: Dialect> HttpProvider<D> {
 }
 
 /// The usage of a stream so far: its input as reported (else estimated from the request's
-/// sizes), its output at four characters a token.
+/// size, [`request_tokens`]), its output at four characters a token.
 fn running_usage<S: StreamState>(state: &S, req: &ModelRequest<'_>) -> Usage {
     let output = estimate_tokens(state.output_chars());
     match state.input_usage() {
@@ -315,7 +315,7 @@ fn running_usage<S: StreamState>(state: &S, req: &ModelRequest<'_>) -> Usage {
             output_tokens: output,
             ..input
         },
-        None => Usage::tokens(estimate_tokens(message_chars(req.messages)), output),
+        None => Usage::tokens(request_tokens(req), output),
     }
 }
 

@@ -11,14 +11,14 @@ use super::providers::{
 };
 use forkfleet_shared::catalogue::CatalogueModel;
 use forkfleet_shared::endpoint::{CacheMode, Endpoint, OpenAiApi, TokenParam};
-use forkfleet_shared::event::{Event, Message, ToolCall, Usage};
+use forkfleet_shared::event::{messages_from_events, Event, Message, ToolCall, Usage};
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::pricing::{builtin_price, Price};
 use forkfleet_shared::spec::{OnTruncated, CONTINUE_TRUNCATED};
 use forkfleet_shared::state::BranchState;
 use forkfleet_worker::provider::{
-    AnthropicProvider, ModelProvider, ModelRequest, OpenAiProvider, ResponsesProvider, SpendCap,
-    StreamMeter, BUDGET_CUT,
+    estimate_tokens, message_chars, AnthropicProvider, ModelProvider, ModelRequest, OpenAiProvider,
+    ResponsesProvider, SpendCap, StreamMeter, BUDGET_CUT,
 };
 use serde_json::{json, Value};
 
@@ -900,8 +900,12 @@ async fn a_best_effort_branch_is_cut_mid_answer_at_its_cap() {
     let fx = Fixture::new().await;
     let mut task = real_task(&fx, &server, "capped");
     // real_task's price: $1 per million input tokens, $2 per million output. The input
-    // (64 characters of messages: 16 tokens) and 92 tokens of output fit in $0.0002.
-    task.budget_usd = Some(0.0002);
+    // (the messages and the worker's tool schemas at four characters a token, as the
+    // stream reports none) and 92.5 tokens of output fit.
+    let seen = messages_from_events(&fx.initial_log(&task));
+    let tools = forkfleet_worker::toolspec::tool_specs_json_bytes() as u64;
+    let input = estimate_tokens(message_chars(&seen) + tools) as f64;
+    task.budget_usd = Some((input + 185.0) / 1e6);
     fx.enqueue(&task).await;
     let mut events = fx.events().await;
     let worker = start(&fx, catalogued(&server, 1)).await;
@@ -935,6 +939,6 @@ async fn a_best_effort_branch_is_cut_mid_answer_at_its_cap() {
         .sum();
     // Cut at the first event past the cap (47 parts of 8 characters: 94 tokens): over it
     // by one event's tokens.
-    assert!((cost - (16.0 + 94.0 * 2.0) / 1e6).abs() < 1e-12, "{cost}");
+    assert!((cost - (input + 94.0 * 2.0) / 1e6).abs() < 1e-12, "{cost}");
     assert_eq!(text.len(), 47 * 8, "{text}");
 }

@@ -1048,10 +1048,12 @@ async fn terminate_aborts_a_slow_model_call() {
     else {
         panic!("one usage event expected: {usages:?}");
     };
+    // (Its messages and the worker's tool schemas, four characters a token.)
     let seen = messages_from_events(&fx.initial_log(&task));
+    let tools = forkfleet_worker::toolspec::tool_specs_json_bytes() as u64;
     assert_eq!(
         *usage,
-        Usage::tokens(estimate_tokens(message_chars(&seen)), 0)
+        Usage::tokens(estimate_tokens(message_chars(&seen) + tools), 0)
     );
     assert!(*cost_usd > 0.0);
     assert!(matches!(log.last(), Some(Event::Status { .. })));
