@@ -65,6 +65,33 @@ pub enum TokenParam {
     MaxCompletionTokens,
 }
 
+/// The `tool_choice` an OpenAI-compatible request sends with its tools (`tool_choice`;
+/// unset: none is sent, and the server's default applies). llama-cpp-python's
+/// `chatml-function-calling` chat format, for one, leaves the tools out of the prompt
+/// unless a request says `auto`; vLLM refuses `auto` unless started with
+/// `--enable-auto-tool-choice`, so it is not sent by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides whether to call a tool.
+    Auto,
+    /// The model must call a tool.
+    Required,
+    /// The model must not call a tool.
+    None,
+}
+
+impl ToolChoice {
+    /// The value as the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolChoice::Auto => "auto",
+            ToolChoice::Required => "required",
+            ToolChoice::None => "none",
+        }
+    }
+}
+
 /// The valid `reasoning_effort` values.
 pub const REASONING_EFFORTS: &[&str] = &["minimal", "low", "medium", "high"];
 /// The least `thinking_budget` Anthropic accepts.
@@ -109,6 +136,10 @@ pub struct Endpoint {
     /// `max_completion_tokens` for OpenAI's own API, `max_tokens` for any other base URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_param: Option<TokenParam>,
+    /// `openai:` models: the `tool_choice` sent with a request that has tools (`auto`,
+    /// `required` or `none`; unset: none sent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
     /// `anthropic:` models: extended thinking with this many tokens of budget (at least
     /// 1024, and below the call's output cap).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -203,6 +234,7 @@ impl Endpoint {
             "openai",
         )?;
         only("token_param", self.token_param.is_some(), "openai")?;
+        only("tool_choice", self.tool_choice.is_some(), "openai")?;
         only(
             "thinking_budget",
             self.thinking_budget.is_some(),

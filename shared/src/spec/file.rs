@@ -154,6 +154,9 @@ pub struct ModelSection {
     /// `openai:` chat models: `max_tokens` or `max_completion_tokens`.
     #[serde(default)]
     pub token_param: Option<crate::endpoint::TokenParam>,
+    /// `openai:` models: the `tool_choice` sent with tools (`auto`, `required`, `none`).
+    #[serde(default)]
+    pub tool_choice: Option<crate::endpoint::ToolChoice>,
     /// `anthropic:` models: extended thinking's budget, tokens.
     #[serde(default)]
     pub thinking_budget: Option<u32>,
@@ -177,6 +180,7 @@ impl ModelSection {
             stream: self.stream,
             reasoning_effort: self.reasoning_effort.clone(),
             token_param: self.token_param,
+            tool_choice: self.tool_choice,
             thinking_budget: self.thinking_budget,
         }
     }

@@ -217,7 +217,7 @@ impl ForkPlan {
 }
 
 /// Why a scripted model's section may not set connection settings.
-pub(super) const SCRIPTED_TAKES_NO_ENDPOINT: &str = "a scripted model takes only `script` and `price`; base_url, api_key_env, api_key_file, timeout_s, max_retries, api, cache, stream, reasoning_effort, token_param and thinking_budget are for openai: and anthropic: models";
+pub(super) const SCRIPTED_TAKES_NO_ENDPOINT: &str = "a scripted model takes only `script` and `price`; base_url, api_key_env, api_key_file, timeout_s, max_retries, api, cache, stream, reasoning_effort, token_param, tool_choice and thinking_budget are for openai: and anthropic: models";
 
 /// Why a real model's section may not name a script.
 pub(super) const ONLY_SCRIPTED_TAKE_A_SCRIPT: &str = "only scripted: models take a `script`";

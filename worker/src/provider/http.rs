@@ -59,7 +59,7 @@ use crate::error::WorkerError;
 use async_trait::async_trait;
 use bytes::Bytes;
 use forkfleet_shared::catalogue::{KeySource, ModelRoute};
-use forkfleet_shared::endpoint::{Endpoint, TokenParam};
+use forkfleet_shared::endpoint::{Endpoint, TokenParam, ToolChoice};
 use forkfleet_shared::event::{ToolCall, Usage};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::StatusCode;
@@ -116,6 +116,8 @@ pub struct CallSettings {
     pub reasoning_effort: Option<String>,
     /// OpenAI chat's output cap field (`None`: by the base URL, see [`Api::token_param`]).
     pub token_param: Option<TokenParam>,
+    /// OpenAI's `tool_choice`, sent with tools.
+    pub tool_choice: Option<ToolChoice>,
     /// Anthropic's extended thinking budget.
     pub thinking_budget: Option<u32>,
 }
@@ -135,6 +137,7 @@ impl CallSettings {
             cache: e.caches(),
             reasoning_effort: e.reasoning_effort,
             token_param: e.token_param,
+            tool_choice: e.tool_choice,
             thinking_budget: e.thinking_budget,
         }
     }

@@ -38,7 +38,7 @@ use super::http::{
 };
 use super::{ModelReply, ModelRequest, ToolSpec};
 use crate::error::WorkerError;
-use forkfleet_shared::endpoint::TokenParam;
+use forkfleet_shared::endpoint::{TokenParam, ToolChoice};
 use forkfleet_shared::event::{Message, ToolCall, Usage};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
@@ -73,6 +73,7 @@ impl Dialect for OpenAi {
             reasoning_effort: settings.reasoning_effort.as_deref(),
             cache: settings.cache,
             stream: settings.stream,
+            tool_choice: settings.tool_choice,
         };
         serde_json::to_vec(&request(api.name(), req, &options))
     }
@@ -88,6 +89,7 @@ struct ChatOptions<'a> {
     reasoning_effort: Option<&'a str>,
     cache: bool,
     stream: bool,
+    tool_choice: Option<ToolChoice>,
 }
 
 /// The prompt-cache key of a cache family (the fork tree's root).
@@ -103,6 +105,8 @@ struct ChatRequest<'a> {
     messages: Vec<ChatMessage<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<ChatTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -223,6 +227,10 @@ fn request<'a>(
         model: name,
         messages,
         tools: req.tools.iter().map(tool).collect(),
+        tool_choice: options
+            .tool_choice
+            .filter(|_| !req.tools.is_empty())
+            .map(ToolChoice::as_str),
         max_tokens: cap.filter(|_| !completion),
         max_completion_tokens: cap.filter(|_| completion),
         reasoning_effort: options.reasoning_effort,

@@ -142,6 +142,9 @@ fn request(api: &Api, req: &ModelRequest<'_>) -> Value {
             })
             .collect();
         fields.insert("tools".into(), Value::Array(tools));
+        if let Some(choice) = settings.tool_choice {
+            fields.insert("tool_choice".into(), json!(choice.as_str()));
+        }
     }
     if let Some(effort) = &settings.reasoning_effort {
         fields.insert("reasoning".into(), json!({"effort": effort}));

@@ -10,7 +10,7 @@ use super::providers::{
     at, call, catalogued, conversation, provider_with, real_task, req, tools, user,
 };
 use forkfleet_shared::catalogue::CatalogueModel;
-use forkfleet_shared::endpoint::{CacheMode, Endpoint, OpenAiApi, TokenParam};
+use forkfleet_shared::endpoint::{CacheMode, Endpoint, OpenAiApi, TokenParam, ToolChoice};
 use forkfleet_shared::event::{messages_from_events, Event, Message, ToolCall, Usage};
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::pricing::{builtin_price, Price};
@@ -380,6 +380,52 @@ async fn a_streamed_chat_completion_is_assembled_and_reasoning_models_get_their_
     assert_eq!(body["reasoning_effort"], "low");
     assert_eq!(body["prompt_cache_key"], "forkfleet-root-1");
     assert_eq!(body["stream"], true);
+}
+
+/// `tool_choice` is sent only when the model's settings name one and the request has
+/// tools (llama-cpp-python's `chatml-function-calling` format drops the tools without
+/// `auto`; vLLM refuses `auto` unless started for it, so nothing is sent by default).
+#[tokio::test]
+async fn tool_choice_is_sent_with_tools_only_when_configured() {
+    let mut server = MockApi::start(|_, _| chat_stream()).await;
+    let auto = Endpoint {
+        tool_choice: Some(ToolChoice::Auto),
+        ..Endpoint::default()
+    };
+    let hi = user("Read a.txt");
+    let tools = tools();
+    for (endpoint, with_tools, want) in [
+        (auto.clone(), true, Some("auto")),
+        (auto, false, None),
+        (Endpoint::default(), true, None),
+    ] {
+        let p = openai_with(&server, endpoint);
+        let r = req(&hi, if with_tools { &tools } else { &[] });
+        call(&p, &r).await.unwrap();
+    }
+    server.until_request(2).await;
+    let sent: Vec<Option<String>> = server
+        .requests()
+        .iter()
+        .map(|r| {
+            r.body
+                .get("tool_choice")
+                .and_then(Value::as_str)
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(sent, vec![Some("auto".to_string()), None, None]);
+    // A setting only `openai:` models take.
+    let refused = Endpoint {
+        tool_choice: Some(ToolChoice::Required),
+        ..Endpoint::default()
+    }
+    .validate_for("anthropic")
+    .unwrap_err();
+    assert!(
+        refused.contains("tool_choice is for openai: models"),
+        "{refused}"
+    );
 }
 
 /// An Anthropic answer streamed with extended thinking: thinking (and its signature), text,
