@@ -590,6 +590,7 @@ mod tests {
             reasoning_effort: None,
             cache: true,
             stream: false,
+            tool_choice: None,
         };
         let v = serde_json::to_value(request("m", &req, &options)).unwrap();
         assert_eq!(

@@ -394,27 +394,24 @@ async fn tool_choice_is_sent_with_tools_only_when_configured() {
     };
     let hi = user("Read a.txt");
     let tools = tools();
-    for (endpoint, with_tools, want) in [
+    let cases = [
         (auto.clone(), true, Some("auto")),
         (auto, false, None),
         (Endpoint::default(), true, None),
-    ] {
-        let p = openai_with(&server, endpoint);
-        let r = req(&hi, if with_tools { &tools } else { &[] });
+    ];
+    for (endpoint, with_tools, _) in &cases {
+        let p = openai_with(&server, endpoint.clone());
+        let r = req(&hi, if *with_tools { &tools } else { &[] });
         call(&p, &r).await.unwrap();
     }
     server.until_request(2).await;
-    let sent: Vec<Option<String>> = server
-        .requests()
+    let requests = server.requests();
+    let sent: Vec<Option<&str>> = requests
         .iter()
-        .map(|r| {
-            r.body
-                .get("tool_choice")
-                .and_then(Value::as_str)
-                .map(String::from)
-        })
+        .map(|r| r.body.get("tool_choice").and_then(Value::as_str))
         .collect();
-    assert_eq!(sent, vec![Some("auto".to_string()), None, None]);
+    let want: Vec<Option<&str>> = cases.iter().map(|c| c.2).collect();
+    assert_eq!(sent, want);
     // A setting only `openai:` models take.
     let refused = Endpoint {
         tool_choice: Some(ToolChoice::Required),
