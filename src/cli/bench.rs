@@ -403,22 +403,11 @@ async fn run_fanout(
     .await?;
     let upload_s = t_up.elapsed().as_secs_f64();
     let plan = fanout_plan(n, k, script_hash);
-    let t0 = Instant::now();
-    let view = coord
-        .call(CreateFork {
-            plan,
-            parent: ParentRun::New,
-            snapshot: upload.snapshot,
-            workspace: Some(workspace.display().to_string()),
-            left_out: None,
-            git: None,
-        })
-        .await?;
-    let fork_call_s = t0.elapsed().as_secs_f64();
-    let view = coord
-        .wait_settled(view.fork_id, Duration::from_secs(args.timeout_s))
-        .await?;
-    let wall_s = t0.elapsed().as_secs_f64();
+    let Settled {
+        view,
+        created_s: fork_call_s,
+        wall_s,
+    } = settled_fork(coord, plan, upload.snapshot, workspace, args.timeout_s).await?;
 
     let t1 = Instant::now();
     let diff = coord.diff(view.fork_id, DiffOptions::default()).await?;
@@ -514,4 +503,45 @@ pub enum BenchCommand {
     /// parent history, against a local server that bills a prompt cache as Anthropic
     /// does; the fork's input cost with caching and without.
     Cache(self::cache::CacheArgs),
+}
+
+/// A fork a benchmark made and waited for.
+pub(crate) struct Settled {
+    /// The fork once every branch settled.
+    pub(crate) view: ForkView,
+    /// Seconds until the fork was created (the call answered).
+    pub(crate) created_s: f64,
+    /// Seconds until it settled, from the same start.
+    pub(crate) wall_s: f64,
+}
+
+/// Create a fork of `plan` over the uploaded `snapshot` of `workspace` and wait (at most
+/// `timeout_s`) until its branches settle.
+pub(crate) async fn settled_fork(
+    client: &Client,
+    plan: ForkPlan,
+    snapshot: BlobHash,
+    workspace: &Path,
+    timeout_s: u64,
+) -> anyhow::Result<Settled> {
+    let t0 = Instant::now();
+    let view = client
+        .call(CreateFork {
+            plan,
+            parent: ParentRun::New,
+            snapshot,
+            workspace: Some(workspace.display().to_string()),
+            left_out: None,
+            git: None,
+        })
+        .await?;
+    let created_s = t0.elapsed().as_secs_f64();
+    let view = client
+        .wait_settled(view.fork_id, Duration::from_secs(timeout_s))
+        .await?;
+    Ok(Settled {
+        view,
+        created_s,
+        wall_s: t0.elapsed().as_secs_f64(),
+    })
 }

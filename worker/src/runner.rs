@@ -95,14 +95,15 @@ impl Workdir {
     }
 
     /// A layered tree holding `target` in a new directory under `parent`: `base` below, an
-    /// upper directory with what `target` changes of it above ([`layered`]).
+    /// upper directory with what `target` changes of it above ([`layered`]); with how many
+    /// paths that was.
     pub async fn layered(
         parent: &Path,
         prefix: &str,
         base: std::sync::Arc<layered::Base>,
         target: Manifest,
         blobs: &BlobCache,
-    ) -> Result<Self, WorkerError> {
+    ) -> Result<(Self, usize), WorkerError> {
         let dirs = ["ws", "home", "tmp", "upper", "work"];
         let root = Scratch::make(parent, prefix, &dirs).await?;
         let mut work = Self {
@@ -114,18 +115,16 @@ impl Workdir {
             },
             base: Some(base),
         };
-        work.update(target, blobs).await.map_err(|(e, _)| e)?;
-        Ok(work)
+        let paths = work.update(target, blobs).await.map_err(|(e, _)| e)?;
+        Ok((work, paths))
     }
 
-    /// True when the tree is layered over a base.
-    pub fn is_layered(&self) -> bool {
-        self.base.is_some()
-    }
-
-    /// The base it is layered over.
-    pub(super) fn base(&self) -> Option<&std::sync::Arc<layered::Base>> {
-        self.base.as_ref()
+    /// The base it is layered over: which one (its address, the same for every tree over
+    /// it) and its bytes.
+    pub(super) fn base_id(&self) -> Option<(usize, u64)> {
+        self.base
+            .as_ref()
+            .map(|b| (std::sync::Arc::as_ptr(b) as usize, b.bytes()))
     }
 
     /// The bytes this tree holds on disk of its own: all of its files, or for a layered

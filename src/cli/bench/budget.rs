@@ -37,7 +37,6 @@ use clap::Args;
 use forkfleet::embedded::{Embedded, EmbeddedOptions};
 use forkfleet_client::workspace as ws;
 use forkfleet_client::{ApiClient, Client};
-use forkfleet_shared::api::{CreateFork, ParentRun};
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::budget::{BudgetMode, BudgetPolicy};
 use forkfleet_shared::flush::ConflictPolicy;
@@ -50,7 +49,6 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 const PRICE: Price = Price {
     input_per_mtok: 0.15,
@@ -475,21 +473,8 @@ async fn run_row(
         forking: false,
         solo: false,
     };
-    let t0 = Instant::now();
-    let view = coord
-        .call(CreateFork {
-            plan,
-            parent: ParentRun::New,
-            snapshot: upload.snapshot,
-            workspace: Some(workspace.display().to_string()),
-            left_out: None,
-            git: None,
-        })
-        .await?;
-    let view = coord
-        .wait_settled(view.fork_id, Duration::from_secs(args.timeout_s))
-        .await?;
-    let wall_s = t0.elapsed().as_secs_f64();
+    let super::Settled { view, wall_s, .. } =
+        super::settled_fork(coord, plan, upload.snapshot, workspace, args.timeout_s).await?;
     let cost = coord.fork_cost(view.fork_id).await?;
 
     let (true_calls, true_spend) = match streamed {

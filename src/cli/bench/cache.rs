@@ -29,7 +29,6 @@ use clap::Args;
 use forkfleet::embedded::{Embedded, EmbeddedOptions};
 use forkfleet_client::workspace as ws;
 use forkfleet_client::{ApiClient, Client};
-use forkfleet_shared::api::{CreateFork, ParentRun};
 use forkfleet_shared::catalogue::{CatalogueModel, ModelCatalogue};
 use forkfleet_shared::endpoint::{CacheMode, Endpoint};
 use forkfleet_shared::event::Message;
@@ -42,7 +41,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The model of the bench, as the workers' catalogue offers it.
 const MODEL: &str = "anthropic:claude-sonnet-4";
@@ -484,21 +483,14 @@ async fn run_row(
         [],
     )
     .await?;
-    let t0 = Instant::now();
-    let view = client
-        .call(CreateFork {
-            plan: plan(args, caching, price),
-            parent: ParentRun::New,
-            snapshot: upload.snapshot,
-            workspace: Some(workspace.display().to_string()),
-            left_out: None,
-            git: None,
-        })
-        .await?;
-    let view = client
-        .wait_settled(view.fork_id, Duration::from_secs(args.timeout_s))
-        .await?;
-    let wall_s = t0.elapsed().as_secs_f64();
+    let super::Settled { view, wall_s, .. } = super::settled_fork(
+        client,
+        plan(args, caching, price),
+        upload.snapshot,
+        workspace,
+        args.timeout_s,
+    )
+    .await?;
     let cost = client.fork_cost(view.fork_id).await?;
     let bill = emu.bill.lock().map(|b| *b).unwrap_or_default();
     let mut states = BTreeMap::new();

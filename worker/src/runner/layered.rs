@@ -323,7 +323,13 @@ fn path_c(p: &Path) -> Result<CString, String> {
 /// and a sync after every command would write out every tree being made on the worker)
 /// leaves a marker there that refuses the next mount.
 pub(super) fn reset_work(work: &Path) -> std::io::Result<()> {
-    super::remove_now(work);
+    // overlayfs leaves its own directory there without permissions: opened up first, so
+    // the removal is one pass.
+    super::make_writable(work);
+    match std::fs::remove_dir_all(work) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     std::fs::create_dir(work)
 }
 

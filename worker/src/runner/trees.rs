@@ -78,8 +78,6 @@ pub struct Trees {
     bases: Mutex<HashMap<ForkId, Arc<BaseCell>>>,
     /// Trees are layered ([`layered::supported`], unless turned off for this one).
     layered: bool,
-    /// Trees being brought up to date or compared at once ([`Trees::permit`]).
-    work: tokio::sync::Semaphore,
 }
 
 /// A fork's base on this worker, made by the first checkout that needs it.
@@ -105,8 +103,6 @@ struct HeldTree {
     used: u64,
     /// Its own bytes (a layered tree's upper directory).
     bytes: u64,
-    /// A layered tree's base: which one (its address) and its bytes.
-    base: Option<(usize, u64)>,
     /// When its branch ended.
     finished: Option<Instant>,
     tree: Workdir,
@@ -129,19 +125,7 @@ impl Trees {
             held: Mutex::new(Held::default()),
             bases: Mutex::new(HashMap::new()),
             layered: layered::supported(),
-            work: tokio::sync::Semaphore::new(
-                std::thread::available_parallelism().map_or(2, |n| n.get()) * 2,
-            ),
         }
-    }
-
-    /// A turn to bring a tree up to date or compare it: at most twice the cores at once.
-    /// Each holds the branch's whole tree, its target and the comparison's result in
-    /// memory (for a large workspace, megabytes each) and keeps the cores busy; more at
-    /// once would only add memory, not speed. `None`: never refused (the semaphore is
-    /// never closed).
-    pub async fn permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        self.work.acquire().await.ok()
     }
 
     /// Never layer trees: every branch keeps a whole tree of its own (as on a kernel
@@ -190,8 +174,7 @@ impl Trees {
         }
         if let Some(d) = &self.dir {
             if let Some(base) = self.base(key, base, blobs, &d.path).await? {
-                let tree = Workdir::layered(&d.path, prefix, base, target, blobs).await?;
-                let paths = tree.written().stamps.len();
+                let (tree, paths) = Workdir::layered(&d.path, prefix, base, target, blobs).await?;
                 return Ok((tree, Checkout::Layered { paths }));
             }
         }
@@ -268,8 +251,8 @@ impl Trees {
     /// trees over the bound and the finished ones past [`FINISHED_TTL`].
     pub fn keep(&self, key: TreeKey, tree: Workdir) {
         let bytes = tree.own_bytes();
-        let base = tree.base().map(|b| (Arc::as_ptr(b) as usize, b.bytes()));
-        if self.dir.is_none() || bytes + base.map_or(0, |b| b.1) > self.max_bytes {
+        let base_bytes = tree.base_id().map_or(0, |(_, b)| b);
+        if self.dir.is_none() || bytes + base_bytes > self.max_bytes {
             drop(tree);
             self.prune_bases();
             return;
@@ -285,7 +268,6 @@ impl Trees {
                 HeldTree {
                     used,
                     bytes,
-                    base,
                     finished: None,
                     tree,
                 },
@@ -337,7 +319,7 @@ impl Held {
         let mut total: u64 = 0;
         for (_, t) in self.trees.iter().filter(|(k, _)| !gone.contains(k)) {
             total += t.bytes;
-            if let Some((id, bytes)) = t.base {
+            if let Some((id, bytes)) = t.tree.base_id() {
                 let u = users.entry(id).or_insert((0, bytes));
                 if u.0 == 0 {
                     total += bytes;
@@ -357,7 +339,7 @@ impl Held {
                     break;
                 }
                 total -= t.bytes;
-                if let Some((id, bytes)) = t.base {
+                if let Some((id, bytes)) = t.tree.base_id() {
                     if let Some(u) = users.get_mut(&id) {
                         u.0 -= 1;
                         if u.0 == 0 {

@@ -169,11 +169,6 @@ pub(super) async fn run_command(
     };
     let not_started = |why: String| ToolOutcome::err(format!("could not start: {why}"));
     let started = std::time::Instant::now();
-    // The tree's update and comparison take a turn of the worker's (bounded memory).
-    let turn = match trees {
-        Some(slot) => slot.trees.permit().await,
-        None => None,
-    };
     let checkout = match trees {
         Some(slot) => {
             slot.trees
@@ -201,7 +196,6 @@ pub(super) async fn run_command(
         }
         Err(e) => return Ok(not_started(e.to_string())),
     };
-    drop(turn);
     let materialized = started.elapsed();
     let bytes = work.bytes();
     let spec = CommandSpec {
@@ -221,9 +215,7 @@ pub(super) async fn run_command(
     let changes = match trees {
         // Kept for the next call when the directory is a version of the workspace.
         Some(slot) => {
-            let turn = slot.trees.permit().await;
             let (changes, kept) = work.changes_keeping(MAX_IMPORT_FILE_BYTES).await;
-            drop(turn);
             if let Some(kept) = kept {
                 slot.trees.keep(slot.key.clone(), kept);
             }
