@@ -73,6 +73,7 @@ fn events() -> Vec<BranchEvent> {
 
 fn task() -> BranchTask {
     BranchTask {
+        approval: None,
         fork_id: ForkId::new(),
         run_id: RunId::new(),
         label: "b7".into(),

@@ -77,6 +77,11 @@ pub enum Command {
     },
     /// List a cluster's live workers: id, pool, running branches, last heartbeat.
     Workers(ClusterArgs),
+    /// List the tool calls that wait for a person's consent, across the fleet (or one
+    /// fork's): fork, branch, tool, call id, age, what the timeout decides and when, the
+    /// rule that matched, the arguments. Answer with `fork approve` or `fork deny`
+    /// (docs/APPROVALS.md).
+    Approvals(approvals::ApprovalsArgs),
     /// Set up a cluster's security: `cluster auth` writes the NATS permissions and
     /// credentials of each role.
     Cluster {
@@ -306,6 +311,7 @@ impl Command {
             Command::Coordinator(a) => a.config.config.as_deref(),
             Command::Worker(a) => a.config.config.as_deref(),
             Command::Workers(a) => a.config.config.as_deref(),
+            Command::Approvals(a) => a.client.config.config.as_deref(),
             Command::Log(a) => a.client.config.config.as_deref(),
             Command::Runs { command } => command.client().config.config.as_deref(),
             Command::Checkpoint { command } => command.client().config.config.as_deref(),
@@ -354,6 +360,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Fork { command } => fork::cmd_fork(command).await,
         Command::Account { command } => account::cmd_account(command).await,
         Command::Workers(args) => workers::cmd_workers(args).await,
+        Command::Approvals(args) => approvals::cmd_approvals(args).await,
         Command::Cluster { command } => cluster::cmd_cluster(command).await,
         Command::Log(args) => log::cmd_log(args).await,
         Command::Runs { command } => runs::cmd_runs(command).await,
@@ -660,6 +667,7 @@ pub(crate) fn labels<'a>(it: impl Iterator<Item = &'a str>) -> String {
 
 // The command groups, after `with_session!` (macros are in scope below their definition).
 mod account;
+mod approvals;
 mod bench;
 mod checkpoint;
 mod cluster;

@@ -24,6 +24,152 @@ pub fn paused_labels(view: &ForkView) -> Vec<&str> {
         .collect()
 }
 
+/// The labels of the branches waiting for consent to a tool call.
+pub fn awaiting_labels(view: &ForkView) -> Vec<&str> {
+    view.branches
+        .iter()
+        .filter(|b| b.state == BranchState::AwaitingApproval)
+        .map(|b| b.label.as_str())
+        .collect()
+}
+
+/// A tool call's arguments on one line, shortened.
+pub fn args_line(args: &Value) -> String {
+    // A command reads best as its command line.
+    let text = forkfleet_shared::approval::command_line(args).unwrap_or_else(|| args.to_string());
+    let one = text.replace('\n', "⏎");
+    if one.chars().count() > 80 {
+        format!("{}…", one.chars().take(80).collect::<String>())
+    } else {
+        one
+    }
+}
+
+/// How long ago `ms` was, from `now_ms`: `42s`, `3m10s`, `2h05m`.
+pub fn elapsed(now_ms: u64, ms: u64) -> String {
+    let s = now_ms.saturating_sub(ms) / 1000;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// The requests for consent that wait, one line each (`forkfleet approvals`).
+pub fn approvals_table(list: &[forkfleet_shared::approval::ApprovalView], now_ms: u64) -> String {
+    let mut out = String::new();
+    if list.is_empty() {
+        out.push_str("no request waits for approval\n");
+        return out;
+    }
+    let lw = list.iter().map(|a| a.label.chars().count()).max().unwrap_or(5).max(5);
+    let _ = writeln!(
+        out,
+        "{:<36}  {:<lw$}  {:<12}  {:<14}  {:>7}  {:>9}  {:<24}  ARGUMENTS",
+        "FORK", "LABEL", "TOOL", "CALL", "AGE", "DECIDES", "RULE"
+    );
+    for a in list {
+        let p = &a.request;
+        let _ = writeln!(
+            out,
+            "{:<36}  {:<lw$}  {:<12}  {:<14}  {:>7}  {:>9}  {:<24}  {}",
+            a.fork_id,
+            a.label,
+            p.tool,
+            p.call_id,
+            elapsed(now_ms, p.requested_at_ms),
+            format!(
+                "{} {}",
+                p.on_timeout.as_str(),
+                elapsed(p.deadline_ms, now_ms.min(p.deadline_ms))
+            ),
+            p.rule,
+            args_line(&p.args)
+        );
+    }
+    out
+}
+
+/// What to tell about branches waiting for consent, and how to answer them; `suffix` is
+/// appended to each command.
+pub fn approvals_hint(view: &ForkView, suffix: &str) -> String {
+    let waiting: Vec<&BranchView> = view
+        .branches
+        .iter()
+        .filter(|b| b.state == BranchState::AwaitingApproval)
+        .collect();
+    if waiting.is_empty() {
+        return String::new();
+    }
+    let id = view.fork_id;
+    let mut out = format!(
+        "{} of {} wait for approval of a tool call, holding no worker and no budget:\n",
+        waiting.len(),
+        count(view.branches.len(), "branch", "branches")
+    );
+    for b in &waiting {
+        if let Some(p) = &b.approval {
+            let _ = writeln!(
+                out,
+                "  {}: {} {} ({}; call {})",
+                b.label,
+                p.tool,
+                args_line(&p.args),
+                p.rule,
+                p.call_id
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "answer with:\n  forkfleet fork approve {id} LABEL{suffix}\n  forkfleet fork deny {id} LABEL --reason TEXT{suffix}"
+    );
+    out
+}
+
+/// The calls that were not run (denied, or timed out), per branch; empty when none.
+pub fn blocked_text(view: &ForkView) -> String {
+    let mut out = String::new();
+    for b in view.branches.iter().filter(|b| !b.blocked.is_empty()) {
+        for c in &b.blocked {
+            if out.is_empty() {
+                out.push_str("\nblocked calls (not run):\n");
+            }
+            let _ = writeln!(
+                out,
+                "  {}: {} {} ({}), denied by {}{}",
+                b.label,
+                c.tool,
+                args_line(&c.args),
+                c.rule,
+                c.by,
+                c.reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    out
+}
+
+/// What an answer did.
+pub fn decision_text(d: &forkfleet_shared::api::DecisionOutcome) -> String {
+    format!(
+        "{} `{}` call {} of branch `{}` (fork {}){}; the branch is {} and goes on on any worker\n",
+        if d.approved { "approved" } else { "denied" },
+        d.tool,
+        d.call_id,
+        d.label,
+        d.fork_id,
+        d.reason
+            .as_deref()
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default(),
+        d.branch.state
+    )
+}
+
 /// What to tell about branches paused by a budget cap, and how to resume them. With the
 /// fork's cost report, only the caps the fork has are named, with what is left of them.
 /// `suffix` is appended to each command (e.g. ` --data DIR`).
@@ -498,6 +644,8 @@ pub fn fork_json(
                 "usage": b.usage,
                 "changes": b.changes,
                 "error": b.error,
+                "approval": b.approval,
+                "blocked": b.blocked,
             })
         })
         .collect();
@@ -807,6 +955,33 @@ pub fn event_line(e: &Event) -> String {
         Event::Rewind { to_seq, label, .. } => {
             format!("rewind     to checkpoint {label} (history as at seq {to_seq})")
         }
+        Event::ApprovalRequested {
+            call_id,
+            tool,
+            args,
+            rule,
+            timeout_s,
+            on_timeout,
+            ..
+        } => format!(
+            "approval?  {tool} {} ({call_id}; rule {rule}; {} after {timeout_s} s)",
+            short(&args.to_string()),
+            on_timeout.as_str()
+        ),
+        Event::ApprovalDecided {
+            call_id,
+            approved,
+            by,
+            reason,
+            ..
+        } => format!(
+            "approval   {} by {by} ({call_id}){}",
+            if *approved { "approved" } else { "denied" },
+            reason
+                .as_deref()
+                .map(|r| format!(": {}", short(r)))
+                .unwrap_or_default()
+        ),
         Event::Status { state, error } => format!(
             "status     {state}{}",
             error

@@ -5,7 +5,7 @@
 
 use crate::client::Client;
 use crate::error::ClientError;
-use crate::render::{count, paused_labels};
+use crate::render::{awaiting_labels, count, paused_labels};
 use crate::watch::Until;
 use crate::{forkdir, git, workspace};
 use forkfleet_shared::api::{ApiClient, CreateFork, ForkView, ParentRun, ResolveReport};
@@ -238,9 +238,11 @@ pub async fn run_fork(
         None
     };
     let requested = opts.pick.as_deref().or(solo_pick);
-    // With branches paused, merge only a pick that has finished.
-    let pick = requested
-        .filter(|p| paused.is_empty() || view.branch(p).is_some_and(|b| b.state.is_terminal()));
+    let awaiting = !awaiting_labels(&view).is_empty();
+    // With branches paused or waiting for consent, merge only a pick that has finished.
+    let pick = requested.filter(|p| {
+        (paused.is_empty() && !awaiting) || view.branch(p).is_some_and(|b| b.state.is_terminal())
+    });
     let merge = match pick {
         Some(pick) => {
             Some(merge_and_apply(coord, fork_id, pick, Some(&loaded.workspace), None).await?)
@@ -250,11 +252,23 @@ pub async fn run_fork(
     // Without a pick, the spec's resolve path: tests and judges when it has any.
     let plan_resolves =
         loaded.plan.resolve.strategy.needs_judge() || loaded.plan.resolve.test.is_some();
-    let resolved = if requested.is_none() && paused.is_empty() && plan_resolves && !loaded.plan.solo
-    {
+    // A resolve by a judge does not wait for a person: it denies the requests that wait
+    // (docs/APPROVALS.md); a manual one leaves them to the person.
+    let resolves = plan_resolves
+        && (!awaiting || loaded.plan.resolve.strategy.needs_judge())
+        && requested.is_none()
+        && paused.is_empty()
+        && !loaded.plan.solo;
+    let resolved = if resolves {
         Some(resolve_and_apply(coord, fork_id, None, Some(&loaded.workspace), None).await?)
     } else {
         None
+    };
+    // The branches whose requests the resolve denied went on: their changes count.
+    let diff = if resolved.is_some() && awaiting {
+        coord.diff(fork_id, DiffOptions::default()).await?
+    } else {
+        diff
     };
     if resolved.as_ref().is_some_and(|r| r.report.merge.is_some()) {
         forkdir::cleanup_after_merge(coord, fork_id).await;
@@ -267,7 +281,7 @@ pub async fn run_fork(
         },
         (None, None) => None,
     };
-    let view = if merge.is_some() {
+    let view = if merge.is_some() || resolved.is_some() {
         coord.fork(fork_id).await?
     } else {
         view

@@ -4,7 +4,7 @@
 
 use crate::client::Client;
 use crate::error::ClientError;
-use crate::render::{label_width, paused_hint, paused_labels};
+use crate::render::{approvals_hint, awaiting_labels, label_width, paused_hint, paused_labels};
 use forkfleet_shared::api::ForkView;
 use forkfleet_shared::ids::ForkId;
 use forkfleet_shared::state::BranchState;
@@ -32,10 +32,13 @@ pub enum Until {
     /// Every branch has finished. Branches paused by a budget cap are waited for (a top-up
     /// from another client resumes them); the wait says so once.
     Finished,
-    /// Nothing runs: every branch has finished or is paused. A fork seen quiet with paused
-    /// branches must stay so for `grace` (resumed branches are still `paused` until a
-    /// worker picks them up); with zero grace it stops at once.
+    /// Nothing runs: every branch has finished, is paused or waits for approval. A fork
+    /// seen quiet with such branches must stay so for `grace` (resumed branches are still
+    /// `paused` until a worker picks them up); with zero grace it stops at once.
     Quiet { grace: Duration },
+    /// As [`Until::Finished`], but stop once nothing runs and a branch waits for approval
+    /// (`fork watch` on a terminal then asks the person for the answer).
+    Asking,
 }
 
 /// Follow a fork until `until` (or the fork is merged or aborted), showing progress on
@@ -121,17 +124,27 @@ pub async fn follow_with(
             return Ok(view);
         }
         let paused = paused_labels(&view);
-        if view.quiet() && !paused.is_empty() {
+        let asking = !awaiting_labels(&view).is_empty();
+        if view.quiet() && (!paused.is_empty() || asking) {
             let since = *paused_since.get_or_insert_with(Instant::now);
             match until {
                 Until::Quiet { grace } if since.elapsed() >= grace => return Ok(view),
                 Until::Quiet { .. } => {}
-                Until::Finished => {
+                Until::Asking if asking => return Ok(view),
+                Until::Finished | Until::Asking => {
                     if show && !hinted {
-                        eprint!(
-                            "  waiting for a top-up: {}",
-                            paused_hint(fork, &paused, view.branches.len(), None, coord.reach())
-                        );
+                        if asking {
+                            eprint!(
+                                "  waiting for approval: {}",
+                                approvals_hint(&view, coord.reach())
+                            );
+                        }
+                        if !paused.is_empty() {
+                            eprint!(
+                                "  waiting for a top-up: {}",
+                                paused_hint(fork, &paused, view.branches.len(), None, coord.reach())
+                            );
+                        }
                         drawn_lines = 0;
                     }
                     hinted = true;

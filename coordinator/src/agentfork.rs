@@ -39,16 +39,24 @@ impl CoordinatorHandle {
                 let fork = s
                     .fork(fork_id)?
                     .ok_or_else(|| CoordinatorError::UnknownFork(fork_id.to_string()))?;
-                let model = s
+                let agent = s
                     .branches(fork_id)?
                     .into_iter()
-                    .find(|b| b.run_id == parent_run)
-                    .map(|b| b.model)
-                    .unwrap_or_else(|| fork.plan.model.clone());
-                Ok((fork, model))
+                    .find(|b| b.run_id == parent_run);
+                let model = agent
+                    .as_ref()
+                    .map_or_else(|| fork.plan.model.clone(), |b| b.model.clone());
+                Ok((fork, (model, agent.map(|b| b.index as usize))))
             })
             .await?;
-        let plan = child_plan(&parent_fork.plan, &model, &req)?;
+        let (model, index) = model;
+        // The agent's forks wait for consent as the agent itself does.
+        let approval = index
+            .and_then(|i| parent_fork.plan.branches.get(i))
+            .and_then(|b| parent_fork.plan.approval_for(b))
+            .cloned();
+        let mut plan = child_plan(&parent_fork.plan, &model, &req)?;
+        plan.approval = approval;
         self.wait_for_log(parent_fork.fork_id, parent_run, req.cutoff_seq)
             .await?;
         self.create_fork(CreateFork {
@@ -153,6 +161,7 @@ fn child_plan(
             max_turns: parent.limits.max_turns,
             max_output_tokens: None,
             temperature: None,
+            approval: None,
         });
     }
     if branches.len() > parent.limits.max_branches {
@@ -180,6 +189,7 @@ fn child_plan(
         branches,
         run_command: parent.run_command.clone(),
         forking: parent.forking,
+        approval: None,
         solo: false,
     })
 }

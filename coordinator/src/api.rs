@@ -55,6 +55,11 @@ handlers! {
     Terminate(h, c, op) => { h.admit_fork(c, op.fork).await?; h.terminate(op.fork, &op.label).await };
     Abort(h, c, op) => { h.admit_fork(c, op.fork).await?; h.abort(op.fork).await };
     Steer(h, c, op) => { h.admit_fork(c, op.fork).await?; h.steer(op.fork, &op.label, op.text).await };
+    Approvals(h, c, op) => match op.fork {
+        Some(fork) => { h.admit_fork(c, fork).await?; Ok::<_, crate::CoordinatorError>(CoordinatorHandle::pending_approvals(&[h.fork(fork).await?])) }
+        None => Ok(CoordinatorHandle::pending_approvals(&h.forks_for(c).await?)),
+    };
+    Decide(h, c, op) => { h.admit_fork(c, op.fork).await?; h.decide(op.fork, &op.label, op.call_id, op.approve, c.name().to_string(), op.reason).await };
     Continue(h, c, op) => { h.admit_fork(c, op.fork).await?; h.follow_up(op.fork, &op.label, op.text).await };
     RunEvents(h, c, op) => { h.admit_run(c, op.run).await?; h.run_events(op.run).await.map(|events| {
         events.into_iter().map(|(seq, event)| LoggedEvent { seq, event }).collect::<Vec<_>>()

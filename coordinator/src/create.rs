@@ -208,6 +208,7 @@ pub(crate) fn branch_task(
         replay: None,
         fork_root: None,
         on_truncated: plan.limits.on_truncated,
+        approval: plan.approval_for(b).cloned(),
     }
 }
 
@@ -298,6 +299,8 @@ pub(crate) fn create_fork(
             calls: 0,
             task: None,
             cached_calls: 0,
+            approval: None,
+            blocked: Vec::new(),
         });
         let lineage = Event::Fork {
             fork_id,

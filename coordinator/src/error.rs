@@ -172,7 +172,7 @@ pub enum CoordinatorError {
     ResolveInProgress(ForkId),
     /// A resolve of a fork whose branches have not all finished; `unfinished` lists them
     /// as `` `label` (state) ``.
-    #[error("cannot resolve: fork {fork} has branches that have not finished: {}; wait for them (`forkfleet fork watch`), top up paused ones, or terminate them", .unfinished.join(", "))]
+    #[error("cannot resolve: fork {fork} has branches that have not finished: {}; wait for them (`forkfleet fork watch`), top up paused ones, answer those awaiting approval (`forkfleet approvals`), or terminate them", .unfinished.join(", "))]
     Unfinished {
         fork: ForkId,
         unfinished: Vec<String>,
@@ -251,6 +251,30 @@ pub enum CoordinatorError {
     /// A follow-up on a branch paused by a budget cap.
     #[error("branch `{label}` of fork {fork} is paused by a budget cap, not finished: raise the cap (`forkfleet fork topup {fork} --branch {label} --usd N`) to resume it, and steer it (`forkfleet fork steer {fork} {label} \"MESSAGE\"`) while it runs")]
     ContinuePaused { fork: ForkId, label: String },
+    /// A steer or follow-up of a branch whose tool call waits for consent.
+    #[error("branch `{label}` of fork {fork} waits for approval of its `{tool}` call ({call_id}): answer it first (`forkfleet fork approve {fork} {label}` or `forkfleet fork deny {fork} {label} --reason TEXT`), then steer or continue it")]
+    AwaitingApproval {
+        fork: ForkId,
+        label: String,
+        tool: String,
+        call_id: String,
+    },
+    /// An answer for a branch that is not waiting for one.
+    #[error("branch `{label}` of fork {fork} is not waiting for approval (it is {state}); nothing to answer: `forkfleet approvals` lists the requests that wait")]
+    NotAwaitingApproval {
+        fork: ForkId,
+        label: String,
+        state: BranchState,
+    },
+    /// An answer naming a call other than the one that waits.
+    #[error("branch `{label}` of fork {fork} waits for call {pending} ({tool}), not {given}: that request was answered already or never made; answer {pending}, or leave the call id out")]
+    StaleApproval {
+        fork: ForkId,
+        label: String,
+        given: String,
+        pending: String,
+        tool: String,
+    },
     /// A follow-up on a branch still running.
     #[error("branch `{label}` of fork {fork} is {state} (still running): `fork continue` starts a new turn of a finished branch; steer this one instead (`forkfleet fork steer {fork} {label} \"MESSAGE\"`)")]
     ContinueRunning {
@@ -346,6 +370,9 @@ impl CoordinatorError {
             | E::ContinueAborted(_)
             | E::CapFull { .. }
             | E::ContinuePaused { .. }
+            | E::AwaitingApproval { .. }
+            | E::NotAwaitingApproval { .. }
+            | E::StaleApproval { .. }
             | E::ContinueRunning { .. } => ErrorKind::Conflict,
             E::Bus(e) => e.kind(),
             E::Timeout { .. } | E::Closed(_) | E::StoreLocked { .. } => ErrorKind::Unavailable,

@@ -9,12 +9,14 @@
 //! (resume, follow-up, steer, terminate, abort) and `fork/merging.rs` (merge, resolve,
 //! adopt, rewind); [`ForkHandle`] is in `fork/handle.rs`.
 
+mod approvals;
 mod control;
 mod events;
 mod fencing;
 mod handle;
 mod merging;
 
+pub(crate) use approvals::Answer;
 pub(crate) use handle::ForkHandle;
 
 use crate::budget::Ledger;
@@ -26,7 +28,7 @@ use crate::replica::BranchReplica;
 use crate::store::{ForkRecord, RunStore};
 use forkfleet_bus::Bus;
 use forkfleet_shared::api::{
-    AbortOutcome, ContinueOutcome, ForkView, MergeOutcome, SteerOutcome, TerminateOutcome,
+    AbortOutcome, ContinueOutcome, DecisionOutcome, ForkView, MergeOutcome, SteerOutcome, TerminateOutcome,
 };
 use forkfleet_shared::diff::{diff_overlays, DiffOptions, DiffReport};
 use forkfleet_shared::event::Event;
@@ -60,12 +62,14 @@ pub(crate) enum Requeue {
 pub(crate) enum ForkArgs {
     Created {
         prepared: Box<PreparedFork>,
+        pool: String,
         store: RunStore,
         bus: Arc<dyn Bus>,
         ledger: Arc<Ledger>,
     },
     Load {
         fork: ForkId,
+        pool: String,
         store: RunStore,
         bus: Arc<dyn Bus>,
         ledger: Arc<Ledger>,
@@ -73,6 +77,11 @@ pub(crate) enum ForkArgs {
 }
 
 pub(crate) struct ForkState {
+    /// The pool the branches' tasks go to when the actor enqueues one itself (an answer
+    /// to a request for consent that timed out).
+    pool: String,
+    /// This actor, for its timers (requests for consent that time out).
+    myself: ActorRef<ForkMsg>,
     store: RunStore,
     bus: Arc<dyn Bus>,
     ledger: Arc<Ledger>,
@@ -188,6 +197,20 @@ pub(crate) enum ForkMsg {
         Box<MergeOutcome>,
         RpcReplyPort<Result<FlushReport, CoordinatorError>>,
     ),
+    /// Answer the request for consent of the branch labelled in the answer.
+    Decide(
+        Answer,
+        RpcReplyPort<Result<DecisionOutcome, CoordinatorError>>,
+    ),
+    /// Deny every request for consent that waits, as decided by `by` for `reason` (a
+    /// resolve that does not wait for a person). The reply lists the branches answered.
+    DenyWaiting(
+        String,
+        String,
+        RpcReplyPort<Result<Vec<String>, CoordinatorError>>,
+    ),
+    /// The timer of branch run's request for call id fired.
+    ApprovalTimeout(RunId, String),
     /// A merge's blocking part finished.
     MergeFinished(
         Box<Result<MergeDone, CoordinatorError>>,
@@ -349,12 +372,13 @@ impl Actor for ForkActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let (store, bus, ledger, record, base, branches, checkpoints) = match args {
+        let (pool, store, bus, ledger, record, base, branches, checkpoints) = match args {
             ForkArgs::Created {
                 prepared,
+                pool,
                 store,
                 bus,
                 ledger,
@@ -370,10 +394,11 @@ impl Actor for ForkActor {
                     .map(|b| BranchReplica::new(b, base.clone()))
                     .collect();
                 let checkpoints = AutoCheckpoints::new(fork.plan.limits.checkpoints, fork.snapshot);
-                (store, bus, ledger, fork, base, replicas, checkpoints)
+                (pool, store, bus, ledger, fork, base, replicas, checkpoints)
             }
             ForkArgs::Load {
                 fork,
+                pool,
                 store,
                 bus,
                 ledger,
@@ -381,7 +406,7 @@ impl Actor for ForkActor {
                 let s = store.clone();
                 let (record, base, replicas, checkpoints) =
                     tokio::task::spawn_blocking(move || load(&s, fork)).await??;
-                (store, bus, ledger, record, base, replicas, checkpoints)
+                (pool, store, bus, ledger, record, base, replicas, checkpoints)
             }
         };
         let records: Vec<_> = branches.iter().map(|b| b.record.clone()).collect();
@@ -397,6 +422,8 @@ impl Actor for ForkActor {
             .count();
         let (version, _) = watch::channel(0u64);
         let mut state = ForkState {
+            pool,
+            myself,
             store,
             bus,
             ledger,
@@ -421,6 +448,9 @@ impl Actor for ForkActor {
         }
         // A fork whose branches all finished while the coordinator was down.
         state.check_settled();
+        // Requests for consent that wait: their timers (those past their deadline fire
+        // at once).
+        state.arm_approval_timers();
         Ok(state)
     }
 
@@ -511,6 +541,13 @@ impl Actor for ForkActor {
             ForkMsg::Rewind(run, marker, seq, reply) => {
                 let _ = reply.send(state.rewind(run, marker, seq).await);
             }
+            ForkMsg::Decide(answer, reply) => {
+                let _ = reply.send(state.decide(answer).await);
+            }
+            ForkMsg::DenyWaiting(by, reason, reply) => {
+                let _ = reply.send(state.deny_waiting(&by, &reason).await);
+            }
+            ForkMsg::ApprovalTimeout(run, call_id) => state.timed_out(run, &call_id).await,
             ForkMsg::MergeFinished(result, reply) => {
                 state.merge_finished(result, reply).await;
             }

@@ -274,6 +274,58 @@ impl CoordinatorHandle {
             .await
     }
 
+    /// Answer the request for consent of branch `label` of fork `id` (the one for
+    /// `call_id` when given): approved, the call runs; denied, the model reads it was not
+    /// run and why. `by` is who answers. Refused for a branch that does not wait, or waits
+    /// for another call; nothing changes then.
+    pub async fn decide(
+        &self,
+        id: ForkId,
+        label: &str,
+        call_id: Option<String>,
+        approved: bool,
+        by: String,
+        reason: Option<String>,
+    ) -> Result<forkfleet_shared::api::DecisionOutcome, CoordinatorError> {
+        self.root
+            .fork(id)
+            .await?
+            .decide(crate::fork::Answer {
+                label: label.to_string(),
+                call_id,
+                approved,
+                by,
+                reason,
+            })
+            .await
+    }
+
+    /// The requests for consent that wait in `forks` (their views), oldest first.
+    pub(crate) fn pending_approvals(
+        forks: &[ForkView],
+    ) -> Vec<forkfleet_shared::approval::ApprovalView> {
+        let mut out: Vec<_> = forks
+            .iter()
+            .flat_map(|f| {
+                f.branches.iter().filter_map(move |b| {
+                    b.approval
+                        .as_ref()
+                        .filter(|_| {
+                            b.state == forkfleet_shared::state::BranchState::AwaitingApproval
+                        })
+                        .map(|p| forkfleet_shared::approval::ApprovalView {
+                            fork_id: f.fork_id,
+                            label: b.label.clone(),
+                            run_id: b.run_id,
+                            request: p.clone(),
+                        })
+                })
+            })
+            .collect();
+        out.sort_by_key(|a| a.request.requested_at_ms);
+        out
+    }
+
     /// Start a new turn of the finished branch labelled `label` with the user message
     /// `text`: its whole history, its overlay, a worker taking it over from its log
     /// (ADR 13). Refused for a branch that has not finished (steer it), one stopped by a

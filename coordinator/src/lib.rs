@@ -163,6 +163,7 @@ impl Coordinator {
             None,
             RootActor,
             RootArgs {
+                pool: config.pool.clone(),
                 store: store.clone(),
                 bus: bus.clone(),
                 ledger: ledger.clone(),

@@ -134,6 +134,7 @@ fn settings_source(
                 max_turns: plan.limits.max_turns,
                 max_output_tokens: None,
                 temperature: plan.branches.first().and_then(|b| b.temperature),
+                approval: None,
             };
             return Ok(Some((plan, branch)));
         }
@@ -473,6 +474,7 @@ fn child_plan(source: &ForkPlan, s: &RunSettings, label: &str) -> ForkPlan {
         max_turns: s.max_turns,
         max_output_tokens: Some(s.max_output_tokens),
         temperature: s.temperature,
+        approval: None,
     }];
     plan
 }
@@ -603,6 +605,8 @@ pub(crate) fn write_child(
         calls: 0,
         task: None,
         cached_calls: 0,
+        approval: None,
+        blocked: Vec::new(),
     })?;
     let fork = ForkRecord {
         fork_id,

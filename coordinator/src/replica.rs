@@ -11,6 +11,7 @@
 //! a replica rebuilt from the store re-holds whatever lies beyond a gap.
 
 use crate::store::BranchRecord;
+use forkfleet_shared::approval::{BlockedCall, PendingApproval};
 use forkfleet_shared::event::{Event, Usage};
 use forkfleet_shared::ids::ReservationId;
 use forkfleet_shared::manifest::Manifest;
@@ -46,6 +47,11 @@ pub(crate) struct Effect {
     pub cached: u32,
     /// The model responses and tool results applied, in order (automatic checkpoints).
     pub steps: Vec<Step>,
+    /// A request for consent was applied: its tool (metrics) and its deadline (the
+    /// fork's timer).
+    pub approval_requested: Option<(String, u64)>,
+    /// An answer was applied: approved, who decided, and how long it waited (ms).
+    pub approval_decided: Option<(bool, String, u64)>,
 }
 
 /// A model response or a tool result the replica applied.
@@ -83,6 +89,8 @@ impl BranchReplica {
         record.cost_usd = 0.0;
         record.changes = 0;
         record.next_seq = record.first_seq;
+        record.approval = None;
+        record.blocked = Vec::new();
         Self {
             record,
             overlay: Overlay::new(base),
@@ -235,6 +243,60 @@ impl BranchReplica {
                 r.error = None;
                 effect.state_changed = true;
             }
+            Event::ApprovalRequested {
+                call_id,
+                tool,
+                args,
+                rule,
+                requested_at_ms,
+                timeout_s,
+                on_timeout,
+            } => {
+                let deadline_ms = requested_at_ms.saturating_add(timeout_s.saturating_mul(1000));
+                effect.approval_requested = Some((tool.clone(), deadline_ms));
+                r.approval = Some(PendingApproval {
+                    call_id,
+                    tool,
+                    args,
+                    rule,
+                    requested_at_ms,
+                    deadline_ms,
+                    on_timeout,
+                });
+            }
+            // The answer to the pending request: the branch goes back to pending until a
+            // worker takes it over (its task is enqueued with the answer).
+            Event::ApprovalDecided {
+                call_id,
+                approved,
+                by,
+                reason,
+                decided_at_ms,
+            } => {
+                if let Some(p) = r.approval.take_if(|p| p.call_id == call_id) {
+                    effect.approval_decided = Some((
+                        approved,
+                        by.clone(),
+                        decided_at_ms.saturating_sub(p.requested_at_ms),
+                    ));
+                    if !approved {
+                        r.blocked.push(BlockedCall {
+                            call_id,
+                            tool: p.tool,
+                            args: p.args,
+                            rule: p.rule,
+                            by,
+                            reason,
+                            decided_at_ms,
+                        });
+                    }
+                }
+                if r.state == BranchState::AwaitingApproval {
+                    r.state = BranchState::Pending;
+                    r.error = None;
+                    effect.state_changed = true;
+                }
+            }
             Event::Status { state, error } => {
                 if let Some(next) = r.state.transition(state) {
                     r.state = next;
@@ -242,6 +304,11 @@ impl BranchReplica {
                         r.error = None; // resumed after a pause
                     } else if error.is_some() {
                         r.error = error;
+                    }
+                    // A branch that ends (terminated, aborted, stopped by a cap) while a
+                    // request waits takes the request with it.
+                    if next.is_terminal() {
+                        r.approval = None;
                     }
                     effect.state_changed = true;
                 }
@@ -281,6 +348,8 @@ mod tests {
             calls: 0,
             task: None,
             cached_calls: 0,
+            approval: None,
+            blocked: Vec::new(),
         };
         BranchReplica::new(record, Arc::new(Manifest::default()))
     }

@@ -58,6 +58,7 @@ pub(crate) async fn resolve(
     strategy: Option<Strategy>,
 ) -> Result<ResolveReport, CoordinatorError> {
     let fork = handle.root().fork(id).await?;
+    deny_waiting(handle, &fork, id, strategy.as_ref()).await?;
     let inputs = fork.resolve_start().await?;
     // Whatever happens below (an error, the caller giving up), the fork stops resolving.
     let _end = EndResolve(fork.clone());
@@ -68,6 +69,53 @@ pub(crate) async fn resolve(
         span.follows_from(tracing::Span::current());
     }
     tracing::Instrument::instrument(run(handle, inputs, strategy), span).await
+}
+
+/// How long a resolve that does not wait for a person waits for the branches it denied
+/// requests of to finish.
+const DENIED_SETTLE: Duration = Duration::from_secs(600);
+
+/// A resolve that decides without a person (`auto`, `auto_with_fallback`, `vote`) does not
+/// wait for one: every request for consent that waits is denied by policy, and the
+/// branches go on (the model reads the denial) until each has finished or waits again
+/// (denied again), bounded by [`DENIED_SETTLE`]. `manual` leaves them to the person.
+async fn deny_waiting(
+    handle: &CoordinatorHandle,
+    fork: &ForkHandle,
+    id: ForkId,
+    strategy: Option<&Strategy>,
+) -> Result<(), CoordinatorError> {
+    let strategy = match strategy {
+        Some(s) => s.clone(),
+        None => {
+            let store = handle.store().clone();
+            tokio::task::spawn_blocking(move || store.fork(id))
+                .await??
+                .ok_or_else(|| CoordinatorError::UnknownFork(id.to_string()))?
+                .plan
+                .resolve
+                .strategy
+        }
+    };
+    if !strategy.needs_judge() {
+        return Ok(());
+    }
+    let reason = format!(
+        "the fork is resolved by `{}`, which does not wait for a person",
+        strategy.as_str()
+    );
+    let deadline = tokio::time::Instant::now() + DENIED_SETTLE;
+    loop {
+        let denied = fork
+            .deny_waiting(forkfleet_shared::approval::BY_POLICY.to_string(), reason.clone())
+            .await?;
+        if denied.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(fork.id = %id, branches = ?denied, strategy = strategy.as_str(), "fork.resolve: requests for consent denied by policy; waiting for the branches");
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        fork.wait_settled(left).await?;
+    }
 }
 
 /// Ends the fork's resolve when dropped.

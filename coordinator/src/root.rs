@@ -16,12 +16,16 @@ use std::sync::Arc;
 pub(crate) struct RootActor;
 
 pub(crate) struct RootArgs {
+    /// The pool the forks' branch tasks go to (an answer to a request for consent, or a
+    /// timeout, enqueues the branch again there).
+    pub pool: String,
     pub store: RunStore,
     pub bus: Arc<dyn Bus>,
     pub ledger: Arc<Ledger>,
 }
 
 pub(crate) struct RootState {
+    pool: String,
     store: RunStore,
     bus: Arc<dyn Bus>,
     ledger: Arc<Ledger>,
@@ -107,6 +111,7 @@ impl RootState {
 
     fn load_args(&self, fork: ForkId) -> ForkArgs {
         ForkArgs::Load {
+            pool: self.pool.clone(),
             fork,
             store: self.store.clone(),
             bus: self.bus.clone(),
@@ -138,6 +143,7 @@ impl Actor for RootActor {
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let mut state = RootState {
+            pool: args.pool,
             store: args.store,
             bus: args.bus,
             ledger: args.ledger,
@@ -167,6 +173,7 @@ impl Actor for RootActor {
                 let id = prepared.fork.fork_id;
                 let args = ForkArgs::Created {
                     prepared,
+                    pool: state.pool.clone(),
                     store: state.store.clone(),
                     bus: state.bus.clone(),
                     ledger: state.ledger.clone(),

@@ -163,6 +163,30 @@ pub enum Event {
         state: BranchState,
         error: Option<String>,
     },
+    /// A tool call of the last `model_response` needs a person's consent (the branch's
+    /// approval rules, docs/APPROVALS.md): it was not run, and the branch stops
+    /// `awaiting_approval` after this event until an `approval_decided` answers it.
+    ApprovalRequested {
+        call_id: String,
+        tool: String,
+        args: serde_json::Value,
+        /// The rule that matched (`tools: delete_file`, `run_command: git push*`, ...).
+        rule: String,
+        requested_at_ms: u64,
+        timeout_s: u64,
+        on_timeout: crate::approval::OnTimeout,
+    },
+    /// The answer to the branch's pending `approval_requested` (the coordinator's own
+    /// event): the call runs when approved; denied, the model reads a failed tool result
+    /// saying so. `by` is who decided: a person's identity, `timeout` or `policy`.
+    ApprovalDecided {
+        call_id: String,
+        approved: bool,
+        by: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        decided_at_ms: u64,
+    },
     /// The run went back to checkpoint `label`: from here on its history is what it was at
     /// `to_seq` (the events between `to_seq` and this one are left out of it, see
     /// [`history_at`]) and its workspace is the checkpoint's version. The log itself stays
@@ -190,6 +214,8 @@ impl Event {
             Event::Checkpoint { .. } => "checkpoint",
             Event::Status { .. } => "status",
             Event::Rewind { .. } => "rewind",
+            Event::ApprovalRequested { .. } => "approval_requested",
+            Event::ApprovalDecided { .. } => "approval_decided",
         }
     }
 

@@ -17,6 +17,8 @@
 //!   `flush/`: `memory` (manifest and overlay targets), `dir` (a directory target),
 //!   `between` (the change log between two workspace versions).
 //! - [`event`], [`state`]: run events and branch / fork states.
+//! - [`approval`]: which tool calls wait for a person's consent (rules, their matcher, the
+//!   views of a pending request and a blocked call).
 //! - [`lineage`]: forking a recorded run at any event: copy rules, `--set` settings,
 //!   request hashes for replay, summaries.
 //! - [`pricing`], [`budget`]: model prices; budget policy, reservations, cost reports.
@@ -40,6 +42,7 @@
 //! - [`endpoint`]: a real model API's endpoint and the `run_command` tool's settings.
 //! - [`wire`]: the versioned MessagePack envelope every message travels in.
 pub mod api;
+pub mod approval;
 pub mod blob;
 pub mod budget;
 pub mod catalogue;

@@ -128,6 +128,9 @@ pub enum SpecError {
     BadModel { model: String, message: String },
     #[error("[run_command]: {message}", message = .0)]
     BadRunCommand(String),
+    /// The approval rules (the error names the table and key, and what is valid).
+    #[error("{0}")]
+    BadApproval(String),
     #[error("workspace `{0}` does not exist or is not a directory")]
     WorkspaceMissing(PathBuf),
     #[error("history file `{path}`: {message}; expected a JSON array of messages such as [{{\"role\": \"user\", \"text\": \"...\"}}]")]

@@ -18,6 +18,10 @@ pub enum BranchState {
     /// Stopped by a budget cap with `on_exhausted = "pause"`: its work is kept, no worker
     /// runs it, and a top-up resumes it. Not terminal.
     Paused,
+    /// A tool call waits for a person's consent (docs/APPROVALS.md): no worker runs the
+    /// branch and it holds no reservation; an answer resumes it on any worker. Not
+    /// terminal; stopped, like `paused`.
+    AwaitingApproval,
     Done,
     Failed,
     Terminated,
@@ -30,11 +34,12 @@ pub enum BranchState {
 }
 
 impl BranchState {
-    pub const ALL: [BranchState; 10] = [
+    pub const ALL: [BranchState; 11] = [
         BranchState::Pending,
         BranchState::Idle,
         BranchState::Running,
         BranchState::Paused,
+        BranchState::AwaitingApproval,
         BranchState::Done,
         BranchState::Failed,
         BranchState::Terminated,
@@ -46,14 +51,23 @@ impl BranchState {
     pub fn is_terminal(self) -> bool {
         !matches!(
             self,
-            BranchState::Pending | BranchState::Idle | BranchState::Running | BranchState::Paused
+            BranchState::Pending
+                | BranchState::Idle
+                | BranchState::Running
+                | BranchState::Paused
+                | BranchState::AwaitingApproval
         )
     }
 
-    /// Terminal, paused or idle: no worker runs the branch, nothing it does changes until a
-    /// top-up (paused), `runs resume` (idle) or never (terminal).
+    /// Terminal, paused, awaiting approval or idle: no worker runs the branch, nothing it
+    /// does changes until a top-up (paused), an answer (awaiting approval), `runs resume`
+    /// (idle) or never (terminal).
     pub fn is_stopped(self) -> bool {
-        self.is_terminal() || matches!(self, BranchState::Paused | BranchState::Idle)
+        self.is_terminal()
+            || matches!(
+                self,
+                BranchState::Paused | BranchState::Idle | BranchState::AwaitingApproval
+            )
     }
 
     pub fn as_str(self) -> &'static str {
@@ -62,6 +76,7 @@ impl BranchState {
             BranchState::Idle => "idle",
             BranchState::Running => "running",
             BranchState::Paused => "paused",
+            BranchState::AwaitingApproval => "awaiting_approval",
             BranchState::Done => "done",
             BranchState::Failed => "failed",
             BranchState::Terminated => "terminated",

@@ -340,6 +340,7 @@ fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
         cache_write_per_mtok: None,
     };
     ForkPlan {
+        approval: None,
         goal: "bench fan-out".into(),
         system_prompt: None,
         history: Vec::new(),
@@ -363,6 +364,7 @@ fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
         )]),
         branches: (0..n)
             .map(|b| BranchPlan {
+                approval: None,
                 label: format!("b{b}"),
                 steer: format!("BENCH b={b} k={k} tool=write_file"),
                 model: BENCH_MODEL.into(),

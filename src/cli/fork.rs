@@ -5,6 +5,7 @@ pub(crate) mod resolve;
 pub(crate) mod turns;
 
 use super::*;
+use crate::cli::approvals;
 use git::*;
 use resolve::*;
 use turns::*;
@@ -140,6 +141,18 @@ pub enum ForkCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Approve a branch's tool call that waits for consent (docs/APPROVALS.md): any
+    /// worker takes the branch over and runs the call. Refused when the branch does not
+    /// wait, or waits for another call than CALL_ID.
+    ///
+    /// Embedded (no NATS URL), the branch then runs here until nothing runs.
+    Approve(approvals::AnswerArgs),
+    /// Deny a branch's tool call that waits for consent: the call is not run, the model
+    /// reads that it was denied (with --reason) and goes on; the call is listed as blocked
+    /// in `fork show`, `fork diff` and the merge.
+    ///
+    /// Embedded (no NATS URL), the branch then runs here until nothing runs.
+    Deny(approvals::AnswerArgs),
     /// A fork's money: per branch spent, reserved, cap, remaining and state; the fork's
     /// and its account's totals.
     Cost {
@@ -328,14 +341,21 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             // for a top-up, which nothing can give while this process holds the store, so
             // the watch ends once nothing runs. On a cluster another client may top up:
             // it waits for every branch to finish.
-            let until = if coord.is_remote() {
-                Until::Finished
-            } else {
-                AT_ONCE
+            // On a terminal, a request for consent is asked for here and the watch goes on.
+            let ask = approvals::interactive(client.json);
+            let until = match (coord.is_remote(), ask) {
+                (true, true) => Until::Asking,
+                (true, false) => Until::Finished,
+                (false, _) => AT_ONCE,
             };
             let timeout = timeout_s.map(Duration::from_secs);
-            // The fork directory follows the fork live.
-            let view = forkdir::follow(coord, id, timeout, until, !client.json).await?;
+            let view = loop {
+                // The fork directory follows the fork live.
+                let view = forkdir::follow(coord, id, timeout, until, !client.json).await?;
+                if !ask || view.state.is_resolved() || !approvals::ask(coord, &view).await? {
+                    break view;
+                }
+            };
             print_view(&view, client.json, coord.reach())
         }),
         ForkCommand::Diff {
@@ -373,10 +393,21 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                     ..DiffOptions::default()
                 };
                 let report = coord.diff(id, opts).await?;
+                // The calls each branch did not run belong with what it changed.
+                let view = coord.fork(id).await?;
                 if client.json {
-                    print_json(&render::diff_json(&report, true))
+                    let mut doc = render::diff_json(&report, true);
+                    let blocked: serde_json::Map<String, serde_json::Value> = view
+                        .branches
+                        .iter()
+                        .filter(|b| !b.blocked.is_empty())
+                        .map(|b| Ok((b.label.clone(), render::to_json(&b.blocked)?)))
+                        .collect::<anyhow::Result<_>>()?;
+                    doc["blocked"] = serde_json::Value::Object(blocked);
+                    print_json(&doc)
                 } else {
                     print!("{}", render::diff_text(&report, unified));
+                    print!("{}", render::blocked_text(&view));
                     Ok(())
                 }
             })
@@ -445,6 +476,8 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                 client.json
             ))
         }
+        ForkCommand::Approve(args) => approvals::cmd_answer(args, true).await,
+        ForkCommand::Deny(args) => approvals::cmd_answer(args, false).await,
         ForkCommand::Cost { fork, client } => {
             with_session!(&client, Local::Read, |coord| async {
                 let id = coord.find_fork(&fork).await?;
@@ -564,6 +597,13 @@ pub(crate) fn print_view(view: &ForkView, json: bool, reach: &str) -> anyhow::Re
     } else {
         print!("{}", render::fork_header(view));
         print!("{}", render::branch_table(view));
+        print!("{}", render::blocked_text(view));
+        if !view.state.is_resolved() {
+            let waiting = render::approvals_hint(view, reach);
+            if !waiting.is_empty() {
+                print!("\n{waiting}");
+            }
+        }
         let paused = render::paused_labels(view);
         if !paused.is_empty() && !view.state.is_resolved() {
             print!(
@@ -672,6 +712,10 @@ pub(crate) async fn fork_create(
         print_json(&render::fork_json(&view, None, None))?;
     } else {
         println!("{}", view.fork_id);
+    }
+    let waiting = render::approvals_hint(&view, coord.reach());
+    if !coord.is_remote() && !waiting.is_empty() {
+        return Err(anyhow::anyhow!("{}", waiting.trim_end()));
     }
     let paused = render::paused_labels(&view);
     if !coord.is_remote() && !paused.is_empty() {

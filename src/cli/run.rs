@@ -159,6 +159,7 @@ async fn run_fork(
         print_json(&doc)?;
     } else {
         print!("{}", render::branch_table(&out.view));
+        print!("{}", render::blocked_text(&out.view));
         println!();
         print!("{}", render::diff_text(&out.diff, false));
         if let Some(r) = &out.resolved {
@@ -166,9 +167,14 @@ async fn run_fork(
         }
         match &out.merge {
             Some((winner, report)) => print!("{}", render::merge_text(winner, report)),
-            None if out.paused.is_empty() && out.resolved.is_none() => println!(
+            None if out.paused.is_empty()
+                && out.resolved.is_none()
+                && render::awaiting_labels(&out.view).is_empty() =>
+            {
+                println!(
                 "\nunresolved: merge a branch with\n  forkfleet fork merge {fork_id} --pick LABEL{data_flag}"
-            ),
+            )
+            }
             None => {}
         }
     }
@@ -178,6 +184,17 @@ async fn run_fork(
         .and_then(|r| fork::resolve::failure(&r.report, &data_flag))
     {
         return Err(Incomplete::Failed(e).into());
+    }
+    let waiting = render::approvals_hint(&out.view, &data_flag);
+    if out.merge.is_none() && !waiting.is_empty() {
+        let picked = match &args.pick {
+            Some(p) => format!("--pick `{p}` waits for approval, not finished: nothing was merged; "),
+            None => String::new(),
+        };
+        return Err(Incomplete::Failed(format!(
+            "{picked}{waiting}then merge a finished branch with `forkfleet fork merge {fork_id} --pick LABEL{data_flag}`"
+        ))
+        .into());
     }
     if out.merge.is_none() && !out.paused.is_empty() {
         let cost = coord.fork_cost(fork_id).await.ok();

@@ -340,6 +340,8 @@ fn branch_view(label: &str) -> BranchView {
         cost_usd: 0.5,
         changes: 1,
         events: 3,
+        approval: None,
+        blocked: Vec::new(),
     }
 }
 

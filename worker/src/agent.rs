@@ -43,6 +43,7 @@
 //! - `coordinator`: requests to the coordinator (`coord.resume`, `coord.budget`) and their
 //!   retries.
 
+mod approval;
 mod control;
 mod coordinator;
 mod load;
@@ -156,12 +157,21 @@ struct Run {
     cache_key: String,
     /// Messages at the start of `history` that are the fork's shared history.
     shared_prefix: usize,
+    /// The calls that wait for a person's consent (the task's approval rules, compiled).
+    gate: Option<forkfleet_shared::approval::Gate>,
+    /// What the branch's log says of the last response's calls that needed consent:
+    /// their requests and answers (docs/APPROVALS.md).
+    approvals: approval::Answers,
+    /// A branch resumed after an answer: the calls of its last response still to run
+    /// (the answered one first), before its next model call.
+    parked: Option<approval::Parked>,
 }
 
 enum Step {
     Continue,
-    /// Publish this status as the branch's last event, ack, stop: a terminal state, or
-    /// `Paused` (a budget cap paused the branch; it is resumed by a new task).
+    /// Publish this status as the branch's last event, ack, stop: a terminal state,
+    /// `Paused` (a budget cap paused the branch; it is resumed by a new task) or
+    /// `AwaitingApproval` (a call waits for consent; an answer resumes it by a new task).
     Finish(BranchState, Option<String>),
     /// Nothing left to do for this task (the branch already finished, or its fork is
     /// gone): ack it without publishing anything.
@@ -382,8 +392,14 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
     match load(&state.ctx, task, resumed).await {
         Ok(mut run) => {
             // A worker lost between a call and its result: the effect is unknown, so the
-            // call is answered as interrupted before the next model call.
-            for result in interrupted_results(&run.history) {
+            // call is answered as interrupted before the next model call. A branch resumed
+            // after an answer runs its last response's remaining calls instead.
+            let unanswered = if run.parked.is_some() {
+                Vec::new()
+            } else {
+                interrupted_results(&run.history)
+            };
+            for result in unanswered {
                 if let Event::ToolResult {
                     call_id,
                     name,
@@ -441,6 +457,12 @@ async fn finish(
             branch.turns = turns,
             branch.cost_usd = spent,
             "branch paused"
+        );
+    } else if end == BranchState::AwaitingApproval {
+        tracing::info!(
+            branch.turns = turns,
+            branch.cost_usd = spent,
+            "branch waits for approval; its task is settled, any worker resumes it once answered"
         );
     } else {
         tracing::info!(

@@ -56,6 +56,9 @@ pub enum WorkerError {
     /// The task's history prefix blob is not a list of events.
     #[error("the history prefix blob {hash:?} is not a list of events: {message}")]
     BadPrefix { hash: BlobHash, message: String },
+    /// A part of the task is not valid (a coordinator that skipped a check).
+    #[error("the task's {what} are not valid: {message}")]
+    BadTask { what: &'static str, message: String },
     /// The task's workspace snapshot blob is not a manifest.
     #[error("the workspace snapshot blob {hash:?} is not a manifest: {message}")]
     BadSnapshot { hash: BlobHash, message: String },
@@ -197,6 +200,7 @@ impl WorkerError {
             | E::NodeStopped(_)
             | E::Wire(_)
             | E::BadPrefix { .. }
+            | E::BadTask { .. }
             | E::BadSnapshot { .. }
             | E::Replay { .. }
             | E::Api { .. }

@@ -49,6 +49,7 @@ impl Fx {
     fn fork(&self, fork_cap: Option<f64>, caps: &[Option<f64>], policy: BudgetPolicy) -> Fork {
         let fork_id = ForkId::new();
         let plan = ForkPlan {
+            approval: None,
             goal: "g".into(),
             system_prompt: None,
             history: Vec::new(),
@@ -75,6 +76,7 @@ impl Fx {
                 .iter()
                 .enumerate()
                 .map(|(i, cap)| BranchPlan {
+                    approval: None,
                     label: format!("b{i}"),
                     steer: String::new(),
                     model: MODEL.into(),
@@ -111,6 +113,8 @@ impl Fx {
                 calls: 0,
                 task: None,
                 cached_calls: 0,
+                approval: None,
+                blocked: Vec::new(),
             })
             .collect();
         let record = ForkRecord {

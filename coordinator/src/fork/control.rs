@@ -59,7 +59,11 @@ impl ForkState {
         reason: String,
     ) -> Result<(), CoordinatorError> {
         let run = self.branches[i].record.run_id;
-        if self.branches[i].record.state != BranchState::Paused {
+        // No worker runs a paused branch or one waiting for approval: nothing to tell.
+        if !matches!(
+            self.branches[i].record.state,
+            BranchState::Paused | BranchState::AwaitingApproval
+        ) {
             if let Err(e) = self.send_terminate(i, reason.clone()).await {
                 tracing::warn!(fork.id = %self.record.fork_id, run.id = %run, error = %e, "fork.stop_branch: cannot send terminate; the branch is ended here all the same");
             }
@@ -183,6 +187,7 @@ impl ForkState {
                     label: label.to_string(),
                 })
             }
+            BranchState::AwaitingApproval => return Err(self.awaiting(i)),
             _ => {
                 return Err(CoordinatorError::SteerFinished {
                     fork: fork_id,
@@ -255,6 +260,7 @@ impl ForkState {
                 fork: fork_id,
                 label: label.clone(),
             }),
+            BranchState::AwaitingApproval => Err(self.awaiting(i)),
             BranchState::Pending | BranchState::Running => Err(CoordinatorError::ContinueRunning {
                 fork: fork_id,
                 label: label.clone(),

@@ -191,6 +191,13 @@ impl ForkState {
             for _ in 0..effect.cached {
                 self.ledger.on_cached(run_id);
             }
+            if effect.approval_requested.is_some() || effect.approval_decided.is_some() {
+                self.on_approval_events(
+                    run_id,
+                    effect.approval_requested.clone(),
+                    effect.approval_decided.clone(),
+                );
+            }
             if effect.became_terminal {
                 self.terminal += 1;
                 self.stopping.remove(&run_id);

@@ -186,6 +186,25 @@ impl ForkHandle {
             .map_err(|e| call_error(e, "an abort", CALL_TIMEOUT_MS))?
     }
 
+    /// Answer a branch's request for consent (see [`ForkMsg::Decide`]).
+    pub async fn decide(
+        &self,
+        answer: super::Answer,
+    ) -> Result<forkfleet_shared::api::DecisionOutcome, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::Decide, CALL_TIMEOUT_MS, answer)
+            .map_err(|e| call_error(e, "an answer to a request for consent", CALL_TIMEOUT_MS))?
+    }
+
+    /// Deny every request for consent that waits (see [`ForkMsg::DenyWaiting`]).
+    pub async fn deny_waiting(
+        &self,
+        by: String,
+        reason: String,
+    ) -> Result<Vec<String>, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::DenyWaiting, CALL_TIMEOUT_MS, by, reason)
+            .map_err(|e| call_error(e, "denying requests for consent", CALL_TIMEOUT_MS))?
+    }
+
     /// Send branch `label` a steering message (see [`ForkMsg::Steer`]).
     pub async fn steer(
         &self,

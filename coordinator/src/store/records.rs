@@ -1,6 +1,7 @@
 //! The records the store keeps, besides events, checkpoints and blobs.
 
 use forkfleet_shared::api::BranchView;
+use forkfleet_shared::approval::{BlockedCall, PendingApproval};
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::event::Usage;
 use forkfleet_shared::ids::{ForkId, ReservationId, RunId};
@@ -99,6 +100,13 @@ pub(crate) struct BranchRecord {
     /// nothing spent, docs/LINEAGE.md).
     #[serde(default)]
     pub cached_calls: u32,
+    /// The tool call waiting for consent, while the branch is `awaiting_approval`
+    /// (docs/APPROVALS.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<PendingApproval>,
+    /// Calls that were not run: denied, or timed out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked: Vec<BlockedCall>,
 }
 
 impl BranchRecord {
@@ -113,6 +121,8 @@ impl BranchRecord {
             cost_usd: self.cost_usd,
             changes: self.changes as usize,
             events: self.next_seq,
+            approval: self.approval.clone(),
+            blocked: self.blocked.clone(),
         }
     }
 }

@@ -354,6 +354,7 @@ pub fn plan(labels: &[&str]) -> ForkPlan {
         },
     );
     ForkPlan {
+        approval: None,
         goal: "make it better".into(),
         system_prompt: Some("you are careful".into()),
         history: vec![
@@ -376,6 +377,7 @@ pub fn plan(labels: &[&str]) -> ForkPlan {
         branches: labels
             .iter()
             .map(|l| BranchPlan {
+                approval: None,
                 label: l.to_string(),
                 steer: format!("try {l}"),
                 model: MODEL.into(),

@@ -48,6 +48,16 @@ impl Caller {
         }
     }
 
+    /// Who the caller is, in a record of what it did (an answer's `by`): `admin`,
+    /// `worker`, or a client's identity.
+    pub fn name(&self) -> &str {
+        match self {
+            Caller::Admin => "admin",
+            Caller::Worker => "worker",
+            Caller::Client(id) => id,
+        }
+    }
+
     /// The identity of a scoped client.
     pub fn identity(&self) -> Option<&str> {
         match self {

@@ -375,6 +375,22 @@ operations! {
             text: String,
         } -> Steer(SteerOutcome), changes, quick;
 
+        /// The requests for consent that wait (docs/APPROVALS.md), oldest first: every
+        /// fork's the caller may see, or one fork's.
+        Approvals = "approvals", fn approvals {
+            fork: Option<ForkId>,
+        } -> Approvals(Vec<crate::approval::ApprovalView>), idempotent, quick;
+
+        /// Answer the request for consent of branch `label` (the one for `call_id` when
+        /// given): approve runs the call, deny answers it as failed with `reason`.
+        Decide = "decide", fn decide {
+            fork: ForkId,
+            label: String,
+            call_id: Option<String>,
+            approve: bool,
+            reason: Option<String>,
+        } -> Decision(DecisionOutcome), changes, quick;
+
         /// Start a new turn of a finished branch (`done`, `failed`, `terminated`) with this
         /// user message, on its whole history and in the same overlay (ADR 13).
         Continue = "continue", fn continue_branch {
@@ -516,6 +532,8 @@ pub enum ApiReply {
     Abort(AbortOutcome),
     Steer(SteerOutcome),
     Continue(ContinueOutcome),
+    Approvals(Vec<crate::approval::ApprovalView>),
+    Decision(DecisionOutcome),
     Events(Vec<LoggedEvent>),
     Checkpoints(Vec<CheckpointView>),
     Cost(ForkCost),
@@ -556,6 +574,8 @@ impl ApiReply {
             ApiReply::Abort(_) => "abort",
             ApiReply::Steer(_) => "steer",
             ApiReply::Continue(_) => "continue",
+            ApiReply::Approvals(_) => "approvals",
+            ApiReply::Decision(_) => "decision",
             ApiReply::Events(_) => "events",
             ApiReply::Checkpoints(_) => "checkpoints",
             ApiReply::Cost(_) => "cost",

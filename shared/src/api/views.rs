@@ -51,6 +51,13 @@ pub struct BranchView {
     pub changes: usize,
     /// Events in the branch's log.
     pub events: u64,
+    /// The tool call waiting for consent, while the branch is `awaiting_approval`
+    /// (docs/APPROVALS.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::approval::PendingApproval>,
+    /// Calls that were not run: denied by a person or a policy, or timed out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked: Vec<crate::approval::BlockedCall>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -138,6 +145,10 @@ pub struct MergeOutcome {
     /// The winner's last answer (an agent merge hands it to the agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
+    /// The winner's calls that were not run (denied, or timed out; docs/APPROVALS.md):
+    /// what its work does not include.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked: Vec<crate::approval::BlockedCall>,
 }
 
 /// A checkpoint: a history position and a workspace version of one run.
@@ -226,6 +237,25 @@ pub struct SteerOutcome {
     pub state: BranchState,
     /// The task attempt the message is addressed to (a later attempt ignores it).
     pub attempt: u32,
+}
+
+/// What an answer to a request for consent did (docs/APPROVALS.md): the branch's task was
+/// enqueued again and the answer appended to its log; any worker takes the branch over and
+/// runs the call (approved) or answers it as denied.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecisionOutcome {
+    pub fork_id: ForkId,
+    pub label: String,
+    pub run_id: RunId,
+    pub call_id: String,
+    pub tool: String,
+    pub approved: bool,
+    /// Who answered: a person's identity (`admin` for an operator), `timeout`, `policy`.
+    pub by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The branch after the answer (pending until a worker takes it over).
+    pub branch: BranchView,
 }
 
 /// What a continue request did: a `follow_up` event appended to a finished branch's log,

@@ -90,6 +90,27 @@ pub static EVENTS_APPLY_DURATION: Histogram = Histogram::new(
     FAST_DURATION_BUCKETS,
 );
 
+// Coordinator: approvals (docs/APPROVALS.md).
+pub static APPROVALS_REQUESTED: Counter = Counter::new(
+    "forkfleet.approvals.requested",
+    "Tool calls that stopped their branch to wait for consent, by tool.",
+    "{request}",
+    &["gen_ai.tool.name"],
+);
+pub static APPROVALS_DECIDED: Counter = Counter::new(
+    "forkfleet.approvals.decided",
+    "Requests for consent answered, by decision (approved, denied) and by whom (person, timeout, policy).",
+    "{request}",
+    &["decision", "by"],
+);
+pub static APPROVAL_WAIT: Histogram = Histogram::new(
+    "forkfleet.approvals.wait.duration",
+    "Time from a request for consent to its answer.",
+    "s",
+    &["decision"],
+    DURATION_BUCKETS,
+);
+
 // Worker.
 pub static WORKER_RUNNING: Gauge = Gauge::new(
     "forkfleet.worker.branches.running",
@@ -157,6 +178,9 @@ pub static ALL: &[&Family] = &[
     &QUEUE_LAG.0,
     &EVENTS_APPLIED.0,
     &EVENTS_APPLY_DURATION.0,
+    &APPROVALS_REQUESTED.0,
+    &APPROVALS_DECIDED.0,
+    &APPROVAL_WAIT.0,
     &WORKER_RUNNING.0,
     &WORKER_SLOTS.0,
     &MODEL_CALLS.0,

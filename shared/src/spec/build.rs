@@ -170,8 +170,18 @@ pub fn validate_with(
             max_turns: b.max_turns.unwrap_or(limits.max_turns),
             max_output_tokens: b.max_output_tokens,
             temperature: b.temperature.or(file.temperature),
+            approval: None,
         })
         .collect();
+    let mut branches = branches;
+    for (i, (b, section)) in branches.iter_mut().zip(sections).enumerate() {
+        if let Some(a) = &section.approval {
+            b.approval = Some(
+                a.build(&format!("branches[{i}].approval"))
+                    .map_err(SpecError::BadApproval)?,
+            );
+        }
+    }
 
     let resolve = resolve_plan(file)?;
     let mut used: BTreeSet<&str> = branches.iter().map(|b| b.model.as_str()).collect();
@@ -244,6 +254,10 @@ pub fn validate_with(
             None => None,
         },
         forking: file.forking.unwrap_or(false),
+        approval: match &file.approval {
+            Some(a) => Some(a.build("approval").map_err(SpecError::BadApproval)?),
+            None => None,
+        },
         solo,
     };
     plan.validate()

@@ -100,6 +100,9 @@ pub struct SpecFile {
     /// terminate_branch, diff_branches, fork_cost); `max_depth` limits nesting.
     #[serde(default)]
     pub forking: Option<bool>,
+    /// Tool calls that wait for a person's consent (docs/APPROVALS.md).
+    #[serde(default)]
+    pub approval: Option<crate::approval::ApprovalSection>,
     #[serde(default)]
     pub models: BTreeMap<String, ModelSection>,
     /// The branches; none: a root run of a single agent (label `main`).
@@ -205,4 +208,8 @@ pub struct BranchSection {
     pub max_output_tokens: Option<u32>,
     #[serde(default)]
     pub temperature: Option<f64>,
+    /// The branch's own approval rules, replacing the fork's `[approval]` (an empty
+    /// table: no call of this branch waits).
+    #[serde(default)]
+    pub approval: Option<crate::approval::ApprovalSection>,
 }

@@ -1,6 +1,7 @@
 //! The validated shapes: a [`ForkPlan`] (what the coordinator creates a fork from) and its
 //! parts. [`ForkPlan::validate`] (in `validate.rs`) holds the rules over them.
 
+use crate::approval::ApprovalRules;
 use crate::blob::BlobHash;
 use crate::budget::BudgetPolicy;
 use crate::endpoint::{CommandTool, Endpoint};
@@ -196,6 +197,9 @@ pub struct BranchPlan {
     /// absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
+    /// The branch's own approval rules, replacing the fork's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalRules>,
 }
 
 /// A validated fork: what the coordinator needs to create it.
@@ -223,6 +227,10 @@ pub struct ForkPlan {
     /// The agents get the fork tools.
     #[serde(default, skip_serializing_if = "is_false")]
     pub forking: bool,
+    /// Tool calls that wait for a person's consent, for every branch without rules of its
+    /// own (docs/APPROVALS.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalRules>,
     /// A root run of a single agent: one branch labelled `main` whose run is the root's own
     /// agent (at the parent's depth, merged back when it is done).
     #[serde(default, skip_serializing_if = "is_false")]
@@ -231,6 +239,17 @@ pub struct ForkPlan {
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+impl ForkPlan {
+    /// The approval rules branch `b` runs under: its own, else the fork's; `None` when no
+    /// call of it waits.
+    pub fn approval_for<'a>(&'a self, b: &'a BranchPlan) -> Option<&'a ApprovalRules> {
+        b.approval
+            .as_ref()
+            .or(self.approval.as_ref())
+            .filter(|r| !r.is_empty())
+    }
 }
 
 /// A spec loaded from disk: the plan plus what the client uploads with it.

@@ -38,6 +38,16 @@ impl ForkPlan {
                 .validate()
                 .map_err(SpecError::BadRunCommand)?;
         }
+        if let Some(rules) = &self.approval {
+            rules.check("approval").map_err(SpecError::BadApproval)?;
+        }
+        for (i, b) in self.branches.iter().enumerate() {
+            if let Some(rules) = &b.approval {
+                rules
+                    .check(&format!("branches[{i}].approval"))
+                    .map_err(SpecError::BadApproval)?;
+            }
+        }
         Ok(())
     }
 
@@ -452,6 +462,7 @@ mod tests {
     /// A valid plan of `labels`, built by hand (as a client of the coordinator may).
     fn plan(labels: &[&str]) -> ForkPlan {
         ForkPlan {
+            approval: None,
             goal: "g".into(),
             system_prompt: None,
             history: Vec::new(),
@@ -477,6 +488,7 @@ mod tests {
             branches: labels
                 .iter()
                 .map(|l| BranchPlan {
+                    approval: None,
                     label: l.to_string(),
                     steer: format!("try {l}"),
                     model: MODEL.into(),

@@ -429,6 +429,7 @@ async fn run_row(
     .await?;
     let max_turns = 16;
     let plan = ForkPlan {
+        approval: None,
         goal: format!("bench budget {} {fraction}", mode.as_str()),
         system_prompt: None,
         history: Vec::new(),
@@ -458,6 +459,7 @@ async fn run_row(
         )]),
         branches: (0..n)
             .map(|b| BranchPlan {
+                approval: None,
                 label: format!("b{b}"),
                 steer: format!("BENCH b={b} k={} tool=write_file", writes(b, equal)),
                 model: model.to_string(),

@@ -356,6 +356,7 @@ fn history(tokens: usize) -> Vec<Message> {
 fn plan(args: &CacheArgs, caching: bool, price: Price) -> ForkPlan {
     let turns = u32::try_from(args.turns).unwrap_or(u32::MAX);
     ForkPlan {
+        approval: None,
         goal: "Write notes on how the module handles retries.".into(),
         system_prompt: Some(
             "You are a careful engineer. Work in small steps and record them in notes.".into(),
@@ -384,6 +385,7 @@ fn plan(args: &CacheArgs, caching: bool, price: Price) -> ForkPlan {
         )]),
         branches: (0..args.branches)
             .map(|b| BranchPlan {
+                approval: None,
                 label: format!("b{b}"),
                 steer: format!("Take approach {b}."),
                 model: MODEL.into(),

@@ -279,14 +279,32 @@ pub(crate) async fn fork_merge(
         Some((repo, commit)) => Some(finish_branch(repo, commit, id, &winner).await?),
         None => None,
     };
+    let view = coord.fork(id).await?;
+    // What the winner's work does not include: its calls that were not run.
+    let blocked = view
+        .branch(&winner)
+        .map(|b| b.blocked.clone())
+        .unwrap_or_default();
     if json {
-        let view = coord.fork(id).await?;
         let mut doc = render::fork_json(&view, None, Some((winner.as_str(), &report)));
+        doc["blocked"] = render::to_json(&blocked)?;
         if let (Some(g), Some(obj)) = (&git, doc.as_object_mut()) {
             obj.insert("git_branch".to_string(), g.json());
         }
         print_json(&doc)?;
     } else {
+        for c in &blocked {
+            println!(
+                "not run in `{winner}` (denied by {}): {} {}{}",
+                c.by,
+                c.tool,
+                render::args_line(&c.args),
+                c.reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            );
+        }
         match (&git, &dir) {
             // Nothing was applied to a directory: the store's merge, said so.
             (Some(_), None) => println!(

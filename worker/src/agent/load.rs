@@ -143,6 +143,25 @@ pub(super) async fn load(
         Some(events) => events.iter().map(|(_, e)| cost_of(e)).sum(),
         None => log().map(cost_of).sum(),
     };
+    // A branch that stopped to ask for consent: the answers, and the calls left to run.
+    let (approvals, parked) = match &resumed {
+        Some(events) => {
+            let own: Vec<(u64, &Event)> = history_events(events, None)
+                .into_iter()
+                .filter(|(seq, _)| *seq >= task.first_seq)
+                .map(|(seq, e)| (*seq, e))
+                .collect();
+            super::approval::read(&own)
+        }
+        None => Default::default(),
+    };
+    let gate = match &task.approval {
+        Some(rules) => Some(rules.gate().map_err(|message| WorkerError::BadTask {
+            what: "approval rules",
+            message,
+        })?),
+        None => None,
+    };
     let history = messages_from_events(log());
     // The fork's shared history (every branch's first messages): the prefix's
     // conversation, as long as the history still starts with it (a rewind may cut it).
@@ -167,6 +186,9 @@ pub(super) async fn load(
         messages_hash: Default::default(),
         hasher: None,
         replay,
+        gate,
+        approvals,
+        parked,
     })
 }
 

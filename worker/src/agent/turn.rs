@@ -3,6 +3,7 @@
 
 use super::control::{exhausted, until_halted};
 use super::coordinator::{reserve, Reserved};
+use super::approval::Gated;
 use super::replay::Next;
 use super::{lease_lost, AgentState, Publisher, Run, Step};
 use crate::error::WorkerError;
@@ -58,6 +59,25 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
         }
     }
 
+    // A branch resumed after an answer to its request for consent: its last response's
+    // remaining calls run first (their results must follow that response).
+    if let Some(parked) = run.parked.take() {
+        let tools = toolbox(ctx, task);
+        let mut calls = Calls {
+            ctx,
+            lease,
+            task,
+            out,
+            control,
+            pending,
+            tools: &tools,
+        };
+        if let Some(step) = calls.run(run, &parked.calls, parked.cutoff_seq).await? {
+            return Ok(step);
+        }
+        return Ok(Step::Continue);
+    }
+
     // A replaying child: what the parent's record holds before its next call.
     if let Some(replay) = run.replay.as_mut() {
         let inputs = replay.inputs();
@@ -97,13 +117,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     if let Some(step) = lease_lost(lease) {
         return Ok(step);
     }
-    let tools = ToolBox::for_task(task).with_trees(TreeSlot {
-        trees: ctx.trees.clone(),
-        key: TreeKey {
-            fork: task.fork_id,
-            label: task.label.clone(),
-        },
-    });
+    let tools = toolbox(ctx, task);
     // The request's content hash, recorded with its response (and compared with the
     // record's by a replay).
     run.messages_hash.update(&run.history);
@@ -389,107 +403,196 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
         return Ok(Step::Finish(BranchState::Done, None));
     }
 
-    let mut results = Vec::with_capacity(tool_calls.len());
-    for call in &tool_calls {
-        if let Some(step) = lease_lost(lease) {
-            return Ok(step);
-        }
-        // A replay serves the recorded call: its recorded file changes, then its result.
-        if let Some((changes, result)) = run.replay.as_mut().and_then(|r| r.serve_tool(call)) {
-            for change in changes {
-                apply_recorded(run, &change)?;
-                out.publish(Event::FileChange { change }).await?;
-            }
-            if let Event::ToolResult {
-                call_id,
-                name,
-                output,
-                ..
-            } = out.publish(result).await?
-            {
-                results.push(Message::Tool {
-                    call_id,
-                    name,
-                    output,
-                });
-            }
-            continue;
-        }
-        let before = run.overlay.changes().len();
-        let tool_span = tool_span(call, task.fork_id, task.run_id);
-        let running = async {
-            if task.forking && is_fork_tool(&call.name) {
-                let fork_call = ForkCall {
-                    bus: ctx.bus.as_ref(),
-                    blobs: &ctx.blobs,
-                    run_id: task.run_id,
-                    cutoff_seq,
-                    overlay: &mut run.overlay,
-                };
-                Ok(run.forks.run(call, fork_call).await)
-            } else {
-                tools.run(call, &mut run.overlay, &ctx.blobs).await
-            }
-        }
-        .instrument(tool_span.clone());
-        let outcome = if call.name == MERGE_OR_SELECT {
-            // A merge is not cut short: the fork would be recorded merged and not applied.
-            running.await?
-        } else {
-            // A command or a wait on branches ends when the branch is stopped (what it did
-            // is not published: the branch ends here).
-            match until_halted(
-                running,
-                control,
-                task.run_id,
-                attempt,
-                pending,
-                Some(&ctx.handback),
-            )
-            .await
-            {
-                Ok(outcome) => outcome?,
-                Err(step) => return Ok(step),
-            }
-        };
-        for op in &run.overlay.changes()[before..] {
-            out.publish(Event::FileChange { change: op.clone() })
-                .await?;
-        }
-        if !outcome.ok {
-            tool_failed(&tool_span);
-            tracing::debug!(tool = %call.name, "tool call failed");
-        }
-        let result = out
-            .publish(Event::ToolResult {
-                call_id: call.id.clone(),
-                name: call.name.clone(),
-                ok: outcome.ok,
-                output: outcome.output,
-                request: Some(tool_call_hash(call)),
-            })
-            .await?;
-        if let Event::ToolResult {
-            call_id,
-            name,
-            output,
-            ..
-        } = result
-        {
-            results.push(Message::Tool {
-                call_id,
-                name,
-                output,
-            });
-        }
-    }
+    // The response goes into the history before its calls run, each result after it.
+    let calls_of_response = tool_calls.clone();
     run.history.push(Message::Assistant {
         text,
         tool_calls,
         reasoning,
     });
-    run.history.extend(results);
+    run.approvals.clear();
+    let mut calls = Calls {
+        ctx,
+        lease,
+        task,
+        out,
+        control,
+        pending,
+        tools: &tools,
+    };
+    if let Some(step) = calls.run(run, &calls_of_response, cutoff_seq).await? {
+        return Ok(step);
+    }
     Ok(Step::Continue)
+}
+
+/// The tools a task's calls run with.
+fn toolbox(ctx: &crate::context::WorkerCtx, task: &forkfleet_shared::protocol::BranchTask) -> ToolBox {
+    ToolBox::for_task(task).with_trees(TreeSlot {
+        trees: ctx.trees.clone(),
+        key: TreeKey {
+            fork: task.fork_id,
+            label: task.label.clone(),
+        },
+    })
+}
+
+/// What running a response's tool calls needs of the agent's state.
+struct Calls<'a> {
+    ctx: &'a crate::context::WorkerCtx,
+    lease: &'a crate::lease::TaskLease,
+    task: &'a forkfleet_shared::protocol::BranchTask,
+    out: &'a mut Publisher,
+    control: &'a mut Option<tokio::sync::mpsc::UnboundedReceiver<bytes::Bytes>>,
+    pending: &'a mut super::Pending,
+    tools: &'a ToolBox,
+}
+
+impl Calls<'_> {
+    /// Run `calls` (of the response after seq `cutoff_seq`) in order, publishing each
+    /// one's file changes and then its result, which goes into the history. A call the
+    /// approval rules gate runs only once approved; without an answer the branch asks
+    /// (`approval_requested`) and stops `awaiting_approval` here. `Some(step)` when the
+    /// branch stops before every call ran.
+    async fn run(
+        &mut self,
+        run: &mut Run,
+        calls: &[forkfleet_shared::event::ToolCall],
+        cutoff_seq: u64,
+    ) -> Result<Option<Step>, WorkerError> {
+        let Calls {
+            ctx,
+            lease,
+            task,
+            out,
+            control,
+            pending,
+            tools,
+        } = self;
+        let attempt = out.attempt;
+        for call in calls {
+            if let Some(step) = lease_lost(lease) {
+                return Ok(Some(step));
+            }
+            // A replay serves the recorded call: its recorded file changes, then its result.
+            if let Some((changes, result)) = run.replay.as_mut().and_then(|r| r.serve_tool(call)) {
+                for change in changes {
+                    apply_recorded(run, &change)?;
+                    out.publish(Event::FileChange { change }).await?;
+                }
+                let result = out.publish(result).await?;
+                run.history.extend(messages_from_events([&result]));
+                continue;
+            }
+            match run.approvals.gated(run.gate.as_ref(), call) {
+                Gated::Run => {}
+                Gated::Denied(output) => {
+                    tracing::info!(tool = %call.name, call.id = %call.id, "tool call denied: answered as failed");
+                    let result = out
+                        .publish(Event::ToolResult {
+                            call_id: call.id.clone(),
+                            name: call.name.clone(),
+                            ok: false,
+                            output,
+                            request: Some(tool_call_hash(call)),
+                        })
+                        .await?;
+                    run.history.extend(messages_from_events([&result]));
+                    continue;
+                }
+                Gated::Ask(rule) => {
+                    // A stop that already came wins over asking.
+                    while let Some(bytes) = control.as_mut().and_then(|rx| rx.try_recv().ok()) {
+                        if let Some(step) = pending.file(&bytes, task.run_id, attempt) {
+                            return Ok(Some(step));
+                        }
+                    }
+                    if let Some(step) = pending.halt.take() {
+                        return Ok(Some(step));
+                    }
+                    let timeout_s = task.approval.as_ref().map_or(
+                        forkfleet_shared::approval::DEFAULT_TIMEOUT_S,
+                        |r| r.timeout_s,
+                    );
+                    let on_timeout = task.approval.as_ref().map(|r| r.on_timeout).unwrap_or_default();
+                    tracing::info!(
+                        tool = %call.name,
+                        call.id = %call.id,
+                        approval.rule = %rule,
+                        approval.timeout_s = timeout_s,
+                        "tool call needs approval: the branch stops and waits"
+                    );
+                    out.publish(Event::ApprovalRequested {
+                        call_id: call.id.clone(),
+                        tool: call.name.clone(),
+                        args: call.args.clone(),
+                        rule,
+                        requested_at_ms: forkfleet_shared::protocol::now_ms(),
+                        timeout_s,
+                        on_timeout,
+                    })
+                    .await?;
+                    return Ok(Some(Step::Finish(BranchState::AwaitingApproval, None)));
+                }
+            }
+            let before = run.overlay.changes().len();
+            let tool_span = tool_span(call, task.fork_id, task.run_id);
+            let running = async {
+                if task.forking && is_fork_tool(&call.name) {
+                    let fork_call = ForkCall {
+                        bus: ctx.bus.as_ref(),
+                        blobs: &ctx.blobs,
+                        run_id: task.run_id,
+                        cutoff_seq,
+                        overlay: &mut run.overlay,
+                    };
+                    Ok(run.forks.run(call, fork_call).await)
+                } else {
+                    tools.run(call, &mut run.overlay, &ctx.blobs).await
+                }
+            }
+            .instrument(tool_span.clone());
+            let outcome = if call.name == MERGE_OR_SELECT {
+                // A merge is not cut short: the fork would be recorded merged and not applied.
+                running.await?
+            } else {
+                // A command or a wait on branches ends when the branch is stopped (what it did
+                // is not published: the branch ends here).
+                match until_halted(
+                    running,
+                    control,
+                    task.run_id,
+                    attempt,
+                    pending,
+                    Some(&ctx.handback),
+                )
+                .await
+                {
+                    Ok(outcome) => outcome?,
+                    Err(step) => return Ok(Some(step)),
+                }
+            };
+            for op in &run.overlay.changes()[before..] {
+                out.publish(Event::FileChange { change: op.clone() })
+                    .await?;
+            }
+            if !outcome.ok {
+                tool_failed(&tool_span);
+                tracing::debug!(tool = %call.name, "tool call failed");
+            }
+            let result = out
+                .publish(Event::ToolResult {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    ok: outcome.ok,
+                    output: outcome.output,
+                    request: Some(tool_call_hash(call)),
+                })
+                .await?;
+            run.history.extend(messages_from_events([&result]));
+        }
+        Ok(None)
+    }
 }
 
 /// An answer cut at the output cap with no tool call: the branch is asked to go on (a

@@ -177,6 +177,7 @@ impl Fixture {
             text: format!("Take approach {label}."),
         }];
         BranchTask {
+            approval: None,
             fork_id: self.fork_id,
             run_id: RunId::new(),
             label: label.to_string(),
