@@ -62,7 +62,12 @@ pub fn approvals_table(list: &[forkfleet_shared::approval::ApprovalView], now_ms
         out.push_str("no request waits for approval\n");
         return out;
     }
-    let lw = list.iter().map(|a| a.label.chars().count()).max().unwrap_or(5).max(5);
+    let lw = list
+        .iter()
+        .map(|a| a.label.chars().count())
+        .max()
+        .unwrap_or(5)
+        .max(5);
     let _ = writeln!(
         out,
         "{:<36}  {:<lw$}  {:<12}  {:<14}  {:>7}  {:>9}  {:<24}  ARGUMENTS",

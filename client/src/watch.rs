@@ -142,7 +142,13 @@ pub async fn follow_with(
                         if !paused.is_empty() {
                             eprint!(
                                 "  waiting for a top-up: {}",
-                                paused_hint(fork, &paused, view.branches.len(), None, coord.reach())
+                                paused_hint(
+                                    fork,
+                                    &paused,
+                                    view.branches.len(),
+                                    None,
+                                    coord.reach()
+                                )
                             );
                         }
                         drawn_lines = 0;

@@ -28,7 +28,8 @@ use crate::replica::BranchReplica;
 use crate::store::{ForkRecord, RunStore};
 use forkfleet_bus::Bus;
 use forkfleet_shared::api::{
-    AbortOutcome, ContinueOutcome, DecisionOutcome, ForkView, MergeOutcome, SteerOutcome, TerminateOutcome,
+    AbortOutcome, ContinueOutcome, DecisionOutcome, ForkView, MergeOutcome, SteerOutcome,
+    TerminateOutcome,
 };
 use forkfleet_shared::diff::{diff_overlays, DiffOptions, DiffReport};
 use forkfleet_shared::event::Event;
@@ -406,7 +407,16 @@ impl Actor for ForkActor {
                 let s = store.clone();
                 let (record, base, replicas, checkpoints) =
                     tokio::task::spawn_blocking(move || load(&s, fork)).await??;
-                (pool, store, bus, ledger, record, base, replicas, checkpoints)
+                (
+                    pool,
+                    store,
+                    bus,
+                    ledger,
+                    record,
+                    base,
+                    replicas,
+                    checkpoints,
+                )
             }
         };
         let records: Vec<_> = branches.iter().map(|b| b.record.clone()).collect();

@@ -107,7 +107,10 @@ async fn deny_waiting(
     let deadline = tokio::time::Instant::now() + DENIED_SETTLE;
     loop {
         let denied = fork
-            .deny_waiting(forkfleet_shared::approval::BY_POLICY.to_string(), reason.clone())
+            .deny_waiting(
+                forkfleet_shared::approval::BY_POLICY.to_string(),
+                reason.clone(),
+            )
             .await?;
         if denied.is_empty() {
             return Ok(());

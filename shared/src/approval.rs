@@ -219,7 +219,7 @@ impl Gate {
     /// The rule `call` matches (`tools: delete_file`, `run_command: git push*`,
     /// `paths: migrations/**`), the first in that order; `None` when it may run at once.
     pub fn needs(&self, call: &ToolCall) -> Option<String> {
-        if self.tools.iter().any(|t| *t == call.name) {
+        if self.tools.contains(&call.name) {
             return Some(format!("tools: {}", call.name));
         }
         if call.name == "run_command" {
@@ -337,21 +337,32 @@ mod tests {
 
     #[test]
     fn calls_match_tools_commands_and_paths() {
-        let gate = rules(&["delete_file"], &["git push*", "rm -rf*"], &["migrations/**", "secrets"])
-            .gate()
-            .unwrap();
+        let gate = rules(
+            &["delete_file"],
+            &["git push*", "rm -rf*"],
+            &["migrations/**", "secrets"],
+        )
+        .gate()
+        .unwrap();
         assert_eq!(
-            gate.needs(&call("delete_file", json!({"path": "a.txt"}))).as_deref(),
+            gate.needs(&call("delete_file", json!({"path": "a.txt"})))
+                .as_deref(),
             Some("tools: delete_file")
         );
         assert_eq!(
-            gate.needs(&call("run_command", json!({"command": "git push origin main"})))
-                .as_deref(),
+            gate.needs(&call(
+                "run_command",
+                json!({"command": "git push origin main"})
+            ))
+            .as_deref(),
             Some("run_command: git push*")
         );
         assert_eq!(
-            gate.needs(&call("run_command", json!({"command": ["rm", "-rf", "/x"]})))
-                .as_deref(),
+            gate.needs(&call(
+                "run_command",
+                json!({"command": ["rm", "-rf", "/x"]})
+            ))
+            .as_deref(),
             Some("run_command: rm -rf*")
         );
         assert_eq!(
@@ -359,8 +370,11 @@ mod tests {
             None
         );
         assert_eq!(
-            gate.needs(&call("write_file", json!({"path": "migrations/001/up.sql", "content": ""})))
-                .as_deref(),
+            gate.needs(&call(
+                "write_file",
+                json!({"path": "migrations/001/up.sql", "content": ""})
+            ))
+            .as_deref(),
             Some("paths: migrations/**")
         );
         // A directory named by a pattern covers what is under it.
@@ -415,7 +429,10 @@ mod tests {
             "`approval.timeout_s` is 0",
         );
         let toml_err = toml::from_str::<ApprovalSection>("tool = [\"x\"]").unwrap_err();
-        assert!(toml_err.to_string().contains("unknown field `tool`"), "{toml_err}");
+        assert!(
+            toml_err.to_string().contains("unknown field `tool`"),
+            "{toml_err}"
+        );
     }
 
     #[test]

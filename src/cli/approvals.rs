@@ -153,7 +153,13 @@ pub(crate) async fn ask(coord: &Client, view: &ForkView) -> anyhow::Result<bool>
             read_line().await?.filter(|r| !r.is_empty())
         };
         match coord
-            .decide(view.fork_id, b.label.clone(), Some(p.call_id.clone()), approve, reason)
+            .decide(
+                view.fork_id,
+                b.label.clone(),
+                Some(p.call_id.clone()),
+                approve,
+                reason,
+            )
             .await
         {
             Ok(outcome) => {

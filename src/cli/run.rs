@@ -188,7 +188,9 @@ async fn run_fork(
     let waiting = render::approvals_hint(&out.view, &data_flag);
     if out.merge.is_none() && !waiting.is_empty() {
         let picked = match &args.pick {
-            Some(p) => format!("--pick `{p}` waits for approval, not finished: nothing was merged; "),
+            Some(p) => {
+                format!("--pick `{p}` waits for approval, not finished: nothing was merged; ")
+            }
             None => String::new(),
         };
         return Err(Incomplete::Failed(format!(

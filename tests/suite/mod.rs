@@ -1,5 +1,6 @@
 mod agent_forks;
 mod api;
+mod approvals;
 mod bench;
 mod budget_cli;
 mod budget_cluster;

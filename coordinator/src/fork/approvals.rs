@@ -78,7 +78,10 @@ impl ForkState {
                 });
             }
         }
-        if matches!(self.record.state, ForkPhase::Merged { .. } | ForkPhase::Aborted) {
+        if matches!(
+            self.record.state,
+            ForkPhase::Merged { .. } | ForkPhase::Aborted
+        ) {
             // Its branches were ended with the fork: nothing waits any more.
             return Err(CoordinatorError::NotAwaitingApproval {
                 fork: fork_id,
@@ -150,7 +153,9 @@ impl ForkState {
         let waiting: Vec<String> = self
             .branches
             .iter()
-            .filter(|b| b.record.state == BranchState::AwaitingApproval && b.record.approval.is_some())
+            .filter(|b| {
+                b.record.state == BranchState::AwaitingApproval && b.record.approval.is_some()
+            })
             .map(|b| b.record.label.clone())
             .collect();
         for label in &waiting {

@@ -201,8 +201,14 @@ impl ForkHandle {
         by: String,
         reason: String,
     ) -> Result<Vec<String>, CoordinatorError> {
-        ractor::call_t!(self.actor, ForkMsg::DenyWaiting, CALL_TIMEOUT_MS, by, reason)
-            .map_err(|e| call_error(e, "denying requests for consent", CALL_TIMEOUT_MS))?
+        ractor::call_t!(
+            self.actor,
+            ForkMsg::DenyWaiting,
+            CALL_TIMEOUT_MS,
+            by,
+            reason
+        )
+        .map_err(|e| call_error(e, "denying requests for consent", CALL_TIMEOUT_MS))?
     }
 
     /// Send branch `label` a steering message (see [`ForkMsg::Steer`]).

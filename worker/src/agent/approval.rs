@@ -199,7 +199,11 @@ mod tests {
     #[test]
     fn a_branch_that_asked_resumes_with_the_calls_left() {
         let log = [
-            response(vec![call("a", "read_file"), call("b", "delete_file"), call("c", "read_file")]),
+            response(vec![
+                call("a", "read_file"),
+                call("b", "delete_file"),
+                call("c", "read_file"),
+            ]),
             result("a"),
             requested("b"),
             decided("b", false),
@@ -222,7 +226,10 @@ mod tests {
             Gated::Denied(text) => assert!(text.contains("denied by admin") && text.contains("no")),
             _ => panic!("b was denied"),
         }
-        assert!(matches!(answers.gated(Some(&gate), &parked.calls[1]), Gated::Run));
+        assert!(matches!(
+            answers.gated(Some(&gate), &parked.calls[1]),
+            Gated::Run
+        ));
         assert!(matches!(
             Answers::default().gated(Some(&gate), &parked.calls[0]),
             Gated::Ask(rule) if rule == "tools: delete_file"

@@ -1,9 +1,9 @@
 //! One turn of the agent loop: control commands, the turn and budget checks, the model
 //! call, then its usage, its response and its tool calls published.
 
+use super::approval::Gated;
 use super::control::{exhausted, until_halted};
 use super::coordinator::{reserve, Reserved};
-use super::approval::Gated;
 use super::replay::Next;
 use super::{lease_lost, AgentState, Publisher, Run, Step};
 use crate::error::WorkerError;
@@ -427,7 +427,10 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
 }
 
 /// The tools a task's calls run with.
-fn toolbox(ctx: &crate::context::WorkerCtx, task: &forkfleet_shared::protocol::BranchTask) -> ToolBox {
+fn toolbox(
+    ctx: &crate::context::WorkerCtx,
+    task: &forkfleet_shared::protocol::BranchTask,
+) -> ToolBox {
     ToolBox::for_task(task).with_trees(TreeSlot {
         trees: ctx.trees.clone(),
         key: TreeKey {
@@ -510,11 +513,17 @@ impl Calls<'_> {
                     if let Some(step) = pending.halt.take() {
                         return Ok(Some(step));
                     }
-                    let timeout_s = task.approval.as_ref().map_or(
-                        forkfleet_shared::approval::DEFAULT_TIMEOUT_S,
-                        |r| r.timeout_s,
-                    );
-                    let on_timeout = task.approval.as_ref().map(|r| r.on_timeout).unwrap_or_default();
+                    let timeout_s = task
+                        .approval
+                        .as_ref()
+                        .map_or(forkfleet_shared::approval::DEFAULT_TIMEOUT_S, |r| {
+                            r.timeout_s
+                        });
+                    let on_timeout = task
+                        .approval
+                        .as_ref()
+                        .map(|r| r.on_timeout)
+                        .unwrap_or_default();
                     tracing::info!(
                         tool = %call.name,
                         call.id = %call.id,
