@@ -6,8 +6,9 @@
 //! the views and settling, loading a fork from the store, and the message handler. The
 //! state's work is in `fork/events.rs` (applying events, fences), `fork/fencing.rs`
 //! (takeovers, fenced spend, branches left without a runner, ADR 18), `fork/control.rs`
-//! (resume, follow-up, steer, terminate, abort) and `fork/merging.rs` (merge, resolve,
-//! adopt, rewind); [`ForkHandle`] is in `fork/handle.rs`.
+//! (resume, follow-up, steer, terminate, abort), `fork/approvals.rs` (answers to requests
+//! for consent and their timers) and `fork/merging.rs` (merge, resolve, adopt, rewind);
+//! [`ForkHandle`] is in `fork/handle.rs`.
 
 mod approvals;
 mod control;

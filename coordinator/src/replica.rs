@@ -368,6 +368,63 @@ mod tests {
     }
 
     #[test]
+    fn a_request_waits_until_answered_and_a_denial_is_kept_as_blocked() {
+        use forkfleet_shared::approval::OnTimeout;
+        let mut r = replica();
+        r.arrive(3, status(BranchState::Running));
+        let e = r.arrive(
+            4,
+            Event::ApprovalRequested {
+                call_id: "c1".into(),
+                tool: "delete_file".into(),
+                args: serde_json::json!({"path": "x"}),
+                rule: "tools: delete_file".into(),
+                requested_at_ms: 1_000,
+                timeout_s: 60,
+                on_timeout: OnTimeout::Deny,
+            },
+        );
+        assert_eq!(e.approval_requested, Some(("delete_file".into(), 61_000)));
+        r.arrive(5, status(BranchState::AwaitingApproval));
+        assert_eq!(r.record.state, BranchState::AwaitingApproval);
+        assert_eq!(r.record.approval.as_ref().unwrap().deadline_ms, 61_000);
+        // The answer: pending again (a worker takes it over), the denial kept.
+        let decided = |call: &str| Event::ApprovalDecided {
+            call_id: call.into(),
+            approved: false,
+            by: "admin".into(),
+            reason: Some("no".into()),
+            decided_at_ms: 3_000,
+        };
+        let e = r.arrive(6, decided("c1"));
+        assert!(e.state_changed);
+        assert_eq!(e.approval_decided, Some((false, "admin".into(), 2_000)));
+        assert_eq!(r.record.state, BranchState::Pending);
+        assert!(r.record.approval.is_none());
+        assert_eq!(r.record.blocked.len(), 1);
+        assert_eq!(r.record.blocked[0].reason.as_deref(), Some("no"));
+        // A request cleared by the branch ending.
+        let mut t = replica();
+        t.arrive(3, status(BranchState::Running));
+        t.arrive(
+            4,
+            Event::ApprovalRequested {
+                call_id: "c2".into(),
+                tool: "write_file".into(),
+                args: serde_json::json!({}),
+                rule: "paths: m/**".into(),
+                requested_at_ms: 0,
+                timeout_s: 1,
+                on_timeout: OnTimeout::Approve,
+            },
+        );
+        t.arrive(5, status(BranchState::AwaitingApproval));
+        t.arrive(6, status(BranchState::Terminated));
+        assert!(t.record.approval.is_none());
+        assert!(t.record.blocked.is_empty());
+    }
+
+    #[test]
     fn new_replica_starts_pending_at_first_seq() {
         let r = replica();
         assert_eq!(r.record.state, BranchState::Pending);

@@ -333,3 +333,63 @@ text = "b done"
         "{merged}"
     );
 }
+
+/// An agent's forks run under the agent's approval rules: its branch that deletes a file
+/// waits, `inspect_branches` says so, and picking the other branch ends the waiting one
+/// with its request.
+const APPROVAL_SCRIPT: &str = r#"
+[defaults]
+usage = { input_tokens = 100, output_tokens = 10 }
+
+[[turns.main]]
+tool_calls = [{ name = "fork_run", args = { branches = [{ label = "del", steer = "delete" }, { label = "keep", steer = "keep" }] } }]
+[[turns.main]]
+tool_calls = [{ name = "inspect_branches", args = { wait_s = 60 } }]
+[[turns.main]]
+tool_calls = [{ name = "merge_or_select", args = { action = "pick:keep" } }]
+[[turns.main]]
+text = "kept"
+
+[[turns.del]]
+tool_calls = [{ name = "delete_file", args = { path = "greet.py" } }]
+[[turns.del]]
+text = "deleted"
+
+[[turns.keep]]
+tool_calls = [{ name = "write_file", args = { path = "kept.txt", content = "kept\n" } }]
+[[turns.keep]]
+text = "kept"
+"#;
+
+#[test]
+fn an_agents_forks_wait_for_approval_under_its_rules() {
+    let (ex, spec) = setup(
+        APPROVAL_SCRIPT,
+        "forking = true\nmax_depth = 1\n[approval]\ntools = [\"delete_file\"]",
+    );
+    let out = run_spec(&spec);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let doc = json(&out);
+    let main_run = doc["branches"][0]["id"].as_str().unwrap().to_string();
+    let log = log_of(&ex, &main_run);
+    let inspected = tool_results(&log, "inspect_branches");
+    let text = inspected[0]["output"].as_str().unwrap();
+    assert!(
+        text.contains("\"state\":\"awaiting_approval\"")
+            && text.contains("\"waits_for_approval\":{")
+            && text.contains("\"rule\":\"tools: delete_file\""),
+        "{text}"
+    );
+    let forks = json(&ff(&ex, &["fork", "ls", "--json"]));
+    let inner = fork_of(&forks, &main_run).unwrap();
+    assert_eq!(inner["winner"], "keep", "{inner}");
+    let del = branch(inner, "del");
+    assert_eq!(del["state"], "terminated", "{inner}");
+    assert!(del["approval"].is_null());
+    assert_eq!(ex.read("kept.txt").as_deref(), Some("kept\n"));
+    assert!(ex.read("greet.py").is_some(), "the delete never ran");
+    assert!(json(&ff(&ex, &["approvals", "--json"]))
+        .as_array()
+        .unwrap()
+        .is_empty());
+}

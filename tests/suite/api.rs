@@ -548,6 +548,15 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
             text: "x".into(),
         }
         .into(),
+        api::Approvals { fork: None }.into(),
+        api::Decide {
+            fork,
+            label: "no-such-branch".into(),
+            call_id: None,
+            approve: true,
+            reason: None,
+        }
+        .into(),
         api::RunEvents { run }.into(),
         api::Checkpoints { run }.into(),
         api::GetForkCost { fork }.into(),
@@ -773,6 +782,15 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
             fork,
             label: label.clone(),
             text: "x".into(),
+        }
+        .into(),
+        api::Approvals { fork: Some(fork) }.into(),
+        api::Decide {
+            fork,
+            label: label.clone(),
+            call_id: None,
+            approve: true,
+            reason: Some("mine now".into()),
         }
         .into(),
         api::RunEvents { run }.into(),

@@ -372,6 +372,13 @@ fn describe(view: &ForkView) -> String {
             "turns": b.turns,
             "changes": b.changes,
             "cost_usd": b.cost_usd,
+            // A branch waiting for a person's consent to a call (docs/APPROVALS.md).
+            "waits_for_approval": b.approval.as_ref().map(|p| json!({
+                "tool": p.tool,
+                "call_id": p.call_id,
+                "rule": p.rule,
+            })),
+            "blocked_calls": b.blocked.len(),
         })).collect::<Vec<_>>(),
     })
     .to_string()

@@ -502,3 +502,53 @@ fn plan_rules_apply_to_specs_in_order() {
         toml::from_str(&spec("max_depth = 1\nmax_turns = 0", "", "[[branches]]")).unwrap();
     assert!(matches!(validate(&f, 1), Err(SpecError::ZeroLimit { .. })));
 }
+
+#[test]
+fn approval_rules_are_per_fork_replaced_per_branch_and_checked() {
+    let rest = "[approval]\ntools = [\"delete_file\"]\nrun_command = [\"git push*\"]\npaths = [\"migrations/**\"]\ntimeout_s = 60\non_timeout = \"approve\"\n\
+                [[branches]]\nlabel = \"a\"\n[[branches]]\nlabel = \"b\"\napproval = {}\n[[branches]]\nlabel = \"c\"\napproval = { tools = [\"run_command\"] }";
+    let p = parse(&spec("", "", rest)).unwrap();
+    let fork = p.approval.clone().unwrap();
+    assert_eq!(fork.timeout_s, 60);
+    assert_eq!(fork.on_timeout, crate::approval::OnTimeout::Approve);
+    assert_eq!(p.approval_for(&p.branches[0]), Some(&fork));
+    // An empty table lifts the fork's rules; a branch's own replace them whole.
+    assert_eq!(p.approval_for(&p.branches[1]), None);
+    let c = p.approval_for(&p.branches[2]).unwrap();
+    assert_eq!(c.tools, ["run_command"]);
+    assert!(c.paths.is_empty());
+    assert_eq!(c.timeout_s, crate::approval::DEFAULT_TIMEOUT_S);
+    // The plan's validation checks them again (a client may skip the loader).
+    let mut bad = p.clone();
+    bad.branches[2].approval = Some(crate::approval::ApprovalRules {
+        tools: vec!["nope".into()],
+        ..c.clone()
+    });
+    let err = bad.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("`branches[2].approval.tools` names `nope`"),
+        "{err}"
+    );
+
+    for (rest, want) in [
+        (
+            "[approval]\ntool = [\"x\"]\n[[branches]]\nlabel = \"a\"",
+            "unknown field `tool`",
+        ),
+        (
+            "[approval]\npaths = [\"/etc/**\"]\n[[branches]]\nlabel = \"a\"",
+            "`approval.paths` pattern `/etc/**` is outside the workspace",
+        ),
+        (
+            "[[branches]]\nlabel = \"a\"\napproval = { run_command = [\"[x\"] }",
+            "`branches[0].approval.run_command` pattern `[x` is not valid",
+        ),
+        (
+            "[approval]\non_timeout = \"later\"\n[[branches]]\nlabel = \"a\"",
+            "unknown variant `later`",
+        ),
+    ] {
+        let err = parse(&spec("", "", rest)).unwrap_err().to_string();
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}
