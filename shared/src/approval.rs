@@ -16,8 +16,9 @@ use crate::ids::{ForkId, RunId};
 use globset::{Glob, GlobBuilder, GlobMatcher};
 use serde::{Deserialize, Serialize};
 
-/// Every tool a rule may name: the file and search tools, `run_command`, the fork tools.
-pub const KNOWN_TOOLS: &[&str] = &[
+/// The standard tools every branch is offered (the file and search tools), in the order
+/// the model is told about them.
+pub const STANDARD_TOOLS: &[&str] = &[
     "read_file",
     "write_file",
     "edit_file",
@@ -25,6 +26,10 @@ pub const KNOWN_TOOLS: &[&str] = &[
     "list_files",
     "glob",
     "grep",
+];
+
+/// The tools a spec enables: `run_command` and the fork tools.
+pub const OPTIONAL_TOOLS: &[&str] = &[
     "run_command",
     "fork_run",
     "inspect_branches",
@@ -33,6 +38,11 @@ pub const KNOWN_TOOLS: &[&str] = &[
     "diff_branches",
     "fork_cost",
 ];
+
+/// A tool a rule may name: a standard or an optional one.
+pub fn is_known_tool(name: &str) -> bool {
+    STANDARD_TOOLS.contains(&name) || OPTIONAL_TOOLS.contains(&name)
+}
 
 /// The tools that write the workspace at a `path` argument: what `paths` rules gate.
 pub const WRITING_TOOLS: &[&str] = &["write_file", "edit_file", "delete_file"];
@@ -122,10 +132,11 @@ impl ApprovalRules {
     /// names `field`'s key at fault and what is valid.
     pub fn check(&self, field: &str) -> Result<(), String> {
         for tool in &self.tools {
-            if !KNOWN_TOOLS.contains(&tool.as_str()) {
+            if !is_known_tool(tool) {
                 return Err(format!(
-                    "`{field}.tools` names `{tool}`, which is not a tool; valid: {}",
-                    KNOWN_TOOLS.join(", ")
+                    "`{field}.tools` names `{tool}`, which is not a tool; valid: {}, {}",
+                    STANDARD_TOOLS.join(", "),
+                    OPTIONAL_TOOLS.join(", ")
                 ));
             }
         }

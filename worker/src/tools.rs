@@ -58,15 +58,7 @@ pub const MAX_GREP_MATCHES: usize = 500;
 pub const MAX_GLOB_PATHS: usize = 1_000;
 
 /// The names of every tool, in the order the model is told about them.
-pub const TOOL_NAMES: &[&str] = &[
-    "read_file",
-    "write_file",
-    "edit_file",
-    "delete_file",
-    "list_files",
-    "glob",
-    "grep",
-];
+pub const TOOL_NAMES: &[&str] = forkfleet_shared::approval::STANDARD_TOOLS;
 
 /// The tools of one branch: the standard ones, and `run_command` when its task enables it.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -63,19 +63,8 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     // remaining calls run first (their results must follow that response).
     if let Some(parked) = run.parked.take() {
         let tools = toolbox(ctx, task);
-        let mut calls = Calls {
-            ctx,
-            lease,
-            task,
-            out,
-            control,
-            pending,
-            tools: &tools,
-        };
-        if let Some(step) = calls.run(run, &parked.calls, parked.cutoff_seq).await? {
-            return Ok(step);
-        }
-        return Ok(Step::Continue);
+        let mut calls = Calls::new(ctx, lease, task, out, control, pending, &tools);
+        return calls.run(run, &parked.calls, parked.cutoff_seq).await;
     }
 
     // A replaying child: what the parent's record holds before its next call.
@@ -411,19 +400,8 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
         reasoning,
     });
     run.approvals.clear();
-    let mut calls = Calls {
-        ctx,
-        lease,
-        task,
-        out,
-        control,
-        pending,
-        tools: &tools,
-    };
-    if let Some(step) = calls.run(run, &calls_of_response, cutoff_seq).await? {
-        return Ok(step);
-    }
-    Ok(Step::Continue)
+    let mut calls = Calls::new(ctx, lease, task, out, control, pending, &tools);
+    calls.run(run, &calls_of_response, cutoff_seq).await
 }
 
 /// The tools a task's calls run with.
@@ -451,13 +429,45 @@ struct Calls<'a> {
     tools: &'a ToolBox,
 }
 
-impl Calls<'_> {
+impl<'a> Calls<'a> {
+    fn new(
+        ctx: &'a crate::context::WorkerCtx,
+        lease: &'a crate::lease::TaskLease,
+        task: &'a forkfleet_shared::protocol::BranchTask,
+        out: &'a mut Publisher,
+        control: &'a mut Option<tokio::sync::mpsc::UnboundedReceiver<bytes::Bytes>>,
+        pending: &'a mut super::Pending,
+        tools: &'a ToolBox,
+    ) -> Self {
+        Calls {
+            ctx,
+            lease,
+            task,
+            out,
+            control,
+            pending,
+            tools,
+        }
+    }
+
     /// Run `calls` (of the response after seq `cutoff_seq`) in order, publishing each
-    /// one's file changes and then its result, which goes into the history. A call the
-    /// approval rules gate runs only once approved; without an answer the branch asks
-    /// (`approval_requested`) and stops `awaiting_approval` here. `Some(step)` when the
-    /// branch stops before every call ran.
+    /// one's file changes and then its result, which goes into the history; then the
+    /// branch goes on. A call the approval rules gate runs only once approved; without an
+    /// answer the branch asks (`approval_requested`) and stops `awaiting_approval` there.
     async fn run(
+        &mut self,
+        run: &mut Run,
+        calls: &[forkfleet_shared::event::ToolCall],
+        cutoff_seq: u64,
+    ) -> Result<Step, WorkerError> {
+        match self.each(run, calls, cutoff_seq).await? {
+            Some(step) => Ok(step),
+            None => Ok(Step::Continue),
+        }
+    }
+
+    /// [`Calls::run`]'s loop: `Some(step)` when the branch stops before every call ran.
+    async fn each(
         &mut self,
         run: &mut Run,
         calls: &[forkfleet_shared::event::ToolCall],
