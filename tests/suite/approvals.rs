@@ -476,3 +476,123 @@ fn cluster_requests_hold_nothing_survive_a_coordinator_restart_and_resume_anywhe
     let listed = fleet.client(&["approvals", &id, "--json"]);
     assert_eq!(listed.json().as_array().map(Vec::len), Some(0));
 }
+
+/// A tmux server of its own (its own socket), killed when dropped.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    /// A detached session running `command` in a 200x60 terminal.
+    fn start(command: &str) -> Tmux {
+        let socket = format!("forkfleet-test-{}", std::process::id());
+        let t = Tmux { socket };
+        let ok = t
+            .cmd(&[
+                "new-session",
+                "-d",
+                "-s",
+                "main",
+                "-x",
+                "200",
+                "-y",
+                "60",
+                command,
+            ])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "tmux could not start");
+        t
+    }
+
+    fn cmd(&self, args: &[&str]) -> std::process::Command {
+        let mut c = std::process::Command::new("tmux");
+        c.args(["-L", &self.socket]).args(args);
+        c
+    }
+
+    /// The screen and its scrollback.
+    fn screen(&self) -> String {
+        let out = self
+            .cmd(&["capture-pane", "-p", "-J", "-S", "-500", "-t", "main"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Until `done(screen)` holds (bounded); the screen then.
+    fn wait_for(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + COMMAND_LIMIT;
+        loop {
+            let screen = self.screen();
+            if done(&screen) {
+                return screen;
+            }
+            assert!(Instant::now() < deadline, "{what} never showed:\n{screen}");
+            std::thread::sleep(POLL);
+        }
+    }
+
+    fn type_line(&self, text: &str) {
+        let ok = self
+            .cmd(&["send-keys", "-t", "main", "-l", text])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let ok = self
+            .cmd(&["send-keys", "-t", "main", "Enter"])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]).status();
+    }
+}
+
+#[test]
+fn fork_watch_on_a_terminal_asks_for_the_answers_inline() {
+    let ex = Example::quickstart();
+    let spec = write_spec(ex.dir.path(), "ap", 600, "");
+    let data = ex.data();
+    let data = path_str(&data);
+    let run = forkfleet(&["run", path_str(&spec), "--json", "--timeout-s", "120"]);
+    assert_eq!(run.status.code(), Some(1), "{}", stderr(&run));
+    let fork = only_fork(data);
+    // The pane stays after the watch ends, so its last lines can be read.
+    let tmux = Tmux::start(&format!(
+        "env RUST_LOG=warn {} fork watch {fork} --data {data} --timeout-s 120; echo WATCH-EXIT-$?; sleep 600",
+        env!("CARGO_BIN_EXE_forkfleet")
+    ));
+    let prompt = "approve? [y]es / [n]o / [s]kip:";
+    let screen = tmux.wait_for("the first request", |s| s.contains(prompt));
+    assert!(
+        screen.contains("branch `gated` asks to run delete_file"),
+        "{screen}"
+    );
+    tmux.type_line("y");
+    let screen = tmux.wait_for("the second request", |s| s.matches(prompt).count() == 2);
+    assert!(screen.contains("approved `delete_file`"), "{screen}");
+    assert!(
+        screen.contains("branch `gated` asks to run write_file"),
+        "{screen}"
+    );
+    tmux.type_line("n");
+    tmux.wait_for("the reason's prompt", |s| {
+        s.contains("reason (the model reads it")
+    });
+    tmux.type_line("not today");
+    let screen = tmux.wait_for("the watch's end", |s| s.contains("WATCH-EXIT-"));
+    assert!(screen.contains("WATCH-EXIT-0"), "{screen}");
+    assert!(screen.contains("denied `write_file`"), "{screen}");
+    let shown = json(&forkfleet(&[
+        "fork", "show", &fork, "--data", data, "--json",
+    ]));
+    let gated = branch(&shown, "gated");
+    assert_eq!(gated["state"], "done", "{shown}");
+    assert_eq!(gated["blocked"][0]["reason"], "not today");
+    assert_eq!(gated["blocked"][0]["by"], "admin");
+}
