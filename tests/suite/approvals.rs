@@ -109,21 +109,27 @@ fn events<'a>(log: &'a [Value], kind: &str) -> Vec<&'a Value> {
         .collect()
 }
 
-#[test]
-fn embedded_requests_wait_and_answers_run_deny_and_are_checked() {
+/// An embedded fork of [`write_spec`]'s `ap` spec run until `gated` waits (the run exits 1:
+/// nothing merged): the example, its data directory, the run's stderr and the fork's id.
+fn waiting_fork() -> (Example, String, String, String) {
     let ex = Example::quickstart();
     let spec = write_spec(ex.dir.path(), "ap", 600, "");
-    let data = ex.data();
-    let data = path_str(&data);
-    // The run stops with `gated` waiting (exit 1: nothing merged) and says how to answer.
+    let data = path_str(&ex.data()).to_string();
     let run = forkfleet(&["run", path_str(&spec), "--json", "--timeout-s", "120"]);
     assert_eq!(run.status.code(), Some(1), "{}", stderr(&run));
-    let err = stderr(&run);
+    let fork = only_fork(&data);
+    (ex, data, stderr(&run), fork)
+}
+
+#[test]
+fn embedded_requests_wait_and_answers_run_deny_and_are_checked() {
+    let (ex, data, err, fork) = waiting_fork();
+    let data = data.as_str();
+    // The run stopped with `gated` waiting and says how to answer.
     assert!(
         err.contains("wait for approval") && err.contains("forkfleet fork approve"),
         "{err}"
     );
-    let fork = only_fork(data);
     let waiting = approvals(&["--data", data]);
     assert_eq!(waiting.len(), 1, "{waiting:?}");
     let request = &waiting[0];
@@ -269,13 +275,8 @@ fn embedded_auto_resolve_denies_what_waits_and_terminate_clears_a_request() {
     );
 
     // A manual fork: terminate a waiting branch and its request goes with it.
-    let manual = Example::quickstart();
-    let spec = write_spec(manual.dir.path(), "manual", 600, "");
-    let data = manual.data();
-    let data = path_str(&data);
-    let run = forkfleet(&["run", path_str(&spec), "--json", "--timeout-s", "120"]);
-    assert_eq!(run.status.code(), Some(1), "{}", stderr(&run));
-    let fork = only_fork(data);
+    let (_manual, data, _, fork) = waiting_fork();
+    let data = data.as_str();
     assert_eq!(approvals(&["--data", data]).len(), 1);
     // A manual resolve leaves the request to the person and says what waits.
     let resolve = forkfleet(&["fork", "resolve", &fork, "--data", data]);
@@ -555,13 +556,8 @@ impl Drop for Tmux {
 
 #[test]
 fn fork_watch_on_a_terminal_asks_for_the_answers_inline() {
-    let ex = Example::quickstart();
-    let spec = write_spec(ex.dir.path(), "ap", 600, "");
-    let data = ex.data();
-    let data = path_str(&data);
-    let run = forkfleet(&["run", path_str(&spec), "--json", "--timeout-s", "120"]);
-    assert_eq!(run.status.code(), Some(1), "{}", stderr(&run));
-    let fork = only_fork(data);
+    let (_ex, data, _, fork) = waiting_fork();
+    let data = data.as_str();
     // The pane stays after the watch ends, so its last lines can be read.
     let tmux = Tmux::start(&format!(
         "env RUST_LOG=warn {} fork watch {fork} --data {data} --timeout-s 120; echo WATCH-EXIT-$?; sleep 600",
