@@ -592,3 +592,49 @@ fn fork_watch_on_a_terminal_asks_for_the_answers_inline() {
     assert_eq!(gated["blocked"][0]["reason"], "not today");
     assert_eq!(gated["blocked"][0]["by"], "admin");
 }
+
+/// `examples/approvals`, as docs/APPROVALS.md walks a new user through it.
+#[test]
+fn the_approvals_example_runs_as_documented() {
+    let ex = Example::named("approvals");
+    let data = path_str(&ex.data()).to_string();
+    let data = data.as_str();
+    let run = forkfleet(&["run", path_str(&ex.spec())]);
+    assert_eq!(run.status.code(), Some(1), "{}", stderr(&run));
+    assert!(
+        stderr(&run).contains("careful: delete_file"),
+        "{}",
+        stderr(&run)
+    );
+    let fork = only_fork(data);
+    let waiting = approvals(&["--data", data]);
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(waiting[0]["label"], "careful");
+    let approved = forkfleet(&["fork", "approve", &fork, "careful", "--data", data]);
+    assert!(approved.status.success(), "{}", stderr(&approved));
+    let waiting = approvals(&["--data", data]);
+    assert_eq!(waiting[0]["rule"], "paths: migrations/**");
+    let denied = forkfleet(&[
+        "fork",
+        "deny",
+        &fork,
+        "careful",
+        "--reason",
+        "no migrations today",
+        "--data",
+        data,
+    ]);
+    assert!(denied.status.success(), "{}", stderr(&denied));
+    let shown = json(&forkfleet(&[
+        "fork", "show", &fork, "--data", data, "--json",
+    ]));
+    for label in ["careful", "trusted"] {
+        assert_eq!(branch(&shown, label)["state"], "done", "{shown}");
+    }
+    assert_eq!(
+        branch(&shown, "careful")["blocked"][0]["reason"],
+        "no migrations today"
+    );
+    assert_eq!(branch(&shown, "careful")["changes"], 1);
+    assert_eq!(branch(&shown, "trusted")["changes"], 2);
+}

@@ -11,7 +11,7 @@ use crate::spec::MAX_LABEL_LEN;
 pub const MAX_ID_PREFIX_LEN: usize = 36;
 /// A checkpoint as named by a request: its label, number or id prefix.
 pub const MAX_CHECKPOINT_REF_LEN: usize = 256;
-/// A user message (`steer`, `continue`).
+/// A user message (`steer`, `continue`, a denial's reason).
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// How much of a user's input an error message quotes.
 pub const QUOTE_MAX_CHARS: usize = 80;
@@ -48,6 +48,19 @@ pub fn check_request_size(req: &ApiRequest) -> Result<(), ApiError> {
             ("label", &op.label, label),
             ("text", &op.text, MAX_MESSAGE_BYTES),
         ],
+        R::Decide(op) => [("label", op.label.as_str(), label)]
+            .into_iter()
+            .chain(
+                op.call_id
+                    .as_deref()
+                    .map(|c| ("call_id", c, MAX_CHECKPOINT_REF_LEN)),
+            )
+            .chain(
+                op.reason
+                    .as_deref()
+                    .map(|r| ("reason", r, MAX_MESSAGE_BYTES)),
+            )
+            .collect(),
         R::Topup(op) => op
             .branch
             .as_deref()
