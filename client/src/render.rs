@@ -323,6 +323,137 @@ pub fn branch_table(view: &ForkView) -> String {
     out
 }
 
+/// `text` on one line (newlines as `⏎`), cut to `max` characters with `…`.
+pub fn one_line(text: &str, max: usize) -> String {
+    let one = text.replace('\n', "⏎");
+    match one.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &one[..end]),
+        None => one,
+    }
+}
+
+/// Each branch's last answer, one line each (`fork show FORK LABEL` prints a whole one);
+/// empty when no branch answered with text yet.
+pub fn answers_text(view: &ForkView) -> String {
+    let width = label_width(view);
+    let mut out = String::new();
+    for b in &view.branches {
+        if let Some(p) = &b.last_message_preview {
+            if out.is_empty() {
+                out.push_str("\nanswers:\n");
+            }
+            let _ = writeln!(out, "  {:<width$}  {}", b.label, one_line(p, 100));
+        }
+    }
+    out
+}
+
+/// One branch as `fork show FORK LABEL` tells it, from its view and its log.
+pub struct BranchDetail<'a> {
+    pub branch: &'a BranchView,
+    /// Its steer, then the steering messages sent to it, in order.
+    pub steers: Vec<String>,
+    /// Its last answer with text, whole.
+    pub answer: Option<String>,
+    /// What it changed, net per path (`write`, `delete`, ...), on its history (rewinds
+    /// honoured).
+    pub changes: BTreeMap<String, &'static str>,
+}
+
+/// [`BranchDetail`] of `b`, whose log is `events`.
+pub fn branch_detail<'a>(
+    b: &'a BranchView,
+    events: &[forkfleet_shared::api::LoggedEvent],
+) -> BranchDetail<'a> {
+    let log: Vec<(u64, Event)> = events.iter().map(|e| (e.seq, e.event.clone())).collect();
+    let mut steers = Vec::new();
+    let mut answer = None;
+    let mut changes = BTreeMap::new();
+    for (_, e) in forkfleet_shared::event::history_events(&log, None) {
+        match e {
+            Event::Steer { text } if !text.trim().is_empty() => steers.push(text.clone()),
+            Event::ModelResponse {
+                text: Some(text), ..
+            } if !text.trim().is_empty() => answer = Some(text.clone()),
+            Event::FileChange { change } => {
+                changes.insert(change.path().to_string(), change.kind());
+            }
+            _ => {}
+        }
+    }
+    BranchDetail {
+        branch: b,
+        steers,
+        answer,
+        changes,
+    }
+}
+
+impl BranchDetail<'_> {
+    pub fn text(&self, fork: ForkId) -> String {
+        let b = self.branch;
+        let mut out = format!(
+            "branch `{}` of fork {fork} · {} · turns {} · ${:.6} · {}\n",
+            b.label,
+            b.state,
+            b.turns,
+            b.cost_usd,
+            count(self.changes.len(), "path changed", "paths changed")
+        );
+        if let Some(e) = &b.error {
+            let _ = writeln!(out, "error: {e}");
+        }
+        for (i, s) in self.steers.iter().enumerate() {
+            let what = if i == 0 { "steer" } else { "steered" };
+            let _ = writeln!(out, "{what}: {}", one_line(s, 200));
+        }
+        match &self.answer {
+            Some(a) => {
+                let _ = writeln!(out, "\nfinal answer:\n{}", a.trim_end());
+            }
+            None => out.push_str("\nno answer yet\n"),
+        }
+        if !self.changes.is_empty() {
+            out.push_str("\nchanges:\n");
+            for (path, kind) in &self.changes {
+                let _ = writeln!(out, "  {kind:<8} {path}");
+            }
+        }
+        for c in &b.blocked {
+            let _ = writeln!(
+                out,
+                "not run (denied by {}): {} {}{}",
+                c.by,
+                c.tool,
+                args_line(&c.args),
+                c.reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            );
+        }
+        out
+    }
+
+    pub fn json(&self) -> Value {
+        let b = self.branch;
+        json!({
+            "label": b.label,
+            "id": b.run_id.to_string(),
+            "state": b.state.as_str(),
+            "error": b.error,
+            "turns": b.turns,
+            "cost_usd": b.cost_usd,
+            "usage": b.usage,
+            "steers": self.steers,
+            "answer": self.answer,
+            "changes": self.changes.iter().map(|(p, k)| json!({"path": p, "kind": k})).collect::<Vec<_>>(),
+            "blocked": b.blocked,
+            "approval": b.approval,
+        })
+    }
+}
+
 /// Forks, one line each.
 pub fn fork_list(forks: &[ForkView]) -> String {
     let mut out = String::new();
@@ -651,6 +782,7 @@ pub fn fork_json(
                 "error": b.error,
                 "approval": b.approval,
                 "blocked": b.blocked,
+                "last_message_preview": b.last_message_preview,
             })
         })
         .collect();

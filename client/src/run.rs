@@ -126,16 +126,29 @@ pub struct Resolved {
     pub applied: Option<FlushReport>,
 }
 
+/// What a resolve asks beyond the plan (`fork resolve`'s flags).
+#[derive(Debug, Clone, Default)]
+pub struct ResolveAsk {
+    /// The plan's strategy when absent.
+    pub strategy: Option<Strategy>,
+    /// Decide without merging.
+    pub no_commit: bool,
+    /// The judges' models instead of the plan's.
+    pub judge_models: Vec<String>,
+}
+
 /// Resolve `fork` (tests on every branch and the judges run on workers); on a commit,
 /// apply the merge to `dir` (if any), `policy` overriding the plan's `conflict_policy`.
 pub async fn resolve_and_apply(
     coord: &Client,
     fork: ForkId,
-    strategy: Option<Strategy>,
+    ask: ResolveAsk,
     dir: Option<&Path>,
     policy: Option<ConflictPolicy>,
 ) -> Result<Resolved, ClientError> {
-    let report = coord.resolve(fork, strategy).await?;
+    let report = coord
+        .resolve(fork, ask.strategy, ask.no_commit, ask.judge_models)
+        .await?;
     let applied = match (&report.merge, dir) {
         (Some(outcome), Some(dir)) if !outcome.into_branch => {
             let policy = policy.unwrap_or(outcome.conflict_policy);
@@ -260,7 +273,16 @@ pub async fn run_fork(
         && paused.is_empty()
         && !loaded.plan.solo;
     let resolved = if resolves {
-        Some(resolve_and_apply(coord, fork_id, None, Some(&loaded.workspace), None).await?)
+        Some(
+            resolve_and_apply(
+                coord,
+                fork_id,
+                ResolveAsk::default(),
+                Some(&loaded.workspace),
+                None,
+            )
+            .await?,
+        )
     } else {
         None
     };

@@ -202,11 +202,15 @@ pub fn progress_lines(view: &ForkView, elapsed: Duration) -> Vec<String> {
         let width = label_width(view);
         for b in &view.branches {
             lines.push(format!(
-                "  {:<width$}  {:<26}  turns {:>3}  ${:.6}",
+                "  {:<width$}  {:<26}  turns {:>3}  ${:.6}{}",
                 b.label,
                 b.state.as_str(),
                 b.turns,
-                b.cost_usd
+                b.cost_usd,
+                b.last_message_preview
+                    .as_deref()
+                    .map(|p| format!("  {}", crate::render::one_line(p, 48)))
+                    .unwrap_or_default()
             ));
         }
     }
@@ -231,9 +235,16 @@ fn print_state_changes(view: &ForkView, last: &mut BTreeMap<String, BranchState>
     for b in &view.branches {
         if last.get(&b.label) != Some(&b.state) {
             if view.branches.len() <= MAX_PROGRESS_LINES {
+                // A finished branch's answer, shortened.
+                let answer = b
+                    .last_message_preview
+                    .as_deref()
+                    .filter(|_| b.state.is_terminal())
+                    .map(|p| format!(": {}", crate::render::one_line(p, 80)))
+                    .unwrap_or_default();
                 let _ = writeln!(
                     err,
-                    "  {}: {} (turns {}, ${:.6})",
+                    "  {}: {} (turns {}, ${:.6}){answer}",
                     b.label, b.state, b.turns, b.cost_usd
                 );
             }
@@ -242,5 +253,85 @@ fn print_state_changes(view: &ForkView, last: &mut BTreeMap<String, BranchState>
     }
     if view.branches.len() > MAX_PROGRESS_LINES && view.settled() {
         let _ = writeln!(err, "  all {} branches settled", view.branches.len());
+    }
+}
+
+/// Follow the logs of a fork's branches (every one, or the one labelled `only`), calling
+/// `each` with every event as it lands (from seq 0: the events already logged first),
+/// until the branches followed have stopped (finished, paused, waiting for approval) or
+/// the fork is merged or aborted; `timeout` bounds it. Each round is one bounded `watch`
+/// (the view once it changes), then the logs of the branches that grew: the same on an
+/// embedded or a remote coordinator. The answer is the last view.
+pub async fn follow_events(
+    coord: &Client,
+    fork: ForkId,
+    only: Option<&str>,
+    timeout: Option<Duration>,
+    each: &mut (dyn FnMut(&str, &forkfleet_shared::api::LoggedEvent) + Send),
+) -> Result<ForkView, ClientError> {
+    use forkfleet_shared::api::ApiClient;
+    let started = Instant::now();
+    let mut next: BTreeMap<forkfleet_shared::ids::RunId, u64> = BTreeMap::new();
+    let mut seen = None;
+    loop {
+        let wait = match timeout {
+            Some(t) => t.saturating_sub(started.elapsed()).min(LOG_POLL),
+            None => LOG_POLL,
+        };
+        let watched = coord.watch(fork, seen, wait).await?;
+        seen = Some(watched.version);
+        let view = watched.view;
+        let followed: Vec<&forkfleet_shared::api::BranchView> = view
+            .branches
+            .iter()
+            .filter(|b| only.is_none_or(|l| l == b.label))
+            .collect();
+        if followed.is_empty() {
+            return Err(ClientError::BadInput(format!(
+                "fork {fork} has no branch `{}`; its branches: {}",
+                only.unwrap_or_default(),
+                view.branches
+                    .iter()
+                    .map(|b| b.label.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        for b in &followed {
+            let from = next.get(&b.run_id).copied().unwrap_or(0);
+            if b.events <= from {
+                continue;
+            }
+            let events = coord.run_events(b.run_id).await?;
+            for e in events.iter().filter(|e| e.seq >= from) {
+                each(&b.label, e);
+            }
+            if let Some(last) = events.last() {
+                next.insert(b.run_id, last.seq + 1);
+            }
+        }
+        // Stopped, and every event of it shown (a view may be newer than the log read).
+        let done = followed
+            .iter()
+            .all(|b| b.state.is_stopped() && next.get(&b.run_id).copied().unwrap_or(0) >= b.events);
+        if view.state.is_resolved() || done {
+            return Ok(view);
+        }
+        if let Some(t) = timeout {
+            if started.elapsed() >= t {
+                return Err(ClientError::GaveUp {
+                    fork,
+                    after_s: t.as_secs(),
+                    finished: view
+                        .branches
+                        .iter()
+                        .filter(|b| b.state.is_terminal())
+                        .count(),
+                    total: view.branches.len(),
+                    paused: paused_labels(&view).len(),
+                    reach: coord.reach().to_string(),
+                });
+            }
+        }
     }
 }

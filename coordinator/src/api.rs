@@ -70,7 +70,8 @@ handlers! {
     MoveBudget(h, c, op) => { h.admit_fork(c, op.fork).await?; h.move_budget(op.fork, &op.from, &op.to, op.usd).await };
     AccountSet(h, c, op) => { h.admit_admin(c, "changing an account's cap")?; h.account_set(&op.name, op.cap_usd).await };
     // Tests on every branch and the judges (on workers), the decision, the merge.
-    Resolve(h, c, op) => { h.admit_fork(c, op.fork).await?; crate::resolve::resolve(h, op.fork, op.strategy).await };
+    Resolve(h, c, op) => { h.admit_fork(c, op.fork).await?; crate::resolve::resolve(h, op.fork, crate::resolve::Options { strategy: op.strategy, no_commit: op.no_commit, judge_models: op.judge_models }).await };
+    Verdict(h, c, op) => { h.admit_fork(c, op.fork).await?; h.fork(op.fork).await?; h.store().resolution(op.fork) };
     FindRun(h, c, op) => h.find_run_for(c, &op.prefix).await;
     CheckpointSave(h, c, op) => { h.admit_run(c, op.run).await?; h.checkpoint_save(op.run, &op.label).await };
     CheckpointRemove(h, c, op) => { h.admit_run(c, op.run).await?; h.checkpoint_remove(op.run, &op.checkpoint).await };

@@ -301,6 +301,7 @@ pub(crate) fn create_fork(
             cached_calls: 0,
             approval: None,
             blocked: Vec::new(),
+            answer: None,
         });
         let lineage = Event::Fork {
             fork_id,

@@ -76,7 +76,7 @@ pub enum CoordinatorError {
     #[error("cannot resolve: {0}")]
     BadStrategy(#[from] StrategyError),
     /// A resolve whose strategy needs a judge, of a fork whose spec configures none.
-    #[error("cannot resolve: strategy `{strategy}` needs a judge, and the fork's spec names none; set `judge_model` (or `judge_models` for vote) in the spec, or resolve with `--strategy manual`")]
+    #[error("cannot resolve: strategy `{strategy}` needs a judge; the fork's spec names none and no live worker offers a real model to default to; pass `--judge-model provider:name`, set `judge_model` (or `judge_models` for vote) in the spec, or resolve with `--strategy manual`")]
     NoJudge { strategy: String },
     /// An empty steering or follow-up message; `what` names it.
     #[error("a {what} cannot be empty")]

@@ -151,6 +151,27 @@ impl CoordinatorHandle {
         })
     }
 
+    /// The real models the live workers of the coordinator's pool offer (their catalogues:
+    /// `provider:name`), each once; none when the workers cannot be listed.
+    pub(crate) async fn offered_models(&self) -> Result<Vec<String>, CoordinatorError> {
+        let pool = &self.config.pool;
+        let workers = match self.bus.workers().await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(pool = %pool, error = %e, "cannot list the workers for their models");
+                return Ok(Vec::new());
+            }
+        };
+        let mut names: Vec<String> = workers
+            .iter()
+            .filter(|w| &w.pool == pool)
+            .flat_map(|w| w.offer().models.into_iter().map(|m| m.name))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        Ok(names)
+    }
+
     pub async fn fork(&self, id: ForkId) -> Result<ForkView, CoordinatorError> {
         self.root.fork(id).await?.view().await
     }

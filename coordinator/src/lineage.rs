@@ -607,6 +607,7 @@ pub(crate) fn write_child(
         cached_calls: 0,
         approval: None,
         blocked: Vec::new(),
+        answer: None,
     })?;
     let fork = ForkRecord {
         fork_id,

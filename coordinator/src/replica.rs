@@ -91,6 +91,7 @@ impl BranchReplica {
         record.next_seq = record.first_seq;
         record.approval = None;
         record.blocked = Vec::new();
+        record.answer = None;
         Self {
             record,
             overlay: Overlay::new(base),
@@ -189,7 +190,10 @@ impl BranchReplica {
     fn apply(&mut self, event: Event, effect: &mut Effect) {
         let r = &mut self.record;
         match event {
-            Event::ModelResponse { .. } => {
+            Event::ModelResponse { text, .. } => {
+                if let Some(text) = text.as_deref().map(str::trim).filter(|t| !t.is_empty()) {
+                    r.answer = Some(preview(text));
+                }
                 r.turns += 1;
                 effect.steps.push(Step::Response {
                     seq: r.next_seq,
@@ -320,6 +324,14 @@ impl BranchReplica {
     }
 }
 
+/// `text` cut to [`crate::store::PREVIEW_CHARS`] characters, `…` marking a cut.
+fn preview(text: &str) -> String {
+    match text.char_indices().nth(crate::store::PREVIEW_CHARS) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -350,6 +362,7 @@ mod tests {
             cached_calls: 0,
             approval: None,
             blocked: Vec::new(),
+            answer: None,
         };
         BranchReplica::new(record, Arc::new(Manifest::default()))
     }

@@ -37,6 +37,7 @@ use forkfleet_shared::resolve::{
     decide, internal_consistency, judge_prompt, BranchOutcome, ConfidenceSignals, Decision,
     Strategy,
 };
+use forkfleet_shared::spec::ForkPlan;
 use forkfleet_shared::wire;
 use futures::future::join_all;
 use std::fmt::Write as _;
@@ -52,13 +53,24 @@ const TEST_MARGIN: Duration = Duration::from_secs(60);
 /// Longest a judge job may take: two model calls of at most five minutes, and the reply.
 const JUDGE_JOB_TIMEOUT: Duration = Duration::from_secs(11 * 60);
 
+/// What a resolve request asks beyond the plan.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Options {
+    /// The plan's strategy when absent.
+    pub strategy: Option<Strategy>,
+    /// Decide, but merge nothing.
+    pub no_commit: bool,
+    /// The judges' models instead of the plan's.
+    pub judge_models: Vec<String>,
+}
+
 pub(crate) async fn resolve(
     handle: &CoordinatorHandle,
     id: ForkId,
-    strategy: Option<Strategy>,
+    options: Options,
 ) -> Result<ResolveReport, CoordinatorError> {
     let fork = handle.root().fork(id).await?;
-    deny_waiting(handle, &fork, id, strategy.as_ref()).await?;
+    deny_waiting(handle, &fork, id, options.strategy.as_ref()).await?;
     let inputs = fork.resolve_start().await?;
     // Whatever happens below (an error, the caller giving up), the fork stops resolving.
     let _end = EndResolve(fork.clone());
@@ -68,7 +80,7 @@ pub(crate) async fn resolve(
         forkfleet_shared::trace::set_parent(&span, inputs.record.trace.as_deref());
         span.follows_from(tracing::Span::current());
     }
-    tracing::Instrument::instrument(run(handle, inputs, strategy), span).await
+    tracing::Instrument::instrument(run(handle, inputs, options), span).await
 }
 
 /// How long a resolve that does not wait for a person waits for the branches it denied
@@ -133,24 +145,31 @@ impl Drop for EndResolve {
 async fn run(
     handle: &CoordinatorHandle,
     inputs: ResolveInputs,
-    strategy: Option<Strategy>,
+    options: Options,
 ) -> Result<ResolveReport, CoordinatorError> {
     let plan = &inputs.record.plan;
     let fork_id = inputs.record.fork_id;
-    let strategy = strategy.unwrap_or_else(|| plan.resolve.strategy.clone());
+    let strategy = options
+        .strategy
+        .unwrap_or_else(|| plan.resolve.strategy.clone());
     strategy.validate()?;
+    // The request's judges, else the plan's, else a default one the workers offer.
+    let named = if options.judge_models.is_empty() {
+        plan.resolve.judge_models.clone()
+    } else {
+        check_judges(plan, &options.judge_models)?;
+        options.judge_models.clone()
+    };
+    let named = if strategy.needs_judge() && named.is_empty() {
+        vec![default_judge(handle, plan, &strategy).await?]
+    } else {
+        named
+    };
     let judges: Vec<String> = match &strategy {
         Strategy::Manual => Vec::new(),
-        Strategy::Vote => plan.resolve.judge_models.clone(),
-        Strategy::Auto | Strategy::AutoWithFallback { .. } => {
-            plan.resolve.judge_models.iter().take(1).cloned().collect()
-        }
+        Strategy::Vote => named,
+        Strategy::Auto | Strategy::AutoWithFallback { .. } => named.into_iter().take(1).collect(),
     };
-    if strategy.needs_judge() && judges.is_empty() {
-        return Err(CoordinatorError::NoJudge {
-            strategy: strategy.as_str().to_string(),
-        });
-    }
     let bus = handle.bus();
     // Every job is a child of this `fork.resolve` span, across processes.
     let trace = forkfleet_shared::trace::current_traceparent();
@@ -229,6 +248,11 @@ async fn run(
             .zip(&logs)
             .map(|((r, _), log)| BranchOutcome {
                 label: r.label.clone(),
+                steer: plan
+                    .branches
+                    .get(r.index as usize)
+                    .map(|b| b.steer.clone())
+                    .filter(|s| !s.trim().is_empty()),
                 state: r.state,
                 final_message: log.final_message.clone(),
                 cost_usd: r.cost_usd,
@@ -322,11 +346,14 @@ async fn run(
         agreement_score: agreement,
         decision,
         merge: None,
+        no_commit: options.no_commit,
         judge_usage,
         judge_cost_usd,
         resolved_at_ms: now_ms(),
     };
-    if let Decision::Commit { winner, confidence } = &report.decision {
+    if let (Decision::Commit { winner, confidence }, true) = (&report.decision, options.no_commit) {
+        tracing::info!(winner = %winner, confidence, "fork.resolve decided a commit; not merged (no_commit)");
+    } else if let Decision::Commit { winner, confidence } = &report.decision {
         tracing::info!(winner = %winner, confidence, "fork.resolve commits");
         match handle.merge(fork_id, winner).await {
             Ok(outcome) => report.merge = Some(outcome),
@@ -344,6 +371,47 @@ async fn run(
     tokio::task::spawn_blocking(move || store.put_resolution(fork_id, &stored)).await??;
     handle.store().flush_async().await?;
     Ok(report)
+}
+
+/// Judges a request names: `provider:name` models; a scripted one must be the plan's
+/// (its script is there).
+fn check_judges(plan: &ForkPlan, models: &[String]) -> Result<(), CoordinatorError> {
+    for m in models {
+        forkfleet_shared::spec::split_model(m)
+            .map_err(|e| CoordinatorError::BadRequest(format!("--judge-model `{m}`: {e}")))?;
+        if m.starts_with("scripted:") && !plan.models.contains_key(m) {
+            return Err(CoordinatorError::BadRequest(format!(
+                "--judge-model `{m}` is a scripted model the fork's spec does not configure (its script is in the spec); configured models: {}",
+                crate::error::list(plan.models.keys())
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The judge of a resolve that needs one when neither the request nor the plan names
+/// one (docs/SPEC.md, "Resolving"): the fork's own model if the live workers offer it
+/// and it is not scripted, else the first model the workers' catalogues offer (by name).
+async fn default_judge(
+    handle: &CoordinatorHandle,
+    plan: &ForkPlan,
+    strategy: &Strategy,
+) -> Result<String, CoordinatorError> {
+    let offered: std::collections::BTreeSet<String> = handle
+        .offered_models()
+        .await?
+        .into_iter()
+        .filter(|m| !m.starts_with("scripted:"))
+        .collect();
+    if !plan.model.starts_with("scripted:") && offered.contains(&plan.model) {
+        return Ok(plan.model.clone());
+    }
+    offered
+        .into_iter()
+        .next()
+        .ok_or_else(|| CoordinatorError::NoJudge {
+            strategy: strategy.as_str().to_string(),
+        })
 }
 
 /// The branches a judge may pick: when any branch has a test signal, those with the best

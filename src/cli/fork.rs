@@ -41,10 +41,13 @@ pub enum ForkCommand {
     },
     /// List forks, newest first.
     Ls(ClientArgs),
-    /// Show a fork's branches: state, turns, cost.
+    /// Show a fork's branches: state, turns, cost, the start of each one's last answer;
+    /// with LABEL, that branch: its steer, its whole final answer, cost and changes.
     Show {
         /// Fork id (or a unique prefix of one).
         fork: String,
+        /// One branch's label.
+        label: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -55,6 +58,10 @@ pub enum ForkCommand {
         /// Give up after this many seconds (exit 1; the fork keeps running).
         #[arg(long)]
         timeout_s: Option<u64>,
+        /// Print every branch's events as they land (tool calls, results, answers), each
+        /// line led by its label (`--json`: one object a line), until every branch stops.
+        #[arg(long)]
+        events: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -216,6 +223,14 @@ pub enum ForkCommand {
         /// auto_with_fallback's threshold in [0, 1] (default 0.80).
         #[arg(long, value_name = "X", allow_hyphen_values = true)]
         threshold: Option<f64>,
+        /// Run the tests and judges and print the decision, but merge nothing; `fork
+        /// verdict` shows the report again later.
+        #[arg(long, alias = "no-commit")]
+        judge_only: bool,
+        /// The judge's model instead of the spec's (repeat for `vote`). Without one in the
+        /// spec either, a default judge is taken from the models the workers offer.
+        #[arg(long = "judge-model", value_name = "MODEL")]
+        judge_models: Vec<String>,
         /// Apply a merge to this directory instead of the workspace the fork was made from.
         #[arg(long, conflicts_with = "no_apply")]
         apply: Option<PathBuf>,
@@ -235,6 +250,14 @@ pub enum ForkCommand {
         /// Embedded only: give up waiting for unfinished branches after this many seconds.
         #[arg(long)]
         timeout_s: Option<u64>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Show the report of the fork's last resolve (tests, each judge's verdict with its
+    /// signals and confidence, the decision) as stored: nothing runs again.
+    Verdict {
+        /// Fork id (or a unique prefix of one).
+        fork: String,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -322,17 +345,51 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                 Ok(())
             }
         }),
-        ForkCommand::Show { fork, client } => {
-            with_session!(&client, Local::Read, |coord| async {
-                let id = coord.find_fork(&fork).await?;
-                let view = coord.fork(id).await?;
-                print_view(&view, client.json, coord.reach())
-            })
-        }
+        ForkCommand::Show {
+            fork,
+            label,
+            client,
+        } => with_session!(&client, Local::Read, |coord| async {
+            let id = coord.find_fork(&fork).await?;
+            match &label {
+                Some(label) => show_branch(coord, id, label, client.json).await,
+                None => {
+                    let view = coord.fork(id).await?;
+                    print_view(&view, client.json, coord.reach())
+                }
+            }
+        }),
         // Embedded, watching also runs what a stopped process left unfinished.
         ForkCommand::Watch {
             fork,
             timeout_s,
+            events: true,
+            client,
+        } => with_session!(&client, Local::Resume, |coord| async {
+            let id = coord.find_fork(&fork).await?;
+            let json = client.json;
+            let mut each = |label: &str, e: &forkfleet_shared::api::LoggedEvent| {
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"label": label, "seq": e.seq, "event": e.event})
+                    );
+                } else {
+                    println!("{label}  {:>5}  {}", e.seq, render::event_line(&e.event));
+                }
+            };
+            let timeout = timeout_s.map(Duration::from_secs);
+            let view =
+                forkfleet_client::watch::follow_events(coord, id, None, timeout, &mut each).await?;
+            if !json {
+                print_view(&view, false, coord.reach())?;
+            }
+            Ok(())
+        }),
+        ForkCommand::Watch {
+            fork,
+            timeout_s,
+            events: false,
             client,
         } => with_session!(&client, Local::Resume, |coord| async {
             let id = coord.find_fork(&fork).await?;
@@ -534,6 +591,8 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             fork,
             strategy,
             threshold,
+            judge_only,
+            judge_models,
             apply,
             git_branch,
             no_apply,
@@ -543,10 +602,18 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
         } => {
             let strategy =
                 resolve::strategy_from_flags(strategy.as_deref(), threshold).map_err(BadInput)?;
+            for m in &judge_models {
+                spec::split_model(m).map_err(|e| BadInput(format!("--judge-model: {e}")))?;
+            }
+            let ask = flow::ResolveAsk {
+                strategy,
+                no_commit: judge_only,
+                judge_models,
+            };
             with_session!(&client, Local::Resume, |coord| fork_resolve(
                 coord,
                 &fork,
-                strategy,
+                ask.clone(),
                 MergeTarget {
                     apply: apply.as_deref(),
                     git_branch: git_branch.as_deref(),
@@ -556,6 +623,28 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                 timeout_s.map(Duration::from_secs),
                 client.json
             ))
+        }
+        ForkCommand::Verdict { fork, client } => {
+            with_session!(&client, Local::Read, |coord| async {
+                let id = coord.find_fork(&fork).await?;
+                let Some(report) = coord.verdict(id).await? else {
+                    return Err(BadInput(format!(
+                        "fork {id} was never resolved: `forkfleet fork resolve {id}{} --judge-only` judges it without merging",
+                        coord.reach()
+                    ))
+                    .into());
+                };
+                let resolved = flow::Resolved {
+                    report,
+                    applied: None,
+                };
+                if client.json {
+                    print_json(&report_json(&resolved))
+                } else {
+                    print!("{}", report_text(&resolved.report, coord.reach()));
+                    Ok(())
+                }
+            })
         }
         ForkCommand::Open {
             fork,
@@ -590,6 +679,30 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
     }
 }
 
+/// `fork show FORK LABEL`: one branch, its steer, whole final answer, cost and changes.
+async fn show_branch(coord: &Client, id: ForkId, label: &str, json: bool) -> anyhow::Result<()> {
+    let view = coord.fork(id).await?;
+    let Some(b) = view.branch(label) else {
+        return Err(BadInput(format!(
+            "fork {id} has no branch `{label}`; its branches: {}",
+            view.branches
+                .iter()
+                .map(|b| b.label.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .into());
+    };
+    let events = coord.run_events(b.run_id).await?;
+    let detail = render::branch_detail(b, &events);
+    if json {
+        print_json(&detail.json())
+    } else {
+        print!("{}", detail.text(id));
+        Ok(())
+    }
+}
+
 /// A fork's view; `reach` (see `Client::reach`) ends the commands its hints print.
 pub(crate) fn print_view(view: &ForkView, json: bool, reach: &str) -> anyhow::Result<()> {
     if json {
@@ -597,6 +710,7 @@ pub(crate) fn print_view(view: &ForkView, json: bool, reach: &str) -> anyhow::Re
     } else {
         print!("{}", render::fork_header(view));
         print!("{}", render::branch_table(view));
+        print!("{}", render::answers_text(view));
         print!("{}", render::blocked_text(view));
         if !view.state.is_resolved() {
             let waiting = render::approvals_hint(view, reach);

@@ -159,6 +159,7 @@ async fn run_fork(
         print_json(&doc)?;
     } else {
         print!("{}", render::branch_table(&out.view));
+        print!("{}", render::answers_text(&out.view));
         print!("{}", render::blocked_text(&out.view));
         println!();
         print!("{}", render::diff_text(&out.diff, false));

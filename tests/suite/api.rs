@@ -581,8 +581,11 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
         api::Resolve {
             fork: nofork,
             strategy: None,
+            no_commit: false,
+            judge_models: Vec::new(),
         }
         .into(),
+        api::Verdict { fork: nofork }.into(),
         api::FindRun {
             prefix: run.to_string(),
         }
@@ -817,8 +820,11 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
         api::Resolve {
             fork,
             strategy: None,
+            no_commit: false,
+            judge_models: Vec::new(),
         }
         .into(),
+        api::Verdict { fork }.into(),
         api::FindRun {
             prefix: run.to_string(),
         }

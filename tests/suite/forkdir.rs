@@ -342,6 +342,7 @@ fn branch_view(label: &str) -> BranchView {
         events: 3,
         approval: None,
         blocked: Vec::new(),
+        last_message_preview: None,
     }
 }
 

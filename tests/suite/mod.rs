@@ -9,6 +9,7 @@ mod cli;
 mod cluster_cli;
 mod cluster_faults;
 mod config;
+mod everyday;
 mod exit_codes;
 mod fencing;
 mod fleet;

@@ -389,3 +389,109 @@ fn resolve_on_a_cluster_runs_tests_and_the_judge_on_workers() {
     assert!(!test_of(&doc, "good")["worker"].as_str().unwrap().is_empty());
     assert_eq!(doc["merge"]["winner"], "good");
 }
+
+/// `fork resolve --judge-only` decides without merging and keeps the report, which `fork
+/// verdict` shows again; `--judge-model` replaces the spec's judges (a scripted one must be
+/// the spec's); without any judge the error says how to name one.
+#[test]
+fn judge_only_keeps_the_verdict_and_judge_model_overrides_the_spec() {
+    let top = format!(
+        "strategy = \"vote\"\njudge_models = [\"scripted:judge1\", \"scripted:judge2\"]\n{TESTED}"
+    );
+    let (ex, spec) = setup(&top, &[verdict("good", 0.9), verdict("good", 0.8)]);
+    let data = path_str(&ex.data()).to_string();
+    let created = forkfleet(&["fork", "create", path_str(&spec), "--data", &data]);
+    assert!(created.status.success(), "{}", stderr(&created));
+    let fork = String::from_utf8_lossy(&created.stdout).trim().to_string();
+
+    let never = forkfleet(&["fork", "verdict", &fork, "--data", &data]);
+    assert_eq!(never.status.code(), Some(2));
+    assert!(
+        stderr(&never).contains("was never resolved"),
+        "{}",
+        stderr(&never)
+    );
+
+    let judged = json(&forkfleet(&[
+        "fork",
+        "resolve",
+        &fork,
+        "--judge-only",
+        "--json",
+        "--data",
+        &data,
+    ]));
+    assert_eq!(judged["decision"]["kind"], "commit", "{judged}");
+    assert_eq!(judged["decision"]["winner"], "good");
+    assert_eq!(judged["no_commit"], true);
+    assert!(judged["merge"].is_null(), "{judged}");
+    let shown = json(&forkfleet(&[
+        "fork", "show", &fork, "--json", "--data", &data,
+    ]));
+    assert_eq!(shown["state"], "settled", "nothing merged: {shown}");
+    assert!(ex.read("result.txt").is_none());
+
+    let kept = json(&forkfleet(&[
+        "fork", "verdict", &fork, "--json", "--data", &data,
+    ]));
+    assert_eq!(kept["decision"], judged["decision"]);
+    assert_eq!(kept["judges"].as_array().map(Vec::len), Some(2));
+    let text = forkfleet(&["fork", "verdict", &fork, "--data", &data]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("not merged (--judge-only)"), "{text}");
+
+    let unknown = forkfleet(&[
+        "fork",
+        "resolve",
+        &fork,
+        "--judge-model",
+        "scripted:nope",
+        "--data",
+        &data,
+    ]);
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(
+        stderr(&unknown)
+            .contains("`scripted:nope` is a scripted model the fork's spec does not configure"),
+        "{}",
+        stderr(&unknown)
+    );
+    let merged = json(&forkfleet(&[
+        "fork",
+        "resolve",
+        &fork,
+        "--strategy",
+        "auto",
+        "--judge-model",
+        "scripted:judge2",
+        "--json",
+        "--data",
+        &data,
+    ]));
+    let judges = merged["judges"].as_array().unwrap();
+    assert_eq!(judges.len(), 1, "{merged}");
+    assert_eq!(judges[0]["run"]["model"], "scripted:judge2");
+    assert_eq!(merged["merge"]["winner"], "good", "{merged}");
+    assert_eq!(ex.read("result.txt").as_deref(), Some("ok\n"));
+
+    // No judge anywhere: the error says how to name one.
+    let (ex, spec) = setup(TESTED, &[]);
+    let data = path_str(&ex.data()).to_string();
+    let created = forkfleet(&["fork", "create", path_str(&spec), "--data", &data]);
+    let fork = String::from_utf8_lossy(&created.stdout).trim().to_string();
+    let none = forkfleet(&[
+        "fork",
+        "resolve",
+        &fork,
+        "--strategy",
+        "auto",
+        "--data",
+        &data,
+    ]);
+    assert_eq!(none.status.code(), Some(2), "{}", stderr(&none));
+    assert!(
+        stderr(&none).contains("pass `--judge-model provider:name`"),
+        "{}",
+        stderr(&none)
+    );
+}

@@ -223,7 +223,7 @@ impl AgentForks {
         }
         let pick = if action == "auto" {
             let report = api
-                .resolve(fork, Some(Strategy::Auto))
+                .resolve(fork, Some(Strategy::Auto), false, Vec::<String>::new())
                 .await
                 .map_err(CallError::message)?;
             match &report.decision {
@@ -379,6 +379,7 @@ fn describe(view: &ForkView) -> String {
                 "rule": p.rule,
             })),
             "blocked_calls": b.blocked.len(),
+            "last_message_preview": b.last_message_preview,
         })).collect::<Vec<_>>(),
     })
     .to_string()

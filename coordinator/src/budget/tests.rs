@@ -115,6 +115,7 @@ impl Fx {
                 cached_calls: 0,
                 approval: None,
                 blocked: Vec::new(),
+                answer: None,
             })
             .collect();
         let record = ForkRecord {

@@ -107,7 +107,14 @@ pub(crate) struct BranchRecord {
     /// Calls that were not run: denied, or timed out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blocked: Vec<BlockedCall>,
+    /// The start of the branch's last assistant text ([`PREVIEW_CHARS`] characters at
+    /// most): what `fork show` and `fork watch` print as its answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
 }
+
+/// The characters of a branch's last answer its record keeps.
+pub(crate) const PREVIEW_CHARS: usize = 280;
 
 impl BranchRecord {
     pub fn view(&self) -> BranchView {
@@ -123,6 +130,7 @@ impl BranchRecord {
             events: self.next_seq,
             approval: self.approval.clone(),
             blocked: self.blocked.clone(),
+            last_message_preview: self.answer.clone(),
         }
     }
 }

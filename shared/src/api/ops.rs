@@ -440,7 +440,21 @@ operations! {
         Resolve = "resolve", fn resolve {
             fork: ForkId,
             strategy: Option<Strategy>,
+            /// Run the tests and judges and decide, but merge nothing (the report is kept
+            /// as the fork's verdict).
+            #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+            no_commit: bool,
+            /// The judges' models instead of the plan's (one for `auto` and
+            /// `auto_with_fallback`, any number for `vote`).
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            judge_models: Vec<String>,
         } -> Resolve(ResolveReport), changes, resolve;
+
+        /// The report of a fork's last resolve (verdicts, signals, confidence, decision),
+        /// as stored; nothing runs again. `None` when it was never resolved.
+        Verdict = "verdict", fn verdict {
+            fork: ForkId,
+        } -> Verdict(Option<ResolveReport>), idempotent, quick;
 
         /// A run by full id or unique prefix.
         FindRun = "find_run", fn find_run { prefix: String } -> RunId(RunId), idempotent, quick;
@@ -540,6 +554,7 @@ pub enum ApiReply {
     Account(AccountView),
     Accounts(Vec<AccountView>),
     Resolve(ResolveReport),
+    Verdict(Option<ResolveReport>),
     RunId(RunId),
     Checkpoint(CheckpointView),
     Rewind(RewindOutcome),
@@ -582,6 +597,7 @@ impl ApiReply {
             ApiReply::Account(_) => "account",
             ApiReply::Accounts(_) => "accounts",
             ApiReply::Resolve(_) => "resolve",
+            ApiReply::Verdict(_) => "verdict",
             ApiReply::RunId(_) => "run_id",
             ApiReply::Checkpoint(_) => "checkpoint",
             ApiReply::Rewind(_) => "rewind",

@@ -58,6 +58,10 @@ pub struct BranchView {
     /// Calls that were not run: denied by a person or a policy, or timed out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blocked: Vec<crate::approval::BlockedCall>,
+    /// The start of the branch's last answer (its last model response's text, up to 280
+    /// characters, `…` when cut); `None` before it answered with text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_message_preview: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -316,8 +320,11 @@ pub struct ResolveReport {
     /// The diff report's agreement score.
     pub agreement_score: f64,
     pub decision: crate::resolve::Decision,
-    /// Present when the decision was a commit.
+    /// Present when the decision was a commit (and the resolve was not `no_commit`).
     pub merge: Option<MergeOutcome>,
+    /// Asked not to commit (`fork resolve --no-commit`): a commit decision was not merged.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_commit: bool,
     /// The judges' usage and cost together (not part of any branch's spend).
     pub judge_usage: Usage,
     pub judge_cost_usd: f64,

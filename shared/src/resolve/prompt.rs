@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BranchOutcome {
     pub label: String,
+    /// What the branch was asked to do differently (its steer), when it was.
+    pub steer: Option<String>,
     pub state: BranchState,
     pub final_message: Option<String>,
     pub cost_usd: f64,
@@ -103,10 +105,14 @@ fn outcome_header(o: &BranchOutcome) -> String {
 }
 
 fn outcome_details(o: &BranchOutcome) -> String {
-    let mut lines = vec![match &o.test {
+    let mut lines = Vec::new();
+    if let Some(steer) = o.steer.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+        lines.push(format!("  steer: {}", indent_rest(steer)));
+    }
+    lines.push(match &o.test {
         Some(t) => format!("  tests: {}", indent_rest(t.trim())),
         None => "  tests: no test signal".to_owned(),
-    }];
+    });
     if let Some(e) = &o.error {
         lines.push(format!("  error: {}", indent_rest(e.trim())));
     }

@@ -294,6 +294,7 @@ fn validate_rejects_out_of_range_confidence() {
 
 fn outcome(label: &str, message: &str) -> BranchOutcome {
     BranchOutcome {
+        steer: None,
         label: label.into(),
         state: BranchState::Done,
         final_message: Some(message.into()),
@@ -589,4 +590,13 @@ fn strategy_serde_and_validation() {
         .unwrap(),
         serde_json::json!({"kind": "defer", "pick": "a", "confidence": 0.5})
     );
+}
+
+#[test]
+fn the_prompt_says_what_each_branch_was_asked() {
+    let mut a = outcome("a", "done");
+    a.steer = Some("keep it short".into());
+    let p = judge_prompt("g", "", &[a, outcome("b", "done too")]);
+    assert!(p.contains("  steer: keep it short"), "{p}");
+    assert_eq!(p.matches("steer:").count(), 1, "{p}");
 }

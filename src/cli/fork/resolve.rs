@@ -149,6 +149,12 @@ pub fn report_text(report: &ResolveReport, reach: &str) -> String {
         s => s.as_str().to_string(),
     };
     let _ = match &report.decision {
+        Decision::Commit { winner, confidence } if report.no_commit => writeln!(
+            out,
+            "\ndecision ({strategy}): merge `{winner}` (confidence {confidence:.2}); not merged (--judge-only)\n  merge it with: forkfleet fork merge {} --pick {}{reach}",
+            report.fork_id,
+            render::shell_word(winner)
+        ),
         Decision::Commit { winner, confidence } => writeln!(
             out,
             "\ndecision ({strategy}): merge `{winner}` (confidence {confidence:.2})"
@@ -189,7 +195,7 @@ pub fn report_json(resolved: &flow::Resolved) -> Value {
 pub(crate) async fn fork_resolve(
     coord: &Client,
     fork: &str,
-    strategy: Option<Strategy>,
+    ask: flow::ResolveAsk,
     target: MergeTarget<'_>,
     timeout: Option<Duration>,
     json: bool,
@@ -206,7 +212,7 @@ pub(crate) async fn fork_resolve(
     if !coord.is_remote() && !view.settled() {
         forkdir::follow(coord, id, timeout, AT_ONCE, !json).await?;
     }
-    let resolved = flow::resolve_and_apply(coord, id, strategy, dir.as_deref(), policy).await?;
+    let resolved = flow::resolve_and_apply(coord, id, ask, dir.as_deref(), policy).await?;
     if resolved.report.merge.is_some() {
         forkdir::cleanup_after_merge(coord, id).await;
     }

@@ -1,0 +1,163 @@
+//! Everyday use (issue 21): each branch's answer where people look (`run`, `fork show`,
+//! `fork show FORK LABEL`), runs named by prefix or `FORK/LABEL`, and branches followed live
+//! (`log --follow`, `fork watch --events`) on both buses.
+
+use super::fleet::{Fleet, Options, COMMAND_LIMIT};
+use super::harness::{
+    branch, forkfleet, json, path_str, run_spec, stderr, writes_then_done, Example,
+};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::Instant;
+
+#[test]
+fn each_branch_answer_shows_and_runs_are_named_by_prefix_or_fork_and_label() {
+    let ex = Example::quickstart();
+    let data = path_str(&ex.data()).to_string();
+    let out = forkfleet(&["run", path_str(&ex.spec())]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("answers:") && text.contains("Done (concise): one-line usage"),
+        "{text}"
+    );
+    let doc = json(&run_spec(&ex.spec()));
+    let fork = doc["fork_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        branch(&doc, "tidy")["last_message_preview"],
+        "Done (tidy): to-dos closed, stale docs removed."
+    );
+
+    // One branch, whole: its steer, final answer and changes.
+    let short = &fork[..18];
+    let one = json(&forkfleet(&[
+        "fork", "show", short, "concise", "--json", "--data", &data,
+    ]));
+    assert_eq!(one["label"], "concise");
+    assert_eq!(
+        one["steers"][0],
+        "Keep it short: a one-line usage note, a friendlier greeting, drop stale docs."
+    );
+    assert!(one["answer"]
+        .as_str()
+        .unwrap()
+        .starts_with("Done (concise)"));
+    let paths: Vec<&str> = one["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert!(paths.contains(&"docs/legacy.md"), "{one}");
+    let text = forkfleet(&["fork", "show", short, "concise", "--data", &data]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("final answer:\nDone (concise)"), "{text}");
+    let bad = forkfleet(&["fork", "show", short, "nope", "--data", &data]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("its branches: concise, thorough, tidy"));
+
+    // `log` takes FORK/LABEL and a run id's prefix, like every other command.
+    let by_label = json(&forkfleet(&[
+        "log",
+        &format!("{short}/tidy"),
+        "--json",
+        "--data",
+        &data,
+    ]));
+    let run = branch(&doc, "tidy")["id"].as_str().unwrap().to_string();
+    let by_prefix = json(&forkfleet(&["log", &run[..32], "--json", "--data", &data]));
+    assert_eq!(by_label, by_prefix);
+    assert!(by_label.as_array().unwrap().len() > 5);
+
+    // A finished fork's events, every branch's, each led by its label; then the end.
+    let events = forkfleet(&[
+        "fork", "watch", short, "--events", "--json", "--data", &data,
+    ]);
+    assert!(events.status.success(), "{}", stderr(&events));
+    let lines: Vec<Value> = String::from_utf8_lossy(&events.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for label in ["concise", "thorough", "tidy"] {
+        let last = lines.iter().rev().find(|l| l["label"] == label).unwrap();
+        assert_eq!(last["event"]["type"], "status", "{last}");
+        assert_eq!(last["event"]["state"], "done");
+    }
+}
+
+/// `log FORK/LABEL --follow` on a cluster, started while the branch is queued: it prints
+/// the events as they land and ends with the branch.
+#[test]
+fn log_follow_streams_a_branch_on_a_cluster_until_it_ends() {
+    let fleet = Fleet::start(1, 2, Options::default());
+    let dir = fleet.dir.path();
+    std::fs::create_dir_all(dir.join("workspace")).unwrap();
+    std::fs::write(
+        dir.join("w.toml"),
+        writes_then_done(150, true, "out/{label}-{repeat}.txt", "x\\n", 8),
+    )
+    .unwrap();
+    let spec = dir.join("follow.toml");
+    std::fs::write(
+        &spec,
+        "goal = \"follow\"\nworkspace = \"workspace\"\nmodel = \"scripted:w\"\n\
+         [models.\"scripted:w\"]\nscript = \"w.toml\"\n\
+         [[branches]]\nlabel = \"a\"\nsteer = \"go\"\n",
+    )
+    .unwrap();
+    let id = fleet.create(&spec);
+    let mut child = super::fleet::binary()
+        .args([
+            "log",
+            &format!("{id}/a"),
+            "--follow",
+            "--json",
+            "--timeout-s",
+            "60",
+            "--nats",
+            &fleet.nats.url(),
+        ])
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    // The first event arrives before the branch has finished.
+    let mut lines = BufReader::new(stdout).lines();
+    let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(first["seq"], 0, "{first}");
+    let shown = fleet.client(&["fork", "show", &id, "--json"]).json();
+    let done_then = branch(&shown, "a")["state"] == "done";
+    let rest: Vec<Value> = lines
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "log --follow did not end");
+        std::thread::sleep(super::fleet::POLL);
+    };
+    assert!(status.success());
+    let last = rest.last().unwrap();
+    assert_eq!(last["event"]["type"], "status", "{last}");
+    assert_eq!(last["event"]["state"], "done");
+    // Eight writes and an answer: nine model responses, every seq once, in order.
+    let seqs: Vec<u64> = std::iter::once(&first)
+        .chain(&rest)
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>());
+    let responses = rest
+        .iter()
+        .filter(|e| e["event"]["type"] == "model_response")
+        .count();
+    assert_eq!(responses, 9);
+    assert!(
+        !done_then,
+        "the branch had finished before the first line: nothing was followed"
+    );
+}
