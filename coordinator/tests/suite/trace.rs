@@ -190,6 +190,8 @@ async fn resolve_joins_the_fork_trace_and_its_jobs_carry_its_context() {
     let resolve = ApiRequest::from(Resolve {
         fork: view.fork_id,
         strategy: None,
+        no_commit: false,
+        judge_models: Vec::new(),
     });
     let h = fx.h();
     let (job_trace, report) = tokio::join!(
