@@ -26,7 +26,9 @@ mod plan;
 mod tests;
 mod validate;
 
-pub use build::{load, load_with, split_words, validate, validate_with};
+pub use build::{
+    load, load_overridden, load_with, split_words, validate, validate_with, DEFAULT_EXCLUDE,
+};
 pub use file::{BranchSection, ModelSection, SpecFile, TestCommand};
 pub use plan::{
     BranchPlan, CheckpointFrequency, CheckpointPolicy, ForkPlan, Limits, LoadedSpec, ModelPlan,

@@ -24,8 +24,9 @@ use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// Names a rewind never touches in a directory (nor deletes with a removed directory).
-const KEEP_NAMES: &[&str] = &[".git", ".forkfleet"];
+/// Names a rewind never touches in a directory (nor deletes with a removed directory): what
+/// a snapshot leaves out by default.
+const KEEP_NAMES: &[&str] = forkfleet_shared::spec::DEFAULT_EXCLUDE;
 
 #[derive(Debug, Subcommand)]
 pub enum CheckpointCommand {

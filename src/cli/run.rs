@@ -4,8 +4,29 @@ use super::*;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The fork spec (TOML). See docs/SPEC.md.
-    pub spec: PathBuf,
+    /// The fork spec (TOML). See docs/SPEC.md. Optional with --goal, --workspace, --model
+    /// and --branch, which also override a spec's keys.
+    pub spec: Option<PathBuf>,
+    /// The goal (overrides the spec's `goal`).
+    #[arg(long, value_name = "TEXT")]
+    pub goal: Option<String>,
+    /// The workspace directory (overrides the spec's `workspace`; relative to the spec's
+    /// directory with a spec, else to the current one).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// The model, `provider:name` (overrides the spec's `model`).
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+    /// A branch, `LABEL=STEER` (repeat; replaces the spec's branches). Without any, a spec
+    /// with no branches runs one agent.
+    #[arg(long = "branch", value_name = "LABEL=STEER")]
+    pub branches: Vec<String>,
+    /// Each branch's cap in USD (overrides the spec's `budget_usd`).
+    #[arg(long, value_name = "USD", allow_hyphen_values = true)]
+    pub budget_usd: Option<f64>,
+    /// The fork's cap in USD (overrides the spec's `aggregate_budget_usd`).
+    #[arg(long, value_name = "USD", allow_hyphen_values = true)]
+    pub aggregate_budget_usd: Option<f64>,
     /// Merge this branch into the workspace when the fork settles.
     #[arg(long)]
     pub pick: Option<String>,
@@ -44,10 +65,31 @@ pub(crate) async fn dry_run(loaded: &spec::LoadedSpec, json: bool) -> anyhow::Re
         .iter()
         .map(|b| b.label.as_str())
         .collect();
+    let plan = &loaded.plan;
     if json {
         print_json(&serde_json::json!({
             "dry_run": true,
             "branches": labels,
+            "plan": {
+                "goal": plan.goal,
+                "model": plan.model,
+                "branches": plan.branches.iter().map(|b| serde_json::json!({
+                    "label": b.label,
+                    "model": b.model,
+                    "steer": b.steer,
+                    "budget_usd": b.budget_usd,
+                    "max_turns": b.max_turns,
+                    "approval": plan.approval_for(b),
+                })).collect::<Vec<_>>(),
+                "aggregate_budget_usd": plan.aggregate_budget_usd,
+                "budget": plan.budget,
+                "strategy": plan.resolve.strategy.as_str(),
+                "judge_models": plan.resolve.judge_models,
+                "test_command": plan.resolve.test.as_ref().map(|t| &t.argv),
+                "max_turns": plan.limits.max_turns,
+                "run_command": plan.run_command.is_some(),
+                "forking": plan.forking,
+            },
             "workspace": loaded.workspace.display().to_string(),
             "files": listing.files.len(),
             "bytes": listing.bytes(),
@@ -62,6 +104,34 @@ pub(crate) async fn dry_run(loaded: &spec::LoadedSpec, json: bool) -> anyhow::Re
             render::count(labels.len(), "branch", "branches"),
             labels.join(", ")
         );
+        let width = labels.iter().map(|l| l.chars().count()).max().unwrap_or(5);
+        for b in &plan.branches {
+            println!(
+                "  {:<width$}  {}  cap {}  max_turns {}{}  {}",
+                b.label,
+                b.model,
+                b.budget_usd.map_or("none".to_string(), |u| format!("${u}")),
+                b.max_turns,
+                if plan.approval_for(b).is_some() {
+                    "  approvals"
+                } else {
+                    ""
+                },
+                render::one_line(&b.steer, 60)
+            );
+        }
+        println!(
+            "fork cap {} · budget {} · resolve {}{}",
+            plan.aggregate_budget_usd
+                .map_or("none".to_string(), |u| format!("${u}")),
+            plan.budget.mode.as_str(),
+            plan.resolve.strategy.as_str(),
+            if plan.resolve.judge_models.is_empty() {
+                String::new()
+            } else {
+                format!(" (judges {})", plan.resolve.judge_models.join(", "))
+            }
+        );
         println!(
             "workspace {}: {}, {} would be snapshotted",
             loaded.workspace.display(),
@@ -72,6 +142,61 @@ pub(crate) async fn dry_run(loaded: &spec::LoadedSpec, json: bool) -> anyhow::Re
         println!("dry run: nothing was uploaded, created or run");
     }
     Ok(())
+}
+
+/// The spec `run` runs: the file (if any) with the flags' keys over it.
+fn load_spec(
+    args: &RunArgs,
+    pricing: &std::collections::BTreeMap<String, forkfleet_shared::pricing::Price>,
+) -> anyhow::Result<spec::LoadedSpec> {
+    use toml::Value as V;
+    let mut over = toml::Table::new();
+    if let Some(g) = &args.goal {
+        over.insert("goal".into(), V::String(g.clone()));
+    }
+    if let Some(w) = &args.workspace {
+        over.insert("workspace".into(), V::String(w.display().to_string()));
+    }
+    if let Some(m) = &args.model {
+        over.insert("model".into(), V::String(m.clone()));
+    }
+    if let Some(b) = args.budget_usd {
+        over.insert("budget_usd".into(), V::Float(b));
+    }
+    if let Some(b) = args.aggregate_budget_usd {
+        over.insert("aggregate_budget_usd".into(), V::Float(b));
+    }
+    if !args.branches.is_empty() {
+        let mut list = Vec::new();
+        for b in &args.branches {
+            let Some((label, steer)) = b.split_once('=') else {
+                return Err(BadInput(format!(
+                    "--branch `{b}` is not LABEL=STEER (e.g. --branch fast=\"make the smallest change\")"
+                ))
+                .into());
+            };
+            let mut t = toml::Table::new();
+            t.insert("label".into(), V::String(label.trim().to_string()));
+            t.insert("steer".into(), V::String(steer.trim().to_string()));
+            list.push(V::Table(t));
+        }
+        over.insert("branches".into(), V::Array(list));
+    }
+    if args.spec.is_none() {
+        for (key, flag) in [
+            ("goal", "--goal"),
+            ("workspace", "--workspace"),
+            ("model", "--model"),
+        ] {
+            if !over.contains_key(key) {
+                return Err(BadInput(format!(
+                    "no spec file and no {flag}: give a spec (`forkfleet run fork.toml`), or --goal, --workspace and --model (and --branch LABEL=STEER per branch)"
+                ))
+                .into());
+            }
+        }
+    }
+    Ok(spec::load_overridden(args.spec.as_deref(), over, pricing)?)
 }
 
 pub(crate) async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
@@ -85,7 +210,7 @@ pub(crate) async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
         Layer::default(),
     )?;
     let catalogue = Config::load_catalogue(args.config.as_deref(), &config::process_env)?;
-    let loaded = spec::load_with(&args.spec, &pricing)?;
+    let loaded = load_spec(&args, &pricing)?;
     if args.dry_run {
         return dry_run(&loaded, args.json).await;
     }
@@ -98,14 +223,14 @@ pub(crate) async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
             .into());
         }
     }
-    let data_dir = match &args.data {
-        Some(d) => d.clone(),
-        None => args
-            .spec
+    let data_dir = match (&args.data, &args.spec) {
+        (Some(d), _) => d.clone(),
+        (None, Some(spec)) => spec
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_default()
             .join(".forkfleet"),
+        (None, None) => PathBuf::from(".forkfleet"),
     };
     let opts = EmbeddedOptions {
         workers: args.workers.max(1),

@@ -161,3 +161,92 @@ fn log_follow_streams_a_branch_on_a_cluster_until_it_ends() {
         "the branch had finished before the first line: nothing was followed"
     );
 }
+
+/// `run` without a spec file: the flags build the plan (`--dry-run` prints it and writes
+/// nothing); with one, they override its keys.
+#[test]
+fn quick_forks_from_flags_and_flags_over_a_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join("src")).unwrap();
+    std::fs::write(ws.join("src/app.py"), "print('app')\n").unwrap();
+    // The heavy directories a snapshot skips by default.
+    for heavy in [
+        ".venv/lib/x.py",
+        "node_modules/a/index.js",
+        "src/__pycache__/app.pyc",
+    ] {
+        let p = ws.join(heavy);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, "x").unwrap();
+    }
+    let plan = super::harness::command()
+        .args([
+            "run",
+            "--goal",
+            "say hi",
+            "--workspace",
+            "ws",
+            "--model",
+            "openai:gpt-4o-mini",
+            "--branch",
+            "short=be brief",
+            "--branch",
+            "long=be thorough",
+            "--aggregate-budget-usd",
+            "1.5",
+            "--dry-run",
+            "--json",
+        ])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let plan = json(&plan);
+    assert_eq!(plan["files"], 1, "{plan}");
+    assert_eq!(plan["left_out"]["excluded_files"], 3, "{plan}");
+    assert_eq!(plan["plan"]["goal"], "say hi");
+    assert_eq!(plan["plan"]["aggregate_budget_usd"], 1.5);
+    assert_eq!(plan["plan"]["branches"][1]["label"], "long");
+    assert_eq!(plan["plan"]["branches"][1]["steer"], "be thorough");
+    assert_eq!(plan["plan"]["branches"][1]["model"], "openai:gpt-4o-mini");
+    assert!(
+        !dir.path().join(".forkfleet").exists(),
+        "a dry run writes nothing"
+    );
+    let missing = super::harness::command()
+        .args(["run", "--goal", "g", "--workspace", "ws"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(stderr(&missing).contains("no spec file and no --model"));
+
+    // Over a spec: its models and script, these branches and goal.
+    let ex = Example::quickstart();
+    let out = forkfleet(&[
+        "run",
+        path_str(&ex.spec()),
+        "--goal",
+        "only two",
+        "--branch",
+        "concise=be brief",
+        "--branch",
+        "tidy=tidy up",
+        "--json",
+    ]);
+    let doc = json(&out);
+    assert_eq!(doc["goal"], "only two");
+    let labels: Vec<&str> = doc["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["concise", "tidy"]);
+    let data = path_str(&ex.data()).to_string();
+    let fork = doc["fork_id"].as_str().unwrap();
+    let one = json(&forkfleet(&[
+        "fork", "show", fork, "concise", "--json", "--data", &data,
+    ]));
+    assert_eq!(one["steers"][0], "be brief");
+}

@@ -21,6 +21,25 @@ use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+/// What a snapshot leaves out when the spec's `exclude` does not say: version control and
+/// forkfleet's own directory, and the heavy directories tools rebuild (virtual
+/// environments, dependency folders, caches, build output). A spec's `exclude` replaces
+/// the list (docs/SPEC.md, "The workspace snapshot").
+pub const DEFAULT_EXCLUDE: &[&str] = &[
+    ".git",
+    ".forkfleet",
+    ".venv",
+    "venv",
+    "node_modules",
+    "__pycache__",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".tox",
+    "dist",
+    "build",
+];
+
 /// Read, parse and validate a spec file; read the files it names. Prices come from the
 /// spec, else the built-in table.
 pub fn load(spec_path: &Path) -> Result<LoadedSpec, SpecError> {
@@ -33,22 +52,43 @@ pub fn load_with(
     spec_path: &Path,
     prices: &BTreeMap<String, Price>,
 ) -> Result<LoadedSpec, SpecError> {
-    let text = std::fs::read_to_string(spec_path).map_err(|source| SpecError::Read {
-        path: spec_path.to_path_buf(),
-        source,
-    })?;
-    let file: SpecFile = toml::from_str(&text).map_err(|e| SpecError::Toml {
-        path: spec_path.to_path_buf(),
-        message: e.to_string().trim().to_string(),
-    })?;
-    let dir = spec_path
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let dir = if dir.as_os_str().is_empty() {
-        PathBuf::from(".")
-    } else {
-        dir
+    load_overridden(Some(spec_path), toml::Table::new(), prices)
+}
+
+/// [`load_with`] of the spec at `spec_path` (none: an empty one, its paths relative to the
+/// current directory) with `overrides` replacing its top-level keys: how `forkfleet run
+/// --goal ... --branch LABEL=STEER` builds the plan a spec would. The result is checked
+/// like any spec (a key the overrides leave missing is named as a spec's is).
+pub fn load_overridden(
+    spec_path: Option<&Path>,
+    overrides: toml::Table,
+    prices: &BTreeMap<String, Price>,
+) -> Result<LoadedSpec, SpecError> {
+    let shown = spec_path.map_or_else(|| PathBuf::from("(command-line flags)"), Path::to_path_buf);
+    let mut table = match spec_path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            toml::from_str::<toml::Table>(&text).map_err(|e| SpecError::Toml {
+                path: path.to_path_buf(),
+                message: e.to_string().trim().to_string(),
+            })?
+        }
+        None => toml::Table::new(),
+    };
+    table.extend(overrides);
+    let file: SpecFile = table
+        .try_into()
+        .map_err(|e: toml::de::Error| SpecError::Toml {
+            path: shown.clone(),
+            message: e.to_string().trim().to_string(),
+        })?;
+    let spec_path = shown.as_path();
+    let dir = match spec_path_dir(spec_path) {
+        Some(d) => d,
+        None => PathBuf::from("."),
     };
     let mut plan = validate_with(&file, 0, prices)?;
 
@@ -113,11 +153,23 @@ pub fn load_with(
             &file
                 .exclude
                 .clone()
-                .unwrap_or_else(|| vec![".git".to_string(), ".forkfleet".to_string()]),
+                .unwrap_or_else(|| DEFAULT_EXCLUDE.iter().map(|s| s.to_string()).collect()),
             file.respect_gitignore.unwrap_or(true),
         ),
         blobs,
     })
+}
+
+/// The directory a spec's relative paths start from: its file's (`None`: the current
+/// directory, also for a plan made of flags alone).
+fn spec_path_dir(spec_path: &Path) -> Option<PathBuf> {
+    if !spec_path.is_file() {
+        return None;
+    }
+    spec_path
+        .parent()
+        .map(Path::to_path_buf)
+        .filter(|d| !d.as_os_str().is_empty())
 }
 
 /// Validate a parsed spec for a fork whose parent is at `depth` (0 for a root run).

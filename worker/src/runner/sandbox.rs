@@ -454,8 +454,11 @@ fn grants(spec: &SandboxSpec, abi: ABI) -> Vec<Grant> {
 /// toolchain it belongs to: the first directory below the home (`~/.pyenv` for
 /// `~/.pyenv/shims`, whose shims run `~/.pyenv/libexec`; `~/.cargo`, with `~/.rustup`
 /// that its proxies read; `~/.nvm`), except `~/.local`, of which only `bin`, `lib` and
-/// `pipx` (`~/.local/share` may hold keyrings). The rest of the home (`~/.ssh`,
-/// `~/.aws`, ...) stays closed.
+/// `pipx` (`~/.local/share` may hold keyrings); and for a Python virtual environment's
+/// `bin` (its parent holds `pyvenv.cfg`) or a `node_modules/.bin`, wherever they are, the
+/// environment itself (how commands use an environment the snapshot skips: put its `bin`
+/// on the worker's `PATH`, e.g. activate it before `forkfleet run`). The rest of the home
+/// (`~/.ssh`, `~/.aws`, ...) stays closed.
 pub fn toolchain_dirs(path_var: &str, home: Option<&Path>) -> Vec<PathBuf> {
     let home = home.filter(|h| h.is_absolute() && *h != Path::new("/"));
     let mut out: Vec<PathBuf> = Vec::new();
@@ -471,6 +474,17 @@ pub fn toolchain_dirs(path_var: &str, home: Option<&Path>) -> Vec<PathBuf> {
         }
         let dir = PathBuf::from(dir);
         add(dir.clone());
+        // A Python virtual environment's `bin` (its root holds `pyvenv.cfg`) or a
+        // `node_modules/.bin`: the whole environment, its libraries included, read-only.
+        if let Some(root) = dir.parent() {
+            let venv =
+                dir.file_name().is_some_and(|n| n == "bin") && root.join("pyvenv.cfg").is_file();
+            let node = dir.file_name().is_some_and(|n| n == ".bin")
+                && root.file_name().is_some_and(|n| n == "node_modules");
+            if venv || node {
+                add(root.to_path_buf());
+            }
+        }
         let Some(home) = home else { continue };
         let Ok(rel) = dir.strip_prefix(home) else {
             continue;

@@ -472,3 +472,35 @@ fn toolchains_under_the_home_are_readable_the_rest_of_it_is_not() {
     let root = sandbox::toolchain_dirs("/.x/bin", Some(Path::new("/")));
     assert_eq!(root, [PathBuf::from("/.x/bin")]);
 }
+
+/// A virtual environment the snapshot skips stays usable by commands: its `bin` on the
+/// worker's `PATH` opens the whole environment read-only (a `node_modules/.bin` its
+/// `node_modules`); a plain `bin` opens itself only.
+#[test]
+fn a_virtual_environment_on_the_path_is_readable_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let venv = tmp.path().join("proj/.venv");
+    std::fs::create_dir_all(venv.join("bin")).unwrap();
+    std::fs::write(venv.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+    let node = tmp.path().join("proj/node_modules/.bin");
+    std::fs::create_dir_all(&node).unwrap();
+    let plain = tmp.path().join("tools/bin");
+    std::fs::create_dir_all(&plain).unwrap();
+    let path = format!(
+        "{}:{}:{}",
+        venv.join("bin").display(),
+        node.display(),
+        plain.display()
+    );
+    let dirs = sandbox::toolchain_dirs(&path, None);
+    assert_eq!(
+        dirs,
+        [
+            venv.join("bin"),
+            venv.clone(),
+            node.clone(),
+            tmp.path().join("proj/node_modules"),
+            plain.clone(),
+        ]
+    );
+}
