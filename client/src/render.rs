@@ -245,8 +245,12 @@ pub(crate) fn label_width(view: &ForkView) -> usize {
 /// One line about a fork, its goal, and what its workspace snapshot left out (when told).
 pub fn fork_header(view: &ForkView) -> String {
     let mut out = format!(
-        "fork {} · {} · {} · ${:.6}\ngoal: {}\n",
+        "fork {}{} · {} · {} · ${:.6}\ngoal: {}\n",
         view.fork_id,
+        view.name
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default(),
         list_state(view),
         count(view.branches.len(), "branch", "branches"),
         view.total_cost_usd(),
@@ -461,17 +465,24 @@ pub fn fork_list(forks: &[ForkView]) -> String {
         out.push_str("no forks\n");
         return out;
     }
+    let nw = forks
+        .iter()
+        .filter_map(|f| f.name.as_ref().map(|n| n.chars().count()))
+        .max()
+        .unwrap_or(1)
+        .max(4);
     let _ = writeln!(
         out,
-        "{:<36}  {:<16}  {:>8}  {:>12}  GOAL",
-        "FORK", "STATE", "BRANCHES", "COST_USD"
+        "{:<36}  {:<nw$}  {:<16}  {:>8}  {:>12}  GOAL",
+        "FORK", "NAME", "STATE", "BRANCHES", "COST_USD"
     );
     for f in forks {
         let goal: String = f.goal.chars().take(50).collect();
         let _ = writeln!(
             out,
-            "{:<36}  {:<16}  {:>8}  {:>12.6}  {}",
+            "{:<36}  {:<nw$}  {:<16}  {:>8}  {:>12.6}  {}",
             f.fork_id,
+            f.name.as_deref().unwrap_or("-"),
             list_state(f),
             f.branches.len(),
             f.total_cost_usd(),
@@ -788,6 +799,7 @@ pub fn fork_json(
         .collect();
     let mut doc = json!({
         "fork_id": view.fork_id.to_string(),
+        "name": view.name,
         "parent_run": view.parent_run.to_string(),
         "goal": view.goal,
         "state": view.state.as_str(),

@@ -184,11 +184,28 @@ impl CoordinatorHandle {
         caller: &Caller,
         prefix: &str,
     ) -> Result<ForkId, CoordinatorError> {
-        if self.usable_accounts(caller).is_none() {
-            return self.find_fork(prefix).await;
+        let found = if self.usable_accounts(caller).is_none() {
+            self.find_fork(prefix).await
+        } else {
+            let ids = self.forks_for(caller).await?.into_iter().map(|f| f.fork_id);
+            one_fork(&matching(ids, prefix), prefix)
+        };
+        match found {
+            // Not an id: a fork's name (the newest fork of that name the caller may see).
+            Err(CoordinatorError::UnknownFork(_)) => {
+                let named = self
+                    .forks_for(caller)
+                    .await?
+                    .into_iter()
+                    .filter(|f| f.name.as_deref() == Some(prefix))
+                    .max_by_key(|f| f.created_at_ms);
+                match named {
+                    Some(f) => Ok(f.fork_id),
+                    None => found,
+                }
+            }
+            other => other,
         }
-        let ids = self.forks_for(caller).await?.into_iter().map(|f| f.fork_id);
-        one_fork(&matching(ids, prefix), prefix)
     }
 
     /// A run by id or prefix, among those `caller` may act on: a scoped client's prefix is

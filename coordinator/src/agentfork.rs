@@ -176,6 +176,7 @@ fn child_plan(
         resolve.strategy = strategy.clone();
     }
     Ok(ForkPlan {
+        name: None,
         goal: parent.goal.clone(),
         system_prompt: None,
         history: Vec::new(),

@@ -125,7 +125,7 @@ pub enum CoordinatorError {
     BadBudget(String),
 
     // ---- not found ---------------------------------------------------------------------
-    #[error("no fork matches `{0}`; `forkfleet fork ls` lists them")]
+    #[error("no fork has the id, id prefix or name `{0}`; `forkfleet fork ls` lists them")]
     UnknownFork(String),
     #[error("run {0} does not exist")]
     UnknownRun(RunId),

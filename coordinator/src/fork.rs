@@ -224,6 +224,7 @@ impl ForkState {
     fn view(&self) -> ForkView {
         ForkView {
             fork_id: self.record.fork_id,
+            name: self.record.plan.name.clone(),
             parent_run: self.record.parent_run,
             goal: self.record.plan.goal.clone(),
             state: self.record.state.clone(),

@@ -439,6 +439,8 @@ pub(crate) fn with_summary(child: &mut ChildPlan, text: String) {
 /// The child's plan: the parent's with one branch, the child, and the settings applied.
 fn child_plan(source: &ForkPlan, s: &RunSettings, label: &str) -> ForkPlan {
     let mut plan = source.clone();
+    // The source fork's name stays its own: a name finds the newest fork that has it.
+    plan.name = None;
     plan.solo = true;
     plan.system_prompt = s.system_prompt.clone();
     // The child's history is its log; its parent is an existing run.

@@ -130,6 +130,8 @@ pub enum SpecError {
     BadModel { model: String, message: String },
     #[error("[run_command]: {message}", message = .0)]
     BadRunCommand(String),
+    #[error("fork name `{name}` is not valid: {reason}; names are 1 to 64 characters of letters, digits, `-`, `_` and `.`, not starting with `.`")]
+    BadName { name: String, reason: &'static str },
     /// The approval rules (the error names the table and key, and what is valid).
     #[error("{0}")]
     BadApproval(String),

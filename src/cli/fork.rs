@@ -36,6 +36,9 @@ pub enum ForkCommand {
         /// (and why), reading no file's contents; nothing is uploaded or created.
         #[arg(long)]
         dry_run: bool,
+        /// A name for the fork (overrides the spec's `name`), usable where its id is.
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -272,6 +275,10 @@ pub enum ForkCommand {
         fork: String,
         /// A workspace-relative path the fork touched (default: the whole directories).
         path: Option<String>,
+        /// Only this branch against the parent (repeat: `--branch a --branch b` for a
+        /// 3-way diff of those two); default every branch that changed something.
+        #[arg(long = "branch", value_name = "LABEL")]
+        branches: Vec<String>,
         /// Colour the terminal diff.
         #[arg(long, value_enum, default_value_t = forkdir::ColorChoice::Auto)]
         color: forkdir::ColorChoice,
@@ -313,11 +320,16 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             timeout_s,
             from_run,
             dry_run,
+            name,
             client,
         } => {
             // Validate the spec before connecting: bad input creates nothing anywhere.
             let config = client.load_config()?;
-            let loaded = spec::load_with(&spec_path, &config.pricing)?;
+            let mut over = toml::Table::new();
+            if let Some(n) = name {
+                over.insert("name".into(), toml::Value::String(n));
+            }
+            let loaded = spec::load_overridden(Some(&spec_path), over, &config.pricing)?;
             if dry_run {
                 return super::run::dry_run(&loaded, client.json).await;
             }
@@ -487,6 +499,9 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             with_session!(&client, Local::Read, |coord| async {
                 let id = coord.find_fork(&fork).await?;
                 let outcome = coord.abort(id).await?;
+                // An aborted fork's directory goes as a merged one's does (unless
+                // `keep_artifacts`): nothing will be merged from it.
+                forkdir::cleanup_after_merge(coord, id).await;
                 if client.json {
                     print_json(&render::abort_json(&outcome))
                 } else {
@@ -649,11 +664,12 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
         ForkCommand::Open {
             fork,
             path,
+            branches,
             color,
             client,
         } => with_session!(&client, Local::Read, |coord| async {
             let id = coord.find_fork(&fork).await?;
-            forkdir::open(coord, id, path.as_deref(), color, client.json).await?;
+            forkdir::open(coord, id, path.as_deref(), &branches, color, client.json).await?;
             Ok(())
         }),
         ForkCommand::Merge {

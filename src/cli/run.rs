@@ -7,6 +7,10 @@ pub struct RunArgs {
     /// The fork spec (TOML). See docs/SPEC.md. Optional with --goal, --workspace, --model
     /// and --branch, which also override a spec's keys.
     pub spec: Option<PathBuf>,
+    /// A name for the fork (overrides the spec's `name`): lists show it, and commands take
+    /// it where a fork id goes (the newest fork of that name).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
     /// The goal (overrides the spec's `goal`).
     #[arg(long, value_name = "TEXT")]
     pub goal: Option<String>,
@@ -151,6 +155,9 @@ fn load_spec(
 ) -> anyhow::Result<spec::LoadedSpec> {
     use toml::Value as V;
     let mut over = toml::Table::new();
+    if let Some(n) = &args.name {
+        over.insert("name".into(), V::String(n.clone()));
+    }
     if let Some(g) = &args.goal {
         over.insert("goal".into(), V::String(g.clone()));
     }

@@ -115,7 +115,9 @@ fn create_watch_diff_merge_and_workers_on_a_cluster() {
     let unknown = cluster.client(&["fork", "show", "00000000-0000-7000-8000-000000000000"]);
     assert_eq!(unknown.code, Some(2), "{}", unknown.stderr);
     assert!(
-        unknown.stderr.contains("no fork matches"),
+        unknown
+            .stderr
+            .contains("no fork has the id, id prefix or name"),
         "{}",
         unknown.stderr
     );

@@ -250,3 +250,44 @@ fn quick_forks_from_flags_and_flags_over_a_spec() {
     ]));
     assert_eq!(one["steers"][0], "be brief");
 }
+
+/// A fork's name (the spec's `name` or `--name`) shows in lists and finds it like an id.
+#[test]
+fn a_named_fork_is_listed_and_found_by_its_name() {
+    let ex = Example::quickstart();
+    let data = path_str(&ex.data()).to_string();
+    let first = json(&forkfleet(&[
+        "run",
+        path_str(&ex.spec()),
+        "--name",
+        "greeter",
+        "--json",
+    ]));
+    assert_eq!(first["name"], "greeter");
+    let again = json(&forkfleet(&[
+        "run",
+        path_str(&ex.spec()),
+        "--name",
+        "greeter",
+        "--json",
+    ]));
+    let list = forkfleet(&["fork", "ls", "--data", &data]);
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(list.contains("NAME") && list.contains("greeter"), "{list}");
+    // The name finds the newest fork that has it.
+    let shown = json(&forkfleet(&[
+        "fork", "show", "greeter", "--json", "--data", &data,
+    ]));
+    assert_eq!(shown["fork_id"], again["fork_id"]);
+    assert_ne!(shown["fork_id"], first["fork_id"]);
+    let bad = forkfleet(&["run", path_str(&ex.spec()), "--name", "no spaces"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("fork name `no spaces` is not valid"),
+        "{}",
+        stderr(&bad)
+    );
+    let none = forkfleet(&["fork", "show", "nameless", "--data", &data]);
+    assert_eq!(none.status.code(), Some(2));
+    assert!(stderr(&none).contains("no fork has the id, id prefix or name `nameless`"));
+}

@@ -349,6 +349,7 @@ fn branch_view(label: &str) -> BranchView {
 fn view(labels: &[&str], workspace: &Path) -> ForkView {
     ForkView {
         fork_id: ForkId::new(),
+        name: None,
         parent_run: RunId::new(),
         goal: "g".into(),
         state: ForkState::Settled,
@@ -614,6 +615,33 @@ fn fork_open_runs_the_difftool_template() {
         ]
     );
 
+    // `--branch`: only those branches against the parent.
+    ok(&open(&["--branch", "tidy", "--branch", "concise"]));
+    let args: Vec<String> = read(&log).unwrap().lines().map(String::from).collect();
+    assert_eq!(
+        args,
+        vec![
+            "--base".to_string(),
+            format!("{d}/parent"),
+            format!("{d}/branches/concise"),
+            format!("{d}/branches/tidy"),
+        ]
+    );
+    let out = open(&["--branch", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--branch `nope` is not a branch of fork"),
+        "{}",
+        stderr(&out)
+    );
+    // The mirror is read-only: an edit there would be lost at the next sync.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.join("branches/concise/greet.py")), 0o444);
+        assert_eq!(mode(&dir.join("parent/README.md")), 0o444);
+    }
+
     // A path the fork did not touch: bad input listing the touched paths.
     let out = open(&["nope.py"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
@@ -708,6 +736,22 @@ fn fork_open_without_a_tool_prints_a_coloured_diff() {
 /// A merge removes the fork directory, and nothing makes it again (issue 13): `run
 /// --pick` does not point at a directory it is about to remove, and `fork watch` or
 /// `fork open` on the merged fork leave it gone (`open` says why).
+#[test]
+fn an_aborted_forks_directory_is_removed() {
+    let (ex, id) = run_quickstart();
+    let dir = fork_dir(&ex, &id);
+    assert!(dir.is_dir());
+    let data = ex.data();
+    ok(&forkfleet(&[
+        "fork",
+        "abort",
+        &id,
+        "--data",
+        path_str(&data),
+    ]));
+    assert!(!dir.exists(), "the fork directory of an aborted fork stays");
+}
+
 #[test]
 fn a_merged_forks_directory_stays_removed() {
     let ex = Example::quickstart();

@@ -250,7 +250,9 @@ fn clients_see_and_act_on_the_forks_of_their_accounts_only() {
         let refused = roles.client("client-alice", &args);
         assert_eq!(refused.code, Some(2), "{args:?}: {}", refused.stderr);
         assert!(
-            refused.stderr.contains("no fork matches"),
+            refused
+                .stderr
+                .contains("no fork has the id, id prefix or name"),
             "{args:?}: {}",
             refused.stderr
         );

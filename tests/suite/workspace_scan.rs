@@ -18,9 +18,10 @@ fn with_build_output() -> Example {
     std::fs::write(ws.join("target/debug/app"), vec![1u8; 50_000]).unwrap();
     std::fs::write(ws.join("build.log"), "noise\n").unwrap();
     std::fs::write(ws.join("keep.log"), "kept by `!keep.log`\n").unwrap();
-    std::fs::create_dir_all(ws.join("web/node_modules/left-pad")).unwrap();
-    std::fs::write(ws.join("web/node_modules/left-pad/index.js"), "x\n").unwrap();
-    std::fs::write(ws.join("web/.forkfleetignore"), "node_modules/\n").unwrap();
+    // (Not `node_modules`: a snapshot skips that by name already, `DEFAULT_EXCLUDE`.)
+    std::fs::create_dir_all(ws.join("web/vendored/left-pad")).unwrap();
+    std::fs::write(ws.join("web/vendored/left-pad/index.js"), "x\n").unwrap();
+    std::fs::write(ws.join("web/.forkfleetignore"), "vendored/\n").unwrap();
     std::fs::write(ws.join("web/app.js"), "app\n").unwrap();
     ex
 }
@@ -35,10 +36,7 @@ async fn ignored_build_output_is_not_in_the_snapshot_nor_uploaded() {
         .unwrap();
     let paths: Vec<&str> = manifest.files.keys().map(|p| p.as_str()).collect();
     assert!(!paths.iter().any(|p| p.starts_with("target")), "{paths:?}");
-    assert!(
-        !paths.iter().any(|p| p.contains("node_modules")),
-        "{paths:?}"
-    );
+    assert!(!paths.iter().any(|p| p.contains("vendored")), "{paths:?}");
     assert!(!paths.contains(&"build.log"), "{paths:?}");
     for kept in [
         "keep.log",
@@ -70,10 +68,7 @@ async fn ignored_build_output_is_not_in_the_snapshot_nor_uploaded() {
     let paths: Vec<&str> = manifest.files.keys().map(|p| p.as_str()).collect();
     assert!(paths.contains(&"target/debug/deps/big.rlib"), "{paths:?}");
     assert!(paths.contains(&"build.log"));
-    assert!(
-        !paths.iter().any(|p| p.contains("node_modules")),
-        "{paths:?}"
-    );
+    assert!(!paths.iter().any(|p| p.contains("vendored")), "{paths:?}");
 }
 
 #[test]

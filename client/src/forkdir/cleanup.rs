@@ -25,8 +25,8 @@ pub enum Cleanup {
     Absent,
 }
 
-/// Remove the fork directory of a fork that has been **merged**, unless its plan says
-/// `keep_artifacts`.
+/// Remove the fork directory of a fork that has been **merged** (or **aborted**), unless
+/// its plan says `keep_artifacts`.
 ///
 /// Contract, for every path that merges (`fork merge`, `run --pick`, an automatic merge
 /// by the resolve path):

@@ -329,6 +329,7 @@ pub async fn open(
     coord: &Client,
     fork: ForkId,
     path: Option<&str>,
+    only: &[String],
     color: ColorChoice,
     json: bool,
 ) -> Result<(), ClientError> {
@@ -345,7 +346,24 @@ pub async fn open(
         .sync(coord, &view, tool == Tool::Terminal)
         .await?;
     let dir = synced.stats.dir.clone();
-    let t = targets(&dir, &synced, path.as_ref())?;
+    let mut t = targets(&dir, &synced, path.as_ref())?;
+    // `--branch A --branch B`: only these against the parent (a 3-way or pairwise diff).
+    if !only.is_empty() {
+        for label in only {
+            if view.branch(label).is_none() {
+                return Err(ClientError::BadInput(format!(
+                    "--branch `{label}` is not a branch of fork {fork}; its branches: {}",
+                    view.branches
+                        .iter()
+                        .map(|b| b.label.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        t.branches.retain(|(label, _)| only.contains(label));
+        t.pairs.retain(|p| only.contains(&p.label));
+    }
     let (cmds, notes) = commands(&tool, &t);
     let mut opened = Opened {
         fork_id: fork.to_string(),

@@ -319,10 +319,13 @@ pub(crate) fn mode_matches(_meta: &std::fs::Metadata, _mode: u32) -> bool {
     true
 }
 
+/// A mirror file's permissions: read-only (`0444`, `0555` for an executable), so an edit
+/// made in the fork directory, which the next sync would replace, is refused instead of
+/// silently lost. Syncs replace files by renaming, which a read-only file does not stop.
 #[cfg(unix)]
 pub(crate) fn set_mode(file: &std::fs::File, mode: u32) -> io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    let bits = if mode == MODE_EXEC { 0o755 } else { 0o644 };
+    let bits = if mode == MODE_EXEC { 0o555 } else { 0o444 };
     file.set_permissions(std::fs::Permissions::from_mode(bits))
 }
 

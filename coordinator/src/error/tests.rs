@@ -179,7 +179,7 @@ fn each_error_has_its_kind_and_names_what_was_wrong() {
         (
             E::UnknownFork(s("zz")),
             NotFound,
-            vec![s("no fork matches `zz`")],
+            vec![s("no fork has the id, id prefix or name `zz`")],
         ),
         (
             E::UnknownRun(run),

@@ -204,7 +204,11 @@ async fn find_fork_by_full_id_or_unique_prefix() {
     assert!(err.to_string().contains("matches 2 forks"), "{err}");
     assert!(err.is_bad_input());
     let err = within(h.find_fork("zzzz")).await.unwrap_err();
-    assert!(err.to_string().contains("no fork matches `zzzz`"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("no fork has the id, id prefix or name `zzzz`"),
+        "{err}"
+    );
     assert!(err.is_bad_input());
 
     // Newest first.

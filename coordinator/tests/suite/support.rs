@@ -354,6 +354,7 @@ pub fn plan(labels: &[&str]) -> ForkPlan {
         },
     );
     ForkPlan {
+        name: None,
         approval: None,
         goal: "make it better".into(),
         system_prompt: Some("you are careful".into()),

@@ -67,6 +67,9 @@ pub struct BranchView {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ForkView {
     pub fork_id: ForkId,
+    /// The spec's `name` (or `--name`): what lists show, usable where a fork id is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     pub parent_run: RunId,
     pub goal: String,
     pub state: ForkState,

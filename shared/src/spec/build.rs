@@ -7,7 +7,9 @@ use super::plan::{
     BranchPlan, CheckpointFrequency, CheckpointPolicy, ForkPlan, Limits, LoadedSpec, ModelPlan,
     ResolvePlan, TestPlan, DEFAULT_MAX_CHECKPOINTS, DEFAULT_TEST_TIMEOUT_S, SOLO_LABEL,
 };
-use super::validate::{check_budget, check_depth, normalise_labels, ONLY_SCRIPTED_TAKE_A_SCRIPT};
+use super::validate::{
+    check_budget, check_depth, check_label, normalise_labels, ONLY_SCRIPTED_TAKE_A_SCRIPT,
+};
 use super::{
     SpecError, DEFAULT_MAX_BRANCHES, DEFAULT_MAX_DEPTH, DEFAULT_MAX_OUTPUT_TOKENS,
     DEFAULT_MAX_TURNS,
@@ -284,7 +286,17 @@ pub fn validate_with(
         );
     }
 
+    if let Some(name) = &file.name {
+        check_label(name).map_err(|e| match e {
+            SpecError::BadLabel { reason, .. } => SpecError::BadName {
+                name: name.clone(),
+                reason,
+            },
+            other => other,
+        })?;
+    }
     let plan = ForkPlan {
+        name: file.name.clone(),
         goal: file.goal.clone(),
         system_prompt: file.system_prompt.clone(),
         history: Vec::new(),

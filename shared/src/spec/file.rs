@@ -13,6 +13,9 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpecFile {
+    /// A name for the fork, shown in lists and usable where a fork id is.
+    #[serde(default)]
+    pub name: Option<String>,
     pub goal: String,
     pub workspace: String,
     pub model: String,

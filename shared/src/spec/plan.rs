@@ -205,6 +205,10 @@ pub struct BranchPlan {
 /// A validated fork: what the coordinator needs to create it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ForkPlan {
+    /// A name people use for the fork (lists show it; commands take it where a fork id
+    /// goes): 1 to 64 letters, digits, `-`, `_` and `.`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     pub goal: String,
     pub system_prompt: Option<String>,
     /// An existing conversation the parent run starts from.

@@ -462,6 +462,7 @@ mod tests {
     /// A valid plan of `labels`, built by hand (as a client of the coordinator may).
     fn plan(labels: &[&str]) -> ForkPlan {
         ForkPlan {
+            name: None,
             approval: None,
             goal: "g".into(),
             system_prompt: None,
