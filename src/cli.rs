@@ -77,6 +77,11 @@ pub enum Command {
     },
     /// List a cluster's live workers: id, pool, running branches, last heartbeat.
     Workers(ClusterArgs),
+    /// Delete merged and aborted forks older than a duration, with their branch runs,
+    /// checkpoints, fork directories and the blobs nothing refers to any more; forks that
+    /// something kept refers to (a child run, a run started from a checkpoint) or that
+    /// charge an account stay, and it says why. Operators only on a cluster.
+    Gc(gc::GcArgs),
     /// List the tool calls that wait for a person's consent, across the fleet (or one
     /// fork's): fork, branch, tool, call id, age, what the timeout decides and when, the
     /// rule that matched, the arguments. Answer with `fork approve` or `fork deny`
@@ -312,6 +317,7 @@ impl Command {
             Command::Worker(a) => a.config.config.as_deref(),
             Command::Workers(a) => a.config.config.as_deref(),
             Command::Approvals(a) => a.client.config.config.as_deref(),
+            Command::Gc(a) => a.client.config.config.as_deref(),
             Command::Log(a) => a.client.config.config.as_deref(),
             Command::Runs { command } => command.client().config.config.as_deref(),
             Command::Checkpoint { command } => command.client().config.config.as_deref(),
@@ -361,6 +367,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Account { command } => account::cmd_account(command).await,
         Command::Workers(args) => workers::cmd_workers(args).await,
         Command::Approvals(args) => approvals::cmd_approvals(args).await,
+        Command::Gc(args) => gc::cmd_gc(args).await,
         Command::Cluster { command } => cluster::cmd_cluster(command).await,
         Command::Log(args) => log::cmd_log(args).await,
         Command::Runs { command } => runs::cmd_runs(command).await,
@@ -672,6 +679,7 @@ mod bench;
 mod checkpoint;
 mod cluster;
 mod fork;
+mod gc;
 mod log;
 mod run;
 mod runs;

@@ -149,15 +149,28 @@ pub async fn resolve_and_apply(
     let report = coord
         .resolve(fork, ask.strategy, ask.no_commit, ask.judge_models)
         .await?;
-    let applied = match (&report.merge, dir) {
-        (Some(outcome), Some(dir)) if !outcome.into_branch => {
-            let policy = policy.unwrap_or(outcome.conflict_policy);
-            Some(workspace::apply_merge(coord.blobs().as_ref(), outcome, dir, policy).await?)
-        }
-        (Some(outcome), _) => Some(outcome.report.clone()),
-        (None, _) => None,
+    let applied = match &report.merge {
+        Some(outcome) => Some(apply_outcome(coord, outcome, dir, policy).await?),
+        None => None,
     };
     Ok(Resolved { report, applied })
+}
+
+/// What a committed merge did to `dir` (if any; the store's report without one, or for a
+/// merge into an agent's branch), `policy` overriding the plan's `conflict_policy`.
+pub async fn apply_outcome(
+    coord: &Client,
+    outcome: &forkfleet_shared::api::MergeOutcome,
+    dir: Option<&Path>,
+    policy: Option<ConflictPolicy>,
+) -> Result<FlushReport, ClientError> {
+    match dir {
+        Some(dir) if !outcome.into_branch => {
+            let policy = policy.unwrap_or(outcome.conflict_policy);
+            workspace::apply_merge(coord.blobs().as_ref(), outcome, dir, policy).await
+        }
+        _ => Ok(outcome.report.clone()),
+    }
 }
 
 /// The forks a single agent run's agent made and left unresolved; empty when its work can

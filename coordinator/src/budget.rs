@@ -383,6 +383,17 @@ impl Ledger {
 
     /// A fork's actor started (created or loaded): its caps (after top-ups), its branches'
     /// spend and states. Registering again replaces what was there.
+    /// A fork deleted (`gc`): its runs and totals leave the ledger. Only forks that charge
+    /// no account are deleted, so no account's spend changes.
+    pub fn forget_fork(&self, fork_id: ForkId) {
+        let mut s = self.lock();
+        if let Some(f) = s.forks.remove(&fork_id) {
+            for run in f.runs {
+                s.runs.remove(&run);
+            }
+        }
+    }
+
     pub fn register_fork(&self, fork: &ForkRecord, branches: &[BranchRecord]) {
         let mut fork_cap = fork.plan.aggregate_budget_usd;
         let mut run_caps: HashMap<RunId, Option<f64>> = HashMap::new();

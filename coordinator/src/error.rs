@@ -259,6 +259,15 @@ pub enum CoordinatorError {
         tool: String,
         call_id: String,
     },
+    /// `fork rm` of a fork with branches that have not finished.
+    #[error("cannot remove fork {fork}: branches have not finished: {}; abort it first (`forkfleet fork abort {fork}`)", .unfinished.join(", "))]
+    RemoveUnfinished {
+        fork: ForkId,
+        unfinished: Vec<String>,
+    },
+    /// `fork rm` of a fork something that stays refers to (or that charges an account).
+    #[error("cannot remove fork {fork}: {why}")]
+    RemoveRefused { fork: ForkId, why: String },
     /// An answer for a branch that is not waiting for one.
     #[error("branch `{label}` of fork {fork} is not waiting for approval (it is {state}); nothing to answer: `forkfleet approvals` lists the requests that wait")]
     NotAwaitingApproval {
@@ -371,6 +380,8 @@ impl CoordinatorError {
             | E::CapFull { .. }
             | E::ContinuePaused { .. }
             | E::AwaitingApproval { .. }
+            | E::RemoveUnfinished { .. }
+            | E::RemoveRefused { .. }
             | E::NotAwaitingApproval { .. }
             | E::StaleApproval { .. }
             | E::ContinueRunning { .. } => ErrorKind::Conflict,

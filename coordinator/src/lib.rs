@@ -73,6 +73,7 @@ mod checkpoint;
 mod create;
 mod event_loop;
 mod fork;
+mod gc;
 mod lineage;
 mod merge;
 mod metrics;

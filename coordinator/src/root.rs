@@ -45,6 +45,8 @@ pub(crate) enum RootMsg {
     /// Every fork, newest first.
     List(RpcReplyPort<Vec<ForkHandle>>),
     Find(String, RpcReplyPort<Result<ForkId, CoordinatorError>>),
+    /// Stop a fork's actor and forget it (the fork is being deleted, `gc`).
+    Remove(ForkId, RpcReplyPort<()>),
 }
 
 #[derive(Clone)]
@@ -71,6 +73,11 @@ impl RootHandle {
 
     pub async fn load_fork(&self, id: ForkId) -> Result<ForkHandle, CoordinatorError> {
         ractor::call_t!(self.0, RootMsg::LoadFork, CALL_TIMEOUT_MS, id).map_err(call_error)?
+    }
+
+    /// Stop fork `id`'s actor and forget it (see [`RootMsg::Remove`]).
+    pub async fn remove(&self, id: ForkId) -> Result<(), CoordinatorError> {
+        ractor::call_t!(self.0, RootMsg::Remove, CALL_TIMEOUT_MS, id).map_err(call_error)
     }
 
     pub async fn lookup(&self, id: ForkId) -> Result<Option<ForkHandle>, CoordinatorError> {
@@ -192,6 +199,12 @@ impl Actor for RootActor {
             }
             RootMsg::Find(prefix, reply) => {
                 let _ = reply.send(state.find(&prefix));
+            }
+            RootMsg::Remove(id, reply) => {
+                if let Some(fork) = state.forks.remove(&id) {
+                    fork.actor().stop(Some("the fork is deleted".to_string()));
+                }
+                let _ = reply.send(());
             }
         }
         Ok(())

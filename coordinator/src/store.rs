@@ -452,6 +452,40 @@ impl RunStore {
             .transpose()
     }
 
+    /// Delete a fork and its branch runs `runs` (`crate::gc` decided nothing refers to
+    /// them): the fork's record, branch records, resolve report and caps; each run's record,
+    /// events, checkpoints and fenced calls. Blobs are swept apart. The counts: events,
+    /// checkpoints.
+    pub(crate) fn delete_fork(
+        &self,
+        fork: ForkId,
+        runs: &[RunId],
+    ) -> Result<(usize, usize), CoordinatorError> {
+        fn remove_prefix(tree: &sled::Tree, prefix: &[u8]) -> Result<usize, CoordinatorError> {
+            let keys: Vec<sled::IVec> =
+                tree.scan_prefix(prefix).keys().collect::<Result<_, _>>()?;
+            for k in &keys {
+                tree.remove(k)?;
+            }
+            Ok(keys.len())
+        }
+        let i = &self.inner;
+        let fenced = i.db.open_tree("fenced_usage")?;
+        let (mut events, mut checkpoints) = (0, 0);
+        for run in runs {
+            events += remove_prefix(&i.events, run.as_bytes())?;
+            checkpoints += remove_prefix(&i.checkpoints, run.as_bytes())?;
+            remove_prefix(&fenced, run.as_bytes())?;
+            i.checkpoint_marks.remove(run.as_bytes())?;
+            i.runs.remove(run.as_bytes())?;
+        }
+        remove_prefix(&i.branches, fork.as_bytes())?;
+        remove_prefix(&i.caps, fork.as_bytes())?;
+        i.resolutions.remove(fork.as_bytes())?;
+        i.forks.remove(fork.as_bytes())?;
+        Ok((events, checkpoints))
+    }
+
     // ---- checkpoints: the store API is in `store/checkpoints.rs` ------------------------
 
     // ---- budgets ------------------------------------------------------------------------

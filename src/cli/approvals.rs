@@ -97,7 +97,7 @@ pub(crate) fn interactive(json: bool) -> bool {
 }
 
 /// One line from stdin (`None` at its end), read off the runtime.
-async fn read_line() -> anyhow::Result<Option<String>> {
+pub(crate) async fn read_line() -> anyhow::Result<Option<String>> {
     tokio::task::spawn_blocking(|| {
         let mut line = String::new();
         match std::io::stdin().read_line(&mut line)? {

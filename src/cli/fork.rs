@@ -151,6 +151,18 @@ pub enum ForkCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Delete a finished fork (merged, aborted, or every branch finished) with its branch
+    /// runs, checkpoints, fork directory and the blobs nothing else refers to; refused,
+    /// saying why, while a branch runs or when something that stays refers to it.
+    Rm {
+        /// Fork id, a unique prefix of one, or its name.
+        fork: String,
+        /// Say what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Approve a branch's tool call that waits for consent (docs/APPROVALS.md): any
     /// worker takes the branch over and runs the call. Refused when the branch does not
     /// wait, or waits for another call than CALL_ID.
@@ -279,6 +291,13 @@ pub enum ForkCommand {
         /// 3-way diff of those two); default every branch that changed something.
         #[arg(long = "branch", value_name = "LABEL")]
         branches: Vec<String>,
+        /// Keep the fork directory in sync while the fork runs (every branch's files as
+        /// they change), until every branch has finished; then open it.
+        #[arg(long)]
+        follow: bool,
+        /// With --follow: give up after this many seconds (exit 1; the fork keeps running).
+        #[arg(long, requires = "follow")]
+        timeout_s: Option<u64>,
         /// Colour the terminal diff.
         #[arg(long, value_enum, default_value_t = forkdir::ColorChoice::Auto)]
         color: forkdir::ColorChoice,
@@ -548,6 +567,11 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                 client.json
             ))
         }
+        ForkCommand::Rm {
+            fork,
+            dry_run,
+            client,
+        } => crate::cli::gc::cmd_remove(&fork, dry_run, &client).await,
         ForkCommand::Approve(args) => approvals::cmd_answer(args, true).await,
         ForkCommand::Deny(args) => approvals::cmd_answer(args, false).await,
         ForkCommand::Cost { fork, client } => {
@@ -665,13 +689,36 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             fork,
             path,
             branches,
+            follow,
+            timeout_s,
             color,
             client,
-        } => with_session!(&client, Local::Read, |coord| async {
-            let id = coord.find_fork(&fork).await?;
-            forkdir::open(coord, id, path.as_deref(), &branches, color, client.json).await?;
-            Ok(())
-        }),
+        } => with_session!(
+            &client,
+            if follow { Local::Resume } else { Local::Read },
+            |coord| async {
+                let id = coord.find_fork(&fork).await?;
+                if follow {
+                    // The fork directory follows the fork live (embedded, this session's
+                    // workers run what a stopped process left unfinished).
+                    let until = if coord.is_remote() {
+                        Until::Finished
+                    } else {
+                        AT_ONCE
+                    };
+                    forkdir::follow(
+                        coord,
+                        id,
+                        timeout_s.map(Duration::from_secs),
+                        until,
+                        !client.json,
+                    )
+                    .await?;
+                }
+                forkdir::open(coord, id, path.as_deref(), &branches, color, client.json).await?;
+                Ok(())
+            }
+        ),
         ForkCommand::Merge {
             fork,
             pick,

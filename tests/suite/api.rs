@@ -586,6 +586,16 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
         }
         .into(),
         api::Verdict { fork: nofork }.into(),
+        api::Gc {
+            older_than_ms: Some(u64::MAX),
+            dry_run: true,
+        }
+        .into(),
+        api::RemoveFork {
+            fork: nofork,
+            dry_run: true,
+        }
+        .into(),
         api::FindRun {
             prefix: run.to_string(),
         }
@@ -825,6 +835,16 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
         }
         .into(),
         api::Verdict { fork }.into(),
+        api::Gc {
+            older_than_ms: None,
+            dry_run: false,
+        }
+        .into(),
+        api::RemoveFork {
+            fork,
+            dry_run: false,
+        }
+        .into(),
         api::FindRun {
             prefix: run.to_string(),
         }
@@ -897,7 +917,7 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
                 ),
                 other => panic!("`runs`: {other:?}"),
             },
-            "account_set" => {
+            "account_set" | "gc" => {
                 let e = answer.unwrap_err();
                 assert_eq!(e.kind, ApiErrorKind::BadInput, "{e:?}");
                 assert!(e.message.contains("operators only"), "{e:?}");

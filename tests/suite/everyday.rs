@@ -160,6 +160,15 @@ fn log_follow_streams_a_branch_on_a_cluster_until_it_ends() {
         !done_then,
         "the branch had finished before the first line: nothing was followed"
     );
+
+    // Housekeeping over the bus: the finished fork is removed, and gone.
+    let removed = fleet.client(&["fork", "rm", &id, "--json"]);
+    assert_eq!(removed.code, Some(0), "{}", removed.stderr);
+    assert_eq!(removed.json()["removed"][0], id.as_str());
+    let gone = fleet.client(&["fork", "show", &id]);
+    assert_eq!(gone.code, Some(2), "{}", gone.stdout);
+    let gc = fleet.client(&["gc", "--older-than", "0s", "--dry-run", "--json"]);
+    assert_eq!(gc.code, Some(0), "{}", gc.stderr);
 }
 
 /// `run` without a spec file: the flags build the plan (`--dry-run` prints it and writes

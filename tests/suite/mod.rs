@@ -14,6 +14,7 @@ mod exit_codes;
 mod fencing;
 mod fleet;
 mod forkdir;
+mod gc;
 mod git;
 mod harness;
 mod hints;

@@ -46,17 +46,25 @@ pub fn remove_after_merge(view: &ForkView) -> Result<Cleanup, ClientError> {
     let Some(ws) = view.workspace.as_deref() else {
         return Ok(Cleanup::Absent);
     };
-    let ws = Path::new(ws);
-    let dir = fork_dir(ws, view.fork_id)?;
     if view.keep_artifacts {
+        let dir = fork_dir(Path::new(ws), view.fork_id)?;
         return Ok(if dir.is_dir() {
             Cleanup::Kept(dir)
         } else {
             Cleanup::Absent
         });
     }
+    remove_fork_dir(ws, view.fork_id)
+}
+
+/// Remove `<workspace>/.forkfleet/forks/<fork>/` whatever the plan says (a deleted fork's,
+/// `fork rm` and `gc`), as [`remove_after_merge`] does: never through a symbolic link,
+/// `.forkfleet/forks` and `.forkfleet` only when left empty.
+pub fn remove_fork_dir(workspace: &str, fork: ForkId) -> Result<Cleanup, ClientError> {
+    let ws = Path::new(workspace);
+    let dir = fork_dir(ws, fork)?;
     // Never through a link: every directory from the workspace down must be real.
-    let id = view.fork_id.to_string();
+    let id = fork.to_string();
     let mut cur = ws.to_path_buf();
     let mut chain = Vec::new();
     for part in FORKS_DIR

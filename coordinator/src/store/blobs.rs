@@ -163,3 +163,50 @@ impl BlobStore for SledBlobStore {
         Ok(out)
     }
 }
+
+impl SledBlobStore {
+    /// Every stored blob: its hash, its size, and for a file its last modification (what
+    /// the garbage collector's grace period reads).
+    pub(crate) fn stored(
+        &self,
+    ) -> Result<Vec<(BlobHash, u64, Option<std::time::SystemTime>)>, CoordinatorError> {
+        let mut out = Vec::new();
+        for kv in self.tree.iter() {
+            let (k, v) = kv?;
+            if let Ok(h) = <[u8; 32]>::try_from(&k[..]) {
+                out.push((BlobHash(h), v.len() as u64, None));
+            }
+        }
+        for kv in self.files.iter() {
+            let (k, v) = kv?;
+            let Ok(h) = <[u8; 32]>::try_from(&k[..]) else {
+                continue;
+            };
+            let hash = BlobHash(h);
+            let len = <[u8; 8]>::try_from(&v[..]).map_or(0, u64::from_be_bytes);
+            let modified = std::fs::metadata(self.path(&hash))
+                .and_then(|m| m.modified())
+                .ok();
+            out.push((hash, len, modified));
+        }
+        Ok(out)
+    }
+
+    /// Remove a blob: its value, or its record and then its file.
+    pub(crate) fn remove(&self, hash: &BlobHash) -> Result<(), CoordinatorError> {
+        self.tree.remove(hash.0)?;
+        if self.files.remove(hash.0)?.is_some() {
+            match std::fs::remove_file(self.path(hash)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(CoordinatorError::Internal(format!(
+                        "cannot remove blob file `{}`: {e}",
+                        self.path(hash).display()
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+}

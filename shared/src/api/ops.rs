@@ -456,6 +456,22 @@ operations! {
             fork: ForkId,
         } -> Verdict(Option<ResolveReport>), idempotent, quick;
 
+        /// Delete merged and aborted forks created at least `older_than_ms` ago (any age
+        /// when absent) with their branch runs, checkpoints and the blobs nothing else
+        /// refers to; forks something that stays refers to are kept, and the report says
+        /// why. With `dry_run`, nothing is deleted. Operators only.
+        Gc = "gc", fn gc {
+            older_than_ms: Option<u64>,
+            dry_run: bool,
+        } -> Gc(GcReport), changes, work;
+
+        /// Delete one finished fork (merged, aborted, or every branch finished) as `gc`
+        /// would; refused, saying why, for a fork still running or one something refers to.
+        RemoveFork = "remove_fork", fn remove_fork {
+            fork: ForkId,
+            dry_run: bool,
+        } -> Gc(GcReport), changes, work;
+
         /// A run by full id or unique prefix.
         FindRun = "find_run", fn find_run { prefix: String } -> RunId(RunId), idempotent, quick;
 
@@ -555,6 +571,7 @@ pub enum ApiReply {
     Accounts(Vec<AccountView>),
     Resolve(ResolveReport),
     Verdict(Option<ResolveReport>),
+    Gc(GcReport),
     RunId(RunId),
     Checkpoint(CheckpointView),
     Rewind(RewindOutcome),
@@ -598,6 +615,7 @@ impl ApiReply {
             ApiReply::Accounts(_) => "accounts",
             ApiReply::Resolve(_) => "resolve",
             ApiReply::Verdict(_) => "verdict",
+            ApiReply::Gc(_) => "gc",
             ApiReply::RunId(_) => "run_id",
             ApiReply::Checkpoint(_) => "checkpoint",
             ApiReply::Rewind(_) => "rewind",

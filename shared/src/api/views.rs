@@ -265,6 +265,33 @@ pub struct DecisionOutcome {
     pub branch: BranchView,
 }
 
+/// What a garbage collection (`forkfleet gc`, `fork rm`) deleted, or would with `dry_run`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GcReport {
+    /// The forks deleted with their branch runs.
+    pub removed: Vec<ForkId>,
+    /// Where each deleted fork's workspace was (its fork directory is the client's to
+    /// remove).
+    #[serde(default)]
+    pub workspaces: Vec<(ForkId, String)>,
+    /// Forks it could have deleted but kept, and why.
+    pub kept: Vec<KeptFork>,
+    pub runs: usize,
+    pub events: usize,
+    pub checkpoints: usize,
+    /// Blobs nothing refers to any more, deleted, and their bytes.
+    pub blobs: usize,
+    pub blob_bytes: u64,
+    pub dry_run: bool,
+}
+
+/// A fork a collection kept, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptFork {
+    pub fork_id: ForkId,
+    pub why: String,
+}
+
 /// What a continue request did: a `follow_up` event appended to a finished branch's log,
 /// which re-opened it, and its task enqueued again (ADR 13).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -192,6 +192,56 @@ pub fn report_json(resolved: &flow::Resolved) -> Value {
     doc
 }
 
+/// The acceptance step: `winner` passed the threshold; the person accepts it (Enter), looks
+/// at the diff (`d`), picks another branch (`o`) or cancels (`q`, Esc, or the end of
+/// stdin). The branch to merge, if any.
+async fn accept(
+    coord: &Client,
+    id: ForkId,
+    view: &ForkView,
+    winner: &str,
+) -> anyhow::Result<Option<String>> {
+    let labels: Vec<&str> = view.branches.iter().map(|b| b.label.as_str()).collect();
+    loop {
+        eprint!(
+            "\nmerge `{winner}`? [enter] accept · [d] diff · [o] pick another branch · [q] cancel: "
+        );
+        let Some(line) = crate::cli::approvals::read_line().await? else {
+            return Ok(None);
+        };
+        match line.as_str() {
+            "" | "y" | "yes" => return Ok(Some(winner.to_string())),
+            "d" => {
+                let report = coord
+                    .diff(
+                        id,
+                        DiffOptions {
+                            unified: true,
+                            ..DiffOptions::default()
+                        },
+                    )
+                    .await?;
+                eprint!("{}", render::diff_text(&report, true));
+            }
+            "o" => {
+                eprint!("branch to merge ({}): ", labels.join(", "));
+                let Some(pick) = crate::cli::approvals::read_line().await? else {
+                    return Ok(None);
+                };
+                if labels.contains(&pick.as_str()) {
+                    return Ok(Some(pick));
+                }
+                eprintln!("`{pick}` is not a branch of this fork");
+            }
+            "q" | "\u{1b}" | "n" | "no" => {
+                eprintln!("nothing merged");
+                return Ok(None);
+            }
+            other => eprintln!("`{other}`: press enter, d, o or q"),
+        }
+    }
+}
+
 pub(crate) async fn fork_resolve(
     coord: &Client,
     fork: &str,
@@ -212,7 +262,38 @@ pub(crate) async fn fork_resolve(
     if !coord.is_remote() && !view.settled() {
         forkdir::follow(coord, id, timeout, AT_ONCE, !json).await?;
     }
-    let resolved = flow::resolve_and_apply(coord, id, ask, dir.as_deref(), policy).await?;
+    // A person at the terminal confirms what `auto_with_fallback` would merge (the
+    // reference's acceptance step): the resolve decides without merging, then asks.
+    let accepting = crate::cli::approvals::interactive(json)
+        && !ask.no_commit
+        && ask
+            .strategy
+            .as_ref()
+            .is_none_or(|s| matches!(s, Strategy::AutoWithFallback { .. }));
+    let resolved = if accepting {
+        let asked = flow::ResolveAsk {
+            no_commit: true,
+            ..ask
+        };
+        let mut resolved = flow::resolve_and_apply(coord, id, asked, None, None).await?;
+        if let Decision::Commit { winner, .. } = resolved.report.decision.clone() {
+            let pick = if matches!(resolved.report.strategy, Strategy::AutoWithFallback { .. }) {
+                accept(coord, id, &view, &winner).await?
+            } else {
+                Some(winner)
+            };
+            if let Some(pick) = pick {
+                let outcome = coord.merge(id, pick.as_str()).await?;
+                resolved.applied =
+                    Some(flow::apply_outcome(coord, &outcome, dir.as_deref(), policy).await?);
+                resolved.report.merge = Some(outcome);
+                resolved.report.no_commit = false;
+            }
+        }
+        resolved
+    } else {
+        flow::resolve_and_apply(coord, id, ask, dir.as_deref(), policy).await?
+    };
     if resolved.report.merge.is_some() {
         forkdir::cleanup_after_merge(coord, id).await;
     }
