@@ -5,7 +5,7 @@
 //! in `fork show`, the diff and the merge result.
 
 use super::fleet::{Fleet, Options, COMMAND_LIMIT, POLL, SHORT_ACK_WAIT_S};
-use super::harness::{branch, forkfleet, json, path_str, stderr, Example};
+use super::harness::{branch, forkfleet, json, path_str, stderr, Example, Tmux};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -476,82 +476,6 @@ fn cluster_requests_hold_nothing_survive_a_coordinator_restart_and_resume_anywhe
     assert_eq!(ended.code, Some(0), "{}", ended.stderr);
     let listed = fleet.client(&["approvals", &id, "--json"]);
     assert_eq!(listed.json().as_array().map(Vec::len), Some(0));
-}
-
-/// A tmux server of its own (its own socket), killed when dropped.
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    /// A detached session running `command` in a 200x60 terminal.
-    fn start(command: &str) -> Tmux {
-        let socket = format!("forkfleet-test-{}", std::process::id());
-        let t = Tmux { socket };
-        let ok = t
-            .cmd(&[
-                "new-session",
-                "-d",
-                "-s",
-                "main",
-                "-x",
-                "200",
-                "-y",
-                "60",
-                command,
-            ])
-            .status()
-            .unwrap();
-        assert!(ok.success(), "tmux could not start");
-        t
-    }
-
-    fn cmd(&self, args: &[&str]) -> std::process::Command {
-        let mut c = std::process::Command::new("tmux");
-        c.args(["-L", &self.socket]).args(args);
-        c
-    }
-
-    /// The screen and its scrollback.
-    fn screen(&self) -> String {
-        let out = self
-            .cmd(&["capture-pane", "-p", "-J", "-S", "-500", "-t", "main"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Until `done(screen)` holds (bounded); the screen then.
-    fn wait_for(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + COMMAND_LIMIT;
-        loop {
-            let screen = self.screen();
-            if done(&screen) {
-                return screen;
-            }
-            assert!(Instant::now() < deadline, "{what} never showed:\n{screen}");
-            std::thread::sleep(POLL);
-        }
-    }
-
-    fn type_line(&self, text: &str) {
-        let ok = self
-            .cmd(&["send-keys", "-t", "main", "-l", text])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-        let ok = self
-            .cmd(&["send-keys", "-t", "main", "Enter"])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["kill-server"]).status();
-    }
 }
 
 #[test]

@@ -191,3 +191,85 @@ pub fn slow_spec(ex: &Example) -> PathBuf {
          [[branches]]\nlabel = \"c\"\nsteer = \"go\"\n",
     )
 }
+
+/// A tmux server of its own (its own socket), killed when dropped.
+pub struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    /// A detached session running `command` in a 200x60 terminal.
+    pub fn start(command: &str) -> Tmux {
+        // One server per session: tests run side by side in one process.
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let socket = format!("forkfleet-test-{}-{n}", std::process::id());
+        let t = Tmux { socket };
+        let ok = t
+            .cmd(&[
+                "new-session",
+                "-d",
+                "-s",
+                "main",
+                "-x",
+                "200",
+                "-y",
+                "60",
+                command,
+            ])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "tmux could not start");
+        t
+    }
+
+    fn cmd(&self, args: &[&str]) -> std::process::Command {
+        let mut c = std::process::Command::new("tmux");
+        c.args(["-L", &self.socket]).args(args);
+        c
+    }
+
+    /// The screen and its scrollback.
+    pub fn screen(&self) -> String {
+        let out = self
+            .cmd(&["capture-pane", "-p", "-J", "-S", "-500", "-t", "main"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Until `done(screen)` holds (bounded); the screen then.
+    pub fn wait_for(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + super::fleet::COMMAND_LIMIT;
+        loop {
+            let screen = self.screen();
+            if done(&screen) {
+                return screen;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} never showed:\n{screen}"
+            );
+            std::thread::sleep(super::fleet::POLL);
+        }
+    }
+
+    pub fn type_line(&self, text: &str) {
+        let ok = self
+            .cmd(&["send-keys", "-t", "main", "-l", text])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let ok = self
+            .cmd(&["send-keys", "-t", "main", "Enter"])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]).status();
+    }
+}

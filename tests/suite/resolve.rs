@@ -495,3 +495,41 @@ fn judge_only_keeps_the_verdict_and_judge_model_overrides_the_spec() {
         stderr(&none)
     );
 }
+
+/// `auto_with_fallback` above its threshold, with a person at the terminal: the acceptance
+/// step asks before merging; `d` shows the diff, `o` picks another branch, which is merged.
+#[test]
+fn the_acceptance_step_asks_before_merging_and_another_branch_can_be_picked() {
+    let top = format!(
+        "strategy = \"auto_with_fallback\"\nconfidence_threshold = 0.1\njudge_model = \"scripted:judge1\"\n{TESTED}"
+    );
+    let (ex, spec) = setup(&top, &[verdict("good", 0.95)]);
+    let data = path_str(&ex.data()).to_string();
+    let created = forkfleet(&["fork", "create", path_str(&spec), "--data", &data]);
+    assert!(created.status.success(), "{}", stderr(&created));
+    let fork = String::from_utf8_lossy(&created.stdout).trim().to_string();
+    let tmux = super::harness::Tmux::start(&format!(
+        "env RUST_LOG=warn {} fork resolve {fork} --data {data}; echo RESOLVE-EXIT-$?; sleep 600",
+        env!("CARGO_BIN_EXE_forkfleet")
+    ));
+    let prompt = "merge `good`? [enter] accept";
+    tmux.wait_for("the acceptance step", |s| s.contains(prompt));
+    tmux.type_line("d");
+    let screen = tmux.wait_for("the diff, then the question again", |s| {
+        s.matches(prompt).count() == 2
+    });
+    assert!(screen.contains("result.txt"), "{screen}");
+    tmux.type_line("o");
+    tmux.wait_for("the branch question", |s| {
+        s.contains("branch to merge (good, bad):")
+    });
+    tmux.type_line("bad");
+    let screen = tmux.wait_for("the end", |s| s.contains("RESOLVE-EXIT-"));
+    assert!(screen.contains("RESOLVE-EXIT-0"), "{screen}");
+    assert!(screen.contains("merged `bad`"), "{screen}");
+    assert_eq!(ex.read("result.txt").as_deref(), Some("bad\n"));
+    let shown = json(&forkfleet(&[
+        "fork", "show", &fork, "--json", "--data", &data,
+    ]));
+    assert_eq!(shown["winner"], "bad");
+}
