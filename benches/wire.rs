@@ -73,6 +73,7 @@ fn events() -> Vec<BranchEvent> {
 
 fn task() -> BranchTask {
     BranchTask {
+        checkpoint_tools: None,
         approval: None,
         fork_id: ForkId::new(),
         run_id: RunId::new(),

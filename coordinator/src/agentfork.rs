@@ -95,7 +95,7 @@ impl CoordinatorHandle {
     /// Wait, bounded, until the coordinator's copy of `run`'s log (a branch of `fork`)
     /// reaches `seq`: the fork actor's view says how far each branch's log goes, and its
     /// version channel says when that may have changed.
-    async fn wait_for_log(
+    pub(crate) async fn wait_for_log(
         &self,
         fork: ForkId,
         run: RunId,
@@ -176,6 +176,7 @@ fn child_plan(
         resolve.strategy = strategy.clone();
     }
     Ok(ForkPlan {
+        checkpoint_tools: parent.checkpoint_tools.clone(),
         name: None,
         goal: parent.goal.clone(),
         system_prompt: None,

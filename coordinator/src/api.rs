@@ -75,7 +75,7 @@ handlers! {
     Gc(h, c, op) => { h.admit_admin(c, "collecting garbage across every account")?; crate::gc::collect(h, crate::gc::Pick::OlderThan(op.older_than_ms.map(std::time::Duration::from_millis)), op.dry_run).await };
     RemoveFork(h, c, op) => { h.admit_fork(c, op.fork).await?; crate::gc::collect(h, crate::gc::Pick::One(op.fork), op.dry_run).await };
     FindRun(h, c, op) => h.find_run_for(c, &op.prefix).await;
-    CheckpointSave(h, c, op) => { h.admit_run(c, op.run).await?; h.checkpoint_save(op.run, &op.label).await };
+    CheckpointSave(h, c, op) => { h.admit_run(c, op.run).await?; h.checkpoint_save(op.run, &op.label, op.at).await };
     CheckpointRemove(h, c, op) => { h.admit_run(c, op.run).await?; h.checkpoint_remove(op.run, &op.checkpoint).await };
     CheckpointClear(h, c, op) => { h.admit_run(c, op.run).await?; h.checkpoint_clear(op.run).await };
     Rewind(h, c, op) => { h.admit_run(c, op.run).await?; h.rewind(op.run, &op.checkpoint, op.dry_run).await };

@@ -378,11 +378,13 @@ fn check_manual_label(store: &RunStore, run: RunId, label: &str) -> Result<(), C
     Ok(())
 }
 
-/// Save checkpoint `label` at the run's current end.
+/// Save checkpoint `label` at the run's current end, or at seq `at` (which its log must
+/// hold).
 pub(crate) fn save_named(
     store: &RunStore,
     run: RunId,
     label: &str,
+    at: Option<u64>,
 ) -> Result<CheckpointView, CoordinatorError> {
     // A merge into this run must not append between reading its record and its log.
     let _parents = store.lock_parents();
@@ -390,7 +392,16 @@ pub(crate) fn save_named(
     check_manual_label(store, run, label)?;
     let kind = run_kind(store, &record)?;
     let log = store.run_log(run)?;
-    let seq = last_seq(run, &log)?;
+    let last = last_seq(run, &log)?;
+    let seq = match at {
+        Some(seq) if seq <= last => seq,
+        Some(seq) => {
+            return Err(CoordinatorError::BadRequest(format!(
+                "run {run}'s log ends at seq {last}: no checkpoint at seq {seq}"
+            )))
+        }
+        None => last,
+    };
     let (snapshot, base_seq) = match &kind {
         RunKind::Root => (record.workspace, seq),
         RunKind::Branch { fork, .. } => (fork.snapshot, 0),

@@ -181,6 +181,7 @@ pub(crate) fn branch_task(
 ) -> BranchTask {
     let model = plan.models.get(&b.model);
     BranchTask {
+        checkpoint_tools: plan.checkpoint_tools.clone(),
         fork_id: ids.fork_id,
         run_id: ids.run_id,
         label: b.label.clone(),

@@ -719,13 +719,21 @@ impl CoordinatorHandle {
     }
 
     /// Save checkpoint `label` at the run's current end (a named one: never evicted).
+    /// Save checkpoint `label` at the run's end, or at seq `at` of its log (an agent's
+    /// `save_checkpoint`: the log is waited for, bounded, until it reaches `at`).
     pub async fn checkpoint_save(
         &self,
         run: RunId,
         label: &str,
+        at: Option<u64>,
     ) -> Result<CheckpointView, CoordinatorError> {
+        if let Some(seq) = at {
+            if let Some(fork) = self.run_record(run).await?.fork_id {
+                self.wait_for_log(fork, run, seq).await?;
+            }
+        }
         let label = label.to_string();
-        self.blocking(move |s| checkpoint::save_named(s, run, &label))
+        self.blocking(move |s| checkpoint::save_named(s, run, &label, at))
             .await
     }
 

@@ -52,6 +52,9 @@ pub(crate) struct Effect {
     pub approval_requested: Option<(String, u64)>,
     /// An answer was applied: approved, who decided, and how long it waited (ms).
     pub approval_decided: Option<(bool, String, u64)>,
+    /// A `rewind` marker was applied (an agent's `rewind_to`): the overlay must be rebuilt
+    /// from the rewound history.
+    pub rewound: bool,
 }
 
 /// A model response or a tool result the replica applied.
@@ -301,6 +304,7 @@ impl BranchReplica {
                     effect.state_changed = true;
                 }
             }
+            Event::Rewind { .. } => effect.rewound = true,
             Event::Status { state, error } => {
                 if let Some(next) = r.state.transition(state) {
                     r.state = next;

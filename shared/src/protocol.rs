@@ -85,6 +85,9 @@ pub struct BranchTask {
     /// What an answer cut at the output cap with no tool call does.
     #[serde(default, skip_serializing_if = "crate::spec::OnTruncated::is_continue")]
     pub on_truncated: crate::spec::OnTruncated,
+    /// The agent's checkpoint tools, when the spec enables them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_tools: Option<crate::spec::CheckpointTools>,
     /// The tool calls that wait for a person's consent (the branch's rules, else the
     /// fork's; docs/APPROVALS.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]

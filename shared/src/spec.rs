@@ -31,9 +31,10 @@ pub use build::{
 };
 pub use file::{BranchSection, ModelSection, SpecFile, TestCommand};
 pub use plan::{
-    BranchPlan, CheckpointFrequency, CheckpointPolicy, ForkPlan, Limits, LoadedSpec, ModelPlan,
-    OnTruncated, ResolvePlan, TestPlan, CONTINUE_TRUNCATED, DEFAULT_MAX_CHECKPOINTS,
-    DEFAULT_TEST_TIMEOUT_S, MAX_TEST_TIMEOUT_S, SOLO_LABEL,
+    BranchPlan, CheckpointFrequency, CheckpointPolicy, CheckpointTools, ForkPlan, Limits,
+    LoadedSpec, ModelPlan, OnTruncated, ResolvePlan, TestPlan, CHECKPOINT_TOOLS,
+    CONTINUE_TRUNCATED, DEFAULT_MAX_CHECKPOINTS, DEFAULT_TEST_TIMEOUT_S, MAX_TEST_TIMEOUT_S,
+    SOLO_LABEL,
 };
 pub use validate::{check_account_name, check_depth, check_label, normalise_labels, split_model};
 

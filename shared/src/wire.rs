@@ -177,6 +177,7 @@ mod tests {
 
     fn golden_task() -> BranchTask {
         BranchTask {
+            checkpoint_tools: None,
             approval: None,
             fork_id: fork_id(),
             run_id: run_id(),

@@ -340,6 +340,7 @@ fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
         cache_write_per_mtok: None,
     };
     ForkPlan {
+        checkpoint_tools: None,
         name: None,
         approval: None,
         goal: "bench fan-out".into(),

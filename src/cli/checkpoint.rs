@@ -129,7 +129,7 @@ pub async fn run(coord: &Client, command: &CheckpointCommand) -> anyhow::Result<
         }
         CheckpointCommand::Save { run, label, .. } => {
             let run = coord.find_run(run).await?;
-            let c = coord.checkpoint_save(run, label).await?;
+            let c = coord.checkpoint_save(run, label, None::<u64>).await?;
             if json_out {
                 print_json(&checkpoint_json(&c))
             } else {

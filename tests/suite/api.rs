@@ -603,6 +603,7 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
         api::CheckpointSave {
             run: norun,
             label: "mine".into(),
+            at: None,
         }
         .into(),
         api::CheckpointRemove {
@@ -852,6 +853,7 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
         api::CheckpointSave {
             run,
             label: "mine".into(),
+            at: None,
         }
         .into(),
         api::CheckpointRemove {

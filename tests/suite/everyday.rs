@@ -300,3 +300,122 @@ fn a_named_fork_is_listed_and_found_by_its_name() {
     assert_eq!(none.status.code(), Some(2));
     assert!(stderr(&none).contains("no fork has the id, id prefix or name `nameless`"));
 }
+
+/// An agent with the checkpoint tools saves a checkpoint, lists it, and rewinds to it: the
+/// conversation and the files go back (its later file is gone from its changes, on the
+/// coordinator too), and it goes on from there.
+/// The checkpoint tools' script: write a.txt, save, write b.txt, list, rewind, answer.
+const CHECKPOINT_SCRIPT: &str = r#"
+[[turns.a]]
+tool_calls = [{ name = "write_file", args = { path = "a.txt", content = "a\n" } }]
+[[turns.a]]
+tool_calls = [{ name = "save_checkpoint", args = { label = "before-b" } }]
+[[turns.a]]
+tool_calls = [{ name = "write_file", args = { path = "b.txt", content = "b\n" } }]
+[[turns.a]]
+tool_calls = [{ name = "list_checkpoints", args = {} }]
+[[turns.a]]
+tool_calls = [{ name = "rewind_to", args = { checkpoint = "before-b" } }]
+[[turns.a]]
+text = "back before b"
+"#;
+
+/// A spec of one branch `a` playing [`CHECKPOINT_SCRIPT`] with the checkpoint tools.
+const CHECKPOINT_SPEC: &str = "goal = \"checkpoints\"\nworkspace = \"workspace\"\nmodel = \"scripted:cp\"\ncheckpoint_tools = true\n\
+     [tool_descriptions]\nsave_checkpoint = \"Remember this point.\"\n\
+     [models.\"scripted:cp\"]\nscript = \"cp.toml\"\n\
+     [[branches]]\nlabel = \"a\"\nsteer = \"go\"\n";
+
+#[test]
+fn an_agent_saves_lists_and_rewinds_to_its_checkpoints() {
+    let ex = Example::quickstart();
+    std::fs::write(ex.dir.path().join("cp.toml"), CHECKPOINT_SCRIPT).unwrap();
+    let spec = ex.write_spec(CHECKPOINT_SPEC);
+    let doc = json(&run_spec(&spec));
+    let fork = doc["fork_id"].as_str().unwrap();
+    let a = branch(&doc, "a");
+    assert_eq!(a["state"], "done", "{doc}");
+    let data = path_str(&ex.data()).to_string();
+    let one = json(&forkfleet(&[
+        "fork", "show", fork, "a", "--json", "--data", &data,
+    ]));
+    let paths: Vec<&str> = one["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["a.txt"], "b.txt was rewound away: {one}");
+    assert_eq!(one["answer"], "back before b");
+    // The coordinator's replica rewound too: the diff holds a.txt only.
+    let diff = json(&forkfleet(&[
+        "fork", "diff", fork, "--json", "--data", &data,
+    ]));
+    let touched: Vec<&str> = diff["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(touched, ["a.txt"], "{diff}");
+    let run = a["id"].as_str().unwrap();
+    let log = json(&forkfleet(&["log", run, "--json", "--data", &data]));
+    let events: Vec<&Value> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["event"])
+        .collect();
+    let listed = events
+        .iter()
+        .find(|e| e["type"] == "tool_result" && e["name"] == "list_checkpoints")
+        .unwrap();
+    assert!(
+        listed["output"].as_str().unwrap().contains("before-b"),
+        "{listed}"
+    );
+    assert!(events
+        .iter()
+        .any(|e| e["type"] == "rewind" && e["label"] == "before-b"));
+    assert!(events.iter().any(|e| e["type"] == "user_message"
+        && e["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("[forkfleet] You rewound")));
+    // Describing a tool the spec does not enable is refused.
+    let bad = ex.write_spec(
+        "goal = \"g\"\nworkspace = \"workspace\"\nmodel = \"scripted:cp\"\n\
+         [tool_descriptions]\nrewind_to = \"x\"\n\
+         [models.\"scripted:cp\"]\nscript = \"cp.toml\"\n[[branches]]\nlabel = \"a\"\n",
+    );
+    let out = forkfleet(&["run", path_str(&bad), "--dry-run"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("checkpoint_tools = true"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The checkpoint tools on a cluster: the worker asks the coordinator over the bus, and
+/// the coordinator's view follows the agent's rewind.
+#[test]
+fn checkpoint_tools_work_on_a_cluster() {
+    let fleet = Fleet::start(1, 2, Options::default());
+    let dir = fleet.dir.path();
+    std::fs::create_dir_all(dir.join("workspace")).unwrap();
+    std::fs::write(dir.join("cp.toml"), CHECKPOINT_SCRIPT).unwrap();
+    let spec = dir.join("cp-spec.toml");
+    std::fs::write(&spec, CHECKPOINT_SPEC).unwrap();
+    let id = fleet.create(&spec);
+    let doc = fleet.watch(&id);
+    assert_eq!(
+        branch(&doc, "a")["state"],
+        "done",
+        "{doc}\n{}",
+        fleet.logs()
+    );
+    let one = fleet.client(&["fork", "show", &id, "a", "--json"]).json();
+    assert_eq!(one["changes"].as_array().map(Vec::len), Some(1), "{one}");
+    assert_eq!(one["changes"][0]["path"], "a.txt");
+}

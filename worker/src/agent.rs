@@ -44,6 +44,7 @@
 //!   retries.
 
 mod approval;
+mod checkpoints;
 mod control;
 mod coordinator;
 mod load;

@@ -168,6 +168,10 @@ pub enum WorkerError {
     /// The blob of a workspace file could not be read to write it.
     #[error("cannot read the blob of `{path}`: {source}")]
     ReadBlob { path: String, source: BlobError },
+    /// An agent's `rewind_to` could not read its rewound log back from the coordinator
+    /// (the marker is published: the attempt that takes the branch over loads it).
+    #[error("rewind: {0}")]
+    Rewind(String),
 }
 
 impl WorkerError {
@@ -189,7 +193,7 @@ impl WorkerError {
             | E::ModelRefused { .. } => ErrorKind::BadInput,
             E::UnknownModel { .. } => ErrorKind::NotFound,
             E::Api { status, .. } if (400..500).contains(status) => ErrorKind::BadInput,
-            E::RetriesExhausted { .. } => ErrorKind::Unavailable,
+            E::RetriesExhausted { .. } | E::Rewind(_) => ErrorKind::Unavailable,
             E::Bus(e) => e.kind(),
             E::Blob(e)
             | E::TaskBlob { error: e, .. }

@@ -69,6 +69,9 @@ pub struct ToolBox {
     /// Where `run_command` keeps the branch's tree between calls; `None`: every call runs
     /// in a fresh copy.
     trees: Option<TreeSlot>,
+    /// With the checkpoint tools: the whole list offered (the static one and those, as
+    /// the spec describes them); they run in `crate::agent`.
+    listed: Option<Arc<Vec<ToolSpec>>>,
 }
 
 /// A branch's place among the worker's kept command trees.
@@ -98,10 +101,16 @@ impl ToolBox {
 
     /// The tools `task` offers its model.
     pub fn for_task(task: &BranchTask) -> Self {
+        let listed = task.checkpoint_tools.as_ref().map(|c| {
+            let mut all = offered(task.run_command.is_some(), task.forking).to_vec();
+            all.extend(crate::toolspec::checkpoint_tool_specs(&c.descriptions));
+            Arc::new(all)
+        });
         Self {
             command: task.run_command.clone(),
             forking: task.forking,
             trees: None,
+            listed,
         }
     }
 
@@ -119,18 +128,23 @@ impl ToolBox {
             command,
             forking: false,
             trees: None,
+            listed: None,
         }
     }
 
-    /// The definitions given to the model. Static lists ([`offered`]), so a provider's
+    /// The definitions given to the model: static lists ([`offered`]), so a provider's
     /// estimate can use their size measured once
-    /// ([`measured_json_bytes`](crate::toolspec::measured_json_bytes)).
-    pub fn specs(&self) -> &'static [ToolSpec] {
-        offered(self.command.is_some(), self.forking)
+    /// ([`measured_json_bytes`](crate::toolspec::measured_json_bytes)), but with the
+    /// checkpoint tools (described as the spec says) one of the task's own.
+    pub fn specs(&self) -> &[ToolSpec] {
+        match &self.listed {
+            Some(list) => list.as_slice(),
+            None => offered(self.command.is_some(), self.forking),
+        }
     }
 
     /// The names of the tools offered, in order.
-    pub fn names(&self) -> Vec<&'static str> {
+    pub fn names(&self) -> Vec<&str> {
         self.specs().iter().map(|s| s.name.as_str()).collect()
     }
 

@@ -76,6 +76,51 @@ pub const TERMINATE_BRANCH: &str = "terminate_branch";
 pub const DIFF_BRANCHES: &str = "diff_branches";
 pub const FORK_COST: &str = "fork_cost";
 
+pub const SAVE_CHECKPOINT: &str = "save_checkpoint";
+pub const LIST_CHECKPOINTS: &str = "list_checkpoints";
+pub const REWIND_TO: &str = "rewind_to";
+
+/// The agents' checkpoint tools (`checkpoint_tools = true`), each with the description the
+/// spec gives it (`[tool_descriptions]`) or the built-in one.
+pub fn checkpoint_tool_specs(
+    descriptions: &std::collections::BTreeMap<String, String>,
+) -> Vec<ToolSpec> {
+    let spec = |name: &str, builtin: &str, parameters: Value| ToolSpec {
+        name: name.to_string(),
+        description: descriptions
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| builtin.to_string()),
+        parameters,
+    };
+    vec![
+        spec(
+            SAVE_CHECKPOINT,
+            "Save a named checkpoint of this run as it is now (the conversation before this answer of yours, and the files): rewind_to can bring both back later.",
+            json!({"type": "object", "properties": {
+                "label": {"type": "string", "description": "A name for it: letters, digits, -, _ and ."}
+            }, "required": ["label"]}),
+        ),
+        spec(
+            LIST_CHECKPOINTS,
+            "List this run's checkpoints: label, the turn it was taken at, named or automatic.",
+            json!({"type": "object", "properties": {}}),
+        ),
+        spec(
+            REWIND_TO,
+            "Rewind this run to a checkpoint (its label or id): the conversation and the files go back to what they were then, and everything after it is gone from both. Use it to abandon an approach that went wrong.",
+            json!({"type": "object", "properties": {
+                "checkpoint": {"type": "string", "description": "The checkpoint's label (or id)."}
+            }, "required": ["checkpoint"]}),
+        ),
+    ]
+}
+
+/// True for a checkpoint tool's name.
+pub fn is_checkpoint_tool(name: &str) -> bool {
+    [SAVE_CHECKPOINT, LIST_CHECKPOINTS, REWIND_TO].contains(&name)
+}
+
 /// The longest `inspect_branches` waits for the branches to finish.
 pub const MAX_WAIT_S: f64 = 600.0;
 
@@ -334,5 +379,25 @@ impl std::io::Write for CountBytes {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_tool_descriptions_are_the_specs_when_given() {
+        let mut d = std::collections::BTreeMap::new();
+        d.insert(
+            SAVE_CHECKPOINT.to_string(),
+            "Remember this point.".to_string(),
+        );
+        let specs = checkpoint_tool_specs(&d);
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, [SAVE_CHECKPOINT, LIST_CHECKPOINTS, REWIND_TO]);
+        assert_eq!(specs[0].description, "Remember this point.");
+        assert!(specs[2].description.starts_with("Rewind this run"));
+        assert!(names.iter().all(|n| is_checkpoint_tool(n)));
     }
 }

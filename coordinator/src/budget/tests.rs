@@ -49,6 +49,7 @@ impl Fx {
     fn fork(&self, fork_cap: Option<f64>, caps: &[Option<f64>], policy: BudgetPolicy) -> Fork {
         let fork_id = ForkId::new();
         let plan = ForkPlan {
+            checkpoint_tools: None,
             name: None,
             approval: None,
             goal: "g".into(),

@@ -191,6 +191,22 @@ impl ForkState {
             for _ in 0..effect.cached {
                 self.ledger.on_cached(run_id);
             }
+            if effect.rewound {
+                // An agent rewound itself (`rewind_to`): its files are those of the
+                // rewound history.
+                match self.store.run_log(run_id) {
+                    Ok(log) => {
+                        if let Err(e) =
+                            crate::checkpoint::apply_rewind(&mut self.branches[i], &self.base, &log)
+                        {
+                            tracing::error!(fork.id = %fork_id, run.id = %run_id, error = %e, "fork.rewind: the replica cannot follow an agent's rewind");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(fork.id = %fork_id, run.id = %run_id, error = %e, "fork.rewind: cannot read the log")
+                    }
+                }
+            }
             if effect.approval_requested.is_some() || effect.approval_decided.is_some() {
                 self.on_approval_events(
                     run_id,

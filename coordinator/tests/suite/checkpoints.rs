@@ -211,7 +211,9 @@ async fn a_finished_branch_rewinds_its_history_and_files_and_a_merge_takes_the_r
         v.branch("b").unwrap().state == BranchState::Running
     })
     .await;
-    within(h.checkpoint_save(b.run_id, "early")).await.unwrap();
+    within(h.checkpoint_save(b.run_id, "early", None))
+        .await
+        .unwrap();
     let err = within(h.rewind(b.run_id, "early", false))
         .await
         .unwrap_err();

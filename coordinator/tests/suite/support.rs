@@ -354,6 +354,7 @@ pub fn plan(labels: &[&str]) -> ForkPlan {
         },
     );
     ForkPlan {
+        checkpoint_tools: None,
         name: None,
         approval: None,
         goal: "make it better".into(),

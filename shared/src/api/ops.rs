@@ -479,6 +479,10 @@ operations! {
         CheckpointSave = "checkpoint_save", fn checkpoint_save {
             run: RunId,
             label: String,
+            /// At this seq of the run's log instead of its end (an agent's
+            /// `save_checkpoint`: the coordinator waits, bounded, for the log to reach it).
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            at: Option<u64>,
         } -> Checkpoint(CheckpointView), changes, quick;
 
         /// Remove the checkpoint with this label or id (the reply is the removed one).

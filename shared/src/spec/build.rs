@@ -4,8 +4,9 @@
 
 use super::file::{BranchSection, ModelSection, SpecFile, TestCommand};
 use super::plan::{
-    BranchPlan, CheckpointFrequency, CheckpointPolicy, ForkPlan, Limits, LoadedSpec, ModelPlan,
-    ResolvePlan, TestPlan, DEFAULT_MAX_CHECKPOINTS, DEFAULT_TEST_TIMEOUT_S, SOLO_LABEL,
+    BranchPlan, CheckpointFrequency, CheckpointPolicy, CheckpointTools, ForkPlan, Limits,
+    LoadedSpec, ModelPlan, ResolvePlan, TestPlan, DEFAULT_MAX_CHECKPOINTS, DEFAULT_TEST_TIMEOUT_S,
+    SOLO_LABEL,
 };
 use super::validate::{
     check_budget, check_depth, check_label, normalise_labels, ONLY_SCRIPTED_TAKE_A_SCRIPT,
@@ -318,6 +319,18 @@ pub fn validate_with(
             None => None,
         },
         forking: file.forking.unwrap_or(false),
+        checkpoint_tools: match (file.checkpoint_tools.unwrap_or(false), &file.tool_descriptions) {
+            (true, d) => Some(CheckpointTools {
+                descriptions: d.clone(),
+            }),
+            (false, d) if d.is_empty() => None,
+            (false, _) => {
+                return Err(SpecError::BadCheckpoints {
+                    field: "tool_descriptions",
+                    message: "describes the checkpoint tools, which `checkpoint_tools = true` enables; add it".to_string(),
+                })
+            }
+        },
         approval: match &file.approval {
             Some(a) => Some(a.build("approval").map_err(SpecError::BadApproval)?),
             None => None,

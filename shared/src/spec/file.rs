@@ -103,6 +103,13 @@ pub struct SpecFile {
     /// terminate_branch, diff_branches, fork_cost); `max_depth` limits nesting.
     #[serde(default)]
     pub forking: Option<bool>,
+    /// Give the agents the checkpoint tools (`save_checkpoint`, `list_checkpoints`,
+    /// `rewind_to`).
+    #[serde(default)]
+    pub checkpoint_tools: Option<bool>,
+    /// The checkpoint tools' descriptions, by tool name, instead of the built-in ones.
+    #[serde(default)]
+    pub tool_descriptions: BTreeMap<String, String>,
     /// Tool calls that wait for a person's consent (docs/APPROVALS.md).
     #[serde(default)]
     pub approval: Option<crate::approval::ApprovalSection>,

@@ -202,6 +202,38 @@ pub struct BranchPlan {
     pub approval: Option<ApprovalRules>,
 }
 
+/// The names of the agents' checkpoint tools.
+pub const CHECKPOINT_TOOLS: &[&str] = &["save_checkpoint", "list_checkpoints", "rewind_to"];
+
+/// The agents' checkpoint tools (`checkpoint_tools = true`), with the descriptions the
+/// spec's `[tool_descriptions]` gives them instead of the built-in ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointTools {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub descriptions: BTreeMap<String, String>,
+}
+
+impl CheckpointTools {
+    /// Every description names a checkpoint tool and says something (at most 4,096
+    /// characters).
+    pub fn check(&self) -> Result<(), String> {
+        for (name, text) in &self.descriptions {
+            if !CHECKPOINT_TOOLS.contains(&name.as_str()) {
+                return Err(format!(
+                    "`tool_descriptions` names `{name}`, which is not a checkpoint tool; valid: {}",
+                    CHECKPOINT_TOOLS.join(", ")
+                ));
+            }
+            if text.trim().is_empty() || text.chars().count() > 4096 {
+                return Err(format!(
+                    "`tool_descriptions.{name}` must be 1 to 4096 characters"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A validated fork: what the coordinator needs to create it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ForkPlan {
@@ -231,6 +263,10 @@ pub struct ForkPlan {
     /// The agents get the fork tools.
     #[serde(default, skip_serializing_if = "is_false")]
     pub forking: bool,
+    /// The agents' checkpoint tools (`save_checkpoint`, `list_checkpoints`, `rewind_to`),
+    /// when the spec enables them, with their descriptions as the spec overrides them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_tools: Option<CheckpointTools>,
     /// Tool calls that wait for a person's consent, for every branch without rules of its
     /// own (docs/APPROVALS.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]

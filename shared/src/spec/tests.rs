@@ -552,3 +552,36 @@ fn approval_rules_are_per_fork_replaced_per_branch_and_checked() {
         assert!(err.contains(want), "{want}: {err}");
     }
 }
+
+#[test]
+fn checkpoint_tools_and_their_descriptions_are_checked() {
+    let p = parse(&spec(
+        "checkpoint_tools = true\n[tool_descriptions]\nrewind_to = \"go back\"",
+        "",
+        "[[branches]]\nlabel = \"a\"",
+    ))
+    .unwrap();
+    assert_eq!(
+        p.checkpoint_tools.unwrap().descriptions["rewind_to"],
+        "go back"
+    );
+    let none = parse(&spec("", "", "[[branches]]\nlabel = \"a\"")).unwrap();
+    assert!(none.checkpoint_tools.is_none());
+    for (top, want) in [
+        (
+            "checkpoint_tools = true\n[tool_descriptions]\nread_file = \"x\"",
+            "`tool_descriptions` names `read_file`, which is not a checkpoint tool; valid: save_checkpoint",
+        ),
+        (
+            "[tool_descriptions]\nrewind_to = \"x\"",
+            "`checkpoint_tools = true` enables",
+        ),
+        (
+            "checkpoint_tools = true\n[tool_descriptions]\nrewind_to = \" \"",
+            "1 to 4096 characters",
+        ),
+    ] {
+        let err = parse(&spec(top, "", "[[branches]]\nlabel = \"a\"")).unwrap_err().to_string();
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}

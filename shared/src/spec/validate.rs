@@ -38,6 +38,12 @@ impl ForkPlan {
                 .validate()
                 .map_err(SpecError::BadRunCommand)?;
         }
+        if let Some(tools) = &self.checkpoint_tools {
+            tools.check().map_err(|message| SpecError::BadCheckpoints {
+                field: "tool_descriptions",
+                message,
+            })?;
+        }
         if let Some(rules) = &self.approval {
             rules.check("approval").map_err(SpecError::BadApproval)?;
         }
@@ -462,6 +468,7 @@ mod tests {
     /// A valid plan of `labels`, built by hand (as a client of the coordinator may).
     fn plan(labels: &[&str]) -> ForkPlan {
         ForkPlan {
+            checkpoint_tools: None,
             name: None,
             approval: None,
             goal: "g".into(),

@@ -429,6 +429,7 @@ async fn run_row(
     .await?;
     let max_turns = 16;
     let plan = ForkPlan {
+        checkpoint_tools: None,
         name: None,
         approval: None,
         goal: format!("bench budget {} {fraction}", mode.as_str()),

@@ -26,6 +26,30 @@ pub(super) fn terminal_state(events: &[(u64, Event)]) -> Option<BranchState> {
         .flatten()
 }
 
+/// The fork-time workspace snapshot of `task` (decoded once per worker).
+pub(super) async fn snapshot(
+    ctx: &WorkerCtx,
+    task: &BranchTask,
+) -> Result<std::sync::Arc<Manifest>, WorkerError> {
+    let blobs = &ctx.blobs;
+    ctx.manifests
+        .get_or_try_init(task.snapshot, || async {
+            let bytes = blobs
+                .get(&task.snapshot)
+                .await
+                .map_err(|error| WorkerError::TaskBlob {
+                    what: "workspace snapshot",
+                    hash: task.snapshot,
+                    error,
+                })?;
+            Manifest::from_blob(&bytes).map_err(|e| WorkerError::BadSnapshot {
+                hash: task.snapshot,
+                message: e.to_string(),
+            })
+        })
+        .await
+}
+
 /// Load the branch `task` runs: from its fork-time history, or from `resumed`, the
 /// coordinator's log of a branch taken over.
 pub(super) async fn load(
@@ -51,23 +75,7 @@ pub(super) async fn load(
             })
         })
         .await?;
-    let manifest = ctx
-        .manifests
-        .get_or_try_init(task.snapshot, || async {
-            let bytes = blobs
-                .get(&task.snapshot)
-                .await
-                .map_err(|error| WorkerError::TaskBlob {
-                    what: "workspace snapshot",
-                    hash: task.snapshot,
-                    error,
-                })?;
-            Manifest::from_blob(&bytes).map_err(|e| WorkerError::BadSnapshot {
-                hash: task.snapshot,
-                message: e.to_string(),
-            })
-        })
-        .await?;
+    let manifest = snapshot(ctx, task).await?;
     let provider =
         ctx.providers
             .provider_for(task)

@@ -554,6 +554,31 @@ impl<'a> Calls<'a> {
                     return Ok(Some(Step::Finish(BranchState::AwaitingApproval, None)));
                 }
             }
+            if task.checkpoint_tools.is_some() && crate::toolspec::is_checkpoint_tool(&call.name) {
+                let tool_span = tool_span(call, task.fork_id, task.run_id);
+                let done = super::checkpoints::run(ctx, task, out, run, call, cutoff_seq)
+                    .instrument(tool_span.clone())
+                    .await?;
+                let outcome = match done {
+                    // The answer's other calls belong to the timeline left behind.
+                    super::checkpoints::Done::Rewound => return Ok(Some(Step::Continue)),
+                    super::checkpoints::Done::Result(o) => o,
+                };
+                if !outcome.ok {
+                    tool_failed(&tool_span);
+                }
+                let result = out
+                    .publish(Event::ToolResult {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        ok: outcome.ok,
+                        output: outcome.output,
+                        request: Some(tool_call_hash(call)),
+                    })
+                    .await?;
+                run.history.extend(messages_from_events([&result]));
+                continue;
+            }
             let before = run.overlay.changes().len();
             let tool_span = tool_span(call, task.fork_id, task.run_id);
             let running = async {

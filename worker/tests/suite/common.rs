@@ -177,6 +177,7 @@ impl Fixture {
             text: format!("Take approach {label}."),
         }];
         BranchTask {
+            checkpoint_tools: None,
             approval: None,
             fork_id: self.fork_id,
             run_id: RunId::new(),
