@@ -161,6 +161,39 @@ fn log_follow_streams_a_branch_on_a_cluster_until_it_ends() {
         "the branch had finished before the first line: nothing was followed"
     );
 
+    // `fork open --follow` keeps the fork directory in sync while a fork runs on the
+    // cluster, then opens it (here with a tool that does nothing).
+    let id2 = fleet.create(&spec);
+    let opened = super::fleet::binary()
+        .args([
+            "fork",
+            "open",
+            &id2,
+            "--follow",
+            "--json",
+            "--nats",
+            &fleet.nats.url(),
+        ])
+        .env("FORKFLEET_DIFFTOOL", "true {parent} {branches}")
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        opened.status.success(),
+        "{}",
+        String::from_utf8_lossy(&opened.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&opened.stdout).unwrap();
+    assert_eq!(doc["tool"], "custom", "{doc}");
+    let fork_dir = dir.join("workspace/.forkfleet/forks").join(&id2);
+    assert!(fork_dir.join("branches/a/out/a-7.txt").is_file(), "{doc}");
+    let shown = fleet.client(&["fork", "show", &id2, "--json"]).json();
+    assert_eq!(
+        branch(&shown, "a")["state"],
+        "done",
+        "it followed to the end: {shown}"
+    );
+
     // Housekeeping over the bus: the finished fork is removed, and gone.
     let removed = fleet.client(&["fork", "rm", &id, "--json"]);
     assert_eq!(removed.code, Some(0), "{}", removed.stderr);

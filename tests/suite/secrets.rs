@@ -267,6 +267,26 @@ fn a_spec_cannot_send_the_workers_secrets_anywhere() {
         "{watched}\n{}",
         fleet.logs()
     );
+    // A resolve that needs a judge, with none in the spec or on the command line: the
+    // default judge is the fork's own model, which the worker offers (its answer is not a
+    // verdict, so nothing is merged).
+    let judged = fleet.client(&[
+        "fork",
+        "resolve",
+        &id,
+        "--strategy",
+        "auto",
+        "--no-apply",
+        "--json",
+    ]);
+    let report: serde_json::Value = serde_json::from_str(&judged.stdout).unwrap_or_default();
+    assert_eq!(
+        report["judges"][0]["run"]["model"], "openai:catalogued",
+        "{}\n{}",
+        judged.stdout, judged.stderr
+    );
+    outputs.push_str(&judged.stdout);
+    outputs.push_str(&judged.stderr);
     let auths = wire.authorizations.lock().unwrap().clone();
     assert!(!auths.is_empty());
     for a in &auths {
