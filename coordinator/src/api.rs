@@ -72,8 +72,8 @@ handlers! {
     // Tests on every branch and the judges (on workers), the decision, the merge.
     Resolve(h, c, op) => { h.admit_fork(c, op.fork).await?; crate::resolve::resolve(h, op.fork, crate::resolve::Options { strategy: op.strategy, no_commit: op.no_commit, judge_models: op.judge_models }).await };
     Verdict(h, c, op) => { h.admit_fork(c, op.fork).await?; h.fork(op.fork).await?; h.store().resolution(op.fork) };
-    Gc(h, c, op) => { h.admit_admin(c, "collecting garbage across every account")?; crate::gc::collect(h, crate::gc::Pick::OlderThan(op.older_than_ms.map(std::time::Duration::from_millis)), op.dry_run).await };
-    RemoveFork(h, c, op) => { h.admit_fork(c, op.fork).await?; crate::gc::collect(h, crate::gc::Pick::One(op.fork), op.dry_run).await };
+    Gc(h, c, op) => { h.admit_admin(c, "collecting garbage across every account")?; crate::gc::collect(h, crate::gc::Pick::OlderThan(op.older_than_ms.map(std::time::Duration::from_millis)), op.dry_run, op.grace_ms.map(std::time::Duration::from_millis)).await };
+    RemoveFork(h, c, op) => { h.admit_fork(c, op.fork).await?; crate::gc::collect(h, crate::gc::Pick::One(op.fork), op.dry_run, None).await };
     FindRun(h, c, op) => h.find_run_for(c, &op.prefix).await;
     CheckpointSave(h, c, op) => { h.admit_run(c, op.run).await?; h.checkpoint_save(op.run, &op.label, op.at).await };
     CheckpointRemove(h, c, op) => { h.admit_run(c, op.run).await?; h.checkpoint_remove(op.run, &op.checkpoint).await };

@@ -13,7 +13,9 @@
 //! event names (snapshots, prefixes, scripts, replay records, file contents, and every
 //! file of every manifest among them) is kept; any other blob stored more than
 //! [`BLOB_GRACE`] ago goes (a blob stored within it may belong to a fork being created:
-//! its client uploads before it asks). A dry run deletes nothing and reports the same.
+//! its client uploads before it asks). On a cluster the bus's buckets are swept with the
+//! same marks (a blob whose age the bucket does not tell is kept). A dry run deletes
+//! nothing and reports the same.
 
 use crate::error::CoordinatorError;
 use crate::handle::CoordinatorHandle;
@@ -44,7 +46,9 @@ pub(crate) async fn collect(
     handle: &CoordinatorHandle,
     pick: Pick,
     dry_run: bool,
+    grace: Option<Duration>,
 ) -> Result<GcReport, CoordinatorError> {
+    let grace = grace.unwrap_or(BLOB_GRACE);
     // `fork rm` of a fork that is still running is refused before anything.
     if let Pick::One(id) = pick {
         let view = handle.fork(id).await?;
@@ -78,9 +82,38 @@ pub(crate) async fn collect(
         }
     }
     let store = handle.store().clone();
-    let report = tokio::task::spawn_blocking(move || apply(&store, plan, dry_run)).await??;
+    let (mut report, marked) =
+        tokio::task::spawn_blocking(move || apply(&store, plan, dry_run, grace)).await??;
     if !dry_run {
         handle.store().flush_async().await?;
+    }
+    // On a cluster the bus's buckets hold blobs too (uploads, prefixes): the same marks.
+    let bus = handle.bus();
+    if !crate::blobs::shared_with_bus(handle.store(), &bus) {
+        let since = SystemTime::now()
+            .checked_sub(grace)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let blobs = bus.blobs();
+        match blobs.list().await {
+            Ok(listed) => {
+                for (hash, stored) in listed {
+                    // Unknown age: kept, as a recent one is.
+                    if marked.contains(&hash) || stored.is_none_or(|t| t > since) {
+                        continue;
+                    }
+                    if !dry_run {
+                        blobs
+                            .delete(&hash)
+                            .await
+                            .map_err(forkfleet_bus::BusError::from)?;
+                    }
+                    report.bus_blobs += 1;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "gc: the bus's blobs cannot be listed; left as they are")
+            }
+        }
     }
     tracing::info!(
         removed = report.removed.len(),
@@ -202,7 +235,12 @@ fn plan(store: &RunStore, pick: Pick) -> Result<Plan, CoordinatorError> {
 
 /// Delete the plan's forks (unless `dry_run`), then sweep the blobs nothing that stays
 /// names.
-fn apply(store: &RunStore, plan: Plan, dry_run: bool) -> Result<GcReport, CoordinatorError> {
+fn apply(
+    store: &RunStore,
+    plan: Plan,
+    dry_run: bool,
+    grace: Duration,
+) -> Result<(GcReport, BTreeSet<BlobHash>), CoordinatorError> {
     let removed_runs: HashSet<RunId> = plan.runs.values().flatten().copied().collect();
     let removed_forks: HashSet<ForkId> = plan.remove.iter().map(|f| f.fork_id).collect();
     let mut report = GcReport {
@@ -271,7 +309,7 @@ fn apply(store: &RunStore, plan: Plan, dry_run: bool) -> Result<GcReport, Coordi
     }
     // Sweep: the rest, past the grace period.
     let grace = SystemTime::now()
-        .checked_sub(BLOB_GRACE)
+        .checked_sub(grace)
         .unwrap_or(SystemTime::UNIX_EPOCH);
     for (hash, len, modified) in store.blobs().stored()? {
         if marked.contains(&hash) || modified.is_some_and(|m| m > grace) {
@@ -283,5 +321,5 @@ fn apply(store: &RunStore, plan: Plan, dry_run: bool) -> Result<GcReport, Coordi
         report.blobs += 1;
         report.blob_bytes += len;
     }
-    Ok(report)
+    Ok((report, marked))
 }

@@ -72,6 +72,21 @@ pub trait BlobStore: Send + Sync + 'static {
     async fn get(&self, hash: &BlobHash) -> Result<Option<Bytes>, BlobError>;
     /// Which of `hashes` the store lacks, in the order given.
     async fn missing(&self, hashes: &[BlobHash]) -> Result<Vec<BlobHash>, BlobError>;
+
+    /// Every blob stored, with when it was stored when the store knows (a garbage
+    /// collector's listing). A store that cannot list says so.
+    async fn list(&self) -> Result<Vec<(BlobHash, Option<std::time::SystemTime>)>, BlobError> {
+        Err(BlobError::Backend(
+            "this blob store cannot list its blobs".into(),
+        ))
+    }
+
+    /// Delete a blob (one already gone is not an error).
+    async fn delete(&self, _hash: &BlobHash) -> Result<(), BlobError> {
+        Err(BlobError::Backend(
+            "this blob store cannot delete blobs".into(),
+        ))
+    }
 }
 
 /// Fetch a blob that must exist, verifying its hash.

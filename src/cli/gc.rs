@@ -12,6 +12,10 @@ pub struct GcArgs {
     /// Say what would be deleted; delete nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Keep blobs stored more recently than this (an upload for a fork being created at
+    /// the same moment); default 10m.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub grace: Option<Duration>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -41,11 +45,16 @@ pub(crate) async fn cmd_gc(args: GcArgs) -> anyhow::Result<()> {
     let GcArgs {
         older_than,
         dry_run,
+        grace,
         client,
     } = args;
     with_session!(&client, Local::Read, |coord| async {
         let report = coord
-            .gc(Some(older_than.as_millis() as u64), dry_run)
+            .gc(
+                Some(older_than.as_millis() as u64),
+                dry_run,
+                grace.map(|g| g.as_millis() as u64),
+            )
             .await?;
         finish(&report, client.json)
     })
@@ -98,6 +107,12 @@ fn finish(report: &GcReport, json: bool) -> anyhow::Result<()> {
         render::count(report.blobs, "blob", "blobs"),
         forkfleet_shared::scan::human_bytes(report.blob_bytes)
     );
+    if report.bus_blobs > 0 {
+        println!(
+            "and {} from the bus's buckets",
+            render::count(report.bus_blobs, "blob", "blobs")
+        );
+    }
     for f in &report.removed {
         println!("  {f}");
     }

@@ -589,6 +589,7 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
         api::Gc {
             older_than_ms: Some(u64::MAX),
             dry_run: true,
+            grace_ms: None,
         }
         .into(),
         api::RemoveFork {
@@ -839,6 +840,7 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
         api::Gc {
             older_than_ms: None,
             dry_run: false,
+            grace_ms: None,
         }
         .into(),
         api::RemoveFork {

@@ -163,7 +163,16 @@ fn log_follow_streams_a_branch_on_a_cluster_until_it_ends() {
 
     // `fork open --follow` keeps the fork directory in sync while a fork runs on the
     // cluster, then opens it (here with a tool that does nothing).
-    let id2 = fleet.create(&spec);
+    // (Another goal: the fork removed below has blobs of its own, its history prefix.)
+    let spec2 = dir.join("follow-2.toml");
+    std::fs::write(
+        &spec2,
+        std::fs::read_to_string(&spec)
+            .unwrap()
+            .replace("goal = \"follow\"", "goal = \"follow, again\""),
+    )
+    .unwrap();
+    let id2 = fleet.create(&spec2);
     let opened = super::fleet::binary()
         .args([
             "fork",
@@ -200,8 +209,13 @@ fn log_follow_streams_a_branch_on_a_cluster_until_it_ends() {
     assert_eq!(removed.json()["removed"][0], id.as_str());
     let gone = fleet.client(&["fork", "show", &id]);
     assert_eq!(gone.code, Some(2), "{}", gone.stdout);
-    let gc = fleet.client(&["gc", "--older-than", "0s", "--dry-run", "--json"]);
+    // The removed forks' blobs are swept from the bus's buckets too (no grace here).
+    let gc = fleet.client(&["gc", "--older-than", "0s", "--grace", "0s", "--json"]);
     assert_eq!(gc.code, Some(0), "{}", gc.stderr);
+    assert!(gc.json()["bus_blobs"].as_u64() > Some(0), "{}", gc.stdout);
+    // What the other fork needs is still there: its diff reads its files.
+    let diff = fleet.client(&["fork", "diff", &id2, "--unified", "--json"]);
+    assert_eq!(diff.code, Some(0), "{}", diff.stderr);
 }
 
 /// `run` without a spec file: the flags build the plan (`--dry-run` prints it and writes

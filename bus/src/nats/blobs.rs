@@ -67,6 +67,63 @@ impl BlobStore for NatsBlobStore {
         Ok(Some(Bytes::from(out)))
     }
 
+    async fn list(&self) -> Result<Vec<(BlobHash, Option<std::time::SystemTime>)>, BlobError> {
+        use futures::TryStreamExt;
+        let at = |secs: i64| {
+            u64::try_from(secs)
+                .ok()
+                .map(|s| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s))
+        };
+        let mut out = Vec::new();
+        let keys: Vec<String> = self
+            .small
+            .keys()
+            .await
+            .map_err(|e| blob_backend("listing the small blobs".to_string(), e))?
+            .try_collect()
+            .await
+            .map_err(|e| blob_backend("listing the small blobs".to_string(), e))?;
+        for key in keys {
+            let Some(hash) = BlobHash::from_hex(&key) else {
+                continue;
+            };
+            match self.small.entry(&key).await {
+                Ok(Some(e)) if e.operation == kv::Operation::Put => {
+                    out.push((hash, at(e.created.unix_timestamp())))
+                }
+                Ok(_) => {}
+                Err(e) => return Err(blob_backend(format!("lookup of blob {key}"), e)),
+            }
+        }
+        let mut objects = self
+            .large
+            .list()
+            .await
+            .map_err(|e| blob_backend("listing the large blobs".to_string(), e))?;
+        while let Some(info) = objects.next().await {
+            let info = info.map_err(|e| blob_backend("listing the large blobs".to_string(), e))?;
+            if info.deleted {
+                continue;
+            }
+            if let Some(hash) = BlobHash::from_hex(&info.name) {
+                out.push((hash, info.modified.and_then(|m| at(m.unix_timestamp()))));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn delete(&self, hash: &BlobHash) -> Result<(), BlobError> {
+        let key = subjects::blob_key(hash);
+        if let Err(e) = self.small.purge(&key).await {
+            return Err(blob_backend(format!("delete of blob {key}"), e));
+        }
+        match self.large.delete(&key).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == object_store::DeleteErrorKind::NotFound => Ok(()),
+            Err(e) => Err(blob_backend(format!("delete of blob {key}"), e)),
+        }
+    }
+
     async fn missing(&self, hashes: &[BlobHash]) -> Result<Vec<BlobHash>, BlobError> {
         let found: Vec<Result<bool, BlobError>> = futures::stream::iter(hashes.iter().copied())
             .map(|h| async move { self.has(&subjects::blob_key(&h)).await })

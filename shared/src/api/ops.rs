@@ -463,6 +463,10 @@ operations! {
         Gc = "gc", fn gc {
             older_than_ms: Option<u64>,
             dry_run: bool,
+            /// Blobs stored more recently than this are kept (an upload for a fork being
+            /// created); 10 minutes when absent.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            grace_ms: Option<u64>,
         } -> Gc(GcReport), changes, work;
 
         /// Delete one finished fork (merged, aborted, or every branch finished) as `gc`

@@ -282,6 +282,10 @@ pub struct GcReport {
     /// Blobs nothing refers to any more, deleted, and their bytes.
     pub blobs: usize,
     pub blob_bytes: u64,
+    /// Blobs deleted from the bus's buckets (a cluster's; the embedded mode's bus blobs
+    /// are the store's).
+    #[serde(default)]
+    pub bus_blobs: usize,
     pub dry_run: bool,
 }
 
