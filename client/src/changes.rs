@@ -37,11 +37,7 @@ pub fn pick_branch(view: &ForkView, requested: Option<&str>) -> Result<String, C
     };
     match requested {
         Some(l) if view.branch(l).is_some() => Ok(l.to_string()),
-        Some(l) => Err(ClientError::BadInput(format!(
-            "fork {} has no branch `{l}`; its branches: {}",
-            view.fork_id,
-            labels()
-        ))),
+        Some(l) => Err(crate::render::no_branch(view, l)),
         None => match (&view.state, view.branches.as_slice()) {
             (ForkState::Merged { winner }, _) => Ok(winner.clone()),
             (_, [only]) => Ok(only.label.clone()),

@@ -24,6 +24,19 @@ pub fn paused_labels(view: &ForkView) -> Vec<&str> {
         .collect()
 }
 
+/// The error for a label `view` has no branch of, naming the labels it has.
+pub fn no_branch(view: &ForkView, label: &str) -> ClientError {
+    ClientError::BadInput(format!(
+        "fork {} has no branch `{label}`; its branches: {}",
+        view.fork_id,
+        view.branches
+            .iter()
+            .map(|b| b.label.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
 /// The labels of the branches waiting for consent to a tool call.
 pub fn awaiting_labels(view: &ForkView) -> Vec<&str> {
     view.branches
@@ -37,12 +50,7 @@ pub fn awaiting_labels(view: &ForkView) -> Vec<&str> {
 pub fn args_line(args: &Value) -> String {
     // A command reads best as its command line.
     let text = forkfleet_shared::approval::command_line(args).unwrap_or_else(|| args.to_string());
-    let one = text.replace('\n', "⏎");
-    if one.chars().count() > 80 {
-        format!("{}…", one.chars().take(80).collect::<String>())
-    } else {
-        one
-    }
+    one_line(&text, 80)
 }
 
 /// How long ago `ms` was, from `now_ms`: `42s`, `3m10s`, `2h05m`.

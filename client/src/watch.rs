@@ -162,18 +162,7 @@ pub async fn follow_with(
         }
         if let Some(t) = timeout {
             if started.elapsed() >= t {
-                return Err(ClientError::GaveUp {
-                    fork,
-                    after_s: t.as_secs(),
-                    finished: view
-                        .branches
-                        .iter()
-                        .filter(|b| b.state.is_terminal())
-                        .count(),
-                    total: view.branches.len(),
-                    paused: paused.len(),
-                    reach: coord.reach().to_string(),
-                });
+                return Err(gave_up(coord, &view, t));
             }
         }
         next.await;
@@ -287,15 +276,7 @@ pub async fn follow_events(
             .filter(|b| only.is_none_or(|l| l == b.label))
             .collect();
         if followed.is_empty() {
-            return Err(ClientError::BadInput(format!(
-                "fork {fork} has no branch `{}`; its branches: {}",
-                only.unwrap_or_default(),
-                view.branches
-                    .iter()
-                    .map(|b| b.label.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
+            return Err(crate::render::no_branch(&view, only.unwrap_or_default()));
         }
         for b in &followed {
             let from = next.get(&b.run_id).copied().unwrap_or(0);
@@ -319,19 +300,24 @@ pub async fn follow_events(
         }
         if let Some(t) = timeout {
             if started.elapsed() >= t {
-                return Err(ClientError::GaveUp {
-                    fork,
-                    after_s: t.as_secs(),
-                    finished: view
-                        .branches
-                        .iter()
-                        .filter(|b| b.state.is_terminal())
-                        .count(),
-                    total: view.branches.len(),
-                    paused: paused_labels(&view).len(),
-                    reach: coord.reach().to_string(),
-                });
+                return Err(gave_up(coord, &view, t));
             }
         }
+    }
+}
+
+/// The error of a follow that gave up after `t` with the fork as `view` says.
+fn gave_up(coord: &Client, view: &ForkView, t: Duration) -> ClientError {
+    ClientError::GaveUp {
+        fork: view.fork_id,
+        after_s: t.as_secs(),
+        finished: view
+            .branches
+            .iter()
+            .filter(|b| b.state.is_terminal())
+            .count(),
+        total: view.branches.len(),
+        paused: paused_labels(view).len(),
+        reach: coord.reach().to_string(),
     }
 }

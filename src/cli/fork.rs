@@ -746,15 +746,7 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
 async fn show_branch(coord: &Client, id: ForkId, label: &str, json: bool) -> anyhow::Result<()> {
     let view = coord.fork(id).await?;
     let Some(b) = view.branch(label) else {
-        return Err(BadInput(format!(
-            "fork {id} has no branch `{label}`; its branches: {}",
-            view.branches
-                .iter()
-                .map(|b| b.label.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
-        .into());
+        return Err(render::no_branch(&view, label).into());
     };
     let events = coord.run_events(b.run_id).await?;
     let detail = render::branch_detail(b, &events);

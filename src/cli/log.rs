@@ -33,15 +33,7 @@ pub(crate) async fn find_run(coord: &Client, arg: &str) -> anyhow::Result<NamedR
         let id = coord.find_fork(fork).await?;
         let view = coord.fork(id).await?;
         let Some(b) = view.branch(label) else {
-            return Err(BadInput(format!(
-                "fork {id} has no branch `{label}`; its branches: {}",
-                view.branches
-                    .iter()
-                    .map(|b| b.label.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
-            .into());
+            return Err(render::no_branch(&view, label).into());
         };
         return Ok(NamedRun {
             run: b.run_id,

@@ -501,16 +501,7 @@ impl<'a> Calls<'a> {
                 Gated::Run => {}
                 Gated::Denied(output) => {
                     tracing::info!(tool = %call.name, call.id = %call.id, "tool call denied: answered as failed");
-                    let result = out
-                        .publish(Event::ToolResult {
-                            call_id: call.id.clone(),
-                            name: call.name.clone(),
-                            ok: false,
-                            output,
-                            request: Some(tool_call_hash(call)),
-                        })
-                        .await?;
-                    run.history.extend(messages_from_events([&result]));
+                    publish_result(out, run, call, false, output).await?;
                     continue;
                 }
                 Gated::Ask(rule) => {
@@ -567,16 +558,7 @@ impl<'a> Calls<'a> {
                 if !outcome.ok {
                     tool_failed(&tool_span);
                 }
-                let result = out
-                    .publish(Event::ToolResult {
-                        call_id: call.id.clone(),
-                        name: call.name.clone(),
-                        ok: outcome.ok,
-                        output: outcome.output,
-                        request: Some(tool_call_hash(call)),
-                    })
-                    .await?;
-                run.history.extend(messages_from_events([&result]));
+                publish_result(out, run, call, outcome.ok, outcome.output).await?;
                 continue;
             }
             let before = run.overlay.changes().len();
@@ -624,19 +606,31 @@ impl<'a> Calls<'a> {
                 tool_failed(&tool_span);
                 tracing::debug!(tool = %call.name, "tool call failed");
             }
-            let result = out
-                .publish(Event::ToolResult {
-                    call_id: call.id.clone(),
-                    name: call.name.clone(),
-                    ok: outcome.ok,
-                    output: outcome.output,
-                    request: Some(tool_call_hash(call)),
-                })
-                .await?;
-            run.history.extend(messages_from_events([&result]));
+            publish_result(out, run, call, outcome.ok, outcome.output).await?;
         }
         Ok(None)
     }
+}
+
+/// Publish `call`'s result and add it to the history.
+async fn publish_result(
+    out: &mut Publisher,
+    run: &mut Run,
+    call: &forkfleet_shared::event::ToolCall,
+    ok: bool,
+    output: String,
+) -> Result<(), WorkerError> {
+    let result = out
+        .publish(Event::ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            ok,
+            output,
+            request: Some(tool_call_hash(call)),
+        })
+        .await?;
+    run.history.extend(messages_from_events([&result]));
+    Ok(())
 }
 
 /// An answer cut at the output cap with no tool call: the branch is asked to go on (a
