@@ -681,6 +681,7 @@ mod cluster;
 mod fork;
 mod gc;
 mod log;
+mod prompt;
 mod run;
 mod runs;
 mod services;

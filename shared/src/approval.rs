@@ -11,7 +11,6 @@
 //! Here: the rules as written ([`ApprovalSection`]) and validated ([`ApprovalRules`]), the
 //! compiled matcher ([`Gate`]), and the views of a pending request and a blocked call.
 
-use crate::event::ToolCall;
 use crate::ids::{ForkId, RunId};
 use globset::{Glob, GlobBuilder, GlobMatcher};
 use serde::{Deserialize, Serialize};
@@ -227,21 +226,22 @@ pub struct Gate {
 }
 
 impl Gate {
-    /// The rule `call` matches (`tools: delete_file`, `run_command: git push*`,
-    /// `paths: migrations/**`), the first in that order; `None` when it may run at once.
-    pub fn needs(&self, call: &ToolCall) -> Option<String> {
-        if self.tools.contains(&call.name) {
-            return Some(format!("tools: {}", call.name));
+    /// The rule a call of `tool` with `args` matches (`tools: delete_file`, `run_command:
+    /// git push*`, `paths: migrations/**`), the first in that order; `None` when it may
+    /// run at once.
+    pub fn needs(&self, tool: &str, args: &serde_json::Value) -> Option<String> {
+        if self.tools.iter().any(|t| t == tool) {
+            return Some(format!("tools: {tool}"));
         }
-        if call.name == "run_command" {
-            if let Some(line) = command_line(&call.args) {
+        if tool == "run_command" {
+            if let Some(line) = command_line(args) {
                 if let Some((p, _)) = self.commands.iter().find(|(_, g)| g.is_match(&line)) {
                     return Some(format!("run_command: {p}"));
                 }
             }
         }
-        if WRITING_TOOLS.contains(&call.name.as_str()) {
-            let path = call.args.get("path")?.as_str()?;
+        if WRITING_TOOLS.contains(&tool) {
+            let path = args.get("path")?.as_str()?;
             let path = path.trim().trim_start_matches("./").trim_end_matches('/');
             // The path, or any directory above it.
             let mut candidates = vec![path.to_string()];
@@ -326,12 +326,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn call(name: &str, args: serde_json::Value) -> ToolCall {
-        ToolCall {
-            id: "c".into(),
-            name: name.into(),
-            args,
-        }
+    /// A call as the gate reads it: its tool and its arguments.
+    fn call(name: &str, args: serde_json::Value) -> (String, serde_json::Value) {
+        (name.to_string(), args)
     }
 
     fn rules(tools: &[&str], run: &[&str], paths: &[&str]) -> ApprovalRules {
@@ -346,6 +343,10 @@ mod tests {
         .unwrap()
     }
 
+    fn needs(gate: &Gate, (tool, args): (String, serde_json::Value)) -> Option<String> {
+        gate.needs(&tool, &args)
+    }
+
     #[test]
     fn calls_match_tools_commands_and_paths() {
         let gate = rules(
@@ -356,51 +357,62 @@ mod tests {
         .gate()
         .unwrap();
         assert_eq!(
-            gate.needs(&call("delete_file", json!({"path": "a.txt"})))
-                .as_deref(),
+            needs(&gate, call("delete_file", json!({"path": "a.txt"}))).as_deref(),
             Some("tools: delete_file")
         );
         assert_eq!(
-            gate.needs(&call(
-                "run_command",
-                json!({"command": "git push origin main"})
-            ))
+            needs(
+                &gate,
+                call("run_command", json!({"command": "git push origin main"}))
+            )
             .as_deref(),
             Some("run_command: git push*")
         );
         assert_eq!(
-            gate.needs(&call(
-                "run_command",
-                json!({"command": ["rm", "-rf", "/x"]})
-            ))
+            needs(
+                &gate,
+                call("run_command", json!({"command": ["rm", "-rf", "/x"]}))
+            )
             .as_deref(),
             Some("run_command: rm -rf*")
         );
         assert_eq!(
-            gate.needs(&call("run_command", json!({"command": "git status"}))),
+            needs(&gate, call("run_command", json!({"command": "git status"}))),
             None
         );
         assert_eq!(
-            gate.needs(&call(
-                "write_file",
-                json!({"path": "migrations/001/up.sql", "content": ""})
-            ))
+            needs(
+                &gate,
+                call(
+                    "write_file",
+                    json!({"path": "migrations/001/up.sql", "content": ""})
+                )
+            )
             .as_deref(),
             Some("paths: migrations/**")
         );
         // A directory named by a pattern covers what is under it.
         assert_eq!(
-            gate.needs(&call("edit_file", json!({"path": "./secrets/key.pem"})))
-                .as_deref(),
+            needs(
+                &gate,
+                call("edit_file", json!({"path": "./secrets/key.pem"}))
+            )
+            .as_deref(),
             Some("paths: secrets")
         );
         assert_eq!(
-            gate.needs(&call("write_file", json!({"path": "src/migrations.rs"}))),
+            needs(
+                &gate,
+                call("write_file", json!({"path": "src/migrations.rs"}))
+            ),
             None
         );
         // Reading is never gated by paths.
         assert_eq!(
-            gate.needs(&call("read_file", json!({"path": "migrations/x.sql"}))),
+            needs(
+                &gate,
+                call("read_file", json!({"path": "migrations/x.sql"}))
+            ),
             None
         );
     }

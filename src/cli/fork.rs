@@ -1,11 +1,12 @@
 //! `forkfleet fork ...`: create, inspect, steer, stop, resolve and merge forks.
 
+pub(crate) mod approve;
 pub(crate) mod git;
 pub(crate) mod resolve;
 pub(crate) mod turns;
 
 use super::*;
-use crate::cli::approvals;
+use crate::cli::prompt;
 use git::*;
 use resolve::*;
 use turns::*;
@@ -168,13 +169,13 @@ pub enum ForkCommand {
     /// wait, or waits for another call than CALL_ID.
     ///
     /// Embedded (no NATS URL), the branch then runs here until nothing runs.
-    Approve(approvals::AnswerArgs),
+    Approve(approve::AnswerArgs),
     /// Deny a branch's tool call that waits for consent: the call is not run, the model
     /// reads that it was denied (with --reason) and goes on; the call is listed as blocked
     /// in `fork show`, `fork diff` and the merge.
     ///
     /// Embedded (no NATS URL), the branch then runs here until nothing runs.
-    Deny(approvals::AnswerArgs),
+    Deny(approve::AnswerArgs),
     /// A fork's money: per branch spent, reserved, cap, remaining and state; the fork's
     /// and its account's totals.
     Cost {
@@ -430,7 +431,7 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             // the watch ends once nothing runs. On a cluster another client may top up:
             // it waits for every branch to finish.
             // On a terminal, a request for consent is asked for here and the watch goes on.
-            let ask = approvals::interactive(client.json);
+            let ask = prompt::interactive(client.json);
             let until = match (coord.is_remote(), ask) {
                 (true, true) => Until::Asking,
                 (true, false) => Until::Finished,
@@ -440,7 +441,7 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             let view = loop {
                 // The fork directory follows the fork live.
                 let view = forkdir::follow(coord, id, timeout, until, !client.json).await?;
-                if !ask || view.state.is_resolved() || !approvals::ask(coord, &view).await? {
+                if !ask || view.state.is_resolved() || !prompt::ask(coord, &view).await? {
                     break view;
                 }
             };
@@ -572,8 +573,8 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             dry_run,
             client,
         } => crate::cli::gc::cmd_remove(&fork, dry_run, &client).await,
-        ForkCommand::Approve(args) => approvals::cmd_answer(args, true).await,
-        ForkCommand::Deny(args) => approvals::cmd_answer(args, false).await,
+        ForkCommand::Approve(args) => approve::cmd_answer(args, true).await,
+        ForkCommand::Deny(args) => approve::cmd_answer(args, false).await,
         ForkCommand::Cost { fork, client } => {
             with_session!(&client, Local::Read, |coord| async {
                 let id = coord.find_fork(&fork).await?;

@@ -206,7 +206,7 @@ async fn accept(
         eprint!(
             "\nmerge `{winner}`? [enter] accept · [d] diff · [o] pick another branch · [q] cancel: "
         );
-        let Some(line) = crate::cli::approvals::read_line().await? else {
+        let Some(line) = crate::cli::prompt::read_line().await? else {
             return Ok(None);
         };
         match line.as_str() {
@@ -225,7 +225,7 @@ async fn accept(
             }
             "o" => {
                 eprint!("branch to merge ({}): ", labels.join(", "));
-                let Some(pick) = crate::cli::approvals::read_line().await? else {
+                let Some(pick) = crate::cli::prompt::read_line().await? else {
                     return Ok(None);
                 };
                 if labels.contains(&pick.as_str()) {
@@ -264,7 +264,7 @@ pub(crate) async fn fork_resolve(
     }
     // A person at the terminal confirms what `auto_with_fallback` would merge (the
     // reference's acceptance step): the resolve decides without merging, then asks.
-    let accepting = crate::cli::approvals::interactive(json)
+    let accepting = crate::cli::prompt::interactive(json)
         && !ask.no_commit
         && ask
             .strategy

@@ -53,7 +53,7 @@ pub(super) enum Gated {
 impl Answers {
     /// What to do with `call` under `gate`.
     pub fn gated(&self, gate: Option<&Gate>, call: &ToolCall) -> Gated {
-        let Some(rule) = gate.and_then(|g| g.needs(call)) else {
+        let Some(rule) = gate.and_then(|g| g.needs(&call.name, &call.args)) else {
             return Gated::Run;
         };
         match self.answers.get(&call.id) {
