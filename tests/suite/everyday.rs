@@ -70,6 +70,19 @@ fn each_branch_answer_shows_and_runs_are_named_by_prefix_or_fork_and_label() {
     assert_eq!(by_label, by_prefix);
     assert!(by_label.as_array().unwrap().len() > 5);
 
+    // `log --follow` of a finished branch prints its log and ends (one object a line).
+    let followed = forkfleet(&[
+        "log",
+        &format!("{short}/tidy"),
+        "--follow",
+        "--json",
+        "--data",
+        &data,
+    ]);
+    assert!(followed.status.success(), "{}", stderr(&followed));
+    let lines = String::from_utf8_lossy(&followed.stdout).lines().count();
+    assert_eq!(lines, by_label.as_array().unwrap().len());
+
     // A finished fork's events, every branch's, each led by its label; then the end.
     let events = forkfleet(&[
         "fork", "watch", short, "--events", "--json", "--data", &data,
@@ -202,6 +215,19 @@ fn log_follow_streams_a_branch_on_a_cluster_until_it_ends() {
         "done",
         "it followed to the end: {shown}"
     );
+
+    // Every branch's events over the bus, each led by its label, to the end.
+    let events = fleet.client(&["fork", "watch", &id2, "--events", "--json"]);
+    assert_eq!(events.code, Some(0), "{}", events.stderr);
+    let last: Value = serde_json::from_str(events.stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["label"], "a");
+    assert_eq!(last["event"]["state"], "done", "{last}");
+    // A name finds a fork over the bus too.
+    let named = fleet.client(&["fork", "create", path_str(&spec2), "--name", "follower"]);
+    assert_eq!(named.code, Some(0), "{}", named.stderr);
+    let shown = fleet.client(&["fork", "show", "follower", "--json"]).json();
+    assert_eq!(shown["fork_id"], named.stdout.trim(), "{shown}");
+    assert_eq!(shown["name"], "follower");
 
     // Housekeeping over the bus: the finished fork is removed, and gone.
     let removed = fleet.client(&["fork", "rm", &id, "--json"]);

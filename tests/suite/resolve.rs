@@ -380,6 +380,14 @@ fn resolve_on_a_cluster_runs_tests_and_the_judge_on_workers() {
     );
     let id = cluster.create(&spec);
     cluster.watch(&id);
+    // Judged without committing over the bus, and the verdict kept.
+    let judged = cluster
+        .client(&["fork", "resolve", &id, "--judge-only", "--json"])
+        .json();
+    assert_eq!(judged["no_commit"], true, "{judged}");
+    assert!(judged["merge"].is_null());
+    let kept = cluster.client(&["fork", "verdict", &id, "--json"]).json();
+    assert_eq!(kept["decision"], judged["decision"]);
     let doc = cluster
         .client(&["fork", "resolve", &id, "--no-apply", "--json"])
         .json();
