@@ -446,7 +446,10 @@ fn judge_only_keeps_the_verdict_and_judge_model_overrides_the_spec() {
     assert_eq!(kept["judges"].as_array().map(Vec::len), Some(2));
     let text = forkfleet(&["fork", "verdict", &fork, "--data", &data]);
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("not merged (--judge-only)"), "{text}");
+    assert!(
+        text.contains("not merged\n  merge it with: forkfleet fork merge"),
+        "{text}"
+    );
 
     let unknown = forkfleet(&[
         "fork",

@@ -151,7 +151,7 @@ pub fn report_text(report: &ResolveReport, reach: &str) -> String {
     let _ = match &report.decision {
         Decision::Commit { winner, confidence } if report.no_commit => writeln!(
             out,
-            "\ndecision ({strategy}): merge `{winner}` (confidence {confidence:.2}); not merged (--judge-only)\n  merge it with: forkfleet fork merge {} --pick {}{reach}",
+            "\ndecision ({strategy}): merge `{winner}` (confidence {confidence:.2}); not merged\n  merge it with: forkfleet fork merge {} --pick {}{reach}",
             report.fork_id,
             render::shell_word(winner)
         ),
