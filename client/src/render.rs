@@ -140,6 +140,21 @@ pub fn approvals_hint(view: &ForkView, suffix: &str) -> String {
     out
 }
 
+/// One call that was not run: `write_file {...} (paths: m/**), denied by admin: why`.
+pub fn blocked_line(c: &forkfleet_shared::approval::BlockedCall) -> String {
+    format!(
+        "{} {} ({}), denied by {}{}",
+        c.tool,
+        args_line(&c.args),
+        c.rule,
+        c.by,
+        c.reason
+            .as_deref()
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default()
+    )
+}
+
 /// The calls that were not run (denied, or timed out), per branch; empty when none.
 pub fn blocked_text(view: &ForkView) -> String {
     let mut out = String::new();
@@ -148,19 +163,7 @@ pub fn blocked_text(view: &ForkView) -> String {
             if out.is_empty() {
                 out.push_str("\nblocked calls (not run):\n");
             }
-            let _ = writeln!(
-                out,
-                "  {}: {} {} ({}), denied by {}{}",
-                b.label,
-                c.tool,
-                args_line(&c.args),
-                c.rule,
-                c.by,
-                c.reason
-                    .as_deref()
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default()
-            );
+            let _ = writeln!(out, "  {}: {}", b.label, blocked_line(c));
         }
     }
     out
@@ -432,17 +435,7 @@ impl BranchDetail<'_> {
             }
         }
         for c in &b.blocked {
-            let _ = writeln!(
-                out,
-                "not run (denied by {}): {} {}{}",
-                c.by,
-                c.tool,
-                args_line(&c.args),
-                c.reason
-                    .as_deref()
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default()
-            );
+            let _ = writeln!(out, "not run: {}", blocked_line(c));
         }
         out
     }
@@ -1031,14 +1024,7 @@ pub fn abort_json(a: &AbortOutcome) -> Value {
 
 /// One event as a line of text (prompts and outputs shortened).
 pub fn event_line(e: &Event) -> String {
-    fn short(s: &str) -> String {
-        let one: String = s.replace('\n', "⏎");
-        if one.chars().count() > 100 {
-            format!("{}…", one.chars().take(100).collect::<String>())
-        } else {
-            one
-        }
-    }
+    let short = |s: &str| one_line(s, 100);
     match e {
         Event::Fork {
             fork_id,

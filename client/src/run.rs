@@ -265,10 +265,8 @@ pub async fn run_fork(
     };
     let requested = opts.pick.as_deref().or(solo_pick);
     let awaiting = !awaiting_labels(&view).is_empty();
-    // With branches paused or waiting for consent, merge only a pick that has finished.
-    let pick = requested.filter(|p| {
-        (paused.is_empty() && !awaiting) || view.branch(p).is_some_and(|b| b.state.is_terminal())
-    });
+    // Nothing runs now: merge the pick only if it finished (not paused, not waiting).
+    let pick = requested.filter(|p| view.branch(p).is_some_and(|b| b.state.is_terminal()));
     let merge = match pick {
         Some(pick) => {
             Some(merge_and_apply(coord, fork_id, pick, Some(&loaded.workspace), None).await?)

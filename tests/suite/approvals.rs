@@ -359,7 +359,21 @@ fn cluster_requests_hold_nothing_survive_a_coordinator_restart_and_resume_anywhe
     // Nothing is held while it waits: no reservation, no running branch on the worker.
     let cost = fleet.client(&["fork", "cost", &id, "--json"]).json();
     assert_eq!(cost["reserved_usd"].as_f64(), Some(0.0), "{cost}");
-    let workers = fleet.client(&["workers", "--json"]).json();
+    // The worker's first heartbeat after the branch stopped says it runs nothing (an
+    // earlier one could predate the request).
+    let stopped_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    let workers = loop {
+        let w = fleet.client(&["workers", "--json"]).json();
+        if w[0]["heartbeat_at_ms"].as_u64() > Some(stopped_ms) {
+            break w;
+        }
+        assert!(Instant::now() < deadline, "no heartbeat\n{}", fleet.logs());
+        std::thread::sleep(POLL);
+    };
     assert_eq!(
         workers[0]["running"].as_array().map(Vec::len),
         Some(0),

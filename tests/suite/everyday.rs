@@ -108,7 +108,8 @@ fn log_follow_streams_a_branch_on_a_cluster_until_it_ends() {
     std::fs::create_dir_all(dir.join("workspace")).unwrap();
     std::fs::write(
         dir.join("w.toml"),
-        writes_then_done(150, true, "out/{label}-{repeat}.txt", "x\\n", 8),
+        // Slow enough (about 2.7 s) that the follow starts well before the branch ends.
+        writes_then_done(300, true, "out/{label}-{repeat}.txt", "x\\n", 8),
     )
     .unwrap();
     let spec = dir.join("follow.toml");

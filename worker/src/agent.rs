@@ -158,6 +158,9 @@ struct Run {
     cache_key: String,
     /// Messages at the start of `history` that are the fork's shared history.
     shared_prefix: usize,
+    /// The tools the task offers, made once per task (with the checkpoint tools, a list
+    /// of its own).
+    tools: Arc<crate::tools::ToolBox>,
     /// The calls that wait for a person's consent (the task's approval rules, compiled).
     gate: Option<forkfleet_shared::approval::Gate>,
     /// What the branch's log says of the last response's calls that needed consent:

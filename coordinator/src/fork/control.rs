@@ -59,11 +59,8 @@ impl ForkState {
         reason: String,
     ) -> Result<(), CoordinatorError> {
         let run = self.branches[i].record.run_id;
-        // No worker runs a paused branch or one waiting for approval: nothing to tell.
-        if !matches!(
-            self.branches[i].record.state,
-            BranchState::Paused | BranchState::AwaitingApproval
-        ) {
+        // A stopped branch (paused, waiting for approval, idle) has no worker to tell.
+        if !self.branches[i].record.state.is_stopped() {
             if let Err(e) = self.send_terminate(i, reason.clone()).await {
                 tracing::warn!(fork.id = %self.record.fork_id, run.id = %run, error = %e, "fork.stop_branch: cannot send terminate; the branch is ended here all the same");
             }

@@ -381,16 +381,7 @@ pub(crate) async fn fork_merge(
         print_json(&doc)?;
     } else {
         for c in &blocked {
-            println!(
-                "not run in `{winner}` (denied by {}): {} {}{}",
-                c.by,
-                c.tool,
-                render::args_line(&c.args),
-                c.reason
-                    .as_deref()
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default()
-            );
+            println!("not run in `{winner}`: {}", render::blocked_line(c));
         }
         match (&git, &dir) {
             // Nothing was applied to a directory: the store's merge, said so.

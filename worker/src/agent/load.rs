@@ -194,6 +194,15 @@ pub(super) async fn load(
         messages_hash: Default::default(),
         hasher: None,
         replay,
+        tools: std::sync::Arc::new(crate::tools::ToolBox::for_task(task).with_trees(
+            crate::tools::TreeSlot {
+                trees: ctx.trees.clone(),
+                key: crate::runner::TreeKey {
+                    fork: task.fork_id,
+                    label: task.label.clone(),
+                },
+            },
+        )),
         gate,
         approvals,
         parked,

@@ -10,8 +10,7 @@ use crate::error::WorkerError;
 use crate::forktools::{is_fork_tool, ForkCall, MERGE_OR_SELECT};
 use crate::genai::{error_type, tool_failed, tool_span, ChatSpan};
 use crate::provider::{is_truncated, ModelRequest, SpendCap, StreamMeter, BUDGET_CUT};
-use crate::runner::TreeKey;
-use crate::tools::{ToolBox, TreeSlot};
+use crate::tools::ToolBox;
 use crate::warmup::{self, Turn};
 use forkfleet_shared::budget::OnExhausted;
 use forkfleet_shared::event::{messages_from_events, Event, Message};
@@ -62,7 +61,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     // A branch resumed after an answer to its request for consent: its last response's
     // remaining calls run first (their results must follow that response).
     if let Some(parked) = run.parked.take() {
-        let tools = toolbox(ctx, task);
+        let tools = run.tools.clone();
         let mut calls = Calls::new(ctx, lease, task, out, control, pending, &tools);
         return calls.run(run, &parked.calls, parked.cutoff_seq).await;
     }
@@ -106,7 +105,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     if let Some(step) = lease_lost(lease) {
         return Ok(step);
     }
-    let tools = toolbox(ctx, task);
+    let tools = run.tools.clone();
     // The request's content hash, recorded with its response (and compared with the
     // record's by a replay).
     run.messages_hash.update(&run.history);
@@ -402,20 +401,6 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     run.approvals.clear();
     let mut calls = Calls::new(ctx, lease, task, out, control, pending, &tools);
     calls.run(run, &calls_of_response, cutoff_seq).await
-}
-
-/// The tools a task's calls run with.
-fn toolbox(
-    ctx: &crate::context::WorkerCtx,
-    task: &forkfleet_shared::protocol::BranchTask,
-) -> ToolBox {
-    ToolBox::for_task(task).with_trees(TreeSlot {
-        trees: ctx.trees.clone(),
-        key: TreeKey {
-            fork: task.fork_id,
-            label: task.label.clone(),
-        },
-    })
 }
 
 /// What running a response's tool calls needs of the agent's state.
