@@ -61,6 +61,9 @@ pub struct Cli {
 pub enum Command {
     /// Run a fork from a spec file on this machine (embedded coordinator and workers).
     Run(RunArgs),
+    /// Chat with an agent in a terminal UI, fork it into live branch tabs, steer, merge,
+    /// accept (docs/TERMINAL.md); embedded, or on a cluster with --nats.
+    Chat(chat::ChatArgs),
     /// Run the coordinator service of a cluster (NATS) until SIGINT or SIGTERM.
     Coordinator(CoordinatorArgs),
     /// Run a worker of a cluster (NATS) until SIGINT or SIGTERM, then drain.
@@ -313,6 +316,7 @@ impl Command {
     fn config_file(&self) -> Option<&Path> {
         match self {
             Command::Run(a) => a.config.as_deref(),
+            Command::Chat(a) => a.config.config.as_deref(),
             Command::Coordinator(a) => a.config.config.as_deref(),
             Command::Worker(a) => a.config.config.as_deref(),
             Command::Workers(a) => a.config.config.as_deref(),
@@ -361,6 +365,7 @@ pub async fn run(cli: Cli) -> u8 {
     let _ = LOG_FORMAT_FLAG.set(cli.log_format.clone());
     let result = match cli.command {
         Command::Run(args) => run::cmd_run(args).await,
+        Command::Chat(args) => chat::cmd_chat(args).await,
         Command::Coordinator(args) => services::cmd_coordinator(args).await,
         Command::Worker(args) => services::cmd_worker(args).await,
         Command::Fork { command } => fork::cmd_fork(command).await,
@@ -676,6 +681,7 @@ pub(crate) fn labels<'a>(it: impl Iterator<Item = &'a str>) -> String {
 mod account;
 mod approvals;
 mod bench;
+mod chat;
 mod checkpoint;
 mod cluster;
 mod fork;

@@ -181,8 +181,50 @@ pub async fn apply_merge(
         "the fork snapshot",
     )
     .await?;
+    replay_onto(dir, outcome.changes.clone(), snapshot, contents, policy).await
+}
+
+/// Bring a real directory from workspace version `from` to version `to` (both `Manifest`
+/// blobs): the changes between them replayed onto `dir`, conflicts detected against
+/// `from`, so a file changed in `dir` since `from` was written is kept (unless the policy
+/// is `overwrite`). How `forkfleet chat` keeps its workspace in step with its agent.
+pub async fn apply_version(
+    store: &dyn BlobStore,
+    from: &BlobHash,
+    to: &BlobHash,
+    dir: &Path,
+    policy: ConflictPolicy,
+) -> Result<FlushReport, ClientError> {
+    let target = fetch(store, to)
+        .await
+        .map_err(|e| ClientError::blob("reading the workspace version", e))?;
+    let target = Manifest::from_blob(&target)
+        .map_err(|e| ClientError::decode("the workspace version", e))?;
+    let base = fetch(store, from)
+        .await
+        .map_err(|e| ClientError::blob("reading the workspace version", e))?;
+    let base =
+        Manifest::from_blob(&base).map_err(|e| ClientError::decode("the workspace version", e))?;
+    let changes = flush::changes_between(&base, &target);
+    let mut contents = HashMap::new();
+    for h in flush::needed_blobs(&changes) {
+        let bytes = fetch(store, &h)
+            .await
+            .map_err(|e| ClientError::blob("reading the contents the changes write", e))?;
+        contents.insert(h, bytes);
+    }
+    replay_onto(dir, changes, base, contents, policy).await
+}
+
+/// Replay `changes` onto `dir` off the runtime, conflicts against `base`.
+async fn replay_onto(
+    dir: &Path,
+    changes: Vec<forkfleet_shared::overlay::ChangeOp>,
+    snapshot: Manifest,
+    contents: HashMap<BlobHash, Bytes>,
+    policy: ConflictPolicy,
+) -> Result<FlushReport, ClientError> {
     let dir = dir.to_path_buf();
-    let changes = outcome.changes.clone();
     let report = tokio::task::spawn_blocking(move || {
         let mut target = DirTarget::new(&dir, contents)
             .map_err(|e| ClientError::io("apply the merge to", &dir, e))?;

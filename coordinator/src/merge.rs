@@ -100,15 +100,9 @@ pub(crate) fn run(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
     store.blobs().put_trusted(merged_hash, &merged_bytes)?;
 
     // 2. The history (the winner's as it stands: a rewind of the winner is honoured).
-    let adopt_from = 1 + fork.prefix_len;
     let winner_log = store.run_log(winner.run_id)?;
     let summary = last_answer(&winner_log);
-    let mut adopted: Vec<Event> = history_at(&winner_log, None)
-        .into_iter()
-        .map(|i| &winner_log[i])
-        .filter(|(seq, e)| *seq >= adopt_from && e.is_conversational())
-        .map(|(_, e)| e.clone())
-        .collect();
+    let mut adopted = adopted_history(&winner_log, fork.prefix_len);
     adopted.push(Event::BranchSummary {
         text: format!(
             "fork {} merged branch `{}` (run {}): {}, {} turn(s), {} change(s), ${:.4}; {} path(s) applied, {} overwritten, {} conflict(s) under {}",
@@ -230,4 +224,17 @@ fn into_agent(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
         merged_manifest: None,
         fork,
     })
+}
+
+/// The winner's conversation a merge adopts: its conversational events after the copied
+/// prefix (`prefix_len` events after its `fork` event), as its history stands (a rewind of
+/// the winner is honoured).
+pub(crate) fn adopted_history(winner_log: &[(u64, Event)], prefix_len: u64) -> Vec<Event> {
+    let adopt_from = 1 + prefix_len;
+    history_at(winner_log, None)
+        .into_iter()
+        .map(|i| &winner_log[i])
+        .filter(|(seq, e)| *seq >= adopt_from && e.is_conversational())
+        .map(|(_, e)| e.clone())
+        .collect()
 }

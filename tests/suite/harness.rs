@@ -200,6 +200,11 @@ pub struct Tmux {
 impl Tmux {
     /// A detached session running `command` in a 200x60 terminal.
     pub fn start(command: &str) -> Tmux {
+        Self::start_sized(command, 200, 60)
+    }
+
+    /// A detached session running `command` in a `width`x`height` terminal.
+    pub fn start_sized(command: &str, width: u16, height: u16) -> Tmux {
         // One server per session: tests run side by side in one process.
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -212,9 +217,9 @@ impl Tmux {
                 "-s",
                 "main",
                 "-x",
-                "200",
+                &width.to_string(),
                 "-y",
-                "60",
+                &height.to_string(),
                 command,
             ])
             .status()
@@ -255,16 +260,34 @@ impl Tmux {
     }
 
     pub fn type_line(&self, text: &str) {
+        self.type_text(text);
+        self.keys(&["Enter"]);
+    }
+
+    /// Type `text` as it is (no key names).
+    pub fn type_text(&self, text: &str) {
         let ok = self
             .cmd(&["send-keys", "-t", "main", "-l", text])
             .status()
             .unwrap();
         assert!(ok.success());
-        let ok = self
-            .cmd(&["send-keys", "-t", "main", "Enter"])
-            .status()
-            .unwrap();
+    }
+
+    /// Press keys by tmux's names (`Enter`, `Escape`, `Tab`, `C-c`).
+    pub fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "main"];
+        args.extend(keys);
+        let ok = self.cmd(&args).status().unwrap();
         assert!(ok.success());
+    }
+
+    /// The visible screen only (no scrollback): what a person sees now.
+    pub fn visible(&self) -> String {
+        let out = self
+            .cmd(&["capture-pane", "-p", "-t", "main"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
 

@@ -149,10 +149,12 @@ impl ForkState {
             &mut overlay,
             outcome.conflict_policy,
         );
-        let mut events: Vec<Event> = overlay.changes()[before..]
-            .iter()
-            .map(|op| Event::FileChange { change: op.clone() })
-            .collect();
+        let mut events = self.adopted_conversation(run, &outcome)?;
+        events.extend(
+            overlay.changes()[before..]
+                .iter()
+                .map(|op| Event::FileChange { change: op.clone() }),
+        );
         events.push(Event::BranchSummary {
             text: merge_summary(&outcome, &report),
         });
@@ -161,6 +163,33 @@ impl ForkState {
         self.store.flush_async().await?;
         self.bump();
         Ok(report)
+    }
+
+    /// The winner's conversation (steer, answers, tool calls and results) for the branch of
+    /// `run` to adopt with a merge of a fork it made, when the branch's conversation has
+    /// not moved on since the fork point (a fork made from `forkfleet chat` once the agent
+    /// answered): the chat then goes on from the winner's turns. Empty otherwise (the
+    /// agent's own `fork_run` answered with more turns after it): the summary says what
+    /// was merged.
+    fn adopted_conversation(
+        &self,
+        run: RunId,
+        outcome: &MergeOutcome,
+    ) -> Result<Vec<Event>, CoordinatorError> {
+        let winner_log = self.store.run_log(outcome.winner_run)?;
+        let Some((_, Event::Fork { cutoff_seq, .. })) = winner_log.first() else {
+            return Ok(Vec::new());
+        };
+        let moved_on = self
+            .store
+            .run_log(run)?
+            .iter()
+            .any(|(seq, e)| seq > cutoff_seq && e.is_conversational());
+        let inner = self.store.fork(outcome.fork_id)?;
+        match inner {
+            Some(inner) if !moved_on => Ok(merge::adopted_history(&winner_log, inner.prefix_len)),
+            _ => Ok(Vec::new()),
+        }
     }
 
     /// Start a merge of branch `pick` (see [`ForkMsg::Merge`]): check it, then run its
