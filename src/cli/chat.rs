@@ -157,6 +157,7 @@ async fn chat(
         model: args.model.clone(),
         pricing,
     };
+    tokio::spawn(poll::watch_bus(client.clone(), tx.clone()));
     let mut app = App::new(client.clone(), tx, start, reach, settings);
     if let Some(run) = &args.resume {
         let (mut chat, view) = find_chat(&client, run, &workspace).await?;
@@ -273,10 +274,11 @@ async fn ui_loop(
             ratatui::try_restore()?;
             let opened =
                 forkdir::open(&app.client, fork, None, &[label], Default::default(), false).await;
+            // On stdout: standard error goes to the chat's log.
             if let Err(e) = opened {
-                eprintln!("{}", render::error_chain(&e));
+                println!("{}", render::error_chain(&e));
             }
-            eprintln!("\npress Enter to go back to the chat");
+            println!("\npress Enter to go back to the chat");
             let _ = prompt::read_line().await;
             *terminal = ratatui::try_init()?;
             keys = crossterm::event::EventStream::new();

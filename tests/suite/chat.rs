@@ -365,6 +365,190 @@ repeat = 20
     t.keys(&["y"]);
     let screen = chat.wait("Deleted on a.");
     assert!(screen.contains("approved by"), "{screen}");
+
+    // Esc on the overview aborts the whole fork, once confirmed; `n` keeps it.
+    t.type_line("/merge");
+    chat.wait("merge which branch into the chat?");
+    t.keys(&["Escape"]);
+    t.keys(&["0"]);
+    chat.wait("every branch finished");
+    t.keys(&["Escape"]);
+    chat.wait("abort the entire fork");
+    t.keys(&["n"]);
+    chat.wait("nothing stopped");
+    assert!(tab_strip(&t.visible()).contains("overview"));
+    t.keys(&["Escape"]);
+    chat.wait("abort the entire fork");
+    t.keys(&["y"]);
+    t.wait_for("the tabs closed", |s| !tab_strip(s).contains("overview"));
+    assert!(
+        chat.workspace.join("greet.py").exists(),
+        "an aborted fork changes nothing"
+    );
     t.keys(&["C-c"]);
     chat.wait("CHAT-EXIT-0");
+}
+
+#[test]
+fn the_agents_own_fork_opens_the_same_tabs_and_o_opens_the_diff_tool() {
+    let ex = Example::named("chat");
+    let spec = ex.dir.path().join("chat.toml");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    std::fs::write(&spec, format!("forking = true\n{text}")).unwrap();
+    // The diff tool: a script that says what it was given.
+    let opener = ex.dir.path().join("opener.sh");
+    std::fs::write(
+        &opener,
+        "#!/bin/sh\necho \"$@\" > \"$(dirname \"$0\")/opened.txt\"\n",
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&opener)
+        .status()
+        .unwrap();
+    std::fs::write(
+        ex.dir.path().join("script.toml"),
+        r#"
+[[turns.main]]
+text = "Two ways to do it: I fork."
+tool_calls = [{ name = "fork_run", args = { branches = [{ label = "x", steer = "the short way" }, { label = "y", steer = "the long way" }] } }]
+
+[[turns.main]]
+text = "Both run: pick the one you like."
+
+[[turns.main]]
+text = "Good choice."
+repeat = 20
+
+[[turns."*"]]
+latency_ms = 300
+tool_calls = [{ name = "write_file", args = { path = "way-{label}.md", content = "{label}\n" } }]
+
+[[turns."*"]]
+text = "Way {label} written."
+repeat = 20
+"#,
+    )
+    .unwrap();
+    let tmux = Tmux::start_sized(
+        &format!(
+            "cd {} && env NO_COLOR=1 FORKFLEET_DIFFTOOL={} {} chat --spec chat.toml --workspace workspace; echo CHAT-EXIT-$?; sleep 600",
+            path_str(ex.dir.path()),
+            path_str(&opener),
+            env!("CARGO_BIN_EXE_forkfleet")
+        ),
+        80,
+        24,
+    );
+    let chat = Chat {
+        tmux,
+        workspace: ex.workspace(),
+        captures: None,
+    };
+    let t = &chat.tmux;
+    chat.wait("Type a message");
+    t.type_line("do it two ways");
+    // The agent's fork_run: its branches become tabs without a /fork.
+    t.wait_for("the agent's branches done", |s| {
+        let strip = tab_strip(s);
+        strip.contains("✓ x") && strip.contains("✓ y")
+    });
+    t.type_line("/merge");
+    chat.wait("merge which branch into the chat?");
+    t.keys(&["2", "o"]);
+    chat.wait("press Enter to go back to the chat");
+    let opened = std::fs::read_to_string(ex.dir.path().join("opened.txt")).unwrap();
+    assert!(opened.contains("y"), "{opened}");
+    t.keys(&["Enter"]);
+    chat.wait("merge which branch into the chat?");
+    t.keys(&["Enter"]);
+    chat.wait("merged `y` into the chat");
+    chat.wait_file("way-y.md", "y");
+    t.type_line("thanks");
+    let screen = chat.wait("Good choice.");
+    assert!(
+        screen.contains("Both run: pick the one you like."),
+        "{screen}"
+    );
+    t.keys(&["C-c"]);
+    chat.wait("CHAT-EXIT-0");
+}
+
+#[test]
+fn a_lost_connection_shows_in_the_status_line_and_the_chat_recovers() {
+    let mut fleet = Fleet::start(1, 8, Options::default());
+    let ex = Example::named("chat");
+    let chat = Chat::start(&ex, &format!("--nats {}", fleet.nats.url()), None);
+    let t = &chat.tmux;
+    chat.wait("Type a message");
+    t.type_line("Make the greeting friendlier");
+    chat.wait("Fork me to try");
+    fleet.nats.stop();
+    chat.wait("connection lost");
+    // The UI still answers while the calls fail.
+    t.keys(&["?"]);
+    chat.wait("keys and commands");
+    t.keys(&["Escape"]);
+    fleet.nats.resume();
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    while fleet.client(&["fork", "ls"]).code != Some(0) {
+        assert!(
+            Instant::now() < deadline,
+            "the cluster did not come back\n{}",
+            fleet.logs()
+        );
+        std::thread::sleep(POLL);
+    }
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    while t.visible().contains("connection lost") {
+        assert!(
+            Instant::now() < deadline,
+            "the chat did not recover\n{}\n{}",
+            t.visible(),
+            std::fs::read_to_string(chat.workspace.join(".forkfleet/chat.log")).unwrap_or_default()
+        );
+        std::thread::sleep(POLL);
+    }
+    t.type_line("and now?");
+    chat.wait("I have the merged version now");
+    t.keys(&["C-c"]);
+    chat.wait("CHAT-EXIT-0");
+}
+
+/// A colour in an SGR sequence tmux writes (fore- or background; 39 and 49, the defaults,
+/// are none).
+fn has_colour(styled: &str) -> bool {
+    styled.split('\u{1b}').any(|seq| {
+        let Some(params) = seq.strip_prefix('[').and_then(|s| s.split('m').next()) else {
+            return false;
+        };
+        params.split(';').any(|p| {
+            matches!(
+                p.parse::<u32>(),
+                Ok(30..=37 | 40..=47 | 90..=97 | 100..=107)
+            ) || p == "38"
+                || p == "48"
+        })
+    })
+}
+
+#[test]
+fn colours_follow_no_color() {
+    let ex = Example::named("chat");
+    for (env, coloured) in [("env -u NO_COLOR", true), ("env NO_COLOR=1", false)] {
+        let tmux = Tmux::start_sized(
+            &format!(
+                "cd {} && {env} {} chat --spec chat.toml --workspace workspace; sleep 600",
+                path_str(ex.dir.path()),
+                env!("CARGO_BIN_EXE_forkfleet")
+            ),
+            80,
+            24,
+        );
+        tmux.wait_for("the chat", |s| s.contains("Type a message"));
+        let styled = tmux.visible_styled();
+        assert_eq!(has_colour(&styled), coloured, "{env}: {styled:?}");
+        tmux.keys(&["C-c"]);
+    }
 }

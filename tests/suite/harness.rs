@@ -281,6 +281,15 @@ impl Tmux {
         assert!(ok.success());
     }
 
+    /// The visible screen with its colours and attributes as escape sequences.
+    pub fn visible_styled(&self) -> String {
+        let out = self
+            .cmd(&["capture-pane", "-p", "-e", "-t", "main"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// The visible screen only (no scrollback): what a person sees now.
     pub fn visible(&self) -> String {
         let out = self

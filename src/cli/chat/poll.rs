@@ -47,6 +47,8 @@ pub enum Msg {
     },
     /// Calls go through again, or fail (the text says why).
     Connection(Result<(), String>),
+    /// The bus's connection went down (false) or came back (true).
+    Bus(bool),
     /// The chat's fork was created (its first message sent).
     Started(ForkView),
     /// A fork was made from the chat.
@@ -220,6 +222,25 @@ async fn round(
         return Ok(false);
     }
     Ok(resolved)
+}
+
+/// Tell the UI when the bus's connection drops and comes back (a NATS client reconnects
+/// by itself; the in-process bus never drops), looking every half second.
+pub async fn watch_bus(client: Client, tx: UnboundedSender<Msg>) {
+    let mut up = true;
+    loop {
+        let now = client.bus().connected();
+        if now != up {
+            up = now;
+            if !send(&tx, Msg::Bus(now)) {
+                return;
+            }
+        }
+        if tx.is_closed() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Run `work` as a task of its own, sending what it returns (or its error) to the UI.

@@ -121,7 +121,12 @@ fn spend(cost: Option<&ForkCost>, b: &BranchView) -> String {
 
 fn status_line(app: &App) -> Vec<Span<'static>> {
     let mut spans = Vec::new();
-    if let Some(e) = &app.connection {
+    if app.bus_down {
+        spans.push(Span::styled(
+            " ⚠ connection lost: reconnecting ",
+            app.theme.bad(),
+        ));
+    } else if let Some(e) = &app.connection {
         spans.push(Span::styled(
             format!(" ⚠ connection lost, retrying: {} ", render::one_line(e, 60)),
             app.theme.bad(),
