@@ -601,58 +601,49 @@ fn picker_lines<'a>(
 
 fn help_lines(t: &super::theme::Theme) -> Vec<Line<'static>> {
     let rows: &[(&str, &str)] = &[
+        ("Enter", "send: a new turn, or a steer while the run works"),
         (
-            "Enter",
-            "send: a new turn, or a steer while the focused run works",
-        ),
-        (
-            "Tab / Shift-Tab",
+            "Tab  Shift-Tab",
             "next / previous tab: chat, overview, branches",
         ),
-        ("0-9 (input empty), Alt+0-9", "the overview / branch N"),
         (
-            "Esc",
-            "chat: stop the agent · branch: terminate it · overview: abort the fork (asks first)",
+            "0-9  Alt+0-9",
+            "the overview / branch N (digits: input empty)",
         ),
-        ("↑↓ PgUp PgDn", "scroll the focused transcript"),
+        ("Esc", "stop the agent · terminate a branch · abort (asks)"),
+        ("↑↓  PgUp PgDn", "scroll the transcript"),
         ("Ctrl-O", "unfold tool calls and results"),
-        ("Ctrl-U / Ctrl-W", "clear the input / delete a word"),
-        (
-            "Ctrl-C",
-            "quit (runs go on; forkfleet chat --resume RUN comes back)",
-        ),
-        (
-            "/fork",
-            "fork the conversation: a form per branch (label, steer, model, budget)",
-        ),
+        ("Ctrl-U  Ctrl-W", "clear the input · delete a word"),
+        ("Ctrl-C", "quit; runs stay: forkfleet chat --resume"),
+        ("/fork", "fork: label, steer, model, budget per branch"),
         ("/fork-branches N", "rows /fork opens with (saved)"),
         (
-            "/fork-model N M | N clear | clear",
-            "branch N's model (saved)",
+            "/fork-model N M",
+            "branch N's model; N clear; clear (saved)",
         ),
         (
-            "/fork-budget per-branch U | aggregate U | clear",
-            "budgets /fork prefills (saved)",
+            "/fork-budget",
+            "per-branch USD · aggregate USD · clear (saved)",
         ),
         (">>LABEL text", "steer branch LABEL from any tab"),
         (
             "/merge",
-            "pick the winner: answers and diffs (d diff, o diff tool)",
+            "pick the winner: answers, diffs (d), diff tool (o)",
         ),
         (
             "/resolve",
-            "tests and judges; accept their pick (Enter), d diff, o override",
+            "tests and judges, then accept, d diff, o override",
         ),
         (
-            "/diff  /cost  /abort  /quit",
-            "the fork's diff · spend · abort the fork · quit",
+            "/diff /cost /abort",
+            "the fork's diff · spend · abort it · /quit",
         ),
     ];
     let mut lines: Vec<Line> = rows
         .iter()
         .map(|(k, v)| {
             Line::from(vec![
-                Span::styled(format!("{k:<34}"), t.title()),
+                Span::styled(format!("{k:<19}"), t.title()),
                 Span::raw(v.to_string()),
             ])
         })
