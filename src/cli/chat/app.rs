@@ -21,7 +21,7 @@ use forkfleet_shared::ids::{ForkId, RunId};
 use forkfleet_shared::resolve::{Decision, Strategy};
 use forkfleet_shared::spec::SOLO_LABEL;
 use forkfleet_shared::state::BranchState;
-pub use modal::{Confirmed, ForkForm, FormRow, Modal, Picker, FORM_COLUMNS};
+pub use modal::{Asking, Confirmed, ForkForm, FormRow, Modal, Picker, FORM_COLUMNS};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use tokio::sync::mpsc::UnboundedSender;
@@ -105,7 +105,7 @@ pub struct App {
     pub bus_down: bool,
     pub unfold: bool,
     /// Requests for consent the person put aside (Esc), by call id.
-    /// By [`asked`]: call ids repeat across runs.
+    /// By [`Asking::key`].
     pub dismissed: BTreeSet<String>,
     /// Open the fork's branch in the diff tool (the UI loop leaves the screen for it).
     pub open_request: Option<(ForkId, String)>,
@@ -484,11 +484,6 @@ impl App {
             .unwrap_or(0);
         self.modal = Some(Modal::Picker(Picker { selected, subtitle }));
     }
-}
-
-/// A request for consent: fork, branch and call.
-fn asked(fork: ForkId, label: &str, call_id: &str) -> String {
-    format!("{fork}/{label}/{call_id}")
 }
 
 /// The label `/fork` prefills for row `n` (1-based): a, b, c, ...

@@ -458,13 +458,8 @@ fn modal(f: &mut Frame, app: &App, m: &Modal) {
             ],
             None,
         ),
-        Modal::Approval {
-            label,
-            what,
-            rule,
-            reason,
-            ..
-        } => {
+        Modal::Approval { asking, reason } => {
+            let (label, what, rule) = (&asking.label, &asking.what, &asking.rule);
             let mut lines = vec![
                 Line::styled(format!("`{label}` asks to run"), t.title()),
                 Line::raw(what.clone()),

@@ -92,10 +92,7 @@ impl App {
         else {
             return;
         };
-        if self.dismissed.contains(&asked(fork, &b.label, &p.call_id)) {
-            return;
-        }
-        self.modal = Some(Modal::Approval {
+        let asking = Asking {
             fork,
             label: b.label.clone(),
             call_id: p.call_id.clone(),
@@ -105,6 +102,12 @@ impl App {
                 render::one_line(&render::args_line(&p.args), 200)
             ),
             rule: p.rule.clone(),
+        };
+        if self.dismissed.contains(&asking.key()) {
+            return;
+        }
+        self.modal = Some(Modal::Approval {
+            asking,
             reason: None,
         });
     }
@@ -215,7 +218,7 @@ impl App {
                     (Some(chat), Some(label)) => {
                         self.modal = Some(Modal::Confirm {
                             question:
-                                "stop the agent's turn? (its work so far stays; type to go on)"
+                                "stop the agent's turn? its work so far stays, and your next message goes on from it"
                                     .into(),
                             action: Confirmed::Terminate {
                                 fork: chat.fork,
@@ -271,7 +274,7 @@ impl App {
             // Enter on a run waiting for consent asks again.
             if let Some((fork, b)) = self.focused() {
                 if let Some(p) = &b.approval {
-                    let key = asked(fork, &b.label, &p.call_id);
+                    let key = Asking::key_of(fork, &b.label, &p.call_id);
                     self.dismissed.remove(&key);
                 }
             }

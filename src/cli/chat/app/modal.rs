@@ -93,6 +93,28 @@ pub struct Picker {
     pub subtitle: Option<String>,
 }
 
+/// A call that waits for consent: whose, what, and the rule that stopped it.
+#[derive(Debug, Clone)]
+pub struct Asking {
+    pub fork: ForkId,
+    pub label: String,
+    pub call_id: String,
+    /// The tool and its arguments, on a line.
+    pub what: String,
+    pub rule: String,
+}
+
+impl Asking {
+    /// Its key in [`App::dismissed`]: call ids repeat across runs.
+    pub fn key(&self) -> String {
+        Self::key_of(self.fork, &self.label, &self.call_id)
+    }
+
+    pub fn key_of(fork: ForkId, label: &str, call_id: &str) -> String {
+        format!("{fork}/{label}/{call_id}")
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Modal {
     Help,
@@ -108,13 +130,9 @@ pub enum Modal {
         confidence: f64,
         reasoning: String,
     },
-    /// A request for consent of the focused branch; `reason` is being typed after `n`.
+    /// A request for consent of the focused run; `reason` is being typed after `n`.
     Approval {
-        fork: ForkId,
-        label: String,
-        call_id: String,
-        what: String,
-        rule: String,
+        asking: Asking,
         reason: Option<String>,
     },
     /// A diff, scrolled; Esc goes back to `back`.
@@ -172,14 +190,7 @@ impl App {
                     })
                 }
             },
-            Modal::Approval {
-                fork,
-                label,
-                call_id,
-                what,
-                rule,
-                reason,
-            } => self.approval_key(k, fork, label, call_id, what, rule, reason),
+            Modal::Approval { asking, reason } => self.approval_key(k, asking, reason),
             Modal::Diff {
                 lines,
                 scroll,
@@ -321,69 +332,50 @@ impl App {
         self.modal = Some(Modal::Picker(p));
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn approval_key(
-        &mut self,
-        k: KeyEvent,
-        fork: ForkId,
-        label: String,
-        call_id: String,
-        what: String,
-        rule: String,
-        reason: Option<String>,
-    ) {
-        let keep = |reason| Modal::Approval {
-            fork,
-            label: label.clone(),
-            call_id: call_id.clone(),
-            what: what.clone(),
-            rule: rule.clone(),
-            reason,
-        };
+    pub(super) fn approval_key(&mut self, k: KeyEvent, asking: Asking, reason: Option<String>) {
+        let keep = |asking: Asking, reason| Modal::Approval { asking, reason };
         match (reason, k.code) {
-            (None, KeyCode::Char('y') | KeyCode::Char('a')) => {
-                self.decide(fork, label, call_id, true, None)
-            }
+            (None, KeyCode::Char('y') | KeyCode::Char('a')) => self.decide(asking, true, None),
             (None, KeyCode::Char('n') | KeyCode::Char('d')) => {
-                self.modal = Some(keep(Some(String::new())))
+                self.modal = Some(keep(asking, Some(String::new())))
             }
             (None, KeyCode::Esc) => {
-                self.dismissed.insert(asked(fork, &label, &call_id));
                 self.note(format!(
-                    "`{label}` still waits: Enter on its tab asks again"
+                    "`{}` still waits: Enter on its tab asks again",
+                    asking.label
                 ));
+                self.dismissed.insert(asking.key());
             }
-            (None, _) => self.modal = Some(keep(None)),
-            (Some(_), KeyCode::Esc) => self.modal = Some(keep(None)),
+            (None, _) => self.modal = Some(keep(asking, None)),
+            (Some(_), KeyCode::Esc) => self.modal = Some(keep(asking, None)),
             (Some(r), KeyCode::Enter) => {
                 let reason = Some(r.trim().to_string()).filter(|r| !r.is_empty());
-                self.decide(fork, label, call_id, false, reason)
+                self.decide(asking, false, reason)
             }
             (Some(mut r), KeyCode::Backspace) => {
                 r.pop();
-                self.modal = Some(keep(Some(r)));
+                self.modal = Some(keep(asking, Some(r)));
             }
             (Some(mut r), KeyCode::Char(c)) => {
                 r.push(c);
-                self.modal = Some(keep(Some(r)));
+                self.modal = Some(keep(asking, Some(r)));
             }
-            (Some(r), _) => self.modal = Some(keep(Some(r))),
+            (Some(r), _) => self.modal = Some(keep(asking, Some(r))),
         }
     }
 
-    pub(super) fn decide(
-        &mut self,
-        fork: ForkId,
-        label: String,
-        call_id: String,
-        approve: bool,
-        reason: Option<String>,
-    ) {
+    pub(super) fn decide(&mut self, asking: Asking, approve: bool, reason: Option<String>) {
         let client = self.client.clone();
-        self.dismissed.insert(asked(fork, &label, &call_id));
+        self.dismissed.insert(asking.key());
         poll::spawn(&self.tx, "the answer", async move {
             let outcome = client
-                .decide(fork, label, Some(call_id), approve, reason)
+                .decide(
+                    asking.fork,
+                    asking.label,
+                    Some(asking.call_id),
+                    approve,
+                    reason,
+                )
                 .await?;
             Ok(Msg::Note(
                 render::decision_text(&outcome).trim().to_string(),
@@ -438,7 +430,7 @@ mod tests {
         let mut f = form(&[("a", "", ""), ("b", "", "")], "");
         assert_eq!(f.fields(), 9);
         f.field = 8;
-        f.current().push_str("3");
+        f.current().push('3');
         assert_eq!(f.aggregate, "3");
         f.field = 5;
         f.current().push_str("go");
