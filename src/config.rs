@@ -123,7 +123,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
 
 /// The valid keys, as the file spells them (listed in errors).
-const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, tree_cache_mb, http_addr, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, connect_timeout_s, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts, [coordinator] lease_ttl_s, [telemetry] log_format, otlp_endpoint, otlp_traces_endpoint, otlp_metrics_endpoint, otlp_protocol, otlp_headers, service_name, resource_attributes, sampler, sampler_arg, disabled, capture_message_content, metrics_interval_s";
+const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, tree_cache_mb, http_addr, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, connect_timeout_s, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts, [http] audit_log, [http.tokens.\"NAME\"] sha256, scopes, accounts, [coordinator] lease_ttl_s, [telemetry] log_format, otlp_endpoint, otlp_traces_endpoint, otlp_metrics_endpoint, otlp_protocol, otlp_headers, service_name, resource_attributes, sampler, sampler_arg, disabled, capture_message_content, metrics_interval_s";
 
 /// The keys of one `[pricing."MODEL"]` entry.
 
@@ -231,6 +231,11 @@ pub struct Config {
     /// besides its own (the coordinator's; ADR 17). A higher layer's entry for an identity
     /// replaces a lower layer's.
     pub access: BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// The coordinator's HTTP API tokens (`[http.tokens."NAME"]`), by name.
+    pub http_tokens: BTreeMap<String, HttpToken>,
+    /// `[http] audit_log`: where HTTP writes are recorded (`None`: the data directory's
+    /// `audit.log`).
+    pub audit_log: Option<PathBuf>,
     /// Workers: the model catalogue (`[models."MODEL"]`), key sources only, never keys.
     pub models: BTreeMap<String, CatalogueModel>,
     /// Where each catalogue entry came from.
@@ -361,6 +366,13 @@ impl Config {
             for (identity, entry) in &layer.access {
                 c.access
                     .insert(identity.clone(), entry.accounts.iter().cloned().collect());
+            }
+            for (name, t) in &layer.http.tokens {
+                c.http_tokens
+                    .insert(name.clone(), HttpToken::parse(name, t)?);
+            }
+            if let Some(f) = &layer.http.audit_log {
+                c.audit_log = Some(f.clone());
             }
             let n = &layer.nats;
             set(&mut c.nats.replicas, &n.replicas, o, "nats.replicas");
@@ -494,6 +506,8 @@ impl Config {
             pricing: BTreeMap::new(),
             pricing_origins: BTreeMap::new(),
             access: BTreeMap::new(),
+            http_tokens: BTreeMap::new(),
+            audit_log: None,
             models: BTreeMap::new(),
             models_origins: BTreeMap::new(),
             model_hosts: default(Vec::new()),
@@ -564,6 +578,82 @@ impl Config {
             }
         }
         self.nats.check()
+    }
+}
+
+/// One HTTP API token as configured: the SHA-256 of the token (the token itself is never
+/// stored), what it may do, and the accounts it is limited to (every account when `None`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpToken {
+    pub sha256: [u8; 32],
+    pub scopes: std::collections::BTreeSet<forkfleet_shared::api::Access>,
+    pub accounts: Option<std::collections::BTreeSet<String>>,
+}
+
+impl HttpToken {
+    /// `[http.tokens."NAME"]` checked: a 64-digit hex hash, scopes among read, write and
+    /// admin, valid account names; the name is a client identity.
+    fn parse(name: &str, t: &layer::TokenLayer) -> Result<HttpToken, ConfigError> {
+        use forkfleet_shared::api::Access;
+        let bad = |expected: &'static str, value: String| ConfigError::Invalid {
+            key: "http.tokens",
+            expected,
+            value,
+        };
+        forkfleet_shared::subjects::check_identity(name).map_err(|e| {
+            bad(
+                "token names of 1 to 64 letters, digits, `_` or `-`",
+                format!("`{name}`: {e}"),
+            )
+        })?;
+        let sha256 = hex::decode(t.sha256.trim())
+            .ok()
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+            .ok_or_else(|| {
+                bad(
+                    "the token's SHA-256 as 64 hex digits (forkfleet http token NAME prints one)",
+                    format!("[http.tokens.\"{name}\"] sha256"),
+                )
+            })?;
+        let mut scopes = std::collections::BTreeSet::new();
+        for s in &t.scopes {
+            scopes.insert(match s.as_str() {
+                "read" => Access::Read,
+                "write" => Access::Write,
+                "admin" => Access::Admin,
+                other => {
+                    return Err(bad(
+                        "scopes among read, write and admin",
+                        format!("[http.tokens.\"{name}\"] scopes: `{other}`"),
+                    ))
+                }
+            });
+        }
+        if scopes.is_empty() {
+            return Err(bad(
+                "at least one scope: read, write or admin",
+                format!("[http.tokens.\"{name}\"] scopes = []"),
+            ));
+        }
+        let accounts = match &t.accounts {
+            None => None,
+            Some(list) => {
+                for a in list {
+                    forkfleet_shared::spec::check_account_name(a).map_err(|e| {
+                        bad(
+                            "valid account names",
+                            format!("[http.tokens.\"{name}\"] accounts: {e}"),
+                        )
+                    })?;
+                }
+                Some(list.iter().cloned().collect())
+            }
+        };
+        Ok(HttpToken {
+            sha256,
+            scopes,
+            accounts,
+        })
     }
 }
 

@@ -71,16 +71,33 @@ pub async fn run_coordinator(
         )
     })?;
     let readiness = Readiness::new("connecting to NATS");
-    let endpoint = http::start_if(config.http_addr.value, &readiness).await?;
-    let result = coordinate(config, nats, &readiness, shutdown).await;
+    let api = api_http(config);
+    let endpoint = http::start_if(config.http_addr.value, &readiness, Some(api.clone())).await?;
+    let result = coordinate(config, nats, &readiness, &api.slot, shutdown).await;
     http::stop(endpoint).await;
     result
+}
+
+/// The coordinator's HTTP API: its tokens and audit log from `config`; it answers once
+/// the coordinator serves.
+pub fn api_http(config: &Config) -> std::sync::Arc<crate::http_api::ApiHttp> {
+    use crate::http_api::{audit::Audit, auth::Tokens, ApiHttp, Slot};
+    let audit = config
+        .audit_log
+        .clone()
+        .unwrap_or_else(|| config.data.value.join("audit.log"));
+    ApiHttp::new(
+        Slot::default(),
+        Tokens::new(config.http_tokens.clone()),
+        Audit::new(Some(audit)),
+    )
 }
 
 async fn coordinate(
     config: &Config,
     nats: NatsConfig,
     readiness: &Readiness,
+    slot: &crate::http_api::Slot,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let data = &config.data.value;
@@ -124,7 +141,7 @@ async fn coordinate(
         }
     };
     let bus: Arc<dyn Bus> = Arc::new(nats);
-    let served = serve_coordinator_with(store, bus, config, stop, readiness).await;
+    let served = serve_coordinator_on(store, bus, config, stop, readiness, Some(slot)).await;
     if let Some(why) = lease.lost_reason() {
         served?;
         return Err(anyhow::anyhow!(
@@ -194,7 +211,15 @@ pub async fn serve_coordinator(
         pool: pool.to_string(),
         ..CoordinatorConfig::default()
     };
-    serve_coordinator_config(store, bus, config, shutdown, &Readiness::new("starting")).await
+    serve_coordinator_config(
+        store,
+        bus,
+        config,
+        shutdown,
+        &Readiness::new("starting"),
+        None,
+    )
+    .await
 }
 
 /// [`serve_coordinator`] with the pool and the `[access]` grants of `config`, ready (for
@@ -206,12 +231,31 @@ pub async fn serve_coordinator_with(
     shutdown: impl Future<Output = ()>,
     readiness: &Readiness,
 ) -> anyhow::Result<()> {
+    serve_coordinator_on(store, bus, config, shutdown, readiness, None).await
+}
+
+/// [`serve_coordinator_with`], the coordinator put in `slot` (the HTTP API's) while it
+/// serves. The identities of account-limited HTTP tokens get their accounts as grants.
+async fn serve_coordinator_on(
+    store: RunStore,
+    bus: Arc<dyn Bus>,
+    config: &Config,
+    shutdown: impl Future<Output = ()>,
+    readiness: &Readiness,
+    slot: Option<&crate::http_api::Slot>,
+) -> anyhow::Result<()> {
+    let mut access = config.access.clone();
+    for (identity, accounts) in
+        crate::http_api::auth::Tokens::new(config.http_tokens.clone()).grants()
+    {
+        access.entry(identity).or_default().extend(accounts);
+    }
     let coordinator = CoordinatorConfig {
         pool: config.pool.value.clone(),
-        access: config.access.clone(),
+        access,
         ..CoordinatorConfig::default()
     };
-    serve_coordinator_config(store, bus, coordinator, shutdown, readiness).await
+    serve_coordinator_config(store, bus, coordinator, shutdown, readiness, slot).await
 }
 
 async fn serve_coordinator_config(
@@ -220,18 +264,28 @@ async fn serve_coordinator_config(
     config: CoordinatorConfig,
     shutdown: impl Future<Output = ()>,
     readiness: &Readiness,
+    slot: Option<&crate::http_api::Slot>,
 ) -> anyhow::Result<()> {
     let dir = store.dir().to_path_buf();
     let pool = config.pool.clone();
     let coordinator = Coordinator::start(config, store, bus.clone()).await?;
-    let served = match ApiServer::bind(coordinator.handle(), bus).await {
+    let served = match ApiServer::bind(coordinator.handle(), bus.clone()).await {
         Ok(server) => {
             tracing::info!(data = %dir.display(), pool = %pool, "coordinator.ready");
+            if let Some(slot) = slot {
+                slot.set(Some(crate::http_api::Serving {
+                    handle: coordinator.handle(),
+                    bus,
+                }));
+            }
             readiness.ready();
             server
                 .run(async {
                     shutdown.await;
                     readiness.not_ready("stopping");
+                    if let Some(slot) = slot {
+                        slot.set(None);
+                    }
                 })
                 .await
         }
@@ -252,7 +306,7 @@ pub async fn run_worker(
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     let readiness = Readiness::new("connecting to NATS");
-    let endpoint = http::start_if(config.http_addr.value, &readiness).await?;
+    let endpoint = http::start_if(config.http_addr.value, &readiness, None).await?;
     let result = async {
         let bus = connect(config, Role::Worker).await?;
         let probe = bus.clone();

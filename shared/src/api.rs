@@ -257,6 +257,45 @@ mod operation_tests {
         assert!(!OPERATIONS.contains(&"stored"));
     }
 
+    /// Every operation has one route; its path names only its fields; a route is not
+    /// declared twice; reads are idempotent and GETs are reads; writes are not GETs.
+    #[test]
+    fn every_operation_has_one_consistent_http_route() {
+        assert_eq!(ROUTES.len(), OPERATIONS.len());
+        let mut seen = std::collections::BTreeSet::new();
+        for (r, name) in ROUTES.iter().zip(OPERATIONS) {
+            assert_eq!(r.name, *name);
+            assert!(r.path.starts_with('/'), "{r:?}");
+            assert!(
+                seen.insert((r.method, r.path)),
+                "{} {} twice",
+                r.method,
+                r.path
+            );
+            for f in r.path_fields() {
+                assert!(
+                    r.fields.iter().any(|(n, _)| *n == f),
+                    "{}: {{{f}}} is not a field",
+                    r.name
+                );
+            }
+            assert!(
+                ["GET", "POST", "PUT", "DELETE"].contains(&r.method),
+                "{r:?}"
+            );
+            if r.access == Access::Read {
+                assert!(r.idempotent && r.method == "GET", "{r:?}");
+            } else {
+                assert_ne!(r.method, "GET", "{r:?}");
+            }
+            assert!(!r.doc.trim().is_empty(), "{} has no doc", r.name);
+        }
+        assert_eq!(
+            Route::of("merge").map(|r| r.path),
+            Some("/forks/{fork}/merge")
+        );
+    }
+
     #[test]
     fn replies_come_back_only_as_their_own_kind() {
         let ok = GetForkCost::from_reply(ApiReply::ForkId(crate::ids::ForkId::new()));

@@ -8,10 +8,62 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, RwLock};
 
-/// SHA-256 of a blob's bytes.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct BlobHash(#[serde(with = "serde_bytes")] pub [u8; 32]);
+/// SHA-256 of a blob's bytes. In MessagePack (the wire, the store) 32 bytes; in JSON 64
+/// hex digits, as people and other languages expect (the HTTP API, `--json` output). Both
+/// formats call themselves human-readable, so JSON is told apart by its serializer's type;
+/// reading takes any of the three forms (hex, bytes, an array of 32 numbers).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlobHash(pub [u8; 32]);
+
+impl Serialize for BlobHash {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if std::any::type_name::<S>().contains("serde_json") {
+            s.serialize_str(&self.to_hex())
+        } else {
+            s.serialize_bytes(&self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for BlobHash {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = BlobHash;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a blob hash: 64 hex digits or 32 bytes of SHA-256")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<BlobHash, E> {
+                BlobHash::from_hex(v).ok_or_else(|| {
+                    E::custom(format!(
+                        "`{v}` is not a blob hash (64 hex digits of SHA-256)"
+                    ))
+                })
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<BlobHash, E> {
+                <[u8; 32]>::try_from(v)
+                    .map(BlobHash)
+                    .map_err(|_| E::invalid_length(v.len(), &self))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<BlobHash, A::Error> {
+                let mut out = [0u8; 32];
+                for (i, b) in out.iter_mut().enumerate() {
+                    *b = seq
+                        .next_element()?
+                        .ok_or_else(|| serde::de::Error::invalid_length(i, &self))?;
+                }
+                if seq.next_element::<u8>()?.is_some() {
+                    return Err(serde::de::Error::invalid_length(33, &self));
+                }
+                Ok(BlobHash(out))
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
 
 impl BlobHash {
     pub fn of(bytes: &[u8]) -> Self {
@@ -178,6 +230,20 @@ pub fn is_binary(bytes: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hash_is_hex_in_json_and_bytes_on_the_wire() {
+        let h = BlobHash::of(b"hello");
+        let json = serde_json::to_value(h).unwrap();
+        assert_eq!(json, serde_json::json!(h.to_hex()));
+        assert_eq!(serde_json::from_value::<BlobHash>(json).unwrap(), h);
+        let numbers = serde_json::to_value(h.0.to_vec()).unwrap();
+        assert_eq!(serde_json::from_value::<BlobHash>(numbers).unwrap(), h);
+        assert!(serde_json::from_value::<BlobHash>(serde_json::json!("abc")).is_err());
+        let packed = rmp_serde::to_vec(&h).unwrap();
+        assert_eq!(packed.len(), 2 + 32, "bin 8: a tag, a length, the bytes");
+        assert_eq!(rmp_serde::from_slice::<BlobHash>(&packed).unwrap(), h);
+    }
 
     #[test]
     fn hash_hex_round_trip() {

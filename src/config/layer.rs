@@ -30,6 +30,9 @@ pub struct Layer {
     /// identity may use besides its own (ADR 17). File only.
     #[serde(default)]
     pub access: BTreeMap<String, AccessLayer>,
+    /// The coordinator's HTTP API (`[http]`: tokens, audit log). File only.
+    #[serde(default)]
+    pub http: HttpLayer,
     /// Workers: `[models."MODEL"]` catalogue entries as written; checked when merged.
     #[serde(default)]
     pub models: BTreeMap<String, toml::Value>,
@@ -49,6 +52,29 @@ pub struct AccessLayer {
     /// Accounts the identity may use besides its own.
     #[serde(default)]
     pub accounts: Vec<String>,
+}
+
+/// `[http]` as written: the HTTP API's tokens and audit log (docs/HTTP.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpLayer {
+    /// `[http.tokens."NAME"]`: one per user or service.
+    #[serde(default)]
+    pub tokens: BTreeMap<String, TokenLayer>,
+    /// Where every write through the HTTP API is recorded (default: `audit.log` in the
+    /// data directory).
+    pub audit_log: Option<PathBuf>,
+}
+
+/// One `[http.tokens."NAME"]` entry: the token's SHA-256 (never the token), its scopes,
+/// and the accounts it is limited to (all when absent).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenLayer {
+    pub sha256: String,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    pub accounts: Option<Vec<String>>,
 }
 
 /// `[model_hosts]` as written.
@@ -266,6 +292,7 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
     Ok(Layer {
         pricing,
         access: BTreeMap::new(),
+        http: HttpLayer::default(),
         models,
         model_hosts: ModelHostsLayer { allow },
         telemetry: super::telemetry::env_layer(env)?,

@@ -175,6 +175,16 @@ impl Config {
             let list: Vec<String> = accounts.iter().map(|a| quoted(a)).collect();
             let _ = writeln!(out, "accounts = [{}]", list.join(", "));
         }
+        for (name, t) in &self.http_tokens {
+            let _ = writeln!(out, "\n[http.tokens.{}]", quoted(name));
+            let _ = writeln!(out, "sha256 = {}", quoted(&hex::encode(t.sha256)));
+            let scopes: Vec<String> = t.scopes.iter().map(|s| quoted(s.as_str())).collect();
+            let _ = writeln!(out, "scopes = [{}]", scopes.join(", "));
+            if let Some(accounts) = &t.accounts {
+                let list: Vec<String> = accounts.iter().map(|a| quoted(a)).collect();
+                let _ = writeln!(out, "accounts = [{}]", list.join(", "));
+            }
+        }
         // The catalogue shows where keys are (a variable's name, a file's path), never a key.
         for (model, m) in &self.models {
             let origin = self

@@ -1,4 +1,5 @@
-//! The services' HTTP endpoint (`http_addr`, off unless set): `GET /metrics` (the
+//! The services' HTTP endpoint (`http_addr`, off unless set): the coordinator's HTTP API
+//! under `/api/v1` (`crate::http_api`, docs/HTTP.md), and `GET /metrics` (the
 //! registry in the Prometheus text format 0.0.4), `GET /healthz` (200 `ok` while the
 //! process runs) and `GET /readyz` (200 `ready` when [`Readiness`] says so, else 503 with
 //! the reason in plain text). It stops with its service ([`HttpEndpoint::stop`]).
@@ -91,6 +92,15 @@ impl HttpEndpoint {
     /// Listen on `addr` and serve the three paths; fails at once when the address cannot
     /// be bound. The address bound (its port when `addr`'s is 0) is logged at INFO.
     pub async fn start(addr: SocketAddr, readiness: Readiness) -> anyhow::Result<HttpEndpoint> {
+        Self::start_with(addr, readiness, None).await
+    }
+
+    /// [`HttpEndpoint::start`], with the HTTP API (`/api/v1`) when `api` is given.
+    pub async fn start_with(
+        addr: SocketAddr,
+        readiness: Readiness,
+        api: Option<std::sync::Arc<crate::http_api::ApiHttp>>,
+    ) -> anyhow::Result<HttpEndpoint> {
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
             let why = match e.kind() {
                 std::io::ErrorKind::AddrInUse => "address in use".to_string(),
@@ -103,11 +113,15 @@ impl HttpEndpoint {
             anyhow::anyhow!("cannot listen on {addr} (http_addr): {why}")
         })?;
         let addr = listener.local_addr()?;
-        let app = Router::new()
+        let mut app = Router::new()
             .route("/metrics", get(metrics))
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(ready))
             .with_state(readiness);
+        if let Some(api) = api {
+            app = app.merge(crate::http_api::router(api));
+        }
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
@@ -156,13 +170,16 @@ async fn ready(
     }
 }
 
-/// Start the endpoint when `addr` is set.
+/// Start the endpoint when `addr` is set (with the HTTP API when `api` is given).
 pub async fn start_if(
     addr: Option<SocketAddr>,
     readiness: &Readiness,
+    api: Option<std::sync::Arc<crate::http_api::ApiHttp>>,
 ) -> anyhow::Result<Option<HttpEndpoint>> {
     match addr {
-        Some(addr) => Ok(Some(HttpEndpoint::start(addr, readiness.clone()).await?)),
+        Some(addr) => Ok(Some(
+            HttpEndpoint::start_with(addr, readiness.clone(), api).await?,
+        )),
         None => Ok(None),
     }
 }

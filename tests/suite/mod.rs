@@ -19,6 +19,7 @@ mod gc;
 mod git;
 mod harness;
 mod hints;
+mod http;
 mod lineage;
 mod live_embedded;
 mod merge_policy;

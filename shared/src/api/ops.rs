@@ -34,6 +34,57 @@ use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::time::Duration;
 
+/// What a caller must be allowed to do for an operation: read (views, lists, logs), write
+/// (create, steer, stop, merge, spend), or administer (accounts' caps, garbage collection).
+/// The HTTP API's token scopes are these (`docs/HTTP.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    Read,
+    Write,
+    Admin,
+}
+
+impl Access {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Write => "write",
+            Access::Admin => "admin",
+        }
+    }
+}
+
+/// One operation's HTTP route, from its declaration: `method` and `path` (under
+/// `/api/v1`; `{field}` segments are the request's fields), the access it needs, whether
+/// asking twice is asking once, its doc comment, its fields (name and Rust type, in
+/// order) and its reply's Rust type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    pub name: &'static str,
+    pub method: &'static str,
+    pub path: &'static str,
+    pub access: Access,
+    pub idempotent: bool,
+    pub doc: &'static str,
+    pub fields: &'static [(&'static str, &'static str)],
+    pub reply: &'static str,
+}
+
+impl Route {
+    /// The fields its path names (`{fork}` in `/forks/{fork}`), in order.
+    pub fn path_fields(&self) -> impl Iterator<Item = &'static str> {
+        self.path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+    }
+
+    /// The route of the operation named `name`.
+    pub fn of(name: &str) -> Option<&'static Route> {
+        ROUTES.iter().find(|r| r.name == name)
+    }
+}
+
 /// How long a client waits for a quick answer (views, lists, a terminate).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a client waits for an operation that does real work on the coordinator
@@ -128,13 +179,26 @@ macro_rules! operation_impl {
     };
 }
 
+macro_rules! access_of {
+    (read) => {
+        Access::Read
+    };
+    (write) => {
+        Access::Write
+    };
+    (admin) => {
+        Access::Admin
+    };
+}
+
 macro_rules! operations {
     (
         without_args {
             $(
                 $(#[doc = $udoc:literal])*
                 $U:ident = $uwire:literal, fn $umethod:ident
-                    -> $URV:ident($UR:ty), $uidem:ident, $utime:ident;
+                    -> $URV:ident($UR:ty), $uidem:ident, $utime:ident,
+                    $uaccess:ident, $uhmethod:ident $uhpath:literal;
             )*
         }
         with_args {
@@ -142,10 +206,36 @@ macro_rules! operations {
                 $(#[doc = $doc:literal])*
                 $N:ident = $wire:literal, fn $method:ident {
                     $( $(#[$fmeta:meta])* $field:ident : $fty:ty ),* $(,)?
-                } -> $RV:ident($R:ty), $idem:ident, $time:ident;
+                } -> $RV:ident($R:ty), $idem:ident, $time:ident,
+                    $access:ident, $hmethod:ident $hpath:literal;
             )*
         }
     ) => {
+        /// Every operation's HTTP route and what a caller needs for it, in declaration
+        /// order: what the HTTP API (`/api/v1`) serves and its OpenAPI document says.
+        pub const ROUTES: &[Route] = &[
+            $( Route {
+                name: $uwire,
+                method: stringify!($uhmethod),
+                path: $uhpath,
+                access: access_of!($uaccess),
+                idempotent: idempotent!($uidem),
+                doc: concat!($($udoc, "\n",)*),
+                fields: &[],
+                reply: stringify!($UR),
+            }, )*
+            $( Route {
+                name: $wire,
+                method: stringify!($hmethod),
+                path: $hpath,
+                access: access_of!($access),
+                idempotent: idempotent!($idem),
+                doc: concat!($($doc, "\n",)*),
+                fields: &[$( (stringify!($field), stringify!($fty)), )*],
+                reply: stringify!($R),
+            }, )*
+        ];
+
         $(
             $(#[doc = $udoc])*
             #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -274,13 +364,13 @@ macro_rules! operations {
 operations! {
     without_args {
         /// The coordinator's version and wire version.
-        Ping = "ping", fn ping -> Info(ServerInfo), idempotent, quick;
+        Ping = "ping", fn ping -> Info(ServerInfo), idempotent, quick, read, GET "/ping";
         /// Every fork, newest first.
-        Forks = "forks", fn forks -> Forks(Vec<ForkView>), idempotent, quick;
+        Forks = "forks", fn forks -> Forks(Vec<ForkView>), idempotent, quick, read, GET "/forks";
         /// Every account, by name.
-        Accounts = "accounts", fn accounts -> Accounts(Vec<AccountView>), idempotent, quick;
+        Accounts = "accounts", fn accounts -> Accounts(Vec<AccountView>), idempotent, quick, read, GET "/accounts";
         /// Every run of the store, oldest first, with its lineage (docs/LINEAGE.md).
-        Runs = "runs", fn runs -> Runs(Vec<RunView>), idempotent, quick;
+        Runs = "runs", fn runs -> Runs(Vec<RunView>), idempotent, quick, read, GET "/runs";
     }
     with_args {
         /// Create a fork. Every blob the snapshot names (the workspace's files, scripts)
@@ -299,7 +389,7 @@ operations! {
             /// `fork merge --git-branch` commits on top of). Absent from older clients.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             git: Option<GitHead>,
-        } -> Fork(ForkView), changes, work;
+        } -> Fork(ForkView), changes, work, write, POST "/forks";
 
         /// An agent forks its own branch run: the coordinator makes the fork's plan from
         /// the plan of the fork the agent's run belongs to (goal, models, limits, budget
@@ -319,7 +409,7 @@ operations! {
             /// A cap on the new fork's total spend.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             aggregate_budget_usd: Option<f64>,
-        } -> Fork(ForkView), changes, work;
+        } -> Fork(ForkView), changes, work, write, POST "/runs/{parent_run}/forks";
 
         /// The agent that made a fork merges branch `pick` into its own run: the fork is
         /// recorded as merged and the winner's change log returned, which the agent (still
@@ -328,13 +418,13 @@ operations! {
             fork: ForkId,
             pick: String,
             parent_run: RunId,
-        } -> Merge(MergeOutcome), changes, work;
+        } -> Merge(MergeOutcome), changes, work, write, POST "/forks/{fork}/agent-merge";
 
         /// One fork's view.
-        GetFork = "fork", fn fork { fork: ForkId } -> Fork(ForkView), idempotent, quick;
+        GetFork = "fork", fn fork { fork: ForkId } -> Fork(ForkView), idempotent, quick, read, GET "/forks/{fork}";
 
         /// A fork by full id or unique prefix.
-        FindFork = "find_fork", fn find_fork { prefix: String } -> ForkId(ForkId), idempotent, quick;
+        FindFork = "find_fork", fn find_fork { prefix: String } -> ForkId(ForkId), idempotent, quick, read, GET "/fork-prefixes/{prefix}";
 
         /// The view once every branch is terminal or paused, waiting at most `timeout_ms`
         /// (capped at [`MAX_API_WAIT_MS`]; a `failure` error when it does not settle in
@@ -342,7 +432,7 @@ operations! {
         WaitSettled = "wait_settled", fn wait_settled {
             fork: ForkId,
             timeout_ms: u64,
-        } -> Fork(ForkView), idempotent, wait;
+        } -> Fork(ForkView), idempotent, wait, read, GET "/forks/{fork}/settled";
 
         /// The view once its version differs from `seen` (at once when `seen` is absent or
         /// already stale), or after `timeout_ms` unchanged (capped at [`MAX_API_WAIT_MS`]).
@@ -350,22 +440,22 @@ operations! {
             fork: ForkId,
             seen: Option<u64>,
             timeout_ms: u64,
-        } -> Watch(ForkWatch), idempotent, wait;
+        } -> Watch(ForkWatch), idempotent, wait, read, GET "/forks/{fork}/watch";
 
         /// The diff report of a fork's branches.
-        Diff = "diff", fn diff { fork: ForkId, options: DiffOptions } -> Diff(DiffReport), idempotent, work;
+        Diff = "diff", fn diff { fork: ForkId, options: DiffOptions } -> Diff(DiffReport), idempotent, work, read, GET "/forks/{fork}/diff";
 
         /// Merge the branch labelled `pick` into the fork's parent.
-        Merge = "merge", fn merge { fork: ForkId, pick: String } -> Merge(MergeOutcome), changes, work;
+        Merge = "merge", fn merge { fork: ForkId, pick: String } -> Merge(MergeOutcome), changes, work, write, POST "/forks/{fork}/merge";
 
         /// Stop one branch (it keeps its partial work).
         Terminate = "terminate", fn terminate {
             fork: ForkId,
             label: String,
-        } -> Terminate(TerminateOutcome), idempotent, quick;
+        } -> Terminate(TerminateOutcome), idempotent, quick, write, POST "/forks/{fork}/branches/{label}/terminate";
 
         /// Stop every branch still running and mark the fork aborted.
-        Abort = "abort", fn abort { fork: ForkId } -> Abort(AbortOutcome), idempotent, quick;
+        Abort = "abort", fn abort { fork: ForkId } -> Abort(AbortOutcome), idempotent, quick, write, POST "/forks/{fork}/abort";
 
         /// Send a user message to a pending or running branch, applied before its next
         /// model call.
@@ -373,13 +463,13 @@ operations! {
             fork: ForkId,
             label: String,
             text: String,
-        } -> Steer(SteerOutcome), changes, quick;
+        } -> Steer(SteerOutcome), changes, quick, write, POST "/forks/{fork}/branches/{label}/steer";
 
         /// The requests for consent that wait (docs/APPROVALS.md), oldest first: every
         /// fork's the caller may see, or one fork's.
         Approvals = "approvals", fn approvals {
             fork: Option<ForkId>,
-        } -> Approvals(Vec<crate::approval::ApprovalView>), idempotent, quick;
+        } -> Approvals(Vec<crate::approval::ApprovalView>), idempotent, quick, read, GET "/approvals";
 
         /// Answer the request for consent of branch `label` (the one for `call_id` when
         /// given): approve runs the call, deny answers it as failed with `reason`.
@@ -389,7 +479,7 @@ operations! {
             call_id: Option<String>,
             approve: bool,
             reason: Option<String>,
-        } -> Decision(DecisionOutcome), changes, quick;
+        } -> Decision(DecisionOutcome), changes, quick, write, POST "/forks/{fork}/branches/{label}/decide";
 
         /// Start a new turn of a finished branch (`done`, `failed`, `terminated`) with this
         /// user message, on its whole history and in the same overlay (ADR 13).
@@ -397,18 +487,18 @@ operations! {
             fork: ForkId,
             label: String,
             text: String,
-        } -> Continue(ContinueOutcome), changes, quick;
+        } -> Continue(ContinueOutcome), changes, quick, write, POST "/forks/{fork}/branches/{label}/continue";
 
         /// A run's log from seq 0 to the first gap.
-        RunEvents = "run_events", fn run_events { run: RunId } -> Events(Vec<LoggedEvent>), idempotent, quick;
+        RunEvents = "run_events", fn run_events { run: RunId } -> Events(Vec<LoggedEvent>), idempotent, quick, read, GET "/runs/{run}/events";
 
         /// A run's checkpoints, oldest first.
         Checkpoints = "checkpoints", fn checkpoints {
             run: RunId,
-        } -> Checkpoints(Vec<CheckpointView>), idempotent, quick;
+        } -> Checkpoints(Vec<CheckpointView>), idempotent, quick, read, GET "/runs/{run}/checkpoints";
 
         /// Spent, reserved, cap and remaining per branch, for the fork and its account.
-        GetForkCost = "fork_cost", fn fork_cost { fork: ForkId } -> Cost(ForkCost), idempotent, quick;
+        GetForkCost = "fork_cost", fn fork_cost { fork: ForkId } -> Cost(ForkCost), idempotent, quick, read, GET "/forks/{fork}/cost";
 
         /// Raise a cap by `usd` and resume what it paused: the branch's own cap with
         /// `branch`, else the fork's aggregate cap.
@@ -416,7 +506,7 @@ operations! {
             fork: ForkId,
             branch: Option<String>,
             usd: f64,
-        } -> Cost(ForkCost), changes, quick;
+        } -> Cost(ForkCost), changes, quick, write, POST "/forks/{fork}/topup";
 
         /// Move `usd` of cap from branch `from` to branch `to` of a fork (both capped;
         /// `from` keeps at least what it spent and holds).
@@ -425,14 +515,14 @@ operations! {
             from: String,
             to: String,
             usd: f64,
-        } -> Cost(ForkCost), changes, quick;
+        } -> Cost(ForkCost), changes, quick, write, POST "/forks/{fork}/move-budget";
 
         /// Create an account or change its cap (`None`: no cap); resumes what its cap
         /// paused.
         AccountSet = "account_set", fn account_set {
             name: String,
             cap_usd: Option<f64>,
-        } -> Account(AccountView), idempotent, quick;
+        } -> Account(AccountView), idempotent, quick, admin, PUT "/accounts/{name}";
 
         /// Resolve a settled fork: run the test command on every branch, ask the judges,
         /// decide by `strategy` (the plan's when absent) and merge when the decision is a
@@ -448,13 +538,13 @@ operations! {
             /// `auto_with_fallback`, any number for `vote`).
             #[serde(default, skip_serializing_if = "Vec::is_empty")]
             judge_models: Vec<String>,
-        } -> Resolve(ResolveReport), changes, resolve;
+        } -> Resolve(ResolveReport), changes, resolve, write, POST "/forks/{fork}/resolve";
 
         /// The report of a fork's last resolve (verdicts, signals, confidence, decision),
         /// as stored; nothing runs again. `None` when it was never resolved.
         Verdict = "verdict", fn verdict {
             fork: ForkId,
-        } -> Verdict(Option<ResolveReport>), idempotent, quick;
+        } -> Verdict(Option<ResolveReport>), idempotent, quick, read, GET "/forks/{fork}/verdict";
 
         /// Delete merged and aborted forks created at least `older_than_ms` ago (any age
         /// when absent) with their branch runs, checkpoints and the blobs nothing else
@@ -467,17 +557,17 @@ operations! {
             /// created); 10 minutes when absent.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             grace_ms: Option<u64>,
-        } -> Gc(GcReport), changes, work;
+        } -> Gc(GcReport), changes, work, admin, POST "/gc";
 
         /// Delete one finished fork (merged, aborted, or every branch finished) as `gc`
         /// would; refused, saying why, for a fork still running or one something refers to.
         RemoveFork = "remove_fork", fn remove_fork {
             fork: ForkId,
             dry_run: bool,
-        } -> Gc(GcReport), changes, work;
+        } -> Gc(GcReport), changes, work, write, DELETE "/forks/{fork}";
 
         /// A run by full id or unique prefix.
-        FindRun = "find_run", fn find_run { prefix: String } -> RunId(RunId), idempotent, quick;
+        FindRun = "find_run", fn find_run { prefix: String } -> RunId(RunId), idempotent, quick, read, GET "/run-prefixes/{prefix}";
 
         /// Save a named checkpoint at the run's current end.
         CheckpointSave = "checkpoint_save", fn checkpoint_save {
@@ -487,18 +577,18 @@ operations! {
             /// `save_checkpoint`: the coordinator waits, bounded, for the log to reach it).
             #[serde(default, skip_serializing_if = "Option::is_none")]
             at: Option<u64>,
-        } -> Checkpoint(CheckpointView), changes, quick;
+        } -> Checkpoint(CheckpointView), changes, quick, write, POST "/runs/{run}/checkpoints";
 
         /// Remove the checkpoint with this label or id (the reply is the removed one).
         CheckpointRemove = "checkpoint_remove", fn checkpoint_remove {
             run: RunId,
             checkpoint: String,
-        } -> Checkpoint(CheckpointView), changes, quick;
+        } -> Checkpoint(CheckpointView), changes, quick, write, DELETE "/runs/{run}/checkpoints/{checkpoint}";
 
         /// Remove every checkpoint of a run (the reply lists the removed ones).
         CheckpointClear = "checkpoint_clear", fn checkpoint_clear {
             run: RunId,
-        } -> Checkpoints(Vec<CheckpointView>), idempotent, quick;
+        } -> Checkpoints(Vec<CheckpointView>), idempotent, quick, write, DELETE "/runs/{run}/checkpoints";
 
         /// Send a run back to a checkpoint (label or id): its history and its workspace
         /// version; with `dry_run`, only say what would change.
@@ -506,23 +596,23 @@ operations! {
             run: RunId,
             checkpoint: String,
             dry_run: bool,
-        } -> Rewind(RewindOutcome), changes, work;
+        } -> Rewind(RewindOutcome), changes, work, write, POST "/runs/{run}/rewind";
 
         /// Start a new root run from a checkpoint (label or id): its conversation up to the
         /// checkpoint, on the checkpoint's workspace version.
         ForkCheckpoint = "fork_checkpoint", fn fork_checkpoint {
             run: RunId,
             checkpoint: String,
-        } -> NewRun(NewRunOutcome), changes, work;
+        } -> NewRun(NewRunOutcome), changes, work, write, POST "/runs/{run}/checkpoints/{checkpoint}/fork";
 
         /// A root run's current workspace version, to fork the run as it is now (a branch
         /// run is `bad_input`: merge it, or start a new run from one of its checkpoints).
         RunWorkspace = "run_workspace", fn run_workspace {
             run: RunId,
-        } -> Workspace(BlobHash), idempotent, quick;
+        } -> Workspace(BlobHash), idempotent, quick, read, GET "/runs/{run}/workspace";
 
         /// One run with its settings and workspace version.
-        GetRun = "run", fn run { run: RunId } -> Run(RunDetail), idempotent, work;
+        GetRun = "run", fn run { run: RunId } -> Run(RunDetail), idempotent, work, read, GET "/runs/{run}";
 
         /// Fork a recorded run at event `at_event` (default: its last replayable event)
         /// into a new child run (docs/LINEAGE.md): its history copied (or, with `replay`,
@@ -531,7 +621,7 @@ operations! {
         RunFork = "run_fork", fn run_fork {
             parent: RunId,
             options: RunForkOptions,
-        } -> RunFork(RunForkOutcome), changes, work;
+        } -> RunFork(RunForkOutcome), changes, work, write, POST "/runs/{parent}/fork";
 
         /// Run a child (or a finished branch) again on the workers: an idle child from its
         /// copied history, with `text` as a new user message when given; a finished run
@@ -539,13 +629,13 @@ operations! {
         RunResume = "run_resume", fn run_resume {
             run: RunId,
             text: Option<String>,
-        } -> Continue(ContinueOutcome), changes, quick;
+        } -> Continue(ContinueOutcome), changes, quick, write, POST "/runs/{run}/resume";
 
         /// A blob of the run store, `None` when the store lacks it: how a client of
         /// another process's embedded coordinator (over its local socket) reads what it
         /// cannot read from the store itself, e.g. the files of `fork watch`'s fork
         /// directory.
-        GetBlob = "get_blob", fn get_blob { blob: BlobHash } -> Blob(Option<Bytes>), idempotent, quick;
+        GetBlob = "get_blob", fn get_blob { blob: BlobHash } -> Blob(Option<Bytes>), idempotent, quick, read, GET "/blobs/{blob}";
     }
 }
 

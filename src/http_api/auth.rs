@@ -1,0 +1,206 @@
+//! Who calls the HTTP API: a bearer token from the config (`[http.tokens."NAME"]`, kept as
+//! its SHA-256), with its scopes and, optionally, the accounts it is limited to. A token
+//! limited to accounts calls as the scoped client identity NAME (the coordinator then shows
+//! and charges only those accounts' forks, ADR 17); one that is not calls as an operator,
+//! within its scopes. With no token configured, the API answers loopback peers only.
+
+use super::problem::Problem;
+use crate::config::HttpToken;
+use axum::http::HeaderMap;
+use forkfleet_shared::api::{Access, Caller};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+
+/// Who a request is from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub name: String,
+    pub scopes: BTreeSet<Access>,
+    pub accounts: Option<BTreeSet<String>>,
+}
+
+impl Principal {
+    /// May it do what `need` asks? `admin` includes `write`, which includes `read`.
+    pub fn may(&self, need: Access) -> bool {
+        self.scopes.iter().any(|s| *s >= need)
+    }
+
+    pub fn scopes_text(&self) -> String {
+        self.scopes
+            .iter()
+            .map(|s| format!("`{}`", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The caller the coordinator answers for.
+    pub fn caller(&self) -> Caller {
+        match &self.accounts {
+            Some(_) => Caller::Client(self.name.clone()),
+            None => Caller::Admin,
+        }
+    }
+}
+
+/// The configured tokens, by name.
+#[derive(Debug, Clone, Default)]
+pub struct Tokens {
+    tokens: BTreeMap<String, HttpToken>,
+}
+
+/// The SHA-256 of a token, as configured.
+pub fn hash(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl Tokens {
+    pub fn new(tokens: BTreeMap<String, HttpToken>) -> Self {
+        Self { tokens }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The accounts each account-limited token's identity may use, for the coordinator's
+    /// grants.
+    pub fn grants(&self) -> BTreeMap<String, BTreeSet<String>> {
+        self.tokens
+            .iter()
+            .filter_map(|(n, t)| t.accounts.clone().map(|a| (n.clone(), a)))
+            .collect()
+    }
+
+    /// The caller of a request: its bearer token (the `Authorization` header, or an
+    /// `access_token` query parameter, which an `EventSource` can send), or, with no token
+    /// configured, any loopback peer as the operator.
+    pub fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        query: Option<&str>,
+        peer: SocketAddr,
+    ) -> Result<Principal, Problem> {
+        if self.tokens.is_empty() {
+            if !peer.ip().is_loopback() {
+                return Err(Problem::forbidden(
+                    "no token is configured, so the API answers this machine only: configure [http.tokens] (docs/HTTP.md)",
+                ));
+            }
+            return Ok(Principal {
+                name: "local".to_string(),
+                scopes: [Access::Admin].into(),
+                accounts: None,
+            });
+        }
+        let given = bearer(headers)
+            .or_else(|| query_token(query))
+            .ok_or_else(|| Problem::unauthorized("no token: send `Authorization: Bearer TOKEN`"))?;
+        let h = hash(&given);
+        self.tokens
+            .iter()
+            .find(|(_, t)| t.sha256 == h)
+            .map(|(name, t)| Principal {
+                name: name.clone(),
+                scopes: t.scopes.clone(),
+                accounts: t.accounts.clone(),
+            })
+            .ok_or_else(|| Problem::unauthorized("the token is not one this server knows"))
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    let v = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim().to_string())
+}
+
+fn query_token(query: Option<&str>) -> Option<String> {
+    super::form_pairs(query)
+        .into_iter()
+        .find(|(k, _)| k == "access_token")
+        .map(|(_, v)| v)
+}
+
+/// A new random token: 32 bytes from the operating system's generator, hex, `ff_` first.
+pub fn new_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(format!("ff_{}", hex::encode(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens() -> Tokens {
+        let mut m = BTreeMap::new();
+        m.insert(
+            "reader".to_string(),
+            HttpToken {
+                sha256: hash("r-token"),
+                scopes: [Access::Read].into(),
+                accounts: None,
+            },
+        );
+        m.insert(
+            "team".to_string(),
+            HttpToken {
+                sha256: hash("t-token"),
+                scopes: [Access::Write].into(),
+                accounts: Some(["team-a".to_string()].into()),
+            },
+        );
+        Tokens::new(m)
+    }
+
+    fn with(token: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn tokens_name_the_caller_and_its_scopes() {
+        let peer: SocketAddr = "10.0.0.2:1".parse().unwrap();
+        let t = tokens();
+        let r = t.authenticate(&with("r-token"), None, peer).unwrap();
+        assert!(r.may(Access::Read) && !r.may(Access::Write));
+        assert_eq!(r.caller(), Caller::Admin);
+        let w = t
+            .authenticate(&HeaderMap::new(), Some("access_token=t-token"), peer)
+            .unwrap();
+        assert!(w.may(Access::Read) && w.may(Access::Write) && !w.may(Access::Admin));
+        assert_eq!(w.caller(), Caller::Client("team".into()));
+        assert_eq!(
+            t.authenticate(&with("nope"), None, peer)
+                .unwrap_err()
+                .status,
+            401
+        );
+        assert_eq!(
+            t.authenticate(&HeaderMap::new(), None, peer)
+                .unwrap_err()
+                .status,
+            401
+        );
+        assert_eq!(t.grants().len(), 1);
+    }
+
+    #[test]
+    fn without_tokens_only_loopback_is_answered() {
+        let none = Tokens::default();
+        let local = none
+            .authenticate(&HeaderMap::new(), None, "127.0.0.1:5".parse().unwrap())
+            .unwrap();
+        assert!(local.may(Access::Admin));
+        let far = none.authenticate(&HeaderMap::new(), None, "10.1.1.1:5".parse().unwrap());
+        assert_eq!(far.unwrap_err().status, 403);
+    }
+}

@@ -1,0 +1,331 @@
+//! The routes that are not one operation: Server-Sent Events of a fork's changes and of a
+//! run's events, blob uploads, and the workers.
+//!
+//! - `GET /forks/{fork}/stream`: an event `fork` (id: the fork's version; data: its view
+//!   and costs) each time it changes, from the current state; with `Last-Event-ID` (or
+//!   `?last_event_id=`), only once it differs from that version. It ends after the fork is
+//!   merged or aborted.
+//! - `GET /runs/{run}/stream`: an event `event` (id: its seq; data: `{seq, event}`) for
+//!   each event of the run's log, from seq 0 or after `Last-Event-ID`, then as they land.
+//!   It ends once the run's fork is merged or aborted (a root run: after its log).
+//! - `PUT /blobs/{blob}`: store bytes under their SHA-256 (the hash must match), as the
+//!   workspace upload of `create_fork` needs.
+//! - `GET /workers`: the live workers and their running branches.
+
+use super::problem::Problem;
+use super::{ApiHttp, Serving};
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, RawPathParams, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::MethodRouter;
+use forkfleet_shared::api::{
+    dispatch, Access, ApiReply, Caller, GetForkCost, GetRun, RunEvents, Watch,
+};
+use forkfleet_shared::blob::BlobHash;
+use forkfleet_shared::ids::{ForkId, RunId};
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// How long one round of a stream waits for a change.
+const ROUND_MS: u64 = 25_000;
+
+type St = State<Arc<ApiHttp>>;
+
+pub fn routes() -> Vec<(&'static str, MethodRouter<Arc<ApiHttp>>)> {
+    vec![
+        ("/forks/{fork}/stream", axum::routing::get(fork_stream)),
+        ("/runs/{run}/stream", axum::routing::get(run_stream)),
+        ("/blobs/{blob}", axum::routing::put(upload)),
+        ("/workers", axum::routing::get(workers)),
+    ]
+}
+
+/// The first path value as a `T`, or a problem naming `what`.
+fn param<T: std::str::FromStr>(params: &RawPathParams, what: &str) -> Result<T, Problem> {
+    let raw = params
+        .iter()
+        .next()
+        .map(|(_, v)| v.to_string())
+        .unwrap_or_default();
+    raw.parse()
+        .map_err(|_| Problem::bad_input(format!("`{raw}` is not a {what}")))
+}
+
+/// The version or seq a reconnecting client saw last.
+fn last_event_id(headers: &HeaderMap, query: Option<&str>) -> Result<Option<u64>, Problem> {
+    let raw = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| {
+            super::form_pairs(query)
+                .into_iter()
+                .find(|(k, _)| k == "last_event_id")
+                .map(|(_, v)| v)
+        });
+    raw.map(|r| {
+        r.trim().parse().map_err(|_| {
+            Problem::bad_input(format!(
+                "Last-Event-ID `{r}` is not an event id this stream sent"
+            ))
+        })
+    })
+    .transpose()
+}
+
+async fn call(
+    s: &Serving,
+    caller: &Caller,
+    req: impl Into<forkfleet_shared::api::ApiRequest>,
+) -> Result<ApiReply, Problem> {
+    dispatch(&s.handle, caller, req.into())
+        .await
+        .map_err(|e| Problem::from_api(&e))
+}
+
+fn error_event(p: &Problem) -> Event {
+    Event::default().event("error").data(p.json().to_string())
+}
+
+struct ForkRound {
+    seen: Option<u64>,
+    done: bool,
+}
+
+async fn fork_stream(
+    State(st): St,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    params: RawPathParams,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let opened = async {
+        let (principal, serving) = st.admit(&headers, query.as_deref(), peer, Access::Read)?;
+        let fork: ForkId = param(&params, "fork id")?;
+        let seen = last_event_id(&headers, query.as_deref())?;
+        let caller = principal.caller();
+        // Refused (unknown, another account's) before the stream starts.
+        call(&serving, &caller, forkfleet_shared::api::GetFork { fork }).await?;
+        Ok::<_, Problem>((serving, caller, fork, seen))
+    };
+    let (serving, caller, fork, seen) = match opened.await {
+        Ok(x) => x,
+        Err(p) => return p.into_response(),
+    };
+    let rounds = futures::stream::unfold(ForkRound { seen, done: false }, move |r| {
+        let (serving, caller) = (serving.clone(), caller.clone());
+        async move {
+            if r.done {
+                return None;
+            }
+            let watched = call(
+                &serving,
+                &caller,
+                Watch {
+                    fork,
+                    seen: r.seen,
+                    timeout_ms: ROUND_MS,
+                },
+            )
+            .await;
+            let w = match watched {
+                Ok(ApiReply::Watch(w)) => w,
+                Ok(_) => return None,
+                Err(p) => {
+                    return Some((
+                        Ok::<_, Infallible>(error_event(&p)),
+                        ForkRound { done: true, ..r },
+                    ))
+                }
+            };
+            if Some(w.version) == r.seen {
+                return Some((Ok(Event::default().comment("unchanged")), r));
+            }
+            let cost = match call(&serving, &caller, GetForkCost { fork }).await {
+                Ok(ApiReply::Cost(c)) => Some(c),
+                _ => None,
+            };
+            let data = serde_json::json!({ "version": w.version, "view": w.view, "cost": cost });
+            let done = w.view.state.is_resolved();
+            let event = Event::default()
+                .id(w.version.to_string())
+                .event("fork")
+                .data(data.to_string());
+            Some((
+                Ok(event),
+                ForkRound {
+                    seen: Some(w.version),
+                    done,
+                },
+            ))
+        }
+    });
+    Sse::new(rounds)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+struct RunRound {
+    next: u64,
+    fork: Option<ForkId>,
+    seen: Option<u64>,
+    queue: VecDeque<forkfleet_shared::api::LoggedEvent>,
+    /// The fork is resolved: once the queue is empty, the stream ends.
+    last: bool,
+}
+
+async fn run_stream(
+    State(st): St,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    params: RawPathParams,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let opened = async {
+        let (principal, serving) = st.admit(&headers, query.as_deref(), peer, Access::Read)?;
+        let run: RunId = param(&params, "run id")?;
+        let after = last_event_id(&headers, query.as_deref())?;
+        let caller = principal.caller();
+        let fork = match call(&serving, &caller, GetRun { run }).await? {
+            ApiReply::Run(d) => d.run.fork_id,
+            _ => None,
+        };
+        Ok::<_, Problem>((serving, caller, run, fork, after.map_or(0, |s| s + 1)))
+    };
+    let (serving, caller, run, fork, next) = match opened.await {
+        Ok(x) => x,
+        Err(p) => return p.into_response(),
+    };
+    let start = RunRound {
+        next,
+        fork,
+        seen: None,
+        queue: VecDeque::new(),
+        last: false,
+    };
+    let rounds = futures::stream::unfold(Some(start), move |r| {
+        let (serving, caller) = (serving.clone(), caller.clone());
+        async move {
+            let mut r = r?;
+            loop {
+                if let Some(e) = r.queue.pop_front() {
+                    r.next = e.seq + 1;
+                    let data = serde_json::json!({ "seq": e.seq, "event": e.event });
+                    let event = Event::default()
+                        .id(e.seq.to_string())
+                        .event("event")
+                        .data(data.to_string());
+                    return Some((Ok::<_, Infallible>(event), Some(r)));
+                }
+                if r.last {
+                    return None;
+                }
+                match call(&serving, &caller, RunEvents { run }).await {
+                    Ok(ApiReply::Events(events)) => {
+                        r.queue = events.into_iter().filter(|e| e.seq >= r.next).collect();
+                    }
+                    Ok(_) => return None,
+                    Err(p) => return Some((Ok(error_event(&p)), None)),
+                }
+                if !r.queue.is_empty() {
+                    continue;
+                }
+                // Nothing new: wait for the fork to change (a root run's log does not grow
+                // by itself: it ends here).
+                let fork = r.fork?;
+                match call(
+                    &serving,
+                    &caller,
+                    Watch {
+                        fork,
+                        seen: r.seen,
+                        timeout_ms: ROUND_MS,
+                    },
+                )
+                .await
+                {
+                    Ok(ApiReply::Watch(w)) => {
+                        let unchanged = Some(w.version) == r.seen;
+                        r.seen = Some(w.version);
+                        r.last = w.view.state.is_resolved();
+                        if unchanged {
+                            return Some((Ok(Event::default().comment("unchanged")), Some(r)));
+                        }
+                    }
+                    Ok(_) => return None,
+                    Err(p) => return Some((Ok(error_event(&p)), None)),
+                }
+            }
+        }
+    });
+    Sse::new(rounds)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+async fn upload(
+    State(st): St,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    params: RawPathParams,
+    RawQuery(query): RawQuery,
+    body: Bytes,
+) -> Response {
+    let done = async {
+        let (principal, serving) = st.admit(&headers, query.as_deref(), peer, Access::Write)?;
+        let raw = params
+            .iter()
+            .next()
+            .map(|(_, v)| v.to_string())
+            .unwrap_or_default();
+        let hash = BlobHash::from_hex(&raw).ok_or_else(|| {
+            Problem::bad_input(format!(
+                "`{raw}` is not a blob hash (64 hex digits of SHA-256)"
+            ))
+        })?;
+        let actual = BlobHash::of(&body);
+        if actual != hash {
+            return Err(Problem::bad_input(format!(
+                "the body's SHA-256 is {actual}, not {hash}: a blob is stored under its own hash"
+            )));
+        }
+        serving
+            .bus
+            .blobs()
+            .put(hash, body)
+            .await
+            .map_err(|e| Problem::unavailable(format!("the blob store failed: {e}")))?;
+        Ok::<_, Problem>(principal)
+    };
+    match done.await {
+        Ok(principal) => {
+            tracing::info!(audit.who = %principal.name, "http.blob_upload");
+            axum::http::StatusCode::NO_CONTENT.into_response()
+        }
+        Err(p) => p.into_response(),
+    }
+}
+
+async fn workers(
+    State(st): St,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let listed = async {
+        let (_, serving) = st.admit(&headers, query.as_deref(), peer, Access::Read)?;
+        serving
+            .bus
+            .workers()
+            .await
+            .map_err(|e| Problem::unavailable(format!("the workers could not be listed: {e}")))
+    };
+    match listed.await {
+        Ok(w) => axum::Json(w).into_response(),
+        Err(p) => p.into_response(),
+    }
+}

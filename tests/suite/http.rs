@@ -1,0 +1,397 @@
+//! The HTTP API (docs/HTTP.md) of a real coordinator process on NATS with a worker: every
+//! declared operation routed, a fork created from uploaded blobs and followed, merged and
+//! inspected over HTTP, problem+json errors, scopes and account limits, idempotency keys,
+//! SSE resumption with `Last-Event-ID`, the audit log, and the OpenAPI document checked by
+//! `openapi-spec-validator` against the routes served.
+
+use super::fleet::{Fleet, Options, COMMAND_LIMIT, POLL};
+use super::harness::{path_str, Example};
+use forkfleet::http_api::auth::hash;
+use forkfleet_shared::api::ROUTES;
+use forkfleet_shared::blob::BlobHash;
+use reqwest::blocking::{Client, RequestBuilder, Response};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::time::{Duration, Instant};
+
+const ADMIN: &str = "ff_admin_token_for_tests";
+const READER: &str = "ff_reader_token_for_tests";
+const TEAM: &str = "ff_team_token_for_tests";
+
+struct Api {
+    fleet: Fleet,
+    base: String,
+    http: Client,
+}
+
+impl Api {
+    fn start() -> Api {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("coordinator.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[http.tokens.\"ops\"]\nsha256 = \"{}\"\nscopes = [\"admin\"]\n\n\
+                 [http.tokens.\"viewer\"]\nsha256 = \"{}\"\nscopes = [\"read\"]\n\n\
+                 [http.tokens.\"team\"]\nsha256 = \"{}\"\nscopes = [\"write\"]\naccounts = [\"team-a\"]\n",
+                hex::encode(hash(ADMIN)),
+                hex::encode(hash(READER)),
+                hex::encode(hash(TEAM)),
+            ),
+        )
+        .unwrap();
+        let addr = format!("127.0.0.1:{}", forkfleet_bus::testkit::free_port());
+        let fleet = Fleet::start(
+            1,
+            8,
+            Options {
+                coordinator_args: &["--http-addr", &addr, "--config", path_str(&config)],
+                ..Options::default()
+            },
+        );
+        // The config file outlives the test's use of it: the coordinator read it at start.
+        std::mem::forget(dir);
+        let api = Api {
+            fleet,
+            base: format!("http://{addr}/api/v1"),
+            http: Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+        };
+        let deadline = Instant::now() + COMMAND_LIMIT;
+        while api.get("/ping", ADMIN).map(|r| r.status().as_u16()).ok() != Some(200) {
+            assert!(
+                Instant::now() < deadline,
+                "the HTTP API never answered\n{}",
+                api.fleet.logs()
+            );
+            std::thread::sleep(POLL);
+        }
+        api
+    }
+
+    fn req(&self, method: &str, path: &str, token: &str) -> RequestBuilder {
+        let url = format!("{}{path}", self.base);
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        self.http.request(m, url).bearer_auth(token)
+    }
+
+    fn get(&self, path: &str, token: &str) -> reqwest::Result<Response> {
+        self.req("GET", path, token).send()
+    }
+
+    /// A JSON answer with status 200.
+    fn ok(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> Value {
+        let mut r = self.req(method, path, token);
+        if let Some(b) = body {
+            r = r
+                .header("content-type", "application/json")
+                .body(b.to_string());
+        }
+        let resp = r.send().unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().unwrap();
+        assert_eq!(status, 200, "{method} {path}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// A problem document with `status`.
+    fn problem(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+        status: u16,
+    ) -> Value {
+        let mut r = self.req(method, path, token);
+        if let Some(b) = body {
+            r = r
+                .header("content-type", "application/json")
+                .body(b.to_string());
+        }
+        let resp = r.send().unwrap();
+        let got = resp.status().as_u16();
+        let ct = resp
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let text = resp.text().unwrap();
+        assert_eq!(got, status, "{method} {path}: {text}");
+        assert_eq!(ct, "application/problem+json", "{method} {path}: {text}");
+        let doc: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["status"], status);
+        assert!(doc["type"]
+            .as_str()
+            .unwrap()
+            .starts_with("urn:forkfleet:problem:"));
+        assert!(!doc["detail"].as_str().unwrap().is_empty());
+        doc
+    }
+
+    /// Upload the quickstart's workspace and scripts, then create its fork; its view.
+    fn create_quickstart(
+        &self,
+        ex: &Example,
+        key: Option<&str>,
+    ) -> (Value, reqwest::header::HeaderMap) {
+        let loaded = forkfleet_shared::spec::load(&ex.spec()).unwrap();
+        let scan = forkfleet_shared::manifest::scan_dir(&loaded.workspace, &[".forkfleet".into()])
+            .unwrap();
+        for (h, b) in scan.blobs.iter().chain(loaded.blobs.iter()) {
+            self.put_blob(*h, b.to_vec());
+        }
+        let manifest = scan.manifest.to_blob().unwrap().to_vec();
+        let snapshot = BlobHash::of(&manifest);
+        self.put_blob(snapshot, manifest);
+        let body = json!({
+            "plan": loaded.plan,
+            "parent": { "kind": "new" },
+            "snapshot": snapshot.to_string(),
+            "workspace": path_str(&loaded.workspace),
+        });
+        let mut r = self.req("POST", "/forks", ADMIN).body(body.to_string());
+        if let Some(k) = key {
+            r = r.header("Idempotency-Key", k);
+        }
+        let resp = r.send().unwrap();
+        let headers = resp.headers().clone();
+        let status = resp.status().as_u16();
+        let text = resp.text().unwrap();
+        assert_eq!(status, 200, "{text}");
+        (serde_json::from_str(&text).unwrap(), headers)
+    }
+
+    fn put_blob(&self, hash: BlobHash, bytes: Vec<u8>) {
+        let resp = self
+            .req("PUT", &format!("/blobs/{hash}"), ADMIN)
+            .body(bytes)
+            .send()
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 204, "{}", resp.text().unwrap());
+    }
+}
+
+/// The next SSE event of `lines`: its id, name and data.
+fn next_event(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+) -> (Option<String>, String, String) {
+    let (mut id, mut name, mut data) = (None, String::new(), String::new());
+    for line in lines {
+        let line = line.unwrap();
+        if line.is_empty() {
+            if !data.is_empty() {
+                return (id, name, data);
+            }
+            continue;
+        }
+        if let Some(v) = line.strip_prefix("id:") {
+            id = Some(v.trim().to_string());
+        } else if let Some(v) = line.strip_prefix("event:") {
+            name = v.trim().to_string();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data.push_str(v.trim_start());
+        }
+    }
+    panic!("the stream ended");
+}
+
+#[test]
+fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_openapi() {
+    let api = Api::start();
+
+    // Every declared route is served (a bad request gets a problem from its handler, never
+    // the fallback's "no route" or a 405).
+    for r in ROUTES {
+        let path = r
+            .path
+            .replace("{fork}", "not-a-fork")
+            .replace(['{', '}'], "");
+        let resp = api.req(r.method, &path, ADMIN).send().unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().unwrap();
+        assert_ne!(status, 405, "{} {}: {text}", r.method, r.path);
+        assert!(
+            !text.contains("no route"),
+            "{} {} is not routed: {text}",
+            r.method,
+            r.path
+        );
+    }
+
+    // Create from uploaded blobs, with an idempotency key: asked twice, made once.
+    let ex = Example::quickstart();
+    let (view, _) = api.create_quickstart(&ex, Some("create-1"));
+    let fork = view["fork_id"].as_str().unwrap().to_string();
+    let (again, headers) = api.create_quickstart(&ex, Some("create-1"));
+    assert_eq!(again["fork_id"], view["fork_id"]);
+    assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
+
+    // SSE: the first event, a dropped connection, then resumption after it.
+    let resp = api.get(&format!("/forks/{fork}/stream"), READER).unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut lines = BufReader::new(resp).lines();
+    let (id, name, data) = next_event(&mut lines);
+    assert_eq!(name, "fork");
+    let first: u64 = id.unwrap().parse().unwrap();
+    let doc: Value = serde_json::from_str(&data).unwrap();
+    assert_eq!(doc["view"]["fork_id"], fork.as_str());
+    drop(lines);
+    let settled = api.ok(
+        "GET",
+        &format!("/forks/{fork}/settled?timeout_ms=30000"),
+        READER,
+        None,
+    );
+    assert_eq!(settled["branches"].as_array().unwrap().len(), 3);
+    let resp = api
+        .req("GET", &format!("/forks/{fork}/stream"), READER)
+        .header("Last-Event-ID", first.to_string())
+        .send()
+        .unwrap();
+    let (id, _, data) = next_event(&mut BufReader::new(resp).lines());
+    assert!(id.unwrap().parse::<u64>().unwrap() > first, "{data}");
+
+    // A run's events, resumed after seq 2.
+    let run = settled["branches"][0]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let events = api.ok(
+        "GET",
+        &format!("/runs/{run}/events?limit=5&offset=1"),
+        READER,
+        None,
+    );
+    assert_eq!(events.as_array().unwrap().len(), 5);
+    assert_eq!(events[0]["seq"], 1);
+    let resp = api
+        .req("GET", &format!("/runs/{run}/stream"), READER)
+        .header("Last-Event-ID", "2")
+        .send()
+        .unwrap();
+    let (id, name, _) = next_event(&mut BufReader::new(resp).lines());
+    assert_eq!((id.as_deref(), name.as_str()), (Some("3"), "event"));
+
+    // Lists page and filter.
+    let resp = api.get("/forks?limit=1", READER).unwrap();
+    assert_eq!(resp.headers()["x-total-count"], "1");
+    let listed: Value = serde_json::from_str(&resp.text().unwrap()).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    let none = api.ok("GET", "/forks?state=aborted", READER, None);
+    assert_eq!(none, json!([]));
+    api.problem("GET", "/forks?colour=red", READER, None, 400);
+
+    // Reads of every kind.
+    let diff = api.ok(
+        "GET",
+        &format!(
+            "/forks/{fork}/diff?options={}",
+            "%7B%22unified%22%3Atrue%7D"
+        ),
+        READER,
+        None,
+    );
+    assert!(
+        diff["paths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["path"] == "greet.py"),
+        "{diff}"
+    );
+    let cost = api.ok("GET", &format!("/forks/{fork}/cost"), READER, None);
+    assert_eq!(cost["branches"].as_array().unwrap().len(), 3);
+    api.ok("GET", &format!("/runs/{run}"), READER, None);
+    api.ok("GET", &format!("/runs/{run}/checkpoints"), READER, None);
+    api.ok("GET", "/runs", READER, None);
+    api.ok("GET", "/accounts", READER, None);
+    api.ok("GET", "/approvals", READER, None);
+    let workers = api.ok("GET", "/workers", READER, None);
+    assert_eq!(workers.as_array().unwrap().len(), 1);
+    let found = api.ok(
+        "GET",
+        &format!("/fork-prefixes/{}", &fork[..13]),
+        READER,
+        None,
+    );
+    assert_eq!(found, json!(fork));
+
+    // Scopes and account limits.
+    let merge = format!("/forks/{fork}/merge");
+    let p = api.problem(
+        "POST",
+        &merge,
+        READER,
+        Some(json!({"pick": "concise"})),
+        403,
+    );
+    assert!(p["detail"].as_str().unwrap().contains("`write`"), "{p}");
+    api.problem("GET", &format!("/forks/{fork}"), TEAM, None, 404);
+    api.problem("GET", "/forks", "not-a-token", None, 401);
+    api.problem("POST", "/gc", TEAM, Some(json!({"dry_run": true})), 403);
+
+    // Bad input names what was wrong.
+    let p = api.problem("POST", &merge, ADMIN, Some(json!({"pick": 3})), 400);
+    assert!(p["detail"].as_str().unwrap().contains("pick"), "{p}");
+    let p = api.problem("POST", &merge, ADMIN, Some(json!({"pick": "nope"})), 404);
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("valid labels: concise, thorough, tidy"),
+        "{p}"
+    );
+    api.problem("GET", "/nothing-here", ADMIN, None, 404);
+
+    // A write: merged, and recorded in the audit log.
+    let merged = api.ok("POST", &merge, ADMIN, Some(json!({"pick": "concise"})));
+    assert_eq!(merged["winner"], "concise");
+    let verdict = api.ok("GET", &format!("/forks/{fork}/verdict"), READER, None);
+    assert_eq!(verdict, Value::Null);
+    let audit =
+        std::fs::read_to_string(api.fleet.dir.path().join("coordinator-data/audit.log")).unwrap();
+    let lines: Vec<Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["op"] == "merge" && l["who"] == "ops" && l["status"] == 200),
+        "{audit}"
+    );
+
+    // The OpenAPI document: valid, and every path and method in it is served.
+    let doc = api.ok("GET", "/openapi.json", READER, None);
+    let file = api.fleet.dir.path().join("openapi.json");
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let python = std::env::var("FORKFLEET_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = std::process::Command::new(python)
+        .args(["-m", "openapi_spec_validator", path_str(&file)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (path, methods) in doc["paths"].as_object().unwrap() {
+        let path = path
+            .strip_prefix("/api/v1")
+            .unwrap()
+            .replace(['{', '}'], "");
+        for method in methods.as_object().unwrap().keys() {
+            let resp = api
+                .req(&method.to_uppercase(), &path, ADMIN)
+                .send()
+                .unwrap();
+            assert_ne!(resp.status().as_u16(), 405, "{method} {path}");
+            let text = resp.text().unwrap_or_default();
+            assert!(!text.contains("no route"), "{method} {path}: {text}");
+        }
+    }
+}
