@@ -64,6 +64,9 @@ pub enum Command {
     /// Chat with an agent in a terminal UI, fork it into live branch tabs, steer, merge,
     /// accept (docs/TERMINAL.md); embedded, or on a cluster with --nats.
     Chat(chat::ChatArgs),
+    /// Serve the HTTP API of an embedded store on this machine, under a token made for
+    /// this run (docs/HTTP.md), until Ctrl-C.
+    Ui(ui::UiArgs),
     /// Run the coordinator service of a cluster (NATS) until SIGINT or SIGTERM.
     Coordinator(CoordinatorArgs),
     /// Run a worker of a cluster (NATS) until SIGINT or SIGTERM, then drain.
@@ -317,6 +320,7 @@ impl Command {
         match self {
             Command::Run(a) => a.config.as_deref(),
             Command::Chat(a) => a.config.config.as_deref(),
+            Command::Ui(a) => a.config.config.as_deref(),
             Command::Coordinator(a) => a.config.config.as_deref(),
             Command::Worker(a) => a.config.config.as_deref(),
             Command::Workers(a) => a.config.config.as_deref(),
@@ -366,6 +370,7 @@ pub async fn run(cli: Cli) -> u8 {
     let result = match cli.command {
         Command::Run(args) => run::cmd_run(args).await,
         Command::Chat(args) => chat::cmd_chat(args).await,
+        Command::Ui(args) => ui::cmd_ui(args).await,
         Command::Coordinator(args) => services::cmd_coordinator(args).await,
         Command::Worker(args) => services::cmd_worker(args).await,
         Command::Fork { command } => fork::cmd_fork(command).await,
@@ -691,6 +696,7 @@ mod prompt;
 mod run;
 mod runs;
 mod services;
+mod ui;
 mod workers;
 
 #[cfg(test)]

@@ -11,6 +11,22 @@ pub enum ClusterCommand {
     /// identity (mode 0600) and a forkfleet config file per identity. See docs/CLUSTER.md,
     /// "Security".
     Auth(AuthArgs),
+    /// Make a token for the HTTP API (docs/HTTP.md): prints the token once, and the
+    /// `[http.tokens."NAME"]` entry (its SHA-256, never the token) for the coordinator's
+    /// config.
+    Token(TokenArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// Who the token is for: a user or a service (1 to 64 letters, digits, `_` or `-`).
+    pub name: String,
+    /// What it may do: read, write (includes read) or admin (includes write); repeat.
+    #[arg(long = "scope", value_name = "SCOPE", default_value = "read", value_parser = ["read", "write", "admin"])]
+    pub scopes: Vec<String>,
+    /// Limit it to this budget account's forks (repeat); without, every account's.
+    #[arg(long = "account", value_name = "ACCOUNT")]
+    pub accounts: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -35,6 +51,40 @@ pub struct AuthArgs {
 
 pub(crate) async fn cmd_cluster(command: ClusterCommand) -> anyhow::Result<()> {
     match command {
+        ClusterCommand::Token(args) => {
+            forkfleet_shared::subjects::check_identity(&args.name).map_err(|e| {
+                BadInput(format!(
+                    "token name `{}`: {e}; use 1 to 64 letters, digits, `_` or `-`",
+                    args.name
+                ))
+            })?;
+            for a in &args.accounts {
+                forkfleet_shared::spec::check_account_name(a)
+                    .map_err(|e| BadInput(format!("--account: {e}")))?;
+            }
+            let token = forkfleet::http_api::auth::new_token()?;
+            let quoted = |v: &[String]| {
+                v.iter()
+                    .map(|s| format!("\"{s}\""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            println!(
+                "token for `{}` (shown once; keep it secret): {token}",
+                args.name
+            );
+            println!("\nadd to the coordinator's config file:\n");
+            println!("[http.tokens.\"{}\"]", args.name);
+            println!(
+                "sha256 = \"{}\"",
+                hex::encode(forkfleet::http_api::auth::hash(&token))
+            );
+            println!("scopes = [{}]", quoted(&args.scopes));
+            if !args.accounts.is_empty() {
+                println!("accounts = [{}]", quoted(&args.accounts));
+            }
+            Ok(())
+        }
         ClusterCommand::Auth(args) => {
             let plan = AuthPlan {
                 clients: args.clients,

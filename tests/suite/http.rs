@@ -395,3 +395,100 @@ fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_
         }
     }
 }
+
+#[test]
+fn cluster_token_prints_a_token_once_and_the_entry_that_admits_it() {
+    let out = super::harness::forkfleet(&[
+        "cluster",
+        "token",
+        "ci",
+        "--scope",
+        "write",
+        "--account",
+        "team-a",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let token = text
+        .lines()
+        .find_map(|l| l.split("keep it secret): ").nth(1))
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(token.starts_with("ff_") && token.len() == 67, "{text}");
+    assert!(
+        text.contains(&format!("sha256 = \"{}\"", hex::encode(hash(&token)))),
+        "{text}"
+    );
+    assert!(
+        text.contains("scopes = [\"write\"]") && text.contains("accounts = [\"team-a\"]"),
+        "{text}"
+    );
+    let bad = super::harness::forkfleet(&["cluster", "token", "a b"]);
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn forkfleet_ui_serves_an_embedded_store_under_a_token_of_its_own() {
+    let ex = Example::quickstart();
+    let ran = super::harness::run_spec(&ex.spec());
+    assert!(
+        ran.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let data = ex.data();
+    let mut child = super::harness::command()
+        .args(["ui", "--data", path_str(&data)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let (mut base, mut token) = (None, None);
+    while base.is_none() || token.is_none() {
+        let line = rx
+            .recv_timeout(COMMAND_LIMIT)
+            .expect("forkfleet ui printed its address and token");
+        if let Some(rest) = line
+            .split(" on ")
+            .nth(1)
+            .filter(|_| line.starts_with("forkfleet ui:"))
+        {
+            base = Some(rest.trim().to_string());
+        }
+        if let Some(t) = line.strip_prefix("token (this run only): ") {
+            token = Some(t.trim().to_string());
+        }
+    }
+    let (base, token) = (base.unwrap(), token.unwrap());
+    let http = Client::new();
+    let forks: Value = serde_json::from_str(
+        &http
+            .get(format!("{base}/forks"))
+            .bearer_auth(&token)
+            .send()
+            .unwrap()
+            .text()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(forks.as_array().unwrap().len(), 1, "{forks}");
+    let denied = http.get(format!("{base}/forks")).send().unwrap();
+    assert_eq!(denied.status().as_u16(), 401);
+    // Ctrl-C: it stops and lets the store go.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status =
+        super::fleet::wait_bounded(&mut child, COMMAND_LIMIT).expect("forkfleet ui stopped");
+    assert!(status.success(), "{status:?}");
+}
