@@ -531,6 +531,16 @@ mod tests {
         );
     }
 
+    /// docs/HTTP.md's table names every declared route.
+    #[test]
+    fn the_docs_list_every_route() {
+        let doc = include_str!("../docs/HTTP.md");
+        for r in ROUTES {
+            let row = format!("| `{} {}` | `{}` | {} |", r.method, r.path, r.name, r.access.as_str());
+            assert!(doc.contains(&row), "docs/HTTP.md lacks {row}");
+        }
+    }
+
     #[test]
     fn filters_match_strings_numbers_and_tagged_states() {
         assert!(matches(&serde_json::json!("done"), "done"));
