@@ -17,6 +17,7 @@
 
 pub mod audit;
 pub mod auth;
+mod console;
 mod idempotency;
 pub mod openapi;
 pub mod problem;
@@ -69,16 +70,64 @@ pub struct ApiHttp {
     pub auth: auth::Tokens,
     pub audit: audit::Audit,
     idem: idempotency::Cache,
+    /// `forkfleet ui`: a client of the embedded system, whose merges (and resolves that
+    /// merged) are applied to the fork's workspace directory on this machine, as `fork
+    /// merge` does. A coordinator has none: its forks' directories are the clients'.
+    pub local: Option<forkfleet_client::Client>,
 }
 
 impl ApiHttp {
     pub fn new(slot: Slot, auth: auth::Tokens, audit: audit::Audit) -> Arc<Self> {
+        Self::with_local(slot, auth, audit, None)
+    }
+
+    /// [`ApiHttp::new`], merges applied to their workspace directories through `local`.
+    pub fn with_local(
+        slot: Slot,
+        auth: auth::Tokens,
+        audit: audit::Audit,
+        local: Option<forkfleet_client::Client>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             slot,
             auth,
             audit,
             idem: idempotency::Cache::default(),
+            local,
         })
+    }
+
+    /// With a local client, apply a merge the reply reports to its fork's workspace
+    /// directory (when that directory is on this machine).
+    async fn apply_locally(&self, reply: &ApiReply) {
+        let Some(client) = &self.local else { return };
+        let outcome = match reply {
+            ApiReply::Merge(o) => o,
+            ApiReply::Resolve(r) => match &r.merge {
+                Some(o) => o,
+                None => return,
+            },
+            _ => return,
+        };
+        use forkfleet_shared::api::ApiClient;
+        let Ok(view) = client.fork(outcome.fork_id).await else {
+            return;
+        };
+        let Some(dir) = view.workspace.as_deref().map(std::path::PathBuf::from) else {
+            return;
+        };
+        if !dir.is_dir() {
+            return;
+        }
+        match forkfleet_client::run::apply_outcome(client, outcome, Some(&dir), None).await {
+            Ok(report) => {
+                tracing::info!(fork.id = %outcome.fork_id, paths = report.applied_paths.len(), dir = %dir.display(), "merge applied to the workspace")
+            }
+            Err(e) => {
+                tracing::error!(fork.id = %outcome.fork_id, error = %e, "the merge could not be applied to the workspace")
+            }
+        }
+        forkfleet_client::forkdir::cleanup_after_merge(client, outcome.fork_id).await;
     }
 
     /// Who asks, allowed `need`; the coordinator that answers.
@@ -146,6 +195,9 @@ pub fn router(state: Arc<ApiHttp>) -> Router {
             axum::routing::get(openapi::serve),
         )
         .route(PREFIX, axum::routing::get(openapi::serve))
+        .route("/", axum::routing::get(console::index))
+        .route("/console/app.js", axum::routing::get(console::script))
+        .route("/console/app.css", axum::routing::get(console::style))
         .route(
             &format!("{PREFIX}/{{*rest}}"),
             axum::routing::any(not_found),
@@ -350,7 +402,10 @@ async fn call(
     }
     let answered = dispatch(&serving.handle, &principal.caller(), parsed.request).await;
     let kept = match answered {
-        Ok(reply) => reply_body(route, reply, &parsed.paging),
+        Ok(reply) => {
+            st.apply_locally(&reply).await;
+            reply_body(route, reply, &parsed.paging)
+        }
         Err(e) => Err(Problem::from_api(&e)),
     };
     let kept = kept.unwrap_or_else(|p| p.kept());
@@ -536,7 +591,13 @@ mod tests {
     fn the_docs_list_every_route() {
         let doc = include_str!("../docs/HTTP.md");
         for r in ROUTES {
-            let row = format!("| `{} {}` | `{}` | {} |", r.method, r.path, r.name, r.access.as_str());
+            let row = format!(
+                "| `{} {}` | `{}` | {} |",
+                r.method,
+                r.path,
+                r.name,
+                r.access.as_str()
+            );
             assert!(doc.contains(&row), "docs/HTTP.md lacks {row}");
         }
     }

@@ -1,5 +1,7 @@
-//! `forkfleet ui`: the embedded system with the HTTP API (docs/HTTP.md) on this machine's
-//! loopback, under a token made for this run and printed in the URL, until Ctrl-C.
+//! `forkfleet ui`: the embedded system with the HTTP API (docs/HTTP.md) and the web console
+//! (docs/CONSOLE.md) on this machine's loopback, under a token made for this run and
+//! printed in the console's URL, until Ctrl-C. Merges made there are applied to the fork's
+//! workspace directory, as `fork merge` applies them.
 
 use super::*;
 use forkfleet::http_api::{audit::Audit, auth, ApiHttp, Serving, Slot};
@@ -59,7 +61,12 @@ pub(crate) async fn cmd_ui(args: UiArgs) -> anyhow::Result<()> {
         handle: system.coordinator(),
         bus: system.bus.clone(),
     }));
-    let api = ApiHttp::new(slot, tokens, Audit::new(Some(data.join("audit.log"))));
+    let api = ApiHttp::with_local(
+        slot,
+        tokens,
+        Audit::new(Some(data.join("audit.log"))),
+        Some(system.client()),
+    );
     let readiness = service::http::Readiness::new("starting");
     readiness.ready();
     let endpoint = service::http::HttpEndpoint::start_with(args.addr, readiness, Some(api)).await;
@@ -75,6 +82,7 @@ pub(crate) async fn cmd_ui(args: UiArgs) -> anyhow::Result<()> {
         "forkfleet ui: the API of {} on http://{addr}/api/v1",
         data.display()
     );
+    println!("console: http://{addr}/#token={token}");
     println!("token (this run only): {token}");
     println!("try: curl -H 'Authorization: Bearer {token}' http://{addr}/api/v1/forks");
     println!("Ctrl-C stops it");

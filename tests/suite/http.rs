@@ -137,41 +137,59 @@ impl Api {
         ex: &Example,
         key: Option<&str>,
     ) -> (Value, reqwest::header::HeaderMap) {
-        let loaded = forkfleet_shared::spec::load(&ex.spec()).unwrap();
-        let scan = forkfleet_shared::manifest::scan_dir(&loaded.workspace, &[".forkfleet".into()])
-            .unwrap();
-        for (h, b) in scan.blobs.iter().chain(loaded.blobs.iter()) {
-            self.put_blob(*h, b.to_vec());
-        }
-        let manifest = scan.manifest.to_blob().unwrap().to_vec();
-        let snapshot = BlobHash::of(&manifest);
-        self.put_blob(snapshot, manifest);
-        let body = json!({
-            "plan": loaded.plan,
-            "parent": { "kind": "new" },
-            "snapshot": snapshot.to_string(),
-            "workspace": path_str(&loaded.workspace),
-        });
-        let mut r = self.req("POST", "/forks", ADMIN).body(body.to_string());
-        if let Some(k) = key {
-            r = r.header("Idempotency-Key", k);
-        }
-        let resp = r.send().unwrap();
-        let headers = resp.headers().clone();
-        let status = resp.status().as_u16();
-        let text = resp.text().unwrap();
-        assert_eq!(status, 200, "{text}");
-        (serde_json::from_str(&text).unwrap(), headers)
+        create_from_spec(&self.http, &self.base, ADMIN, &ex.spec(), key)
     }
+}
 
-    fn put_blob(&self, hash: BlobHash, bytes: Vec<u8>) {
-        let resp = self
-            .req("PUT", &format!("/blobs/{hash}"), ADMIN)
+/// Create the fork of the spec at `spec` through the HTTP API at `base` as a client in
+/// another language would: upload the workspace's files and the spec's scripts, then the
+/// snapshot, then `POST /forks` (with an idempotency key when given). Its view and the
+/// answer's headers.
+pub(super) fn create_from_spec(
+    http: &Client,
+    base: &str,
+    token: &str,
+    spec: &std::path::Path,
+    key: Option<&str>,
+) -> (Value, reqwest::header::HeaderMap) {
+    let loaded = forkfleet_shared::spec::load(spec).unwrap();
+    let scan =
+        forkfleet_shared::manifest::scan_dir(&loaded.workspace, &[".forkfleet".into()]).unwrap();
+    let put = |hash: BlobHash, bytes: Vec<u8>| {
+        let resp = http
+            .put(format!("{base}/blobs/{hash}"))
+            .bearer_auth(token)
             .body(bytes)
             .send()
             .unwrap();
         assert_eq!(resp.status().as_u16(), 204, "{}", resp.text().unwrap());
+    };
+    for (h, b) in scan.blobs.iter().chain(loaded.blobs.iter()) {
+        put(*h, b.to_vec());
     }
+    let manifest = scan.manifest.to_blob().unwrap().to_vec();
+    let snapshot = BlobHash::of(&manifest);
+    put(snapshot, manifest);
+    let body = json!({
+        "plan": loaded.plan,
+        "parent": { "kind": "new" },
+        "snapshot": snapshot.to_string(),
+        "workspace": path_str(&loaded.workspace),
+    });
+    let mut r = http
+        .post(format!("{base}/forks"))
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(k) = key {
+        r = r.header("Idempotency-Key", k);
+    }
+    let resp = r.send().unwrap();
+    let headers = resp.headers().clone();
+    let status = resp.status().as_u16();
+    let text = resp.text().unwrap();
+    assert_eq!(status, 200, "{text}");
+    (serde_json::from_str(&text).unwrap(), headers)
 }
 
 /// The next SSE event of `lines`: its id, name and data.
@@ -441,37 +459,8 @@ fn forkfleet_ui_serves_an_embedded_store_under_a_token_of_its_own() {
         "{}",
         String::from_utf8_lossy(&ran.stderr)
     );
-    let data = ex.data();
-    let mut child = super::harness::command()
-        .args(["ui", "--data", path_str(&data)])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let (mut base, mut token) = (None, None);
-    while base.is_none() || token.is_none() {
-        let line = rx
-            .recv_timeout(COMMAND_LIMIT)
-            .expect("forkfleet ui printed its address and token");
-        if let Some(rest) = line
-            .split(" on ")
-            .nth(1)
-            .filter(|_| line.starts_with("forkfleet ui:"))
-        {
-            base = Some(rest.trim().to_string());
-        }
-        if let Some(t) = line.strip_prefix("token (this run only): ") {
-            token = Some(t.trim().to_string());
-        }
-    }
-    let (base, token) = (base.unwrap(), token.unwrap());
+    let ui = Ui::start(&ex.data());
+    let (base, token) = (ui.base.clone(), ui.token.clone());
     let http = Client::new();
     let forks: Value = serde_json::from_str(
         &http
@@ -487,8 +476,71 @@ fn forkfleet_ui_serves_an_embedded_store_under_a_token_of_its_own() {
     let denied = http.get(format!("{base}/forks")).send().unwrap();
     assert_eq!(denied.status().as_u16(), 401);
     // Ctrl-C: it stops and lets the store go.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let status =
-        super::fleet::wait_bounded(&mut child, COMMAND_LIMIT).expect("forkfleet ui stopped");
-    assert!(status.success(), "{status:?}");
+    ui.stop();
+}
+
+/// `forkfleet ui` on a data directory: its API's base URL, its token, its console's URL.
+pub(super) struct Ui {
+    child: std::process::Child,
+    pub base: String,
+    pub token: String,
+    pub console: String,
+}
+
+impl Ui {
+    pub fn start(data: &std::path::Path) -> Ui {
+        let mut child = super::harness::command()
+            .args(["ui", "--data", path_str(data)])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let (mut base, mut token, mut console) = (None, None, None);
+        while base.is_none() || token.is_none() || console.is_none() {
+            let line = rx
+                .recv_timeout(COMMAND_LIMIT)
+                .expect("forkfleet ui printed its address and token");
+            if let Some(rest) = line
+                .split(" on ")
+                .nth(1)
+                .filter(|_| line.starts_with("forkfleet ui:"))
+            {
+                base = Some(rest.trim().to_string());
+            }
+            if let Some(t) = line.strip_prefix("token (this run only): ") {
+                token = Some(t.trim().to_string());
+            }
+            if let Some(c) = line.strip_prefix("console: ") {
+                console = Some(c.trim().to_string());
+            }
+        }
+        Ui {
+            child,
+            base: base.unwrap(),
+            token: token.unwrap(),
+            console: console.unwrap(),
+        }
+    }
+
+    /// Ctrl-C, and it exits cleanly (bounded).
+    pub fn stop(mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = super::fleet::wait_bounded(&mut self.child, COMMAND_LIMIT)
+            .expect("forkfleet ui stopped");
+        assert!(status.success(), "{status:?}");
+    }
+}
+
+impl Drop for Ui {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -10,6 +10,7 @@ mod cli;
 mod cluster_cli;
 mod cluster_faults;
 mod config;
+mod console;
 mod everyday;
 mod exit_codes;
 mod fencing;

@@ -443,7 +443,12 @@ operations! {
         } -> Watch(ForkWatch), idempotent, wait, read, GET "/forks/{fork}/watch";
 
         /// The diff report of a fork's branches.
-        Diff = "diff", fn diff { fork: ForkId, options: DiffOptions } -> Diff(DiffReport), idempotent, work, read, GET "/forks/{fork}/diff";
+        Diff = "diff", fn diff {
+            fork: ForkId,
+            /// What the report holds (the defaults when absent).
+            #[serde(default)]
+            options: DiffOptions,
+        } -> Diff(DiffReport), idempotent, work, read, GET "/forks/{fork}/diff";
 
         /// Merge the branch labelled `pick` into the fork's parent.
         Merge = "merge", fn merge { fork: ForkId, pick: String } -> Merge(MergeOutcome), changes, work, write, POST "/forks/{fork}/merge";
