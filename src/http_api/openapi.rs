@@ -194,6 +194,28 @@ fn extra_paths(paths: &mut Map<String, Value>) {
             "responses": with_problems(json!({ "description": "The workers", "content": { "application/json": { "schema": { "type": "array", "items": { "x-rust-type": "WorkerInfo" } } } } })),
         }),
     );
+    let mut made = problem_responses();
+    made["200"] = json!({ "description": "The new fork", "content": { "application/json": { "schema": { "x-rust-type": "ForkView" } } } });
+    add(
+        format!("{PREFIX}/forks/from-spec"),
+        "post",
+        json!({
+            "operationId": "create_fork_from_spec", "summary": "A fork from a spec document and an uploaded snapshot or a run", "tags": ["forks"],
+            "x-forkfleet-access": "write",
+            "requestBody": { "required": true, "content": { "application/json": { "schema": {
+                "type": "object",
+                "properties": {
+                    "spec": { "type": "string", "description": "The spec file's TOML (docs/SPEC.md)" },
+                    "files": { "type": "object", "additionalProperties": { "type": "string" }, "description": "Files the spec names, by relative path" },
+                    "snapshot": { "type": "string", "pattern": "^[0-9a-f]{64}$" },
+                    "run": { "type": "string", "format": "uuid" },
+                    "workspace": { "type": "string" }
+                },
+                "required": ["spec"]
+            } } } },
+            "responses": made,
+        }),
+    );
     add(
         format!("{PREFIX}/openapi.json"),
         "get",

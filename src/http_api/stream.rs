@@ -11,6 +11,9 @@
 //! - `PUT /blobs/{blob}`: store bytes under their SHA-256 (the hash must match), as the
 //!   workspace upload of `create_fork` needs.
 //! - `GET /workers`: the live workers and their running branches.
+//! - `POST /forks/from-spec`: a fork from a spec document (the TOML text, and the files it
+//!   names, such as scripts) and an uploaded snapshot or a run, as `forkfleet run` makes
+//!   one from a spec file: `create_fork` with the plan the spec gives.
 
 use super::problem::Problem;
 use super::{ApiHttp, Serving};
@@ -41,6 +44,7 @@ pub fn routes() -> Vec<(&'static str, MethodRouter<Arc<ApiHttp>>)> {
         ("/runs/{run}/stream", axum::routing::get(run_stream)),
         ("/blobs/{blob}", axum::routing::put(upload)),
         ("/workers", axum::routing::get(workers)),
+        ("/forks/from-spec", axum::routing::post(from_spec)),
     ]
 }
 
@@ -328,4 +332,112 @@ async fn workers(
         Ok(w) => axum::Json(w).into_response(),
         Err(p) => p.into_response(),
     }
+}
+
+/// `POST /forks/from-spec`'s body.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpecDocument {
+    /// The spec, as a spec file holds it (docs/SPEC.md); its `workspace` is not read.
+    spec: String,
+    /// Files the spec names (`script = "script.toml"`), by their path relative to it.
+    #[serde(default)]
+    files: std::collections::BTreeMap<String, String>,
+    /// The workspace snapshot (a `Manifest` blob already uploaded), or
+    snapshot: Option<BlobHash>,
+    /// a run to fork as it is now.
+    run: Option<RunId>,
+    /// A name for the workspace in views (display only).
+    workspace: Option<String>,
+}
+
+async fn from_spec(
+    State(st): St,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Bytes,
+) -> Response {
+    let made = async {
+        let (principal, serving) = st.admit(&headers, query.as_deref(), peer, Access::Write)?;
+        let doc: SpecDocument = serde_json::from_slice(&body).map_err(|e| {
+            Problem::bad_input(format!(
+                "the body is {{\"spec\": TOML text, \"files\": {{path: text}}, \"snapshot\": hash | \"run\": run id, \"workspace\": name}}: {e}"
+            ))
+        })?;
+        let caller = principal.caller();
+        let (parent, snapshot) = match (doc.snapshot, doc.run) {
+            (Some(s), None) => (forkfleet_shared::api::ParentRun::New, s),
+            (None, Some(run_id)) => {
+                let ApiReply::Workspace(s) = call(
+                    &serving,
+                    &caller,
+                    forkfleet_shared::api::RunWorkspace { run: run_id },
+                )
+                .await?
+                else {
+                    return Err(Problem::failure("the run's workspace was not answered"));
+                };
+                (forkfleet_shared::api::ParentRun::Existing { run_id }, s)
+            }
+            _ => return Err(Problem::bad_input(
+                "give `snapshot` (an uploaded Manifest blob) or `run` (a run to fork), one of them",
+            )),
+        };
+        let loaded = load_document(&doc)?;
+        for (hash, bytes) in &loaded.blobs {
+            serving
+                .bus
+                .blobs()
+                .put(*hash, bytes.clone())
+                .await
+                .map_err(|e| Problem::unavailable(format!("the blob store failed: {e}")))?;
+        }
+        let created = call(
+            &serving,
+            &caller,
+            forkfleet_shared::api::CreateFork {
+                plan: loaded.plan,
+                parent,
+                snapshot,
+                workspace: Some(doc.workspace.unwrap_or_else(|| "(http)".to_string())),
+                left_out: None,
+                git: None,
+            },
+        )
+        .await?;
+        Ok::<_, Problem>((principal, created))
+    };
+    match made.await {
+        Ok((principal, ApiReply::Fork(view))) => {
+            tracing::info!(audit.who = %principal.name, fork.id = %view.fork_id, "http.create_from_spec");
+            axum::Json(view).into_response()
+        }
+        Ok(_) => Problem::failure("the fork was not answered").into_response(),
+        Err(p) => p.into_response(),
+    }
+}
+
+/// The spec document as a spec file in a directory of its own, its files beside it.
+fn load_document(doc: &SpecDocument) -> Result<forkfleet_shared::spec::LoadedSpec, Problem> {
+    let dir = tempfile::tempdir()
+        .map_err(|e| Problem::failure(format!("no temporary directory: {e}")))?;
+    for (name, text) in &doc.files {
+        let rel = forkfleet_shared::path::WsPath::parse_file(name)
+            .map_err(|e| Problem::bad_input(format!("files: `{name}`: {e}")))?;
+        let path = dir.path().join(rel.as_str());
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Problem::failure(e.to_string()))?;
+        }
+        std::fs::write(&path, text).map_err(|e| Problem::failure(e.to_string()))?;
+    }
+    let spec = dir.path().join("fork.toml");
+    std::fs::write(&spec, &doc.spec).map_err(|e| Problem::failure(e.to_string()))?;
+    let mut over = toml::Table::new();
+    over.insert(
+        "workspace".into(),
+        toml::Value::String(dir.path().display().to_string()),
+    );
+    forkfleet_shared::spec::load_overridden(Some(&spec), over, &Default::default())
+        .map_err(|e| Problem::bad_input(format!("the spec: {e}")))
 }

@@ -247,6 +247,33 @@ fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_
     assert_eq!(again["fork_id"], view["fork_id"]);
     assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
 
+    // From a spec document and the snapshot already uploaded.
+    let spec_text = std::fs::read_to_string(ex.spec()).unwrap();
+    let script = std::fs::read_to_string(ex.dir.path().join("script.toml")).unwrap();
+    let second = api.ok(
+        "POST",
+        "/forks/from-spec",
+        ADMIN,
+        Some(json!({"spec": spec_text, "files": {"script.toml": script}, "snapshot": view["snapshot"], "workspace": "from-spec"})),
+    );
+    assert_ne!(second["fork_id"], view["fork_id"]);
+    assert_eq!(second["branches"].as_array().unwrap().len(), 3);
+    let p = api.problem(
+        "POST",
+        "/forks/from-spec",
+        ADMIN,
+        Some(json!({"spec": "goal = 1", "snapshot": view["snapshot"]})),
+        400,
+    );
+    assert!(p["detail"].as_str().unwrap().contains("the spec"), "{p}");
+    api.problem(
+        "POST",
+        "/forks/from-spec",
+        ADMIN,
+        Some(json!({"spec": spec_text, "files": {"../x": "y"}, "snapshot": view["snapshot"]})),
+        400,
+    );
+
     // SSE: the first event, a dropped connection, then resumption after it.
     let resp = api.get(&format!("/forks/{fork}/stream"), READER).unwrap();
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
@@ -295,7 +322,7 @@ fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_
 
     // Lists page and filter.
     let resp = api.get("/forks?limit=1", READER).unwrap();
-    assert_eq!(resp.headers()["x-total-count"], "1");
+    assert_eq!(resp.headers()["x-total-count"], "2");
     let listed: Value = serde_json::from_str(&resp.text().unwrap()).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1);
     let none = api.ok("GET", "/forks?state=aborted", READER, None);
