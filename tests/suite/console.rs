@@ -180,13 +180,14 @@ fn the_console_follows_a_fork_live_compares_merges_and_shows_lineage() {
     let text = std::fs::read_to_string(&script).unwrap();
     std::fs::write(
         &script,
-        text.replacen("[defaults]\n", "[defaults]\nlatency_ms = 1500\n", 1),
+        text.replacen("[defaults]\n", "[defaults]\nlatency_ms = 2500\n", 1),
     )
     .unwrap();
     let ui = Ui::start(&ex.data());
+    // The browser first, so the page opens while the branches still run.
+    let b = Browser::start();
     let (view, _) = create_from_spec(&Client::new(), &ui.base, &ui.token, &ex.spec(), None);
     let fork = view["fork_id"].as_str().unwrap().to_string();
-    let b = Browser::start();
     b.goto(&format!("{}&page=/forks/{fork}", ui.console));
     let badges = b.wait(
         "three running branches",

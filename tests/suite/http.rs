@@ -275,7 +275,11 @@ fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_
     );
 
     // SSE: the first event, a dropped connection, then resumption after it.
-    let resp = api.get(&format!("/forks/{fork}/stream"), READER).unwrap();
+    let resp = api
+        .req("GET", &format!("/forks/{fork}/stream"), READER)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .unwrap();
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let mut lines = BufReader::new(resp).lines();
     let (id, name, data) = next_event(&mut lines);
@@ -291,8 +295,16 @@ fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_
         None,
     );
     assert_eq!(settled["branches"].as_array().unwrap().len(), 3);
+    // A change after the event seen (the fork may have settled before it was sent).
+    api.ok(
+        "POST",
+        &format!("/forks/{fork}/branches/tidy/continue"),
+        ADMIN,
+        Some(json!({"text": "and?"})),
+    );
     let resp = api
         .req("GET", &format!("/forks/{fork}/stream"), READER)
+        .timeout(Duration::from_secs(30))
         .header("Last-Event-ID", first.to_string())
         .send()
         .unwrap();
@@ -314,6 +326,7 @@ fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_
     assert_eq!(events[0]["seq"], 1);
     let resp = api
         .req("GET", &format!("/runs/{run}/stream"), READER)
+        .timeout(Duration::from_secs(30))
         .header("Last-Event-ID", "2")
         .send()
         .unwrap();
@@ -408,6 +421,66 @@ fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_
             .any(|l| l["op"] == "merge" && l["who"] == "ops" && l["status"] == 200),
         "{audit}"
     );
+
+    // More operations, as any client would send them.
+    let acc = api.ok(
+        "PUT",
+        "/accounts/team-a",
+        ADMIN,
+        Some(json!({"cap_usd": 5.0})),
+    );
+    assert_eq!(
+        (acc["name"].clone(), acc["cap_usd"].clone()),
+        (json!("team-a"), json!(5.0))
+    );
+    api.problem(
+        "PUT",
+        "/accounts/team-a",
+        TEAM,
+        Some(json!({"cap_usd": 50.0})),
+        403,
+    );
+    let cp = api.ok(
+        "POST",
+        &format!("/runs/{run}/checkpoints"),
+        ADMIN,
+        Some(json!({"label": "http-cp"})),
+    );
+    assert_eq!(cp["label"], "http-cp");
+    let cps = api.ok("GET", &format!("/runs/{run}/checkpoints"), READER, None);
+    assert!(
+        cps.as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["label"] == "http-cp"),
+        "{cps}"
+    );
+    api.ok(
+        "DELETE",
+        &format!("/runs/{run}/checkpoints/http-cp"),
+        ADMIN,
+        None,
+    );
+    let gc = api.ok("POST", "/gc", ADMIN, Some(json!({"dry_run": true})));
+    assert!(gc.is_object(), "{gc}");
+    let second_id = second["fork_id"].as_str().unwrap();
+    api.ok(
+        "GET",
+        &format!("/forks/{second_id}/settled?timeout_ms=30000"),
+        READER,
+        None,
+    );
+    let cont = api.ok(
+        "POST",
+        &format!("/forks/{second_id}/branches/tidy/continue"),
+        ADMIN,
+        Some(json!({"text": "one more thing"})),
+    );
+    assert_eq!(cont["label"], "tidy", "{cont}");
+    let aborted = api.ok("POST", &format!("/forks/{second_id}/abort"), ADMIN, None);
+    assert!(aborted.is_object(), "{aborted}");
+    let listed = api.ok("GET", "/forks?state=aborted", READER, None);
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
 
     // The OpenAPI document: valid, and every path and method in it is served.
     let doc = api.ok("GET", "/openapi.json", READER, None);
