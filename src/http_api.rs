@@ -411,7 +411,12 @@ async fn call(
     let kept = kept.unwrap_or_else(|p| p.kept());
     if route.access != Access::Read {
         st.audit
-            .record(&principal, route, params, kept.status)
+            .record(
+                &principal,
+                (route.name, route.method, route.path),
+                params,
+                kept.status,
+            )
             .await;
     }
     if let Some(key) = key {

@@ -195,25 +195,19 @@ pub async fn apply_version(
     dir: &Path,
     policy: ConflictPolicy,
 ) -> Result<FlushReport, ClientError> {
-    let target = fetch(store, to)
-        .await
-        .map_err(|e| ClientError::blob("reading the workspace version", e))?;
-    let target = Manifest::from_blob(&target)
-        .map_err(|e| ClientError::decode("the workspace version", e))?;
-    let base = fetch(store, from)
-        .await
-        .map_err(|e| ClientError::blob("reading the workspace version", e))?;
-    let base =
-        Manifest::from_blob(&base).map_err(|e| ClientError::decode("the workspace version", e))?;
+    let target = version(store, to).await?;
+    let base = version(store, from).await?;
     let changes = flush::changes_between(&base, &target);
-    let mut contents = HashMap::new();
-    for h in flush::needed_blobs(&changes) {
-        let bytes = fetch(store, &h)
-            .await
-            .map_err(|e| ClientError::blob("reading the contents the changes write", e))?;
-        contents.insert(h, bytes);
-    }
+    let contents = written_contents(store, &changes).await?;
     replay_onto(dir, changes, base, contents, policy).await
+}
+
+/// A workspace version (a `Manifest` blob) from `store`.
+async fn version(store: &dyn BlobStore, hash: &BlobHash) -> Result<Manifest, ClientError> {
+    let bytes = fetch(store, hash)
+        .await
+        .map_err(|e| ClientError::blob("reading the workspace version", e))?;
+    Manifest::from_blob(&bytes).map_err(|e| ClientError::decode("the workspace version", e))
 }
 
 /// Replay `changes` onto `dir` off the runtime, conflicts against `base`.
@@ -247,6 +241,14 @@ pub async fn replay_inputs(
         .await
         .map_err(|e| ClientError::blob(format!("reading {what}"), e))?;
     let base = Manifest::from_blob(&base).map_err(|e| ClientError::decode(what, e))?;
+    Ok((base, written_contents(store, changes).await?))
+}
+
+/// The contents `changes` write, from `store`.
+async fn written_contents(
+    store: &dyn BlobStore,
+    changes: &[forkfleet_shared::overlay::ChangeOp],
+) -> Result<HashMap<BlobHash, Bytes>, ClientError> {
     let mut contents = HashMap::new();
     for h in flush::needed_blobs(changes) {
         let bytes = fetch(store, &h)
@@ -254,5 +256,5 @@ pub async fn replay_inputs(
             .map_err(|e| ClientError::blob("reading the contents the changes write", e))?;
         contents.insert(h, bytes);
     }
-    Ok((base, contents))
+    Ok(contents)
 }

@@ -2,7 +2,6 @@
 //! operation on what, the answer's status) appended to the audit log, and a log line.
 
 use super::auth::Principal;
-use forkfleet_shared::api::Route;
 use std::path::PathBuf;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
@@ -21,23 +20,25 @@ impl Audit {
         }
     }
 
+    /// Record a write: operation `op` (a declared one's name, or a route of its own such as
+    /// `put_blob`), its `method` and declared `path`, the path's values, the answer's status.
     pub async fn record(
         &self,
         who: &Principal,
-        route: &Route,
+        (op, method, path): (&str, &str, &str),
         params: &[String],
         status: axum::http::StatusCode,
     ) {
         let line = serde_json::json!({
             "at_ms": forkfleet_shared::protocol::now_ms(),
             "who": who.name,
-            "op": route.name,
-            "method": route.method,
-            "path": route.path,
+            "op": op,
+            "method": method,
+            "path": path,
             "params": params,
             "status": status.as_u16(),
         });
-        tracing::info!(audit.who = %who.name, audit.op = route.name, audit.status = status.as_u16(), "http.write");
+        tracing::info!(audit.who = %who.name, audit.op = op, audit.status = status.as_u16(), "http.write");
         let Some(file) = &self.file else { return };
         let _held = self.lock.lock().await;
         let written = async {

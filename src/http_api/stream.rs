@@ -81,6 +81,22 @@ fn last_event_id(headers: &HeaderMap, query: Option<&str>) -> Result<Option<u64>
     .transpose()
 }
 
+/// What a stream starts from: the coordinator, the caller (admitted to read), the id in
+/// the path (`what` says what it is), and the event the client saw last.
+fn open<T: std::str::FromStr>(
+    st: &ApiHttp,
+    headers: &HeaderMap,
+    query: Option<&str>,
+    peer: SocketAddr,
+    params: &RawPathParams,
+    what: &str,
+) -> Result<(Serving, Caller, T, Option<u64>), Problem> {
+    let (principal, serving) = st.admit(headers, query, peer, Access::Read)?;
+    let id = param(params, what)?;
+    let seen = last_event_id(headers, query)?;
+    Ok((serving, principal.caller(), id, seen))
+}
+
 async fn call(
     s: &Serving,
     caller: &Caller,
@@ -108,10 +124,8 @@ async fn fork_stream(
     RawQuery(query): RawQuery,
 ) -> Response {
     let opened = async {
-        let (principal, serving) = st.admit(&headers, query.as_deref(), peer, Access::Read)?;
-        let fork: ForkId = param(&params, "fork id")?;
-        let seen = last_event_id(&headers, query.as_deref())?;
-        let caller = principal.caller();
+        let (serving, caller, fork, seen) =
+            open::<ForkId>(&st, &headers, query.as_deref(), peer, &params, "fork id")?;
         // Refused (unknown, another account's) before the stream starts.
         call(&serving, &caller, forkfleet_shared::api::GetFork { fork }).await?;
         Ok::<_, Problem>((serving, caller, fork, seen))
@@ -190,10 +204,8 @@ async fn run_stream(
     RawQuery(query): RawQuery,
 ) -> Response {
     let opened = async {
-        let (principal, serving) = st.admit(&headers, query.as_deref(), peer, Access::Read)?;
-        let run: RunId = param(&params, "run id")?;
-        let after = last_event_id(&headers, query.as_deref())?;
-        let caller = principal.caller();
+        let (serving, caller, run, after) =
+            open::<RunId>(&st, &headers, query.as_deref(), peer, &params, "run id")?;
         let fork = match call(&serving, &caller, GetRun { run }).await? {
             ApiReply::Run(d) => d.run.fork_id,
             _ => None,
@@ -307,8 +319,17 @@ async fn upload(
     };
     match done.await {
         Ok(principal) => {
-            tracing::info!(audit.who = %principal.name, "http.blob_upload");
-            axum::http::StatusCode::NO_CONTENT.into_response()
+            let status = axum::http::StatusCode::NO_CONTENT;
+            let raw: Vec<String> = params.iter().map(|(_, v)| v.to_string()).collect();
+            st.audit
+                .record(
+                    &principal,
+                    ("put_blob", "PUT", "/blobs/{blob}"),
+                    &raw,
+                    status,
+                )
+                .await;
+            status.into_response()
         }
         Err(p) => p.into_response(),
     }
@@ -410,7 +431,11 @@ async fn from_spec(
     };
     match made.await {
         Ok((principal, ApiReply::Fork(view))) => {
-            tracing::info!(audit.who = %principal.name, fork.id = %view.fork_id, "http.create_from_spec");
+            let route = ("create_fork_from_spec", "POST", "/forks/from-spec");
+            let fork = [view.fork_id.to_string()];
+            st.audit
+                .record(&principal, route, &fork, axum::http::StatusCode::OK)
+                .await;
             axum::Json(view).into_response()
         }
         Ok(_) => Problem::failure("the fork was not answered").into_response(),

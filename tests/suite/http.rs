@@ -421,6 +421,17 @@ fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_
             .any(|l| l["op"] == "merge" && l["who"] == "ops" && l["status"] == 200),
         "{audit}"
     );
+    // Writes that are not one operation are recorded too.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["op"] == "put_blob" && l["status"] == 204),
+        "{audit}"
+    );
+    assert!(
+        lines.iter().any(|l| l["op"] == "create_fork_from_spec"),
+        "{audit}"
+    );
 
     // More operations, as any client would send them.
     let acc = api.ok(

@@ -187,6 +187,7 @@ impl App {
             dir: self.start.workspace.clone(),
             synced,
             policy: chat.policy,
+            checked_at: 0,
         };
         self.chat_follower = Some(tokio::spawn(poll::follow(
             self.client.clone(),

@@ -81,6 +81,9 @@ pub struct ChatDuty {
     /// The version the directory holds now.
     pub synced: BlobHash,
     pub policy: ConflictPolicy,
+    /// How long the agent's log was when its version was last compared (its files change
+    /// only with events: a turn's, or a merge's).
+    pub checked_at: u64,
 }
 
 /// Follow fork `fork` until it is merged or aborted (the chat's own fork: until the UI
@@ -203,7 +206,8 @@ async fn round(
                 .collect();
             send(tx, Msg::AgentForks(mine));
         }
-        if main.state.is_stopped() {
+        if main.state.is_stopped() && main.events != duty.checked_at {
+            duty.checked_at = main.events;
             let version = client.run_workspace(main.run_id).await.map_err(err)?;
             if version != duty.synced {
                 let report = workspace::apply_version(
