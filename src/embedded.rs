@@ -117,6 +117,9 @@ impl Embedded {
                 // cache): a worker's copy of them would only double the memory a large
                 // workspace takes.
                 blob_cache_bytes: EMBEDDED_BLOB_CACHE_BYTES,
+                // A pull on the in-process bus wakes as soon as a task is queued; its wait
+                // only bounds how long a stopping worker takes to notice (a run's exit).
+                pull_wait: std::time::Duration::from_millis(50),
                 ..WorkerConfig::default()
             };
             workers.push(forkfleet_worker::start(config, bus.clone()).await?);
@@ -152,8 +155,11 @@ impl Embedded {
             let _ = stop.send(());
             let _ = socket.await;
         }
-        for w in self.workers {
-            w.shutdown().await?;
+        // All at once: each ends its pull within `pull_wait`.
+        for stopped in
+            futures::future::join_all(self.workers.into_iter().map(|w| w.shutdown())).await
+        {
+            stopped?;
         }
         if let Some((stop, api)) = self.api.take() {
             let _ = stop.send(());

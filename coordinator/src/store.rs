@@ -9,7 +9,7 @@
 //! | `checkpoints` | run id ++ checkpoint id              | [`CheckpointView`]         |
 //! | `checkpoint_marks` | run id                          | u64: automatic checkpoints removed by hand up to this seq |
 //! | `blobs`       | blob hash (32 bytes)                 | the bytes (up to 1 KiB)    |
-//! | `blob_files`  | blob hash (32 bytes)                 | length of a larger blob, whose bytes are the file `blobs/<hex>` of the data dir |
+//! | `blob_files`  | blob hash (32 bytes)                 | length of a larger blob, whose bytes are the file `blob-files/<hex>` of the data dir |
 //! | `accounts`    | account name                         | [`AccountRecord`]          |
 //! | `reservations`| reservation id                       | [`ReservationRecord`]      |
 //! | `caps`        | fork id, or fork id ++ run id        | `Option<f64>`: a cap after top-ups |
@@ -184,7 +184,7 @@ impl RunStore {
             }
         };
         let tree = |name: &str| db.open_tree(name);
-        let blobs = SledBlobStore::new(tree("blobs")?, tree("blob_files")?, dir.join("blobs"));
+        let blobs = SledBlobStore::open(tree("blobs")?, tree("blob_files")?, &dir)?;
         let inner = Inner {
             runs: tree("runs")?,
             events: tree("events")?,
@@ -661,6 +661,60 @@ mod tests {
         assert!(blobs.put(other, Bytes::from_static(b"x")).await.is_err());
     }
 
+    /// A store written before kept blob files in `blobs/`, sled's own directory (which made
+    /// sled warn of each at every open): they move to `blob-files/` on the next open,
+    /// whole directories or, after a move cut short, file by file.
+    #[tokio::test]
+    async fn blob_files_of_an_older_store_move_out_of_sleds_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs: Vec<Bytes> = (0..40u8)
+            .map(|i| Bytes::from(vec![i; blobs::INLINE_MAX + 1]))
+            .collect();
+        {
+            let store = RunStore::open(dir.path()).unwrap();
+            for b in &blobs {
+                store
+                    .blob_store()
+                    .put(BlobHash::of(b), b.clone())
+                    .await
+                    .unwrap();
+            }
+            store.flush_async().await.unwrap();
+        }
+        let (new, old) = (dir.path().join(blobs::FILES_DIR), dir.path().join("blobs"));
+        std::fs::create_dir_all(&old).unwrap();
+        let mut moved_back = 0;
+        for (i, e) in std::fs::read_dir(&new).unwrap().flatten().enumerate() {
+            if i % 2 == 0 {
+                // The older layout.
+                std::fs::rename(e.path(), old.join(e.file_name())).unwrap();
+            } else {
+                // A move cut short: the directory in both, its files split.
+                let back = old.join(e.file_name());
+                std::fs::create_dir(&back).unwrap();
+                for f in std::fs::read_dir(e.path()).unwrap().flatten() {
+                    std::fs::rename(f.path(), back.join(f.file_name())).unwrap();
+                }
+            }
+            moved_back += 1;
+        }
+        assert!(moved_back > 2);
+        let store = RunStore::open(dir.path()).unwrap();
+        for b in &blobs {
+            assert_eq!(&store.blob(&BlobHash::of(b)).unwrap().unwrap(), b);
+            let hex = BlobHash::of(b).to_hex();
+            assert!(new.join(&hex[..2]).join(&hex[2..]).is_file());
+        }
+        // Nothing of ours is left in sled's directory (what sled keeps there is its own).
+        let left: Vec<_> = std::fs::read_dir(&old)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_type().unwrap().is_dir())
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
     #[tokio::test]
     async fn a_large_blob_is_a_file_of_its_own_and_survives_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
@@ -678,13 +732,17 @@ mod tests {
             store.flush_async().await.unwrap();
         }
         let hex = hb.to_hex();
-        let file = dir.path().join("blobs").join(&hex[..2]).join(&hex[2..]);
+        let file = dir
+            .path()
+            .join(blobs::FILES_DIR)
+            .join(&hex[..2])
+            .join(&hex[2..]);
         assert_eq!(std::fs::read(&file).unwrap(), big.to_vec());
-        // The small one is a sled value: no file of its name anywhere below `blobs/`.
+        // The small one is a sled value: no file of its name anywhere below `blob-files/`.
         let small_hex = hs.to_hex();
         let small_file = dir
             .path()
-            .join("blobs")
+            .join(blobs::FILES_DIR)
             .join(&small_hex[..2])
             .join(&small_hex[2..]);
         assert!(!small_file.exists());

@@ -139,6 +139,14 @@ pub trait BlobStore: Send + Sync + 'static {
             "this blob store cannot delete blobs".into(),
         ))
     }
+
+    /// A file on this machine holding exactly the blob's bytes, when the store keeps the
+    /// blob as one (the run store's larger blobs, read by an embedded worker): a caller may
+    /// hard-link it where nothing will write through the link, and must never write it.
+    /// `None` (the default): the bytes are only to be had through [`BlobStore::get`].
+    fn local_file(&self, _hash: &BlobHash) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 /// Fetch a blob that must exist, verifying its hash.

@@ -149,6 +149,10 @@ impl BlobStore for BlobCache {
         }
         self.remote.missing(&unknown).await
     }
+
+    fn local_file(&self, hash: &BlobHash) -> Option<std::path::PathBuf> {
+        self.remote.local_file(hash)
+    }
 }
 
 /// Values derived from blobs, computed once per hash and shared. Keeps at most `capacity`

@@ -138,7 +138,14 @@ async fn test_in_span(ctx: &WorkerCtx, job: TestJob) -> TestRun {
     };
     let work = match ctx
         .trees
-        .checkout(&key, &prefix, tree, None, ctx.blobs.as_ref())
+        .checkout(
+            &key,
+            &prefix,
+            tree,
+            None,
+            ctx.blobs.as_ref(),
+            crate::runner::sandbox::confines(&job.sandbox),
+        )
         .await
     {
         Ok((w, checkout)) => {

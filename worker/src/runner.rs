@@ -35,7 +35,7 @@ mod trees;
 
 pub use changes::{tree_changes, TreeChanges};
 pub use command::{base_env, run_command, CommandOutcome, CommandRun, CommandSpec};
-pub use materialize::{materialize, Materialized};
+pub use materialize::{materialize, Make, Materialized};
 pub use sandbox::SandboxSpec;
 pub use trees::{Checkout, TreeKey, Trees, DEFAULT_TREE_CACHE_BYTES, FINISHED_TTL};
 
@@ -85,7 +85,7 @@ impl Workdir {
         blobs: &BlobCache,
     ) -> Result<Self, WorkerError> {
         let root = Scratch::make(parent, prefix, &["ws", "home", "tmp"]).await?;
-        let written = materialize(&tree, blobs, &root.0.join("ws")).await?;
+        let written = materialize(&tree, blobs, &root.0.join("ws"), Make::Write).await?;
         Ok(Self {
             root,
             tree,
@@ -120,11 +120,14 @@ impl Workdir {
     }
 
     /// The base it is layered over: which one (its address, the same for every tree over
-    /// it) and its bytes.
+    /// it) and the bytes it takes on disk (not those linked from the store).
     pub(super) fn base_id(&self) -> Option<(usize, u64)> {
-        self.base
-            .as_ref()
-            .map(|b| (std::sync::Arc::as_ptr(b) as usize, b.bytes()))
+        self.base.as_ref().map(|b| {
+            (
+                std::sync::Arc::as_ptr(b) as usize,
+                b.bytes().saturating_sub(b.linked_bytes()),
+            )
+        })
     }
 
     /// The bytes this tree holds on disk of its own: all of its files, or for a layered
@@ -229,7 +232,7 @@ impl Workdir {
                 materialize::Wrote::File { stamp, .. } => {
                     self.written.stamps.insert(path, (stamp, entry));
                 }
-                materialize::Wrote::Symlink => {}
+                materialize::Wrote::Symlink | materialize::Wrote::Linked { .. } => {}
                 materialize::Wrote::Skipped => self.written.skipped.push(path),
             }
         }

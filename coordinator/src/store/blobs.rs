@@ -1,8 +1,10 @@
 //! Blobs in the run store: the coordinator's copy of workspace files, scripts, history
 //! prefixes and manifests. A small blob (up to [`INLINE_MAX`] bytes) is a value of the sled
-//! tree `blobs`; a larger one is a file of its own under `<data>/blobs/` (the first two hex
-//! digits of its hash, then the rest), recorded in the tree `blob_files` (hash -> length)
-//! once written. sled keeps the nodes it reads in memory: a workspace's files as values
+//! tree `blobs`; a larger one is a file of its own under `<data>/blob-files/` (the first
+//! two hex digits of its hash, then the rest), recorded in the tree `blob_files` (hash ->
+//! length) once written. (Stores written before kept them in `<data>/blobs/`, which is
+//! sled's own directory for large values: sled warned of every one of them at each open.
+//! They are moved on the first open, [`SledBlobStore::open`].) sled keeps the nodes it reads in memory: a workspace's files as values
 //! made a run's memory grow with the workspace (ADR 24); as files they are read and
 //! released. A store written before holds its blobs in `blobs`, read as always.
 //!
@@ -21,6 +23,12 @@ use std::path::{Path, PathBuf};
 /// Blobs up to this size are sled values; larger ones are files.
 pub const INLINE_MAX: usize = 1024;
 
+/// The directory of blob files in the data directory.
+pub const FILES_DIR: &str = "blob-files";
+
+/// Where stores written before kept blob files: sled's own directory of large values.
+const OLD_FILES_DIR: &str = "blobs";
+
 /// A [`BlobStore`] over the run store (see the module's documentation). `put` verifies the
 /// hash, so a blob stored under a hash always has that content.
 #[derive(Clone)]
@@ -36,8 +44,23 @@ fn backend(e: impl std::fmt::Display) -> BlobError {
 }
 
 impl SledBlobStore {
-    pub(crate) fn new(tree: sled::Tree, files: sled::Tree, dir: PathBuf) -> Self {
-        Self { tree, files, dir }
+    /// The blobs of the store in `data_dir` (open, so its lock is held): blob files a
+    /// store written before left in sled's directory are moved to [`FILES_DIR`] first.
+    pub(crate) fn open(
+        tree: sled::Tree,
+        files: sled::Tree,
+        data_dir: &Path,
+    ) -> Result<Self, CoordinatorError> {
+        let dir = data_dir.join(FILES_DIR);
+        move_old_files(&data_dir.join(OLD_FILES_DIR), &dir).map_err(|e| {
+            CoordinatorError::StoreOpen {
+                dir: data_dir.to_path_buf(),
+                message: format!(
+                    "cannot move the blob files of `{OLD_FILES_DIR}/` to `{FILES_DIR}/`: {e}"
+                ),
+            }
+        })?;
+        Ok(Self { tree, files, dir })
     }
 
     /// The file of a blob stored as one.
@@ -111,6 +134,41 @@ impl SledBlobStore {
     }
 }
 
+/// Move the blob files under `old` (directories named by two hex digits; sled's own files
+/// there are named by numbers and stay) to `new`: a directory at once by a rename, or file
+/// by file where `new` has it already (a move cut short).
+fn move_old_files(old: &Path, new: &Path) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(old) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let ours = name.len() == 2
+            && name
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_hexdigit()))
+            && entry.file_type()?.is_dir();
+        if !ours {
+            continue;
+        }
+        std::fs::create_dir_all(new)?;
+        let to = new.join(&name);
+        if !to.exists() {
+            std::fs::rename(entry.path(), &to)?;
+            continue;
+        }
+        for file in std::fs::read_dir(entry.path())? {
+            let file = file?;
+            std::fs::rename(file.path(), to.join(file.file_name()))?;
+        }
+        std::fs::remove_dir(entry.path())?;
+    }
+    Ok(())
+}
+
 /// Write `bytes` at `path` under a temporary name in the same directory, then rename it
 /// into place (a reader never sees part of it).
 fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -120,6 +178,12 @@ fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     std::io::Write::write_all(&mut tmp, bytes)?;
+    // Those of a workspace file that is not executable: a command tree's base may
+    // hard-link the file (ADR 31).
+    tmp.as_file()
+        .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
+            forkfleet_shared::manifest::MODE_FILE,
+        ))?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
 }
@@ -161,6 +225,15 @@ impl BlobStore for SledBlobStore {
             }
         }
         Ok(out)
+    }
+
+    /// The blob's file, when it is stored as one and the file is there.
+    fn local_file(&self, hash: &BlobHash) -> Option<PathBuf> {
+        if !self.files.contains_key(hash.0).ok()? {
+            return None;
+        }
+        let path = self.path(hash);
+        path.exists().then_some(path)
     }
 }
 

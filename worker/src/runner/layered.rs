@@ -22,7 +22,7 @@
 //! `FORKFLEET_LAYERED_TREES=off` turns it off. Elsewhere a branch keeps a whole tree of
 //! its own (`super::trees`), as before.
 
-use super::materialize::{materialize, Materialized};
+use super::materialize::{materialize, Make, Materialized};
 use crate::cache::BlobCache;
 use crate::error::WorkerError;
 use forkfleet_shared::manifest::{Manifest, Node};
@@ -49,14 +49,17 @@ pub struct Base {
     /// Symlinks of the tree leaving it, not in the directory.
     pub(super) skipped: Vec<WsPath>,
     bytes: u64,
+    /// Of `bytes`, those hard-linked from the blob store ([`Make::LinkFromStore`]).
+    linked_bytes: u64,
 }
 
 impl Base {
-    /// Materialise `tree` in a new directory under `parent`.
+    /// Materialise `tree` in a new directory under `parent`, its files made as `make` says.
     pub async fn create(
         parent: &Path,
         tree: Arc<Manifest>,
         blobs: &BlobCache,
+        make: Make,
     ) -> Result<Self, WorkerError> {
         let root = tempfile::Builder::new()
             .prefix("base-")
@@ -67,15 +70,21 @@ impl Base {
             tokio::fs::create_dir(root.join("ws"))
                 .await
                 .map_err(WorkerError::TempDir)?;
-            materialize(&tree, blobs, &root.join("ws")).await
+            materialize(&tree, blobs, &root.join("ws"), make).await
         }
         .await;
         match made {
-            Ok(Materialized { skipped, bytes, .. }) => Ok(Self {
+            Ok(Materialized {
+                skipped,
+                bytes,
+                linked_bytes,
+                ..
+            }) => Ok(Self {
                 root,
                 tree,
                 skipped,
                 bytes,
+                linked_bytes,
             }),
             Err(e) => {
                 super::off_runtime(move || super::remove_now(&root));
@@ -98,6 +107,11 @@ impl Base {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// The bytes of its files hard-linked from the blob store (taking no disk of their own).
+    pub fn linked_bytes(&self) -> u64 {
+        self.linked_bytes
+    }
 }
 
 impl Drop for Base {
@@ -111,7 +125,8 @@ impl Drop for Base {
 
 /// True when trees can be layered here: not turned off with [`LAYERED_ENV`], and a probe
 /// (once per process) made a user and mount namespace, mounted an overlay with
-/// `userxattr` in it, and made a whiteout and an opaque directory as this user.
+/// `userxattr` in it and a `tmpfs` over its base, and made a whiteout and an opaque
+/// directory as this user.
 pub fn supported() -> bool {
     static SUPPORTED: OnceLock<bool> = OnceLock::new();
     *SUPPORTED.get_or_init(|| {
@@ -153,6 +168,7 @@ fn probe() -> Result<(), String> {
     // Mounted in a child, as for a command; the child checks what the mount shows.
     let gone = path_c(&dirs.merged.join("gone"))?;
     let hidden = path_c(&dirs.merged.join("dir/hidden"))?;
+    let in_lower = path_c(&dirs.lower.join("gone"))?;
     // SAFETY: the child makes only async-signal-safe system calls on memory made before the
     // fork, then `_exit`s; the parent waits for it.
     unsafe {
@@ -168,6 +184,8 @@ fn probe() -> Result<(), String> {
                 || libc::lstat(hidden.as_ptr(), &mut st) == 0
             {
                 2
+            } else if libc::lstat(in_lower.as_ptr(), &mut st) == 0 {
+                3
             } else {
                 0
             };
@@ -179,7 +197,10 @@ fn probe() -> Result<(), String> {
         }
         match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
             (true, 0) => Ok(()),
-            (true, 1) => Err("cannot mount an overlay in a user namespace".into()),
+            (true, 1) => Err(
+                "cannot mount an overlay (and a tmpfs over its base) in a user namespace".into(),
+            ),
+            (true, 3) => Err("the base is not hidden under the overlay".into()),
             (true, _) => Err("the overlay does not hide whiteouts and opaque directories".into()),
             _ => Err("the probe was killed".into()),
         }
@@ -217,6 +238,7 @@ impl Dirs {
 #[derive(Debug)]
 pub struct Mount {
     merged: CString,
+    lower: CString,
     options: CString,
     cwd: CString,
     uid_map: Vec<u8>,
@@ -248,6 +270,7 @@ impl Mount {
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         Ok(Self {
             merged: path_c(&dirs.merged)?,
+            lower: path_c(&dirs.lower)?,
             options: CString::new(options).map_err(|e| e.to_string())?,
             cwd: path_c(cwd)?,
             uid_map: format!("{uid} {uid} 1").into_bytes(),
@@ -257,8 +280,15 @@ impl Mount {
 
     /// In the child, between fork and exec: a user and mount namespace of its own (the
     /// command keeps its user and group IDs), the mounts made private (nothing reaches the
-    /// worker's namespace), the overlay mounted, the working directory entered again (it
-    /// named the directory under the mount). Only async-signal-safe system calls.
+    /// worker's namespace), the overlay mounted, the base hidden under an empty read-only
+    /// `tmpfs` (the overlay keeps its own hold on it), the working directory entered again
+    /// (it named the directory under the mount). Only async-signal-safe system calls.
+    ///
+    /// The base is hidden because Landlock, which keeps the command from writing outside
+    /// its tree, does not govern `chmod`, `chown` or `utime`: by the base's own path (which
+    /// `/proc/self/mountinfo` names) a command could otherwise change its siblings' view,
+    /// and a file linked from the store (ADR 31). A confined command cannot unmount it
+    /// (Landlock refuses mount changes to a confined process).
     pub fn apply(&self) -> std::io::Result<()> {
         let fail = || Err(std::io::Error::last_os_error());
         // SAFETY: plain system calls on C strings and buffers made before the fork.
@@ -297,6 +327,16 @@ impl Mount {
                 c"overlay".as_ptr(),
                 0,
                 self.options.as_ptr().cast(),
+            ) != 0
+            {
+                return fail();
+            }
+            if libc::mount(
+                c"forkfleet-base".as_ptr(),
+                self.lower.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"size=4k,mode=0".as_ptr().cast(),
             ) != 0
             {
                 return fail();

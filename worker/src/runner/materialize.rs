@@ -13,12 +13,30 @@ use std::path::Path;
 /// Files fetched and written at once.
 pub(super) const WRITES_IN_FLIGHT: usize = 32;
 
+/// How [`materialize`] makes a tree's files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Make {
+    /// Every file written from its blob's bytes.
+    Write,
+    /// A file that is not executable hard-linked to its blob's file where the blob store
+    /// keeps one on this file system ([`BlobStore::local_file`]), written otherwise. Only
+    /// for a tree nothing writes through its own path (a layered tree's base whose
+    /// commands are confined to their mount: ADR 31), since a write would go into the
+    /// store.
+    ///
+    /// [`BlobStore::local_file`]: forkfleet_shared::blob::BlobStore::local_file
+    LinkFromStore,
+}
+
 /// What [`materialize`] wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Materialized {
-    /// Files and symlinks written.
+    /// Files and symlinks made.
     pub files: usize,
+    /// The bytes of the files made (linked ones included).
     pub bytes: u64,
+    /// Of `bytes`, those hard-linked from the blob store, not written ([`Make::LinkFromStore`]).
+    pub linked_bytes: u64,
     pub dirs: usize,
     /// Symlinks whose target would leave the tree: not created. In path order.
     pub skipped: Vec<WsPath>,
@@ -70,12 +88,14 @@ impl Stamp {
 }
 
 /// Write `tree` into `dir` (which must exist and should be empty). Blobs come through the
-/// worker's cache, which verified each one when it arrived. An error is a
-/// [`WorkerError::WriteFile`] or a [`WorkerError::ReadBlob`].
+/// worker's cache, which verified each one when it arrived (a linked file is the store's
+/// own, verified when it was put). An error is a [`WorkerError::WriteFile`] or a
+/// [`WorkerError::ReadBlob`].
 pub async fn materialize(
     tree: &Manifest,
     blobs: &BlobCache,
     dir: &Path,
+    make: Make,
 ) -> Result<Materialized, WorkerError> {
     let mut done = Materialized::default();
     let dirs: Vec<WsPath> = tree.dirs.iter().cloned().collect();
@@ -106,7 +126,11 @@ pub async fn materialize(
                 break;
             };
             written.push(Box::pin(async move {
-                (path, entry, write_one(path, entry, blobs, dir).await)
+                let wrote = match make {
+                    Make::LinkFromStore => link_or_write(path, entry, blobs, dir).await,
+                    Make::Write => write_one(path, entry, blobs, dir).await,
+                };
+                (path, entry, wrote)
             }));
         }
         let Some((path, entry, wrote)) = written.next().await else {
@@ -117,6 +141,11 @@ pub async fn materialize(
                 done.files += 1;
                 done.bytes += bytes;
                 done.stamps.insert(path.clone(), (stamp, *entry));
+            }
+            Wrote::Linked { bytes } => {
+                done.files += 1;
+                done.bytes += bytes;
+                done.linked_bytes += bytes;
             }
             Wrote::Symlink => done.files += 1,
             Wrote::Skipped => done.skipped.push(path.clone()),
@@ -136,6 +165,58 @@ pub(super) enum Wrote {
     Symlink,
     /// A symlink leaving the tree, not created.
     Skipped,
+    /// A file hard-linked to its blob's file in the store (not stamped: its inode is the
+    /// store's, and nothing compares it later).
+    Linked {
+        bytes: u64,
+    },
+}
+
+/// Make one entry of a tree that nothing writes through ([`Make::LinkFromStore`]): a file
+/// that is not executable is a hard link to its blob's file when the store has one here;
+/// anything else, or a link the file system refuses (another file system, too many links),
+/// is written as [`write_one`] does.
+async fn link_or_write(
+    path: &WsPath,
+    entry: &FileEntry,
+    blobs: &BlobCache,
+    dir: &Path,
+) -> Result<Wrote, WorkerError> {
+    use forkfleet_shared::blob::BlobStore;
+    let source = (!entry.is_symlink() && entry.mode & 0o111 == 0)
+        .then(|| blobs.local_file(&entry.hash))
+        .flatten();
+    if let Some(source) = source {
+        let target = path.to_os_path(dir);
+        let bytes = entry.size;
+        let linked = tokio::task::spawn_blocking(move || link_entry(&source, &target))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        match linked {
+            Ok(()) => return Ok(Wrote::Linked { bytes }),
+            Err(e) => tracing::trace!(error = %e, %path, "cannot link a blob's file; writing it"),
+        }
+    }
+    write_one(path, entry, blobs, dir).await
+}
+
+/// Hard-link `source` (a blob's file) at `target`, giving it a non-executable workspace
+/// file's permissions first (a store written before they were set has owner-only files).
+fn link_entry(source: &Path, target: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = forkfleet_shared::manifest::MODE_FILE;
+    if std::fs::metadata(source)?.permissions().mode() & 0o7777 != mode {
+        std::fs::set_permissions(source, std::fs::Permissions::from_mode(mode))?;
+    }
+    match std::fs::hard_link(source, target) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && source.exists() => {
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::hard_link(source, target)
+        }
+        other => other,
+    }
 }
 
 /// Write one file (or symlink) of a tree.

@@ -139,6 +139,13 @@ pub fn support() -> Support {
     })
 }
 
+/// True when a command run with `settings` is confined by Landlock here (the sandbox is
+/// not off and the kernel has it): it then reaches no file outside its tree, `HOME`,
+/// `TMPDIR` and the read-only system paths.
+pub fn confines(settings: &CommandSandbox) -> bool {
+    settings.mode != SandboxMode::Off && support().landlock()
+}
+
 /// Say once per process what the sandbox can enforce here: info with the ABI when Landlock
 /// is there, warn when it is not (or has no network rules).
 pub fn log_support() {

@@ -282,7 +282,9 @@ fn stored(files: &[(&str, &str)]) -> (Manifest, BlobCache) {
 async fn materialized(files: &[(&str, &str)]) -> (tempfile::TempDir, Manifest, Materialized) {
     let (tree, cache) = stored(files);
     let dir = tempfile::tempdir().unwrap();
-    let written = materialize(&tree, &cache, dir.path()).await.unwrap();
+    let written = materialize(&tree, &cache, dir.path(), Make::Write)
+        .await
+        .unwrap();
     (dir, tree, written)
 }
 

@@ -26,6 +26,7 @@
 //!   the way of a worker's start or of a process's end.
 
 use super::layered::{self, Base};
+use super::Make;
 use super::Workdir;
 use crate::cache::BlobCache;
 use crate::error::WorkerError;
@@ -149,7 +150,10 @@ impl Trees {
     /// date, or a new one: layered over the fork's base where the kernel allows it (`base`:
     /// the branch overlay's base, the fork's snapshot; without it, only a base made already
     /// for the fork is used), whole otherwise. A kept tree that cannot be brought up to date
-    /// is removed and a new one made.
+    /// is removed and a new one made. `confined`: the command will run confined to its
+    /// mounted tree (the sandbox applied with Landlock), so a base made for it may
+    /// hard-link the store's blob files (ADR 31); a base made so is never used for a
+    /// command that is not confined (it gets a whole tree).
     pub async fn checkout(
         &self,
         key: &TreeKey,
@@ -157,6 +161,7 @@ impl Trees {
         target: Manifest,
         base: Option<&Arc<Manifest>>,
         blobs: &BlobCache,
+        confined: bool,
     ) -> Result<(Workdir, Checkout), WorkerError> {
         let mut target = target;
         if let Some(mut kept) = self.take(key) {
@@ -173,7 +178,7 @@ impl Trees {
             }
         }
         if let Some(d) = &self.dir {
-            if let Some(base) = self.base(key, base, blobs, &d.path).await? {
+            if let Some(base) = self.base(key, base, blobs, &d.path, confined).await? {
                 let (tree, paths) = Workdir::layered(&d.path, prefix, base, target, blobs).await?;
                 return Ok((tree, Checkout::Layered { paths }));
             }
@@ -186,13 +191,16 @@ impl Trees {
     }
 
     /// The base of `key`'s fork for a layered tree: the one this worker has, or one made
-    /// of `tree`. `None` when trees are not layered here, or there is no base and no `tree`.
+    /// of `tree` (linked from the store when `confined`). `None` when trees are not layered
+    /// here, there is no base and no `tree`, or the base is linked and `confined` is not
+    /// set.
     async fn base(
         &self,
         key: &TreeKey,
         tree: Option<&Arc<Manifest>>,
         blobs: &BlobCache,
         parent: &Path,
+        confined: bool,
     ) -> Result<Option<Arc<Base>>, WorkerError> {
         if !self.layered {
             return Ok(None);
@@ -218,16 +226,25 @@ impl Trees {
             .base
             .get_or_try_init(|| async {
                 let started = Instant::now();
-                let base = Base::create(parent, cell.tree.clone(), blobs).await?;
+                let make = if confined {
+                    Make::LinkFromStore
+                } else {
+                    Make::Write
+                };
+                let base = Base::create(parent, cell.tree.clone(), blobs, make).await?;
                 tracing::debug!(
                     fork.id = %key.fork,
                     bytes = base.bytes(),
+                    linked_bytes = base.linked_bytes(),
                     ms = started.elapsed().as_millis() as u64,
                     "command trees: the fork's base materialised"
                 );
                 Ok::<_, WorkerError>(Arc::new(base))
             })
             .await?;
+        if base.linked_bytes() > 0 && !confined {
+            return Ok(None);
+        }
         Ok(Some(base.clone()))
     }
 
@@ -481,7 +498,7 @@ mod tests {
         let (a, b, c) = (key("a"), key("b"), key("c"));
         for k in [&a, &b] {
             let (w, how) = trees
-                .checkout(k, "t-", m.clone(), None, &cache)
+                .checkout(k, "t-", m.clone(), None, &cache, false)
                 .await
                 .unwrap();
             assert_eq!(how, Checkout::Fresh);
@@ -490,31 +507,34 @@ mod tests {
         assert_eq!(trees.held(), (2, 200));
         // `a` used again: `b` is now the least recently used.
         let (w, how) = trees
-            .checkout(&a, "t-", m.clone(), None, &cache)
+            .checkout(&a, "t-", m.clone(), None, &cache, false)
             .await
             .unwrap();
         assert_eq!(how, Checkout::Updated { paths: 0 });
         trees.keep(a.clone(), w);
         let (w, _) = trees
-            .checkout(&c, "t-", m.clone(), None, &cache)
+            .checkout(&c, "t-", m.clone(), None, &cache, false)
             .await
             .unwrap();
         trees.keep(c.clone(), w);
         assert_eq!(trees.held(), (2, 200));
         let (_, how) = trees
-            .checkout(&b, "t-", m.clone(), None, &cache)
+            .checkout(&b, "t-", m.clone(), None, &cache, false)
             .await
             .unwrap();
         assert_eq!(how, Checkout::Fresh, "b was evicted");
         let (_, how) = trees
-            .checkout(&a, "t-", m.clone(), None, &cache)
+            .checkout(&a, "t-", m.clone(), None, &cache, false)
             .await
             .unwrap();
         assert_eq!(how, Checkout::Updated { paths: 0 });
 
         // A tree over the bound alone is not kept.
         let (big, cache) = tree(300);
-        let (w, _) = trees.checkout(&a, "t-", big, None, &cache).await.unwrap();
+        let (w, _) = trees
+            .checkout(&a, "t-", big, None, &cache, false)
+            .await
+            .unwrap();
         trees.keep(a.clone(), w);
         assert_eq!(trees.held(), (1, 100), "only c is left");
     }
@@ -525,7 +545,7 @@ mod tests {
         let (m, cache) = tree(10);
         let (a, b) = (key("a"), key("b"));
         let (w, _) = trees
-            .checkout(&a, "t-", m.clone(), None, &cache)
+            .checkout(&a, "t-", m.clone(), None, &cache, false)
             .await
             .unwrap();
         trees.keep(a.clone(), w);
@@ -541,7 +561,10 @@ mod tests {
             assert_eq!(gone.len(), 1);
             assert!(held.trees.is_empty());
         }
-        let (w, _) = trees.checkout(&b, "t-", m, None, &cache).await.unwrap();
+        let (w, _) = trees
+            .checkout(&b, "t-", m, None, &cache, false)
+            .await
+            .unwrap();
         trees.keep(b, w);
         assert_eq!(trees.held().0, 1);
     }

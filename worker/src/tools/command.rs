@@ -178,6 +178,7 @@ pub(super) async fn run_command(
                     ov.to_manifest(),
                     Some(ov.base()),
                     blobs,
+                    crate::runner::sandbox::confines(&tool.sandbox),
                 )
                 .await
         }

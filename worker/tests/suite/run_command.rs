@@ -866,3 +866,193 @@ async fn branches_of_a_fork_share_one_base_and_see_only_their_own_changes() {
     let out = two.run(&call("cat a.txt"), &mut ov2, &cache).await.unwrap();
     assert!(out.ok && out.output.contains("a\n"), "{}", out.output);
 }
+
+/// A blob store that also keeps every blob as a file, as the run store keeps its larger
+/// ones for an embedded worker ([`BlobStore::local_file`]).
+#[derive(Clone)]
+struct FileBlobs {
+    mem: forkfleet_shared::blob::MemBlobStore,
+    dir: Arc<tempfile::TempDir>,
+}
+
+impl FileBlobs {
+    fn of(mem: forkfleet_shared::blob::MemBlobStore, tree: &Manifest) -> Self {
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        let this = Self { mem, dir };
+        for entry in tree.files.values() {
+            let bytes = this.mem.get_now(&entry.hash).unwrap();
+            std::fs::write(this.path(&entry.hash), &bytes).unwrap();
+        }
+        this
+    }
+
+    fn path(&self, hash: &forkfleet_shared::blob::BlobHash) -> std::path::PathBuf {
+        self.dir.path().join(hash.to_hex())
+    }
+
+    /// Every file still holds the bytes it is named for.
+    fn assert_intact(&self) {
+        for e in std::fs::read_dir(self.dir.path()).unwrap().flatten() {
+            let bytes = std::fs::read(e.path()).unwrap();
+            assert_eq!(
+                forkfleet_shared::blob::BlobHash::of(&bytes).to_hex(),
+                e.file_name().to_string_lossy(),
+                "the store's file was written through a link"
+            );
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl forkfleet_shared::blob::BlobStore for FileBlobs {
+    async fn put(
+        &self,
+        hash: forkfleet_shared::blob::BlobHash,
+        bytes: bytes::Bytes,
+    ) -> Result<(), forkfleet_shared::blob::BlobError> {
+        self.mem.put(hash, bytes).await
+    }
+    async fn get(
+        &self,
+        hash: &forkfleet_shared::blob::BlobHash,
+    ) -> Result<Option<bytes::Bytes>, forkfleet_shared::blob::BlobError> {
+        self.mem.get(hash).await
+    }
+    async fn missing(
+        &self,
+        hashes: &[forkfleet_shared::blob::BlobHash],
+    ) -> Result<Vec<forkfleet_shared::blob::BlobHash>, forkfleet_shared::blob::BlobError> {
+        self.mem.missing(hashes).await
+    }
+    fn local_file(&self, hash: &forkfleet_shared::blob::BlobHash) -> Option<std::path::PathBuf> {
+        Some(self.path(hash)).filter(|p| p.exists())
+    }
+}
+
+/// Where the blob store keeps blobs as files on this machine (an embedded worker over the
+/// run store) and commands are confined, the fork's base hard-links them instead of
+/// writing the workspace again (ADR 31). The branch's calls yield exactly what a fresh copy
+/// per call yields; nothing a command does, through the tree or by the base's own path,
+/// writes into the store; and a command that is not confined gets no linked base.
+#[tokio::test]
+async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_them() {
+    use forkfleet_worker::cache::BlobCache;
+    use forkfleet_worker::runner::{TreeKey, Trees};
+    use forkfleet_worker::tools::TreeSlot;
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        forkfleet_worker::runner::sandbox::confines(&tool(30.0).sandbox),
+        "Landlock is not available here (see the worker's log line `sandbox:`)"
+    );
+    let fx = Fixture::store_only();
+    let (base, _) = fx.snapshot(&[
+        ("a.txt", "a\n"),
+        ("b.txt", "b\n"),
+        ("d/c.txt", "c\n"),
+        ("run.sh", "echo hi\n"),
+        ("gone/x.txt", "x\n"),
+        ("keep.txt", "untouched\n"),
+        ("src/lib.rs", "pub fn f() {}\n"),
+    ]);
+    let store = FileBlobs::of(fx.store.clone(), &base);
+    let cache = BlobCache::new(Arc::new(store.clone()), 1 << 30);
+    let fresh = ToolBox::with_command(Some(tool(30.0)));
+    let (want, want_log) = play_kept_tree_calls(&fresh, base.clone(), &cache).await;
+
+    let trees = Arc::new(Trees::new(1 << 30));
+    assert!(trees.layered());
+    let fork = forkfleet_shared::ids::ForkId::new();
+    let branch = |label: &str, tool: CommandTool| {
+        ToolBox::with_command(Some(tool)).with_trees(TreeSlot {
+            trees: trees.clone(),
+            key: TreeKey {
+                fork,
+                label: label.into(),
+            },
+        })
+    };
+    let kept = branch("a", tool(30.0));
+    let (got, got_log) = play_kept_tree_calls(&kept, base.clone(), &cache).await;
+    assert_eq!(got, want);
+    assert_eq!(got_log, want_log);
+    // The calls edited, removed, renamed and chmodded files of the base.
+    assert!(want_log.len() >= 5, "{want_log:?}");
+    store.assert_intact();
+
+    let base_dir = std::fs::read_dir(trees.dir().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("base-")
+        })
+        .unwrap()
+        .join("ws");
+    let in_base = base_dir.join("keep.txt");
+    let linked = std::fs::metadata(&in_base).unwrap();
+    let stored =
+        std::fs::metadata(store.path(&base.files[&WsPath::parse("keep.txt").unwrap()].hash))
+            .unwrap();
+    assert_eq!(linked.ino(), stored.ino(), "the base's file is the store's");
+    assert_eq!(linked.mode() & 0o7777, 0o644);
+
+    // By the base's own path: refused (the sandbox grants the mounted tree only).
+    let call = |command: &str| forkfleet_shared::event::ToolCall {
+        id: "c".into(),
+        name: RUN_COMMAND.into(),
+        args: serde_json::json!({ "command": ["sh", "-c", command] }),
+    };
+    let mut ov = Overlay::new(base.clone());
+    for op in &got_log {
+        ov.apply(op.clone()).unwrap();
+    }
+    let out = kept
+        .run(
+            &call(&format!("echo x >> {0}; chmod 600 {0}", in_base.display())),
+            &mut ov,
+            &cache,
+        )
+        .await
+        .unwrap();
+    assert!(!out.ok, "{}", out.output);
+    let after = std::fs::metadata(&in_base).unwrap();
+    assert_eq!(
+        (after.mode() & 0o7777, after.mtime()),
+        (0o644, linked.mtime()),
+        "chmod (which Landlock does not govern) reached the base"
+    );
+    // Through the tree: copied up, the base untouched.
+    let out = kept
+        .run(
+            &call("echo more >> keep.txt; chmod +x keep.txt"),
+            &mut ov,
+            &cache,
+        )
+        .await
+        .unwrap();
+    assert!(out.ok, "{}", out.output);
+    let Node::File(e) = ov.node(&WsPath::parse("keep.txt").unwrap()) else {
+        panic!("keep.txt is not a file of the branch");
+    };
+    assert_eq!(&cache.get(&e.hash).await.unwrap()[..], b"untouched\nmore\n");
+    assert_eq!(e.mode, MODE_EXEC);
+    store.assert_intact();
+    assert_eq!(std::fs::read_to_string(&in_base).unwrap(), "untouched\n");
+
+    // A command of the fork that is not confined is not given the linked base: its tree is
+    // whole, its own files.
+    let mut off = tool(30.0);
+    off.sandbox.mode = forkfleet_shared::endpoint::SandboxMode::Off;
+    let loose = branch("b", off);
+    let mut ov = Overlay::new(base.clone());
+    let out = loose
+        .run(&call("echo y >> keep.txt; pwd"), &mut ov, &cache)
+        .await
+        .unwrap();
+    assert!(out.ok, "{}", out.output);
+    store.assert_intact();
+    assert_eq!(std::fs::metadata(&in_base).unwrap().nlink(), 2);
+}

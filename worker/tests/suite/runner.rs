@@ -8,7 +8,7 @@ use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::manifest::{FileEntry, Manifest, MODE_FILE, MODE_SYMLINK};
 use forkfleet_shared::path::WsPath;
 use forkfleet_worker::cache::BlobCache;
-use forkfleet_worker::runner::{materialize, run_command, CommandOutcome, CommandSpec};
+use forkfleet_worker::runner::{materialize, run_command, CommandOutcome, CommandSpec, Make};
 use forkfleet_worker::WorkerError;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -58,7 +58,9 @@ async fn a_tree_is_written_with_modes_dirs_and_only_safe_symlinks() {
     m.dirs.insert(WsPath::parse("src").unwrap());
     m.dirs.insert(WsPath::parse("empty/dir").unwrap());
     let dir = tempfile::tempdir().unwrap();
-    let stats = materialize(&m, &cache(blobs), dir.path()).await.unwrap();
+    let stats = materialize(&m, &cache(blobs), dir.path(), Make::Write)
+        .await
+        .unwrap();
     assert_eq!(stats.files, 4);
     assert_eq!(stats.skipped, [WsPath::parse("src/escape").unwrap()]);
     let p = dir.path();
@@ -98,7 +100,7 @@ async fn a_missing_blob_is_an_error_naming_the_path() {
         FileEntry::for_bytes(b"never stored", MODE_FILE),
     );
     let dir = tempfile::tempdir().unwrap();
-    let err = materialize(&m, &cache(MemBlobStore::new()), dir.path())
+    let err = materialize(&m, &cache(MemBlobStore::new()), dir.path(), Make::Write)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("gone.txt"), "{err}");

@@ -114,8 +114,8 @@ fn secrets() -> Secrets {
     let key = dir.path().join("openai.key");
     std::fs::write(&key, "sk-forkfleet-secret-key\n").unwrap();
     let store = dir.path().join("store");
-    std::fs::create_dir_all(store.join("blobs")).unwrap();
-    std::fs::write(store.join("blobs/ab12"), "stored-blob-secret\n").unwrap();
+    std::fs::create_dir_all(store.join("blob-files/ab")).unwrap();
+    std::fs::write(store.join("blob-files/ab/12"), "stored-blob-secret\n").unwrap();
     Secrets {
         _dir: dir,
         key,
@@ -133,7 +133,7 @@ async fn a_command_cannot_read_the_workers_secrets_but_reads_its_tree() {
     let d = dirs();
     std::fs::write(d.ws.join("mine.txt"), "tree-file\n").unwrap();
     let sec = secrets();
-    let script = "cat mine.txt; cat \"$1\"; echo key=$?; cat \"$2/blobs/ab12\"; echo blob=$?; ls \"$2\"; echo ls=$?";
+    let script = "cat mine.txt; cat \"$1\"; echo key=$?; cat \"$2/blob-files/ab/12\"; echo blob=$?; ls \"$2\"; echo ls=$?";
     let argv = ["sh", "-c", script, "sh", s(&sec.key), s(&sec.store)];
 
     let run = run_in(&d, &argv, CommandSandbox::default()).await;
