@@ -163,10 +163,21 @@ impl Overlay {
         if path.is_root() {
             return Node::Dir;
         }
+        match self.above(path) {
+            Some(base_visible) => self.at(path, base_visible),
+            None => Node::Missing,
+        }
+    }
+
+    /// What the view's directories above `path` say of it: `None` when they hide it (a
+    /// file or whiteout above it, or a directory above it that is not there), else whether
+    /// the snapshot still shows through them (no opaque directory above it). The same for
+    /// every path of one directory.
+    fn above(&self, path: &WsPath) -> Option<bool> {
         let mut base_visible = true;
         for a in path.ancestor_strs() {
             match self.nodes.get(a) {
-                Some(OvNode::Whiteout) | Some(OvNode::File(_)) => return Node::Missing,
+                Some(OvNode::Whiteout) | Some(OvNode::File(_)) => return None,
                 Some(OvNode::Dir { opaque }) => {
                     if *opaque {
                         base_visible = false;
@@ -174,11 +185,16 @@ impl Overlay {
                 }
                 None => {
                     if !base_visible || !self.base.dirs.contains(a) {
-                        return Node::Missing;
+                        return None;
                     }
                 }
             }
         }
+        Some(base_visible)
+    }
+
+    /// The node at `path` (not the root), given what [`Overlay::above`] said of it.
+    fn at(&self, path: &WsPath, base_visible: bool) -> Node {
         match self.nodes.get(path) {
             Some(OvNode::File(e)) => Node::File(*e),
             Some(OvNode::Dir { .. }) => Node::Dir,
@@ -186,6 +202,28 @@ impl Overlay {
             None if base_visible => self.base.node(path),
             None => Node::Missing,
         }
+    }
+
+    /// The nodes of `paths` (in path order, none the root), as [`Overlay::node`] says, with
+    /// [`Overlay::above`] asked once per directory rather than once per path: what makes
+    /// a view of a large snapshot cheap on every command a branch runs.
+    fn nodes_of<'a>(
+        &'a self,
+        paths: impl Iterator<Item = &'a WsPath> + 'a,
+    ) -> impl Iterator<Item = (&'a WsPath, Node)> + 'a {
+        let mut last: Option<(&'a str, Option<bool>)> = None;
+        paths.filter_map(move |p| {
+            let dir = p.as_str().rfind('/').map_or("", |i| &p.as_str()[..i]);
+            let above = match last {
+                Some((d, above)) if d == dir => above,
+                _ => {
+                    let above = self.above(p);
+                    last = Some((dir, above));
+                    above
+                }
+            };
+            above.map(|base_visible| (p, self.at(p, base_visible)))
+        })
     }
 
     /// The file at `path` (not following symlinks).
@@ -379,31 +417,30 @@ impl Overlay {
 
     /// Every visible file, in path order.
     pub fn files(&self) -> Vec<(WsPath, FileEntry)> {
-        let mut out: BTreeMap<&WsPath, FileEntry> = BTreeMap::new();
-        for p in self.base.files.keys() {
-            if let Node::File(e) = self.node(p) {
-                out.insert(p, e);
-            }
-        }
-        for (p, n) in &self.nodes {
-            if let OvNode::File(_) = n {
-                if let Node::File(e) = self.node(p) {
-                    out.insert(p, e);
-                }
-            }
-        }
-        out.into_iter().map(|(p, e)| (p.clone(), e)).collect()
+        let file = |(p, n): (&WsPath, Node)| match n {
+            Node::File(e) => Some((p.clone(), e)),
+            _ => None,
+        };
+        let base = self.nodes_of(self.base.files.keys()).filter_map(file);
+        let own = self.nodes_of(
+            self.nodes
+                .iter()
+                .filter(|(p, n)| matches!(n, OvNode::File(_)) && !self.base.files.contains_key(*p))
+                .map(|(p, _)| p),
+        );
+        merge_sorted(base, own.filter_map(file), |(p, _)| p)
     }
 
     /// Every visible directory, in path order (the root excluded).
     pub fn dirs(&self) -> Vec<WsPath> {
-        let mut out = BTreeSet::new();
-        for p in self.base.dirs.iter().chain(self.nodes.keys()) {
-            if self.node(p) == Node::Dir {
-                out.insert(p.clone());
-            }
-        }
-        out.into_iter().collect()
+        let dir = |(p, n): (&WsPath, Node)| (n == Node::Dir).then(|| p.clone());
+        let base = self.nodes_of(self.base.dirs.iter()).filter_map(dir);
+        let own = self.nodes_of(
+            self.nodes
+                .keys()
+                .filter(|p| !p.is_root() && !self.base.dirs.contains(*p)),
+        );
+        merge_sorted(base, own.filter_map(dir), |p| p)
     }
 
     /// The view as a manifest (used to materialise a branch's tree).
@@ -413,11 +450,20 @@ impl Overlay {
             files: self.files().into_iter().collect(),
             dirs: self.dirs().into_iter().collect(),
         };
-        // A visible file's directories are visible ones; should one be missing, it is added.
+        // A visible file's directories are visible ones; should one be missing, it is added
+        // (asked once per directory: the files of one directory are mostly side by side).
+        let mut last_dir = None;
         let orphans: Vec<WsPath> = m
             .files
             .keys()
-            .filter(|p| p.ancestor_strs().any(|a| !m.dirs.contains(a)))
+            .filter(|p| {
+                let dir = p.as_str().rfind('/').map(|i| &p.as_str()[..i]);
+                if dir.is_none() || dir == last_dir {
+                    return false;
+                }
+                last_dir = dir;
+                p.ancestor_strs().any(|a| !m.dirs.contains(a))
+            })
             .cloned()
             .collect();
         for p in orphans {
@@ -541,5 +587,32 @@ pub fn apply_edit(
         1 => Ok(content.replacen(old, new, 1)),
         _ if replace_all => Ok(content.replace(old, new)),
         _ => Err(EditError::NotUnique { count }),
+    }
+}
+
+/// Two iterators in path order as one vector in path order; where both hold a path, the
+/// first's item (they agree: both come from [`Overlay::node`]).
+fn merge_sorted<T>(
+    a: impl Iterator<Item = T>,
+    b: impl Iterator<Item = T>,
+    key: impl Fn(&T) -> &WsPath,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    loop {
+        let order = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => key(x).cmp(key(y)),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => return out,
+        };
+        match order {
+            std::cmp::Ordering::Less => out.extend(a.next()),
+            std::cmp::Ordering::Greater => out.extend(b.next()),
+            std::cmp::Ordering::Equal => {
+                out.extend(a.next());
+                b.next();
+            }
+        }
     }
 }

@@ -6,11 +6,52 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 
 /// A normalised path relative to the workspace root. The root itself is the empty path.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+///
+/// The text is shared (`Arc<str>`): a manifest of a large workspace is cloned and compared
+/// with another on every command a branch runs (ADR 31), and a clone of a path is then a
+/// count, not an allocation; two paths of one allocation compare equal without reading it.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct WsPath(String);
+pub struct WsPath(Arc<str>);
+
+impl Default for WsPath {
+    fn default() -> Self {
+        Self::root()
+    }
+}
+
+impl PartialEq for WsPath {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl Eq for WsPath {}
+
+impl std::hash::Hash for WsPath {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // As `str` hashes, which `Borrow<str>` requires.
+        self.0.hash(state)
+    }
+}
+
+impl PartialOrd for WsPath {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for WsPath {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        if Arc::ptr_eq(&self.0, &other.0) {
+            return std::cmp::Ordering::Equal;
+        }
+        self.0.cmp(&other.0)
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
@@ -27,7 +68,8 @@ pub enum PathError {
 impl WsPath {
     /// The workspace root.
     pub fn root() -> Self {
-        Self(String::new())
+        static ROOT: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+        Self(ROOT.get_or_init(|| Arc::from("")).clone())
     }
 
     /// Parse a path given by a user or an agent. A leading `/` means the workspace root
@@ -58,7 +100,7 @@ impl WsPath {
                 other => parts.push(other),
             }
         }
-        Ok(Self(parts.join("/")))
+        Ok(Self(Arc::from(parts.join("/"))))
     }
 
     /// Like [`WsPath::parse`], but the root itself is not a valid answer.
@@ -93,7 +135,7 @@ impl WsPath {
             return None;
         }
         Some(match self.0.rfind('/') {
-            Some(i) => WsPath(self.0[..i].to_string()),
+            Some(i) => WsPath(Arc::from(&self.0[..i])),
             None => WsPath::root(),
         })
     }
@@ -107,7 +149,7 @@ impl WsPath {
     pub fn ancestors(&self) -> impl Iterator<Item = WsPath> + '_ {
         self.0
             .match_indices('/')
-            .map(move |(i, _)| WsPath(self.0[..i].to_string()))
+            .map(move |(i, _)| WsPath(Arc::from(&self.0[..i])))
     }
 
     pub fn join(&self, name: &str) -> Result<WsPath, PathError> {
@@ -121,7 +163,7 @@ impl WsPath {
                 s.push('/');
             }
             s.push_str(name);
-            return Ok(Self(s));
+            return Ok(Self(Arc::from(s)));
         }
         Self::parse_in(self, name)
     }
@@ -131,7 +173,7 @@ impl WsPath {
         other.is_root()
             || self.0 == other.0
             || (self.0.len() > other.0.len()
-                && self.0.starts_with(&other.0)
+                && self.0.starts_with(&*other.0)
                 && self.0.as_bytes()[other.0.len()] == b'/')
     }
 
@@ -185,7 +227,7 @@ impl TryFrom<String> for WsPath {
 
 impl From<WsPath> for String {
     fn from(value: WsPath) -> Self {
-        value.0
+        value.0.to_string()
     }
 }
 
@@ -231,7 +273,7 @@ mod tests {
         let p = WsPath::parse("a/b/c").unwrap();
         assert_eq!(p.parent().unwrap().as_str(), "a/b");
         assert_eq!(p.file_name(), "c");
-        let anc: Vec<_> = p.ancestors().map(|a| a.0).collect();
+        let anc: Vec<_> = p.ancestors().map(|a| a.0.to_string()).collect();
         assert_eq!(anc, vec!["a", "a/b"]);
         assert!(p.starts_with(&WsPath::parse("a").unwrap()));
         assert!(!WsPath::parse("ab")

@@ -35,7 +35,7 @@ impl WorkerCtx {
         worker_id: WorkerId,
         bus: Arc<dyn Bus>,
         blob_cache_bytes: u64,
-        tree_cache_bytes: u64,
+        trees: Arc<Trees>,
         scripted_usage_log: Option<PathBuf>,
         catalogue: Arc<ModelCatalogue>,
     ) -> Self {
@@ -48,7 +48,7 @@ impl WorkerCtx {
             prefixes: Memo::new(MEMO_CAPACITY),
             manifests: Memo::new(MEMO_CAPACITY),
             handback: tokio::sync::watch::Sender::new(false),
-            trees: Arc::new(Trees::new(tree_cache_bytes)),
+            trees,
             warmups: Some(Arc::default()),
         }
     }

@@ -113,6 +113,10 @@ pub struct WorkerConfig {
     /// Bytes of branches' command trees the worker keeps on disk between `run_command`
     /// calls (`runner::Trees`); 0 keeps none (every call starts from a fresh copy).
     pub tree_cache_bytes: u64,
+    /// Command trees shared with the other workers of this process, instead of the
+    /// worker's own (`tree_cache_bytes` is then theirs): the embedded workers of one
+    /// process make one base per fork between them, not one each.
+    pub trees: Option<Arc<runner::Trees>>,
     /// On a graceful stop (SIGTERM), how long running branches may take to finish before
     /// the rest are handed back to the queue for another worker.
     pub drain_grace: Duration,
@@ -144,6 +148,7 @@ impl Default for WorkerConfig {
             heartbeat: Duration::from_secs(10),
             blob_cache_bytes: cache::DEFAULT_BLOB_CACHE_BYTES,
             tree_cache_bytes: runner::DEFAULT_TREE_CACHE_BYTES,
+            trees: None,
             drain_grace: Duration::from_secs(30),
             scripted_usage_log: None,
             resolve_concurrency: DEFAULT_RESOLVE_CONCURRENCY,
@@ -265,7 +270,10 @@ pub async fn start(config: WorkerConfig, bus: Arc<dyn Bus>) -> Result<WorkerHand
         worker_id,
         bus,
         config.blob_cache_bytes,
-        config.tree_cache_bytes,
+        config
+            .trees
+            .clone()
+            .unwrap_or_else(|| Arc::new(runner::Trees::new(config.tree_cache_bytes))),
         config.scripted_usage_log.clone(),
         config.catalogue.clone(),
     );

@@ -522,7 +522,7 @@ mod tests {
             config.worker_id,
             bus,
             1 << 20,
-            0,
+            Arc::new(crate::runner::Trees::new(0)),
             None,
             config.catalogue.clone(),
         ));

@@ -232,7 +232,7 @@ impl Workdir {
                 materialize::Wrote::File { stamp, .. } => {
                     self.written.stamps.insert(path, (stamp, entry));
                 }
-                materialize::Wrote::Symlink | materialize::Wrote::Linked { .. } => {}
+                materialize::Wrote::Symlink => {}
                 materialize::Wrote::Skipped => self.written.skipped.push(path),
             }
         }

@@ -227,13 +227,13 @@ impl BlobStore for SledBlobStore {
         Ok(out)
     }
 
-    /// The blob's file, when it is stored as one and the file is there.
+    /// The blob's file, when it is stored as one (recorded: its file is whole, unless lost
+    /// since, when a link to it fails and the caller reads the blob as usual).
     fn local_file(&self, hash: &BlobHash) -> Option<PathBuf> {
-        if !self.files.contains_key(hash.0).ok()? {
-            return None;
-        }
-        let path = self.path(hash);
-        path.exists().then_some(path)
+        self.files
+            .contains_key(hash.0)
+            .ok()?
+            .then(|| self.path(hash))
     }
 }
 

@@ -502,6 +502,33 @@ fn all_blobs() -> std::collections::HashMap<forkfleet_shared::blob::BlobHash, by
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(cases(256)))]
 
+    /// The listings (made a directory at a time) are what asking every path says.
+    #[test]
+    fn the_listings_are_what_each_path_says((base, ops) in scenario()) {
+        let base = Arc::new(base);
+        let mut ov = Overlay::new(base.clone());
+        for op in &ops {
+            run(&mut ov, op);
+        }
+        let mut paths: std::collections::BTreeSet<WsPath> = base.files.keys().cloned().collect();
+        paths.extend(base.dirs.iter().cloned());
+        for op in ov.changes() {
+            paths.extend(op.path().ancestors());
+            paths.insert(op.path().clone());
+        }
+        let mut want_files = Vec::new();
+        let mut want_dirs = Vec::new();
+        for p in paths.iter().filter(|p| !p.is_root()) {
+            match ov.node(p) {
+                Node::File(e) => want_files.push((p.clone(), e)),
+                Node::Dir => want_dirs.push(p.clone()),
+                Node::Missing => {}
+            }
+        }
+        prop_assert_eq!(ov.files(), want_files);
+        prop_assert_eq!(ov.dirs(), want_dirs);
+    }
+
     #[test]
     fn from_log_reproduces_the_view((base, ops) in scenario()) {
         let base = Arc::new(base);

@@ -113,12 +113,31 @@ pub async fn materialize(
         path,
         source,
     })?;
+    // Linked from the store first, all at once off the runtime (a link is one system call:
+    // a task per file would cost more than the link); what was not linked is written.
+    let linked = match make {
+        Make::LinkFromStore => link_all(tree, blobs, dir).await,
+        Make::Write => Vec::new(),
+    };
+    let is_linked = |i: usize| linked.get(i).copied().unwrap_or(false);
+    for (i, (_, entry)) in tree.files.iter().enumerate() {
+        if is_linked(i) {
+            done.files += 1;
+            done.bytes += entry.size;
+            done.linked_bytes += entry.size;
+        }
+    }
     // Boxed as `Send` futures here: an iterator of async blocks borrowing the tree would
     // otherwise make the whole call unusable from a spawned task (a higher-ranked `Send`).
     type Write<'a> = BoxFuture<'a, (&'a WsPath, &'a FileEntry, Result<Wrote, WorkerError>)>;
     // Made as slots free up: only the writes in flight exist at once (not one future per
     // file of a large tree).
-    let mut files = tree.files.iter();
+    let mut files = tree
+        .files
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !is_linked(*i))
+        .map(|(_, f)| f);
     let mut written = futures::stream::FuturesUnordered::<Write<'_>>::new();
     loop {
         while written.len() < WRITES_IN_FLIGHT {
@@ -126,11 +145,7 @@ pub async fn materialize(
                 break;
             };
             written.push(Box::pin(async move {
-                let wrote = match make {
-                    Make::LinkFromStore => link_or_write(path, entry, blobs, dir).await,
-                    Make::Write => write_one(path, entry, blobs, dir).await,
-                };
-                (path, entry, wrote)
+                (path, entry, write_one(path, entry, blobs, dir).await)
             }));
         }
         let Some((path, entry, wrote)) = written.next().await else {
@@ -141,11 +156,6 @@ pub async fn materialize(
                 done.files += 1;
                 done.bytes += bytes;
                 done.stamps.insert(path.clone(), (stamp, *entry));
-            }
-            Wrote::Linked { bytes } => {
-                done.files += 1;
-                done.bytes += bytes;
-                done.linked_bytes += bytes;
             }
             Wrote::Symlink => done.files += 1,
             Wrote::Skipped => done.skipped.push(path.clone()),
@@ -165,39 +175,65 @@ pub(super) enum Wrote {
     Symlink,
     /// A symlink leaving the tree, not created.
     Skipped,
-    /// A file hard-linked to its blob's file in the store (not stamped: its inode is the
-    /// store's, and nothing compares it later).
-    Linked {
-        bytes: u64,
-    },
 }
 
-/// Make one entry of a tree that nothing writes through ([`Make::LinkFromStore`]): a file
-/// that is not executable is a hard link to its blob's file when the store has one here;
-/// anything else, or a link the file system refuses (another file system, too many links),
-/// is written as [`write_one`] does.
-async fn link_or_write(
-    path: &WsPath,
-    entry: &FileEntry,
-    blobs: &BlobCache,
-    dir: &Path,
-) -> Result<Wrote, WorkerError> {
+/// Threads linking a tree's files at most (a link is a system call on the file system's
+/// metadata: a few threads keep it busy).
+const LINK_THREADS: usize = 4;
+
+/// Hard-link the files of `tree` that can be ([`Make::LinkFromStore`]: not executable, not
+/// a symlink, and the store has the blob as a file here) into `dir`, whose directories are
+/// made. Which files were linked, by their index in the tree; one the file system refused
+/// (another file system, too many links, a blob file lost) is not, and is then written.
+async fn link_all(tree: &Manifest, blobs: &BlobCache, dir: &Path) -> Vec<bool> {
     use forkfleet_shared::blob::BlobStore;
-    let source = (!entry.is_symlink() && entry.mode & 0o111 == 0)
-        .then(|| blobs.local_file(&entry.hash))
-        .flatten();
-    if let Some(source) = source {
-        let target = path.to_os_path(dir);
-        let bytes = entry.size;
-        let linked = tokio::task::spawn_blocking(move || link_entry(&source, &target))
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-        match linked {
-            Ok(()) => return Ok(Wrote::Linked { bytes }),
-            Err(e) => tracing::trace!(error = %e, %path, "cannot link a blob's file; writing it"),
-        }
+    let jobs: Vec<(usize, std::path::PathBuf, std::path::PathBuf)> = tree
+        .files
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, e))| !e.is_symlink() && e.mode & 0o111 == 0)
+        .filter_map(|(i, (p, e))| Some((i, blobs.local_file(&e.hash)?, p.to_os_path(dir))))
+        .collect();
+    let n = tree.files.len();
+    if jobs.is_empty() {
+        return Vec::new();
     }
-    write_one(path, entry, blobs, dir).await
+    tokio::task::spawn_blocking(move || {
+        let threads = std::thread::available_parallelism()
+            .map_or(2, |t| t.get())
+            .clamp(1, LINK_THREADS);
+        let chunk = jobs.len().div_ceil(threads);
+        let linked: Vec<usize> = std::thread::scope(|s| {
+            let handles: Vec<_> = jobs
+                .chunks(chunk)
+                .map(|part| {
+                    s.spawn(move || {
+                        part.iter()
+                            .filter(|(_, source, target)| match link_entry(source, target) {
+                                Ok(()) => true,
+                                Err(e) => {
+                                    tracing::trace!(error = %e, target = %target.display(), "cannot link a blob's file; writing it");
+                                    false
+                                }
+                            })
+                            .map(|(i, _, _)| *i)
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        let mut out = vec![false; n];
+        for i in linked {
+            out[i] = true;
+        }
+        out
+    })
+    .await
+    .unwrap_or_default()
 }
 
 /// Hard-link `source` (a blob's file) at `target`, giving it a non-executable workspace

@@ -109,6 +109,16 @@ struct HeldTree {
     tree: Workdir,
 }
 
+impl std::fmt::Debug for Trees {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trees")
+            .field("dir", &self.dir())
+            .field("max_bytes", &self.max_bytes)
+            .field("layered", &self.layered)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Trees {
     /// Trees kept up to `max_bytes` in a new directory of this worker's (0: none kept).
     /// Directories of workers that are gone are removed first.
