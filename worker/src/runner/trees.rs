@@ -174,7 +174,15 @@ impl Trees {
         confined: bool,
     ) -> Result<(Workdir, Checkout), WorkerError> {
         let mut target = target;
-        if let Some(mut kept) = self.take(key) {
+        // A kept tree over a linked base is not for a command that is not confined.
+        let kept = match self.take(key) {
+            Some(kept) if !confined && kept.base_linked() => {
+                kept.remove().await;
+                None
+            }
+            other => other,
+        };
+        if let Some(mut kept) = kept {
             match kept.update(target, blobs).await {
                 Ok(paths) => return Ok((kept, Checkout::Updated { paths })),
                 Err((e, back)) => {

@@ -606,6 +606,17 @@ const KEPT_TREE_CALLS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The workspace [`KEPT_TREE_CALLS`] are played on.
+const KEPT_TREE_FILES: &[(&str, &str)] = &[
+    ("a.txt", "a\n"),
+    ("b.txt", "b\n"),
+    ("d/c.txt", "c\n"),
+    ("run.sh", "echo hi\n"),
+    ("gone/x.txt", "x\n"),
+    ("keep.txt", "untouched\n"),
+    ("src/lib.rs", "pub fn f() {}\n"),
+];
+
 /// Play [`KEPT_TREE_CALLS`] with `tools`: every result, and the change log at the end.
 async fn play_kept_tree_calls(
     tools: &ToolBox,
@@ -657,15 +668,7 @@ async fn kept_tree_matches_a_fresh_copy(trees: forkfleet_worker::runner::Trees) 
     use std::os::unix::fs::MetadataExt;
     let layered = trees.layered();
     let fx = Fixture::store_only();
-    let (base, _) = fx.snapshot(&[
-        ("a.txt", "a\n"),
-        ("b.txt", "b\n"),
-        ("d/c.txt", "c\n"),
-        ("run.sh", "echo hi\n"),
-        ("gone/x.txt", "x\n"),
-        ("keep.txt", "untouched\n"),
-        ("src/lib.rs", "pub fn f() {}\n"),
-    ]);
+    let (base, _) = fx.snapshot(KEPT_TREE_FILES);
     let cache = BlobCache::new(Arc::new(fx.store.clone()), 1 << 30);
     let fresh = ToolBox::with_command(Some(tool(30.0)));
     let (want, want_log) = play_kept_tree_calls(&fresh, base.clone(), &cache).await;
@@ -945,15 +948,7 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
         "Landlock is not available here (see the worker's log line `sandbox:`)"
     );
     let fx = Fixture::store_only();
-    let (base, _) = fx.snapshot(&[
-        ("a.txt", "a\n"),
-        ("b.txt", "b\n"),
-        ("d/c.txt", "c\n"),
-        ("run.sh", "echo hi\n"),
-        ("gone/x.txt", "x\n"),
-        ("keep.txt", "untouched\n"),
-        ("src/lib.rs", "pub fn f() {}\n"),
-    ]);
+    let (base, _) = fx.snapshot(KEPT_TREE_FILES);
     let store = FileBlobs::of(fx.store.clone(), &base);
     let cache = BlobCache::new(Arc::new(store.clone()), 1 << 30);
     let fresh = ToolBox::with_command(Some(tool(30.0)));
@@ -1046,7 +1041,7 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
     // whole, its own files.
     let mut off = tool(30.0);
     off.sandbox.mode = forkfleet_shared::endpoint::SandboxMode::Off;
-    let loose = branch("b", off);
+    let loose = branch("b", off.clone());
     let mut ov = Overlay::new(base.clone());
     let out = loose
         .run(&call("echo y >> keep.txt; pwd"), &mut ov, &cache)
@@ -1055,4 +1050,19 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
     assert!(out.ok, "{}", out.output);
     store.assert_intact();
     assert_eq!(std::fs::metadata(&in_base).unwrap().nlink(), 2);
+    // Nor is the branch's kept tree over it, should the same branch's command not be.
+    let mut ov = Overlay::new(base.clone());
+    for op in &got_log {
+        ov.apply(op.clone()).unwrap();
+    }
+    let out = branch("a", off)
+        .run(&call("echo z >> keep.txt; cat keep.txt"), &mut ov, &cache)
+        .await
+        .unwrap();
+    assert!(
+        out.ok && out.output.contains("untouched\nz\n"),
+        "{}",
+        out.output
+    );
+    store.assert_intact();
 }
