@@ -108,9 +108,11 @@ impl Embedded {
         let mut workers = Vec::with_capacity(opts.workers);
         // One set of command trees for the process: a fork's base is made once, not once
         // per worker (ADR 31).
-        let trees = std::sync::Arc::new(forkfleet_worker::runner::Trees::new(
-            forkfleet_worker::runner::DEFAULT_TREE_CACHE_BYTES,
-        ));
+        let trees = (opts.workers > 0).then(|| {
+            std::sync::Arc::new(forkfleet_worker::runner::Trees::new(
+                forkfleet_worker::runner::DEFAULT_TREE_CACHE_BYTES,
+            ))
+        });
         for _ in 0..opts.workers {
             let config = WorkerConfig {
                 concurrency: opts.concurrency,
@@ -125,7 +127,7 @@ impl Embedded {
                 // A pull on the in-process bus wakes as soon as a task is queued; its wait
                 // only bounds how long a stopping worker takes to notice (a run's exit).
                 pull_wait: std::time::Duration::from_millis(50),
-                trees: Some(trees.clone()),
+                trees: trees.clone(),
                 ..WorkerConfig::default()
             };
             workers.push(forkfleet_worker::start(config, bus.clone()).await?);
