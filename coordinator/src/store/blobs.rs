@@ -2,11 +2,12 @@
 //! prefixes and manifests. A small blob (up to [`INLINE_MAX`] bytes) is a value of the sled
 //! tree `blobs`; a larger one is a file of its own under `<data>/blob-files/` (the first
 //! two hex digits of its hash, then the rest), recorded in the tree `blob_files` (hash ->
-//! length) once written. (Stores written before kept them in `<data>/blobs/`, which is
-//! sled's own directory for large values: sled warned of every one of them at each open.
-//! They are moved on the first open, [`SledBlobStore::open`].) sled keeps the nodes it reads in memory: a workspace's files as values
-//! made a run's memory grow with the workspace (ADR 24); as files they are read and
-//! released. A store written before holds its blobs in `blobs`, read as always.
+//! length) once written. sled keeps the nodes it reads in memory: a workspace's files as
+//! values made a run's memory grow with the workspace (ADR 24); as files they are read and
+//! released. A store written before ADR 24 holds all its blobs in the tree `blobs`, read as
+//! always; one written before ADR 31 kept its files in `<data>/blobs/`, sled's own directory
+//! of large values (sled warned of each of ours at every open): they are moved on its next
+//! open ([`SledBlobStore::open`]).
 //!
 //! A blob file is written under a temporary name and renamed into place, then recorded: a
 //! recorded blob's file is whole. It is not synced on its own (a sync per file would cost
