@@ -689,7 +689,7 @@ mod tests {
                 // The older layout.
                 std::fs::rename(e.path(), old.join(e.file_name())).unwrap();
             } else {
-                // A move cut short: the directory in both, its files split.
+                // A move cut short: the directory in both (its files still in the old one).
                 let back = old.join(e.file_name());
                 std::fs::create_dir(&back).unwrap();
                 for f in std::fs::read_dir(e.path()).unwrap().flatten() {
@@ -699,11 +699,20 @@ mod tests {
             moved_back += 1;
         }
         assert!(moved_back > 2);
+        // Owner-only, as stores before ADR 31 wrote them.
+        use std::os::unix::fs::PermissionsExt;
+        for d in std::fs::read_dir(&old).unwrap().flatten() {
+            for f in std::fs::read_dir(d.path()).unwrap().flatten() {
+                std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+            }
+        }
         let store = RunStore::open(dir.path()).unwrap();
         for b in &blobs {
             assert_eq!(&store.blob(&BlobHash::of(b)).unwrap().unwrap(), b);
             let hex = BlobHash::of(b).to_hex();
-            assert!(new.join(&hex[..2]).join(&hex[2..]).is_file());
+            let file = new.join(&hex[..2]).join(&hex[2..]);
+            let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+            assert_eq!(mode & 0o7777, 0o644, "{}", file.display());
         }
         // Nothing of ours is left in sled's directory (what sled keeps there is its own).
         let left: Vec<_> = std::fs::read_dir(&old)

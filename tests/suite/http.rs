@@ -81,8 +81,14 @@ impl Api {
         self.req("GET", path, token).send()
     }
 
-    /// A JSON answer with status 200.
-    fn ok(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> Value {
+    /// Send a request with an optional JSON body: the status, the content type and the text.
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> (u16, String, String) {
         let mut r = self.req(method, path, token);
         if let Some(b) = body {
             r = r
@@ -91,7 +97,17 @@ impl Api {
         }
         let resp = r.send().unwrap();
         let status = resp.status().as_u16();
-        let text = resp.text().unwrap();
+        let ct = resp
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (status, ct, resp.text().unwrap())
+    }
+
+    /// A JSON answer with status 200.
+    fn ok(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> Value {
+        let (status, _, text) = self.send(method, path, token, body);
         assert_eq!(status, 200, "{method} {path}: {text}");
         serde_json::from_str(&text).unwrap()
     }
@@ -105,20 +121,7 @@ impl Api {
         body: Option<Value>,
         status: u16,
     ) -> Value {
-        let mut r = self.req(method, path, token);
-        if let Some(b) = body {
-            r = r
-                .header("content-type", "application/json")
-                .body(b.to_string());
-        }
-        let resp = r.send().unwrap();
-        let got = resp.status().as_u16();
-        let ct = resp
-            .headers()
-            .get("content-type")
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default();
-        let text = resp.text().unwrap();
+        let (got, ct, text) = self.send(method, path, token, body);
         assert_eq!(got, status, "{method} {path}: {text}");
         assert_eq!(ct, "application/problem+json", "{method} {path}: {text}");
         let doc: Value = serde_json::from_str(&text).unwrap();

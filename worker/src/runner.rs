@@ -132,7 +132,7 @@ impl Workdir {
 
     /// True when it is layered over a base linked from the blob store (ADR 31).
     pub(super) fn base_linked(&self) -> bool {
-        self.base.as_ref().is_some_and(|b| b.linked_bytes() > 0)
+        self.base.as_ref().is_some_and(|b| b.linked())
     }
 
     /// The bytes this tree holds on disk of its own: all of its files, or for a layered

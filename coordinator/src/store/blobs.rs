@@ -137,7 +137,9 @@ impl SledBlobStore {
 
 /// Move the blob files under `old` (directories named by two hex digits; sled's own files
 /// there are named by numbers and stay) to `new`: a directory at once by a rename, or file
-/// by file where `new` has it already (a move cut short).
+/// by file where `new` has it already (a move cut short). Each file is given the mode
+/// [`write_whole`] gives (they were written owner-only), once, here: a command tree's base
+/// links blob files as they are (ADR 31).
 fn move_old_files(old: &Path, new: &Path) -> std::io::Result<()> {
     let entries = match std::fs::read_dir(old) {
         Ok(e) => e,
@@ -157,17 +159,28 @@ fn move_old_files(old: &Path, new: &Path) -> std::io::Result<()> {
         }
         std::fs::create_dir_all(new)?;
         let to = new.join(&name);
-        if !to.exists() {
-            std::fs::rename(entry.path(), &to)?;
-            continue;
-        }
+        // Given their mode before they move, so a move cut short leaves none without it.
+        let into_existing = to.exists();
         for file in std::fs::read_dir(entry.path())? {
             let file = file?;
-            std::fs::rename(file.path(), to.join(file.file_name()))?;
+            std::fs::set_permissions(file.path(), file_mode())?;
+            if into_existing {
+                std::fs::rename(file.path(), to.join(file.file_name()))?;
+            }
         }
-        std::fs::remove_dir(entry.path())?;
+        if into_existing {
+            std::fs::remove_dir(entry.path())?;
+        } else {
+            std::fs::rename(entry.path(), &to)?;
+        }
     }
     Ok(())
+}
+
+/// The permissions of a blob file: a workspace file's that is not executable, as a
+/// command tree's base shows it through a hard link (ADR 31).
+fn file_mode() -> std::fs::Permissions {
+    std::os::unix::fs::PermissionsExt::from_mode(forkfleet_shared::manifest::MODE_FILE)
 }
 
 /// Write `bytes` at `path` under a temporary name in the same directory, then rename it
@@ -179,12 +192,7 @@ fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     std::io::Write::write_all(&mut tmp, bytes)?;
-    // Those of a workspace file that is not executable: a command tree's base may
-    // hard-link the file (ADR 31).
-    tmp.as_file()
-        .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
-            forkfleet_shared::manifest::MODE_FILE,
-        ))?;
+    tmp.as_file().set_permissions(file_mode())?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
 }

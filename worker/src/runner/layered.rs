@@ -112,6 +112,11 @@ impl Base {
     pub fn linked_bytes(&self) -> u64 {
         self.linked_bytes
     }
+
+    /// True when some of its files are the blob store's own (only for confined commands).
+    pub fn linked(&self) -> bool {
+        self.linked_bytes > 0
+    }
 }
 
 impl Drop for Base {

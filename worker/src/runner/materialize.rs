@@ -236,14 +236,9 @@ async fn link_all(tree: &Manifest, blobs: &BlobCache, dir: &Path) -> Vec<bool> {
     .unwrap_or_default()
 }
 
-/// Hard-link `source` (a blob's file) at `target`, giving it a non-executable workspace
-/// file's permissions first (a store written before they were set has owner-only files).
+/// Hard-link `source` (a blob's file, which the store gives a non-executable workspace
+/// file's permissions) at `target`.
 fn link_entry(source: &Path, target: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = forkfleet_shared::manifest::MODE_FILE;
-    if std::fs::metadata(source)?.permissions().mode() & 0o7777 != mode {
-        std::fs::set_permissions(source, std::fs::Permissions::from_mode(mode))?;
-    }
     match std::fs::hard_link(source, target) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && source.exists() => {
             if let Some(parent) = target.parent() {

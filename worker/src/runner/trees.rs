@@ -260,7 +260,7 @@ impl Trees {
                 Ok::<_, WorkerError>(Arc::new(base))
             })
             .await?;
-        if base.linked_bytes() > 0 && !confined {
+        if base.linked() && !confined {
             return Ok(None);
         }
         Ok(Some(base.clone()))

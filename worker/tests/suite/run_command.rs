@@ -885,6 +885,12 @@ impl FileBlobs {
         for entry in tree.files.values() {
             let bytes = this.mem.get_now(&entry.hash).unwrap();
             std::fs::write(this.path(&entry.hash), &bytes).unwrap();
+            // As the run store writes its blob files.
+            std::fs::set_permissions(
+                this.path(&entry.hash),
+                std::os::unix::fs::PermissionsExt::from_mode(0o644),
+            )
+            .unwrap();
         }
         this
     }
@@ -931,6 +937,10 @@ impl forkfleet_shared::blob::BlobStore for FileBlobs {
         Some(self.path(hash)).filter(|p| p.exists())
     }
 }
+
+/// A shell command saying which kind of tree it runs in: a layered tree's directory has the
+/// overlay's `upper` beside the mounted `ws`, a whole tree's has not.
+const KIND: &str = "test -d ../upper && echo 'tree: layered' || echo 'tree: whole'";
 
 /// Where the blob store keeps blobs as files on this machine (an embedded worker over the
 /// run store) and commands are confined, the fork's base hard-links them instead of
@@ -1022,13 +1032,17 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
     // Through the tree: copied up, the base untouched.
     let out = kept
         .run(
-            &call("echo more >> keep.txt; chmod +x keep.txt"),
+            &call(&format!("echo more >> keep.txt; chmod +x keep.txt; {KIND}")),
             &mut ov,
             &cache,
         )
         .await
         .unwrap();
-    assert!(out.ok, "{}", out.output);
+    assert!(
+        out.ok && out.output.contains("tree: layered"),
+        "{}",
+        out.output
+    );
     let Node::File(e) = ov.node(&WsPath::parse("keep.txt").unwrap()) else {
         panic!("keep.txt is not a file of the branch");
     };
@@ -1044,10 +1058,18 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
     let loose = branch("b", off.clone());
     let mut ov = Overlay::new(base.clone());
     let out = loose
-        .run(&call("echo y >> keep.txt; pwd"), &mut ov, &cache)
+        .run(
+            &call(&format!("echo y >> keep.txt; {KIND}")),
+            &mut ov,
+            &cache,
+        )
         .await
         .unwrap();
-    assert!(out.ok, "{}", out.output);
+    assert!(
+        out.ok && out.output.contains("tree: whole"),
+        "{}",
+        out.output
+    );
     store.assert_intact();
     assert_eq!(std::fs::metadata(&in_base).unwrap().nlink(), 2);
     // Nor is the branch's kept tree over it, should the same branch's command not be.
@@ -1056,11 +1078,15 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
         ov.apply(op.clone()).unwrap();
     }
     let out = branch("a", off)
-        .run(&call("echo z >> keep.txt; cat keep.txt"), &mut ov, &cache)
+        .run(
+            &call(&format!("echo z >> keep.txt; cat keep.txt; {KIND}")),
+            &mut ov,
+            &cache,
+        )
         .await
         .unwrap();
     assert!(
-        out.ok && out.output.contains("untouched\nz\n"),
+        out.ok && out.output.contains("untouched\nz\n") && out.output.contains("tree: whole"),
         "{}",
         out.output
     );
