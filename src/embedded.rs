@@ -124,8 +124,8 @@ impl Embedded {
                 // cache): a worker's copy of them would only double the memory a large
                 // workspace takes.
                 blob_cache_bytes: EMBEDDED_BLOB_CACHE_BYTES,
-                // A pull on the in-process bus wakes as soon as a task is queued; its wait
-                // only bounds how long a stopping worker takes to notice (a run's exit).
+                // A pull on the in-process bus wakes as soon as a task is queued, and is
+                // dropped as soon as the worker stops: its wait bounds nothing a user sees.
                 pull_wait: std::time::Duration::from_millis(50),
                 trees: trees.clone(),
                 ..WorkerConfig::default()
@@ -163,7 +163,8 @@ impl Embedded {
             let _ = stop.send(());
             let _ = socket.await;
         }
-        // All at once: each ends its pull within `pull_wait`.
+        // All at once: each drops its pull at once (the in-process bus's pulls take no
+        // task until they return).
         for stopped in
             futures::future::join_all(self.workers.into_iter().map(|w| w.shutdown())).await
         {

@@ -203,6 +203,12 @@ pub trait Bus: Send + Sync + 'static {
     async fn enqueue_task(&self, pool: &str, payload: Bytes) -> BusResult<()>;
     /// The next task of `pool`, waiting at most `wait`.
     async fn pull_task(&self, pool: &str, wait: Duration) -> BusResult<Option<Delivery>>;
+    /// True when a [`Bus::pull_task`] dropped before it returns takes no task (a worker
+    /// that stops may then drop its pull at once rather than wait it out). False (the
+    /// default) where a pull in flight may have been given a task already.
+    fn pull_cancel_safe(&self) -> bool {
+        false
+    }
     /// Payloads of `pool`'s tasks that exceeded `max_deliver` (dead-lettered), as they die,
     /// so the coordinator can fail those branches with a clear error. A task dies when a
     /// pull finds it past `max_deliver`. Each dead task is handed to one receiver; ones that

@@ -388,6 +388,11 @@ impl Bus for LocalBus {
         q.take(Some(Instant::now() + wait)).await
     }
 
+    /// A task is taken from the queue only in the step that returns it.
+    fn pull_cancel_safe(&self) -> bool {
+        true
+    }
+
     async fn dead_tasks(&self, pool: &str) -> BusResult<mpsc::UnboundedReceiver<Bytes>> {
         let q = self.queue(pool)?;
         let mut st = lock(&q.state)?;

@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 const MAX_PROGRESS_LINES: usize = 20;
 /// The fastest the progress display redraws.
 const REDRAW_EVERY: Duration = Duration::from_millis(100);
+/// The fastest a watch that shows nothing asks again (bounding the views a fast-changing
+/// large fork sends; the fork's end is seen at most this late).
+const QUIET_EVERY: Duration = Duration::from_millis(20);
 /// How long one watch round waits for a change on a terminal (the clock redraws).
 const TTY_POLL: Duration = Duration::from_secs(1);
 /// How long one watch round waits for a change otherwise.
@@ -86,8 +89,9 @@ pub async fn follow_with(
         if let (Until::Quiet { grace }, Some(since)) = (until, paused_since) {
             wait = wait.min(grace.saturating_sub(since.elapsed()));
         }
-        // Rate-limit redraws: at most one round per REDRAW_EVERY.
-        let next = tokio::time::sleep(REDRAW_EVERY);
+        // Rate-limit rounds: at most one per REDRAW_EVERY when showing progress, one per
+        // QUIET_EVERY otherwise.
+        let next = tokio::time::sleep(if show { REDRAW_EVERY } else { QUIET_EVERY });
         let watched = match coord.watch(fork, seen, wait).await {
             Ok(w) => {
                 failing_since = None;

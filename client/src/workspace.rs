@@ -44,8 +44,10 @@ pub async fn upload_workspace(
     use futures::{StreamExt, TryStreamExt};
     let root = dir.to_path_buf();
     let opts = opts.clone();
+    let started = std::time::Instant::now();
     let (listing, manifest, hashed) = tokio::task::spawn_blocking(move || {
         let listing = scan::list(&root, &opts)?;
+        tracing::debug!(ms = started.elapsed().as_millis() as u64, "snapshot: listed");
         let cache_file = stat_cache_file(&root);
         let cache = cache_file
             .as_deref()
@@ -53,8 +55,21 @@ pub async fn upload_workspace(
             .unwrap_or_default();
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         let (manifest, hashed) = scan::hash(&listing, &cache, threads)?;
+        tracing::debug!(ms = started.elapsed().as_millis() as u64, read = hashed.read, "snapshot: hashed");
         if let Some(file) = cache_file {
-            if let Err(e) = StatCache::save(&file, &listing, &manifest) {
+            // Written again only when it would change (a file was read, or one came or
+            // went); else only marked used, for the pruning of the least recently used.
+            let unchanged = hashed.read == 0 && cache.len() == listing.files.len();
+            let now = std::fs::FileTimes::new().set_modified(std::time::SystemTime::now());
+            let saved = if unchanged {
+                std::fs::File::options()
+                    .write(true)
+                    .open(&file)
+                    .and_then(|f| f.set_times(now))
+            } else {
+                StatCache::save(&file, &listing, &manifest)
+            };
+            if let Err(e) = saved {
                 tracing::debug!(error = %e, file = %file.display(), "cannot write the snapshot's stat cache");
             }
             prune_stat_caches(&file);
@@ -73,7 +88,16 @@ pub async fn upload_workspace(
     }
     let mut hashes: Vec<BlobHash> = by_hash.keys().copied().collect();
     hashes.extend(extra.keys().filter(|h| !by_hash.contains_key(h)));
+    tracing::debug!(
+        ms = started.elapsed().as_millis() as u64,
+        "snapshot: stat cache saved"
+    );
     let missing = store.missing(&hashes).await.map_err(uploading)?;
+    tracing::debug!(
+        ms = started.elapsed().as_millis() as u64,
+        missing = missing.len(),
+        "snapshot: store asked"
+    );
     let sent: Vec<u64> = futures::stream::iter(missing.iter().copied())
         .map(|h| {
             let extra = extra.get(&h).cloned();
@@ -105,6 +129,10 @@ pub async fn upload_workspace(
         .put(snapshot, manifest_blob)
         .await
         .map_err(uploading)?;
+    tracing::debug!(
+        ms = started.elapsed().as_millis() as u64,
+        "snapshot: uploaded"
+    );
     let upload = Upload {
         snapshot,
         files: manifest.files.len(),

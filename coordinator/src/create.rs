@@ -78,12 +78,8 @@ fn check_blobs(store: &RunStore, req: &CreateFork) -> Result<Manifest, Coordinat
     })?;
     let mut needed: BTreeSet<BlobHash> = manifest.files.values().map(|e| e.hash).collect();
     needed.extend(req.plan.models.values().filter_map(|m| m.script));
-    let mut missing = Vec::new();
-    for h in &needed {
-        if !blobs.contains(h)? {
-            missing.push(*h);
-        }
-    }
+    let needed: Vec<BlobHash> = needed.into_iter().collect();
+    let missing = blobs.missing_sync(&needed)?;
     if !missing.is_empty() {
         return Err(CoordinatorError::missing_blobs(&missing));
     }

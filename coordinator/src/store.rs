@@ -661,6 +661,39 @@ mod tests {
         assert!(blobs.put(other, Bytes::from_static(b"x")).await.is_err());
     }
 
+    /// A tree a worker kept of a manifest (ADR 32) goes when the manifest's blob does (the
+    /// garbage collector's delete): its links would keep the bytes of deleted blobs. Other
+    /// kept trees stay.
+    #[tokio::test]
+    async fn a_kept_tree_goes_with_its_manifests_blob() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RunStore::open(dir.path()).unwrap();
+        let kept = store.blob_store().kept_trees_dir().unwrap();
+        assert_eq!(kept, dir.path().join(blobs::KEPT_TREES_DIR));
+        let (gone, stays) = (
+            Bytes::from(vec![1u8; blobs::INLINE_MAX + 1]),
+            Bytes::from_static(b"small"),
+        );
+        for b in [&gone, &stays] {
+            store
+                .blob_store()
+                .put(BlobHash::of(b), b.clone())
+                .await
+                .unwrap();
+            let ws = kept.join(BlobHash::of(b).to_hex()).join("ws");
+            std::fs::create_dir_all(&ws).unwrap();
+            std::fs::write(ws.join("f"), b"x").unwrap();
+        }
+        store.blobs().remove(&BlobHash::of(&gone)).unwrap();
+        assert!(!kept.join(BlobHash::of(&gone).to_hex()).exists());
+        assert!(kept
+            .join(BlobHash::of(&stays).to_hex())
+            .join("ws/f")
+            .exists());
+        assert!(store.blob(&BlobHash::of(&gone)).unwrap().is_none());
+        assert_eq!(store.blob(&BlobHash::of(&stays)).unwrap(), Some(stays));
+    }
+
     /// A store written before kept blob files in `blobs/`, sled's own directory (which made
     /// sled warn of each at every open): they move to `blob-files/` on the next open,
     /// whole directories or, after a move cut short, file by file.

@@ -147,6 +147,14 @@ pub trait BlobStore: Send + Sync + 'static {
     fn local_file(&self, _hash: &BlobHash) -> Option<std::path::PathBuf> {
         None
     }
+
+    /// A directory on the filesystem of [`BlobStore::local_file`]'s files where a worker
+    /// may keep the trees it links from them, named by the hash of their manifest, from
+    /// one process's run to the next (ADR 32); the store removes the one named by a blob it
+    /// deletes. `None` (the default): nothing is kept.
+    fn kept_trees_dir(&self) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 /// Fetch a blob that must exist, verifying its hash.

@@ -45,9 +45,71 @@ impl FileEntry {
 /// A workspace version: every file and every directory.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
+    #[serde(deserialize_with = "bulk::map")]
     pub files: BTreeMap<WsPath, FileEntry>,
     /// Every directory, including empty ones (the root is implied).
+    #[serde(deserialize_with = "bulk::set")]
     pub dirs: BTreeSet<WsPath>,
+}
+
+/// A manifest's maps decoded in bulk: the entries are read into a list, then the tree is
+/// built from it at once (in path order, as written, it is built without searching),
+/// rather than inserted one by one. What a later entry of the same path says wins, as
+/// with inserting.
+mod bulk {
+    use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::marker::PhantomData;
+
+    /// Entries reserved ahead at most (a hint is the sender's word, not a promise).
+    const RESERVE_AT_MOST: usize = 1 << 16;
+
+    pub(super) fn map<'de, D, K, V>(d: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        D: Deserializer<'de>,
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+    {
+        struct Entries<K, V>(PhantomData<(K, V)>);
+        impl<'de, K: Deserialize<'de> + Ord, V: Deserialize<'de>> Visitor<'de> for Entries<K, V> {
+            type Value = BTreeMap<K, V>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+                let mut entries =
+                    Vec::with_capacity(access.size_hint().unwrap_or(0).min(RESERVE_AT_MOST));
+                while let Some(entry) = access.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(entries.into_iter().collect())
+            }
+        }
+        d.deserialize_map(Entries(PhantomData))
+    }
+
+    pub(super) fn set<'de, D, T>(d: D) -> Result<BTreeSet<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de> + Ord,
+    {
+        struct Items<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de> + Ord> Visitor<'de> for Items<T> {
+            type Value = BTreeSet<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a sequence")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+                let mut items =
+                    Vec::with_capacity(access.size_hint().unwrap_or(0).min(RESERVE_AT_MOST));
+                while let Some(item) = access.next_element()? {
+                    items.push(item);
+                }
+                Ok(items.into_iter().collect())
+            }
+        }
+        d.deserialize_seq(Items(PhantomData))
+    }
 }
 
 /// What a path is in a manifest or an overlay.

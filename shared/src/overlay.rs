@@ -443,31 +443,46 @@ impl Overlay {
         merge_sorted(base, own.filter_map(dir), |p| p)
     }
 
-    /// The view as a manifest (used to materialise a branch's tree).
+    /// The view as a manifest (used to materialise a branch's tree, on every command a
+    /// branch runs): the snapshot with the branch's own paths applied in path order, so
+    /// its cost is a copy of the snapshot's maps plus the paths the branch touched (a
+    /// parent's before its children). Each own path is what [`Overlay::node`] says it is;
+    /// the snapshot's paths below one that hides them (deleted, a file, or an opaque
+    /// directory) go with it, and the branch's own paths below it come back after.
     pub fn to_manifest(&self) -> Manifest {
-        // Both lists are in path order: the maps are built without searching.
-        let mut m = Manifest {
-            files: self.files().into_iter().collect(),
-            dirs: self.dirs().into_iter().collect(),
-        };
-        // A visible file's directories are visible ones; should one be missing, it is added
-        // (asked once per directory: the files of one directory are mostly side by side).
-        let mut last_dir = None;
-        let orphans: Vec<WsPath> = m
-            .files
-            .keys()
-            .filter(|p| {
-                let dir = p.as_str().rfind('/').map(|i| &p.as_str()[..i]);
-                if dir.is_none() || dir == last_dir {
-                    return false;
+        let mut m = (*self.base).clone();
+        for (p, own) in self.nodes.iter().filter(|(p, _)| !p.is_root()) {
+            let node = self.node(p);
+            let hides_below = match (&node, own) {
+                (Node::Dir, OvNode::Dir { opaque }) => *opaque,
+                (Node::Dir, _) => false,
+                (Node::File(_) | Node::Missing, _) => true,
+            };
+            if hides_below {
+                let files: Vec<WsPath> = m.files_under(p).map(|(q, _)| q.clone()).collect();
+                for q in files {
+                    m.files.remove(&q);
                 }
-                last_dir = dir;
-                p.ancestor_strs().any(|a| !m.dirs.contains(a))
-            })
-            .cloned()
-            .collect();
-        for p in orphans {
-            m.dirs.extend(p.ancestors());
+                let dirs: Vec<WsPath> = m.dirs_under(p).cloned().collect();
+                for q in dirs {
+                    m.dirs.remove(&q);
+                }
+            }
+            match node {
+                Node::File(e) => {
+                    m.dirs.remove(p);
+                    m.insert_file(p.clone(), e);
+                }
+                Node::Dir => {
+                    m.files.remove(p);
+                    m.dirs.extend(p.ancestors());
+                    m.dirs.insert(p.clone());
+                }
+                Node::Missing => {
+                    m.files.remove(p);
+                    m.dirs.remove(p);
+                }
+            }
         }
         m
     }

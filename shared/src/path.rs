@@ -221,8 +221,20 @@ impl std::borrow::Borrow<str> for WsPath {
 impl TryFrom<String> for WsPath {
     type Error = PathError;
     fn try_from(value: String) -> Result<Self, Self::Error> {
+        // A path as this type writes it (every path of a stored manifest) is taken as it
+        // is: parsing would give it back unchanged.
+        if is_normal(&value) {
+            return Ok(Self(Arc::from(value)));
+        }
         Self::parse(&value)
     }
+}
+
+/// True when [`WsPath::parse`] would return `s` unchanged: no NUL or backslash, and
+/// `/`-separated components none of which is empty, `.` or `..`.
+fn is_normal(s: &str) -> bool {
+    s.is_empty()
+        || (!s.contains(['\0', '\\']) && s.split('/').all(|c| !matches!(c, "" | "." | "..")))
 }
 
 impl From<WsPath> for String {
@@ -241,6 +253,20 @@ impl std::str::FromStr for WsPath {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// A path taken as it is when decoded is one that parsing gives back unchanged,
+        /// and every other text is parsed (or refused) as ever.
+        #[test]
+        fn a_decoded_path_is_what_parsing_gives(s in "[a./\\\\\\x00]{0,12}") {
+            let decoded: Result<WsPath, _> = WsPath::try_from(s.clone());
+            let parsed = WsPath::parse(&s);
+            proptest::prop_assert_eq!(decoded.as_ref().map(WsPath::as_str).ok(), parsed.as_ref().map(WsPath::as_str).ok());
+            if is_normal(&s) {
+                proptest::prop_assert_eq!(parsed.map(|p| p.as_str().to_string()).ok(), Some(s));
+            }
+        }
+    }
 
     #[test]
     fn normalises() {

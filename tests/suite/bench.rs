@@ -162,6 +162,8 @@ fn workspace_bench_reports_every_field() {
         "2,3",
         "--commands",
         "3",
+        "--repeat",
+        "2",
         "--json",
         "--timeout-s",
         "120",
@@ -198,6 +200,13 @@ fn workspace_bench_reports_every_field() {
             "{run}"
         );
         assert!(run["git_worktree_wall_s"].as_f64().unwrap() > 0.0, "{run}");
+        assert!(run["git_repo_s"].as_f64().unwrap() > 0.0, "{run}");
+        // `--repeat 2`: each side's run over its store or repository twice, alternating.
+        for walls in ["forkfleet_warm_walls_s", "git_worktree_walls_s"] {
+            let walls = run[walls].as_array().unwrap();
+            assert_eq!(walls.len(), 2, "{run}");
+            assert!(walls.iter().all(|w| w.as_f64().unwrap() > 0.0), "{run}");
+        }
         assert!(run["ratio"].as_f64().is_some(), "{run}");
         assert!(run["ratio_warm"].as_f64().is_some(), "{run}");
     }

@@ -153,6 +153,10 @@ impl BlobStore for BlobCache {
     fn local_file(&self, hash: &BlobHash) -> Option<std::path::PathBuf> {
         self.remote.local_file(hash)
     }
+
+    fn kept_trees_dir(&self) -> Option<std::path::PathBuf> {
+        self.remote.kept_trees_dir()
+    }
 }
 
 /// Values derived from blobs, computed once per hash and shared. Keeps at most `capacity`

@@ -479,7 +479,17 @@ impl Puller {
                 if *self.stop.borrow() {
                     return None;
                 }
-                match self.bus.pull_task(&self.pool, self.wait).await {
+                let pulled = if self.bus.pull_cancel_safe() {
+                    // Dropped as soon as the worker stops (no task is lost).
+                    tokio::select! {
+                        biased;
+                        _ = self.stop.wait_for(|s| *s) => return None,
+                        p = self.bus.pull_task(&self.pool, self.wait) => p,
+                    }
+                } else {
+                    self.bus.pull_task(&self.pool, self.wait).await
+                };
+                match pulled {
                     Ok(Some(d)) => break d,
                     Ok(None) => {}
                     Err(BusError::Closed) => return Some(BusError::Closed.to_string()),

@@ -27,6 +27,10 @@ pub const INLINE_MAX: usize = 1024;
 /// The directory of blob files in the data directory.
 pub const FILES_DIR: &str = "blob-files";
 
+/// The directory (in the data directory) where a worker keeps the trees it links from the
+/// blob files, each named by its manifest's hash (ADR 32).
+pub const KEPT_TREES_DIR: &str = "kept-trees";
+
 /// Where stores written before kept blob files: sled's own directory of large values.
 const OLD_FILES_DIR: &str = "blobs";
 
@@ -38,6 +42,8 @@ pub struct SledBlobStore {
     /// Blobs stored as files: hash -> length (8 bytes, big-endian).
     files: sled::Tree,
     dir: PathBuf,
+    /// [`KEPT_TREES_DIR`].
+    kept_trees: PathBuf,
 }
 
 fn backend(e: impl std::fmt::Display) -> BlobError {
@@ -61,7 +67,12 @@ impl SledBlobStore {
                 ),
             }
         })?;
-        Ok(Self { tree, files, dir })
+        Ok(Self {
+            tree,
+            files,
+            dir,
+            kept_trees: data_dir.join(KEPT_TREES_DIR),
+        })
     }
 
     /// The file of a blob stored as one.
@@ -95,6 +106,46 @@ impl SledBlobStore {
 
     pub fn contains(&self, hash: &BlobHash) -> Result<bool, CoordinatorError> {
         Ok(self.has(hash)?)
+    }
+
+    /// Which of `hashes` are not stored, in the order given: asked on every core (a
+    /// workspace's files are a lookup and a `stat` each). Blocking.
+    pub fn missing_sync(&self, hashes: &[BlobHash]) -> Result<Vec<BlobHash>, BlobError> {
+        /// Below this many, one thread asks.
+        const PER_THREAD_AT_LEAST: usize = 2048;
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(hashes.len() / PER_THREAD_AT_LEAST)
+            .max(1);
+        let chunk = hashes.len().div_ceil(threads).max(1);
+        let parts: Vec<Result<Vec<BlobHash>, BlobError>> = std::thread::scope(|s| {
+            let asked: Vec<_> = hashes
+                .chunks(chunk)
+                .map(|part| {
+                    s.spawn(move || {
+                        let mut out = Vec::new();
+                        for h in part {
+                            if !self.has(h)? {
+                                out.push(*h);
+                            }
+                        }
+                        Ok(out)
+                    })
+                })
+                .collect();
+            asked
+                .into_iter()
+                .map(|t| {
+                    t.join()
+                        .unwrap_or_else(|_| Err(backend("a blob lookup thread panicked")))
+                })
+                .collect()
+        });
+        let mut out = Vec::new();
+        for p in parts {
+            out.extend(p?);
+        }
+        Ok(out)
     }
 
     /// Stored: a value, or a recorded file that is there (one lost is stored again).
@@ -227,13 +278,14 @@ impl BlobStore for SledBlobStore {
     }
 
     async fn missing(&self, hashes: &[BlobHash]) -> Result<Vec<BlobHash>, BlobError> {
-        let mut out = Vec::new();
-        for h in hashes {
-            if !self.has(h)? {
-                out.push(*h);
-            }
+        let (store, hashes) = (self.clone(), hashes.to_vec());
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => rt
+                .spawn_blocking(move || store.missing_sync(&hashes))
+                .await
+                .map_err(|e| backend(format!("a blob lookup stopped: {e}")))?,
+            Err(_) => store.missing_sync(&hashes),
         }
-        Ok(out)
     }
 
     /// The blob's file, when it is stored as one (recorded: its file is whole, unless lost
@@ -243,6 +295,10 @@ impl BlobStore for SledBlobStore {
             .contains_key(hash.0)
             .ok()?
             .then(|| self.path(hash))
+    }
+
+    fn kept_trees_dir(&self) -> Option<PathBuf> {
+        Some(self.kept_trees.clone())
     }
 }
 
@@ -274,8 +330,21 @@ impl SledBlobStore {
         Ok(out)
     }
 
-    /// Remove a blob: its value, or its record and then its file.
+    /// Remove a blob: its value, or its record and then its file; and a tree a worker
+    /// kept of it when it is a manifest (whose links would keep the bytes of removed blobs
+    /// on disk).
     pub(crate) fn remove(&self, hash: &BlobHash) -> Result<(), CoordinatorError> {
+        let kept = self.kept_trees.join(hash.to_hex());
+        match std::fs::remove_dir_all(&kept) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(CoordinatorError::Internal(format!(
+                    "cannot remove the kept tree `{}`: {e}",
+                    kept.display()
+                )))
+            }
+        }
         self.tree.remove(hash.0)?;
         if self.files.remove(hash.0)?.is_some() {
             match std::fs::remove_file(self.path(hash)) {

@@ -13,7 +13,16 @@
 //!   child process whose wall time and peak RSS (`/usr/bin/time`) are reported;
 //! - **git worktrees**: the same work done the way users do it without forkfleet, one
 //!   `git worktree add` per branch (one after the other: concurrent adds race on the
-//!   repository), then the commands run in place, every branch at once.
+//!   repository), then the commands run in place, every branch at once. The repository is
+//!   made first and timed apart (`git init`, `add`, `commit`: what a forkfleet first run's
+//!   storing of the workspace compares with).
+//!
+//! Every timed step starts on a settled disk: `sync` writes out what the steps before it
+//! left dirty (the tree's copy, a first run's store, git's objects), so no side pays for
+//! the other's writeback. With `--repeat N` the run over the first run's store and the git
+//! worktrees alternate N times and each side's best is reported (every time is kept in the
+//! JSON): removing a round's worktrees slows the next round's (ext4 allocates inodes more
+//! slowly after many were freed), so a median would count that against git.
 
 use super::*;
 use forkfleet_shared::scan::{self, ScanOptions, StatCache};
@@ -44,6 +53,10 @@ pub struct WorkspaceArgs {
     /// Skip the git-worktree comparison.
     #[arg(long)]
     pub no_git: bool,
+    /// Run forkfleet's run over the first run's store, and git's worktrees, this many times
+    /// each (alternating), and report each side's best.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
     /// Give up on a whole run after this many seconds.
     #[arg(long, default_value_t = 1200)]
     pub timeout_s: u64,
@@ -60,12 +73,21 @@ struct RunRow {
     forkfleet_wall_s: f64,
     forkfleet_peak_rss_mb: f64,
     /// The same run again over the same store and stat cache (as a user's next fork of a
-    /// workspace, and as git's side, whose repository exists before it is timed).
+    /// workspace, and as git's side, whose repository exists before it is timed): the
+    /// best of `--repeat` runs, and the largest peak RSS.
     forkfleet_warm_wall_s: f64,
     forkfleet_warm_peak_rss_mb: f64,
+    /// Every run over the first run's store, in order.
+    forkfleet_warm_walls_s: Vec<f64>,
+    /// Making git's repository (`git init`, `add -A`, `commit`), timed apart.
+    git_repo_s: Option<f64>,
+    /// One worktree per branch and the commands in them: the best of `--repeat`.
     git_worktree_wall_s: Option<f64>,
+    git_worktree_walls_s: Vec<f64>,
     git_peak_rss_mb: Option<f64>,
+    /// forkfleet's first run against git's repository and worktrees together.
     ratio: Option<f64>,
+    /// forkfleet's run over its store against git's worktrees over its repository.
     ratio_warm: Option<f64>,
 }
 
@@ -100,6 +122,7 @@ pub async fn cmd_workspace(args: WorkspaceArgs) -> anyhow::Result<()> {
     let opts = ScanOptions::names_only(&[".git".to_string()]);
 
     // Snapshot, cold then warm.
+    settle()?;
     let t = Instant::now();
     let listing = scan::list(&tree, &opts)?;
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -117,30 +140,39 @@ pub async fn cmd_workspace(args: WorkspaceArgs) -> anyhow::Result<()> {
         bytes as f64 / 1e6
     );
 
-    // Per-call overhead through the worker's tool code.
-    let CallFigures { kept, whole, fresh } =
-        call_overhead(scratch.path(), &listing, &manifest, args.commands.max(2)).await?;
-    eprintln!(
-        "run_command overhead: layered kept tree p50 {:.1} ms p90 {:.1} ms; whole kept tree p50 {:.1} ms p90 {:.1} ms; fresh copy p50 {:.1} ms p90 {:.1} ms",
-        kept.0, kept.1, whole.0, whole.1, fresh.0, fresh.1
-    );
-
     // Whole runs.
     let mut runs = Vec::new();
     for &n in &args.branches {
+        settle()?;
         let (wall, rss) = forkfleet_run(scratch.path(), &tree, n, args.commands, args.timeout_s)?;
-        let (warm, warm_rss) =
-            forkfleet_run(scratch.path(), &tree, n, args.commands, args.timeout_s)?;
-        let git = if args.no_git {
+        let repo = if args.no_git {
             None
         } else {
-            Some(git_worktrees(scratch.path(), &tree, n, args.commands)?)
+            Some(git_repo(scratch.path(), &tree, n)?)
         };
+        let (mut warm_walls, mut warm_rss) = (Vec::new(), 0.0_f64);
+        let (mut git_walls, mut git_rss) = (Vec::new(), 0.0_f64);
+        for round in 0..args.repeat.max(1) {
+            settle()?;
+            let (w, r) = forkfleet_run(scratch.path(), &tree, n, args.commands, args.timeout_s)?;
+            warm_walls.push(w);
+            warm_rss = warm_rss.max(r);
+            if let Some((repo, _)) = &repo {
+                settle()?;
+                let (w, r) = git_worktrees(repo, n, args.commands, round)?;
+                git_walls.push(w);
+                git_rss = git_rss.max(r);
+            }
+        }
+        let warm = best(&warm_walls);
+        let git = repo.as_ref().map(|(_, repo_s)| (*repo_s, best(&git_walls)));
         eprintln!(
             "{n} branches x {} commands: forkfleet {wall:.2} s (peak RSS {rss:.0} MB), again {warm:.2} s ({warm_rss:.0} MB){}",
             args.commands,
-            git.map(|(w, r)| format!("; git worktrees {w:.2} s (peak RSS {r:.0} MB)"))
-                .unwrap_or_default()
+            git.map(|(repo_s, w)| format!(
+                "; git repository {repo_s:.2} s, worktrees {w:.2} s (peak RSS {git_rss:.0} MB)"
+            ))
+            .unwrap_or_default()
         );
         runs.push(RunRow {
             branches: n,
@@ -148,12 +180,25 @@ pub async fn cmd_workspace(args: WorkspaceArgs) -> anyhow::Result<()> {
             forkfleet_peak_rss_mb: rss,
             forkfleet_warm_wall_s: warm,
             forkfleet_warm_peak_rss_mb: warm_rss,
-            git_worktree_wall_s: git.map(|g| g.0),
-            git_peak_rss_mb: git.map(|g| g.1),
-            ratio: git.map(|g| wall / g.0),
-            ratio_warm: git.map(|g| warm / g.0),
+            forkfleet_warm_walls_s: warm_walls,
+            git_repo_s: git.map(|g| g.0),
+            git_worktree_wall_s: git.map(|g| g.1),
+            git_worktree_walls_s: git_walls,
+            git_peak_rss_mb: git.map(|_| git_rss),
+            ratio: git.map(|(repo_s, w)| wall / (repo_s + w)),
+            ratio_warm: git.map(|(_, w)| warm / w),
         });
     }
+    // Per-call overhead through the worker's tool code: after the whole runs, since its
+    // fresh copies make and remove a tree per call (ext4 then allocates inodes more
+    // slowly for a while, which would slow whichever side came next).
+    let CallFigures { kept, whole, fresh } =
+        call_overhead(scratch.path(), &listing, &manifest, args.commands.max(2)).await?;
+    eprintln!(
+        "run_command overhead: layered kept tree p50 {:.1} ms p90 {:.1} ms; whole kept tree p50 {:.1} ms p90 {:.1} ms; fresh copy p50 {:.1} ms p90 {:.1} ms",
+        kept.0, kept.1, whole.0, whole.1, fresh.0, fresh.1
+    );
+
     let result = WorkspaceResult {
         files,
         mb: bytes as f64 / 1e6,
@@ -196,20 +241,30 @@ fn table(r: &WorkspaceResult, commands: usize) -> String {
     );
     let _ = writeln!(
         out,
-        "{:>8}  {:>13}  {:>12}  {:>13}  {:>12}  {:>7}",
-        "BRANCHES", "FORKFLEET_S", "PEAK_RSS_MB", "WORKTREES_S", "PEAK_RSS_MB", "RATIO"
+        "first run, storing the workspace (against git's repository made and its worktrees):"
     );
+    let _ = writeln!(
+        out,
+        "{:>8}  {:>13}  {:>12}  {:>12}  {:>13}  {:>12}  {:>7}",
+        "BRANCHES",
+        "FORKFLEET_S",
+        "PEAK_RSS_MB",
+        "GIT_REPO_S",
+        "WORKTREES_S",
+        "PEAK_RSS_MB",
+        "RATIO"
+    );
+    let secs = |s: Option<f64>| s.map(|s| format!("{s:.2}")).unwrap_or_else(|| "-".into());
     let ratio = |r: Option<f64>| r.map(|s| format!("{s:.3}")).unwrap_or_else(|| "-".into());
     for row in &r.runs {
         let _ = writeln!(
             out,
-            "{:>8}  {:>13.2}  {:>12.0}  {:>13}  {:>12}  {:>7}",
+            "{:>8}  {:>13.2}  {:>12.0}  {:>12}  {:>13}  {:>12}  {:>7}",
             row.branches,
             row.forkfleet_wall_s,
             row.forkfleet_peak_rss_mb,
-            row.git_worktree_wall_s
-                .map(|s| format!("{s:.2}"))
-                .unwrap_or_else(|| "-".into()),
+            secs(row.git_repo_s),
+            secs(row.git_worktree_wall_s),
             row.git_peak_rss_mb
                 .map(|s| format!("{s:.0}"))
                 .unwrap_or_else(|| "-".into()),
@@ -218,20 +273,21 @@ fn table(r: &WorkspaceResult, commands: usize) -> String {
     }
     let _ = writeln!(
         out,
-        "again, over the first run's store and stat cache (as git's repository, made before it is timed):"
+        "again, over the first run's store and stat cache (against git's worktrees over its repository; each side's best):"
     );
     let _ = writeln!(
         out,
-        "{:>8}  {:>13}  {:>12}  {:>7}",
-        "BRANCHES", "FORKFLEET_S", "PEAK_RSS_MB", "RATIO"
+        "{:>8}  {:>13}  {:>12}  {:>13}  {:>7}",
+        "BRANCHES", "FORKFLEET_S", "PEAK_RSS_MB", "WORKTREES_S", "RATIO"
     );
     for row in &r.runs {
         let _ = writeln!(
             out,
-            "{:>8}  {:>13.2}  {:>12.0}  {:>7}",
+            "{:>8}  {:>13.2}  {:>12.0}  {:>13}  {:>7}",
             row.branches,
             row.forkfleet_warm_wall_s,
             row.forkfleet_warm_peak_rss_mb,
+            secs(row.git_worktree_wall_s),
             ratio(row.ratio_warm),
         );
     }
@@ -458,52 +514,77 @@ fn max_rss_mb(stderr: &str) -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// The same work with one git worktree per branch, every branch at once: `git worktree
-/// add`, the commands in place, one file written. The repository is made first (not
-/// timed). Wall seconds and the largest peak RSS of the git processes (MB).
-fn git_worktrees(
-    scratch: &Path,
-    tree: &Path,
-    n: usize,
-    commands: usize,
-) -> anyhow::Result<(f64, f64)> {
+/// Write out what earlier steps left dirty in the page cache, so that the next timed step
+/// does not pay for their writeback (a first run's store, the tree's copy, git's objects).
+fn settle() -> anyhow::Result<()> {
+    let status = std::process::Command::new("sync")
+        .status()
+        .context("running sync")?;
+    anyhow::ensure!(status.success(), "sync failed: {status}");
+    Ok(())
+}
+
+/// The shortest of `walls` (0 for none).
+fn best(walls: &[f64]) -> f64 {
+    walls.iter().copied().reduce(f64::min).unwrap_or(0.0)
+}
+
+/// Run git in `dir` under `/usr/bin/time`; its peak RSS (MB).
+fn git(dir: &Path, args: &[&str]) -> anyhow::Result<f64> {
+    let out = std::process::Command::new("/usr/bin/time")
+        .args([
+            "-f",
+            "%M",
+            "git",
+            "-c",
+            "user.name=bench",
+            "-c",
+            "user.email=bench@invalid",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .context("running git")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "git {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(max_rss_mb(&String::from_utf8_lossy(&out.stderr)))
+}
+
+/// A git repository of `tree` (a copy of it, committed), for `n` branches' worktrees, and
+/// the seconds that `git init`, `add -A` and `commit` took, timed on a settled disk.
+fn git_repo(scratch: &Path, tree: &Path, n: usize) -> anyhow::Result<(PathBuf, f64)> {
     let repo = scratch.join(format!("git-{n}"));
     copy_tree(tree, &repo)?;
-    let git = |dir: &Path, args: &[&str]| -> anyhow::Result<f64> {
-        let out = std::process::Command::new("/usr/bin/time")
-            .args([
-                "-f",
-                "%M",
-                "git",
-                "-c",
-                "user.name=bench",
-                "-c",
-                "user.email=bench@invalid",
-            ])
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .context("running git")?;
-        anyhow::ensure!(
-            out.status.success(),
-            "git {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(max_rss_mb(&String::from_utf8_lossy(&out.stderr)))
-    };
+    settle()?;
+    let t = Instant::now();
     git(&repo, &["init", "-q"])?;
     git(&repo, &["add", "-A"])?;
     git(&repo, &["commit", "-qm", "base"])?;
+    Ok((repo, t.elapsed().as_secs_f64()))
+}
+
+/// The same work with one git worktree per branch, every branch at once: `git worktree
+/// add`, the commands in place, one file written. Wall seconds and the largest peak RSS of
+/// the git processes (MB). The worktrees are removed afterwards (not timed).
+fn git_worktrees(
+    repo: &Path,
+    n: usize,
+    commands: usize,
+    round: usize,
+) -> anyhow::Result<(f64, f64)> {
     let t = Instant::now();
     // `git worktree add` one after the other (concurrent adds race on the repository's
     // worktree list), then every branch's work at once.
     let mut rss = 0.0_f64;
     let mut trees = Vec::new();
     for b in 0..n {
-        let wt = repo.with_file_name(format!("{}-wt{b}", repo.display()));
+        let wt = repo.with_file_name(format!("{}-r{round}-wt{b}", repo.display()));
         let wt_s = wt.display().to_string();
-        rss = rss.max(git(&repo, &["worktree", "add", "-q", "--detach", &wt_s])?);
+        rss = rss.max(git(repo, &["worktree", "add", "-q", "--detach", &wt_s])?);
         trees.push(wt);
     }
     std::thread::scope(|s| {
@@ -532,5 +613,9 @@ fn git_worktrees(
             .collect::<anyhow::Result<Vec<()>>>()
     })?;
     let wall = t.elapsed().as_secs_f64();
+    for wt in &trees {
+        std::fs::remove_dir_all(wt)?;
+    }
+    git(repo, &["worktree", "prune"])?;
     Ok((wall, rss))
 }

@@ -51,6 +51,41 @@ pub struct Base {
     bytes: u64,
     /// Of `bytes`, those hard-linked from the blob store ([`Make::LinkFromStore`]).
     linked_bytes: u64,
+    /// Kept in the blob store's directory of kept trees ([`Base::open_or_make_kept`]): never removed
+    /// when dropped.
+    kept: bool,
+}
+
+/// What a kept base records of itself beside its tree (`made`), written before it is
+/// renamed into place.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Made {
+    bytes: u64,
+    linked_bytes: u64,
+    skipped: Vec<WsPath>,
+}
+
+/// The file of a kept base recording [`Made`].
+const MADE_FILE: &str = "made";
+/// The prefix of a kept base's directory while it is made.
+const MAKING_PREFIX: &str = ".making-";
+/// Kept bases a store's directory holds at most: beyond, the least recently used ones that
+/// no tree of this process uses are removed.
+pub const KEPT_BASES: usize = 4;
+
+/// The kept bases this process uses (their directories), with how many [`Base`]s hold
+/// each: never removed while held.
+fn kept_in_use() -> &'static std::sync::Mutex<std::collections::HashMap<PathBuf, usize>> {
+    static IN_USE: OnceLock<std::sync::Mutex<std::collections::HashMap<PathBuf, usize>>> =
+        OnceLock::new();
+    IN_USE.get_or_init(Default::default)
+}
+
+/// Directories of kept bases this process swept of what an earlier process left half
+/// made (once per directory, before this process makes any there).
+fn swept() -> &'static std::sync::Mutex<std::collections::HashSet<PathBuf>> {
+    static SWEPT: OnceLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>> = OnceLock::new();
+    SWEPT.get_or_init(Default::default)
 }
 
 impl Base {
@@ -66,6 +101,16 @@ impl Base {
             .tempdir_in(parent)
             .map_err(WorkerError::TempDir)?
             .keep();
+        Self::create_at(root, tree, blobs, make).await
+    }
+
+    /// Materialise `tree` in `root` (a new empty directory), removed if that fails.
+    async fn create_at(
+        root: PathBuf,
+        tree: Arc<Manifest>,
+        blobs: &BlobCache,
+        make: Make,
+    ) -> Result<Self, WorkerError> {
         let made = async {
             tokio::fs::create_dir(root.join("ws"))
                 .await
@@ -85,12 +130,112 @@ impl Base {
                 skipped,
                 bytes,
                 linked_bytes,
+                kept: false,
             }),
             Err(e) => {
                 super::off_runtime(move || super::remove_now(&root));
                 Err(e)
             }
         }
+    }
+
+    /// The base of `tree` (its manifest's blob hash in hex: `name`) kept in `dir`, the
+    /// blob store's directory of kept trees, from one run of a process to the next (ADR
+    /// 32): the one there already, else one linked from the store's files
+    /// ([`Make::LinkFromStore`]), made under another name and renamed into place once
+    /// whole. Making one removes the least recently used beyond [`KEPT_BASES`] that this
+    /// process does not use. Only for commands confined to their mounts, as every linked
+    /// base.
+    pub async fn open_or_make_kept(
+        dir: &Path,
+        name: &str,
+        tree: Arc<Manifest>,
+        blobs: &BlobCache,
+    ) -> Result<Self, WorkerError> {
+        let at = dir.join(name);
+        if let Some(base) = Self::open_kept(&at, &tree).await {
+            return Ok(base);
+        }
+        let sweep_dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || sweep_once(&sweep_dir))
+            .await
+            .map_err(|e| {
+                WorkerError::TempDir(std::io::Error::other(format!(
+                    "sweeping kept trees stopped: {e}"
+                )))
+            })?
+            .map_err(WorkerError::TempDir)?;
+        let making = tempfile::Builder::new()
+            .prefix(MAKING_PREFIX)
+            .tempdir_in(dir)
+            .map_err(WorkerError::TempDir)?
+            .keep();
+        let mut base =
+            Self::create_at(making.clone(), tree.clone(), blobs, Make::LinkFromStore).await?;
+        let made = Made {
+            bytes: base.bytes,
+            linked_bytes: base.linked_bytes,
+            skipped: base.skipped.clone(),
+        };
+        let into = at.clone();
+        let placed = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            let record = serde_json::to_vec(&made).map_err(std::io::Error::other)?;
+            std::fs::write(making.join(MADE_FILE), record)?;
+            std::fs::rename(&making, &into)
+        })
+        .await
+        .map_err(|e| {
+            WorkerError::TempDir(std::io::Error::other(format!(
+                "keeping a base stopped: {e}"
+            )))
+        })?;
+        match placed {
+            Ok(()) => {
+                hold_count(&at, 1);
+                base.root = at;
+                base.kept = true;
+                let (dir, keep) = (dir.to_path_buf(), base.root.clone());
+                // Chosen and renamed away now; removed off the runtime.
+                let _ = tokio::task::spawn_blocking(move || evict_kept(&dir, &keep)).await;
+                Ok(base)
+            }
+            // Another tree of this process placed the same base meanwhile: that one is
+            // used, this one removed as it drops.
+            Err(_) => match Self::open_kept(&at, &tree).await {
+                Some(kept) => Ok(kept),
+                None => Ok(base),
+            },
+        }
+    }
+
+    /// The kept base at `at`, when it is there whole; marked used now (held before it is
+    /// read, so no eviction takes it meanwhile).
+    async fn open_kept(at: &Path, tree: &Arc<Manifest>) -> Option<Self> {
+        hold_count(at, 1);
+        let dir = at.to_path_buf();
+        let made = tokio::task::spawn_blocking(move || {
+            let made: Made =
+                serde_json::from_slice(&std::fs::read(dir.join(MADE_FILE)).ok()?).ok()?;
+            // Its time is its last use, for eviction.
+            let now = std::fs::FileTimes::new().set_modified(std::time::SystemTime::now());
+            let _ = std::fs::File::open(&dir).and_then(|f| f.set_times(now));
+            Some(made)
+        })
+        .await
+        .ok()
+        .flatten();
+        let Some(made) = made else {
+            hold_count(at, -1);
+            return None;
+        };
+        Some(Self {
+            root: at.to_path_buf(),
+            tree: tree.clone(),
+            skipped: made.skipped,
+            bytes: made.bytes,
+            linked_bytes: made.linked_bytes,
+            kept: true,
+        })
     }
 
     /// The tree's directory (the lower layer of every branch's mount).
@@ -117,13 +262,98 @@ impl Base {
     pub fn linked(&self) -> bool {
         self.linked_bytes > 0
     }
+
+    /// True when it is kept from one run of a process to the next
+    /// ([`Base::open_or_make_kept`]).
+    pub fn is_kept(&self) -> bool {
+        self.kept
+    }
 }
 
 impl Drop for Base {
     fn drop(&mut self) {
+        if self.kept {
+            hold_count(&self.root, -1);
+            return;
+        }
         let root = std::mem::take(&mut self.root);
         if !root.as_os_str().is_empty() {
             super::off_runtime(move || super::remove_now(&root));
+        }
+    }
+}
+
+/// Count one more (`by` 1) or one fewer (-1) [`Base`] of this process holding the kept
+/// base at `root`.
+fn hold_count(root: &Path, by: isize) {
+    if let Ok(mut in_use) = kept_in_use().lock() {
+        let n = in_use.entry(root.to_path_buf()).or_insert(0);
+        *n = n.saturating_add_signed(by);
+        if *n == 0 {
+            in_use.remove(root);
+        }
+    }
+}
+
+/// Remove what an earlier process left half made in `dir` (a directory of kept bases),
+/// once per process, before this process makes one there (so never one of its own).
+fn sweep_once(dir: &Path) -> std::io::Result<()> {
+    let Ok(mut swept) = swept().lock() else {
+        return Ok(());
+    };
+    if swept.contains(dir) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    for e in std::fs::read_dir(dir)?.flatten() {
+        if e.file_name().to_string_lossy().starts_with(MAKING_PREFIX) {
+            super::remove_now(&e.path());
+        }
+    }
+    swept.insert(dir.to_path_buf());
+    Ok(())
+}
+
+/// Take the least recently used kept bases in `dir` beyond [`KEPT_BASES`] away, never `keep`
+/// (just made) nor one this process uses: each renamed (a making name, which a later
+/// process's sweep removes should this one end first), then removed on a thread of its own.
+fn evict_kept(dir: &Path, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut bases: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with(MAKING_PREFIX))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    if bases.len() <= KEPT_BASES {
+        return;
+    }
+    bases.sort();
+    let mut over = bases.len() - KEPT_BASES;
+    for (_, path) in bases {
+        if over == 0 {
+            break;
+        }
+        if path == keep {
+            continue;
+        }
+        // Renamed away while no base of this process can take it up, removed after.
+        static EVICTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = EVICTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let away = dir.join(format!("{MAKING_PREFIX}evicted-{}-{n}", std::process::id()));
+        let moved = match kept_in_use().lock() {
+            Ok(in_use) if !in_use.contains_key(&path) => std::fs::rename(&path, &away).is_ok(),
+            _ => false,
+        };
+        if moved {
+            tracing::debug!(dir = %path.display(), "command trees: a kept base evicted");
+            std::thread::Builder::new()
+                .name("forkfleet-kept-base-removal".into())
+                .spawn(move || super::remove_now(&away))
+                .map_err(|e| tracing::warn!(error = %e, "cannot start removing an evicted base; the next process will"))
+                .ok();
+            over -= 1;
         }
     }
 }

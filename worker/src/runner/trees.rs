@@ -244,18 +244,24 @@ impl Trees {
             .base
             .get_or_try_init(|| async {
                 let started = Instant::now();
-                let make = if confined {
-                    Make::LinkFromStore
-                } else {
-                    Make::Write
+                let base = match (confined, kept_name(blobs, &cell.tree).await) {
+                    (true, Some((dir, name))) => {
+                        Base::open_or_make_kept(&dir, &name, cell.tree.clone(), blobs).await?
+                    }
+                    (true, None) => {
+                        Base::create(parent, cell.tree.clone(), blobs, Make::LinkFromStore).await?
+                    }
+                    (false, _) => {
+                        Base::create(parent, cell.tree.clone(), blobs, Make::Write).await?
+                    }
                 };
-                let base = Base::create(parent, cell.tree.clone(), blobs, make).await?;
                 tracing::debug!(
                     fork.id = %key.fork,
                     bytes = base.bytes(),
                     linked_bytes = base.linked_bytes(),
+                    kept = base.is_kept(),
                     ms = started.elapsed().as_millis() as u64,
-                    "command trees: the fork's base materialised"
+                    "command trees: the fork's base ready"
                 );
                 Ok::<_, WorkerError>(Arc::new(base))
             })
@@ -389,6 +395,21 @@ impl Held {
             .filter_map(|k| self.trees.remove(k).map(|t| t.tree))
             .collect()
     }
+}
+
+/// Where a base of `tree` linked from the store is kept, and its name there (the hex of
+/// the manifest's blob hash): `None` when the store keeps no trees.
+async fn kept_name(blobs: &BlobCache, tree: &Arc<Manifest>) -> Option<(PathBuf, String)> {
+    use forkfleet_shared::blob::BlobStore;
+    let dir = blobs.kept_trees_dir()?;
+    let tree = tree.clone();
+    let name = tokio::task::spawn_blocking(move || {
+        let blob = tree.to_blob().ok()?;
+        Some(forkfleet_shared::blob::BlobHash::of(&blob).to_hex())
+    })
+    .await
+    .ok()??;
+    Some((dir, name))
 }
 
 /// Make this worker's directory of trees in `tmp`, locked, after removing the directories

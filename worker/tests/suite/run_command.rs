@@ -876,23 +876,40 @@ async fn branches_of_a_fork_share_one_base_and_see_only_their_own_changes() {
 struct FileBlobs {
     mem: forkfleet_shared::blob::MemBlobStore,
     dir: Arc<tempfile::TempDir>,
+    /// Where workers may keep the trees they link (as the run store's `kept-trees/`).
+    kept: Option<std::path::PathBuf>,
 }
 
 impl FileBlobs {
     fn of(mem: forkfleet_shared::blob::MemBlobStore, tree: &Manifest) -> Self {
         let dir = Arc::new(tempfile::tempdir().unwrap());
-        let this = Self { mem, dir };
+        let this = Self {
+            mem,
+            dir,
+            kept: None,
+        };
+        this.add(tree);
+        this
+    }
+
+    /// The same store, keeping linked trees in a directory beside its files.
+    fn keeping_trees(mut self) -> Self {
+        self.kept = Some(self.dir.path().join("kept-trees"));
+        self
+    }
+
+    /// Store `tree`'s files as files too.
+    fn add(&self, tree: &Manifest) {
         for entry in tree.files.values() {
-            let bytes = this.mem.get_now(&entry.hash).unwrap();
-            std::fs::write(this.path(&entry.hash), &bytes).unwrap();
+            let bytes = self.mem.get_now(&entry.hash).unwrap();
+            std::fs::write(self.path(&entry.hash), &bytes).unwrap();
             // As the run store writes its blob files.
             std::fs::set_permissions(
-                this.path(&entry.hash),
+                self.path(&entry.hash),
                 std::os::unix::fs::PermissionsExt::from_mode(0o644),
             )
             .unwrap();
         }
-        this
     }
 
     fn path(&self, hash: &forkfleet_shared::blob::BlobHash) -> std::path::PathBuf {
@@ -901,7 +918,11 @@ impl FileBlobs {
 
     /// Every file still holds the bytes it is named for.
     fn assert_intact(&self) {
-        for e in std::fs::read_dir(self.dir.path()).unwrap().flatten() {
+        for e in std::fs::read_dir(self.dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_type().unwrap().is_file())
+        {
             let bytes = std::fs::read(e.path()).unwrap();
             assert_eq!(
                 forkfleet_shared::blob::BlobHash::of(&bytes).to_hex(),
@@ -935,6 +956,9 @@ impl forkfleet_shared::blob::BlobStore for FileBlobs {
     }
     fn local_file(&self, hash: &forkfleet_shared::blob::BlobHash) -> Option<std::path::PathBuf> {
         Some(self.path(hash)).filter(|p| p.exists())
+    }
+    fn kept_trees_dir(&self) -> Option<std::path::PathBuf> {
+        self.kept.clone()
     }
 }
 
@@ -1090,5 +1114,136 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
         "{}",
         out.output
     );
+    store.assert_intact();
+}
+
+/// Where the blob store keeps linked trees (the run store's `kept-trees/`), a fork's linked
+/// base is made there once, named by its manifest's hash, and the next process (a new
+/// `Trees`) forking the same snapshot uses it as it is (ADR 32). Beyond `KEPT_BASES`, making
+/// one removes the least recently used ones, never one in use.
+#[tokio::test]
+async fn a_linked_base_is_kept_beside_the_store_for_the_next_process() {
+    use forkfleet_worker::cache::BlobCache;
+    use forkfleet_worker::runner::layered::KEPT_BASES;
+    use forkfleet_worker::runner::{TreeKey, Trees};
+    use forkfleet_worker::tools::TreeSlot;
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        forkfleet_worker::runner::sandbox::confines(&tool(30.0).sandbox),
+        "Landlock is not available here (see the worker's log line `sandbox:`)"
+    );
+    let fx = Fixture::store_only();
+    let (base, _) = fx.snapshot(KEPT_TREE_FILES);
+    let store = FileBlobs::of(fx.store.clone(), &base).keeping_trees();
+    let kept_dir = store.kept.clone().unwrap();
+    let cache = BlobCache::new(Arc::new(store.clone()), 1 << 30);
+    let call = |command: &str| forkfleet_shared::event::ToolCall {
+        id: "c".into(),
+        name: RUN_COMMAND.into(),
+        args: serde_json::json!({ "command": ["sh", "-c", command] }),
+    };
+    let name_of =
+        |m: &Manifest| forkfleet_shared::blob::BlobHash::of(&m.to_blob().unwrap()).to_hex();
+    let run_in = |trees: &Arc<Trees>, m: &Arc<Manifest>| {
+        let (trees, m, cache) = (trees.clone(), m.clone(), &cache);
+        let box_ = ToolBox::with_command(Some(tool(30.0))).with_trees(TreeSlot {
+            trees,
+            key: TreeKey {
+                fork: forkfleet_shared::ids::ForkId::new(),
+                label: "a".into(),
+            },
+        });
+        async move {
+            let mut ov = Overlay::new(m);
+            let out = box_
+                .run(&call(&format!("cat keep.txt; {KIND}")), &mut ov, cache)
+                .await
+                .unwrap();
+            assert!(
+                out.ok && out.output.contains("untouched") && out.output.contains("tree: layered"),
+                "{}",
+                out.output
+            );
+        }
+    };
+    let kept_names = || {
+        let mut names: Vec<String> = std::fs::read_dir(&kept_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            // Evicted ones are renamed away at once, removed after.
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names.sort();
+        names
+    };
+
+    // One process: the base is made in the store's directory, of the store's files.
+    let first = Arc::new(Trees::new(1 << 30));
+    run_in(&first, &base).await;
+    let at = kept_dir.join(name_of(&base));
+    let in_base = at.join("ws").join("keep.txt");
+    let stored =
+        std::fs::metadata(store.path(&base.files[&WsPath::parse("keep.txt").unwrap()].hash))
+            .unwrap();
+    assert_eq!(std::fs::metadata(&in_base).unwrap().ino(), stored.ino());
+    let made_ino = std::fs::metadata(at.join("ws")).unwrap().ino();
+    drop(first);
+    assert!(in_base.exists(), "the kept base went with its process");
+    assert_eq!(kept_names(), vec![name_of(&base)]);
+
+    // The next: the same base, not made again.
+    let next = Arc::new(Trees::new(1 << 30));
+    run_in(&next, &base).await;
+    assert_eq!(std::fs::metadata(at.join("ws")).unwrap().ino(), made_ino);
+    assert_eq!(
+        std::fs::metadata(&in_base).unwrap().nlink(),
+        2,
+        "linked once"
+    );
+    assert_eq!(kept_names(), vec![name_of(&base)]);
+    store.assert_intact();
+
+    // Older ones beyond the bound go, least recently used first; the one `next` holds (its
+    // branch's tree is kept over it) stays though it is the oldest of all.
+    let age = |path: &std::path::Path, secs: u64| {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        std::fs::File::open(path)
+            .unwrap()
+            .set_times(std::fs::FileTimes::new().set_modified(t))
+            .unwrap();
+    };
+    let old: Vec<String> = (0..KEPT_BASES).map(|i| format!("old{i}")).collect();
+    for (i, name) in old.iter().enumerate() {
+        let dir = kept_dir.join(name);
+        std::fs::create_dir_all(dir.join("ws")).unwrap();
+        age(&dir, 1_000 + i as u64);
+    }
+    age(&at, 1);
+    let mut other = (*base).clone();
+    let extra = forkfleet_shared::blob::BlobHash::of(b"another snapshot\n");
+    forkfleet_shared::blob::BlobStore::put(
+        &fx.store,
+        extra,
+        bytes::Bytes::from_static(b"another snapshot\n"),
+    )
+    .await
+    .unwrap();
+    other.insert_file(
+        WsPath::parse("extra.txt").unwrap(),
+        forkfleet_shared::manifest::FileEntry::for_bytes(b"another snapshot\n", 0o644),
+    );
+    assert_eq!(
+        other.files[&WsPath::parse("extra.txt").unwrap()].hash,
+        extra
+    );
+    store.add(&other);
+    let other = Arc::new(other);
+    run_in(&next, &other).await;
+    let mut want = vec![name_of(&base), name_of(&other)];
+    want.extend(old.iter().skip(2).cloned());
+    want.sort();
+    assert_eq!(kept_names(), want);
+    assert!(in_base.exists());
     store.assert_intact();
 }
