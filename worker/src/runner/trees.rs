@@ -17,7 +17,10 @@
 //! - Where the kernel allows it a new tree is layered ([`super::layered`], ADR 25): an
 //!   upper directory over the fork's base, which the worker materialises once per fork and
 //!   shares between the fork's branches; it is removed when no tree of the fork is held.
-//!   Bytes count a base once.
+//!   Bytes count a base once. A base linked from the run store's files for confined
+//!   commands is made in the store's directory of kept trees instead and stays there for
+//!   the next process forking the same snapshot (ADR 32: at most four, removed with their
+//!   manifest's blob).
 //! - Every tree lives in one directory of this worker's, `forkfleet-trees-<pid>-<random>`
 //!   in the temporary directory, locked (`flock`) while the worker runs. At start a worker
 //!   removes such directories that no live worker holds locked (those of a worker that
@@ -244,7 +247,11 @@ impl Trees {
             .base
             .get_or_try_init(|| async {
                 let started = Instant::now();
-                let base = match (confined, kept_name(blobs, &cell.tree).await) {
+                let kept = match confined {
+                    true => kept_name(blobs, &cell.tree).await,
+                    false => None,
+                };
+                let base = match (confined, kept) {
                     (true, Some((dir, name))) => {
                         Base::open_or_make_kept(&dir, &name, cell.tree.clone(), blobs).await?
                     }
