@@ -156,6 +156,18 @@ impl Manifest {
             .take_while(move |p| p.as_str().starts_with(prefix.as_str()))
     }
 
+    /// Remove every file and directory strictly below `dir`.
+    pub fn remove_below(&mut self, dir: &WsPath) {
+        let files: Vec<WsPath> = self.files_under(dir).map(|(f, _)| f.clone()).collect();
+        for f in files {
+            self.files.remove(&f);
+        }
+        let dirs: Vec<WsPath> = self.dirs_under(dir).cloned().collect();
+        for d in dirs {
+            self.dirs.remove(&d);
+        }
+    }
+
     /// Insert a file and every directory above it.
     pub fn insert_file(&mut self, path: WsPath, entry: FileEntry) {
         for a in path.ancestors() {

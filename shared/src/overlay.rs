@@ -459,14 +459,7 @@ impl Overlay {
                 (Node::File(_) | Node::Missing, _) => true,
             };
             if hides_below {
-                let files: Vec<WsPath> = m.files_under(p).map(|(q, _)| q.clone()).collect();
-                for q in files {
-                    m.files.remove(&q);
-                }
-                let dirs: Vec<WsPath> = m.dirs_under(p).cloned().collect();
-                for q in dirs {
-                    m.dirs.remove(&q);
-                }
+                m.remove_below(p);
             }
             match node {
                 Node::File(e) => {

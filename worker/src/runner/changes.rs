@@ -87,30 +87,20 @@ pub(super) fn layered_changes(
     for p in base_skipped {
         after.files.remove(p);
     }
-    let remove_below = |after: &mut Manifest, p: &WsPath| {
-        let files: Vec<WsPath> = after.files_under(p).map(|(f, _)| f.clone()).collect();
-        for f in files {
-            after.files.remove(&f);
-        }
-        let dirs: Vec<WsPath> = after.dirs_under(p).cloned().collect();
-        for d in dirs {
-            after.dirs.remove(&d);
-        }
-    };
     // A whiteout hides the base's node (and what is below it); an opaque directory what is
     // below it; an upper file a base directory at its path.
     for w in std::mem::take(&mut walked.whiteouts) {
         after.files.remove(&w);
         if after.dirs.remove(&w) {
-            remove_below(&mut after, &w);
+            after.remove_below(&w);
         }
     }
     for o in std::mem::take(&mut walked.opaque) {
-        remove_below(&mut after, &o);
+        after.remove_below(&o);
     }
     for (p, e) in std::mem::take(&mut walked.files) {
         if after.dirs.remove(&p) {
-            remove_below(&mut after, &p);
+            after.remove_below(&p);
         }
         after.files.insert(p, e);
     }
