@@ -67,15 +67,11 @@ pub(crate) fn validate_plan(plan: &ForkPlan) -> Result<(), CoordinatorError> {
 
 /// The snapshot manifest, after checking that it and every blob the fork needs (files,
 /// scripts) are in the store.
-fn check_blobs(store: &RunStore, req: &CreateFork) -> Result<Manifest, CoordinatorError> {
+fn check_blobs(store: &RunStore, req: &CreateFork) -> Result<Arc<Manifest>, CoordinatorError> {
     let blobs = store.blobs();
-    let Some(bytes) = blobs.get_sync(&req.snapshot)? else {
+    let Some(manifest) = store.manifest(&req.snapshot)? else {
         return Err(CoordinatorError::missing_blobs(&[req.snapshot]));
     };
-    let manifest = Manifest::from_blob(&bytes).map_err(|e| CoordinatorError::BadSnapshot {
-        hash: req.snapshot,
-        message: e.to_string(),
-    })?;
     let mut needed: BTreeSet<BlobHash> = manifest.files.values().map(|e| e.hash).collect();
     needed.extend(req.plan.models.values().filter_map(|m| m.script));
     let needed: Vec<BlobHash> = needed.into_iter().collect();
@@ -226,7 +222,7 @@ pub(crate) fn create_fork(
     if !req.plan.solo {
         check_depth(parent.depth, req.plan.limits.max_depth)?;
     }
-    let base = Arc::new(check_blobs(store, &req)?);
+    let base = check_blobs(store, &req)?;
 
     let prefix: Vec<Event> = parent_log
         .iter()

@@ -358,14 +358,9 @@ fn load(store: &RunStore, fork: ForkId) -> Result<Loaded, CoordinatorError> {
 }
 
 fn load_manifest(store: &RunStore, record: &ForkRecord) -> Result<Arc<Manifest>, CoordinatorError> {
-    let bytes = store
-        .blob(&record.snapshot)?
-        .ok_or_else(|| CoordinatorError::missing_blobs(&[record.snapshot]))?;
-    let m = Manifest::from_blob(&bytes).map_err(|e| CoordinatorError::BadSnapshot {
-        hash: record.snapshot,
-        message: e.to_string(),
-    })?;
-    Ok(Arc::new(m))
+    store
+        .manifest(&record.snapshot)?
+        .ok_or_else(|| CoordinatorError::missing_blobs(&[record.snapshot]))
 }
 
 impl Actor for ForkActor {

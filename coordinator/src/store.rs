@@ -44,6 +44,7 @@ use forkfleet_shared::api::CheckpointView;
 use forkfleet_shared::blob::{BlobHash, BlobStore};
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::{ForkId, ReservationId, RunId};
+use forkfleet_shared::manifest::Manifest;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -104,6 +105,9 @@ struct Inner {
     flush_done: std::sync::atomic::AtomicU64,
     /// fork id -> the last ResolveReport
     resolutions: sled::Tree,
+    /// Manifests decoded, by blob hash, while something holds them (see
+    /// [`RunStore::manifest`]).
+    manifests: Mutex<std::collections::HashMap<BlobHash, std::sync::Weak<Manifest>>>,
 }
 
 pub(crate) fn event_key(run: RunId, seq: u64) -> [u8; 24] {
@@ -202,6 +206,7 @@ impl RunStore {
             flush_lock: tokio::sync::Mutex::new(()),
             flush_requested: std::sync::atomic::AtomicU64::new(0),
             flush_done: std::sync::atomic::AtomicU64::new(0),
+            manifests: Mutex::new(std::collections::HashMap::new()),
             dir,
             id,
             db,
@@ -237,6 +242,34 @@ impl RunStore {
     /// A blob's bytes, synchronously (diffs and merges run on blocking threads).
     pub fn blob(&self, hash: &BlobHash) -> Result<Option<Bytes>, CoordinatorError> {
         self.inner.blobs.get_sync(hash)
+    }
+
+    /// The manifest stored as blob `hash`, decoded once while anything holds it: the forks
+    /// of one snapshot (a workspace forked again and again) share one in memory, and a
+    /// start that loads them all decodes it once. `None` when no such blob is stored; an
+    /// error when it is not a manifest.
+    pub fn manifest(&self, hash: &BlobHash) -> Result<Option<Arc<Manifest>>, CoordinatorError> {
+        let held = |m: &Mutex<std::collections::HashMap<BlobHash, std::sync::Weak<Manifest>>>| {
+            m.lock().ok()?.get(hash)?.upgrade()
+        };
+        if let Some(m) = held(&self.inner.manifests) {
+            return Ok(Some(m));
+        }
+        let Some(bytes) = self.blob(hash)? else {
+            return Ok(None);
+        };
+        let m =
+            Arc::new(
+                Manifest::from_blob(&bytes).map_err(|e| CoordinatorError::BadSnapshot {
+                    hash: *hash,
+                    message: e.to_string(),
+                })?,
+            );
+        if let Ok(mut held) = self.inner.manifests.lock() {
+            held.retain(|_, w| w.strong_count() > 0);
+            held.insert(*hash, Arc::downgrade(&m));
+        }
+        Ok(Some(m))
     }
 
     /// How many entries each tree holds (for status output and tests).
@@ -659,6 +692,40 @@ mod tests {
         let other = BlobHash::of(b"nope");
         assert_eq!(blobs.missing(&[h, other]).await.unwrap(), vec![other]);
         assert!(blobs.put(other, Bytes::from_static(b"x")).await.is_err());
+    }
+
+    /// A manifest is decoded once while something holds it: what the forks of one snapshot
+    /// share, in memory and in a start's loading.
+    #[tokio::test]
+    async fn a_held_manifest_is_shared() {
+        use forkfleet_shared::manifest::FileEntry;
+        let dir = tempfile::tempdir().unwrap();
+        let store = RunStore::open(dir.path()).unwrap();
+        let mut m = Manifest::default();
+        m.insert_file(
+            forkfleet_shared::path::WsPath::parse("a/b.txt").unwrap(),
+            FileEntry::for_bytes(b"b", 0o644),
+        );
+        let blob = m.to_blob().unwrap();
+        let hash = BlobHash::of(&blob);
+        assert!(store.manifest(&hash).unwrap().is_none());
+        store.blob_store().put(hash, blob).await.unwrap();
+        let one = store.manifest(&hash).unwrap().unwrap();
+        let two = store.manifest(&hash).unwrap().unwrap();
+        assert!(Arc::ptr_eq(&one, &two));
+        assert_eq!(*one, m);
+        drop((one, two));
+        // Held by nothing, it is decoded again.
+        assert_eq!(*store.manifest(&hash).unwrap().unwrap(), m);
+        // A blob that is not a manifest is an error naming it.
+        let other = Bytes::from_static(b"not a manifest");
+        store
+            .blob_store()
+            .put(BlobHash::of(&other), other.clone())
+            .await
+            .unwrap();
+        let err = store.manifest(&BlobHash::of(&other)).unwrap_err();
+        assert!(matches!(err, CoordinatorError::BadSnapshot { .. }), "{err}");
     }
 
     /// A tree a worker kept of a manifest (ADR 32) goes when the manifest's blob does (the
