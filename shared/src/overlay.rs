@@ -204,28 +204,6 @@ impl Overlay {
         }
     }
 
-    /// The nodes of `paths` (in path order, none the root), as [`Overlay::node`] says, with
-    /// [`Overlay::above`] asked once per directory rather than once per path: what makes
-    /// a view of a large snapshot cheap on every command a branch runs.
-    fn nodes_of<'a>(
-        &'a self,
-        paths: impl Iterator<Item = &'a WsPath> + 'a,
-    ) -> impl Iterator<Item = (&'a WsPath, Node)> + 'a {
-        let mut last: Option<(&'a str, Option<bool>)> = None;
-        paths.filter_map(move |p| {
-            let dir = p.as_str().rfind('/').map_or("", |i| &p.as_str()[..i]);
-            let above = match last {
-                Some((d, above)) if d == dir => above,
-                _ => {
-                    let above = self.above(p);
-                    last = Some((dir, above));
-                    above
-                }
-            };
-            above.map(|base_visible| (p, self.at(p, base_visible)))
-        })
-    }
-
     /// The file at `path` (not following symlinks).
     pub fn file(&self, path: &WsPath) -> Result<FileEntry, OverlayError> {
         match self.node(path) {
@@ -417,30 +395,12 @@ impl Overlay {
 
     /// Every visible file, in path order.
     pub fn files(&self) -> Vec<(WsPath, FileEntry)> {
-        let file = |(p, n): (&WsPath, Node)| match n {
-            Node::File(e) => Some((p.clone(), e)),
-            _ => None,
-        };
-        let base = self.nodes_of(self.base.files.keys()).filter_map(file);
-        let own = self.nodes_of(
-            self.nodes
-                .iter()
-                .filter(|(p, n)| matches!(n, OvNode::File(_)) && !self.base.files.contains_key(*p))
-                .map(|(p, _)| p),
-        );
-        merge_sorted(base, own.filter_map(file), |(p, _)| p)
+        self.to_manifest().files.into_iter().collect()
     }
 
     /// Every visible directory, in path order (the root excluded).
     pub fn dirs(&self) -> Vec<WsPath> {
-        let dir = |(p, n): (&WsPath, Node)| (n == Node::Dir).then(|| p.clone());
-        let base = self.nodes_of(self.base.dirs.iter()).filter_map(dir);
-        let own = self.nodes_of(
-            self.nodes
-                .keys()
-                .filter(|p| !p.is_root() && !self.base.dirs.contains(*p)),
-        );
-        merge_sorted(base, own.filter_map(dir), |p| p)
+        self.to_manifest().dirs.into_iter().collect()
     }
 
     /// The view as a manifest (used to materialise a branch's tree, on every command a
@@ -595,32 +555,5 @@ pub fn apply_edit(
         1 => Ok(content.replacen(old, new, 1)),
         _ if replace_all => Ok(content.replace(old, new)),
         _ => Err(EditError::NotUnique { count }),
-    }
-}
-
-/// Two iterators in path order as one vector in path order; where both hold a path, the
-/// first's item (they agree: both come from [`Overlay::node`]).
-fn merge_sorted<T>(
-    a: impl Iterator<Item = T>,
-    b: impl Iterator<Item = T>,
-    key: impl Fn(&T) -> &WsPath,
-) -> Vec<T> {
-    let mut out = Vec::new();
-    let (mut a, mut b) = (a.peekable(), b.peekable());
-    loop {
-        let order = match (a.peek(), b.peek()) {
-            (Some(x), Some(y)) => key(x).cmp(key(y)),
-            (Some(_), None) => std::cmp::Ordering::Less,
-            (None, Some(_)) => std::cmp::Ordering::Greater,
-            (None, None) => return out,
-        };
-        match order {
-            std::cmp::Ordering::Less => out.extend(a.next()),
-            std::cmp::Ordering::Greater => out.extend(b.next()),
-            std::cmp::Ordering::Equal => {
-                out.extend(a.next());
-                b.next();
-            }
-        }
     }
 }

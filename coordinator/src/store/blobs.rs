@@ -104,10 +104,6 @@ impl SledBlobStore {
         }
     }
 
-    pub fn contains(&self, hash: &BlobHash) -> Result<bool, CoordinatorError> {
-        Ok(self.has(hash)?)
-    }
-
     /// Which of `hashes` are not stored, in the order given: asked on every core (a
     /// workspace's files are a lookup and a `stat` each). Blocking.
     pub fn missing_sync(&self, hashes: &[BlobHash]) -> Result<Vec<BlobHash>, BlobError> {
