@@ -800,7 +800,6 @@ async fn kept_tree_matches_a_fresh_copy(trees: forkfleet_worker::runner::Trees) 
 /// tree, not the directories under it).
 #[tokio::test]
 async fn branches_of_a_fork_share_one_base_and_see_only_their_own_changes() {
-    use forkfleet_shared::event::ToolCall;
     use forkfleet_worker::cache::BlobCache;
     use forkfleet_worker::runner::{TreeKey, Trees};
     use forkfleet_worker::tools::TreeSlot;
@@ -821,18 +820,13 @@ async fn branches_of_a_fork_share_one_base_and_see_only_their_own_changes() {
     };
     let (one, two) = (branch("one"), branch("two"));
     let (mut ov1, mut ov2) = (Overlay::new(base.clone()), Overlay::new(base.clone()));
-    let call = |command: &str| ToolCall {
-        id: "c".into(),
-        name: RUN_COMMAND.into(),
-        args: serde_json::json!({ "command": ["sh", "-c", command] }),
-    };
     let out = one
-        .run(&call("echo one > a.txt; rm lib/b.txt"), &mut ov1, &cache)
+        .run(&sh_call("echo one > a.txt; rm lib/b.txt"), &mut ov1, &cache)
         .await
         .unwrap();
     assert!(out.ok, "{}", out.output);
     let out = two
-        .run(&call("cat a.txt; ls lib"), &mut ov2, &cache)
+        .run(&sh_call("cat a.txt; ls lib"), &mut ov2, &cache)
         .await
         .unwrap();
     assert!(out.ok && out.output.contains("a\nb.txt"), "{}", out.output);
@@ -858,7 +852,7 @@ async fn branches_of_a_fork_share_one_base_and_see_only_their_own_changes() {
     let in_base = bases[0].join("ws/a.txt");
     let out = one
         .run(
-            &call(&format!("echo x > {}", in_base.display())),
+            &sh_call(&format!("echo x > {}", in_base.display())),
             &mut ov1,
             &cache,
         )
@@ -866,7 +860,10 @@ async fn branches_of_a_fork_share_one_base_and_see_only_their_own_changes() {
         .unwrap();
     assert!(!out.ok, "{}", out.output);
     assert_eq!(std::fs::read_to_string(&in_base).unwrap(), "a\n");
-    let out = two.run(&call("cat a.txt"), &mut ov2, &cache).await.unwrap();
+    let out = two
+        .run(&sh_call("cat a.txt"), &mut ov2, &cache)
+        .await
+        .unwrap();
     assert!(out.ok && out.output.contains("a\n"), "{}", out.output);
 }
 
@@ -962,6 +959,29 @@ impl forkfleet_shared::blob::BlobStore for FileBlobs {
     }
 }
 
+/// The fixture of the linked-base tests: a store that also keeps `KEPT_TREE_FILES`'s blobs
+/// as files (as the run store does), for commands confined by Landlock (which a linked
+/// base is only for: the test refuses to run without it).
+fn linked_store() -> (Fixture, Arc<Manifest>, FileBlobs) {
+    assert!(
+        forkfleet_worker::runner::sandbox::confines(&tool(30.0).sandbox),
+        "Landlock is not available here (see the worker's log line `sandbox:`)"
+    );
+    let fx = Fixture::store_only();
+    let (base, _) = fx.snapshot(KEPT_TREE_FILES);
+    let store = FileBlobs::of(fx.store.clone(), &base);
+    (fx, base, store)
+}
+
+/// A `run_command` call of `sh -c command`.
+fn sh_call(command: &str) -> forkfleet_shared::event::ToolCall {
+    forkfleet_shared::event::ToolCall {
+        id: "c".into(),
+        name: RUN_COMMAND.into(),
+        args: serde_json::json!({ "command": ["sh", "-c", command] }),
+    }
+}
+
 /// A shell command saying which kind of tree it runs in: a layered tree's directory has the
 /// overlay's `upper` beside the mounted `ws`, a whole tree's has not.
 const KIND: &str = "test -d ../upper && echo 'tree: layered' || echo 'tree: whole'";
@@ -977,13 +997,7 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
     use forkfleet_worker::runner::{TreeKey, Trees};
     use forkfleet_worker::tools::TreeSlot;
     use std::os::unix::fs::MetadataExt;
-    assert!(
-        forkfleet_worker::runner::sandbox::confines(&tool(30.0).sandbox),
-        "Landlock is not available here (see the worker's log line `sandbox:`)"
-    );
-    let fx = Fixture::store_only();
-    let (base, _) = fx.snapshot(KEPT_TREE_FILES);
-    let store = FileBlobs::of(fx.store.clone(), &base);
+    let (_fx, base, store) = linked_store();
     let cache = BlobCache::new(Arc::new(store.clone()), 1 << 30);
     let fresh = ToolBox::with_command(Some(tool(30.0)));
     let (want, want_log) = play_kept_tree_calls(&fresh, base.clone(), &cache).await;
@@ -1029,18 +1043,13 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
     assert_eq!(linked.mode() & 0o7777, 0o644);
 
     // By the base's own path: refused (the sandbox grants the mounted tree only).
-    let call = |command: &str| forkfleet_shared::event::ToolCall {
-        id: "c".into(),
-        name: RUN_COMMAND.into(),
-        args: serde_json::json!({ "command": ["sh", "-c", command] }),
-    };
     let mut ov = Overlay::new(base.clone());
     for op in &got_log {
         ov.apply(op.clone()).unwrap();
     }
     let out = kept
         .run(
-            &call(&format!("echo x >> {0}; chmod 600 {0}", in_base.display())),
+            &sh_call(&format!("echo x >> {0}; chmod 600 {0}", in_base.display())),
             &mut ov,
             &cache,
         )
@@ -1056,7 +1065,7 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
     // Through the tree: copied up, the base untouched.
     let out = kept
         .run(
-            &call(&format!("echo more >> keep.txt; chmod +x keep.txt; {KIND}")),
+            &sh_call(&format!("echo more >> keep.txt; chmod +x keep.txt; {KIND}")),
             &mut ov,
             &cache,
         )
@@ -1083,7 +1092,7 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
     let mut ov = Overlay::new(base.clone());
     let out = loose
         .run(
-            &call(&format!("echo y >> keep.txt; {KIND}")),
+            &sh_call(&format!("echo y >> keep.txt; {KIND}")),
             &mut ov,
             &cache,
         )
@@ -1103,7 +1112,7 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
     }
     let out = branch("a", off)
         .run(
-            &call(&format!("echo z >> keep.txt; cat keep.txt; {KIND}")),
+            &sh_call(&format!("echo z >> keep.txt; cat keep.txt; {KIND}")),
             &mut ov,
             &cache,
         )
@@ -1128,20 +1137,10 @@ async fn a_linked_base_is_kept_beside_the_store_for_the_next_process() {
     use forkfleet_worker::runner::{TreeKey, Trees};
     use forkfleet_worker::tools::TreeSlot;
     use std::os::unix::fs::MetadataExt;
-    assert!(
-        forkfleet_worker::runner::sandbox::confines(&tool(30.0).sandbox),
-        "Landlock is not available here (see the worker's log line `sandbox:`)"
-    );
-    let fx = Fixture::store_only();
-    let (base, _) = fx.snapshot(KEPT_TREE_FILES);
-    let store = FileBlobs::of(fx.store.clone(), &base).keeping_trees();
+    let (fx, base, store) = linked_store();
+    let store = store.keeping_trees();
     let kept_dir = store.kept.clone().unwrap();
     let cache = BlobCache::new(Arc::new(store.clone()), 1 << 30);
-    let call = |command: &str| forkfleet_shared::event::ToolCall {
-        id: "c".into(),
-        name: RUN_COMMAND.into(),
-        args: serde_json::json!({ "command": ["sh", "-c", command] }),
-    };
     let name_of =
         |m: &Manifest| forkfleet_shared::blob::BlobHash::of(&m.to_blob().unwrap()).to_hex();
     let run_in = |trees: &Arc<Trees>, m: &Arc<Manifest>| {
@@ -1156,7 +1155,7 @@ async fn a_linked_base_is_kept_beside_the_store_for_the_next_process() {
         async move {
             let mut ov = Overlay::new(m);
             let out = box_
-                .run(&call(&format!("cat keep.txt; {KIND}")), &mut ov, cache)
+                .run(&sh_call(&format!("cat keep.txt; {KIND}")), &mut ov, cache)
                 .await
                 .unwrap();
             assert!(
