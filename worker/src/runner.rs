@@ -16,8 +16,9 @@
 //!   ([`forkfleet_shared::flush::changes_between`]), and says what cannot be taken back (a
 //!   symlink leaving the tree, a file over the size limit, a fifo, an unreadable entry).
 //! - [`sandbox`] confines the command (Landlock filesystem and network rules, resource
-//!   limits) between fork and exec; [`Workdir::run`] gives it the tree, `HOME` and `TMPDIR`
-//!   as the only writable directories.
+//!   limits) between its start and exec (`spawn`, which copies nothing of the worker);
+//!   [`Workdir::run`] gives it the tree, `HOME` and `TMPDIR` as the only writable
+//!   directories.
 //! - [`Workdir`] puts the three together: a directory with the tree and scratch `HOME` and
 //!   `TMPDIR` beside it, the command, the comparison, and the removal (here, with the
 //!   removal of a directory a command may have made unwritable) or, for a branch's
@@ -31,6 +32,7 @@ mod command;
 pub mod layered;
 mod materialize;
 pub mod sandbox;
+mod spawn;
 mod trees;
 
 pub use changes::{tree_changes, TreeChanges};

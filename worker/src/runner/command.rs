@@ -1,12 +1,12 @@
 //! Running one command in a directory: no shell, a cleared environment, its own process
 //! group (killed on timeout, cancellation or drop), its output capped to a head and a tail,
-//! confined by its sandbox ([`super::sandbox`]) between fork and exec.
+//! confined by its sandbox ([`super::sandbox`]) between its start and exec
+//! ([`super::spawn`]).
 
 use super::sandbox::{self, SandboxSpec};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 
@@ -238,7 +238,6 @@ pub async fn run_command(
         },
         None => None,
     };
-    let mut cmd = tokio::process::Command::new(program);
     // A layered tree's directory is empty until the child mounts it; the child enters `dir`
     // after the mount.
     let start_in = spec
@@ -246,32 +245,16 @@ pub async fn run_command(
         .layers
         .as_ref()
         .map_or(dir, |l| l.merged.as_path());
-    cmd.args(args)
-        .current_dir(start_in)
-        .env_clear()
-        .envs(&env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    if mount.is_some() || confinement.is_some() {
-        // SAFETY: both `apply`s make only async-signal-safe system calls (unshare, open,
-        // write, mount, chdir, setrlimit, prctl, landlock_*) on memory made before the fork
-        // and allocate nothing, as code between fork and exec must.
-        unsafe {
-            cmd.pre_exec(move || {
-                if let Some(m) = &mount {
-                    m.apply()?;
-                }
-                if let Some(c) = &confinement {
-                    c.apply()?;
-                }
-                Ok(())
-            });
-        }
-    }
-    let mut child = match cmd.spawn() {
+    let env: Vec<(String, String)> = env.into_iter().collect();
+    let start = super::spawn::Start {
+        program,
+        args,
+        dir: start_in,
+        env: &env,
+        mount: mount.as_ref(),
+        confinement: confinement.as_ref(),
+    };
+    let mut child = match super::spawn::spawn(&start) {
         Ok(c) => c,
         Err(e) => {
             return done(
@@ -283,9 +266,9 @@ pub async fn run_command(
             )
         }
     };
-    let pgid = child.id();
+    let pgid = Some(child.id());
     // Dropping this future (the caller gave up on it) kills the whole group, not only the
-    // leader `kill_on_drop` would.
+    // leader that dropping the child kills.
     let mut guard = GroupGuard(pgid);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
     for pipe in [

@@ -8,7 +8,7 @@
 //!   directories (`user.overlay.opaque`) where it replaced a directory of the base whole.
 //!   The worker writes the upper directory itself to bring the tree up to date between
 //!   calls ([`super::Workdir::update`]); nothing is mounted then.
-//! - A command runs in a **mount** of the two: between fork and exec the child enters a
+//! - A command runs in a **mount** of the two: between its start and exec the child enters a
 //!   user and mount namespace of its own, mounts `overlay` (`userxattr`, as an unprivileged
 //!   user may) on the tree's directory and changes into it ([`Mount::apply`]). The mount
 //!   lives as long as that namespace: when the command's processes are gone, so is the
@@ -467,9 +467,9 @@ impl Dirs {
     }
 }
 
-/// What a command's child does between fork and exec to see its tree: everything it needs
-/// made before the fork (C strings, the ID maps), so that [`Mount::apply`] only makes
-/// system calls.
+/// What a command's child does between its start and exec to see its tree: everything it
+/// needs made before the child starts (C strings, the ID maps), so that [`Mount::apply`]
+/// only makes system calls.
 #[derive(Debug)]
 pub struct Mount {
     merged: CString,
@@ -513,7 +513,7 @@ impl Mount {
         })
     }
 
-    /// In the child, between fork and exec: a user and mount namespace of its own (the
+    /// In the child, between its start and exec: a user and mount namespace of its own (the
     /// command keeps its user and group IDs), the mounts made private (nothing reaches the
     /// worker's namespace), the overlay mounted, the base hidden under an empty read-only
     /// `tmpfs` (the overlay keeps its own hold on it), the working directory entered again

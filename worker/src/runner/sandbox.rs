@@ -1,5 +1,6 @@
 //! The command sandbox (ADR 22): what a `run_command` call or a resolve's test command may
-//! reach, applied to the command's process between fork and exec.
+//! reach, applied to the command's process between its start and exec
+//! ([`super::spawn`]).
 //!
 //! - **Filesystem** (Landlock): read, write and execute in the command's writable
 //!   directories (the tree, its scratch `HOME` and `TMPDIR`); read and execute in the system
@@ -234,7 +235,7 @@ impl Confinement {
         self.ruleset.is_some()
     }
 
-    /// Apply in the child, between fork and exec. Only async-signal-safe system calls: no
+    /// Apply in the child, between its start and exec. Only async-signal-safe system calls: no
     /// allocation, no lock (`std::io::Error::last_os_error` allocates nothing).
     pub fn apply(&self) -> std::io::Result<()> {
         for (resource, value) in [

@@ -4,6 +4,7 @@
 
 use bytes::Bytes;
 use forkfleet_shared::blob::{BlobHash, BlobStore, MemBlobStore};
+use forkfleet_shared::endpoint::SandboxMode;
 use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::manifest::{FileEntry, Manifest, MODE_FILE, MODE_SYMLINK};
 use forkfleet_shared::path::WsPath;
@@ -330,4 +331,74 @@ async fn long_output_keeps_its_head_and_tail() {
     assert!(out.output.ends_with("LAST\n"));
     assert!(out.output.contains("bytes of output left out"));
     assert!(out.output.len() < 4096 + 100);
+}
+
+/// A command starts as from a shell: no signal blocked, SIGPIPE at its default (a pipe's
+/// writer ends quietly when the reader has gone), a program found on `PATH`; how it ended
+/// is told as `waitpid` tells it.
+#[tokio::test]
+async fn a_command_starts_with_default_signals_and_is_found_on_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &sh("yes | head -c 4", Duration::from_secs(20))).await;
+    assert_eq!(
+        out.outcome,
+        CommandOutcome::Exited { code: 0 },
+        "{}",
+        out.output
+    );
+    assert_eq!(out.output, "y\ny\n");
+    // The sandbox keeps `/proc/self/status` from the command: read it unconfined.
+    let mut open = sh(
+        "grep -E '^Sig(Blk|Ign)' /proc/self/status",
+        Duration::from_secs(20),
+    );
+    open.sandbox.settings.mode = SandboxMode::Off;
+    let out = run(dir.path(), &open).await;
+    assert_eq!(
+        out.outcome,
+        CommandOutcome::Exited { code: 0 },
+        "{}",
+        out.output
+    );
+    let field = |name: &str| {
+        let line = out.output.lines().find(|l| l.starts_with(name)).unwrap();
+        u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
+    };
+    assert_eq!(field("SigBlk:"), 0, "{}", out.output);
+    assert_eq!(
+        field("SigIgn:") & (1 << (libc::SIGPIPE - 1)),
+        0,
+        "{}",
+        out.output
+    );
+
+    let killed = run(dir.path(), &sh("kill -TERM $$", Duration::from_secs(20))).await;
+    assert_eq!(
+        killed.outcome,
+        CommandOutcome::Signalled {
+            signal: libc::SIGTERM
+        }
+    );
+    let code = run(dir.path(), &sh("exit 3", Duration::from_secs(20))).await;
+    assert_eq!(code.outcome, CommandOutcome::Exited { code: 3 });
+
+    for (argv0, says) in [
+        ("forkfleet-no-such-program", "No such file"),
+        ("./not-executable", "Permission denied"),
+    ] {
+        std::fs::write(dir.path().join("not-executable"), "#!/bin/sh\n").unwrap();
+        let out = run(
+            dir.path(),
+            &CommandSpec {
+                argv: vec![argv0.into()],
+                ..sh("", Duration::from_secs(10))
+            },
+        )
+        .await;
+        assert!(
+            matches!(&out.outcome, CommandOutcome::SpawnFailed { error } if error.contains(argv0) && error.contains(says)),
+            "{argv0}: {:?}",
+            out.outcome
+        );
+    }
 }
