@@ -758,7 +758,19 @@ mod tests {
             .join("ws/f")
             .exists());
         assert!(store.blob(&BlobHash::of(&gone)).unwrap().is_none());
-        assert_eq!(store.blob(&BlobHash::of(&stays)).unwrap(), Some(stays));
+        assert_eq!(
+            store.blob(&BlobHash::of(&stays)).unwrap(),
+            Some(stays.clone())
+        );
+        // The store remembered both as stored (`put`); it forgets the one removed.
+        assert_eq!(
+            store
+                .blob_store()
+                .missing(&[BlobHash::of(&gone), BlobHash::of(&stays)])
+                .await
+                .unwrap(),
+            vec![BlobHash::of(&gone)]
+        );
     }
 
     /// A store written before kept blob files in `blobs/`, sled's own directory (which made
@@ -864,9 +876,11 @@ mod tests {
             .await
             .unwrap()
             .is_empty());
-        // A recorded blob whose file was lost (a power loss) reads as missing, not as bytes,
-        // and is stored again.
+        // A recorded blob whose file was lost (a power loss: the next process) reads as
+        // missing, not as bytes, and is stored again.
         std::fs::remove_file(&file).unwrap();
+        drop(store);
+        let store = RunStore::open(dir.path()).unwrap();
         assert_eq!(store.blob(&hb).unwrap(), None);
         let b = store.blob_store();
         assert_eq!(b.missing(&[hb]).await.unwrap(), vec![hb]);

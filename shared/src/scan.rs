@@ -326,7 +326,8 @@ pub fn list(root: &Path, opts: &ScanOptions) -> Result<Listing, ScanError> {
                 .ok_or_else(|| ScanError::NonUtf8 { path: entry.path() })?;
             let child = rel.join(name)?;
             let full = entry.path();
-            let meta = std::fs::symlink_metadata(&full).map_err(|source| ScanError::Io {
+            // Asked of the directory (`fstatat`), not by the whole path again.
+            let meta = entry.metadata().map_err(|source| ScanError::Io {
                 path: full.clone(),
                 source,
             })?;

@@ -19,7 +19,9 @@ use crate::error::CoordinatorError;
 use async_trait::async_trait;
 use bytes::Bytes;
 use forkfleet_shared::blob::{BlobError, BlobHash, BlobStore};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// Blobs up to this size are sled values; larger ones are files.
 pub const INLINE_MAX: usize = 1024;
@@ -44,7 +46,14 @@ pub struct SledBlobStore {
     dir: PathBuf,
     /// [`KEPT_TREES_DIR`].
     kept_trees: PathBuf,
+    /// Blobs this process has found stored or stored itself, so that a workspace's files
+    /// are looked up and `stat`ed once per process, not once per question (an upload asks,
+    /// then the fork it is for checks again). At most [`KNOWN_MAX`]; emptied beyond.
+    known: Arc<Mutex<HashSet<BlobHash>>>,
 }
+
+/// Blobs [`SledBlobStore`] remembers as stored (32 bytes each, and the set's own).
+const KNOWN_MAX: usize = 1 << 20;
 
 fn backend(e: impl std::fmt::Display) -> BlobError {
     BlobError::Backend(e.to_string())
@@ -72,6 +81,7 @@ impl SledBlobStore {
             files,
             dir,
             kept_trees: data_dir.join(KEPT_TREES_DIR),
+            known: Arc::default(),
         })
     }
 
@@ -109,6 +119,12 @@ impl SledBlobStore {
     pub fn missing_sync(&self, hashes: &[BlobHash]) -> Result<Vec<BlobHash>, BlobError> {
         /// Below this many, one thread asks.
         const PER_THREAD_AT_LEAST: usize = 2048;
+        // The ones this process knows are stored, under one lock.
+        let unknown: Vec<BlobHash> = match self.known.lock() {
+            Ok(k) => hashes.iter().filter(|h| !k.contains(h)).copied().collect(),
+            Err(_) => hashes.to_vec(),
+        };
+        let hashes = &unknown[..];
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(hashes.len() / PER_THREAD_AT_LEAST)
@@ -144,10 +160,32 @@ impl SledBlobStore {
         Ok(out)
     }
 
-    /// Stored: a value, or a recorded file that is there (one lost is stored again).
+    /// Stored: a value, or a recorded file that is there (one lost is stored again). A
+    /// blob this process found stored or stored is not looked up again: a file lost from
+    /// under a running store reads as missing, and is found missing by the next process.
     fn has(&self, hash: &BlobHash) -> Result<bool, BlobError> {
-        Ok(self.tree.contains_key(hash.0).map_err(backend)?
-            || (self.files.contains_key(hash.0).map_err(backend)? && self.path(hash).exists()))
+        if self.is_known(hash) {
+            return Ok(true);
+        }
+        let has = self.tree.contains_key(hash.0).map_err(backend)?
+            || (self.files.contains_key(hash.0).map_err(backend)? && self.path(hash).exists());
+        if has {
+            self.remember(*hash);
+        }
+        Ok(has)
+    }
+
+    fn is_known(&self, hash: &BlobHash) -> bool {
+        self.known.lock().is_ok_and(|k| k.contains(hash))
+    }
+
+    fn remember(&self, hash: BlobHash) {
+        if let Ok(mut k) = self.known.lock() {
+            if k.len() >= KNOWN_MAX {
+                k.clear();
+            }
+            k.insert(hash);
+        }
     }
 
     /// Blobs stored.
@@ -170,6 +208,7 @@ impl SledBlobStore {
         }
         if bytes.len() <= INLINE_MAX {
             self.tree.insert(hash.0, bytes).map_err(backend)?;
+            self.remember(hash);
             return Ok(());
         }
         let path = self.path(&hash);
@@ -178,6 +217,7 @@ impl SledBlobStore {
         self.files
             .insert(hash.0, &(bytes.len() as u64).to_be_bytes())
             .map_err(backend)?;
+        self.remember(hash);
         Ok(())
     }
 }
@@ -330,6 +370,9 @@ impl SledBlobStore {
     /// kept of it when it is a manifest (whose links would keep the bytes of removed blobs
     /// on disk).
     pub(crate) fn remove(&self, hash: &BlobHash) -> Result<(), CoordinatorError> {
+        if let Ok(mut k) = self.known.lock() {
+            k.remove(hash);
+        }
         let kept = self.kept_trees.join(hash.to_hex());
         match std::fs::remove_dir_all(&kept) {
             Ok(()) => {}
