@@ -81,6 +81,8 @@ struct RunRow {
     forkfleet_warm_walls_s: Vec<f64>,
     /// Making git's repository (`git init`, `add -A`, `commit`), timed apart.
     git_repo_s: Option<f64>,
+    /// What git's objects take on disk (every file deflated): how well the tree compresses.
+    git_objects_mb: Option<f64>,
     /// One worktree per branch and the commands in them: the best of `--repeat`.
     git_worktree_wall_s: Option<f64>,
     git_worktree_walls_s: Vec<f64>,
@@ -157,7 +159,7 @@ pub async fn cmd_workspace(args: WorkspaceArgs) -> anyhow::Result<()> {
             let (w, r) = forkfleet_run(scratch.path(), &tree, n, args.commands, args.timeout_s)?;
             warm_walls.push(w);
             warm_rss = warm_rss.max(r);
-            if let Some((repo, _)) = &repo {
+            if let Some((repo, _, _)) = &repo {
                 settle()?;
                 let (w, r) = git_worktrees(repo, n, args.commands, round)?;
                 git_walls.push(w);
@@ -165,12 +167,16 @@ pub async fn cmd_workspace(args: WorkspaceArgs) -> anyhow::Result<()> {
             }
         }
         let warm = best(&warm_walls);
-        let git = repo.as_ref().map(|(_, repo_s)| (*repo_s, best(&git_walls)));
+        let git = repo
+            .as_ref()
+            .map(|(_, repo_s, _)| (*repo_s, best(&git_walls)));
+        let git_objects_mb = repo.as_ref().map(|(_, _, b)| *b as f64 / 1e6);
         eprintln!(
             "{n} branches x {} commands: forkfleet {wall:.2} s (peak RSS {rss:.0} MB), again {warm:.2} s ({warm_rss:.0} MB){}",
             args.commands,
             git.map(|(repo_s, w)| format!(
-                "; git repository {repo_s:.2} s, worktrees {w:.2} s (peak RSS {git_rss:.0} MB)"
+                "; git repository {repo_s:.2} s ({:.1} MB of objects), worktrees {w:.2} s (peak RSS {git_rss:.0} MB)",
+                git_objects_mb.unwrap_or_default()
             ))
             .unwrap_or_default()
         );
@@ -182,6 +188,7 @@ pub async fn cmd_workspace(args: WorkspaceArgs) -> anyhow::Result<()> {
             forkfleet_warm_peak_rss_mb: warm_rss,
             forkfleet_warm_walls_s: warm_walls,
             git_repo_s: git.map(|g| g.0),
+            git_objects_mb,
             git_worktree_wall_s: git.map(|g| g.1),
             git_worktree_walls_s: git_walls,
             git_peak_rss_mb: git.map(|_| git_rss),
@@ -271,6 +278,13 @@ fn table(r: &WorkspaceResult, commands: usize) -> String {
             ratio(row.ratio),
         );
     }
+    if let Some(objects) = r.runs.iter().find_map(|row| row.git_objects_mb) {
+        let _ = writeln!(
+            out,
+            "(git's objects take {objects:.1} MB: the tree deflates {:.1}:1)",
+            r.mb / objects.max(f64::MIN_POSITIVE)
+        );
+    }
     let _ = writeln!(
         out,
         "again, over the first run's store and stat cache (against git's worktrees over its repository; each side's best):"
@@ -299,17 +313,66 @@ fn table(r: &WorkspaceResult, commands: usize) -> String {
 }
 
 /// A tree shaped like a crate registry's sources: `files` files over directories of about
-/// 20, sizes spread around the mean (a few large ones), text content.
+/// 20, sizes spread around the mean (a few large ones), and text that compresses as source
+/// code does.
+///
+/// The text is lines of tokens (keywords, punctuation and 200 made-up identifiers), 88 lines
+/// in 100 a repeat of one of the last 64: zlib (level 1, as git stores loose objects) packs
+/// it about 5:1, as it does the crates of this machine's cargo registry (5.5:1). How well
+/// the content compresses is what git's side pays for: it stores every file deflated and
+/// inflates it at each checkout. A tree of one repeated line (this generator before,
+/// 74:1) let git store 257 MB in 3 MB and check it out several times faster than real
+/// sources of the same size.
 fn generate(dir: &Path, files: usize, bytes: u64) -> anyhow::Result<()> {
     let mean = bytes / files.max(1) as u64;
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = || {
+    let mut next = move || {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
         seed
     };
-    let line = "fn example(input: &str) -> Option<usize> { input.find(\"forkfleet\") }\n";
+    const KEYWORDS: [&str; 31] = [
+        "fn", "let", "mut", "pub", "impl", "struct", "enum", "match", "if", "else", "return",
+        "self", "Self", "use", "mod", "for", "in", "where", "async", "await", "Option", "Result",
+        "Vec", "String", "u64", "usize", "&str", "Ok", "Err", "Some", "None",
+    ];
+    const PUNCTUATION: [&str; 18] = [
+        "(", ")", "{", "}", ";", ",", ".", "::", "->", "=>", "=", "&", "<", ">", "[", "]", "?", ":",
+    ];
+    const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyz_";
+    let words: Vec<String> = (0..200)
+        .map(|_| {
+            let len = 2 + next() % 11;
+            (0..len)
+                .map(|_| LETTERS[(next() % LETTERS.len() as u64) as usize] as char)
+                .collect()
+        })
+        .collect();
+    let mut recent: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+    let mut line = |next: &mut dyn FnMut() -> u64| -> String {
+        if !recent.is_empty() && next() % 100 < 88 {
+            return recent[(next() % recent.len() as u64) as usize].clone();
+        }
+        let mut l = "    ".repeat((next() % 5) as usize);
+        for i in 0..next() % 13 {
+            if i > 0 {
+                l.push(' ');
+            }
+            let pick = next() % 10;
+            l.push_str(match pick {
+                0..=2 => KEYWORDS[(next() % KEYWORDS.len() as u64) as usize],
+                3..=5 => PUNCTUATION[(next() % PUNCTUATION.len() as u64) as usize],
+                _ => &words[(next() % words.len() as u64) as usize],
+            });
+        }
+        l.push('\n');
+        recent.push_back(l.clone());
+        if recent.len() > 64 {
+            recent.pop_front();
+        }
+        l
+    };
     for i in 0..files {
         let d = dir.join(format!("crate{}/src/m{}", i / 200, (i / 20) % 10));
         std::fs::create_dir_all(&d)?;
@@ -319,10 +382,10 @@ fn generate(dir: &Path, files: usize, bytes: u64) -> anyhow::Result<()> {
         if i % 500 == 0 {
             size = mean * 20;
         }
-        let mut text = String::with_capacity(size as usize + line.len());
+        let mut text = String::with_capacity(size as usize + 128);
         let _ = writeln!(text, "// file {i} seed {r}");
         while (text.len() as u64) < size {
-            text.push_str(line);
+            text.push_str(&line(&mut next));
         }
         std::fs::write(d.join(format!("f{i}.rs")), text)?;
     }
@@ -357,8 +420,7 @@ async fn call_overhead(
     calls: usize,
 ) -> anyhow::Result<CallFigures> {
     // The blobs in a run store on disk, as an embedded worker reads them: this process
-    // stays the size of a worker (a command is started by fork and exec, whose cost grows
-    // with the parent's memory).
+    // stays the size of a worker.
     let store = forkfleet_coordinator::store::RunStore::open(&scratch.join("store"))?;
     let blobs = store.blob_store();
     for f in &listing.files {
@@ -554,9 +616,10 @@ fn git(dir: &Path, args: &[&str]) -> anyhow::Result<f64> {
     Ok(max_rss_mb(&String::from_utf8_lossy(&out.stderr)))
 }
 
-/// A git repository of `tree` (a copy of it, committed), for `n` branches' worktrees, and
-/// the seconds that `git init`, `add -A` and `commit` took, timed on a settled disk.
-fn git_repo(scratch: &Path, tree: &Path, n: usize) -> anyhow::Result<(PathBuf, f64)> {
+/// A git repository of `tree` (a copy of it, committed), for `n` branches' worktrees, the
+/// seconds that `git init`, `add -A` and `commit` took, timed on a settled disk, and the
+/// bytes of its objects.
+fn git_repo(scratch: &Path, tree: &Path, n: usize) -> anyhow::Result<(PathBuf, f64, u64)> {
     let repo = scratch.join(format!("git-{n}"));
     copy_tree(tree, &repo)?;
     settle()?;
@@ -564,7 +627,13 @@ fn git_repo(scratch: &Path, tree: &Path, n: usize) -> anyhow::Result<(PathBuf, f
     git(&repo, &["init", "-q"])?;
     git(&repo, &["add", "-A"])?;
     git(&repo, &["commit", "-qm", "base"])?;
-    Ok((repo, t.elapsed().as_secs_f64()))
+    let took = t.elapsed().as_secs_f64();
+    let objects = scan::list(&repo.join(".git/objects"), &ScanOptions::names_only(&[]))?
+        .files
+        .iter()
+        .map(|f| f.stat.size)
+        .sum();
+    Ok((repo, took, objects))
 }
 
 /// The same work with one git worktree per branch, every branch at once: `git worktree
