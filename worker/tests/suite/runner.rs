@@ -41,6 +41,16 @@ fn sh(script: &str, timeout: Duration) -> CommandSpec {
     }
 }
 
+/// The command exited with code 0 (its output shown if not).
+fn exited_ok(out: &forkfleet_worker::runner::CommandRun) {
+    assert_eq!(
+        out.outcome,
+        CommandOutcome::Exited { code: 0 },
+        "{}",
+        out.output
+    );
+}
+
 async fn run(dir: &std::path::Path, spec: &CommandSpec) -> forkfleet_worker::runner::CommandRun {
     tokio::time::timeout(WAIT, run_command(dir, spec, std::future::pending()))
         .await
@@ -84,12 +94,7 @@ async fn a_tree_is_written_with_modes_dirs_and_only_safe_symlinks() {
         },
     )
     .await;
-    assert_eq!(
-        out.outcome,
-        CommandOutcome::Exited { code: 0 },
-        "{}",
-        out.output
-    );
+    exited_ok(&out);
     assert_eq!(out.output, "ran\n");
 }
 
@@ -139,12 +144,7 @@ async fn the_environment_is_cleared_to_path_home_and_what_is_passed() {
     };
     spec.env.insert("MINE".into(), "1".into());
     let out = run(dir.path(), &spec).await;
-    assert_eq!(
-        out.outcome,
-        CommandOutcome::Exited { code: 0 },
-        "{}",
-        out.output
-    );
+    exited_ok(&out);
     let seen: BTreeMap<&str, &str> = out
         .output
         .split('\0')
@@ -340,12 +340,7 @@ async fn long_output_keeps_its_head_and_tail() {
 async fn a_command_starts_with_default_signals_and_is_found_on_path() {
     let dir = tempfile::tempdir().unwrap();
     let out = run(dir.path(), &sh("yes | head -c 4", Duration::from_secs(20))).await;
-    assert_eq!(
-        out.outcome,
-        CommandOutcome::Exited { code: 0 },
-        "{}",
-        out.output
-    );
+    exited_ok(&out);
     assert_eq!(out.output, "y\ny\n");
     // The sandbox keeps `/proc/self/status` from the command: read it unconfined.
     let mut open = sh(
@@ -354,12 +349,7 @@ async fn a_command_starts_with_default_signals_and_is_found_on_path() {
     );
     open.sandbox.settings.mode = SandboxMode::Off;
     let out = run(dir.path(), &open).await;
-    assert_eq!(
-        out.outcome,
-        CommandOutcome::Exited { code: 0 },
-        "{}",
-        out.output
-    );
+    exited_ok(&out);
     let field = |name: &str| {
         let line = out.output.lines().find(|l| l.starts_with(name)).unwrap();
         u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
