@@ -392,3 +392,70 @@ async fn a_command_starts_with_default_signals_and_is_found_on_path() {
         );
     }
 }
+
+/// Every command is reaped: those that ran to the end, those cancelled, and those whose
+/// future was dropped (killed and reaped off the runtime). None is left a zombie.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_is_reaped_however_it_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    // A program of a name of its own, to tell its zombies from other tests' children.
+    let name = format!("ffreap{}", std::process::id() % 1_000_000);
+    let program = dir.path().join(&name);
+    std::fs::copy("/bin/sh", &program).unwrap();
+    let spec = |script: &str| {
+        let mut s = sh(script, Duration::from_secs(30));
+        s.argv[0] = program.display().to_string();
+        s.sandbox.settings.mode = SandboxMode::Off;
+        s
+    };
+    let ran = futures::future::join_all((0..20).map(|i| {
+        let spec = spec(&format!("exit {}", i % 3));
+        let dir = dir.path().to_path_buf();
+        async move { run(&dir, &spec).await }
+    }))
+    .await;
+    for (i, out) in ran.iter().enumerate() {
+        assert_eq!(out.outcome, CommandOutcome::Exited { code: i as i32 % 3 });
+    }
+    // `; exit`: the shell, not a `sleep` it could exec into, stays the child.
+    let cancelled = run_command(dir.path(), &spec("sleep 30; exit 0"), async {}).await;
+    assert_eq!(cancelled.outcome, CommandOutcome::Cancelled);
+    for _ in 0..5 {
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(50),
+            run_command(
+                dir.path(),
+                &spec("sleep 30; exit 0"),
+                std::future::pending(),
+            ),
+        )
+        .await;
+        assert!(dropped.is_err(), "a 30 s command ended within 50 ms");
+    }
+    let zombies = || {
+        let me = std::process::id().to_string();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+            .filter(|stat| {
+                // pid (comm) state ppid ...
+                let Some((comm, rest)) = stat.split_once(") ") else {
+                    return false;
+                };
+                let fields: Vec<&str> = rest.split(' ').collect();
+                comm.ends_with(&format!("({name}"))
+                    && fields.first() == Some(&"Z")
+                    && fields.get(1) == Some(&me.as_str())
+            })
+            .count()
+    };
+    let deadline = Instant::now() + WAIT;
+    while zombies() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} commands left unreaped",
+            zombies()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
