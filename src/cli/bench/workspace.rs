@@ -317,8 +317,9 @@ fn table(r: &WorkspaceResult, commands: usize) -> String {
 /// code does.
 ///
 /// The text is lines of tokens (keywords, punctuation and 200 made-up identifiers), 88 lines
-/// in 100 a repeat of one of the last 64: zlib (level 1, as git stores loose objects) packs
-/// it about 5:1, as it does the crates of this machine's cargo registry (5.5:1). How well
+/// in 100 a repeat of one of the last 64: git stores the default 14,000 files (256 MB) in
+/// 47.9 MB of objects (5.4:1), the crates of this machine's cargo registry in 83.1 MB of
+/// 465.9 MB (5.6:1). How well
 /// the content compresses is what git's side pays for: it stores every file deflated and
 /// inflates it at each checkout. A tree of one repeated line (this generator before,
 /// 74:1) let git store 257 MB in 3 MB and check it out several times faster than real
