@@ -125,6 +125,9 @@ impl SledBlobStore {
             Err(_) => hashes.to_vec(),
         };
         let hashes = &unknown[..];
+        if hashes.is_empty() {
+            return Ok(Vec::new());
+        }
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(hashes.len() / PER_THREAD_AT_LEAST)
@@ -137,7 +140,7 @@ impl SledBlobStore {
                     s.spawn(move || {
                         let mut out = Vec::new();
                         for h in part {
-                            if !self.has(h)? {
+                            if !self.looks_up(h)? {
                                 out.push(*h);
                             }
                         }
@@ -164,9 +167,11 @@ impl SledBlobStore {
     /// blob this process found stored or stored is not looked up again: a file lost from
     /// under a running store reads as missing, and is found missing by the next process.
     fn has(&self, hash: &BlobHash) -> Result<bool, BlobError> {
-        if self.is_known(hash) {
-            return Ok(true);
-        }
+        Ok(self.is_known(hash) || self.looks_up(hash)?)
+    }
+
+    /// [`SledBlobStore::has`] asked of sled and the file system, remembered when stored.
+    fn looks_up(&self, hash: &BlobHash) -> Result<bool, BlobError> {
         let has = self.tree.contains_key(hash.0).map_err(backend)?
             || (self.files.contains_key(hash.0).map_err(backend)? && self.path(hash).exists());
         if has {
