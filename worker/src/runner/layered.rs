@@ -51,8 +51,8 @@ pub struct Base {
     bytes: u64,
     /// Of `bytes`, those hard-linked from the blob store ([`Make::LinkFromStore`]).
     linked_bytes: u64,
-    /// Kept in the blob store's directory of kept trees ([`Base::open_or_make_kept`]): never removed
-    /// when dropped.
+    /// Kept in the blob store's directory of kept trees ([`Base::open_or_make_kept`]):
+    /// never removed when dropped.
     kept: bool,
 }
 
@@ -316,7 +316,7 @@ fn sweep_once(dir: &Path) -> std::io::Result<()> {
 
 /// Take the least recently used kept bases in `dir` beyond [`KEPT_BASES`] away, never `keep`
 /// (just made) nor one this process uses: each renamed (a making name, which a later
-/// process's sweep removes should this one end first), then removed on a thread of its own.
+/// process's sweep removes should this one end first), then removed off the runtime.
 fn evict_kept(dir: &Path, keep: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -348,11 +348,7 @@ fn evict_kept(dir: &Path, keep: &Path) {
         };
         if moved {
             tracing::debug!(dir = %path.display(), "command trees: a kept base evicted");
-            std::thread::Builder::new()
-                .name("forkfleet-kept-base-removal".into())
-                .spawn(move || super::remove_now(&away))
-                .map_err(|e| tracing::warn!(error = %e, "cannot start removing an evicted base; the next process will"))
-                .ok();
+            super::off_runtime(move || super::remove_now(&away));
             over -= 1;
         }
     }
