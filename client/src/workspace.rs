@@ -45,9 +45,10 @@ pub async fn upload_workspace(
     let root = dir.to_path_buf();
     let opts = opts.clone();
     let started = std::time::Instant::now();
-    let (listing, manifest, hashed) = tokio::task::spawn_blocking(move || {
+    let ms = |since: std::time::Instant| since.elapsed().as_millis() as u64;
+    let (listing, manifest, hashed, listed_ms, hashed_ms) = tokio::task::spawn_blocking(move || {
         let listing = scan::list(&root, &opts)?;
-        tracing::debug!(ms = started.elapsed().as_millis() as u64, "snapshot: listed");
+        let listed_ms = ms(started);
         let cache_file = stat_cache_file(&root);
         let cache = cache_file
             .as_deref()
@@ -55,7 +56,7 @@ pub async fn upload_workspace(
             .unwrap_or_default();
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         let (manifest, hashed) = scan::hash(&listing, &cache, threads)?;
-        tracing::debug!(ms = started.elapsed().as_millis() as u64, read = hashed.read, "snapshot: hashed");
+        let hashed_ms = ms(started);
         if let Some(file) = cache_file {
             // Written again only when it would change (a file was read, or one came or
             // went); else only marked used, for the pruning of the least recently used.
@@ -74,7 +75,7 @@ pub async fn upload_workspace(
             }
             prune_stat_caches(&file);
         }
-        Ok::<_, ScanError>((listing, manifest, hashed))
+        Ok::<_, ScanError>((listing, manifest, hashed, listed_ms, hashed_ms))
     })
     .await??;
     let uploading = |e| ClientError::blob("uploading the workspace", e);
@@ -88,16 +89,8 @@ pub async fn upload_workspace(
     }
     let mut hashes: Vec<BlobHash> = by_hash.keys().copied().collect();
     hashes.extend(extra.keys().filter(|h| !by_hash.contains_key(h)));
-    tracing::debug!(
-        ms = started.elapsed().as_millis() as u64,
-        "snapshot: stat cache saved"
-    );
     let missing = store.missing(&hashes).await.map_err(uploading)?;
-    tracing::debug!(
-        ms = started.elapsed().as_millis() as u64,
-        missing = missing.len(),
-        "snapshot: store asked"
-    );
+    let asked_ms = ms(started);
     let sent: Vec<u64> = futures::stream::iter(missing.iter().copied())
         .map(|h| {
             let extra = extra.get(&h).cloned();
@@ -129,9 +122,15 @@ pub async fn upload_workspace(
         .put(snapshot, manifest_blob)
         .await
         .map_err(uploading)?;
+    // Where a snapshot's time goes, each phase's end since its start.
     tracing::debug!(
-        ms = started.elapsed().as_millis() as u64,
-        "snapshot: uploaded"
+        listed_ms,
+        hashed_ms,
+        read = hashed.read,
+        asked_ms,
+        missing = missing.len(),
+        ms = ms(started),
+        "snapshot uploaded"
     );
     let upload = Upload {
         snapshot,
