@@ -79,6 +79,9 @@ pub struct ToolBox {
 pub struct TreeSlot {
     pub trees: Arc<Trees>,
     pub key: TreeKey,
+    /// The blob hash of the fork's snapshot, the branch overlay's base: it names a base
+    /// kept beside the store (ADR 32).
+    pub snapshot: forkfleet_shared::blob::BlobHash,
 }
 
 impl std::fmt::Debug for TreeSlot {

@@ -432,6 +432,7 @@ async fn call_overhead(
     }
     let cache = BlobCache::new(blobs, forkfleet::embedded::EMBEDDED_BLOB_CACHE_BYTES);
     let base = Arc::new(manifest.clone());
+    let snapshot = forkfleet_shared::blob::BlobHash::of(&manifest.to_blob()?);
     let tool = forkfleet_shared::endpoint::CommandTool {
         timeout_s: 60.0,
         env: BTreeMap::new(),
@@ -445,6 +446,7 @@ async fn call_overhead(
                 fork: forkfleet_shared::ids::ForkId::new(),
                 label: "bench".into(),
             },
+            snapshot,
         })
     };
     let layered = Trees::new(4 << 30);

@@ -201,6 +201,7 @@ pub(super) async fn load(
                     fork: task.fork_id,
                     label: task.label.clone(),
                 },
+                snapshot: task.snapshot,
             },
         )),
         gate,

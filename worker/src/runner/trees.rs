@@ -33,6 +33,7 @@ use super::Make;
 use super::Workdir;
 use crate::cache::BlobCache;
 use crate::error::WorkerError;
+use forkfleet_shared::blob::{BlobHash, BlobStore};
 use forkfleet_shared::ids::ForkId;
 use forkfleet_shared::manifest::Manifest;
 use std::collections::HashMap;
@@ -87,6 +88,8 @@ pub struct Trees {
 /// A fork's base on this worker, made by the first checkout that needs it.
 struct BaseCell {
     tree: Arc<Manifest>,
+    /// `tree`'s blob hash.
+    snapshot: BlobHash,
     base: tokio::sync::OnceCell<Arc<Base>>,
 }
 
@@ -172,7 +175,7 @@ impl Trees {
         key: &TreeKey,
         prefix: &str,
         target: Manifest,
-        base: Option<&Arc<Manifest>>,
+        base: Option<(&Arc<Manifest>, BlobHash)>,
         blobs: &BlobCache,
         confined: bool,
     ) -> Result<(Workdir, Checkout), WorkerError> {
@@ -218,7 +221,7 @@ impl Trees {
     async fn base(
         &self,
         key: &TreeKey,
-        tree: Option<&Arc<Manifest>>,
+        tree: Option<(&Arc<Manifest>, BlobHash)>,
         blobs: &BlobCache,
         parent: &Path,
         confined: bool,
@@ -232,9 +235,10 @@ impl Trees {
             };
             match (bases.get(&key.fork), tree) {
                 (Some(c), _) => c.clone(),
-                (None, Some(tree)) => {
+                (None, Some((tree, snapshot))) => {
                     let c = Arc::new(BaseCell {
                         tree: tree.clone(),
+                        snapshot,
                         base: tokio::sync::OnceCell::new(),
                     });
                     bases.insert(key.fork, c.clone());
@@ -247,12 +251,9 @@ impl Trees {
             .base
             .get_or_try_init(|| async {
                 let started = Instant::now();
-                let kept = match confined {
-                    true => kept_name(blobs, &cell.tree).await,
-                    false => None,
-                };
-                let base = match (confined, kept) {
-                    (true, Some((dir, name))) => {
+                let base = match (confined, blobs.kept_trees_dir()) {
+                    (true, Some(dir)) => {
+                        let name = cell.snapshot.to_hex();
                         Base::open_or_make_kept(&dir, &name, cell.tree.clone(), blobs).await?
                     }
                     (true, None) => {
@@ -402,21 +403,6 @@ impl Held {
             .filter_map(|k| self.trees.remove(k).map(|t| t.tree))
             .collect()
     }
-}
-
-/// Where a base of `tree` linked from the store is kept, and its name there (the hex of
-/// the manifest's blob hash): `None` when the store keeps no trees.
-async fn kept_name(blobs: &BlobCache, tree: &Arc<Manifest>) -> Option<(PathBuf, String)> {
-    use forkfleet_shared::blob::BlobStore;
-    let dir = blobs.kept_trees_dir()?;
-    let tree = tree.clone();
-    let name = tokio::task::spawn_blocking(move || {
-        let blob = tree.to_blob().ok()?;
-        Some(forkfleet_shared::blob::BlobHash::of(&blob).to_hex())
-    })
-    .await
-    .ok()??;
-    Some((dir, name))
 }
 
 /// Make this worker's directory of trees in `tmp`, locked, after removing the directories

@@ -176,7 +176,7 @@ pub(super) async fn run_command(
                     &slot.key,
                     "forkfleet-cmd-",
                     ov.to_manifest(),
-                    Some(ov.base()),
+                    Some((ov.base(), slot.snapshot)),
                     blobs,
                     crate::runner::sandbox::confines(&tool.sandbox),
                 )

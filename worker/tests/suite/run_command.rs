@@ -3,6 +3,7 @@
 //! back as `file_change` events (blobs stored first) before the tool's result.
 
 use super::common::*;
+use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::endpoint::CommandTool;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::manifest::{Manifest, Node, MODE_EXEC, MODE_SYMLINK};
@@ -668,7 +669,7 @@ async fn kept_tree_matches_a_fresh_copy(trees: forkfleet_worker::runner::Trees) 
     use std::os::unix::fs::MetadataExt;
     let layered = trees.layered();
     let fx = Fixture::store_only();
-    let (base, _) = fx.snapshot(KEPT_TREE_FILES);
+    let (base, snapshot) = fx.snapshot(KEPT_TREE_FILES);
     let cache = BlobCache::new(Arc::new(fx.store.clone()), 1 << 30);
     let fresh = ToolBox::with_command(Some(tool(30.0)));
     let (want, want_log) = play_kept_tree_calls(&fresh, base.clone(), &cache).await;
@@ -681,6 +682,7 @@ async fn kept_tree_matches_a_fresh_copy(trees: forkfleet_worker::runner::Trees) 
     let kept = ToolBox::with_command(Some(tool(30.0))).with_trees(TreeSlot {
         trees: trees.clone(),
         key,
+        snapshot,
     });
     let (got, got_log) = play_kept_tree_calls(&kept, base.clone(), &cache).await;
     assert_eq!(got, want);
@@ -806,7 +808,7 @@ async fn branches_of_a_fork_share_one_base_and_see_only_their_own_changes() {
     let trees = Arc::new(Trees::new(1 << 30));
     assert!(trees.layered());
     let fx = Fixture::store_only();
-    let (base, _) = fx.snapshot(&[("a.txt", "a\n"), ("lib/b.txt", "b\n")]);
+    let (base, snapshot) = fx.snapshot(&[("a.txt", "a\n"), ("lib/b.txt", "b\n")]);
     let cache = BlobCache::new(Arc::new(fx.store.clone()), 1 << 30);
     let fork = forkfleet_shared::ids::ForkId::new();
     let branch = |label: &str| {
@@ -816,6 +818,7 @@ async fn branches_of_a_fork_share_one_base_and_see_only_their_own_changes() {
                 fork,
                 label: label.into(),
             },
+            snapshot,
         })
     };
     let (one, two) = (branch("one"), branch("two"));
@@ -962,15 +965,15 @@ impl forkfleet_shared::blob::BlobStore for FileBlobs {
 /// The fixture of the linked-base tests: a store that also keeps `KEPT_TREE_FILES`'s blobs
 /// as files (as the run store does), for commands confined by Landlock (which a linked
 /// base is only for: the test refuses to run without it).
-fn linked_store() -> (Fixture, Arc<Manifest>, FileBlobs) {
+fn linked_store() -> (Fixture, Arc<Manifest>, BlobHash, FileBlobs) {
     assert!(
         forkfleet_worker::runner::sandbox::confines(&tool(30.0).sandbox),
         "Landlock is not available here (see the worker's log line `sandbox:`)"
     );
     let fx = Fixture::store_only();
-    let (base, _) = fx.snapshot(KEPT_TREE_FILES);
+    let (base, snapshot) = fx.snapshot(KEPT_TREE_FILES);
     let store = FileBlobs::of(fx.store.clone(), &base);
-    (fx, base, store)
+    (fx, base, snapshot, store)
 }
 
 /// A `run_command` call of `sh -c command`.
@@ -997,7 +1000,7 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
     use forkfleet_worker::runner::{TreeKey, Trees};
     use forkfleet_worker::tools::TreeSlot;
     use std::os::unix::fs::MetadataExt;
-    let (_fx, base, store) = linked_store();
+    let (_fx, base, snapshot, store) = linked_store();
     let cache = BlobCache::new(Arc::new(store.clone()), 1 << 30);
     let fresh = ToolBox::with_command(Some(tool(30.0)));
     let (want, want_log) = play_kept_tree_calls(&fresh, base.clone(), &cache).await;
@@ -1012,6 +1015,7 @@ async fn a_base_for_confined_commands_links_the_stores_files_and_never_writes_th
                 fork,
                 label: label.into(),
             },
+            snapshot,
         })
     };
     let kept = branch("a", tool(30.0));
@@ -1137,12 +1141,12 @@ async fn a_linked_base_is_kept_beside_the_store_for_the_next_process() {
     use forkfleet_worker::runner::{TreeKey, Trees};
     use forkfleet_worker::tools::TreeSlot;
     use std::os::unix::fs::MetadataExt;
-    let (fx, base, store) = linked_store();
+    let (fx, base, _, store) = linked_store();
     let store = store.keeping_trees();
     let kept_dir = store.kept.clone().unwrap();
     let cache = BlobCache::new(Arc::new(store.clone()), 1 << 30);
-    let name_of =
-        |m: &Manifest| forkfleet_shared::blob::BlobHash::of(&m.to_blob().unwrap()).to_hex();
+    let hash_of = |m: &Manifest| BlobHash::of(&m.to_blob().unwrap());
+    let name_of = |m: &Manifest| hash_of(m).to_hex();
     let run_in = |trees: &Arc<Trees>, m: &Arc<Manifest>| {
         let (trees, m, cache) = (trees.clone(), m.clone(), &cache);
         let box_ = ToolBox::with_command(Some(tool(30.0))).with_trees(TreeSlot {
@@ -1151,6 +1155,7 @@ async fn a_linked_base_is_kept_beside_the_store_for_the_next_process() {
                 fork: forkfleet_shared::ids::ForkId::new(),
                 label: "a".into(),
             },
+            snapshot: hash_of(&m),
         });
         async move {
             let mut ov = Overlay::new(m);
