@@ -178,7 +178,7 @@ pub fn spawn(start: &Start<'_>) -> std::io::Result<Child> {
     let error = plan.error.load(Ordering::SeqCst);
     if error != 0 {
         // The child has exited: reap it.
-        reap_blocking(&pidfd);
+        let _ = reap(&pidfd, 0);
         return Err(std::io::Error::from_raw_os_error(error));
     }
     // SAFETY: an `OwnedFd` stays open, the same descriptor, while the `AsyncFd` holds it.
@@ -189,7 +189,7 @@ pub fn spawn(start: &Start<'_>) -> std::io::Result<Child> {
                 let (pidfd, cause) = e.into_parts();
                 // SAFETY: signalling the child just started, not yet reaped.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
-                reap_blocking(&pidfd);
+                let _ = reap(&pidfd, 0);
                 return Err(cause);
             }
         };
@@ -347,8 +347,9 @@ fn fail(plan: &Plan<'_>, errno: i32) -> ! {
     unsafe { libc::_exit(127) }
 }
 
-/// Wait for the exited child behind `pidfd` and reap it (blocking).
-fn reap_blocking(pidfd: &OwnedFd) -> Option<ExitStatus> {
+/// Reap the child behind `pidfd` with `waitid` and `flags`: waiting for it to exit, or
+/// with `WNOHANG` `None` while it runs. Asks again when a signal interrupts.
+fn reap(pidfd: &OwnedFd, flags: libc::c_int) -> std::io::Result<Option<ExitStatus>> {
     loop {
         // SAFETY: `info` is written by waitid; the descriptor is a pidfd.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -357,15 +358,18 @@ fn reap_blocking(pidfd: &OwnedFd) -> Option<ExitStatus> {
                 libc::P_PIDFD,
                 pidfd.as_raw_fd() as libc::id_t,
                 &mut info,
-                libc::WEXITED,
+                libc::WEXITED | flags,
             )
         };
-        if r == 0 {
-            return Some(status_of(&info));
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
         }
-        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return None;
-        }
+        // SAFETY: waitid filled `info`; a zero pid means not exited yet (`WNOHANG`).
+        return Ok((unsafe { info.si_pid() } != 0).then(|| status_of(&info)));
     }
 }
 
@@ -394,31 +398,13 @@ impl Child {
         }
         loop {
             let mut ready = self.pidfd.readable().await?;
-            // SAFETY: `info` is written by waitid; the descriptor is a pidfd.
-            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-            let r = unsafe {
-                libc::waitid(
-                    libc::P_PIDFD,
-                    self.pidfd.get_ref().as_raw_fd() as libc::id_t,
-                    &mut info,
-                    libc::WEXITED | libc::WNOHANG,
-                )
-            };
-            if r != 0 {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    continue;
+            match reap(self.pidfd.get_ref(), libc::WNOHANG)? {
+                Some(s) => {
+                    self.status = Some(s);
+                    return Ok(s);
                 }
-                return Err(e);
+                None => ready.clear_ready(),
             }
-            // SAFETY: waitid filled `info`; a zero pid means not exited yet.
-            if unsafe { info.si_pid() } == 0 {
-                ready.clear_ready();
-                continue;
-            }
-            let s = status_of(&info);
-            self.status = Some(s);
-            return Ok(s);
         }
     }
 }
@@ -438,6 +424,6 @@ impl Drop for Child {
         };
         let _ = std::thread::Builder::new()
             .name("forkfleet-reap".into())
-            .spawn(move || reap_blocking(&fd));
+            .spawn(move || reap(&fd, 0));
     }
 }
