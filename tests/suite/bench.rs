@@ -201,6 +201,8 @@ fn workspace_bench_reports_every_field() {
         );
         assert!(run["git_worktree_wall_s"].as_f64().unwrap() > 0.0, "{run}");
         assert!(run["git_repo_s"].as_f64().unwrap() > 0.0, "{run}");
+        // What git's objects take, which tells how well the tree compresses.
+        assert!(run["git_objects_mb"].as_f64().unwrap() > 0.0, "{run}");
         // `--repeat 2`: each side's run over its store or repository twice, alternating.
         for walls in ["forkfleet_warm_walls_s", "git_worktree_walls_s"] {
             let walls = run[walls].as_array().unwrap();
