@@ -842,22 +842,38 @@ pub fn worker_table(workers: &[WorkerInfo], now_ms: u64) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<36}  {:<12}  {:>7}  {:<20}  {:<10}  LAST_HEARTBEAT",
-        "WORKER", "POOL", "RUNNING", "HOST", "VERSION"
+        "{:<36}  {:<12}  {:>7}  {:<20}  {:<10}  {:<18}  LAST_HEARTBEAT",
+        "WORKER", "POOL", "RUNNING", "HOST", "VERSION", "COMMANDS"
     );
     for w in workers {
         let _ = writeln!(
             out,
-            "{:<36}  {:<12}  {:>7}  {:<20}  {:<10}  {}",
+            "{:<36}  {:<12}  {:>7}  {:<20}  {:<10}  {:<18}  {}",
             w.worker_id,
             w.pool,
             format!("{}/{}", w.running.len(), w.concurrency),
             w.hostname,
             w.version,
+            w.commands
+                .as_ref()
+                .map_or_else(|| "-".to_string(), commands_cell),
             age(now_ms.saturating_sub(w.heartbeat_at_ms))
         );
     }
     out
+}
+
+/// A worker's command set-up in a few words: `layered+landlock7`, `whole+limits`.
+fn commands_cell(c: &forkfleet_shared::protocol::CommandSetupInfo) -> String {
+    format!(
+        "{}+{}",
+        if c.layered { "layered" } else { "whole" },
+        if c.landlock_abi > 0 {
+            format!("landlock{}", c.landlock_abi)
+        } else {
+            "limits".to_string()
+        }
+    )
 }
 
 fn age(ms: u64) -> String {
@@ -886,6 +902,8 @@ pub fn workers_json(workers: &[WorkerInfo], now_ms: u64) -> Value {
                 // Its model catalogue as advertised: names, dialects, base URLs (no keys).
                 "models": w.models,
                 "allowed_model_hosts": w.allowed_model_hosts,
+                // What its commands run in, as its probe at start found.
+                "commands": w.commands,
             })
         })
         .collect();

@@ -157,7 +157,12 @@ impl RunStore {
     /// Open (or create) the store in `data_dir`. A store another process holds open is a
     /// [`CoordinatorError::StoreLocked`] naming the directory.
     pub fn open(data_dir: &Path) -> Result<RunStore, CoordinatorError> {
-        let dir = data_dir.to_path_buf();
+        // Absolute from here on: the kept command trees below it are mounted by a child
+        // that has changed directory (a relative `lowerdir` would name nothing there).
+        let dir = std::path::absolute(data_dir).map_err(|e| CoordinatorError::StoreOpen {
+            dir: data_dir.to_path_buf(),
+            message: format!("cannot make the path absolute: {e}"),
+        })?;
         let id = store_id(&dir)?;
         // A store closed a moment ago in this process keeps its lock until sled's background
         // flusher lets go (well under a second); another process's lock stays. Retry briefly.

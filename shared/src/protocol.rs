@@ -221,6 +221,24 @@ pub struct WorkerInfo {
     /// The hosts (`host` or `host:port`) a spec's own `base_url` may point at.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_model_hosts: Vec<String>,
+    /// What its commands run in, as its probe at start found (`None`: an older worker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commands: Option<CommandSetupInfo>,
+}
+
+/// The set-up a worker's commands get (`run_command`, test commands), chosen at start by
+/// starting one: layered trees or whole ones, Landlock or the limits only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandSetupInfo {
+    /// Trees are layered over a base per fork (overlayfs in a user namespace).
+    pub layered: bool,
+    /// The Landlock ABI commands are confined with; 0: resource limits only.
+    pub landlock_abi: i32,
+    /// The kernel's Landlock ABI.
+    pub kernel_landlock_abi: i32,
+    /// Why a stronger set-up was not taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
 }
 
 impl WorkerInfo {

@@ -135,8 +135,19 @@ fn create_watch_diff_merge_and_workers_on_a_cluster() {
     assert_eq!(w["pool"], "default");
     assert_eq!(w["concurrency"], 8);
     assert!(w["heartbeat_age_ms"].as_u64().unwrap() < 30_000);
+    // What its commands run in, as its probe at start found: on this kernel, with
+    // nothing overridden, the strongest set-up.
+    let kernel = forkfleet_worker::runner::sandbox::kernel_support().abi;
+    assert_eq!(w["commands"]["kernel_landlock_abi"], kernel, "{w}");
+    assert_eq!(w["commands"]["landlock_abi"], kernel, "{w}");
     let text = cluster.client(&["workers"]);
     assert!(text.stdout.contains("LAST_HEARTBEAT"), "{}", text.stdout);
+    let cell = if kernel > 0 {
+        format!("+landlock{kernel}")
+    } else {
+        "+limits".to_string()
+    };
+    assert!(text.stdout.contains(&cell), "{}", text.stdout);
 
     // A branch's log, from its lineage event on.
     let run_id = branch(&watched, "concise")["id"]

@@ -9,6 +9,7 @@ mod checkpoints;
 mod cli;
 mod cluster_cli;
 mod cluster_faults;
+mod commands;
 mod config;
 mod console;
 mod everyday;

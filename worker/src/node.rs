@@ -414,6 +414,7 @@ fn worker_info(state: &NodeState) -> WorkerInfo {
         heartbeat_at_ms: state.config.clock.now_ms(),
         models: offer.models,
         allowed_model_hosts: offer.allowed_hosts,
+        commands: Some(crate::runner::setup::setup().info()),
     }
 }
 

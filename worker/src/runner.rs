@@ -32,6 +32,7 @@ mod command;
 pub mod layered;
 mod materialize;
 pub mod sandbox;
+pub mod setup;
 mod spawn;
 mod trees;
 

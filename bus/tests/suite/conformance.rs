@@ -479,6 +479,7 @@ fn worker(heartbeat_at_ms: u64, running: Vec<RunId>) -> WorkerInfo {
         heartbeat_at_ms,
         models: Vec::new(),
         allowed_model_hosts: Vec::new(),
+        commands: None,
     }
 }
 

@@ -205,6 +205,7 @@ fn live_worker(pool: &str) -> forkfleet_shared::protocol::WorkerInfo {
             base_url: Some("https://api.openai.com/v1".into()),
         }],
         allowed_model_hosts: vec!["llm.internal:8080".into()],
+        commands: None,
     }
 }
 

@@ -249,6 +249,7 @@ fn worker_info() -> impl Strategy<Value = WorkerInfo> {
                         base_url: Some("http://127.0.0.1:8080/v1".into()),
                     }],
                     allowed_model_hosts: vec!["127.0.0.1".into()],
+                    commands: None,
                 }
             },
         )

@@ -354,28 +354,21 @@ fn evict_kept(dir: &Path, keep: &Path) {
     }
 }
 
-/// True when trees can be layered here: not turned off with [`LAYERED_ENV`], and a probe
-/// (once per process) made a user and mount namespace, mounted an overlay with
-/// `userxattr` in it and a `tmpfs` over its base, and made a whiteout and an opaque
-/// directory as this user.
+/// True when trees are layered on this worker: overlays work here ([`overlay_works`]) and
+/// a command started in one under the sandbox ran (`super::setup`).
 pub fn supported() -> bool {
-    static SUPPORTED: OnceLock<bool> = OnceLock::new();
-    *SUPPORTED.get_or_init(|| {
-        if std::env::var(LAYERED_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
-            tracing::info!("layered command trees turned off ({LAYERED_ENV}=off)");
-            return false;
-        }
-        match probe() {
-            Ok(()) => {
-                tracing::info!("command trees: one base per fork, an overlay per branch");
-                true
-            }
-            Err(why) => {
-                tracing::info!(reason = %why, "command trees: a whole tree per branch (no overlay in a user namespace here)");
-                false
-            }
-        }
-    })
+    super::setup::setup().layered
+}
+
+/// `Ok` when trees can be layered here: not turned off with [`LAYERED_ENV`], and a probe
+/// made a user and mount namespace, mounted an overlay with `userxattr` in it and a
+/// `tmpfs` over its base, and made a whiteout and an opaque directory as this user. `Err`:
+/// why not.
+pub(super) fn overlay_works() -> Result<(), String> {
+    if std::env::var(LAYERED_ENV).is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
+        return Err(format!("turned off ({LAYERED_ENV}=off)"));
+    }
+    probe()
 }
 
 /// Try what a layered tree needs, in a scratch directory.
@@ -480,6 +473,19 @@ impl Mount {
     /// The mount of `dirs`, the command to start in `cwd` (inside `dirs.merged`). `Err`:
     /// a path overlayfs cannot take in its options (a `,`, `:` or `\`), or with a NUL.
     pub fn new(dirs: &Dirs, cwd: &Path) -> Result<Self, String> {
+        // Every path absolute: the child mounts after it has entered the tree's directory,
+        // where a relative path (a store opened as `.forkfleet`) would name nothing.
+        let abs = |p: &Path| {
+            std::path::absolute(p)
+                .map_err(|e| format!("`{}` cannot be made absolute: {e}", p.display()))
+        };
+        let dirs = &Dirs {
+            lower: abs(&dirs.lower)?,
+            upper: abs(&dirs.upper)?,
+            work: abs(&dirs.work)?,
+            merged: abs(&dirs.merged)?,
+        };
+        let cwd = &abs(cwd)?;
         let opt = |p: &Path| -> Result<String, String> {
             let s = p
                 .to_str()

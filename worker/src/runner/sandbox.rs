@@ -123,8 +123,16 @@ pub fn parse_abi_override(value: &str) -> Option<i32> {
     value.trim().parse::<i32>().ok().filter(|n| *n >= 0)
 }
 
-/// What this worker's kernel offers, checked once per process.
+/// What commands are confined with on this worker: the kernel's Landlock
+/// ([`kernel_support`]) when a command started under it ran (`super::setup`), else none.
 pub fn support() -> Support {
+    Support {
+        abi: super::setup::setup().landlock_abi,
+    }
+}
+
+/// What this worker's kernel offers, checked once per process.
+pub fn kernel_support() -> Support {
     static SUPPORT: OnceLock<Support> = OnceLock::new();
     *SUPPORT.get_or_init(|| {
         let kernel = kernel_abi();
@@ -147,8 +155,9 @@ pub fn confines(settings: &CommandSandbox) -> bool {
     settings.mode != SandboxMode::Off && support().landlock()
 }
 
-/// Say once per process what the sandbox can enforce here: info with the ABI when Landlock
-/// is there, warn when it is not (or has no network rules).
+/// Say once per process what the sandbox can enforce here (the probe of `super::setup`
+/// says what commands get, in one info line): a warning when commands are not confined,
+/// or are not kept off the network.
 pub fn log_support() {
     static LOGGED: Once = Once::new();
     LOGGED.call_once(|| {
@@ -158,7 +167,8 @@ pub fn log_support() {
             tracing::warn!(
                 landlock.abi = s.abi,
                 overridden,
-                "command sandbox: this kernel has no Landlock; commands run with resource limits only, and a spec with `[run_command] sandbox = \"required\"` has its commands refused"
+                "command sandbox: no usable Landlock here ({}); commands run with resource limits only, and a spec with `[run_command] sandbox = \"required\"` has its commands refused",
+                no_landlock_reason()
             );
         } else if !s.network_rules() {
             tracing::warn!(
@@ -167,15 +177,27 @@ pub fn log_support() {
                 "command sandbox: Landlock ABI {} confines the filesystem but has no network rules (ABI 4); commands are not kept off the network, and `sandbox = \"required\"` with `network = false` is refused",
                 s.abi
             );
-        } else {
-            tracing::info!(
-                landlock.abi = s.abi,
-                overridden,
-                "command sandbox: Landlock ABI {} (filesystem and TCP rules)",
-                s.abi
-            );
         }
     });
+}
+
+/// Why commands are not confined by Landlock on this worker.
+fn no_landlock_reason() -> String {
+    let setup = super::setup::setup();
+    let overridden = if std::env::var(ABI_OVERRIDE_ENV).is_ok() {
+        format!(", {ABI_OVERRIDE_ENV} is set")
+    } else {
+        String::new()
+    };
+    if setup.kernel_abi == 0 {
+        format!("this worker's kernel has no Landlock{overridden}")
+    } else {
+        format!(
+            "a command could not be started under Landlock ABI {} here: {}",
+            setup.kernel_abi,
+            setup.fallback.as_deref().unwrap_or("the probe failed")
+        )
+    }
 }
 
 fn protected() -> &'static Mutex<Vec<PathBuf>> {
@@ -378,12 +400,8 @@ pub fn prepare(spec: &SandboxSpec, support: Support) -> Result<Option<Confinemen
     if !support.landlock() {
         if required {
             return Err(format!(
-                "the sandbox is required (`[run_command] sandbox = \"required\"`) but this worker's kernel has no Landlock{}; the command was not run",
-                if std::env::var(ABI_OVERRIDE_ENV).is_ok() {
-                    format!(" ({ABI_OVERRIDE_ENV} is set)")
-                } else {
-                    String::new()
-                }
+                "the sandbox is required (`[run_command] sandbox = \"required\"`) but {}; the command was not run",
+                no_landlock_reason()
             ));
         }
         return Ok(Some(conf));
@@ -397,7 +415,10 @@ pub fn prepare(spec: &SandboxSpec, support: Support) -> Result<Option<Confinemen
     let fd = ruleset(spec, support)
         .map_err(|e| format!("the command sandbox could not be set up: {e}"))?;
     if let Some(layers) = &spec.layers {
-        let dir = std::ffi::CString::new(layers.merged.as_os_str().as_encoded_bytes())
+        // Absolute: the child names it after entering the tree.
+        let merged = std::path::absolute(&layers.merged)
+            .map_err(|e| format!("the tree's directory cannot be made absolute: {e}"))?;
+        let dir = std::ffi::CString::new(merged.as_os_str().as_encoded_bytes())
             .map_err(|_| "the tree's directory has a NUL byte".to_string())?;
         conf.mounted = Some((dir, AccessFs::from_all(support.abi()).bits()));
     }

@@ -66,6 +66,48 @@ struct Plan<'a> {
     confinement: Option<&'a Confinement>,
     /// The `errno` of the step that failed (0: none).
     error: AtomicI32,
+    /// The step the child was at ([`Step`]), for the error the caller reports.
+    step: AtomicI32,
+}
+
+/// The steps of the child before its `exec`, named in the error when one fails: a
+/// missing file reads differently when the mount failed than when the program is missing.
+#[derive(Clone, Copy)]
+#[repr(i32)]
+enum Step {
+    Streams = 1,
+    Directory,
+    Group,
+    Mount,
+    Confine,
+    Exec,
+}
+
+impl Step {
+    fn of(n: i32) -> Option<Self> {
+        [
+            Self::Streams,
+            Self::Directory,
+            Self::Group,
+            Self::Mount,
+            Self::Confine,
+            Self::Exec,
+        ]
+        .into_iter()
+        .find(|s| *s as i32 == n)
+    }
+
+    /// What failed, for the message (`None`: the program itself, as `Command` says it).
+    fn doing(self) -> Option<&'static str> {
+        match self {
+            Self::Streams => Some("setting up its output"),
+            Self::Directory => Some("entering its directory"),
+            Self::Group => Some("starting its process group"),
+            Self::Mount => Some("mounting its layered tree (overlayfs in a user namespace)"),
+            Self::Confine => Some("applying the sandbox (Landlock and limits)"),
+            Self::Exec => None,
+        }
+    }
 }
 
 fn cstring(s: impl AsRef<[u8]>, what: &str) -> std::io::Result<CString> {
@@ -145,6 +187,7 @@ pub fn spawn(start: &Start<'_>) -> std::io::Result<Child> {
         mount: start.mount,
         confinement: start.confinement,
         error: AtomicI32::new(0),
+        step: AtomicI32::new(0),
     };
     let stack = Stack::new()?;
     let mut pidfd: RawFd = -1;
@@ -179,7 +222,13 @@ pub fn spawn(start: &Start<'_>) -> std::io::Result<Child> {
     if error != 0 {
         // The child has exited: reap it.
         let _ = reap(&pidfd, 0);
-        return Err(std::io::Error::from_raw_os_error(error));
+        let cause = std::io::Error::from_raw_os_error(error);
+        return Err(
+            match Step::of(plan.step.load(Ordering::SeqCst)).and_then(Step::doing) {
+                Some(doing) => std::io::Error::new(cause.kind(), format!("{doing}: {cause}")),
+                None => cause,
+            },
+        );
     }
     // SAFETY: an `OwnedFd` stays open, the same descriptor, while the `AsyncFd` holds it.
     let pidfd =
@@ -281,23 +330,29 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
             .raw_os_error()
             .unwrap_or(libc::EIO)
     };
+    let at = |step: Step| plan.step.store(step as i32, Ordering::SeqCst);
     // SAFETY: plain system calls on descriptors and C strings made before the clone.
     unsafe {
+        at(Step::Streams);
         if !install(plan.stdin, 0) || !install(plan.stdout, 1) || !install(plan.stderr, 2) {
             fail(plan, errno());
         }
+        at(Step::Directory);
         if libc::chdir(plan.dir.as_ptr()) != 0 {
             fail(plan, errno());
         }
+        at(Step::Group);
         if libc::setpgid(0, 0) != 0 {
             fail(plan, errno());
         }
     }
+    at(Step::Mount);
     if let Some(m) = plan.mount {
         if let Err(e) = m.apply() {
             fail(plan, e.raw_os_error().unwrap_or(libc::EIO));
         }
     }
+    at(Step::Confine);
     if let Some(c) = plan.confinement {
         if let Err(e) = c.apply() {
             fail(plan, e.raw_os_error().unwrap_or(libc::EIO));
@@ -324,6 +379,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         libc::sigemptyset(&mut none);
         libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
+    at(Step::Exec);
     // As `execvp`: the first candidate that runs; a permission error remembered over a
     // missing file.
     let mut first = libc::ENOENT;

@@ -466,7 +466,10 @@ mod sandbox_prepare {
     fn required_without_landlock_is_refused_naming_why() {
         let err = prepare(&spec(SandboxMode::Required, true), Support { abi: 0 }).unwrap_err();
         assert!(
-            err.starts_with("the sandbox is required (`[run_command] sandbox = \"required\"`) but this worker's kernel has no Landlock"),
+            err.starts_with(
+                "the sandbox is required (`[run_command] sandbox = \"required\"`) but "
+            ) && err.contains("Landlock")
+                && err.ends_with("the command was not run"),
             "{err}"
         );
         // Landlock without network rules: refused only while the network is to be off.
@@ -501,5 +504,60 @@ mod sandbox_prepare {
             .collect();
         assert_eq!(got, want);
         assert!(around(&root, &[&root]).is_empty());
+    }
+
+    #[test]
+    fn the_strongest_set_up_that_starts_a_command_is_chosen() {
+        use super::super::setup::decide;
+        use std::cell::RefCell;
+        let lands = Support { abi: 7 };
+        // Everything works: layered under Landlock, and only that is tried.
+        let tried = RefCell::new(Vec::new());
+        let s = decide(lands, Ok(()), |l, s| {
+            tried.borrow_mut().push((l, s.abi));
+            Ok(())
+        });
+        assert_eq!((s.layered, s.landlock_abi, s.fallback), (true, 7, None));
+        assert_eq!(tried.take(), vec![(true, 7)]);
+        // The pair fails (the bug of a relative store): Landlock is kept, the trees go whole.
+        let s = decide(lands, Ok(()), |l, s| {
+            tried.borrow_mut().push((l, s.abi));
+            if l && s.abi > 0 {
+                Err("`test`: No such file or directory".into())
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!((s.layered, s.landlock_abi), (false, 7));
+        assert!(s
+            .fallback
+            .unwrap()
+            .contains("layered trees under Landlock: `test`"));
+        assert_eq!(tried.take(), vec![(true, 7), (false, 7)]);
+        // Landlock fails whatever the tree: layered trees with the limits only.
+        let s = decide(lands, Ok(()), |_, s| {
+            if s.abi > 0 {
+                Err("EPERM".into())
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!((s.layered, s.landlock_abi, s.kernel_abi), (true, 0, 7));
+        // No overlay, no Landlock: nothing to try.
+        let s = decide(
+            Support { abi: 0 },
+            Err("no user namespaces".into()),
+            |l, s| {
+                tried.borrow_mut().push((l, s.abi));
+                Ok(())
+            },
+        );
+        assert_eq!((s.layered, s.landlock_abi), (false, 0));
+        assert!(tried.take().is_empty());
+        let why = s.fallback.unwrap();
+        assert!(
+            why.contains("no user namespaces") && why.contains("no Landlock"),
+            "{why}"
+        );
     }
 }
