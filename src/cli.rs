@@ -435,6 +435,33 @@ impl Incomplete {
     }
 }
 
+/// The branches of `view` that failed (their state `failed`), as the exit code's reason:
+/// a command that waited for a fork to finish exits 1 when any branch failed (README,
+/// "Exit codes"), after printing what it prints.
+pub(crate) fn failed_branches(view: &forkfleet_shared::api::ForkView) -> Option<Incomplete> {
+    let failed: Vec<String> = view
+        .branches
+        .iter()
+        .filter(|b| b.state == forkfleet_shared::state::BranchState::Failed)
+        .map(|b| match &b.error {
+            Some(e) => {
+                let short: String = e.chars().take(200).collect();
+                let more = if short.len() < e.len() { "…" } else { "" };
+                format!("`{}` ({short}{more})", b.label)
+            }
+            None => format!("`{}`", b.label),
+        })
+        .collect();
+    (!failed.is_empty()).then(|| {
+        Incomplete::Failed(format!(
+            "{} of {} failed: {}",
+            render::count(failed.len(), "branch", "branches"),
+            view.branches.len(),
+            failed.join("; ")
+        ))
+    })
+}
+
 /// What applying `report` (a merge, a rewind) to `dir` means for the exit code: errors
 /// are a failure, conflicts kept are exit 3, a clean apply is success.
 pub(crate) fn applied_in_full(what: &str, report: &FlushReport) -> anyhow::Result<()> {

@@ -568,6 +568,21 @@ pub fn cost_table(cost: &ForkCost) -> String {
         cost.mode.as_str(),
         cost.on_exhausted.as_str()
     );
+    let over: Vec<String> = cost
+        .branches
+        .iter()
+        .filter(|b| b.overrun_usd > 0.0)
+        .map(|b| format!("{} ${:.6}", b.label, money(b.overrun_usd)))
+        .collect();
+    if cost.overrun_usd > 0.0 || !over.is_empty() {
+        let _ = writeln!(
+            out,
+            "overrun past the caps: fork ${:.6}{}{} (billed past what was reserved: a provider generated beyond max_output_tokens, or best-effort mode's last call)",
+            money(cost.overrun_usd),
+            if over.is_empty() { "" } else { " · branches " },
+            over.join(", ")
+        );
+    }
     let u = &cost.usage;
     if u.input_tokens + u.output_tokens > 0 {
         let _ = writeln!(

@@ -265,8 +265,13 @@ pub async fn run_fork(
     };
     let requested = opts.pick.as_deref().or(solo_pick);
     let awaiting = !awaiting_labels(&view).is_empty();
-    // Nothing runs now: merge the pick only if it finished (not paused, not waiting).
-    let pick = requested.filter(|p| view.branch(p).is_some_and(|b| b.state.is_terminal()));
+    // Nothing runs now: merge the pick only if it finished (not paused, not waiting) and
+    // did not fail (its partial work stays in the fork, for `fork merge`).
+    let pick = requested.filter(|p| {
+        view.branch(p).is_some_and(|b| {
+            b.state.is_terminal() && b.state != forkfleet_shared::state::BranchState::Failed
+        })
+    });
     let merge = match pick {
         Some(pick) => {
             Some(merge_and_apply(coord, fork_id, pick, Some(&loaded.workspace), None).await?)

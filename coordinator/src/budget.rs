@@ -40,7 +40,7 @@ use crate::error::{list, CoordinatorError};
 use crate::store::{AccountRecord, BranchRecord, ForkRecord, ReservationRecord, RunStore};
 use forkfleet_bus::Bus;
 use forkfleet_shared::budget::{
-    remaining, AccountView, BranchCost, BudgetMode, BudgetPolicy, ForkCost, OnExhausted,
+    overrun, remaining, AccountView, BranchCost, BudgetMode, BudgetPolicy, ForkCost, OnExhausted,
 };
 use forkfleet_shared::clock::Clock;
 use forkfleet_shared::ids::{ForkId, ReservationId, RunId};
@@ -288,6 +288,7 @@ impl State {
             reserved_usd: reserved,
             cap_usd: r.cap,
             remaining_usd: remaining(r.cap, r.spent, reserved),
+            overrun_usd: overrun(r.cap, r.spent),
             calls: r.calls,
             cached_calls: r.cached_calls,
             stopped_at_ms: r.stopped_at_ms,
@@ -307,6 +308,7 @@ impl State {
             reserved_usd: reserved,
             cap_usd: f.cap,
             remaining_usd: remaining(f.cap, f.spent, reserved),
+            overrun_usd: overrun(f.cap, f.spent),
             crossed_at_ms: f.crossed_at_ms,
             branches: f.runs.iter().filter_map(|r| self.branch_cost(*r)).collect(),
             account: f

@@ -111,6 +111,19 @@ pub struct BudgetRequest {
     /// trace context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
+    /// The branch's previous call, as the worker counted it: its usage event may reach the
+    /// ledger after this request does, and a provider that billed past its reservation
+    /// must not have one more call granted meanwhile. The ledger counts it as settled for
+    /// this decision while the reservation is still held (its event settles it for good).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settles: Option<Settle>,
+}
+
+/// A call's actual cost, for the reservation that paid for it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Settle {
+    pub reservation: ReservationId,
+    pub cost_usd: f64,
 }
 
 impl WireMessage for BudgetRequest {
@@ -224,6 +237,10 @@ pub struct BranchCost {
     pub cap_usd: Option<f64>,
     /// `cap - spent - reserved`, never below 0; `None` without a cap.
     pub remaining_usd: Option<f64>,
+    /// Spent past its cap (`spent - cap`, 0 when within): what a provider billed past a
+    /// call's reservation, or best-effort mode's last call.
+    #[serde(default)]
+    pub overrun_usd: f64,
     /// Model calls paid for: the branch's `usage` events, those of fenced task attempts
     /// included (ADR 18).
     pub calls: u32,
@@ -265,6 +282,9 @@ pub struct ForkCost {
     /// The fork's aggregate cap (after top-ups), if any.
     pub cap_usd: Option<f64>,
     pub remaining_usd: Option<f64>,
+    /// Spent past the fork's cap (`spent - cap`, 0 when within).
+    #[serde(default)]
+    pub overrun_usd: f64,
     /// When a cap the fork is under was first found crossed or full (a refused
     /// reservation, or a usage report past a cap), milliseconds since the epoch.
     pub crossed_at_ms: Option<u64>,
@@ -282,6 +302,11 @@ pub struct ForkCost {
     /// What the prompt cache saved the branches, summed.
     #[serde(default)]
     pub cache_saved_usd: f64,
+}
+
+/// `spent - cap`, not below zero (0 without a cap): money spent past a cap.
+pub fn overrun(cap: Option<f64>, spent: f64) -> f64 {
+    cap.map_or(0.0, |c| (spent - c).max(0.0))
 }
 
 /// `cap - spent - reserved`, not below zero.

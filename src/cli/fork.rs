@@ -416,7 +416,10 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             if !json {
                 print_view(&view, false, coord.reach())?;
             }
-            Ok(())
+            match crate::cli::failed_branches(&view) {
+                Some(failed) => Err(failed.into()),
+                None => Ok(()),
+            }
         }),
         ForkCommand::Watch {
             fork,
@@ -445,7 +448,11 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
                     break view;
                 }
             };
-            print_view(&view, client.json, coord.reach())
+            print_view(&view, client.json, coord.reach())?;
+            match crate::cli::failed_branches(&view) {
+                Some(failed) => Err(failed.into()),
+                None => Ok(()),
+            }
         }),
         ForkCommand::Diff {
             fork,
@@ -902,7 +909,11 @@ pub(crate) async fn fork_create(
             .trim_end()
         ));
     }
-    Ok(())
+    // Embedded, the fork ran here: a branch that failed is this command's failure.
+    match crate::cli::failed_branches(&view).filter(|_| !coord.is_remote()) {
+        Some(failed) => Err(failed.into()),
+        None => Ok(()),
+    }
 }
 
 /// Where a merge is applied, and the git branch it is committed on.

@@ -351,8 +351,24 @@ async fn run_fork(
         ))
         .into());
     }
-    match &out.merge {
-        Some((_, report)) => applied_in_full("the merge", report),
+    if let Some(p) = &args.pick {
+        if let Some(b) = out
+            .view
+            .branch(p)
+            .filter(|b| b.state == forkfleet_shared::state::BranchState::Failed)
+        {
+            return Err(Incomplete::Failed(format!(
+                "--pick `{p}` failed ({}): nothing was merged; its partial work stays in the fork: merge it anyway with `forkfleet fork merge {fork_id} --pick {p}{data_flag}`",
+                b.error.as_deref().unwrap_or("no reason recorded")
+            ))
+            .into());
+        }
+    }
+    if let Some((_, report)) = &out.merge {
+        applied_in_full("the merge", report)?;
+    }
+    match crate::cli::failed_branches(&out.view) {
+        Some(failed) => Err(failed.into()),
         None => Ok(()),
     }
 }

@@ -172,3 +172,68 @@ fn every_command_exits_by_the_rule() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// A project of two branches: `good` finishes, `bad` runs out of scripted turns (its second
+/// model call fails).
+fn one_fails() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("ws")).unwrap();
+    std::fs::write(dir.path().join("ws/a.txt"), "a\n").unwrap();
+    std::fs::write(
+        dir.path().join("script.toml"),
+        "[[turns.good]]\ntool_calls = [{ name = \"write_file\", args = { path = \"b.txt\", content = \"b\\n\" } }]\n\n[[turns.good]]\ntext = \"done\"\n\n[[turns.bad]]\ntool_calls = [{ name = \"read_file\", args = { path = \"a.txt\" } }]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("fork.toml"),
+        "goal = \"g\"\nworkspace = \"ws\"\nmodel = \"scripted:x\"\n\n[models.\"scripted:x\"]\nscript = \"script.toml\"\n\n[[branches]]\nlabel = \"good\"\n\n[[branches]]\nlabel = \"bad\"\n",
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn a_failed_branch_makes_run_create_and_watch_exit_1() {
+    let p = one_fails();
+    let spec = p.path().join("fork.toml");
+    let spec = path_str(&spec);
+    let data = p.path().join(".forkfleet");
+    let data = path_str(&data);
+
+    // `run`: everything printed (the JSON document too), then exit 1 naming the branch.
+    let out = forkfleet(&["run", spec, "--json"]);
+    let doc = super::harness::json_exit(&out, 1);
+    let fork = doc["fork_id"].as_str().unwrap().to_string();
+    let err = stderr(&out);
+    assert!(
+        err.contains("1 branch of 2 failed") && err.contains("`bad`"),
+        "{err}"
+    );
+    // `fork watch` of it, on a finished fork: the same.
+    let out = forkfleet(&["fork", "watch", &fork, "--data", data]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("`bad`"), "{}", stderr(&out));
+
+    // `--pick` of the failed branch: nothing merged, exit 1, a hint that can be followed.
+    let out = forkfleet(&["run", spec, "--pick", "bad", "--json"]);
+    let doc = super::harness::json_exit(&out, 1);
+    assert!(doc.get("merge").is_none_or(|m| m.is_null()), "{doc}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("--pick `bad` failed") && err.contains("nothing was merged"),
+        "{err}"
+    );
+    assert!(!p.path().join("ws/b.txt").exists());
+
+    // `--pick` of the good one: merged, and still 1 (a branch asked for failed).
+    let out = forkfleet(&["run", spec, "--pick", "good"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(p.path().join("ws/b.txt")).unwrap(),
+        "b\n"
+    );
+
+    // `fork create`, embedded: runs the fork here, so its failure is this command's.
+    let out = forkfleet(&["fork", "create", spec, "--data", data]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+}

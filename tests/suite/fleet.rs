@@ -353,11 +353,23 @@ impl Fleet {
         }
     }
 
-    /// `fork watch` to the end: the final view.
+    /// `fork watch` to the end: the final view (exit 0, or 1 when a branch failed).
     pub(super) fn watch(&self, id: &str) -> Value {
         let watched = self.client(&["fork", "watch", id, "--json", "--timeout-s", "50"]);
-        assert_eq!(watched.code, Some(0), "{}\n{}", watched.stderr, self.logs());
-        watched.json()
+        let doc: Value = serde_json::from_str(&watched.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", watched.stdout, watched.stderr));
+        let failed = doc["branches"]
+            .as_array()
+            .is_some_and(|bs| bs.iter().any(|b| b["state"] == "failed"));
+        let want = if failed { 1 } else { 0 };
+        assert_eq!(
+            watched.code,
+            Some(want),
+            "{}\n{}",
+            watched.stderr,
+            self.logs()
+        );
+        doc
     }
 
     /// A run's log (`forkfleet log --json`).

@@ -134,6 +134,18 @@ fn superseded(by: u32, attempt: u32) -> String {
     )
 }
 
+/// True when a steer waits for the next turn: filed during the last call, or sent since
+/// (the control commands that arrived are filed now). A stop among them wins: no turn.
+fn steers_waiting(state: &mut AgentState) -> bool {
+    let (run_id, attempt) = (state.task.run_id, state.out.attempt);
+    while let Some(bytes) = state.control.as_mut().and_then(|rx| rx.try_recv().ok()) {
+        if let Some(step) = state.pending.file(&bytes, run_id, attempt) {
+            state.pending.halt.get_or_insert(step);
+        }
+    }
+    !state.pending.steers.is_empty() && state.pending.halt.is_none()
+}
+
 /// The loaded branch.
 struct Run {
     provider: Arc<dyn ModelProvider>,
@@ -145,6 +157,9 @@ struct Run {
     /// from here (0 before any follow-up).
     turn_base: u32,
     spent_usd: f64,
+    /// The last call's reservation and cost, sent with the next reservation request (its
+    /// usage event may reach the ledger later).
+    last_settle: Option<forkfleet_shared::budget::Settle>,
     /// The forks this branch's agent made (fork tools, ADR 14).
     forks: AgentForks,
     /// The hash of `history` so far, extended before each call (request hashes).
@@ -307,6 +322,12 @@ impl Actor for BranchAgent {
         match step {
             Step::Continue => {
                 // Fails only when the actor is already stopping (a hand-back).
+                let _ = myself.cast(AgentMsg::Turn);
+            }
+            // A steer that came during the last model call (the answer ended the branch)
+            // is not dropped: it starts one more turn, which applies it first.
+            Step::Finish(BranchState::Done, _) if steers_waiting(state) => {
+                tracing::info!(parent: &span, "a steer came during the last model call: one more turn applies it");
                 let _ = myself.cast(AgentMsg::Turn);
             }
             Step::Finish(end, error) => {

@@ -83,17 +83,38 @@ pub struct ModelRequest<'a> {
 /// The running usage of a streamed call (input as reported or estimated, output so far at
 /// four characters a token); `None` before its first event.
 #[derive(Debug, Default)]
-pub struct StreamMeter(std::sync::Mutex<Option<Usage>>);
+pub struct StreamMeter {
+    usage: std::sync::Mutex<Option<Usage>>,
+    /// Some of the answer arrived: the provider generated (and bills) it, even if the call
+    /// then fails.
+    generated: std::sync::atomic::AtomicBool,
+}
 
 impl StreamMeter {
     pub fn set(&self, usage: Usage) {
-        if let Ok(mut u) = self.0.lock() {
+        if let Ok(mut u) = self.usage.lock() {
             *u = Some(usage);
         }
     }
 
     pub fn get(&self) -> Option<Usage> {
-        self.0.lock().ok().and_then(|u| *u)
+        self.usage.lock().ok().and_then(|u| *u)
+    }
+
+    /// Some of the answer arrived.
+    pub fn mark_generated(&self) {
+        self.generated
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The usage of a call that failed after some of its answer arrived (what the provider
+    /// bills for it, estimated); `None` when nothing of an answer came.
+    pub fn generated(&self) -> Option<Usage> {
+        if self.generated.load(std::sync::atomic::Ordering::Relaxed) {
+            self.get()
+        } else {
+            None
+        }
     }
 }
 
@@ -126,12 +147,20 @@ impl<'a> ModelRequest<'a> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpendCap {
     pub price: forkfleet_shared::pricing::Price,
-    /// USD the branch may still spend (its cap less what it spent).
+    /// USD the call may still spend: the branch's cap less what it spent (best-effort
+    /// mode), or the call's reservation (strict mode).
     pub remaining_usd: f64,
+    /// The bound is the call's reservation (strict mode): an answer cut by it is marked
+    /// [`RESERVATION_CUT`], not [`BUDGET_CUT`].
+    pub reservation: bool,
 }
 
 /// The finish reason of an answer cut mid-stream by its [`SpendCap`].
 pub const BUDGET_CUT: &str = "budget_cut";
+
+/// The finish reason of an answer cut mid-stream because its cost reached the call's
+/// reservation (strict mode): the provider generated past `max_output_tokens`.
+pub const RESERVATION_CUT: &str = "reservation_cut";
 
 /// True when `finish_reason` says the answer was cut at the output cap (OpenAI's `length`,
 /// Anthropic's `max_tokens`, the Responses API's `max_output_tokens`).

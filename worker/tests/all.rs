@@ -16,6 +16,7 @@ mod suite {
     mod run_command;
     mod runner;
     mod sandbox;
+    mod streams;
     mod tools;
     mod trace;
     mod turns;

@@ -57,10 +57,37 @@ impl Ledger {
                 out,
             );
         }
-        let (fork_id, run_cap, run_spent) = (run.fork, run.cap, run.spent);
-        let run_reserved = s.reserved(|r| r.run_id == req.run_id);
+        let (fork_id, run_cap) = (run.fork, run.cap);
+        // The previous call's cost as the worker counted it, while its reservation is held
+        // (its usage event not in yet): counted as spent, its reservation as released. At
+        // every level: the branch's fork and account hold the same reservation.
+        let (pending_spent, pending_reserved) = req
+            .settles
+            .and_then(|st| {
+                let held = s.reservations.get(&st.reservation)?;
+                let cost = if st.cost_usd.is_finite() {
+                    st.cost_usd.max(0.0)
+                } else {
+                    0.0
+                };
+                (held.run_id == req.run_id).then_some((cost, held.usd))
+            })
+            .unwrap_or((0.0, 0.0));
+        // Spent (with the pending call) and reserved (without it) under one cap.
+        let counted = |spent: f64, reserved: f64| {
+            (
+                spent + pending_spent,
+                (reserved - pending_reserved).max(0.0),
+            )
+        };
+        // No room: the call does not fit, or the cap is reached already (a call estimated
+        // at nothing is not granted past it).
+        let full = |spent: f64, reserved: f64, cap: f64| {
+            spent + reserved + est > cap + EPSILON || spent + EPSILON >= cap
+        };
+        let (run_spent, run_reserved) = counted(run.spent, s.reserved(|r| r.run_id == req.run_id));
         if let Some(cap) = run_cap {
-            if run_spent + run_reserved + est > cap + EPSILON {
+            if full(run_spent, run_reserved, cap) {
                 let reason = format!(
                     "branch cap {} reached (at refusal: spent {}, reserved {}; the call needed up to {})",
                     money(cap),
@@ -89,9 +116,9 @@ impl Ledger {
                 out,
             );
         };
-        let (fork_cap, fork_spent, fork_exhausted) = (fork.cap, fork.spent, fork.exhausted);
+        let (fork_cap, fork_exhausted) = (fork.cap, fork.exhausted);
         let account = fork.policy.account.clone();
-        let fork_reserved = s.reserved(|r| r.fork_id == fork_id);
+        let (fork_spent, fork_reserved) = counted(fork.spent, s.reserved(|r| r.fork_id == fork_id));
         let refuse = |s: &mut State, level: Level, reason: String, out: &mut Actions| {
             let scope = if level == Level::Account {
                 "account"
@@ -118,7 +145,7 @@ impl Ledger {
             }
         };
         if let Some(cap) = fork_cap {
-            if fork_exhausted || fork_spent + fork_reserved + est > cap + EPSILON {
+            if fork_exhausted || full(fork_spent, fork_reserved, cap) {
                 let reason = format!(
                     "fork cap {} reached (at refusal: spent {}, reserved {}; the call needed up to {})",
                     money(cap),
@@ -142,9 +169,11 @@ impl Ledger {
             };
             let (cap, exhausted) = (a.record.cap_usd, a.exhausted);
             if let Some(cap) = cap {
-                let spent = s.account_spent(name);
-                let reserved = s.reserved(|r| r.account.as_deref() == Some(name.as_str()));
-                if exhausted || spent + reserved + est > cap + EPSILON {
+                let (spent, reserved) = counted(
+                    s.account_spent(name),
+                    s.reserved(|r| r.account.as_deref() == Some(name.as_str())),
+                );
+                if exhausted || full(spent, reserved, cap) {
                     let reason = format!(
                         "account `{name}` cap {} reached (at refusal: spent {}, reserved {}; the call needed up to {})",
                         money(cap),

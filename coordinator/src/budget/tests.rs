@@ -141,6 +141,18 @@ impl Fx {
     }
 
     fn reserve(&self, fork: &Fork, branch: usize, attempt: u32, usd: f64) -> BudgetReply {
+        self.reserve_settling(fork, branch, attempt, usd, None)
+    }
+
+    /// [`Fx::reserve`], saying what the branch's previous call cost.
+    fn reserve_settling(
+        &self,
+        fork: &Fork,
+        branch: usize,
+        attempt: u32,
+        usd: f64,
+        settles: Option<forkfleet_shared::budget::Settle>,
+    ) -> BudgetReply {
         let (reply, _actions) = self.ledger.reserve(&BudgetRequest {
             fork_id: fork.id,
             run_id: fork.runs[branch],
@@ -148,6 +160,7 @@ impl Fx {
             estimate_usd: usd,
             estimate: Usage::default(),
             trace: None,
+            settles,
         });
         reply
     }
@@ -167,6 +180,47 @@ fn granted(reply: BudgetReply) -> ReservationId {
         BudgetReply::Granted { reservation } => reservation,
         other => panic!("not granted: {other:?}"),
     }
+}
+
+#[test]
+fn a_call_billed_past_its_reservation_gets_no_next_one_before_its_usage_arrives() {
+    use forkfleet_shared::budget::Settle;
+    let fx = Fx::new();
+    // A branch cap of $0.05 and a fork cap of $1: the branch's first call reserves $0.01.
+    let fork = fx.fork(Some(1.0), &[Some(0.05), None], BudgetPolicy::default());
+    let first = granted(fx.reserve(&fork, 0, 1, 0.01));
+    // The provider billed $0.80 for it. The worker asks for its next call before the
+    // usage event reaches the ledger, saying what the first cost: refused at the branch.
+    let settles = Some(Settle {
+        reservation: first,
+        cost_usd: 0.80,
+    });
+    let reply = fx.reserve_settling(&fork, 0, 1, 0.01, settles);
+    let BudgetReply::Refused { state, reason } = reply else {
+        panic!("granted past the cap: {reply:?}");
+    };
+    assert_eq!(state, BranchState::BudgetExhausted);
+    assert!(reason.contains("spent $0.800000"), "{reason}");
+    // Only the branch's own requests say it: another branch's request naming that
+    // reservation is not taken at its word (the fork has not seen the $0.80 yet).
+    let reply = fx.reserve_settling(&fork, 1, 1, 0.25, settles);
+    assert!(matches!(reply, BudgetReply::Granted { .. }), "{reply:?}");
+    // Once the event settles the reservation, the ledger has it for good; `settles` of a
+    // reservation no longer held counts nothing twice.
+    let _ = fx.ledger.on_usage(fork.runs[0], 0.80, Some(first));
+    let cost = fx.cost(&fork);
+    assert!((cost.spent_usd - 0.80).abs() < 1e-9);
+    let b = &cost.branches[0];
+    assert!((b.overrun_usd - 0.75).abs() < 1e-9, "{b:?}");
+    assert_eq!(cost.overrun_usd, 0.0);
+    // A spend at its cap gets nothing more, even a call estimated at nothing.
+    let at_cap = fx.fork(None, &[Some(0.05)], BudgetPolicy::default());
+    let r = granted(fx.reserve(&at_cap, 0, 1, 0.05));
+    let _ = fx.ledger.on_usage(at_cap.runs[0], 0.05, Some(r));
+    assert!(matches!(
+        fx.reserve(&at_cap, 0, 1, 0.0),
+        BudgetReply::Refused { .. }
+    ));
 }
 
 #[test]

@@ -41,6 +41,7 @@ pub(super) async fn reserve_traced(
         estimate_usd: usd,
         estimate: Usage::default(),
         trace,
+        settles: None,
     };
     let bytes = within(
         fx.bus

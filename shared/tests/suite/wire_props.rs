@@ -274,6 +274,7 @@ fn budget_request() -> impl Strategy<Value = BudgetRequest> {
             estimate_usd,
             estimate,
             trace: None,
+            settles: None,
         },
     )
 }

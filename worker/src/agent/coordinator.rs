@@ -124,6 +124,7 @@ pub(super) async fn reserve(
     task: &BranchTask,
     attempt: u32,
     estimate: Usage,
+    settles: Option<forkfleet_shared::budget::Settle>,
 ) -> Result<Reserved, WorkerError> {
     let estimate_usd = task.price.map_or(0.0, |p| estimate_cost(&p, &estimate));
     let req = wire::encode(&BudgetRequest {
@@ -133,6 +134,7 @@ pub(super) async fn reserve(
         estimate_usd,
         estimate,
         trace: forkfleet_shared::trace::current_traceparent(),
+        settles,
     })?;
     let reserved = ask_coordinator(
         bus,

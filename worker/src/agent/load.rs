@@ -190,6 +190,7 @@ pub(super) async fn load(
         turns,
         turn_base,
         spent_usd,
+        last_settle: None,
         forks: AgentForks::from_log(log()),
         messages_hash: Default::default(),
         hasher: None,

@@ -9,7 +9,26 @@ use super::{lease_lost, AgentState, Publisher, Run, Step};
 use crate::error::WorkerError;
 use crate::forktools::{is_fork_tool, ForkCall, MERGE_OR_SELECT};
 use crate::genai::{error_type, tool_failed, tool_span, ChatSpan};
-use crate::provider::{is_truncated, ModelRequest, SpendCap, StreamMeter, BUDGET_CUT};
+use crate::provider::{
+    is_truncated, ModelRequest, SpendCap, StreamMeter, BUDGET_CUT, RESERVATION_CUT,
+};
+use forkfleet_shared::budget::{estimate_cost, Settle};
+
+/// How far past its reservation a streamed answer may run before it is cut (strict mode):
+/// its output is estimated at four characters a token as it streams, which a legitimate
+/// answer of `max_output_tokens` may exceed a little.
+const RESERVATION_MARGIN: f64 = 1.25;
+
+/// What the next reservation request says of this call.
+fn settle(
+    reservation: Option<forkfleet_shared::ids::ReservationId>,
+    cost_usd: f64,
+) -> Option<Settle> {
+    reservation.map(|reservation| Settle {
+        reservation,
+        cost_usd,
+    })
+}
 use crate::tools::ToolBox;
 use crate::warmup::{self, Turn};
 use forkfleet_shared::budget::OnExhausted;
@@ -176,11 +195,12 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 (false, OnExhausted::Stop, Some(budget), Some(price)) => Some(SpendCap {
                     price,
                     remaining_usd: (budget - run.spent_usd).max(0.0),
+                    reservation: false,
                 }),
                 _ => None,
             };
             let meter = StreamMeter::default();
-            let req = ModelRequest {
+            let mut req = ModelRequest {
                 model: &task.model,
                 messages: &run.history,
                 tools: tools.specs(),
@@ -231,7 +251,15 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             };
             let reservation = if task.reserve {
                 let estimate = run.provider.estimate(&req);
-                let reserving = reserve(&ctx.bus, task, attempt, estimate);
+                // Strict mode holds against a provider that bills past the output cap: the
+                // answer is metered as it streams and cut once its running cost passes the
+                // reservation (with a margin for the four-characters-a-token estimate).
+                req.spend_cap = task.price.map(|price| SpendCap {
+                    price,
+                    remaining_usd: estimate_cost(&price, &estimate) * RESERVATION_MARGIN,
+                    reservation: true,
+                });
+                let reserving = reserve(&ctx.bus, task, attempt, estimate, run.last_settle);
                 match until_halted(reserving, control, task.run_id, attempt, pending, None).await {
                     Err(step) => return Ok(step),
                     Ok(granted) => match granted? {
@@ -276,6 +304,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                     if let (Step::Finish(..), Some(usage)) = (&step, meter.get()) {
                         let cost_usd = task.price.map_or(0.0, |p| p.cost(&usage));
                         run.spent_usd += cost_usd;
+                        run.last_settle = settle(reservation, cost_usd);
                         out.publish(Event::Usage {
                             model: task.model.clone(),
                             usage,
@@ -291,6 +320,21 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 Ok(Err(e)) => {
                     chat.failed(&error_type(&e));
                     tracing::warn!(error = %e, "model call failed");
+                    // A stream that broke after some of the answer: the provider generated
+                    // it and bills it; it is counted (estimated from what arrived).
+                    if let Some(usage) = meter.generated() {
+                        let cost_usd = task.price.map_or(0.0, |p| p.cost(&usage));
+                        run.spent_usd += cost_usd;
+                        run.last_settle = settle(reservation, cost_usd);
+                        out.publish(Event::Usage {
+                            model: task.model.clone(),
+                            usage,
+                            cost_usd,
+                            reservation,
+                            cached: false,
+                        })
+                        .await?;
+                    }
                     return Ok(Step::Finish(
                         BranchState::Failed,
                         Some(format!("model call failed: {e}")),
@@ -311,6 +355,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             let cost_usd = task.price.map_or(0.0, |p| p.cost(&reply.usage));
             chat.replied(&reply, task.price.map(|_| cost_usd));
             run.spent_usd += cost_usd;
+            run.last_settle = settle(reservation, cost_usd);
             out.publish(Event::Usage {
                 model: task.model.clone(),
                 usage: reply.usage,
@@ -330,7 +375,16 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
         }
     };
     let cut = finish_reason.as_deref() == Some(BUDGET_CUT);
-    let truncated = is_truncated(finish_reason.as_deref());
+    // Cut at its reservation: the provider went past `max_output_tokens`; the answer is
+    // treated as one cut at the output cap (`on_truncated`).
+    let reservation_cut = finish_reason.as_deref() == Some(RESERVATION_CUT);
+    if reservation_cut {
+        tracing::warn!(
+            max_output_tokens = task.max_output_tokens,
+            "the provider streamed past max_output_tokens: the answer was cut when its cost reached the call's reservation"
+        );
+    }
+    let truncated = is_truncated(finish_reason.as_deref()) || reservation_cut;
     // A fork the response asks for gets the history before it.
     let cutoff_seq = out.seq.saturating_sub(1);
     let response = out

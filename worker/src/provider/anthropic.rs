@@ -503,6 +503,8 @@ pub struct MessagesStream {
     inputs: Vec<String>,
     usage: serde_json::Map<String, Value>,
     stop_reason: Option<String>,
+    /// `message_stop` arrived.
+    stopped: bool,
     model: Option<String>,
     chars: u64,
 }
@@ -569,6 +571,7 @@ impl StreamState for MessagesStream {
                 }
                 self.merge_usage(v.get("usage"));
             }
+            "message_stop" => self.stopped = true,
             "error" => {
                 let error = v.get("error").unwrap_or(&v);
                 return Err(error
@@ -583,6 +586,10 @@ impl StreamState for MessagesStream {
 
     fn output_chars(&self) -> u64 {
         self.chars
+    }
+
+    fn finished(&self) -> bool {
+        self.stopped || self.stop_reason.is_some()
     }
 
     fn input_usage(&self) -> Option<Usage> {

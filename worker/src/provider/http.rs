@@ -53,7 +53,7 @@
 use super::sse::SseParser;
 use super::{
     estimate_tokens, request_tokens, size_estimate, upper_bound_estimate, ModelProvider,
-    ModelReply, ModelRequest, BUDGET_CUT,
+    ModelReply, ModelRequest, BUDGET_CUT, RESERVATION_CUT,
 };
 use crate::error::WorkerError;
 use async_trait::async_trait;
@@ -176,6 +176,19 @@ pub trait StreamState: Default + Send {
     fn body(&self) -> serde_json::Value;
     /// The text streamed so far (`None`: none).
     fn text(&self) -> Option<String>;
+    /// The provider said the answer is complete: its finish reason or its final event
+    /// (OpenAI's `[DONE]` is seen by the reader itself). A stream that ends without it was
+    /// cut short, whatever it carried.
+    fn finished(&self) -> bool;
+}
+
+/// How a streamed answer went wrong.
+enum StreamFailure {
+    /// Before any of the answer arrived (an error event first, a stream that ended or
+    /// broke empty): the call is tried again, as an HTTP error would be.
+    Empty(WorkerError),
+    /// After some of it arrived: the call failed; what streamed was generated, and billed.
+    Partial(WorkerError),
 }
 
 /// A real model provider: a [`Dialect`] spoken over HTTP with the settings of one (model,
@@ -246,32 +259,56 @@ impl<D: Dialect> HttpProvider<D> {
         }
     }
 
-    /// Read a streamed answer (see the module docs).
+    /// Read a streamed answer (see the module docs): each chunk within the call's
+    /// `timeout_s` of the one before (an idle bound: a long healthy stream is never cut),
+    /// finished only when the provider said so.
     async fn read_stream(
         &self,
         mut resp: reqwest::Response,
         req: &ModelRequest<'_>,
-    ) -> Result<ModelReply, WorkerError> {
+    ) -> Result<ModelReply, StreamFailure> {
         let mut parser = SseParser::default();
         let mut state = D::Stream::default();
         let api = &self.api;
-        let apply = |state: &mut D::Stream, name: &str, data: &str| {
-            if data.trim() == "[DONE]" {
-                return Ok(());
+        let mut done = false;
+        // Nothing of the answer yet: a failure now is tried again.
+        let fail = |state: &D::Stream, e: WorkerError| {
+            if state.output_chars() == 0 {
+                StreamFailure::Empty(e)
+            } else {
+                StreamFailure::Partial(e)
             }
-            state
-                .event(name, data)
-                .map_err(|message| api.stream_error(&message))
         };
         loop {
-            let chunk = resp.chunk().await.map_err(|e| {
-                api.bad_response(format!("the answer's stream broke: {}", error_chain(&e)))
-            })?;
+            let chunk = match tokio::time::timeout(api.timeout, resp.chunk()).await {
+                Ok(Ok(chunk)) => chunk,
+                Ok(Err(e)) => {
+                    let e =
+                        api.bad_response(format!("the answer's stream broke: {}", error_chain(&e)));
+                    return Err(fail(&state, e));
+                }
+                Err(_) => {
+                    let e = api.bad_response(format!(
+                        "the answer's stream stalled: nothing for {} s (timeout_s bounds the wait between chunks)",
+                        api.timeout.as_secs_f64()
+                    ));
+                    return Err(fail(&state, e));
+                }
+            };
             let Some(chunk) = chunk else { break };
             for ev in parser.push(&chunk) {
-                apply(&mut state, &ev.name, &ev.data)?;
+                if ev.data.trim() == "[DONE]" {
+                    done = true;
+                    continue;
+                }
+                if let Err(message) = state.event(&ev.name, &ev.data) {
+                    return Err(fail(&state, api.stream_error(&message)));
+                }
                 if let Some(meter) = req.meter {
                     meter.set(running_usage(&state, req));
+                    if state.output_chars() > 0 {
+                        meter.mark_generated();
+                    }
                 }
                 let Some(cap) = req.spend_cap else { continue };
                 let usage = running_usage(&state, req);
@@ -281,29 +318,100 @@ impl<D: Dialect> HttpProvider<D> {
                         model = %api.model,
                         output_tokens = usage.output_tokens,
                         remaining_usd = cap.remaining_usd,
-                        "the answer was cut mid-stream: its running cost passed the branch's cap"
+                        "the answer was cut mid-stream: its running cost passed what the call may spend"
                     );
-                    return Ok(self.cut(&state, usage));
+                    return Ok(self.cut(&state, usage, cap.reservation));
                 }
             }
         }
         if let Some(ev) = parser.finish() {
-            apply(&mut state, &ev.name, &ev.data)?;
+            if ev.data.trim() == "[DONE]" {
+                done = true;
+            } else if let Err(message) = state.event(&ev.name, &ev.data) {
+                return Err(fail(&state, api.stream_error(&message)));
+            }
         }
-        let body = serde_json::to_vec(&state.body())
-            .map_err(|e| api.bad_response(format!("cannot read the streamed answer: {e}")))?;
-        D::reply(api, &body, req)
+        if !done && !state.finished() {
+            let e = api.bad_response(format!(
+                "the answer's stream ended before the provider said the answer was finished (no finish reason or final event; {} characters received)",
+                state.output_chars()
+            ));
+            return Err(fail(&state, e));
+        }
+        let body = serde_json::to_vec(&state.body()).map_err(|e| {
+            StreamFailure::Partial(
+                api.bad_response(format!("cannot read the streamed answer: {e}")),
+            )
+        })?;
+        D::reply(api, &body, req).map_err(StreamFailure::Partial)
+    }
+
+    /// A streamed call: sent (HTTP errors retried by [`Api::send`]) and read; a stream that
+    /// failed before any of its answer arrived is tried again, within the same number of
+    /// tries.
+    async fn complete_streamed(
+        &self,
+        body: Bytes,
+        messages: usize,
+        req: &ModelRequest<'_>,
+    ) -> Result<ModelReply, WorkerError> {
+        let tries = self.api.max_retries.saturating_add(1);
+        let mut attempt = 1;
+        loop {
+            let resp = self.api.send(body.clone(), messages, stream_start).await?;
+            if !is_event_stream(resp.headers()) {
+                // A server that ignored `stream`: its answer is the plain body.
+                let answer = tokio::time::timeout(self.api.timeout, resp.bytes())
+                    .await
+                    .map_err(|_| {
+                        self.api.bad_response(format!(
+                            "no whole answer within {} s (timeout_s)",
+                            self.api.timeout.as_secs_f64()
+                        ))
+                    })?
+                    .map_err(|e| {
+                        self.api
+                            .bad_response(format!("cannot read the answer: {}", error_chain(&e)))
+                    })?;
+                return D::reply(&self.api, &answer, req);
+            }
+            match self.read_stream(resp, req).await {
+                Ok(reply) => return Ok(reply),
+                Err(StreamFailure::Partial(e)) => return Err(e),
+                Err(StreamFailure::Empty(e)) if attempt < tries => {
+                    let wait = self.api.backoff.jittered(attempt);
+                    tracing::warn!(
+                        provider = self.api.vendor.provider,
+                        model = %self.api.model,
+                        attempt,
+                        wait_ms = wait.as_millis() as u64,
+                        last = %e,
+                        "model api stream failed before any answer; retrying"
+                    );
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                Err(StreamFailure::Empty(e)) => return Err(e),
+            }
+        }
     }
 
     /// The partial answer of a stream cut by its spend cap: its text so far (tool calls
     /// in progress are dropped), marked [`BUDGET_CUT`], with `usage` (estimated).
-    fn cut(&self, state: &D::Stream, usage: Usage) -> ModelReply {
+    fn cut(&self, state: &D::Stream, usage: Usage, reservation: bool) -> ModelReply {
         ModelReply {
             text: state.text(),
             tool_calls: Vec::new(),
             usage,
             response_model: None,
-            finish_reason: Some(BUDGET_CUT.to_string()),
+            finish_reason: Some(
+                if reservation {
+                    RESERVATION_CUT
+                } else {
+                    BUDGET_CUT
+                }
+                .to_string(),
+            ),
             reasoning: None,
         }
     }
@@ -336,17 +444,7 @@ impl<D: Dialect> ModelProvider for HttpProvider<D> {
             meter.set(running_usage(&D::Stream::default(), req));
         }
         let reply = if self.api.settings.stream {
-            let resp = self.api.send(body.into(), messages, stream_start).await?;
-            if is_event_stream(resp.headers()) {
-                self.read_stream(resp, req).await?
-            } else {
-                // A server that ignored `stream`: its answer is the plain body.
-                let answer = resp.bytes().await.map_err(|e| {
-                    self.api
-                        .bad_response(format!("cannot read the answer: {}", error_chain(&e)))
-                })?;
-                D::reply(&self.api, &answer, req)?
-            }
+            self.complete_streamed(body.into(), messages, req).await?
         } else {
             let answer = self.api.send(body.into(), messages, whole_body).await?;
             D::reply(&self.api, &answer, req)?
@@ -678,14 +776,36 @@ impl Api {
         let mut last_status = None;
         for attempt in 1..=tries {
             let started = Instant::now();
-            let sent = self
+            let request = self
                 .client
                 .post(&self.url)
                 .headers(headers.clone())
-                .timeout(self.timeout)
-                .body(body.clone())
-                .send()
-                .await;
+                .body(body.clone());
+            // A whole answer is bounded by `timeout_s` as a whole; a stream only up to its
+            // status and headers (its chunks each by the same bound, `read_stream`).
+            let request = if self.settings.stream {
+                request
+            } else {
+                request.timeout(self.timeout)
+            };
+            let Ok(sent) = tokio::time::timeout(self.timeout, request.send()).await else {
+                last = format!(
+                    "no answer within {} s (timeout_s)",
+                    self.timeout.as_secs_f64()
+                );
+                last_status = None;
+                tracing::debug!(
+                    provider = self.vendor.provider,
+                    model = %self.model,
+                    attempt,
+                    error = %last,
+                    "model api attempt got no answer"
+                );
+                if attempt < tries {
+                    tokio::time::sleep(self.backoff.jittered(attempt)).await;
+                }
+                continue;
+            };
             let answer = match sent {
                 Ok(resp) if resp.status().is_success() => {
                     success(resp).await.map(|done| Ok((StatusCode::OK, done)))

@@ -465,6 +465,32 @@ struct DeltaFunction {
     arguments: Option<String>,
 }
 
+impl ChatStream {
+    /// The slot of a tool-call delta: its `index`; without one (Gemini's compatible
+    /// endpoint sends none) the call with its `id`, else a new call when it names a
+    /// function and the last call has a name already, else the last call.
+    fn slot_of(&self, call: &DeltaCall) -> usize {
+        if let Some(i) = call.index {
+            return i;
+        }
+        if let Some(id) = &call.id {
+            return self
+                .calls
+                .iter()
+                .position(|c| c.0.as_deref() == Some(id.as_str()))
+                .unwrap_or(self.calls.len());
+        }
+        let names = call
+            .function
+            .as_ref()
+            .is_some_and(|f| f.name.as_deref().is_some_and(|n| !n.is_empty()));
+        match self.calls.last() {
+            Some(last) if !names || last.1.is_empty() => self.calls.len() - 1,
+            _ => self.calls.len(),
+        }
+    }
+}
+
 impl StreamState for ChatStream {
     fn event(&mut self, _name: &str, data: &str) -> Result<(), String> {
         let chunk: Chunk =
@@ -491,7 +517,7 @@ impl StreamState for ChatStream {
                 self.text.push_str(&text);
             }
             for call in delta.tool_calls {
-                let i = call.index.unwrap_or(self.calls.len().saturating_sub(1));
+                let i = self.slot_of(&call);
                 while self.calls.len() <= i {
                     self.calls.push((None, String::new(), String::new()));
                 }
@@ -526,6 +552,10 @@ impl StreamState for ChatStream {
 
     fn text(&self) -> Option<String> {
         (!self.text.is_empty()).then(|| self.text.clone())
+    }
+
+    fn finished(&self) -> bool {
+        self.finish_reason.is_some()
     }
 
     fn body(&self) -> Value {

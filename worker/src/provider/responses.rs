@@ -308,6 +308,10 @@ impl StreamState for ResponsesStream {
         (!self.text.is_empty()).then(|| self.text.clone())
     }
 
+    fn finished(&self) -> bool {
+        self.done.is_some()
+    }
+
     fn body(&self) -> Value {
         match &self.done {
             Some(response) => response.clone(),

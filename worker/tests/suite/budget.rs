@@ -602,6 +602,60 @@ text = "done"
 }
 
 #[tokio::test]
+async fn a_steer_sent_during_the_last_call_starts_one_more_turn() {
+    let fx = Fixture::new().await;
+    // One answer with no tool call: the call that would end the branch.
+    let task = strict(
+        &fx,
+        "last",
+        r#"
+[[turns."*"]]
+text = "all done"
+
+[[turns."*"]]
+text = "steered too"
+"#,
+    );
+    let (mut answered, mut held) = serve_budget_holding(&fx, 1).await;
+    fx.enqueue(&task).await;
+    let mut events = fx.events().await;
+    let worker = start(&fx, config(1)).await;
+    // The steer comes while the (last) call's turn is under way.
+    held.arrived().await;
+    fx.send(
+        task.run_id,
+        ControlCommand::Steer {
+            text: "one more thing".into(),
+        },
+    )
+    .await;
+    held.release.send(()).unwrap();
+    next_answer(&mut answered).await;
+    events.until_terminal(&[task.run_id]).await;
+    shutdown(worker).await;
+
+    assert_eq!(
+        events.terminal(task.run_id),
+        Some((BranchState::Done, None))
+    );
+    let log = events.of(task.run_id);
+    let kinds: Vec<&str> = log.iter().map(|e| e.kind()).collect();
+    let steer = kinds
+        .iter()
+        .position(|k| *k == "steer")
+        .expect("the steer is recorded");
+    let responses: Vec<usize> = kinds
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| **k == "model_response")
+        .map(|(i, _)| i)
+        .collect();
+    // Applied after the answer that would have ended the branch, before one more call.
+    assert_eq!(responses.len(), 2, "{kinds:?}");
+    assert!(responses[0] < steer && steer < responses[1], "{kinds:?}");
+}
+
+#[tokio::test]
 async fn a_gone_reply_drops_the_task_silently() {
     let fx = Fixture::new().await;
     let task = strict(&fx, "orphan", THREE_CALLS);

@@ -671,6 +671,7 @@ async fn a_stream_past_its_spend_cap_is_cut_and_its_text_kept() {
         spend_cap: Some(SpendCap {
             price,
             remaining_usd: 20.0,
+            reservation: false,
         }),
         ..req(&hi, &[])
     };

@@ -33,6 +33,12 @@ pub enum Answer {
         events: Vec<(String, String)>,
         hang: bool,
     },
+    /// A `text/event-stream` answer whose events come `every` apart (a slow, healthy
+    /// stream), then ends.
+    Paced {
+        events: Vec<(String, String)>,
+        every: std::time::Duration,
+    },
 }
 
 /// A stream of these events that ends (a JSON string is sent as its text: `[DONE]`).
@@ -151,6 +157,19 @@ async fn handle(
                 StatusCode::OK,
                 [("content-type", "text/event-stream")],
                 body,
+            )
+                .into_response()
+        }
+        Answer::Paced { events, every } => {
+            let chunks = futures::stream::unfold(events.into_iter(), move |mut rest| async move {
+                let (n, d) = rest.next()?;
+                tokio::time::sleep(every).await;
+                Some((Ok::<_, std::convert::Infallible>(sse_bytes(&n, &d)), rest))
+            });
+            (
+                StatusCode::OK,
+                [("content-type", "text/event-stream")],
+                axum::body::Body::from_stream(chunks),
             )
                 .into_response()
         }

@@ -1,0 +1,344 @@
+//! Streams that end honestly, against a local server speaking each API's wire format: a
+//! stream cut short is never a finished answer; one that fails before any of its answer is
+//! tried again; a slow healthy stream outlives `timeout_s` while a stalled one does not;
+//! index-less tool-call deltas stay apart; a stream that breaks is charged for what it
+//! streamed; and a strict branch's answer is cut at its reservation when the provider
+//! streams past `max_output_tokens`.
+
+use super::common::*;
+use super::mock_api::*;
+use super::providers::{at, call, catalogued, provider_with, real_task, req, user};
+use forkfleet_shared::budget::{BudgetReply, BudgetRequest, BUDGET_SUBJECT};
+use forkfleet_shared::catalogue::CatalogueModel;
+use forkfleet_shared::endpoint::Endpoint;
+use forkfleet_shared::event::Event;
+use forkfleet_shared::ids::ReservationId;
+use forkfleet_shared::state::BranchState;
+use forkfleet_shared::wire;
+use forkfleet_worker::provider::{
+    AnthropicProvider, ModelProvider, OpenAiProvider, ResponsesProvider, RESERVATION_CUT,
+};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+fn entry(server: &MockApi, timeout_s: f64, max_retries: u32) -> CatalogueModel {
+    at(
+        server,
+        CatalogueModel {
+            timeout_s: Some(timeout_s),
+            max_retries: Some(max_retries),
+            ..CatalogueModel::default()
+        },
+    )
+}
+
+fn openai(server: &MockApi, timeout_s: f64, retries: u32) -> OpenAiProvider {
+    provider_with(
+        "openai:test-model",
+        &entry(server, timeout_s, retries),
+        &Endpoint::default(),
+    )
+}
+
+fn anthropic(server: &MockApi) -> AnthropicProvider {
+    provider_with(
+        "anthropic:claude-test",
+        &entry(server, 30.0, 2),
+        &Endpoint::default(),
+    )
+}
+
+fn responses(server: &MockApi) -> ResponsesProvider {
+    provider_with(
+        "openai:test-model",
+        &entry(server, 30.0, 2),
+        &Endpoint {
+            api: Some(forkfleet_shared::endpoint::OpenAiApi::Responses),
+            ..Endpoint::default()
+        },
+    )
+}
+
+fn text_chunk(t: &str) -> (&'static str, Value) {
+    (
+        "",
+        json!({"choices": [{"index": 0, "delta": {"content": t}}]}),
+    )
+}
+
+fn finish_chunk() -> (&'static str, Value) {
+    (
+        "",
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}),
+    )
+}
+
+async fn ask<P: ModelProvider>(p: &P) -> Result<forkfleet_worker::provider::ModelReply, String> {
+    let hi = user("hi");
+    call(p, &req(&hi, &[])).await.map_err(|e| e.to_string())
+}
+
+#[tokio::test]
+async fn a_stream_cut_short_is_an_error_in_every_dialect_never_an_answer() {
+    // OpenAI chat: text, then the stream ends: no finish reason, no usage, no [DONE].
+    let server =
+        MockApi::start(|_, _| sse(vec![text_chunk("Half a sen"), text_chunk("tence")])).await;
+    let err = ask(&openai(&server, 30.0, 2)).await.unwrap_err();
+    assert!(
+        err.contains("ended before the provider said the answer was finished"),
+        "{err}"
+    );
+    // Some of the answer came: not tried again (it was generated, and billed).
+    assert_eq!(server.requests().len(), 1);
+
+    // Anthropic: message_start and a text delta, no message_delta, no message_stop.
+    let server = MockApi::start(|_, _| {
+        sse(vec![
+            (
+                "message_start",
+                json!({"type": "message_start", "message": {
+                "model": "claude-test", "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+            ),
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": "Half a sen"}}),
+            ),
+        ])
+    })
+    .await;
+    let err = ask(&anthropic(&server)).await.unwrap_err();
+    assert!(err.contains("ended before the provider said"), "{err}");
+    assert_eq!(server.requests().len(), 1);
+
+    // The Responses API: deltas, no response.completed.
+    let server = MockApi::start(|_, _| {
+        sse(vec![(
+            "response.output_text.delta",
+            json!({"type": "response.output_text.delta", "delta": "Half a sen"}),
+        )])
+    })
+    .await;
+    let err = ask(&responses(&server)).await.unwrap_err();
+    assert!(err.contains("ended before the provider said"), "{err}");
+
+    // With its finish reason (and no [DONE]), the same text is an answer.
+    let server = MockApi::start(|_, _| sse(vec![text_chunk("Whole."), finish_chunk()])).await;
+    let reply = ask(&openai(&server, 30.0, 2)).await.unwrap();
+    assert_eq!(reply.text.as_deref(), Some("Whole."));
+}
+
+#[tokio::test]
+async fn a_stream_that_fails_before_any_answer_is_tried_again() {
+    // First an error event before any content, then an empty stream, then the answer.
+    let server = MockApi::start(|n, _| match n {
+        0 => sse(vec![(
+            "",
+            json!({"error": {"message": "overloaded", "type": "server_error"}}),
+        )]),
+        1 => sse(vec![]),
+        _ => sse(vec![text_chunk("Third time."), finish_chunk()]),
+    })
+    .await;
+    let reply = ask(&openai(&server, 30.0, 3)).await.unwrap();
+    assert_eq!(reply.text.as_deref(), Some("Third time."));
+    assert_eq!(server.requests().len(), 3);
+
+    // Within the same number of tries as HTTP errors: one retry, two failures.
+    let server = MockApi::start(|_, _| {
+        sse(vec![(
+            "",
+            json!({"error": {"message": "overloaded", "type": "server_error"}}),
+        )])
+    })
+    .await;
+    let err = ask(&openai(&server, 30.0, 1)).await.unwrap_err();
+    assert!(err.contains("overloaded"), "{err}");
+    assert_eq!(server.requests().len(), 2);
+
+    // An error event after content is final: the answer was generated.
+    let server = MockApi::start(|_, _| {
+        sse(vec![
+            text_chunk("Some text"),
+            ("", json!({"error": {"message": "internal"}})),
+        ])
+    })
+    .await;
+    let err = ask(&openai(&server, 30.0, 3)).await.unwrap_err();
+    assert!(err.contains("internal"), "{err}");
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_slow_healthy_stream_outlives_timeout_s_and_a_stalled_one_does_not() {
+    // Ten chunks 300 ms apart (3 s in all) under timeout_s = 1: each chunk is within the
+    // bound of the one before.
+    let server = MockApi::start(|_, _| {
+        let mut events: Vec<(String, String)> = (0..9)
+            .map(|i| {
+                let (n, v) = text_chunk(&format!("w{i} "));
+                (n.to_string(), v.to_string())
+            })
+            .collect();
+        let (n, v) = finish_chunk();
+        events.push((n.to_string(), v.to_string()));
+        Answer::Paced {
+            events,
+            every: Duration::from_millis(300),
+        }
+    })
+    .await;
+    let reply = ask(&openai(&server, 1.0, 0)).await.unwrap();
+    assert_eq!(reply.text.as_deref(), Some("w0 w1 w2 w3 w4 w5 w6 w7 w8 "));
+
+    // One chunk, then nothing: failed on the idle bound, naming it.
+    let mut server = MockApi::start(|_, _| {
+        let (n, v) = text_chunk("Then silence");
+        Answer::Sse {
+            events: vec![(n.to_string(), v.to_string())],
+            hang: true,
+        }
+    })
+    .await;
+    let err = ask(&openai(&server, 1.0, 2)).await.unwrap_err();
+    assert!(err.contains("stalled"), "{err}");
+    server.until_dropped().await;
+}
+
+#[tokio::test]
+async fn tool_call_deltas_without_an_index_stay_apart() {
+    // As Gemini's OpenAI-compatible endpoint sends them: each call whole, no `index`.
+    let server = MockApi::start(|_, _| {
+        sse(vec![
+            ("", json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "write_file", "arguments": "{\"path\":\"a\"}"}}]}}]})),
+            ("", json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"id": "c2", "type": "function", "function": {"name": "write_file", "arguments": "{\"path\":\"b\"}"}}]}}]})),
+            ("", json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})),
+        ])
+    })
+    .await;
+    let reply = ask(&openai(&server, 30.0, 0)).await.unwrap();
+    let calls: Vec<(String, String, Value)> = reply
+        .tool_calls
+        .iter()
+        .map(|c| (c.id.clone(), c.name.clone(), c.args.clone()))
+        .collect();
+    assert_eq!(
+        calls,
+        vec![
+            ("c1".into(), "write_file".into(), json!({"path": "a"})),
+            ("c2".into(), "write_file".into(), json!({"path": "b"})),
+        ]
+    );
+}
+
+/// The branch's usage events: (cost, reservation).
+fn usages(log: &[Event]) -> Vec<(f64, Option<ReservationId>)> {
+    log.iter()
+        .filter_map(|e| match e {
+            Event::Usage {
+                cost_usd,
+                reservation,
+                ..
+            } => Some((*cost_usd, *reservation)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_stream_that_breaks_is_charged_for_what_it_streamed() {
+    let server = MockApi::start(|_, _| {
+        sse((0..50)
+            .map(|i| text_chunk(if i % 2 == 0 { "abcd" } else { "efgh" }))
+            .collect())
+    })
+    .await;
+    let fx = Fixture::new().await;
+    let task = real_task(&fx, &server, "broken");
+    fx.enqueue(&task).await;
+    let mut events = fx.events().await;
+    let worker = start(&fx, catalogued(&server, 1)).await;
+    events.until_terminal(&[task.run_id]).await;
+    shutdown(worker).await;
+    let (state, why) = events.terminal(task.run_id).unwrap();
+    assert_eq!(state, BranchState::Failed);
+    assert!(why.unwrap().contains("ended before the provider said"));
+    let log = events.of(task.run_id);
+    let paid = usages(&log);
+    assert_eq!(paid.len(), 1, "{paid:?}");
+    // 200 characters streamed: 50 output tokens at $2 a million, with the input.
+    assert!(paid[0].0 > 100.0 / 1e6, "{paid:?}");
+    assert!(
+        !log.iter().any(|e| matches!(e, Event::ModelResponse { .. })),
+        "a broken answer is not recorded as one"
+    );
+}
+
+#[tokio::test]
+async fn a_strict_branch_is_cut_at_its_reservation_when_the_provider_ignores_max_tokens() {
+    // A provider that ignores `max_tokens`: text forever (and a bill to match).
+    let mut server = MockApi::start(|_, _| Answer::Sse {
+        events: (0..5000)
+            .map(|_| {
+                let (n, v) = text_chunk("tokentokentoken ");
+                (n.to_string(), v.to_string())
+            })
+            .collect(),
+        hang: true,
+    })
+    .await;
+    let fx = Fixture::new().await;
+    let mut task = real_task(&fx, &server, "strict");
+    task.reserve = true;
+    task.max_output_tokens = 100;
+    task.on_truncated = forkfleet_shared::spec::OnTruncated::Stop;
+    // The test's coordinator grants every reservation and records what it was asked.
+    let mut rx = fx.bus.serve(BUDGET_SUBJECT).await.unwrap();
+    let (asked_tx, mut asked) = tokio::sync::mpsc::unbounded_channel::<BudgetRequest>();
+    tokio::spawn(async move {
+        while let Some(req) = rx.recv().await {
+            let r: BudgetRequest = wire::decode(&req.payload).unwrap();
+            let reply = BudgetReply::Granted {
+                reservation: ReservationId::new(),
+            };
+            req.respond(wire::encode(&reply).unwrap()).await.unwrap();
+            let _ = asked_tx.send(r);
+        }
+    });
+    fx.enqueue(&task).await;
+    let mut events = fx.events().await;
+    let worker = start(&fx, catalogued(&server, 1)).await;
+    events.until_terminal(&[task.run_id]).await;
+    shutdown(worker).await;
+    server.until_dropped().await;
+
+    let first = asked.try_recv().unwrap();
+    let (state, _) = events.terminal(task.run_id).unwrap();
+    assert_eq!(state, BranchState::Truncated);
+    let log = events.of(task.run_id);
+    let finish = log.iter().find_map(|e| match e {
+        Event::ModelResponse { finish_reason, .. } => finish_reason.clone(),
+        _ => None,
+    });
+    assert_eq!(finish.as_deref(), Some(RESERVATION_CUT));
+    let paid = usages(&log);
+    assert_eq!(paid.len(), 1);
+    // What it cost stays within the reservation's margin (1.25) and one chunk of it.
+    let chunk = 4.0 * 2.0 / 1e6;
+    assert!(
+        paid[0].0 <= first.estimate_usd * 1.25 + chunk,
+        "spent {} of a reservation of {}",
+        paid[0].0,
+        first.estimate_usd
+    );
+    assert!(paid[0].0 > first.estimate_usd, "cut before the reservation");
+    assert!(first.settles.is_none());
+}
