@@ -31,10 +31,13 @@ pub enum BranchState {
     /// tool call, and the spec's `on_truncated = "stop"` ends the branch here rather than
     /// asking the model to go on.
     Truncated,
+    /// The model refused, or the provider's content filter stopped its answer (OpenAI's
+    /// `refusal` and `content_filter`, Anthropic's `refusal`): the answer's text is kept.
+    Refused,
 }
 
 impl BranchState {
-    pub const ALL: [BranchState; 11] = [
+    pub const ALL: [BranchState; 12] = [
         BranchState::Pending,
         BranchState::Idle,
         BranchState::Running,
@@ -46,6 +49,7 @@ impl BranchState {
         BranchState::BudgetExhausted,
         BranchState::AggregateBudgetExhausted,
         BranchState::Truncated,
+        BranchState::Refused,
     ];
 
     pub fn is_terminal(self) -> bool {
@@ -83,6 +87,7 @@ impl BranchState {
             BranchState::BudgetExhausted => "budget_exhausted",
             BranchState::AggregateBudgetExhausted => "aggregate_budget_exhausted",
             BranchState::Truncated => "truncated",
+            BranchState::Refused => "refused",
         }
     }
 

@@ -158,6 +158,16 @@ pub struct SpendCap {
 /// The finish reason of an answer cut mid-stream by its [`SpendCap`].
 pub const BUDGET_CUT: &str = "budget_cut";
 
+/// The finish reason of an answer the model refused (OpenAI's `refusal` message, a
+/// Responses `refusal` part, Anthropic's `refusal` stop reason): its text is the refusal.
+pub const REFUSAL: &str = "refusal";
+
+/// True when `finish_reason` says the model refused or the provider's content filter
+/// stopped the answer: the branch ends `refused`.
+pub fn is_refused(finish_reason: Option<&str>) -> bool {
+    matches!(finish_reason, Some("refusal" | "content_filter"))
+}
+
 /// The finish reason of an answer cut mid-stream because its cost reached the call's
 /// reservation (strict mode): the provider generated past `max_output_tokens`.
 pub const RESERVATION_CUT: &str = "reservation_cut";

@@ -241,6 +241,7 @@ impl ForkState {
             | BranchState::Failed
             | BranchState::Terminated
             | BranchState::Truncated
+            | BranchState::Refused
             | BranchState::Idle => Ok(()),
             BranchState::BudgetExhausted | BranchState::AggregateBudgetExhausted => {
                 match self.budget_room(b.run_id) {

@@ -77,6 +77,7 @@ impl Theme {
                 ("$$", self.bad())
             }
             BranchState::Truncated => ("…✂", self.warn()),
+            BranchState::Refused => ("⊗", self.warn()),
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::error::WorkerError;
 use crate::forktools::{is_fork_tool, ForkCall, MERGE_OR_SELECT};
 use crate::genai::{error_type, tool_failed, tool_span, ChatSpan};
 use crate::provider::{
-    is_truncated, ModelRequest, SpendCap, StreamMeter, BUDGET_CUT, RESERVATION_CUT,
+    is_refused, is_truncated, ModelRequest, SpendCap, StreamMeter, BUDGET_CUT, RESERVATION_CUT,
 };
 use forkfleet_shared::budget::{estimate_cost, Settle};
 
@@ -385,6 +385,8 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
         );
     }
     let truncated = is_truncated(finish_reason.as_deref()) || reservation_cut;
+    let refused = is_refused(finish_reason.as_deref());
+    let filtered = finish_reason.as_deref() == Some("content_filter");
     // A fork the response asks for gets the history before it.
     let cutoff_seq = out.seq.saturating_sub(1);
     let response = out
@@ -427,6 +429,27 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 run.spent_usd
             ),
         ));
+    }
+    if refused {
+        // The model refused (or the provider's filter stopped it): its text is kept, the
+        // branch ends here as `refused`, not `done`.
+        let why = match &text {
+            _ if filtered => {
+                "the provider's content filter stopped the answer (its text so far is kept)"
+                    .to_string()
+            }
+            Some(t) if !t.trim().is_empty() => {
+                let short: String = t.chars().take(300).collect();
+                format!("the model refused: {short}")
+            }
+            _ => "the model refused, saying nothing".to_string(),
+        };
+        run.history.push(Message::Assistant {
+            text,
+            tool_calls: Vec::new(),
+            reasoning,
+        });
+        return Ok(Step::Finish(BranchState::Refused, Some(why)));
     }
     if tool_calls.is_empty() {
         run.history.push(Message::Assistant {

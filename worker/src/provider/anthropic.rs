@@ -254,6 +254,12 @@ fn request<'a>(name: &'a str, req: &'a ModelRequest<'a>, options: &Options) -> M
             shared_end = last_block(&turns);
         }
         let (role, blocks): (&'static str, Vec<Block<'a>>) = match m {
+            // A branch's own instructions (`extra_instructions`, after the fork's shared
+            // history) go where they stand, as user text: in `system` they would change
+            // the cached prefix every branch shares.
+            Message::System { text } if req.shared_prefix > 0 && i >= req.shared_prefix => {
+                ("user", text_block(text).into_iter().collect())
+            }
             Message::System { text } => {
                 if !text.trim().is_empty() {
                     system.push(text);

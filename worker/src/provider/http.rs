@@ -938,7 +938,12 @@ impl Api {
                 message,
             };
         }
-        if code == 404 || (matches!(code, 400 | 422) && is_model_not_found(&lower)) {
+        // A 404 names the model unless it says an item of the request was not found (a
+        // Responses API reasoning item that is neither stored nor encrypted).
+        let item_not_found = lower.contains("item with id") || lower.contains("item not found");
+        if (code == 404 && !item_not_found)
+            || (matches!(code, 400 | 422) && is_model_not_found(&lower))
+        {
             return WorkerError::UnknownModel {
                 model: self.model.clone(),
                 name: self.name.clone(),

@@ -234,7 +234,11 @@ fn request<'a>(
         max_tokens: cap.filter(|_| !completion),
         max_completion_tokens: cap.filter(|_| completion),
         reasoning_effort: options.reasoning_effort,
-        temperature: req.temperature,
+        // A reasoning model takes no sampling parameters (OpenAI refuses `temperature`
+        // beside `reasoning_effort`).
+        temperature: req
+            .temperature
+            .filter(|_| options.reasoning_effort.is_none()),
         prompt_cache_key: prompt_cache_key(req, options.cache),
         stream: options.stream,
         stream_options: options.stream.then_some(StreamOptions {
@@ -276,6 +280,9 @@ struct Choice {
 struct ChoiceMessage {
     #[serde(default)]
     content: Option<Content>,
+    /// The model's refusal, in place of content.
+    #[serde(default)]
+    refusal: Option<String>,
     #[serde(default)]
     tool_calls: Option<Vec<RawToolCall>>,
 }
@@ -362,7 +369,9 @@ fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, W
     let message = choice
         .message
         .ok_or_else(|| api.bad_response("the choice has no message"))?;
-    let text = content_text(message.content);
+    let refusal = message.refusal.filter(|r| !r.is_empty());
+    let refused = refusal.is_some();
+    let text = content_text(message.content).or(refusal);
     let tool_calls = message
         .tool_calls
         .unwrap_or_default()
@@ -402,7 +411,12 @@ fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, W
         tool_calls,
         usage,
         response_model,
-        finish_reason: choice.finish_reason,
+        // A refusal is its own end (its text kept), whatever finish reason came with it.
+        finish_reason: if refused {
+            Some(super::REFUSAL.to_string())
+        } else {
+            choice.finish_reason
+        },
         reasoning: None,
     })
 }
@@ -411,6 +425,8 @@ fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, W
 #[derive(Debug, Default)]
 pub struct ChatStream {
     text: String,
+    /// The model's refusal so far.
+    refusal: String,
     /// Tool calls by their `index`: id, name, arguments so far.
     calls: Vec<(Option<String>, String, String)>,
     finish_reason: Option<String>,
@@ -443,6 +459,8 @@ struct ChunkChoice {
 struct Delta {
     #[serde(default)]
     content: Option<String>,
+    #[serde(default)]
+    refusal: Option<String>,
     #[serde(default)]
     tool_calls: Vec<DeltaCall>,
 }
@@ -516,6 +534,10 @@ impl StreamState for ChatStream {
                 self.chars += text.chars().count() as u64;
                 self.text.push_str(&text);
             }
+            if let Some(text) = delta.refusal {
+                self.chars += text.chars().count() as u64;
+                self.refusal.push_str(&text);
+            }
             for call in delta.tool_calls {
                 let i = self.slot_of(&call);
                 while self.calls.len() <= i {
@@ -569,7 +591,8 @@ impl StreamState for ChatStream {
         json!({
             "model": self.model,
             "choices": [{
-                "message": {"role": "assistant", "content": self.text, "tool_calls": calls},
+                "message": {"role": "assistant", "content": self.text, "tool_calls": calls,
+                            "refusal": (!self.refusal.is_empty()).then_some(&self.refusal)},
                 "finish_reason": self.finish_reason,
             }],
             "usage": self.usage,

@@ -76,8 +76,15 @@ fn request(api: &Api, req: &ModelRequest<'_>) -> Value {
     let settings = api.settings();
     let mut instructions: Vec<&str> = Vec::new();
     let mut input: Vec<Value> = Vec::new();
-    for m in req.messages {
+    for (i, m) in req.messages.iter().enumerate() {
         match m {
+            // A branch's own instructions (after the fork's shared history) stay where they
+            // stand: in `instructions` they would change the prefix every branch caches.
+            Message::System { text } if req.shared_prefix > 0 && i >= req.shared_prefix => {
+                if !text.trim().is_empty() {
+                    input.push(json!({"role": "system", "content": text}));
+                }
+            }
             Message::System { text } => {
                 if !text.trim().is_empty() {
                     instructions.push(text);
@@ -89,7 +96,19 @@ fn request(api: &Api, req: &ModelRequest<'_>) -> Value {
                 tool_calls,
                 reasoning,
             } => {
-                input.extend(reasoning_items(reasoning.as_deref(), REASONING_DIALECT));
+                // With `store: false` a reasoning item is resolved from its encrypted
+                // content only: one without it (an answer of an older worker, which did not
+                // ask for it) would be looked up by id and refused (404), so it is left out.
+                input.extend(
+                    reasoning_items(reasoning.as_deref(), REASONING_DIALECT)
+                        .into_iter()
+                        .filter(|item| {
+                            item.get("type").and_then(Value::as_str) != Some("reasoning")
+                                || item
+                                    .get("encrypted_content")
+                                    .is_some_and(|c| c.as_str().is_some_and(|c| !c.is_empty()))
+                        }),
+                );
                 if let Some(text) = text.as_deref().filter(|t| !t.is_empty()) {
                     input.push(json!({"role": "assistant", "content": text}));
                 }
@@ -146,11 +165,14 @@ fn request(api: &Api, req: &ModelRequest<'_>) -> Value {
             fields.insert("tool_choice".into(), json!(choice.as_str()));
         }
     }
+    // Asked for on every call, not only with an effort: a reasoning model reasons at its
+    // default effort too, and its items come back with this turn only when encrypted
+    // (`store: false` keeps nothing on OpenAI's side).
+    fields.insert("include".into(), json!(["reasoning.encrypted_content"]));
     if let Some(effort) = &settings.reasoning_effort {
         fields.insert("reasoning".into(), json!({"effort": effort}));
-        fields.insert("include".into(), json!(["reasoning.encrypted_content"]));
-    }
-    if let Some(t) = req.temperature {
+    } else if let Some(t) = req.temperature {
+        // No sampling parameters beside an effort (OpenAI refuses them).
         fields.insert("temperature".into(), json!(t));
     }
     if let Some(key) = prompt_cache_key(req, settings.cache) {
@@ -175,6 +197,7 @@ fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, W
     let mut text = String::new();
     let mut tool_calls = Vec::new();
     let mut reasoning = Vec::new();
+    let mut refused = false;
     for item in output {
         match item.get("type").and_then(Value::as_str) {
             Some("message") => {
@@ -184,8 +207,17 @@ fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, W
                     .into_iter()
                     .flatten()
                 {
-                    if part.get("type").and_then(Value::as_str) == Some("output_text") {
-                        text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""));
+                    match part.get("type").and_then(Value::as_str) {
+                        Some("output_text") => {
+                            text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""))
+                        }
+                        Some("refusal") => {
+                            refused = true;
+                            text.push_str(
+                                part.get("refusal").and_then(Value::as_str).unwrap_or(""),
+                            );
+                        }
+                        _ => {}
                     }
                 }
             }
@@ -218,6 +250,7 @@ fn reply(api: &Api, body: &[u8], req: &ModelRequest<'_>) -> Result<ModelReply, W
                 .unwrap_or("incomplete")
                 .to_string(),
         ),
+        _ if refused => Some(super::REFUSAL.to_string()),
         Some(status) => Some(status.to_string()),
         None => None,
     };

@@ -16,7 +16,7 @@ use forkfleet_shared::ids::ReservationId;
 use forkfleet_shared::state::BranchState;
 use forkfleet_shared::wire;
 use forkfleet_worker::provider::{
-    AnthropicProvider, ModelProvider, OpenAiProvider, ResponsesProvider, RESERVATION_CUT,
+    AnthropicProvider, ModelProvider, OpenAiProvider, ResponsesProvider, REFUSAL, RESERVATION_CUT,
 };
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -341,4 +341,240 @@ async fn a_strict_branch_is_cut_at_its_reservation_when_the_provider_ignores_max
     );
     assert!(paid[0].0 > first.estimate_usd, "cut before the reservation");
     assert!(first.settles.is_none());
+}
+
+// ---------------------------------------------------------------------------------------
+// Provider details that gave wrong results
+
+#[tokio::test]
+async fn a_refusal_is_its_own_end_with_its_text_kept() {
+    // OpenAI chat, whole: a `refusal` in place of content.
+    let server = MockApi::start(|_, _| {
+        ok(
+            json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+            "role": "assistant", "content": null, "refusal": "I can't help with that."}}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 6}}),
+        )
+    })
+    .await;
+    let p: OpenAiProvider = provider_with(
+        "openai:test-model",
+        &entry(&server, 30.0, 0),
+        &Endpoint {
+            stream: Some(false),
+            ..Endpoint::default()
+        },
+    );
+    let reply = ask(&p).await.unwrap();
+    assert_eq!(reply.finish_reason.as_deref(), Some(REFUSAL));
+    assert_eq!(reply.text.as_deref(), Some("I can't help with that."));
+
+    // Streamed: refusal deltas.
+    let server = MockApi::start(|_, _| {
+        sse(vec![
+            (
+                "",
+                json!({"choices": [{"index": 0, "delta": {"refusal": "I can't "}}]}),
+            ),
+            (
+                "",
+                json!({"choices": [{"index": 0, "delta": {"refusal": "do that."}}]}),
+            ),
+            finish_chunk(),
+        ])
+    })
+    .await;
+    let reply = ask(&openai(&server, 30.0, 0)).await.unwrap();
+    assert_eq!(reply.finish_reason.as_deref(), Some(REFUSAL));
+    assert_eq!(reply.text.as_deref(), Some("I can't do that."));
+
+    // The Responses API: a `refusal` part.
+    let server = MockApi::start(|_, _| {
+        sse(vec![(
+            "response.completed",
+            json!({"type": "response.completed", "response": {"status": "completed",
+                "output": [{"type": "message", "content": [{"type": "refusal", "refusal": "No."}]}],
+                "usage": {"input_tokens": 3, "output_tokens": 1}}}),
+        )])
+    })
+    .await;
+    let reply = ask(&responses(&server)).await.unwrap();
+    assert_eq!(reply.finish_reason.as_deref(), Some(REFUSAL));
+    assert_eq!(reply.text.as_deref(), Some("No."));
+}
+
+#[tokio::test]
+async fn a_refused_or_filtered_branch_ends_refused_never_done() {
+    for (finish, text) in [("content_filter", "Partial"), ("stop", "")] {
+        let server = MockApi::start(move |_, _| {
+            let mut events = Vec::new();
+            if !text.is_empty() {
+                events.push(text_chunk(text));
+            } else {
+                events.push((
+                    "",
+                    json!({"choices": [{"index": 0, "delta": {"refusal": "I won't."}}]}),
+                ));
+            }
+            events.push((
+                "",
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}),
+            ));
+            sse(events)
+        })
+        .await;
+        let fx = Fixture::new().await;
+        let task = real_task(&fx, &server, "refusing");
+        fx.enqueue(&task).await;
+        let mut events = fx.events().await;
+        let worker = start(&fx, catalogued(&server, 1)).await;
+        events.until_terminal(&[task.run_id]).await;
+        shutdown(worker).await;
+        let (state, why) = events.terminal(task.run_id).unwrap();
+        assert_eq!(state, BranchState::Refused, "{finish}");
+        let why = why.unwrap();
+        let kept = events.of(task.run_id).iter().find_map(|e| match e {
+            Event::ModelResponse { text, .. } => text.clone(),
+            _ => None,
+        });
+        if text.is_empty() {
+            assert!(why.contains("the model refused: I won't."), "{why}");
+            assert_eq!(kept.as_deref(), Some("I won't."));
+        } else {
+            assert!(why.contains("content filter"), "{why}");
+            assert_eq!(kept.as_deref(), Some("Partial"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn reasoning_requests_carry_no_sampling_and_responses_keep_their_items_resolvable() {
+    let server = MockApi::start(|_, _| sse(vec![text_chunk("ok"), finish_chunk()])).await;
+    let effort = Endpoint {
+        reasoning_effort: Some("low".into()),
+        ..Endpoint::default()
+    };
+    let p: OpenAiProvider = provider_with("openai:test-model", &entry(&server, 30.0, 0), &effort);
+    let hi = user("hi");
+    let r = forkfleet_worker::provider::ModelRequest {
+        temperature: Some(0.7),
+        ..req(&hi, &[])
+    };
+    call(&p, &r).await.unwrap();
+    let body = &server.requests()[0].body;
+    assert_eq!(body["reasoning_effort"], "low");
+    assert!(body.get("temperature").is_none(), "{body}");
+
+    // Responses without an effort: the encrypted items are asked for anyway, and a
+    // reasoning item that came back without them (an older worker's) is not sent back.
+    let server = MockApi::start(|_, _| {
+        sse(vec![(
+            "response.completed",
+            json!({"type": "response.completed", "response": {"status": "completed",
+                "output": [{"type": "message", "content": [{"type": "output_text", "text": "ok"}]}],
+                "usage": {"input_tokens": 3, "output_tokens": 1}}}),
+        )])
+    })
+    .await;
+    let p = responses(&server);
+    let history = vec![
+        forkfleet_shared::event::Message::User { text: "hi".into() },
+        forkfleet_shared::event::Message::Assistant {
+            text: Some("first".into()),
+            tool_calls: Vec::new(),
+            reasoning: Some(
+                json!({"dialect": "openai-responses", "items": [
+                    {"type": "reasoning", "id": "rs_plain", "summary": []},
+                    {"type": "reasoning", "id": "rs_enc", "summary": [], "encrypted_content": "gAAA"}
+                ]})
+                .to_string(),
+            ),
+        },
+        forkfleet_shared::event::Message::User { text: "again".into() },
+    ];
+    let r = forkfleet_worker::provider::ModelRequest {
+        temperature: Some(0.2),
+        ..req(&history, &[])
+    };
+    call(&p, &r).await.unwrap();
+    let body = &server.requests()[0].body;
+    assert_eq!(body["include"], json!(["reasoning.encrypted_content"]));
+    assert_eq!(body["temperature"], json!(0.2));
+    let ids: Vec<&str> = body["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "reasoning")
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["rs_enc"]);
+
+    // A 404 for an item of the request is not "the API does not know model".
+    let server = MockApi::start(|_, _| {
+        Answer::Json(
+            404,
+            Vec::new(),
+            json!({"error": {"message": "Item with id 'rs_1' not found. Items are not persisted when `store` is set to false.", "type": "invalid_request_error"}}),
+        )
+    })
+    .await;
+    let err = ask(&responses(&server)).await.unwrap_err();
+    assert!(!err.contains("does not know model"), "{err}");
+    assert!(err.contains("Item with id 'rs_1' not found"), "{err}");
+}
+
+#[tokio::test]
+async fn a_branchs_own_instructions_stay_after_the_shared_prefix() {
+    let server = MockApi::start(|_, _| {
+        ok(
+            json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test",
+            "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 10, "output_tokens": 1}}),
+        )
+    })
+    .await;
+    let p: AnthropicProvider = provider_with(
+        "anthropic:claude-test",
+        &entry(&server, 30.0, 0),
+        &Endpoint {
+            stream: Some(false),
+            ..Endpoint::default()
+        },
+    );
+    use forkfleet_shared::event::Message;
+    // The fork's shared history (system prompt, goal), then the branch's own instructions
+    // and steer.
+    let history = vec![
+        Message::System {
+            text: "shared system".into(),
+        },
+        Message::User {
+            text: "the goal".into(),
+        },
+        Message::System {
+            text: "branch instructions".into(),
+        },
+        Message::User {
+            text: "the steer".into(),
+        },
+    ];
+    let r = forkfleet_worker::provider::ModelRequest {
+        shared_prefix: 2,
+        ..req(&history, &[])
+    };
+    call(&p, &r).await.unwrap();
+    let body = &server.requests()[0].body;
+    let system = body["system"].to_string();
+    assert!(system.contains("shared system"), "{body}");
+    assert!(!system.contains("branch instructions"), "{body}");
+    let last = body["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .to_string();
+    assert!(
+        last.contains("branch instructions") && last.contains("the steer"),
+        "{body}"
+    );
 }
