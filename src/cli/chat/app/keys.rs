@@ -346,10 +346,24 @@ impl App {
             self.set_input(text);
         } else {
             poll::spawn(&self.tx, "the steer", async move {
-                client.steer(fork, label.clone(), text).await?;
-                Ok(Msg::Note(format!(
-                    "steered `{label}`: it reads it before its next model call"
-                )))
+                match client.steer(fork, label.clone(), text.clone()).await {
+                    Ok(_) => Ok(Msg::Note(format!(
+                        "steered `{label}`: it reads it before its next model call"
+                    ))),
+                    // The run ended while the message was typed: it is not lost, it starts
+                    // the run's next turn, as a message after the answer does.
+                    Err(e) => {
+                        let view = client.fork(fork).await?;
+                        if view.branch(&label).is_some_and(|b| b.state.is_terminal()) {
+                            client.continue_branch(fork, label.clone(), text).await?;
+                            Ok(Msg::Note(format!(
+                                "`{label}` had just answered: it goes on with your message"
+                            )))
+                        } else {
+                            Err(e.into())
+                        }
+                    }
+                }
             });
         }
     }
