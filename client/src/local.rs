@@ -12,6 +12,13 @@
 //!   `get_blob`), so what a client reads from blobs (the fork directory of `fork watch`, a
 //!   merge to apply) works too. It cannot upload: creating a fork needs the store itself.
 //!
+//! **Who may connect.** The socket's mode (0600) keeps other users out, but not a process
+//! of the same user: a command an agent runs (`run_command`, a test command) is one, and
+//! Landlock does not govern connecting to a socket file. So the server writes a random
+//! token to `<data>/api.token` (mode 0600, [`token_path`]) and a connection's first frame
+//! must be that token; one that is not is answered with an error and closed. A client
+//! reads the file; a sandboxed command cannot (Landlock keeps it out of the data dir).
+//!
 //! Framing: a frame is a `u32` big-endian length, then that many bytes, at most
 //! [`MAX_FRAME_BYTES`]. A request frame holds a wire-encoded [`ApiRequest`], its answer a
 //! wire-encoded [`ApiResponse`]. A connection carries any number of requests, one after
@@ -108,6 +115,48 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8]) -> Resu
 pub struct SocketServer {
     listener: UnixListener,
     path: PathBuf,
+    /// What a connection's first frame must be (also in [`token_path`]).
+    token: Arc<[u8]>,
+}
+
+/// The token file beside the socket file `socket`.
+pub fn token_path(socket: &Path) -> PathBuf {
+    socket.with_file_name(TOKEN_FILE)
+}
+
+/// The token file's name, beside [`SOCKET_FILE`].
+pub const TOKEN_FILE: &str = "api.token";
+
+/// Bytes of a token.
+const TOKEN_BYTES: usize = 32;
+
+/// A new random token, written to `path` (mode 0600, created anew: through a private
+/// temporary name, then renamed).
+fn new_token(path: &Path) -> io::Result<Arc<[u8]>> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut raw = [0u8; TOKEN_BYTES];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut raw)?;
+    let token: Vec<u8> = raw
+        .iter()
+        .flat_map(|b| format!("{b:02x}").into_bytes())
+        .collect();
+    let tmp = path.with_file_name(format!(".{TOKEN_FILE}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(&token)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(token.into())
+}
+
+/// Equal, in time that does not depend on where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 impl SocketServer {
@@ -134,9 +183,13 @@ impl SocketServer {
             Ok(listener)
         })();
         let _ = std::fs::remove_dir_all(&staging);
+        let listener = bound?;
+        // The token before any connection is answered.
+        let token = new_token(&token_path(path))?;
         Ok(Self {
-            listener: bound?,
+            listener,
             path: path.to_path_buf(),
+            token,
         })
     }
 
@@ -154,7 +207,11 @@ impl SocketServer {
         handler: H,
         shutdown: impl Future<Output = ()>,
     ) {
-        let SocketServer { listener, path } = self;
+        let SocketServer {
+            listener,
+            path,
+            token,
+        } = self;
         tracing::info!(api.socket = %path.display(), "api.socket serving");
         tokio::pin!(shutdown);
         let mut connections = JoinSet::new();
@@ -164,7 +221,11 @@ impl SocketServer {
                 accepted = listener.accept(), if connections.len() < MAX_CONNECTIONS => {
                     match accepted {
                         Ok((stream, _)) => {
-                            connections.spawn(serve_connection(handler.clone(), stream));
+                            connections.spawn(serve_connection(
+                                handler.clone(),
+                                stream,
+                                token.clone(),
+                            ));
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "api.socket accept failed");
@@ -196,9 +257,11 @@ impl SocketServer {
             );
             connections.abort_all();
         }
-        if let Err(e) = std::fs::remove_file(&path) {
-            if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(api.socket = %path.display(), error = %e, "api.socket file not removed");
+        for file in [path.clone(), token_path(&path)] {
+            if let Err(e) = std::fs::remove_file(&file) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!(api.socket = %file.display(), error = %e, "api.socket file not removed");
+                }
             }
         }
         tracing::info!(api.socket = %path.display(), "api.socket stopped");
@@ -206,7 +269,29 @@ impl SocketServer {
 }
 
 /// Answer the requests of one connection, one after the other, until the client closes it.
-async fn serve_connection<H: ApiHandler>(handler: H, mut stream: UnixStream) {
+async fn serve_connection<H: ApiHandler>(handler: H, mut stream: UnixStream, token: Arc<[u8]>) {
+    // The token first: a process that cannot read it (a sandboxed command) gets nothing.
+    match read_frame(&mut stream).await {
+        Ok(Some(first)) if same(&first, &token) => {}
+        Ok(None) => return,
+        Ok(Some(_)) | Err(FrameError::TooLarge { .. }) => {
+            tracing::warn!(
+                "api.socket connection refused: it did not begin with the data dir's token"
+            );
+            let refused = ApiResponse::Err(ApiError::new(
+                ApiErrorKind::BadInput,
+                format!(
+                    "this socket answers only clients that begin with the token in `{TOKEN_FILE}` beside it (a process of the embedded process's user, outside a command sandbox)"
+                ),
+            ));
+            let _ = write_frame(&mut stream, &encode_response(&refused)).await;
+            return;
+        }
+        Err(FrameError::Io(e)) => {
+            tracing::debug!(error = %e, "api.socket connection ended");
+            return;
+        }
+    }
     loop {
         let (response, close) = match read_frame(&mut stream).await {
             Ok(None) => return,
@@ -315,7 +400,16 @@ impl SocketTransport {
 
     async fn exchange(&self, req: &ApiRequest) -> Result<ApiReply, CallError> {
         let payload = wire::encode(req)?;
+        let token = std::fs::read(token_path(&self.path)).map_err(|e| {
+            self.unreachable(format!(
+                "cannot read its token `{}`: {e}",
+                token_path(&self.path).display()
+            ))
+        })?;
         let mut stream = UnixStream::connect(&self.path)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        write_frame(&mut stream, &token)
             .await
             .map_err(|e| self.unreachable(e))?;
         write_frame(&mut stream, &payload)

@@ -97,6 +97,12 @@ pub(crate) struct ForkState {
     /// Branches a fenced attempt reported finished, to check for a runner
     /// ([`ForkState::check_runners`]).
     suspects: Vec<RunId>,
+    /// Steers sent to a running branch that its log does not hold yet, in order. One the
+    /// branch ended `done` without (it came after the worker's last look) starts a
+    /// follow-up turn instead of being lost ([`ForkState::follow_up_lost_steers`]).
+    unapplied_steers: HashMap<RunId, std::collections::VecDeque<String>>,
+    /// Branches that ended `done` with steers unapplied, to follow up.
+    lost_steers: Vec<(RunId, String)>,
     record: ForkRecord,
     base: Arc<Manifest>,
     branches: Vec<BranchReplica>,
@@ -437,6 +443,8 @@ impl Actor for ForkActor {
             requeued: HashSet::new(),
             stopping: HashMap::new(),
             suspects: Vec::new(),
+            unapplied_steers: HashMap::new(),
+            lost_steers: Vec::new(),
             record,
             base,
             branches,
@@ -475,6 +483,7 @@ impl Actor for ForkActor {
                 let _ = reply.send(state.apply_events(events));
                 // Branches whose fenced attempt finished: is their task still held?
                 state.check_runners().await;
+                state.follow_up_lost_steers().await;
             }
             ForkMsg::Subscribe(reply) => {
                 let _ = reply.send(state.version.subscribe());

@@ -30,11 +30,17 @@ text = "done"
 /// `mode`.
 fn project(mode: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("ws")).unwrap();
-    std::fs::write(dir.path().join("ws/seed.txt"), "seed\n").unwrap();
-    std::fs::write(dir.path().join("script.toml"), SCRIPT).unwrap();
+    write_project(dir.path(), mode);
+    dir
+}
+
+/// [`project`]'s files in `dir`.
+fn write_project(dir: &Path, mode: &str) {
+    std::fs::create_dir(dir.join("ws")).unwrap();
+    std::fs::write(dir.join("ws/seed.txt"), "seed\n").unwrap();
+    std::fs::write(dir.join("script.toml"), SCRIPT).unwrap();
     std::fs::write(
-        dir.path().join("fork.toml"),
+        dir.join("fork.toml"),
         format!(
             r#"goal = "run commands"
 workspace = "ws"
@@ -52,7 +58,6 @@ label = "a"
         ),
     )
     .unwrap();
-    dir
 }
 
 /// `forkfleet run fork.toml --json` in `dir` (the store is `.forkfleet` there, relative),
@@ -132,5 +137,59 @@ fn commands_run_under_every_set_up_a_worker_can_fall_back_to() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn a_sandboxed_command_cannot_read_the_live_runs_socket_token() {
+    if !forkfleet_worker::runner::sandbox::kernel_support().landlock() {
+        eprintln!("skipped: no Landlock on this kernel");
+        return;
+    }
+    let dir = project("auto");
+    let data = std::fs::canonicalize(dir.path())
+        .unwrap()
+        .join(".forkfleet");
+    // The branch tries to read the token of the run serving it, by its absolute path.
+    std::fs::write(
+        dir.path().join("script.toml"),
+        format!(
+            r#"
+[[turns.a]]
+tool_calls = [
+  {{ name = "run_command", args = {{ command = ["sh", "-c", "cat {0}/api.token > got.txt; echo $? > rc.txt; ls {0} > ls.txt; echo $? >> rc.txt"] }} }},
+]
+
+[[turns.a]]
+text = "done"
+"#,
+            data.display()
+        ),
+    )
+    .unwrap();
+    let out = command()
+        .current_dir(dir.path())
+        .args(["run", "fork.toml", "--pick", "a"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let got = std::fs::read_to_string(dir.path().join("ws/got.txt")).unwrap();
+    let rc = std::fs::read_to_string(dir.path().join("ws/rc.txt")).unwrap();
+    assert!(got.is_empty(), "the token leaked: {got}");
+    assert!(
+        rc.lines().all(|l| l.trim() != "0"),
+        "the data dir was readable: {rc}"
+    );
+}
+
+#[test]
+fn commands_run_when_the_data_dir_has_characters_an_overlay_cannot_take() {
+    let top = tempfile::tempdir().unwrap();
+    for name in ["com,ma", "co:lon", "back\\slash"] {
+        let dir = top.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        write_project(&dir, "auto");
+        let (paths, log) = run_in(&dir, &[]);
+        assert_eq!(paths, created(), "{name}: {log}");
     }
 }

@@ -168,6 +168,10 @@ pub fn is_refused(finish_reason: Option<&str>) -> bool {
     matches!(finish_reason, Some("refusal" | "content_filter"))
 }
 
+/// The finish reason of an answer cut mid-stream because it ran far past
+/// `max_output_tokens` (a provider that ignores it), when no budget bounds the call.
+pub const OUTPUT_CAP_CUT: &str = "output_cap_cut";
+
 /// The finish reason of an answer cut mid-stream because its cost reached the call's
 /// reservation (strict mode): the provider generated past `max_output_tokens`.
 pub const RESERVATION_CUT: &str = "reservation_cut";
@@ -177,7 +181,7 @@ pub const RESERVATION_CUT: &str = "reservation_cut";
 pub fn is_truncated(finish_reason: Option<&str>) -> bool {
     matches!(
         finish_reason,
-        Some("length" | "max_tokens" | "max_output_tokens")
+        Some("length" | "max_tokens" | "max_output_tokens" | OUTPUT_CAP_CUT)
     )
 }
 

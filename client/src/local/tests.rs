@@ -32,6 +32,14 @@ fn start(
     (path, stop, task)
 }
 
+/// A connection to the server on `path` that has sent the token (as every client does).
+async fn open(path: &Path) -> UnixStream {
+    let mut stream = UnixStream::connect(path).await.unwrap();
+    let token = std::fs::read(token_path(path)).unwrap();
+    write_frame(&mut stream, &token).await.unwrap();
+    stream
+}
+
 async fn response(stream: &mut UnixStream) -> ApiResponse {
     let bytes = tokio::time::timeout(LIMIT, read_frame(stream))
         .await
@@ -69,10 +77,46 @@ async fn requests_reach_their_handler_and_the_socket_is_private_and_removed_afte
 }
 
 #[tokio::test]
+async fn a_connection_without_the_token_gets_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, stop, task) = start(dir.path());
+    let token = token_path(&path);
+    let mode = std::fs::metadata(&token).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "token mode {mode:o}");
+    assert_eq!(std::fs::read(&token).unwrap().len(), 64);
+    // A request straight away (a process that could not read the token): refused, closed.
+    let mut stream = UnixStream::connect(&path).await.unwrap();
+    write_frame(&mut stream, &wire::encode(&ApiRequest::from(Ping)).unwrap())
+        .await
+        .unwrap();
+    match response(&mut stream).await {
+        ApiResponse::Err(e) => assert!(e.message.contains("api.token"), "{}", e.message),
+        other => panic!("{other:?}"),
+    }
+    let closed = tokio::time::timeout(LIMIT, read_frame(&mut stream))
+        .await
+        .unwrap();
+    assert!(
+        matches!(closed, Ok(None) | Err(_)),
+        "the connection is closed"
+    );
+    // A wrong token likewise; the right one is answered.
+    let mut stream = UnixStream::connect(&path).await.unwrap();
+    write_frame(&mut stream, &[b'0'; 64]).await.unwrap();
+    assert!(matches!(response(&mut stream).await, ApiResponse::Err(_)));
+    let transport = connect(&path).await.unwrap().expect("a live server");
+    let err = transport.request(Ping.into(), LIMIT).await.unwrap_err();
+    assert!(matches!(err, CallError::Api(e) if e.message == "ping"));
+    stop.send(()).unwrap();
+    tokio::time::timeout(LIMIT, task).await.unwrap().unwrap();
+    assert!(!token.exists(), "the token goes with the socket");
+}
+
+#[tokio::test]
 async fn garbage_is_answered_with_bad_input_and_the_connection_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let (path, stop, task) = start(dir.path());
-    let mut stream = UnixStream::connect(&path).await.unwrap();
+    let mut stream = open(&path).await;
     write_frame(&mut stream, b"\xc1 not msgpack").await.unwrap();
     match response(&mut stream).await {
         ApiResponse::Err(e) => {
@@ -98,7 +142,7 @@ async fn garbage_is_answered_with_bad_input_and_the_connection_goes_on() {
 async fn a_frame_over_the_limit_is_refused_and_the_connection_closed() {
     let dir = tempfile::tempdir().unwrap();
     let (path, stop, task) = start(dir.path());
-    let mut stream = UnixStream::connect(&path).await.unwrap();
+    let mut stream = open(&path).await;
     let len = (MAX_FRAME_BYTES as u32) + 1;
     stream.write_all(&len.to_be_bytes()).await.unwrap();
     match response(&mut stream).await {

@@ -209,6 +209,12 @@ impl ForkState {
             .send_control(run_id, wire::encode(&control)?)
             .await?;
         tracing::info!(fork.id = %fork_id, branch.label = %label, branch.state = %state, attempt, "fork.steer: sent");
+        if let ControlCommand::Steer { text } = &control.command {
+            self.unapplied_steers
+                .entry(run_id)
+                .or_default()
+                .push_back(text.clone());
+        }
         Ok(SteerOutcome {
             fork_id,
             label: label.to_string(),
@@ -348,6 +354,28 @@ impl ForkState {
             branch: b.record.view(),
             fork_state: self.record.state.clone(),
         })
+    }
+
+    /// Follow up the branches that ended `done` without steers sent to them while they ran
+    /// (each came after the worker's last look): the steers, joined, start the branch's
+    /// next turn (ADR 13), as `fork continue` would. One that cannot (the fork is being
+    /// merged) is logged.
+    pub(super) async fn follow_up_lost_steers(&mut self) {
+        for (run_id, text) in std::mem::take(&mut self.lost_steers) {
+            let Some(&i) = self.by_run.get(&run_id) else {
+                continue;
+            };
+            let label = self.branches[i].record.label.clone();
+            let pool = self.pool.clone();
+            match self.follow_up(&pool, &label, Some(text)).await {
+                Ok(_) => {
+                    tracing::info!(fork.id = %self.record.fork_id, branch.label = %label, "fork.steer: it came after the branch's last model call; a follow-up turn applies it")
+                }
+                Err(e) => {
+                    tracing::warn!(fork.id = %self.record.fork_id, branch.label = %label, error = %e, "fork.steer: it came after the branch's last model call and could not start a follow-up turn")
+                }
+            }
+        }
     }
 
     /// Mark the fork aborted (durably), then stop every branch still running. Aborting an

@@ -178,6 +178,14 @@ impl ForkState {
                 continue;
             }
             let run_id = ev.run_id;
+            if let Event::Steer { text } = &ev.event {
+                if let Some(sent) = self.unapplied_steers.get_mut(&run_id) {
+                    if let Some(at) = sent.iter().position(|t| t == text) {
+                        sent.remove(at);
+                    }
+                }
+            }
+            let b = &mut self.branches[i];
             let effect = b.arrive(ev.seq, ev.event);
             if effect.applied > 0 {
                 changed = true;
@@ -217,6 +225,13 @@ impl ForkState {
             if effect.became_terminal {
                 self.terminal += 1;
                 self.stopping.remove(&run_id);
+                let unapplied = self.unapplied_steers.remove(&run_id);
+                if let Some(sent) = unapplied.filter(|s| !s.is_empty()) {
+                    if self.branches[i].record.state == BranchState::Done {
+                        let text: Vec<String> = sent.into_iter().collect();
+                        self.lost_steers.push((run_id, text.join("\n\n")));
+                    }
+                }
             }
             if effect.reopened {
                 // A follow-up started a new turn of a finished branch (ADR 13).

@@ -274,12 +274,15 @@ pub enum Step {
     Write(String, String),
     Delete(String),
     Usage(u64, u64, f64),
+    /// The worker applied a steer (its `steer` event).
+    Steer(&'static str),
 }
 
 impl Step {
     pub async fn into_event(self, blobs: &Arc<dyn BlobStore>) -> Event {
         match self {
             Step::Status(state) => Event::Status { state, error: None },
+            Step::Steer(text) => Event::Steer { text: text.into() },
             Step::Fail(state, e) => Event::Status {
                 state,
                 error: Some(e.into()),

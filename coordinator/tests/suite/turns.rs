@@ -155,7 +155,12 @@ async fn a_steer_reaches_only_the_branch_named_and_only_while_it_runs() {
         a,
         a.first_seq + 1,
         1,
-        vec![Step::Respond("ok".into()), Step::Status(BranchState::Done)],
+        vec![
+            Step::Steer("go left"),
+            Step::Steer("second"),
+            Step::Respond("ok".into()),
+            Step::Status(BranchState::Done),
+        ],
     )
     .await;
     wait_view(&h, id, |v| {
@@ -244,6 +249,7 @@ async fn a_follow_up_runs_a_new_turn_of_a_done_branch_in_the_same_overlay() {
         attempt,
         vec![
             Step::Status(BranchState::Running),
+            Step::Steer("briefly"),
             Step::Respond("writing docs".into()),
             Step::Write("docs.md".into(), "docs\n".into()),
             Step::Usage(10, 5, 0.02),
@@ -584,4 +590,54 @@ async fn a_follow_up_of_a_branch_the_coordinator_ended_is_fenced_like_any_turn()
         })
         .collect();
     assert_eq!(written, ["kept.txt"]);
+}
+
+#[tokio::test]
+async fn a_steer_the_branch_ended_without_starts_a_follow_up_turn() {
+    let fx = Fixture::start().await;
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    let id = fx.create(plan(&["a"]), ParentRun::New, snap).await.fork_id;
+    let (task, delivery) = fx.pull().await;
+    fx.publish(
+        id,
+        task.run_id,
+        task.first_seq,
+        Event::Status {
+            state: BranchState::Running,
+            error: None,
+        },
+    )
+    .await;
+    wait_view(&h, id, |v| {
+        v.branch("a").unwrap().state == BranchState::Running
+    })
+    .await;
+    // Acknowledged while the branch runs, but its worker had looked for steers for the last
+    // time: its log ends `done` without it.
+    within(h.steer(id, "a", "one more thing".into()))
+        .await
+        .unwrap();
+    play_from(
+        &fx,
+        &task,
+        task.first_seq + 1,
+        1,
+        vec![
+            Step::Respond("all done".into()),
+            Step::Status(BranchState::Done),
+        ],
+    )
+    .await;
+    delivery.ack().await.unwrap();
+    // Not lost: the branch goes on with it, as `fork continue` would have started it.
+    let (again, _) = fx.pull().await;
+    assert_eq!(again.run_id, task.run_id);
+    let log = within(h.run_events(task.run_id)).await.unwrap();
+    assert!(
+        matches!(log.last(), Some((_, Event::FollowUp { text })) if text == "one more thing"),
+        "{log:?}"
+    );
+    let view = within(h.fork(id)).await.unwrap();
+    assert_eq!(view.branch("a").unwrap().state, BranchState::Pending);
 }

@@ -53,7 +53,7 @@
 use super::sse::SseParser;
 use super::{
     estimate_tokens, request_tokens, size_estimate, upper_bound_estimate, ModelProvider,
-    ModelReply, ModelRequest, BUDGET_CUT, RESERVATION_CUT,
+    ModelReply, ModelRequest, BUDGET_CUT, OUTPUT_CAP_CUT, RESERVATION_CUT,
 };
 use crate::error::WorkerError;
 use async_trait::async_trait;
@@ -73,6 +73,10 @@ use std::time::{Duration, Instant, SystemTime};
 const DEFAULT_TIMEOUT_S: f64 = 120.0;
 /// Retries of one call when the endpoint does not say.
 const DEFAULT_MAX_RETRIES: u32 = 3;
+/// The largest server-sent event a stream may carry (a Responses API `response.completed`
+/// holds the whole answer; a delta is a few bytes): past it the call fails, rather than
+/// hold an endless line in memory.
+const MAX_EVENT_BYTES: usize = 8 << 20;
 /// Characters of an API's error message kept in an error.
 const MAX_MESSAGE_CHARS: usize = 500;
 
@@ -271,6 +275,9 @@ impl<D: Dialect> HttpProvider<D> {
         let mut state = D::Stream::default();
         let api = &self.api;
         let mut done = false;
+        let output_bound = (u64::from(req.max_output_tokens) + D::extra_output_tokens(api))
+            .saturating_mul(2)
+            .saturating_add(256);
         // Nothing of the answer yet: a failure now is tried again.
         let fail = |state: &D::Stream, e: WorkerError| {
             if state.output_chars() == 0 {
@@ -296,7 +303,17 @@ impl<D: Dialect> HttpProvider<D> {
                 }
             };
             let Some(chunk) = chunk else { break };
-            for ev in parser.push(&chunk) {
+            let events = parser.push(&chunk);
+            if parser.pending_bytes() > MAX_EVENT_BYTES
+                || events.iter().any(|e| e.data.len() > MAX_EVENT_BYTES)
+            {
+                let e = api.bad_response(format!(
+                    "the answer's stream sent an event of more than {} MiB",
+                    MAX_EVENT_BYTES >> 20
+                ));
+                return Err(fail(&state, e));
+            }
+            for ev in events {
                 if ev.data.trim() == "[DONE]" {
                     done = true;
                     continue;
@@ -309,6 +326,21 @@ impl<D: Dialect> HttpProvider<D> {
                     if state.output_chars() > 0 {
                         meter.mark_generated();
                     }
+                }
+                // A provider that ignores `max_output_tokens` is stopped at twice it, budget
+                // or not (a spend cap below usually stops it first).
+                let output = estimate_tokens(state.output_chars());
+                if output > output_bound {
+                    drop(resp);
+                    tracing::warn!(
+                        model = %api.model,
+                        output_tokens = output,
+                        max_output_tokens = req.max_output_tokens,
+                        "the answer was cut mid-stream: the provider streamed far past max_output_tokens"
+                    );
+                    let mut reply = self.cut(&state, running_usage(&state, req), false);
+                    reply.finish_reason = Some(OUTPUT_CAP_CUT.to_string());
+                    return Ok(reply);
                 }
                 let Some(cap) = req.spend_cap else { continue };
                 let usage = running_usage(&state, req);

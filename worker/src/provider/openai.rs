@@ -550,7 +550,9 @@ impl StreamState for ChatStream {
                     slot.0 = call.id;
                 }
                 if let Some(f) = call.function {
-                    if let Some(name) = f.name {
+                    // A name comes whole; a server that repeats it on every delta of the
+                    // call is not read as `write_filewrite_file`.
+                    if let Some(name) = f.name.filter(|n| *n != slot.1) {
                         self.chars += name.chars().count() as u64;
                         slot.1.push_str(&name);
                     }

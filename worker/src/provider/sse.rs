@@ -50,6 +50,11 @@ impl SseParser {
         out
     }
 
+    /// Bytes held for the event being read (its line and data so far).
+    pub fn pending_bytes(&self) -> usize {
+        self.line.len() + self.data.len()
+    }
+
     /// The event still open when the stream ended without its blank line.
     pub fn finish(&mut self) -> Option<SseEvent> {
         if !self.line.is_empty() {

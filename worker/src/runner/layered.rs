@@ -456,6 +456,15 @@ impl Dirs {
     }
 }
 
+/// True when overlayfs can take `dir` (and what is below it) in its mount options: no
+/// `,`, `:` or `\` in its absolute path.
+pub fn mountable(dir: &Path) -> bool {
+    std::path::absolute(dir)
+        .ok()
+        .and_then(|d| d.to_str().map(|s| !s.contains([',', ':', '\\'])))
+        .unwrap_or(false)
+}
+
 /// What a command's child does between its start and exec to see its tree: everything it
 /// needs made before the child starts (C strings, the ID maps), so that [`Mount::apply`]
 /// only makes system calls.

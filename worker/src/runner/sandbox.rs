@@ -104,7 +104,7 @@ impl Support {
 }
 
 /// The kernel's Landlock ABI, 0 when it has none (not built in, or not enabled at boot).
-fn kernel_abi() -> i32 {
+pub(super) fn kernel_abi() -> i32 {
     // SAFETY: `landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)` only
     // returns the ABI version (or -1); it reads no memory.
     let v = unsafe {

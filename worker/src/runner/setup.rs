@@ -61,6 +61,11 @@ pub fn setup() -> &'static CommandSetup {
         // Without a `test` program to start there is nothing to try: the strongest set-up
         // is assumed (a command names its own failure).
         let can_probe = on_path("test");
+        let no_landlock = if sandbox::kernel_abi() > 0 {
+            format!("Landlock turned off ({}=0)", sandbox::ABI_OVERRIDE_ENV)
+        } else {
+            "no Landlock in this kernel".to_string()
+        };
         let setup = decide(
             sandbox::kernel_support(),
             layered::overlay_works(),
@@ -71,6 +76,7 @@ pub fn setup() -> &'static CommandSetup {
                     Ok(())
                 }
             },
+            &no_landlock,
         );
         log(&setup);
         setup
@@ -78,18 +84,20 @@ pub fn setup() -> &'static CommandSetup {
 }
 
 /// The set-up chosen from the kernel's `support` and whether overlays work (`overlay`), by
-/// trying each candidate, strongest first, with `try_start` (an `Err` is why it failed).
+/// trying each candidate, strongest first, with `try_start` (an `Err` is why it failed);
+/// `no_landlock` says why there is none, when `support` has none.
 pub(crate) fn decide(
     support: Support,
     overlay: Result<(), String>,
     try_start: impl Fn(bool, Support) -> Result<(), String>,
+    no_landlock: &str,
 ) -> CommandSetup {
     let mut why: Vec<String> = Vec::new();
     if let Err(e) = &overlay {
         why.push(format!("no layered trees: {e}"));
     }
     if !support.landlock() {
-        why.push("no Landlock in this kernel".into());
+        why.push(no_landlock.to_string());
     }
     let mut candidates: Vec<(bool, i32)> = Vec::new();
     if support.landlock() {

@@ -513,21 +513,31 @@ mod sandbox_prepare {
         let lands = Support { abi: 7 };
         // Everything works: layered under Landlock, and only that is tried.
         let tried = RefCell::new(Vec::new());
-        let s = decide(lands, Ok(()), |l, s| {
-            tried.borrow_mut().push((l, s.abi));
-            Ok(())
-        });
+        let s = decide(
+            lands,
+            Ok(()),
+            |l, s| {
+                tried.borrow_mut().push((l, s.abi));
+                Ok(())
+            },
+            "no Landlock in this kernel",
+        );
         assert_eq!((s.layered, s.landlock_abi, s.fallback), (true, 7, None));
         assert_eq!(tried.take(), vec![(true, 7)]);
         // The pair fails (the bug of a relative store): Landlock is kept, the trees go whole.
-        let s = decide(lands, Ok(()), |l, s| {
-            tried.borrow_mut().push((l, s.abi));
-            if l && s.abi > 0 {
-                Err("`test`: No such file or directory".into())
-            } else {
-                Ok(())
-            }
-        });
+        let s = decide(
+            lands,
+            Ok(()),
+            |l, s| {
+                tried.borrow_mut().push((l, s.abi));
+                if l && s.abi > 0 {
+                    Err("`test`: No such file or directory".into())
+                } else {
+                    Ok(())
+                }
+            },
+            "no Landlock in this kernel",
+        );
         assert_eq!((s.layered, s.landlock_abi), (false, 7));
         assert!(s
             .fallback
@@ -535,13 +545,18 @@ mod sandbox_prepare {
             .contains("layered trees under Landlock: `test`"));
         assert_eq!(tried.take(), vec![(true, 7), (false, 7)]);
         // Landlock fails whatever the tree: layered trees with the limits only.
-        let s = decide(lands, Ok(()), |_, s| {
-            if s.abi > 0 {
-                Err("EPERM".into())
-            } else {
-                Ok(())
-            }
-        });
+        let s = decide(
+            lands,
+            Ok(()),
+            |_, s| {
+                if s.abi > 0 {
+                    Err("EPERM".into())
+                } else {
+                    Ok(())
+                }
+            },
+            "no Landlock in this kernel",
+        );
         assert_eq!((s.layered, s.landlock_abi, s.kernel_abi), (true, 0, 7));
         // No overlay, no Landlock: nothing to try.
         let s = decide(
@@ -551,6 +566,7 @@ mod sandbox_prepare {
                 tried.borrow_mut().push((l, s.abi));
                 Ok(())
             },
+            "no Landlock in this kernel",
         );
         assert_eq!((s.layered, s.landlock_abi), (false, 0));
         assert!(tried.take().is_empty());

@@ -251,7 +251,10 @@ impl Trees {
             .base
             .get_or_try_init(|| async {
                 let started = Instant::now();
-                let base = match (confined, blobs.kept_trees_dir()) {
+                // A data dir whose path an overlay mount cannot take (a `,`, `:` or `\`
+                // in it) keeps no base: the base is made in this worker's directory.
+                let kept = blobs.kept_trees_dir().filter(|d| layered::mountable(d));
+                let base = match (confined, kept) {
                     (true, Some(dir)) => {
                         let name = cell.snapshot.to_hex();
                         Base::open_or_make_kept(&dir, &name, cell.tree.clone(), blobs).await?

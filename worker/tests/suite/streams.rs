@@ -16,7 +16,8 @@ use forkfleet_shared::ids::ReservationId;
 use forkfleet_shared::state::BranchState;
 use forkfleet_shared::wire;
 use forkfleet_worker::provider::{
-    AnthropicProvider, ModelProvider, OpenAiProvider, ResponsesProvider, REFUSAL, RESERVATION_CUT,
+    AnthropicProvider, ModelProvider, OpenAiProvider, ResponsesProvider, OUTPUT_CAP_CUT, REFUSAL,
+    RESERVATION_CUT,
 };
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -300,6 +301,9 @@ async fn a_strict_branch_is_cut_at_its_reservation_when_the_provider_ignores_max
     task.reserve = true;
     task.max_output_tokens = 100;
     task.on_truncated = forkfleet_shared::spec::OnTruncated::Stop;
+    // Input free, output $2 a million: the reservation is the output cap's worth, and the
+    // cut comes at 1.25 times it (before the output bound of twice the cap).
+    task.price = Some(forkfleet_shared::pricing::Price::flat(0.0, 2.0));
     // The test's coordinator grants every reservation and records what it was asked.
     let mut rx = fx.bus.serve(BUDGET_SUBJECT).await.unwrap();
     let (asked_tx, mut asked) = tokio::sync::mpsc::unbounded_channel::<BudgetRequest>();
@@ -577,4 +581,65 @@ async fn a_branchs_own_instructions_stay_after_the_shared_prefix() {
         last.contains("branch instructions") && last.contains("the steer"),
         "{body}"
     );
+}
+
+#[tokio::test]
+async fn a_tool_name_repeated_on_every_delta_is_one_name() {
+    let server = MockApi::start(|_, _| {
+        let delta = |args: &str| {
+            (
+                "",
+                json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "id": "c1", "type": "function",
+                 "function": {"name": "write_file", "arguments": args}}]}}]}),
+            )
+        };
+        sse(vec![
+            delta("{\"path\":"),
+            delta("\"a\"}"),
+            (
+                "",
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+            ),
+        ])
+    })
+    .await;
+    let reply = ask(&openai(&server, 30.0, 0)).await.unwrap();
+    assert_eq!(reply.tool_calls.len(), 1);
+    assert_eq!(reply.tool_calls[0].name, "write_file");
+    assert_eq!(reply.tool_calls[0].args, json!({"path": "a"}));
+}
+
+#[tokio::test]
+async fn a_stream_far_past_max_tokens_is_cut_without_a_budget_and_a_huge_event_fails() {
+    // No budget at all: text forever, cut at twice max_output_tokens (plus 256).
+    let mut server = MockApi::start(|_, _| Answer::Sse {
+        events: (0..5000)
+            .map(|_| {
+                let (n, v) = text_chunk("tokentokentoken ");
+                (n.to_string(), v.to_string())
+            })
+            .collect(),
+        hang: true,
+    })
+    .await;
+    let p = openai(&server, 30.0, 0);
+    let hi = user("hi");
+    let r = forkfleet_worker::provider::ModelRequest {
+        max_output_tokens: 100,
+        ..req(&hi, &[])
+    };
+    let reply = call(&p, &r).await.unwrap();
+    assert_eq!(reply.finish_reason.as_deref(), Some(OUTPUT_CAP_CUT));
+    assert!(reply.usage.output_tokens > 456 && reply.usage.output_tokens <= 460);
+    server.until_dropped().await;
+
+    // One event of more than 8 MiB: the call fails (nothing held past the bound).
+    let server = MockApi::start(|_, _| {
+        let big = "x".repeat(9 << 20);
+        sse(vec![text_chunk("start "), text_chunk(&big)])
+    })
+    .await;
+    let err = ask(&openai(&server, 30.0, 0)).await.unwrap_err();
+    assert!(err.contains("more than 8 MiB"), "{err}");
 }
