@@ -12,32 +12,54 @@ use crate::genai::{error_type, tool_failed, tool_span, ChatSpan};
 use crate::provider::{
     is_refused, is_truncated, ModelRequest, SpendCap, StreamMeter, BUDGET_CUT, RESERVATION_CUT,
 };
+use crate::tools::ToolBox;
+use crate::warmup::{self, Turn};
+use forkfleet_shared::budget::OnExhausted;
 use forkfleet_shared::budget::{estimate_cost, Settle};
+use forkfleet_shared::event::{messages_from_events, Event, Message, Usage};
+use forkfleet_shared::ids::ReservationId;
+use forkfleet_shared::lineage::{tool_call_hash, RequestHash, RequestHasher};
+use forkfleet_shared::overlay::ChangeOp;
+use forkfleet_shared::protocol::BranchTask;
+use forkfleet_shared::spec::{OnTruncated, CONTINUE_TRUNCATED};
+use forkfleet_shared::state::BranchState;
+use tracing::Instrument;
 
 /// How far past its reservation a streamed answer may run before it is cut (strict mode):
 /// its output is estimated at four characters a token as it streams, which a legitimate
 /// answer of `max_output_tokens` may exceed a little.
 const RESERVATION_MARGIN: f64 = 1.25;
 
+/// Count and publish the metered `usage` of a call that gave no reply (cancelled, or
+/// broken after some of its answer): what the provider bills for it, estimated.
+async fn pay_metered(
+    out: &mut Publisher,
+    run: &mut Run,
+    task: &BranchTask,
+    reservation: Option<ReservationId>,
+    usage: Usage,
+) -> Result<(), WorkerError> {
+    let cost_usd = task.price.map_or(0.0, |p| p.cost(&usage));
+    run.spent_usd += cost_usd;
+    run.last_settle = settle(reservation, cost_usd);
+    out.publish(Event::Usage {
+        model: task.model.clone(),
+        usage,
+        cost_usd,
+        reservation,
+        cached: false,
+    })
+    .await?;
+    Ok(())
+}
+
 /// What the next reservation request says of this call.
-fn settle(
-    reservation: Option<forkfleet_shared::ids::ReservationId>,
-    cost_usd: f64,
-) -> Option<Settle> {
+fn settle(reservation: Option<ReservationId>, cost_usd: f64) -> Option<Settle> {
     reservation.map(|reservation| Settle {
         reservation,
         cost_usd,
     })
 }
-use crate::tools::ToolBox;
-use crate::warmup::{self, Turn};
-use forkfleet_shared::budget::OnExhausted;
-use forkfleet_shared::event::{messages_from_events, Event, Message};
-use forkfleet_shared::lineage::{tool_call_hash, RequestHash, RequestHasher};
-use forkfleet_shared::overlay::ChangeOp;
-use forkfleet_shared::spec::{OnTruncated, CONTINUE_TRUNCATED};
-use forkfleet_shared::state::BranchState;
-use tracing::Instrument;
 
 /// Run the next turn of the branch: the step it leads to.
 pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError> {
@@ -302,17 +324,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                     chat.cancelled();
                     tracing::info!("model call cancelled: the branch stops or is handed back");
                     if let (Step::Finish(..), Some(usage)) = (&step, meter.get()) {
-                        let cost_usd = task.price.map_or(0.0, |p| p.cost(&usage));
-                        run.spent_usd += cost_usd;
-                        run.last_settle = settle(reservation, cost_usd);
-                        out.publish(Event::Usage {
-                            model: task.model.clone(),
-                            usage,
-                            cost_usd,
-                            reservation,
-                            cached: false,
-                        })
-                        .await?;
+                        pay_metered(out, run, task, reservation, usage).await?;
                     }
                     return Ok(step);
                 }
@@ -323,17 +335,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                     // A stream that broke after some of the answer: the provider generated
                     // it and bills it; it is counted (estimated from what arrived).
                     if let Some(usage) = meter.generated() {
-                        let cost_usd = task.price.map_or(0.0, |p| p.cost(&usage));
-                        run.spent_usd += cost_usd;
-                        run.last_settle = settle(reservation, cost_usd);
-                        out.publish(Event::Usage {
-                            model: task.model.clone(),
-                            usage,
-                            cost_usd,
-                            reservation,
-                            cached: false,
-                        })
-                        .await?;
+                        pay_metered(out, run, task, reservation, usage).await?;
                     }
                     return Ok(Step::Finish(
                         BranchState::Failed,

@@ -75,6 +75,19 @@ fn finish_chunk() -> (&'static str, Value) {
     )
 }
 
+/// A stream that never ends: a provider ignoring `max_tokens` (until the client goes).
+fn endless() -> Answer {
+    Answer::Sse {
+        events: (0..5000)
+            .map(|_| {
+                let (n, v) = text_chunk("tokentokentoken ");
+                (n.to_string(), v.to_string())
+            })
+            .collect(),
+        hang: true,
+    }
+}
+
 async fn ask<P: ModelProvider>(p: &P) -> Result<forkfleet_worker::provider::ModelReply, String> {
     let hi = user("hi");
     call(p, &req(&hi, &[])).await.map_err(|e| e.to_string())
@@ -286,16 +299,7 @@ async fn a_stream_that_breaks_is_charged_for_what_it_streamed() {
 #[tokio::test]
 async fn a_strict_branch_is_cut_at_its_reservation_when_the_provider_ignores_max_tokens() {
     // A provider that ignores `max_tokens`: text forever (and a bill to match).
-    let mut server = MockApi::start(|_, _| Answer::Sse {
-        events: (0..5000)
-            .map(|_| {
-                let (n, v) = text_chunk("tokentokentoken ");
-                (n.to_string(), v.to_string())
-            })
-            .collect(),
-        hang: true,
-    })
-    .await;
+    let mut server = MockApi::start(|_, _| endless()).await;
     let fx = Fixture::new().await;
     let mut task = real_task(&fx, &server, "strict");
     task.reserve = true;
@@ -613,16 +617,7 @@ async fn a_tool_name_repeated_on_every_delta_is_one_name() {
 #[tokio::test]
 async fn a_stream_far_past_max_tokens_is_cut_without_a_budget_and_a_huge_event_fails() {
     // No budget at all: text forever, cut at twice max_output_tokens (plus 256).
-    let mut server = MockApi::start(|_, _| Answer::Sse {
-        events: (0..5000)
-            .map(|_| {
-                let (n, v) = text_chunk("tokentokentoken ");
-                (n.to_string(), v.to_string())
-            })
-            .collect(),
-        hang: true,
-    })
-    .await;
+    let mut server = MockApi::start(|_, _| endless()).await;
     let p = openai(&server, 30.0, 0);
     let hi = user("hi");
     let r = forkfleet_worker::provider::ModelRequest {
