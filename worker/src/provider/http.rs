@@ -19,7 +19,8 @@
 //!   and every text taken from an answer is redacted of it before it reaches an error or a
 //!   log.
 //! - **Retries.** One call is at most `max_retries + 1` HTTP requests (default 3 retries),
-//!   each bounded by `timeout_s` (default 120 s, connecting and reading the whole answer);
+//!   each bounded by `timeout_s` (default 120 s: a whole answer as a whole; a stream up to
+//!   its headers, then each chunk within `timeout_s` of the one before);
 //!   the body and the headers are built once per call. Answers 408, 429 (except
 //!   `insufficient_quota`) and 5xx, and requests that got no answer (connection refused or
 //!   reset, timeout) are retried: after the answer's `retry-after-ms` or `retry-after`
@@ -36,8 +37,11 @@
 //!   asks for server-sent events and the dialect's [`StreamState`] assembles the answer from
 //!   them (text, tool calls, reasoning, usage from the last events) into the body a
 //!   non-streamed call would have had, read as one. An answer that comes back as plain JSON
-//!   (a server that ignores `stream`) is read as such. Retries cover getting the answer's
-//!   status; a stream broken after it is an error. With a [`super::SpendCap`], the running
+//!   (a server that ignores `stream`) is read as such. An answer is finished only when the
+//!   provider said so ([`StreamState::finished`]): a stream that ends without it is an
+//!   error. A stream that fails before any of its answer arrived is tried again (within the
+//!   same tries); after, the failure is final and the caller's meter holds what streamed
+//!   (ADR 35). With a [`super::SpendCap`], the running
 //!   cost (the input as the stream reported it, else estimated from sizes, plus the output
 //!   so far at four characters a token) is checked at every event: past the cap, the
 //!   stream is closed and the partial text comes back marked [`super::BUDGET_CUT`], its
