@@ -1131,7 +1131,12 @@ pub(super) fn estimated_usage(
         model = %api.model,
         "the API reported no usage; tokens are estimated from sizes"
     );
-    size_estimate(req.messages, text, calls)
+    // The input as the meter counts it (messages and tool schemas), so an answer that
+    // finished is not charged less input than one cut on the same request.
+    Usage::tokens(
+        request_tokens(req),
+        size_estimate(req.messages, text, calls).output_tokens,
+    )
 }
 
 /// A tool call's arguments as the API sent them: a JSON object in a string (parsed), an

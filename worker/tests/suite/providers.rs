@@ -417,12 +417,13 @@ async fn openai_tool_calls_are_parsed() {
             },
         ]
     );
-    // One token per four characters: of "write x.txt" (11), and of the calls' names and
-    // arguments as JSON (10 + 31, 9 + 11, 10 + 2).
+    // One token per four characters: of the request as the meter counts it ("write
+    // x.txt", 11, and the tool list `[]`, 2), and of the calls' names and arguments as
+    // JSON (10 + 31, 9 + 11, 10 + 2).
     assert_eq!(
         reply.usage,
         Usage {
-            input_tokens: 3,
+            input_tokens: 4,
             output_tokens: 19,
             cached_tokens: 0,
             cache_write_tokens: 0,
