@@ -529,3 +529,103 @@ fn budget_commands_over_nats() {
     assert!(close(shown.spent_usd, total), "{shown:?}");
     assert_eq!(shown.forks, 1);
 }
+
+/// A model server that ignores `max_tokens`: every chat completion streams text until the
+/// client goes away. Its port.
+fn endless_model() -> u16 {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            std::thread::spawn(move || {
+                let mut out = stream.try_clone().unwrap();
+                let mut reader = BufReader::new(stream);
+                let mut length = 0;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let line = line.trim();
+                    if line.is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = line.split_once(':') {
+                        if k.eq_ignore_ascii_case("content-length") {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                }
+                let mut body = vec![0; length];
+                if reader.read_exact(&mut body).is_err() {
+                    return;
+                }
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+                if out.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tokentokentoken \"}}]}\n\n";
+                // Bounded: 200,000 chunks, or until the client closes the connection.
+                for _ in 0..200_000 {
+                    if out.write_all(chunk.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn a_strict_cap_holds_against_a_provider_that_ignores_max_tokens() {
+    let port = endless_model();
+    let ex = Example::quickstart();
+    // $100 a million output tokens: a call reserves about 100 tokens' worth ($0.01) and
+    // its input; the $0.05 cap holds a few calls.
+    let spec = ex.write_spec(&format!(
+        "goal = \"g\"\nworkspace = \"workspace\"\nmodel = \"openai:fake\"\nmax_turns = 40\n\
+         max_output_tokens = 100\nbudget_mode = \"strict\"\n\
+         [models.\"openai:fake\"]\nbase_url = \"http://127.0.0.1:{port}/v1\"\nmax_retries = 0\n\
+         price = {{ input_per_mtok = 0.01, output_per_mtok = 100.0 }}\n\
+         [[branches]]\nlabel = \"capped\"\nbudget_usd = 0.05\n"
+    ));
+    let data = ex.data();
+    let out = forkfleet_env(
+        &[
+            "run",
+            path_str(&spec),
+            "--data",
+            path_str(&data),
+            "--json",
+            "--timeout-s",
+            "120",
+        ],
+        &[("FORKFLEET_ALLOWED_MODEL_HOSTS", "127.0.0.1")],
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stderr(&out)));
+    let id = doc["fork_id"].as_str().unwrap();
+    let cost = cost_of(id, &data);
+    let b = &cost.branches[0];
+    eprintln!(
+        "strict $0.05 against an endless stream: {} calls, spent ${:.6}, overrun ${:.6}",
+        b.calls, b.spent_usd, b.overrun_usd
+    );
+    assert_eq!(b.state, BranchState::BudgetExhausted, "{b:?}");
+    // Every call was cut at its reservation (1.25 times it, plus a chunk): the spend stays
+    // within one call's reservation of the cap, and what passed it is reported.
+    let reservation = 0.0125;
+    assert!(b.calls >= 2, "{b:?}");
+    assert!(
+        b.spent_usd <= 0.05 + reservation,
+        "spent {} of a $0.05 cap",
+        b.spent_usd
+    );
+    assert!(
+        (b.overrun_usd - (b.spent_usd - 0.05).max(0.0)).abs() < 1e-9,
+        "{b:?}"
+    );
+}
