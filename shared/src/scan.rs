@@ -288,8 +288,17 @@ fn matcher(dir: &Path, root: bool, opts: &ScanOptions) -> Result<Option<Gitignor
     })
 }
 
+/// The file every forkfleet data dir (run store) holds at its root (the coordinator's
+/// `STORE_ID_FILE`).
+pub const DATA_DIR_MARK: &str = "store-id";
+
+/// True when `dir` is a forkfleet data dir: its [`DATA_DIR_MARK`] file and sled's `conf`.
+fn is_data_dir(dir: &Path) -> bool {
+    dir.join(DATA_DIR_MARK).is_file() && dir.join("conf").is_file()
+}
+
 /// List `root` for a snapshot (see the module's documentation). Symlinks are recorded,
-/// never followed. Blocking.
+/// never followed. A forkfleet data dir below it, whatever its name, is left out. Blocking.
 pub fn list(root: &Path, opts: &ScanOptions) -> Result<Listing, ScanError> {
     if !root.is_dir() {
         return Err(ScanError::NotADirectory(root.to_path_buf()));
@@ -334,6 +343,10 @@ pub fn list(root: &Path, opts: &ScanOptions) -> Result<Listing, ScanError> {
             let is_dir = meta.is_dir();
             let why = if opts.exclude.iter().any(|x| x == name) {
                 Some((LeftOutWhy::Exclude, format!("exclude: {name}")))
+            } else if is_dir && is_data_dir(&full) {
+                // A run store under the workspace, whatever its name: its files (a live
+                // run's socket token among them) never reach a branch's tree.
+                Some((LeftOutWhy::Exclude, format!("a forkfleet data dir: {name}")))
             } else {
                 rules
                     .ignored(root, &full, is_dir)

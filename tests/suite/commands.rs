@@ -193,3 +193,39 @@ fn commands_run_when_the_data_dir_has_characters_an_overlay_cannot_take() {
         assert_eq!(paths, created(), "{name}: {log}");
     }
 }
+
+#[test]
+fn a_data_dir_inside_the_workspace_never_reaches_a_branchs_tree() {
+    let dir = project("auto");
+    std::fs::write(
+        dir.path().join("script.toml"),
+        r#"
+[[turns.a]]
+tool_calls = [
+  { name = "run_command", args = { command = ["sh", "-c", "ls -a > seen.txt; cat .ff/api.token > got.txt; echo $? > rc.txt"] } },
+]
+
+[[turns.a]]
+text = "done"
+"#,
+    )
+    .unwrap();
+    // The data dir under the workspace, under a name no rule knows.
+    let out = command()
+        .current_dir(dir.path())
+        .args(["run", "fork.toml", "--data", "ws/.ff", "--pick", "a"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let seen = std::fs::read_to_string(dir.path().join("ws/seen.txt")).unwrap();
+    assert!(!seen.lines().any(|l| l == ".ff"), "{seen}");
+    assert!(std::fs::read_to_string(dir.path().join("ws/got.txt"))
+        .unwrap()
+        .is_empty());
+    assert_ne!(
+        std::fs::read_to_string(dir.path().join("ws/rc.txt"))
+            .unwrap()
+            .trim(),
+        "0"
+    );
+}

@@ -200,6 +200,21 @@ impl ForkState {
             });
         }
         let attempt = self.current_attempt(i);
+        // A branch whose task waits for a worker (a follow-up, a resume): no worker reads
+        // its commands yet, so the steer goes into its log, where the worker that takes it
+        // over reads its history.
+        if self.requeued.contains(&run_id) {
+            self.append_own(i, vec![Event::Steer { text }])?;
+            self.store.flush_async().await?;
+            tracing::info!(fork.id = %fork_id, branch.label = %label, branch.state = %state, "fork.steer: recorded in the log of a branch whose task waits for a worker");
+            return Ok(SteerOutcome {
+                fork_id,
+                label: label.to_string(),
+                run_id,
+                state,
+                attempt,
+            });
+        }
         let control = Control {
             run_id,
             command: ControlCommand::Steer { text },

@@ -241,7 +241,11 @@ impl ForkState {
             if effect.state_changed {
                 let b = &self.branches[i];
                 self.ledger.on_state(run_id, b.record.state);
-                self.requeued.remove(&run_id);
+                // Its task is still queued while the branch is pending (a follow-up's own
+                // event made it so): commands go to the attempt that task will run under.
+                if b.record.state != BranchState::Pending {
+                    self.requeued.remove(&run_id);
+                }
                 tracing::debug!(fork.id = %fork_id, branch.label = %b.record.label, state = %b.record.state, "fork.branch_state");
                 if let Err(e) = self.store.put_branch(&b.record) {
                     tracing::error!(fork.id = %fork_id, branch.label = %b.record.label, error = %e, "fork.branch_state: cannot write the branch record");

@@ -8,7 +8,8 @@ use std::io::Write as _;
 use std::path::Path;
 
 /// The file holding the store id, in the data dir.
-pub const STORE_ID_FILE: &str = "store-id";
+/// The same name the workspace scan knows a data dir by.
+pub const STORE_ID_FILE: &str = forkfleet_shared::scan::DATA_DIR_MARK;
 
 /// The store id of the data dir `dir`, created (and the directory with it) if it has none.
 /// Two processes creating it at once agree: the file appears whole or not at all (written

@@ -640,4 +640,14 @@ async fn a_steer_the_branch_ended_without_starts_a_follow_up_turn() {
     );
     let view = within(h.fork(id)).await.unwrap();
     assert_eq!(view.branch("a").unwrap().state, BranchState::Pending);
+    // A steer while that task waits for a worker (none reads the branch's commands yet)
+    // goes into the log, where the worker that takes the branch over reads it.
+    within(h.steer(id, "a", "and another".into()))
+        .await
+        .unwrap();
+    let log = within(h.run_events(task.run_id)).await.unwrap();
+    assert!(
+        matches!(log.last(), Some((_, Event::Steer { text })) if text == "and another"),
+        "{log:?}"
+    );
 }

@@ -315,7 +315,8 @@ impl<D: Dialect> HttpProvider<D> {
                     "the answer's stream sent an event of more than {} MiB",
                     MAX_EVENT_BYTES >> 20
                 ));
-                return Err(fail(&state, e));
+                // Final: a server that sends one will send it again.
+                return Err(StreamFailure::Partial(e));
             }
             for ev in events {
                 if ev.data.trim() == "[DONE]" {

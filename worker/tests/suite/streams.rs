@@ -635,6 +635,7 @@ async fn a_stream_far_past_max_tokens_is_cut_without_a_budget_and_a_huge_event_f
         sse(vec![text_chunk("start "), text_chunk(&big)])
     })
     .await;
-    let err = ask(&openai(&server, 30.0, 0)).await.unwrap_err();
+    let err = ask(&openai(&server, 30.0, 2)).await.unwrap_err();
     assert!(err.contains("more than 8 MiB"), "{err}");
+    assert_eq!(server.requests().len(), 1, "not tried again");
 }
