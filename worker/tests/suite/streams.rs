@@ -33,6 +33,21 @@ fn entry(server: &MockApi, timeout_s: f64, max_retries: u32) -> CatalogueModel {
     )
 }
 
+/// `model` at `server`, answering whole JSON (no stream), never retried.
+fn unstreamed<D: forkfleet_worker::provider::http::Dialect>(
+    server: &MockApi,
+    model: &str,
+) -> forkfleet_worker::provider::http::HttpProvider<D> {
+    provider_with(
+        model,
+        &entry(server, 30.0, 0),
+        &Endpoint {
+            stream: Some(false),
+            ..Endpoint::default()
+        },
+    )
+}
+
 fn openai(server: &MockApi, timeout_s: f64, retries: u32) -> OpenAiProvider {
     provider_with(
         "openai:test-model",
@@ -365,14 +380,7 @@ async fn a_refusal_is_its_own_end_with_its_text_kept() {
         )
     })
     .await;
-    let p: OpenAiProvider = provider_with(
-        "openai:test-model",
-        &entry(&server, 30.0, 0),
-        &Endpoint {
-            stream: Some(false),
-            ..Endpoint::default()
-        },
-    );
+    let p: OpenAiProvider = unstreamed(&server, "openai:test-model");
     let reply = ask(&p).await.unwrap();
     assert_eq!(reply.finish_reason.as_deref(), Some(REFUSAL));
     assert_eq!(reply.text.as_deref(), Some("I can't help with that."));
@@ -541,14 +549,7 @@ async fn a_branchs_own_instructions_stay_after_the_shared_prefix() {
         )
     })
     .await;
-    let p: AnthropicProvider = provider_with(
-        "anthropic:claude-test",
-        &entry(&server, 30.0, 0),
-        &Endpoint {
-            stream: Some(false),
-            ..Endpoint::default()
-        },
-    );
+    let p: AnthropicProvider = unstreamed(&server, "anthropic:claude-test");
     use forkfleet_shared::event::Message;
     // The fork's shared history (system prompt, goal), then the branch's own instructions
     // and steer.
