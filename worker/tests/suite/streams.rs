@@ -268,6 +268,19 @@ async fn tool_call_deltas_without_an_index_stay_apart() {
     );
 }
 
+/// Run one branch of `label` against `server` on a worker: how it ended, and its log.
+async fn run_one(server: &MockApi, label: &str) -> (BranchState, Option<String>, Vec<Event>) {
+    let fx = Fixture::new().await;
+    let task = real_task(&fx, server, label);
+    fx.enqueue(&task).await;
+    let mut events = fx.events().await;
+    let worker = start(&fx, catalogued(server, 1)).await;
+    events.until_terminal(&[task.run_id]).await;
+    shutdown(worker).await;
+    let (state, why) = events.terminal(task.run_id).unwrap();
+    (state, why, events.of(task.run_id))
+}
+
 /// The branch's usage events: (cost, reservation).
 fn usages(log: &[Event]) -> Vec<(f64, Option<ReservationId>)> {
     log.iter()
@@ -290,17 +303,9 @@ async fn a_stream_that_breaks_is_charged_for_what_it_streamed() {
             .collect())
     })
     .await;
-    let fx = Fixture::new().await;
-    let task = real_task(&fx, &server, "broken");
-    fx.enqueue(&task).await;
-    let mut events = fx.events().await;
-    let worker = start(&fx, catalogued(&server, 1)).await;
-    events.until_terminal(&[task.run_id]).await;
-    shutdown(worker).await;
-    let (state, why) = events.terminal(task.run_id).unwrap();
+    let (state, why, log) = run_one(&server, "broken").await;
     assert_eq!(state, BranchState::Failed);
     assert!(why.unwrap().contains("ended before the provider said"));
-    let log = events.of(task.run_id);
     let paid = usages(&log);
     assert_eq!(paid.len(), 1, "{paid:?}");
     // 200 characters streamed: 50 output tokens at $2 a million, with the input.
@@ -439,17 +444,10 @@ async fn a_refused_or_filtered_branch_ends_refused_never_done() {
             sse(events)
         })
         .await;
-        let fx = Fixture::new().await;
-        let task = real_task(&fx, &server, "refusing");
-        fx.enqueue(&task).await;
-        let mut events = fx.events().await;
-        let worker = start(&fx, catalogued(&server, 1)).await;
-        events.until_terminal(&[task.run_id]).await;
-        shutdown(worker).await;
-        let (state, why) = events.terminal(task.run_id).unwrap();
+        let (state, why, log) = run_one(&server, "refusing").await;
         assert_eq!(state, BranchState::Refused, "{finish}");
         let why = why.unwrap();
-        let kept = events.of(task.run_id).iter().find_map(|e| match e {
+        let kept = log.iter().find_map(|e| match e {
             Event::ModelResponse { text, .. } => text.clone(),
             _ => None,
         });
