@@ -48,9 +48,16 @@ fn read(p: &Path) -> Option<String> {
 /// Every non-directory under `root`, relative, `/`-separated (symbolic links included).
 fn files_under(root: &Path) -> BTreeSet<String> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) {
-        for e in std::fs::read_dir(dir).unwrap() {
-            let e = e.unwrap();
-            let ft = e.file_type().unwrap();
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return; // Replaced by a sync meanwhile.
+        };
+        for e in entries {
+            let Ok(e) = e else { continue };
+            // A file a sync is writing (a temporary name, renamed into place once whole).
+            if e.file_name().to_string_lossy().starts_with(".ff-tmp-") {
+                continue;
+            }
+            let Ok(ft) = e.file_type() else { continue };
             if ft.is_dir() {
                 walk(root, &e.path(), out);
             } else {
