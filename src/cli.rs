@@ -435,28 +435,50 @@ impl Incomplete {
     }
 }
 
-/// The branches of `view` that failed (their state `failed`), as the exit code's reason:
-/// a command that waited for a fork to finish exits 1 when any branch failed (README,
-/// "Exit codes"), after printing what it prints.
+/// How a branch in `state` ended without doing its task, for the exit code: `failed`, or
+/// `refused` (the model refused it or a content filter stopped it); `None` otherwise.
+pub(crate) fn did_not_finish(state: forkfleet_shared::state::BranchState) -> Option<&'static str> {
+    use forkfleet_shared::state::BranchState;
+    match state {
+        BranchState::Failed => Some("failed"),
+        BranchState::Refused => Some("refused"),
+        _ => None,
+    }
+}
+
+/// The branches of `view` that failed or were refused, as the exit code's reason: a
+/// command that waited for a fork to finish exits 1 when any did (README, "Exit codes"),
+/// after printing what it prints.
 pub(crate) fn failed_branches(view: &forkfleet_shared::api::ForkView) -> Option<Incomplete> {
+    let mut refusals = false;
     let failed: Vec<String> = view
         .branches
         .iter()
-        .filter(|b| b.state == forkfleet_shared::state::BranchState::Failed)
-        .map(|b| match &b.error {
-            Some(e) => {
-                let short: String = e.chars().take(200).collect();
-                let more = if short.len() < e.len() { "…" } else { "" };
-                format!("`{}` ({short}{more})", b.label)
+        .filter_map(|b| Some((b, did_not_finish(b.state)?)))
+        .map(|(b, how)| {
+            let how = if how == "refused" {
+                refusals = true;
+                "refused: "
+            } else {
+                ""
+            };
+            match &b.error {
+                Some(e) => {
+                    let short: String = e.chars().take(200).collect();
+                    let more = if short.len() < e.len() { "…" } else { "" };
+                    format!("`{}` ({how}{short}{more})", b.label)
+                }
+                None if how.is_empty() => format!("`{}`", b.label),
+                None => format!("`{}` (refused)", b.label),
             }
-            None => format!("`{}`", b.label),
         })
         .collect();
     (!failed.is_empty()).then(|| {
         Incomplete::Failed(format!(
-            "{} of {} failed: {}",
+            "{} of {} {}: {}",
             render::count(failed.len(), "branch", "branches"),
             view.branches.len(),
+            if refusals { "did not finish" } else { "failed" },
             failed.join("; ")
         ))
     })

@@ -266,10 +266,11 @@ pub async fn run_fork(
     let requested = opts.pick.as_deref().or(solo_pick);
     let awaiting = !awaiting_labels(&view).is_empty();
     // Nothing runs now: merge the pick only if it finished (not paused, not waiting) and
-    // did not fail (its partial work stays in the fork, for `fork merge`).
+    // did not fail or refuse (its partial work stays in the fork, for `fork merge`).
     let pick = requested.filter(|p| {
         view.branch(p).is_some_and(|b| {
-            b.state.is_terminal() && b.state != forkfleet_shared::state::BranchState::Failed
+            use forkfleet_shared::state::BranchState;
+            b.state.is_terminal() && !matches!(b.state, BranchState::Failed | BranchState::Refused)
         })
     });
     let merge = match pick {

@@ -146,6 +146,20 @@ impl State {
             .fold(0.0, |a, b| a + b)
     }
 
+    /// What reservations `keep` selects that a live attempt holds (its branch's current
+    /// attempt, the branch not finished): what may come back soon, when their calls
+    /// settle. A superseded attempt's reservation (its worker lost, ADR 18) is left to
+    /// expire and not counted.
+    fn reserved_live(&self, keep: impl Fn(&ReservationRecord) -> bool) -> f64 {
+        self.reserved(|r| {
+            keep(r)
+                && self
+                    .runs
+                    .get(&r.run_id)
+                    .is_some_and(|run| r.attempt >= run.min_attempt && !run.state.is_terminal())
+        })
+    }
+
     fn account_spent(&self, name: &str) -> f64 {
         self.forks
             .values()

@@ -117,6 +117,15 @@ pub struct BudgetRequest {
     /// this decision while the reservation is still held (its event settles it for good).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settles: Option<Settle>,
+    /// The least the call may be granted: what the branch's calls so far say it needs (its
+    /// input bound scaled by how far the provider's counts fell below the bound, and its
+    /// largest answer as output). When `estimate_usd` does not fit under a cap but this
+    /// does, the ledger grants what room is left ([`BudgetReply::Partial`]) and the worker
+    /// lowers the call's output cap to fit it; when other reservations hold the room this
+    /// needs, it answers [`BudgetReply::Wait`]. `None` (a worker that learns nothing, or
+    /// an older one): the whole estimate or nothing, and neither answer is sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub least_usd: Option<f64>,
 }
 
 /// A call's actual cost, for the reservation that paid for it.
@@ -136,6 +145,13 @@ impl WireMessage for BudgetRequest {
 pub enum BudgetReply {
     /// Make the call; name the reservation in its `usage` event.
     Granted { reservation: ReservationId },
+    /// Make the call within `usd`, less than the estimate asked for and at least its
+    /// `least_usd`: all the room a cap had left. The worker lowers the call's output cap so
+    /// that the call fits. Sent only to a request with `least_usd`.
+    Partial {
+        reservation: ReservationId,
+        usd: f64,
+    },
     /// Do not make the call: a cap has no room for it. `state` is `budget_exhausted` (the
     /// branch's own cap) or `aggregate_budget_exhausted` (the fork's or the account's).
     Refused { state: BranchState, reason: String },
@@ -146,6 +162,11 @@ pub enum BudgetReply {
     Superseded { by: u32 },
     /// The coordinator could not decide (its store failed): try again later.
     Retry { reason: String },
+    /// Not now: other calls' reservations hold the room this one needs under a cap, and
+    /// what they do not spend comes back when they settle (or expire). Ask again shortly;
+    /// this is not a failure and has no limit of tries. Sent only to a request with
+    /// `least_usd`.
+    Wait { reason: String },
 }
 
 impl WireMessage for BudgetReply {

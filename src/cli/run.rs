@@ -352,13 +352,13 @@ async fn run_fork(
         .into());
     }
     if let Some(p) = &args.pick {
-        if let Some(b) = out
+        if let Some((b, how)) = out
             .view
             .branch(p)
-            .filter(|b| b.state == forkfleet_shared::state::BranchState::Failed)
+            .and_then(|b| Some((b, crate::cli::did_not_finish(b.state)?)))
         {
             return Err(Incomplete::Failed(format!(
-                "--pick `{p}` failed ({}): nothing was merged; its partial work stays in the fork: merge it anyway with `forkfleet fork merge {fork_id} --pick {p}{data_flag}`",
+                "--pick `{p}` {how} ({}): nothing was merged; its partial work stays in the fork: merge it anyway with `forkfleet fork merge {fork_id} --pick {p}{data_flag}`",
                 b.error.as_deref().unwrap_or("no reason recorded")
             ))
             .into());

@@ -629,3 +629,172 @@ fn a_strict_cap_holds_against_a_provider_that_ignores_max_tokens() {
         "{b:?}"
     );
 }
+
+/// One call a [`thrifty_model`] answered: the output cap asked for and the tokens billed.
+#[derive(Debug, Clone, Copy)]
+struct Billed {
+    max_tokens: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+}
+
+/// A model server that honours the output cap and answers briefly: every chat completion is
+/// a `list_files` call of 30 output tokens (fewer when the cap is lower: then a cut text),
+/// its input counted at four bytes a token. Streams when asked. Its port, and what it
+/// billed.
+fn thrifty_model() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Billed>>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let billed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let log = billed.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let mut out = stream.try_clone().unwrap();
+                let mut reader = BufReader::new(stream);
+                let mut length = 0;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let line = line.trim();
+                    if line.is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = line.split_once(':') {
+                        if k.eq_ignore_ascii_case("content-length") {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                }
+                let mut body = vec![0; length];
+                if reader.read_exact(&mut body).is_err() {
+                    return;
+                }
+                let req: Value = serde_json::from_slice(&body).unwrap();
+                let max_tokens = req["max_tokens"]
+                    .as_u64()
+                    .or_else(|| req["max_completion_tokens"].as_u64())
+                    .unwrap();
+                let input_tokens = length as u64 / 4;
+                let output_tokens = max_tokens.min(30);
+                log.lock().unwrap().push(Billed {
+                    max_tokens,
+                    input_tokens,
+                    output_tokens,
+                });
+                let usage = serde_json::json!({
+                    "prompt_tokens": input_tokens,
+                    "completion_tokens": output_tokens,
+                    "total_tokens": input_tokens + output_tokens,
+                });
+                let (message, delta, finish) = if output_tokens == 30 {
+                    let call = serde_json::json!([{"index": 0, "id": format!("c{}", req["messages"].as_array().map_or(0, Vec::len)), "type": "function", "function": {"name": "list_files", "arguments": "{}"}}]);
+                    (
+                        serde_json::json!({"role": "assistant", "content": null, "tool_calls": call}),
+                        serde_json::json!({"tool_calls": call}),
+                        "tool_calls",
+                    )
+                } else {
+                    let text = "x".repeat(output_tokens as usize * 4);
+                    (
+                        serde_json::json!({"role": "assistant", "content": text}),
+                        serde_json::json!({"content": text}),
+                        "length",
+                    )
+                };
+                let (kind, body) = if req["stream"].as_bool() == Some(true) {
+                    let chunks = [
+                        serde_json::json!({"choices": [{"index": 0, "delta": delta}]}),
+                        serde_json::json!({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}),
+                        serde_json::json!({"choices": [], "usage": usage}),
+                    ];
+                    let mut sse: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+                    sse.push_str("data: [DONE]\n\n");
+                    ("text/event-stream", sse)
+                } else {
+                    let doc = serde_json::json!({
+                        "model": "fake",
+                        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                        "usage": usage,
+                    });
+                    ("application/json", doc.to_string())
+                };
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = out.write_all(head.as_bytes());
+                let _ = out.write_all(body.as_bytes());
+            });
+        }
+    });
+    (port, billed)
+}
+
+#[test]
+fn a_strict_cap_is_used_up_to_less_than_one_call() {
+    // Calls bounded at a whole 4,096-token answer ($0.041 of output at $10 a million)
+    // that use 30 tokens: holding only bounds, a $0.05 cap would stop the branch with
+    // four fifths of it unused. Learning from its calls, the branch goes on until less
+    // than one call's worth is left, its last call's output cap lowered to fit the room.
+    for stream in [true, false] {
+        let (port, billed) = thrifty_model();
+        let ex = Example::quickstart();
+        let spec = ex.write_spec(&format!(
+            "goal = \"g\"\nworkspace = \"workspace\"\nmodel = \"openai:fake\"\nmax_turns = 1000\n\
+             max_output_tokens = 4096\nbudget_mode = \"strict\"\n\
+             [models.\"openai:fake\"]\nbase_url = \"http://127.0.0.1:{port}/v1\"\nmax_retries = 0\nstream = {stream}\n\
+             price = {{ input_per_mtok = 1.0, output_per_mtok = 10.0 }}\n\
+             [[branches]]\nlabel = \"capped\"\nbudget_usd = 0.05\n"
+        ));
+        let data = ex.data();
+        let out = forkfleet_env(
+            &[
+                "run",
+                path_str(&spec),
+                "--data",
+                path_str(&data),
+                "--json",
+                "--timeout-s",
+                "120",
+            ],
+            &[("FORKFLEET_ALLOWED_MODEL_HOSTS", "127.0.0.1")],
+        );
+        let doc: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stderr(&out)));
+        let id = doc["fork_id"].as_str().unwrap();
+        let b = cost_of(id, &data).branches[0].clone();
+        let billed = billed.lock().unwrap().clone();
+        let cost = |c: &Billed| (c.input_tokens as f64 + c.output_tokens as f64 * 10.0) / 1e6;
+        let largest = billed.iter().map(cost).fold(0.0, f64::max);
+        let sum: f64 = billed.iter().map(cost).sum();
+        let last = billed.last().unwrap();
+        eprintln!(
+            "strict $0.05 (stream {stream}): {} calls, spent ${:.6}, left ${:.6}, largest call ${largest:.6}, last max_tokens {}",
+            billed.len(),
+            b.spent_usd,
+            0.05 - b.spent_usd,
+            last.max_tokens
+        );
+        assert_eq!(b.state, BranchState::BudgetExhausted, "{b:?}");
+        assert_eq!(b.calls as usize, billed.len(), "{b:?}");
+        assert!(close(b.spent_usd, sum), "{b:?} against ${sum} billed");
+        // Never past the cap; less than one call's worth left (the call refused needs its
+        // input at the ratio the provider counted, a tenth more for margin, and the
+        // largest answer: the history grows, so that is up to a tenth over the largest).
+        assert!(b.spent_usd <= 0.05 + 1e-9, "{b:?}");
+        assert_eq!(b.overrun_usd, 0.0, "{b:?}");
+        assert!(
+            0.05 - b.spent_usd < largest * 1.1,
+            "{b:?}: left more than one call (${largest})"
+        );
+        // The calls near the cap asked for less than the whole answer cap.
+        assert!(last.max_tokens < 4096, "{last:?}");
+        assert!(billed[0].max_tokens == 4096, "{:?}", billed[0]);
+    }
+}

@@ -237,3 +237,45 @@ fn a_failed_branch_makes_run_create_and_watch_exit_1() {
     let out = forkfleet(&["fork", "create", spec, "--data", data]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
+
+#[test]
+fn a_refused_branch_makes_run_exit_1_and_is_not_merged_when_picked() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("ws")).unwrap();
+    std::fs::write(dir.path().join("ws/a.txt"), "a\n").unwrap();
+    // `nope` writes a file, then the model refuses; `good` finishes.
+    std::fs::write(
+        dir.path().join("script.toml"),
+        "[[turns.good]]\ntext = \"done\"\n\n[[turns.nope]]\ntool_calls = [{ name = \"write_file\", args = { path = \"n.txt\", content = \"n\\n\" } }]\n\n[[turns.nope]]\ntext = \"I can't help with that.\"\nfinish_reason = \"refusal\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("fork.toml"),
+        "goal = \"g\"\nworkspace = \"ws\"\nmodel = \"scripted:x\"\n\n[models.\"scripted:x\"]\nscript = \"script.toml\"\n\n[[branches]]\nlabel = \"good\"\n\n[[branches]]\nlabel = \"nope\"\n",
+    )
+    .unwrap();
+    let spec = dir.path().join("fork.toml");
+    let spec = path_str(&spec);
+    let out = forkfleet(&["run", spec, "--json"]);
+    let doc = super::harness::json_exit(&out, 1);
+    let states: Vec<&str> = doc["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["state"].as_str().unwrap())
+        .collect();
+    assert!(states.contains(&"refused"), "{doc}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("1 branch of 2 did not finish") && err.contains("`nope` (refused"),
+        "{err}"
+    );
+    let out = forkfleet(&["run", spec, "--pick", "nope"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--pick `nope` refused"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!dir.path().join("ws/n.txt").exists());
+}

@@ -47,6 +47,7 @@ mod approval;
 mod checkpoints;
 mod control;
 mod coordinator;
+mod learn;
 mod load;
 mod replay;
 mod turn;
@@ -160,6 +161,8 @@ struct Run {
     /// The last call's reservation and cost, sent with the next reservation request (its
     /// usage event may reach the ledger later).
     last_settle: Option<forkfleet_shared::budget::Settle>,
+    /// What the branch's calls say of the next one's cost (strict mode).
+    learned: learn::Learned,
     /// The forks this branch's agent made (fork tools, ADR 14).
     forks: AgentForks,
     /// The hash of `history` so far, extended before each call (request hashes).

@@ -213,6 +213,12 @@ pub trait ModelProvider: Send + Sync {
         upper_bound_estimate(req)
     }
 
+    /// `estimate` is exactly what the call reports (the scripted model): a branch learns
+    /// nothing to lower it from its calls (`agent::learn`).
+    fn estimate_is_exact(&self) -> bool {
+        false
+    }
+
     /// The provider's prompt cache is used: a fork's branches warm it with one first call
     /// (`crate::warmup`).
     fn caches_prompts(&self) -> bool {

@@ -73,39 +73,82 @@ impl Ledger {
                 (held.run_id == req.run_id).then_some((cost, held.usd))
             })
             .unwrap_or((0.0, 0.0));
-        // Spent (with the pending call) and reserved (without it) under one cap.
-        let counted = |spent: f64, reserved: f64| {
+        // Spent (with the pending call), reserved and reserved by live attempts (without
+        // it) under one cap.
+        let counted = |spent: f64, reserved: f64, live: f64| {
             (
                 spent + pending_spent,
                 (reserved - pending_reserved).max(0.0),
+                (live - pending_reserved).max(0.0),
             )
         };
-        // No room: the call does not fit, or the cap is reached already (a call estimated
-        // at nothing is not granted past it).
-        let full = |spent: f64, reserved: f64, cap: f64| {
-            spent + reserved + est > cap + EPSILON || spent + EPSILON >= cap
-        };
-        let (run_spent, run_reserved) = counted(run.spent, s.reserved(|r| r.run_id == req.run_id));
-        if let Some(cap) = run_cap {
-            if full(run_spent, run_reserved, cap) {
-                let reason = format!(
-                    "branch cap {} reached (at refusal: spent {}, reserved {}; the call needed up to {})",
-                    money(cap),
-                    money(run_spent),
-                    money(run_reserved),
-                    money(est)
-                );
-                if let Some(r) = s.runs.get_mut(&req.run_id) {
-                    r.blocked_by = Some(Level::Branch);
-                }
-                metrics::BUDGET_REFUSALS.inc(&["branch"]);
+        let least = match req.least_usd {
+            Some(l) if !l.is_finite() || l < 0.0 => {
                 return (
                     BudgetReply::Refused {
-                        state: BranchState::BudgetExhausted,
-                        reason,
+                        state: BranchState::Failed,
+                        reason: format!("invalid least cost {l}: it must be a finite amount of USD, zero or more"),
                     },
                     out,
                 );
+            }
+            least => least.map(|l| l.min(est)),
+        };
+        // What may be granted: the whole estimate, else (with `least_usd`) what room is left.
+        let mut grant = est;
+        let mut decide = |level: &str,
+                          (spent, reserved, live): (f64, f64, f64),
+                          cap: f64,
+                          exhausted: bool| {
+            let fit = if exhausted {
+                Fit::Full
+            } else {
+                fit(spent, reserved, live, cap, est, least)
+            };
+            let wait = |held: f64| {
+                format!(
+                    "{level} cap {}: calls in flight hold {} of the {} left; waiting for them to settle",
+                    money(cap),
+                    money(held),
+                    money((cap - spent).max(0.0))
+                )
+            };
+            match fit {
+                Fit::Whole => None,
+                Fit::Room(room) => {
+                    grant = grant.min(room);
+                    None
+                }
+                Fit::Wait => Some(Err(wait(live))),
+                Fit::Full => Some(Ok(format!(
+                    "{level} cap {} reached (at refusal: spent {}, reserved {}; the call needed {}up to {})",
+                    money(cap),
+                    money(spent),
+                    money(reserved),
+                    least.map_or_else(String::new, |l| format!("at least {}, ", money(l))),
+                    money(est)
+                ))),
+            }
+        };
+        let mine = |r: &ReservationRecord| r.run_id == req.run_id;
+        let at_branch = counted(run.spent, s.reserved(mine), s.reserved_live(mine));
+        if let Some(cap) = run_cap {
+            match decide("branch", at_branch, cap, false) {
+                None => {}
+                Some(Err(reason)) => return (BudgetReply::Wait { reason }, out),
+                Some(Ok(reason)) => {
+                    if let Some(r) = s.runs.get_mut(&req.run_id) {
+                        r.blocked_by = Some(Level::Branch);
+                    }
+                    metrics::BUDGET_REFUSALS.inc(&["branch"]);
+                    return (
+                        BudgetReply::Refused {
+                            state: BranchState::BudgetExhausted,
+                            reason,
+                        },
+                        out,
+                    );
+                }
             }
         }
         let Some(fork) = s.forks.get(&fork_id) else {
@@ -118,7 +161,8 @@ impl Ledger {
         };
         let (fork_cap, fork_exhausted) = (fork.cap, fork.exhausted);
         let account = fork.policy.account.clone();
-        let (fork_spent, fork_reserved) = counted(fork.spent, s.reserved(|r| r.fork_id == fork_id));
+        let of_fork = |r: &ReservationRecord| r.fork_id == fork_id;
+        let at_fork = counted(fork.spent, s.reserved(of_fork), s.reserved_live(of_fork));
         let refuse = |s: &mut State, level: Level, reason: String, out: &mut Actions| {
             let scope = if level == Level::Account {
                 "account"
@@ -145,16 +189,13 @@ impl Ledger {
             }
         };
         if let Some(cap) = fork_cap {
-            if fork_exhausted || full(fork_spent, fork_reserved, cap) {
-                let reason = format!(
-                    "fork cap {} reached (at refusal: spent {}, reserved {}; the call needed up to {})",
-                    money(cap),
-                    money(fork_spent),
-                    money(fork_reserved),
-                    money(est)
-                );
-                let reply = refuse(&mut s, Level::Fork, reason, &mut out);
-                return (reply, out);
+            match decide("fork", at_fork, cap, fork_exhausted) {
+                None => {}
+                Some(Err(reason)) => return (BudgetReply::Wait { reason }, out),
+                Some(Ok(reason)) => {
+                    let reply = refuse(&mut s, Level::Fork, reason, &mut out);
+                    return (reply, out);
+                }
             }
         }
         if let Some(name) = &account {
@@ -169,20 +210,20 @@ impl Ledger {
             };
             let (cap, exhausted) = (a.record.cap_usd, a.exhausted);
             if let Some(cap) = cap {
-                let (spent, reserved) = counted(
+                let of_account =
+                    |r: &ReservationRecord| r.account.as_deref() == Some(name.as_str());
+                let at_account = counted(
                     s.account_spent(name),
-                    s.reserved(|r| r.account.as_deref() == Some(name.as_str())),
+                    s.reserved(of_account),
+                    s.reserved_live(of_account),
                 );
-                if exhausted || full(spent, reserved, cap) {
-                    let reason = format!(
-                        "account `{name}` cap {} reached (at refusal: spent {}, reserved {}; the call needed up to {})",
-                        money(cap),
-                        money(spent),
-                        money(reserved),
-                        money(est)
-                    );
-                    let reply = refuse(&mut s, Level::Account, reason, &mut out);
-                    return (reply, out);
+                match decide(&format!("account `{name}`"), at_account, cap, exhausted) {
+                    None => {}
+                    Some(Err(reason)) => return (BudgetReply::Wait { reason }, out),
+                    Some(Ok(reason)) => {
+                        let reply = refuse(&mut s, Level::Account, reason, &mut out);
+                        return (reply, out);
+                    }
                 }
             }
         }
@@ -192,7 +233,7 @@ impl Ledger {
             run_id: req.run_id,
             account,
             attempt: req.attempt,
-            usd: est,
+            usd: grant,
             expires_at_ms: now.saturating_add(self.ttl_ms),
         };
         if let Err(e) = self.store.put_reservation(&record) {
@@ -205,7 +246,15 @@ impl Ledger {
         }
         let id = record.id;
         s.reservations.insert(id, record);
-        (BudgetReply::Granted { reservation: id }, out)
+        let reply = if grant + EPSILON < est {
+            BudgetReply::Partial {
+                reservation: id,
+                usd: grant,
+            }
+        } else {
+            BudgetReply::Granted { reservation: id }
+        };
+        (reply, out)
     }
 
     /// Withdraw a grant that could not be made durable.
@@ -234,5 +283,42 @@ impl Ledger {
         }
         self.forget(&released);
         released.len()
+    }
+}
+
+/// How a call fits under one cap.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fit {
+    /// The whole estimate fits.
+    Whole,
+    /// Not the whole estimate, but the call's least does: this much room is left.
+    Room(f64),
+    /// Not even the call's least, but it would if the reservations live attempts hold
+    /// under the cap were released: they may be, when their calls settle.
+    Wait,
+    /// No room: the call cannot fit, or the cap is reached already (a call estimated at
+    /// nothing is not granted past it).
+    Full,
+}
+
+/// How a call estimated at `est` (at least `least`, when the worker says) fits under `cap`
+/// with `spent` spent and `reserved` held by other calls, `live` of it by live attempts.
+fn fit(spent: f64, reserved: f64, live: f64, cap: f64, est: f64, least: Option<f64>) -> Fit {
+    if spent + EPSILON >= cap {
+        return Fit::Full;
+    }
+    if spent + reserved + est <= cap + EPSILON {
+        return Fit::Whole;
+    }
+    let Some(least) = least else {
+        return Fit::Full;
+    };
+    let room = cap - spent - reserved;
+    if room + EPSILON >= least {
+        Fit::Room(room.max(0.0))
+    } else if live > EPSILON && spent + (reserved - live).max(0.0) + least <= cap + EPSILON {
+        Fit::Wait
+    } else {
+        Fit::Full
     }
 }

@@ -68,7 +68,10 @@ async fn answer(ledger: Arc<Ledger>, store: RunStore, req: Request) {
             let reply = decide(&ledger, &store, &r).instrument(span.clone()).await;
             span.record(
                 "budget.granted",
-                matches!(reply, BudgetReply::Granted { .. }),
+                matches!(
+                    reply,
+                    BudgetReply::Granted { .. } | BudgetReply::Partial { .. }
+                ),
             );
             reply
         }
@@ -99,16 +102,18 @@ async fn decide(ledger: &Ledger, store: &RunStore, r: &BudgetRequest) -> BudgetR
     let (reply, actions) = ledger.reserve(r);
     ledger.send(actions);
     match reply {
-        BudgetReply::Granted { reservation } => match store.flush_async().await {
-            Ok(()) => BudgetReply::Granted { reservation },
-            Err(e) => {
-                // Not durable: do not let the call run on it.
-                ledger.cancel(reservation);
-                BudgetReply::Retry {
-                    reason: format!("cannot persist the reservation: {e}"),
+        BudgetReply::Granted { reservation } | BudgetReply::Partial { reservation, .. } => {
+            match store.flush_async().await {
+                Ok(()) => reply,
+                Err(e) => {
+                    // Not durable: do not let the call run on it.
+                    ledger.cancel(reservation);
+                    BudgetReply::Retry {
+                        reason: format!("cannot persist the reservation: {e}"),
+                    }
                 }
             }
-        },
+        }
         BudgetReply::Refused { state, reason } => {
             tracing::info!(run.id = %r.run_id, state = %state, reason = %reason, "budget.refused");
             BudgetReply::Refused { state, reason }

@@ -153,6 +153,23 @@ impl Fx {
         usd: f64,
         settles: Option<forkfleet_shared::budget::Settle>,
     ) -> BudgetReply {
+        self.ask(fork, branch, attempt, usd, settles, None)
+    }
+
+    /// [`Fx::reserve`] of a call that needs at least `least` of `usd`.
+    fn reserve_least(&self, fork: &Fork, branch: usize, usd: f64, least: f64) -> BudgetReply {
+        self.ask(fork, branch, 1, usd, None, Some(least))
+    }
+
+    fn ask(
+        &self,
+        fork: &Fork,
+        branch: usize,
+        attempt: u32,
+        usd: f64,
+        settles: Option<forkfleet_shared::budget::Settle>,
+        least_usd: Option<f64>,
+    ) -> BudgetReply {
         let (reply, _actions) = self.ledger.reserve(&BudgetRequest {
             fork_id: fork.id,
             run_id: fork.runs[branch],
@@ -161,6 +178,7 @@ impl Fx {
             estimate: Usage::default(),
             trace: None,
             settles,
+            least_usd,
         });
         reply
     }
@@ -399,8 +417,13 @@ fn usd(n: u32) -> f64 {
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// Reserve `est` for a call of `branch` under its current attempt.
-    Reserve { branch: usize, est: u32 },
+    /// Reserve `est` for a call of `branch` under its current attempt, or at least
+    /// `least` of it.
+    Reserve {
+        branch: usize,
+        est: u32,
+        least: Option<u32>,
+    },
     /// Settle a live reservation (the `pick`th, modulo) at `quarters`/4 of its amount.
     Settle { pick: usize, quarters: u32 },
     /// Withdraw a live reservation (a grant that could not be persisted).
@@ -424,7 +447,8 @@ const BRANCHES: usize = 3;
 fn op() -> impl Strategy<Value = Op> {
     let branch = 0..BRANCHES;
     prop_oneof![
-        4 => (branch.clone(), 0u32..=40).prop_map(|(branch, est)| Op::Reserve { branch, est }),
+        4 => (branch.clone(), 0u32..=40, proptest::option::of(0u32..=40))
+            .prop_map(|(branch, est, least)| Op::Reserve { branch, est, least: least.map(|l| l.min(est)) }),
         3 => (any::<usize>(), 0u32..=4).prop_map(|(pick, quarters)| Op::Settle { pick, quarters }),
         1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
         1 => branch.clone().prop_map(|branch| Op::PauseResume { branch }),
@@ -466,6 +490,17 @@ impl Model {
             .sum()
     }
 
+    /// [`Model::reserved`] by the branches' current attempts.
+    fn reserved_live(&self, branch: Option<usize>) -> f64 {
+        self.live
+            .iter()
+            .filter(|l| {
+                branch.is_none_or(|b| l.branch == b) && l.attempt >= self.attempts[l.branch]
+            })
+            .map(|l| l.usd)
+            .sum()
+    }
+
     fn fork_spent(&self) -> f64 {
         self.spent.iter().sum()
     }
@@ -503,37 +538,86 @@ fn check(fx: &Fx, fork: &Fork, m: &Model) -> Result<(), TestCaseError> {
 
 fn apply(fx: &Fx, fork: &Fork, m: &mut Model, op: &Op) -> Result<(), TestCaseError> {
     match *op {
-        Op::Reserve { branch, est } => {
-            let est = usd(est);
-            let branch_fits = m.caps[branch]
-                .is_none_or(|cap| m.spent[branch] + m.reserved(Some(branch)) + est <= cap);
-            let fork_fits = m
-                .fork_cap
-                .is_none_or(|cap| m.fork_spent() + m.reserved(None) + est <= cap);
-            let reply = fx.reserve(fork, branch, m.attempts[branch], est);
-            match reply {
-                BudgetReply::Granted { reservation } => {
-                    prop_assert!(branch_fits && fork_fits && !m.fork_exhausted);
-                    m.live.push(Live {
-                        id: reservation,
-                        branch,
-                        usd: est,
-                        attempt: m.attempts[branch],
-                        expires_at_ms: fx.clock.now_ms() + TTL_MS,
-                    });
+        Op::Reserve { branch, est, least } => {
+            let (est, least) = (usd(est), least.map(usd));
+            // How the call fits under one cap, as the ledger's rule says.
+            let fits =
+                |spent: f64, (reserved, live): (f64, f64), cap: Option<f64>, exhausted: bool| {
+                    let Some(cap) = cap else {
+                        return Some(Ok(est));
+                    };
+                    if exhausted || spent >= cap {
+                        return None;
+                    }
+                    if spent + reserved + est <= cap {
+                        return Some(Ok(est));
+                    }
+                    let least = least?;
+                    let room = cap - spent - reserved;
+                    if room >= least {
+                        Some(Ok(room))
+                    } else if live > 0.0 && spent + (reserved - live) + least <= cap {
+                        Some(Err(()))
+                    } else {
+                        None
+                    }
+                };
+            let at_branch = fits(
+                m.spent[branch],
+                (m.reserved(Some(branch)), m.reserved_live(Some(branch))),
+                m.caps[branch],
+                false,
+            );
+            let at_fork = fits(
+                m.fork_spent(),
+                (m.reserved(None), m.reserved_live(None)),
+                m.fork_cap,
+                m.fork_exhausted,
+            );
+            let reply = fx.ask(fork, branch, m.attempts[branch], est, None, least);
+            let (reservation, held) = match reply {
+                BudgetReply::Granted { reservation } => (reservation, est),
+                BudgetReply::Partial { reservation, usd } => {
+                    prop_assert!(least.is_some_and(|l| usd >= l) && usd < est, "{usd}");
+                    (reservation, usd)
                 }
                 BudgetReply::Refused { state, .. } => {
                     // The branch's own cap is looked at first, then the fork's.
                     if state == BranchState::BudgetExhausted {
-                        prop_assert!(!branch_fits);
+                        prop_assert!(at_branch.is_none());
                     } else {
                         prop_assert_eq!(state, BranchState::AggregateBudgetExhausted);
-                        prop_assert!(branch_fits && (!fork_fits || m.fork_exhausted));
+                        prop_assert!(matches!(at_branch, Some(Ok(_))) && at_fork.is_none());
                         m.fork_exhausted = true;
                     }
+                    return Ok(());
                 }
-                other => prop_assert!(false, "unexpected {other:?}"),
-            }
+                BudgetReply::Wait { .. } => {
+                    prop_assert!(least.is_some());
+                    prop_assert!(
+                        matches!(at_branch, Some(Err(())))
+                            || (matches!(at_branch, Some(Ok(_)))
+                                && matches!(at_fork, Some(Err(()))))
+                    );
+                    return Ok(());
+                }
+                other => {
+                    prop_assert!(false, "unexpected {other:?}");
+                    return Ok(());
+                }
+            };
+            let (Some(Ok(b)), Some(Ok(f))) = (at_branch, at_fork) else {
+                prop_assert!(false, "granted: branch {at_branch:?}, fork {at_fork:?}");
+                return Ok(());
+            };
+            prop_assert_eq!(held, b.min(f));
+            m.live.push(Live {
+                id: reservation,
+                branch,
+                usd: held,
+                attempt: m.attempts[branch],
+                expires_at_ms: fx.clock.now_ms() + TTL_MS,
+            });
         }
         Op::Settle { pick, quarters } => {
             if m.live.is_empty() {
@@ -724,4 +808,64 @@ fn a_refusal_says_its_figures_are_those_at_refusal() {
         }
         other => panic!("not refused: {other:?}"),
     }
+}
+
+#[test]
+fn a_cap_short_of_the_bound_grants_its_room_and_reservations_in_flight_are_waited_for() {
+    let fx = Fx::new();
+    // A branch cap of $0.05 with $0.04 spent: a call bounded at $0.04 that needs at least
+    // $0.005 gets the $0.01 left; one that needs $0.02 is refused (nothing would free it).
+    let fork = fx.fork(None, &[Some(0.05)], BudgetPolicy::default());
+    let r = granted(fx.reserve(&fork, 0, 1, 0.04));
+    let _ = fx.ledger.on_usage(fork.runs[0], 0.04, Some(r));
+    let reply = fx.reserve_least(&fork, 0, 0.04, 0.02);
+    assert!(
+        matches!(reply, BudgetReply::Refused { state: BranchState::BudgetExhausted, ref reason } if reason.contains("at least $0.020000")),
+        "{reply:?}"
+    );
+    let BudgetReply::Partial { reservation, usd } = fx.reserve_least(&fork, 0, 0.04, 0.005) else {
+        panic!("no partial grant");
+    };
+    assert!((usd - 0.01).abs() < 1e-12, "{usd}");
+    assert!((fx.cost(&fork).branches[0].reserved_usd - 0.01).abs() < 1e-12);
+    let _ = fx.ledger.on_usage(fork.runs[0], 0.006, Some(reservation));
+
+    // A fork cap of $0.10 with one branch holding $0.08 for a call in flight: another
+    // branch that needs $0.03 waits (the fork is not exhausted), and is granted once the
+    // call settles at $0.01.
+    let fork = fx.fork(Some(0.10), &[None, None], BudgetPolicy::default());
+    let held = granted(fx.reserve(&fork, 0, 1, 0.08));
+    let reply = fx.reserve_least(&fork, 1, 0.04, 0.03);
+    assert!(
+        matches!(reply, BudgetReply::Wait { ref reason } if reason.contains("$0.080000")),
+        "{reply:?}"
+    );
+    assert!(fx.cost(&fork).crossed_at_ms.is_none());
+    // Without a least (an older worker), no wait: refused as before.
+    assert!(matches!(
+        fx.reserve(&fork, 1, 1, 0.04),
+        BudgetReply::Refused { .. }
+    ));
+    let fork = fx.fork(Some(0.10), &[None, None], BudgetPolicy::default());
+    let held2 = granted(fx.reserve(&fork, 0, 1, 0.08));
+    assert!(matches!(
+        fx.reserve_least(&fork, 1, 0.04, 0.03),
+        BudgetReply::Wait { .. }
+    ));
+    let _ = fx.ledger.on_usage(fork.runs[0], 0.01, Some(held2));
+    granted(fx.reserve_least(&fork, 1, 0.04, 0.03));
+    let _ = held;
+
+    // A reservation of an attempt a takeover superseded (its worker lost) is not waited
+    // for: it is left to expire, and the call is refused now.
+    let fork = fx.fork(Some(0.10), &[None, None], BudgetPolicy::default());
+    granted(fx.reserve(&fork, 0, 1, 0.08));
+    fx.ledger.on_fence(fork.runs[0], 2);
+    assert!(matches!(
+        fx.reserve_least(&fork, 1, 0.04, 0.03),
+        BudgetReply::Refused {
+            state: BranchState::AggregateBudgetExhausted,
+            ..
+        }
+    ));
 }

@@ -42,6 +42,7 @@ pub(super) async fn reserve_traced(
         estimate: Usage::default(),
         trace,
         settles: None,
+        least_usd: None,
     };
     let bytes = within(
         fx.bus

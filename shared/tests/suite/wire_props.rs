@@ -266,17 +266,26 @@ fn resume_reply() -> impl Strategy<Value = ResumeReply> {
 }
 
 fn budget_request() -> impl Strategy<Value = BudgetRequest> {
-    (fork_id(), run_id(), any::<u32>(), float(), usage()).prop_map(
-        |(fork_id, run_id, attempt, estimate_usd, estimate)| BudgetRequest {
-            fork_id,
-            run_id,
-            attempt,
-            estimate_usd,
-            estimate,
-            trace: None,
-            settles: None,
-        },
+    (
+        fork_id(),
+        run_id(),
+        any::<u32>(),
+        float(),
+        usage(),
+        proptest::option::of(float()),
     )
+        .prop_map(
+            |(fork_id, run_id, attempt, estimate_usd, estimate, least_usd)| BudgetRequest {
+                fork_id,
+                run_id,
+                attempt,
+                estimate_usd,
+                estimate,
+                trace: None,
+                settles: None,
+                least_usd,
+            },
+        )
 }
 
 fn budget_reply() -> impl Strategy<Value = BudgetReply> {
@@ -288,6 +297,11 @@ fn budget_reply() -> impl Strategy<Value = BudgetReply> {
         text().prop_map(|reason| BudgetReply::Gone { reason }),
         any::<u32>().prop_map(|by| BudgetReply::Superseded { by }),
         text().prop_map(|reason| BudgetReply::Retry { reason }),
+        text().prop_map(|reason| BudgetReply::Wait { reason }),
+        (any::<[u8; 16]>(), float()).prop_map(|(r, usd)| BudgetReply::Partial {
+            reservation: ReservationId::from_bytes(r),
+            usd
+        }),
     ]
 }
 

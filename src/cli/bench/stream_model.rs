@@ -9,7 +9,9 @@
 //! jitter fixed by branch and call), then the usage (1,000 input, 200 output). The bill:
 //! a call's 1,000 input tokens when it arrives (the input is read at once), and 10 output
 //! tokens per chunk generated; a client that goes away stops the generation, so a cut or
-//! cancelled call is billed its input and the output it got.
+//! cancelled call is billed its input and the output it got. The output cap the request
+//! asks for (`max_tokens` or `max_completion_tokens`) is honoured as a provider honours
+//! it: an answer it is lower than stops at the last whole chunk under it, `length`.
 
 use super::file_for;
 use axum::body::Bytes;
@@ -130,7 +132,7 @@ async fn chat(
         .chain(std::iter::repeat('.'))
         .take(chars / 2)
         .collect();
-    let (pieces, finish): (Vec<Value>, &str) = if turn < k {
+    let (mut pieces, finish): (Vec<Value>, &str) = if turn < k {
         let (path, content) = file_for(b, turn, 3);
         let mut args = json!({"path": path, "content": content}).to_string();
         let pad = (chars - preamble.len()).saturating_sub(args.len() + 12);
@@ -165,19 +167,44 @@ async fn chat(
             .collect();
         (pieces, "stop")
     };
-    let n = pieces.len();
+    // The tokens each piece stands for: 200 spread evenly, the last one the rest.
+    let n = pieces.len() as u64;
+    let full = CHUNKS * TOKENS_PER_CHUNK;
+    let mut tokens: Vec<u64> = (0..n)
+        .map(|i| {
+            if i + 1 == n {
+                full - (n - 1) * (full / n)
+            } else {
+                full / n
+            }
+        })
+        .collect();
+    // The output cap asked for is honoured: an answer it cuts stops there (`length`).
+    let cap = body["max_tokens"]
+        .as_u64()
+        .or_else(|| body["max_completion_tokens"].as_u64())
+        .unwrap_or(u64::MAX);
+    let finish = if cap < full {
+        let keep = (cap / (full / n).max(1)) as usize;
+        pieces.truncate(keep);
+        tokens.truncate(keep);
+        "length"
+    } else {
+        finish
+    };
+    let generated: u64 = tokens.iter().sum();
     let stream = futures::stream::unfold(
-        (model, pieces.into_iter().enumerate(), false),
+        (model, pieces.into_iter().zip(tokens), false),
         move |(model, mut pieces, done)| async move {
             if done {
                 return None;
             }
-            let Some((i, delta)) = pieces.next() else {
+            let Some((delta, tokens)) = pieces.next() else {
                 // The last chunk: the finish reason and the usage.
                 model.add(|b| b.completed += 1);
                 let usage = json!({"object": "chat.completion.chunk", "model": "bench-stream", "choices": [],
                                    "usage": {"prompt_tokens": INPUT_TOKENS,
-                                             "completion_tokens": CHUNKS * TOKENS_PER_CHUNK}});
+                                             "completion_tokens": generated}});
                 let mut tail = chunk(json!({}), json!(finish)).to_vec();
                 tail.extend_from_slice(format!("data: {usage}\n\ndata: [DONE]\n\n").as_bytes());
                 return Some((
@@ -187,11 +214,6 @@ async fn chat(
             };
             tokio::time::sleep(pause).await;
             // The tokens this chunk stands for are generated (and billed) now.
-            let tokens = if i + 1 == n {
-                CHUNKS * TOKENS_PER_CHUNK - (n as u64 - 1) * (CHUNKS * TOKENS_PER_CHUNK / n as u64)
-            } else {
-                CHUNKS * TOKENS_PER_CHUNK / n as u64
-            };
             model.add(|b| b.output_tokens += tokens);
             Some((Ok(chunk(delta, Value::Null)), (model, pieces, false)))
         },

@@ -107,7 +107,9 @@ async fn ask_coordinator<R: wire::WireMessage, T>(
 
 /// The coordinator's answer to a reservation.
 pub(super) enum Reserved {
-    Granted(ReservationId),
+    /// Granted: the reservation, and the USD it holds when that is less than the
+    /// estimate (the call's output cap must fit it).
+    Granted(ReservationId, Option<f64>),
     Refused {
         state: BranchState,
         reason: String,
@@ -117,16 +119,26 @@ pub(super) enum Reserved {
     Superseded(u32),
 }
 
-/// Reserve the upper bound `estimate` of the next call's cost (strict mode). A `retry`
-/// answer, a timeout or a bus error is tried again (see [`ask_coordinator`]).
+/// The first wait after a `wait` answer (room held by other calls); doubled after each,
+/// up to [`ROOM_WAIT_MAX`].
+const ROOM_WAIT: Duration = Duration::from_millis(50);
+const ROOM_WAIT_MAX: Duration = Duration::from_secs(1);
+
+/// Reserve the upper bound `estimate` of the next call's cost (strict mode), or at least
+/// `least` of it (what the branch's calls say it needs: the ledger may grant the room a
+/// cap has left). A `retry` answer, a timeout or a bus error is tried again (see
+/// [`ask_coordinator`]); a `wait` answer (other calls hold the room) is asked again until
+/// it changes, which the calls' settling or their reservations' expiry bounds.
 pub(super) async fn reserve(
     bus: &Arc<dyn Bus>,
     task: &BranchTask,
     attempt: u32,
     estimate: Usage,
+    least: Usage,
     settles: Option<forkfleet_shared::budget::Settle>,
 ) -> Result<Reserved, WorkerError> {
     let estimate_usd = task.price.map_or(0.0, |p| estimate_cost(&p, &estimate));
+    let least_usd = task.price.map_or(0.0, |p| estimate_cost(&p, &least));
     let req = wire::encode(&BudgetRequest {
         fork_id: task.fork_id,
         run_id: task.run_id,
@@ -135,24 +147,47 @@ pub(super) async fn reserve(
         estimate,
         trace: forkfleet_shared::trace::current_traceparent(),
         settles,
+        least_usd: Some(least_usd.min(estimate_usd)),
     })?;
-    let reserved = ask_coordinator(
-        bus,
-        BUDGET_SUBJECT,
-        req,
-        BUDGET_TIMEOUT,
-        "budget reservation",
-        |reply| match reply {
-            BudgetReply::Granted { reservation } => Ok(Reserved::Granted(reservation)),
-            BudgetReply::Refused { state, reason } => Ok(Reserved::Refused { state, reason }),
-            BudgetReply::Gone { reason } => Ok(Reserved::Gone(reason)),
-            BudgetReply::Superseded { by } => Ok(Reserved::Superseded(by)),
-            BudgetReply::Retry { reason } => Err(reason),
-        },
-    )
-    .await?;
-    if let Reserved::Granted(reservation) = &reserved {
-        tracing::debug!(reservation = %reservation, estimate_usd, "budget reserved");
+    let mut wait = ROOM_WAIT;
+    loop {
+        let reserved = ask_coordinator(
+            bus,
+            BUDGET_SUBJECT,
+            req.clone(),
+            BUDGET_TIMEOUT,
+            "budget reservation",
+            |reply| match reply {
+                BudgetReply::Granted { reservation } => {
+                    Ok(Some(Reserved::Granted(reservation, None)))
+                }
+                BudgetReply::Partial { reservation, usd } => {
+                    Ok(Some(Reserved::Granted(reservation, Some(usd))))
+                }
+                BudgetReply::Refused { state, reason } => {
+                    Ok(Some(Reserved::Refused { state, reason }))
+                }
+                BudgetReply::Gone { reason } => Ok(Some(Reserved::Gone(reason))),
+                BudgetReply::Superseded { by } => Ok(Some(Reserved::Superseded(by))),
+                BudgetReply::Wait { reason } => {
+                    tracing::debug!(reason = %reason, "budget: waiting for room");
+                    Ok(None)
+                }
+                BudgetReply::Retry { reason } => Err(reason),
+            },
+        )
+        .await?;
+        match reserved {
+            Some(reserved) => {
+                if let Reserved::Granted(reservation, usd) = &reserved {
+                    tracing::debug!(reservation = %reservation, estimate_usd, granted_usd = usd.unwrap_or(estimate_usd), "budget reserved");
+                }
+                return Ok(reserved);
+            }
+            None => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(ROOM_WAIT_MAX);
+            }
+        }
     }
-    Ok(reserved)
 }

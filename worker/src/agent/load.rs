@@ -191,6 +191,12 @@ pub(super) async fn load(
         turn_base,
         spent_usd,
         last_settle: None,
+        learned: match &resumed {
+            Some(events) => {
+                super::learn::Learned::from_usages(events.iter().filter_map(|(_, e)| usage_of(e)))
+            }
+            None => super::learn::Learned::from_usages(log().filter_map(usage_of)),
+        },
         forks: AgentForks::from_log(log()),
         messages_hash: Default::default(),
         hasher: None,
@@ -209,6 +215,14 @@ pub(super) async fn load(
         approvals,
         parked,
     })
+}
+
+/// The usage a `usage` event records.
+fn usage_of(event: &Event) -> Option<&forkfleet_shared::event::Usage> {
+    match event {
+        Event::Usage { usage, .. } => Some(usage),
+        _ => None,
+    }
 }
 
 /// The cost a `usage` event records (0 for any other event).

@@ -4,6 +4,7 @@
 use super::approval::Gated;
 use super::control::{exhausted, until_halted};
 use super::coordinator::{reserve, Reserved};
+use super::learn;
 use super::replay::Next;
 use super::{lease_lost, AgentState, Publisher, Run, Step};
 use crate::error::WorkerError;
@@ -193,6 +194,8 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     // Why the answer stopped, and its reasoning items (the live call's, or the record's).
     let finish_reason: Option<String>;
     let reasoning: Option<String>;
+    // The call's output cap: the task's, or lower to fit a partial reservation.
+    let mut call_cap = task.max_output_tokens;
     let (text, tool_calls) = match served {
         Some(answer) => {
             // As the record says it stopped (and the reasoning the next call sends back).
@@ -271,24 +274,54 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             } else {
                 None
             };
+            let mut estimated = None;
             let reservation = if task.reserve {
                 let estimate = run.provider.estimate(&req);
-                // Strict mode holds against a provider that bills past the output cap: the
-                // answer is metered as it streams and cut once its running cost passes the
-                // reservation (with a margin for the four-characters-a-token estimate).
-                req.spend_cap = task.price.map(|price| SpendCap {
-                    price,
-                    remaining_usd: estimate_cost(&price, &estimate) * RESERVATION_MARGIN,
-                    reservation: true,
-                });
-                let reserving = reserve(&ctx.bus, task, attempt, estimate, run.last_settle);
+                estimated = Some(estimate);
+                // What the branch's calls say this one needs: the ledger may grant less
+                // than the estimate (the room a cap has left), if at least this.
+                let least = if run.provider.estimate_is_exact() {
+                    estimate
+                } else {
+                    run.learned.least(&estimate)
+                };
+                let reserving = reserve(&ctx.bus, task, attempt, estimate, least, run.last_settle);
                 match until_halted(reserving, control, task.run_id, attempt, pending, None).await {
                     Err(step) => return Ok(step),
                     Ok(granted) => match granted? {
                         // The reservation took time: the lease is checked again before the call.
-                        Reserved::Granted(id) => match lease_lost(lease) {
+                        Reserved::Granted(id, partial) => match lease_lost(lease) {
                             Some(step) => return Ok(step),
-                            None => Some(id),
+                            None => {
+                                let mut held = task.price.map(|p| estimate_cost(&p, &estimate));
+                                if let (Some(usd), Some(price)) = (partial, task.price) {
+                                    // Less than the estimate: the call's output cap fits it.
+                                    req.max_output_tokens = learn::fitted_output_cap(
+                                        &price,
+                                        &estimate,
+                                        &least,
+                                        usd,
+                                        task.max_output_tokens,
+                                    );
+                                    held = Some(usd);
+                                    call_cap = req.max_output_tokens;
+                                    tracing::info!(
+                                        granted_usd = usd,
+                                        max_output_tokens = req.max_output_tokens,
+                                        "budget: the cap had room for less than the call's bound; its output cap is lowered to fit"
+                                    );
+                                }
+                                // Strict mode holds against a provider that bills past the
+                                // output cap: the answer is metered as it streams and cut once
+                                // its running cost passes the reservation (with a margin for
+                                // the four-characters-a-token estimate).
+                                req.spend_cap = task.price.zip(held).map(|(price, usd)| SpendCap {
+                                    price,
+                                    remaining_usd: usd * RESERVATION_MARGIN,
+                                    reservation: true,
+                                });
+                                Some(id)
+                            }
                         },
                         Reserved::Refused { state, reason } => {
                             tracing::info!(reason = %reason, "budget reservation refused");
@@ -354,6 +387,9 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             // Usage first: the call is paid for whether or not its response is recorded. If this
             // worker is lost before the response is, the branch's next worker makes the call again,
             // and both calls are counted, as both were paid.
+            if let Some(estimate) = &estimated {
+                run.learned.observe(estimate, &reply.usage);
+            }
             let cost_usd = task.price.map_or(0.0, |p| p.cost(&reply.usage));
             chat.replied(&reply, task.price.map(|_| cost_usd));
             run.spent_usd += cost_usd;
@@ -382,7 +418,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
     let reservation_cut = finish_reason.as_deref() == Some(RESERVATION_CUT);
     if reservation_cut {
         tracing::warn!(
-            max_output_tokens = task.max_output_tokens,
+            max_output_tokens = call_cap,
             "the provider streamed past max_output_tokens: the answer was cut when its cost reached the call's reservation"
         );
     }
@@ -465,7 +501,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             return Ok(Step::Continue);
         }
         if truncated {
-            return on_truncated(out, run, task.on_truncated, task.max_output_tokens).await;
+            return on_truncated(out, run, task.on_truncated, call_cap).await;
         }
         return Ok(Step::Finish(BranchState::Done, None));
     }

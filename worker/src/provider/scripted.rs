@@ -137,6 +137,10 @@ impl ModelProvider for ScriptedProvider {
             Err(_) => upper_bound_estimate(req),
         }
     }
+
+    fn estimate_is_exact(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]
