@@ -149,12 +149,26 @@ impl fmt::Debug for NatsBus {
 /// reopen them at once instead of waiting to miss heartbeats.
 type Reconnects = tokio::sync::watch::Receiver<u64>;
 
+/// Install the process's rustls crypto provider (aws-lc-rs) once, before any TLS
+/// connection: with two providers compiled in, rustls picks none by itself and a `tls://`
+/// connection would panic. An application that installed one first keeps its own.
+pub fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            // Another thread may have installed one meanwhile: then it stays.
+            let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        }
+    });
+}
+
 async fn connect_options(
     config: &NatsConfig,
     url: &str,
     url_user: Option<(String, String)>,
     reconnects: Arc<tokio::sync::watch::Sender<u64>>,
 ) -> BusResult<ConnectOptions> {
+    install_crypto_provider();
     let log_url = url.to_string();
     let mut opts = ConnectOptions::new()
         .connection_timeout(config.connect_timeout)

@@ -81,11 +81,11 @@ impl NatsSettings {
         }
         match (&n.tls_cert_file, &n.tls_key_file) {
             (Some(c), None) => Err(ConfigError::Incomplete(format!(
-                "a TLS client certificate is set (from {}) without its key: set nats.tls.key_file",
+                "a TLS client certificate is set (from {}) without its key: set nats.tls.key_file (--tls-key, FORKFLEET_NATS_TLS_KEY_FILE)",
                 c.origin
             ))),
             (None, Some(k)) => Err(ConfigError::Incomplete(format!(
-                "a TLS client key is set (from {}) without its certificate: set nats.tls.cert_file",
+                "a TLS client key is set (from {}) without its certificate: set nats.tls.cert_file (--tls-cert, FORKFLEET_NATS_TLS_CERT_FILE)",
                 k.origin
             ))),
             _ => Ok(()),

@@ -302,3 +302,45 @@ fn a_killed_worker_holds_only_its_own_reservations() {
         "true spend {truth} over the cap {cap}"
     );
 }
+
+/// A coordinator outage of 15 s under a strict fork cap: the workers wait for it (their
+/// reservations asked again, their tasks' leases kept) instead of handing their tasks back
+/// until the deliveries run out, and every branch finishes once it is back. The outage's
+/// length is the fault itself, not a wait for something to happen.
+#[test]
+fn a_coordinator_outage_under_a_strict_cap_is_waited_out() {
+    let mut run = Run::start(2, 4);
+    let n = 6;
+    let cap = (n * CALLS) as f64 * PER_CALL * 10.0;
+    let spec = run.spec(
+        "outage",
+        n,
+        300,
+        &format!("aggregate_budget_usd = {cap}"),
+        |_| String::new(),
+    );
+    let id = run.fleet.create(&spec);
+    run.fleet.wait_progress(&id, 3);
+    let status = run.fleet.coordinator.terminate();
+    assert!(status.success(), "{status:?}\n{}", run.fleet.logs());
+    std::thread::sleep(std::time::Duration::from_secs(15));
+    run.fleet.coordinator = run.fleet.spawn_coordinator("coordinator-2");
+    let cost = run.wait_quiet(&id);
+    let states = states(&cost);
+    assert_eq!(
+        states.get("done"),
+        Some(&n),
+        "{states:?}\n{cost}\n{}",
+        run.fleet.logs()
+    );
+    // No worker handed a task back for the outage.
+    let logs = run.fleet.logs();
+    assert!(
+        logs.contains("the coordinator is unreachable: waiting for it"),
+        "{logs}"
+    );
+    assert!(
+        !logs.contains("delivered the maximum number of times"),
+        "{logs}"
+    );
+}

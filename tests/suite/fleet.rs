@@ -192,6 +192,13 @@ pub(super) struct Options<'a> {
     pub(super) env: &'a [(&'a str, &'a str)],
     /// More arguments of the coordinator (and of those [`Fleet::spawn_coordinator`] starts).
     pub(super) coordinator_args: &'a [&'a str],
+    /// More arguments of the nats-server (`--tls ...`).
+    pub(super) nats_args: &'a [&'a str],
+    /// More arguments of every forkfleet process on the bus, services and clients
+    /// (`--tls-ca ...`).
+    pub(super) connect_args: &'a [&'a str],
+    /// The URL's scheme (`tls`); `None`: `nats`.
+    pub(super) scheme: Option<&'a str>,
 }
 
 /// A nats-server, a coordinator and workers, with the client's working directory.
@@ -200,6 +207,10 @@ pub(super) struct Fleet {
     pub(super) coordinator: Service,
     pub(super) workers: Vec<Service>,
     pub(super) dir: tempfile::TempDir,
+    /// The bus's URL as every process is given it.
+    url: String,
+    /// [`Options::connect_args`].
+    connect_args: Vec<String>,
     /// The coordinator's arguments, to start it again.
     coordinator_args: Vec<String>,
     /// The workers' arguments and environment, to start more.
@@ -211,9 +222,14 @@ impl Fleet {
     /// `workers` worker processes of `concurrency` slots each, run as `options` says; once
     /// the coordinator answers and lists every worker (bounded).
     pub(super) fn start(workers: usize, concurrency: usize, options: Options) -> Fleet {
-        let nats = NatsServer::start();
+        let nats = NatsServer::start_with(options.nats_args);
         let dir = tempfile::tempdir().unwrap();
-        let url = nats.url();
+        let url = match options.scheme {
+            Some(scheme) => format!("{scheme}://127.0.0.1:{}", nats.port()),
+            None => nats.url(),
+        };
+        let connect_args: Vec<String> =
+            options.connect_args.iter().map(|s| s.to_string()).collect();
         let data = dir.path().join("coordinator-data");
         let mut coordinator_args: Vec<String> = ["coordinator", "--nats", &url, "--data"]
             .iter()
@@ -221,10 +237,12 @@ impl Fleet {
             .collect();
         coordinator_args.push(path_str(&data).to_string());
         coordinator_args.extend(options.coordinator_args.iter().map(|s| s.to_string()));
+        coordinator_args.extend(connect_args.iter().cloned());
         let mut worker_args: Vec<String> = ["worker", "--nats", &url]
             .iter()
             .map(|s| s.to_string())
             .collect();
+        worker_args.extend(connect_args.iter().cloned());
         if let Some(pool) = options.pool {
             worker_args.extend(["--pool".to_string(), pool.to_string()]);
         }
@@ -243,6 +261,8 @@ impl Fleet {
             coordinator,
             workers: Vec::new(),
             dir,
+            url,
+            connect_args,
             coordinator_args,
             worker_args,
             worker_env: options
@@ -309,9 +329,9 @@ impl Fleet {
 
     /// A client command with `--nats` to this fleet.
     pub(super) fn client(&self, args: &[&str]) -> Ran {
-        let url = self.nats.url();
         let mut all = args.to_vec();
-        all.extend(["--nats", &url]);
+        all.extend(["--nats", &self.url]);
+        all.extend(self.connect_args.iter().map(String::as_str));
         run(self.dir.path(), &all)
     }
 

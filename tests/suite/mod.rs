@@ -9,6 +9,7 @@ mod checkpoints;
 mod cli;
 mod cluster_cli;
 mod cluster_faults;
+mod cluster_tls;
 mod commands;
 mod config;
 mod console;

@@ -386,7 +386,7 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
             seq,
             delivered: state.lease.attempt(),
         });
-        match resume_log(&state.ctx.bus, task, state.out.attempt, proof).await? {
+        match resume_log(&state.ctx.bus, &state.lease, task, state.out.attempt, proof).await? {
             Resumed::Log(events) => {
                 if let Some(end) = terminal_state(&events) {
                     return Ok(Step::Drop(format!("the branch already finished as {end}")));

@@ -3,6 +3,7 @@
 //! tried again a few times with a growing backoff.
 
 use crate::error::WorkerError;
+use crate::lease::TaskLease;
 use bytes::Bytes;
 use forkfleet_bus::{Bus, BusError};
 use forkfleet_shared::budget::{estimate_cost, BudgetReply, BudgetRequest, BUDGET_SUBJECT};
@@ -34,6 +35,7 @@ pub(super) enum Resumed {
 /// answer, a timeout or a bus error is tried again (see [`ask_coordinator`]).
 pub(super) async fn resume_log(
     bus: &Arc<dyn Bus>,
+    lease: &TaskLease,
     task: &BranchTask,
     attempt: u32,
     proof: Option<TaskProof>,
@@ -46,6 +48,7 @@ pub(super) async fn resume_log(
     })?;
     ask_coordinator(
         bus,
+        lease,
         RESUME_SUBJECT,
         req,
         RESUME_TIMEOUT,
@@ -62,19 +65,29 @@ pub(super) async fn resume_log(
 
 /// How long one budget request may wait for the coordinator.
 const BUDGET_TIMEOUT: Duration = Duration::from_secs(10);
-/// Requests to the coordinator (budget reservations, resumes) tried before the task is
-/// handed back.
+/// Answers asking to try again later (the coordinator's store failed), or that do not
+/// decode, tried before the task is handed back. An unreachable coordinator is not counted:
+/// it is waited for (see [`ask_coordinator`]).
 pub const COORDINATOR_TRIES: u32 = 5;
-/// The wait after the first failed request to the coordinator; doubled after each.
+/// The wait after the first failed request to the coordinator; doubled after each, up to
+/// [`COORDINATOR_BACKOFF_MAX`].
 const COORDINATOR_BACKOFF: Duration = Duration::from_millis(100);
+const COORDINATOR_BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How often a worker waiting for an unreachable coordinator says so again.
+const UNREACHABLE_LOG_EVERY: Duration = Duration::from_secs(30);
 
 /// Ask the coordinator: send `req` on `subject`, decode the reply and `classify` it (`Ok`:
-/// the answer; `Err(reason)`: a reply asking to try again later). A retry reply, a timeout
-/// (`timeout` per try), a bus error or an undecodable reply is tried again, up to
-/// [`COORDINATOR_TRIES`] times with a growing backoff, then becomes an error (the task is
-/// handed back). `what` names the answer in logs and errors.
+/// the answer; `Err(reason)`: a reply asking to try again later). A retry reply or an
+/// undecodable one is tried again, up to [`COORDINATOR_TRIES`] times with a growing
+/// backoff, then becomes an error (the task is handed back). A coordinator that does not
+/// answer (none serving, a timeout, the bus unreachable) is waited out: asked again with a
+/// backoff up to [`COORDINATOR_BACKOFF_MAX`] for as long as `lease` holds (its extensions
+/// go to the queue, not to the coordinator), so an outage burns no delivery of the task;
+/// once the lease is lost the wait ends in an error. `what` names the answer in logs and
+/// errors.
 async fn ask_coordinator<R: wire::WireMessage, T>(
     bus: &Arc<dyn Bus>,
+    lease: &TaskLease,
     subject: &str,
     req: Bytes,
     timeout: Duration,
@@ -82,27 +95,58 @@ async fn ask_coordinator<R: wire::WireMessage, T>(
     classify: impl Fn(R) -> Result<T, String>,
 ) -> Result<T, WorkerError> {
     let mut backoff = COORDINATOR_BACKOFF;
-    let mut last = String::new();
-    for tried in 1..=COORDINATOR_TRIES {
-        match bus.request(subject, req.clone(), timeout).await {
+    let mut tried = 0;
+    let mut unreachable_since: Option<std::time::Instant> = None;
+    let mut said_at: Option<std::time::Instant> = None;
+    loop {
+        let last = match bus.request(subject, req.clone(), timeout).await {
             Ok(bytes) => match wire::decode::<R>(&bytes) {
                 Ok(reply) => match classify(reply) {
-                    Ok(answer) => return Ok(answer),
-                    Err(reason) => last = reason,
+                    Ok(answer) => {
+                        if let Some(since) = unreachable_since {
+                            tracing::info!(
+                                waited_ms = since.elapsed().as_millis() as u64,
+                                "the coordinator answers again"
+                            );
+                        }
+                        return Ok(answer);
+                    }
+                    Err(reason) => reason,
                 },
-                Err(e) => last = format!("undecodable reply: {e}"),
+                Err(e) => format!("undecodable reply: {e}"),
             },
-            Err(e) => last = e.to_string(),
-        }
+            Err(BusError::Closed) => return Err(WorkerError::Bus(BusError::Closed)),
+            Err(e) => {
+                // Unreachable: waited out while the lease holds.
+                if let Err(lost) = lease.check() {
+                    return Err(WorkerError::Bus(BusError::Backend(format!(
+                        "no {what}: the coordinator is unreachable ({e}) and the task's lease is lost ({lost})"
+                    ))));
+                }
+                let since = *unreachable_since.get_or_insert_with(std::time::Instant::now);
+                if said_at.is_none_or(|at| at.elapsed() >= UNREACHABLE_LOG_EVERY) {
+                    said_at = Some(std::time::Instant::now());
+                    tracing::warn!(
+                        error = %e,
+                        waited_ms = since.elapsed().as_millis() as u64,
+                        "the coordinator is unreachable: waiting for it (the task's lease is kept)"
+                    );
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(COORDINATOR_BACKOFF_MAX);
+                continue;
+            }
+        };
+        tried += 1;
         tracing::warn!(tried, error = %last, "no {what} from the coordinator yet");
-        if tried < COORDINATOR_TRIES {
-            tokio::time::sleep(backoff).await;
-            backoff *= 2;
+        if tried >= COORDINATOR_TRIES {
+            return Err(WorkerError::Bus(BusError::Backend(format!(
+                "no {what} after {COORDINATOR_TRIES} tries: {last}"
+            ))));
         }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(COORDINATOR_BACKOFF_MAX);
     }
-    Err(WorkerError::Bus(BusError::Backend(format!(
-        "no {what} after {COORDINATOR_TRIES} tries: {last}"
-    ))))
 }
 
 /// The coordinator's answer to a reservation.
@@ -131,6 +175,7 @@ const ROOM_WAIT_MAX: Duration = Duration::from_secs(1);
 /// it changes, which the calls' settling or their reservations' expiry bounds.
 pub(super) async fn reserve(
     bus: &Arc<dyn Bus>,
+    lease: &TaskLease,
     task: &BranchTask,
     attempt: u32,
     estimate: Usage,
@@ -153,6 +198,7 @@ pub(super) async fn reserve(
     loop {
         let reserved = ask_coordinator(
             bus,
+            lease,
             BUDGET_SUBJECT,
             req.clone(),
             BUDGET_TIMEOUT,
@@ -185,6 +231,11 @@ pub(super) async fn reserve(
                 return Ok(reserved);
             }
             None => {
+                if let Err(lost) = lease.check() {
+                    return Err(WorkerError::Bus(BusError::Backend(format!(
+                        "waiting for room under a budget cap, the task's lease was lost ({lost})"
+                    ))));
+                }
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(ROOM_WAIT_MAX);
             }

@@ -285,7 +285,15 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 } else {
                     run.learned.least(&estimate)
                 };
-                let reserving = reserve(&ctx.bus, task, attempt, estimate, least, run.last_settle);
+                let reserving = reserve(
+                    &ctx.bus,
+                    lease,
+                    task,
+                    attempt,
+                    estimate,
+                    least,
+                    run.last_settle,
+                );
                 match until_halted(reserving, control, task.run_id, attempt, pending, None).await {
                     Err(step) => return Ok(step),
                     Ok(granted) => match granted? {
