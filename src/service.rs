@@ -4,9 +4,10 @@
 //! - [`run_coordinator`]: connect to NATS, take the coordinator lease ([`lease`]: standing
 //!   by while another coordinator of the same store holds it, refusing to serve beside one
 //!   of another store), open the run store under `data`, start the coordinator, answer the
-//!   API ([`forkfleet_coordinator::service::serve`]) until `shutdown` or the lease is lost,
-//!   then stop cleanly (events applied so far flushed and acked, store flushed) and
-//!   release the lease.
+//!   API ([`forkfleet_coordinator::service::serve`]) until `shutdown`, then stop cleanly
+//!   (events applied so far flushed and acked, store flushed) and release the lease. A
+//!   lease lost (NATS unreachable for a TTL) stops serving the same way and goes back to
+//!   standing by until it can be taken again: an outage of NATS never ends the process.
 //! - [`run_worker`]: connect to NATS and run a worker node on `pool` until `shutdown`, then
 //!   drain (running branches get `drain_grace` to finish; the rest go back to the queue).
 //!
@@ -48,7 +49,25 @@ pub async fn connect(config: &Config, role: Role) -> anyhow::Result<Arc<dyn Bus>
             "forkfleet {role} needs a NATS server: pass --nats URL (or set FORKFLEET_NATS_URL, or [nats] url in the --config file)"
         ))
     })?;
+    if role == Role::Worker {
+        warn_if_unrestricted(&nats, "worker");
+    }
     connect_nats(nats).await
+}
+
+/// Say loudly, at start, that a service connects to NATS with no identity: on a server
+/// without roles (`forkfleet cluster auth`) anyone who reaches it can do anything.
+fn warn_if_unrestricted(nats: &NatsConfig, role: &str) {
+    use forkfleet_bus::nats::{redact_url, NatsAuth};
+    let anonymous = matches!(nats.auth, NatsAuth::None)
+        && redact_url(&nats.url) == nats.url
+        && nats.tls.client_cert.is_none();
+    if anonymous {
+        tracing::warn!(
+            nats.url = %nats.url,
+            "UNRESTRICTED CLUSTER: this {role} connects to NATS without credentials. Unless the server maps anonymous clients to a restricted user, anyone who can reach it can enqueue tasks, steer, take over or fail any branch, and read every event and blob. Give each role its own permissions with `forkfleet cluster auth` (docs/CLUSTER.md, \"Security\")"
+        );
+    }
 }
 
 /// Connect to NATS (streams, buckets and consumers are created if missing).
@@ -103,6 +122,7 @@ async fn coordinate(
     let data = &config.data.value;
     // Read without opening the store: a standby's data dir is locked by the serving one.
     let store_id = forkfleet_coordinator::store::store_id(data)?;
+    warn_if_unrestricted(&nats, "coordinator");
     // Its errors name the (redacted) URL already.
     let nats = NatsBus::connect(nats).await?;
     let probe = nats.clone();
@@ -113,43 +133,58 @@ async fn coordinate(
         ttl: config.lease_ttl.value,
     };
     tokio::pin!(shutdown);
-    let Some(lease) = lease::acquire(&nats, &me, &mut shutdown).await? else {
-        return Ok(());
-    };
-    readiness.not_ready("opening the run store");
-    let store = tokio::select! {
-        store = open_store_when_free(data, &lease) => store,
-        _ = &mut shutdown => {
-            lease.release().await;
+    // Serve while the lease is held; a lease lost (NATS unreachable for a TTL, or taken
+    // by a standby while this process was stalled) stops serving and goes back to
+    // standing by, with the store closed, until the lease can be taken again.
+    loop {
+        let Some(lease) = lease::acquire(&nats, &me, &mut shutdown).await? else {
             return Ok(());
-        }
-    };
-    let store = match store {
-        Ok(store) => store,
-        Err(e) => {
-            if lease.lost_reason().is_none() {
+        };
+        readiness.not_ready("opening the run store");
+        let store = tokio::select! {
+            store = open_store_when_free(data, &lease) => store,
+            _ = &mut shutdown => {
                 lease.release().await;
+                return Ok(());
             }
-            return Err(e);
+        };
+        let store = match store {
+            Ok(store) => store,
+            Err(e) => {
+                if let Some(why) = lease.lost_reason() {
+                    tracing::warn!(reason = %why, "coordinator lease lost before serving: standing by");
+                    readiness.not_ready("standby: waiting for the coordinator lease");
+                    continue;
+                }
+                lease.release().await;
+                return Err(e);
+            }
+        };
+        let lost = lease.lost();
+        let stop = async {
+            tokio::select! {
+                _ = &mut shutdown => {}
+                why = lost => tracing::error!(reason = %why, "coordinator lease lost: stopping serving at once"),
+            }
+        };
+        let bus: Arc<dyn Bus> = Arc::new(nats.clone());
+        let served = serve_coordinator_on(store, bus, config, stop, readiness, Some(slot)).await;
+        if let Some(why) = lease.lost_reason() {
+            // Stopping without NATS may fail to ack what it applied: those events come
+            // again and are applied once, by run and seq.
+            if let Err(e) = served {
+                tracing::warn!(error = %e, "stopping without the lease did not end cleanly");
+            }
+            tracing::warn!(
+                reason = %why,
+                "stopped serving (only the lease holder may serve); standing by to take the lease again"
+            );
+            readiness.not_ready("standby: waiting for the coordinator lease");
+            continue;
         }
-    };
-    let lost = lease.lost();
-    let stop = async {
-        tokio::select! {
-            _ = &mut shutdown => {}
-            why = lost => tracing::error!(reason = %why, "coordinator lease lost: stopping at once"),
-        }
-    };
-    let bus: Arc<dyn Bus> = Arc::new(nats);
-    let served = serve_coordinator_on(store, bus, config, stop, readiness, Some(slot)).await;
-    if let Some(why) = lease.lost_reason() {
-        served?;
-        return Err(anyhow::anyhow!(
-            "stopped serving: {why}; only the lease holder may serve"
-        ));
+        lease.release().await;
+        return served;
     }
-    lease.release().await;
-    served
 }
 
 /// Open the run store under `data` once its previous holder has let go of it (a holder

@@ -24,6 +24,11 @@ pub struct LeaseRecord {
     pub store_id: String,
     pub hostname: String,
     pub pid: u32,
+    /// The holder's pid namespace (`/proc/self/ns/pid`, e.g. `pid:[4026531836]`): a
+    /// coordinator on the same host and in the same namespace can tell whether the holder's
+    /// process is gone. `None` from a holder that did not say (an earlier release).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_ns: Option<String>,
     /// The holder renews every third of this.
     pub ttl_ms: u64,
     /// Wall-clock time (ms since the Unix epoch) after which the lease is free unless

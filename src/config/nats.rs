@@ -42,6 +42,13 @@ impl NatsSettings {
         if let Some(url) = &n.url {
             // A URL with user info (`nats://user:password@host`) authenticates too.
             if forkfleet_bus::nats::redact_url(&url.value) != url.value {
+                // A command line is visible to every user of the machine (`ps`).
+                if matches!(url.origin, super::Origin::Flag(_)) {
+                    return Err(ConfigError::Incomplete(format!(
+                        "the NATS URL given by {} carries credentials, and a command line is visible to every user of the machine: give the URL without them and the password in a file (--nats-user and --nats-password-file, or --nats-creds), or the whole URL in FORKFLEET_NATS_URL or the config file's [nats] url",
+                        url.origin
+                    )));
+                }
                 methods.push(format!("a user in the URL from {}", url.origin));
             }
         }

@@ -45,6 +45,7 @@ impl Candidate {
             store_id: self.store_id.clone(),
             hostname: hostname(),
             pid: std::process::id(),
+            pid_ns: pid_namespace(),
             ttl_ms,
             expires_at_ms: now_ms().saturating_add(ttl_ms),
         }
@@ -59,6 +60,24 @@ fn hostname() -> String {
         .filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// This process's pid namespace, as `/proc/self/ns/pid` links it (`pid:[INODE]`).
+fn pid_namespace() -> Option<String> {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+/// True when `record`'s holder is a process of this host and pid namespace that no longer
+/// exists: its pid is this process's own, or no process has it. A holder that did not
+/// record its namespace, or another host's, is never judged gone (its lease expires).
+fn holder_gone(record: &LeaseRecord) -> bool {
+    let here = record.hostname == hostname()
+        && record.pid_ns.is_some()
+        && record.pid_ns == pid_namespace();
+    here && (record.pid == std::process::id()
+        || !std::path::Path::new(&format!("/proc/{}", record.pid)).exists())
 }
 
 /// The lease as one reader watched it: its revision and when that revision was first seen.
@@ -85,7 +104,6 @@ pub async fn acquire(
     me: &Candidate,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<Option<Lease>> {
-    let bucket = bus.lease_bucket().await?;
     let holder = uuid::Uuid::now_v7().to_string();
     let poll = (me.ttl / 4).clamp(Duration::from_millis(50), STANDBY_POLL_MAX);
     let mut watched = Watched {
@@ -94,16 +112,56 @@ pub async fn acquire(
     };
     // The holder last reported, so standing by is said once per holder.
     let mut reported: Option<String> = None;
+    // NATS unreachable: said once per outage, and when it answers again.
+    let mut unreachable: Option<Instant> = None;
+    let mut bucket: Option<LeaseBucket> = None;
     tokio::pin!(shutdown);
     loop {
-        let state = bucket.read().await?;
+        // NATS may be away (a restart, an outage): a coordinator waits for it, whether it
+        // stands by or served until its lease was lost, and never exits for it.
+        let read = match &bucket {
+            Some(b) => b.read().await.map(|state| (b.clone(), state)),
+            None => match bus.lease_bucket().await {
+                Ok(b) => {
+                    bucket = Some(b.clone());
+                    b.read().await.map(|state| (b, state))
+                }
+                Err(e) => Err(e),
+            },
+        };
+        let (lease_bucket, state) = match read {
+            Ok(read) => {
+                if let Some(since) = unreachable.take() {
+                    tracing::info!(
+                        waited_ms = since.elapsed().as_millis() as u64,
+                        "NATS answers again: reading the coordinator lease"
+                    );
+                }
+                read
+            }
+            Err(e) => {
+                if unreachable.is_none() {
+                    unreachable = Some(Instant::now());
+                    tracing::warn!(error = %e, "cannot read the coordinator lease (NATS unreachable?): waiting for NATS");
+                }
+                tokio::select! {
+                    _ = &mut shutdown => {
+                        tracing::info!("stopped while waiting for NATS");
+                        return Ok(None);
+                    }
+                    _ = tokio::time::sleep(poll) => continue,
+                }
+            }
+        };
         let revision = state.revision();
+        let mut gone = false;
         let take = match &state {
             LeaseState::Free { .. } => true,
             LeaseState::Unreadable { .. } => watched.unchanged_for(revision, me.ttl),
             LeaseState::Held { record, .. } => {
                 let stale = watched.unchanged_for(revision, Duration::from_millis(record.ttl_ms));
-                let expired = stale || record.expired_at(now_ms());
+                gone = record.holder != holder && holder_gone(record);
+                let expired = stale || record.expired_at(now_ms()) || gone;
                 if !expired && record.store_id != me.store_id {
                     return Err(BadInput(format!(
                         "another coordinator ({} on {}, pid {}) serves the run store {} on this NATS server; this one's data dir holds the store {}. Two stores cannot serve one cluster: point this coordinator at that store's data dir (it then waits as a standby), stop the other one, or use another NATS server",
@@ -129,14 +187,22 @@ pub async fn acquire(
         };
         if take {
             let record = me.record(&holder);
-            match bucket.write(&record, revision).await {
+            match lease_bucket.write(&record, revision).await {
                 Ok(revision) => {
                     if let LeaseState::Held { record: old, .. } = &state {
-                        tracing::warn!(
-                            lease.previous = %old.holder,
-                            lease.previous_host = %old.hostname,
-                            "coordinator lease taken over from an expired holder"
-                        );
+                        if gone {
+                            tracing::warn!(
+                                lease.previous = %old.holder,
+                                lease.previous_pid = old.pid,
+                                "coordinator lease taken over at once: its holder was a process of this host that is gone"
+                            );
+                        } else {
+                            tracing::warn!(
+                                lease.previous = %old.holder,
+                                lease.previous_host = %old.hostname,
+                                "coordinator lease taken over from an expired holder"
+                            );
+                        }
                     }
                     tracing::info!(
                         lease.holder = %holder,
@@ -144,11 +210,13 @@ pub async fn acquire(
                         lease.ttl_ms = record.ttl_ms,
                         "coordinator lease taken"
                     );
-                    return Ok(Some(Lease::hold(bucket, record, revision)));
+                    return Ok(Some(Lease::hold(lease_bucket, record, revision)));
                 }
                 // Someone else just took it: read it again, and stand by.
                 Err(LeaseError::Conflict) => continue,
-                Err(LeaseError::Bus(e)) => return Err(e.into()),
+                Err(LeaseError::Bus(e)) => {
+                    tracing::warn!(error = %e, "cannot take the coordinator lease (NATS unreachable?): trying again");
+                }
             }
         }
         tokio::select! {

@@ -165,6 +165,71 @@ fn a_nats_server_restart_mid_fork_loses_nothing() {
     }
 }
 
+/// NATS down for 30 s mid-fork, longer than the coordinator's lease (15 s): the
+/// coordinator stops serving, waits for NATS and takes its lease again instead of exiting,
+/// the workers' branches are delivered again, and every branch finishes its script once.
+/// The outage's length is the fault itself, not a wait for something to happen.
+#[test]
+fn a_thirty_second_nats_outage_is_ridden_out_by_every_service() {
+    let mut fleet = start(2, 4);
+    let ex = Example::quickstart();
+    let spec = faults_spec(&ex, 6);
+    let id = fleet.create(&spec);
+    fleet.wait_progress(&id, 4);
+    fleet.nats.stop();
+    std::thread::sleep(std::time::Duration::from_secs(30));
+    fleet.nats.resume();
+    let view = fleet.watch(&id);
+    check_branches(&fleet, &view, 6);
+    for s in std::iter::once(&mut fleet.coordinator).chain(fleet.workers.iter_mut()) {
+        assert!(
+            s.child.as_mut().unwrap().try_wait().unwrap().is_none(),
+            "{} exited:\n{}",
+            s.name,
+            s.log()
+        );
+    }
+    let log = fleet.coordinator.log();
+    assert!(
+        log.contains("standing by to take the lease again")
+            && log.contains("coordinator lease taken"),
+        "{log}"
+    );
+    // A fleet without roles: each service said so at start.
+    assert!(
+        log.contains("UNRESTRICTED CLUSTER: this coordinator"),
+        "{log}"
+    );
+    assert!(fleet.workers[0]
+        .log()
+        .contains("UNRESTRICTED CLUSTER: this worker"));
+}
+
+/// A coordinator killed (SIGKILL) and started again on the same host: the lease names a
+/// process of this host and pid namespace that is gone, so it is taken at once rather
+/// than after its TTL, and the fork finishes.
+#[test]
+fn a_coordinator_restarted_after_a_kill_takes_its_dead_predecessors_lease_at_once() {
+    let mut fleet = start(1, 4);
+    let ex = Example::quickstart();
+    let spec = faults_spec(&ex, 3);
+    let id = fleet.create(&spec);
+    fleet.wait_progress(&id, 2);
+    fleet.coordinator.kill();
+    fleet.coordinator = fleet.spawn_coordinator("coordinator-2");
+    let view = fleet.watch(&id);
+    check_branches(&fleet, &view, 3);
+    let log = fleet.coordinator.log();
+    assert!(
+        log.contains("taken over at once: its holder was a process of this host that is gone"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("standby:"),
+        "it stood by for a dead holder:\n{log}"
+    );
+}
+
 #[test]
 fn garbage_on_every_subject_is_rejected_and_the_services_go_on() {
     let fleet = start(1, 4);

@@ -201,6 +201,12 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
 #[test]
 fn clients_see_and_act_on_the_forks_of_their_accounts_only() {
     let roles = Roles::start();
+    // Services with their roles' credentials are not warned about.
+    assert!(
+        !roles.logs().contains("UNRESTRICTED CLUSTER"),
+        "{}",
+        roles.logs()
+    );
     let ex = Example::quickstart();
     // A file too large for the small-blob bucket: the object store is used too.
     std::fs::write(
@@ -536,7 +542,8 @@ fn url_credentials_authenticate_and_no_password_reaches_the_logs() {
             cmd.env("RUST_LOG", level);
         }
         let out = cmd
-            .args(["workers", "--json", verbose, "--nats", &url])
+            .env("FORKFLEET_NATS_URL", &url)
+            .args(["workers", "--json", verbose])
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -548,15 +555,28 @@ fn url_credentials_authenticate_and_no_password_reaches_the_logs() {
             "{verbose} {rust_log:?}: {stderr}"
         );
     }
+    // On the command line (visible in `ps`), a URL with credentials is refused, named,
+    // and the password not echoed.
+    let out = command()
+        .args(["workers", "--nats", &url])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("flag --nats carries credentials")
+            && stderr.contains("--nats-password-file"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(PASSWORD), "{stderr}");
     // A user in the URL and another auth method: an error naming both.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("pw");
     std::fs::write(&file, "other-password\n").unwrap();
     let out = command()
+        .env("FORKFLEET_NATS_URL", &url)
         .args([
             "workers",
-            "--nats",
-            &url,
             "--nats-user",
             "someone",
             "--nats-password-file",
@@ -567,7 +587,8 @@ fn url_credentials_authenticate_and_no_password_reaches_the_logs() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("a user in the URL from flag --nats")
+        stderr.contains("a user in the URL from")
+            && stderr.contains("FORKFLEET_NATS_URL")
             && stderr.contains("user + password from flag --nats-user"),
         "{stderr}"
     );

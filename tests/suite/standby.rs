@@ -4,7 +4,7 @@
 //! serve. And client commands that start while NATS or the coordinator is briefly down
 //! retry within their bound, or fail with a clear error after it. Every wait is bounded.
 
-use super::fleet::{binary, run, wait_bounded, Fleet, Options, Service, COMMAND_LIMIT, POLL};
+use super::fleet::{binary, wait_bounded, Fleet, Options, Service, COMMAND_LIMIT, POLL};
 use super::harness::{path_str, Example};
 use forkfleet_bus::apicall::{self, CallError};
 use forkfleet_bus::nats::{NatsBus, NatsConfig};
@@ -208,25 +208,21 @@ fn nothing_listening_is_a_clear_error_after_the_bound() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let url = format!("nats://user:s3cret-pw@127.0.0.1:{port}");
-    let ran = run(
-        dir.path(),
-        &[
-            "fork",
-            "ls",
-            "--nats",
-            &url,
-            "--nats-connect-timeout-s",
-            "2",
-        ],
-    );
-    assert_eq!(ran.code, Some(1), "{}", ran.stderr);
+    let ran = binary()
+        .current_dir(dir.path())
+        .env("FORKFLEET_NATS_URL", &url)
+        .args(["fork", "ls", "--nats-connect-timeout-s", "2"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&ran.stderr);
+    assert_eq!(ran.status.code(), Some(1), "{stderr}");
     assert!(
-        ran.stderr.contains(&format!(
+        stderr.contains(&format!(
             "cannot reach NATS at nats://<redacted>@127.0.0.1:{port}"
         )),
-        "{}",
-        ran.stderr
+        "{stderr}"
     );
-    assert!(ran.stderr.contains("tried for 2 s"), "{}", ran.stderr);
-    assert!(!ran.stderr.contains("s3cret-pw"), "{}", ran.stderr);
+    assert!(stderr.contains("tried for 2 s"), "{stderr}");
+    assert!(!stderr.contains("s3cret-pw"), "{stderr}");
 }

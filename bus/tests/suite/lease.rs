@@ -19,6 +19,7 @@ async fn connect(server: &NatsServer) -> NatsBus {
 
 fn record(holder: &str, store: &str, ttl_ms: u64) -> LeaseRecord {
     LeaseRecord {
+        pid_ns: None,
         holder: holder.into(),
         store_id: store.into(),
         hostname: "host-a".into(),
