@@ -86,8 +86,17 @@ impl Embedded {
             .with_context(|| format!("cannot create data dir `{}`", data_dir.display()))?;
         let store = RunStore::open(data_dir)?;
         let bus: Arc<dyn Bus> = Arc::new(LocalBus::new(store.blob_store()));
-        let coordinator =
-            Coordinator::start(CoordinatorConfig::default(), store, bus.clone()).await?;
+        let coordinator = Coordinator::start(
+            CoordinatorConfig {
+                // Its workers are in this process: the calls a previous run's
+                // reservations held died with it.
+                release_reservations_at_start: true,
+                ..CoordinatorConfig::default()
+            },
+            store,
+            bus.clone(),
+        )
+        .await?;
         // Agents with the fork tools call the coordinator's API over the bus, as in a
         // cluster.
         let server = ApiServer::bind(coordinator.handle(), bus.clone()).await?;

@@ -18,6 +18,7 @@
 pub mod audit;
 pub mod auth;
 mod console;
+mod guard;
 mod idempotency;
 pub mod openapi;
 pub mod problem;
@@ -202,6 +203,10 @@ pub fn router(state: Arc<ApiHttp>) -> Router {
             &format!("{PREFIX}/{{*rest}}"),
             axum::routing::any(not_found),
         )
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::guard,
+        ))
         .with_state(state)
 }
 
@@ -231,7 +236,7 @@ fn axum_path(path: &str) -> String {
 
 /// One operation's request from the path's values (in the route's order), the query
 /// string and the body; what the HTTP layer reads itself (`limit`, `offset`, filters,
-/// `access_token`) apart.
+/// a stream's `ticket`) apart.
 #[derive(Debug)]
 struct Parsed {
     request: ApiRequest,
@@ -264,7 +269,7 @@ fn parse(
         match k.as_str() {
             "limit" => limit = Some(number(&k, &v)?),
             "offset" => offset = number(&k, &v)?,
-            "access_token" => {}
+            "ticket" => {}
             _ if route.fields.iter().any(|(f, _)| *f == k) => {
                 if args.contains_key(&k) {
                     return Err(Problem::bad_input(format!("`{k}` is given twice")));

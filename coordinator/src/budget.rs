@@ -90,6 +90,9 @@ struct RunBudget {
     /// The cap that last stopped or refused it (what a top-up must raise to resume it).
     blocked_by: Option<Level>,
     stopped_at_ms: Option<u64>,
+    /// The least its latest reservation request needed (`None` before its first): whether
+    /// it may still fit under its fork's cap when another branch no longer does.
+    last_least: Option<f64>,
 }
 
 struct ForkBudget {
@@ -157,6 +160,23 @@ impl State {
                     .runs
                     .get(&r.run_id)
                     .is_some_and(|run| r.attempt >= run.min_attempt && !run.state.is_terminal())
+        })
+    }
+
+    /// Whether a branch of `fork_id` other than `run` may still fit `room` under the
+    /// fork's cap: running, not told to stop, and either not asked yet or last needing no
+    /// more than `room`.
+    fn others_may_fit(&self, fork_id: ForkId, run: RunId, room: f64) -> bool {
+        let Some(f) = self.forks.get(&fork_id) else {
+            return false;
+        };
+        f.runs.iter().filter(|r| **r != run).any(|r| {
+            self.runs.get(r).is_some_and(|b| {
+                !b.state.is_terminal()
+                    && b.state != BranchState::Paused
+                    && !b.stopping
+                    && b.last_least.is_none_or(|l| l <= room + EPSILON)
+            })
         })
     }
 
@@ -375,6 +395,19 @@ impl Ledger {
         }))
     }
 
+    /// Release every reservation held: their calls are known not to be in flight (the
+    /// embedded system starting again, its workers gone with the process that held them).
+    pub fn release_all(&self) {
+        let released = self.lock().release_where(|_| true);
+        if !released.is_empty() {
+            tracing::info!(
+                released = released.len(),
+                "budget: reservations of calls that ended with the previous process released"
+            );
+        }
+        self.forget(&released);
+    }
+
     /// How long a reservation holds money unsettled.
     pub fn ttl_ms(&self) -> u64 {
         self.ttl_ms
@@ -454,6 +487,7 @@ impl Ledger {
                     stopping: false,
                     blocked_by: None,
                     stopped_at_ms: None,
+                    last_least: None,
                 },
             );
         }

@@ -114,6 +114,11 @@ pub struct CoordinatorConfig {
     /// The accounts each scoped client identity may use besides its own (`[access."ID"]
     /// accounts`; see `crate::access`).
     pub access: access::Grants,
+    /// Release every reservation the store holds when starting: the workers that held
+    /// them lived in the process that wrote them and died with it (the embedded system),
+    /// so no call of theirs is in flight. A cluster's coordinator keeps them: its workers
+    /// outlive it.
+    pub release_reservations_at_start: bool,
 }
 
 /// The default of [`CoordinatorConfig::reservation_ttl_ms`]: ten minutes.
@@ -126,6 +131,7 @@ impl Default for CoordinatorConfig {
             durable: "coordinator".to_string(),
             reservation_ttl_ms: DEFAULT_RESERVATION_TTL_MS,
             access: access::Grants::new(),
+            release_reservations_at_start: false,
         }
     }
 }
@@ -160,6 +166,9 @@ impl Coordinator {
         clock: Arc<dyn forkfleet_shared::clock::Clock>,
     ) -> Result<Coordinator, CoordinatorError> {
         let ledger = Ledger::open(store.clone(), bus.clone(), config.reservation_ttl_ms, clock)?;
+        if config.release_reservations_at_start {
+            ledger.release_all();
+        }
         let (root, root_join) = Actor::spawn(
             None,
             RootActor,

@@ -43,11 +43,20 @@ impl Principal {
     }
 }
 
-/// The configured tokens, by name.
+/// The configured tokens, by name, and the stream tickets issued for them.
 #[derive(Debug, Clone, Default)]
 pub struct Tokens {
     tokens: BTreeMap<String, HttpToken>,
+    /// Tickets by their SHA-256: who they stand for, until when.
+    tickets: std::sync::Arc<std::sync::Mutex<Tickets>>,
 }
+
+/// Issued stream tickets by their SHA-256: who each stands for, until when.
+type Tickets = BTreeMap<[u8; 32], (Principal, std::time::Instant)>;
+
+/// How long a stream ticket admits `GET .../stream` (an `EventSource` reconnecting later
+/// gets a new one).
+pub const TICKET_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The SHA-256 of a token, as configured.
 pub fn hash(token: &str) -> [u8; 32] {
@@ -56,7 +65,34 @@ pub fn hash(token: &str) -> [u8; 32] {
 
 impl Tokens {
     pub fn new(tokens: BTreeMap<String, HttpToken>) -> Self {
-        Self { tokens }
+        Self {
+            tokens,
+            tickets: Default::default(),
+        }
+    }
+
+    /// A new stream ticket standing for `principal` for [`TICKET_TTL`]: what an
+    /// `EventSource`, which cannot send headers, puts in its URL instead of a token.
+    pub fn issue_ticket(&self, principal: &Principal) -> std::io::Result<String> {
+        let ticket = new_token()?.replacen("ff_", "fft_", 1);
+        let now = std::time::Instant::now();
+        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        tickets.retain(|_, (_, until)| *until > now);
+        tickets.insert(hash(&ticket), (principal.clone(), now + TICKET_TTL));
+        Ok(ticket)
+    }
+
+    fn ticket(&self, given: &str) -> Result<Principal, Problem> {
+        let tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        match tickets.get(&hash(given)) {
+            Some((p, until)) if *until > std::time::Instant::now() => Ok(p.clone()),
+            Some(_) => Err(Problem::unauthorized(
+                "the stream ticket expired: get another with `POST /api/v1/stream-tickets`",
+            )),
+            None => Err(Problem::unauthorized(
+                "the stream ticket is not one this server issued",
+            )),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -72,9 +108,9 @@ impl Tokens {
             .collect()
     }
 
-    /// The caller of a request: its bearer token (the `Authorization` header, or an
-    /// `access_token` query parameter, which an `EventSource` can send), or, with no token
-    /// configured, any loopback peer as the operator.
+    /// The caller of a request: its bearer token (the `Authorization` header), or a stream
+    /// ticket (`?ticket=`, which an `EventSource` can send), or, with no token configured,
+    /// any loopback peer as the operator.
     pub fn authenticate(
         &self,
         headers: &HeaderMap,
@@ -93,9 +129,18 @@ impl Tokens {
                 accounts: None,
             });
         }
-        let given = bearer(headers)
-            .or_else(|| query_token(query))
-            .ok_or_else(|| Problem::unauthorized("no token: send `Authorization: Bearer TOKEN`"))?;
+        let given = match bearer(headers) {
+            Some(token) => token,
+            None => match query_ticket(query) {
+                // Only `GET .../stream` gets this far with one (`guard`).
+                Some(ticket) => return self.ticket(&ticket),
+                None => {
+                    return Err(Problem::unauthorized(
+                        "no token: send `Authorization: Bearer TOKEN`",
+                    ))
+                }
+            },
+        };
         let h = hash(&given);
         self.tokens
             .iter()
@@ -120,10 +165,10 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
         .then(|| token.trim().to_string())
 }
 
-fn query_token(query: Option<&str>) -> Option<String> {
+fn query_ticket(query: Option<&str>) -> Option<String> {
     super::form_pairs(query)
         .into_iter()
-        .find(|(k, _)| k == "access_token")
+        .find(|(k, _)| k == "ticket")
         .map(|(_, v)| v)
 }
 
@@ -173,11 +218,26 @@ mod tests {
         let r = t.authenticate(&with("r-token"), None, peer).unwrap();
         assert!(r.may(Access::Read) && !r.may(Access::Write));
         assert_eq!(r.caller(), Caller::Admin);
+        // A token is never taken from a URL; a ticket issued for it is, and stands for it.
+        assert_eq!(
+            t.authenticate(&HeaderMap::new(), Some("access_token=t-token"), peer)
+                .unwrap_err()
+                .status,
+            401
+        );
+        let team = t.authenticate(&with("t-token"), None, peer).unwrap();
+        let ticket = t.issue_ticket(&team).unwrap();
         let w = t
-            .authenticate(&HeaderMap::new(), Some("access_token=t-token"), peer)
+            .authenticate(&HeaderMap::new(), Some(&format!("ticket={ticket}")), peer)
             .unwrap();
         assert!(w.may(Access::Read) && w.may(Access::Write) && !w.may(Access::Admin));
         assert_eq!(w.caller(), Caller::Client("team".into()));
+        assert_eq!(
+            t.authenticate(&HeaderMap::new(), Some("ticket=fft_made_up"), peer)
+                .unwrap_err()
+                .status,
+            401
+        );
         assert_eq!(
             t.authenticate(&with("nope"), None, peer)
                 .unwrap_err()

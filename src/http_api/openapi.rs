@@ -144,6 +144,7 @@ fn tag(path: &str) -> String {
 fn extra_paths(paths: &mut Map<String, Value>) {
     let id = |name: &str, format: &str| json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string", "format": format } });
     let last = json!({ "name": "Last-Event-ID", "in": "header", "required": false, "schema": { "type": "string" }, "description": "Resume after this event" });
+    let ticket = json!({ "name": "ticket", "in": "query", "required": false, "schema": { "type": "string" }, "description": "A ticket from POST /stream-tickets, for a client that cannot send the Authorization header (an EventSource)" });
     let sse = |what: &str| json!({ "description": what, "content": { "text/event-stream": { "schema": { "type": "string" } } } });
     let mut add = |path: String, method: &str, op: Value| {
         let entry = paths.entry(path).or_insert_with(|| json!({}));
@@ -159,7 +160,7 @@ fn extra_paths(paths: &mut Map<String, Value>) {
         "get",
         json!({
             "operationId": "fork_stream", "summary": "A fork's changes as Server-Sent Events", "tags": ["forks"],
-            "x-forkfleet-access": "read", "parameters": [id("fork", "uuid"), last.clone()],
+            "x-forkfleet-access": "read", "parameters": [id("fork", "uuid"), last.clone(), ticket.clone()],
             "responses": with_problems(sse("`fork` events: {version, view, cost}; the id is the version")),
         }),
     );
@@ -168,7 +169,7 @@ fn extra_paths(paths: &mut Map<String, Value>) {
         "get",
         json!({
             "operationId": "run_stream", "summary": "A run's events as Server-Sent Events", "tags": ["runs"],
-            "x-forkfleet-access": "read", "parameters": [id("run", "uuid"), last],
+            "x-forkfleet-access": "read", "parameters": [id("run", "uuid"), last, ticket],
             "responses": with_problems(sse("`event` events: {seq, event}; the id is the seq")),
         }),
     );
@@ -214,6 +215,19 @@ fn extra_paths(paths: &mut Map<String, Value>) {
                 "required": ["spec"]
             } } } },
             "responses": made,
+        }),
+    );
+    add(
+        format!("{PREFIX}/stream-tickets"),
+        "post",
+        json!({
+            "operationId": "stream_ticket", "summary": "A ticket admitting the caller's GET .../stream for a minute, for an EventSource's URL (a token never goes in a URL)", "tags": ["api"],
+            "x-forkfleet-access": "read",
+            "responses": with_problems(json!({ "description": "The ticket", "content": { "application/json": { "schema": {
+                "type": "object",
+                "properties": { "ticket": { "type": "string" }, "expires_in_s": { "type": "integer" } },
+                "required": ["ticket", "expires_in_s"]
+            } } } })),
         }),
     );
     add(

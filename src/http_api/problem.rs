@@ -46,6 +46,10 @@ impl Problem {
     pub fn unavailable(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)
     }
+    /// A body of a type the route does not take (415); the kind is `bad_input`.
+    pub fn unsupported_media(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "bad_input", detail)
+    }
     pub fn failure(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "failure", detail)
     }

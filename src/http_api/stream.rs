@@ -11,6 +11,8 @@
 //! - `PUT /blobs/{blob}`: store bytes under their SHA-256 (the hash must match), as the
 //!   workspace upload of `create_fork` needs.
 //! - `GET /workers`: the live workers and their running branches.
+//! - `POST /stream-tickets`: a short-lived ticket for a stream's URL (an `EventSource`
+//!   cannot send a token in a header, and a token never goes in a URL).
 //! - `POST /forks/from-spec`: a fork from a spec document (the TOML text, and the files it
 //!   names, such as scripts) and an uploaded snapshot or a run, as `forkfleet run` makes
 //!   one from a spec file: `create_fork` with the plan the spec gives.
@@ -45,6 +47,7 @@ pub fn routes() -> Vec<(&'static str, MethodRouter<Arc<ApiHttp>>)> {
         ("/blobs/{blob}", axum::routing::put(upload)),
         ("/workers", axum::routing::get(workers)),
         ("/forks/from-spec", axum::routing::post(from_spec)),
+        ("/stream-tickets", axum::routing::post(stream_ticket)),
     ]
 }
 
@@ -355,6 +358,29 @@ async fn workers(
     }
 }
 
+/// `POST /stream-tickets`: a ticket standing for the caller for a minute, for the URL of
+/// an `EventSource` (which cannot send an `Authorization` header; a token never goes in
+/// a URL).
+async fn stream_ticket(
+    State(st): St,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let principal = match st.auth.authenticate(&headers, query.as_deref(), peer) {
+        Ok(p) => p,
+        Err(p) => return p.into_response(),
+    };
+    match st.auth.issue_ticket(&principal) {
+        Ok(ticket) => axum::Json(serde_json::json!({
+            "ticket": ticket,
+            "expires_in_s": super::auth::TICKET_TTL.as_secs(),
+        }))
+        .into_response(),
+        Err(e) => Problem::failure(format!("no random bytes for a ticket: {e}")).into_response(),
+    }
+}
+
 /// `POST /forks/from-spec`'s body.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -443,8 +469,59 @@ async fn from_spec(
     }
 }
 
+/// Every file the spec names (its `history`, each model's `script`) is one the request
+/// carries in `files`: a spec sent over HTTP reads nothing on the coordinator's host.
+fn names_only_uploaded_files(doc: &SpecDocument) -> Result<(), Problem> {
+    let table: toml::Table = toml::from_str(&doc.spec)
+        .map_err(|e| Problem::bad_input(format!("the spec is not TOML: {}", e.message())))?;
+    let mut named: Vec<(String, &toml::Value)> = Vec::new();
+    if let Some(h) = table.get("history") {
+        named.push(("history".to_string(), h));
+    }
+    if let Some(models) = table.get("models").and_then(toml::Value::as_table) {
+        for (name, section) in models {
+            if let Some(script) = section.as_table().and_then(|t| t.get("script")) {
+                named.push((format!("[models.\"{name}\"] script"), script));
+            }
+        }
+    }
+    let given = || {
+        if doc.files.is_empty() {
+            "none".to_string()
+        } else {
+            doc.files
+                .keys()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    for (key, value) in named {
+        let Some(name) = value.as_str() else {
+            return Err(Problem::bad_input(format!(
+                "the spec's {key} must be a file name"
+            )));
+        };
+        let uploaded = forkfleet_shared::path::WsPath::parse_file(name)
+            .ok()
+            .is_some_and(|p| {
+                doc.files
+                    .keys()
+                    .any(|k| forkfleet_shared::path::WsPath::parse_file(k).is_ok_and(|k| k == p))
+            });
+        if !uploaded {
+            return Err(Problem::bad_input(format!(
+                "the spec's {key} names a file the request does not carry: a spec sent over HTTP reads only the files in `files`, by a relative path without `..` (given: {})",
+                given()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The spec document as a spec file in a directory of its own, its files beside it.
 fn load_document(doc: &SpecDocument) -> Result<forkfleet_shared::spec::LoadedSpec, Problem> {
+    names_only_uploaded_files(doc)?;
     let dir = tempfile::tempdir()
         .map_err(|e| Problem::failure(format!("no temporary directory: {e}")))?;
     for (name, text) in &doc.files {

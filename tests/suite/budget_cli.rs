@@ -643,6 +643,11 @@ struct Billed {
 /// its input counted at four bytes a token. Streams when asked. Its port, and what it
 /// billed.
 fn thrifty_model() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Billed>>>) {
+    thrifty_model_saying(true)
+}
+
+/// [`thrifty_model`], reporting its usage (`honest`) or 0 tokens in and out.
+fn thrifty_model_saying(honest: bool) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Billed>>>) {
     use std::io::{BufRead, BufReader, Read, Write};
     let billed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -687,11 +692,15 @@ fn thrifty_model() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Billed>>>) {
                     input_tokens,
                     output_tokens,
                 });
-                let usage = serde_json::json!({
-                    "prompt_tokens": input_tokens,
-                    "completion_tokens": output_tokens,
-                    "total_tokens": input_tokens + output_tokens,
-                });
+                let usage = if honest {
+                    serde_json::json!({
+                        "prompt_tokens": input_tokens,
+                        "completion_tokens": output_tokens,
+                        "total_tokens": input_tokens + output_tokens,
+                    })
+                } else {
+                    serde_json::json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
+                };
                 let (message, delta, finish) = if output_tokens == 30 {
                     let call = serde_json::json!([{"index": 0, "id": format!("c{}", req["messages"].as_array().map_or(0, Vec::len)), "type": "function", "function": {"name": "list_files", "arguments": "{}"}}]);
                     (
@@ -797,4 +806,53 @@ fn a_strict_cap_is_used_up_to_less_than_one_call() {
         assert!(last.max_tokens < 4096, "{last:?}");
         assert!(billed[0].max_tokens == 4096, "{:?}", billed[0]);
     }
+}
+
+#[test]
+fn a_provider_that_reports_no_tokens_does_not_pass_a_strict_cap() {
+    // Usage of 0 in and 0 out for every call: taken at its word, every call was free and
+    // the branch ran until max_turns. Estimated from sizes (the input at the bound a
+    // reservation holds), the cap stops it and what it tracked covers the bill.
+    let (port, billed) = thrifty_model_saying(false);
+    let ex = Example::quickstart();
+    let spec = ex.write_spec(&format!(
+        "goal = \"g\"\nworkspace = \"workspace\"\nmodel = \"openai:fake\"\nmax_turns = 300\n\
+         max_output_tokens = 4096\nbudget_mode = \"strict\"\n\
+         [models.\"openai:fake\"]\nbase_url = \"http://127.0.0.1:{port}/v1\"\nmax_retries = 0\n\
+         price = {{ input_per_mtok = 1.0, output_per_mtok = 10.0 }}\n\
+         [[branches]]\nlabel = \"capped\"\nbudget_usd = 0.05\n"
+    ));
+    let data = ex.data();
+    let out = forkfleet_env(
+        &[
+            "run",
+            path_str(&spec),
+            "--data",
+            path_str(&data),
+            "--json",
+            "--timeout-s",
+            "120",
+        ],
+        &[("FORKFLEET_ALLOWED_MODEL_HOSTS", "127.0.0.1")],
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stderr(&out)));
+    let b = cost_of(doc["fork_id"].as_str().unwrap(), &data).branches[0].clone();
+    let billed = billed.lock().unwrap().clone();
+    let truth: f64 = billed
+        .iter()
+        .map(|c| (c.input_tokens as f64 + c.output_tokens as f64 * 10.0) / 1e6)
+        .sum();
+    assert_eq!(b.state, BranchState::BudgetExhausted, "{b:?}");
+    assert!(truth <= 0.05 + 1e-9, "billed ${truth} against a $0.05 cap");
+    assert!(
+        b.spent_usd >= truth,
+        "tracked ${} of ${truth} billed",
+        b.spent_usd
+    );
+    assert!(
+        stderr(&out).contains("reported 0 input tokens"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -276,6 +276,40 @@ fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_
         Some(json!({"spec": spec_text, "files": {"../x": "y"}, "snapshot": view["snapshot"]})),
         400,
     );
+    // A spec naming files on the coordinator's host (absolute, `../`, not uploaded) reads
+    // none of them: refused, naming the key, quoting nothing of the file.
+    let secret = ex.dir.path().join("host-secret.txt");
+    std::fs::write(&secret, "SEED-never-read\n").unwrap();
+    let secret = path_str(&secret).to_string();
+    let attacks = [
+        (format!("history = \"{secret}\"\n"), "history"),
+        ("history = \"../host-secret.txt\"\n".to_string(), "history"),
+        ("history = \"history.json\"\n".to_string(), "history"),
+    ];
+    for (extra, key) in attacks {
+        let p = api.problem(
+            "POST",
+            "/forks/from-spec",
+            ADMIN,
+            Some(json!({"spec": format!("{extra}{spec_text}"), "files": {"script.toml": script}, "snapshot": view["snapshot"]})),
+            400,
+        );
+        let detail = p["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(key) && detail.contains("does not carry"),
+            "{p}"
+        );
+        assert!(!p.to_string().contains("SEED-never-read"), "{p}");
+    }
+    let p = api.problem(
+        "POST",
+        "/forks/from-spec",
+        ADMIN,
+        Some(json!({"spec": spec_text.replace("script = \"script.toml\"", &format!("script = \"{secret}\"")), "files": {"script.toml": script}, "snapshot": view["snapshot"]})),
+        400,
+    );
+    assert!(p["detail"].as_str().unwrap().contains("script"), "{p}");
+    assert!(!p.to_string().contains("SEED-never-read"), "{p}");
 
     // SSE: the first event, a dropped connection, then resumption after it.
     let resp = api
@@ -657,4 +691,155 @@ impl Drop for Ui {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// What a web page in a browser can send, refused by a coordinator whose API has no token
+/// (loopback callers are its operator): a cross-origin write (a `no-cors` POST carries its
+/// `Origin`), a body that is not JSON, a name that is not this machine's loopback (DNS
+/// rebinding), a token in a URL. A same-origin page gets a stream ticket and the stream.
+#[test]
+fn browser_attacks_on_a_tokenless_api_are_refused() {
+    let addr = format!("127.0.0.1:{}", forkfleet_bus::testkit::free_port());
+    let fleet = Fleet::start(
+        1,
+        4,
+        Options {
+            coordinator_args: &["--http-addr", &addr],
+            ..Options::default()
+        },
+    );
+    let base = format!("http://{addr}/api/v1");
+    let http = Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    while http
+        .get(format!("{base}/ping"))
+        .send()
+        .map(|r| r.status().as_u16())
+        .ok()
+        != Some(200)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the HTTP API never answered\n{}",
+            fleet.logs()
+        );
+        std::thread::sleep(POLL);
+    }
+    let ex = Example::quickstart();
+    let fork = fleet.create(&ex.spec());
+    let problem = |resp: Response, status: u16| {
+        assert_eq!(resp.status().as_u16(), status);
+        assert_eq!(resp.headers()["content-type"], "application/problem+json");
+        serde_json::from_str::<Value>(&resp.text().unwrap()).unwrap()
+    };
+    let abort = format!("{base}/forks/{fork}/abort");
+
+    // A page on another origin: refused, the fork untouched.
+    let p = problem(
+        http.post(&abort)
+            .header("origin", "http://evil.example")
+            .send()
+            .unwrap(),
+        403,
+    );
+    assert!(
+        p["detail"].as_str().unwrap().contains("another origin"),
+        "{p}"
+    );
+    let p = problem(
+        http.post(&abort).header("origin", "null").send().unwrap(),
+        403,
+    );
+    assert!(
+        p["detail"].as_str().unwrap().contains("another origin"),
+        "{p}"
+    );
+    // A body a page may send without asking (text/plain, a form): 415.
+    for kind in [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+    ] {
+        let p = problem(
+            http.post(&abort)
+                .header("content-type", kind)
+                .body("{}")
+                .send()
+                .unwrap(),
+            415,
+        );
+        assert!(
+            p["detail"].as_str().unwrap().contains("application/json"),
+            "{p}"
+        );
+    }
+    // DNS rebinding: the page's own name pointing at 127.0.0.1.
+    let p = problem(
+        http.get(format!("{base}/forks"))
+            .header("host", "evil.example")
+            .send()
+            .unwrap(),
+        403,
+    );
+    assert!(p["detail"].as_str().unwrap().contains("loopback"), "{p}");
+    // A token in a URL, anywhere.
+    let p = problem(
+        http.get(format!("{base}/forks?access_token=anything"))
+            .send()
+            .unwrap(),
+        400,
+    );
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("never taken from a URL"),
+        "{p}"
+    );
+    let shown = fleet.client(&["fork", "show", &fork, "--json"]).json();
+    assert_ne!(shown["state"], "aborted", "{shown}");
+
+    // The console's own origin: a ticket, then the stream under it; a ticket is taken by a
+    // stream only.
+    let ticket: Value = serde_json::from_str(
+        &http
+            .post(format!("{base}/stream-tickets"))
+            .header("origin", format!("http://{addr}"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap(),
+    )
+    .unwrap();
+    let ticket = ticket["ticket"].as_str().unwrap().to_string();
+    let resp = http
+        .get(format!("{base}/forks/{fork}/stream?ticket={ticket}"))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    drop(resp);
+    problem(
+        http.get(format!("{base}/forks?ticket={ticket}"))
+            .send()
+            .unwrap(),
+        400,
+    );
+    // A same-origin write is served.
+    let resp = http
+        .post(&abort)
+        .header("origin", format!("http://{addr}"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .unwrap();
+    assert_eq!(
+        resp.status().as_u16(),
+        200,
+        "{}",
+        resp.text().unwrap_or_default()
+    );
 }

@@ -386,7 +386,14 @@ async fn start(state: &mut AgentState) -> Result<Step, WorkerError> {
             seq,
             delivered: state.lease.attempt(),
         });
-        match resume_log(&state.ctx.bus, &state.lease, task, state.out.attempt, proof).await? {
+        // A hand-back ends a wait for a coordinator that is away.
+        let mut handed_back = state.ctx.handback.subscribe();
+        let asking = resume_log(&state.ctx.bus, &state.lease, task, state.out.attempt, proof);
+        let answer = tokio::select! {
+            answer = asking => answer?,
+            _ = handed_back.wait_for(|back| *back) => return Ok(Step::HandBack),
+        };
+        match answer {
             Resumed::Log(events) => {
                 if let Some(end) = terminal_state(&events) {
                     return Ok(Step::Drop(format!("the branch already finished as {end}")));

@@ -94,6 +94,9 @@ impl Ledger {
             }
             least => least.map(|l| l.min(est)),
         };
+        if let Some(r) = s.runs.get_mut(&req.run_id) {
+            r.last_least = Some(least.unwrap_or(est));
+        }
         // What may be granted: the whole estimate, else (with `least_usd`) what room is left.
         let mut grant = est;
         let mut decide = |level: &str,
@@ -131,7 +134,8 @@ impl Ledger {
             }
         };
         let mine = |r: &ReservationRecord| r.run_id == req.run_id;
-        let at_branch = counted(run.spent, s.reserved(mine), s.reserved_live(mine));
+        let run_spent = s.runs.get(&req.run_id).map_or(0.0, |r| r.spent);
+        let at_branch = counted(run_spent, s.reserved(mine), s.reserved_live(mine));
         if let Some(cap) = run_cap {
             match decide("branch", at_branch, cap, false) {
                 None => {}
@@ -193,6 +197,28 @@ impl Ledger {
                 None => {}
                 Some(Err(reason)) => return (BudgetReply::Wait { reason }, out),
                 Some(Ok(reason)) => {
+                    // Another branch may still fit what this one does not (a smaller call,
+                    // or one not asked yet): only this branch stops. The fork's cap is
+                    // exhausted, and every branch stopped, once none may.
+                    let (spent, reserved, live) = at_fork;
+                    let room = cap - spent - (reserved - live).max(0.0);
+                    if !fork_exhausted && s.others_may_fit(fork_id, req.run_id, room) {
+                        metrics::BUDGET_REFUSALS.inc(&["fork"]);
+                        if let Some(f) = s.forks.get_mut(&fork_id) {
+                            f.crossed_at_ms.get_or_insert(now);
+                        }
+                        if let Some(r) = s.runs.get_mut(&req.run_id) {
+                            r.blocked_by = Some(Level::Fork);
+                            r.stopping = true;
+                        }
+                        return (
+                            BudgetReply::Refused {
+                                state: BranchState::AggregateBudgetExhausted,
+                                reason,
+                            },
+                            out,
+                        );
+                    }
                     let reply = refuse(&mut s, Level::Fork, reason, &mut out);
                     return (reply, out);
                 }

@@ -479,6 +479,20 @@ struct Model {
     /// A fork-level refusal, or a settlement reaching the fork's cap, happened since the
     /// fork's cap was last raised.
     fork_exhausted: bool,
+    /// Told to stop (a stop sent, not yet confirmed by a stopped state or a takeover).
+    stopping: Vec<bool>,
+    /// The least of each branch's latest request.
+    last_least: Vec<Option<f64>>,
+}
+
+impl Model {
+    /// The fork's cap is exhausted: every branch is told to stop.
+    fn exhaust(&mut self) {
+        if !self.fork_exhausted {
+            self.fork_exhausted = true;
+            self.stopping.iter_mut().for_each(|s| *s = true);
+        }
+    }
 }
 
 impl Model {
@@ -540,6 +554,7 @@ fn apply(fx: &Fx, fork: &Fork, m: &mut Model, op: &Op) -> Result<(), TestCaseErr
     match *op {
         Op::Reserve { branch, est, least } => {
             let (est, least) = (usd(est), least.map(usd));
+            m.last_least[branch] = Some(least.unwrap_or(est));
             // How the call fits under one cap, as the ledger's rule says.
             let fits =
                 |spent: f64, (reserved, live): (f64, f64), cap: Option<f64>, exhausted: bool| {
@@ -588,7 +603,21 @@ fn apply(fx: &Fx, fork: &Fork, m: &mut Model, op: &Op) -> Result<(), TestCaseErr
                     } else {
                         prop_assert_eq!(state, BranchState::AggregateBudgetExhausted);
                         prop_assert!(matches!(at_branch, Some(Ok(_))) && at_fork.is_none());
-                        m.fork_exhausted = true;
+                        // Only this branch stops while another may still fit the room
+                        // left (with live calls' reservations back); else every branch.
+                        let cap = m.fork_cap.unwrap_or(f64::INFINITY);
+                        let room =
+                            cap - m.fork_spent() - (m.reserved(None) - m.reserved_live(None));
+                        let others = (0..BRANCHES).any(|b| {
+                            b != branch
+                                && !m.stopping[b]
+                                && m.last_least[b].is_none_or(|l| l <= room + EPSILON)
+                        });
+                        if !m.fork_exhausted && others {
+                            m.stopping[branch] = true;
+                        } else {
+                            m.exhaust();
+                        }
                     }
                     return Ok(());
                 }
@@ -635,7 +664,7 @@ fn apply(fx: &Fx, fork: &Fork, m: &mut Model, op: &Op) -> Result<(), TestCaseErr
             if m.fork_cap
                 .is_some_and(|cap| m.fork_spent() + EPSILON >= cap)
             {
-                m.fork_exhausted = true;
+                m.exhaust();
             }
         }
         Op::Cancel { pick } => {
@@ -647,6 +676,7 @@ fn apply(fx: &Fx, fork: &Fork, m: &mut Model, op: &Op) -> Result<(), TestCaseErr
         }
         Op::PauseResume { branch } => {
             fx.ledger.on_state(fork.runs[branch], BranchState::Paused);
+            m.stopping[branch] = false;
             // Only the current attempt's: a superseded attempt's stay held (ADR 18).
             let current = m.attempts[branch];
             m.live.retain(|l| l.branch != branch || l.attempt < current);
@@ -658,6 +688,7 @@ fn apply(fx: &Fx, fork: &Fork, m: &mut Model, op: &Op) -> Result<(), TestCaseErr
         }
         Op::Fence { branch } => {
             m.attempts[branch] += 1;
+            m.stopping[branch] = false;
             let attempt = m.attempts[branch];
             let before = fx.cost(fork);
             fx.ledger.on_fence(fork.runs[branch], attempt);
@@ -746,6 +777,8 @@ proptest! {
             attempts: vec![1; BRANCHES],
             live: Vec::new(),
             fork_exhausted: false,
+            stopping: vec![false; BRANCHES],
+            last_least: vec![None; BRANCHES],
         };
         check(&fx, &fork, &m)?;
         for op in &ops {
@@ -855,6 +888,29 @@ fn a_cap_short_of_the_bound_grants_its_room_and_reservations_in_flight_are_waite
     let _ = fx.ledger.on_usage(fork.runs[0], 0.01, Some(held2));
     granted(fx.reserve_least(&fork, 1, 0.04, 0.03));
     let _ = held;
+
+    // A branch whose call no longer fits stops alone while another may still fit: the
+    // fork's cap is used by the branches whose calls do (a hostile test found one
+    // oversized branch stopping the whole fork with 97% of its cap unused).
+    let fork = fx.fork(Some(0.10), &[None, None], BudgetPolicy::default());
+    let small = granted(fx.reserve_least(&fork, 0, 0.04, 0.003));
+    let _ = fx.ledger.on_usage(fork.runs[0], 0.003, Some(small));
+    assert!(matches!(
+        fx.reserve_least(&fork, 1, 0.108, 0.108),
+        BudgetReply::Refused {
+            state: BranchState::AggregateBudgetExhausted,
+            ..
+        }
+    ));
+    assert!(fx.cost(&fork).branches[0].stopped_at_ms.is_none());
+    granted(fx.reserve_least(&fork, 0, 0.04, 0.003));
+    // Once no other branch may fit, the fork's cap is exhausted.
+    let fork = fx.fork(Some(0.10), &[None, None], BudgetPolicy::default());
+    let _ = fx.reserve_least(&fork, 0, 0.2, 0.2);
+    let BudgetReply::Refused { .. } = fx.reserve_least(&fork, 1, 0.2, 0.2) else {
+        panic!("granted past the cap");
+    };
+    assert!(fx.cost(&fork).crossed_at_ms.is_some());
 
     // A reservation of an attempt a takeover superseded (its worker lost) is not waited
     // for: it is left to expire, and the call is refused now.

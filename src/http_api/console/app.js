@@ -24,6 +24,39 @@ takeToken();
 
 // ---- the API ---------------------------------------------------------------------------
 
+// A stream of Server-Sent Events. An EventSource cannot send the token in a header, and a
+// token never goes in a URL: it asks for a ticket that admits the stream for a minute,
+// and opens the stream again with a new one when the server has closed it (a ticket too
+// old for a reconnection, a restart). `listen(source)` adds the event listeners;
+// `failed()` returns "close" to stop for good.
+function openStream(path, listen, failed) {
+  let src = null;
+  let closed = false;
+  const open = async () => {
+    if (closed) return;
+    let t;
+    try {
+      t = await call("POST", "/stream-tickets");
+    } catch (e) {
+      setTimeout(open, 2000);
+      return;
+    }
+    if (closed) return;
+    src = new EventSource(`${API}${path}?ticket=${encodeURIComponent(t.ticket)}`);
+    listen(src);
+    src.onerror = () => {
+      if (failed() === "close") {
+        closed = true;
+        src.close();
+      } else if (src.readyState === EventSource.CLOSED) {
+        setTimeout(open, 1000);
+      }
+    };
+  };
+  open();
+  return { close: () => { closed = true; if (src) src.close(); } };
+}
+
 async function call(method, path, body) {
   const opts = { method, headers: { Authorization: "Bearer " + token } };
   if (body !== undefined) {
@@ -263,9 +296,11 @@ function forkPage(main, id) {
     const verdict = await call("GET", `/forks/${id}/verdict`).catch(() => null);
     if (verdict) { s.verdict = verdict; drawVerdict(s); }
   }).catch((e) => ($("#fk-head").textContent = e.message));
-  const es = new EventSource(`${API}/forks/${id}/stream?access_token=${encodeURIComponent(token)}`);
-  es.addEventListener("fork", (e) => { setConn(true); onView(JSON.parse(e.data)); });
-  es.onerror = () => { if (s.view && ["merged", "aborted"].includes(stateOf(s.view.state))) es.close(); else setConn(false); };
+  const es = openStream(
+    `/forks/${id}/stream`,
+    (src) => src.addEventListener("fork", (e) => { setConn(true); onView(JSON.parse(e.data)); }),
+    () => (s.view && ["merged", "aborted"].includes(stateOf(s.view.state)) ? "close" : setConn(false)),
+  );
   s.reload = () => call("GET", `/forks/${id}`).then((view) => onView({ view, cost: s.cost }));
   page = { close: () => { es.close(); s.closed = true; } };
   return page;

@@ -135,8 +135,7 @@ pub(super) async fn until_halted<F: Future>(
     pending: &mut Pending,
     handback: Option<&tokio::sync::watch::Sender<bool>>,
 ) -> Result<F::Output, Step> {
-    // A hand-back cuts model calls and tools short; a request to the coordinator (bounded
-    // by its own timeouts) finishes, so its answer is acted on.
+    // A hand-back (`handback`) cuts model calls, tools and waits for the coordinator short.
     let mut handed_back = handback.map(|h| h.subscribe());
     let mut no_control = None;
     let (rx, mut open) = match control.as_mut() {

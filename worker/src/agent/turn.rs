@@ -294,7 +294,12 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                     least,
                     run.last_settle,
                 );
-                match until_halted(reserving, control, task.run_id, attempt, pending, None).await {
+                // A hand-back ends the reservation too: it may wait for room, or for a
+                // coordinator that is away, for as long as the lease holds.
+                let handback = Some(&ctx.handback);
+                match until_halted(reserving, control, task.run_id, attempt, pending, handback)
+                    .await
+                {
                     Err(step) => return Ok(step),
                     Ok(granted) => match granted? {
                         // The reservation took time: the lease is checked again before the call.
@@ -509,7 +514,15 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
             return Ok(Step::Continue);
         }
         if truncated {
-            return on_truncated(out, run, task.on_truncated, call_cap).await;
+            let cap = if call_cap < task.max_output_tokens {
+                format!(
+                    "{call_cap}, lowered from {} to fit the room the budget had left",
+                    task.max_output_tokens
+                )
+            } else {
+                call_cap.to_string()
+            };
+            return on_truncated(out, run, task.on_truncated, &cap).await;
         }
         return Ok(Step::Finish(BranchState::Done, None));
     }
@@ -747,7 +760,7 @@ async fn on_truncated(
     out: &mut Publisher,
     run: &mut Run,
     setting: OnTruncated,
-    max_output_tokens: u32,
+    max_output_tokens: &str,
 ) -> Result<Step, WorkerError> {
     match setting {
         OnTruncated::Stop => Ok(Step::Finish(
@@ -758,7 +771,7 @@ async fn on_truncated(
         )),
         OnTruncated::Continue => {
             tracing::info!(
-                max_output_tokens,
+                max_output_tokens = %max_output_tokens,
                 "the answer was cut at the output cap: the model is asked to go on"
             );
             let asked = out

@@ -480,12 +480,31 @@ impl<D: Dialect> ModelProvider for HttpProvider<D> {
         if let Some(meter) = req.meter {
             meter.set(running_usage(&D::Stream::default(), req));
         }
-        let reply = if self.api.settings.stream {
+        let mut reply = if self.api.settings.stream {
             self.complete_streamed(body.into(), messages, req).await?
         } else {
             let answer = self.api.send(body.into(), messages, whole_body).await?;
             D::reply(&self.api, &answer, req)?
         };
+        // No input at all for a request of messages is no count a provider bills: a cap
+        // must not read it as free. Estimated from sizes instead (a larger output reported
+        // is kept).
+        if reply.usage.input_tokens == 0 && !req.messages.is_empty() {
+            tracing::warn!(
+                provider = self.api.vendor.provider,
+                model = %self.api.model,
+                reported_output_tokens = reply.usage.output_tokens,
+                "the API reported 0 input tokens for a request of messages; tokens are estimated from sizes"
+            );
+            let estimated = Usage::tokens(
+                upper_bound_estimate(req).input_tokens,
+                size_estimate(req.messages, reply.text.as_deref(), &reply.tool_calls).output_tokens,
+            );
+            reply.usage = Usage {
+                output_tokens: estimated.output_tokens.max(reply.usage.output_tokens),
+                ..estimated
+            };
+        }
         if self.api.settings.cache {
             self.confirm(&reply.usage);
         }
@@ -1132,10 +1151,10 @@ pub(super) fn estimated_usage(
         model = %api.model,
         "the API reported no usage; tokens are estimated from sizes"
     );
-    // The input as the meter counts it (messages and tool schemas), so an answer that
-    // finished is not charged less input than one cut on the same request.
+    // The input at the bound a reservation holds (two bytes a token, tool schemas too):
+    // a provider that says nothing is not taken to bill less than a cap allowed for.
     Usage::tokens(
-        request_tokens(req),
+        upper_bound_estimate(req).input_tokens,
         size_estimate(req.messages, text, calls).output_tokens,
     )
 }
