@@ -398,13 +398,14 @@ async fn call(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let fingerprint = idempotency::fingerprint(route.name, params, query, body);
-    if let Some(key) = &key {
-        match st.idem.get(&principal.name, key, &fingerprint) {
-            Ok(Some(kept)) => return kept.response(true),
-            Ok(None) => {}
+    let running = match &key {
+        Some(key) => match st.idem.begin(&principal.name, key, &fingerprint).await {
+            Ok(Ok(kept)) => return kept.response(true),
+            Ok(Err(running)) => Some(running),
             Err(p) => return p.into_response(),
-        }
-    }
+        },
+        None => None,
+    };
     let answered = dispatch(&serving.handle, &principal.caller(), parsed.request).await;
     let kept = match answered {
         Ok(reply) => {
@@ -424,8 +425,8 @@ async fn call(
             )
             .await;
     }
-    if let Some(key) = key {
-        st.idem.put(&principal.name, key, fingerprint, kept.clone());
+    if let Some(running) = running {
+        running.finish(kept.clone());
     }
     kept.response(false)
 }
@@ -440,6 +441,19 @@ pub struct Kept {
 }
 
 impl Kept {
+    /// A JSON answer of 200.
+    fn json(value: &impl serde::Serialize) -> Kept {
+        match serde_json::to_vec(value) {
+            Ok(body) => Kept {
+                status: StatusCode::OK,
+                content_type: "application/json",
+                body: Bytes::from(body),
+                total: None,
+            },
+            Err(e) => Problem::failure(format!("cannot encode the answer: {e}")).kept(),
+        }
+    }
+
     fn response(&self, replayed: bool) -> Response {
         let mut r = (self.status, self.body.clone()).into_response();
         r.headers_mut().insert(

@@ -405,8 +405,26 @@ async fn from_spec(
     RawQuery(query): RawQuery,
     body: Bytes,
 ) -> Response {
+    let (principal, serving) = match st.admit(&headers, query.as_deref(), peer, Access::Write) {
+        Ok(x) => x,
+        Err(p) => return p.into_response(),
+    };
+    // A creating call: an Idempotency-Key makes it happen once, however often it is sent.
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let fingerprint =
+        super::idempotency::fingerprint("create_fork_from_spec", &[], query.as_deref(), &body);
+    let running = match &key {
+        Some(key) => match st.idem.begin(&principal.name, key, &fingerprint).await {
+            Ok(Ok(kept)) => return kept.response(true),
+            Ok(Err(running)) => Some(running),
+            Err(p) => return p.into_response(),
+        },
+        None => None,
+    };
     let made = async {
-        let (principal, serving) = st.admit(&headers, query.as_deref(), peer, Access::Write)?;
         let doc: SpecDocument = serde_json::from_slice(&body).map_err(|e| {
             Problem::bad_input(format!(
                 "the body is {{\"spec\": TOML text, \"files\": {{path: text}}, \"snapshot\": hash | \"run\": run id, \"workspace\": name}}: {e}"
@@ -453,20 +471,24 @@ async fn from_spec(
             },
         )
         .await?;
-        Ok::<_, Problem>((principal, created))
+        Ok::<_, Problem>(created)
     };
-    match made.await {
-        Ok((principal, ApiReply::Fork(view))) => {
+    let kept = match made.await {
+        Ok(ApiReply::Fork(view)) => {
             let route = ("create_fork_from_spec", "POST", "/forks/from-spec");
             let fork = [view.fork_id.to_string()];
             st.audit
                 .record(&principal, route, &fork, axum::http::StatusCode::OK)
                 .await;
-            axum::Json(view).into_response()
+            super::Kept::json(&view)
         }
-        Ok(_) => Problem::failure("the fork was not answered").into_response(),
-        Err(p) => p.into_response(),
+        Ok(_) => Problem::failure("the fork was not answered").kept(),
+        Err(p) => p.kept(),
+    };
+    if let Some(running) = running {
+        running.finish(kept.clone());
     }
+    kept.response(false)
 }
 
 /// Every file the spec names (its `history`, each model's `script`) is one the request

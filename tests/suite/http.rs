@@ -261,6 +261,44 @@ fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_
     );
     assert_ne!(second["fork_id"], view["fork_id"]);
     assert_eq!(second["branches"].as_array().unwrap().len(), 3);
+    // Six copies of one creating request with one Idempotency-Key, sent at once: one fork
+    // is made, and every copy answers it.
+    let forks_before = api
+        .ok("GET", "/forks", ADMIN, None)
+        .as_array()
+        .unwrap()
+        .len();
+    let doc = json!({"spec": spec_text, "files": {"script.toml": script}, "snapshot": view["snapshot"], "workspace": "keyed"});
+    let answers: Vec<Value> = std::thread::scope(|scope| {
+        let sent: Vec<_> = (0..6)
+            .map(|_| {
+                scope.spawn(|| {
+                    let resp = api
+                        .req("POST", "/forks/from-spec", ADMIN)
+                        .header("idempotency-key", "spec-once")
+                        .header("content-type", "application/json")
+                        .body(doc.to_string())
+                        .send()
+                        .unwrap();
+                    assert_eq!(resp.status().as_u16(), 200);
+                    serde_json::from_str::<Value>(&resp.text().unwrap()).unwrap()
+                })
+            })
+            .collect();
+        sent.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        answers
+            .iter()
+            .all(|a| a["fork_id"] == answers[0]["fork_id"]),
+        "{answers:?}"
+    );
+    let forks_after = api
+        .ok("GET", "/forks", ADMIN, None)
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(forks_after, forks_before + 1);
     let p = api.problem(
         "POST",
         "/forks/from-spec",
@@ -372,7 +410,8 @@ fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_
 
     // Lists page and filter.
     let resp = api.get("/forks?limit=1", READER).unwrap();
-    assert_eq!(resp.headers()["x-total-count"], "2");
+    // The quickstart's, the spec document's and the keyed one.
+    assert_eq!(resp.headers()["x-total-count"], "3");
     let listed: Value = serde_json::from_str(&resp.text().unwrap()).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1);
     let none = api.ok("GET", "/forks?state=aborted", READER, None);

@@ -202,7 +202,12 @@ impl Ledger {
                     // exhausted, and every branch stopped, once none may.
                     let (spent, reserved, live) = at_fork;
                     let room = cap - spent - (reserved - live).max(0.0);
-                    if !fork_exhausted && s.others_may_fit(fork_id, req.run_id, room) {
+                    // (A worker that sends no least, of an earlier release, gets the rule
+                    // it knew: the first refusal stops every branch.)
+                    if !fork_exhausted
+                        && least.is_some()
+                        && s.others_may_fit(fork_id, req.run_id, room)
+                    {
                         metrics::BUDGET_REFUSALS.inc(&["fork"]);
                         if let Some(f) = s.forks.get_mut(&fork_id) {
                             f.crossed_at_ms.get_or_insert(now);

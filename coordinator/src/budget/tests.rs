@@ -613,7 +613,7 @@ fn apply(fx: &Fx, fork: &Fork, m: &mut Model, op: &Op) -> Result<(), TestCaseErr
                                 && !m.stopping[b]
                                 && m.last_least[b].is_none_or(|l| l <= room + EPSILON)
                         });
-                        if !m.fork_exhausted && others {
+                        if !m.fork_exhausted && least.is_some() && others {
                             m.stopping[branch] = true;
                         } else {
                             m.exhaust();

@@ -417,13 +417,14 @@ async fn openai_tool_calls_are_parsed() {
             },
         ]
     );
-    // One token per four characters: of the request as the meter counts it ("write
-    // x.txt", 11, and the tool list `[]`, 2), and of the calls' names and arguments as
-    // JSON (10 + 31, 9 + 11, 10 + 2).
+    // No usage reported: the input at the bound a reservation holds (13 bytes, "write
+    // x.txt" and the tool list `[]`, at two a token, and 8 tokens for each of the message
+    // and the request: 23), the output at one token per four characters of the calls'
+    // names and arguments as JSON (10 + 31, 9 + 11, 10 + 2).
     assert_eq!(
         reply.usage,
         Usage {
-            input_tokens: 4,
+            input_tokens: 23,
             output_tokens: 19,
             cached_tokens: 0,
             cache_write_tokens: 0,
