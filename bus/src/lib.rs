@@ -228,6 +228,12 @@ pub trait Bus: Send + Sync + 'static {
         true
     }
 
+    /// The largest message the bus carries, in bytes (NATS: the server's `max_payload`);
+    /// `None`: no limit (the in-process bus).
+    fn max_payload(&self) -> Option<usize> {
+        None
+    }
+
     async fn publish_event(&self, payload: Bytes) -> BusResult<()>;
     async fn events(&self, durable: &str) -> BusResult<Box<dyn EventConsumer>>;
 

@@ -858,6 +858,10 @@ impl Bus for NatsBus {
         self.inner.client.connection_state() == async_nats::connection::State::Connected
     }
 
+    fn max_payload(&self) -> Option<usize> {
+        Some(self.inner.client.server_info().max_payload).filter(|n| *n > 0)
+    }
+
     fn max_deliver(&self) -> u32 {
         self.inner.config.max_deliver
     }

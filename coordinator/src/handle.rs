@@ -29,6 +29,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+/// What a branch task carries besides its plan (ids, budget, attempt, trace), at most:
+/// the margin a child's plan leaves under the bus's message limit.
+const TASK_OVERHEAD: usize = 16 * 1024;
+
 /// Branch tasks enqueued at once when a fork is created.
 const ENQUEUE_IN_FLIGHT: usize = 64;
 
@@ -106,7 +110,17 @@ impl CoordinatorHandle {
             .map_err(forkfleet_bus::BusError::from)?;
         let mut payloads = Vec::with_capacity(prepared.tasks.len());
         for t in &prepared.tasks {
-            payloads.push(wire::encode(t)?);
+            let payload = wire::encode(t)?;
+            // Refused here, before anything is written, rather than left pending: a task
+            // the bus cannot carry would never reach a worker.
+            if let Some(limit) = self.bus.max_payload().filter(|l| payload.len() > *l) {
+                return Err(CoordinatorError::BadRequest(format!(
+                    "branch `{}`'s task is {} bytes, more than the bus carries in one message ({limit} bytes, the NATS server's max_payload): shorten its system prompt, goal, steer or history (or raise max_payload on the server)",
+                    t.label,
+                    payload.len()
+                )));
+            }
+            payloads.push(payload);
         }
         let fork = self.root.start_fork(prepared).await?;
         let view = fork.view().await?;
@@ -527,6 +541,16 @@ impl CoordinatorHandle {
         }
         if dry_run {
             return Ok(child.outcome);
+        }
+        // A child's task carries its plan (system prompt, goal, steer): one the bus cannot
+        // carry is refused before anything is written, rather than left pending.
+        if let Some(limit) = self.bus.max_payload() {
+            let size = child.plan_bytes()?;
+            if size + TASK_OVERHEAD > limit {
+                return Err(CoordinatorError::BadRequest(format!(
+                    "the child run's plan is {size} bytes, more than the bus carries in one task ({limit} bytes, the NATS server's max_payload, less {TASK_OVERHEAD} for the rest of the task): shorten its system prompt, goal or steer"
+                )));
+            }
         }
         let written = self
             .blocking(move |s| crate::lineage::write_child(s, child, now_ms()))

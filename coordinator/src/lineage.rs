@@ -70,6 +70,13 @@ pub(crate) struct ChildPlan {
 }
 
 impl ChildPlan {
+    /// The size of the child's plan encoded as its task carries it (MessagePack).
+    pub(crate) fn plan_bytes(&self) -> Result<usize, CoordinatorError> {
+        rmp_serde::to_vec_named(&self.plan)
+            .map(|v| v.len())
+            .map_err(|e| CoordinatorError::Internal(format!("cannot encode the child's plan: {e}")))
+    }
+
     /// The parent's fork (a root run has none).
     pub(crate) fn parent_fork(&self) -> Option<ForkId> {
         self.parent.fork_id

@@ -345,3 +345,48 @@ fn watch_rides_out_a_coordinator_restart() {
         assert_eq!(branch(&doc, label)["turns"], 31, "{doc}");
     }
 }
+
+/// A child run whose task would be larger than NATS carries in one message (1 MiB by
+/// default: a 1.5 MB system prompt) is refused when asked for, naming the limit, instead of
+/// left pending until its deliveries run out ("workers lost or crashing"). Asked over the
+/// HTTP API: a command line cannot carry an argument that long.
+#[test]
+fn a_child_run_larger_than_the_bus_carries_is_refused_when_asked_for() {
+    let addr = format!("127.0.0.1:{}", forkfleet_bus::testkit::free_port());
+    let fleet = Fleet::start(
+        1,
+        4,
+        Options {
+            coordinator_args: &["--http-addr", &addr],
+            ..Options::default()
+        },
+    );
+    let ex = Example::quickstart();
+    let id = fleet.create(&ex.spec());
+    let view = fleet
+        .client(&["fork", "watch", &id, "--json", "--timeout-s", "60"])
+        .json();
+    let run = view["branches"][0]["id"].as_str().unwrap().to_string();
+    let runs_before = fleet.client(&["runs", "ls", "--json"]).json();
+    let body = serde_json::json!({"options": {"set": [format!("system_prompt={}", "x".repeat(1_500_000))], "replay": false, "record": false, "dry_run": false}});
+    let http = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let resp = http
+        .post(format!("http://{addr}/api/v1/runs/{run}/fork"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().unwrap();
+    assert_eq!(status, 400, "{text}\n{}", fleet.logs());
+    assert!(
+        text.contains("more than the bus carries") && text.contains("max_payload"),
+        "{text}"
+    );
+    // Nothing was made.
+    let runs_after = fleet.client(&["runs", "ls", "--json"]).json();
+    assert_eq!(runs_after, runs_before);
+}
