@@ -24,9 +24,47 @@ use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
 pub async fn guard(State(st): State<Arc<ApiHttp>>, req: Request, next: Next) -> Response {
-    match check(&st, req.method(), req.uri(), req.headers()) {
-        Ok(()) => next.run(req).await,
-        Err(p) => p.into_response(),
+    if let Err(p) = check(&st, req.method(), req.uri(), req.headers()) {
+        return p.into_response();
+    }
+    let method = req.method().clone();
+    let response = next.run(req).await;
+    as_problem(response, &method)
+}
+
+/// The framework's own refusals (a method a route does not take, a body over the limit)
+/// as problems, like every other error of the API.
+fn as_problem(response: Response, method: &Method) -> Response {
+    let problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|t| t.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/problem+json"));
+    if problem {
+        return response;
+    }
+    match response.status() {
+        axum::http::StatusCode::METHOD_NOT_ALLOWED => {
+            let allowed = response
+                .headers()
+                .get(header::ALLOW)
+                .and_then(|a| a.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let mut r = Problem::method_not_allowed(format!(
+                "this route does not take {method}; it takes: {allowed}"
+            ))
+            .into_response();
+            if let Ok(v) = header::HeaderValue::from_str(&allowed) {
+                r.headers_mut().insert(header::ALLOW, v);
+            }
+            r
+        }
+        axum::http::StatusCode::PAYLOAD_TOO_LARGE => Problem::too_large(
+            "the request body is larger than the API takes in one request (2 MiB)",
+        )
+        .into_response(),
+        _ => response,
     }
 }
 

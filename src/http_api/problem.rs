@@ -46,6 +46,14 @@ impl Problem {
     pub fn unavailable(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)
     }
+    /// A method the route does not take (405); the kind is `bad_input`.
+    pub fn method_not_allowed(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "bad_input", detail)
+    }
+    /// A body over the API's limit (413); the kind is `bad_input`.
+    pub fn too_large(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "bad_input", detail)
+    }
     /// A body of a type the route does not take (415); the kind is `bad_input`.
     pub fn unsupported_media(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "bad_input", detail)

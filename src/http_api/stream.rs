@@ -345,12 +345,26 @@ async fn workers(
     RawQuery(query): RawQuery,
 ) -> Response {
     let listed = async {
-        let (_, serving) = st.admit(&headers, query.as_deref(), peer, Access::Read)?;
-        serving
-            .bus
-            .workers()
-            .await
-            .map_err(|e| Problem::unavailable(format!("the workers could not be listed: {e}")))
+        let (principal, serving) = st.admit(&headers, query.as_deref(), peer, Access::Read)?;
+        let mut workers =
+            serving.bus.workers().await.map_err(|e| {
+                Problem::unavailable(format!("the workers could not be listed: {e}"))
+            })?;
+        // A caller limited to accounts sees the running branches of its own forks only, as
+        // every other view shows it (a run it may not see is not found to it).
+        if principal.accounts.is_some() {
+            let caller = principal.caller();
+            for w in &mut workers {
+                let mut mine = Vec::with_capacity(w.running.len());
+                for run in std::mem::take(&mut w.running) {
+                    if call(&serving, &caller, GetRun { run }).await.is_ok() {
+                        mine.push(run);
+                    }
+                }
+                w.running = mine;
+            }
+        }
+        Ok::<_, Problem>(workers)
     };
     match listed.await {
         Ok(w) => axum::Json(w).into_response(),

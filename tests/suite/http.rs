@@ -824,6 +824,32 @@ fn browser_attacks_on_a_tokenless_api_are_refused() {
         403,
     );
     assert!(p["detail"].as_str().unwrap().contains("loopback"), "{p}");
+    // The framework's own refusals are problems too: a method a route does not take, a
+    // body over the limit.
+    let p = problem(http.delete(format!("{base}/ping")).send().unwrap(), 405);
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("does not take DELETE"),
+        "{p}"
+    );
+    // (On a connection of its own: the server answers before reading the whole body and
+    // closes it.)
+    let once = Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let p = problem(
+        once.post(format!("{base}/forks/{fork}/branches/x/steer"))
+            .header("content-type", "application/json")
+            .body(format!("{{\"text\": \"{}\"}}", "s".repeat(3 << 20)))
+            .send()
+            .unwrap(),
+        413,
+    );
+    assert!(p["detail"].as_str().unwrap().contains("2 MiB"), "{p}");
     // A token in a URL, anywhere.
     let p = problem(
         http.get(format!("{base}/forks?access_token=anything"))
