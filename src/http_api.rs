@@ -48,6 +48,21 @@ pub const PREFIX: &str = "/api/v1";
 pub struct Serving {
     pub handle: CoordinatorHandle,
     pub bus: Arc<dyn Bus>,
+    /// When it began serving, in seconds since the Unix epoch: a fork's version starts
+    /// again with every start, so its stream's event ids carry this first and stay
+    /// monotonic across restarts.
+    pub since_s: u64,
+}
+
+impl Serving {
+    /// The coordinator `handle` on `bus`, serving from now.
+    pub fn new(handle: CoordinatorHandle, bus: Arc<dyn Bus>) -> Self {
+        Self {
+            handle,
+            bus,
+            since_s: forkfleet_shared::protocol::now_ms() / 1000,
+        }
+    }
 }
 
 /// Where the coordinator is put once it serves (a standby has none yet).

@@ -308,10 +308,10 @@ async fn serve_coordinator_config(
         Ok(server) => {
             tracing::info!(data = %dir.display(), pool = %pool, "coordinator.ready");
             if let Some(slot) = slot {
-                slot.set(Some(crate::http_api::Serving {
-                    handle: coordinator.handle(),
+                slot.set(Some(crate::http_api::Serving::new(
+                    coordinator.handle(),
                     bus,
-                }));
+                )));
             }
             readiness.ready();
             server

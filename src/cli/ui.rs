@@ -57,10 +57,7 @@ pub(crate) async fn cmd_ui(args: UiArgs) -> anyhow::Result<()> {
         .into(),
     );
     let slot = Slot::default();
-    slot.set(Some(Serving {
-        handle: system.coordinator(),
-        bus: system.bus.clone(),
-    }));
+    slot.set(Some(Serving::new(system.coordinator(), system.bus.clone())));
     let api = ApiHttp::with_local(
         slot,
         tokens,

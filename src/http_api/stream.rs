@@ -1,9 +1,10 @@
 //! The routes that are not one operation: Server-Sent Events of a fork's changes and of a
 //! run's events, blob uploads, and the workers.
 //!
-//! - `GET /forks/{fork}/stream`: an event `fork` (id: the fork's version; data: its view
-//!   and costs) each time it changes, from the current state; with `Last-Event-ID` (or
-//!   `?last_event_id=`), only once it differs from that version. It ends after the fork is
+//! - `GET /forks/{fork}/stream`: an event `fork` (id: the coordinator's start, in seconds,
+//!   times 10^9 plus the fork's version, so ids grow across restarts; data: its version,
+//!   view and costs) each time it changes, from the current state; with `Last-Event-ID`
+//!   (or `?last_event_id=`) of this start, only once it differs from that version. It ends after the fork is
 //!   merged or aborted.
 //! - `GET /runs/{run}/stream`: an event `event` (id: its seq; data: `{seq, event}`) for
 //!   each event of the run's log, from seq 0 or after `Last-Event-ID`, then as they land.
@@ -60,6 +61,18 @@ fn param<T: std::str::FromStr>(params: &RawPathParams, what: &str) -> Result<T, 
         .unwrap_or_default();
     raw.parse()
         .map_err(|_| Problem::bad_input(format!("`{raw}` is not a {what}")))
+}
+
+/// Versions of a fork per start of the coordinator in its stream's event ids: an id is
+/// `since_s * VERSIONS + version`, monotonic across restarts while a start's versions stay
+/// below it.
+const VERSIONS: u64 = 1_000_000_000;
+
+/// A fork stream's event id for `version` of the start at `since_s`.
+fn fork_event_id(since_s: u64, version: u64) -> u64 {
+    since_s
+        .saturating_mul(VERSIONS)
+        .saturating_add(version.min(VERSIONS - 1))
 }
 
 /// The version or seq a reconnecting client saw last.
@@ -137,6 +150,10 @@ async fn fork_stream(
         Ok(x) => x,
         Err(p) => return p.into_response(),
     };
+    // An id of another start (before a restart or a takeover) says nothing of this one's
+    // versions: the stream starts from the current state.
+    let since = serving.since_s;
+    let seen = seen.and_then(|id| (id / VERSIONS == since).then_some(id % VERSIONS));
     let rounds = futures::stream::unfold(ForkRound { seen, done: false }, move |r| {
         let (serving, caller) = (serving.clone(), caller.clone());
         async move {
@@ -173,7 +190,7 @@ async fn fork_stream(
             let data = serde_json::json!({ "version": w.version, "view": w.view, "cost": cost });
             let done = w.view.state.is_resolved();
             let event = Event::default()
-                .id(w.version.to_string())
+                .id(fork_event_id(since, w.version).to_string())
                 .event("fork")
                 .data(data.to_string());
             Some((
@@ -578,4 +595,17 @@ fn load_document(doc: &SpecDocument) -> Result<forkfleet_shared::spec::LoadedSpe
     );
     forkfleet_shared::spec::load_overridden(Some(&spec), over, &Default::default())
         .map_err(|e| Problem::bad_input(format!("the spec: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fork_event_ids_grow_across_starts() {
+        // A later start's first version is above an earlier start's last.
+        assert!(fork_event_id(1_795_000_000, 123_456) < fork_event_id(1_795_000_001, 0));
+        let id = fork_event_id(1_795_000_000, 42);
+        assert_eq!((id / VERSIONS, id % VERSIONS), (1_795_000_000, 42));
+    }
 }
