@@ -546,10 +546,28 @@ impl NatsBus {
         let js = jetstream::ContextBuilder::new()
             .timeout(config.request_timeout)
             .build(client.clone());
-        let (workers, small, large) = if config.provision {
-            provision(&js, &config, &url).await?
-        } else {
-            bind(&js, &config, &url).await?
+        // JetStream may answer a little after the server does (a cluster elects its meta
+        // leader first, a restarted server recovers its streams): asked again, with the
+        // connection's backoff, until `connect_timeout` has passed.
+        let ready_by = Instant::now() + config.connect_timeout;
+        let mut backoff = Backoff::new();
+        let (workers, small, large) = loop {
+            let ready = if config.provision {
+                provision(&js, &config, &url).await
+            } else {
+                bind(&js, &config, &url).await
+            };
+            match ready {
+                Ok(ready) => break ready,
+                Err(e) => {
+                    let pause = backoff.next();
+                    if Instant::now() + pause >= ready_by {
+                        return Err(e);
+                    }
+                    tracing::warn!(nats.url = %url, error = %e, "bus.nats JetStream not ready yet; asking again");
+                    tokio::time::sleep(pause).await;
+                }
+            }
         };
         tracing::info!(nats.url = %url, "bus.nats ready");
         Ok(NatsBus {

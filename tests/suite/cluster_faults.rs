@@ -424,3 +424,118 @@ fn twenty_branches_on_three_workers_match_the_embedded_mode() {
         Some(true)
     );
 }
+
+/// A 3-node NATS cluster on loopback (routes), every stream and bucket with 3 replicas:
+/// one node killed mid-fork loses nothing; the services reconnect to the others and every
+/// branch's script runs once.
+#[test]
+fn a_three_node_nats_cluster_loses_a_node_mid_fork_and_nothing_is_lost() {
+    use forkfleet_bus::testkit::{free_port, NatsServer};
+    let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let all_routes = routes
+        .iter()
+        .map(|p| format!("nats://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut nodes: Vec<NatsServer> = routes
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            NatsServer::start_with(&[
+                "--server_name",
+                &format!("n{i}"),
+                "--cluster_name",
+                "ff",
+                "--cluster",
+                &format!("nats://127.0.0.1:{port}"),
+                "--routes",
+                &all_routes,
+            ])
+        })
+        .collect();
+    let urls = nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("coordinator-data");
+    let common = [
+        "--nats",
+        urls.as_str(),
+        "--nats-replicas",
+        "3",
+        "--nats-ack-wait-s",
+        "2",
+    ];
+    let mut coordinator_args = vec!["coordinator", "--data", path_str(&data)];
+    coordinator_args.extend(common);
+    let _coordinator = super::fleet::Service::spawn("coordinator", &coordinator_args, dir.path());
+    let mut worker_args = vec!["worker", "--concurrency", "4"];
+    worker_args.extend(common);
+    let workers: Vec<_> = (0..2)
+        .map(|i| super::fleet::Service::spawn(&format!("worker-{i}"), &worker_args, dir.path()))
+        .collect();
+    let logs = || {
+        let mut out = String::new();
+        for s in std::iter::once(&_coordinator).chain(workers.iter()) {
+            out.push_str(&format!("{}:\n{}\n", s.name, s.log()));
+        }
+        out
+    };
+    let client = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--nats", urls.as_str()]);
+        super::fleet::run(dir.path(), &all)
+    };
+    // Until the coordinator answers (JetStream's meta group forms first).
+    let deadline = std::time::Instant::now() + super::fleet::COMMAND_LIMIT;
+    while client(&["fork", "ls", "--json"]).code != Some(0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no coordinator\n{}",
+            logs()
+        );
+        std::thread::sleep(super::fleet::POLL);
+    }
+    let ex = Example::quickstart();
+    let spec = faults_spec(&ex, 6);
+    let created = client(&["fork", "create", path_str(&spec)]);
+    assert_eq!(created.code, Some(0), "{}\n{}", created.stderr, logs());
+    let id = created.stdout.trim().to_string();
+    // Once branches are under way, one node goes.
+    let deadline = std::time::Instant::now() + super::fleet::COMMAND_LIMIT;
+    loop {
+        let shown = client(&["fork", "show", &id, "--json"]);
+        if shown.code == Some(0)
+            && shown.json()["branches"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|b| b["turns"].as_u64() >= Some(1))
+                .count()
+                >= 3
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no progress\n{}",
+            logs()
+        );
+        std::thread::sleep(super::fleet::POLL);
+    }
+    nodes[1].kill();
+    let watched = client(&["fork", "watch", &id, "--json", "--timeout-s", "90"]);
+    assert_eq!(watched.code, Some(0), "{}\n{}", watched.stderr, logs());
+    let view: serde_json::Value = serde_json::from_str(&watched.stdout).unwrap();
+    for b in view["branches"].as_array().unwrap() {
+        assert_eq!(b["state"], "done", "{b}\n{}", logs());
+        assert_eq!(b["turns"], TURNS, "{b}");
+        // Its log is contiguous: nothing lost, nothing twice.
+        let log = client(&["log", b["id"].as_str().unwrap(), "--json"]).json();
+        let seqs: Vec<u64> = log
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>());
+    }
+}
