@@ -413,13 +413,9 @@ async fn call(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let fingerprint = idempotency::fingerprint(route.name, params, query, body);
-    let running = match &key {
-        Some(key) => match st.idem.begin(&principal.name, key, &fingerprint).await {
-            Ok(Ok(kept)) => return kept.response(true),
-            Ok(Err(running)) => Some(running),
-            Err(p) => return p.into_response(),
-        },
-        None => None,
+    let running = match begin_keyed(st, &principal.name, key.as_deref(), &fingerprint).await {
+        Ok(running) => running,
+        Err(answer) => return answer,
     };
     let answered = dispatch(&serving.handle, &principal.caller(), parsed.request).await;
     let kept = match answered {
@@ -444,6 +440,23 @@ async fn call(
         running.finish(kept.clone());
     }
     kept.response(false)
+}
+
+/// Begin a creating call under its `Idempotency-Key`, if it has one: the key's running
+/// request to finish with the answer, or (`Err`) the response to send now: the answer
+/// the key already had (replayed), or a problem.
+async fn begin_keyed<'a>(
+    st: &'a ApiHttp,
+    who: &str,
+    key: Option<&str>,
+    fingerprint: &[u8; 32],
+) -> Result<Option<idempotency::Running<'a>>, Response> {
+    let Some(key) = key else { return Ok(None) };
+    match st.idem.begin(who, key, fingerprint).await {
+        Ok(Ok(kept)) => Err(kept.response(true)),
+        Ok(Err(running)) => Ok(Some(running)),
+        Err(p) => Err(p.into_response()),
+    }
 }
 
 /// An answer as kept for an idempotency key: its status, type and body.

@@ -55,12 +55,44 @@ async fn answer(bus: Arc<dyn Bus>, pool: String, root: RootHandle, req: Request)
     };
     match wire::encode(&reply) {
         Ok(bytes) => {
+            let bytes = match through_blob(bus.as_ref(), bytes).await {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    tracing::error!(error = %e, "coordinator.resume: the branch's log is larger than the bus carries and cannot be stored as a blob");
+                    return;
+                }
+            };
             if let Err(e) = req.respond(bytes).await {
                 tracing::warn!(error = %e, "coordinator.resume: could not answer");
             }
         }
         Err(e) => tracing::error!(error = %e, "coordinator.resume: cannot encode the answer"),
     }
+}
+
+/// Room left in a message for its headers and envelope.
+const HEADROOM: usize = 16 * 1024;
+
+/// An answer the bus cannot carry in one message (a long branch's log) goes into the blob
+/// store, and the answer names it instead.
+async fn through_blob(
+    bus: &dyn Bus,
+    bytes: bytes::Bytes,
+) -> Result<bytes::Bytes, CoordinatorError> {
+    let Some(limit) = bus.max_payload() else {
+        return Ok(bytes);
+    };
+    if bytes.len() + HEADROOM <= limit {
+        return Ok(bytes);
+    }
+    let blob = forkfleet_shared::blob::BlobHash::of(&bytes);
+    let size = bytes.len();
+    bus.blobs()
+        .put(blob, bytes)
+        .await
+        .map_err(forkfleet_bus::BusError::from)?;
+    tracing::info!(bytes = size, limit, blob = %blob, "coordinator.resume: the branch's log goes as a blob (larger than the bus carries)");
+    Ok(wire::encode(&ResumeReply::LogBlob { blob })?)
 }
 
 /// Why a resume request is not acted on.

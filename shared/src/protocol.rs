@@ -304,6 +304,9 @@ pub enum ResumeReply {
     /// delivery proof does not check out, or a later attempt took the branch over):
     /// nothing was fenced. The worker stops the branch without settling its task.
     Refused { reason: String },
+    /// The `Log` answer was larger than the bus carries in one message: it is the blob
+    /// `blob` (the encoded `ResumeReply::Log`), to read from the blob store.
+    LogBlob { blob: crate::blob::BlobHash },
 }
 
 impl WireMessage for ResumeReply {

@@ -447,13 +447,10 @@ async fn from_spec(
         .map(str::to_string);
     let fingerprint =
         super::idempotency::fingerprint("create_fork_from_spec", &[], query.as_deref(), &body);
-    let running = match &key {
-        Some(key) => match st.idem.begin(&principal.name, key, &fingerprint).await {
-            Ok(Ok(kept)) => return kept.response(true),
-            Ok(Err(running)) => Some(running),
-            Err(p) => return p.into_response(),
-        },
-        None => None,
+    let running = match super::begin_keyed(&st, &principal.name, key.as_deref(), &fingerprint).await
+    {
+        Ok(running) => running,
+        Err(answer) => return answer,
     };
     let made = async {
         let doc: SpecDocument = serde_json::from_slice(&body).map_err(|e| {
@@ -555,13 +552,14 @@ fn names_only_uploaded_files(doc: &SpecDocument) -> Result<(), Problem> {
                 "the spec's {key} must be a file name"
             )));
         };
-        let uploaded = forkfleet_shared::path::WsPath::parse_file(name)
-            .ok()
-            .is_some_and(|p| {
-                doc.files
-                    .keys()
-                    .any(|k| forkfleet_shared::path::WsPath::parse_file(k).is_ok_and(|k| k == p))
-            });
+        // Exactly a relative path in its plain form (`a/b.toml`: not absolute, no `.`,
+        // `..` or empty parts), and one of `files`: the spec's loader joins it to the
+        // directory the files were written to, and an absolute path would replace that
+        // directory (a hostile test read /etc/shadow naming it in both).
+        let plain = forkfleet_shared::path::WsPath::parse_file(name)
+            .is_ok_and(|p| p.as_str() == name)
+            && std::path::Path::new(name).is_relative();
+        let uploaded = plain && doc.files.contains_key(name);
         if !uploaded {
             return Err(Problem::bad_input(format!(
                 "the spec's {key} names a file the request does not carry: a spec sent over HTTP reads only the files in `files`, by a relative path without `..` (given: {})",

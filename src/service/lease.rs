@@ -62,6 +62,25 @@ fn hostname() -> String {
         .unwrap_or_else(|| "unknown".to_string())
 }
 
+/// The holder ids under which this process took the lease (one per time it served).
+static TAKEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn note_taken(holder: &str) {
+    TAKEN
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(holder.to_string());
+}
+
+/// Whether this process held the lease as `holder` before.
+fn taken_here(holder: &str) -> bool {
+    TAKEN
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .any(|h| h == holder)
+}
+
 /// This process's pid namespace, as `/proc/self/ns/pid` links it (`pid:[INODE]`).
 fn pid_namespace() -> Option<String> {
     std::fs::read_link("/proc/self/ns/pid")
@@ -190,7 +209,12 @@ pub async fn acquire(
             match lease_bucket.write(&record, revision).await {
                 Ok(revision) => {
                     if let LeaseState::Held { record: old, .. } = &state {
-                        if gone {
+                        if taken_here(&old.holder) {
+                            tracing::info!(
+                                lease.previous = %old.holder,
+                                "coordinator lease taken again: it was this process's own, from before it stopped serving"
+                            );
+                        } else if gone {
                             tracing::warn!(
                                 lease.previous = %old.holder,
                                 lease.previous_pid = old.pid,
@@ -210,6 +234,7 @@ pub async fn acquire(
                         lease.ttl_ms = record.ttl_ms,
                         "coordinator lease taken"
                     );
+                    note_taken(&holder);
                     return Ok(Some(Lease::hold(lease_bucket, record, revision)));
                 }
                 // Someone else just took it: read it again, and stand by.

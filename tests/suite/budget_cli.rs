@@ -582,34 +582,15 @@ fn endless_model() -> u16 {
 #[test]
 fn a_strict_cap_holds_against_a_provider_that_ignores_max_tokens() {
     let port = endless_model();
-    let ex = Example::quickstart();
     // $100 a million output tokens: a call reserves about 100 tokens' worth ($0.01) and
     // its input; the $0.05 cap holds a few calls.
-    let spec = ex.write_spec(&format!(
-        "goal = \"g\"\nworkspace = \"workspace\"\nmodel = \"openai:fake\"\nmax_turns = 40\n\
-         max_output_tokens = 100\nbudget_mode = \"strict\"\n\
-         [models.\"openai:fake\"]\nbase_url = \"http://127.0.0.1:{port}/v1\"\nmax_retries = 0\n\
-         price = {{ input_per_mtok = 0.01, output_per_mtok = 100.0 }}\n\
-         [[branches]]\nlabel = \"capped\"\nbudget_usd = 0.05\n"
-    ));
-    let data = ex.data();
-    let out = forkfleet_env(
-        &[
-            "run",
-            path_str(&spec),
-            "--data",
-            path_str(&data),
-            "--json",
-            "--timeout-s",
-            "120",
-        ],
-        &[("FORKFLEET_ALLOWED_MODEL_HOSTS", "127.0.0.1")],
+    let (cost, _) = run_capped(
+        port,
+        "max_turns = 40\nmax_output_tokens = 100",
+        "",
+        (0.01, 100.0),
     );
-    let doc: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stderr(&out)));
-    let id = doc["fork_id"].as_str().unwrap();
-    let cost = cost_of(id, &data);
-    let b = &cost.branches[0];
+    let b = &cost;
     eprintln!(
         "strict $0.05 against an endless stream: {} calls, spent ${:.6}, overrun ${:.6}",
         b.calls, b.spent_usd, b.overrun_usd
@@ -753,31 +734,12 @@ fn a_strict_cap_is_used_up_to_less_than_one_call() {
     // than one call's worth is left, its last call's output cap lowered to fit the room.
     for stream in [true, false] {
         let (port, billed) = thrifty_model();
-        let ex = Example::quickstart();
-        let spec = ex.write_spec(&format!(
-            "goal = \"g\"\nworkspace = \"workspace\"\nmodel = \"openai:fake\"\nmax_turns = 1000\n\
-             max_output_tokens = 4096\nbudget_mode = \"strict\"\n\
-             [models.\"openai:fake\"]\nbase_url = \"http://127.0.0.1:{port}/v1\"\nmax_retries = 0\nstream = {stream}\n\
-             price = {{ input_per_mtok = 1.0, output_per_mtok = 10.0 }}\n\
-             [[branches]]\nlabel = \"capped\"\nbudget_usd = 0.05\n"
-        ));
-        let data = ex.data();
-        let out = forkfleet_env(
-            &[
-                "run",
-                path_str(&spec),
-                "--data",
-                path_str(&data),
-                "--json",
-                "--timeout-s",
-                "120",
-            ],
-            &[("FORKFLEET_ALLOWED_MODEL_HOSTS", "127.0.0.1")],
+        let (b, _) = run_capped(
+            port,
+            "max_turns = 1000\nmax_output_tokens = 4096",
+            &format!("stream = {stream}"),
+            (1.0, 10.0),
         );
-        let doc: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stderr(&out)));
-        let id = doc["fork_id"].as_str().unwrap();
-        let b = cost_of(id, &data).branches[0].clone();
         let billed = billed.lock().unwrap().clone();
         let cost = |c: &Billed| (c.input_tokens as f64 + c.output_tokens as f64 * 10.0) / 1e6;
         let largest = billed.iter().map(cost).fold(0.0, f64::max);
@@ -814,12 +776,45 @@ fn a_provider_that_reports_no_tokens_does_not_pass_a_strict_cap() {
     // the branch ran until max_turns. Estimated from sizes (the input at the bound a
     // reservation holds), the cap stops it and what it tracked covers the bill.
     let (port, billed) = thrifty_model_saying(false);
+    let (b, out) = run_capped(
+        port,
+        "max_turns = 300\nmax_output_tokens = 4096",
+        "",
+        (1.0, 10.0),
+    );
+    let billed = billed.lock().unwrap().clone();
+    let truth: f64 = billed
+        .iter()
+        .map(|c| (c.input_tokens as f64 + c.output_tokens as f64 * 10.0) / 1e6)
+        .sum();
+    assert_eq!(b.state, BranchState::BudgetExhausted, "{b:?}");
+    assert!(truth <= 0.05 + 1e-9, "billed ${truth} against a $0.05 cap");
+    assert!(
+        b.spent_usd >= truth,
+        "tracked ${} of ${truth} billed",
+        b.spent_usd
+    );
+    assert!(
+        stderr(&out).contains("reported 0 input tokens"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// `forkfleet run` of a one-branch strict fork (branch cap $0.05) on the OpenAI-wire model
+/// at `port`, with `settings` among its top-level keys and `model` among the model's
+/// (`input`, `output`: USD per million tokens): the branch's cost and the run's output.
+fn run_capped(
+    port: u16,
+    settings: &str,
+    model: &str,
+    (input, output): (f64, f64),
+) -> (forkfleet_shared::budget::BranchCost, Output) {
     let ex = Example::quickstart();
     let spec = ex.write_spec(&format!(
-        "goal = \"g\"\nworkspace = \"workspace\"\nmodel = \"openai:fake\"\nmax_turns = 300\n\
-         max_output_tokens = 4096\nbudget_mode = \"strict\"\n\
-         [models.\"openai:fake\"]\nbase_url = \"http://127.0.0.1:{port}/v1\"\nmax_retries = 0\n\
-         price = {{ input_per_mtok = 1.0, output_per_mtok = 10.0 }}\n\
+        "goal = \"g\"\nworkspace = \"workspace\"\nmodel = \"openai:fake\"\n{settings}\nbudget_mode = \"strict\"\n\
+         [models.\"openai:fake\"]\nbase_url = \"http://127.0.0.1:{port}/v1\"\nmax_retries = 0\n{model}\n\
+         price = {{ input_per_mtok = {input}, output_per_mtok = {output} }}\n\
          [[branches]]\nlabel = \"capped\"\nbudget_usd = 0.05\n"
     ));
     let data = ex.data();
@@ -838,21 +833,5 @@ fn a_provider_that_reports_no_tokens_does_not_pass_a_strict_cap() {
     let doc: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stderr(&out)));
     let b = cost_of(doc["fork_id"].as_str().unwrap(), &data).branches[0].clone();
-    let billed = billed.lock().unwrap().clone();
-    let truth: f64 = billed
-        .iter()
-        .map(|c| (c.input_tokens as f64 + c.output_tokens as f64 * 10.0) / 1e6)
-        .sum();
-    assert_eq!(b.state, BranchState::BudgetExhausted, "{b:?}");
-    assert!(truth <= 0.05 + 1e-9, "billed ${truth} against a $0.05 cap");
-    assert!(
-        b.spent_usd >= truth,
-        "tracked ${} of ${truth} billed",
-        b.spent_usd
-    );
-    assert!(
-        stderr(&out).contains("reported 0 input tokens"),
-        "{}",
-        stderr(&out)
-    );
+    (b, out)
 }

@@ -348,6 +348,22 @@ fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_
     );
     assert!(p["detail"].as_str().unwrap().contains("script"), "{p}");
     assert!(!p.to_string().contains("SEED-never-read"), "{p}");
+    // The same host path named in `files` too (a hostile test read /etc/shadow so), and
+    // /dev/zero (which ran a coordinator out of memory): refused all the same.
+    for host in [secret.as_str(), "/dev/zero", "//dev/zero"] {
+        let p = api.problem(
+            "POST",
+            "/forks/from-spec",
+            ADMIN,
+            Some(json!({"spec": spec_text.replace("script = \"script.toml\"", &format!("script = \"{host}\"")), "files": {"script.toml": script, host: "x"}, "snapshot": view["snapshot"]})),
+            400,
+        );
+        assert!(
+            p["detail"].as_str().unwrap().contains("does not carry"),
+            "{p}"
+        );
+        assert!(!p.to_string().contains("SEED-never-read"), "{p}");
+    }
 
     // SSE: the first event, a dropped connection, then resumption after it.
     let resp = api

@@ -46,7 +46,7 @@ pub(super) async fn resume_log(
         attempt,
         task: proof,
     })?;
-    ask_coordinator(
+    let answer = ask_coordinator(
         bus,
         lease,
         RESUME_SUBJECT,
@@ -54,13 +54,36 @@ pub(super) async fn resume_log(
         RESUME_TIMEOUT,
         "branch log",
         |reply| match reply {
-            ResumeReply::Log { events } => Ok(Resumed::Log(events)),
-            ResumeReply::Gone { reason } => Ok(Resumed::Gone(reason)),
+            ResumeReply::Log { events } => Ok(Ok(Resumed::Log(events))),
+            // Too large for one message: in the blob store.
+            ResumeReply::LogBlob { blob } => Ok(Err(blob)),
+            ResumeReply::Gone { reason } => Ok(Ok(Resumed::Gone(reason))),
             ResumeReply::Retry { reason } => Err(reason),
-            ResumeReply::Refused { reason } => Ok(Resumed::Refused(reason)),
+            ResumeReply::Refused { reason } => Ok(Ok(Resumed::Refused(reason))),
         },
     )
-    .await
+    .await?;
+    let blob = match answer {
+        Ok(resumed) => return Ok(resumed),
+        Err(blob) => blob,
+    };
+    // A log too large for one message: the encoded answer is in the blob store.
+    let bytes = bus
+        .blobs()
+        .get(&blob)
+        .await
+        .map_err(BusError::from)?
+        .ok_or_else(|| {
+            WorkerError::Bus(BusError::Backend(format!(
+                "the branch's log was answered as blob {blob}, which the blob store does not have"
+            )))
+        })?;
+    match wire::decode::<ResumeReply>(&bytes)? {
+        ResumeReply::Log { events } => Ok(Resumed::Log(events)),
+        _ => Err(WorkerError::Bus(BusError::Backend(format!(
+            "blob {blob} is not a branch's log"
+        )))),
+    }
 }
 
 /// How long one budget request may wait for the coordinator.
