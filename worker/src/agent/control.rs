@@ -135,7 +135,8 @@ pub(super) async fn until_halted<F: Future>(
     pending: &mut Pending,
     handback: Option<&tokio::sync::watch::Sender<bool>>,
 ) -> Result<F::Output, Step> {
-    // A hand-back (`handback`) cuts model calls, tools and waits for the coordinator short.
+    // A hand-back cuts model calls and tools short; a request to the coordinator finishes,
+    // so its answer is acted on (its waits between requests end on a hand-back themselves).
     let mut handed_back = handback.map(|h| h.subscribe());
     let mut no_control = None;
     let (rx, mut open) = match control.as_mut() {

@@ -48,7 +48,7 @@ pub(super) async fn resume_log(
     })?;
     let answer = ask_coordinator(
         bus,
-        lease,
+        &mut Waits::lease(lease),
         RESUME_SUBJECT,
         req,
         RESUME_TIMEOUT,
@@ -64,8 +64,13 @@ pub(super) async fn resume_log(
     )
     .await?;
     let blob = match answer {
-        Ok(resumed) => return Ok(resumed),
-        Err(blob) => blob,
+        Some(Ok(resumed)) => return Ok(resumed),
+        Some(Err(blob)) => blob,
+        None => {
+            return Err(WorkerError::Bus(BusError::Backend(
+                "no branch log: handed back while waiting".into(),
+            )))
+        }
     };
     // A log too large for one message: the encoded answer is in the blob store.
     let bytes = bus
@@ -99,24 +104,62 @@ const COORDINATOR_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// How often a worker waiting for an unreachable coordinator says so again.
 const UNREACHABLE_LOG_EVERY: Duration = Duration::from_secs(30);
 
+/// What ends a worker's waits for the coordinator: its task's lease lost, or a hand-back
+/// (a drain, a shutdown, `--timeout-s`). A hand-back ends the pauses between requests,
+/// never a request in flight (whose answer is acted on).
+pub(super) struct Waits<'a> {
+    lease: &'a TaskLease,
+    handback: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl<'a> Waits<'a> {
+    /// Waits that `lease` lost or a hand-back through `handback` end.
+    pub(super) fn until(lease: &'a TaskLease, handback: &tokio::sync::watch::Sender<bool>) -> Self {
+        Self {
+            lease,
+            handback: Some(handback.subscribe()),
+        }
+    }
+
+    /// Waits that only `lease` lost ends (the caller watches for a hand-back itself).
+    pub(super) fn lease(lease: &'a TaskLease) -> Self {
+        Self {
+            lease,
+            handback: None,
+        }
+    }
+
+    /// Sleep `d`; false when handed back first.
+    async fn sleep(&mut self, d: Duration) -> bool {
+        let Some(rx) = self.handback.as_mut() else {
+            tokio::time::sleep(d).await;
+            return true;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(d) => true,
+            _ = rx.wait_for(|back| *back) => false,
+        }
+    }
+}
+
 /// Ask the coordinator: send `req` on `subject`, decode the reply and `classify` it (`Ok`:
 /// the answer; `Err(reason)`: a reply asking to try again later). A retry reply or an
 /// undecodable one is tried again, up to [`COORDINATOR_TRIES`] times with a growing
 /// backoff, then becomes an error (the task is handed back). A coordinator that does not
 /// answer (none serving, a timeout, the bus unreachable) is waited out: asked again with a
-/// backoff up to [`COORDINATOR_BACKOFF_MAX`] for as long as `lease` holds (its extensions
+/// backoff up to [`COORDINATOR_BACKOFF_MAX`] for as long as the lease holds (its extensions
 /// go to the queue, not to the coordinator), so an outage burns no delivery of the task;
-/// once the lease is lost the wait ends in an error. `what` names the answer in logs and
-/// errors.
+/// once the lease is lost the wait ends in an error, and a hand-back (`waits`) ends it
+/// with `None`. `what` names the answer in logs and errors.
 async fn ask_coordinator<R: wire::WireMessage, T>(
     bus: &Arc<dyn Bus>,
-    lease: &TaskLease,
+    waits: &mut Waits<'_>,
     subject: &str,
     req: Bytes,
     timeout: Duration,
     what: &str,
     classify: impl Fn(R) -> Result<T, String>,
-) -> Result<T, WorkerError> {
+) -> Result<Option<T>, WorkerError> {
     let mut backoff = COORDINATOR_BACKOFF;
     let mut tried = 0;
     let mut unreachable_since: Option<std::time::Instant> = None;
@@ -132,7 +175,7 @@ async fn ask_coordinator<R: wire::WireMessage, T>(
                                 "the coordinator answers again"
                             );
                         }
-                        return Ok(answer);
+                        return Ok(Some(answer));
                     }
                     Err(reason) => reason,
                 },
@@ -141,7 +184,7 @@ async fn ask_coordinator<R: wire::WireMessage, T>(
             Err(BusError::Closed) => return Err(WorkerError::Bus(BusError::Closed)),
             Err(e) => {
                 // Unreachable: waited out while the lease holds.
-                if let Err(lost) = lease.check() {
+                if let Err(lost) = waits.lease.check() {
                     return Err(WorkerError::Bus(BusError::Backend(format!(
                         "no {what}: the coordinator is unreachable ({e}) and the task's lease is lost ({lost})"
                     ))));
@@ -155,7 +198,9 @@ async fn ask_coordinator<R: wire::WireMessage, T>(
                         "the coordinator is unreachable: waiting for it (the task's lease is kept)"
                     );
                 }
-                tokio::time::sleep(backoff).await;
+                if !waits.sleep(backoff).await {
+                    return Ok(None);
+                }
                 backoff = (backoff * 2).min(COORDINATOR_BACKOFF_MAX);
                 continue;
             }
@@ -167,7 +212,9 @@ async fn ask_coordinator<R: wire::WireMessage, T>(
                 "no {what} after {COORDINATOR_TRIES} tries: {last}"
             ))));
         }
-        tokio::time::sleep(backoff).await;
+        if !waits.sleep(backoff).await {
+            return Ok(None);
+        }
         backoff = (backoff * 2).min(COORDINATOR_BACKOFF_MAX);
     }
 }
@@ -184,6 +231,9 @@ pub(super) enum Reserved {
     Gone(String),
     /// Task attempt `by` took the branch over.
     Superseded(u32),
+    /// The worker handed its task back while waiting (for room, or for a coordinator that
+    /// is away): no reservation is held.
+    HandedBack,
 }
 
 /// The first wait after a `wait` answer (room held by other calls); doubled after each,
@@ -198,7 +248,7 @@ const ROOM_WAIT_MAX: Duration = Duration::from_secs(1);
 /// it changes, which the calls' settling or their reservations' expiry bounds.
 pub(super) async fn reserve(
     bus: &Arc<dyn Bus>,
-    lease: &TaskLease,
+    mut waits: Waits<'_>,
     task: &BranchTask,
     attempt: u32,
     estimate: Usage,
@@ -221,7 +271,7 @@ pub(super) async fn reserve(
     loop {
         let reserved = ask_coordinator(
             bus,
-            lease,
+            &mut waits,
             BUDGET_SUBJECT,
             req.clone(),
             BUDGET_TIMEOUT,
@@ -246,6 +296,9 @@ pub(super) async fn reserve(
             },
         )
         .await?;
+        let Some(reserved) = reserved else {
+            return Ok(Reserved::HandedBack);
+        };
         match reserved {
             Some(reserved) => {
                 if let Reserved::Granted(reservation, usd) = &reserved {
@@ -254,12 +307,14 @@ pub(super) async fn reserve(
                 return Ok(reserved);
             }
             None => {
-                if let Err(lost) = lease.check() {
+                if let Err(lost) = waits.lease.check() {
                     return Err(WorkerError::Bus(BusError::Backend(format!(
                         "waiting for room under a budget cap, the task's lease was lost ({lost})"
                     ))));
                 }
-                tokio::time::sleep(wait).await;
+                if !waits.sleep(wait).await {
+                    return Ok(Reserved::HandedBack);
+                }
                 wait = (wait * 2).min(ROOM_WAIT_MAX);
             }
         }

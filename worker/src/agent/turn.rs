@@ -285,21 +285,19 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                 } else {
                     run.learned.least(&estimate)
                 };
+                // A hand-back ends the waits between requests (for room, or for a
+                // coordinator that is away); a request in flight finishes, so its answer
+                // is acted on.
                 let reserving = reserve(
                     &ctx.bus,
-                    lease,
+                    super::coordinator::Waits::until(lease, &ctx.handback),
                     task,
                     attempt,
                     estimate,
                     least,
                     run.last_settle,
                 );
-                // A hand-back ends the reservation too: it may wait for room, or for a
-                // coordinator that is away, for as long as the lease holds.
-                let handback = Some(&ctx.handback);
-                match until_halted(reserving, control, task.run_id, attempt, pending, handback)
-                    .await
-                {
+                match until_halted(reserving, control, task.run_id, attempt, pending, None).await {
                     Err(step) => return Ok(step),
                     Ok(granted) => match granted? {
                         // The reservation took time: the lease is checked again before the call.
@@ -341,6 +339,7 @@ pub(super) async fn run_turn(state: &mut AgentState) -> Result<Step, WorkerError
                             return Ok(exhausted(task.on_exhausted, state, reason));
                         }
                         Reserved::Gone(reason) => return Ok(Step::Drop(reason)),
+                        Reserved::HandedBack => return Ok(Step::HandBack),
                         Reserved::Superseded(by) => {
                             return Ok(Step::Lost(lease.lose(super::superseded(by, attempt))));
                         }
