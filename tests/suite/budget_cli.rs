@@ -533,12 +533,36 @@ fn budget_commands_over_nats() {
 /// A model server that ignores `max_tokens`: every chat completion streams text until the
 /// client goes away. Its port.
 fn endless_model() -> u16 {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::Write;
+    serve_model(|_, out| {
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+        if out.write_all(head.as_bytes()).is_err() {
+            return;
+        }
+        let chunk =
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tokentokentoken \"}}]}\n\n";
+        // Bounded: 200,000 chunks, or until the client closes the connection.
+        for _ in 0..200_000 {
+            if out.write_all(chunk.as_bytes()).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// A model server on a free loopback port: each request (HTTP/1.1, its body read by
+/// `Content-Length`) is handed to `answer` with the connection to write the answer to, on
+/// a thread of its own. Its port.
+fn serve_model(answer: impl Fn(Vec<u8>, &mut std::net::TcpStream) + Send + Sync + 'static) -> u16 {
+    use std::io::{BufRead, BufReader, Read};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
+    let answer = std::sync::Arc::new(answer);
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
+            let answer = answer.clone();
             std::thread::spawn(move || {
                 let mut out = stream.try_clone().unwrap();
                 let mut reader = BufReader::new(stream);
@@ -562,17 +586,7 @@ fn endless_model() -> u16 {
                 if reader.read_exact(&mut body).is_err() {
                     return;
                 }
-                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
-                if out.write_all(head.as_bytes()).is_err() {
-                    return;
-                }
-                let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tokentokentoken \"}}]}\n\n";
-                // Bounded: 200,000 chunks, or until the client closes the connection.
-                for _ in 0..200_000 {
-                    if out.write_all(chunk.as_bytes()).is_err() {
-                        return;
-                    }
-                }
+                answer(body, &mut out);
             });
         }
     });
@@ -629,99 +643,69 @@ fn thrifty_model() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Billed>>>) {
 
 /// [`thrifty_model`], reporting its usage (`honest`) or 0 tokens in and out.
 fn thrifty_model_saying(honest: bool) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Billed>>>) {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::Write;
     let billed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let log = billed.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            let log = log.clone();
-            std::thread::spawn(move || {
-                let mut out = stream.try_clone().unwrap();
-                let mut reader = BufReader::new(stream);
-                let mut length = 0;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let line = line.trim();
-                    if line.is_empty() {
-                        break;
-                    }
-                    if let Some((k, v)) = line.split_once(':') {
-                        if k.eq_ignore_ascii_case("content-length") {
-                            length = v.trim().parse().unwrap();
-                        }
-                    }
-                }
-                let mut body = vec![0; length];
-                if reader.read_exact(&mut body).is_err() {
-                    return;
-                }
-                let req: Value = serde_json::from_slice(&body).unwrap();
-                let max_tokens = req["max_tokens"]
-                    .as_u64()
-                    .or_else(|| req["max_completion_tokens"].as_u64())
-                    .unwrap();
-                let input_tokens = length as u64 / 4;
-                let output_tokens = max_tokens.min(30);
-                log.lock().unwrap().push(Billed {
-                    max_tokens,
-                    input_tokens,
-                    output_tokens,
-                });
-                let usage = if honest {
-                    serde_json::json!({
-                        "prompt_tokens": input_tokens,
-                        "completion_tokens": output_tokens,
-                        "total_tokens": input_tokens + output_tokens,
-                    })
-                } else {
-                    serde_json::json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
-                };
-                let (message, delta, finish) = if output_tokens == 30 {
-                    let call = serde_json::json!([{"index": 0, "id": format!("c{}", req["messages"].as_array().map_or(0, Vec::len)), "type": "function", "function": {"name": "list_files", "arguments": "{}"}}]);
-                    (
-                        serde_json::json!({"role": "assistant", "content": null, "tool_calls": call}),
-                        serde_json::json!({"tool_calls": call}),
-                        "tool_calls",
-                    )
-                } else {
-                    let text = "x".repeat(output_tokens as usize * 4);
-                    (
-                        serde_json::json!({"role": "assistant", "content": text}),
-                        serde_json::json!({"content": text}),
-                        "length",
-                    )
-                };
-                let (kind, body) = if req["stream"].as_bool() == Some(true) {
-                    let chunks = [
-                        serde_json::json!({"choices": [{"index": 0, "delta": delta}]}),
-                        serde_json::json!({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}),
-                        serde_json::json!({"choices": [], "usage": usage}),
-                    ];
-                    let mut sse: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
-                    sse.push_str("data: [DONE]\n\n");
-                    ("text/event-stream", sse)
-                } else {
-                    let doc = serde_json::json!({
-                        "model": "fake",
-                        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                        "usage": usage,
-                    });
-                    ("application/json", doc.to_string())
-                };
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = out.write_all(head.as_bytes());
-                let _ = out.write_all(body.as_bytes());
+    let port = serve_model(move |request, out| {
+        let req: Value = serde_json::from_slice(&request).unwrap();
+        let max_tokens = req["max_tokens"]
+            .as_u64()
+            .or_else(|| req["max_completion_tokens"].as_u64())
+            .unwrap();
+        let input_tokens = request.len() as u64 / 4;
+        let output_tokens = max_tokens.min(30);
+        log.lock().unwrap().push(Billed {
+            max_tokens,
+            input_tokens,
+            output_tokens,
+        });
+        let usage = if honest {
+            serde_json::json!({
+                "prompt_tokens": input_tokens,
+                "completion_tokens": output_tokens,
+                "total_tokens": input_tokens + output_tokens,
+            })
+        } else {
+            serde_json::json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
+        };
+        let (message, delta, finish) = if output_tokens == 30 {
+            let call = serde_json::json!([{"index": 0, "id": format!("c{}", req["messages"].as_array().map_or(0, Vec::len)), "type": "function", "function": {"name": "list_files", "arguments": "{}"}}]);
+            (
+                serde_json::json!({"role": "assistant", "content": null, "tool_calls": call}),
+                serde_json::json!({"tool_calls": call}),
+                "tool_calls",
+            )
+        } else {
+            let text = "x".repeat(output_tokens as usize * 4);
+            (
+                serde_json::json!({"role": "assistant", "content": text}),
+                serde_json::json!({"content": text}),
+                "length",
+            )
+        };
+        let (kind, body) = if req["stream"].as_bool() == Some(true) {
+            let chunks = [
+                serde_json::json!({"choices": [{"index": 0, "delta": delta}]}),
+                serde_json::json!({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}),
+                serde_json::json!({"choices": [], "usage": usage}),
+            ];
+            let mut sse: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+            sse.push_str("data: [DONE]\n\n");
+            ("text/event-stream", sse)
+        } else {
+            let doc = serde_json::json!({
+                "model": "fake",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": usage,
             });
-        }
+            ("application/json", doc.to_string())
+        };
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = out.write_all(head.as_bytes());
+        let _ = out.write_all(body.as_bytes());
     });
     (port, billed)
 }

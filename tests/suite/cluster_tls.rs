@@ -139,17 +139,7 @@ fn a_tls_cluster_runs_a_fork() {
 
     // A client that does not trust the server's CA is refused with an error naming TLS,
     // not a panic.
-    let out = super::fleet::run(
-        fleet.dir.path(),
-        &[
-            "fork",
-            "ls",
-            "--nats",
-            &format!("tls://127.0.0.1:{}", fleet.nats.port()),
-            "--nats-connect-timeout-s",
-            "2",
-        ],
-    );
+    let out = tls_client(&fleet, &["--nats-connect-timeout-s", "2"]);
     assert_ne!(out.code, Some(0), "{}", out.stderr);
     assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
     assert!(
@@ -157,6 +147,15 @@ fn a_tls_cluster_runs_a_fork() {
         "{}",
         out.stderr
     );
+}
+
+/// `fork ls` on `fleet` by its `tls://` URL, with `extra` arguments only (no TLS settings
+/// of the fleet's).
+fn tls_client(fleet: &Fleet, extra: &[&str]) -> super::fleet::Ran {
+    let url = format!("tls://127.0.0.1:{}", fleet.nats.port());
+    let mut args = vec!["fork", "ls", "--nats", url.as_str()];
+    args.extend_from_slice(extra);
+    super::fleet::run(fleet.dir.path(), &args)
 }
 
 #[test]
@@ -198,35 +197,11 @@ fn a_mutual_tls_cluster_runs_a_fork_and_refuses_a_client_without_a_certificate()
     no_panic(&fleet);
 
     // Trusting the CA but holding no certificate: refused by the server, a clear error.
-    let out = super::fleet::run(
-        fleet.dir.path(),
-        &[
-            "fork",
-            "ls",
-            "--nats",
-            &format!("tls://127.0.0.1:{}", fleet.nats.port()),
-            "--tls-ca",
-            &ca,
-            "--nats-connect-timeout-s",
-            "2",
-        ],
-    );
+    let out = tls_client(&fleet, &["--tls-ca", &ca, "--nats-connect-timeout-s", "2"]);
     assert_ne!(out.code, Some(0), "{}", out.stderr);
     assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
     // A key without its certificate is bad input, named.
-    let out = super::fleet::run(
-        fleet.dir.path(),
-        &[
-            "fork",
-            "ls",
-            "--nats",
-            &format!("tls://127.0.0.1:{}", fleet.nats.port()),
-            "--tls-ca",
-            &ca,
-            "--tls-key",
-            &client_key,
-        ],
-    );
+    let out = tls_client(&fleet, &["--tls-ca", &ca, "--tls-key", &client_key]);
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(
         out.stderr.contains("--tls-cert") || out.stderr.contains("client_cert"),
