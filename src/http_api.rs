@@ -218,6 +218,7 @@ pub fn router(state: Arc<ApiHttp>) -> Router {
             &format!("{PREFIX}/{{*rest}}"),
             axum::routing::any(not_found),
         )
+        .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard::guard,

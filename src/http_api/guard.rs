@@ -9,8 +9,9 @@
 //!   sent with an `Origin` is refused unless that origin is the API's own (its host and
 //!   port are the `Host`, or `X-Forwarded-Host` behind a proxy). Browsers send `Origin` with
 //!   every cross-origin `POST`, `no-cors` ones too; a tool without a browser sends none.
-//! - **Bodies**: a `POST` with a body takes `application/json` only; the types a page may
-//!   send without asking the server (`text/plain`, forms) are refused (415).
+//! - **Bodies**: a `POST` or `PUT` with a body takes `application/json` only (a blob's
+//!   `PUT` its bytes); the types a page may send without asking the server (`text/plain`,
+//!   forms) are refused (415).
 //! - **Tokens never in URLs**: `access_token` in a query is refused (URLs end up in logs
 //!   and histories). An `EventSource` (which cannot send headers) uses a short-lived
 //!   `ticket` from `POST /stream-tickets`, taken on `GET .../stream` only.
@@ -103,7 +104,9 @@ fn check(
             }
         }
     }
-    if *method == Method::POST {
+    // A body of a write is JSON; a blob's bytes are the one exception.
+    let blob = uri.path().contains("/blobs/");
+    if *method == Method::POST || (*method == Method::PUT && !blob) {
         let kind = headers
             .get(header::CONTENT_TYPE)
             .and_then(|h| h.to_str().ok())
@@ -124,7 +127,7 @@ fn check(
             None if !has_body => {}
             other => {
                 return Err(Problem::unsupported_media(format!(
-                    "a POST body must be `Content-Type: application/json` (got {})",
+                    "a {method} body must be `Content-Type: application/json` (got {})",
                     other.map_or_else(|| "none".to_string(), |t| format!("`{}`", shown(t)))
                 )))
             }

@@ -864,6 +864,23 @@ fn browser_attacks_on_a_tokenless_api_are_refused() {
         403,
     );
     assert!(p["detail"].as_str().unwrap().contains("loopback"), "{p}");
+    // A PUT takes JSON too (a blob's bytes aside).
+    let p = problem(
+        http.put(format!("{base}/accounts/x"))
+            .header("content-type", "text/plain")
+            .body("{\"cap_usd\": 1}")
+            .send()
+            .unwrap(),
+        415,
+    );
+    assert!(p["detail"].as_str().unwrap().contains("PUT body"), "{p}");
+    // Outside the API too, an unknown path is a problem.
+    problem(
+        http.get(format!("http://{addr}/api/v2/forks"))
+            .send()
+            .unwrap(),
+        404,
+    );
     // The framework's own refusals are problems too: a method a route does not take, a
     // body over the limit.
     let p = problem(http.delete(format!("{base}/ping")).send().unwrap(), 405);
