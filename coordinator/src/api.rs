@@ -82,7 +82,7 @@ handlers! {
     ForkCheckpoint(h, c, op) => { h.admit_run(c, op.run).await?; h.fork_checkpoint(op.run, &op.checkpoint).await };
     RunWorkspace(h, c, op) => { h.admit_run(c, op.run).await?; h.root_workspace(op.run).await };
     // Blobs are content-addressed: a scoped client reads the bus's blob store anyway.
-    GetBlob(h, _, op) => h.store().blob(&op.blob);
+    GetBlob(h, _, op) => h.blob(&op.blob).await;
     // Runs and lineage (docs/LINEAGE.md).
     Runs(h, c, _) => h.runs_for(c).await;
     GetRun(h, c, op) => { h.admit_run(c, op.run).await?; h.run_detail(op.run).await };

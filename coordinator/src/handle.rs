@@ -726,6 +726,20 @@ impl CoordinatorHandle {
         self.bus.clone()
     }
 
+    /// A blob by its hash: from the coordinator's store, else from the bus's blob store
+    /// (where uploads go on a cluster: `PUT /blobs/{hash}` then `GET` finds it).
+    pub async fn blob(&self, hash: &BlobHash) -> Result<Option<bytes::Bytes>, CoordinatorError> {
+        if let Some(bytes) = self.store().blob(hash)? {
+            return Ok(Some(bytes));
+        }
+        Ok(self
+            .bus
+            .blobs()
+            .get(hash)
+            .await
+            .map_err(forkfleet_bus::BusError::from)?)
+    }
+
     /// The coordinator's store (blobs for diffs and merges, checkpoints).
     pub fn store(&self) -> &RunStore {
         &self.store

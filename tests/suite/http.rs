@@ -864,6 +864,18 @@ fn browser_attacks_on_a_tokenless_api_are_refused() {
         403,
     );
     assert!(p["detail"].as_str().unwrap().contains("loopback"), "{p}");
+    // A blob uploaded to the cluster is readable where it was uploaded.
+    let bytes = b"a blob put over HTTP\n".to_vec();
+    let hash = BlobHash::of(&bytes);
+    let put = http
+        .put(format!("{base}/blobs/{hash}"))
+        .body(bytes.clone())
+        .send()
+        .unwrap();
+    assert_eq!(put.status().as_u16(), 204);
+    let got = http.get(format!("{base}/blobs/{hash}")).send().unwrap();
+    assert_eq!(got.status().as_u16(), 200);
+    assert_eq!(got.bytes().unwrap().to_vec(), bytes);
     // A PUT takes JSON too (a blob's bytes aside).
     let p = problem(
         http.put(format!("{base}/accounts/x"))
