@@ -93,6 +93,8 @@ struct RunBudget {
     /// The least its latest reservation request needed (`None` before its first): whether
     /// it may still fit under its fork's cap when another branch no longer does.
     last_least: Option<f64>,
+    /// Since when it has been told to wait for room (ledger clock), while it is.
+    waiting_since: Option<u64>,
 }
 
 struct ForkBudget {
@@ -138,7 +140,15 @@ pub(crate) struct Ledger {
     bus: Arc<dyn Bus>,
     ttl_ms: u64,
     clock: Arc<dyn Clock>,
+    /// How long a branch may be told to wait for room before it is refused instead
+    /// ([`MAX_WAIT_MS`]).
+    max_wait_ms: std::sync::atomic::AtomicU64,
 }
+
+/// How long a branch waits for room that calls in flight hold before it is refused: the
+/// calls it waits for may belong to a worker that died, whose tasks cannot be taken over
+/// while the waiting branches fill every worker's slots.
+pub(crate) const MAX_WAIT_MS: u64 = 20_000;
 
 impl State {
     fn reserved(&self, keep: impl Fn(&ReservationRecord) -> bool) -> f64 {
@@ -392,6 +402,7 @@ impl Ledger {
             bus,
             ttl_ms,
             clock,
+            max_wait_ms: std::sync::atomic::AtomicU64::new(MAX_WAIT_MS),
         }))
     }
 
@@ -406,6 +417,13 @@ impl Ledger {
             );
         }
         self.forget(&released);
+    }
+
+    /// Set how long a branch may wait for room (tests: without a bound).
+    #[cfg(test)]
+    pub fn set_max_wait_ms(&self, ms: u64) {
+        self.max_wait_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// How long a reservation holds money unsettled.
@@ -488,6 +506,7 @@ impl Ledger {
                     blocked_by: None,
                     stopped_at_ms: None,
                     last_least: None,
+                    waiting_since: None,
                 },
             );
         }

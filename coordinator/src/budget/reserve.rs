@@ -12,6 +12,19 @@ impl Ledger {
     /// Reserve an upper bound for one model call of a branch (strict mode). Granted, the
     /// reservation is written to the store; the caller flushes before answering.
     pub fn reserve(&self, req: &BudgetRequest) -> (BudgetReply, Actions) {
+        let (reply, out) = self.decide(req);
+        let now = self.clock.now_ms();
+        if let Some(r) = self.lock().runs.get_mut(&req.run_id) {
+            if matches!(reply, BudgetReply::Wait { .. }) {
+                r.waiting_since.get_or_insert(now);
+            } else {
+                r.waiting_since = None;
+            }
+        }
+        (reply, out)
+    }
+
+    fn decide(&self, req: &BudgetRequest) -> (BudgetReply, Actions) {
         let now = self.clock.now_ms();
         let mut out = Actions::default();
         let mut s = self.lock();
@@ -94,19 +107,25 @@ impl Ledger {
             }
             least => least.map(|l| l.min(est)),
         };
+        let max_wait = self.max_wait_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let mut waited_ms = 0;
         if let Some(r) = s.runs.get_mut(&req.run_id) {
             r.last_least = Some(least.unwrap_or(est));
+            waited_ms = r.waiting_since.map_or(0, |t| now.saturating_sub(t));
         }
+        // Waited long enough: the room may be held by calls that will not settle soon (a
+        // dead worker's, whose tasks wait for slots the waiting branches hold).
+        let waited_out = waited_ms >= max_wait;
         // What may be granted: the whole estimate, else (with `least_usd`) what room is left.
         let mut grant = est;
         let mut decide = |level: &str,
                           (spent, reserved, live): (f64, f64, f64),
                           cap: f64,
                           exhausted: bool| {
-            let fit = if exhausted {
-                Fit::Full
-            } else {
-                fit(spent, reserved, live, cap, est, least)
+            let fit = match fit(spent, reserved, live, cap, est, least) {
+                _ if exhausted => Fit::Full,
+                Fit::Wait if waited_out => Fit::Full,
+                other => other,
             };
             let wait = |held: f64| {
                 format!(

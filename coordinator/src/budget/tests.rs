@@ -37,6 +37,8 @@ impl Fx {
         let bus: Arc<dyn Bus> = Arc::new(LocalBus::new(Arc::new(MemBlobStore::new())));
         let clock = ManualClock::new(START_MS);
         let ledger = Ledger::open(store.clone(), bus, TTL_MS, clock.shared()).unwrap();
+        // The model has no bound on waits for room (one test sets it back).
+        ledger.set_max_wait_ms(u64::MAX);
         Fx {
             _dir: dir,
             store,
@@ -911,6 +913,27 @@ fn a_cap_short_of_the_bound_grants_its_room_and_reservations_in_flight_are_waite
         panic!("granted past the cap");
     };
     assert!(fx.cost(&fork).crossed_at_ms.is_some());
+
+    // A wait is bounded: past it the call is refused (the calls waited for may belong to
+    // a worker that died, whose tasks wait for the slots the waiting branches hold).
+    fx.ledger.set_max_wait_ms(super::MAX_WAIT_MS);
+    let fork = fx.fork(Some(0.10), &[None, None], BudgetPolicy::default());
+    granted(fx.reserve(&fork, 0, 1, 0.08));
+    assert!(matches!(
+        fx.reserve_least(&fork, 1, 0.04, 0.03),
+        BudgetReply::Wait { .. }
+    ));
+    fx.clock.advance(super::MAX_WAIT_MS - 1);
+    assert!(matches!(
+        fx.reserve_least(&fork, 1, 0.04, 0.03),
+        BudgetReply::Wait { .. }
+    ));
+    fx.clock.advance(1);
+    assert!(matches!(
+        fx.reserve_least(&fork, 1, 0.04, 0.03),
+        BudgetReply::Refused { .. }
+    ));
+    fx.ledger.set_max_wait_ms(u64::MAX);
 
     // A reservation of an attempt a takeover superseded (its worker lost) is not waited
     // for: it is left to expire, and the call is refused now.
