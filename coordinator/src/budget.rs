@@ -159,18 +159,21 @@ impl State {
             .fold(0.0, |a, b| a + b)
     }
 
-    /// What reservations `keep` selects that a live attempt holds (its branch's current
-    /// attempt, the branch not finished): what may come back soon, when their calls
-    /// settle. A superseded attempt's reservation (its worker lost, ADR 18) is left to
-    /// expire and not counted.
-    fn reserved_live(&self, keep: impl Fn(&ReservationRecord) -> bool) -> f64 {
-        self.reserved(|r| {
-            keep(r)
-                && self
+    /// What the reservations `keep` selects hold, and what of it a live attempt holds (its
+    /// branch's current attempt, the branch not finished): what may come back soon, when
+    /// their calls settle. A superseded attempt's reservation (its worker lost, ADR 18) is
+    /// left to expire and not counted as live. One pass over the reservations.
+    fn reserved_and_live(&self, keep: impl Fn(&ReservationRecord) -> bool) -> (f64, f64) {
+        self.reservations
+            .values()
+            .filter(|r| keep(r))
+            .fold((0.0, 0.0), |(all, live), r| {
+                let current = self
                     .runs
                     .get(&r.run_id)
-                    .is_some_and(|run| r.attempt >= run.min_attempt && !run.state.is_terminal())
-        })
+                    .is_some_and(|run| r.attempt >= run.min_attempt && !run.state.is_terminal());
+                (all + r.usd, if current { live + r.usd } else { live })
+            })
     }
 
     /// Whether a branch of `fork_id` other than `run` may still fit `room` under the

@@ -88,7 +88,7 @@ impl Ledger {
             .unwrap_or((0.0, 0.0));
         // Spent (with the pending call), reserved and reserved by live attempts (without
         // it) under one cap.
-        let counted = |spent: f64, reserved: f64, live: f64| {
+        let counted = |spent: f64, (reserved, live): (f64, f64)| {
             (
                 spent + pending_spent,
                 (reserved - pending_reserved).max(0.0),
@@ -154,7 +154,7 @@ impl Ledger {
         };
         let mine = |r: &ReservationRecord| r.run_id == req.run_id;
         let run_spent = s.runs.get(&req.run_id).map_or(0.0, |r| r.spent);
-        let at_branch = counted(run_spent, s.reserved(mine), s.reserved_live(mine));
+        let at_branch = counted(run_spent, s.reserved_and_live(mine));
         if let Some(cap) = run_cap {
             match decide("branch", at_branch, cap, false) {
                 None => {}
@@ -185,7 +185,7 @@ impl Ledger {
         let (fork_cap, fork_exhausted) = (fork.cap, fork.exhausted);
         let account = fork.policy.account.clone();
         let of_fork = |r: &ReservationRecord| r.fork_id == fork_id;
-        let at_fork = counted(fork.spent, s.reserved(of_fork), s.reserved_live(of_fork));
+        let at_fork = counted(fork.spent, s.reserved_and_live(of_fork));
         let refuse = |s: &mut State, level: Level, reason: String, out: &mut Actions| {
             let scope = if level == Level::Account {
                 "account"
@@ -262,11 +262,7 @@ impl Ledger {
             if let Some(cap) = cap {
                 let of_account =
                     |r: &ReservationRecord| r.account.as_deref() == Some(name.as_str());
-                let at_account = counted(
-                    s.account_spent(name),
-                    s.reserved(of_account),
-                    s.reserved_live(of_account),
-                );
+                let at_account = counted(s.account_spent(name), s.reserved_and_live(of_account));
                 match decide(&format!("account `{name}`"), at_account, cap, exhausted) {
                     None => {}
                     Some(Err(reason)) => return (BudgetReply::Wait { reason }, out),
