@@ -70,19 +70,13 @@ async fn answer(bus: Arc<dyn Bus>, pool: String, root: RootHandle, req: Request)
     }
 }
 
-/// Room left in a message for its headers and envelope.
-const HEADROOM: usize = 16 * 1024;
-
-/// An answer the bus cannot carry in one message (a long branch's log) goes into the blob
-/// store, and the answer names it instead.
+/// An answer too large for one message (a long branch's log) goes into the blob store, and
+/// the answer names it instead: past [`MAX_INLINE_BYTES`], as the API's replies do.
 async fn through_blob(
     bus: &dyn Bus,
     bytes: bytes::Bytes,
 ) -> Result<bytes::Bytes, CoordinatorError> {
-    let Some(limit) = bus.max_payload() else {
-        return Ok(bytes);
-    };
-    if bytes.len() + HEADROOM <= limit {
+    if bytes.len() <= forkfleet_shared::api::MAX_INLINE_BYTES {
         return Ok(bytes);
     }
     let blob = forkfleet_shared::blob::BlobHash::of(&bytes);
@@ -91,7 +85,7 @@ async fn through_blob(
         .put(blob, bytes)
         .await
         .map_err(forkfleet_bus::BusError::from)?;
-    tracing::info!(bytes = size, limit, blob = %blob, "coordinator.resume: the branch's log goes as a blob (larger than the bus carries)");
+    tracing::info!(bytes = size, blob = %blob, "coordinator.resume: the branch's log goes as a blob (larger than the bus carries)");
     Ok(wire::encode(&ResumeReply::LogBlob { blob })?)
 }
 

@@ -73,16 +73,9 @@ pub(super) async fn resume_log(
         }
     };
     // A log too large for one message: the encoded answer is in the blob store.
-    let bytes = bus
-        .blobs()
-        .get(&blob)
+    let bytes = forkfleet_shared::blob::fetch(bus.blobs().as_ref(), &blob)
         .await
-        .map_err(BusError::from)?
-        .ok_or_else(|| {
-            WorkerError::Bus(BusError::Backend(format!(
-                "the branch's log was answered as blob {blob}, which the blob store does not have"
-            )))
-        })?;
+        .map_err(BusError::from)?;
     match wire::decode::<ResumeReply>(&bytes)? {
         ResumeReply::Log { events } => Ok(Resumed::Log(events)),
         _ => Err(WorkerError::Bus(BusError::Backend(format!(
