@@ -123,7 +123,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
 
 /// The valid keys, as the file spells them (listed in errors).
-const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, tree_cache_mb, http_addr, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, connect_timeout_s, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts, [http] audit_log, [http.tokens.\"NAME\"] sha256, scopes, accounts, [coordinator] lease_ttl_s, [telemetry] log_format, otlp_endpoint, otlp_traces_endpoint, otlp_metrics_endpoint, otlp_protocol, otlp_headers, service_name, resource_attributes, sampler, sampler_arg, disabled, capture_message_content, metrics_interval_s";
+const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, tree_cache_mb, http_addr, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, connect_timeout_s, blob_store_mb, stream_mb, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts, [http] audit_log, [http.tokens.\"NAME\"] sha256, scopes, accounts, [coordinator] lease_ttl_s, blob_quota_mb, [telemetry] log_format, otlp_endpoint, otlp_traces_endpoint, otlp_metrics_endpoint, otlp_protocol, otlp_headers, service_name, resource_attributes, sampler, sampler_arg, disabled, capture_message_content, metrics_interval_s";
 
 /// The keys of one `[pricing."MODEL"]` entry.
 
@@ -223,6 +223,9 @@ pub struct Config {
     pub nats: NatsSettings,
     /// `[coordinator] lease_ttl_s`: how long the coordinator lease lasts unless renewed.
     pub lease_ttl: Sourced<Duration>,
+    /// `[coordinator] blob_quota_mb`: what each scoped client identity's blob uploads
+    /// may hold, in megabytes.
+    pub blob_quota_mb: Sourced<u64>,
     /// Model prices (`[pricing."MODEL"]`), for `spec::load_with`.
     pub pricing: BTreeMap<String, Price>,
     /// Where each model's price came from.
@@ -406,6 +409,19 @@ impl Config {
                 o,
                 "coordinator.lease_ttl_s",
             );
+            set(
+                &mut c.blob_quota_mb,
+                &layer.coordinator.blob_quota_mb,
+                o,
+                "coordinator.blob_quota_mb",
+            );
+            set(
+                &mut c.nats.blob_store_mb,
+                &n.blob_store_mb,
+                o,
+                "nats.blob_store_mb",
+            );
+            set(&mut c.nats.stream_mb, &n.stream_mb, o, "nats.stream_mb");
             set_opt(
                 &mut c.nats.tls_ca_file,
                 &n.tls.ca_file,
@@ -501,8 +517,15 @@ impl Config {
                 identity: None,
                 provision: default(true),
                 connect_timeout: default(DEFAULT_CONNECT_TIMEOUT),
+                blob_store_mb: default(
+                    (forkfleet_bus::nats::DEFAULT_BLOB_MAX_BYTES >> 20).unsigned_abs(),
+                ),
+                stream_mb: default(
+                    (forkfleet_bus::nats::DEFAULT_STREAM_MAX_BYTES >> 20).unsigned_abs(),
+                ),
             },
             lease_ttl: default(DEFAULT_LEASE_TTL),
+            blob_quota_mb: default(forkfleet_coordinator::DEFAULT_BLOB_QUOTA_BYTES >> 20),
             pricing: BTreeMap::new(),
             pricing_origins: BTreeMap::new(),
             access: BTreeMap::new(),
@@ -516,6 +539,18 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), ConfigError> {
+        for (key, value) in [
+            ("nats.blob_store_mb", &self.nats.blob_store_mb),
+            ("nats.stream_mb", &self.nats.stream_mb),
+        ] {
+            if value.value == 0 {
+                return Err(ConfigError::Invalid {
+                    key,
+                    expected: "at least 1 megabyte",
+                    value: format!("0 (from {})", value.origin),
+                });
+            }
+        }
         if self.concurrency.value == 0 {
             return Err(ConfigError::Invalid {
                 key: "concurrency",

@@ -288,6 +288,7 @@ async fn serve_coordinator_on(
     let coordinator = CoordinatorConfig {
         pool: config.pool.value.clone(),
         access,
+        blob_quota_bytes: config.blob_quota_mb.value.saturating_mul(1 << 20),
         ..CoordinatorConfig::default()
     };
     serve_coordinator_config(store, bus, coordinator, shutdown, readiness, slot).await

@@ -81,6 +81,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 mod blobs;
+mod broker;
 mod config;
 mod consume;
 mod forward;
@@ -88,7 +89,10 @@ mod forward;
 mod tests;
 
 use blobs::NatsBlobStore;
-pub use config::{redact_url, NatsAuth, NatsConfig, NatsStorage, NatsTls, MAX_REPLICAS};
+pub use config::{
+    redact_url, NatsAuth, NatsConfig, NatsStorage, NatsTls, DEFAULT_BLOB_MAX_BYTES,
+    DEFAULT_STREAM_MAX_BYTES, MAX_REPLICAS,
+};
 use consume::*;
 use forward::*;
 
@@ -134,7 +138,7 @@ struct Inner {
     pools: Mutex<HashMap<String, Arc<consumer::PullConsumer>>>,
     reconnects: Reconnects,
     workers: kv::Store,
-    blobs: Arc<NatsBlobStore>,
+    blobs: Arc<dyn BlobStore>,
 }
 
 impl fmt::Debug for NatsBus {
@@ -272,6 +276,7 @@ async fn ensure_stream(
     url: &str,
 ) -> BusResult<()> {
     let name = config.name.clone();
+    let max_bytes = config.max_bytes;
     let stream = match js.get_or_create_stream(config).await {
         Ok(s) => s,
         Err(first) => match js.get_stream(&name).await {
@@ -285,13 +290,19 @@ async fn ensure_stream(
         },
     };
     let existing = stream.cached_info().config.clone();
-    if existing.max_consumers != STREAM_MAX_CONSUMERS {
+    // A stream of an earlier version has a lower consumer limit, or no byte limit.
+    if existing.max_consumers != STREAM_MAX_CONSUMERS
+        || existing.max_bytes != max_bytes
+        || existing.discard != stream::DiscardPolicy::New
+    {
         let updated = stream::Config {
             max_consumers: STREAM_MAX_CONSUMERS,
+            max_bytes,
+            discard: stream::DiscardPolicy::New,
             ..existing
         };
         if let Err(e) = js.update_stream(updated).await {
-            tracing::warn!(stream = %name, error = %e, "bus.nats cannot raise a stream's consumer limit");
+            tracing::warn!(stream = %name, error = %e, max_bytes, "bus.nats cannot set a stream's consumer or byte limit; it keeps its own");
         }
     }
     Ok(())
@@ -343,7 +354,7 @@ async fn provision(
     js: &jetstream::Context,
     config: &NatsConfig,
     url: &str,
-) -> BusResult<(kv::Store, kv::Store, object_store::ObjectStore)> {
+) -> BusResult<(kv::Store, Option<(kv::Store, object_store::ObjectStore)>)> {
     let storage: stream::StorageType = config.storage.into();
 
     // Tasks keep until acked; events, control and dead-task advisories for `max_age`.
@@ -386,6 +397,10 @@ async fn provision(
             max_age,
             storage,
             max_consumers: STREAM_MAX_CONSUMERS,
+            max_bytes: config.stream_max_bytes,
+            // Full: a publish is refused (and retried, or its error reported), never
+            // an older task or event silently dropped.
+            discard: stream::DiscardPolicy::New,
             num_replicas: config.replicas,
             ..Default::default()
         };
@@ -398,6 +413,7 @@ async fn provision(
             description: "forkfleet worker heartbeats".into(),
             history: 1,
             max_age: config.worker_ttl,
+            max_bytes: (config.stream_max_bytes / 16).max(1 << 20),
             storage,
             num_replicas: config.replicas,
             ..Default::default()
@@ -411,6 +427,7 @@ async fn provision(
             bucket: subjects::SMALL_BLOB_BUCKET.into(),
             description: "forkfleet small blobs, by hex SHA-256".into(),
             history: 1,
+            max_bytes: config.blob_max_bytes,
             storage,
             num_replicas: config.replicas,
             ..Default::default()
@@ -423,6 +440,7 @@ async fn provision(
         object_store::Config {
             bucket: subjects::BLOB_BUCKET.into(),
             description: Some("forkfleet large blobs, by hex SHA-256".into()),
+            max_bytes: config.blob_max_bytes,
             storage,
             num_replicas: config.replicas,
             ..Default::default()
@@ -430,7 +448,7 @@ async fn provision(
         url,
     )
     .await?;
-    Ok((workers, small, large))
+    Ok((workers, Some((small, large))))
 }
 
 /// Bind to the buckets a worker or client uses, which the coordinator creates: each is
@@ -440,12 +458,16 @@ async fn bind(
     js: &jetstream::Context,
     config: &NatsConfig,
     url: &str,
-) -> BusResult<(kv::Store, kv::Store, object_store::ObjectStore)> {
+) -> BusResult<(kv::Store, Option<(kv::Store, object_store::ObjectStore)>)> {
     let deadline = Instant::now() + config.bind_wait;
     let workers = bind_one(subjects::WORKER_BUCKET, deadline, url, || {
         js.get_key_value(subjects::WORKER_BUCKET)
     })
     .await?;
+    // A scoped client's blobs go through the coordinator: it binds no blob bucket.
+    if config.blob_broker.is_some() {
+        return Ok((workers, None));
+    }
     let small = bind_one(subjects::SMALL_BLOB_BUCKET, deadline, url, || {
         js.get_key_value(subjects::SMALL_BLOB_BUCKET)
     })
@@ -454,7 +476,7 @@ async fn bind(
         js.get_object_store(subjects::BLOB_BUCKET)
     })
     .await?;
-    Ok((workers, small, large))
+    Ok((workers, Some((small, large))))
 }
 
 /// Pause between two looks for a bucket the coordinator has not created yet.
@@ -551,7 +573,7 @@ impl NatsBus {
         // connection's backoff, until `connect_timeout` has passed.
         let ready_by = Instant::now() + config.connect_timeout;
         let mut backoff = Backoff::new();
-        let (workers, small, large) = loop {
+        let (workers, blobs) = loop {
             let ready = if config.provision {
                 provision(&js, &config, &url).await
             } else {
@@ -569,6 +591,14 @@ impl NatsBus {
                 }
             }
         };
+        let blobs: Arc<dyn BlobStore> = match (blobs, &config.blob_broker) {
+            (Some((small, large)), _) => Arc::new(NatsBlobStore { small, large }),
+            (None, subject) => Arc::new(broker::BrokeredBlobs::new(
+                client.clone(),
+                subject.clone().unwrap_or_default(),
+                config.connect_timeout,
+            )),
+        };
         tracing::info!(nats.url = %url, "bus.nats ready");
         Ok(NatsBus {
             inner: Arc::new(Inner {
@@ -579,7 +609,7 @@ impl NatsBus {
                 pools: Mutex::new(HashMap::new()),
                 reconnects,
                 workers,
-                blobs: Arc::new(NatsBlobStore { small, large }),
+                blobs,
             }),
         })
     }

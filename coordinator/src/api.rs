@@ -43,7 +43,7 @@ handlers! {
     Ping(_h, _, _) => server_info();
     Forks(h, c, _) => h.forks_for(c).await;
     Accounts(h, c, _) => h.accounts_for(c).await;
-    CreateFork(h, c, op) => h.create_fork(h.scope_create(c, op).await?).await;
+    CreateFork(h, c, op) => { let op = h.scope_create(c, op).await?; h.admit_snapshot(c, &op).await?; h.create_fork(op).await };
     AgentFork(h, c, op) => { h.admit_run(c, op.parent_run).await?; h.agent_fork(op).await };
     AgentMerge(h, c, op) => { h.admit_fork(c, op.fork).await?; h.agent_merge(op.fork, &op.pick, op.parent_run).await };
     GetFork(h, c, op) => { h.admit_fork(c, op.fork).await?; h.fork(op.fork).await };
@@ -81,8 +81,11 @@ handlers! {
     Rewind(h, c, op) => { h.admit_run(c, op.run).await?; h.rewind(op.run, &op.checkpoint, op.dry_run).await };
     ForkCheckpoint(h, c, op) => { h.admit_run(c, op.run).await?; h.fork_checkpoint(op.run, &op.checkpoint).await };
     RunWorkspace(h, c, op) => { h.admit_run(c, op.run).await?; h.root_workspace(op.run).await };
-    // Blobs are content-addressed: a scoped client reads the bus's blob store anyway.
-    GetBlob(h, _, op) => h.blob(&op.blob).await;
+    // Blobs belong to tenants (`crate::tenancy`): a scoped client reads its accounts' own.
+    GetBlob(h, c, op) => h.blob_for(c, &op.blob).await;
+    MissingBlobs(h, c, op) => h.missing_blobs_for(c, op.blobs).await;
+    PutBlobPart(h, c, op) => h.put_blob_part_for(c, op).await;
+    GetBlobPart(h, c, op) => h.blob_part_for(c, op).await;
     // Runs and lineage (docs/LINEAGE.md).
     Runs(h, c, _) => h.runs_for(c).await;
     GetRun(h, c, op) => { h.admit_run(c, op.run).await?; h.run_detail(op.run).await };

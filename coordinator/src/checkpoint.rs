@@ -459,21 +459,26 @@ pub(crate) fn clear(store: &RunStore, run: RunId) -> Result<Vec<CheckpointView>,
 // ---- blobs for clients ------------------------------------------------------------------
 
 /// Put on the bus's blob store what a client applying these changes reads (both
-/// manifests, the files written) and the run store has but the bus lacks. Nothing to do
-/// when both are one store (embedded).
+/// manifests, the files written) and the run store has but the bus lacks (nothing to copy
+/// when both are one store, embedded); `owner`, the account of the run's fork, owns them
+/// (`crate::tenancy`), so its scoped clients read them.
 pub(crate) async fn publish_blobs(
     store: &RunStore,
     bus: &Arc<dyn Bus>,
+    owner: Option<&str>,
     manifests: &[BlobHash],
     changes: &[ChangeOp],
 ) -> Result<(), CoordinatorError> {
-    if blobs::shared_with_bus(store, bus) {
-        return Ok(());
-    }
     let mut wanted: Vec<BlobHash> = manifests.to_vec();
     wanted.extend(needed_blobs(changes));
     wanted.sort_unstable();
     wanted.dedup();
+    if let Some(account) = owner {
+        store.own_blobs(account, wanted.iter().copied())?;
+    }
+    if blobs::shared_with_bus(store, bus) {
+        return Ok(());
+    }
     let missing = bus.blobs().missing(&wanted).await.map_err(BusError::from)?;
     for h in missing {
         if let Some(bytes) = store.blob(&h)? {

@@ -158,6 +158,9 @@ pub enum CoordinatorError {
     Aborted(ForkId),
     #[error("fork {0} is being merged right now")]
     MergeInProgress(ForkId),
+    /// An upload that would take a client identity past its blob quota.
+    #[error("{0}")]
+    BlobQuota(String),
     #[error("branch `{label}` is {state}: still running; wait for it or terminate it")]
     StillRunning { label: String, state: BranchState },
     /// A branch change asked while its fork is being merged or resolved (`activity`);
@@ -384,7 +387,8 @@ impl CoordinatorError {
             | E::RemoveRefused { .. }
             | E::NotAwaitingApproval { .. }
             | E::StaleApproval { .. }
-            | E::ContinueRunning { .. } => ErrorKind::Conflict,
+            | E::ContinueRunning { .. }
+            | E::BlobQuota(_) => ErrorKind::Conflict,
             E::Bus(e) => e.kind(),
             E::Timeout { .. } | E::Closed(_) | E::StoreLocked { .. } => ErrorKind::Unavailable,
             E::StoreOpen { .. }

@@ -82,7 +82,7 @@ pub(crate) async fn collect(
         }
     }
     let store = handle.store().clone();
-    let (mut report, marked) =
+    let (mut report, marked, mut gone) =
         tokio::task::spawn_blocking(move || apply(&store, plan, dry_run, grace)).await??;
     if !dry_run {
         handle.store().flush_async().await?;
@@ -106,6 +106,7 @@ pub(crate) async fn collect(
                             .delete(&hash)
                             .await
                             .map_err(forkfleet_bus::BusError::from)?;
+                        gone.insert(hash);
                     }
                     report.bus_blobs += 1;
                 }
@@ -114,6 +115,10 @@ pub(crate) async fn collect(
                 tracing::warn!(error = %e, "gc: the bus's blobs cannot be listed; left as they are")
             }
         }
+    }
+    // What is gone no longer counts against anyone's quota, nor makes anyone its owner.
+    if !gone.is_empty() {
+        handle.blocking(move |s| s.forget_blobs(&gone)).await?;
     }
     tracing::info!(
         removed = report.removed.len(),
@@ -240,7 +245,7 @@ fn apply(
     plan: Plan,
     dry_run: bool,
     grace: Duration,
-) -> Result<(GcReport, BTreeSet<BlobHash>), CoordinatorError> {
+) -> Result<(GcReport, BTreeSet<BlobHash>, HashSet<BlobHash>), CoordinatorError> {
     let removed_runs: HashSet<RunId> = plan.runs.values().flatten().copied().collect();
     let removed_forks: HashSet<ForkId> = plan.remove.iter().map(|f| f.fork_id).collect();
     let mut report = GcReport {
@@ -308,6 +313,7 @@ fn apply(
         }
     }
     // Sweep: the rest, past the grace period.
+    let mut gone = HashSet::new();
     let grace = SystemTime::now()
         .checked_sub(grace)
         .unwrap_or(SystemTime::UNIX_EPOCH);
@@ -317,9 +323,10 @@ fn apply(
         }
         if !dry_run {
             store.blobs().remove(&hash)?;
+            gone.insert(hash);
         }
         report.blobs += 1;
         report.blob_bytes += len;
     }
-    Ok((report, marked))
+    Ok((report, marked, gone))
 }

@@ -43,6 +43,7 @@ pub struct CoordinatorHandle {
     bus: Arc<dyn Bus>,
     config: Arc<CoordinatorConfig>,
     ledger: Arc<Ledger>,
+    transfers: Arc<crate::tenancy::Transfers>,
 }
 
 impl CoordinatorHandle {
@@ -59,6 +60,7 @@ impl CoordinatorHandle {
             bus,
             config: Arc::new(config),
             ledger,
+            transfers: Arc::default(),
         }
     }
 
@@ -467,6 +469,21 @@ impl CoordinatorHandle {
         tokio::task::spawn_blocking(move || f(&store)).await?
     }
 
+    /// The account charged by the fork `run` belongs to (`None`: a root run, or a fork
+    /// without an account).
+    pub(crate) async fn account_of_run(
+        &self,
+        run: RunId,
+    ) -> Result<Option<String>, CoordinatorError> {
+        self.blocking(move |s| {
+            let Some(fork) = s.run(run)?.and_then(|r| r.fork_id) else {
+                return Ok(None);
+            };
+            Ok(s.fork(fork)?.and_then(|f| f.plan.budget.account))
+        })
+        .await
+    }
+
     /// A run's record (`UnknownRun` when there is none).
     pub(crate) async fn run_record(&self, run: RunId) -> Result<RunRecord, CoordinatorError> {
         self.blocking(move |s| s.run(run)?.ok_or(CoordinatorError::UnknownRun(run)))
@@ -556,7 +573,18 @@ impl CoordinatorHandle {
             .blocking(move |s| crate::lineage::write_child(s, child, now_ms()))
             .await?;
         // Workers read the prefix, the record and the snapshot from the bus's blob store.
-        checkpoint::publish_blobs(self.store(), &self.bus(), &[written.snapshot], &[]).await?;
+        let child_fork = written.fork_id;
+        let owner = self
+            .blocking(move |s| Ok(s.fork(child_fork)?.and_then(|f| f.plan.budget.account)))
+            .await?;
+        checkpoint::publish_blobs(
+            self.store(),
+            &self.bus(),
+            owner.as_deref(),
+            &[written.snapshot],
+            &[],
+        )
+        .await?;
         for (hash, bytes) in written.blobs {
             self.bus
                 .blobs()
@@ -605,7 +633,9 @@ impl CoordinatorHandle {
             .blocking(move |s| crate::lineage::current_workspace(s, run, true))
             .await?
             .0;
-        checkpoint::publish_blobs(self.store(), &self.bus(), &[hash], &[]).await?;
+        let owner = self.account_of_run(run).await?;
+        checkpoint::publish_blobs(self.store(), &self.bus(), owner.as_deref(), &[hash], &[])
+            .await?;
         Ok(hash)
     }
 
@@ -712,6 +742,11 @@ impl CoordinatorHandle {
 
     pub(crate) fn config(&self) -> &CoordinatorConfig {
         &self.config
+    }
+
+    /// Uploads and reads of blobs in parts (`crate::tenancy`).
+    pub(crate) fn transfers(&self) -> &crate::tenancy::Transfers {
+        &self.transfers
     }
 
     pub(crate) fn ledger(&self) -> &Ledger {
@@ -823,9 +858,11 @@ impl CoordinatorHandle {
             outcome.marker_seq = Some(seq);
             tracing::info!(run.id = %run, fork.id = %fork, checkpoint = %outcome.checkpoint.label, seq, changes = outcome.changes.len(), "checkpoint.rewind of a branch");
         }
+        let owner = self.account_of_run(run).await?;
         checkpoint::publish_blobs(
             self.store(),
             &self.bus(),
+            owner.as_deref(),
             &[outcome.from_snapshot, outcome.to_snapshot],
             &outcome.changes,
         )
@@ -844,7 +881,15 @@ impl CoordinatorHandle {
         let outcome = self
             .blocking(move |s| checkpoint::fork_from(s, run, &reference))
             .await?;
-        checkpoint::publish_blobs(self.store(), &self.bus(), &[outcome.snapshot], &[]).await?;
+        let owner = self.account_of_run(run).await?;
+        checkpoint::publish_blobs(
+            self.store(),
+            &self.bus(),
+            owner.as_deref(),
+            &[outcome.snapshot],
+            &[],
+        )
+        .await?;
         Ok(outcome)
     }
 }

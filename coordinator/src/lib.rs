@@ -83,6 +83,7 @@ mod resolve;
 mod resume;
 mod root;
 mod serve;
+mod tenancy;
 
 pub use checkpoint::{origin_label, tool_label, turn_label};
 pub use create::{fork_checkpoint_label, post_fork_checkpoint_label};
@@ -119,7 +120,13 @@ pub struct CoordinatorConfig {
     /// so no call of theirs is in flight. A cluster's coordinator keeps them: its workers
     /// outlive it.
     pub release_reservations_at_start: bool,
+    /// The bytes each scoped client identity's blob uploads may hold
+    /// (`[coordinator] blob_quota_mb`; see `crate::tenancy`).
+    pub blob_quota_bytes: u64,
 }
+
+/// The default of [`CoordinatorConfig::blob_quota_bytes`]: 4 GiB.
+pub const DEFAULT_BLOB_QUOTA_BYTES: u64 = 4 << 30;
 
 /// The default of [`CoordinatorConfig::reservation_ttl_ms`]: ten minutes.
 pub const DEFAULT_RESERVATION_TTL_MS: u64 = 600_000;
@@ -132,6 +139,7 @@ impl Default for CoordinatorConfig {
             reservation_ttl_ms: DEFAULT_RESERVATION_TTL_MS,
             access: access::Grants::new(),
             release_reservations_at_start: false,
+            blob_quota_bytes: DEFAULT_BLOB_QUOTA_BYTES,
         }
     }
 }

@@ -33,7 +33,7 @@ use forkfleet_shared::api::{
     ApiError, ApiErrorKind, ApiReply, ApiRequest, ApiResponse, Caller, API_SUBJECT,
     CLIENT_API_PATTERN, MAX_INLINE_BYTES, WORKER_API_SUBJECT,
 };
-use forkfleet_shared::blob::BlobHash;
+use forkfleet_shared::blob::{BlobError, BlobHash};
 use forkfleet_shared::wire::{self, WireError, WIRE_VERSION};
 use std::future::Future;
 use std::sync::Arc;
@@ -211,7 +211,7 @@ fn log_join(done: Result<(), tokio::task::JoinError>) {
 /// send error).
 async fn answer(handle: CoordinatorHandle, bus: Arc<dyn Bus>, caller: Caller, req: Request) {
     let bytes_in = req.payload.len();
-    let decoded = decode_request(bus.as_ref(), &req.payload)
+    let decoded = decode_request(&handle, &caller, bus.as_ref(), &req.payload)
         .await
         .and_then(|api| forkfleet_shared::api::limits::check_request_size(&api).map(|()| api));
     let response = match decoded {
@@ -237,16 +237,32 @@ async fn answer(handle: CoordinatorHandle, bus: Arc<dyn Bus>, caller: Caller, re
             ApiResponse::Err(e)
         }
     };
-    let payload = encode_response(bus.as_ref(), &response).await;
+    let payload = encode_response(&handle, &caller, bus.as_ref(), &response).await;
     if let Err(e) = req.respond(payload).await {
         tracing::warn!(error = %e, "api.reply could not be sent (the client left?)");
     }
 }
 
-/// Decode a request, following a `stored` request to its blob once.
-async fn decode_request(bus: &dyn Bus, payload: &[u8]) -> Result<ApiRequest, ApiError> {
+/// Decode a request, following a `stored` request to its blob once (a scoped client's
+/// own upload only: another tenant's stored request is not its to send).
+async fn decode_request(
+    handle: &CoordinatorHandle,
+    caller: &Caller,
+    bus: &dyn Bus,
+    payload: &[u8],
+) -> Result<ApiRequest, ApiError> {
     match wire::decode::<ApiRequest>(payload).map_err(malformed)? {
         ApiRequest::Stored { blob } => {
+            if !handle
+                .may_read_blob(caller, blob)
+                .await
+                .map_err(ApiError::from)?
+            {
+                return Err(ApiError::new(
+                    ApiErrorKind::BadInput,
+                    format!("stored request {blob}: {}", BlobError::Missing(blob)),
+                ));
+            }
             let bytes = forkfleet_shared::blob::fetch(bus.blobs().as_ref(), &blob)
                 .await
                 .map_err(|e| {
@@ -281,8 +297,14 @@ fn malformed(e: WireError) -> ApiError {
     ApiError::new(ApiErrorKind::BadInput, message)
 }
 
-/// Encode a response; one too large for a message goes to the blob store.
-async fn encode_response(bus: &dyn Bus, response: &ApiResponse) -> Bytes {
+/// Encode a response; one too large for a message goes to the blob store (owned by a
+/// scoped caller, who reads it through the coordinator).
+async fn encode_response(
+    handle: &CoordinatorHandle,
+    caller: &Caller,
+    bus: &dyn Bus,
+    response: &ApiResponse,
+) -> Bytes {
     let bytes = match wire::encode(response) {
         Ok(b) => b,
         Err(e) => {
@@ -304,6 +326,14 @@ async fn encode_response(bus: &dyn Bus, response: &ApiResponse) -> Bytes {
             ApiErrorKind::Failure,
             format!("the reply ({size} bytes) is too large for one message and could not be stored: {e}"),
         ));
+    }
+    if let Some(identity) = caller.identity().map(str::to_string) {
+        if let Err(e) = handle
+            .blocking(move |s| s.own_blobs(&identity, [blob]))
+            .await
+        {
+            tracing::error!(error = %e, "api.reply stored, but its owner could not be recorded");
+        }
     }
     tracing::debug!(bytes = size, blob = %blob.short(), "api.reply stored as a blob");
     encode_error_or(ApiResponse::Ok(Box::new(ApiReply::Stored {

@@ -30,6 +30,7 @@ mod blobs;
 mod checkpoints;
 mod fenced;
 mod id;
+mod owners;
 mod records;
 
 pub use blobs::SledBlobStore;

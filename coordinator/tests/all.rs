@@ -14,6 +14,7 @@ mod suite {
     mod perf;
     mod restart;
     mod resume;
+    mod tenancy;
     mod trace;
     mod turns;
     mod validation;

@@ -53,6 +53,7 @@ pub(crate) async fn cmd_coordinator(args: CoordinatorArgs) -> anyhow::Result<()>
         pool: args.pool,
         coordinator: CoordinatorLayer {
             lease_ttl_s: args.lease_ttl_s,
+            ..CoordinatorLayer::default()
         },
         http_addr: args.http_addr,
         ..Layer::default()

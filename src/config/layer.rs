@@ -111,6 +111,10 @@ pub struct NatsLayer {
     /// Seconds a process keeps trying to reach NATS (and a client command the
     /// coordinator) before it gives up.
     pub connect_timeout_s: Option<u64>,
+    /// Megabytes each blob bucket the coordinator creates may hold (`max_bytes`).
+    pub blob_store_mb: Option<u64>,
+    /// Megabytes each stream the coordinator creates may hold (`max_bytes`).
+    pub stream_mb: Option<u64>,
     #[serde(default)]
     pub tls: TlsLayer,
 }
@@ -122,6 +126,8 @@ pub struct NatsLayer {
 pub struct CoordinatorLayer {
     /// Seconds the coordinator lease lasts unless renewed (every third of it).
     pub lease_ttl_s: Option<u64>,
+    /// Megabytes each scoped client identity's blob uploads may hold.
+    pub blob_quota_mb: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -299,6 +305,7 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
         data: get("data").map(PathBuf::from),
         coordinator: CoordinatorLayer {
             lease_ttl_s: parse("coordinator.lease_ttl_s", "a number of seconds")?,
+            blob_quota_mb: parse("coordinator.blob_quota_mb", "a number of megabytes")?,
         },
         pool: get("pool"),
         concurrency: parse("concurrency", "a number of branches")?.map(|n| n as usize),
@@ -324,6 +331,8 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
             identity: get("nats.identity"),
             provision: boolean("nats.provision")?,
             connect_timeout_s: parse("nats.connect_timeout_s", "a number of seconds")?,
+            blob_store_mb: parse("nats.blob_store_mb", "a number of megabytes")?,
+            stream_mb: parse("nats.stream_mb", "a number of megabytes")?,
             tls: TlsLayer {
                 ca_file: get("nats.tls.ca_file").map(PathBuf::from),
                 cert_file: get("nats.tls.cert_file").map(PathBuf::from),

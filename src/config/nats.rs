@@ -31,6 +31,10 @@ pub struct NatsSettings {
     pub provision: Sourced<bool>,
     /// How long to keep trying to reach NATS (and, for a client command, the coordinator).
     pub connect_timeout: Sourced<Duration>,
+    /// `blob_store_mb`: `max_bytes` of each blob bucket the coordinator creates.
+    pub blob_store_mb: Sourced<u64>,
+    /// `stream_mb`: `max_bytes` of each stream the coordinator creates.
+    pub stream_mb: Sourced<u64>,
 }
 
 impl NatsSettings {
@@ -137,6 +141,11 @@ impl Config {
                     .identity
                     .as_ref()
                     .and_then(|id| forkfleet_shared::subjects::client_inbox(&id.value).ok());
+                // A scoped client's blobs go through the coordinator (ADR 36).
+                nats.blob_broker = n
+                    .identity
+                    .as_ref()
+                    .and_then(|id| forkfleet_shared::api::client_api_subject(&id.value).ok());
             }
         }
         Some(nats)
@@ -190,7 +199,14 @@ impl Config {
             max_deliver: n.max_deliver.value,
             replicas: n.replicas.value,
             connect_timeout: n.connect_timeout.value,
+            blob_max_bytes: megabytes(n.blob_store_mb.value),
+            stream_max_bytes: megabytes(n.stream_mb.value),
             ..NatsConfig::default()
         })
     }
+}
+
+/// `mb` megabytes in bytes, as JetStream's `max_bytes` (an `i64`).
+fn megabytes(mb: u64) -> i64 {
+    i64::try_from(mb.saturating_mul(1 << 20)).unwrap_or(i64::MAX)
 }

@@ -134,6 +134,12 @@ impl Config {
             n.connect_timeout.value.as_secs().to_string(),
             &n.connect_timeout.origin,
         );
+        for (key, v) in [
+            ("blob_store_mb", &n.blob_store_mb),
+            ("stream_mb", &n.stream_mb),
+        ] {
+            line(&mut out, key, v.value.to_string(), &v.origin);
+        }
         let _ = writeln!(out, "\n[nats.tls]");
         for (key, v) in [
             ("ca_file", &n.tls_ca_file),
@@ -156,6 +162,12 @@ impl Config {
             "lease_ttl_s",
             self.lease_ttl.value.as_secs().to_string(),
             &self.lease_ttl.origin,
+        );
+        line(
+            &mut out,
+            "blob_quota_mb",
+            self.blob_quota_mb.value.to_string(),
+            &self.blob_quota_mb.origin,
         );
         for (model, price) in &self.pricing {
             let origin = self

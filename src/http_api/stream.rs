@@ -329,12 +329,17 @@ async fn upload(
                 "the body's SHA-256 is {actual}, not {hash}: a blob is stored under its own hash"
             )));
         }
-        serving
-            .bus
-            .blobs()
-            .put(hash, body)
+        // Through the coordinator, as a NATS client's upload: verified, counted against
+        // the caller's quota, owned by its account (ADR 36).
+        let whole = forkfleet_shared::api::PutBlobPart {
+            blob: hash,
+            offset: 0,
+            total: body.len() as u64,
+            bytes: body,
+        };
+        forkfleet_shared::api::dispatch(&serving.handle, &principal.caller(), whole.into())
             .await
-            .map_err(|e| Problem::unavailable(format!("the blob store failed: {e}")))?;
+            .map_err(|e| Problem::from_api(&e))?;
         Ok::<_, Problem>(principal)
     };
     match done.await {

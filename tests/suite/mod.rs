@@ -35,6 +35,7 @@ mod roles;
 mod rolling;
 mod secrets;
 mod standby;
+mod tenants;
 mod traces;
 mod turns;
 mod workspace_scan;

@@ -24,12 +24,12 @@ use std::time::{Duration, Instant};
 
 /// A nats-server with the generated permissions, a coordinator and a worker, each with its
 /// generated config file.
-struct Roles {
-    nats: NatsServer,
-    auth: PathBuf,
-    coordinator: Service,
+pub(super) struct Roles {
+    pub(super) nats: NatsServer,
+    pub(super) auth: PathBuf,
+    pub(super) coordinator: Service,
     worker: Service,
-    dir: tempfile::TempDir,
+    pub(super) dir: tempfile::TempDir,
 }
 
 /// `forkfleet cluster auth --out DIR/auth --client alice --client bob`, and a nats-server
@@ -72,12 +72,18 @@ fn generated_server(dir: &Path) -> (NatsServer, PathBuf) {
 
 impl Roles {
     fn start() -> Roles {
+        Self::start_with("")
+    }
+
+    /// [`Roles::start`], `extra` appended to the coordinator's config file.
+    pub(super) fn start_with(extra: &str) -> Roles {
         let dir = tempfile::tempdir().unwrap();
         let (nats, auth) = generated_server(dir.path());
         // bob may also use the account `shared`.
         let coordinator_toml = auth.join("coordinator.toml");
         let mut text = std::fs::read_to_string(&coordinator_toml).unwrap();
         text.push_str("\n[access.\"bob\"]\naccounts = [\"shared\"]\n");
+        text.push_str(extra);
         std::fs::write(&coordinator_toml, text).unwrap();
         let url = nats.url();
         let data = dir.path().join("data");
@@ -152,7 +158,7 @@ impl Roles {
     }
 
     /// A client command as `who` (`client-alice`, `admin`, ...): its generated config file.
-    fn client(&self, who: &str, args: &[&str]) -> Ran {
+    pub(super) fn client(&self, who: &str, args: &[&str]) -> Ran {
         let config = self.auth.join(format!("{who}.toml"));
         let url = self.nats.url();
         let mut all = args.to_vec();
@@ -160,7 +166,7 @@ impl Roles {
         run(self.dir.path(), &all)
     }
 
-    fn logs(&self) -> String {
+    pub(super) fn logs(&self) -> String {
         format!(
             "coordinator:\n{}\nworker:\n{}\nnats-server:\n{}",
             self.coordinator.log(),
@@ -169,13 +175,13 @@ impl Roles {
         )
     }
 
-    fn create(&self, who: &str, spec: &Path) -> String {
+    pub(super) fn create(&self, who: &str, spec: &Path) -> String {
         let created = self.client(who, &["fork", "create", path_str(spec), "--json"]);
         assert_eq!(created.code, Some(0), "{}\n{}", created.stderr, self.logs());
         created.json()["fork_id"].as_str().unwrap().to_string()
     }
 
-    fn watch(&self, who: &str, id: &str) -> Value {
+    pub(super) fn watch(&self, who: &str, id: &str) -> Value {
         let watched = self.client(who, &["fork", "watch", id, "--json", "--timeout-s", "50"]);
         assert_eq!(watched.code, Some(0), "{}\n{}", watched.stderr, self.logs());
         watched.json()
@@ -408,12 +414,12 @@ text = "x done"
 
 /// A raw NATS connection as one of the generated identities, with every server error it
 /// is told about.
-struct Raw {
-    client: async_nats::Client,
+pub(super) struct Raw {
+    pub(super) client: async_nats::Client,
     errors: tokio::sync::mpsc::UnboundedReceiver<String>,
 }
 
-async fn connect_as(url: &str, auth: &Path, who: &str, inbox: Option<&str>) -> Raw {
+pub(super) async fn connect_as(url: &str, auth: &Path, who: &str, inbox: Option<&str>) -> Raw {
     let seed = std::fs::read_to_string(auth.join(format!("{who}.nk"))).unwrap();
     let (tx, errors) = tokio::sync::mpsc::unbounded_channel();
     let mut opts = async_nats::ConnectOptions::with_nkey(seed.trim().to_string()).event_callback(
@@ -435,7 +441,7 @@ async fn connect_as(url: &str, auth: &Path, who: &str, inbox: Option<&str>) -> R
 
 impl Raw {
     /// Until the server says it refused `what` on `subject` (bounded).
-    async fn refused(&mut self, what: &str, subject: &str) {
+    pub(super) async fn refused(&mut self, what: &str, subject: &str) {
         let want = format!("permissions violation for {what} to \"{subject}\"").to_lowercase();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {

@@ -97,7 +97,23 @@ pub struct NatsConfig {
     /// that server permissions can let each identity subscribe to its own replies only
     /// (`forkfleet_shared::subjects::client_inbox`).
     pub inbox_prefix: Option<String>,
+    /// A scoped client's API subject (without `ff.api.`): its blobs go through the
+    /// coordinator there (`missing_blobs`, `put_blob_part`, `get_blob_part`), which
+    /// verifies, counts and scopes them; such a client may not touch the blob buckets.
+    /// `None`: the buckets directly (the coordinator, workers, an operator).
+    pub blob_broker: Option<String>,
+    /// `max_bytes` of each blob bucket this process creates (the small-blob KV bucket
+    /// and the object store): a full bucket refuses writes with an error naming it.
+    pub blob_max_bytes: i64,
+    /// `max_bytes` of each stream this process creates (tasks, events, control, dead
+    /// tasks); the worker heartbeat bucket gets a sixteenth of it.
+    pub stream_max_bytes: i64,
 }
+
+/// The default of [`NatsConfig::blob_max_bytes`]: 8 GiB per bucket.
+pub const DEFAULT_BLOB_MAX_BYTES: i64 = 8 << 30;
+/// The default of [`NatsConfig::stream_max_bytes`]: 1 GiB per stream.
+pub const DEFAULT_STREAM_MAX_BYTES: i64 = 1 << 30;
 
 /// The most replicas a JetStream stream may have.
 pub const MAX_REPLICAS: usize = 5;
@@ -129,6 +145,9 @@ impl Default for NatsConfig {
             provision: true,
             bind_wait: Duration::from_secs(60),
             inbox_prefix: None,
+            blob_broker: None,
+            blob_max_bytes: DEFAULT_BLOB_MAX_BYTES,
+            stream_max_bytes: DEFAULT_STREAM_MAX_BYTES,
         }
     }
 }
@@ -151,6 +170,9 @@ impl fmt::Debug for NatsConfig {
             .field("provision", &self.provision)
             .field("bind_wait", &self.bind_wait)
             .field("inbox_prefix", &self.inbox_prefix)
+            .field("blob_broker", &self.blob_broker)
+            .field("blob_max_bytes", &self.blob_max_bytes)
+            .field("stream_max_bytes", &self.stream_max_bytes)
             .finish()
     }
 }

@@ -147,6 +147,9 @@ impl ForkState {
         // The first copy of a (run, seq) is the one applied, so it is the one written.
         let mut batch = sled::Batch::default();
         let mut written: HashSet<(RunId, u64)> = HashSet::with_capacity(events.len());
+        // The files its branches write belong to the fork's account (`crate::tenancy`).
+        let account = self.record.plan.budget.account.as_deref();
+        let mut files = Vec::new();
         for ev in &events {
             let Some(&i) = self.by_run.get(&ev.run_id) else {
                 continue;
@@ -158,10 +161,16 @@ impl ForkState {
                 && written.insert((ev.run_id, ev.seq))
             {
                 batch.insert(&event_key(ev.run_id, ev.seq), encode("event", &ev.event)?);
+                if let (Some(_), Event::FileChange { change }) = (account, &ev.event) {
+                    files.extend(change.written().map(|e| e.hash));
+                }
             }
         }
         if !written.is_empty() {
             self.store.apply_event_batch(batch)?;
+        }
+        if let Some(account) = account.filter(|_| !files.is_empty()) {
+            self.store.own_blobs(account, files)?;
         }
         // Pass 2: apply in memory.
         let mut changed = false;

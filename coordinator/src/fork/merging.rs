@@ -265,6 +265,11 @@ impl ForkState {
             if let Err(e) = self.bus.blobs().put(hash, bytes).await {
                 tracing::warn!(fork.id = %fork_id, error = %e, "fork.merge: cannot publish the merged manifest");
             }
+            if let Some(account) = &self.record.plan.budget.account {
+                if let Err(e) = self.store.own_blobs(account, [hash]) {
+                    tracing::warn!(fork.id = %fork_id, error = %e, "fork.merge: cannot record the merged manifest's owner");
+                }
+            }
         }
         // Stop the losers that are still running or paused.
         let reason = format!("fork {fork_id} merged branch `{}`", done.outcome.winner);

@@ -13,6 +13,12 @@ pub const MAX_ID_PREFIX_LEN: usize = 36;
 pub const MAX_CHECKPOINT_REF_LEN: usize = 256;
 /// A user message (`steer`, `continue`, a denial's reason).
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+/// Hashes one `missing_blobs` request may ask about.
+pub const MAX_BLOBS_PER_CALL: usize = 8192;
+/// One part of a blob upload or read (`put_blob_part`, `get_blob_part`): a request or
+/// reply carrying it stays within [`super::MAX_INLINE_BYTES`] with its envelope, so it is
+/// never itself moved through the blob store.
+pub const MAX_BLOB_PART_BYTES: usize = super::MAX_INLINE_BYTES - 4096;
 /// How much of a user's input an error message quotes.
 pub const QUOTE_MAX_CHARS: usize = 80;
 
@@ -92,6 +98,20 @@ pub fn check_request_size(req: &ApiRequest) -> Result<(), ApiError> {
             .unwrap_or_default(),
         _ => Vec::new(),
     };
+    let counted: Option<(&str, usize, usize)> = match req {
+        R::MissingBlobs(op) => Some(("blobs", op.blobs.len(), MAX_BLOBS_PER_CALL)),
+        R::PutBlobPart(op) => Some(("bytes", op.bytes.len(), MAX_BLOB_PART_BYTES)),
+        _ => None,
+    };
+    if let Some((field, n, max)) = counted.filter(|(_, n, max)| n > max) {
+        return Err(ApiError::new(
+            ApiErrorKind::BadInput,
+            format!(
+                "`{}` request: `{field}` holds {n}, more than the {max} one request may carry; split it",
+                req.op()
+            ),
+        ));
+    }
     for (field, value, max) in fields {
         if value.len() > max {
             return Err(ApiError::new(

@@ -641,6 +641,37 @@ operations! {
         /// cannot read from the store itself, e.g. the files of `fork watch`'s fork
         /// directory.
         GetBlob = "get_blob", fn get_blob { blob: BlobHash } -> Blob(Option<Bytes>), idempotent, quick, read, GET "/blobs/{blob}";
+
+        /// Which of `blobs` the caller must upload: those the store lacks and, for a
+        /// scoped client, those none of its accounts owns (a blob another tenant stored is
+        /// uploaded again, proving its bytes are the caller's; nothing says it exists).
+        /// At most [`super::limits::MAX_BLOBS_PER_CALL`] hashes per call.
+        MissingBlobs = "missing_blobs", fn missing_blobs {
+            blobs: Vec<BlobHash>,
+        } -> Blobs(Vec<BlobHash>), idempotent, quick, read, POST "/blob-checks";
+
+        /// Upload a blob, in parts of at most [`super::limits::MAX_BLOB_PART_BYTES`] from `offset` 0
+        /// on, each part at the offset the last answer's `received` names; `total` is the
+        /// whole blob's size. The coordinator hashes the bytes once all arrived (a blob is
+        /// stored under its own SHA-256 only), repairs a stored copy whose content is
+        /// wrong, and counts the blob against the caller's quota (`[coordinator]
+        /// blob_quota_mb`). `PUT /blobs/{blob}` is the HTTP form (one body).
+        PutBlobPart = "put_blob_part", fn put_blob_part {
+            blob: BlobHash,
+            offset: u64,
+            total: u64,
+            bytes: Bytes,
+        } -> BlobUpload(BlobUpload), idempotent, quick, write, POST "/blobs/{blob}/parts";
+
+        /// Part of a blob: at most `len` bytes (and at most
+        /// [`super::limits::MAX_BLOB_PART_BYTES`])
+        /// from `offset`; `None` when the store lacks it or, for a scoped client, none of
+        /// its accounts owns it.
+        GetBlobPart = "get_blob_part", fn get_blob_part {
+            blob: BlobHash,
+            offset: u64,
+            len: u64,
+        } -> BlobPart(Option<BlobPart>), idempotent, quick, read, GET "/blobs/{blob}/parts";
     }
 }
 
@@ -686,6 +717,12 @@ pub enum ApiReply {
     Workspace(BlobHash),
     /// A blob's bytes (`None`: not in the store).
     Blob(Option<Bytes>),
+    /// Blob hashes (those to upload).
+    Blobs(Vec<BlobHash>),
+    /// Where an upload in parts stands.
+    BlobUpload(BlobUpload),
+    /// Part of a blob (`None`: not in the store, or not the caller's).
+    BlobPart(Option<BlobPart>),
     /// The reply is too large for one message: it is the `api_response` envelope stored
     /// as this blob in the bus's blob store.
     Stored {
@@ -728,6 +765,9 @@ impl ApiReply {
             ApiReply::RunFork(_) => "run_fork",
             ApiReply::Workspace(_) => "workspace",
             ApiReply::Blob(_) => "blob",
+            ApiReply::Blobs(_) => "blobs",
+            ApiReply::BlobUpload(_) => "blob_upload",
+            ApiReply::BlobPart(_) => "blob_part",
             ApiReply::Stored { .. } => "stored",
         }
     }

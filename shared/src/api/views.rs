@@ -579,3 +579,21 @@ pub struct RunForkOutcome {
     pub fork_id: Option<ForkId>,
     pub state: Option<BranchState>,
 }
+
+/// Where an upload of one blob in parts stands ([`super::PutBlobPart`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobUpload {
+    /// Bytes received so far (the next part's `offset`).
+    pub received: u64,
+    /// True once every byte arrived, hashed to the blob's name and is stored.
+    pub stored: bool,
+}
+
+/// Part of a blob's bytes ([`super::GetBlobPart`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobPart {
+    /// The whole blob's size in bytes.
+    pub total: u64,
+    /// The bytes from the part's offset on (fewer than asked at the end).
+    pub bytes: bytes::Bytes,
+}

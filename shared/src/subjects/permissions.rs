@@ -10,10 +10,11 @@
 //!   blobs; put its heartbeat; ask `coord.resume`, `coord.budget` and the workers' API;
 //!   serve `worker.resolve` (subscribe only: only the coordinator publishes resolve jobs,
 //!   and workers answer through `allow_responses`); its own inbox.
-//! - **client `<identity>`**: its own API subject `ff.api.client.<identity>`; read and write
-//!   blobs; read worker heartbeats (`forkfleet workers`); its own inbox only. It cannot
+//! - **client `<identity>`**: its own API subject `ff.api.client.<identity>`; read worker
+//!   heartbeats (`forkfleet workers`); its own inbox only. Its blobs go through the
+//!   coordinator's API (ADR 36): it cannot list, read or write the blob buckets. It cannot
 //!   publish a task, an event, a control command or a resolve job, consume anything but
-//!   blobs and heartbeats, or read another identity's replies.
+//!   heartbeats, or read another identity's replies.
 
 use super::{
     api_subject, check_identity, client_inbox, coordinator_inbox, pool_consumer, worker_inbox,
@@ -118,7 +119,6 @@ pub fn client(identity: &str) -> Result<Permissions, SubjectError> {
         "$JS.API.INFO".to_string(),
         api_subject(&crate::api::client_api_subject(identity)?)?,
     ];
-    publish.extend(blobs());
     publish.extend(read_stream(&format!("KV_{WORKER_BUCKET}")));
     Ok(Permissions {
         publish,
@@ -164,6 +164,10 @@ mod tests {
         }
         let c = client("alice").unwrap();
         assert!(c.publish.contains(&"ff.api.client.alice".to_string()));
+        // Blobs go through the coordinator: no bucket of them is the client's to touch.
+        for s in &c.publish {
+            assert!(!s.contains(BLOB_BUCKET), "{s}");
+        }
         assert!(!c
             .publish
             .iter()

@@ -1,0 +1,397 @@
+//! Blobs belong to tenants (ADR 36, "Blobs belong to tenants"). A scoped client has no
+//! access to the bus's blob buckets: it uploads and reads blobs through the coordinator's
+//! API (`missing_blobs`, `put_blob_part`, `get_blob_part`), which
+//!
+//! - hashes every upload once all its bytes arrived, so nothing is stored under a hash
+//!   that is not its content's, and repairs a stored copy whose content is wrong (an
+//!   earlier release let clients write the buckets directly);
+//! - counts each identity's uploads against its quota (`blob_quota_bytes`), each blob once;
+//! - answers a read, or a "do you have it", only for a blob one of the caller's accounts
+//!   owns (`crate::store` `blob_owners`): its own uploads, the files of its forks'
+//!   snapshots, what its forks' branches and merges wrote. A blob another tenant stored
+//!   is "missing" and uploaded again (proving the caller has its bytes); nothing says
+//!   whether it exists.
+//!
+//! Operators and workers are not scoped: they see the whole store.
+
+use crate::error::CoordinatorError;
+use crate::handle::CoordinatorHandle;
+use bytes::Bytes;
+use forkfleet_bus::BusError;
+use forkfleet_shared::api::limits::MAX_BLOB_PART_BYTES;
+use forkfleet_shared::api::{BlobPart, BlobUpload, Caller, CreateFork, GetBlobPart, PutBlobPart};
+use forkfleet_shared::blob::BlobHash;
+use forkfleet_shared::manifest::Manifest;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The largest blob one upload may carry (a workspace file, a stored request).
+pub const MAX_BLOB_BYTES: u64 = 1 << 30;
+/// An upload in parts that receives nothing for this long is dropped.
+const STAGED_IDLE: Duration = Duration::from_secs(600);
+/// Blobs read in parts kept in memory, so reading one in N parts reads it once.
+const READ_CACHE: usize = 4;
+
+/// An upload in parts, while its parts arrive.
+struct Staged {
+    bytes: Vec<u8>,
+    total: u64,
+    touched: Instant,
+}
+
+/// Uploads in parts and the blobs being read in parts.
+#[derive(Default)]
+pub(crate) struct Transfers {
+    staged: Mutex<HashMap<(String, BlobHash), Staged>>,
+    reads: Mutex<VecDeque<(BlobHash, Bytes)>>,
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+impl CoordinatorHandle {
+    /// Which of `blobs` `caller` must upload ([`forkfleet_shared::api::MissingBlobs`]).
+    pub(crate) async fn missing_blobs_for(
+        &self,
+        caller: &Caller,
+        blobs: Vec<BlobHash>,
+    ) -> Result<Vec<BlobHash>, CoordinatorError> {
+        let absent: HashSet<BlobHash> = self
+            .bus()
+            .blobs()
+            .missing(&blobs)
+            .await
+            .map_err(BusError::from)?
+            .into_iter()
+            .collect();
+        let Some(accounts) = self.usable_accounts(caller) else {
+            return Ok(blobs.into_iter().filter(|h| absent.contains(h)).collect());
+        };
+        self.blocking(move |s| {
+            let mut out = Vec::new();
+            for h in blobs {
+                if absent.contains(&h) || !s.blob_owned(&accounts, &h)? {
+                    out.push(h);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// True when `caller` may read `hash`: an operator or worker always, a scoped client
+    /// when one of its accounts owns it.
+    pub(crate) async fn may_read_blob(
+        &self,
+        caller: &Caller,
+        hash: BlobHash,
+    ) -> Result<bool, CoordinatorError> {
+        let Some(accounts) = self.usable_accounts(caller) else {
+            return Ok(true);
+        };
+        self.blocking(move |s| s.blob_owned(&accounts, &hash)).await
+    }
+
+    /// A blob `caller` may read ([`forkfleet_shared::api::GetBlob`]): `None` when the store
+    /// lacks it or the caller may not read it (the same answer).
+    pub(crate) async fn blob_for(
+        &self,
+        caller: &Caller,
+        hash: &BlobHash,
+    ) -> Result<Option<Bytes>, CoordinatorError> {
+        if !self.may_read_blob(caller, *hash).await? {
+            return Ok(None);
+        }
+        self.blob(hash).await
+    }
+
+    /// Part of a blob `caller` may read ([`GetBlobPart`]).
+    pub(crate) async fn blob_part_for(
+        &self,
+        caller: &Caller,
+        op: GetBlobPart,
+    ) -> Result<Option<BlobPart>, CoordinatorError> {
+        if !self.may_read_blob(caller, op.blob).await? {
+            return Ok(None);
+        }
+        let cached = self.transfers().reads.lock().ok().and_then(|r| {
+            r.iter()
+                .find(|(h, _)| *h == op.blob)
+                .map(|(_, b)| b.clone())
+        });
+        let bytes = match cached {
+            Some(b) => b,
+            None => {
+                let Some(b) = self.blob(&op.blob).await? else {
+                    return Ok(None);
+                };
+                if b.len() > MAX_BLOB_PART_BYTES {
+                    if let Ok(mut reads) = self.transfers().reads.lock() {
+                        if reads.len() >= READ_CACHE {
+                            reads.pop_front();
+                        }
+                        reads.push_back((op.blob, b.clone()));
+                    }
+                }
+                b
+            }
+        };
+        let total = bytes.len() as u64;
+        let start = op.offset.min(total) as usize;
+        let len = op.len.min(MAX_BLOB_PART_BYTES as u64) as usize;
+        let end = start.saturating_add(len).min(bytes.len());
+        if end == bytes.len() {
+            // Read to its end: the next reader starts again.
+            if let Ok(mut reads) = self.transfers().reads.lock() {
+                reads.retain(|(h, _)| *h != op.blob);
+            }
+        }
+        Ok(Some(BlobPart {
+            total,
+            bytes: bytes.slice(start..end),
+        }))
+    }
+
+    /// Take one part of an upload ([`PutBlobPart`]); the last one stores the blob.
+    pub(crate) async fn put_blob_part_for(
+        &self,
+        caller: &Caller,
+        op: PutBlobPart,
+    ) -> Result<BlobUpload, CoordinatorError> {
+        let PutBlobPart {
+            blob,
+            offset,
+            total,
+            bytes,
+        } = op;
+        if total > MAX_BLOB_BYTES {
+            return Err(CoordinatorError::BadRequest(format!(
+                "blob {} is {} bytes, more than the {MAX_BLOB_BYTES} one blob may be",
+                blob.short(),
+                total
+            )));
+        }
+        let end = offset.saturating_add(bytes.len() as u64);
+        if end > total {
+            return Err(CoordinatorError::BadRequest(format!(
+                "a part of blob {} ends at byte {end}, past its total of {total}",
+                blob.short()
+            )));
+        }
+        if offset == 0 && end == total {
+            self.store_upload(caller, blob, bytes).await?;
+            return Ok(BlobUpload {
+                received: total,
+                stored: true,
+            });
+        }
+        if offset == 0 {
+            self.check_quota(caller, total, true).await?;
+        }
+        let done = {
+            let mut staged =
+                self.transfers().staged.lock().map_err(|_| {
+                    CoordinatorError::Internal("upload staging lock poisoned".into())
+                })?;
+            staged.retain(|_, s| s.touched.elapsed() < STAGED_IDLE);
+            let key = (caller.name().to_string(), blob);
+            if offset == 0 {
+                staged.insert(
+                    key.clone(),
+                    Staged {
+                        bytes: Vec::new(),
+                        total,
+                        touched: Instant::now(),
+                    },
+                );
+            }
+            let Some(s) = staged.get_mut(&key) else {
+                return Err(CoordinatorError::BadRequest(format!(
+                    "no upload of blob {} is under way (or it was idle for {} s): start again at offset 0",
+                    blob.short(),
+                    STAGED_IDLE.as_secs()
+                )));
+            };
+            let have = s.bytes.len() as u64;
+            if s.total != total {
+                return Err(CoordinatorError::BadRequest(format!(
+                    "a part of blob {} says its total is {total}, its first said {}",
+                    blob.short(),
+                    s.total
+                )));
+            }
+            if end <= have {
+                // A part again (its answer was lost): already here.
+                return Ok(BlobUpload {
+                    received: have,
+                    stored: false,
+                });
+            }
+            if offset != have {
+                return Err(CoordinatorError::BadRequest(format!(
+                    "a part of blob {} starts at byte {offset}; the next one must start at {have}",
+                    blob.short()
+                )));
+            }
+            s.bytes.extend_from_slice(&bytes);
+            s.touched = Instant::now();
+            if end < total {
+                return Ok(BlobUpload {
+                    received: end,
+                    stored: false,
+                });
+            }
+            staged.remove(&key).map(|s| s.bytes)
+        };
+        let whole = Bytes::from(done.unwrap_or_default());
+        self.store_upload(caller, blob, whole).await?;
+        Ok(BlobUpload {
+            received: total,
+            stored: true,
+        })
+    }
+
+    /// Refuse an upload of `size` bytes that would take a scoped `caller` past its quota
+    /// (`staging`: count the uploads in parts under way too).
+    async fn check_quota(
+        &self,
+        caller: &Caller,
+        size: u64,
+        staging: bool,
+    ) -> Result<(), CoordinatorError> {
+        let Some(identity) = caller.identity() else {
+            return Ok(());
+        };
+        let quota = self.config().blob_quota_bytes;
+        let id = identity.to_string();
+        let used = self.blocking(move |s| s.upload_usage(&id)).await?;
+        let staged: u64 = if staging {
+            self.transfers()
+                .staged
+                .lock()
+                .map(|m| {
+                    m.iter()
+                        .filter(|((who, _), _)| who == identity)
+                        .map(|(_, s)| s.total)
+                        .sum()
+                })
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        if used.saturating_add(staged).saturating_add(size) > quota {
+            return Err(over_quota(
+                identity,
+                used.saturating_add(staged),
+                size,
+                quota,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Store an upload once its bytes hash to `blob`, repairing a stored copy with the
+    /// wrong content, and count it for a scoped caller.
+    async fn store_upload(
+        &self,
+        caller: &Caller,
+        blob: BlobHash,
+        bytes: Bytes,
+    ) -> Result<(), CoordinatorError> {
+        let actual = BlobHash::of(&bytes);
+        if actual != blob {
+            return Err(CoordinatorError::BadRequest(format!(
+                "the bytes uploaded as blob {blob} hash to {actual}: a blob is stored under its own SHA-256"
+            )));
+        }
+        let size = bytes.len() as u64;
+        let identity = caller.identity().map(str::to_string);
+        if identity.is_some() {
+            self.check_quota(caller, size, false).await?;
+        }
+        let store = self.bus().blobs();
+        match store.get(&blob).await.map_err(BusError::from)? {
+            Some(held) if BlobHash::of(&held) == blob => {}
+            Some(held) => {
+                tracing::warn!(blob = %blob.short(), bytes = held.len(), by = %caller, "blobs.repair: the stored copy had the wrong content; replaced by this upload");
+                store.delete(&blob).await.map_err(BusError::from)?;
+                store.put(blob, bytes).await.map_err(BusError::from)?;
+            }
+            None => store.put(blob, bytes).await.map_err(BusError::from)?,
+        }
+        if let Some(identity) = identity {
+            let quota = self.config().blob_quota_bytes;
+            let id = identity.clone();
+            let counted = self
+                .blocking(move |s| s.record_upload(&id, &blob, size, quota))
+                .await?;
+            if let Err(over) = counted {
+                return Err(over_quota(&identity, over.used, size, quota));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuse a scoped caller's fork whose snapshot names blobs none of its accounts owns
+    /// (a hash of another tenant's file would otherwise reach its branches); then the
+    /// fork's account owns them all, so every identity that may use the account reads them.
+    pub(crate) async fn admit_snapshot(
+        &self,
+        caller: &Caller,
+        req: &CreateFork,
+    ) -> Result<(), CoordinatorError> {
+        let mut wanted = vec![req.snapshot];
+        wanted.extend(req.plan.models.values().filter_map(|m| m.script));
+        if let Some(bytes) = self.blob_for(caller, &req.snapshot).await? {
+            if let Ok(manifest) = Manifest::from_blob(&bytes) {
+                wanted.extend(manifest.files.values().map(|f| f.hash));
+            }
+        }
+        if let Some(accounts) = self.usable_accounts(caller) {
+            let check = wanted.clone();
+            let foreign = self
+                .blocking(move |s| {
+                    let mut out = Vec::new();
+                    for h in check {
+                        if !s.blob_owned(&accounts, &h)? {
+                            out.push(h);
+                        }
+                    }
+                    Ok(out)
+                })
+                .await?;
+            if let Some(first) = foreign.first() {
+                return Err(CoordinatorError::BadRequest(format!(
+                    "the fork names {} blob(s) that {caller} has not uploaded (the first: {first}); upload them (`missing_blobs`, then `put_blob_part`; forkfleet's client does) and create it again",
+                    foreign.len()
+                )));
+            }
+        }
+        if let Some(account) = req.plan.budget.account.clone() {
+            self.blocking(move |s| s.own_blobs(&account, wanted))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+fn over_quota(identity: &str, used: u64, wanted: u64, quota: u64) -> CoordinatorError {
+    CoordinatorError::BlobQuota(format!(
+        "`{identity}`'s blobs would pass its quota: {} stored of {}, and this upload is {}; remove forks it no longer needs (`forkfleet fork rm`, then an operator's `forkfleet gc`), or ask an operator to raise `[coordinator] blob_quota_mb`",
+        mib(used),
+        mib(quota),
+        mib(wanted)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_mib() {
+        assert_eq!(mib(3 * 1024 * 1024 / 2), "1.5 MiB");
+    }
+}
