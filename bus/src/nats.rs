@@ -137,7 +137,8 @@ struct Inner {
     js: jetstream::Context,
     pools: Mutex<HashMap<String, Arc<consumer::PullConsumer>>>,
     reconnects: Reconnects,
-    workers: kv::Store,
+    /// `None` for a scoped client: it lists the workers through the coordinator.
+    workers: Option<kv::Store>,
     blobs: Arc<dyn BlobStore>,
 }
 
@@ -354,7 +355,10 @@ async fn provision(
     js: &jetstream::Context,
     config: &NatsConfig,
     url: &str,
-) -> BusResult<(kv::Store, Option<(kv::Store, object_store::ObjectStore)>)> {
+) -> BusResult<(
+    Option<kv::Store>,
+    Option<(kv::Store, object_store::ObjectStore)>,
+)> {
     let storage: stream::StorageType = config.storage.into();
 
     // Tasks keep until acked; events, control and dead-task advisories for `max_age`.
@@ -448,7 +452,7 @@ async fn provision(
         url,
     )
     .await?;
-    Ok((workers, Some((small, large))))
+    Ok((Some(workers), Some((small, large))))
 }
 
 /// Bind to the buckets a worker or client uses, which the coordinator creates: each is
@@ -458,16 +462,20 @@ async fn bind(
     js: &jetstream::Context,
     config: &NatsConfig,
     url: &str,
-) -> BusResult<(kv::Store, Option<(kv::Store, object_store::ObjectStore)>)> {
+) -> BusResult<(
+    Option<kv::Store>,
+    Option<(kv::Store, object_store::ObjectStore)>,
+)> {
+    // A scoped client's blobs and worker listing go through the coordinator: it binds no
+    // bucket (ADR 37).
+    if config.blob_broker.is_some() {
+        return Ok((None, None));
+    }
     let deadline = Instant::now() + config.bind_wait;
     let workers = bind_one(subjects::WORKER_BUCKET, deadline, url, || {
         js.get_key_value(subjects::WORKER_BUCKET)
     })
     .await?;
-    // A scoped client's blobs go through the coordinator: it binds no blob bucket.
-    if config.blob_broker.is_some() {
-        return Ok((workers, None));
-    }
     let small = bind_one(subjects::SMALL_BLOB_BUCKET, deadline, url, || {
         js.get_key_value(subjects::SMALL_BLOB_BUCKET)
     })
@@ -476,7 +484,7 @@ async fn bind(
         js.get_object_store(subjects::BLOB_BUCKET)
     })
     .await?;
-    Ok((workers, Some((small, large))))
+    Ok((Some(workers), Some((small, large))))
 }
 
 /// Pause between two looks for a bucket the coordinator has not created yet.
@@ -616,6 +624,15 @@ impl NatsBus {
 
     pub fn config(&self) -> &NatsConfig {
         &self.inner.config
+    }
+
+    /// The heartbeat bucket; a scoped client has none (it asks the coordinator).
+    fn worker_bucket(&self) -> BusResult<&kv::Store> {
+        self.inner.workers.as_ref().ok_or_else(|| {
+            BusError::Backend(
+                "a client with an identity reads no bucket: it lists the workers through the coordinator (the `workers` operation)".into(),
+            )
+        })
     }
 
     /// The JetStream context (the lease bucket's).
@@ -971,8 +988,7 @@ impl Bus for NatsBus {
     async fn put_worker(&self, info: WorkerInfo) -> BusResult<()> {
         let value =
             forkfleet_shared::wire::encode(&info).map_err(|e| backend("encode worker info", e))?;
-        self.inner
-            .workers
+        self.worker_bucket()?
             .put(subjects::worker_key(info.worker_id), value)
             .await
             .map(|_| ())
@@ -980,15 +996,14 @@ impl Bus for NatsBus {
     }
 
     async fn remove_worker(&self, worker: forkfleet_shared::ids::WorkerId) -> BusResult<()> {
-        self.inner
-            .workers
+        self.worker_bucket()?
             .delete(subjects::worker_key(worker))
             .await
             .map_err(|e| backend("worker heartbeat delete failed", e))
     }
 
     async fn workers(&self) -> BusResult<Vec<WorkerInfo>> {
-        let kv = &self.inner.workers;
+        let kv = self.worker_bucket()?;
         let keys: Vec<String> = kv
             .keys()
             .await

@@ -81,6 +81,27 @@ impl CoordinatorHandle {
         }
     }
 
+    /// The live workers, each with the running branches `caller` may see (a scoped
+    /// client: those of its accounts' forks; a run it may not see is not found to it).
+    pub(crate) async fn workers_for(
+        &self,
+        caller: &Caller,
+    ) -> Result<Vec<forkfleet_shared::protocol::WorkerInfo>, CoordinatorError> {
+        let mut workers = self.bus().workers().await?;
+        if self.usable_accounts(caller).is_some() {
+            for w in &mut workers {
+                let mut mine = Vec::with_capacity(w.running.len());
+                for run in std::mem::take(&mut w.running) {
+                    if self.admit_run(caller, run).await.is_ok() {
+                        mine.push(run);
+                    }
+                }
+                w.running = mine;
+            }
+        }
+        Ok(workers)
+    }
+
     /// `Ok` for an operator; a `bad_input` error naming `what` for anyone else.
     pub(crate) fn admit_admin(&self, caller: &Caller, what: &str) -> Result<(), CoordinatorError> {
         match caller {

@@ -83,6 +83,7 @@ handlers! {
     RunWorkspace(h, c, op) => { h.admit_run(c, op.run).await?; h.root_workspace(op.run).await };
     // Blobs belong to tenants (`crate::tenancy`): a scoped client reads its accounts' own.
     GetBlob(h, c, op) => h.blob_for(c, &op.blob).await;
+    ListWorkers(h, c, _) => h.workers_for(c).await;
     MissingBlobs(h, c, op) => h.missing_blobs_for(c, op.blobs).await;
     PutBlobPart(h, c, op) => h.put_blob_part_for(c, op).await;
     GetBlobPart(h, c, op) => h.blob_part_for(c, op).await;

@@ -14,9 +14,16 @@ pub(crate) async fn cmd_workers(args: ClusterArgs) -> anyhow::Result<()> {
         )
         .into());
     };
-    let workers = Client::remote(service::connect_nats(nats).await?)
-        .workers()
-        .await?;
+    // A client with an identity asks the coordinator (it may not read the heartbeats, and
+    // sees the running branches of its own forks only); an operator reads them directly,
+    // so the listing works while no coordinator runs.
+    let scoped = nats.blob_broker.is_some();
+    let client = Client::on_subject(service::connect_nats(nats).await?, &config.api_subject());
+    let workers = if scoped {
+        ApiClient::list_workers(&client).await?
+    } else {
+        client.workers().await?
+    };
     let now = now_ms();
     if args.json {
         print_json(&render::workers_json(&workers, now))

@@ -186,15 +186,6 @@ fn extra_paths(paths: &mut Map<String, Value>) {
             "responses": put,
         }),
     );
-    add(
-        format!("{PREFIX}/workers"),
-        "get",
-        json!({
-            "operationId": "workers", "summary": "The live workers and their running branches", "tags": ["workers"],
-            "x-forkfleet-access": "read",
-            "responses": with_problems(json!({ "description": "The workers", "content": { "application/json": { "schema": { "type": "array", "items": { "x-rust-type": "WorkerInfo" } } } } })),
-        }),
-    );
     let mut made = problem_responses();
     made["200"] = json!({ "description": "The new fork", "content": { "application/json": { "schema": { "x-rust-type": "ForkView" } } } });
     add(

@@ -1,5 +1,5 @@
 //! The routes that are not one operation: Server-Sent Events of a fork's changes and of a
-//! run's events, blob uploads, and the workers.
+//! run's events, blob uploads, stream tickets and forks from a spec document.
 //!
 //! - `GET /forks/{fork}/stream`: an event `fork` (id: the coordinator's start, in seconds,
 //!   times 10^9 plus the fork's version, so ids grow across restarts; data: its version,
@@ -10,8 +10,7 @@
 //!   each event of the run's log, from seq 0 or after `Last-Event-ID`, then as they land.
 //!   It ends once the run's fork is merged or aborted (a root run: after its log).
 //! - `PUT /blobs/{blob}`: store bytes under their SHA-256 (the hash must match), as the
-//!   workspace upload of `create_fork` needs.
-//! - `GET /workers`: the live workers and their running branches.
+//!   workspace upload of `create_fork` needs: `put_blob_part` with the whole body.
 //! - `POST /stream-tickets`: a short-lived ticket for a stream's URL (an `EventSource`
 //!   cannot send a token in a header, and a token never goes in a URL).
 //! - `POST /forks/from-spec`: a fork from a spec document (the TOML text, and the files it
@@ -46,7 +45,6 @@ pub fn routes() -> Vec<(&'static str, MethodRouter<Arc<ApiHttp>>)> {
         ("/forks/{fork}/stream", axum::routing::get(fork_stream)),
         ("/runs/{run}/stream", axum::routing::get(run_stream)),
         ("/blobs/{blob}", axum::routing::put(upload)),
-        ("/workers", axum::routing::get(workers)),
         ("/forks/from-spec", axum::routing::post(from_spec)),
         ("/stream-tickets", axum::routing::post(stream_ticket)),
     ]
@@ -356,40 +354,6 @@ async fn upload(
                 .await;
             status.into_response()
         }
-        Err(p) => p.into_response(),
-    }
-}
-
-async fn workers(
-    State(st): St,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    let listed = async {
-        let (principal, serving) = st.admit(&headers, query.as_deref(), peer, Access::Read)?;
-        let mut workers =
-            serving.bus.workers().await.map_err(|e| {
-                Problem::unavailable(format!("the workers could not be listed: {e}"))
-            })?;
-        // A caller limited to accounts sees the running branches of its own forks only, as
-        // every other view shows it (a run it may not see is not found to it).
-        if principal.accounts.is_some() {
-            let caller = principal.caller();
-            for w in &mut workers {
-                let mut mine = Vec::with_capacity(w.running.len());
-                for run in std::mem::take(&mut w.running) {
-                    if call(&serving, &caller, GetRun { run }).await.is_ok() {
-                        mine.push(run);
-                    }
-                }
-                w.running = mine;
-            }
-        }
-        Ok::<_, Problem>(workers)
-    };
-    match listed.await {
-        Ok(w) => axum::Json(w).into_response(),
         Err(p) => p.into_response(),
     }
 }

@@ -629,7 +629,25 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
             blob: forkfleet_shared::blob::BlobHash::of(b"no such blob"),
         }
         .into(),
+        api::MissingBlobs {
+            blobs: vec![forkfleet_shared::blob::BlobHash::of(b"no such blob")],
+        }
+        .into(),
+        api::PutBlobPart {
+            blob: forkfleet_shared::blob::BlobHash::of(b"a blob"),
+            offset: 0,
+            total: 6,
+            bytes: bytes::Bytes::from_static(b"a blob"),
+        }
+        .into(),
+        api::GetBlobPart {
+            blob: forkfleet_shared::blob::BlobHash::of(b"no such blob"),
+            offset: 0,
+            len: 10,
+        }
+        .into(),
         api::Runs.into(),
+        api::ListWorkers.into(),
         api::GetRun { run }.into(),
         api::RunFork {
             parent: run,
@@ -677,6 +695,13 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
         let here = as_result(local.request(req.clone(), LIMIT).await);
         let there = as_result(sys.remote.request(req.clone(), LIMIT).await);
         let on_nats = as_result(over_nats.request(req, LIMIT).await);
+        if op == "workers" {
+            // Heartbeats move on between the three asks: the same kind of answer.
+            for r in [&here, &there, &on_nats] {
+                assert!(matches!(r, Ok(ApiReply::Workers(_))), "{r:?}");
+            }
+            continue;
+        }
         assert_eq!(
             here, there,
             "`{op}` answers differently in process and over the bus"
@@ -726,11 +751,26 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
     let plan = spec::load(&ex.spec()).unwrap().plan;
     // Operations a scoped client may send about anything: they answer for what it may use
     // only (checked below), or name nothing of another account's.
-    let unscoped = ["ping", "forks", "accounts", "create_fork", "get_blob"];
+    let unscoped = ["ping", "forks", "accounts", "create_fork", "put_blob_part"];
     let samples: Vec<ApiRequest> = vec![
         api::Ping.into(),
         api::Forks.into(),
         api::Accounts.into(),
+        // Before mallory uploads the same workspace for her own fork (below).
+        api::GetBlob {
+            blob: view.snapshot,
+        }
+        .into(),
+        api::MissingBlobs {
+            blobs: vec![view.snapshot],
+        }
+        .into(),
+        api::GetBlobPart {
+            blob: view.snapshot,
+            offset: 0,
+            len: 100,
+        }
+        .into(),
         api::CreateFork {
             plan,
             parent: ParentRun::New,
@@ -876,11 +916,15 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
         }
         .into(),
         api::RunWorkspace { run }.into(),
-        api::GetBlob {
-            blob: view.snapshot,
+        api::PutBlobPart {
+            blob: forkfleet_shared::blob::BlobHash::of(b"mallory's"),
+            offset: 0,
+            total: 9,
+            bytes: bytes::Bytes::from_static(b"mallory's"),
         }
         .into(),
         api::Runs.into(),
+        api::ListWorkers.into(),
         api::GetRun { run }.into(),
         api::RunFork {
             parent: run,
@@ -901,6 +945,26 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
     let mallory = Caller::Client("mallory".into());
     for req in samples {
         let op = req.op();
+        if op == "create_fork" {
+            // Her fork names only blobs she uploaded (ADR 37): the same workspace's.
+            let manifest = sys.handle.blob(&view.snapshot).await.unwrap().unwrap();
+            let files = forkfleet_shared::manifest::Manifest::from_blob(&manifest).unwrap();
+            let mut hashes = vec![view.snapshot];
+            hashes.extend(files.files.values().map(|f| f.hash));
+            if let ApiRequest::CreateFork(c) = &req {
+                hashes.extend(c.plan.models.values().filter_map(|m| m.script));
+            }
+            for h in hashes {
+                let bytes = sys.handle.blob(&h).await.unwrap().unwrap();
+                let up = api::PutBlobPart {
+                    blob: h,
+                    offset: 0,
+                    total: bytes.len() as u64,
+                    bytes,
+                };
+                dispatch(&sys.handle, &mallory, up.into()).await.unwrap();
+            }
+        }
         let answer = dispatch(&sys.handle, &mallory, req).await;
         match op {
             "forks" => match answer {
@@ -913,6 +977,13 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
                 }
                 other => panic!("`accounts`: {other:?}"),
             },
+            "workers" => match answer {
+                Ok(ApiReply::Workers(workers)) => assert!(
+                    workers.iter().all(|w| !w.running.contains(&run)),
+                    "{workers:?}"
+                ),
+                other => panic!("`workers`: {other:?}"),
+            },
             "runs" => match answer {
                 Ok(ApiReply::Runs(runs)) => assert!(
                     runs.iter()
@@ -921,6 +992,12 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
                 ),
                 other => panic!("`runs`: {other:?}"),
             },
+            // Another account's blob (the fork's snapshot) is absent to it (ADR 37).
+            "get_blob" => assert_eq!(answer.unwrap(), ApiReply::Blob(None)),
+            "get_blob_part" => assert_eq!(answer.unwrap(), ApiReply::BlobPart(None)),
+            "missing_blobs" => {
+                assert_eq!(answer.unwrap(), ApiReply::Blobs(vec![view.snapshot]))
+            }
             "account_set" | "gc" => {
                 let e = answer.unwrap_err();
                 assert_eq!(e.kind, ApiErrorKind::BadInput, "{e:?}");

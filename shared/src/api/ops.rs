@@ -371,6 +371,9 @@ operations! {
         Accounts = "accounts", fn accounts -> Accounts(Vec<AccountView>), idempotent, quick, read, GET "/accounts";
         /// Every run of the store, oldest first, with its lineage (docs/LINEAGE.md).
         Runs = "runs", fn runs -> Runs(Vec<RunView>), idempotent, quick, read, GET "/runs";
+        /// The live workers (their heartbeats) and the branches each runs; a scoped client
+        /// sees the running branches of its accounts' forks only.
+        ListWorkers = "workers", fn list_workers -> Workers(Vec<crate::protocol::WorkerInfo>), idempotent, quick, read, GET "/workers";
     }
     with_args {
         /// Create a fork. Every blob the snapshot names (the workspace's files, scripts)
@@ -717,6 +720,8 @@ pub enum ApiReply {
     Workspace(BlobHash),
     /// A blob's bytes (`None`: not in the store).
     Blob(Option<Bytes>),
+    /// The live workers.
+    Workers(Vec<crate::protocol::WorkerInfo>),
     /// Blob hashes (those to upload).
     Blobs(Vec<BlobHash>),
     /// Where an upload in parts stands.
@@ -765,6 +770,7 @@ impl ApiReply {
             ApiReply::RunFork(_) => "run_fork",
             ApiReply::Workspace(_) => "workspace",
             ApiReply::Blob(_) => "blob",
+            ApiReply::Workers(_) => "workers",
             ApiReply::Blobs(_) => "blobs",
             ApiReply::BlobUpload(_) => "blob_upload",
             ApiReply::BlobPart(_) => "blob_part",

@@ -10,11 +10,11 @@
 //!   blobs; put its heartbeat; ask `coord.resume`, `coord.budget` and the workers' API;
 //!   serve `worker.resolve` (subscribe only: only the coordinator publishes resolve jobs,
 //!   and workers answer through `allow_responses`); its own inbox.
-//! - **client `<identity>`**: its own API subject `ff.api.client.<identity>`; read worker
-//!   heartbeats (`forkfleet workers`); its own inbox only. Its blobs go through the
-//!   coordinator's API (ADR 36): it cannot list, read or write the blob buckets. It cannot
-//!   publish a task, an event, a control command or a resolve job, consume anything but
-//!   heartbeats, or read another identity's replies.
+//! - **client `<identity>`**: its own API subject `ff.api.client.<identity>` and its own
+//!   inbox only. Its blobs and the worker listing go through the coordinator's API
+//!   (ADR 37): it cannot list, read or write the blob buckets or the heartbeats. It cannot
+//!   publish a task, an event, a control command or a resolve job, consume anything, or
+//!   read another identity's replies.
 
 use super::{
     api_subject, check_identity, client_inbox, coordinator_inbox, pool_consumer, worker_inbox,
@@ -115,11 +115,10 @@ pub fn worker(pools: &[String]) -> Result<Permissions, SubjectError> {
 /// The permissions of the client `identity`.
 pub fn client(identity: &str) -> Result<Permissions, SubjectError> {
     check_identity(identity)?;
-    let mut publish = vec![
+    let publish = vec![
         "$JS.API.INFO".to_string(),
         api_subject(&crate::api::client_api_subject(identity)?)?,
     ];
-    publish.extend(read_stream(&format!("KV_{WORKER_BUCKET}")));
     Ok(Permissions {
         publish,
         subscribe: vec![format!("{}.>", client_inbox(identity)?)],
