@@ -211,9 +211,8 @@ fn log_join(done: Result<(), tokio::task::JoinError>) {
 /// send error).
 async fn answer(handle: CoordinatorHandle, bus: Arc<dyn Bus>, caller: Caller, req: Request) {
     let bytes_in = req.payload.len();
-    let decoded = decode_request(&handle, &caller, bus.as_ref(), &req.payload)
-        .await
-        .and_then(|api| forkfleet_shared::api::limits::check_request_size(&api).map(|()| api));
+    // Sizes are checked by `dispatch`, as for every transport.
+    let decoded = decode_request(&handle, &caller, bus.as_ref(), &req.payload).await;
     let response = match decoded {
         Ok(api) => {
             let span = tracing::info_span!("api.request", api.op = api.op(), api.caller = %caller, bytes_in);

@@ -919,6 +919,21 @@ fn browser_attacks_on_a_tokenless_api_are_refused() {
         413,
     );
     assert!(p["detail"].as_str().unwrap().contains("2 MiB"), "{p}");
+    // Within the body limit but over what a steer may carry: refused, naming the field
+    // and its bound (not an error of the bus it would not fit on).
+    let p = problem(
+        once.post(format!("{base}/forks/{fork}/branches/x/steer"))
+            .header("content-type", "application/json")
+            .body(format!("{{\"text\": \"{}\"}}", "s".repeat(1 << 20)))
+            .send()
+            .unwrap(),
+        400,
+    );
+    let detail = p["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("`text` is 1048576 bytes long") && !detail.contains("ff."),
+        "{p}"
+    );
     // A token in a URL, anywhere.
     let p = problem(
         http.get(format!("{base}/forks?access_token=anything"))

@@ -15,9 +15,10 @@ pub const MAX_CHECKPOINT_REF_LEN: usize = 256;
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// Hashes one `missing_blobs` request may ask about.
 pub const MAX_BLOBS_PER_CALL: usize = 8192;
-/// One part of a blob upload or read (`put_blob_part`, `get_blob_part`): a request or
-/// reply carrying it stays within [`super::MAX_INLINE_BYTES`] with its envelope, so it is
-/// never itself moved through the blob store.
+/// The part of a blob a client uploads or reads at once (`put_blob_part`,
+/// `get_blob_part`): a request or reply carrying it stays within
+/// [`super::MAX_INLINE_BYTES`] with its envelope, so it is never itself moved through the
+/// blob store. (The coordinator takes larger parts: `PUT /blobs/{blob}` is one.)
 pub const MAX_BLOB_PART_BYTES: usize = super::MAX_INLINE_BYTES - 4096;
 /// How much of a user's input an error message quotes.
 pub const QUOTE_MAX_CHARS: usize = 80;
@@ -100,7 +101,6 @@ pub fn check_request_size(req: &ApiRequest) -> Result<(), ApiError> {
     };
     let counted: Option<(&str, usize, usize)> = match req {
         R::MissingBlobs(op) => Some(("blobs", op.blobs.len(), MAX_BLOBS_PER_CALL)),
-        R::PutBlobPart(op) => Some(("bytes", op.bytes.len(), MAX_BLOB_PART_BYTES)),
         _ => None,
     };
     if let Some((field, n, max)) = counted.filter(|(_, n, max)| n > max) {

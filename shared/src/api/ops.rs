@@ -320,6 +320,8 @@ macro_rules! operations {
             caller: &Caller,
             req: ApiRequest,
         ) -> Result<ApiReply, ApiError> {
+            // Every transport's requests are bounded alike (HTTP, NATS, in process).
+            super::limits::check_request_size(&req)?;
             match req {
                 $( ApiRequest::$U => <H as Handler<$U>>::handle(handler, caller, $U).await.map(<$U>::into_reply), )*
                 $( ApiRequest::$N(op) => <H as Handler<$N>>::handle(handler, caller, op).await.map(<$N>::into_reply), )*
@@ -648,10 +650,11 @@ operations! {
         /// Which of `blobs` the caller must upload: those the store lacks and, for a
         /// scoped client, those none of its accounts owns (a blob another tenant stored is
         /// uploaded again, proving its bytes are the caller's; nothing says it exists).
-        /// At most [`super::limits::MAX_BLOBS_PER_CALL`] hashes per call.
+        /// At most [`super::limits::MAX_BLOBS_PER_CALL`] hashes per call. A `write` scope:
+        /// it is the first step of an upload (and a list too long for a URL).
         MissingBlobs = "missing_blobs", fn missing_blobs {
             blobs: Vec<BlobHash>,
-        } -> Blobs(Vec<BlobHash>), idempotent, quick, read, POST "/blob-checks";
+        } -> Blobs(Vec<BlobHash>), idempotent, quick, write, POST "/blob-checks";
 
         /// Upload a blob, in parts of at most [`super::limits::MAX_BLOB_PART_BYTES`] from `offset` 0
         /// on, each part at the offset the last answer's `received` names; `total` is the
