@@ -349,7 +349,9 @@ fn watch_rides_out_a_coordinator_restart() {
 /// A child run whose task would be larger than NATS carries in one message (1 MiB by
 /// default: a 1.5 MB system prompt) is refused when asked for, naming the limit, instead of
 /// left pending until its deliveries run out ("workers lost or crashing"). Asked over the
-/// HTTP API: a command line cannot carry an argument that long.
+/// HTTP API: a command line cannot carry an argument that long. Every transport bounds a
+/// `set` value (256 KiB) before the coordinator builds the child; a smaller bus limit
+/// (`max_payload`) is checked when the child's task is made.
 #[test]
 fn a_child_run_larger_than_the_bus_carries_is_refused_when_asked_for() {
     let addr = format!("127.0.0.1:{}", forkfleet_bus::testkit::free_port());
@@ -383,7 +385,7 @@ fn a_child_run_larger_than_the_bus_carries_is_refused_when_asked_for() {
     let text = resp.text().unwrap();
     assert_eq!(status, 400, "{text}\n{}", fleet.logs());
     assert!(
-        text.contains("more than the bus carries") && text.contains("max_payload"),
+        text.contains("`set` is 1500014 bytes long, more than the 262144 it can be"),
         "{text}"
     );
     // Nothing was made.
