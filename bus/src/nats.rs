@@ -599,13 +599,20 @@ impl NatsBus {
                 }
             }
         };
-        let blobs: Arc<dyn BlobStore> = match (blobs, &config.blob_broker) {
-            (Some((small, large)), _) => Arc::new(NatsBlobStore { small, large }),
-            (None, subject) => Arc::new(broker::BrokeredBlobs::new(
+        // A client with an identity goes through the coordinator even where it may
+        // provision (an unrestricted set-up): the coordinator owns and counts its blobs.
+        let blobs: Arc<dyn BlobStore> = match (&config.blob_broker, blobs) {
+            (Some(subject), _) => Arc::new(broker::BrokeredBlobs::new(
                 client.clone(),
-                subject.clone().unwrap_or_default(),
+                subject.clone(),
                 config.connect_timeout,
             )),
+            (None, Some((small, large))) => Arc::new(NatsBlobStore { small, large }),
+            (None, None) => {
+                return Err(BusError::Backend(
+                    "no blob store: the buckets were not bound".into(),
+                ))
+            }
         };
         tracing::info!(nats.url = %url, "bus.nats ready");
         Ok(NatsBus {

@@ -179,3 +179,48 @@ fn tenants_cannot_list_read_overwrite_or_flood_each_others_blobs() {
         "{log}"
     );
 }
+
+/// A client with an identity on an unrestricted cluster (it may create buckets, nobody
+/// restricts it) still goes through the coordinator: its fork is created from its own
+/// uploads and runs, and its account owns them.
+#[test]
+fn an_identity_on_an_unrestricted_cluster_uploads_through_the_coordinator() {
+    use super::fleet::{Fleet, Options};
+    let fleet = Fleet::start(1, 2, Options::default());
+    let ex = Example::quickstart();
+    let created = fleet.client(&[
+        "fork",
+        "create",
+        path_str(&ex.spec()),
+        "--identity",
+        "carol",
+        "--json",
+    ]);
+    assert_eq!(
+        created.code,
+        Some(0),
+        "{}\n{}",
+        created.stderr,
+        fleet.logs()
+    );
+    let id = created.json()["fork_id"].as_str().unwrap().to_string();
+    let watched = fleet
+        .client(&[
+            "fork",
+            "watch",
+            &id,
+            "--identity",
+            "carol",
+            "--json",
+            "--timeout-s",
+            "60",
+        ])
+        .json();
+    assert_eq!(watched["state"], "settled", "{watched}\n{}", fleet.logs());
+    // (Uploaded straight into the buckets, the blobs would be no one's, and the fork
+    // refused: "names blobs that client `carol` has not uploaded".)
+    let cost = fleet
+        .client(&["fork", "cost", &id, "--identity", "carol", "--json"])
+        .json();
+    assert_eq!(cost["account"]["name"], "carol", "{cost}");
+}
