@@ -44,7 +44,7 @@ handlers! {
     Forks(h, c, _) => h.forks_for(c).await;
     Accounts(h, c, _) => h.accounts_for(c).await;
     CreateFork(h, c, op) => { let op = h.scope_create(c, op).await?; h.admit_snapshot(c, &op).await?; h.create_fork(op).await };
-    AgentFork(h, c, op) => { h.admit_run(c, op.parent_run).await?; h.agent_fork(op).await };
+    AgentFork(h, c, op) => { h.admit_run(c, op.parent_run).await?; h.admit_agent_snapshot(c, &op).await?; h.agent_fork(op).await };
     AgentMerge(h, c, op) => { h.admit_fork(c, op.fork).await?; h.agent_merge(op.fork, &op.pick, op.parent_run).await };
     GetFork(h, c, op) => { h.admit_fork(c, op.fork).await?; h.fork(op.fork).await };
     FindFork(h, c, op) => h.find_fork_for(c, &op.prefix).await;

@@ -19,7 +19,9 @@ use crate::handle::CoordinatorHandle;
 use bytes::Bytes;
 use forkfleet_bus::BusError;
 use forkfleet_shared::api::limits::MAX_BLOB_PART_BYTES;
-use forkfleet_shared::api::{BlobPart, BlobUpload, Caller, CreateFork, GetBlobPart, PutBlobPart};
+use forkfleet_shared::api::{
+    AgentFork, BlobPart, BlobUpload, Caller, CreateFork, GetBlobPart, PutBlobPart,
+};
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::manifest::Manifest;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -342,9 +344,41 @@ impl CoordinatorHandle {
         caller: &Caller,
         req: &CreateFork,
     ) -> Result<(), CoordinatorError> {
-        let mut wanted = vec![req.snapshot];
-        wanted.extend(req.plan.models.values().filter_map(|m| m.script));
-        if let Some(bytes) = self.blob_for(caller, &req.snapshot).await? {
+        let scripts = req.plan.models.values().filter_map(|m| m.script).collect();
+        self.admit_blobs(
+            caller,
+            req.snapshot,
+            scripts,
+            req.plan.budget.account.clone(),
+        )
+        .await
+    }
+
+    /// [`CoordinatorHandle::admit_snapshot`] for an agent's fork: its snapshot (the agent's
+    /// workspace) charged to the account of the agent's fork. Refused the same way: a
+    /// scoped client asking for one could otherwise name another tenant's hashes.
+    pub(crate) async fn admit_agent_snapshot(
+        &self,
+        caller: &Caller,
+        req: &AgentFork,
+    ) -> Result<(), CoordinatorError> {
+        let account = self.account_of_run(req.parent_run).await?;
+        self.admit_blobs(caller, req.snapshot, Vec::new(), account)
+            .await
+    }
+
+    /// Refuse `snapshot` (a manifest), its files and `scripts` when a scoped `caller`'s
+    /// accounts do not own them all; then `account` owns them.
+    async fn admit_blobs(
+        &self,
+        caller: &Caller,
+        snapshot: BlobHash,
+        scripts: Vec<BlobHash>,
+        account: Option<String>,
+    ) -> Result<(), CoordinatorError> {
+        let mut wanted = vec![snapshot];
+        wanted.extend(scripts);
+        if let Some(bytes) = self.blob_for(caller, &snapshot).await? {
             if let Ok(manifest) = Manifest::from_blob(&bytes) {
                 wanted.extend(manifest.files.values().map(|f| f.hash));
             }
@@ -369,7 +403,7 @@ impl CoordinatorHandle {
                 )));
             }
         }
-        if let Some(account) = req.plan.budget.account.clone() {
+        if let Some(account) = account {
             self.blocking(move |s| s.own_blobs(&account, wanted))
                 .await?;
         }

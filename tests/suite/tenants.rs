@@ -49,6 +49,14 @@ fn tenants_cannot_list_read_overwrite_or_flood_each_others_blobs() {
         assert_eq!(branch["state"], "done", "{watched}\n{}", roles.logs());
     }
     let secret_hash = BlobHash::of(&secret);
+    // A fork of bob's own, whose branch run his attempts below name.
+    let theirs = roles.create("client-bob", &Example::quickstart().spec());
+    let bob_run: forkfleet_shared::ids::RunId = roles.watch("client-bob", &theirs)["branches"][0]
+        ["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     let readme = std::fs::read(ex.workspace().join("README.md")).unwrap();
     let readme_hash = BlobHash::of(&readme);
 
@@ -75,6 +83,38 @@ fn tenants_cannot_list_read_overwrite_or_flood_each_others_blobs() {
         assert!(err.contains("hash to"), "{err}");
         let kept = alice.blobs().get(&readme_hash).await.unwrap();
         assert_eq!(kept.as_deref(), Some(readme.as_slice()));
+        // Nor can he smuggle her hash into a fork of his own to read it back: a manifest
+        // naming it, as an agent's snapshot (or a fork's), is refused.
+        let mut stolen = forkfleet_shared::manifest::Manifest::default();
+        stolen.insert_file(
+            forkfleet_shared::path::WsPath::parse("stolen.txt").unwrap(),
+            forkfleet_shared::manifest::FileEntry::for_bytes(&secret, 0o644),
+        );
+        let manifest = stolen.to_blob().unwrap();
+        let manifest_hash = BlobHash::of(&manifest);
+        bob.blobs().put(manifest_hash, manifest).await.unwrap();
+        let api =
+            forkfleet_client::Client::on_subject(std::sync::Arc::new(bob.clone()), "client.bob");
+        let refused = forkfleet_client::ApiClient::agent_fork(
+            &api,
+            bob_run,
+            0u64,
+            manifest_hash,
+            vec![forkfleet_shared::api::AgentBranch {
+                label: "thief".into(),
+                steer: "read stolen.txt".into(),
+                model: None,
+                budget_usd: None,
+                extra_instructions: None,
+            }],
+            None,
+            None,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(refused.contains("has not uploaded"), "{refused}");
+
         // Proving he has the bytes (uploading them) makes them his too.
         bob.blobs()
             .put(secret_hash, Bytes::from(secret.clone()))
