@@ -219,6 +219,13 @@ impl Coordinator {
                 return Err(e);
             }
         };
+        // Uploads under way when an earlier process stopped: their clients start them again.
+        let uploads = store.dir().join(tenancy::UPLOADS_DIR);
+        if uploads.exists() {
+            if let Err(e) = std::fs::remove_dir_all(&uploads) {
+                tracing::warn!(dir = %uploads.display(), error = %e, "coordinator.uploads: cannot clear the uploads an earlier process left");
+            }
+        }
         tracing::info!(pool = %config.pool, durable = %config.durable, dir = %store.dir().display(), "coordinator.started");
         Ok(Coordinator {
             services,

@@ -24,7 +24,7 @@ use forkfleet_shared::api::{
 };
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::manifest::Manifest;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -32,21 +32,96 @@ use std::time::{Duration, Instant};
 pub const MAX_BLOB_BYTES: u64 = 1 << 30;
 /// An upload in parts that receives nothing for this long is dropped.
 const STAGED_IDLE: Duration = Duration::from_secs(600);
-/// Blobs read in parts kept in memory, so reading one in N parts reads it once.
-const READ_CACHE: usize = 4;
 
-/// An upload in parts, while its parts arrive.
+/// An upload in parts, while its parts arrive: a file in the data dir's `uploads/`, so
+/// uploads under way hold disk (bounded by each identity's quota), not memory.
 struct Staged {
-    bytes: Vec<u8>,
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    len: u64,
     total: u64,
     touched: Instant,
 }
 
-/// Uploads in parts and the blobs being read in parts.
+/// The directory of the data dir that holds uploads under way.
+pub(crate) const UPLOADS_DIR: &str = "uploads";
+
+/// What an answer says when an upload must begin again (its parts were lost: the
+/// coordinator restarted, or it was idle too long); a client that reads it starts over.
+pub use forkfleet_shared::api::limits::UPLOAD_RESTART;
+
+/// What one part did to its upload.
+enum Appended {
+    /// Taken; more to come.
+    Part(BlobUpload),
+    /// The last bytes arrived.
+    Last,
+}
+
+/// Add a part to upload `s` of `blob`: the bytes from where it stands on (parts of one blob
+/// hold the same bytes at the same offsets, so a part sent twice, or by two uploads of the
+/// same bytes at once, adds what is new only).
+fn append(
+    s: &mut Staged,
+    blob: BlobHash,
+    offset: u64,
+    total: u64,
+    bytes: &[u8],
+) -> Result<Appended, CoordinatorError> {
+    let have = s.len;
+    let end = offset + bytes.len() as u64;
+    if s.total != total {
+        return Err(CoordinatorError::BadRequest(format!(
+            "a part of blob {} says its total is {total}, its first said {}",
+            blob.short(),
+            s.total
+        )));
+    }
+    if end <= have {
+        return Ok(Appended::Part(BlobUpload {
+            received: have,
+            stored: false,
+        }));
+    }
+    if offset > have {
+        return Err(CoordinatorError::BadRequest(format!(
+            "a part of blob {} starts at byte {offset}; the next one must start at {have}",
+            blob.short()
+        )));
+    }
+    let fresh = &bytes[(have - offset) as usize..];
+    std::io::Write::write_all(&mut s.file, fresh).map_err(|e| staging_error(&s.path, e))?;
+    s.len = end;
+    s.touched = Instant::now();
+    if end < total {
+        return Ok(Appended::Part(BlobUpload {
+            received: end,
+            stored: false,
+        }));
+    }
+    Ok(Appended::Last)
+}
+
+fn staging_error(path: &std::path::Path, e: std::io::Error) -> CoordinatorError {
+    CoordinatorError::Internal(format!("cannot stage an upload in {}: {e}", path.display()))
+}
+
+/// Uploads in parts under way.
 #[derive(Default)]
 pub(crate) struct Transfers {
     staged: Mutex<HashMap<(String, BlobHash), Staged>>,
-    reads: Mutex<VecDeque<(BlobHash, Bytes)>>,
+}
+
+/// At most `len` bytes of `bytes` from `offset` (and at most a part's).
+fn part_of(bytes: &Bytes, offset: u64, len: u64) -> BlobPart {
+    let total = bytes.len() as u64;
+    let start = offset.min(total) as usize;
+    let len = len.min(MAX_BLOB_PART_BYTES as u64) as usize;
+    let end = start.saturating_add(len).min(bytes.len());
+    BlobPart {
+        total,
+        bytes: bytes.slice(start..end),
+    }
 }
 
 fn mib(bytes: u64) -> String {
@@ -118,42 +193,56 @@ impl CoordinatorHandle {
         if !self.may_read_blob(caller, op.blob).await? {
             return Ok(None);
         }
-        let cached = self.transfers().reads.lock().ok().and_then(|r| {
-            r.iter()
-                .find(|(h, _)| *h == op.blob)
-                .map(|(_, b)| b.clone())
-        });
-        let bytes = match cached {
-            Some(b) => b,
-            None => {
-                let Some(b) = self.blob(&op.blob).await? else {
-                    return Ok(None);
-                };
-                if b.len() > MAX_BLOB_PART_BYTES {
-                    if let Ok(mut reads) = self.transfers().reads.lock() {
-                        if reads.len() >= READ_CACHE {
-                            reads.pop_front();
-                        }
-                        reads.push_back((op.blob, b.clone()));
-                    }
-                }
-                b
+        let local = self.store().blob_store();
+        let mut path = local.local_file(&op.blob);
+        if path.is_none() {
+            // Small (held in the store's tree), or on the bus only: a large one is copied
+            // into the run store, whose file is read a part at a time.
+            let held = match self.store().blob(&op.blob)? {
+                Some(b) => Some(b),
+                None => self
+                    .bus()
+                    .blobs()
+                    .get(&op.blob)
+                    .await
+                    .map_err(BusError::from)?
+                    .filter(|b| BlobHash::of(b) == op.blob),
+            };
+            let Some(bytes) = held else {
+                return Ok(None);
+            };
+            if bytes.len() <= MAX_BLOB_PART_BYTES {
+                return Ok(Some(part_of(&bytes, op.offset, op.len)));
             }
-        };
-        let total = bytes.len() as u64;
-        let start = op.offset.min(total) as usize;
-        let len = op.len.min(MAX_BLOB_PART_BYTES as u64) as usize;
-        let end = start.saturating_add(len).min(bytes.len());
-        if end == bytes.len() {
-            // Read to its end: the next reader starts again.
-            if let Ok(mut reads) = self.transfers().reads.lock() {
-                reads.retain(|(h, _)| *h != op.blob);
+            local
+                .put(op.blob, bytes.clone())
+                .await
+                .map_err(BusError::from)?;
+            path = local.local_file(&op.blob);
+            if path.is_none() {
+                return Ok(Some(part_of(&bytes, op.offset, op.len)));
             }
         }
-        Ok(Some(BlobPart {
-            total,
-            bytes: bytes.slice(start..end),
-        }))
+        let Some(path) = path else {
+            return Ok(None);
+        };
+        let read = async {
+            use tokio::io::{AsyncReadExt, AsyncSeekExt};
+            let mut file = tokio::fs::File::open(&path).await?;
+            let total = file.metadata().await?.len();
+            let start = op.offset.min(total);
+            let len = op.len.min(MAX_BLOB_PART_BYTES as u64).min(total - start);
+            file.seek(std::io::SeekFrom::Start(start)).await?;
+            let mut buf = vec![0u8; len as usize];
+            file.read_exact(&mut buf).await?;
+            Ok::<_, std::io::Error>(BlobPart {
+                total,
+                bytes: Bytes::from(buf),
+            })
+        };
+        read.await.map(Some).map_err(|e| {
+            CoordinatorError::Internal(format!("cannot read blob file {}: {e}", path.display()))
+        })
     }
 
     /// Take one part of an upload ([`PutBlobPart`]); the last one stores the blob.
@@ -189,65 +278,87 @@ impl CoordinatorHandle {
                 stored: true,
             });
         }
-        if offset == 0 {
+        let key = (caller.name().to_string(), blob);
+        let fresh = self
+            .transfers()
+            .staged
+            .lock()
+            .map(|m| !m.contains_key(&key))
+            .unwrap_or(true);
+        if offset == 0 && fresh {
             self.check_quota(caller, total, true).await?;
         }
+        let dir = self.store().dir().join(UPLOADS_DIR);
         let done = {
             let mut staged =
                 self.transfers().staged.lock().map_err(|_| {
                     CoordinatorError::Internal("upload staging lock poisoned".into())
                 })?;
-            staged.retain(|_, s| s.touched.elapsed() < STAGED_IDLE);
-            let key = (caller.name().to_string(), blob);
-            if offset == 0 {
+            staged.retain(|_, s| {
+                let keep = s.touched.elapsed() < STAGED_IDLE;
+                if !keep {
+                    let _ = std::fs::remove_file(&s.path);
+                }
+                keep
+            });
+            if offset == 0 && !staged.contains_key(&key) {
+                std::fs::create_dir_all(&dir).map_err(|e| staging_error(&dir, e))?;
+                let path = dir.join(format!(
+                    "{}-{}.part",
+                    BlobHash::of(caller.name().as_bytes()).short(),
+                    blob.to_hex()
+                ));
+                let file = std::fs::File::create(&path).map_err(|e| staging_error(&path, e))?;
                 staged.insert(
                     key.clone(),
                     Staged {
-                        bytes: Vec::new(),
+                        file,
+                        path,
+                        len: 0,
                         total,
                         touched: Instant::now(),
                     },
                 );
             }
-            let Some(s) = staged.get_mut(&key) else {
+            match staged.get_mut(&key) {
+                None => None,
+                Some(s) => Some(append(s, blob, offset, total, &bytes)?),
+            }
+        };
+        let staged = match done {
+            Some(Appended::Part(up)) => return Ok(up),
+            Some(Appended::Last) => self
+                .transfers()
+                .staged
+                .lock()
+                .ok()
+                .and_then(|mut m| m.remove(&key)),
+            None => {
+                // Finished meanwhile by another upload of the same bytes (two commands of
+                // one identity uploading one workspace): stored, and the caller's.
+                if self.blob_for(caller, &blob).await?.is_some() {
+                    return Ok(BlobUpload {
+                        received: total,
+                        stored: true,
+                    });
+                }
                 return Err(CoordinatorError::BadRequest(format!(
-                    "no upload of blob {} is under way (or it was idle for {} s): start again at offset 0",
+                    "no upload of blob {} is under way (or it was idle for {} s): {UPLOAD_RESTART}",
                     blob.short(),
                     STAGED_IDLE.as_secs()
                 )));
-            };
-            let have = s.bytes.len() as u64;
-            if s.total != total {
-                return Err(CoordinatorError::BadRequest(format!(
-                    "a part of blob {} says its total is {total}, its first said {}",
-                    blob.short(),
-                    s.total
-                )));
             }
-            if end <= have {
-                // A part again (its answer was lost): already here.
-                return Ok(BlobUpload {
-                    received: have,
-                    stored: false,
-                });
-            }
-            if offset != have {
-                return Err(CoordinatorError::BadRequest(format!(
-                    "a part of blob {} starts at byte {offset}; the next one must start at {have}",
-                    blob.short()
-                )));
-            }
-            s.bytes.extend_from_slice(&bytes);
-            s.touched = Instant::now();
-            if end < total {
-                return Ok(BlobUpload {
-                    received: end,
-                    stored: false,
-                });
-            }
-            staged.remove(&key).map(|s| s.bytes)
         };
-        let whole = Bytes::from(done.unwrap_or_default());
+        let Some(staged) = staged else {
+            return Err(CoordinatorError::Internal(
+                "a finished upload vanished".into(),
+            ));
+        };
+        let path = staged.path.clone();
+        drop(staged);
+        let read = tokio::fs::read(&path).await;
+        let _ = tokio::fs::remove_file(&path).await;
+        let whole = Bytes::from(read.map_err(|e| staging_error(&path, e))?);
         self.store_upload(caller, blob, whole).await?;
         Ok(BlobUpload {
             received: total,

@@ -11,7 +11,7 @@
 use super::{backend, Client};
 use async_trait::async_trait;
 use bytes::Bytes;
-use forkfleet_shared::api::limits::{MAX_BLOBS_PER_CALL, MAX_BLOB_PART_BYTES};
+use forkfleet_shared::api::limits::{MAX_BLOBS_PER_CALL, MAX_BLOB_PART_BYTES, UPLOAD_RESTART};
 use forkfleet_shared::api::{
     ApiRequest, ApiResponse, GetBlobPart, MissingBlobs, Operation, PutBlobPart,
 };
@@ -47,8 +47,9 @@ impl BrokeredBlobs {
         let req: ApiRequest = op.into();
         let payload =
             wire::encode(&req).map_err(|e| BlobError::Backend(format!("`{name}`: {e}")))?;
-        let deadline = Instant::now() + self.retry_for;
+        let mut deadline = Instant::now() + self.retry_for;
         let mut pause = Duration::from_millis(100);
+        let mut timeouts = 0u32;
         let answer = loop {
             let request = async_nats::Request::new()
                 .payload(payload.clone())
@@ -59,12 +60,25 @@ impl BrokeredBlobs {
                 .await
             {
                 Ok(msg) => break msg.payload,
+                // A request in flight when the coordinator went away: once more, with the
+                // whole window again (a restart, a takeover).
+                Err(e) if e.kind() == async_nats::RequestErrorKind::TimedOut && timeouts < 1 => {
+                    timeouts += 1;
+                    deadline = Instant::now() + self.retry_for;
+                    tracing::debug!(api.op = name, error = %e, "bus.blobs: no answer; asking again");
+                }
+                // Every blob operation is the same asked twice: while no coordinator
+                // answers (it restarts, another takes over), ask again.
                 Err(e)
-                    if e.kind() == async_nats::RequestErrorKind::NoResponders
-                        && Instant::now() + pause < deadline =>
+                    if matches!(
+                        e.kind(),
+                        async_nats::RequestErrorKind::NoResponders
+                            | async_nats::RequestErrorKind::TimedOut
+                    ) && Instant::now() + pause < deadline =>
                 {
                     tracing::debug!(
                         api.op = name,
+                        error = %e,
                         "bus.blobs: no coordinator answers yet; asking again"
                     );
                     tokio::time::sleep(pause).await;
@@ -99,19 +113,42 @@ impl BlobStore for BrokeredBlobs {
     async fn put(&self, hash: BlobHash, bytes: Bytes) -> Result<(), BlobError> {
         let total = bytes.len() as u64;
         let mut offset = 0u64;
+        let (mut restarts, mut waits) = (0u32, 0u32);
         loop {
             let start = offset as usize;
             let end = (start + MAX_BLOB_PART_BYTES).min(bytes.len());
-            let up = self
+            let up = match self
                 .call(PutBlobPart {
                     blob: hash,
                     offset,
                     total,
                     bytes: bytes.slice(start..end),
                 })
-                .await?;
+                .await
+            {
+                Ok(up) => up,
+                // The coordinator lost the parts (it restarted): from the start, a few times.
+                Err(BlobError::Backend(m)) if m.contains(UPLOAD_RESTART) && restarts < 3 => {
+                    restarts += 1;
+                    offset = 0;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if up.stored {
                 return Ok(());
+            }
+            if up.received == total && offset == total {
+                // Another upload of the same bytes is storing them: ask again shortly.
+                waits += 1;
+                if waits > 100 {
+                    return Err(BlobError::Backend(format!(
+                        "blob {} was received whole but not stored within 5 s",
+                        hash.short()
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
             if up.received <= offset || up.received > total {
                 return Err(BlobError::Backend(format!(

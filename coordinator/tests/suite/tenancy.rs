@@ -153,6 +153,29 @@ async fn uploads_in_parts_are_checked_and_reads_are_scoped() {
         .await
         .unwrap_err();
     assert_eq!(over.kind, ApiErrorKind::Conflict);
+    // Two uploads of the same new bytes at once (two commands of one identity) both end
+    // stored: a part one of them sent already is taken as received.
+    let shared = b"the same bytes from two commands at once";
+    let sh = BlobHash::of(shared);
+    let bob2 = Caller::Client("carol".into());
+    up(call(bob2.clone(), part(sh, 0, 40, &shared[..10])).await);
+    up(call(bob2.clone(), part(sh, 0, 40, &shared[..10])).await);
+    let a = up(call(bob2.clone(), part(sh, 10, 40, &shared[10..25])).await);
+    let b = up(call(bob2.clone(), part(sh, 10, 40, &shared[10..20])).await);
+    assert_eq!((a.received, b.received), (25, 25));
+    let done = up(call(bob2.clone(), part(sh, 25, 40, &shared[25..])).await);
+    assert!(done.stored);
+    let late = up(call(bob2.clone(), part(sh, 25, 40, &shared[25..])).await);
+    assert!(late.stored, "finished by the other: {late:?}");
+    // Parts of an upload the coordinator no longer holds say to start over.
+    let lost = BlobHash::of(b"never started");
+    let e = call(bob2, part(lost, 4, 13, b"r st")).await.unwrap_err();
+    assert!(
+        e.message
+            .contains(forkfleet_shared::api::limits::UPLOAD_RESTART),
+        "{}",
+        e.message
+    );
     // Another identity's quota is its own.
     up(call(bob, part(BlobHash::of(&big), 0, 90, &big)).await);
 }

@@ -20,6 +20,9 @@ pub const MAX_BLOBS_PER_CALL: usize = 8192;
 /// [`super::MAX_INLINE_BYTES`] with its envelope, so it is never itself moved through the
 /// blob store. (The coordinator takes larger parts: `PUT /blobs/{blob}` is one.)
 pub const MAX_BLOB_PART_BYTES: usize = super::MAX_INLINE_BYTES - 4096;
+/// The words of the coordinator's answer when an upload in parts must begin again at
+/// offset 0 (its parts were lost); the client that reads them starts over.
+pub const UPLOAD_RESTART: &str = "start again at offset 0";
 /// How much of a user's input an error message quotes.
 pub const QUOTE_MAX_CHARS: usize = 80;
 
