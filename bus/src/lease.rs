@@ -100,6 +100,8 @@ impl NatsBus {
                 bucket: subjects::COORDINATOR_BUCKET.into(),
                 description: "forkfleet: the serving coordinator's lease".into(),
                 history: 1,
+                // One small record: a byte limit like every other bucket's.
+                max_bytes: 1 << 20,
                 storage: self.config().storage.into(),
                 // Like every stream and bucket: `[nats] replicas` (3 on a NATS cluster).
                 num_replicas: self.config().replicas,

@@ -111,6 +111,9 @@ pub(crate) struct ForkState {
     waiters: Vec<oneshot::Sender<ForkView>>,
     version: watch::Sender<u64>,
     merging: bool,
+    /// Why the fork's branches must stop: its account passed its blob quota with what they
+    /// wrote (`crate::tenancy`); taken by [`ForkState::stop_over_quota`].
+    over_quota: Option<String>,
     /// A resolve of this fork is running (tests, judges).
     resolving: bool,
     /// The branches' automatic checkpoints (`checkpoint/auto.rs`).
@@ -453,6 +456,7 @@ impl Actor for ForkActor {
             waiters: Vec::new(),
             version,
             merging: false,
+            over_quota: None,
             resolving: false,
             checkpoints,
         };
@@ -481,6 +485,7 @@ impl Actor for ForkActor {
             }
             ForkMsg::ApplyEvents(events, reply) => {
                 let _ = reply.send(state.apply_events(events));
+                state.stop_over_quota().await;
                 // Branches whose fenced attempt finished: is their task still held?
                 state.check_runners().await;
                 state.follow_up_lost_steers().await;

@@ -219,6 +219,7 @@ impl Coordinator {
                 return Err(e);
             }
         };
+        store.set_blob_quota(config.blob_quota_bytes);
         // Uploads under way when an earlier process stopped: their clients start them again.
         let uploads = store.dir().join(tenancy::UPLOADS_DIR);
         if uploads.exists() {

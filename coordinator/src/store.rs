@@ -103,6 +103,9 @@ struct Inner {
     flush_lock: tokio::sync::Mutex<()>,
     /// Flush requests made, and the highest request a finished flush covered.
     flush_requested: std::sync::atomic::AtomicU64,
+    /// The blob quota of each identity and account (`crate::tenancy`), set by the
+    /// coordinator at start; unlimited until then.
+    blob_quota: std::sync::atomic::AtomicU64,
     flush_done: std::sync::atomic::AtomicU64,
     /// fork id -> the last ResolveReport
     resolutions: sled::Tree,
@@ -211,6 +214,7 @@ impl RunStore {
             parent_lock: Mutex::new(()),
             flush_lock: tokio::sync::Mutex::new(()),
             flush_requested: std::sync::atomic::AtomicU64::new(0),
+            blob_quota: std::sync::atomic::AtomicU64::new(u64::MAX),
             flush_done: std::sync::atomic::AtomicU64::new(0),
             manifests: Mutex::new(std::collections::HashMap::new()),
             dir,

@@ -5,7 +5,9 @@
 //! - hashes every upload once all its bytes arrived, so nothing is stored under a hash
 //!   that is not its content's, and repairs a stored copy whose content is wrong (an
 //!   earlier release let clients write the buckets directly);
-//! - counts each identity's uploads against its quota (`blob_quota_bytes`), each blob once;
+//! - counts each identity's uploads against its quota (`blob_quota_bytes`), each blob once
+//!   (and what its forks' branches write: `crate::fork` stops them past it); stages an
+//!   upload in parts in a file of the data dir, never in memory;
 //! - answers a read, or a "do you have it", only for a blob one of the caller's accounts
 //!   owns (`crate::store` `blob_owners`): its own uploads, the files of its forks'
 //!   snapshots, what its forks' branches and merges wrote. A blob another tenant stored
@@ -212,7 +214,7 @@ impl CoordinatorHandle {
                 return Ok(None);
             };
             if bytes.len() <= MAX_BLOB_PART_BYTES {
-                return Ok(Some(part_of(&bytes, op.offset, op.len)));
+                return Ok(Some(part_of(&bytes, op.start, op.len)));
             }
             local
                 .put(op.blob, bytes.clone())
@@ -220,7 +222,7 @@ impl CoordinatorHandle {
                 .map_err(BusError::from)?;
             path = local.local_file(&op.blob);
             if path.is_none() {
-                return Ok(Some(part_of(&bytes, op.offset, op.len)));
+                return Ok(Some(part_of(&bytes, op.start, op.len)));
             }
         }
         let Some(path) = path else {
@@ -230,7 +232,7 @@ impl CoordinatorHandle {
             use tokio::io::{AsyncReadExt, AsyncSeekExt};
             let mut file = tokio::fs::File::open(&path).await?;
             let total = file.metadata().await?.len();
-            let start = op.offset.min(total);
+            let start = op.start.min(total);
             let len = op.len.min(MAX_BLOB_PART_BYTES as u64).min(total - start);
             file.seek(std::io::SeekFrom::Start(start)).await?;
             let mut buf = vec![0u8; len as usize];

@@ -642,7 +642,7 @@ async fn every_declared_operation_answers_alike_through_both_transports() {
         .into(),
         api::GetBlobPart {
             blob: forkfleet_shared::blob::BlobHash::of(b"no such blob"),
-            offset: 0,
+            start: 0,
             len: 10,
         }
         .into(),
@@ -767,7 +767,7 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
         .into(),
         api::GetBlobPart {
             blob: view.snapshot,
-            offset: 0,
+            start: 0,
             len: 100,
         }
         .into(),

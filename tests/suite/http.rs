@@ -876,6 +876,22 @@ fn browser_attacks_on_a_tokenless_api_are_refused() {
     let got = http.get(format!("{base}/blobs/{hash}")).send().unwrap();
     assert_eq!(got.status().as_u16(), 200);
     assert_eq!(got.bytes().unwrap().to_vec(), bytes);
+    // ... and a part of it, named in the query.
+    let part: serde_json::Value = serde_json::from_str(
+        &http
+            .get(format!("{base}/blobs/{hash}/parts?start=2&len=4"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(part["total"], bytes.len(), "{part}");
+    assert_eq!(
+        part["bytes"],
+        serde_json::json!(bytes[2..6].to_vec()),
+        "{part}"
+    );
     // A PUT takes JSON too (a blob's bytes aside).
     let p = problem(
         http.put(format!("{base}/accounts/x"))

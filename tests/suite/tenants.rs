@@ -212,6 +212,31 @@ fn tenants_cannot_list_read_overwrite_or_flood_each_others_blobs() {
     );
     let after = roles.client("client-bob", &["fork", "ls", "--json"]).json();
     assert_eq!(before, after);
+    // What branches write counts too: past the quota, the fork's branches are stopped,
+    // saying why (100 KB a turn, 100 turns, against alice's 2 MB).
+    let flood = Example::quickstart();
+    let content = format!("{{repeat}} {}", "y".repeat(100_000));
+    std::fs::write(
+        flood.dir.path().join("flood.toml"),
+        super::harness::writes_then_done(50, true, "flood/{repeat}.txt", &content, 100),
+    )
+    .unwrap();
+    let spec = flood.write_spec(
+        "goal = \"flood\"\nworkspace = \"workspace\"\nmodel = \"scripted:flood\"\nmax_turns = 200\n\
+         [models.\"scripted:flood\"]\nscript = \"flood.toml\"\n\
+         price = { input_per_mtok = 0.15, output_per_mtok = 0.60 }\n",
+    );
+    let id = roles.create("client-alice", &spec);
+    let watched = roles.watch("client-alice", &id);
+    let branch = &watched["branches"][0];
+    assert_eq!(branch["state"], "terminated", "{watched}\n{}", roles.logs());
+    assert!(
+        branch["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("passed its blob quota"),
+        "{watched}"
+    );
     let log = roles.nats.log();
     // Only the raw attempts above were violations: the product needed none.
     assert!(
@@ -263,4 +288,37 @@ fn an_identity_on_an_unrestricted_cluster_uploads_through_the_coordinator() {
         .client(&["fork", "cost", &id, "--identity", "carol", "--json"])
         .json();
     assert_eq!(cost["account"]["name"], "carol", "{cost}");
+}
+
+/// A blob bucket at its `max_bytes` refuses more, saying which bucket and what to do (not
+/// JetStream's bare "maximum bytes exceeded"); what it held stays readable.
+#[test]
+fn a_full_blob_bucket_says_so() {
+    let server = forkfleet_bus::testkit::NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut config = NatsConfig::new(server.url());
+        config.blob_max_bytes = 1 << 20;
+        let bus = NatsBus::connect(config).await.unwrap();
+        let first = unique("first", 600_000);
+        let first_hash = BlobHash::of(&first);
+        bus.blobs()
+            .put(first_hash, first.clone().into())
+            .await
+            .unwrap();
+        let second = unique("second", 600_000);
+        let err = bus
+            .blobs()
+            .put(BlobHash::of(&second), second.into())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("the blob store is full: bucket `ff_blobs`")
+                && err.contains("blob_store_mb"),
+            "{err}"
+        );
+        let kept = bus.blobs().get(&first_hash).await.unwrap();
+        assert_eq!(kept.as_deref(), Some(first.as_slice()));
+    });
 }

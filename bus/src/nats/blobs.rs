@@ -2,6 +2,18 @@
 
 use super::*;
 
+/// A failed put as an error: a full bucket says so and what to do (JetStream's own words,
+/// "maximum bytes exceeded", name neither), anything else as it is.
+fn full_or(bucket: &str, key: &str, e: impl fmt::Display) -> BlobError {
+    let message = e.to_string();
+    if message.contains("maximum bytes exceeded") {
+        return BlobError::Backend(format!(
+            "the blob store is full: bucket `{bucket}` reached its max_bytes (`[nats] blob_store_mb` when the coordinator created it); an operator frees room with `forkfleet gc`, or raises the bucket's limit"
+        ));
+    }
+    blob_backend(format!("put of blob {key}"), message)
+}
+
 /// Blobs on JetStream: small ones as KV values, large ones in the object store.
 pub(super) struct NatsBlobStore {
     pub(super) small: kv::Store,
@@ -31,7 +43,7 @@ impl BlobStore for NatsBlobStore {
             return match self.small.create(&key, bytes).await {
                 Ok(_) => Ok(()),
                 Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(()),
-                Err(e) => Err(blob_backend(format!("put of blob {key}"), e)),
+                Err(e) => Err(full_or(subjects::SMALL_BLOB_BUCKET, &key, e)),
             };
         }
         match self.large.info(&key).await {
@@ -45,7 +57,7 @@ impl BlobStore for NatsBlobStore {
             .put(key.as_str(), &mut reader)
             .await
             .map(|_| ())
-            .map_err(|e| blob_backend(format!("put of blob {key}"), e))
+            .map_err(|e| full_or(subjects::BLOB_BUCKET, &key, e))
     }
 
     async fn get(&self, hash: &BlobHash) -> Result<Option<Bytes>, BlobError> {

@@ -168,7 +168,7 @@ impl BlobStore for BrokeredBlobs {
             let part = self
                 .call(GetBlobPart {
                     blob: *hash,
-                    offset,
+                    start: offset,
                     len: MAX_BLOB_PART_BYTES as u64,
                 })
                 .await?;

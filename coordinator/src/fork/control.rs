@@ -53,6 +53,35 @@ impl ForkState {
     /// not flushed: the caller flushes once for all it stopped. A terminate that cannot be
     /// sent is logged; the branch ends all the same (a worker still running it finds its
     /// lease superseded at its next takeover or its events dropped).
+    /// Stop every branch still going when the fork's account passed its blob quota
+    /// ([`ForkState::over_quota`]), saying why.
+    pub(super) async fn stop_over_quota(&mut self) {
+        let Some(reason) = self.over_quota.take() else {
+            return;
+        };
+        let fork_id = self.record.fork_id;
+        let mut ended = false;
+        for i in 0..self.branches.len() {
+            if self.branches[i].record.state.is_terminal() {
+                continue;
+            }
+            match self.stop_branch(i, reason.clone()).await {
+                Ok(()) => ended = true,
+                Err(e) => {
+                    tracing::warn!(fork.id = %fork_id, error = %e, "fork.blob_quota: cannot stop a branch")
+                }
+            }
+        }
+        if ended {
+            tracing::warn!(fork.id = %fork_id, reason = %reason, "fork.blob_quota: branches stopped");
+            if let Err(e) = self.store.flush_async().await {
+                tracing::warn!(fork.id = %fork_id, error = %e, "fork.blob_quota: cannot flush the stopped branches");
+            }
+            self.check_settled();
+            self.bump();
+        }
+    }
+
     pub(super) async fn stop_branch(
         &mut self,
         i: usize,

@@ -149,7 +149,7 @@ impl ForkState {
         let mut written: HashSet<(RunId, u64)> = HashSet::with_capacity(events.len());
         // The files its branches write belong to the fork's account (`crate::tenancy`).
         let account = self.record.plan.budget.account.as_deref();
-        let mut files = Vec::new();
+        let mut files: Vec<(forkfleet_shared::blob::BlobHash, u64)> = Vec::new();
         for ev in &events {
             let Some(&i) = self.by_run.get(&ev.run_id) else {
                 continue;
@@ -162,7 +162,7 @@ impl ForkState {
             {
                 batch.insert(&event_key(ev.run_id, ev.seq), encode("event", &ev.event)?);
                 if let (Some(_), Event::FileChange { change }) = (account, &ev.event) {
-                    files.extend(change.written().map(|e| e.hash));
+                    files.extend(change.written().map(|e| (e.hash, e.size)));
                 }
             }
         }
@@ -170,7 +170,15 @@ impl ForkState {
             self.store.apply_event_batch(batch)?;
         }
         if let Some(account) = account.filter(|_| !files.is_empty()) {
-            self.store.own_blobs(account, files)?;
+            self.store.own_blobs(account, files.iter().map(|f| f.0))?;
+            if let Some((used, quota)) = self.store.record_written(account, &files)? {
+                let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+                self.over_quota = Some(format!(
+                    "account `{account}` passed its blob quota with the files its branches wrote ({:.1} MiB of {:.1} MiB; `[coordinator] blob_quota_mb`): remove forks it no longer needs (`forkfleet fork rm`, then `forkfleet gc`), or ask an operator to raise it",
+                    mib(used),
+                    mib(quota)
+                ));
+            }
         }
         // Pass 2: apply in memory.
         let mut changed = false;

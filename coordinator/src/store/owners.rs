@@ -123,6 +123,47 @@ impl RunStore {
         Ok(Ok(()))
     }
 
+    /// The quota [`RunStore::record_written`] holds accounts to.
+    pub(crate) fn set_blob_quota(&self, bytes: u64) {
+        self.inner
+            .blob_quota
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Count the files a fork of `account` wrote (`(hash, size)`, each blob once) against
+    /// the account's quota, as uploads are: what its branches write goes to the same
+    /// buckets. `Some((used, quota))` once the account is past it. Written, not flushed.
+    pub(crate) fn record_written(
+        &self,
+        account: &str,
+        files: &[(BlobHash, u64)],
+    ) -> Result<Option<(u64, u64)>, CoordinatorError> {
+        let uploads = self.inner.db.open_tree(UPLOADS)?;
+        let usage = self.inner.db.open_tree(USAGE)?;
+        let usage_key = prefix(account);
+        let mut added = 0u64;
+        let mut batch = sled::Batch::default();
+        for (hash, size) in files {
+            let k = key(account, hash);
+            if uploads.get(&k)?.is_none() {
+                batch.insert(k, &size.to_be_bytes());
+                added += size;
+            }
+        }
+        uploads.apply_batch(batch)?;
+        let used = usage
+            .update_and_fetch(&usage_key, |v| {
+                let now = v.map_or(0, u64_of).saturating_add(added);
+                Some(now.to_be_bytes().to_vec())
+            })?
+            .map_or(0, |v| u64_of(&v));
+        let quota = self
+            .inner
+            .blob_quota
+            .load(std::sync::atomic::Ordering::Relaxed);
+        Ok((used > quota).then_some((used, quota)))
+    }
+
     /// Forget every owner and upload of `gone` (blobs a collection deleted): their bytes
     /// no longer count against anyone's quota. Written, not flushed.
     pub(crate) fn forget_blobs(&self, gone: &HashSet<BlobHash>) -> Result<(), CoordinatorError> {

@@ -119,7 +119,7 @@ async fn uploads_in_parts_are_checked_and_reads_are_scoped() {
             caller,
             GetBlobPart {
                 blob: hash,
-                offset,
+                start: offset,
                 len,
             }
             .into(),

@@ -670,12 +670,11 @@ operations! {
         } -> BlobUpload(BlobUpload), idempotent, quick, write, POST "/blobs/{blob}/parts";
 
         /// Part of a blob: at most `len` bytes (and at most
-        /// [`super::limits::MAX_BLOB_PART_BYTES`])
-        /// from `offset`; `None` when the store lacks it or, for a scoped client, none of
-        /// its accounts owns it.
+        /// [`super::limits::MAX_BLOB_PART_BYTES`]) from byte `start`; `None` when the store
+        /// lacks it or, for a scoped client, none of its accounts owns it.
         GetBlobPart = "get_blob_part", fn get_blob_part {
             blob: BlobHash,
-            offset: u64,
+            start: u64,
             len: u64,
         } -> BlobPart(Option<BlobPart>), idempotent, quick, read, GET "/blobs/{blob}/parts";
     }
