@@ -1,4 +1,4 @@
-//! Blobs belong to tenants (ADR 36, "Blobs belong to tenants"). A scoped client has no
+//! Blobs belong to tenants (ADR 37). A scoped client has no
 //! access to the bus's blob buckets: it uploads and reads blobs through the coordinator's
 //! API (`missing_blobs`, `put_blob_part`, `get_blob_part`), which
 //!
@@ -20,7 +20,7 @@ use crate::error::CoordinatorError;
 use crate::handle::CoordinatorHandle;
 use bytes::Bytes;
 use forkfleet_bus::BusError;
-use forkfleet_shared::api::limits::MAX_BLOB_PART_BYTES;
+use forkfleet_shared::api::limits::{MAX_BLOB_PART_BYTES, UPLOAD_RESTART};
 use forkfleet_shared::api::{
     AgentFork, BlobPart, BlobUpload, Caller, CreateFork, GetBlobPart, PutBlobPart,
 };
@@ -47,10 +47,6 @@ struct Staged {
 
 /// The directory of the data dir that holds uploads under way.
 pub(crate) const UPLOADS_DIR: &str = "uploads";
-
-/// What an answer says when an upload must begin again (its parts were lost: the
-/// coordinator restarted, or it was idle too long); a client that reads it starts over.
-pub use forkfleet_shared::api::limits::UPLOAD_RESTART;
 
 /// What one part did to its upload.
 enum Appended {

@@ -141,7 +141,7 @@ impl Config {
                     .identity
                     .as_ref()
                     .and_then(|id| forkfleet_shared::subjects::client_inbox(&id.value).ok());
-                // A scoped client's blobs go through the coordinator (ADR 36).
+                // A scoped client's blobs go through the coordinator (ADR 37).
                 nats.blob_broker = n
                     .identity
                     .as_ref()

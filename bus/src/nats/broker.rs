@@ -1,4 +1,4 @@
-//! A scoped client's blobs, through the coordinator's API (ADR 36, "Blobs belong to
+//! A scoped client's blobs, through the coordinator's API (ADR 37, "Blobs belong to
 //! tenants"): the client may not touch the blob buckets; the coordinator verifies each
 //! upload against its hash, counts it against the identity's quota, and answers reads and
 //! "do you have it" only for blobs the identity's accounts own.

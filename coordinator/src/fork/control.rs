@@ -46,13 +46,6 @@ impl ForkState {
         Ok(task.attempt_base)
     }
 
-    /// Stop branch `i` and end it here, whether or not a worker runs it (ADR 18): a
-    /// pending or running one is first sent a terminate command (its worker, if any, stops
-    /// at once, cancelling its call in flight, and settles its task), then the branch is
-    /// fenced off and its `terminated` status appended under the fence, in the store but
-    /// not flushed: the caller flushes once for all it stopped. A terminate that cannot be
-    /// sent is logged; the branch ends all the same (a worker still running it finds its
-    /// lease superseded at its next takeover or its events dropped).
     /// Stop every branch still going when the fork's account passed its blob quota
     /// ([`ForkState::over_quota`]), saying why.
     pub(super) async fn stop_over_quota(&mut self) {
@@ -82,6 +75,13 @@ impl ForkState {
         }
     }
 
+    /// Stop branch `i` and end it here, whether or not a worker runs it (ADR 18): a
+    /// pending or running one is first sent a terminate command (its worker, if any, stops
+    /// at once, cancelling its call in flight, and settles its task), then the branch is
+    /// fenced off and its `terminated` status appended under the fence, in the store but
+    /// not flushed: the caller flushes once for all it stopped. A terminate that cannot be
+    /// sent is logged; the branch ends all the same (a worker still running it finds its
+    /// lease superseded at its next takeover or its events dropped).
     pub(super) async fn stop_branch(
         &mut self,
         i: usize,

@@ -1,12 +1,14 @@
-//! Who owns which blobs (ADR 36, "Blobs belong to tenants"): what a scoped client may read
-//! and what counts against its quota.
+//! Who owns which blobs (ADR 37): what a scoped client may read and what counts against
+//! its quota.
 //!
 //! - `blob_owners`: key = account (u16 big-endian length, then its bytes) ++ hash; empty
 //!   value. An account owns a blob its client identity uploaded, a file of a snapshot its
 //!   forks started from, and what its forks' branches and merges wrote.
-//! - `blob_uploads`: key = identity (same form) ++ hash; value = the blob's size (u64
-//!   big-endian): what each identity uploaded, each blob counted once.
-//! - `blob_usage`: key = identity; value = the sum of its uploads' sizes (u64 big-endian).
+//! - `blob_uploads`: key = identity or account (same form) ++ hash; value = the blob's size
+//!   (u64 big-endian): what each identity uploaded and each account's forks wrote, each
+//!   blob counted once.
+//! - `blob_usage`: key = identity or account; value = the sum of its sizes (u64
+//!   big-endian).
 
 use super::RunStore;
 use crate::error::CoordinatorError;
