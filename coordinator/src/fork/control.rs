@@ -52,27 +52,34 @@ impl ForkState {
         let Some(reason) = self.over_quota.take() else {
             return;
         };
+        if self.stop_unfinished(&reason).await {
+            tracing::warn!(fork.id = %self.record.fork_id, reason = %reason, "fork.blob_quota: branches stopped");
+            self.check_settled();
+            self.bump();
+        }
+    }
+
+    /// Stop every branch not yet finished, for `reason`, and flush: true when one was.
+    pub(super) async fn stop_unfinished(&mut self, reason: &str) -> bool {
         let fork_id = self.record.fork_id;
         let mut ended = false;
         for i in 0..self.branches.len() {
             if self.branches[i].record.state.is_terminal() {
                 continue;
             }
-            match self.stop_branch(i, reason.clone()).await {
+            match self.stop_branch(i, reason.to_string()).await {
                 Ok(()) => ended = true,
                 Err(e) => {
-                    tracing::warn!(fork.id = %fork_id, error = %e, "fork.blob_quota: cannot stop a branch")
+                    tracing::warn!(fork.id = %fork_id, branch.label = %self.branches[i].record.label, error = %e, "fork.stop: cannot stop a branch")
                 }
             }
         }
         if ended {
-            tracing::warn!(fork.id = %fork_id, reason = %reason, "fork.blob_quota: branches stopped");
             if let Err(e) = self.store.flush_async().await {
-                tracing::warn!(fork.id = %fork_id, error = %e, "fork.blob_quota: cannot flush the stopped branches");
+                tracing::warn!(fork.id = %fork_id, error = %e, "fork.stop: cannot flush the stopped branches");
             }
-            self.check_settled();
-            self.bump();
         }
+        ended
     }
 
     /// Stop branch `i` and end it here, whether or not a worker runs it (ADR 18): a

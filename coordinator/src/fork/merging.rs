@@ -273,23 +273,7 @@ impl ForkState {
         }
         // Stop the losers that are still running or paused.
         let reason = format!("fork {fork_id} merged branch `{}`", done.outcome.winner);
-        let mut ended = false;
-        for i in 0..self.branches.len() {
-            if self.branches[i].record.state.is_terminal() {
-                continue;
-            }
-            match self.stop_branch(i, reason.clone()).await {
-                Ok(()) => ended = true,
-                Err(e) => {
-                    tracing::warn!(fork.id = %fork_id, branch.label = %self.branches[i].record.label, error = %e, "fork.merge: cannot stop a losing branch")
-                }
-            }
-        }
-        if ended {
-            if let Err(e) = self.store.flush_async().await {
-                tracing::warn!(fork.id = %fork_id, error = %e, "fork.merge: cannot flush the stopped losers");
-            }
-        }
+        self.stop_unfinished(&reason).await;
         tracing::info!(
             fork.id = %fork_id,
             branch.label = %done.outcome.winner,
