@@ -31,6 +31,7 @@ mod checkpoints;
 mod fenced;
 mod id;
 mod owners;
+pub(crate) use owners::charged;
 mod records;
 
 pub use blobs::SledBlobStore;

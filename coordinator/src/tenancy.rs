@@ -18,6 +18,7 @@
 
 use crate::error::CoordinatorError;
 use crate::handle::CoordinatorHandle;
+use crate::store::charged;
 use bytes::Bytes;
 use forkfleet_bus::BusError;
 use forkfleet_shared::api::limits::{MAX_BLOB_PART_BYTES, UPLOAD_RESTART};
@@ -284,7 +285,7 @@ impl CoordinatorHandle {
             .map(|m| !m.contains_key(&key))
             .unwrap_or(true);
         if offset == 0 && fresh {
-            self.check_quota(caller, total, true).await?;
+            self.check_quota(caller, charged(total), true).await?;
         }
         let dir = self.store().dir().join(UPLOADS_DIR);
         let done = {
@@ -420,7 +421,7 @@ impl CoordinatorHandle {
         let size = bytes.len() as u64;
         let identity = caller.identity().map(str::to_string);
         if identity.is_some() {
-            self.check_quota(caller, size, false).await?;
+            self.check_quota(caller, charged(size), false).await?;
         }
         let store = self.bus().blobs();
         match store.get(&blob).await.map_err(BusError::from)? {

@@ -9,12 +9,25 @@
 //!   blob counted once.
 //! - `blob_usage`: key = identity or account; value = the sum of its sizes (u64
 //!   big-endian).
+//!
+//! Each blob is charged its size plus [`BLOB_OVERHEAD_BYTES`]: what storing one costs
+//! beside its bytes (a bucket entry, a run store record), so a flood of tiny blobs meets
+//! the quota as soon as the bytes it really takes do.
 
 use super::RunStore;
 use crate::error::CoordinatorError;
 use forkfleet_shared::blob::BlobHash;
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
 use std::collections::{BTreeSet, HashSet};
+
+/// What storing one blob costs beside its bytes (measured: about 460 bytes in the
+/// small-blob bucket and the run store together).
+pub(crate) const BLOB_OVERHEAD_BYTES: u64 = 512;
+
+/// What a blob of `size` bytes counts against a quota.
+pub(crate) fn charged(size: u64) -> u64 {
+    size.saturating_add(BLOB_OVERHEAD_BYTES)
+}
 
 const OWNERS: &str = "blob_owners";
 const UPLOADS: &str = "blob_uploads";
@@ -101,6 +114,7 @@ impl RunStore {
         size: u64,
         quota: u64,
     ) -> Result<Result<(), OverQuota>, CoordinatorError> {
+        let size = charged(size);
         let uploads = self.inner.db.open_tree(UPLOADS)?;
         let usage = self.inner.db.open_tree(USAGE)?;
         let (upload_key, usage_key) = (key(identity, hash), prefix(identity));
@@ -148,6 +162,7 @@ impl RunStore {
         for (hash, size) in files {
             let k = key(account, hash);
             if uploads.get(&k)?.is_none() {
+                let size = charged(*size);
                 batch.insert(k, &size.to_be_bytes());
                 added += size;
             }
@@ -212,16 +227,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = RunStore::open(dir.path()).unwrap();
         let (a, b, c) = (BlobHash::of(b"a"), BlobHash::of(b"b"), BlobHash::of(b"c"));
-        assert_eq!(store.record_upload("alice", &a, 60, 100).unwrap(), Ok(()));
+        // Each blob is charged its size and the cost of storing one.
+        let (quota, sa, sb) = (1200, 300, 200);
+        assert_eq!(store.record_upload("alice", &a, sa, quota).unwrap(), Ok(()));
         // The same blob again is not counted twice.
-        assert_eq!(store.record_upload("alice", &a, 60, 100).unwrap(), Ok(()));
+        assert_eq!(store.record_upload("alice", &a, sa, quota).unwrap(), Ok(()));
         assert_eq!(
-            store.record_upload("alice", &b, 50, 100).unwrap(),
-            Err(OverQuota { used: 60 })
+            store.record_upload("alice", &b, sb, quota).unwrap(),
+            Err(OverQuota { used: charged(sa) })
         );
-        assert_eq!(store.upload_usage("alice").unwrap(), 60);
+        assert_eq!(store.upload_usage("alice").unwrap(), charged(sa));
         // Another identity's quota is its own.
-        assert_eq!(store.record_upload("bob", &b, 50, 100).unwrap(), Ok(()));
+        assert_eq!(store.record_upload("bob", &b, sb, quota).unwrap(), Ok(()));
         let alice: BTreeSet<String> = ["alice".to_string()].into();
         let bob: BTreeSet<String> = ["bob".to_string()].into();
         assert!(store.blob_owned(&alice, &a).unwrap());
@@ -234,6 +251,11 @@ mod tests {
         store.forget_blobs(&[a].into()).unwrap();
         assert_eq!(store.upload_usage("alice").unwrap(), 0);
         assert!(!store.blob_owned(&alice, &a).unwrap());
-        assert_eq!(store.record_upload("alice", &b, 50, 100).unwrap(), Ok(()));
+        assert_eq!(store.record_upload("alice", &b, sb, quota).unwrap(), Ok(()));
+        // What a fork's branches write counts too, and says when it passes the quota.
+        store.set_blob_quota(quota);
+        assert_eq!(store.record_written("alice", &[(b, sb)]).unwrap(), None);
+        let over = store.record_written("alice", &[(c, 600)]).unwrap();
+        assert_eq!(over, Some((charged(sb) + charged(600), quota)));
     }
 }

@@ -30,7 +30,8 @@ async fn uploads_in_parts_are_checked_and_reads_are_scoped() {
     let f = Fixture::start_full(
         LocalBusConfig::default(),
         CoordinatorConfig {
-            blob_quota_bytes: 100,
+            // A blob is charged its size and 512 bytes for storing one.
+            blob_quota_bytes: 1500,
             ..CoordinatorConfig::default()
         },
     )
@@ -140,16 +141,16 @@ async fn uploads_in_parts_are_checked_and_reads_are_scoped() {
     assert_eq!(missing(bob.clone(), vec![hash]).await, vec![hash]);
     assert!(missing(alice(), vec![hash]).await.is_empty());
 
-    // The quota (100 bytes here) counts each blob once, and says what it is.
+    // The quota (1500 bytes here) counts each blob once, and says what it is.
     up(call(alice(), part(hash, 0, 20, bytes)).await);
-    let big = vec![7u8; 90];
-    let over = call(alice(), part(BlobHash::of(&big), 0, 90, &big))
+    let big = vec![7u8; 700];
+    let over = call(alice(), part(BlobHash::of(&big), 0, 700, &big))
         .await
         .unwrap_err();
     assert_eq!(over.kind, ApiErrorKind::Conflict);
     assert!(over.message.contains("blob_quota_mb"), "{}", over.message);
     // ... in parts too, refused at the first.
-    let over = call(alice(), part(BlobHash::of(&big), 0, 90, &big[..10]))
+    let over = call(alice(), part(BlobHash::of(&big), 0, 700, &big[..10]))
         .await
         .unwrap_err();
     assert_eq!(over.kind, ApiErrorKind::Conflict);
@@ -177,5 +178,5 @@ async fn uploads_in_parts_are_checked_and_reads_are_scoped() {
         e.message
     );
     // Another identity's quota is its own.
-    up(call(bob, part(BlobHash::of(&big), 0, 90, &big)).await);
+    up(call(bob, part(BlobHash::of(&big), 0, 700, &big)).await);
 }
