@@ -124,6 +124,15 @@ impl CoordinatorHandle {
         else {
             return Ok(req);
         };
+        // A fork of an existing run is of a run the caller may act on: another tenant's
+        // would start from its conversation and merge into its files.
+        match req.parent {
+            forkfleet_shared::api::ParentRun::New => {}
+            forkfleet_shared::api::ParentRun::Existing { run_id }
+            | forkfleet_shared::api::ParentRun::Branch { run_id, .. } => {
+                self.admit_run(caller, run_id).await?
+            }
+        }
         let account = req
             .plan
             .budget

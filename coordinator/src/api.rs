@@ -43,8 +43,8 @@ handlers! {
     Ping(_h, _, _) => server_info();
     Forks(h, c, _) => h.forks_for(c).await;
     Accounts(h, c, _) => h.accounts_for(c).await;
-    CreateFork(h, c, op) => { let op = h.scope_create(c, op).await?; h.admit_snapshot(c, &op).await?; h.create_fork(op).await };
-    AgentFork(h, c, op) => { h.admit_run(c, op.parent_run).await?; h.admit_agent_snapshot(c, &op).await?; h.agent_fork(op).await };
+    CreateFork(h, c, op) => { let op = h.scope_create(c, op).await?; h.admit_snapshot(c, &op).await?; h.admit_room(op.plan.budget.account.clone()).await?; h.create_fork(op).await };
+    AgentFork(h, c, op) => { h.admit_run(c, op.parent_run).await?; h.admit_agent_snapshot(c, &op).await?; h.admit_room_of_run(op.parent_run).await?; h.agent_fork(op).await };
     AgentMerge(h, c, op) => { h.admit_fork(c, op.fork).await?; h.agent_merge(op.fork, &op.pick, op.parent_run).await };
     GetFork(h, c, op) => { h.admit_fork(c, op.fork).await?; h.fork(op.fork).await };
     FindFork(h, c, op) => h.find_fork_for(c, &op.prefix).await;
@@ -60,7 +60,7 @@ handlers! {
         None => Ok(CoordinatorHandle::pending_approvals(&h.forks_for(c).await?)),
     };
     Decide(h, c, op) => { h.admit_fork(c, op.fork).await?; h.decide(op.fork, &op.label, op.call_id, op.approve, c.name().to_string(), op.reason).await };
-    Continue(h, c, op) => { h.admit_fork(c, op.fork).await?; h.follow_up(op.fork, &op.label, op.text).await };
+    Continue(h, c, op) => { h.admit_fork(c, op.fork).await?; h.admit_room(h.fork_account(op.fork).await?).await?; h.follow_up(op.fork, &op.label, op.text).await };
     RunEvents(h, c, op) => { h.admit_run(c, op.run).await?; h.run_events(op.run).await.map(|events| {
         events.into_iter().map(|(seq, event)| LoggedEvent { seq, event }).collect::<Vec<_>>()
     }) };
@@ -90,6 +90,6 @@ handlers! {
     // Runs and lineage (docs/LINEAGE.md).
     Runs(h, c, _) => h.runs_for(c).await;
     GetRun(h, c, op) => { h.admit_run(c, op.run).await?; h.run_detail(op.run).await };
-    RunFork(h, c, op) => { h.admit_run(c, op.parent).await?; h.fork_run(op.parent, op.options).await };
-    RunResume(h, c, op) => { h.admit_run(c, op.run).await?; h.resume_run(op.run, op.text).await };
+    RunFork(h, c, op) => { h.admit_run(c, op.parent).await?; h.admit_room_of_run(op.parent).await?; h.fork_run(op.parent, op.options).await };
+    RunResume(h, c, op) => { h.admit_run(c, op.run).await?; h.admit_room_of_run(op.run).await?; h.resume_run(op.run, op.text).await };
 }

@@ -469,6 +469,15 @@ impl CoordinatorHandle {
         tokio::task::spawn_blocking(move || f(&store)).await?
     }
 
+    /// The account fork `fork` charges (`None`: none).
+    pub(crate) async fn fork_account(
+        &self,
+        fork: ForkId,
+    ) -> Result<Option<String>, CoordinatorError> {
+        self.blocking(move |s| Ok(s.fork(fork)?.and_then(|f| f.plan.budget.account)))
+            .await
+    }
+
     /// The account charged by the fork `run` belongs to (`None`: a root run, or a fork
     /// without an account).
     pub(crate) async fn account_of_run(

@@ -26,6 +26,7 @@ use forkfleet_shared::api::{
     AgentFork, BlobPart, BlobUpload, Caller, CreateFork, GetBlobPart, PutBlobPart,
 };
 use forkfleet_shared::blob::BlobHash;
+use forkfleet_shared::ids::RunId;
 use forkfleet_shared::manifest::Manifest;
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -83,10 +84,12 @@ fn append(
         }));
     }
     if offset > have {
-        return Err(CoordinatorError::BadRequest(format!(
-            "a part of blob {} starts at byte {offset}; the next one must start at {have}",
-            blob.short()
-        )));
+        // Past what is here (another upload of the same bytes began this one again): the
+        // answer names where the next part starts.
+        return Ok(Appended::Part(BlobUpload {
+            received: have,
+            stored: false,
+        }));
     }
     let fresh = &bytes[(have - offset) as usize..];
     std::io::Write::write_all(&mut s.file, fresh).map_err(|e| staging_error(&s.path, e))?;
@@ -109,6 +112,9 @@ fn staging_error(path: &std::path::Path, e: std::io::Error) -> CoordinatorError 
 #[derive(Default)]
 pub(crate) struct Transfers {
     staged: Mutex<HashMap<(String, BlobHash), Staged>>,
+    /// Numbers the staging files: an upload that begins as another of the same blob ends
+    /// gets a file of its own (the other's is being read and removed).
+    files: std::sync::atomic::AtomicU64,
 }
 
 /// At most `len` bytes of `bytes` from `offset` (and at most a part's).
@@ -123,8 +129,13 @@ fn part_of(bytes: &Bytes, offset: u64, len: u64) -> BlobPart {
     }
 }
 
-fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+/// A size as people read it: bytes, KiB or MiB.
+fn size_text(bytes: u64) -> String {
+    match bytes {
+        b if b < 1024 => format!("{b} bytes"),
+        b if b < 1024 * 1024 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0)),
+    }
 }
 
 impl CoordinatorHandle {
@@ -302,8 +313,12 @@ impl CoordinatorHandle {
             });
             if offset == 0 && !staged.contains_key(&key) {
                 std::fs::create_dir_all(&dir).map_err(|e| staging_error(&dir, e))?;
+                let n = self
+                    .transfers()
+                    .files
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let path = dir.join(format!(
-                    "{}-{}.part",
+                    "{}-{}-{n}.part",
                     BlobHash::of(caller.name().as_bytes()).short(),
                     blob.to_hex()
                 ));
@@ -385,7 +400,10 @@ impl CoordinatorHandle {
                 .lock()
                 .map(|m| {
                     m.iter()
-                        .filter(|((who, _), _)| who == identity)
+                        // An abandoned upload stops counting once it is idle too long.
+                        .filter(|((who, _), s)| {
+                            who == identity && s.touched.elapsed() < STAGED_IDLE
+                        })
                         .map(|(_, s)| s.total)
                         .sum()
                 })
@@ -521,12 +539,40 @@ impl CoordinatorHandle {
     }
 }
 
+impl CoordinatorHandle {
+    /// Refuse new work for `account` (a fork, a follow-up, a resumed or forked run) while
+    /// what it holds is past the blob quota: its branches would be stopped at their first
+    /// write, after spending on the model.
+    pub(crate) async fn admit_room(&self, account: Option<String>) -> Result<(), CoordinatorError> {
+        let Some(account) = account else {
+            return Ok(());
+        };
+        let quota = self.config().blob_quota_bytes;
+        let id = account.clone();
+        let used = self.blocking(move |s| s.upload_usage(&id)).await?;
+        if used > quota {
+            return Err(CoordinatorError::BlobQuota(format!(
+                "account `{account}` is past its blob quota ({} held of {}): nothing new runs for it until an operator raises `[coordinator] blob_quota_mb` or `forkfleet gc` frees what no fork refers to",
+                size_text(used),
+                size_text(quota)
+            )));
+        }
+        Ok(())
+    }
+
+    /// [`CoordinatorHandle::admit_room`] for the account of the fork `run` belongs to.
+    pub(crate) async fn admit_room_of_run(&self, run: RunId) -> Result<(), CoordinatorError> {
+        let account = self.account_of_run(run).await?;
+        self.admit_room(account).await
+    }
+}
+
 fn over_quota(identity: &str, used: u64, wanted: u64, quota: u64) -> CoordinatorError {
     CoordinatorError::BlobQuota(format!(
-        "`{identity}`'s blobs would pass its quota: {} stored of {}, and this upload is {}; remove forks it no longer needs (`forkfleet fork rm`, then an operator's `forkfleet gc`), or ask an operator to raise `[coordinator] blob_quota_mb`",
-        mib(used),
-        mib(quota),
-        mib(wanted)
+        "`{identity}`'s blobs would pass its quota: {} stored of {}, and this upload is {}; an operator raises `[coordinator] blob_quota_mb`, or frees what no fork refers to with `forkfleet gc`",
+        size_text(used),
+        size_text(quota),
+        size_text(wanted)
     ))
 }
 
@@ -535,7 +581,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_read_as_mib() {
-        assert_eq!(mib(3 * 1024 * 1024 / 2), "1.5 MiB");
+    fn sizes_read_as_size_text() {
+        assert_eq!(size_text(3 * 1024 * 1024 / 2), "1.5 MiB");
     }
 }

@@ -1014,6 +1014,20 @@ async fn every_declared_operation_is_scoped_to_the_callers_accounts() {
             }
         }
     }
+    // Nor may her fork start from another account's run (its conversation, and a merge
+    // into its files).
+    let theirs = api::CreateFork {
+        plan: spec::load(&ex.spec()).unwrap().plan,
+        parent: ParentRun::Existing { run_id: run },
+        snapshot: view.snapshot,
+        workspace: None,
+        left_out: None,
+        git: None,
+    };
+    let e = dispatch(&sys.handle, &mallory, theirs.into())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ApiErrorKind::NotFound, "{e:?}");
     // A short prefix both forks share (ids begin with their time) finds mallory's own
     // fork, created above: another account's forks are not even an ambiguity.
     let short = api::FindFork {

@@ -237,6 +237,21 @@ fn tenants_cannot_list_read_overwrite_or_flood_each_others_blobs() {
             .contains("passed its blob quota"),
         "{watched}"
     );
+    // ... and nothing new runs for her account past it: not a follow-up of that branch,
+    // nor a new fork.
+    let label = branch["label"].as_str().unwrap();
+    for args in [
+        vec!["fork", "continue", id.as_str(), label, "more"],
+        vec!["fork", "create", path_str(&ex.spec())],
+    ] {
+        let refused = roles.client("client-alice", &args);
+        assert_ne!(refused.code, Some(0), "{args:?}");
+        assert!(
+            refused.stderr.contains("quota") && refused.stderr.contains("blob_quota_mb"),
+            "{args:?}: {}",
+            refused.stderr
+        );
+    }
     let log = roles.nats.log();
     // Only the raw attempts above were violations: the product needed none.
     assert!(
@@ -320,5 +335,28 @@ fn a_full_blob_bucket_says_so() {
         );
         let kept = bus.blobs().get(&first_hash).await.unwrap();
         assert_eq!(kept.as_deref(), Some(first.as_slice()));
+    });
+}
+
+/// Commands of one identity uploading the same new file at once all make their forks
+/// (their parts converge on one upload; none fails half-way).
+#[test]
+fn one_identity_uploading_the_same_file_at_once_succeeds() {
+    let roles = Roles::start_with("\n[coordinator]\nblob_quota_mb = 100\n");
+    let same = Example::quickstart();
+    std::fs::write(
+        same.workspace().join("shared.bin"),
+        unique("same", 3_000_000),
+    )
+    .unwrap();
+    let spec = same.spec();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..6)
+            .map(|_| s.spawn(|| roles.client("client-bob", &["fork", "create", path_str(&spec)])))
+            .collect();
+        for r in runs {
+            let ran = r.join().unwrap();
+            assert_eq!(ran.code, Some(0), "{}\n{}", ran.stderr, roles.logs());
+        }
     });
 }

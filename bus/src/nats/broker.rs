@@ -113,8 +113,18 @@ impl BlobStore for BrokeredBlobs {
     async fn put(&self, hash: BlobHash, bytes: Bytes) -> Result<(), BlobError> {
         let total = bytes.len() as u64;
         let mut offset = 0u64;
-        let (mut restarts, mut waits) = (0u32, 0u32);
+        let (mut restarts, mut waits, mut parts) = (0u32, 0u32, 0u64);
+        // Enough parts for the blob several times over: the coordinator may send an upload
+        // back (another of the same bytes began it again), never forever.
+        let most = 4 * (total / MAX_BLOB_PART_BYTES as u64 + 1) + 200;
         loop {
+            parts += 1;
+            if parts > most {
+                return Err(BlobError::Backend(format!(
+                    "blob {} did not finish uploading within {most} parts",
+                    hash.short()
+                )));
+            }
             let start = offset as usize;
             let end = (start + MAX_BLOB_PART_BYTES).min(bytes.len());
             let up = match self
@@ -128,7 +138,7 @@ impl BlobStore for BrokeredBlobs {
             {
                 Ok(up) => up,
                 // The coordinator lost the parts (it restarted): from the start, a few times.
-                Err(BlobError::Backend(m)) if m.contains(UPLOAD_RESTART) && restarts < 3 => {
+                Err(BlobError::Backend(m)) if m.contains(UPLOAD_RESTART) && restarts < 10 => {
                     restarts += 1;
                     offset = 0;
                     continue;
@@ -150,13 +160,14 @@ impl BlobStore for BrokeredBlobs {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
-            if up.received <= offset || up.received > total {
+            if up.received > total {
                 return Err(BlobError::Backend(format!(
-                    "the coordinator took blob {} to byte {} after a part from byte {offset}",
+                    "the coordinator took blob {} to byte {} of {total}",
                     hash.short(),
                     up.received
                 )));
             }
+            // Onward, or back to where the coordinator's copy stands.
             offset = up.received;
         }
     }

@@ -174,7 +174,7 @@ impl ForkState {
             if let Some((used, quota)) = self.store.record_written(account, &files)? {
                 let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
                 self.over_quota = Some(format!(
-                    "account `{account}` passed its blob quota with the files its branches wrote ({:.1} MiB of {:.1} MiB; `[coordinator] blob_quota_mb`): remove forks it no longer needs (`forkfleet fork rm`, then `forkfleet gc`), or ask an operator to raise it",
+                    "account `{account}` passed its blob quota with the files its branches wrote ({:.1} MiB of {:.1} MiB): an operator raises `[coordinator] blob_quota_mb`, or frees what no fork refers to with `forkfleet gc`",
                     mib(used),
                     mib(quota)
                 ));
