@@ -547,6 +547,10 @@ impl CoordinatorHandle {
         let Some(account) = account else {
             return Ok(());
         };
+        // Branch writes are counted on a cluster only (see `crate::fork`'s events).
+        if crate::blobs::shared_with_bus(self.store(), &self.bus()) {
+            return Ok(());
+        }
         let quota = self.config().blob_quota_bytes;
         let id = account.clone();
         let used = self.blocking(move |s| s.upload_usage(&id)).await?;

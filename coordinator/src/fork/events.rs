@@ -171,7 +171,15 @@ impl ForkState {
         }
         if let Some(account) = account.filter(|_| !files.is_empty()) {
             self.store.own_blobs(account, files.iter().map(|f| f.0))?;
-            if let Some((used, quota)) = self.store.record_written(account, &files)? {
+            // Quotas hold tenants of a cluster's shared buckets apart; the embedded system
+            // (one user, its own store) has none to hold apart.
+            let shared = !crate::blobs::shared_with_bus(&self.store, &self.bus);
+            let over = if shared {
+                self.store.record_written(account, &files)?
+            } else {
+                None
+            };
+            if let Some((used, quota)) = over {
                 let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
                 self.over_quota = Some(format!(
                     "account `{account}` passed its blob quota with the files its branches wrote ({:.1} MiB of {:.1} MiB): an operator raises `[coordinator] blob_quota_mb`, or frees what no fork refers to with `forkfleet gc`",
