@@ -223,8 +223,8 @@ pub struct Config {
     pub nats: NatsSettings,
     /// `[coordinator] lease_ttl_s`: how long the coordinator lease lasts unless renewed.
     pub lease_ttl: Sourced<Duration>,
-    /// `[coordinator] blob_quota_mb`: what each scoped client identity's blob uploads
-    /// may hold, in megabytes.
+    /// `[coordinator] blob_quota_mb`: what each client identity's uploads, and on a
+    /// cluster each account's branch writes, may hold, in megabytes (ADR 37).
     pub blob_quota_mb: Sourced<u64>,
     /// Model prices (`[pricing."MODEL"]`), for `spec::load_with`.
     pub pricing: BTreeMap<String, Price>,

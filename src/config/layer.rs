@@ -126,7 +126,7 @@ pub struct NatsLayer {
 pub struct CoordinatorLayer {
     /// Seconds the coordinator lease lasts unless renewed (every third of it).
     pub lease_ttl_s: Option<u64>,
-    /// Megabytes each scoped client identity's blob uploads may hold.
+    /// Megabytes each client identity's uploads (and an account's branch writes) may hold.
     pub blob_quota_mb: Option<u64>,
 }
 

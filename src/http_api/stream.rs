@@ -328,7 +328,7 @@ async fn upload(
             )));
         }
         // Through the coordinator, as a NATS client's upload: verified, counted against
-        // the caller's quota, owned by its account (ADR 36).
+        // the caller's quota, owned by its account (ADR 37).
         let whole = forkfleet_shared::api::PutBlobPart {
             blob: hash,
             offset: 0,
