@@ -269,16 +269,52 @@ async fn connect_options(
 /// stream, so a fleet running more than 1,000 branches at once would be refused.
 const STREAM_MAX_CONSUMERS: i32 = 1_000_000;
 
+/// The smallest `max_bytes` [`fitting`] lowers a stream or bucket to.
+const FIT_FLOOR_BYTES: i64 = 16 << 20;
+
+/// JetStream reserves a stream's `max_bytes` against the server's storage (`max_file_store`)
+/// and refuses one it cannot hold ("insufficient storage resources", 10047).
+fn no_room(e: &impl fmt::Display) -> bool {
+    let m = e.to_string();
+    m.contains("10047") || m.contains("insufficient storage")
+}
+
+/// `make(max_bytes)`, and while the server has no room for it, again with half as much
+/// (down to [`FIT_FLOOR_BYTES`]), saying so: the configured limits are what a server with
+/// room gets, and a smaller server (8 GB of `max_file_store`, say) still starts.
+async fn fitting<T, E: fmt::Display, F: std::future::Future<Output = Result<T, E>>>(
+    what: &str,
+    mut max_bytes: i64,
+    make: impl Fn(i64) -> F,
+) -> Result<T, E> {
+    loop {
+        match make(max_bytes).await {
+            Err(e) if no_room(&e) && max_bytes / 2 >= FIT_FLOOR_BYTES => {
+                max_bytes /= 2;
+                tracing::warn!(what, max_bytes, error = %e, "bus.nats the server has no room for this limit; asking for half");
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Get the stream, or create it; a concurrent creator with the same config is fine. A
-/// stream made by an earlier version with a lower consumer limit gets ours.
+/// stream made by an earlier version with a lower consumer limit, no byte limit or an
+/// older discard policy gets ours.
 async fn ensure_stream(
     js: &jetstream::Context,
     config: stream::Config,
     url: &str,
 ) -> BusResult<()> {
     let name = config.name.clone();
-    let max_bytes = config.max_bytes;
-    let stream = match js.get_or_create_stream(config).await {
+    let made = fitting(&name, config.max_bytes, |max_bytes| {
+        js.get_or_create_stream(stream::Config {
+            max_bytes,
+            ..config.clone()
+        })
+    })
+    .await;
+    let stream = match made {
         Ok(s) => s,
         Err(first) => match js.get_stream(&name).await {
             Ok(s) => s,
@@ -291,19 +327,26 @@ async fn ensure_stream(
         },
     };
     let existing = stream.cached_info().config.clone();
-    // A stream of an earlier version has a lower consumer limit, or no byte limit.
     if existing.max_consumers != STREAM_MAX_CONSUMERS
-        || existing.max_bytes != max_bytes
+        || existing.max_bytes <= 0
         || existing.discard != stream::DiscardPolicy::New
     {
-        let updated = stream::Config {
-            max_consumers: STREAM_MAX_CONSUMERS,
-            max_bytes,
-            discard: stream::DiscardPolicy::New,
-            ..existing
+        let want = if existing.max_bytes > 0 {
+            existing.max_bytes
+        } else {
+            config.max_bytes
         };
-        if let Err(e) = js.update_stream(updated).await {
-            tracing::warn!(stream = %name, error = %e, max_bytes, "bus.nats cannot set a stream's consumer or byte limit; it keeps its own");
+        let updated = fitting(&name, want, |max_bytes| {
+            js.update_stream(stream::Config {
+                max_consumers: STREAM_MAX_CONSUMERS,
+                max_bytes,
+                discard: stream::DiscardPolicy::New,
+                ..existing.clone()
+            })
+        })
+        .await;
+        if let Err(e) = updated {
+            tracing::warn!(stream = %name, error = %e, "bus.nats cannot set a stream's consumer or byte limit; it keeps its own");
         }
     }
     Ok(())
@@ -318,7 +361,14 @@ pub(crate) async fn ensure_kv(
     if let Ok(store) = js.get_key_value(&bucket).await {
         return Ok(store);
     }
-    match js.create_key_value(config).await {
+    let made = fitting(&bucket, config.max_bytes, |max_bytes| {
+        js.create_key_value(kv::Config {
+            max_bytes,
+            ..config.clone()
+        })
+    })
+    .await;
+    match made {
         Ok(store) => Ok(store),
         Err(first) => js.get_key_value(&bucket).await.map_err(|_| {
             backend(
@@ -338,7 +388,14 @@ async fn ensure_object_store(
     if let Ok(store) = js.get_object_store(&bucket).await {
         return Ok(store);
     }
-    match js.create_object_store(config).await {
+    let made = fitting(&bucket, config.max_bytes, |max_bytes| {
+        js.create_object_store(object_store::Config {
+            max_bytes,
+            ..config.clone()
+        })
+    })
+    .await;
+    match made {
         Ok(store) => Ok(store),
         Err(first) => js.get_object_store(&bucket).await.map_err(|_| {
             backend(

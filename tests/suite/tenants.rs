@@ -360,3 +360,25 @@ fn one_identity_uploading_the_same_file_at_once_succeeds() {
         }
     });
 }
+
+/// The default limits (`stream_mb`, `blob_store_mb`) ask for more storage than a small
+/// server has (JetStream reserves each `max_bytes`; the base Kubernetes NATS has 8 GB of
+/// `max_file_store`): each is halved until it fits, and the bus comes up and works.
+#[test]
+fn the_default_limits_fit_a_small_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("small.conf");
+    std::fs::write(&conf, "jetstream { max_file_store: 8GB }\n").unwrap();
+    let server = forkfleet_bus::testkit::NatsServer::start_with_config(&conf);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let bus = NatsBus::connect(NatsConfig::new(server.url()))
+            .await
+            .unwrap();
+        let bytes = unique("fits", 300_000);
+        let hash = BlobHash::of(&bytes);
+        bus.blobs().put(hash, bytes.clone().into()).await.unwrap();
+        let got = bus.blobs().get(&hash).await.unwrap();
+        assert_eq!(got.as_deref(), Some(bytes.as_slice()));
+    });
+}
