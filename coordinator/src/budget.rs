@@ -684,8 +684,10 @@ impl Ledger {
         let mut s = self.lock();
         if let Some(r) = s.runs.get_mut(&run_id) {
             r.min_attempt = r.min_attempt.max(attempt);
-            // A stop sent to the earlier attempt does not reach this one.
+            // A stop sent to the earlier attempt does not reach this one, nor does the
+            // time its waits for room took.
             r.stopping = false;
+            r.waiting_since = None;
         }
     }
 

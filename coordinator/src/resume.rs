@@ -59,7 +59,15 @@ async fn answer(bus: Arc<dyn Bus>, pool: String, root: RootHandle, req: Request)
                 Ok(bytes) => bytes,
                 Err(e) => {
                     tracing::error!(error = %e, "coordinator.resume: the branch's log is larger than the bus carries and cannot be stored as a blob");
-                    return;
+                    // Answered, so the worker's bounded tries apply (no answer would read
+                    // as a coordinator away, waited for as long as its lease holds).
+                    let retry = ResumeReply::Retry {
+                        reason: format!("the branch's log could not be stored for the worker: {e}"),
+                    };
+                    match wire::encode(&retry) {
+                        Ok(b) => b,
+                        Err(_) => return,
+                    }
                 }
             };
             if let Err(e) = req.respond(bytes).await {

@@ -105,7 +105,10 @@ fn check(
         }
     }
     // A body of a write is JSON; a blob's bytes are the one exception.
-    let blob = uri.path().contains("/blobs/");
+    let blob = uri
+        .path()
+        .strip_prefix(super::PREFIX)
+        .is_some_and(|p| p.starts_with("/blobs/"));
     if *method == Method::POST || (*method == Method::PUT && !blob) {
         let kind = headers
             .get(header::CONTENT_TYPE)

@@ -116,6 +116,9 @@ impl Ledger {
         // Waited long enough: the room may be held by calls that will not settle soon (a
         // dead worker's, whose tasks wait for slots the waiting branches hold).
         let waited_out = waited_ms >= max_wait;
+        // Set when a refusal below is a wait given up, not a cap reached: then only this
+        // branch stops, and no cap is marked exhausted.
+        let gave_up = std::cell::Cell::new(false);
         // What may be granted: the whole estimate, else (with `least_usd`) what room is left.
         let mut grant = est;
         let mut decide = |level: &str,
@@ -124,7 +127,14 @@ impl Ledger {
                           exhausted: bool| {
             let fit = match fit(spent, reserved, live, cap, est, least) {
                 _ if exhausted => Fit::Full,
-                Fit::Wait if waited_out => Fit::Full,
+                Fit::Wait if waited_out => {
+                    gave_up.set(true);
+                    return Some(Ok(format!(
+                        "{level} cap {}: calls in flight held the room left for {} s; this branch stops, and goes on when continued or topped up",
+                        money(cap),
+                        waited_ms / 1000
+                    )));
+                }
                 other => other,
             };
             let wait = |held: f64| {
@@ -223,12 +233,13 @@ impl Ledger {
                     let room = cap - spent - (reserved - live).max(0.0);
                     // (A worker that sends no least, of an earlier release, gets the rule
                     // it knew: the first refusal stops every branch.)
-                    if !fork_exhausted
-                        && least.is_some()
-                        && s.others_may_fit(fork_id, req.run_id, room)
+                    if gave_up.get()
+                        || (!fork_exhausted
+                            && least.is_some()
+                            && s.others_may_fit(fork_id, req.run_id, room))
                     {
                         metrics::BUDGET_REFUSALS.inc(&["fork"]);
-                        if let Some(f) = s.forks.get_mut(&fork_id) {
+                        if let (false, Some(f)) = (gave_up.get(), s.forks.get_mut(&fork_id)) {
                             f.crossed_at_ms.get_or_insert(now);
                         }
                         if let Some(r) = s.runs.get_mut(&req.run_id) {
@@ -266,6 +277,20 @@ impl Ledger {
                 match decide(&format!("account `{name}`"), at_account, cap, exhausted) {
                     None => {}
                     Some(Err(reason)) => return (BudgetReply::Wait { reason }, out),
+                    Some(Ok(reason)) if gave_up.get() => {
+                        metrics::BUDGET_REFUSALS.inc(&["account"]);
+                        if let Some(r) = s.runs.get_mut(&req.run_id) {
+                            r.blocked_by = Some(Level::Account);
+                            r.stopping = true;
+                        }
+                        return (
+                            BudgetReply::Refused {
+                                state: BranchState::AggregateBudgetExhausted,
+                                reason,
+                            },
+                            out,
+                        );
+                    }
                     Some(Ok(reason)) => {
                         let reply = refuse(&mut s, Level::Account, reason, &mut out);
                         return (reply, out);

@@ -929,9 +929,26 @@ fn a_cap_short_of_the_bound_grants_its_room_and_reservations_in_flight_are_waite
         BudgetReply::Wait { .. }
     ));
     fx.clock.advance(1);
+    let BudgetReply::Refused { reason, .. } = fx.reserve_least(&fork, 1, 0.04, 0.03) else {
+        panic!("a wait past its bound was not refused");
+    };
+    // Only that branch stops: the cap was not reached, and the branch holding the room
+    // goes on (it may ask again).
+    assert!(reason.contains("held the room left for 20 s"), "{reason}");
+    assert!(fx.cost(&fork).crossed_at_ms.is_none());
+    granted(fx.reserve(&fork, 0, 1, 0.01));
+    // A takeover starts the wait's clock again.
+    let fork = fx.fork(Some(0.10), &[None, None], BudgetPolicy::default());
+    granted(fx.reserve(&fork, 0, 1, 0.08));
     assert!(matches!(
         fx.reserve_least(&fork, 1, 0.04, 0.03),
-        BudgetReply::Refused { .. }
+        BudgetReply::Wait { .. }
+    ));
+    fx.clock.advance(super::MAX_WAIT_MS);
+    fx.ledger.on_fence(fork.runs[1], 2);
+    assert!(matches!(
+        fx.ask(&fork, 1, 2, 0.04, None, Some(0.03)),
+        BudgetReply::Wait { .. }
     ));
     fx.ledger.set_max_wait_ms(u64::MAX);
 

@@ -180,11 +180,11 @@ impl ForkState {
                 None
             };
             if let Some((used, quota)) = over {
-                let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+                let size = crate::tenancy::size_text;
                 self.over_quota = Some(format!(
-                    "account `{account}` passed its blob quota with the files its branches wrote ({:.1} MiB of {:.1} MiB): an operator raises `[coordinator] blob_quota_mb`, or frees what no fork refers to with `forkfleet gc`",
-                    mib(used),
-                    mib(quota)
+                    "account `{account}` passed its blob quota with the files its branches wrote ({} of {}): an operator raises `[coordinator] blob_quota_mb`, or frees what no fork refers to with `forkfleet gc`",
+                    size(used),
+                    size(quota)
                 ));
             }
         }
