@@ -776,6 +776,10 @@ impl CoordinatorHandle {
         if let Some(bytes) = self.store().blob(hash)? {
             return Ok(Some(bytes));
         }
+        // Embedded, the bus's store is this one: nothing more to look in.
+        if blobs::shared_with_bus(&self.store, &self.bus) {
+            return Ok(None);
+        }
         Ok(self
             .bus
             .blobs()
