@@ -166,7 +166,8 @@ pub struct ConfigArgs {
     /// $FORKFLEET_NATS_ACK_WAIT_S). A cluster-wide setting: give every process the same.
     #[arg(long, value_name = "SECONDS")]
     pub nats_ack_wait_s: Option<u64>,
-    /// Deliveries of a task before its branch is failed (default: 5;
+    /// Deliveries of a task before it is judged dead: queued again when its branch made a
+    /// turn or an outage explains them, else failed (default: 5;
     /// $FORKFLEET_NATS_MAX_DELIVER). A cluster-wide setting.
     #[arg(long, value_name = "N")]
     pub nats_max_deliver: Option<u32>,

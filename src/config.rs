@@ -18,7 +18,7 @@
 //! # token / token_file, nkey_seed / nkey_seed_file, creds_file: one auth method at most
 //!
 //! ack_wait_s = 30              # a task or event unacked this long is delivered again
-//! max_deliver = 5               # deliveries of a task before its branch is failed
+//! max_deliver = 5               # deliveries of a task before it is judged dead (ADR 38)
 //! replicas = 1                  # coordinator: replicas of the streams and buckets (1 to 5)
 //! identity = "alice"            # client: its API subject ff.api.client.alice (ADR 17)
 //! provision = false             # worker, client: bind to the coordinator's streams and buckets

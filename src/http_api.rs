@@ -48,10 +48,10 @@ pub const PREFIX: &str = "/api/v1";
 pub struct Serving {
     pub handle: CoordinatorHandle,
     pub bus: Arc<dyn Bus>,
-    /// When it began serving, in seconds since the Unix epoch: a fork's version starts
-    /// again with every start, so its stream's event ids carry this first and stay
-    /// monotonic across restarts.
-    pub since_s: u64,
+    /// When it began serving, in ms since the Unix epoch: a fork's version starts again
+    /// with every start, so its stream's event ids carry this first and stay monotonic
+    /// across restarts (two starts within one second are told apart).
+    pub since_ms: u64,
 }
 
 impl Serving {
@@ -60,7 +60,7 @@ impl Serving {
         Self {
             handle,
             bus,
-            since_s: forkfleet_shared::protocol::now_ms() / 1000,
+            since_ms: forkfleet_shared::protocol::now_ms(),
         }
     }
 }

@@ -26,8 +26,9 @@
 //!
 //! - **Task queue** per pool: at-least-once. A pulled task must be acked; `nak` hands it
 //!   back (optionally after a delay); `in_progress` extends the ack deadline; a task neither
-//!   acked nor extended within the ack wait is redelivered; after `max_deliver` deliveries
-//!   it is dead-lettered.
+//!   acked nor extended within the ack wait is redelivered, with its delivery count, for as
+//!   long as it is not acked (what to do with a task delivered more than `max_deliver`
+//!   times is the coordinator's to decide, ADR 38).
 //! - **Event stream**: every event a worker publishes reaches the durable consumer at
 //!   least once, in publish order per publisher; unacked events are redelivered.
 //! - **Control** per run: commands to one running branch, delivered in order.
@@ -209,16 +210,17 @@ pub trait Bus: Send + Sync + 'static {
     fn pull_cancel_safe(&self) -> bool {
         false
     }
-    /// Payloads of `pool`'s tasks that exceeded `max_deliver` (dead-lettered), as they die,
-    /// so the coordinator can fail those branches with a clear error. A task dies when a
-    /// pull finds it past `max_deliver`. Each dead task is handed to one receiver; ones that
-    /// died while nobody watched arrive first.
-    async fn dead_tasks(&self, pool: &str) -> BusResult<mpsc::UnboundedReceiver<Bytes>>;
+    /// Make `pool`'s queue ready for workers now (NATS: its consumer, which workers that
+    /// may only bind to it must find before the first fork).
+    async fn open_pool(&self, _pool: &str) -> BusResult<()> {
+        Ok(())
+    }
     /// The payload of `pool`'s task at queue position `seq` ([`Delivery::seq`]) while it
-    /// is still queued or held by a worker; `None` once it was acked or dead-lettered (or
-    /// never existed).
+    /// is still queued or held by a worker; `None` once it was acked (or never existed).
     async fn queued_task(&self, pool: &str, seq: u64) -> BusResult<Option<Bytes>>;
-    /// Deliveries of one task before it is dead-lettered.
+    /// Deliveries of one task that may take its branch over: a worker given a later one
+    /// finds the task dead (the coordinator counts, ADR 38; the queue itself delivers a
+    /// task until it is acked).
     fn max_deliver(&self) -> u32;
     /// How many of `pool`'s tasks are waiting and how many are held by workers.
     async fn task_queue(&self, pool: &str) -> BusResult<TaskQueue>;
@@ -226,6 +228,13 @@ pub trait Bus: Send + Sync + 'static {
     /// the in-process bus always is).
     fn connected(&self) -> bool {
         true
+    }
+
+    /// When the connection last came back after being lost, in ms since the epoch (0: it
+    /// never was lost; the in-process bus never is). Deliveries lost to the outage are not
+    /// a worker's death (ADR 38).
+    fn reconnected_at_ms(&self) -> u64 {
+        0
     }
 
     /// The largest message the bus carries, in bytes (NATS: the server's `max_payload`);

@@ -22,7 +22,8 @@ use tokio::time::Instant;
 pub struct LocalBusConfig {
     /// A pulled task not acked or extended within this time is redelivered.
     pub ack_wait: Duration,
-    /// Deliveries of one task before it is dead-lettered.
+    /// Deliveries of one task that may take its branch over ([`Bus::max_deliver`]): the
+    /// queue delivers a task until it is acked, and counts.
     pub max_deliver: u32,
 }
 
@@ -74,7 +75,7 @@ impl LocalBus {
             inner: Arc::new(Inner {
                 config,
                 queues: Mutex::new(HashMap::new()),
-                events: Arc::new(MsgQueue::new(config.ack_wait, u32::MAX)),
+                events: Arc::new(MsgQueue::new(config.ack_wait)),
                 control: Mutex::new(HashMap::new()),
                 services: Mutex::new(HashMap::new()),
                 workers: Mutex::new(HashMap::new()),
@@ -87,20 +88,8 @@ impl LocalBus {
         let mut queues = lock(&self.inner.queues)?;
         Ok(queues
             .entry(pool.to_string())
-            .or_insert_with(|| {
-                Arc::new(MsgQueue::new(
-                    self.inner.config.ack_wait,
-                    self.inner.config.max_deliver,
-                ))
-            })
+            .or_insert_with(|| Arc::new(MsgQueue::new(self.inner.config.ack_wait)))
             .clone())
-    }
-
-    /// Tasks of `pool` that exceeded `max_deliver`.
-    pub fn dead_letters(&self, pool: &str) -> BusResult<Vec<Bytes>> {
-        let q = self.queue(pool)?;
-        let st = lock(&q.state)?;
-        Ok(st.dead.clone())
     }
 
     /// Tasks of `pool` waiting or in flight.
@@ -116,7 +105,6 @@ struct MsgQueue {
     state: Mutex<QueueState>,
     notify: Notify,
     ack_wait: Duration,
-    max_deliver: u32,
 }
 
 #[derive(Default)]
@@ -124,25 +112,6 @@ struct QueueState {
     next_id: u64,
     ready: VecDeque<Msg>,
     inflight: BTreeMap<u64, (Msg, Instant)>,
-    dead: Vec<Bytes>,
-    /// Dead letters not yet handed to a `dead_tasks` receiver.
-    dead_backlog: VecDeque<Bytes>,
-    dead_watchers: Vec<mpsc::UnboundedSender<Bytes>>,
-}
-
-impl QueueState {
-    fn dead_letter(&mut self, payload: Bytes) {
-        self.dead.push(payload.clone());
-        self.dead_watchers.retain(|tx| !tx.is_closed());
-        let mut payload = payload;
-        for tx in &self.dead_watchers {
-            match tx.send(payload) {
-                Ok(()) => return,
-                Err(mpsc::error::SendError(back)) => payload = back,
-            }
-        }
-        self.dead_backlog.push_back(payload);
-    }
 }
 
 struct Msg {
@@ -163,12 +132,11 @@ struct Taken {
 }
 
 impl MsgQueue {
-    fn new(ack_wait: Duration, max_deliver: u32) -> Self {
+    fn new(ack_wait: Duration) -> Self {
         Self {
             state: Mutex::new(QueueState::default()),
             notify: Notify::new(),
             ack_wait,
-            max_deliver,
         }
     }
 
@@ -216,15 +184,7 @@ impl MsgQueue {
                     let Some(mut msg) = st.ready.remove(i) else {
                         break;
                     };
-                    msg.deliveries += 1;
-                    if msg.deliveries > self.max_deliver {
-                        tracing::error!(
-                            deliveries = msg.deliveries - 1,
-                            "bus.dead_letter: message exceeded max_deliver"
-                        );
-                        st.dead_letter(msg.payload);
-                        continue;
-                    }
+                    msg.deliveries = msg.deliveries.saturating_add(1);
                     let out = Taken {
                         id: msg.id,
                         payload: msg.payload.clone(),
@@ -393,18 +353,6 @@ impl Bus for LocalBus {
         true
     }
 
-    async fn dead_tasks(&self, pool: &str) -> BusResult<mpsc::UnboundedReceiver<Bytes>> {
-        let q = self.queue(pool)?;
-        let mut st = lock(&q.state)?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        while let Some(payload) = st.dead_backlog.pop_front() {
-            // The receiver is in hand, so the send cannot fail.
-            let _ = tx.send(payload);
-        }
-        st.dead_watchers.push(tx);
-        Ok(rx)
-    }
-
     async fn queued_task(&self, pool: &str, seq: u64) -> BusResult<Option<Bytes>> {
         self.queue(pool)?.queued(seq)
     }
@@ -541,7 +489,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn task_redelivered_after_ack_wait_then_dead_lettered() {
+    async fn task_redelivered_after_ack_wait_with_its_count_past_max_deliver() {
         let b = bus(1000, 2);
         b.enqueue_task("p", Bytes::from_static(b"t")).await.unwrap();
         let d1 = b
@@ -558,17 +506,20 @@ mod tests {
             .unwrap();
         assert_eq!(d2.attempt, 2);
         assert_eq!(d2.payload, Bytes::from_static(b"t"));
-        // Exceeds max_deliver = 2: dead-lettered, never delivered a third time.
+        // Past max_deliver = 2 it is still delivered (the coordinator decides what a task
+        // delivered too often means, ADR 38), with its count, until it is acked.
+        let d3 = b
+            .pull_task("p", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(d3.attempt, 3);
+        d3.ack().await.unwrap();
         assert!(b
             .pull_task("p", Duration::from_secs(5))
             .await
             .unwrap()
             .is_none());
-        assert_eq!(b.dead_letters("p").unwrap().len(), 1);
-        // Died while nobody watched: handed to the first receiver.
-        let mut dead = b.dead_tasks("p").await.unwrap();
-        assert_eq!(dead.recv().await.unwrap(), Bytes::from_static(b"t"));
-        assert!(dead.try_recv().is_err());
     }
 
     #[tokio::test(start_paused = true)]

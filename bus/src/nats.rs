@@ -5,8 +5,8 @@
 //! [`NatsBus::connect`], so processes may start in any order, or together.
 //!
 //! Layout: this file holds the bus and its `Bus` impl; `config` the connection settings,
-//! `consume` deliveries and the event consumer, `forward` the control and dead-task
-//! forwarders, `blobs` the blob store, `tests` the unit tests of the settings and the
+//! `consume` deliveries and the event consumer, `forward` the control forwarder, `blobs`
+//! the blob store, `tests` the unit tests of the settings and the
 //! backoff.
 //!
 //! - **Tasks**: work-queue stream `FF_TASKS` (`ff.task.<pool>`), one durable pull consumer
@@ -24,13 +24,6 @@
 //!   again (a resumed branch) sees the earlier commands again: commands must be idempotent
 //!   (terminate is; a repeated steer is the caller's to skip). The local bus hands a second
 //!   watcher only new commands.
-//! - **Dead tasks**: the server publishes a max-deliveries advisory when a pull finds a task
-//!   past `max_deliver` (as the local bus dead-letters on a pull); the task itself stays in
-//!   the work-queue stream (it was never acked).
-//!   The stream `FF_TASK_DEAD` captures those advisories, so none is lost while nobody
-//!   watches, and `dead_tasks(pool)` reads them through the durable consumer `dead-<pool>`:
-//!   for each it fetches the task by its stream sequence, forwards the payload, deletes the
-//!   task from the stream, then acks the advisory. Several watchers share the work.
 //! - **Blobs**: small blobs (up to [`SMALL_BLOB_MAX`] bytes, one object-store chunk) are
 //!   values in the KV bucket `ff_blobs_small`; larger ones go to the object store `ff_blobs`.
 //!   The object store costs four round trips per put (existence check, chunk, metadata, and
@@ -71,7 +64,6 @@ use forkfleet_shared::protocol::{now_ms, WorkerInfo, WORKER_TTL_MS};
 use forkfleet_shared::subjects::{self, SubjectError};
 use forkfleet_shared::trace::{current_traceparent, TRACEPARENT};
 use futures::StreamExt;
-use serde::Deserialize;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
@@ -152,7 +144,16 @@ impl fmt::Debug for NatsBus {
 
 /// Counts (re)connections, so loops over ephemeral consumers (gone after a server restart)
 /// reopen them at once instead of waiting to miss heartbeats.
-type Reconnects = tokio::sync::watch::Receiver<u64>;
+type Reconnects = tokio::sync::watch::Receiver<Connections>;
+
+/// The connection's history so far.
+#[derive(Debug, Clone, Copy, Default)]
+struct Connections {
+    /// Connections made: the first one and every reconnection.
+    count: u64,
+    /// When the connection last came back after being lost (ms since the epoch; 0: never).
+    back_at_ms: u64,
+}
 
 /// Install the process's rustls crypto provider (aws-lc-rs) once, before any TLS
 /// connection: with two providers compiled in, rustls picks none by itself and a `tls://`
@@ -171,7 +172,7 @@ async fn connect_options(
     config: &NatsConfig,
     url: &str,
     url_user: Option<(String, String)>,
-    reconnects: Arc<tokio::sync::watch::Sender<u64>>,
+    reconnects: Arc<tokio::sync::watch::Sender<Connections>>,
 ) -> BusResult<ConnectOptions> {
     install_crypto_provider();
     let log_url = url.to_string();
@@ -192,12 +193,13 @@ async fn connect_options(
             async move {
                 match event {
                     async_nats::Event::Connected => {
-                        reconnects.send_modify(|n| {
+                        reconnects.send_modify(|c| {
                             // The first connection is not a reconnect.
-                            if *n > 0 {
+                            if c.count > 0 {
                                 metrics::BUS_RECONNECTS.inc(&[]);
+                                c.back_at_ms = now_ms();
                             }
-                            *n += 1
+                            c.count += 1
                         });
                         tracing::info!(nats.url = %url, "bus.nats connected")
                     }
@@ -441,13 +443,6 @@ async fn provision(
             stream::RetentionPolicy::Limits,
             config.max_age,
         ),
-        (
-            subjects::DEAD_TASK_STREAM,
-            "max-deliveries advisories of the task consumers",
-            subjects::dead_task_advisories(),
-            stream::RetentionPolicy::WorkQueue,
-            config.max_age,
-        ),
     ];
     for (name, description, subject, retention, max_age) in streams {
         let stream = stream::Config {
@@ -591,7 +586,7 @@ impl NatsBus {
         // The library ignores a user in the URL: take it out and authenticate with it.
         let (url_user, bare_urls) =
             config::url_credentials(&config.url).map_err(BusError::Backend)?;
-        let (reconnects_tx, reconnects) = tokio::sync::watch::channel(0u64);
+        let (reconnects_tx, reconnects) = tokio::sync::watch::channel(Connections::default());
         let reconnects_tx = Arc::new(reconnects_tx);
         let servers: Vec<&str> = bare_urls
             .split(',')
@@ -761,7 +756,11 @@ impl NatsBus {
                     deliver_policy: consumer::DeliverPolicy::All,
                     ack_policy: consumer::AckPolicy::Explicit,
                     ack_wait: config.ack_wait,
-                    max_deliver: i64::from(config.max_deliver),
+                    // The server never gives a task up: a task it dropped at a limit of its
+                    // own stays in the work queue undelivered (a restart that finds deliveries
+                    // past the limit drops them with no advisory). The coordinator counts the
+                    // deliveries a worker's takeover names against `max_deliver` (ADR 38).
+                    max_deliver: -1,
                     max_ack_pending: MAX_ACK_PENDING,
                     ..Default::default()
                 },
@@ -913,40 +912,11 @@ impl Bus for NatsBus {
         }
     }
 
-    async fn dead_tasks(&self, pool: &str) -> BusResult<mpsc::UnboundedReceiver<Bytes>> {
-        // The pool's watcher (the coordinator) makes its task consumer now, so workers that
-        // may only bind to it find it before the first fork.
+    async fn open_pool(&self, pool: &str) -> BusResult<()> {
         if self.inner.config.provision {
             self.pool_consumer(pool).await?;
         }
-        let name = subjects::dead_task_consumer(pool).map_err(invalid)?;
-        let filter = subjects::dead_task_advisory(pool).map_err(invalid)?;
-        let consumer: consumer::PullConsumer = self
-            .inner
-            .js
-            .create_consumer_on_stream(
-                consumer::pull::Config {
-                    durable_name: Some(name.clone()),
-                    description: Some(format!("forkfleet dead tasks of pool {pool}")),
-                    filter_subject: filter,
-                    deliver_policy: consumer::DeliverPolicy::All,
-                    ack_policy: consumer::AckPolicy::Explicit,
-                    ack_wait: self.inner.config.ack_wait,
-                    max_deliver: -1,
-                    ..Default::default()
-                },
-                subjects::DEAD_TASK_STREAM,
-            )
-            .await
-            .map_err(|e| backend(format!("cannot create the consumer {name}"), e))?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(forward_dead(
-            self.inner.js.clone(),
-            consumer,
-            pool.to_string(),
-            tx,
-        ));
-        Ok(rx)
+        Ok(())
     }
 
     async fn queued_task(&self, pool: &str, seq: u64) -> BusResult<Option<Bytes>> {
@@ -957,8 +927,7 @@ impl Bus for NatsBus {
             .get_stream_no_info(subjects::TASK_STREAM)
             .await
             .map_err(|e| backend("cannot open the task stream", e))?;
-        // A work-queue stream: an acked task is deleted, and so is a dead one once its
-        // advisory is forwarded.
+        // A work-queue stream: an acked task is deleted.
         match tasks.get_raw_message(seq).await {
             Ok(task) if task.subject.as_str() == subject => Ok(Some(task.payload)),
             Ok(_) => Ok(None),
@@ -985,6 +954,10 @@ impl Bus for NatsBus {
 
     fn connected(&self) -> bool {
         self.inner.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    fn reconnected_at_ms(&self) -> u64 {
+        self.inner.reconnects.borrow().back_at_ms
     }
 
     fn max_payload(&self) -> Option<usize> {

@@ -20,7 +20,7 @@
 //! crash half-way leaves only unreachable runs, never a half-made fork.
 
 use crate::error::CoordinatorError;
-use crate::store::{encode, BranchRecord, ForkRecord, RunRecord, RunStore};
+use crate::store::{encode, BranchRecord, ForkRecord, Queued, RunRecord, RunStore};
 use bytes::Bytes;
 use forkfleet_shared::api::{CheckpointKind, CheckpointView, CreateFork, ParentRun};
 use forkfleet_shared::blob::BlobHash;
@@ -295,6 +295,12 @@ pub(crate) fn create_fork(
             approval: None,
             blocked: Vec::new(),
             answer: None,
+            queued: Some(Queued {
+                at_ms: now_ms,
+                turns: 0,
+                requeues: 0,
+                attempt_base: 0,
+            }),
         });
         let lineage = Event::Fork {
             fork_id,

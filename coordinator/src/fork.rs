@@ -18,6 +18,7 @@ mod handle;
 mod merging;
 
 pub(crate) use approvals::Answer;
+pub(crate) use fencing::DeadTask;
 pub(crate) use handle::ForkHandle;
 
 use crate::budget::Ledger;
@@ -166,8 +167,9 @@ pub(crate) enum ForkMsg {
         Option<String>,
         RpcReplyPort<Result<ContinueOutcome, CoordinatorError>>,
     ),
-    /// The branch's task was delivered `max_deliver` times without finishing: fail it.
-    FailBranch(RunId, String),
+    /// A branch's task was delivered more than `max_deliver` times: queue it again or fail
+    /// the branch ([`DeadTask`], ADR 38); the answer says which.
+    DeadTask(DeadTask, RpcReplyPort<String>),
     /// A worker took a branch over under task attempt `u32`, holding the task at queue
     /// position `u64` of the pool named (checked, ADR 18): drop the events of earlier
     /// attempts from now on, tell them they are superseded, and answer with the branch's
@@ -529,10 +531,9 @@ impl Actor for ForkActor {
             ForkMsg::Fence(run, attempt, pool, seq, reply) => {
                 let _ = reply.send(state.fence(run, attempt, pool, seq).await);
             }
-            ForkMsg::FailBranch(run, error) => {
-                if let Err(e) = state.fail_branch(run, error) {
-                    tracing::error!(fork.id = %state.record.fork_id, run.id = %run, error = %e, "fork.fail_branch: could not record the failure");
-                }
+            ForkMsg::DeadTask(dead, reply) => {
+                let _ = reply.send(state.dead_task(dead).await);
+                state.bump();
             }
             ForkMsg::Merge(pick, into, reply) => {
                 state.start_merge(myself, pick, into, reply);

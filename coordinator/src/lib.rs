@@ -264,7 +264,7 @@ impl Coordinator {
 }
 
 /// The services beside the event loop, each stopping when `stop` turns true: branch
-/// takeovers (`coord.resume`), dead tasks, budget reservations (`coord.budget`), metrics.
+/// takeovers and dead tasks (`coord.resume`), budget reservations (`coord.budget`), metrics.
 async fn start_services(
     bus: &Arc<dyn Bus>,
     config: &CoordinatorConfig,
@@ -273,9 +273,9 @@ async fn start_services(
     store: &RunStore,
     stop: &tokio::sync::watch::Sender<bool>,
 ) -> Result<Vec<tokio::task::JoinHandle<()>>, CoordinatorError> {
+    bus.open_pool(&config.pool).await?;
     Ok(vec![
         resume::start(bus, &config.pool, root.clone(), stop.subscribe()).await?,
-        resume::start_dead_tasks(bus, &config.pool, root.clone(), stop.subscribe()).await?,
         budget::start(bus, ledger.clone(), store.clone(), stop.subscribe()).await?,
         metrics::start(bus, &config.pool, ledger, stop.subscribe()),
     ])

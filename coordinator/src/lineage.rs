@@ -617,6 +617,7 @@ pub(crate) fn write_child(
         approval: None,
         blocked: Vec::new(),
         answer: None,
+        queued: None,
     })?;
     let fork = ForkRecord {
         fork_id,

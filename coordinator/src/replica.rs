@@ -367,6 +367,7 @@ mod tests {
             approval: None,
             blocked: Vec::new(),
             answer: None,
+            queued: None,
         };
         BranchReplica::new(record, Arc::new(Manifest::default()))
     }

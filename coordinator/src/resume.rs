@@ -14,8 +14,12 @@
 //! one from a delivery an acked task outlived) is refused with a WARN log, and nothing is
 //! fenced. So is a takeover by an attempt below the branch's fence.
 //!
-//! A task delivered `max_deliver` times without finishing comes back as a dead task: its
-//! branch is failed with an error that says so (its partial work stays mergeable).
+//! A delivery past `max_deliver` (the queue delivers a task until it is acked) makes the
+//! task dead: its worker is answered `Gone` and drops it. When its deliveries made a turn,
+//! or an outage (the bus's connection coming back, this coordinator starting) came after
+//! it was queued, they were not workers lost on the branch: it is queued again as a new
+//! task. Otherwise its branch is failed with an error that says so (its partial work stays
+//! mergeable). See ADR 38.
 
 use crate::error::CoordinatorError;
 use crate::root::RootHandle;
@@ -37,15 +41,17 @@ pub(crate) async fn start(
     stop: watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, CoordinatorError> {
     let (tasks, pool) = (bus.clone(), pool.to_string());
+    // Deliveries of a task queued before this coordinator served were lost while none did.
+    let started_ms = forkfleet_shared::protocol::now_ms();
     crate::serve::serve(bus, RESUME_SUBJECT, stop, move |req| {
-        answer(tasks.clone(), pool.clone(), root.clone(), req)
+        answer(tasks.clone(), pool.clone(), root.clone(), started_ms, req)
     })
     .await
 }
 
-async fn answer(bus: Arc<dyn Bus>, pool: String, root: RootHandle, req: Request) {
+async fn answer(bus: Arc<dyn Bus>, pool: String, root: RootHandle, started_ms: u64, req: Request) {
     let reply = match wire::decode::<ResumeRequest>(&req.payload) {
-        Ok(r) => resume(bus.as_ref(), &pool, &root, &r).await,
+        Ok(r) => resume(bus.as_ref(), &pool, &root, started_ms, &r).await,
         Err(e) => {
             tracing::error!(error = %e, "coordinator.resume: malformed request");
             ResumeReply::Retry {
@@ -104,6 +110,9 @@ pub(crate) enum Refusal {
     Refused(String),
     /// The queue could not be read: the worker asks again.
     Retry(String),
+    /// It comes from the worker holding the task, under a delivery past `max_deliver`:
+    /// the task is dead (ADR 38).
+    Dead(Box<BranchTask>),
 }
 
 /// Check that `r` comes from the worker holding the branch's current task (see the module
@@ -119,11 +128,10 @@ pub(crate) async fn check_proof(
                 .into(),
         ));
     };
-    let max = bus.max_deliver();
-    if delivered == 0 || delivered > max {
-        return Err(Refusal::Refused(format!(
-            "delivery count {delivered} is not one of 1..={max} (the queue's max_deliver)"
-        )));
+    if delivered == 0 {
+        return Err(Refusal::Refused(
+            "delivery count 0: deliveries count from 1".into(),
+        ));
     }
     let payload = match bus.queued_task(pool, seq).await {
         Ok(Some(p)) => p,
@@ -149,12 +157,23 @@ pub(crate) async fn check_proof(
             r.attempt, task.attempt_base
         )));
     }
+    if delivered > bus.max_deliver() {
+        return Err(Refusal::Dead(Box::new(task)));
+    }
     Ok(seq)
 }
 
-async fn resume(bus: &dyn Bus, pool: &str, root: &RootHandle, r: &ResumeRequest) -> ResumeReply {
-    let seq = match check_proof(bus, pool, r).await {
-        Ok(seq) => seq,
+async fn resume(
+    bus: &dyn Bus,
+    pool: &str,
+    root: &RootHandle,
+    started_ms: u64,
+    r: &ResumeRequest,
+) -> ResumeReply {
+    // The task's queue position, or the task when the delivery is past `max_deliver`.
+    let proof = match check_proof(bus, pool, r).await {
+        Ok(seq) => Ok(seq),
+        Err(Refusal::Dead(task)) => Err(task),
         Err(Refusal::Refused(reason)) => {
             tracing::warn!(fork.id = %r.fork_id, run.id = %r.run_id, attempt = r.attempt, reason = %reason, "coordinator.resume: refused, nothing fenced: the request does not come from the worker holding the branch's task");
             return ResumeReply::Refused { reason };
@@ -174,6 +193,10 @@ async fn resume(bus: &dyn Bus, pool: &str, root: &RootHandle, r: &ResumeRequest)
             }
         }
     };
+    let seq = match proof {
+        Ok(seq) => seq,
+        Err(task) => return dead_task(bus, pool, &fork, started_ms, &task).await,
+    };
     match fork.fence(r.run_id, r.attempt, pool.to_string(), seq).await {
         Ok(events) => ResumeReply::Log { events },
         Err(CoordinatorError::Superseded { attempt, fence }) => {
@@ -192,44 +215,25 @@ async fn resume(bus: &dyn Bus, pool: &str, root: &RootHandle, r: &ResumeRequest)
     }
 }
 
-/// Fail the branches whose tasks exhausted their deliveries, until `stop` turns true.
-pub(crate) async fn start_dead_tasks(
-    bus: &Arc<dyn Bus>,
+/// A delivery of `task` past `max_deliver`: the fork queues the branch again or fails it,
+/// and the worker is told to drop the task (`Gone`, with what became of the branch).
+async fn dead_task(
+    bus: &dyn Bus,
     pool: &str,
-    root: RootHandle,
-    mut stop: watch::Receiver<bool>,
-) -> Result<JoinHandle<()>, CoordinatorError> {
-    let mut dead = bus.dead_tasks(pool).await?;
-    Ok(tokio::spawn(async move {
-        loop {
-            let payload = tokio::select! {
-                _ = stop.wait_for(|s| *s) => break,
-                p = dead.recv() => match p {
-                    Some(p) => p,
-                    None => break,
-                },
-            };
-            let task = match wire::decode::<BranchTask>(&payload) {
-                Ok(t) => t,
-                Err(e) => {
-                    tracing::error!(error = %e, "coordinator.dead_task: undecodable dead task dropped");
-                    continue;
-                }
-            };
-            let error = "the branch's task was delivered the maximum number of times and no worker finished it (workers lost or crashing on it); its partial work is kept".to_string();
-            match root.lookup(task.fork_id).await {
-                Ok(Some(fork)) => {
-                    if let Err(e) = fork.fail_branch(task.run_id, error) {
-                        tracing::error!(run.id = %task.run_id, error = %e, "coordinator.dead_task: cannot fail the branch");
-                    }
-                }
-                Ok(None) => {
-                    tracing::warn!(fork.id = %task.fork_id, "coordinator.dead_task: unknown fork")
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "coordinator.dead_task: cannot look the fork up")
-                }
-            }
-        }
-    }))
+    fork: &crate::fork::ForkHandle,
+    started_ms: u64,
+    task: &BranchTask,
+) -> ResumeReply {
+    let dead = crate::fork::DeadTask {
+        run: task.run_id,
+        attempt_base: task.attempt_base,
+        pool: pool.to_string(),
+        outage_ms: started_ms.max(bus.reconnected_at_ms()),
+    };
+    match fork.dead_task(dead).await {
+        Ok(reason) => ResumeReply::Gone { reason },
+        Err(e) => ResumeReply::Retry {
+            reason: e.to_string(),
+        },
+    }
 }

@@ -37,7 +37,7 @@ mod records;
 pub use blobs::SledBlobStore;
 pub use id::{store_id, STORE_ID_FILE};
 pub(crate) use records::{
-    AccountRecord, BranchRecord, ForkRecord, ReservationRecord, RunRecord, PREVIEW_CHARS,
+    AccountRecord, BranchRecord, ForkRecord, Queued, ReservationRecord, RunRecord, PREVIEW_CHARS,
 };
 
 use crate::error::CoordinatorError;

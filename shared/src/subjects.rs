@@ -6,7 +6,6 @@
 //! | task queue (work-queue stream) | stream `FF_TASKS`, subjects `ff.task.<pool>`, consumer `pool-<pool>` |
 //! | branch events (limits stream) | stream `FF_EVENTS`, subject `ff.event.branch` (stream takes `ff.event.>`), consumer = the durable name |
 //! | control per run (limits stream) | stream `FF_CONTROL`, subjects `ff.control.<run id>` |
-//! | dead tasks (advisories, captured) | stream `FF_TASK_DEAD`, subjects `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.FF_TASKS.<consumer>`, consumer `dead-<pool>` |
 //! | blobs | KV bucket `ff_blobs_small` (small blobs), object store `ff_blobs` (large), key = hex SHA-256 |
 //! | worker heartbeats | KV bucket `ff_workers`, key = worker id |
 //! | the serving coordinator's lease | KV bucket `ff_coordinator`, key `lease` |
@@ -40,9 +39,6 @@ pub const CONTROL_STREAM: &str = "FF_CONTROL";
 /// Subjects of [`CONTROL_STREAM`].
 pub const CONTROL_SUBJECTS: &str = "ff.control.*";
 
-/// The stream that captures the server's max-deliveries advisories for the task consumers.
-pub const DEAD_TASK_STREAM: &str = "FF_TASK_DEAD";
-
 /// The object store bucket of large blobs.
 pub const BLOB_BUCKET: &str = "ff_blobs";
 /// The KV bucket of small blobs (one value per blob).
@@ -59,7 +55,6 @@ pub const COORDINATOR_LEASE_KEY: &str = "lease";
 pub const SERVICE_QUEUE_GROUP: &str = "ff";
 
 const API_PREFIX: &str = "ff.api.";
-const MAX_DELIVERIES_ADVISORY_PREFIX: &str = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES";
 const MAX_TOKEN_LEN: usize = 64;
 
 /// A caller-given name that cannot be used as a NATS subject token or consumer name.
@@ -141,28 +136,6 @@ pub fn control_subject(run: RunId) -> String {
     format!("ff.control.{run}")
 }
 
-/// The advisory the server publishes when a message of `consumer` on `stream` reaches its
-/// max deliveries.
-pub fn max_deliveries_advisory(stream: &str, consumer: &str) -> String {
-    format!("{MAX_DELIVERIES_ADVISORY_PREFIX}.{stream}.{consumer}")
-}
-
-/// Subjects of [`DEAD_TASK_STREAM`]: the max-deliveries advisories of every pool consumer.
-pub fn dead_task_advisories() -> String {
-    max_deliveries_advisory(TASK_STREAM, "*")
-}
-
-/// The durable consumer that forwards the dead tasks of `pool`: `dead-<pool>`.
-pub fn dead_task_consumer(pool: &str) -> Result<String, SubjectError> {
-    check_token("pool name", pool)?;
-    Ok(format!("dead-{pool}"))
-}
-
-/// The advisory subject for the dead tasks of `pool`.
-pub fn dead_task_advisory(pool: &str) -> Result<String, SubjectError> {
-    Ok(max_deliveries_advisory(TASK_STREAM, &pool_consumer(pool)?))
-}
-
 /// A service subject, namespaced: `ff.api.<subject>`; `subject` is dot-separated tokens.
 pub fn api_subject(subject: &str) -> Result<String, SubjectError> {
     if subject.is_empty() {
@@ -220,15 +193,6 @@ mod tests {
     fn builds_names() {
         assert_eq!(task_subject("default").unwrap(), "ff.task.default");
         assert_eq!(pool_consumer("gpu-1").unwrap(), "pool-gpu-1");
-        assert_eq!(dead_task_consumer("x").unwrap(), "dead-x");
-        assert_eq!(
-            dead_task_advisory("default").unwrap(),
-            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.FF_TASKS.pool-default"
-        );
-        assert_eq!(
-            dead_task_advisories(),
-            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.FF_TASKS.*"
-        );
         assert_eq!(
             api_subject("budget.reserve").unwrap(),
             "ff.api.budget.reserve"

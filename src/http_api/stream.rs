@@ -1,8 +1,8 @@
 //! The routes that are not one operation: Server-Sent Events of a fork's changes and of a
 //! run's events, blob uploads, stream tickets and forks from a spec document.
 //!
-//! - `GET /forks/{fork}/stream`: an event `fork` (id: the coordinator's start, in seconds,
-//!   times 10^9 plus the fork's version, so ids grow across restarts; data: its version,
+//! - `GET /forks/{fork}/stream`: an event `fork` (id: the coordinator's start, in ms,
+//!   times 10^6 plus the fork's version, so ids grow across restarts; data: its version,
 //!   view and costs) each time it changes, from the current state; with `Last-Event-ID`
 //!   (or `?last_event_id=`) of this start, only once it differs from that version. It ends after the fork is
 //!   merged or aborted.
@@ -62,13 +62,13 @@ fn param<T: std::str::FromStr>(params: &RawPathParams, what: &str) -> Result<T, 
 }
 
 /// Versions of a fork per start of the coordinator in its stream's event ids: an id is
-/// `since_s * VERSIONS + version`, monotonic across restarts while a start's versions stay
-/// below it.
-const VERSIONS: u64 = 1_000_000_000;
+/// `since_ms * VERSIONS + version`, monotonic across restarts while a start's versions
+/// stay below it (u64 holds it until the year 2540).
+const VERSIONS: u64 = 1_000_000;
 
-/// A fork stream's event id for `version` of the start at `since_s`.
-fn fork_event_id(since_s: u64, version: u64) -> u64 {
-    since_s
+/// A fork stream's event id for `version` of the start at `since_ms`.
+fn fork_event_id(since_ms: u64, version: u64) -> u64 {
+    since_ms
         .saturating_mul(VERSIONS)
         .saturating_add(version.min(VERSIONS - 1))
 }
@@ -150,7 +150,7 @@ async fn fork_stream(
     };
     // An id of another start (before a restart or a takeover) says nothing of this one's
     // versions: the stream starts from the current state.
-    let since = serving.since_s;
+    let since = serving.since_ms;
     let seen = seen.and_then(|id| (id / VERSIONS == since).then_some(id % VERSIONS));
     let rounds = futures::stream::unfold(ForkRound { seen, done: false }, move |r| {
         let (serving, caller) = (serving.clone(), caller.clone());
@@ -570,9 +570,13 @@ mod tests {
 
     #[test]
     fn fork_event_ids_grow_across_starts() {
-        // A later start's first version is above an earlier start's last.
-        assert!(fork_event_id(1_795_000_000, 123_456) < fork_event_id(1_795_000_001, 0));
-        let id = fork_event_id(1_795_000_000, 42);
-        assert_eq!((id / VERSIONS, id % VERSIONS), (1_795_000_000, 42));
+        // A later start's first version is above an earlier start's last, even a start
+        // within the same second (one ms later).
+        let start = 1_795_000_000_123;
+        assert!(fork_event_id(start, 123_456) < fork_event_id(start + 1, 0));
+        let id = fork_event_id(start, 42);
+        assert_eq!((id / VERSIONS, id % VERSIONS), (start, 42));
+        // The last start u64 holds is far off.
+        assert!(fork_event_id(17_000_000_000_000, VERSIONS) < u64::MAX);
     }
 }

@@ -168,10 +168,20 @@ fn a_nats_server_restart_mid_fork_loses_nothing() {
 /// NATS down for 30 s mid-fork, longer than the coordinator's lease (15 s): the
 /// coordinator stops serving, waits for NATS and takes its lease again instead of exiting,
 /// the workers' branches are delivered again, and every branch finishes its script once.
+/// With `max_deliver` 1 the outage uses up every task's deliveries: they are queued again,
+/// not failed, since the outage, not the branch, lost them (ADR 38).
 /// The outage's length is the fault itself, not a wait for something to happen.
 #[test]
 fn a_thirty_second_nats_outage_is_ridden_out_by_every_service() {
-    let mut fleet = start(2, 4);
+    let mut fleet = Fleet::start(
+        2,
+        4,
+        Options {
+            ack_wait_s: Some(SHORT_ACK_WAIT_S),
+            max_deliver: Some("1"),
+            ..Options::default()
+        },
+    );
     let ex = Example::quickstart();
     let spec = faults_spec(&ex, 6);
     let id = fleet.create(&spec);
@@ -193,6 +203,10 @@ fn a_thirty_second_nats_outage_is_ridden_out_by_every_service() {
     assert!(
         log.contains("standing by to take the lease again")
             && log.contains("coordinator lease taken"),
+        "{log}"
+    );
+    assert!(
+        log.contains("fork.dead_task") && log.contains("queued again"),
         "{log}"
     );
     // A fleet without roles: each service said so at start.

@@ -184,6 +184,8 @@ fn spawn_coordinator(args: &[String], name: &str, dir: &Path) -> Service {
 pub(super) struct Options<'a> {
     /// `--nats-ack-wait-s` of the coordinator and the workers.
     pub(super) ack_wait_s: Option<&'a str>,
+    /// `--nats-max-deliver` of the coordinator and the workers.
+    pub(super) max_deliver: Option<&'a str>,
     /// `--drain-grace-s` of the workers.
     pub(super) drain_grace_s: Option<&'a str>,
     /// `--pool` of the workers.
@@ -253,6 +255,11 @@ impl Fleet {
         if let Some(ack_wait) = options.ack_wait_s {
             for args in [&mut coordinator_args, &mut worker_args] {
                 args.extend(["--nats-ack-wait-s".to_string(), ack_wait.to_string()]);
+            }
+        }
+        if let Some(max) = options.max_deliver {
+            for args in [&mut coordinator_args, &mut worker_args] {
+                args.extend(["--nats-max-deliver".to_string(), max.to_string()]);
             }
         }
         let coordinator = spawn_coordinator(&coordinator_args, "coordinator", dir.path());
@@ -376,8 +383,14 @@ impl Fleet {
     /// `fork watch` to the end: the final view (exit 0, or 1 when a branch failed).
     pub(super) fn watch(&self, id: &str) -> Value {
         let watched = self.client(&["fork", "watch", id, "--json", "--timeout-s", "50"]);
-        let doc: Value = serde_json::from_str(&watched.stdout)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", watched.stdout, watched.stderr));
+        let doc: Value = serde_json::from_str(&watched.stdout).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}): {}\n{}\n{}",
+                watched.stdout,
+                watched.stderr,
+                self.logs()
+            )
+        });
         let failed = doc["branches"]
             .as_array()
             .is_some_and(|bs| bs.iter().any(|b| b["state"] == "failed"));

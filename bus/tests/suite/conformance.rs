@@ -27,7 +27,7 @@ use tracing::Instrument;
 
 /// Ack wait of both buses in these tests.
 const ACK_WAIT: Duration = Duration::from_secs(1);
-/// Deliveries before a task is dead-lettered.
+/// Deliveries of a task that may take its branch over (the queue delivers past it).
 const MAX_DELIVER: u32 = 3;
 /// Bound of any single bus call in these tests.
 const CALL_BOUND: Duration = Duration::from_secs(20);
@@ -115,8 +115,7 @@ conformance!(
     unacked_task_redelivered_after_ack_wait,
     nak_with_delay_then_without,
     in_progress_extends_the_ack_wait,
-    max_deliver_sends_the_task_to_dead_tasks,
-    dead_task_waits_for_a_watcher,
+    a_task_is_delivered_past_max_deliver_until_acked,
     tasks_are_shared_by_concurrent_pullers,
     events_in_publish_order,
     unacked_events_return_to_the_next_consumer,
@@ -267,39 +266,27 @@ async fn in_progress_extends_the_ack_wait(fx: Fixture) {
         .is_none());
 }
 
-async fn max_deliver_sends_the_task_to_dead_tasks(fx: Fixture) {
+/// ADR 38: the queue never gives a task up; the coordinator judges a delivery past
+/// `max_deliver` by its count.
+async fn a_task_is_delivered_past_max_deliver_until_acked(fx: Fixture) {
     let bus = &fx.bus;
-    let mut dead = within(bus.dead_tasks("p")).await.unwrap();
+    assert_eq!(bus.max_deliver(), MAX_DELIVER);
     within(bus.enqueue_task("p", b("doomed"))).await.unwrap();
-    for attempt in 1..=MAX_DELIVER {
-        let d = within(bus.pull_task("p", ms(5000))).await.unwrap().unwrap();
-        assert_eq!(d.attempt, attempt);
-        // Dropped without an ack.
+    for attempt in 1..=MAX_DELIVER + 1 {
+        let d = within(bus.pull_task("p", ACK_WAIT + ms(4000)))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("delivery {attempt} never came"));
+        assert_eq!((d.attempt, d.payload.clone()), (attempt, b("doomed")));
+        if attempt == MAX_DELIVER + 1 {
+            within(d.ack()).await.unwrap();
+        }
+        // Otherwise dropped without an ack.
     }
-    // Never delivered a fourth time...
-    let fourth = within(bus.pull_task("p", ACK_WAIT + ms(1000)))
-        .await
-        .unwrap();
-    assert!(fourth.is_none(), "{fourth:?}");
-    // ...but handed to the dead-task receiver.
-    assert_eq!(within(dead.recv()).await.unwrap(), b("doomed"));
-    // And gone from the queue.
-    assert!(within(bus.pull_task("p", ms(300))).await.unwrap().is_none());
-}
-
-async fn dead_task_waits_for_a_watcher(fx: Fixture) {
-    let bus = &fx.bus;
-    within(bus.enqueue_task("q", b("orphan"))).await.unwrap();
-    for _ in 1..=MAX_DELIVER {
-        within(bus.pull_task("q", ms(5000))).await.unwrap().unwrap();
-    }
-    assert!(within(bus.pull_task("q", ACK_WAIT + ms(1000)))
+    assert!(within(bus.pull_task("p", ACK_WAIT + ms(500)))
         .await
         .unwrap()
         .is_none());
-    // Nobody watched when it died; the first watcher gets it.
-    let mut dead = within(bus.dead_tasks("q")).await.unwrap();
-    assert_eq!(within(dead.recv()).await.unwrap(), b("orphan"));
 }
 
 async fn tasks_are_shared_by_concurrent_pullers(fx: Fixture) {
@@ -788,7 +775,7 @@ async fn nats_publishes_during_an_outage_land_after_it() {
 /// Blobs on both sides of the KV / object store boundary, and a dead task leaves nothing
 /// behind in the queue.
 #[tokio::test]
-async fn nats_blob_size_boundary_and_dead_task_cleanup() {
+async fn nats_blob_size_boundary() {
     use forkfleet_bus::nats::SMALL_BLOB_MAX;
     let server = NatsServer::start();
     let bus = within(NatsBus::connect(nats_config(&server)))
@@ -806,26 +793,35 @@ async fn nats_blob_size_boundary_and_dead_task_cleanup() {
         );
         assert!(within(blobs.missing(&[hash])).await.unwrap().is_empty());
     }
+}
 
-    let mut dead = within(bus.dead_tasks("p")).await.unwrap();
-    within(bus.enqueue_task("p", b("doomed"))).await.unwrap();
-    for _ in 1..=MAX_DELIVER {
-        within(bus.pull_task("p", ms(5000))).await.unwrap().unwrap();
-    }
-    // Declared dead when a pull finds it past max_deliver (as on the local bus).
-    assert!(within(bus.pull_task("p", ACK_WAIT + ms(1000)))
-        .await
-        .unwrap()
-        .is_none());
-    assert_eq!(within(dead.recv()).await.unwrap(), b("doomed"));
-    let deadline = Instant::now() + ms(5000);
-    while within(bus.pending_tasks("p")).await.unwrap() != 0 {
+/// A task whose deliveries reached `max_deliver` when the server stopped is delivered
+/// again after the restart (a server-side limit dropped it then, with no advisory, and it
+/// stayed in the work queue for ever: ADR 38).
+#[tokio::test]
+async fn nats_a_task_at_max_deliver_survives_a_server_restart() {
+    let mut server = NatsServer::start();
+    let mut config = nats_config(&server);
+    config.max_deliver = 1;
+    let bus = within(NatsBus::connect(config)).await.unwrap();
+    within(bus.enqueue_task("p", b("held"))).await.unwrap();
+    let d = within(bus.pull_task("p", ms(5000))).await.unwrap().unwrap();
+    assert_eq!(d.attempt, 1);
+    drop(d); // lost with its worker
+    server.restart();
+    // Pulled as a worker does, a few seconds at a time (bounded).
+    let deadline = Instant::now() + ACK_WAIT + ms(30_000);
+    let again = loop {
+        if let Some(d) = within(bus.pull_task("p", ms(2000))).await.unwrap() {
+            break d;
+        }
         assert!(
             Instant::now() < deadline,
-            "the dead task stayed in the queue"
+            "the task is never delivered again"
         );
-        tokio::time::sleep(ms(50)).await; // poll interval
-    }
+    };
+    assert_eq!((again.attempt, again.payload.clone()), (2, b("held")));
+    within(again.ack()).await.unwrap();
 }
 
 /// With a short worker TTL, a heartbeat that is not renewed disappears.

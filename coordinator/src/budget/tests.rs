@@ -120,6 +120,7 @@ impl Fx {
                 approval: None,
                 blocked: Vec::new(),
                 answer: None,
+                queued: None,
             })
             .collect();
         let record = ForkRecord {

@@ -4,10 +4,11 @@
 use super::{ForkState, Requeue};
 use crate::create;
 use crate::error::CoordinatorError;
+use crate::store::Queued;
 use forkfleet_shared::api::{AbortOutcome, ContinueOutcome, SteerOutcome, TerminateOutcome};
 use forkfleet_shared::event::{history_events, interrupted_results, messages_from_events, Event};
 use forkfleet_shared::ids::RunId;
-use forkfleet_shared::protocol::{Control, ControlCommand};
+use forkfleet_shared::protocol::{now_ms, Control, ControlCommand};
 use forkfleet_shared::state::{BranchState, ForkState as ForkPhase};
 use forkfleet_shared::wire;
 
@@ -43,6 +44,15 @@ impl ForkState {
         task.fork_root = self.store.run(self.record.parent_run)?.map(|r| r.fork_root);
         self.bus.enqueue_task(pool, wire::encode(&task)?).await?;
         self.requeued.insert(run_id);
+        // Where the branch stood, so that a death of this task is judged against it.
+        let b = &mut self.branches[i].record;
+        b.queued = Some(Queued {
+            at_ms: now_ms(),
+            turns: b.turns,
+            requeues: b.queued.map_or(0, |q| q.requeues),
+            attempt_base: task.attempt_base,
+        });
+        self.store.put_branch(b)?;
         Ok(task.attempt_base)
     }
 

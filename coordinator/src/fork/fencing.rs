@@ -1,6 +1,7 @@
 //! Takeovers and what they leave behind (ADR 18): fencing a branch at a checked attempt
 //! and telling the earlier attempts they are superseded, counting the spend of a fenced
-//! attempt's calls, and resolving a branch left without a runner.
+//! attempt's calls, and resolving a branch left without a runner: one whose task a fenced
+//! attempt settled, or whose task died (ADR 38).
 
 use super::ForkState;
 use crate::budget::Actions;
@@ -8,6 +9,25 @@ use crate::error::CoordinatorError;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::protocol::{BranchEvent, Control, ControlCommand};
+
+/// How many times one branch's dead tasks are queued again before it fails anyway
+/// (ADR 38): a backstop, each time being `max_deliver` deliveries lost.
+pub(crate) const MAX_REQUEUES: u32 = 20;
+
+/// A branch's task that was delivered `max_deliver` times without finishing (the queue
+/// dropped it). Its deliveries are counted as workers lost on it only when they made no
+/// turn and no outage explains them: otherwise it is queued again (ADR 38).
+#[derive(Debug, Clone)]
+pub(crate) struct DeadTask {
+    pub run: RunId,
+    /// The task's `attempt_base`: its deliveries ran attempts above it.
+    pub attempt_base: u32,
+    /// The pool whose queue it was on.
+    pub pool: String,
+    /// The latest evidence of an outage, in ms since the epoch: when the coordinator's bus
+    /// connection last came back, or when this coordinator started serving.
+    pub outage_ms: u64,
+}
 
 impl ForkState {
     /// A worker took over branch `run` under task `attempt`, holding the task at queue
@@ -132,5 +152,91 @@ impl ForkState {
                 }
             }
         }
+    }
+
+    /// Branch `dead.run`'s task was delivered more than `max_deliver` times. Its deliveries
+    /// were lost to something other than the branch when the branch made a turn since the
+    /// task was queued (workers were lost while it went on) or when an outage came after
+    /// it was queued (a NATS or coordinator outage longer than the lease loses every
+    /// delivery in flight): then the branch is queued again as a new task, above every
+    /// attempt of the dead one, at most [`MAX_REQUEUES`] times. Otherwise the branch fails
+    /// (its partial work is kept). A task a later one replaced, or of a finished branch,
+    /// changes nothing. The answer says what became of the branch, for the worker that
+    /// drops the task.
+    pub(super) async fn dead_task(&mut self, dead: DeadTask) -> String {
+        let fork_id = self.record.fork_id;
+        let Some(&i) = self.by_run.get(&dead.run) else {
+            return format!("run {} is not a branch of fork {fork_id}", dead.run);
+        };
+        let max = self.bus.max_deliver();
+        let last = dead.attempt_base.saturating_add(max);
+        let b = &self.branches[i].record;
+        let label = b.label.clone();
+        if b.state.is_terminal() {
+            return format!("the branch already finished as {}", b.state);
+        }
+        let queued = b.queued.unwrap_or_default();
+        if dead.attempt_base < queued.attempt_base || b.min_attempt > last {
+            return "a later task of the branch replaced this one".into();
+        }
+        let cause = if b.turns > queued.turns {
+            Some(format!(
+                "its deliveries made {} turn(s), so workers were lost while it went on",
+                b.turns - queued.turns
+            ))
+        } else if dead.outage_ms > queued.at_ms {
+            Some("the bus or the coordinator was down after it was queued".to_string())
+        } else {
+            None
+        };
+        let error = match cause {
+            Some(cause) if queued.requeues < MAX_REQUEUES => {
+                match self.requeue_dead(i, last, &dead.pool).await {
+                    Ok(attempt_base) => {
+                        let outcome = format!("the branch's task was delivered more than {max} time(s), and {cause}: the branch was queued again as a new task");
+                        tracing::warn!(fork.id = %fork_id, branch.label = %label, attempt_base, requeues = queued.requeues + 1, "fork.dead_task: {outcome}");
+                        return outcome;
+                    }
+                    Err(e) => format!(
+                        "the branch's task was delivered more than {max} time(s), and {cause}, but it could not be queued again: {e}; its partial work is kept"
+                    ),
+                }
+            }
+            Some(cause) => format!(
+                "the branch's task was delivered more than {max} time(s) without finishing, {MAX_REQUEUES} times over ({cause}, this time); its partial work is kept"
+            ),
+            None => format!(
+                "the branch's task was delivered more than {max} time(s) and no worker finished it: no turn was made and no outage explains it (workers lost or crashing on it); its partial work is kept"
+            ),
+        };
+        if let Err(e) = self.fail_branch(dead.run, error.clone()) {
+            tracing::error!(fork.id = %fork_id, run.id = %dead.run, error = %e, "fork.dead_task: could not record the failure");
+        }
+        error
+    }
+
+    /// Queue branch `i` again after its task died, above `last`, the dead task's last
+    /// attempt that may have taken the branch over; a worker still running one of them
+    /// (its lease not yet run out) is told it is superseded.
+    async fn requeue_dead(
+        &mut self,
+        i: usize,
+        last: u32,
+        pool: &str,
+    ) -> Result<u32, CoordinatorError> {
+        let run = self.branches[i].record.run_id;
+        self.raise_fence(run, last)?;
+        self.ledger.send(Actions {
+            controls: vec![Control {
+                run_id: run,
+                command: ControlCommand::Superseded {
+                    by: last.saturating_add(1),
+                },
+                attempt: Some(last),
+            }],
+        });
+        let queued = self.branches[i].record.queued.get_or_insert_default();
+        queued.requeues += 1;
+        self.enqueue(i, pool).await
     }
 }

@@ -73,11 +73,11 @@ impl ForkHandle {
             .map_err(|e| call_error(e, "a diff", MERGE_TIMEOUT_MS))?
     }
 
-    /// Fail a branch whose task exhausted its deliveries.
-    pub fn fail_branch(&self, run: RunId, error: String) -> Result<(), CoordinatorError> {
-        self.actor
-            .cast(ForkMsg::FailBranch(run, error))
-            .map_err(|_| CoordinatorError::Closed("fork actor"))
+    /// A delivery of a branch's task came past `max_deliver`: queue the branch again or
+    /// fail it (ADR 38). The answer says which, for the worker that drops the task.
+    pub async fn dead_task(&self, dead: super::DeadTask) -> Result<String, CoordinatorError> {
+        ractor::call_t!(self.actor, ForkMsg::DeadTask, CALL_TIMEOUT_MS, dead)
+            .map_err(|e| call_error(e, "a dead task", CALL_TIMEOUT_MS))
     }
 
     /// Fence branch `run` at task `attempt`, held from queue position `seq` of `pool`, and

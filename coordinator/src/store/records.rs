@@ -111,6 +111,25 @@ pub(crate) struct BranchRecord {
     /// most): what `fork show` and `fork watch` print as its answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
+    /// Where the branch stood when its task was last queued, so that a task that dies is
+    /// queued again when its deliveries were lost to progress or an outage (ADR 38).
+    /// `None`: a record stored before it was kept, or a run no task runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued: Option<Queued>,
+}
+
+/// A branch's task as it was queued: see [`BranchRecord::queued`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Queued {
+    /// When, in ms since the epoch.
+    pub at_ms: u64,
+    /// The branch's turns then.
+    pub turns: u32,
+    /// Times a task of the branch was queued again after dying.
+    pub requeues: u32,
+    /// The task's `attempt_base`: a dead task below it is one this task replaced.
+    #[serde(default)]
+    pub attempt_base: u32,
 }
 
 /// The characters of a branch's last answer its record keeps.

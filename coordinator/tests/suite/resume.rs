@@ -139,8 +139,8 @@ async fn takeovers_without_a_valid_delivery_proof_are_refused_and_fence_nothing(
     let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
     let seq = held.seq.unwrap();
     let refusals = [
-        // A forged attempt far past the deliveries a task can have.
-        (99, Some(TaskProof { seq, delivered: 99 }), "max_deliver"),
+        // A delivery count no delivery has.
+        (2, Some(TaskProof { seq, delivered: 0 }), "delivery count 0"),
         // No proof at all.
         (2, None, "no delivery proof"),
         // An attempt that is not the task's attempt_base plus the delivery count.
@@ -233,18 +233,17 @@ async fn a_task_no_worker_finishes_fails_its_branch_and_keeps_its_work() {
     fx.publish(fork, run, s + 1, w1).await;
     wait_view(&h, fork, |v| v.branch("doomed").unwrap().changes == 1).await;
 
-    // The worker is gone: the task is not redelivered (max_deliver 1) but dead-lettered.
-    let again = fx
-        .bus
-        .pull_task(
-            forkfleet_shared::protocol::DEFAULT_POOL,
-            // Past the 200 ms ack wait: the pull that finds the expired delivery is what
-            // dead-letters it on the local bus.
-            Duration::from_millis(600),
-        )
-        .await
-        .unwrap();
-    assert!(again.is_none());
+    // The worker is gone. Past the 200 ms ack wait the task is delivered a second time,
+    // past max_deliver 1: its worker's takeover is answered Gone, and since no turn was
+    // made and no outage explains the lost delivery, the branch fails (ADR 38).
+    let (again, dead) = fx.pull().await;
+    assert_eq!((again.run_id, dead.attempt), (run, 2));
+    let proof = Fixture::proof(&again, &dead, 2);
+    let ResumeReply::Gone { reason } = resume(&fx, fork, run, 2, Some(proof)).await else {
+        panic!("a delivery past max_deliver is not a takeover");
+    };
+    assert!(reason.contains("no worker finished it"), "{reason}");
+    dead.ack().await.unwrap();
     let v = wait_view(&h, fork, |v| {
         v.branch("doomed").unwrap().state == BranchState::Failed
     })
@@ -254,7 +253,7 @@ async fn a_task_no_worker_finishes_fails_its_branch_and_keeps_its_work() {
         b.error
             .as_deref()
             .unwrap()
-            .contains("maximum number of times"),
+            .contains("delivered more than 1 time(s) and no worker finished it"),
         "{b:?}"
     );
     assert_eq!(b.changes, 1, "the partial work is kept");
@@ -293,6 +292,103 @@ async fn a_task_no_worker_finishes_fails_its_branch_and_keeps_its_work() {
     assert_eq!(b.state, BranchState::Failed);
     assert_eq!(b.changes, 1);
     assert_eq!(within(h.run_events(run)).await.unwrap().len() as u64, s + 3);
+}
+
+/// ADR 38: a task whose deliveries ran out after its branch made a turn was not killing
+/// its workers (they were lost while it went on, e.g. to an outage longer than the lease):
+/// it is queued again above every attempt of the dead task, and the branch finishes.
+#[tokio::test]
+async fn a_task_that_dies_after_its_branch_made_a_turn_is_queued_again() {
+    let fx = Fixture::start_with(forkfleet_bus::local::LocalBusConfig {
+        ack_wait: Duration::from_millis(200),
+        max_deliver: 1,
+    })
+    .await;
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    fx.create(plan(&["solo"]), ParentRun::New, snap).await;
+    let (task, _lost) = fx.pull().await;
+    let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
+    let blobs = fx.blobs();
+    fx.publish(
+        fork,
+        run,
+        s,
+        Step::Status(BranchState::Running).into_event(&blobs).await,
+    )
+    .await;
+    fx.publish(
+        fork,
+        run,
+        s + 1,
+        Step::Respond("one".into()).into_event(&blobs).await,
+    )
+    .await;
+    wait_view(&h, fork, |v| v.branch("solo").unwrap().turns == 1).await;
+
+    // The worker is lost; the task comes a second time, past max_deliver 1: dead. The
+    // branch is not failed: it is queued again as a new task, above the dead one's attempts.
+    let (dead_task, dead) = fx.pull().await;
+    assert_eq!((dead_task.run_id, dead.attempt), (run, 2));
+    let proof = Fixture::proof(&dead_task, &dead, 2);
+    let ResumeReply::Gone { reason } = resume(&fx, fork, run, 2, Some(proof)).await else {
+        panic!("a delivery past max_deliver is not a takeover");
+    };
+    assert!(reason.contains("queued again"), "{reason}");
+    // Asked again (an answer lost on the way): the branch is not queued twice.
+    let ResumeReply::Gone { reason } = resume(&fx, fork, run, 2, Some(proof)).await else {
+        panic!("a delivery past max_deliver is not a takeover");
+    };
+    assert!(reason.contains("replaced"), "{reason}");
+    dead.ack().await.unwrap();
+    let (again, held) = fx.pull().await;
+    assert_eq!(again.run_id, run);
+    assert_eq!(again.attempt_base, 1);
+    let v = within(h.fork(fork)).await.unwrap();
+    assert_eq!(
+        v.branch("solo").unwrap().state,
+        BranchState::Running,
+        "{v:?}"
+    );
+
+    // Its worker takes the branch over from the log and finishes it.
+    let proof = Fixture::proof(&again, &held, 2);
+    let ResumeReply::Log { events, .. } = resume(&fx, fork, run, 2, Some(proof)).await else {
+        panic!("the requeued task's worker may take the branch over");
+    };
+    assert_eq!(events.len() as u64, s + 2, "the log as stored");
+    // A straggler of the lost attempt 1 is dropped.
+    fx.publish_as(
+        fork,
+        run,
+        s + 2,
+        Step::Write("late.txt".into(), "x".into())
+            .into_event(&blobs)
+            .await,
+        1,
+    )
+    .await;
+    fx.publish_as(
+        fork,
+        run,
+        s + 2,
+        Step::Respond("two".into()).into_event(&blobs).await,
+        2,
+    )
+    .await;
+    fx.publish_as(
+        fork,
+        run,
+        s + 3,
+        Step::Status(BranchState::Done).into_event(&blobs).await,
+        2,
+    )
+    .await;
+    held.ack().await.unwrap();
+    let v = wait_view(&h, fork, |v| v.branch("solo").unwrap().state.is_terminal()).await;
+    let b = v.branch("solo").unwrap();
+    assert_eq!(b.state, BranchState::Done, "{b:?}");
+    assert_eq!((b.turns, b.changes, b.error.as_deref()), (2, 0, None));
 }
 
 /// ADR 18: a fenced attempt that finishes and settles the task the attempt that took the

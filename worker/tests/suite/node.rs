@@ -84,9 +84,6 @@ async fn a_garbage_task_is_dropped_and_the_node_goes_on() {
         0,
         "the garbage task and the real one were acked, neither handed back"
     );
-    if let Some(local) = fx.local() {
-        assert!(local.dead_letters(DEFAULT_POOL).unwrap().is_empty());
-    }
 }
 
 #[tokio::test]
