@@ -270,32 +270,7 @@ pub struct ClusterArgs {
     pub config: ConfigArgs,
 }
 
-/// `--usd`: a finite amount greater than 0.
-pub(crate) fn parse_usd(s: &str) -> Result<f64, String> {
-    parse_amount(s, false, "a finite amount of USD greater than 0, e.g. 0.5")
-}
-
-/// `--cap`: a finite amount of 0 or more.
-pub(crate) fn parse_cap(s: &str) -> Result<f64, String> {
-    parse_amount(
-        s,
-        true,
-        "a finite cap in USD of 0 or more, e.g. 25 (or --no-cap)",
-    )
-}
-
-/// A finite number above 0 (or of 0 or more with `zero_ok`); `valid` says what is.
-pub(crate) fn parse_amount(s: &str, zero_ok: bool, valid: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a number; give {valid}"))?;
-    let ok = v.is_finite() && if zero_ok { v >= 0.0 } else { v > 0.0 };
-    if !ok {
-        return Err(format!("{v} is not valid; give {valid}"));
-    }
-    Ok(v)
-}
+pub(crate) use forkfleet_shared::budget::{parse_cap, parse_usd};
 
 impl Command {
     /// A command whose output may be piped into another program (not a long-running

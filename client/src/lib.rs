@@ -37,6 +37,7 @@ pub mod forkdir;
 pub mod git;
 #[cfg(unix)]
 pub mod local;
+pub mod prompt;
 pub mod render;
 pub mod run;
 pub mod watch;

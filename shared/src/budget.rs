@@ -335,6 +335,33 @@ pub fn remaining(cap: Option<f64>, spent: f64, reserved: f64) -> Option<f64> {
     cap.map(|c| (c - spent - reserved).max(0.0))
 }
 
+/// An amount of USD a person typed (`--usd`, a chat's budget): finite, greater than 0.
+pub fn parse_usd(s: &str) -> Result<f64, String> {
+    parse_amount(s, false, "a finite amount of USD greater than 0, e.g. 0.5")
+}
+
+/// A cap a person typed (`--cap`): a finite amount of 0 or more.
+pub fn parse_cap(s: &str) -> Result<f64, String> {
+    parse_amount(
+        s,
+        true,
+        "a finite cap in USD of 0 or more, e.g. 25 (or --no-cap)",
+    )
+}
+
+/// A finite number above 0 (or of 0 or more with `zero_ok`); `valid` says what is.
+pub fn parse_amount(s: &str, zero_ok: bool, valid: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number; give {valid}"))?;
+    let ok = v.is_finite() && if zero_ok { v >= 0.0 } else { v > 0.0 };
+    if !ok {
+        return Err(format!("{v} is not valid; give {valid}"));
+    }
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,23 +1,9 @@
-//! `forkfleet chat`: a terminal UI over a root run (docs/TERMINAL.md). The conversation
-//! with one agent, forked mid-conversation into branch tabs that stream live, steered,
-//! stopped, merged or resolved, after which the chat goes on from the winner.
-//!
-//! Layout: `app` (state and keys), `ui` (drawing), `poll` (the background: following
-//! forks, actions), `transcript` (a log as lines), `settings` (`/fork-*` defaults),
-//! `theme` (colours and `NO_COLOR`).
-
-mod app;
-mod poll;
-mod settings;
-mod theme;
-mod transcript;
-mod ui;
+//! `forkfleet chat`: a terminal UI over a root run (docs/TERMINAL.md), in the
+//! `forkfleet-tui` crate. Here: its arguments, its configuration and connection, and the
+//! chat `--resume` names.
 
 use super::*;
-use app::{App, ChatRun, Start};
-use forkfleet_shared::blob::BlobHash;
-use futures::StreamExt;
-use poll::Msg;
+use forkfleet_tui::{ChatRun, Options, Settings, Stderr};
 
 #[derive(Debug, Args)]
 pub struct ChatArgs {
@@ -76,8 +62,7 @@ pub(crate) async fn cmd_chat(args: ChatArgs) -> anyhow::Result<()> {
     };
     let config = client_args.load_config()?;
     let pricing = Config::load_pricing(args.config.config.as_deref(), &config::process_env)?;
-    let settings_file = settings::path(&workspace);
-    let settings = settings::Settings::load(&settings_file)?;
+    let settings = Settings::load(&forkfleet_tui::settings_path(&workspace))?;
     // A resumed chat's unfinished turns run again here.
     let local = if args.resume.is_some() && config.nats_config_for(config::Role::Client).is_none() {
         Local::Resume
@@ -88,7 +73,28 @@ pub(crate) async fn cmd_chat(args: ChatArgs) -> anyhow::Result<()> {
         return Ok(());
     };
     let client = session.client.clone();
-    let result = chat(client, args, workspace, pricing, settings).await;
+    let result = async {
+        let resume = match &args.resume {
+            Some(run) => Some(find_chat(&client, run, &workspace).await?),
+            None => None,
+        };
+        let reach = if client.is_remote() {
+            "cluster".to_string()
+        } else {
+            format!("embedded {}", client_data(&client))
+        };
+        let opts = Options {
+            spec: args.spec.clone(),
+            workspace: workspace.clone(),
+            model: args.model.clone(),
+            pricing,
+            reach,
+            settings,
+            resume,
+        };
+        forkfleet_tui::run(client, opts).await
+    }
+    .await;
     let closed = session.close().await;
     let root = result?;
     if let Some(root) = root {
@@ -137,99 +143,6 @@ async fn find_chat(
     Ok((chat, view))
 }
 
-/// Run the UI until the person quits; the chat's root run, if one was made.
-async fn chat(
-    client: Client,
-    args: ChatArgs,
-    workspace: PathBuf,
-    pricing: std::collections::BTreeMap<String, forkfleet_shared::pricing::Price>,
-    settings: settings::Settings,
-) -> anyhow::Result<Option<RunId>> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let reach = if client.is_remote() {
-        "cluster".to_string()
-    } else {
-        format!("embedded {}", client_data(&client))
-    };
-    let start = Start {
-        spec: args.spec.clone(),
-        workspace: workspace.clone(),
-        model: args.model.clone(),
-        pricing,
-    };
-    tokio::spawn(poll::watch_bus(client.clone(), tx.clone()));
-    let mut app = App::new(client.clone(), tx, start, reach, settings);
-    if let Some(run) = &args.resume {
-        let (mut chat, view) = find_chat(&client, run, &workspace).await?;
-        chat.policy = app.spec_policy();
-        let synced = app
-            .settings
-            .synced
-            .get(&chat.root.to_string())
-            .and_then(|h| BlobHash::from_hex(h))
-            .unwrap_or(view.snapshot);
-        app.chat_view = Some(view);
-        app.adopt_chat(chat, synced);
-    }
-    let mut terminal = ratatui::try_init()?;
-    let _ = crossterm::execute!(std::io::stdout(), crossterm::event::EnableBracketedPaste);
-    let result = ui_loop(&mut terminal, &mut app, &mut rx).await;
-    let _ = crossterm::execute!(std::io::stdout(), crossterm::event::DisableBracketedPaste);
-    ratatui::try_restore()?;
-    result?;
-    Ok(app.chat.as_ref().map(|c| c.root))
-}
-
-/// Standard error sent to a file until dropped (then back where it was).
-struct Stderr {
-    saved: Option<std::os::fd::OwnedFd>,
-}
-
-impl Stderr {
-    /// Send fd 2 to `path` (appended); nothing changes when that fails.
-    fn to_file(path: &Path) -> Stderr {
-        use std::os::fd::{AsRawFd, FromRawFd};
-        let opened = path
-            .parent()
-            .map(std::fs::create_dir_all)
-            .transpose()
-            .and_then(|_| {
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-            });
-        let Ok(file) = opened else {
-            return Stderr { saved: None };
-        };
-        // SAFETY: dup and dup2 on descriptors this process owns; the duplicate is owned
-        // by the OwnedFd from then on.
-        let saved = unsafe {
-            let fd = libc::dup(2);
-            if fd < 0 || libc::dup2(file.as_raw_fd(), 2) < 0 {
-                if fd >= 0 {
-                    libc::close(fd);
-                }
-                return Stderr { saved: None };
-            }
-            std::os::fd::OwnedFd::from_raw_fd(fd)
-        };
-        Stderr { saved: Some(saved) }
-    }
-}
-
-impl Drop for Stderr {
-    fn drop(&mut self) {
-        use std::os::fd::AsRawFd;
-        if let Some(fd) = &self.saved {
-            // SAFETY: dup2 of a descriptor we own onto fd 2.
-            unsafe {
-                libc::dup2(fd.as_raw_fd(), 2);
-            }
-        }
-    }
-}
-
 /// Where the embedded store is, for the status line.
 fn client_data(client: &Client) -> String {
     client
@@ -238,50 +151,4 @@ fn client_data(client: &Client) -> String {
         .trim_start_matches("--data")
         .trim()
         .to_string()
-}
-
-async fn ui_loop(
-    terminal: &mut ratatui::DefaultTerminal,
-    app: &mut App,
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Msg>,
-) -> anyhow::Result<()> {
-    let mut keys = crossterm::event::EventStream::new();
-    // Redraws now and then even when nothing arrives (a resize, a notice's age).
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    loop {
-        terminal.draw(|f| ui::draw(f, app))?;
-        tokio::select! {
-            key = keys.next() => match key {
-                Some(Ok(ev)) => app.on_term(ev),
-                Some(Err(e)) => return Err(e.into()),
-                None => return Ok(()),
-            },
-            Some(msg) = rx.recv() => {
-                app.on_msg(msg);
-                while let Ok(msg) = rx.try_recv() {
-                    app.on_msg(msg);
-                }
-                app.offer_approval();
-            }
-            _ = tick.tick() => {}
-        }
-        if app.quit {
-            return Ok(());
-        }
-        if let Some((fork, label)) = app.open_request.take() {
-            // The diff tool gets the terminal; the chat comes back after it.
-            drop(keys);
-            ratatui::try_restore()?;
-            let opened =
-                forkdir::open(&app.client, fork, None, &[label], Default::default(), false).await;
-            // On stdout: standard error goes to the chat's log.
-            if let Err(e) = opened {
-                println!("{}", render::error_chain(&e));
-            }
-            println!("\npress Enter to go back to the chat");
-            let _ = prompt::read_line().await;
-            *terminal = ratatui::try_init()?;
-            keys = crossterm::event::EventStream::new();
-        }
-    }
 }

@@ -10,17 +10,7 @@ pub(crate) fn interactive(json: bool) -> bool {
     !json && std::io::stdin().is_terminal() && std::io::stderr().is_terminal()
 }
 
-/// One line from stdin (`None` at its end), read off the runtime.
-pub(crate) async fn read_line() -> anyhow::Result<Option<String>> {
-    tokio::task::spawn_blocking(|| {
-        let mut line = String::new();
-        match std::io::stdin().read_line(&mut line)? {
-            0 => Ok(None),
-            _ => Ok(Some(line.trim().to_string())),
-        }
-    })
-    .await?
-}
+pub(crate) use forkfleet_client::prompt::read_line;
 
 /// Ask the person at the terminal about each request that waits in `view`: approve, deny
 /// (with a reason) or skip. True when an answer was given (the watch goes on); false when

@@ -67,7 +67,7 @@ impl ForkForm {
             }
             let budget_usd = match r.budget.trim() {
                 "" => None,
-                b => Some(crate::cli::parse_usd(b).map_err(|e| format!("row {n} budget: {e}"))?),
+                b => Some(forkfleet_shared::budget::parse_usd(b).map_err(|e| format!("row {n} budget: {e}"))?),
             };
             out.push(AgentBranch {
                 label: r.label.trim().to_string(),
@@ -79,7 +79,7 @@ impl ForkForm {
         }
         let aggregate = match self.aggregate.trim() {
             "" => None,
-            a => Some(crate::cli::parse_usd(a).map_err(|e| format!("aggregate budget: {e}"))?),
+            a => Some(forkfleet_shared::budget::parse_usd(a).map_err(|e| format!("aggregate budget: {e}"))?),
         };
         Ok((out, aggregate))
     }

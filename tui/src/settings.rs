@@ -139,7 +139,7 @@ impl Settings {
                 Ok("no budgets: per-branch and aggregate unset".into())
             }
             ("fork-budget", [which @ ("per-branch" | "aggregate"), usd]) => {
-                let v = crate::cli::parse_usd(usd).map_err(|e| format!("/fork-budget: {e}"))?;
+                let v = forkfleet_shared::budget::parse_usd(usd).map_err(|e| format!("/fork-budget: {e}"))?;
                 if *which == "per-branch" {
                     self.fork_budget_usd = Some(v);
                     Ok(format!("per-branch budget = ${v}"))
