@@ -1,7 +1,7 @@
 //! The two cluster services as library functions, so `main` stays thin and tests (and the
 //! embedded mode) can start them in-process:
 //!
-//! - [`run_coordinator`]: connect to NATS, take the coordinator lease ([`lease`]: standing
+//! - [`run_coordinator`]: connect to NATS, take the coordinator lease ([`forkfleet_coordinator::lease`]: standing
 //!   by while another coordinator of the same store holds it, refusing to serve beside one
 //!   of another store), open the run store under `data`, start the coordinator, answer the
 //!   API ([`forkfleet_coordinator::service::serve`]) until `shutdown`, then stop cleanly
@@ -32,7 +32,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub mod http;
-pub mod lease;
 
 pub use http::Readiness;
 
@@ -128,7 +127,7 @@ async fn coordinate(
     let probe = nats.clone();
     readiness.watch_bus(move || probe.connected());
     readiness.not_ready("standby: waiting for the coordinator lease");
-    let me = lease::Candidate {
+    let me = forkfleet_coordinator::lease::Candidate {
         store_id,
         ttl: config.lease_ttl.value,
     };
@@ -137,7 +136,7 @@ async fn coordinate(
     // by a standby while this process was stalled) stops serving and goes back to
     // standing by, with the store closed, until the lease can be taken again.
     loop {
-        let Some(lease) = lease::acquire(&nats, &me, &mut shutdown).await? else {
+        let Some(lease) = forkfleet_coordinator::lease::acquire(&nats, &me, &mut shutdown).await? else {
             return Ok(());
         };
         readiness.not_ready("opening the run store");
@@ -189,7 +188,7 @@ async fn coordinate(
 
 /// Open the run store under `data` once its previous holder has let go of it (a holder
 /// whose lease expired but that still runs keeps sled's lock until it notices and stops).
-async fn open_store_when_free(data: &Path, lease: &lease::Lease) -> anyhow::Result<RunStore> {
+async fn open_store_when_free(data: &Path, lease: &forkfleet_coordinator::lease::Lease) -> anyhow::Result<RunStore> {
     let mut said = false;
     loop {
         if let Some(why) = lease.lost_reason() {

@@ -21,7 +21,10 @@
 //!   API; `checkpoint/auto.rs` automatic checkpoints of branch runs, `checkpoint/rewind.rs`
 //!   rewind, `checkpoint/new_run.rs` new runs from a checkpoint.
 //! - `event_loop`: the consumer of the event stream (pump, apply, flush-then-ack).
-//! - `resume`: hands a branch's log to a worker taking it over, fencing earlier attempts.
+//! - `resume`: hands a branch's log to a worker taking it over, fencing earlier attempts;
+//!   a delivery past `max_deliver` is a dead task, queued again or failed (ADR 38).
+//! - [`lease`]: one coordinator at a time on a NATS cluster: taking, standing by for,
+//!   renewing and releasing the lease of `forkfleet_bus::lease`.
 //! - `budget`: the ledger of branch, fork and account caps (spend, usage, stops);
 //!   `budget/reserve.rs` reservations (grant, cancel, expiry), `budget/caps.rs` top-ups,
 //!   moves and accounts, `budget/service.rs` the reservation service, `budget/metrics.rs`
@@ -63,6 +66,7 @@ pub mod access;
 pub mod api;
 pub mod error;
 pub mod handle;
+pub mod lease;
 pub mod service;
 pub mod store;
 

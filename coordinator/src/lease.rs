@@ -4,7 +4,8 @@
 //! - [`acquire`]: read the lease. Free or expired: take it (a take that loses the race
 //!   means someone else just took it: stand by). Held and live for this store: stand by,
 //!   subscribed to nothing, saying so at WARN, until it expires or is released, then take
-//!   it. Held and live for another store: refuse ([`BadInput`], exit code 2), naming both
+//!   it. Held and live for another store: refuse ([`CoordinatorError::BadRequest`], exit
+//!   code 2), naming both
 //!   store ids.
 //! - [`Lease`]: the lease held, renewed every third of its TTL in the background. When a
 //!   renewal finds the lease written by someone else, or none succeeds before the lease
@@ -16,7 +17,7 @@
 //! clock, so a standby whose clock is behind still takes over within a TTL of the holder's
 //! last renewal).
 
-use crate::BadInput;
+use crate::CoordinatorError;
 use forkfleet_bus::lease::{LeaseBucket, LeaseError, LeaseRecord, LeaseState};
 use forkfleet_bus::nats::NatsBus;
 use forkfleet_shared::protocol::now_ms;
@@ -62,23 +63,13 @@ fn hostname() -> String {
         .unwrap_or_else(|| "unknown".to_string())
 }
 
-/// The holder ids under which this process took the lease (one per time it served).
-static TAKEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-
-fn note_taken(holder: &str) {
-    TAKEN
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(holder.to_string());
-}
-
-/// Whether this process held the lease as `holder` before.
-fn taken_here(holder: &str) -> bool {
-    TAKEN
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .any(|h| h == holder)
+/// Whether `record` was written by this very process (it served before, then lost the
+/// lease): its host, pid namespace and pid are this process's.
+fn held_here(record: &LeaseRecord) -> bool {
+    record.pid == std::process::id()
+        && record.hostname == hostname()
+        && record.pid_ns.is_some()
+        && record.pid_ns == pid_namespace()
 }
 
 /// This process's pid namespace, as `/proc/self/ns/pid` links it (`pid:[INODE]`).
@@ -122,7 +113,7 @@ pub async fn acquire(
     bus: &NatsBus,
     me: &Candidate,
     shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<Option<Lease>> {
+) -> Result<Option<Lease>, CoordinatorError> {
     let holder = uuid::Uuid::now_v7().to_string();
     let poll = (me.ttl / 4).clamp(Duration::from_millis(50), STANDBY_POLL_MAX);
     let mut watched = Watched {
@@ -182,11 +173,10 @@ pub async fn acquire(
                 gone = record.holder != holder && holder_gone(record);
                 let expired = stale || record.expired_at(now_ms()) || gone;
                 if !expired && record.store_id != me.store_id {
-                    return Err(BadInput(format!(
+                    return Err(CoordinatorError::BadRequest(format!(
                         "another coordinator ({} on {}, pid {}) serves the run store {} on this NATS server; this one's data dir holds the store {}. Two stores cannot serve one cluster: point this coordinator at that store's data dir (it then waits as a standby), stop the other one, or use another NATS server",
                         record.holder, record.hostname, record.pid, record.store_id, me.store_id
-                    ))
-                    .into());
+                    )));
                 }
                 if !expired && reported.as_deref() != Some(record.holder.as_str()) {
                     tracing::warn!(
@@ -209,7 +199,7 @@ pub async fn acquire(
             match lease_bucket.write(&record, revision).await {
                 Ok(revision) => {
                     if let LeaseState::Held { record: old, .. } = &state {
-                        if taken_here(&old.holder) {
+                        if held_here(old) {
                             tracing::info!(
                                 lease.previous = %old.holder,
                                 "coordinator lease taken again: it was this process's own, from before it stopped serving"
@@ -234,7 +224,6 @@ pub async fn acquire(
                         lease.ttl_ms = record.ttl_ms,
                         "coordinator lease taken"
                     );
-                    note_taken(&holder);
                     return Ok(Some(Lease::hold(lease_bucket, record, revision)));
                 }
                 // Someone else just took it: read it again, and stand by.
