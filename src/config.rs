@@ -372,7 +372,7 @@ impl Config {
             }
             for (name, t) in &layer.http.tokens {
                 c.http_tokens
-                    .insert(name.clone(), HttpToken::parse(name, t)?);
+                    .insert(name.clone(), parse_http_token(name, t)?);
             }
             if let Some(f) = &layer.http.audit_log {
                 c.audit_log = Some(f.clone());
@@ -616,80 +616,71 @@ impl Config {
     }
 }
 
-/// One HTTP API token as configured: the SHA-256 of the token (the token itself is never
-/// stored), what it may do, and the accounts it is limited to (every account when `None`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HttpToken {
-    pub sha256: [u8; 32],
-    pub scopes: std::collections::BTreeSet<forkfleet_shared::api::Access>,
-    pub accounts: Option<std::collections::BTreeSet<String>>,
-}
+pub use forkfleet_http::auth::HttpToken;
 
-impl HttpToken {
-    /// `[http.tokens."NAME"]` checked: a 64-digit hex hash, scopes among read, write and
-    /// admin, valid account names; the name is a client identity.
-    fn parse(name: &str, t: &layer::TokenLayer) -> Result<HttpToken, ConfigError> {
-        use forkfleet_shared::api::Access;
-        let bad = |expected: &'static str, value: String| ConfigError::Invalid {
-            key: "http.tokens",
-            expected,
-            value,
-        };
-        forkfleet_shared::subjects::check_identity(name).map_err(|e| {
+/// `[http.tokens."NAME"]` checked: a 64-digit hex hash, scopes among read, write and
+/// admin, valid account names; the name is a client identity.
+fn parse_http_token(name: &str, t: &layer::TokenLayer) -> Result<HttpToken, ConfigError> {
+    use forkfleet_shared::api::Access;
+    let bad = |expected: &'static str, value: String| ConfigError::Invalid {
+        key: "http.tokens",
+        expected,
+        value,
+    };
+    forkfleet_shared::subjects::check_identity(name).map_err(|e| {
+        bad(
+            "token names of 1 to 64 letters, digits, `_` or `-`",
+            format!("`{name}`: {e}"),
+        )
+    })?;
+    let sha256 = hex::decode(t.sha256.trim())
+        .ok()
+        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        .ok_or_else(|| {
             bad(
-                "token names of 1 to 64 letters, digits, `_` or `-`",
-                format!("`{name}`: {e}"),
+                "the token's SHA-256 as 64 hex digits (forkfleet http token NAME prints one)",
+                format!("[http.tokens.\"{name}\"] sha256"),
             )
         })?;
-        let sha256 = hex::decode(t.sha256.trim())
-            .ok()
-            .and_then(|b| <[u8; 32]>::try_from(b).ok())
-            .ok_or_else(|| {
-                bad(
-                    "the token's SHA-256 as 64 hex digits (forkfleet http token NAME prints one)",
-                    format!("[http.tokens.\"{name}\"] sha256"),
-                )
-            })?;
-        let mut scopes = std::collections::BTreeSet::new();
-        for s in &t.scopes {
-            scopes.insert(match s.as_str() {
-                "read" => Access::Read,
-                "write" => Access::Write,
-                "admin" => Access::Admin,
-                other => {
-                    return Err(bad(
-                        "scopes among read, write and admin",
-                        format!("[http.tokens.\"{name}\"] scopes: `{other}`"),
-                    ))
-                }
-            });
-        }
-        if scopes.is_empty() {
-            return Err(bad(
-                "at least one scope: read, write or admin",
-                format!("[http.tokens.\"{name}\"] scopes = []"),
-            ));
-        }
-        let accounts = match &t.accounts {
-            None => None,
-            Some(list) => {
-                for a in list {
-                    forkfleet_shared::spec::check_account_name(a).map_err(|e| {
-                        bad(
-                            "valid account names",
-                            format!("[http.tokens.\"{name}\"] accounts: {e}"),
-                        )
-                    })?;
-                }
-                Some(list.iter().cloned().collect())
+    let mut scopes = std::collections::BTreeSet::new();
+    for s in &t.scopes {
+        scopes.insert(match s.as_str() {
+            "read" => Access::Read,
+            "write" => Access::Write,
+            "admin" => Access::Admin,
+            other => {
+                return Err(bad(
+                    "scopes among read, write and admin",
+                    format!("[http.tokens.\"{name}\"] scopes: `{other}`"),
+                ))
             }
-        };
-        Ok(HttpToken {
-            sha256,
-            scopes,
-            accounts,
-        })
+        });
     }
+    if scopes.is_empty() {
+        return Err(bad(
+            "at least one scope: read, write or admin",
+            format!("[http.tokens.\"{name}\"] scopes = []"),
+        ));
+    }
+    let accounts = match &t.accounts {
+        None => None,
+        Some(list) => {
+            for a in list {
+                forkfleet_shared::spec::check_account_name(a).map_err(|e| {
+                    bad(
+                        "valid account names",
+                        format!("[http.tokens.\"{name}\"] accounts: {e}"),
+                    )
+                })?;
+            }
+            Some(list.iter().cloned().collect())
+        }
+    };
+    Ok(HttpToken {
+        sha256,
+        scopes,
+        accounts,
+    })
 }
 
 /// `http_addr` as written: `IP:PORT` (`0.0.0.0:9090`, `[::1]:9090`) or `localhost:PORT`.

@@ -18,8 +18,9 @@
 //! - [`embedded`]: the single-machine mode: a coordinator and in-process workers on the
 //!   local bus, the run store under a data directory, and a `forkfleet_client::Client`
 //!   that calls the coordinator in process.
-//! - [`http_api`]: the HTTP API (`/api/v1`, docs/HTTP.md): every declared operation as a
-//!   route, tokens and scopes, problem+json errors, SSE streams, the OpenAPI document.
+//! - [`http_api`]: the `forkfleet-http` crate: the HTTP API (`/api/v1`, docs/HTTP.md) and
+//!   the console, every declared operation as a route, tokens and scopes, problem+json
+//!   errors, SSE streams, the OpenAPI document.
 //! - [`telemetry`]: the process's log lines and trace context.
 //! - [`auth`]: `forkfleet cluster auth`: the nats-server permissions and the credentials
 //!   of each role (ADR 17).
@@ -33,7 +34,7 @@
 pub mod auth;
 pub mod config;
 pub mod embedded;
-pub mod http_api;
+pub use forkfleet_http as http_api;
 pub mod service;
 pub mod telemetry;
 

@@ -136,7 +136,8 @@ async fn coordinate(
     // by a standby while this process was stalled) stops serving and goes back to
     // standing by, with the store closed, until the lease can be taken again.
     loop {
-        let Some(lease) = forkfleet_coordinator::lease::acquire(&nats, &me, &mut shutdown).await? else {
+        let Some(lease) = forkfleet_coordinator::lease::acquire(&nats, &me, &mut shutdown).await?
+        else {
             return Ok(());
         };
         readiness.not_ready("opening the run store");
@@ -188,7 +189,10 @@ async fn coordinate(
 
 /// Open the run store under `data` once its previous holder has let go of it (a holder
 /// whose lease expired but that still runs keeps sled's lock until it notices and stops).
-async fn open_store_when_free(data: &Path, lease: &forkfleet_coordinator::lease::Lease) -> anyhow::Result<RunStore> {
+async fn open_store_when_free(
+    data: &Path,
+    lease: &forkfleet_coordinator::lease::Lease,
+) -> anyhow::Result<RunStore> {
     let mut said = false;
     loop {
         if let Some(why) = lease.lost_reason() {

@@ -67,7 +67,10 @@ impl ForkForm {
             }
             let budget_usd = match r.budget.trim() {
                 "" => None,
-                b => Some(forkfleet_shared::budget::parse_usd(b).map_err(|e| format!("row {n} budget: {e}"))?),
+                b => Some(
+                    forkfleet_shared::budget::parse_usd(b)
+                        .map_err(|e| format!("row {n} budget: {e}"))?,
+                ),
             };
             out.push(AgentBranch {
                 label: r.label.trim().to_string(),
@@ -79,7 +82,10 @@ impl ForkForm {
         }
         let aggregate = match self.aggregate.trim() {
             "" => None,
-            a => Some(forkfleet_shared::budget::parse_usd(a).map_err(|e| format!("aggregate budget: {e}"))?),
+            a => Some(
+                forkfleet_shared::budget::parse_usd(a)
+                    .map_err(|e| format!("aggregate budget: {e}"))?,
+            ),
         };
         Ok((out, aggregate))
     }

@@ -5,12 +5,20 @@
 //! within its scopes. With no token configured, the API answers loopback peers only.
 
 use super::problem::Problem;
-use crate::config::HttpToken;
 use axum::http::HeaderMap;
 use forkfleet_shared::api::{Access, Caller};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+
+/// One HTTP API token as configured: the SHA-256 of the token (the token itself is never
+/// stored), what it may do, and the accounts it is limited to (every account when `None`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpToken {
+    pub sha256: [u8; 32],
+    pub scopes: std::collections::BTreeSet<forkfleet_shared::api::Access>,
+    pub accounts: Option<std::collections::BTreeSet<String>>,
+}
 
 /// Who a request is from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,8 +24,8 @@ pub mod openapi;
 pub mod problem;
 mod stream;
 
-use crate::http_api::auth::Principal;
-use crate::http_api::problem::Problem;
+use crate::auth::Principal;
+use crate::problem::Problem;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, RawPathParams, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -642,7 +642,7 @@ mod tests {
     /// docs/HTTP.md's table names every declared route.
     #[test]
     fn the_docs_list_every_route() {
-        let doc = include_str!("../docs/HTTP.md");
+        let doc = include_str!("../../docs/HTTP.md");
         for r in ROUTES {
             let row = format!(
                 "| `{} {}` | `{}` | {} |",
