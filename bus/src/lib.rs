@@ -15,6 +15,8 @@
 //!   and the agents' fork tools).
 //! - [`nats_server`]: a local `nats-server -js` child process (the test fixture's and the
 //!   bench's), with its store and log in one directory.
+//! - `backoff`: the bus's one backoff, doubling from `RETRY_MIN` to `RETRY_MAX` for every
+//!   retried connection, pull, consumer creation, forward and API call.
 //! - `testkit` (feature `testkit`): a real `nats-server` on a free port for tests, which
 //!   panics where [`nats_server`] returns an error.
 //!

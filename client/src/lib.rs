@@ -1,7 +1,7 @@
 //! # forkfleet-client
 //!
-//! Everything a front end (the CLI today; an HTTP API, a console or a Python client
-//! tomorrow) does around a coordinator, on top of `forkfleet-shared` alone: it never
+//! Everything a front end (the CLI, the terminal UI, the HTTP API and its console) does
+//! around a coordinator, on top of `forkfleet-shared` alone: it never
 //! reaches into the coordinator's or the workers' crates.
 //!
 //! ## Layout
@@ -23,6 +23,7 @@
 //! - [`git`]: the user's git repository: the commit a workspace is at when a fork is made,
 //!   a winner committed on a new branch from it (plumbing only).
 //! - [`changes`]: one branch's changes with their bytes, as a git patch or a commit.
+//! - [`prompt`]: one line from the person at the terminal, off the async runtime.
 //! - [`run`]: the run workflow (create from a spec, follow, merge or resolve, apply) as
 //!   library functions; [`run::run_fork`] is the whole of `forkfleet run`.
 //!

@@ -40,6 +40,11 @@
 //!   any recorded run, copied or replayed (docs/LINEAGE.md).
 //! - `blobs`: copying what the run store lacks from the bus's blob store.
 //! - `resolve`: tests and judges on workers, the strategy's decision, the merge.
+//! - `prefix`: finding a fork or a run by a prefix of its id, one rule for every lookup.
+//! - `gc`: housekeeping (`fork rm`, `forkfleet gc`): finished forks deleted, and the blobs
+//!   nothing refers to any more (ADR 28).
+//! - `tenancy`: blobs belong to tenants (ADR 37): scoped uploads through the API, checked
+//!   against their hash, owned by accounts, counted against quotas.
 //! - [`error`]: the one error type, [`CoordinatorError`], and its kind (its tests in
 //!   `error/tests.rs`).
 //!

@@ -12,8 +12,10 @@
 //! generated from the same declaration (`openapi`).
 //!
 //! Layout: here the router and the call path; `auth` (tokens, scopes, the loopback rule),
-//! `problem` (errors), `stream` (SSE), `openapi`, `audit` (who wrote what, when),
-//! `idempotency` (replayed answers).
+//! `guard` (what every request must be first: Origin, Host, JSON bodies, no tokens in
+//! URLs; ADR 36), `problem` (errors), `stream` (SSE), `openapi`, `audit` (who wrote what,
+//! when), `idempotency` (replayed answers), `console` (the web console's three files,
+//! docs/CONSOLE.md).
 
 pub mod audit;
 pub mod auth;

@@ -40,6 +40,8 @@
 //! - [`protocol`]: tasks, branch events, control commands and resolve jobs on the bus.
 //! - [`subjects`]: every bus subject and stream name, built in one place.
 //! - [`endpoint`]: a real model API's endpoint and the `run_command` tool's settings.
+//! - [`catalogue`]: the workers' model catalogue: the real models a worker offers, their
+//!   APIs and key sources, and the hosts a spec's own `base_url` may name (ADR 16).
 //! - [`wire`]: the versioned MessagePack envelope every message travels in.
 pub mod api;
 pub mod approval;

@@ -20,6 +20,7 @@ mod fleet;
 mod forkdir;
 mod gc;
 mod git;
+mod guides;
 mod harness;
 mod hints;
 mod http;

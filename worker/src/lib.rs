@@ -40,6 +40,10 @@
 //!   holds the running branches' and the slots' gauges.
 //! - `context`: what every branch of a worker shares: the bus, the blob cache, the
 //!   providers, and the decoded prefixes and manifests (one decode per fork).
+//! - [`genai`]: the GenAI spans of a model call (`chat {model}`) and a tool call
+//!   (`execute_tool {name}`), after the OpenTelemetry GenAI conventions.
+//! - `warmup`: the first call of a fork's branches on this worker goes alone, so the rest
+//!   hit the provider's prompt cache (ADR 26).
 //! - [`cache`]: the per-worker blob cache and the decoded-blob memo shared by branches.
 //! - [`error`]: the one error type, [`WorkerError`].
 //!
