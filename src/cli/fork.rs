@@ -22,27 +22,7 @@ pub enum ForkCommand {
     /// Uploads only the workspace blobs the store lacks. On a cluster it returns at once
     /// (follow with `fork watch`); embedded (no NATS URL) the fork runs here to the end,
     /// since no worker outlives the command.
-    Create {
-        /// The fork spec (TOML). See docs/SPEC.md.
-        spec: PathBuf,
-        /// Embedded only: give up waiting for the branches after this many seconds.
-        #[arg(long)]
-        timeout_s: Option<u64>,
-        /// Fork this existing root run (id or unique prefix) as it is now: its conversation
-        /// and its workspace version (a run merged into, or made by `checkpoint fork`),
-        /// instead of a new run from the spec's goal and workspace directory.
-        #[arg(long, value_name = "RUN")]
-        from_run: Option<String>,
-        /// Check the spec and say what the workspace snapshot would hold and leave out
-        /// (and why), reading no file's contents; nothing is uploaded or created.
-        #[arg(long)]
-        dry_run: bool,
-        /// A name for the fork (overrides the spec's `name`), usable where its id is.
-        #[arg(long, value_name = "NAME")]
-        name: Option<String>,
-        #[command(flatten)]
-        client: ClientArgs,
-    },
+    Create(CreateArgs),
     /// List forks, newest first.
     Ls(ClientArgs),
     /// Show a fork's branches: state, turns, cost, the start of each one's last answer;
@@ -70,32 +50,7 @@ pub enum ForkCommand {
         client: ClientArgs,
     },
     /// Show what the branches changed and where they agree.
-    Diff {
-        fork: String,
-        /// Only these paths (files or directories).
-        #[arg(long = "path")]
-        paths: Vec<String>,
-        /// Print unified diffs, not only the summary.
-        #[arg(long)]
-        unified: bool,
-        /// Write one branch's changes (against the fork snapshot) as a git patch that
-        /// `git apply` takes, to FILE (whole or not at all), or to stdout without FILE or
-        /// with `-`. Binary files are `GIT binary patch` hunks, symlinks mode 120000.
-        #[arg(
-            long,
-            value_name = "FILE",
-            num_args = 0..=1,
-            default_missing_value = "-",
-            conflicts_with = "unified"
-        )]
-        patch: Option<PathBuf>,
-        /// The branch --patch writes (default: the merged winner, else the fork's only
-        /// branch; a fork of several branches needs it).
-        #[arg(long, value_name = "LABEL", requires = "patch")]
-        branch: Option<String>,
-        #[command(flatten)]
-        client: ClientArgs,
-    },
+    Diff(DiffArgs),
     /// Stop one branch; it keeps its partial work and can still be merged.
     Terminate {
         fork: String,
@@ -205,24 +160,7 @@ pub enum ForkCommand {
     },
     /// Move cap from one branch of a fork to another (both must have a cap); resumes the
     /// receiving branch if it was paused. Prints the cost report.
-    MoveBudget {
-        /// Fork id (or a unique prefix of one).
-        fork: String,
-        /// The branch giving cap (it keeps at least what it spent and holds).
-        #[arg(long, value_name = "LABEL")]
-        from: String,
-        /// The branch receiving it.
-        #[arg(long, value_name = "LABEL")]
-        to: String,
-        /// How much to move, in USD (finite, greater than 0).
-        #[arg(long, value_name = "USD", value_parser = parse_usd, allow_hyphen_values = true)]
-        usd: f64,
-        /// Embedded only: give up waiting for the resumed branch after this many seconds.
-        #[arg(long)]
-        timeout_s: Option<u64>,
-        #[command(flatten)]
-        client: ClientArgs,
-    },
+    MoveBudget(MoveBudgetArgs),
     /// Resolve a fork: run the spec's test command on every branch's tree (on workers), ask
     /// the judge(s), and decide by the strategy; a commit merges the winner and applies it
     /// to the workspace directory. Prints the tests, each verdict with its confidence, and
@@ -230,45 +168,7 @@ pub enum ForkCommand {
     ///
     /// Embedded (no NATS URL), unfinished branches run here first, then the tests and
     /// judges run on in-process workers.
-    Resolve {
-        /// Fork id (or a unique prefix of one).
-        fork: String,
-        /// Override the spec's strategy: manual, auto, auto_with_fallback, vote.
-        #[arg(long, value_name = "NAME")]
-        strategy: Option<String>,
-        /// auto_with_fallback's threshold in [0, 1] (default 0.80).
-        #[arg(long, value_name = "X", allow_hyphen_values = true)]
-        threshold: Option<f64>,
-        /// Run the tests and judges and print the decision, but merge nothing; `fork
-        /// verdict` shows the report again later.
-        #[arg(long, alias = "no-commit")]
-        judge_only: bool,
-        /// The judge's model instead of the spec's (repeat for `vote`). Without one in the
-        /// spec either, a default judge is taken from the models the workers offer.
-        #[arg(long = "judge-model", value_name = "MODEL")]
-        judge_models: Vec<String>,
-        /// Apply a merge to this directory instead of the workspace the fork was made from.
-        #[arg(long, conflicts_with = "no_apply")]
-        apply: Option<PathBuf>,
-        /// Commit the winner's changes on a new branch NAME of the git repository the
-        /// workspace was in, on top of the commit it was at when the fork was made; the
-        /// working tree, index and current branch are left alone, and an existing NAME is
-        /// refused. With it, no directory is applied to unless --apply DIR names one.
-        #[arg(long, value_name = "NAME")]
-        git_branch: Option<String>,
-        /// Merge in the store only; leave every directory alone.
-        #[arg(long)]
-        no_apply: bool,
-        /// Overwrite files changed in the directory since the fork (default: the spec's
-        /// `conflict_policy`, which keeps them unless it says `overwrite`).
-        #[arg(long)]
-        overwrite: bool,
-        /// Embedded only: give up waiting for unfinished branches after this many seconds.
-        #[arg(long)]
-        timeout_s: Option<u64>,
-        #[command(flatten)]
-        client: ClientArgs,
-    },
+    Resolve(ResolveArgs),
     /// Show the report of the fork's last resolve (tests, each judge's verdict with its
     /// signals and confidence, the decision) as stored: nothing runs again.
     Verdict {
@@ -283,259 +183,236 @@ pub enum ForkCommand {
     /// Syncs `<workspace>/.forkfleet/forks/<fork>/` first, then launches
     /// $FORKFLEET_DIFFTOOL (a template with {parent} and {branches}), else PyCharm (a
     /// 3-way diff), else VS Code (`code --diff`, pairwise), else prints a unified diff.
-    Open {
-        /// Fork id (or a unique prefix of one).
-        fork: String,
-        /// A workspace-relative path the fork touched (default: the whole directories).
-        path: Option<String>,
-        /// Only this branch against the parent (repeat: `--branch a --branch b` for a
-        /// 3-way diff of those two); default every branch that changed something.
-        #[arg(long = "branch", value_name = "LABEL")]
-        branches: Vec<String>,
-        /// Keep the fork directory in sync while the fork runs (every branch's files as
-        /// they change), until every branch has finished; then open it.
-        #[arg(long)]
-        follow: bool,
-        /// With --follow: give up after this many seconds (exit 1; the fork keeps running).
-        #[arg(long, requires = "follow")]
-        timeout_s: Option<u64>,
-        /// Colour the terminal diff.
-        #[arg(long, value_enum, default_value_t = forkdir::ColorChoice::Auto)]
-        color: forkdir::ColorChoice,
-        #[command(flatten)]
-        client: ClientArgs,
-    },
+    Open(OpenArgs),
     /// Merge a branch into the fork's parent and apply it to the workspace directory, or
     /// commit it on a new git branch (--git-branch) without touching the workspace.
-    Merge {
-        fork: String,
-        /// The winning branch's label.
-        #[arg(long)]
-        pick: String,
-        /// Apply to this directory instead of the workspace the fork was made from.
-        #[arg(long, conflicts_with = "no_apply")]
-        apply: Option<PathBuf>,
-        /// Commit the winner's changes on a new branch NAME of the git repository the
-        /// workspace was in, on top of the commit it was at when the fork was made; the
-        /// working tree, index and current branch are left alone, and an existing NAME is
-        /// refused. With it, no directory is applied to unless --apply DIR names one.
-        #[arg(long, value_name = "NAME")]
-        git_branch: Option<String>,
-        /// Merge in the store only; leave every directory alone.
-        #[arg(long)]
-        no_apply: bool,
-        /// Overwrite files changed in the directory since the fork (default: the spec's
-        /// `conflict_policy`, which keeps them unless it says `overwrite`).
-        #[arg(long)]
-        overwrite: bool,
-        #[command(flatten)]
-        client: ClientArgs,
-    },
+    Merge(MergeArgs),
+}
+
+// The arguments of `fork create` (its help is the variant's).
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// The fork spec (TOML). See docs/SPEC.md.
+    pub spec: PathBuf,
+    /// Embedded only: give up waiting for the branches after this many seconds.
+    #[arg(long)]
+    pub timeout_s: Option<u64>,
+    /// Fork this existing root run (id or unique prefix) as it is now: its conversation
+    /// and its workspace version (a run merged into, or made by `checkpoint fork`),
+    /// instead of a new run from the spec's goal and workspace directory.
+    #[arg(long, value_name = "RUN")]
+    pub from_run: Option<String>,
+    /// Check the spec and say what the workspace snapshot would hold and leave out
+    /// (and why), reading no file's contents; nothing is uploaded or created.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// A name for the fork (overrides the spec's `name`), usable where its id is.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+// The arguments of `fork diff` (its help is the variant's).
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    pub fork: String,
+    /// Only these paths (files or directories).
+    #[arg(long = "path")]
+    pub paths: Vec<String>,
+    /// Print unified diffs, not only the summary.
+    #[arg(long)]
+    pub unified: bool,
+    /// Write one branch's changes (against the fork snapshot) as a git patch that
+    /// `git apply` takes, to FILE (whole or not at all), or to stdout without FILE or
+    /// with `-`. Binary files are `GIT binary patch` hunks, symlinks mode 120000.
+    #[arg(
+        long,
+        value_name = "FILE",
+        num_args = 0..=1,
+        default_missing_value = "-",
+        conflicts_with = "unified"
+    )]
+    pub patch: Option<PathBuf>,
+    /// The branch --patch writes (default: the merged winner, else the fork's only
+    /// branch; a fork of several branches needs it).
+    #[arg(long, value_name = "LABEL", requires = "patch")]
+    pub branch: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+// The arguments of `fork resolve` (its help is the variant's).
+#[derive(Debug, Args)]
+pub struct ResolveArgs {
+    /// Fork id (or a unique prefix of one).
+    pub fork: String,
+    /// Override the spec's strategy: manual, auto, auto_with_fallback, vote.
+    #[arg(long, value_name = "NAME")]
+    pub strategy: Option<String>,
+    /// auto_with_fallback's threshold in [0, 1] (default 0.80).
+    #[arg(long, value_name = "X", allow_hyphen_values = true)]
+    pub threshold: Option<f64>,
+    /// Run the tests and judges and print the decision, but merge nothing; `fork
+    /// verdict` shows the report again later.
+    #[arg(long, alias = "no-commit")]
+    pub judge_only: bool,
+    /// The judge's model instead of the spec's (repeat for `vote`). Without one in the
+    /// spec either, a default judge is taken from the models the workers offer.
+    #[arg(long = "judge-model", value_name = "MODEL")]
+    pub judge_models: Vec<String>,
+    /// Apply a merge to this directory instead of the workspace the fork was made from.
+    #[arg(long, conflicts_with = "no_apply")]
+    pub apply: Option<PathBuf>,
+    /// Commit the winner's changes on a new branch NAME of the git repository the
+    /// workspace was in, on top of the commit it was at when the fork was made; the
+    /// working tree, index and current branch are left alone, and an existing NAME is
+    /// refused. With it, no directory is applied to unless --apply DIR names one.
+    #[arg(long, value_name = "NAME")]
+    pub git_branch: Option<String>,
+    /// Merge in the store only; leave every directory alone.
+    #[arg(long)]
+    pub no_apply: bool,
+    /// Overwrite files changed in the directory since the fork (default: the spec's
+    /// `conflict_policy`, which keeps them unless it says `overwrite`).
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Embedded only: give up waiting for unfinished branches after this many seconds.
+    #[arg(long)]
+    pub timeout_s: Option<u64>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+// The arguments of `fork open` (its help is the variant's).
+#[derive(Debug, Args)]
+pub struct OpenArgs {
+    /// Fork id (or a unique prefix of one).
+    pub fork: String,
+    /// A workspace-relative path the fork touched (default: the whole directories).
+    pub path: Option<String>,
+    /// Only this branch against the parent (repeat: `--branch a --branch b` for a
+    /// 3-way diff of those two); default every branch that changed something.
+    #[arg(long = "branch", value_name = "LABEL")]
+    pub branches: Vec<String>,
+    /// Keep the fork directory in sync while the fork runs (every branch's files as
+    /// they change), until every branch has finished; then open it.
+    #[arg(long)]
+    pub follow: bool,
+    /// With --follow: give up after this many seconds (exit 1; the fork keeps running).
+    #[arg(long, requires = "follow")]
+    pub timeout_s: Option<u64>,
+    /// Colour the terminal diff.
+    #[arg(long, value_enum, default_value_t = forkdir::ColorChoice::Auto)]
+    pub color: forkdir::ColorChoice,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+// The arguments of `fork merge` (its help is the variant's).
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    pub fork: String,
+    /// The winning branch's label.
+    #[arg(long)]
+    pub pick: String,
+    /// Apply to this directory instead of the workspace the fork was made from.
+    #[arg(long, conflicts_with = "no_apply")]
+    pub apply: Option<PathBuf>,
+    /// Commit the winner's changes on a new branch NAME of the git repository the
+    /// workspace was in, on top of the commit it was at when the fork was made; the
+    /// working tree, index and current branch are left alone, and an existing NAME is
+    /// refused. With it, no directory is applied to unless --apply DIR names one.
+    #[arg(long, value_name = "NAME")]
+    pub git_branch: Option<String>,
+    /// Merge in the store only; leave every directory alone.
+    #[arg(long)]
+    pub no_apply: bool,
+    /// Overwrite files changed in the directory since the fork (default: the spec's
+    /// `conflict_policy`, which keeps them unless it says `overwrite`).
+    #[arg(long)]
+    pub overwrite: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+// The arguments of `fork move-budget` (its help is the variant's).
+#[derive(Debug, Args)]
+pub struct MoveBudgetArgs {
+    /// Fork id (or a unique prefix of one).
+    pub fork: String,
+    /// The branch giving cap (it keeps at least what it spent and holds).
+    #[arg(long, value_name = "LABEL")]
+    pub from: String,
+    /// The branch receiving it.
+    #[arg(long, value_name = "LABEL")]
+    pub to: String,
+    /// How much to move, in USD (finite, greater than 0).
+    #[arg(long, value_name = "USD", value_parser = parse_usd, allow_hyphen_values = true)]
+    pub usd: f64,
+    /// Embedded only: give up waiting for the resumed branch after this many seconds.
+    #[arg(long)]
+    pub timeout_s: Option<u64>,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
     match command {
-        ForkCommand::Create {
-            spec: spec_path,
-            timeout_s,
-            from_run,
-            dry_run,
-            name,
-            client,
-        } => {
-            // Validate the spec before connecting: bad input creates nothing anywhere.
-            let config = client.load_config()?;
-            let mut over = toml::Table::new();
-            if let Some(n) = name {
-                over.insert("name".into(), toml::Value::String(n));
-            }
-            let loaded = spec::load_overridden(Some(&spec_path), over, &config.pricing)?;
-            if dry_run {
-                return super::run::dry_run(&loaded, client.json).await;
-            }
-            with_session!(
-                @open Session::connect(&client, &config, Local::Run),
-                |coord| fork_create(
-                    coord,
-                    &loaded,
-                    from_run.as_deref(),
-                    timeout_s.map(Duration::from_secs),
-                    client.json
-                )
-            )
+        ForkCommand::Create(args) => fork_create_cmd(args).await,
+        ForkCommand::Ls(client) => {
+            with_session!(&client, Local::Read, |coord| fork_ls(coord, client.json))
         }
-        ForkCommand::Ls(client) => with_session!(&client, Local::Read, |coord| async {
-            let forks = coord.forks().await?;
-            if client.json {
-                let docs: Vec<_> = forks
-                    .iter()
-                    .map(|v| render::fork_json(v, None, None))
-                    .collect();
-                print_json(&serde_json::Value::Array(docs))
-            } else {
-                print!("{}", render::fork_list(&forks));
-                Ok(())
-            }
-        }),
         ForkCommand::Show {
             fork,
             label,
             client,
-        } => with_session!(&client, Local::Read, |coord| async {
-            let id = coord.find_fork(&fork).await?;
-            match &label {
-                Some(label) => show_branch(coord, id, label, client.json).await,
-                None => {
-                    let view = coord.fork(id).await?;
-                    print_view(&view, client.json, coord.reach())
-                }
-            }
-        }),
+        } => with_session!(&client, Local::Read, |coord| fork_show(
+            coord,
+            &fork,
+            label.as_deref(),
+            client.json
+        )),
         // Embedded, watching also runs what a stopped process left unfinished.
         ForkCommand::Watch {
             fork,
             timeout_s,
             events: true,
             client,
-        } => with_session!(&client, Local::Resume, |coord| async {
-            let id = coord.find_fork(&fork).await?;
-            let json = client.json;
-            let mut each = |label: &str, e: &forkfleet_shared::api::LoggedEvent| {
-                if json {
-                    println!(
-                        "{}",
-                        serde_json::json!({"label": label, "seq": e.seq, "event": e.event})
-                    );
-                } else {
-                    println!("{label}  {:>5}  {}", e.seq, render::event_line(&e.event));
-                }
-            };
-            let timeout = timeout_s.map(Duration::from_secs);
-            let view =
-                forkfleet_client::watch::follow_events(coord, id, None, timeout, &mut each).await?;
-            if !json {
-                print_view(&view, false, coord.reach())?;
-            }
-            match crate::cli::failed_branches(&view) {
-                Some(failed) => Err(failed.into()),
-                None => Ok(()),
-            }
-        }),
+        } => with_session!(&client, Local::Resume, |coord| fork_watch_events(
+            coord,
+            &fork,
+            timeout_s.map(Duration::from_secs),
+            client.json
+        )),
         ForkCommand::Watch {
             fork,
             timeout_s,
             events: false,
             client,
-        } => with_session!(&client, Local::Resume, |coord| async {
-            let id = coord.find_fork(&fork).await?;
-            // Embedded, branches a stopped process left pending or running were enqueued
-            // again when this session started and its workers run them; paused ones wait
-            // for a top-up, which nothing can give while this process holds the store, so
-            // the watch ends once nothing runs. On a cluster another client may top up:
-            // it waits for every branch to finish.
-            // On a terminal, a request for consent is asked for here and the watch goes on.
-            let ask = prompt::interactive(client.json);
-            let until = match (coord.is_remote(), ask) {
-                (true, true) => Until::Asking,
-                (true, false) => Until::Finished,
-                (false, _) => AT_ONCE,
-            };
-            let timeout = timeout_s.map(Duration::from_secs);
-            let view = loop {
-                // The fork directory follows the fork live.
-                let view = forkdir::follow(coord, id, timeout, until, !client.json).await?;
-                if !ask || view.state.is_resolved() || !prompt::ask(coord, &view).await? {
-                    break view;
-                }
-            };
-            print_view(&view, client.json, coord.reach())?;
-            match crate::cli::failed_branches(&view) {
-                Some(failed) => Err(failed.into()),
-                None => Ok(()),
-            }
-        }),
-        ForkCommand::Diff {
-            fork,
-            paths,
-            unified,
-            patch,
-            branch,
-            client,
-        } => {
-            let filter = paths
-                .iter()
-                .map(|p| WsPath::parse(p).map_err(|e| BadInput(format!("--path: {e}"))))
-                .collect::<Result<Vec<_>, _>>()?;
-            if let Some(out) = patch {
-                let to = PatchTo::parse(out, client.json)?;
-                return with_session!(&client, Local::Read, |coord| fork_diff_patch(
-                    coord,
-                    &fork,
-                    branch.as_deref(),
-                    (!filter.is_empty()).then(|| filter.clone()),
-                    &to,
-                    client.json
-                ));
-            }
-            with_session!(&client, Local::Read, |coord| async {
-                let id = coord.find_fork(&fork).await?;
-                let opts = DiffOptions {
-                    paths: if filter.is_empty() {
-                        None
-                    } else {
-                        Some(filter)
-                    },
-                    unified: unified || client.json,
-                    ..DiffOptions::default()
-                };
-                let report = coord.diff(id, opts).await?;
-                // The calls each branch did not run belong with what it changed.
-                let view = coord.fork(id).await?;
-                if client.json {
-                    let mut doc = render::diff_json(&report, true);
-                    let blocked: serde_json::Map<String, serde_json::Value> = view
-                        .branches
-                        .iter()
-                        .filter(|b| !b.blocked.is_empty())
-                        .map(|b| Ok((b.label.clone(), render::to_json(&b.blocked)?)))
-                        .collect::<anyhow::Result<_>>()?;
-                    doc["blocked"] = serde_json::Value::Object(blocked);
-                    print_json(&doc)
-                } else {
-                    print!("{}", render::diff_text(&report, unified));
-                    print!("{}", render::blocked_text(&view));
-                    Ok(())
-                }
-            })
-        }
+        } => with_session!(&client, Local::Resume, |coord| fork_watch(
+            coord,
+            &fork,
+            timeout_s.map(Duration::from_secs),
+            client.json
+        )),
+        ForkCommand::Diff(args) => fork_diff_cmd(args).await,
         ForkCommand::Terminate {
             fork,
             label,
             client,
-        } => with_session!(&client, Local::Read, |coord| async {
-            let id = coord.find_fork(&fork).await?;
-            let outcome = coord.terminate(id, &label).await?;
-            if client.json {
-                print_json(&render::terminate_json(&outcome))
-            } else {
-                print!("{}", render::terminate_text(&outcome));
-                Ok(())
-            }
-        }),
+        } => with_session!(&client, Local::Read, |coord| fork_terminate(
+            coord,
+            &fork,
+            &label,
+            client.json
+        )),
         ForkCommand::Abort { fork, client } => {
-            with_session!(&client, Local::Read, |coord| async {
-                let id = coord.find_fork(&fork).await?;
-                let outcome = coord.abort(id).await?;
-                // An aborted fork's directory goes as a merged one's does (unless
-                // `keep_artifacts`): nothing will be merged from it.
-                forkdir::cleanup_after_merge(coord, id).await;
-                if client.json {
-                    print_json(&render::abort_json(&outcome))
-                } else {
-                    print!("{}", render::abort_text(&outcome));
-                    Ok(())
-                }
-            })
+            with_session!(&client, Local::Read, |coord| fork_abort(
+                coord,
+                &fork,
+                client.json
+            ))
         }
         ForkCommand::Steer {
             fork,
@@ -585,8 +462,7 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
         ForkCommand::Cost { fork, client } => {
             with_session!(&client, Local::Read, |coord| async {
                 let id = coord.find_fork(&fork).await?;
-                let cost = coord.fork_cost(id).await?;
-                print_cost(&cost, client.json)
+                print_cost(&coord.fork_cost(id).await?, client.json)
             })
         }
         ForkCommand::Topup {
@@ -599,155 +475,432 @@ pub(crate) async fn cmd_fork(command: ForkCommand) -> anyhow::Result<()> {
             if let Some(label) = &branch {
                 spec::check_label(label).map_err(|e| BadInput(format!("--branch: {e}")))?;
             }
-            with_session!(&client, Local::Resume, |coord| async {
-                let id = coord.find_fork(&fork).await?;
-                let cost = coord.topup(id, branch.clone(), usd).await?;
-                let what = match &branch {
-                    Some(b) => format!("branch `{b}`'s cap"),
-                    None => "the fork's cap".to_string(),
-                };
-                let done = format!("raised {what} by ${usd:.6}");
-                after_resume(coord, cost, &done, timeout_s, client.json).await
-            })
-        }
-        ForkCommand::MoveBudget {
-            fork,
-            from,
-            to,
-            usd,
-            timeout_s,
-            client,
-        } => {
-            for (flag, label) in [("--from", &from), ("--to", &to)] {
-                spec::check_label(label).map_err(|e| BadInput(format!("{flag}: {e}")))?;
-            }
-            if from == to {
-                return Err(BadInput(format!(
-                    "--from and --to both name branch `{from}`; move budget between two different branches"
-                ))
-                .into());
-            }
-            with_session!(&client, Local::Resume, |coord| async {
-                let id = coord.find_fork(&fork).await?;
-                let cost = coord.move_budget(id, &from, &to, usd).await?;
-                let done = format!("moved ${usd:.6} of cap from `{from}` to `{to}`");
-                after_resume(coord, cost, &done, timeout_s, client.json).await
-            })
-        }
-        ForkCommand::Resolve {
-            fork,
-            strategy,
-            threshold,
-            judge_only,
-            judge_models,
-            apply,
-            git_branch,
-            no_apply,
-            overwrite,
-            timeout_s,
-            client,
-        } => {
-            let strategy =
-                resolve::strategy_from_flags(strategy.as_deref(), threshold).map_err(BadInput)?;
-            for m in &judge_models {
-                spec::split_model(m).map_err(|e| BadInput(format!("--judge-model: {e}")))?;
-            }
-            let ask = flow::ResolveAsk {
-                strategy,
-                no_commit: judge_only,
-                judge_models,
-            };
-            with_session!(&client, Local::Resume, |coord| fork_resolve(
+            with_session!(&client, Local::Resume, |coord| fork_topup(
                 coord,
                 &fork,
-                ask.clone(),
-                MergeTarget {
-                    apply: apply.as_deref(),
-                    git_branch: git_branch.as_deref(),
-                    no_apply,
-                    overwrite
-                },
-                timeout_s.map(Duration::from_secs),
+                branch.clone(),
+                usd,
+                timeout_s,
                 client.json
             ))
         }
+        ForkCommand::MoveBudget(args) => fork_move_budget_cmd(args).await,
+        ForkCommand::Resolve(args) => fork_resolve_cmd(args).await,
         ForkCommand::Verdict { fork, client } => {
-            with_session!(&client, Local::Read, |coord| async {
-                let id = coord.find_fork(&fork).await?;
-                let Some(report) = coord.verdict(id).await? else {
-                    return Err(BadInput(format!(
-                        "fork {id} was never resolved: `forkfleet fork resolve {id}{} --judge-only` judges it without merging",
-                        coord.reach()
-                    ))
-                    .into());
-                };
-                let resolved = flow::Resolved {
-                    report,
-                    applied: None,
-                };
-                if client.json {
-                    print_json(&report_json(&resolved))
-                } else {
-                    print!("{}", report_text(&resolved.report, coord.reach()));
-                    Ok(())
-                }
-            })
+            with_session!(&client, Local::Read, |coord| fork_verdict(
+                coord,
+                &fork,
+                client.json
+            ))
         }
-        ForkCommand::Open {
-            fork,
-            path,
-            branches,
-            follow,
-            timeout_s,
-            color,
-            client,
-        } => with_session!(
-            &client,
-            if follow { Local::Resume } else { Local::Read },
-            |coord| async {
-                let id = coord.find_fork(&fork).await?;
-                if follow {
-                    // The fork directory follows the fork live (embedded, this session's
-                    // workers run what a stopped process left unfinished).
-                    let until = if coord.is_remote() {
-                        Until::Finished
-                    } else {
-                        AT_ONCE
-                    };
-                    forkdir::follow(
-                        coord,
-                        id,
-                        timeout_s.map(Duration::from_secs),
-                        until,
-                        !client.json,
-                    )
-                    .await?;
-                }
-                forkdir::open(coord, id, path.as_deref(), &branches, color, client.json).await?;
-                Ok(())
-            }
-        ),
-        ForkCommand::Merge {
-            fork,
-            pick,
-            apply,
-            git_branch,
-            no_apply,
-            overwrite,
-            client,
-        } => with_session!(&client, Local::Read, |coord| fork_merge(
+        ForkCommand::Open(args) => fork_open_cmd(args).await,
+        ForkCommand::Merge(args) => fork_merge_cmd(args).await,
+    }
+}
+
+async fn fork_create_cmd(args: CreateArgs) -> anyhow::Result<()> {
+    let CreateArgs {
+        spec: spec_path,
+        timeout_s,
+        from_run,
+        dry_run,
+        name,
+        client,
+    } = args;
+
+    // Validate the spec before connecting: bad input creates nothing anywhere.
+    let config = client.load_config()?;
+    let mut over = toml::Table::new();
+    if let Some(n) = name {
+        over.insert("name".into(), toml::Value::String(n));
+    }
+    let loaded = spec::load_overridden(Some(&spec_path), over, &config.pricing)?;
+    if dry_run {
+        return super::run::dry_run(&loaded, client.json).await;
+    }
+    with_session!(
+        @open Session::connect(&client, &config, Local::Run),
+        |coord| fork_create(
+            coord,
+            &loaded,
+            from_run.as_deref(),
+            timeout_s.map(Duration::from_secs),
+            client.json
+        )
+    )
+}
+
+async fn fork_diff_cmd(args: DiffArgs) -> anyhow::Result<()> {
+    let DiffArgs {
+        fork,
+        paths,
+        unified,
+        patch,
+        branch,
+        client,
+    } = args;
+
+    let filter = paths
+        .iter()
+        .map(|p| WsPath::parse(p).map_err(|e| BadInput(format!("--path: {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(out) = patch {
+        let to = PatchTo::parse(out, client.json)?;
+        return with_session!(&client, Local::Read, |coord| fork_diff_patch(
             coord,
             &fork,
-            &pick,
-            MergeTarget {
-                apply: apply.as_deref(),
-                git_branch: git_branch.as_deref(),
-                no_apply,
-                overwrite
-            },
+            branch.as_deref(),
+            (!filter.is_empty()).then(|| filter.clone()),
+            &to,
             client.json
-        )),
+        ));
     }
+    with_session!(&client, Local::Read, |coord| fork_diff(
+        coord,
+        &fork,
+        filter.clone(),
+        unified,
+        client.json
+    ))
+}
+
+async fn fork_resolve_cmd(args: ResolveArgs) -> anyhow::Result<()> {
+    let ResolveArgs {
+        fork,
+        strategy,
+        threshold,
+        judge_only,
+        judge_models,
+        apply,
+        git_branch,
+        no_apply,
+        overwrite,
+        timeout_s,
+        client,
+    } = args;
+
+    let strategy =
+        resolve::strategy_from_flags(strategy.as_deref(), threshold).map_err(BadInput)?;
+    for m in &judge_models {
+        spec::split_model(m).map_err(|e| BadInput(format!("--judge-model: {e}")))?;
+    }
+    let ask = flow::ResolveAsk {
+        strategy,
+        no_commit: judge_only,
+        judge_models,
+    };
+    with_session!(&client, Local::Resume, |coord| fork_resolve(
+        coord,
+        &fork,
+        ask.clone(),
+        MergeTarget {
+            apply: apply.as_deref(),
+            git_branch: git_branch.as_deref(),
+            no_apply,
+            overwrite
+        },
+        timeout_s.map(Duration::from_secs),
+        client.json
+    ))
+}
+
+async fn fork_open_cmd(args: OpenArgs) -> anyhow::Result<()> {
+    let OpenArgs {
+        fork,
+        path,
+        branches,
+        follow,
+        timeout_s,
+        color,
+        client,
+    } = args;
+    with_session!(
+        &client,
+        if follow { Local::Resume } else { Local::Read },
+        |coord| fork_open(
+            coord,
+            &fork,
+            path.as_deref(),
+            &branches,
+            follow.then(|| timeout_s.map(Duration::from_secs)),
+            color,
+            client.json
+        )
+    )
+}
+
+async fn fork_merge_cmd(args: MergeArgs) -> anyhow::Result<()> {
+    let MergeArgs {
+        fork,
+        pick,
+        apply,
+        git_branch,
+        no_apply,
+        overwrite,
+        client,
+    } = args;
+    with_session!(&client, Local::Read, |coord| fork_merge(
+        coord,
+        &fork,
+        &pick,
+        MergeTarget {
+            apply: apply.as_deref(),
+            git_branch: git_branch.as_deref(),
+            no_apply,
+            overwrite
+        },
+        client.json
+    ))
+}
+
+async fn fork_move_budget_cmd(args: MoveBudgetArgs) -> anyhow::Result<()> {
+    let MoveBudgetArgs {
+        fork,
+        from,
+        to,
+        usd,
+        timeout_s,
+        client,
+    } = args;
+
+    for (flag, label) in [("--from", &from), ("--to", &to)] {
+        spec::check_label(label).map_err(|e| BadInput(format!("{flag}: {e}")))?;
+    }
+    if from == to {
+        return Err(BadInput(format!(
+            "--from and --to both name branch `{from}`; move budget between two different branches"
+        ))
+        .into());
+    }
+    with_session!(&client, Local::Resume, |coord| async {
+        let id = coord.find_fork(&fork).await?;
+        let cost = coord.move_budget(id, &from, &to, usd).await?;
+        let done = format!("moved ${usd:.6} of cap from `{from}` to `{to}`");
+        after_resume(coord, cost, &done, timeout_s, client.json).await
+    })
+}
+
+/// `fork ls`.
+async fn fork_ls(coord: &Client, json: bool) -> anyhow::Result<()> {
+    let forks = coord.forks().await?;
+    if json {
+        let docs: Vec<_> = forks
+            .iter()
+            .map(|v| render::fork_json(v, None, None))
+            .collect();
+        print_json(&serde_json::Value::Array(docs))
+    } else {
+        print!("{}", render::fork_list(&forks));
+        Ok(())
+    }
+}
+
+/// `fork show FORK [LABEL]`.
+async fn fork_show(
+    coord: &Client,
+    fork: &str,
+    label: Option<&str>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    match label {
+        Some(label) => show_branch(coord, id, label, json).await,
+        None => {
+            let view = coord.fork(id).await?;
+            print_view(&view, json, coord.reach())
+        }
+    }
+}
+
+/// `fork watch --events`: every event of every branch as it lands, then the view.
+async fn fork_watch_events(
+    coord: &Client,
+    fork: &str,
+    timeout: Option<Duration>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    let mut each = |label: &str, e: &forkfleet_shared::api::LoggedEvent| {
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"label": label, "seq": e.seq, "event": e.event})
+            );
+        } else {
+            println!("{label}  {:>5}  {}", e.seq, render::event_line(&e.event));
+        }
+    };
+    let view = forkfleet_client::watch::follow_events(coord, id, None, timeout, &mut each).await?;
+    if !json {
+        print_view(&view, false, coord.reach())?;
+    }
+    match crate::cli::failed_branches(&view) {
+        Some(failed) => Err(failed.into()),
+        None => Ok(()),
+    }
+}
+
+/// `fork watch`: the fork directory follows the fork until it finishes (embedded: until
+/// nothing runs), asking for consent on a terminal; then the view.
+async fn fork_watch(
+    coord: &Client,
+    fork: &str,
+    timeout: Option<Duration>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    // Embedded, branches a stopped process left pending or running were enqueued again
+    // when this session started and its workers run them; paused ones wait for a top-up,
+    // which nothing can give while this process holds the store, so the watch ends once
+    // nothing runs. On a cluster another client may top up: it waits for every branch to
+    // finish. On a terminal, a request for consent is asked for here and the watch goes on.
+    let ask = prompt::interactive(json);
+    let until = match (coord.is_remote(), ask) {
+        (true, true) => Until::Asking,
+        (true, false) => Until::Finished,
+        (false, _) => AT_ONCE,
+    };
+    let view = loop {
+        // The fork directory follows the fork live.
+        let view = forkdir::follow(coord, id, timeout, until, !json).await?;
+        if !ask || view.state.is_resolved() || !prompt::ask(coord, &view).await? {
+            break view;
+        }
+    };
+    print_view(&view, json, coord.reach())?;
+    match crate::cli::failed_branches(&view) {
+        Some(failed) => Err(failed.into()),
+        None => Ok(()),
+    }
+}
+
+/// `fork diff`: every branch's changes against the fork-time snapshot, with the calls
+/// each branch did not run.
+async fn fork_diff(
+    coord: &Client,
+    fork: &str,
+    filter: Vec<WsPath>,
+    unified: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    let opts = DiffOptions {
+        paths: (!filter.is_empty()).then_some(filter),
+        unified: unified || json,
+        ..DiffOptions::default()
+    };
+    let report = coord.diff(id, opts).await?;
+    // The calls each branch did not run belong with what it changed.
+    let view = coord.fork(id).await?;
+    if json {
+        let mut doc = render::diff_json(&report, true);
+        let blocked: serde_json::Map<String, serde_json::Value> = view
+            .branches
+            .iter()
+            .filter(|b| !b.blocked.is_empty())
+            .map(|b| Ok((b.label.clone(), render::to_json(&b.blocked)?)))
+            .collect::<anyhow::Result<_>>()?;
+        doc["blocked"] = serde_json::Value::Object(blocked);
+        print_json(&doc)
+    } else {
+        print!("{}", render::diff_text(&report, unified));
+        print!("{}", render::blocked_text(&view));
+        Ok(())
+    }
+}
+
+/// `fork terminate FORK LABEL`.
+async fn fork_terminate(coord: &Client, fork: &str, label: &str, json: bool) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    let outcome = coord.terminate(id, label).await?;
+    if json {
+        print_json(&render::terminate_json(&outcome))
+    } else {
+        print!("{}", render::terminate_text(&outcome));
+        Ok(())
+    }
+}
+
+/// `fork abort FORK`: every branch ended, the fork directory removed.
+async fn fork_abort(coord: &Client, fork: &str, json: bool) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    let outcome = coord.abort(id).await?;
+    // An aborted fork's directory goes as a merged one's does (unless `keep_artifacts`):
+    // nothing will be merged from it.
+    forkdir::cleanup_after_merge(coord, id).await;
+    if json {
+        print_json(&render::abort_json(&outcome))
+    } else {
+        print!("{}", render::abort_text(&outcome));
+        Ok(())
+    }
+}
+
+/// `fork topup FORK [--branch LABEL] --usd USD`: a cap raised, paused branches resumed.
+async fn fork_topup(
+    coord: &Client,
+    fork: &str,
+    branch: Option<String>,
+    usd: f64,
+    timeout_s: Option<u64>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    let what = match &branch {
+        Some(b) => format!("branch `{b}`'s cap"),
+        None => "the fork's cap".to_string(),
+    };
+    let cost = coord.topup(id, branch, usd).await?;
+    let done = format!("raised {what} by ${usd:.6}");
+    after_resume(coord, cost, &done, timeout_s, json).await
+}
+
+/// `fork verdict FORK`: the last resolve's report.
+async fn fork_verdict(coord: &Client, fork: &str, json: bool) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    let Some(report) = coord.verdict(id).await? else {
+        return Err(BadInput(format!(
+            "fork {id} was never resolved: `forkfleet fork resolve {id}{} --judge-only` judges it without merging",
+            coord.reach()
+        ))
+        .into());
+    };
+    let resolved = flow::Resolved {
+        report,
+        applied: None,
+    };
+    if json {
+        print_json(&report_json(&resolved))
+    } else {
+        print!("{}", report_text(&resolved.report, coord.reach()));
+        Ok(())
+    }
+}
+
+/// `fork open FORK`: the fork directory synced (and with `--follow`, following the fork
+/// until it finishes, for at most the timeout given), then opened in a diff tool.
+async fn fork_open(
+    coord: &Client,
+    fork: &str,
+    path: Option<&str>,
+    branches: &[String],
+    follow: Option<Option<Duration>>,
+    color: forkdir::ColorChoice,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    if let Some(timeout) = follow {
+        // The fork directory follows the fork live (embedded, this session's workers run
+        // what a stopped process left unfinished).
+        let until = if coord.is_remote() {
+            Until::Finished
+        } else {
+            AT_ONCE
+        };
+        forkdir::follow(coord, id, timeout, until, !json).await?;
+    }
+    forkdir::open(coord, id, path, branches, color, json).await?;
+    Ok(())
 }
 
 /// `fork show FORK LABEL`: one branch, its steer, whole final answer, cost and changes.
