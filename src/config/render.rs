@@ -21,43 +21,39 @@ impl Config {
         if let Some(f) = &self.file {
             let _ = writeln!(out, "# config file: {}", f.display());
         }
-        fn line(out: &mut String, key: &str, value: String, origin: &Origin) {
-            let _ = writeln!(out, "{key} = {value}  # {origin}");
-        }
-        fn quoted(s: &str) -> String {
-            toml::Value::String(s.to_string()).to_string()
-        }
-        fn path(p: &Path) -> String {
-            quoted(&p.display().to_string())
-        }
-        line(&mut out, "data", path(&self.data.value), &self.data.origin);
+        self.render_top(&mut out);
+        self.render_nats(&mut out);
+        self.render_tables(&mut out);
+        self.render_models(&mut out);
+        self.render_telemetry(&mut out);
+        out
+    }
+
+    /// The top-level settings: data, pool, concurrency, drain grace, tree cache, HTTP address.
+    fn render_top(&self, out: &mut String) {
+        line(out, "data", path(&self.data.value), &self.data.origin);
+        line(out, "pool", quoted(&self.pool.value), &self.pool.origin);
         line(
-            &mut out,
-            "pool",
-            quoted(&self.pool.value),
-            &self.pool.origin,
-        );
-        line(
-            &mut out,
+            out,
             "concurrency",
             self.concurrency.value.to_string(),
             &self.concurrency.origin,
         );
         line(
-            &mut out,
+            out,
             "drain_grace_s",
             self.drain_grace.value.as_secs().to_string(),
             &self.drain_grace.origin,
         );
         line(
-            &mut out,
+            out,
             "tree_cache_mb",
             self.tree_cache_mb.value.to_string(),
             &self.tree_cache_mb.origin,
         );
         match &self.http_addr.value {
             Some(addr) => line(
-                &mut out,
+                out,
                 "http_addr",
                 quoted(&addr.to_string()),
                 &self.http_addr.origin,
@@ -69,10 +65,14 @@ impl Config {
                 );
             }
         }
+    }
+
+    /// `[nats]` and `[nats.tls]`.
+    fn render_nats(&self, out: &mut String) {
         let n = &self.nats;
         let _ = writeln!(out, "\n[nats]");
         match &n.url {
-            Some(u) => line(&mut out, "url", quoted(&redact_url(&u.value)), &u.origin),
+            Some(u) => line(out, "url", quoted(&redact_url(&u.value)), &u.origin),
             None => {
                 let _ = writeln!(
                     out,
@@ -82,7 +82,7 @@ impl Config {
         }
         for (key, v) in [("name", &n.name), ("user", &n.user)] {
             if let Some(v) = v {
-                line(&mut out, key, quoted(&v.value), &v.origin);
+                line(out, key, quoted(&v.value), &v.origin);
             }
         }
         for (key, s) in [
@@ -99,37 +99,37 @@ impl Config {
             }
         }
         if let Some(c) = &n.creds_file {
-            line(&mut out, "creds_file", path(&c.value), &c.origin);
+            line(out, "creds_file", path(&c.value), &c.origin);
         }
         line(
-            &mut out,
+            out,
             "ack_wait_s",
             n.ack_wait.value.as_secs().to_string(),
             &n.ack_wait.origin,
         );
         line(
-            &mut out,
+            out,
             "max_deliver",
             n.max_deliver.value.to_string(),
             &n.max_deliver.origin,
         );
         line(
-            &mut out,
+            out,
             "replicas",
             n.replicas.value.to_string(),
             &n.replicas.origin,
         );
         if let Some(id) = &n.identity {
-            line(&mut out, "identity", quoted(&id.value), &id.origin);
+            line(out, "identity", quoted(&id.value), &id.origin);
         }
         line(
-            &mut out,
+            out,
             "provision",
             n.provision.value.to_string(),
             &n.provision.origin,
         );
         line(
-            &mut out,
+            out,
             "connect_timeout_s",
             n.connect_timeout.value.as_secs().to_string(),
             &n.connect_timeout.origin,
@@ -138,7 +138,7 @@ impl Config {
             ("blob_store_mb", &n.blob_store_mb),
             ("stream_mb", &n.stream_mb),
         ] {
-            line(&mut out, key, v.value.to_string(), &v.origin);
+            line(out, key, v.value.to_string(), &v.origin);
         }
         let _ = writeln!(out, "\n[nats.tls]");
         for (key, v) in [
@@ -147,24 +147,28 @@ impl Config {
             ("key_file", &n.tls_key_file),
         ] {
             if let Some(v) = v {
-                line(&mut out, key, path(&v.value), &v.origin);
+                line(out, key, path(&v.value), &v.origin);
             }
         }
         line(
-            &mut out,
+            out,
             "require",
             n.tls_require.value.to_string(),
             &n.tls_require.origin,
         );
+    }
+
+    /// `[coordinator]`, then `[pricing.*]`, `[access.*]` and `[http.tokens.*]`.
+    fn render_tables(&self, out: &mut String) {
         let _ = writeln!(out, "\n[coordinator]");
         line(
-            &mut out,
+            out,
             "lease_ttl_s",
             self.lease_ttl.value.as_secs().to_string(),
             &self.lease_ttl.origin,
         );
         line(
-            &mut out,
+            out,
             "blob_quota_mb",
             self.blob_quota_mb.value.to_string(),
             &self.blob_quota_mb.origin,
@@ -197,6 +201,10 @@ impl Config {
                 let _ = writeln!(out, "accounts = [{}]", list.join(", "));
             }
         }
+    }
+
+    /// `[models.*]` and `[model_hosts]`.
+    fn render_models(&self, out: &mut String) {
         // The catalogue shows where keys are (a variable's name, a file's path), never a key.
         for (model, m) in &self.models {
             let origin = self
@@ -235,15 +243,19 @@ impl Config {
         let hosts: Vec<String> = self.model_hosts.value.iter().map(|h| quoted(h)).collect();
         let _ = writeln!(out, "\n[model_hosts]");
         line(
-            &mut out,
+            out,
             "allow",
             format!("[{}]", hosts.join(", ")),
             &self.model_hosts.origin,
         );
+    }
+
+    /// `[telemetry]`.
+    fn render_telemetry(&self, out: &mut String) {
         let t = &self.telemetry;
         let _ = writeln!(out, "\n[telemetry]");
         line(
-            &mut out,
+            out,
             "log_format",
             quoted(&t.log_format.value.to_string()),
             &t.log_format.origin,
@@ -254,7 +266,7 @@ impl Config {
             ("otlp_metrics_endpoint", &t.otlp_metrics_endpoint),
         ] {
             if let Some(v) = v {
-                line(&mut out, key, quoted(&redact_url(&v.value)), &v.origin);
+                line(out, key, quoted(&redact_url(&v.value)), &v.origin);
             }
         }
         match t.traces_endpoint() {
@@ -269,7 +281,7 @@ impl Config {
             }
         }
         line(
-            &mut out,
+            out,
             "otlp_protocol",
             quoted(&t.otlp_protocol.value.to_string()),
             &t.otlp_protocol.origin,
@@ -290,7 +302,7 @@ impl Config {
             }
         }
         if let Some(s) = &t.service_name {
-            line(&mut out, "service_name", quoted(&s.value), &s.origin);
+            line(out, "service_name", quoted(&s.value), &s.origin);
         }
         if !t.resource_attributes.is_empty() {
             let entries: Vec<String> = t
@@ -304,29 +316,40 @@ impl Config {
             }
         }
         line(
-            &mut out,
+            out,
             "sampler",
             quoted(&t.sampler.value.to_string()),
             &t.sampler.origin,
         );
         line(
-            &mut out,
+            out,
             "disabled",
             t.disabled.value.to_string(),
             &t.disabled.origin,
         );
         line(
-            &mut out,
+            out,
             "capture_message_content",
             t.capture_message_content.value.to_string(),
             &t.capture_message_content.origin,
         );
         line(
-            &mut out,
+            out,
             "metrics_interval_s",
             t.metrics_interval.value.as_secs().to_string(),
             &t.metrics_interval.origin,
         );
-        out
     }
+}
+
+fn line(out: &mut String, key: &str, value: String, origin: &Origin) {
+    let _ = writeln!(out, "{key} = {value}  # {origin}");
+}
+
+fn quoted(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+fn path(p: &Path) -> String {
+    quoted(&p.display().to_string())
 }
