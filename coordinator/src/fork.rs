@@ -141,11 +141,11 @@ pub(crate) enum ForkMsg {
         DiffOptions,
         RpcReplyPort<Result<DiffReport, CoordinatorError>>,
     ),
-    Merge(
-        String,
-        MergeInto,
-        RpcReplyPort<Result<MergeOutcome, CoordinatorError>>,
-    ),
+    Merge {
+        pick: String,
+        into: MergeInto,
+        reply: RpcReplyPort<Result<MergeOutcome, CoordinatorError>>,
+    },
     /// Stop the branch with this label (one already finished is left as it is).
     Terminate(
         String,
@@ -154,19 +154,19 @@ pub(crate) enum ForkMsg {
     /// Mark the fork aborted and stop every branch still running.
     Abort(RpcReplyPort<Result<AbortOutcome, CoordinatorError>>),
     /// Send the branch with this label a steering message (label, text).
-    Steer(
-        String,
-        String,
-        RpcReplyPort<Result<SteerOutcome, CoordinatorError>>,
-    ),
+    Steer {
+        label: String,
+        text: String,
+        reply: RpcReplyPort<Result<SteerOutcome, CoordinatorError>>,
+    },
     /// Start a follow-up turn of the finished branch with this label, enqueuing its task
     /// on the pool named (pool, label, text; ADR 13).
-    Continue(
-        String,
-        String,
-        Option<String>,
-        RpcReplyPort<Result<ContinueOutcome, CoordinatorError>>,
-    ),
+    Continue {
+        pool: String,
+        label: String,
+        text: Option<String>,
+        reply: RpcReplyPort<Result<ContinueOutcome, CoordinatorError>>,
+    },
     /// A branch's task was delivered more than `max_deliver` times: queue it again or fail
     /// the branch ([`DeadTask`], ADR 38); the answer says which.
     DeadTask(DeadTask, RpcReplyPort<String>),
@@ -174,20 +174,20 @@ pub(crate) enum ForkMsg {
     /// position `u64` of the pool named (checked, ADR 18): drop the events of earlier
     /// attempts from now on, tell them they are superseded, and answer with the branch's
     /// log as stored.
-    Fence(
-        RunId,
-        u32,
-        String,
-        u64,
-        RpcReplyPort<Result<Vec<(u64, Event)>, CoordinatorError>>,
-    ),
+    Fence {
+        run: RunId,
+        attempt: u32,
+        pool: String,
+        seq: u64,
+        reply: RpcReplyPort<Result<Vec<(u64, Event)>, CoordinatorError>>,
+    },
     /// Enqueue a task, on the pool named, for each branch `Requeue` selects that has no
     /// task queued by an earlier resume yet. The reply is how many were enqueued.
-    Resume(
-        String,
-        Requeue,
-        RpcReplyPort<Result<usize, CoordinatorError>>,
-    ),
+    Resume {
+        pool: String,
+        which: Requeue,
+        reply: RpcReplyPort<Result<usize, CoordinatorError>>,
+    },
     /// Start resolving: check the fork can be resolved and hand over what the resolve
     /// needs. Refused while another resolve of the fork runs.
     ResolveStart(RpcReplyPort<Result<ResolveInputs, CoordinatorError>>),
@@ -196,20 +196,20 @@ pub(crate) enum ForkMsg {
     /// Append this rewind marker to a finished branch's log at the seq given (its log must
     /// end just before it) and rebuild its overlay from the rewound history. The reply is
     /// the marker's seq.
-    Rewind(
-        RunId,
-        Event,
-        u64,
-        RpcReplyPort<Result<u64, CoordinatorError>>,
-    ),
+    Rewind {
+        run: RunId,
+        marker: Event,
+        seq: u64,
+        reply: RpcReplyPort<Result<u64, CoordinatorError>>,
+    },
     /// Replay a merge's change log onto a finished branch whose agent made the merged fork,
     /// appending the file changes and a summary to its log (ADR 14). The reply is the
     /// flush report.
-    Adopt(
-        RunId,
-        Box<MergeOutcome>,
-        RpcReplyPort<Result<FlushReport, CoordinatorError>>,
-    ),
+    Adopt {
+        run: RunId,
+        outcome: Box<MergeOutcome>,
+        reply: RpcReplyPort<Result<FlushReport, CoordinatorError>>,
+    },
     /// Answer the request for consent of the branch labelled in the answer.
     Decide(
         Answer,
@@ -217,18 +217,21 @@ pub(crate) enum ForkMsg {
     ),
     /// Deny every request for consent that waits, as decided by `by` for `reason` (a
     /// resolve that does not wait for a person). The reply lists the branches answered.
-    DenyWaiting(
-        String,
-        String,
-        RpcReplyPort<Result<Vec<String>, CoordinatorError>>,
-    ),
+    DenyWaiting {
+        by: String,
+        reason: String,
+        reply: RpcReplyPort<Result<Vec<String>, CoordinatorError>>,
+    },
     /// The timer of branch run's request for call id fired.
-    ApprovalTimeout(RunId, String),
+    ApprovalTimeout {
+        run: RunId,
+        call_id: String,
+    },
     /// A merge's blocking part finished.
-    MergeFinished(
-        Box<Result<MergeDone, CoordinatorError>>,
-        RpcReplyPort<Result<MergeOutcome, CoordinatorError>>,
-    ),
+    MergeFinished {
+        result: Box<Result<MergeDone, CoordinatorError>>,
+        reply: RpcReplyPort<Result<MergeOutcome, CoordinatorError>>,
+    },
 }
 
 impl ForkState {
@@ -528,17 +531,23 @@ impl Actor for ForkActor {
                     let _ = reply.send(Ok(report));
                 });
             }
-            ForkMsg::Fence(run, attempt, pool, seq, reply) => {
+            ForkMsg::Fence {
+                run,
+                attempt,
+                pool,
+                seq,
+                reply,
+            } => {
                 let _ = reply.send(state.fence(run, attempt, pool, seq).await);
             }
             ForkMsg::DeadTask(dead, reply) => {
                 let _ = reply.send(state.dead_task(dead).await);
                 state.bump();
             }
-            ForkMsg::Merge(pick, into, reply) => {
+            ForkMsg::Merge { pick, into, reply } => {
                 state.start_merge(myself, pick, into, reply);
             }
-            ForkMsg::Resume(pool, which, reply) => {
+            ForkMsg::Resume { pool, which, reply } => {
                 let _ = reply.send(state.resume(&pool, which).await);
             }
             ForkMsg::Terminate(label, reply) => {
@@ -547,30 +556,44 @@ impl Actor for ForkActor {
             ForkMsg::Abort(reply) => {
                 let _ = reply.send(state.abort().await);
             }
-            ForkMsg::Steer(label, text, reply) => {
+            ForkMsg::Steer { label, text, reply } => {
                 let _ = reply.send(state.steer(&label, text).await);
             }
-            ForkMsg::Continue(pool, label, text, reply) => {
+            ForkMsg::Continue {
+                pool,
+                label,
+                text,
+                reply,
+            } => {
                 let _ = reply.send(state.follow_up(&pool, &label, text).await);
             }
             ForkMsg::ResolveStart(reply) => {
                 let _ = reply.send(state.resolve_start());
             }
             ForkMsg::ResolveEnd => state.resolving = false,
-            ForkMsg::Adopt(run, outcome, reply) => {
+            ForkMsg::Adopt {
+                run,
+                outcome,
+                reply,
+            } => {
                 let _ = reply.send(state.adopt(run, *outcome).await);
             }
-            ForkMsg::Rewind(run, marker, seq, reply) => {
+            ForkMsg::Rewind {
+                run,
+                marker,
+                seq,
+                reply,
+            } => {
                 let _ = reply.send(state.rewind(run, marker, seq).await);
             }
             ForkMsg::Decide(answer, reply) => {
                 let _ = reply.send(state.decide(answer).await);
             }
-            ForkMsg::DenyWaiting(by, reason, reply) => {
+            ForkMsg::DenyWaiting { by, reason, reply } => {
                 let _ = reply.send(state.deny_waiting(&by, &reason).await);
             }
-            ForkMsg::ApprovalTimeout(run, call_id) => state.timed_out(run, &call_id).await,
-            ForkMsg::MergeFinished(result, reply) => {
+            ForkMsg::ApprovalTimeout { run, call_id } => state.timed_out(run, &call_id).await,
+            ForkMsg::MergeFinished { result, reply } => {
                 state.merge_finished(result, reply).await;
             }
         }

@@ -185,7 +185,10 @@ impl ForkState {
     pub(super) fn arm_timer(&self, run: RunId, call_id: String, deadline_ms: u64) {
         let wait = Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
         self.myself
-            .send_after(wait, move || super::ForkMsg::ApprovalTimeout(run, call_id));
+            .send_after(wait, move || super::ForkMsg::ApprovalTimeout {
+                run,
+                call_id,
+            });
     }
 
     /// A request's timer fired: if it still waits, its rule's `on_timeout` answers it.

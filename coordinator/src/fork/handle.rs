@@ -91,12 +91,14 @@ impl ForkHandle {
     ) -> Result<Vec<(u64, Event)>, CoordinatorError> {
         ractor::call_t!(
             self.actor,
-            ForkMsg::Fence,
-            CALL_TIMEOUT_MS,
-            run,
-            attempt,
-            pool,
-            seq
+            |reply| ForkMsg::Fence {
+                run,
+                attempt,
+                pool,
+                seq,
+                reply
+            },
+            CALL_TIMEOUT_MS
         )
         .map_err(|e| call_error(e, "fencing a branch", CALL_TIMEOUT_MS))?
     }
@@ -120,10 +122,12 @@ impl ForkHandle {
     ) -> Result<FlushReport, CoordinatorError> {
         ractor::call_t!(
             self.actor,
-            ForkMsg::Adopt,
-            CALL_TIMEOUT_MS,
-            run,
-            Box::new(outcome)
+            |reply| ForkMsg::Adopt {
+                run,
+                outcome: Box::new(outcome),
+                reply
+            },
+            CALL_TIMEOUT_MS
         )
         .map_err(|e| call_error(e, "a merge into a branch", CALL_TIMEOUT_MS))?
     }
@@ -137,11 +141,13 @@ impl ForkHandle {
     ) -> Result<u64, CoordinatorError> {
         ractor::call_t!(
             self.actor,
-            ForkMsg::Rewind,
-            CALL_TIMEOUT_MS,
-            run,
-            marker,
-            seq
+            |reply| ForkMsg::Rewind {
+                run,
+                marker,
+                seq,
+                reply
+            },
+            CALL_TIMEOUT_MS
         )
         .map_err(|e| call_error(e, "a rewind", CALL_TIMEOUT_MS))?
     }
@@ -149,10 +155,12 @@ impl ForkHandle {
     pub async fn merge(&self, pick: String) -> Result<MergeOutcome, CoordinatorError> {
         ractor::call_t!(
             self.actor,
-            ForkMsg::Merge,
-            MERGE_TIMEOUT_MS,
-            pick,
-            MergeInto::Parent
+            |reply| ForkMsg::Merge {
+                pick,
+                into: MergeInto::Parent,
+                reply
+            },
+            MERGE_TIMEOUT_MS
         )
         .map_err(|e| call_error(e, "a merge", MERGE_TIMEOUT_MS))?
     }
@@ -162,18 +170,24 @@ impl ForkHandle {
     pub async fn merge_into_agent(&self, pick: String) -> Result<MergeOutcome, CoordinatorError> {
         ractor::call_t!(
             self.actor,
-            ForkMsg::Merge,
-            MERGE_TIMEOUT_MS,
-            pick,
-            MergeInto::Agent
+            |reply| ForkMsg::Merge {
+                pick,
+                into: MergeInto::Agent,
+                reply
+            },
+            MERGE_TIMEOUT_MS
         )
         .map_err(|e| call_error(e, "a merge", MERGE_TIMEOUT_MS))?
     }
 
     /// Enqueue tasks resuming these branches on `pool` (see [`ForkMsg::Resume`]).
     pub async fn resume(&self, pool: String, which: Requeue) -> Result<usize, CoordinatorError> {
-        ractor::call_t!(self.actor, ForkMsg::Resume, CALL_TIMEOUT_MS, pool, which)
-            .map_err(|e| call_error(e, "resuming branches", CALL_TIMEOUT_MS))?
+        ractor::call_t!(
+            self.actor,
+            |reply| ForkMsg::Resume { pool, which, reply },
+            CALL_TIMEOUT_MS
+        )
+        .map_err(|e| call_error(e, "resuming branches", CALL_TIMEOUT_MS))?
     }
 
     pub async fn terminate(&self, label: String) -> Result<TerminateOutcome, CoordinatorError> {
@@ -203,10 +217,8 @@ impl ForkHandle {
     ) -> Result<Vec<String>, CoordinatorError> {
         ractor::call_t!(
             self.actor,
-            ForkMsg::DenyWaiting,
-            CALL_TIMEOUT_MS,
-            by,
-            reason
+            |reply| ForkMsg::DenyWaiting { by, reason, reply },
+            CALL_TIMEOUT_MS
         )
         .map_err(|e| call_error(e, "denying requests for consent", CALL_TIMEOUT_MS))?
     }
@@ -217,8 +229,12 @@ impl ForkHandle {
         label: String,
         text: String,
     ) -> Result<SteerOutcome, CoordinatorError> {
-        ractor::call_t!(self.actor, ForkMsg::Steer, CALL_TIMEOUT_MS, label, text)
-            .map_err(|e| call_error(e, "a steer", CALL_TIMEOUT_MS))?
+        ractor::call_t!(
+            self.actor,
+            |reply| ForkMsg::Steer { label, text, reply },
+            CALL_TIMEOUT_MS
+        )
+        .map_err(|e| call_error(e, "a steer", CALL_TIMEOUT_MS))?
     }
 
     /// Start a follow-up turn of branch `label` (see [`ForkMsg::Continue`]).
@@ -230,11 +246,13 @@ impl ForkHandle {
     ) -> Result<ContinueOutcome, CoordinatorError> {
         ractor::call_t!(
             self.actor,
-            ForkMsg::Continue,
-            CALL_TIMEOUT_MS,
-            pool,
-            label,
-            text
+            |reply| ForkMsg::Continue {
+                pool,
+                label,
+                text,
+                reply
+            },
+            CALL_TIMEOUT_MS
         )
         .map_err(|e| call_error(e, "a continue", CALL_TIMEOUT_MS))?
     }

@@ -230,9 +230,12 @@ impl ForkState {
                     .await
                     .map_err(CoordinatorError::from)
                     .and_then(|r| r);
-                if let Err(ractor::MessagingErr::SendErr(ForkMsg::MergeFinished(_, reply))) =
-                    myself.cast(ForkMsg::MergeFinished(Box::new(result), reply))
-                {
+                if let Err(ractor::MessagingErr::SendErr(ForkMsg::MergeFinished {
+                    reply, ..
+                })) = myself.cast(ForkMsg::MergeFinished {
+                    result: Box::new(result),
+                    reply,
+                }) {
                     let _ = reply.send(Err(CoordinatorError::Closed("fork actor")));
                 }
             }
