@@ -232,10 +232,11 @@ pub trait Bus: Send + Sync + 'static {
         true
     }
 
-    /// When the connection last came back after being lost, in ms since the epoch (0: it
-    /// never was lost; the in-process bus never is). Deliveries lost to the outage are not
-    /// a worker's death (ADR 38).
-    fn reconnected_at_ms(&self) -> u64 {
+    /// When this process last saw the bus disrupted, in ms since the epoch (0: never; the
+    /// in-process bus never is): its connection lost or back, or a pull that missed the
+    /// server's heartbeats (a server frozen or partitioned keeps the connection open).
+    /// Deliveries lost to a disruption are not a worker's death (ADR 38).
+    fn disrupted_at_ms(&self) -> u64 {
         0
     }
 

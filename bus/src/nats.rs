@@ -129,6 +129,7 @@ struct Inner {
     js: jetstream::Context,
     pools: Mutex<HashMap<String, Arc<consumer::PullConsumer>>>,
     reconnects: Reconnects,
+    disruptions: Disruptions,
     /// `None` for a scoped client: it lists the workers through the coordinator.
     workers: Option<kv::Store>,
     blobs: Arc<dyn BlobStore>,
@@ -151,8 +152,23 @@ type Reconnects = tokio::sync::watch::Receiver<Connections>;
 struct Connections {
     /// Connections made: the first one and every reconnection.
     count: u64,
-    /// When the connection last came back after being lost (ms since the epoch; 0: never).
-    back_at_ms: u64,
+}
+
+/// When this process last saw the bus disrupted ([`Bus::disrupted_at_ms`]), shared by the
+/// connection's callback and the consumers.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Disruptions(Arc<std::sync::atomic::AtomicU64>);
+
+impl Disruptions {
+    /// A disruption now.
+    pub(crate) fn note(&self) {
+        self.0
+            .fetch_max(now_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn last_ms(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// Install the process's rustls crypto provider (aws-lc-rs) once, before any TLS
@@ -173,6 +189,7 @@ async fn connect_options(
     url: &str,
     url_user: Option<(String, String)>,
     reconnects: Arc<tokio::sync::watch::Sender<Connections>>,
+    disruptions: Disruptions,
 ) -> BusResult<ConnectOptions> {
     install_crypto_provider();
     let log_url = url.to_string();
@@ -190,6 +207,7 @@ async fn connect_options(
         .event_callback(move |event| {
             let url = log_url.clone();
             let reconnects = reconnects.clone();
+            let disruptions = disruptions.clone();
             async move {
                 match event {
                     async_nats::Event::Connected => {
@@ -197,13 +215,14 @@ async fn connect_options(
                             // The first connection is not a reconnect.
                             if c.count > 0 {
                                 metrics::BUS_RECONNECTS.inc(&[]);
-                                c.back_at_ms = now_ms();
+                                disruptions.note();
                             }
                             c.count += 1
                         });
                         tracing::info!(nats.url = %url, "bus.nats connected")
                     }
                     async_nats::Event::Disconnected => {
+                        disruptions.note();
                         tracing::warn!(nats.url = %url, "bus.nats disconnected; reconnecting")
                     }
                     other => tracing::debug!(nats.url = %url, event = %other, "bus.nats event"),
@@ -588,6 +607,7 @@ impl NatsBus {
             config::url_credentials(&config.url).map_err(BusError::Backend)?;
         let (reconnects_tx, reconnects) = tokio::sync::watch::channel(Connections::default());
         let reconnects_tx = Arc::new(reconnects_tx);
+        let disruptions = Disruptions::default();
         let servers: Vec<&str> = bare_urls
             .split(',')
             .map(str::trim)
@@ -598,8 +618,14 @@ impl NatsBus {
         let mut attempts = 0u32;
         let client = loop {
             attempts += 1;
-            let opts =
-                connect_options(&config, &url, url_user.clone(), reconnects_tx.clone()).await?;
+            let opts = connect_options(
+                &config,
+                &url,
+                url_user.clone(),
+                reconnects_tx.clone(),
+                disruptions.clone(),
+            )
+            .await?;
             let left = deadline.saturating_duration_since(Instant::now());
             let last = match tokio::time::timeout(left, opts.connect(servers.as_slice())).await {
                 Ok(Ok(client)) => break client,
@@ -675,6 +701,7 @@ impl NatsBus {
                 js,
                 pools: Mutex::new(HashMap::new()),
                 reconnects,
+                disruptions,
                 workers,
                 blobs,
             }),
@@ -956,8 +983,8 @@ impl Bus for NatsBus {
         self.inner.client.connection_state() == async_nats::connection::State::Connected
     }
 
-    fn reconnected_at_ms(&self) -> u64 {
-        self.inner.reconnects.borrow().back_at_ms
+    fn disrupted_at_ms(&self) -> u64 {
+        self.inner.disruptions.last_ms()
     }
 
     fn max_payload(&self) -> Option<usize> {
@@ -985,6 +1012,7 @@ impl Bus for NatsBus {
             ack_wait: self.inner.config.ack_wait,
             messages: None,
             backoff: Backoff::new(),
+            disruptions: self.inner.disruptions.clone(),
         };
         // Fail now on a setup error (no stream, no permission) rather than retry forever.
         let messages = consumer.open().await.map_err(|e| {

@@ -228,7 +228,7 @@ async fn dead_task(
         run: task.run_id,
         attempt_base: task.attempt_base,
         pool: pool.to_string(),
-        outage_ms: started_ms.max(bus.reconnected_at_ms()),
+        outage_ms: started_ms.max(bus.disrupted_at_ms()),
     };
     match fork.dead_task(dead).await {
         Ok(reason) => ResumeReply::Gone { reason },

@@ -219,6 +219,44 @@ fn a_thirty_second_nats_outage_is_ridden_out_by_every_service() {
         .contains("UNRESTRICTED CLUSTER: this worker"));
 }
 
+/// NATS frozen (SIGSTOP, its connections left open) twice for 12 s, half a second apart,
+/// with `max_deliver` 1: each freeze outlasts the 2 s leases, so every task in flight dies,
+/// the second time before the requeued tasks made a turn. The coordinator sees a freeze by
+/// its pulls' missed heartbeats (no reconnect happens), so the tasks are queued again, not
+/// failed, and every branch finishes its script once (ADR 38). The freezes are the fault
+/// itself, not waits for something to happen.
+#[test]
+fn a_nats_server_frozen_twice_loses_no_branch() {
+    let fleet = Fleet::start(
+        2,
+        4,
+        Options {
+            ack_wait_s: Some(SHORT_ACK_WAIT_S),
+            max_deliver: Some("1"),
+            ..Options::default()
+        },
+    );
+    let ex = Example::quickstart();
+    let spec = faults_spec_at(&ex, 3, 1000);
+    let id = fleet.create(&spec);
+    fleet.wait_progress(&id, 3);
+    let pid = fleet.nats.pid().expect("a running nats-server") as i32;
+    for _ in 0..2 {
+        // SAFETY: signals to the child process this test started.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        std::thread::sleep(Duration::from_secs(12));
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let view = fleet.watch(&id);
+    check_branches(&fleet, &view, 3);
+    let log = fleet.coordinator.log();
+    assert!(
+        log.contains("fork.dead_task") && log.contains("queued again"),
+        "{log}"
+    );
+}
+
 /// A coordinator killed (SIGKILL) and started again on the same host: the lease names a
 /// process of this host and pid namespace that is gone, so it is taken at once rather
 /// than after its TTL, and the fork finishes.

@@ -80,6 +80,9 @@ pub(super) struct NatsEventConsumer {
     pub(super) ack_wait: Duration,
     pub(super) messages: Option<consumer::pull::Stream>,
     pub(super) backoff: Backoff,
+    /// A pull that fails (missed heartbeats: a frozen server keeps the connection) is a
+    /// disruption the coordinator weighs dead tasks by.
+    pub(super) disruptions: super::Disruptions,
 }
 
 impl NatsEventConsumer {
@@ -119,6 +122,7 @@ impl EventConsumer for NatsEventConsumer {
                 None => match self.open().await {
                     Ok(m) => self.messages.insert(m),
                     Err(e) => {
+                        self.disruptions.note();
                         let pause = self.backoff.next();
                         tracing::warn!(bus.durable = %self.durable, error = %e,
                             "bus.events open failed; retrying");
@@ -133,6 +137,7 @@ impl EventConsumer for NatsEventConsumer {
                     return Ok(delivery(msg));
                 }
                 Some(Err(e)) => {
+                    self.disruptions.note();
                     let pause = self.backoff.next();
                     tracing::warn!(bus.durable = %self.durable, error = %e,
                         "bus.events pull failed; reopening");

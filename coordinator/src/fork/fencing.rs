@@ -10,8 +10,9 @@ use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::protocol::{BranchEvent, Control, ControlCommand};
 
-/// How many times one branch's dead tasks are queued again before it fails anyway
-/// (ADR 38): a backstop, each time being `max_deliver` deliveries lost.
+/// How many times in a row one branch's dead tasks are queued again without a turn in
+/// between before it fails anyway (ADR 38): a backstop, each time being `max_deliver`
+/// deliveries lost to disruptions. A turn starts the count again.
 pub(crate) const MAX_REQUEUES: u32 = 20;
 
 /// A branch's task that was delivered `max_deliver` times without finishing (the queue
@@ -156,11 +157,12 @@ impl ForkState {
 
     /// Branch `dead.run`'s task was delivered more than `max_deliver` times. Its deliveries
     /// were lost to something other than the branch when the branch made a turn since the
-    /// task was queued (workers were lost while it went on) or when an outage came after
-    /// it was queued (a NATS or coordinator outage longer than the lease loses every
-    /// delivery in flight): then the branch is queued again as a new task, above every
-    /// attempt of the dead one, at most [`MAX_REQUEUES`] times. Otherwise the branch fails
-    /// (its partial work is kept). A task a later one replaced, or of a finished branch,
+    /// task was queued (workers were lost or handed it back while it went on) or when a
+    /// disruption came after it was queued (a NATS outage or freeze, or a coordinator
+    /// restart, longer than the lease loses every delivery in flight): then the branch is
+    /// queued again as a new task, above every attempt of the dead one (without a turn, at
+    /// most [`MAX_REQUEUES`] times in a row). Otherwise the branch fails (what it did is
+    /// kept). A task a later one replaced, or of a finished branch,
     /// changes nothing. The answer says what became of the branch, for the worker that
     /// drops the task.
     pub(super) async fn dead_task(&mut self, dead: DeadTask) -> String {
@@ -179,34 +181,42 @@ impl ForkState {
         if dead.attempt_base < queued.attempt_base || b.min_attempt > last {
             return "a later task of the branch replaced this one".into();
         }
-        let cause = if b.turns > queued.turns {
+        let delivered = if max == 1 {
+            "more than once".to_string()
+        } else {
+            format!("more than {max} times")
+        };
+        // Why its deliveries were not deaths: progress (which also resets the count of
+        // requeues without any), or a disruption of the bus or the coordinator since.
+        let progressed = b.turns > queued.turns;
+        let cause = if progressed {
             Some(format!(
-                "its deliveries made {} turn(s), so workers were lost while it went on",
+                "its deliveries made {} turn(s) before they ended (workers lost or handing it back while it went on)",
                 b.turns - queued.turns
             ))
         } else if dead.outage_ms > queued.at_ms {
-            Some("the bus or the coordinator was down after it was queued".to_string())
+            Some("the bus or the coordinator was disrupted after it was queued".to_string())
         } else {
             None
         };
         let error = match cause {
-            Some(cause) if queued.requeues < MAX_REQUEUES => {
-                match self.requeue_dead(i, last, &dead.pool).await {
+            Some(cause) if progressed || queued.requeues < MAX_REQUEUES => {
+                match self.requeue_dead(i, last, &dead.pool, progressed).await {
                     Ok(attempt_base) => {
-                        let outcome = format!("the branch's task was delivered more than {max} time(s), and {cause}: the branch was queued again as a new task");
-                        tracing::warn!(fork.id = %fork_id, branch.label = %label, attempt_base, requeues = queued.requeues + 1, "fork.dead_task: {outcome}");
+                        let outcome = format!("the branch's task was delivered {delivered}, and {cause}: the branch was queued again as a new task");
+                        tracing::warn!(fork.id = %fork_id, branch.label = %label, attempt_base, "fork.dead_task: {outcome}");
                         return outcome;
                     }
                     Err(e) => format!(
-                        "the branch's task was delivered more than {max} time(s), and {cause}, but it could not be queued again: {e}; its partial work is kept"
+                        "the branch's task was delivered {delivered}, and {cause}, but it could not be queued again: {e}; what it did is kept"
                     ),
                 }
             }
             Some(cause) => format!(
-                "the branch's task was delivered more than {max} time(s) without finishing, {MAX_REQUEUES} times over ({cause}, this time); its partial work is kept"
+                "the branch's task was delivered {delivered} without a turn, {MAX_REQUEUES} times in a row ({cause}, this time); what it did is kept"
             ),
             None => format!(
-                "the branch's task was delivered more than {max} time(s) and no worker finished it: no turn was made and no outage explains it (workers lost or crashing on it); its partial work is kept"
+                "the branch's task was delivered {delivered} and no worker finished it: no turn was made and no disruption of the bus or the coordinator explains it (workers lost or crashing on it); what it did is kept"
             ),
         };
         if let Err(e) = self.fail_branch(dead.run, error.clone()) {
@@ -218,11 +228,14 @@ impl ForkState {
     /// Queue branch `i` again after its task died, above `last`, the dead task's last
     /// attempt that may have taken the branch over; a worker still running one of them
     /// (its lease not yet run out) is told it is superseded.
+    /// `progressed`: it made a turn since its task was queued, which starts the count of
+    /// requeues without a turn again.
     async fn requeue_dead(
         &mut self,
         i: usize,
         last: u32,
         pool: &str,
+        progressed: bool,
     ) -> Result<u32, CoordinatorError> {
         let run = self.branches[i].record.run_id;
         self.raise_fence(run, last)?;
@@ -236,7 +249,7 @@ impl ForkState {
             }],
         });
         let queued = self.branches[i].record.queued.get_or_insert_default();
-        queued.requeues += 1;
+        queued.requeues = if progressed { 0 } else { queued.requeues + 1 };
         self.enqueue(i, pool).await
     }
 }

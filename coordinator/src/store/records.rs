@@ -125,7 +125,8 @@ pub(crate) struct Queued {
     pub at_ms: u64,
     /// The branch's turns then.
     pub turns: u32,
-    /// Times a task of the branch was queued again after dying.
+    /// Times in a row a task of the branch was queued again after dying without a turn
+    /// in between.
     pub requeues: u32,
     /// The task's `attempt_base`: a dead task below it is one this task replaced.
     #[serde(default)]

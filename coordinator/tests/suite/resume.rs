@@ -253,7 +253,7 @@ async fn a_task_no_worker_finishes_fails_its_branch_and_keeps_its_work() {
         b.error
             .as_deref()
             .unwrap()
-            .contains("delivered more than 1 time(s) and no worker finished it"),
+            .contains("delivered more than once and no worker finished it"),
         "{b:?}"
     );
     assert_eq!(b.changes, 1, "the partial work is kept");
@@ -389,6 +389,57 @@ async fn a_task_that_dies_after_its_branch_made_a_turn_is_queued_again() {
     let b = v.branch("solo").unwrap();
     assert_eq!(b.state, BranchState::Done, "{b:?}");
     assert_eq!((b.turns, b.changes, b.error.as_deref()), (2, 0, None));
+}
+
+/// ADR 38: the backstop on requeues counts requeues without a turn in between; a branch
+/// whose tasks keep dying while it goes on (a worker lost after each turn, more times than
+/// the backstop allows) is queued again every time, never failed.
+#[tokio::test]
+async fn a_branch_that_goes_on_is_queued_again_past_the_backstop() {
+    let fx = Fixture::start_with(forkfleet_bus::local::LocalBusConfig {
+        ack_wait: Duration::from_millis(100),
+        max_deliver: 1,
+    })
+    .await;
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    fx.create(plan(&["solo"]), ParentRun::New, snap).await;
+    let (first, _lost) = fx.pull().await;
+    let (fork, run, s) = (first.fork_id, first.run_id, first.first_seq);
+    let blobs = fx.blobs();
+    let running = Step::Status(BranchState::Running).into_event(&blobs).await;
+    fx.publish(fork, run, s, running).await;
+    let mut seq = s + 1;
+    let mut attempt = 1;
+    for turn in 1..=25u32 {
+        // The worker of `attempt` makes one turn, then is lost.
+        let said = Step::Respond(format!("turn {turn}"))
+            .into_event(&blobs)
+            .await;
+        fx.publish_as(fork, run, seq, said, attempt).await;
+        seq += 1;
+        wait_view(&h, fork, |v| v.branch("solo").unwrap().turns == turn).await;
+        // Its task comes again past max_deliver 1: dead, and queued again.
+        let (dead_task, dead) = fx.pull().await;
+        let proof = Fixture::proof(&dead_task, &dead, dead_task.attempt_base + 2);
+        let reply = resume(&fx, fork, run, dead_task.attempt_base + 2, Some(proof)).await;
+        let ResumeReply::Gone { reason } = reply else {
+            panic!("turn {turn}: {reply:?}");
+        };
+        assert!(reason.contains("queued again"), "turn {turn}: {reason}");
+        dead.ack().await.unwrap();
+        // The new task's worker takes the branch over.
+        let (task, held) = fx.pull().await;
+        attempt = task.attempt_base + 1;
+        let proof = Fixture::proof(&task, &held, attempt);
+        let ResumeReply::Log { .. } = resume(&fx, fork, run, attempt, Some(proof)).await else {
+            panic!("turn {turn}: the new task's worker may take the branch over");
+        };
+        drop(held); // lost in turn, without an ack
+    }
+    let v = within(h.fork(fork)).await.unwrap();
+    let b = v.branch("solo").unwrap();
+    assert_eq!((b.state, b.turns), (BranchState::Running, 25), "{b:?}");
 }
 
 /// ADR 18: a fenced attempt that finishes and settles the task the attempt that took the
