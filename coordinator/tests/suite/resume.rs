@@ -409,15 +409,13 @@ async fn a_branch_that_goes_on_is_queued_again_past_the_backstop() {
     let blobs = fx.blobs();
     let running = Step::Status(BranchState::Running).into_event(&blobs).await;
     fx.publish(fork, run, s, running).await;
-    let mut seq = s + 1;
     let mut attempt = 1;
-    for turn in 1..=25u32 {
+    for (seq, turn) in (s + 1..).zip(1..=25u32) {
         // The worker of `attempt` makes one turn, then is lost.
         let said = Step::Respond(format!("turn {turn}"))
             .into_event(&blobs)
             .await;
         fx.publish_as(fork, run, seq, said, attempt).await;
-        seq += 1;
         wait_view(&h, fork, |v| v.branch("solo").unwrap().turns == turn).await;
         // Its task comes again past max_deliver 1: dead, and queued again.
         let (dead_task, dead) = fx.pull().await;
