@@ -216,10 +216,6 @@ pub fn router(state: Arc<ApiHttp>) -> Router {
         .route("/", axum::routing::get(console::index))
         .route("/console/app.js", axum::routing::get(console::script))
         .route("/console/app.css", axum::routing::get(console::style))
-        .route(
-            &format!("{PREFIX}/{{*rest}}"),
-            axum::routing::any(not_found),
-        )
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -242,6 +242,16 @@ fn the_http_api_serves_every_operation_with_scopes_problems_streams_and_a_valid_
         );
     }
 
+    // A path no route has: a problem, from the router's one fallback.
+    let resp = api.req("GET", "/no/such/route", ADMIN).send().unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "application/problem+json"
+    );
+    let text = resp.text().unwrap();
+    assert!(text.contains("no route /api/v1/no/such/route"), "{text}");
+
     // Create from uploaded blobs, with an idempotency key: asked twice, made once.
     let ex = Example::quickstart();
     let (view, _) = api.create_quickstart(&ex, Some("create-1"));
