@@ -180,48 +180,7 @@ async fn run(
         .collect();
 
     // 2. Tests, every branch at once.
-    let tests: Vec<TestRun> = match &plan.resolve.test {
-        None => Vec::new(),
-        Some(test) => {
-            // The test command is confined as the `run_command` tool's commands are.
-            let sandbox = plan
-                .run_command
-                .as_ref()
-                .map(|t| t.sandbox.clone())
-                .unwrap_or_default();
-            let sandbox = &sandbox;
-            let jobs = inputs.branches.iter().map(|(record, overlay)| {
-                let bus = bus.clone();
-                let tree = overlay.to_manifest();
-                let job_base = (record.label.clone(), test.clone());
-                let trace = trace.clone();
-                async move {
-                    let (label, test) = job_base;
-                    let hash = match put_tree(bus.as_ref(), &tree).await {
-                        Ok(h) => h,
-                        Err(e) => return no_signal(&label, format!("cannot store the tree: {e}")),
-                    };
-                    let timeout = Duration::from_secs_f64(test.timeout_s);
-                    let job = ResolveJob::Test(TestJob {
-                        fork_id,
-                        label: label.clone(),
-                        tree: hash,
-                        argv: test.argv.clone(),
-                        timeout_ms: timeout.as_millis() as u64,
-                        env: test.env.clone(),
-                        sandbox: sandbox.clone(),
-                        trace: trace.clone(),
-                    });
-                    match ask(bus.as_ref(), &job, timeout + TEST_MARGIN).await {
-                        Ok(ResolveJobReply::Test(run)) => run,
-                        Ok(other) => no_signal(&label, unexpected(&other)),
-                        Err(e) => no_signal(&label, e),
-                    }
-                }
-            });
-            join_all(jobs).await
-        }
-    };
+    let tests = run_tests(&bus, plan, &inputs, trace.clone()).await;
 
     // 3. Judges. The diff's text and the branches' logs are for them: without a judge only
     // the agreement score is read.
@@ -239,59 +198,7 @@ async fn run(
     } else {
         branch_logs(handle, &inputs.branches).await?
     };
-    let runs: Vec<JudgeRun> = if judges.is_empty() {
-        Vec::new()
-    } else {
-        let outcomes: Vec<BranchOutcome> = inputs
-            .branches
-            .iter()
-            .zip(&logs)
-            .map(|((r, _), log)| BranchOutcome {
-                label: r.label.clone(),
-                steer: plan
-                    .branches
-                    .get(r.index as usize)
-                    .map(|b| b.steer.clone())
-                    .filter(|s| !s.trim().is_empty()),
-                state: r.state,
-                final_message: log.final_message.clone(),
-                cost_usd: r.cost_usd,
-                turns: r.turns,
-                error: r.error.clone(),
-                test: tests
-                    .iter()
-                    .find(|t| t.label == r.label)
-                    .map(|t| t.signal.reason.clone()),
-            })
-            .collect();
-        let prompt = judge_prompt(&plan.goal, &diff_text(&diff), &outcomes);
-        let (candidates, candidates_reason) = candidates(&tests);
-        let jobs = judges.iter().map(|model| {
-            let model_plan = plan.models.get(model);
-            let job = ResolveJob::Judge(JudgeJob {
-                fork_id,
-                model: model.clone(),
-                price: model_plan.and_then(|m| m.price),
-                script: model_plan.and_then(|m| m.script),
-                prompt: prompt.clone(),
-                labels: labels.clone(),
-                candidates: candidates.clone(),
-                candidates_reason: candidates_reason.clone(),
-                max_output_tokens: plan.limits.max_output_tokens,
-                endpoint: model_plan.and_then(|m| m.endpoint.clone()),
-                trace: trace.clone(),
-            });
-            let bus = bus.clone();
-            async move {
-                match ask(bus.as_ref(), &job, JUDGE_JOB_TIMEOUT).await {
-                    Ok(ResolveJobReply::Judge(run)) => run,
-                    Ok(other) => failed_judge(model, unexpected(&other)),
-                    Err(e) => failed_judge(model, e),
-                }
-            }
-        });
-        join_all(jobs).await
-    };
+    let runs = run_judges(&bus, plan, &inputs, &judges, &tests, &diff, &logs, trace).await;
 
     // 4. Confidence of each verdict.
     let agreement = diff.summary.agreement_score;
@@ -371,6 +278,133 @@ async fn run(
     tokio::task::spawn_blocking(move || store.put_resolution(fork_id, &stored)).await??;
     handle.store().flush_async().await?;
     Ok(report)
+}
+
+/// Step 2 of [`run`]: the plan's test command on every branch's tree, on workers, all at
+/// once (none without one).
+async fn run_tests(
+    bus: &std::sync::Arc<dyn Bus>,
+    plan: &ForkPlan,
+    inputs: &ResolveInputs,
+    trace: Option<String>,
+) -> Vec<TestRun> {
+    let fork_id = inputs.record.fork_id;
+    match &plan.resolve.test {
+        None => Vec::new(),
+        Some(test) => {
+            // The test command is confined as the `run_command` tool's commands are.
+            let sandbox = plan
+                .run_command
+                .as_ref()
+                .map(|t| t.sandbox.clone())
+                .unwrap_or_default();
+            let sandbox = &sandbox;
+            let jobs = inputs.branches.iter().map(|(record, overlay)| {
+                let bus = bus.clone();
+                let tree = overlay.to_manifest();
+                let job_base = (record.label.clone(), test.clone());
+                let trace = trace.clone();
+                async move {
+                    let (label, test) = job_base;
+                    let hash = match put_tree(bus.as_ref(), &tree).await {
+                        Ok(h) => h,
+                        Err(e) => return no_signal(&label, format!("cannot store the tree: {e}")),
+                    };
+                    let timeout = Duration::from_secs_f64(test.timeout_s);
+                    let job = ResolveJob::Test(TestJob {
+                        fork_id,
+                        label: label.clone(),
+                        tree: hash,
+                        argv: test.argv.clone(),
+                        timeout_ms: timeout.as_millis() as u64,
+                        env: test.env.clone(),
+                        sandbox: sandbox.clone(),
+                        trace: trace.clone(),
+                    });
+                    match ask(bus.as_ref(), &job, timeout + TEST_MARGIN).await {
+                        Ok(ResolveJobReply::Test(run)) => run,
+                        Ok(other) => no_signal(&label, unexpected(&other)),
+                        Err(e) => no_signal(&label, e),
+                    }
+                }
+            });
+            join_all(jobs).await
+        }
+    }
+}
+
+/// Step 3 of [`run`]: each judge's verdict on the branches, on workers, all at once
+/// (none without judges).
+#[allow(clippy::too_many_arguments)]
+async fn run_judges(
+    bus: &std::sync::Arc<dyn Bus>,
+    plan: &ForkPlan,
+    inputs: &ResolveInputs,
+    judges: &[String],
+    tests: &[TestRun],
+    diff: &DiffReport,
+    logs: &[LogSummary],
+    trace: Option<String>,
+) -> Vec<JudgeRun> {
+    let fork_id = inputs.record.fork_id;
+    let labels: Vec<String> = inputs
+        .branches
+        .iter()
+        .map(|(r, _)| r.label.clone())
+        .collect();
+    if judges.is_empty() {
+        Vec::new()
+    } else {
+        let outcomes: Vec<BranchOutcome> = inputs
+            .branches
+            .iter()
+            .zip(logs)
+            .map(|((r, _), log)| BranchOutcome {
+                label: r.label.clone(),
+                steer: plan
+                    .branches
+                    .get(r.index as usize)
+                    .map(|b| b.steer.clone())
+                    .filter(|s| !s.trim().is_empty()),
+                state: r.state,
+                final_message: log.final_message.clone(),
+                cost_usd: r.cost_usd,
+                turns: r.turns,
+                error: r.error.clone(),
+                test: tests
+                    .iter()
+                    .find(|t| t.label == r.label)
+                    .map(|t| t.signal.reason.clone()),
+            })
+            .collect();
+        let prompt = judge_prompt(&plan.goal, &diff_text(diff), &outcomes);
+        let (candidates, candidates_reason) = candidates(tests);
+        let jobs = judges.iter().map(|model| {
+            let model_plan = plan.models.get(model);
+            let job = ResolveJob::Judge(JudgeJob {
+                fork_id,
+                model: model.clone(),
+                price: model_plan.and_then(|m| m.price),
+                script: model_plan.and_then(|m| m.script),
+                prompt: prompt.clone(),
+                labels: labels.clone(),
+                candidates: candidates.clone(),
+                candidates_reason: candidates_reason.clone(),
+                max_output_tokens: plan.limits.max_output_tokens,
+                endpoint: model_plan.and_then(|m| m.endpoint.clone()),
+                trace: trace.clone(),
+            });
+            let bus = bus.clone();
+            async move {
+                match ask(bus.as_ref(), &job, JUDGE_JOB_TIMEOUT).await {
+                    Ok(ResolveJobReply::Judge(run)) => run,
+                    Ok(other) => failed_judge(model, unexpected(&other)),
+                    Err(e) => failed_judge(model, e),
+                }
+            }
+        });
+        join_all(jobs).await
+    }
 }
 
 /// Judges a request names: `provider:name` models; a scripted one must be the plan's
