@@ -145,14 +145,7 @@ impl fmt::Debug for NatsBus {
 
 /// Counts (re)connections, so loops over ephemeral consumers (gone after a server restart)
 /// reopen them at once instead of waiting to miss heartbeats.
-type Reconnects = tokio::sync::watch::Receiver<Connections>;
-
-/// The connection's history so far.
-#[derive(Debug, Clone, Copy, Default)]
-struct Connections {
-    /// Connections made: the first one and every reconnection.
-    count: u64,
-}
+type Reconnects = tokio::sync::watch::Receiver<u64>;
 
 /// When this process last saw the bus disrupted ([`Bus::disrupted_at_ms`]), shared by the
 /// connection's callback and the consumers.
@@ -188,7 +181,7 @@ async fn connect_options(
     config: &NatsConfig,
     url: &str,
     url_user: Option<(String, String)>,
-    reconnects: Arc<tokio::sync::watch::Sender<Connections>>,
+    reconnects: Arc<tokio::sync::watch::Sender<u64>>,
     disruptions: Disruptions,
 ) -> BusResult<ConnectOptions> {
     install_crypto_provider();
@@ -211,13 +204,13 @@ async fn connect_options(
             async move {
                 match event {
                     async_nats::Event::Connected => {
-                        reconnects.send_modify(|c| {
+                        reconnects.send_modify(|n| {
                             // The first connection is not a reconnect.
-                            if c.count > 0 {
+                            if *n > 0 {
                                 metrics::BUS_RECONNECTS.inc(&[]);
                                 disruptions.note();
                             }
-                            c.count += 1
+                            *n += 1
                         });
                         tracing::info!(nats.url = %url, "bus.nats connected")
                     }
@@ -605,7 +598,7 @@ impl NatsBus {
         // The library ignores a user in the URL: take it out and authenticate with it.
         let (url_user, bare_urls) =
             config::url_credentials(&config.url).map_err(BusError::Backend)?;
-        let (reconnects_tx, reconnects) = tokio::sync::watch::channel(Connections::default());
+        let (reconnects_tx, reconnects) = tokio::sync::watch::channel(0u64);
         let reconnects_tx = Arc::new(reconnects_tx);
         let disruptions = Disruptions::default();
         let servers: Vec<&str> = bare_urls

@@ -16,10 +16,10 @@
 //!
 //! A delivery past `max_deliver` (the queue delivers a task until it is acked) makes the
 //! task dead: its worker is answered `Gone` and drops it. When its deliveries made a turn,
-//! or an outage (the bus's connection coming back, this coordinator starting) came after
-//! it was queued, they were not workers lost on the branch: it is queued again as a new
-//! task. Otherwise its branch is failed with an error that says so (its partial work stays
-//! mergeable). See ADR 38.
+//! or a disruption (the bus's connection lost or back, a pull that missed the server's
+//! heartbeats, this coordinator starting) came after it was queued, they were not workers
+//! lost on the branch: it is queued again as a new task. Otherwise its branch is failed
+//! with an error that says so (its partial work stays mergeable). See ADR 38.
 
 use crate::error::CoordinatorError;
 use crate::root::RootHandle;

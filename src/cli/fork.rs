@@ -189,6 +189,38 @@ pub enum ForkCommand {
     Merge(MergeArgs),
 }
 
+/// Where a merge goes (`fork merge`, and `fork resolve` when it commits).
+#[derive(Debug, Args)]
+pub struct MergeTargetArgs {
+    /// Apply a merge to this directory instead of the workspace the fork was made from.
+    #[arg(long, conflicts_with = "no_apply")]
+    pub apply: Option<PathBuf>,
+    /// Commit the winner's changes on a new branch NAME of the git repository the
+    /// workspace was in, on top of the commit it was at when the fork was made; the
+    /// working tree, index and current branch are left alone, and an existing NAME is
+    /// refused. With it, no directory is applied to unless --apply DIR names one.
+    #[arg(long, value_name = "NAME")]
+    pub git_branch: Option<String>,
+    /// Merge in the store only; leave every directory alone.
+    #[arg(long)]
+    pub no_apply: bool,
+    /// Overwrite files changed in the directory since the fork (default: the spec's
+    /// `conflict_policy`, which keeps them unless it says `overwrite`).
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+impl MergeTargetArgs {
+    fn target(&self) -> MergeTarget<'_> {
+        MergeTarget {
+            apply: self.apply.as_deref(),
+            git_branch: self.git_branch.as_deref(),
+            no_apply: self.no_apply,
+            overwrite: self.overwrite,
+        }
+    }
+}
+
 // The arguments of `fork create` (its help is the variant's).
 #[derive(Debug, Args)]
 pub struct CreateArgs {
@@ -261,22 +293,8 @@ pub struct ResolveArgs {
     /// spec either, a default judge is taken from the models the workers offer.
     #[arg(long = "judge-model", value_name = "MODEL")]
     pub judge_models: Vec<String>,
-    /// Apply a merge to this directory instead of the workspace the fork was made from.
-    #[arg(long, conflicts_with = "no_apply")]
-    pub apply: Option<PathBuf>,
-    /// Commit the winner's changes on a new branch NAME of the git repository the
-    /// workspace was in, on top of the commit it was at when the fork was made; the
-    /// working tree, index and current branch are left alone, and an existing NAME is
-    /// refused. With it, no directory is applied to unless --apply DIR names one.
-    #[arg(long, value_name = "NAME")]
-    pub git_branch: Option<String>,
-    /// Merge in the store only; leave every directory alone.
-    #[arg(long)]
-    pub no_apply: bool,
-    /// Overwrite files changed in the directory since the fork (default: the spec's
-    /// `conflict_policy`, which keeps them unless it says `overwrite`).
-    #[arg(long)]
-    pub overwrite: bool,
+    #[command(flatten)]
+    pub target: MergeTargetArgs,
     /// Embedded only: give up waiting for unfinished branches after this many seconds.
     #[arg(long)]
     pub timeout_s: Option<u64>,
@@ -316,22 +334,8 @@ pub struct MergeArgs {
     /// The winning branch's label.
     #[arg(long)]
     pub pick: String,
-    /// Apply to this directory instead of the workspace the fork was made from.
-    #[arg(long, conflicts_with = "no_apply")]
-    pub apply: Option<PathBuf>,
-    /// Commit the winner's changes on a new branch NAME of the git repository the
-    /// workspace was in, on top of the commit it was at when the fork was made; the
-    /// working tree, index and current branch are left alone, and an existing NAME is
-    /// refused. With it, no directory is applied to unless --apply DIR names one.
-    #[arg(long, value_name = "NAME")]
-    pub git_branch: Option<String>,
-    /// Merge in the store only; leave every directory alone.
-    #[arg(long)]
-    pub no_apply: bool,
-    /// Overwrite files changed in the directory since the fork (default: the spec's
-    /// `conflict_policy`, which keeps them unless it says `overwrite`).
-    #[arg(long)]
-    pub overwrite: bool,
+    #[command(flatten)]
+    pub target: MergeTargetArgs,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -571,10 +575,7 @@ async fn fork_resolve_cmd(args: ResolveArgs) -> anyhow::Result<()> {
         threshold,
         judge_only,
         judge_models,
-        apply,
-        git_branch,
-        no_apply,
-        overwrite,
+        target,
         timeout_s,
         client,
     } = args;
@@ -593,12 +594,7 @@ async fn fork_resolve_cmd(args: ResolveArgs) -> anyhow::Result<()> {
         coord,
         &fork,
         ask.clone(),
-        MergeTarget {
-            apply: apply.as_deref(),
-            git_branch: git_branch.as_deref(),
-            no_apply,
-            overwrite
-        },
+        target.target(),
         timeout_s.map(Duration::from_secs),
         client.json
     ))
@@ -633,22 +629,14 @@ async fn fork_merge_cmd(args: MergeArgs) -> anyhow::Result<()> {
     let MergeArgs {
         fork,
         pick,
-        apply,
-        git_branch,
-        no_apply,
-        overwrite,
+        target,
         client,
     } = args;
     with_session!(&client, Local::Read, |coord| fork_merge(
         coord,
         &fork,
         &pick,
-        MergeTarget {
-            apply: apply.as_deref(),
-            git_branch: git_branch.as_deref(),
-            no_apply,
-            overwrite
-        },
+        target.target(),
         client.json
     ))
 }

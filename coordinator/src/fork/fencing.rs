@@ -15,9 +15,10 @@ use forkfleet_shared::protocol::{BranchEvent, Control, ControlCommand};
 /// deliveries lost to disruptions. A turn starts the count again.
 pub(crate) const MAX_REQUEUES: u32 = 20;
 
-/// A branch's task that was delivered `max_deliver` times without finishing (the queue
-/// dropped it). Its deliveries are counted as workers lost on it only when they made no
-/// turn and no outage explains them: otherwise it is queued again (ADR 38).
+/// A branch's task delivered more than `max_deliver` times without finishing (a worker
+/// given one more asked to take the branch over). Its deliveries are counted as workers
+/// lost on it only when they made no turn and no disruption explains them: otherwise the
+/// branch is queued again (ADR 38).
 #[derive(Debug, Clone)]
 pub(crate) struct DeadTask {
     pub run: RunId,
@@ -25,8 +26,8 @@ pub(crate) struct DeadTask {
     pub attempt_base: u32,
     /// The pool whose queue it was on.
     pub pool: String,
-    /// The latest evidence of an outage, in ms since the epoch: when the coordinator's bus
-    /// connection last came back, or when this coordinator started serving.
+    /// The latest evidence of a disruption, in ms since the epoch: when the coordinator
+    /// last saw its bus disrupted (`Bus::disrupted_at_ms`), or when it started serving.
     pub outage_ms: u64,
 }
 
@@ -162,9 +163,8 @@ impl ForkState {
     /// restart, longer than the lease loses every delivery in flight): then the branch is
     /// queued again as a new task, above every attempt of the dead one (without a turn, at
     /// most [`MAX_REQUEUES`] times in a row). Otherwise the branch fails (what it did is
-    /// kept). A task a later one replaced, or of a finished branch,
-    /// changes nothing. The answer says what became of the branch, for the worker that
-    /// drops the task.
+    /// kept). A task a later one replaced, or of a finished branch, changes nothing. The
+    /// answer says what became of the branch, for the worker that drops the task.
     pub(super) async fn dead_task(&mut self, dead: DeadTask) -> String {
         let fork_id = self.record.fork_id;
         let Some(&i) = self.by_run.get(&dead.run) else {
