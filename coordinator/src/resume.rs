@@ -137,8 +137,8 @@ pub(crate) async fn check_proof(
         Ok(Some(p)) => p,
         Ok(None) => {
             return Err(Refusal::Refused(format!(
-            "task {seq} of pool `{pool}` is not queued (acked, dead-lettered, or never enqueued)"
-        )))
+                "task {seq} of pool `{pool}` is not queued (acked, or never enqueued)"
+            )))
         }
         Err(e) => return Err(Refusal::Retry(format!("cannot read task {seq}: {e}"))),
     };

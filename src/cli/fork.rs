@@ -722,10 +722,7 @@ async fn fork_watch_events(
     if !json {
         print_view(&view, false, coord.reach())?;
     }
-    match crate::cli::failed_branches(&view) {
-        Some(failed) => Err(failed.into()),
-        None => Ok(()),
-    }
+    crate::cli::failed_branches(&view).map_or(Ok(()), |failed| Err(failed.into()))
 }
 
 /// `fork watch`: the fork directory follows the fork until it finishes (embedded: until
@@ -756,10 +753,7 @@ async fn fork_watch(
         }
     };
     print_view(&view, json, coord.reach())?;
-    match crate::cli::failed_branches(&view) {
-        Some(failed) => Err(failed.into()),
-        None => Ok(()),
-    }
+    crate::cli::failed_branches(&view).map_or(Ok(()), |failed| Err(failed.into()))
 }
 
 /// `fork diff`: every branch's changes against the fork-time snapshot, with the calls
@@ -1051,10 +1045,9 @@ pub(crate) async fn fork_create(
         ));
     }
     // Embedded, the fork ran here: a branch that failed is this command's failure.
-    match crate::cli::failed_branches(&view).filter(|_| !coord.is_remote()) {
-        Some(failed) => Err(failed.into()),
-        None => Ok(()),
-    }
+    crate::cli::failed_branches(&view)
+        .filter(|_| !coord.is_remote())
+        .map_or(Ok(()), |failed| Err(failed.into()))
 }
 
 /// Where a merge is applied, and the git branch it is committed on.

@@ -367,8 +367,5 @@ async fn run_fork(
     if let Some((_, report)) = &out.merge {
         applied_in_full("the merge", report)?;
     }
-    match crate::cli::failed_branches(&out.view) {
-        Some(failed) => Err(failed.into()),
-        None => Ok(()),
-    }
+    crate::cli::failed_branches(&out.view).map_or(Ok(()), |failed| Err(failed.into()))
 }

@@ -71,7 +71,8 @@ pub struct NatsConfig {
     pub tls: NatsTls,
     /// A task or event not acked (or extended) within this time is delivered again.
     pub ack_wait: Duration,
-    /// Deliveries of one task before it is dead-lettered.
+    /// Deliveries of one task that may take its branch over: a later one makes the task
+    /// dead, which the coordinator judges (ADR 38; the consumer itself delivers without limit).
     pub max_deliver: u32,
     /// Bound of every JetStream API call, publish acknowledgement and double ack.
     pub request_timeout: Duration,

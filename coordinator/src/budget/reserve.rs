@@ -196,31 +196,36 @@ impl Ledger {
         let account = fork.policy.account.clone();
         let of_fork = |r: &ReservationRecord| r.fork_id == fork_id;
         let at_fork = counted(fork.spent, s.reserved_and_live(of_fork));
-        let refuse = |s: &mut State, level: Level, reason: String, out: &mut Actions| {
-            let scope = if level == Level::Account {
-                "account"
-            } else {
-                "fork"
-            };
-            metrics::BUDGET_REFUSALS.inc(&[scope]);
-            if let Some(r) = s.runs.get_mut(&req.run_id) {
-                r.blocked_by = Some(level);
-                // The refused branch stops itself; the others are told to.
-                r.stopping = true;
-            }
-            match level {
-                Level::Account => {
-                    if let Some(name) = &account {
-                        s.exhaust_account(name, &reason, now, out)
-                    }
+        // A refusal at the fork's or the account's cap. `exhaust`: the cap is spent, so
+        // every branch under it stops; else only this branch does (another may still fit,
+        // or this one gave up waiting for room).
+        let refuse =
+            |s: &mut State, level: Level, reason: String, exhaust: bool, out: &mut Actions| {
+                let scope = if level == Level::Account {
+                    "account"
+                } else {
+                    "fork"
+                };
+                metrics::BUDGET_REFUSALS.inc(&[scope]);
+                if let Some(r) = s.runs.get_mut(&req.run_id) {
+                    r.blocked_by = Some(level);
+                    // The refused branch stops itself; the others are told to.
+                    r.stopping = true;
                 }
-                _ => s.exhaust_fork(fork_id, &reason, now, out),
-            }
-            BudgetReply::Refused {
-                state: BranchState::AggregateBudgetExhausted,
-                reason,
-            }
-        };
+                match level {
+                    _ if !exhaust => {}
+                    Level::Account => {
+                        if let Some(name) = &account {
+                            s.exhaust_account(name, &reason, now, out)
+                        }
+                    }
+                    _ => s.exhaust_fork(fork_id, &reason, now, out),
+                }
+                BudgetReply::Refused {
+                    state: BranchState::AggregateBudgetExhausted,
+                    reason,
+                }
+            };
         if let Some(cap) = fork_cap {
             match decide("fork", at_fork, cap, fork_exhausted) {
                 None => {}
@@ -238,23 +243,13 @@ impl Ledger {
                             && least.is_some()
                             && s.others_may_fit(fork_id, req.run_id, room))
                     {
-                        metrics::BUDGET_REFUSALS.inc(&["fork"]);
                         if let (false, Some(f)) = (gave_up.get(), s.forks.get_mut(&fork_id)) {
                             f.crossed_at_ms.get_or_insert(now);
                         }
-                        if let Some(r) = s.runs.get_mut(&req.run_id) {
-                            r.blocked_by = Some(Level::Fork);
-                            r.stopping = true;
-                        }
-                        return (
-                            BudgetReply::Refused {
-                                state: BranchState::AggregateBudgetExhausted,
-                                reason,
-                            },
-                            out,
-                        );
+                        let reply = refuse(&mut s, Level::Fork, reason, false, &mut out);
+                        return (reply, out);
                     }
-                    let reply = refuse(&mut s, Level::Fork, reason, &mut out);
+                    let reply = refuse(&mut s, Level::Fork, reason, true, &mut out);
                     return (reply, out);
                 }
             }
@@ -277,22 +272,9 @@ impl Ledger {
                 match decide(&format!("account `{name}`"), at_account, cap, exhausted) {
                     None => {}
                     Some(Err(reason)) => return (BudgetReply::Wait { reason }, out),
-                    Some(Ok(reason)) if gave_up.get() => {
-                        metrics::BUDGET_REFUSALS.inc(&["account"]);
-                        if let Some(r) = s.runs.get_mut(&req.run_id) {
-                            r.blocked_by = Some(Level::Account);
-                            r.stopping = true;
-                        }
-                        return (
-                            BudgetReply::Refused {
-                                state: BranchState::AggregateBudgetExhausted,
-                                reason,
-                            },
-                            out,
-                        );
-                    }
                     Some(Ok(reason)) => {
-                        let reply = refuse(&mut s, Level::Account, reason, &mut out);
+                        let exhaust = !gave_up.get();
+                        let reply = refuse(&mut s, Level::Account, reason, exhaust, &mut out);
                         return (reply, out);
                     }
                 }
