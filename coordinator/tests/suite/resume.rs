@@ -294,29 +294,52 @@ async fn a_task_no_worker_finishes_fails_its_branch_and_keeps_its_work() {
     assert_eq!(within(h.run_events(run)).await.unwrap().len() as u64, s + 3);
 }
 
+/// A fork of one branch, `solo`, on a local bus of `ack_wait_ms` and `max_deliver` 1: its
+/// task's first delivery, taken and never acked (its worker is lost), and the branch
+/// running.
+async fn solo_running(
+    ack_wait_ms: u64,
+) -> (
+    Fixture,
+    forkfleet_shared::protocol::BranchTask,
+    forkfleet_bus::Delivery,
+) {
+    let fx = Fixture::start_with(forkfleet_bus::local::LocalBusConfig {
+        ack_wait: Duration::from_millis(ack_wait_ms),
+        max_deliver: 1,
+    })
+    .await;
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    fx.create(plan(&["solo"]), ParentRun::New, snap).await;
+    let (task, lost) = fx.pull().await;
+    let running = Step::Status(BranchState::Running)
+        .into_event(&fx.blobs())
+        .await;
+    fx.publish(task.fork_id, task.run_id, task.first_seq, running)
+        .await;
+    (fx, task, lost)
+}
+
+/// The next delivery of a task, past `max_deliver` 1: its worker asks to take the branch
+/// over with its proof and is answered `Gone` (the delivery, its proof and the reason).
+async fn dead_delivery(fx: &Fixture) -> (forkfleet_bus::Delivery, TaskProof, String) {
+    let (task, dead) = fx.pull().await;
+    let attempt = task.attempt_base + 2;
+    let proof = Fixture::proof(&task, &dead, attempt);
+    match resume(fx, task.fork_id, task.run_id, attempt, Some(proof)).await {
+        ResumeReply::Gone { reason } => (dead, proof, reason),
+        other => panic!("a delivery past max_deliver is not a takeover: {other:?}"),
+    }
+}
+
 /// ADR 38: a task whose deliveries ran out after its branch made a turn was not killing
 /// its workers (they were lost while it went on, e.g. to an outage longer than the lease):
 /// it is queued again above every attempt of the dead task, and the branch finishes.
 #[tokio::test]
 async fn a_task_that_dies_after_its_branch_made_a_turn_is_queued_again() {
-    let fx = Fixture::start_with(forkfleet_bus::local::LocalBusConfig {
-        ack_wait: Duration::from_millis(200),
-        max_deliver: 1,
-    })
-    .await;
-    let h = fx.h();
-    let snap = fx.upload(&[("a.txt", "a\n")]).await;
-    fx.create(plan(&["solo"]), ParentRun::New, snap).await;
-    let (task, _lost) = fx.pull().await;
+    let (fx, task, _lost) = solo_running(200).await;
+    let (h, blobs) = (fx.h(), fx.blobs());
     let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
-    let blobs = fx.blobs();
-    fx.publish(
-        fork,
-        run,
-        s,
-        Step::Status(BranchState::Running).into_event(&blobs).await,
-    )
-    .await;
     fx.publish(
         fork,
         run,
@@ -328,12 +351,8 @@ async fn a_task_that_dies_after_its_branch_made_a_turn_is_queued_again() {
 
     // The worker is lost; the task comes a second time, past max_deliver 1: dead. The
     // branch is not failed: it is queued again as a new task, above the dead one's attempts.
-    let (dead_task, dead) = fx.pull().await;
-    assert_eq!((dead_task.run_id, dead.attempt), (run, 2));
-    let proof = Fixture::proof(&dead_task, &dead, 2);
-    let ResumeReply::Gone { reason } = resume(&fx, fork, run, 2, Some(proof)).await else {
-        panic!("a delivery past max_deliver is not a takeover");
-    };
+    let (dead, proof, reason) = dead_delivery(&fx).await;
+    assert_eq!((proof.delivered, dead.attempt), (2, 2));
     assert!(reason.contains("queued again"), "{reason}");
     // Asked again (an answer lost on the way): the branch is not queued twice.
     let ResumeReply::Gone { reason } = resume(&fx, fork, run, 2, Some(proof)).await else {
@@ -396,19 +415,9 @@ async fn a_task_that_dies_after_its_branch_made_a_turn_is_queued_again() {
 /// the backstop allows) is queued again every time, never failed.
 #[tokio::test]
 async fn a_branch_that_goes_on_is_queued_again_past_the_backstop() {
-    let fx = Fixture::start_with(forkfleet_bus::local::LocalBusConfig {
-        ack_wait: Duration::from_millis(100),
-        max_deliver: 1,
-    })
-    .await;
-    let h = fx.h();
-    let snap = fx.upload(&[("a.txt", "a\n")]).await;
-    fx.create(plan(&["solo"]), ParentRun::New, snap).await;
-    let (first, _lost) = fx.pull().await;
+    let (fx, first, _lost) = solo_running(100).await;
+    let (h, blobs) = (fx.h(), fx.blobs());
     let (fork, run, s) = (first.fork_id, first.run_id, first.first_seq);
-    let blobs = fx.blobs();
-    let running = Step::Status(BranchState::Running).into_event(&blobs).await;
-    fx.publish(fork, run, s, running).await;
     let mut attempt = 1;
     for (seq, turn) in (s + 1..).zip(1..=25u32) {
         // The worker of `attempt` makes one turn, then is lost.
@@ -418,12 +427,7 @@ async fn a_branch_that_goes_on_is_queued_again_past_the_backstop() {
         fx.publish_as(fork, run, seq, said, attempt).await;
         wait_view(&h, fork, |v| v.branch("solo").unwrap().turns == turn).await;
         // Its task comes again past max_deliver 1: dead, and queued again.
-        let (dead_task, dead) = fx.pull().await;
-        let proof = Fixture::proof(&dead_task, &dead, dead_task.attempt_base + 2);
-        let reply = resume(&fx, fork, run, dead_task.attempt_base + 2, Some(proof)).await;
-        let ResumeReply::Gone { reason } = reply else {
-            panic!("turn {turn}: {reply:?}");
-        };
+        let (dead, _, reason) = dead_delivery(&fx).await;
         assert!(reason.contains("queued again"), "turn {turn}: {reason}");
         dead.ack().await.unwrap();
         // The new task's worker takes the branch over.
