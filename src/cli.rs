@@ -8,8 +8,8 @@
 //! coordinator through its socket `<data>/api.sock` instead.
 
 use account::AccountCommand;
-use bench::BenchCommand;
 use fork::ForkCommand;
+use forkfleet_bench::BenchCommand;
 use log::LogArgs;
 use run::RunArgs;
 use services::{CoordinatorArgs, WorkerArgs};
@@ -358,12 +358,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Log(args) => log::cmd_log(args).await,
         Command::Runs { command } => runs::cmd_runs(command).await,
         Command::Checkpoint { command } => checkpoint::cmd_checkpoint(command).await,
-        Command::Bench { command } => match command {
-            BenchCommand::Fanout(args) => bench::cmd_fanout(args).await,
-            BenchCommand::Budget(args) => bench::budget::cmd_budget(args).await,
-            BenchCommand::Workspace(args) => bench::workspace::cmd_workspace(args).await,
-            BenchCommand::Cache(args) => bench::cache::cmd_cache(args).await,
-        },
+        Command::Bench { command } => forkfleet_bench::run(command).await,
     };
     match result {
         Ok(()) => 0,
@@ -710,7 +705,6 @@ pub(crate) fn labels<'a>(it: impl Iterator<Item = &'a str>) -> String {
 // The command groups, after `with_session!` (macros are in scope below their definition).
 mod account;
 mod approvals;
-mod bench;
 mod chat;
 mod checkpoint;
 mod cluster;

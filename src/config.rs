@@ -78,9 +78,6 @@ mod pricing;
 mod render;
 mod secret;
 mod telemetry;
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests;
 
 pub use layer::{
     env_layer, env_var, flag_origin, process_env, read_file, AccessLayer, CoordinatorLayer, Layer,
@@ -104,7 +101,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The prefix of every environment variable read here.
-pub const ENV_PREFIX: &str = "FORKFLEET_";
+pub use forkfleet_shared::ENV_PREFIX;
 /// The environment variable naming the config file when `--config` is not given.
 pub const CONFIG_ENV: &str = "FORKFLEET_CONFIG";
 

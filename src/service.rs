@@ -11,19 +11,18 @@
 //! - [`run_worker`]: connect to NATS and run a worker node on `pool` until `shutdown`, then
 //!   drain (running branches get `drain_grace` to finish; the rest go back to the queue).
 //!
-//! [`serve_coordinator`] and [`serve_worker`] are the same over a bus the caller already
-//! has (a `LocalBus` in tests).
+//! [`serve_coordinator_with`] and [`serve_worker`] are the same over a bus the caller
+//! already has (a `LocalBus` in tests); what needs no configuration is `forkfleet-node`'s.
 //!
 //! Both services serve `GET /metrics`, `/healthz` and `/readyz` on `http_addr` when it is
 //! set ([`http`]).
 
 use crate::config::{Config, Role};
 use crate::BadInput;
-use anyhow::Context;
 use forkfleet_bus::nats::{NatsBus, NatsConfig};
 use forkfleet_bus::Bus;
-use forkfleet_coordinator::service::ApiServer;
-use forkfleet_coordinator::{Coordinator, CoordinatorConfig, RunStore};
+use forkfleet_coordinator::{CoordinatorConfig, CoordinatorHandle, RunStore};
+pub use forkfleet_node::serve::{connect_nats, open_store};
 use forkfleet_shared::ids::WorkerId;
 use forkfleet_worker::provider::scripted;
 use forkfleet_worker::WorkerConfig;
@@ -31,9 +30,8 @@ use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 
-pub mod http;
-
-pub use http::Readiness;
+pub use forkfleet_http::endpoint as http;
+pub use forkfleet_http::endpoint::Readiness;
 
 /// Connect to NATS with the configured settings for `role` (ADR 17: its reply inboxes,
 /// whether it creates streams and buckets); without a URL, say how to give one.
@@ -67,12 +65,6 @@ fn warn_if_unrestricted(nats: &NatsConfig, role: &str) {
             "UNRESTRICTED CLUSTER: this {role} connects to NATS without credentials. Unless the server maps anonymous clients to a restricted user, anyone who can reach it can enqueue tasks, steer, take over or fail any branch, and read every event and blob. Give each role its own permissions with `forkfleet cluster auth` (docs/CLUSTER.md, \"Security\")"
         );
     }
-}
-
-/// Connect to NATS (streams, buckets and consumers are created if missing).
-pub async fn connect_nats(nats: NatsConfig) -> anyhow::Result<Arc<dyn Bus>> {
-    // Its errors name the (redacted) URL already.
-    Ok(Arc::new(NatsBus::connect(nats).await?))
 }
 
 /// `forkfleet coordinator`: see the module documentation. With `http_addr`, the HTTP
@@ -231,36 +223,7 @@ async fn open_store_when_free(
     }
 }
 
-/// Open (or create) the run store under `data`.
-pub fn open_store(data: &Path) -> anyhow::Result<RunStore> {
-    std::fs::create_dir_all(data)
-        .with_context(|| format!("cannot create data dir `{}`", data.display()))?;
-    Ok(RunStore::open(data)?)
-}
-
-/// Run a coordinator over `store` and `bus`, answering the API until `shutdown`.
-pub async fn serve_coordinator(
-    store: RunStore,
-    bus: Arc<dyn Bus>,
-    pool: &str,
-    shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
-    let config = CoordinatorConfig {
-        pool: pool.to_string(),
-        ..CoordinatorConfig::default()
-    };
-    serve_coordinator_config(
-        store,
-        bus,
-        config,
-        shutdown,
-        &Readiness::new("starting"),
-        None,
-    )
-    .await
-}
-
-/// [`serve_coordinator`] with the pool and the `[access]` grants of `config`, ready (for
+/// Serve a coordinator ([`forkfleet_node::serve::serve_coordinator`]) with the pool and the `[access]` grants of `config`, ready (for
 /// `readiness`) once it answers the API and until `shutdown`.
 pub async fn serve_coordinator_with(
     store: RunStore,
@@ -294,47 +257,39 @@ async fn serve_coordinator_on(
         blob_quota_bytes: config.blob_quota_mb.value.saturating_mul(1 << 20),
         ..CoordinatorConfig::default()
     };
-    serve_coordinator_config(store, bus, coordinator, shutdown, readiness, slot).await
+    forkfleet_node::serve::serve_coordinator(
+        store,
+        bus,
+        coordinator,
+        shutdown,
+        &Served { readiness, slot },
+    )
+    .await
 }
 
-async fn serve_coordinator_config(
-    store: RunStore,
-    bus: Arc<dyn Bus>,
-    config: CoordinatorConfig,
-    shutdown: impl Future<Output = ()>,
-    readiness: &Readiness,
-    slot: Option<&crate::http_api::Slot>,
-) -> anyhow::Result<()> {
-    let dir = store.dir().to_path_buf();
-    let pool = config.pool.clone();
-    let coordinator = Coordinator::start(config, store, bus.clone()).await?;
-    let served = match ApiServer::bind(coordinator.handle(), bus.clone()).await {
-        Ok(server) => {
-            tracing::info!(data = %dir.display(), pool = %pool, "coordinator.ready");
-            if let Some(slot) = slot {
-                slot.set(Some(crate::http_api::Serving::new(
-                    coordinator.handle(),
-                    bus,
-                )));
-            }
-            readiness.ready();
-            server
-                .run(async {
-                    shutdown.await;
-                    readiness.not_ready("stopping");
-                    if let Some(slot) = slot {
-                        slot.set(None);
-                    }
-                })
-                .await
+/// A served coordinator's readiness and the HTTP API's handle on it.
+struct Served<'a> {
+    readiness: &'a Readiness,
+    slot: Option<&'a crate::http_api::Slot>,
+}
+
+impl forkfleet_node::serve::Watch for Served<'_> {
+    fn serving(&self, coordinator: CoordinatorHandle, bus: &Arc<dyn Bus>) {
+        if let Some(slot) = self.slot {
+            slot.set(Some(crate::http_api::Serving::new(
+                coordinator,
+                bus.clone(),
+            )));
         }
-        Err(e) => Err(e),
-    };
-    tracing::info!("coordinator.stopping");
-    let stopped = coordinator.shutdown().await;
-    served?;
-    stopped?;
-    Ok(())
+        self.readiness.ready();
+    }
+
+    fn stopping(&self) {
+        self.readiness.not_ready("stopping");
+        if let Some(slot) = self.slot {
+            slot.set(None);
+        }
+    }
 }
 
 /// `forkfleet worker`: see the module documentation. With `http_addr`, the HTTP endpoint

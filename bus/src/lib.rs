@@ -15,6 +15,9 @@
 //!   and the agents' fork tools).
 //! - [`nats_server`]: a local `nats-server -js` child process (the test fixture's and the
 //!   bench's), with its store and log in one directory.
+//! - [`auth`]: `forkfleet cluster auth`: the nats-server permissions of each role (from
+//!   `forkfleet_shared::subjects::permissions`) and each identity's nkey and config file
+//!   (ADR 17).
 //! - `backoff`: the bus's one backoff, doubling from `RETRY_MIN` to `RETRY_MAX` for every
 //!   retried connection, pull, consumer creation, forward and API call.
 //! - `testkit` (feature `testkit`): a real `nats-server` on a free port for tests, which
@@ -43,6 +46,7 @@
 //! [`Delivery::trace`].
 
 pub mod apicall;
+pub mod auth;
 mod backoff;
 pub mod lease;
 pub mod local;

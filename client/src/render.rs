@@ -1,4 +1,7 @@
-//! What the CLI shows: progress lines while a fork runs, tables, and `--json` documents.
+//! What the CLI shows: progress lines while a fork runs, tables, and `--json` documents;
+//! `runs` is `forkfleet runs`' (the runs table, a run's detail, the lineage tree).
+
+pub mod runs;
 
 use crate::error::ClientError;
 use forkfleet_shared::api::{

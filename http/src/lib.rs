@@ -15,11 +15,13 @@
 //! `guard` (what every request must be first: Origin, Host, JSON bodies, no tokens in
 //! URLs; ADR 36), `problem` (errors), `stream` (SSE), `openapi`, `audit` (who wrote what,
 //! when), `idempotency` (replayed answers), `console` (the web console's three files,
-//! docs/CONSOLE.md).
+//! docs/CONSOLE.md), `endpoint` (a service's HTTP listener: this API, `/metrics`,
+//! `/healthz` and `/readyz` with its [`endpoint::Readiness`]).
 
 pub mod audit;
 pub mod auth;
 mod console;
+pub mod endpoint;
 mod guard;
 mod idempotency;
 pub mod openapi;

@@ -43,6 +43,10 @@
 //! - [`catalogue`]: the workers' model catalogue: the real models a worker offers, their
 //!   APIs and key sources, and the hosts a spec's own `base_url` may name (ADR 16).
 //! - [`wire`]: the versioned MessagePack envelope every message travels in.
+
+/// Every setting's environment variable starts so (`FORKFLEET_NATS_URL`, ...).
+pub const ENV_PREFIX: &str = "FORKFLEET_";
+
 pub mod api;
 pub mod approval;
 pub mod blob;

@@ -22,6 +22,8 @@ const CRATE_ROOTS: &[&str] = &[
     "worker/src/lib.rs",
     "tui/src/lib.rs",
     "http/src/lib.rs",
+    "node/src/lib.rs",
+    "bench/src/lib.rs",
 ];
 
 /// The module a line of a crate root declares (`mod x;`, `pub mod x;`, `pub(crate) mod x;`).
@@ -66,12 +68,13 @@ const TOP: &[&str] = &[
     "worker/",
     "tui/",
     "http/",
+    "node/",
+    "bench/",
     "docs/",
     "scripts/",
     "deploy/",
     "tests/",
     "examples/",
-    "benches/",
 ];
 
 /// Backticked paths of this repository's files in `text` (`worker/src/tools.rs`): a top

@@ -2,7 +2,7 @@
 //!
 //! 1. Start a `nats-server -js` of its own ([`NatsServerGuard`]: free loopback port,
 //!    JetStream store and log in a temporary directory, killed on every exit path).
-//! 2. Run the coordinator in this process on a NATS bus ([`service::serve_coordinator`]:
+//! 2. Run the coordinator in this process on a NATS bus ([`serve::serve_coordinator`]:
 //!    the run store in the temporary directory, the API answered over request/reply), and
 //!    reach it as a client does ([`RemoteCoordinator`], its own connection). So the fork's
 //!    blobs take the cluster's path: the client uploads to the bus's blob store, and the
@@ -19,10 +19,11 @@
 use super::nats_server::{tail, NatsServerGuard};
 use super::{proc_peak_rss_mb, run_fanout, seed_workspace, FanoutArgs, FanoutResult};
 use anyhow::{bail, Context};
-use forkfleet::service;
 use forkfleet_bus::nats::NatsConfig;
 use forkfleet_bus::Bus;
 use forkfleet_client::{ApiClient, Client};
+use forkfleet_coordinator::CoordinatorConfig;
+use forkfleet_node::serve;
 use forkfleet_shared::api::ForkView;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::RunId;
@@ -93,15 +94,20 @@ impl Cluster {
         let url = server.url();
         tracing::info!(nats.url = %url, "bench: nats-server ready");
         let coord_bus = connect(&url, "forkfleet-bench-coordinator").await?;
-        let store = service::open_store(&dir.join("data"))?;
+        let store = serve::open_store(&dir.join("data"))?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let coordinator = tokio::spawn(service::serve_coordinator(
+        let config = CoordinatorConfig {
+            pool: DEFAULT_POOL.to_string(),
+            ..CoordinatorConfig::default()
+        };
+        let coordinator = tokio::spawn(serve::serve_coordinator(
             store,
             coord_bus,
-            DEFAULT_POOL,
+            config,
             async move {
                 let _ = stop_rx.await;
             },
+            &(),
         ));
         let mut cluster = Cluster {
             server,
@@ -277,7 +283,7 @@ async fn measure(
 }
 
 async fn connect(url: &str, name: &str) -> anyhow::Result<Arc<dyn Bus>> {
-    service::connect_nats(NatsConfig {
+    serve::connect_nats(NatsConfig {
         name: Some(name.to_string()),
         ..NatsConfig::new(url)
     })
@@ -426,7 +432,7 @@ impl WorkerProcs {
         for (key, _) in std::env::vars_os() {
             if key
                 .to_string_lossy()
-                .starts_with(forkfleet::config::ENV_PREFIX)
+                .starts_with(forkfleet_shared::ENV_PREFIX)
             {
                 cmd.env_remove(key);
             }

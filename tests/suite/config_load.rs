@@ -1,9 +1,11 @@
-//! The configuration's tests: the layers' precedence, the file, the environment, secrets,
-//! NATS auth and TLS mistakes, pricing and URL redaction.
+//! The configuration as a library (`forkfleet::config`): the layers' precedence, the
+//! file, the environment, secrets, NATS auth and TLS mistakes, pricing and URL redaction.
 
-use super::*;
+use forkfleet::config::*;
 use forkfleet_bus::nats::{redact_url, NatsAuth};
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     let map: HashMap<String, String> = vars

@@ -1,26 +1,30 @@
-//! Whole-system benchmarks.
+//! # forkfleet-bench
 //!
-//! `forkfleet bench fanout --branches N --writes K`: the peer harness's fan-out work
-//! (`../shared/peers/pydantic_deep_bench.py`): N branches, each makes K `write_file` calls
-//! and then answers. Write j of branch b goes, by (b + j) % 3, to a file every branch
-//! writes differently (`shared/split_j.txt`, seeded in the parent), a file only that branch
-//! writes (`unique/b<b>/f<j>.txt`), or a file every writer writes identically
-//! (`shared/agree_j.txt`). Every model call reports 1,000 input and 200 output tokens,
-//! priced like gpt-4o-mini. Zero model latency.
+//! The benchmarks, out of the product's code: the whole-system ones `forkfleet bench ...`
+//! runs ([`run`]), with the local servers they need, and the criterion micro-benchmarks
+//! (`benches/`: `overlay`, `diff`, `wire`; `cargo bench -p forkfleet-bench`). They start
+//! systems through `forkfleet-node`, as the binary does.
 //!
-//! Where it runs (`--bus`):
-//! - `local` (the default): the embedded system in this process: the coordinator and
-//!   `--workers` in-process workers on the local bus.
-//! - `nats`: a cluster on this machine ([`cluster`]): the bench starts its own
-//!   `nats-server`, runs the coordinator (and its API) in this process on a NATS bus,
-//!   starts `--workers` `forkfleet worker` processes, and talks to the coordinator as a
-//!   client does, over request/reply.
-//!
-//! Both run the same measurement ([`run_fanout`]) through a [`Client`].
-//!
-//! `forkfleet bench budget`: the peer's aggregate-cap table ([`budget`]).
-//!
-//! `forkfleet bench cache`: what fork-aware prompt caching saves ([`cache`]).
+//! ## Layout
+//! - this file: `forkfleet bench fanout --branches N --writes K`, the peer harness's fan-out
+//!   work (`../shared/peers/pydantic_deep_bench.py`): N branches, each makes K `write_file`
+//!   calls and then answers. Write j of branch b goes, by (b + j) % 3, to a file every
+//!   branch writes differently (`shared/split_j.txt`, seeded in the parent), a file only
+//!   that branch writes (`unique/b<b>/f<j>.txt`), or a file every writer writes
+//!   identically (`shared/agree_j.txt`). Every model call reports 1,000 input and 200
+//!   output tokens, priced like gpt-4o-mini. Zero model latency. Where it runs (`--bus`):
+//!   `local` (the default), the embedded system in this process (the coordinator and
+//!   `--workers` in-process workers on the local bus); `nats`, a cluster on this machine
+//!   (`cluster`). Both run the same measurement (`run_fanout`) through a [`Client`].
+//! - `cluster`: the bench's own `nats-server`, the coordinator (and its API) in this
+//!   process on a NATS bus, `--workers` `forkfleet worker` processes, a client over
+//!   request/reply.
+//! - [`budget`]: `forkfleet bench budget`, the peer's aggregate-cap table.
+//! - [`cache`]: `forkfleet bench cache`, what fork-aware prompt caching saves (with its
+//!   local server billing a prompt cache as Anthropic does).
+//! - [`workspace`]: `forkfleet bench workspace`, forks of a large real tree.
+//! - [`stream_model`]: a local OpenAI-compatible server that streams its answers.
+//! - [`nats_server`]: the bench's `nats-server` child, killed on every exit path.
 
 pub mod budget;
 pub mod cache;
@@ -31,9 +35,9 @@ pub mod workspace;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
-use forkfleet::embedded::{Embedded, EmbeddedOptions};
 use forkfleet_client::workspace as ws;
 use forkfleet_client::{ApiClient, Client};
+use forkfleet_node::embedded::{Embedded, EmbeddedOptions};
 use forkfleet_shared::api::{CreateFork, ForkView, ParentRun};
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::diff::DiffOptions;
@@ -509,19 +513,29 @@ pub enum BenchCommand {
     Cache(self::cache::CacheArgs),
 }
 
+/// Run the benchmark `command` names.
+pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Fanout(args) => cmd_fanout(args).await,
+        BenchCommand::Budget(args) => budget::cmd_budget(args).await,
+        BenchCommand::Workspace(args) => workspace::cmd_workspace(args).await,
+        BenchCommand::Cache(args) => cache::cmd_cache(args).await,
+    }
+}
+
 /// A fork a benchmark made and waited for.
-pub(crate) struct Settled {
+pub struct Settled {
     /// The fork once every branch settled.
-    pub(crate) view: ForkView,
+    pub view: ForkView,
     /// Seconds until the fork was created (the call answered).
-    pub(crate) created_s: f64,
+    pub created_s: f64,
     /// Seconds until it settled, from the same start.
-    pub(crate) wall_s: f64,
+    pub wall_s: f64,
 }
 
 /// Create a fork of `plan` over the uploaded `snapshot` of `workspace` and wait (at most
 /// `timeout_s`) until its branches settle.
-pub(crate) async fn settled_fork(
+pub async fn settled_fork(
     client: &Client,
     plan: ForkPlan,
     snapshot: BlobHash,

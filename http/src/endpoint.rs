@@ -1,5 +1,5 @@
 //! The services' HTTP endpoint (`http_addr`, off unless set): the coordinator's HTTP API
-//! under `/api/v1` (`crate::http_api`, docs/HTTP.md), and `GET /metrics` (the
+//! under `/api/v1` (`crate::router`, docs/HTTP.md), and `GET /metrics` (the
 //! registry in the Prometheus text format 0.0.4), `GET /healthz` (200 `ok` while the
 //! process runs) and `GET /readyz` (200 `ready` when [`Readiness`] says so, else 503 with
 //! the reason in plain text). It stops with its service ([`HttpEndpoint::stop`]).
@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// The content type of the Prometheus text exposition format.
 /// How long requests in progress may take once the endpoint is told to stop.
 const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The content type of the Prometheus text exposition format.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 type Probe = Arc<dyn Fn() -> bool + Send + Sync>;
@@ -99,7 +99,7 @@ impl HttpEndpoint {
     pub async fn start_with(
         addr: SocketAddr,
         readiness: Readiness,
-        api: Option<std::sync::Arc<crate::http_api::ApiHttp>>,
+        api: Option<std::sync::Arc<crate::ApiHttp>>,
     ) -> anyhow::Result<HttpEndpoint> {
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
             let why = match e.kind() {
@@ -119,7 +119,7 @@ impl HttpEndpoint {
             .route("/readyz", get(ready))
             .with_state(readiness);
         if let Some(api) = api {
-            app = app.merge(crate::http_api::router(api));
+            app = app.merge(crate::router(api));
         }
         let app = app.into_make_service_with_connect_info::<SocketAddr>();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -140,7 +140,7 @@ impl HttpEndpoint {
         self.addr
     }
 
-    /// Stop serving: requests in progress get [`STOP_GRACE`] to finish, then their
+    /// Stop serving: requests in progress get `STOP_GRACE` (2 s) to finish, then their
     /// connections are dropped (a scraper holding one open never holds up a stop).
     pub async fn stop(self) {
         let _ = self.stop.send(());
@@ -174,7 +174,7 @@ async fn ready(
 pub async fn start_if(
     addr: Option<SocketAddr>,
     readiness: &Readiness,
-    api: Option<std::sync::Arc<crate::http_api::ApiHttp>>,
+    api: Option<std::sync::Arc<crate::ApiHttp>>,
 ) -> anyhow::Result<Option<HttpEndpoint>> {
     match addr {
         Some(addr) => Ok(Some(

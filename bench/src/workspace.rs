@@ -430,7 +430,7 @@ async fn call_overhead(
             blobs.put(e.hash, bytes::Bytes::from(bytes)).await?;
         }
     }
-    let cache = BlobCache::new(blobs, forkfleet::embedded::EMBEDDED_BLOB_CACHE_BYTES);
+    let cache = BlobCache::new(blobs, forkfleet_node::embedded::EMBEDDED_BLOB_CACHE_BYTES);
     let base = Arc::new(manifest.clone());
     let snapshot = forkfleet_shared::blob::BlobHash::of(&manifest.to_blob()?);
     let tool = forkfleet_shared::endpoint::CommandTool {
