@@ -32,10 +32,10 @@ pub(crate) struct Replay {
     record_live: bool,
 }
 
-/// A model response served from the record: what the recorded call answered, and why it
-/// stopped (so the replayed log is the parent's, event for event).
+/// A model's answer: a live call's, or one served from the record (what the recorded call
+/// answered, and why it stopped, so the replayed log is the parent's, event for event).
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Served {
+pub(crate) struct Answer {
     pub(crate) text: Option<String>,
     pub(crate) tool_calls: Vec<ToolCall>,
     pub(crate) finish_reason: Option<String>,
@@ -115,7 +115,7 @@ impl Replay {
     }
 
     /// The recorded response, served: the record moves past it.
-    pub(crate) fn serve_response(&mut self) -> Option<Served> {
+    pub(crate) fn serve_response(&mut self) -> Option<Answer> {
         match self.items.get(self.pos) {
             Some((
                 _,
@@ -127,7 +127,7 @@ impl Replay {
                     ..
                 },
             )) => {
-                let out = Served {
+                let out = Answer {
                     text: text.clone(),
                     tool_calls: tool_calls.clone(),
                     finish_reason: finish_reason.clone(),
