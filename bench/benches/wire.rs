@@ -73,7 +73,6 @@ fn events() -> Vec<BranchEvent> {
 
 fn task() -> BranchTask {
     BranchTask {
-        checkpoint_tools: None,
         approval: None,
         fork_id: ForkId::new(),
         run_id: RunId::new(),
@@ -95,8 +94,7 @@ fn task() -> BranchTask {
         on_exhausted: Default::default(),
         attempt_base: 0,
         endpoint: None,
-        run_command: None,
-        forking: false,
+        tools: Default::default(),
         temperature: None,
         replay: None,
         fork_root: None,

@@ -429,7 +429,6 @@ async fn run_row(
     .await?;
     let max_turns = 16;
     let plan = ForkPlan {
-        checkpoint_tools: None,
         name: None,
         approval: None,
         goal: format!("bench budget {} {fraction}", mode.as_str()),
@@ -473,8 +472,7 @@ async fn run_row(
                 temperature: None,
             })
             .collect(),
-        run_command: None,
-        forking: false,
+        tools: Default::default(),
         solo: false,
     };
     let super::Settled { view, wall_s, .. } =

@@ -356,7 +356,6 @@ fn history(tokens: usize) -> Vec<Message> {
 fn plan(args: &CacheArgs, caching: bool, price: Price) -> ForkPlan {
     let turns = u32::try_from(args.turns).unwrap_or(u32::MAX);
     ForkPlan {
-        checkpoint_tools: None,
         name: None,
         approval: None,
         goal: "Write notes on how the module handles retries.".into(),
@@ -398,8 +397,7 @@ fn plan(args: &CacheArgs, caching: bool, price: Price) -> ForkPlan {
                 temperature: None,
             })
             .collect(),
-        run_command: None,
-        forking: false,
+        tools: Default::default(),
         solo: false,
     }
 }

@@ -344,7 +344,6 @@ fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
         cache_write_per_mtok: None,
     };
     ForkPlan {
-        checkpoint_tools: None,
         name: None,
         approval: None,
         goal: "bench fan-out".into(),
@@ -381,8 +380,7 @@ fn fanout_plan(n: usize, k: usize, script_hash: BlobHash) -> ForkPlan {
                 temperature: None,
             })
             .collect(),
-        run_command: None,
-        forking: false,
+        tools: Default::default(),
         solo: false,
     }
 }

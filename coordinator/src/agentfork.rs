@@ -176,7 +176,6 @@ fn child_plan(
         resolve.strategy = strategy.clone();
     }
     Ok(ForkPlan {
-        checkpoint_tools: parent.checkpoint_tools.clone(),
         name: None,
         goal: parent.goal.clone(),
         system_prompt: None,
@@ -189,8 +188,7 @@ fn child_plan(
         resolve,
         models: parent.models.clone(),
         branches,
-        run_command: parent.run_command.clone(),
-        forking: parent.forking,
+        tools: parent.tools.clone(),
         approval: None,
         solo: false,
     })

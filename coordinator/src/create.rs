@@ -173,7 +173,6 @@ pub(crate) fn branch_task(
 ) -> BranchTask {
     let model = plan.models.get(&b.model);
     BranchTask {
-        checkpoint_tools: plan.checkpoint_tools.clone(),
         fork_id: ids.fork_id,
         run_id: ids.run_id,
         label: b.label.clone(),
@@ -195,8 +194,7 @@ pub(crate) fn branch_task(
         on_exhausted: plan.budget.on_exhausted,
         attempt_base: 0,
         endpoint: model.and_then(|m| m.endpoint.clone()),
-        run_command: plan.run_command.clone(),
-        forking: plan.forking,
+        tools: plan.tools.clone(),
         temperature: b.temperature,
         replay: None,
         fork_root: None,

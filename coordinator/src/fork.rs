@@ -33,6 +33,7 @@ use forkfleet_shared::api::{
     AbortOutcome, ContinueOutcome, DecisionOutcome, ForkView, MergeOutcome, SteerOutcome,
     TerminateOutcome,
 };
+use forkfleet_shared::clock::Clock;
 use forkfleet_shared::diff::{diff_overlays, DiffOptions, DiffReport};
 use forkfleet_shared::event::Event;
 use forkfleet_shared::flush::FlushReport;
@@ -69,6 +70,7 @@ pub(crate) enum ForkArgs {
         store: RunStore,
         bus: Arc<dyn Bus>,
         ledger: Arc<Ledger>,
+        clock: Arc<dyn Clock>,
     },
     Load {
         fork: ForkId,
@@ -76,6 +78,7 @@ pub(crate) enum ForkArgs {
         store: RunStore,
         bus: Arc<dyn Bus>,
         ledger: Arc<Ledger>,
+        clock: Arc<dyn Clock>,
     },
 }
 
@@ -88,6 +91,8 @@ pub(crate) struct ForkState {
     store: RunStore,
     bus: Arc<dyn Bus>,
     ledger: Arc<Ledger>,
+    /// The time that decides: when a request for consent times out.
+    clock: Arc<dyn Clock>,
     /// Branches a resume (or a follow-up) enqueued a task for that no worker has taken over
     /// yet. The task's `attempt_base` is the branch's [`ForkState::attempt_base`]: nothing
     /// moves the fence or the state it is derived from before a worker takes the task over.
@@ -227,6 +232,9 @@ pub(crate) enum ForkMsg {
         run: RunId,
         call_id: String,
     },
+    /// The fork's clock was stepped (a test's manual clock): answer the requests for
+    /// consent whose deadline it passed.
+    ClockStepped,
     /// A merge's blocking part finished.
     MergeFinished {
         result: Box<Result<MergeDone, CoordinatorError>>,
@@ -387,13 +395,14 @@ impl Actor for ForkActor {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let (pool, store, bus, ledger, record, base, branches, checkpoints) = match args {
+        let (pool, store, bus, ledger, clock, record, base, branches, checkpoints) = match args {
             ForkArgs::Created {
                 prepared,
                 pool,
                 store,
                 bus,
                 ledger,
+                clock,
             } => {
                 let PreparedFork {
                     fork,
@@ -406,7 +415,17 @@ impl Actor for ForkActor {
                     .map(|b| BranchReplica::new(b, base.clone()))
                     .collect();
                 let checkpoints = AutoCheckpoints::new(fork.plan.limits.checkpoints, fork.snapshot);
-                (pool, store, bus, ledger, fork, base, replicas, checkpoints)
+                (
+                    pool,
+                    store,
+                    bus,
+                    ledger,
+                    clock,
+                    fork,
+                    base,
+                    replicas,
+                    checkpoints,
+                )
             }
             ForkArgs::Load {
                 fork,
@@ -414,6 +433,7 @@ impl Actor for ForkActor {
                 store,
                 bus,
                 ledger,
+                clock,
             } => {
                 let s = store.clone();
                 let (record, base, replicas, checkpoints) =
@@ -423,6 +443,7 @@ impl Actor for ForkActor {
                     store,
                     bus,
                     ledger,
+                    clock,
                     record,
                     base,
                     replicas,
@@ -448,6 +469,7 @@ impl Actor for ForkActor {
             store,
             bus,
             ledger,
+            clock,
             requeued: HashSet::new(),
             stopping: HashMap::new(),
             suspects: Vec::new(),
@@ -473,8 +495,9 @@ impl Actor for ForkActor {
         // A fork whose branches all finished while the coordinator was down.
         state.check_settled();
         // Requests for consent that wait: their timers (those past their deadline fire
-        // at once).
+        // at once), and the clock's steps, which may pass their deadlines.
         state.arm_approval_timers();
+        state.watch_clock_steps();
         Ok(state)
     }
 
@@ -593,6 +616,7 @@ impl Actor for ForkActor {
                 let _ = reply.send(state.deny_waiting(&by, &reason).await);
             }
             ForkMsg::ApprovalTimeout { run, call_id } => state.timed_out(run, &call_id).await,
+            ForkMsg::ClockStepped => state.clock_stepped().await,
             ForkMsg::MergeFinished { result, reply } => {
                 state.merge_finished(result, reply).await;
             }

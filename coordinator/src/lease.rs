@@ -12,16 +12,19 @@
 //!   would expire, it is lost: [`Lease::lost`] completes and the coordinator stops serving.
 //!   [`Lease::release`] on a clean stop deletes it, so a standby takes over at once.
 //!
-//! A lease is expired when this machine's clock passes its `expires_at_ms`, or when its
-//! revision has not changed for its TTL as this process watched it (on the monotonic
-//! clock, so a standby whose clock is behind still takes over within a TTL of the holder's
-//! last renewal).
+//! A lease is expired when the coordinator's [`Clock`] (this machine's system clock unless
+//! [`acquire_with_clock`] is given another) passes its `expires_at_ms` ([`expired`]), or
+//! when its revision has not changed for its TTL as this process watched it (on the
+//! monotonic clock, so a standby whose clock is behind still takes over within a TTL of the
+//! holder's last renewal). The same clock stamps the `expires_at_ms` of the records this
+//! coordinator writes; the monotonic clock paces the polls and renewals.
 
 use crate::CoordinatorError;
 use forkfleet_bus::lease::{LeaseBucket, LeaseError, LeaseRecord, LeaseState};
 use forkfleet_bus::nats::NatsBus;
-use forkfleet_shared::protocol::now_ms;
+use forkfleet_shared::clock::Clock;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -39,7 +42,8 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    fn record(&self, holder: &str) -> LeaseRecord {
+    /// The record of `holder` taking the lease now, by `clock`.
+    fn record(&self, holder: &str, clock: &dyn Clock) -> LeaseRecord {
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
         LeaseRecord {
             holder: holder.to_string(),
@@ -48,8 +52,21 @@ impl Candidate {
             pid: std::process::id(),
             pid_ns: pid_namespace(),
             ttl_ms,
-            expires_at_ms: now_ms().saturating_add(ttl_ms),
+            expires_at_ms: clock.now_ms().saturating_add(ttl_ms),
         }
+    }
+}
+
+/// Whether `record` has expired by `clock`: its `expires_at_ms` has come.
+pub fn expired(record: &LeaseRecord, clock: &dyn Clock) -> bool {
+    record.expired_at(clock.now_ms())
+}
+
+/// `record` renewed now by `clock`: expiring a TTL from now.
+fn renewed(record: &LeaseRecord, clock: &dyn Clock) -> LeaseRecord {
+    LeaseRecord {
+        expires_at_ms: clock.now_ms().saturating_add(record.ttl_ms),
+        ..record.clone()
     }
 }
 
@@ -109,9 +126,21 @@ impl Watched {
 
 /// Take the lease for `me`, standing by while a live coordinator of the same store holds
 /// it. `None` when `shutdown` completes first (a standby stopped: nothing to release).
+/// Expiry is judged by the system clock.
 pub async fn acquire(
     bus: &NatsBus,
     me: &Candidate,
+    shutdown: impl Future<Output = ()>,
+) -> Result<Option<Lease>, CoordinatorError> {
+    acquire_with_clock(bus, me, forkfleet_shared::clock::system(), shutdown).await
+}
+
+/// [`acquire`], with the lease's expiry judged, and the records written (and renewed)
+/// stamped, by `clock`.
+pub async fn acquire_with_clock(
+    bus: &NatsBus,
+    me: &Candidate,
+    clock: Arc<dyn Clock>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<Option<Lease>, CoordinatorError> {
     let holder = uuid::Uuid::now_v7().to_string();
@@ -171,7 +200,7 @@ pub async fn acquire(
             LeaseState::Held { record, .. } => {
                 let stale = watched.unchanged_for(revision, Duration::from_millis(record.ttl_ms));
                 gone = record.holder != holder && holder_gone(record);
-                let expired = stale || record.expired_at(now_ms()) || gone;
+                let expired = stale || expired(record, clock.as_ref()) || gone;
                 if !expired && record.store_id != me.store_id {
                     return Err(CoordinatorError::BadRequest(format!(
                         "another coordinator ({} on {}, pid {}) serves the run store {} on this NATS server; this one's data dir holds the store {}. Two stores cannot serve one cluster: point this coordinator at that store's data dir (it then waits as a standby), stop the other one, or use another NATS server",
@@ -195,7 +224,7 @@ pub async fn acquire(
             }
         };
         if take {
-            let record = me.record(&holder);
+            let record = me.record(&holder, clock.as_ref());
             match lease_bucket.write(&record, revision).await {
                 Ok(revision) => {
                     if let LeaseState::Held { record: old, .. } = &state {
@@ -224,7 +253,7 @@ pub async fn acquire(
                         lease.ttl_ms = record.ttl_ms,
                         "coordinator lease taken"
                     );
-                    return Ok(Some(Lease::hold(lease_bucket, record, revision)));
+                    return Ok(Some(Lease::hold(lease_bucket, record, revision, clock)));
                 }
                 // Someone else just took it: read it again, and stand by.
                 Err(LeaseError::Conflict) => continue,
@@ -253,11 +282,23 @@ pub struct Lease {
 }
 
 impl Lease {
-    fn hold(bucket: LeaseBucket, record: LeaseRecord, revision: u64) -> Lease {
+    fn hold(
+        bucket: LeaseBucket,
+        record: LeaseRecord,
+        revision: u64,
+        clock: Arc<dyn Clock>,
+    ) -> Lease {
         let (lost_tx, lost) = watch::channel(None);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let store_id = record.store_id.clone();
-        let renewer = tokio::spawn(renew(bucket.clone(), record, revision, lost_tx, stopped));
+        let renewer = tokio::spawn(renew(
+            bucket.clone(),
+            record,
+            revision,
+            clock,
+            lost_tx,
+            stopped,
+        ));
         Lease {
             lost,
             stop: Some(stop),
@@ -315,12 +356,14 @@ impl Lease {
     }
 }
 
-/// Renew every third of the TTL until `stop` (the last revision: ours to release) or the
-/// lease is lost (`None`, and `lost` says why).
+/// Renew every third of the TTL (each renewal expiring a TTL from then by `clock`) until
+/// `stop` (the last revision: ours to release) or the lease is lost (`None`, and `lost`
+/// says why).
 async fn renew(
     bucket: LeaseBucket,
     mut record: LeaseRecord,
     mut revision: u64,
+    clock: Arc<dyn Clock>,
     lost: watch::Sender<Option<String>>,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) -> Option<u64> {
@@ -343,7 +386,7 @@ async fn renew(
             return None;
         }
         let started = Instant::now();
-        record = record.renewed();
+        record = renewed(&record, clock.as_ref());
         let written = tokio::time::timeout(
             valid_until.saturating_duration_since(started),
             bucket.write(&record, Some(revision)),
@@ -371,5 +414,82 @@ async fn renew(
             }
             Err(_) => next = Instant::now(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forkfleet_shared::clock::ManualClock;
+
+    /// Some time long ago, far from the wall clock: only the manual clock can decide.
+    const START_MS: u64 = 1_000_000;
+
+    fn candidate() -> Candidate {
+        Candidate {
+            store_id: "store-a".into(),
+            ttl: Duration::from_millis(3_000),
+        }
+    }
+
+    #[test]
+    fn a_lease_record_expires_exactly_when_the_clock_passes_it() {
+        let clock = ManualClock::new(START_MS);
+        let record = candidate().record("holder-1", &clock);
+        assert_eq!(record.expires_at_ms, START_MS + 3_000);
+        assert_eq!(record.ttl_ms, 3_000);
+        // Long before the wall clock's now: still live by the manual clock.
+        assert!(!expired(&record, &clock));
+        clock.advance(2_999);
+        assert!(
+            !expired(&record, &clock),
+            "one millisecond before its expiry"
+        );
+        clock.advance(1);
+        assert!(expired(&record, &clock), "at its expiry");
+        // A clock stepped back: live again (the wall clock is never read).
+        clock.set(START_MS);
+        assert!(!expired(&record, &clock));
+    }
+
+    #[test]
+    fn a_lease_record_far_in_the_future_is_judged_by_the_clock_given() {
+        // Live by the wall clock for years to come, expired by this clock.
+        let far = Candidate {
+            ttl: Duration::from_secs(10 * 365 * 24 * 3600),
+            ..candidate()
+        };
+        let wall = forkfleet_shared::clock::system();
+        let record = far.record("holder-2", wall.as_ref());
+        assert!(!expired(&record, wall.as_ref()));
+        let clock = ManualClock::new(record.expires_at_ms);
+        assert!(expired(&record, &clock));
+        clock.set(record.expires_at_ms - 1);
+        assert!(!expired(&record, &clock));
+    }
+
+    #[test]
+    fn a_renewal_expires_a_ttl_from_the_clocks_now() {
+        let clock = ManualClock::new(START_MS);
+        let record = candidate().record("holder-3", &clock);
+        clock.advance(2_500);
+        let again = renewed(&record, &clock);
+        assert_eq!(again.expires_at_ms, START_MS + 2_500 + 3_000);
+        assert_eq!(
+            LeaseRecord {
+                expires_at_ms: record.expires_at_ms,
+                ..again.clone()
+            },
+            record,
+            "only the expiry changes"
+        );
+        clock.advance(2_999);
+        assert!(!expired(&again, &clock));
+        assert!(
+            expired(&record, &clock),
+            "the record before the renewal has expired"
+        );
+        clock.advance(1);
+        assert!(expired(&again, &clock));
     }
 }

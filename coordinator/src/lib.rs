@@ -174,15 +174,20 @@ impl Coordinator {
         Self::start_with_clock(config, store, bus, forkfleet_shared::clock::system()).await
     }
 
-    /// [`Coordinator::start`], with budget reservations timed by `clock` (a test's
-    /// manual clock makes them expire without waiting).
+    /// [`Coordinator::start`], with budget reservations and the deadlines of requests for
+    /// consent timed by `clock` (a test's manual clock makes them expire without waiting).
     pub async fn start_with_clock(
         config: CoordinatorConfig,
         store: RunStore,
         bus: Arc<dyn Bus>,
         clock: Arc<dyn forkfleet_shared::clock::Clock>,
     ) -> Result<Coordinator, CoordinatorError> {
-        let ledger = Ledger::open(store.clone(), bus.clone(), config.reservation_ttl_ms, clock)?;
+        let ledger = Ledger::open(
+            store.clone(),
+            bus.clone(),
+            config.reservation_ttl_ms,
+            clock.clone(),
+        )?;
         if config.release_reservations_at_start {
             ledger.release_all();
         }
@@ -194,6 +199,7 @@ impl Coordinator {
                 store: store.clone(),
                 bus: bus.clone(),
                 ledger: ledger.clone(),
+                clock,
             },
         )
         .await

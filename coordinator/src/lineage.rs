@@ -99,8 +99,8 @@ pub(crate) fn settings_of(plan: &ForkPlan, branch: &BranchPlan) -> RunSettings {
             .max_output_tokens
             .unwrap_or(plan.limits.max_output_tokens),
         budget_usd: branch.budget_usd,
-        run_command: plan.run_command.is_some(),
-        forking: plan.forking,
+        run_command: plan.tools.run_command.is_some(),
+        forking: plan.tools.forking,
     }
 }
 
@@ -453,8 +453,8 @@ fn child_plan(source: &ForkPlan, s: &RunSettings, label: &str) -> ForkPlan {
     // The child's history is its log; its parent is an existing run.
     plan.history = Vec::new();
     plan.aggregate_budget_usd = None;
-    plan.forking = s.forking;
-    plan.run_command = match (s.run_command, &source.run_command) {
+    plan.tools.forking = s.forking;
+    plan.tools.run_command = match (s.run_command, &source.tools.run_command) {
         (false, _) => None,
         (true, Some(t)) => Some(t.clone()),
         // The defaults always validate.

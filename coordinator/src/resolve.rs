@@ -294,6 +294,7 @@ async fn run_tests(
         Some(test) => {
             // The test command is confined as the `run_command` tool's commands are.
             let sandbox = plan
+                .tools
                 .run_command
                 .as_ref()
                 .map(|t| t.sandbox.clone())

@@ -8,6 +8,7 @@ use crate::error::{actor_call, CoordinatorError};
 use crate::fork::{ForkActor, ForkArgs, ForkHandle, CALL_TIMEOUT_MS};
 use crate::store::RunStore;
 use forkfleet_bus::Bus;
+use forkfleet_shared::clock::Clock;
 use forkfleet_shared::ids::ForkId;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::BTreeMap;
@@ -22,6 +23,8 @@ pub(crate) struct RootArgs {
     pub store: RunStore,
     pub bus: Arc<dyn Bus>,
     pub ledger: Arc<Ledger>,
+    /// The time that decides (the forks' deadlines of requests for consent).
+    pub clock: Arc<dyn Clock>,
 }
 
 pub(crate) struct RootState {
@@ -29,6 +32,7 @@ pub(crate) struct RootState {
     store: RunStore,
     bus: Arc<dyn Bus>,
     ledger: Arc<Ledger>,
+    clock: Arc<dyn Clock>,
     forks: BTreeMap<ForkId, ForkHandle>,
 }
 
@@ -123,6 +127,7 @@ impl RootState {
             store: self.store.clone(),
             bus: self.bus.clone(),
             ledger: self.ledger.clone(),
+            clock: self.clock.clone(),
         }
     }
 
@@ -154,6 +159,7 @@ impl Actor for RootActor {
             store: args.store,
             bus: args.bus,
             ledger: args.ledger,
+            clock: args.clock,
             forks: BTreeMap::new(),
         };
         let store = state.store.clone();
@@ -184,6 +190,7 @@ impl Actor for RootActor {
                     store: state.store.clone(),
                     bus: state.bus.clone(),
                     ledger: state.ledger.clone(),
+                    clock: state.clock.clone(),
                 };
                 let _ = reply.send(state.spawn_fork(&myself, id, args).await);
             }

@@ -8,6 +8,7 @@ mod suite {
 
     mod budget;
     mod checkpoints;
+    mod clock;
     mod create;
     mod events;
     mod merge;

@@ -12,39 +12,9 @@
 //! compiled matcher ([`Gate`]), and the views of a pending request and a blocked call.
 
 use crate::ids::{ForkId, RunId};
+use crate::tools::ApprovalClass;
 use globset::{Glob, GlobBuilder, GlobMatcher};
 use serde::{Deserialize, Serialize};
-
-/// The standard tools every branch is offered (the file and search tools), in the order
-/// the model is told about them.
-pub const STANDARD_TOOLS: &[&str] = &[
-    "read_file",
-    "write_file",
-    "edit_file",
-    "delete_file",
-    "list_files",
-    "glob",
-    "grep",
-];
-
-/// The tools a spec enables: `run_command` and the fork tools.
-pub const OPTIONAL_TOOLS: &[&str] = &[
-    "run_command",
-    "fork_run",
-    "inspect_branches",
-    "merge_or_select",
-    "terminate_branch",
-    "diff_branches",
-    "fork_cost",
-];
-
-/// A tool a rule may name: a standard or an optional one.
-pub fn is_known_tool(name: &str) -> bool {
-    STANDARD_TOOLS.contains(&name) || OPTIONAL_TOOLS.contains(&name)
-}
-
-/// The tools that write the workspace at a `path` argument: what `paths` rules gate.
-pub const WRITING_TOOLS: &[&str] = &["write_file", "edit_file", "delete_file"];
 
 /// The default `timeout_s`: an hour.
 pub const DEFAULT_TIMEOUT_S: u64 = 3600;
@@ -131,11 +101,10 @@ impl ApprovalRules {
     /// names `field`'s key at fault and what is valid.
     pub fn check(&self, field: &str) -> Result<(), String> {
         for tool in &self.tools {
-            if !is_known_tool(tool) {
+            if !crate::tools::is_known(tool) {
                 return Err(format!(
-                    "`{field}.tools` names `{tool}`, which is not a tool; valid: {}, {}",
-                    STANDARD_TOOLS.join(", "),
-                    OPTIONAL_TOOLS.join(", ")
+                    "`{field}.tools` names `{tool}`, which is not a tool; valid: {}",
+                    crate::tools::names().join(", ")
                 ));
             }
         }
@@ -233,14 +202,15 @@ impl Gate {
         if self.tools.iter().any(|t| t == tool) {
             return Some(format!("tools: {tool}"));
         }
-        if tool == "run_command" {
+        let class = crate::tools::decl(tool).map(|t| t.approval);
+        if class == Some(ApprovalClass::Command) {
             if let Some(line) = command_line(args) {
                 if let Some((p, _)) = self.commands.iter().find(|(_, g)| g.is_match(&line)) {
                     return Some(format!("run_command: {p}"));
                 }
             }
         }
-        if WRITING_TOOLS.contains(&tool) {
+        if class == Some(ApprovalClass::WritesPath) {
             let path = args.get("path")?.as_str()?;
             let path = path.trim().trim_start_matches("./").trim_end_matches('/');
             // The path, or any directory above it.

@@ -42,6 +42,8 @@
 //! - [`endpoint`]: a real model API's endpoint and the `run_command` tool's settings.
 //! - [`catalogue`]: the workers' model catalogue: the real models a worker offers, their
 //!   APIs and key sources, and the hosts a spec's own `base_url` may name (ADR 16).
+//! - [`tools`]: every tool declared once (name, what offers it, the approval rules that
+//!   gate it) and the optional tools' settings, which travel as one from plan to task.
 //! - [`wire`]: the versioned MessagePack envelope every message travels in.
 
 /// Every setting's environment variable starts so (`FORKFLEET_NATS_URL`, ...).
@@ -74,5 +76,6 @@ pub mod spec;
 pub mod state;
 pub mod subjects;
 pub mod testsignal;
+pub mod tools;
 pub mod trace;
 pub mod wire;

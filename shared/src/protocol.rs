@@ -62,12 +62,10 @@ pub struct BranchTask {
     /// source). The worker resolves the model in its own catalogue (ADR 16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<crate::endpoint::Endpoint>,
-    /// The `run_command` tool, when the spec enables it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_command: Option<crate::endpoint::CommandTool>,
-    /// The agent gets the fork tools (its forks are created through the coordinator).
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub forking: bool,
+    /// The agent's optional tools, as its plan enables them (flattened: each keeps its
+    /// own key on the wire).
+    #[serde(flatten)]
+    pub tools: crate::tools::ToolSettings,
     /// The sampling temperature sent with each model call (the provider's default when
     /// absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,9 +83,6 @@ pub struct BranchTask {
     /// What an answer cut at the output cap with no tool call does.
     #[serde(default, skip_serializing_if = "crate::spec::OnTruncated::is_continue")]
     pub on_truncated: crate::spec::OnTruncated,
-    /// The agent's checkpoint tools, when the spec enables them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checkpoint_tools: Option<crate::spec::CheckpointTools>,
     /// The tool calls that wait for a person's consent (the branch's rules, else the
     /// fork's; docs/APPROVALS.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]

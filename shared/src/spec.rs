@@ -131,6 +131,9 @@ pub enum SpecError {
     BadModel { model: String, message: String },
     #[error("[run_command]: {message}", message = .0)]
     BadRunCommand(String),
+    /// A tool's settings (`[tools.NAME]`; the message names the key and what is valid).
+    #[error("[tools]: {0}")]
+    BadTool(String),
     #[error("fork name `{name}` is not valid: {reason}; names are 1 to 64 characters of letters, digits, `-`, `_` and `.`, not starting with `.`")]
     BadName { name: String, reason: &'static str },
     /// The approval rules (the error names the table and key, and what is valid).

@@ -177,7 +177,7 @@ mod tests {
 
     fn golden_task() -> BranchTask {
         BranchTask {
-            checkpoint_tools: None,
+            tools: Default::default(),
             approval: None,
             fork_id: fork_id(),
             run_id: run_id(),
@@ -197,8 +197,6 @@ mod tests {
             on_exhausted: crate::budget::OnExhausted::Stop,
             attempt_base: 0,
             endpoint: None,
-            run_command: None,
-            forking: false,
             temperature: None,
             replay: None,
             fork_root: None,

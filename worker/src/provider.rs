@@ -29,7 +29,8 @@ pub mod sse;
 
 use crate::cache::{BlobCache, Memo};
 use crate::error::WorkerError;
-use crate::toolspec::{measured_json_bytes, tools_json_bytes};
+use crate::tools::measured_json_bytes;
+use crate::toolspec::tools_json_bytes;
 use async_trait::async_trait;
 use forkfleet_shared::budget::estimate_input_tokens;
 use forkfleet_shared::catalogue::ModelCatalogue;
@@ -462,7 +463,8 @@ impl Providers {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::toolspec::{tool_specs, tool_specs_json_bytes};
+    use crate::tools::ToolBox;
+    use crate::toolspec::tool_specs;
 
     #[test]
     fn model_names_are_checked() {
@@ -523,9 +525,13 @@ mod tests {
     #[test]
     fn the_worker_tools_are_measured_once_and_alike() {
         let msgs = vec![Message::User { text: "hi".into() }];
+        let standard = ToolBox::standard();
         let copy = tool_specs().to_vec();
-        assert_eq!(tool_specs_json_bytes(), tools_json_bytes(&copy));
-        let shared = ModelRequest::new("scripted:t", &msgs, tool_specs(), 1);
+        assert_eq!(
+            measured_json_bytes(standard.specs()),
+            Some(tools_json_bytes(&copy))
+        );
+        let shared = ModelRequest::new("scripted:t", &msgs, standard.specs(), 1);
         let copied = ModelRequest {
             tools: &copy,
             ..shared

@@ -9,23 +9,32 @@
 //! New content is put into the blob store (through the cache) before the tool returns, so
 //! the `file_change` events the caller publishes next always name blobs that exist.
 //!
-//! A branch's tools are a [`ToolBox`] built from its task: the standard tools, plus
-//! `run_command` when the task has one ([`BranchTask::run_command`], the spec's
-//! `[run_command]` table).
+//! A branch's tools are a [`ToolBox`] built from its task's tool settings
+//! ([`ToolSettings`], the spec's): the standard tools, plus each optional tool its settings
+//! enable.
 //!
 //! What the model is offered (the tools' definitions) and what a tool answers
 //! ([`ToolOutcome`], its output cut to [`MAX_OUTPUT_CHARS`]) are in [`crate::toolspec`];
 //! this module runs the tools.
 //!
+//! ## How a tool is declared
+//! Its name, the setting that offers it and the approval rules that gate it are its entry
+//! in `forkfleet_shared::tools::TOOLS` (with its settings, if any, in `ToolSettings`);
+//! what the model is told of it and how it runs are a [`Tool`] in its own file here,
+//! registered by one line of [`REGISTRY`]. The fork tools and the checkpoint tools are the
+//! agent's (they call the coordinator): `crate::forktools`, `crate::agent`.
+//!
 //! ## Layout
-//! - here: the [`ToolBox`], the dispatch ([`run_tool`]), and what the tools share
-//!   (argument parsing, paths followed through symlinks, file contents).
+//! - here: the [`ToolBox`], the [`REGISTRY`], the lists offered ([`offered`]), and what
+//!   the tools share (argument parsing, paths followed through symlinks, file contents).
 //! - `files`: `read_file`, `write_file`, `edit_file`, `delete_file`, `list_files`.
 //! - `search`: `glob` and `grep`.
 //! - `command`: `run_command` (how a command's changes are taken back is told there).
+//! - `http_get`: `http_get`, a URL on an allowed host, fetched by the worker itself.
 
 mod command;
 mod files;
+mod http_get;
 mod search;
 
 pub use crate::toolspec::{tool_specs, ToolOutcome, MAX_OUTPUT_CHARS, RUN_COMMAND};
@@ -34,7 +43,7 @@ pub use command::MAX_IMPORT_FILE_BYTES;
 use crate::cache::BlobCache;
 use crate::error::WorkerError;
 use crate::runner::{TreeKey, Trees};
-use crate::toolspec::{offered, ToolSpec};
+use crate::toolspec::{fork_tool_specs, tools_json_bytes, ToolSpec};
 use bytes::Bytes;
 use forkfleet_shared::blob::BlobError;
 use forkfleet_shared::endpoint::CommandTool;
@@ -43,10 +52,12 @@ use forkfleet_shared::manifest::FileEntry;
 use forkfleet_shared::overlay::{Overlay, OverlayError};
 use forkfleet_shared::path::WsPath;
 use forkfleet_shared::protocol::BranchTask;
+use forkfleet_shared::tools::{ToolSettings, TOOLS};
+use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use std::cell::Cell;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Lines `read_file` shows when no limit is given.
 pub const DEFAULT_READ_LIMIT: usize = 2_000;
@@ -57,21 +68,151 @@ pub const MAX_GREP_MATCHES: usize = 500;
 /// Paths `glob` lists before stopping.
 pub const MAX_GLOB_PATHS: usize = 1_000;
 
-/// The names of every tool, in the order the model is told about them.
-pub const TOOL_NAMES: &[&str] = forkfleet_shared::approval::STANDARD_TOOLS;
+/// The standard tools' names, in the order the model is told about them.
+pub fn tool_names() -> Vec<&'static str> {
+    forkfleet_shared::tools::standard_names()
+}
 
-/// The tools of one branch: the standard ones, and `run_command` when its task enables it.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// What a tool runs with: the branch's overlay, the worker's blob cache, the branch's tool
+/// settings, and its place among the kept command trees.
+pub struct Env<'a> {
+    pub overlay: &'a mut Overlay,
+    pub blobs: &'a BlobCache,
+    pub settings: &'a ToolSettings,
+    pub trees: Option<&'a TreeSlot>,
+}
+
+/// How a tool runs a call: `Err` only when the worker cannot go on (the blob store
+/// fails); everything else is a result the model reads.
+pub type RunFn =
+    for<'a> fn(&'a ToolCall, Env<'a>) -> BoxFuture<'a, Result<ToolOutcome, WorkerError>>;
+
+/// A tool the worker runs over a branch's overlay: what the model is told of it, and how
+/// it runs. Its name matches its declaration in `forkfleet_shared::tools::TOOLS`.
+pub struct Tool {
+    pub name: &'static str,
+    /// Its description and the JSON schema of its arguments.
+    pub spec: fn() -> ToolSpec,
+    pub run: RunFn,
+}
+
+/// Every tool the worker runs itself, one line each.
+pub const REGISTRY: &[&Tool] = &[
+    &files::READ_FILE,
+    &files::WRITE_FILE,
+    &files::EDIT_FILE,
+    &files::DELETE_FILE,
+    &files::LIST_FILES,
+    &search::GLOB,
+    &search::GREP,
+    &command::TOOL,
+    &http_get::TOOL,
+];
+
+/// The registered tool named `name`.
+fn registered(name: &str) -> Option<&'static Tool> {
+    REGISTRY.iter().copied().find(|t| t.name == name)
+}
+
+/// A [`Tool`] named `$name`, told to the model as `$spec` says, whose runner parses the
+/// call's arguments into `$a` (their type is what `$body` takes) and answers `$body` (a
+/// future of `Result<ToolOutcome, E>` with `WorkerError: From<E>`), with the [`Env`] as
+/// `$env`. Arguments that do not parse are answered as failed, naming the tool.
+macro_rules! tool {
+    ($name:expr, $spec:expr, |$a:ident, $env:ident| $body:expr) => {
+        $crate::tools::Tool {
+            name: $name,
+            spec: $spec,
+            run: |call, $env| {
+                Box::pin(async move {
+                    match $crate::tools::args(call) {
+                        Ok($a) => Ok($body.await?),
+                        Err(e) => Ok(e),
+                    }
+                })
+            },
+        }
+    };
+}
+use tool;
+
+/// A list of tools offered, in order, and its size as JSON, measured once.
+pub struct Offered {
+    specs: Vec<ToolSpec>,
+    json_bytes: usize,
+}
+
+/// Every list handed out so far, by the set of tools in it: one per combination of the
+/// optional tools a worker has met.
+static OFFERED: Mutex<Vec<(u64, &'static Offered)>> = Mutex::new(Vec::new());
+
+fn offered_lists() -> std::sync::MutexGuard<'static, Vec<(u64, &'static Offered)>> {
+    OFFERED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The list offered to a branch with `settings`: the declared tools they enable, in
+/// [`TOOLS`] order. The same settings get the same list (the same slice), so a provider's
+/// estimate of a request's size can use its JSON size measured once
+/// ([`measured_json_bytes`]).
+pub fn offered(settings: &ToolSettings) -> &'static Offered {
+    let mask = TOOLS
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| (t.offered)(settings))
+        .fold(0u64, |m, (i, _)| m | (1 << i));
+    let mut lists = offered_lists();
+    if let Some((_, list)) = lists.iter().find(|(m, _)| *m == mask) {
+        return list;
+    }
+    let specs: Vec<ToolSpec> = TOOLS
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| mask & (1 << i) != 0)
+        .filter_map(|(_, t)| spec_of(t.name))
+        .collect();
+    let json_bytes = tools_json_bytes(&specs);
+    // At most one list per combination of optional tools, for the process's life.
+    let list: &'static Offered = Box::leak(Box::new(Offered { specs, json_bytes }));
+    lists.push((mask, list));
+    list
+}
+
+/// What the model is told of the declared tool `name`: a registered tool's spec, or a
+/// fork tool's.
+fn spec_of(name: &str) -> Option<ToolSpec> {
+    match registered(name) {
+        Some(t) => Some((t.spec)()),
+        None => fork_tool_specs().iter().find(|s| s.name == name).cloned(),
+    }
+}
+
+/// The JSON size of `tools` when it is a list [`offered`] handed out (the same slice, not
+/// an equal copy), measured once; `None` for any other list.
+pub fn measured_json_bytes(tools: &[ToolSpec]) -> Option<usize> {
+    offered_lists()
+        .iter()
+        .find(|(_, l)| std::ptr::eq(tools, l.specs.as_slice()))
+        .map(|(_, l)| l.json_bytes)
+}
+
+/// The tools of one branch: the standard ones, and the optional ones its settings enable.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ToolBox {
-    command: Option<CommandTool>,
-    /// The fork tools are offered too (they run in `crate::forktools`).
-    forking: bool,
+    settings: ToolSettings,
+    /// What the model is offered (the checkpoint tools aside).
+    offered: &'static [ToolSpec],
     /// Where `run_command` keeps the branch's tree between calls; `None`: every call runs
     /// in a fresh copy.
     trees: Option<TreeSlot>,
     /// With the checkpoint tools: the whole list offered (the static one and those, as
     /// the spec describes them); they run in `crate::agent`.
     listed: Option<Arc<Vec<ToolSpec>>>,
+}
+
+impl Default for ToolBox {
+    fn default() -> Self {
+        Self::with_settings(ToolSettings::default())
+    }
 }
 
 /// A branch's place among the worker's kept command trees.
@@ -102,19 +243,25 @@ impl ToolBox {
         Self::default()
     }
 
-    /// The tools `task` offers its model.
-    pub fn for_task(task: &BranchTask) -> Self {
-        let listed = task.checkpoint_tools.as_ref().map(|c| {
-            let mut all = offered(task.run_command.is_some(), task.forking).to_vec();
+    /// The tools `settings` offer.
+    pub fn with_settings(settings: ToolSettings) -> Self {
+        let offered = offered(&settings).specs.as_slice();
+        let listed = settings.checkpoint_tools.as_ref().map(|c| {
+            let mut all = offered.to_vec();
             all.extend(crate::toolspec::checkpoint_tool_specs(&c.descriptions));
             Arc::new(all)
         });
         Self {
-            command: task.run_command.clone(),
-            forking: task.forking,
+            settings,
+            offered,
             trees: None,
             listed,
         }
+    }
+
+    /// The tools `task` offers its model.
+    pub fn for_task(task: &BranchTask) -> Self {
+        Self::with_settings(task.tools.clone())
     }
 
     /// `run_command` keeps the branch's tree in `slot` between calls.
@@ -127,22 +274,19 @@ impl ToolBox {
 
     /// The standard tools, and `run_command` with these settings when given.
     pub fn with_command(command: Option<CommandTool>) -> Self {
-        Self {
-            command,
-            forking: false,
-            trees: None,
-            listed: None,
-        }
+        Self::with_settings(ToolSettings {
+            run_command: command,
+            ..ToolSettings::default()
+        })
     }
 
-    /// The definitions given to the model: static lists ([`offered`]), so a provider's
-    /// estimate can use their size measured once
-    /// ([`measured_json_bytes`](crate::toolspec::measured_json_bytes)), but with the
+    /// The definitions given to the model: a list [`offered`] hands out, so a provider's
+    /// estimate can use its size measured once ([`measured_json_bytes`]), but with the
     /// checkpoint tools (described as the spec says) one of the task's own.
     pub fn specs(&self) -> &[ToolSpec] {
         match &self.listed {
             Some(list) => list.as_slice(),
-            None => offered(self.command.is_some(), self.forking),
+            None => self.offered,
         }
     }
 
@@ -159,76 +303,45 @@ impl ToolBox {
         overlay: &mut Overlay,
         blobs: &BlobCache,
     ) -> Result<ToolOutcome, WorkerError> {
-        if call.name == RUN_COMMAND {
-            return match &self.command {
-                Some(tool) => match args(call) {
-                    Ok(a) => {
-                        command::run_command(tool, a, overlay, blobs, self.trees.as_ref()).await
-                    }
-                    Err(e) => Ok(e),
-                },
-                None => Ok(ToolOutcome::err(format!(
-                    "`{RUN_COMMAND}` is not enabled for this run (the fork spec has no \
-                     [run_command] table); available tools: {}",
-                    self.names().join(", ")
-                ))),
-            };
-        }
-        if !TOOL_NAMES.contains(&call.name.as_str()) {
+        let (Some(tool), Some(decl)) = (
+            registered(&call.name),
+            forkfleet_shared::tools::decl(&call.name),
+        ) else {
             return Ok(ToolOutcome::err(format!(
                 "unknown tool `{}`; available tools: {}",
                 call.name,
                 self.names().join(", ")
             )));
+        };
+        if !(decl.offered)(&self.settings) {
+            return Ok(ToolOutcome::err(format!(
+                "`{}` is not enabled for this run (the fork spec does not enable it{}); available tools: {}",
+                call.name,
+                if call.name == RUN_COMMAND { ": it has no [run_command] table" } else { "" },
+                self.names().join(", ")
+            )));
         }
-        Ok(run_tool(call, overlay, blobs).await?)
+        let env = Env {
+            overlay,
+            blobs,
+            settings: &self.settings,
+            trees: self.trees.as_ref(),
+        };
+        (tool.run)(call, env).await
     }
 }
 
-/// Run one tool call against the overlay. `Err` only when the blob store fails.
+/// Run one call of a standard tool against the overlay. `Err` only when the worker
+/// cannot go on (the blob store fails).
 pub async fn run_tool(
     call: &ToolCall,
     overlay: &mut Overlay,
     blobs: &BlobCache,
-) -> Result<ToolOutcome, BlobError> {
-    let outcome = match call.name.as_str() {
-        "read_file" => match args(call) {
-            Ok(a) => files::read_file(a, overlay, blobs).await?,
-            Err(e) => e,
-        },
-        "write_file" => match args(call) {
-            Ok(a) => files::write_file(a, overlay, blobs).await?,
-            Err(e) => e,
-        },
-        "edit_file" => match args(call) {
-            Ok(a) => files::edit_file(a, overlay, blobs).await?,
-            Err(e) => e,
-        },
-        "delete_file" => match args(call) {
-            Ok(a) => files::delete_file(a, overlay, blobs).await?,
-            Err(e) => e,
-        },
-        "list_files" => match args(call) {
-            Ok(a) => files::list_files(a, overlay, blobs).await?,
-            Err(e) => e,
-        },
-        "glob" => match args(call) {
-            Ok(a) => search::glob(a, overlay),
-            Err(e) => e,
-        },
-        "grep" => match args(call) {
-            Ok(a) => search::grep(a, overlay, blobs).await?,
-            Err(e) => e,
-        },
-        other => ToolOutcome::err(format!(
-            "unknown tool `{other}`; available tools: {}",
-            TOOL_NAMES.join(", ")
-        )),
-    };
-    Ok(outcome)
+) -> Result<ToolOutcome, WorkerError> {
+    ToolBox::standard().run(call, overlay, blobs).await
 }
 
-fn args<T: DeserializeOwned>(call: &ToolCall) -> Result<T, ToolOutcome> {
+pub(crate) fn args<T: DeserializeOwned>(call: &ToolCall) -> Result<T, ToolOutcome> {
     let parsed = if call.args.is_null() {
         T::deserialize(json!({}))
     } else {

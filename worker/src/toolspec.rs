@@ -1,12 +1,11 @@
 //! What the model is offered, and what a tool answers.
 //!
-//! Every tool's definition ([`ToolSpec`]: name, description, JSON schema of its
-//! arguments) is data here: the standard tools ([`tool_specs`]), `run_command`
-//! ([`run_command_spec`]) and the fork tools ([`fork_tool_specs`]). A branch is offered one
-//! of four static lists (the standard tools, with `run_command`, with the fork tools, with
-//! both; [`offered`]), built once, so a provider's estimate of a request's size can use
-//! their JSON size measured once ([`measured_json_bytes`]). A tool's answer is a
-//! [`ToolOutcome`].
+//! A tool's definition ([`ToolSpec`]: name, description, JSON schema of its arguments) is
+//! data: the standard tools' ([`tool_specs`]), `run_command`'s ([`run_command_spec`]) and
+//! the fork tools' ([`fork_tool_specs`]) are here, a newer tool's is in its own file
+//! (`tools/http_get.rs`). The lists a branch is offered are `tools::offered`'s, built
+//! once per combination of tools, with their JSON size ([`tools_json_bytes`]) measured
+//! once. A tool's answer is a [`ToolOutcome`].
 //!
 //! What runs the tools is elsewhere: the file, search and command tools in `tools`, the
 //! fork tools in `forktools`. This module uses neither of them, nor `provider`, so all
@@ -125,7 +124,7 @@ pub fn is_checkpoint_tool(name: &str) -> bool {
 pub const MAX_WAIT_S: f64 = 600.0;
 
 /// The standard tools' definitions (the file and search tools), in the order of
-/// `tools::TOOL_NAMES`.
+/// `forkfleet_shared::tools::TOOLS`.
 pub fn tool_specs() -> &'static [ToolSpec] {
     static SPECS: OnceLock<Vec<ToolSpec>> = OnceLock::new();
     SPECS.get_or_init(|| {
@@ -199,6 +198,19 @@ pub fn tool_specs() -> &'static [ToolSpec] {
             ),
         ]
     })
+}
+
+/// The definition of the standard tool `name` (a copy of its entry in [`tool_specs`]).
+pub(crate) fn standard_spec(name: &str) -> ToolSpec {
+    tool_specs()
+        .iter()
+        .find(|s| s.name == name)
+        .cloned()
+        .unwrap_or_else(|| ToolSpec {
+            name: name.to_string(),
+            description: String::new(),
+            parameters: json!({"type": "object"}),
+        })
 }
 
 /// The definition of `run_command`, offered when a task enables it.
@@ -292,71 +304,6 @@ pub fn fork_tool_specs() -> &'static [ToolSpec] {
             ),
         ]
     })
-}
-
-/// The static list offered to a branch: the standard tools, then `run_command` when
-/// `run_command` is set, then the fork tools when `forking` is set.
-pub fn offered(run_command: bool, forking: bool) -> &'static [ToolSpec] {
-    match (run_command, forking) {
-        (false, false) => tool_specs(),
-        (true, false) => &with_command_specs().specs,
-        (false, true) => &with_fork_specs().specs,
-        (true, true) => &with_command_and_fork_specs().specs,
-    }
-}
-
-/// A static tool list and its size as JSON, measured once.
-struct SpecSet {
-    specs: Vec<ToolSpec>,
-    json_bytes: usize,
-}
-
-/// The standard tools and `run_command`.
-fn with_command_specs() -> &'static SpecSet {
-    static SET: OnceLock<SpecSet> = OnceLock::new();
-    SET.get_or_init(|| SpecSet::of(tool_specs().iter().chain([&run_command_spec()])))
-}
-
-/// The standard tools and the fork tools.
-fn with_fork_specs() -> &'static SpecSet {
-    static SET: OnceLock<SpecSet> = OnceLock::new();
-    SET.get_or_init(|| SpecSet::of(tool_specs().iter().chain(fork_tool_specs())))
-}
-
-/// The standard tools, `run_command` and the fork tools.
-fn with_command_and_fork_specs() -> &'static SpecSet {
-    static SET: OnceLock<SpecSet> = OnceLock::new();
-    SET.get_or_init(|| SpecSet::of(with_command_specs().specs.iter().chain(fork_tool_specs())))
-}
-
-impl SpecSet {
-    fn of<'a>(specs: impl Iterator<Item = &'a ToolSpec>) -> Self {
-        let specs: Vec<ToolSpec> = specs.cloned().collect();
-        let json_bytes = tools_json_bytes(&specs);
-        SpecSet { specs, json_bytes }
-    }
-}
-
-/// The JSON size of `tools` when it is one of the static lists [`offered`] hands out (the
-/// same slice, not an equal copy), measured once; `None` for any other list.
-pub fn measured_json_bytes(tools: &[ToolSpec]) -> Option<usize> {
-    if std::ptr::eq(tools, tool_specs()) {
-        return Some(tool_specs_json_bytes());
-    }
-    [
-        with_command_specs(),
-        with_fork_specs(),
-        with_command_and_fork_specs(),
-    ]
-    .into_iter()
-    .find(|set| std::ptr::eq(tools, set.specs.as_slice()))
-    .map(|set| set.json_bytes)
-}
-
-/// Bytes of [`tool_specs`] encoded as JSON (see [`tools_json_bytes`]), measured once.
-pub fn tool_specs_json_bytes() -> usize {
-    static BYTES: OnceLock<usize> = OnceLock::new();
-    *BYTES.get_or_init(|| tools_json_bytes(tool_specs()))
 }
 
 /// Bytes of the tool schemas encoded as JSON (as a request would carry them).

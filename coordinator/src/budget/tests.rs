@@ -51,7 +51,6 @@ impl Fx {
     fn fork(&self, fork_cap: Option<f64>, caps: &[Option<f64>], policy: BudgetPolicy) -> Fork {
         let fork_id = ForkId::new();
         let plan = ForkPlan {
-            checkpoint_tools: None,
             name: None,
             approval: None,
             goal: "g".into(),
@@ -91,8 +90,7 @@ impl Fx {
                     temperature: None,
                 })
                 .collect(),
-            run_command: None,
-            forking: false,
+            tools: Default::default(),
             solo: false,
         };
         let runs: Vec<RunId> = caps.iter().map(|_| RunId::new()).collect();

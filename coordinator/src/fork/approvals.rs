@@ -5,6 +5,11 @@
 //! branch over from its log and goes on: the call runs, or its result says it was denied.
 //! Timers are armed when a request is applied and again when the actor loads its fork
 //! (a coordinator restart loses none).
+//!
+//! Whether a request has timed out is decided by the fork's clock (the coordinator's
+//! [`forkfleet_shared::clock::Clock`], the system clock unless a test gives it a manual
+//! one): a timer that fires early looks again at the deadline, and a step of the clock
+//! (a manual clock moved on) answers at once every request whose deadline it passed.
 
 use super::ForkState;
 use crate::error::CoordinatorError;
@@ -13,7 +18,6 @@ use forkfleet_shared::approval::{OnTimeout, BY_TIMEOUT};
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::metrics::catalog;
-use forkfleet_shared::protocol::now_ms;
 use forkfleet_shared::state::{BranchState, ForkState as ForkPhase};
 use std::time::Duration;
 use tracing::Instrument;
@@ -100,7 +104,7 @@ impl ForkState {
             approval.rule = %pending.rule,
             approval.approved = answer.approved,
             approval.by = %answer.by,
-            approval.wait_ms = now_ms().saturating_sub(pending.requested_at_ms),
+            approval.wait_ms = self.clock.now_ms().saturating_sub(pending.requested_at_ms),
         );
         forkfleet_shared::trace::set_parent(&span, self.record.trace.as_deref());
         let reason = answer.reason.filter(|r| !r.trim().is_empty());
@@ -109,7 +113,7 @@ impl ForkState {
             approved: answer.approved,
             by: answer.by.clone(),
             reason: reason.clone(),
-            decided_at_ms: now_ms(),
+            decided_at_ms: self.clock.now_ms(),
         };
         let pool = self.pool.clone();
         let attempt_base = async {
@@ -181,9 +185,9 @@ impl ForkState {
     }
 
     /// Fire [`super::ForkMsg::ApprovalTimeout`] for `run`'s request `call_id` at
-    /// `deadline_ms`.
+    /// `deadline_ms` (by the fork's clock).
     pub(super) fn arm_timer(&self, run: RunId, call_id: String, deadline_ms: u64) {
-        let wait = Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
+        let wait = Duration::from_millis(deadline_ms.saturating_sub(self.clock.now_ms()));
         self.myself
             .send_after(wait, move || super::ForkMsg::ApprovalTimeout {
                 run,
@@ -191,7 +195,34 @@ impl ForkState {
             });
     }
 
-    /// A request's timer fired: if it still waits, its rule's `on_timeout` answers it.
+    /// Be told of the steps of the fork's clock ([`super::ForkMsg::ClockStepped`]), while
+    /// this actor lives. The system clock never steps.
+    pub(super) fn watch_clock_steps(&self) {
+        let me = self.myself.clone();
+        self.clock.on_step(Box::new(move || {
+            me.cast(super::ForkMsg::ClockStepped).is_ok()
+        }));
+    }
+
+    /// The fork's clock was stepped: answer every request that waits past its deadline.
+    pub(super) async fn clock_stepped(&mut self) {
+        let now = self.clock.now_ms();
+        let due: Vec<(RunId, String)> = self
+            .branches
+            .iter()
+            .filter(|b| b.record.state == BranchState::AwaitingApproval)
+            .filter_map(|b| {
+                let p = b.record.approval.as_ref()?;
+                (now >= p.deadline_ms).then(|| (b.record.run_id, p.call_id.clone()))
+            })
+            .collect();
+        for (run, call_id) in due {
+            self.timed_out(run, &call_id).await;
+        }
+    }
+
+    /// A request's timer fired (or the clock was stepped): if it still waits and its
+    /// deadline has come by the fork's clock, its rule's `on_timeout` answers it.
     pub(super) async fn timed_out(&mut self, run: RunId, call_id: &str) {
         let Ok(i) = self.run_index(run) else {
             return;
@@ -204,7 +235,7 @@ impl ForkState {
         else {
             return;
         };
-        let now = now_ms();
+        let now = self.clock.now_ms();
         if now < p.deadline_ms {
             // Early (a clock step): look again at the deadline.
             self.arm_timer(run, call_id.to_string(), p.deadline_ms);

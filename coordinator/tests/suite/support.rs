@@ -357,7 +357,6 @@ pub fn plan(labels: &[&str]) -> ForkPlan {
         },
     );
     ForkPlan {
-        checkpoint_tools: None,
         name: None,
         approval: None,
         goal: "make it better".into(),
@@ -393,8 +392,7 @@ pub fn plan(labels: &[&str]) -> ForkPlan {
                 temperature: None,
             })
             .collect(),
-        run_command: None,
-        forking: false,
+        tools: Default::default(),
         solo: false,
     }
 }

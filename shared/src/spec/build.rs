@@ -20,6 +20,7 @@ use crate::budget::BudgetPolicy;
 use crate::pricing::{builtin_price, Price};
 use crate::resolve::{Strategy, DEFAULT_THRESHOLD, STRATEGY_NAMES};
 use crate::script::{Script, ScriptError};
+use crate::tools::ToolSettings;
 use bytes::Bytes;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -314,23 +315,7 @@ pub fn validate_with(
         resolve,
         models,
         branches,
-        run_command: match &file.run_command {
-            Some(section) => Some(section.validate().map_err(SpecError::BadRunCommand)?),
-            None => None,
-        },
-        forking: file.forking.unwrap_or(false),
-        checkpoint_tools: match (file.checkpoint_tools.unwrap_or(false), &file.tool_descriptions) {
-            (true, d) => Some(CheckpointTools {
-                descriptions: d.clone(),
-            }),
-            (false, d) if d.is_empty() => None,
-            (false, _) => {
-                return Err(SpecError::BadCheckpoints {
-                    field: "tool_descriptions",
-                    message: "describes the checkpoint tools, which `checkpoint_tools = true` enables; add it".to_string(),
-                })
-            }
-        },
+        tools: tool_settings(file)?,
         approval: match &file.approval {
             Some(a) => Some(a.build("approval").map_err(SpecError::BadApproval)?),
             None => None,
@@ -544,4 +529,31 @@ pub fn split_words(line: &str) -> Result<Vec<String>, String> {
         words.push(cur);
     }
     Ok(words)
+}
+
+/// The optional tools' settings as the spec writes them: `[run_command]`, `forking`,
+/// `checkpoint_tools` with `[tool_descriptions]`, and the `[tools]` table.
+fn tool_settings(file: &SpecFile) -> Result<ToolSettings, SpecError> {
+    let mut tools = ToolSettings {
+        run_command: match &file.run_command {
+            Some(section) => Some(section.validate().map_err(SpecError::BadRunCommand)?),
+            None => None,
+        },
+        forking: file.forking.unwrap_or(false),
+        checkpoint_tools: match (file.checkpoint_tools.unwrap_or(false), &file.tool_descriptions) {
+            (true, d) => Some(CheckpointTools {
+                descriptions: d.clone(),
+            }),
+            (false, d) if d.is_empty() => None,
+            (false, _) => {
+                return Err(SpecError::BadCheckpoints {
+                    field: "tool_descriptions",
+                    message: "describes the checkpoint tools, which `checkpoint_tools = true` enables; add it".to_string(),
+                })
+            }
+        },
+        ..ToolSettings::default()
+    };
+    file.tools.apply(&mut tools).map_err(SpecError::BadTool)?;
+    Ok(tools)
 }

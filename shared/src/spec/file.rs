@@ -110,6 +110,9 @@ pub struct SpecFile {
     /// The checkpoint tools' descriptions, by tool name, instead of the built-in ones.
     #[serde(default)]
     pub tool_descriptions: BTreeMap<String, String>,
+    /// The tools' own settings: `[tools.http_get]`, ... (`forkfleet_shared::tools`).
+    #[serde(default)]
+    pub tools: crate::tools::ToolSections,
     /// Tool calls that wait for a person's consent (docs/APPROVALS.md).
     #[serde(default)]
     pub approval: Option<crate::approval::ApprovalSection>,

@@ -4,11 +4,12 @@
 use crate::approval::ApprovalRules;
 use crate::blob::BlobHash;
 use crate::budget::BudgetPolicy;
-use crate::endpoint::{CommandTool, Endpoint};
+use crate::endpoint::Endpoint;
 use crate::event::Message;
 use crate::flush::ConflictPolicy;
 use crate::pricing::Price;
 use crate::resolve::{ConfidenceFormula, Strategy};
+use crate::tools::ToolSettings;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -257,16 +258,10 @@ pub struct ForkPlan {
     pub resolve: ResolvePlan,
     pub models: BTreeMap<String, ModelPlan>,
     pub branches: Vec<BranchPlan>,
-    /// The agents' `run_command` tool, when enabled.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_command: Option<CommandTool>,
-    /// The agents get the fork tools.
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub forking: bool,
-    /// The agents' checkpoint tools (`save_checkpoint`, `list_checkpoints`, `rewind_to`),
-    /// when the spec enables them, with their descriptions as the spec overrides them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checkpoint_tools: Option<CheckpointTools>,
+    /// The agents' optional tools (`run_command`, the fork tools, the checkpoint tools,
+    /// `http_get`, ...), as the spec enables them; flattened: each keeps its own key.
+    #[serde(flatten)]
+    pub tools: ToolSettings,
     /// Tool calls that wait for a person's consent, for every branch without rules of its
     /// own (docs/APPROVALS.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -111,8 +111,8 @@ fn real_models_take_endpoints_and_tools_are_enabled_per_spec() {
     assert_eq!(e.base_url.as_deref(), Some("http://127.0.0.1:9/v1"));
     assert_eq!(e.api_key_env, None);
     assert_eq!(e.max_retries, Some(2));
-    assert!(p.forking && !p.solo);
-    let tool = p.run_command.as_ref().unwrap();
+    assert!(p.tools.forking && !p.solo);
+    let tool = p.tools.run_command.as_ref().unwrap();
     assert_eq!(tool.timeout_s, 5.0);
     assert_eq!(tool.env["A"], "1");
     assert_eq!(p.branches[0].max_output_tokens, Some(7));
@@ -562,11 +562,11 @@ fn checkpoint_tools_and_their_descriptions_are_checked() {
     ))
     .unwrap();
     assert_eq!(
-        p.checkpoint_tools.unwrap().descriptions["rewind_to"],
+        p.tools.checkpoint_tools.unwrap().descriptions["rewind_to"],
         "go back"
     );
     let none = parse(&spec("", "", "[[branches]]\nlabel = \"a\"")).unwrap();
-    assert!(none.checkpoint_tools.is_none());
+    assert!(none.tools.checkpoint_tools.is_none());
     for (top, want) in [
         (
             "checkpoint_tools = true\n[tool_descriptions]\nread_file = \"x\"",

@@ -6,7 +6,6 @@ use super::{
     CheckpointPolicy, ForkPlan, ResolvePlan, SpecError, TestPlan, MAX_LABEL_LEN,
     MAX_TEST_TIMEOUT_S, PROVIDERS,
 };
-use crate::endpoint::CommandToolSection;
 use crate::resolve::Strategy;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,17 +32,7 @@ impl ForkPlan {
         self.check_budgets()?;
         self.check_models()?;
         self.check_prices_for_caps()?;
-        if let Some(tool) = &self.run_command {
-            CommandToolSection::from_tool(tool)
-                .validate()
-                .map_err(SpecError::BadRunCommand)?;
-        }
-        if let Some(tools) = &self.checkpoint_tools {
-            tools.check().map_err(|message| SpecError::BadCheckpoints {
-                field: "tool_descriptions",
-                message,
-            })?;
-        }
+        self.tools.check()?;
         if let Some(rules) = &self.approval {
             rules.check("approval").map_err(SpecError::BadApproval)?;
         }
@@ -468,7 +457,7 @@ mod tests {
     /// A valid plan of `labels`, built by hand (as a client of the coordinator may).
     fn plan(labels: &[&str]) -> ForkPlan {
         ForkPlan {
-            checkpoint_tools: None,
+            tools: Default::default(),
             name: None,
             approval: None,
             goal: "g".into(),
@@ -507,8 +496,6 @@ mod tests {
                     temperature: None,
                 })
                 .collect(),
-            run_command: None,
-            forking: false,
             solo: false,
         }
     }
@@ -755,11 +742,11 @@ mod tests {
             sandbox: Default::default(),
         };
         let mut p = plan(&["a"]);
-        p.run_command = Some(tool.clone());
+        p.tools.run_command = Some(tool.clone());
         p.validate().unwrap();
         refused(
             |p| {
-                p.run_command = Some(CommandTool {
+                p.tools.run_command = Some(CommandTool {
                     timeout_s: -5.0,
                     ..tool.clone()
                 })
@@ -768,7 +755,7 @@ mod tests {
         );
         refused(
             |p| {
-                p.run_command = Some(CommandTool {
+                p.tools.run_command = Some(CommandTool {
                     max_output_bytes: 1,
                     ..tool.clone()
                 })
@@ -777,7 +764,7 @@ mod tests {
         );
         refused(
             |p| {
-                p.run_command = Some(CommandTool {
+                p.tools.run_command = Some(CommandTool {
                     sandbox: crate::endpoint::CommandSandbox {
                         max_file_size_mb: 0,
                         ..Default::default()

@@ -763,7 +763,9 @@ impl Calls<'_> {
                     return Ok(Some(Step::Finish(BranchState::AwaitingApproval, None)));
                 }
             }
-            if task.checkpoint_tools.is_some() && crate::toolspec::is_checkpoint_tool(&call.name) {
+            if task.tools.checkpoint_tools.is_some()
+                && crate::toolspec::is_checkpoint_tool(&call.name)
+            {
                 let tool_span = tool_span(call, task.fork_id, task.run_id);
                 let done = super::checkpoints::run(ctx, task, out, run, call, cutoff_seq)
                     .instrument(tool_span.clone())
@@ -782,7 +784,7 @@ impl Calls<'_> {
             let before = run.overlay.changes().len();
             let tool_span = tool_span(call, task.fork_id, task.run_id);
             let running = async {
-                if task.forking && is_fork_tool(&call.name) {
+                if task.tools.forking && is_fork_tool(&call.name) {
                     let fork_call = ForkCall {
                         bus: ctx.bus.as_ref(),
                         blobs: &ctx.blobs,

@@ -49,6 +49,21 @@ use serde::Deserialize;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use super::{tool, Env, Tool};
+use crate::toolspec::{run_command_spec, RUN_COMMAND};
+
+pub(super) const TOOL: Tool = tool!(RUN_COMMAND, run_command_spec, |a, env| run(a, env));
+
+/// `run_command` with the branch's settings (`[run_command]`).
+async fn run(a: CommandArgs, env: Env<'_>) -> Result<ToolOutcome, WorkerError> {
+    match &env.settings.run_command {
+        Some(tool) => run_command(tool, a, env.overlay, env.blobs, env.trees).await,
+        None => Ok(ToolOutcome::err(
+            "`run_command` is not enabled for this run (the fork spec has no [run_command] table)",
+        )),
+    }
+}
+
 /// A file a command creates or changes is taken back into the workspace only up to this
 /// size (64 MiB); a larger one is reported and the path left as it was.
 pub const MAX_IMPORT_FILE_BYTES: u64 = 64 << 20;

@@ -10,6 +10,28 @@ use forkfleet_shared::overlay::{apply_edit, Overlay, OverlayError};
 use serde::Deserialize;
 use std::fmt::Write as _;
 
+use super::{tool, Tool};
+use crate::toolspec::standard_spec;
+
+pub(super) const READ_FILE: Tool = tool!("read_file", || standard_spec("read_file"), |a, env| {
+    read_file(a, env.overlay, env.blobs)
+});
+pub(super) const WRITE_FILE: Tool =
+    tool!("write_file", || standard_spec("write_file"), |a, env| {
+        write_file(a, env.overlay, env.blobs)
+    });
+pub(super) const EDIT_FILE: Tool = tool!("edit_file", || standard_spec("edit_file"), |a, env| {
+    edit_file(a, env.overlay, env.blobs)
+});
+pub(super) const DELETE_FILE: Tool =
+    tool!("delete_file", || standard_spec("delete_file"), |a, env| {
+        delete_file(a, env.overlay, env.blobs)
+    });
+pub(super) const LIST_FILES: Tool =
+    tool!("list_files", || standard_spec("list_files"), |a, env| {
+        list_files(a, env.overlay, env.blobs)
+    });
+
 #[derive(Deserialize)]
 pub(super) struct ReadArgs {
     path: String,

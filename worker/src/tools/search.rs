@@ -10,6 +10,16 @@ use forkfleet_shared::path::WsPath;
 use serde::Deserialize;
 use std::fmt::Write as _;
 
+use super::{tool, Tool};
+use crate::toolspec::standard_spec;
+
+pub(super) const GLOB: Tool = tool!("glob", || standard_spec("glob"), |a, env| {
+    std::future::ready(Ok::<_, BlobError>(glob(a, env.overlay)))
+});
+pub(super) const GREP: Tool = tool!("grep", || standard_spec("grep"), |a, env| {
+    grep(a, env.overlay, env.blobs)
+});
+
 #[derive(Deserialize)]
 pub(super) struct GlobArgs {
     pattern: String,

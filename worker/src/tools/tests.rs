@@ -1,6 +1,7 @@
 use super::command::{command_argv, Applied, MAX_LISTED_PATHS};
 use super::*;
-use crate::toolspec::{fork_tool_specs, measured_json_bytes, tools_json_bytes};
+use crate::toolspec::{fork_tool_specs, tools_json_bytes};
+use forkfleet_shared::tools::{HttpGetSection, ToolSettings};
 use std::collections::BTreeMap;
 
 #[test]
@@ -35,17 +36,31 @@ fn the_static_tool_lists_are_measured_once() {
         max_output_bytes: 1024,
         sandbox: Default::default(),
     }));
-    assert!(std::ptr::eq(standard.specs(), tool_specs()));
+    assert_eq!(standard.specs(), tool_specs());
+    assert!(std::ptr::eq(standard.specs(), ToolBox::standard().specs()));
     assert_eq!(with.specs().len(), tool_specs().len() + 1);
     assert!(std::ptr::eq(with.specs(), ToolBox::clone(&with).specs()));
-    let forking = ToolBox {
+    let forking = ToolBox::with_settings(ToolSettings {
         forking: true,
-        ..ToolBox::standard()
-    };
-    let both = ToolBox {
+        ..ToolSettings::default()
+    });
+    let both = ToolBox::with_settings(ToolSettings {
         forking: true,
-        ..with.clone()
-    };
+        run_command: with.settings.run_command.clone(),
+        ..ToolSettings::default()
+    });
+    let get = ToolBox::with_settings(ToolSettings {
+        http_get: Some(
+            HttpGetSection {
+                allow: vec!["docs.rs".into()],
+                ..Default::default()
+            }
+            .build()
+            .unwrap(),
+        ),
+        ..ToolSettings::default()
+    });
+    assert_eq!(get.names().last(), Some(&"http_get"));
     let forks = fork_tool_specs().len();
     assert_eq!(forking.specs().len(), tool_specs().len() + forks);
     assert_eq!(both.specs().len(), tool_specs().len() + 1 + forks);
@@ -55,6 +70,7 @@ fn the_static_tool_lists_are_measured_once() {
         with.specs(),
         forking.specs(),
         both.specs(),
+        get.specs(),
     ] {
         assert_eq!(measured_json_bytes(tools), Some(tools_json_bytes(tools)));
         let copy = tools.to_vec();

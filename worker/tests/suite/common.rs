@@ -177,7 +177,6 @@ impl Fixture {
             text: format!("Take approach {label}."),
         }];
         BranchTask {
-            checkpoint_tools: None,
             approval: None,
             fork_id: self.fork_id,
             run_id: RunId::new(),
@@ -197,8 +196,7 @@ impl Fixture {
             on_exhausted: OnExhausted::Stop,
             attempt_base: 0,
             endpoint: None,
-            run_command: None,
-            forking: false,
+            tools: Default::default(),
             temperature: None,
             replay: None,
             fork_root: None,

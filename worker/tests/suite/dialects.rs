@@ -947,7 +947,9 @@ async fn a_best_effort_branch_is_cut_mid_answer_at_its_cap() {
     // (the messages and the worker's tool schemas at four characters a token, as the
     // stream reports none) and 92.5 tokens of output fit.
     let seen = messages_from_events(&fx.initial_log(&task));
-    let tools = forkfleet_worker::toolspec::tool_specs_json_bytes() as u64;
+    let tools =
+        forkfleet_worker::toolspec::tools_json_bytes(forkfleet_worker::toolspec::tool_specs())
+            as u64;
     let input = estimate_tokens(message_chars(&seen) + tools) as f64;
     task.budget_usd = Some((input + 185.0) / 1e6);
     fx.enqueue(&task).await;

@@ -1052,7 +1052,9 @@ async fn terminate_aborts_a_slow_model_call() {
     };
     // (Its messages and the worker's tool schemas, four characters a token.)
     let seen = messages_from_events(&fx.initial_log(&task));
-    let tools = forkfleet_worker::toolspec::tool_specs_json_bytes() as u64;
+    let tools =
+        forkfleet_worker::toolspec::tools_json_bytes(forkfleet_worker::toolspec::tool_specs())
+            as u64;
     assert_eq!(
         *usage,
         Usage::tokens(estimate_tokens(message_chars(&seen) + tools), 0)

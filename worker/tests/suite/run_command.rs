@@ -11,7 +11,7 @@ use forkfleet_shared::overlay::{ChangeOp, Overlay};
 use forkfleet_shared::path::WsPath;
 use forkfleet_shared::protocol::BranchTask;
 use forkfleet_shared::state::BranchState;
-use forkfleet_worker::tools::{ToolBox, RUN_COMMAND, TOOL_NAMES};
+use forkfleet_worker::tools::{tool_names, ToolBox, RUN_COMMAND};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -95,7 +95,7 @@ async fn run_branch(files: &[(&str, &str)], script: &str, command: Option<Comman
     let (base, snap) = fx.snapshot(files);
     let script = fx.script(script);
     let mut task = fx.task("cmd", 0, snap, script);
-    task.run_command = command;
+    task.tools.run_command = command;
     fx.enqueue(&task).await;
     let mut events = fx.events().await;
     let worker = start(&fx, config(2)).await;
@@ -339,10 +339,10 @@ async fn run_command_is_offered_only_when_the_task_enables_it() {
     let script = fx.script("[[turns.\"*\"]]\ntext = \"x\"\n");
     let mut task = fx.task("t", 0, snap, script);
     let off = ToolBox::for_task(&task);
-    assert_eq!(off.names(), TOOL_NAMES);
-    task.run_command = Some(tool(5.0));
+    assert_eq!(off.names(), tool_names());
+    task.tools.run_command = Some(tool(5.0));
     let on = ToolBox::for_task(&task);
-    let mut expected = TOOL_NAMES.to_vec();
+    let mut expected = tool_names();
     expected.push(RUN_COMMAND);
     assert_eq!(on.names(), expected);
     let spec = on.specs().iter().find(|s| s.name == RUN_COMMAND).unwrap();

@@ -6,7 +6,7 @@ use forkfleet_shared::manifest::{Node, MODE_EXEC};
 use forkfleet_shared::overlay::{ChangeOp, Overlay};
 use forkfleet_shared::path::WsPath;
 use forkfleet_worker::cache::BlobCache;
-use forkfleet_worker::tools::{run_tool, tool_specs, ToolOutcome, MAX_OUTPUT_CHARS, TOOL_NAMES};
+use forkfleet_worker::tools::{run_tool, tool_names, tool_specs, ToolOutcome, MAX_OUTPUT_CHARS};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -87,7 +87,7 @@ fn files() -> Vec<(&'static str, &'static str)> {
 fn every_tool_has_a_spec_with_an_object_schema() {
     let specs = tool_specs();
     let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, TOOL_NAMES);
+    assert_eq!(names, tool_names());
     for s in specs {
         assert_eq!(s.parameters["type"], "object", "{}", s.name);
         assert!(!s.description.is_empty());
