@@ -26,6 +26,7 @@ mod guides;
 mod harness;
 mod hints;
 mod http;
+mod http_tool;
 mod lineage;
 mod live_embedded;
 mod merge_policy;

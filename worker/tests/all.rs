@@ -10,6 +10,7 @@ mod suite {
     mod budget;
     mod control;
     mod dialects;
+    mod http_get;
     mod mock_api;
     mod node;
     mod providers;
