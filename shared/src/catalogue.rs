@@ -25,9 +25,6 @@ pub const ALLOWED_HOSTS_ENV: &str = "FORKFLEET_ALLOWED_MODEL_HOSTS";
 /// The environment variable holding catalogue entries as TOML.
 pub const MODELS_ENV: &str = "FORKFLEET_MODELS";
 
-/// The dialects (providers) a catalogue entry may speak.
-pub const DIALECTS: [&str; 2] = ["openai", "anthropic"];
-
 /// The message refusing a key source (`field`, `api_key_env` or `api_key_file`) in a spec's
 /// section of `model`.
 pub fn key_source_refusal(model: &str, field: &str) -> String {
@@ -64,7 +61,10 @@ impl CatalogueModel {
     /// Check the entry of `name`; the error names the key and what is valid.
     pub fn validate(&self, name: &str) -> Result<(), String> {
         if dialect_of(name).is_none() {
-            return Err("the name must be `openai:NAME` or `anthropic:NAME` (the prefix is the API's dialect); scripted models need no catalogue entry".to_string());
+            let dialects: Vec<String> = crate::provider::Provider::dialects()
+                .map(|p| format!("`{p}:NAME`"))
+                .collect();
+            return Err(format!("the name must be {} (the prefix is the API's dialect); scripted models need no catalogue entry", dialects.join(" or ")));
         }
         if let Some(url) = &self.base_url {
             check_base_url(url)?;
@@ -102,13 +102,11 @@ impl CatalogueModel {
     }
 }
 
-/// `openai` or `anthropic` for a real model's name, else `None`.
+/// The dialect (`openai`, `anthropic`, ...) of a real model's name, else `None`.
 pub fn dialect_of(model: &str) -> Option<&'static str> {
-    let (prefix, name) = model.split_once(':')?;
-    if name.is_empty() {
-        return None;
-    }
-    DIALECTS.into_iter().find(|d| *d == prefix)
+    crate::provider::Provider::of(model)
+        .filter(|p| p.is_real())
+        .map(|p| p.name())
 }
 
 /// Where a worker reads a model's key.

@@ -44,6 +44,7 @@
 //!   APIs and key sources, and the hosts a spec's own `base_url` may name (ADR 16).
 //! - [`tools`]: every tool declared once (name, what offers it, the approval rules that
 //!   gate it) and the optional tools' settings, which travel as one from plan to task.
+//! - [`provider`]: the model providers a model's name starts with, declared once.
 //! - [`wire`]: the versioned MessagePack envelope every message travels in.
 
 /// Every setting's environment variable starts so (`FORKFLEET_NATS_URL`, ...).
@@ -69,6 +70,7 @@ pub mod path;
 pub mod percent;
 pub mod pricing;
 pub mod protocol;
+pub mod provider;
 pub mod resolve;
 pub mod scan;
 pub mod script;

@@ -43,8 +43,6 @@ pub const DEFAULT_MAX_DEPTH: u32 = 2;
 pub const DEFAULT_MAX_TURNS: u32 = 50;
 pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 4096;
 pub const MAX_LABEL_LEN: usize = 64;
-/// Providers a model name may start with.
-pub const PROVIDERS: &[&str] = &["scripted", "openai", "anthropic"];
 
 /// What is wrong with a spec or a plan: each names the key (or plan field) at fault and what
 /// is valid.

@@ -48,7 +48,7 @@ pub use responses::ResponsesProvider;
 pub use scripted::ScriptedProvider;
 
 /// The providers this build implements (the spec checks model names against the same list).
-pub use forkfleet_shared::spec::PROVIDERS;
+use forkfleet_shared::provider::Provider;
 
 /// One model call.
 #[derive(Debug, Clone, Copy)]
@@ -268,7 +268,7 @@ pub fn split_model(model: &str) -> Result<(&str, &str), WorkerError> {
         },
         _ => WorkerError::BadModelName {
             model: model.to_string(),
-            known: PROVIDERS.join(", "),
+            known: Provider::names(),
         },
     })
 }
@@ -388,8 +388,15 @@ impl Providers {
         endpoint: Option<&Endpoint>,
     ) -> Result<Arc<dyn ModelProvider>, WorkerError> {
         let (provider, _name) = split_model(model)?;
+        let Some(provider) = Provider::parse(provider) else {
+            return Err(WorkerError::UnknownProvider {
+                model: model.to_string(),
+                provider: provider.to_string(),
+                known: Provider::names(),
+            });
+        };
         match provider {
-            "scripted" => {
+            Provider::Scripted => {
                 let hash = script.ok_or_else(|| WorkerError::MissingScript {
                     model: model.to_string(),
                 })?;
@@ -411,7 +418,7 @@ impl Providers {
                     .await?;
                 Ok(scripted)
             }
-            "openai" => {
+            Provider::OpenAi => {
                 let route = self.route(model, endpoint)?;
                 let settings = http::CallSettings::of(endpoint);
                 let client = self.http_client().await?;
@@ -424,7 +431,7 @@ impl Providers {
                     ),
                 })
             }
-            "anthropic" => Ok(Arc::new(
+            Provider::Anthropic => Ok(Arc::new(
                 AnthropicProvider::new(
                     model,
                     &self.route(model, endpoint)?,
@@ -432,11 +439,6 @@ impl Providers {
                 )?
                 .with_settings(http::CallSettings::of(endpoint)),
             )),
-            other => Err(WorkerError::UnknownProvider {
-                model: model.to_string(),
-                provider: other.to_string(),
-                known: PROVIDERS.join(", "),
-            }),
         }
     }
 }

@@ -3,8 +3,7 @@
 //! it again (a client may have skipped the loader, or be older).
 
 use super::{
-    CheckpointPolicy, ForkPlan, ResolvePlan, SpecError, TestPlan, MAX_LABEL_LEN,
-    MAX_TEST_TIMEOUT_S, PROVIDERS,
+    CheckpointPolicy, ForkPlan, ResolvePlan, SpecError, TestPlan, MAX_LABEL_LEN, MAX_TEST_TIMEOUT_S,
 };
 use crate::resolve::Strategy;
 use std::collections::{BTreeMap, BTreeSet};
@@ -351,12 +350,13 @@ pub(super) fn check_model_name(model: &str) -> Result<(), SpecError> {
     split_model(model).map(|_| ())
 }
 
-/// Split a model name `provider:name`, checking the provider is one of [`PROVIDERS`].
+/// Split a model name `provider:name`, checking the provider is a
+/// [`Provider`](crate::provider::Provider).
 pub fn split_model(model: &str) -> Result<(&str, &str), SpecError> {
-    let valid = || PROVIDERS.join(", ");
+    let valid = crate::provider::Provider::names;
     match model.split_once(':') {
         Some((provider, name)) if !name.is_empty() => {
-            if PROVIDERS.contains(&provider) {
+            if crate::provider::Provider::parse(provider).is_some() {
                 Ok((provider, name))
             } else {
                 Err(SpecError::UnknownProvider {
