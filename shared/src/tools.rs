@@ -40,6 +40,9 @@ pub struct ToolDecl {
     pub standard: bool,
     /// Whether a branch with these settings is offered the tool.
     pub offered: fn(&ToolSettings) -> bool,
+    /// What in a spec enables it (`""` for a standard tool), for the error a call of a
+    /// tool that is not enabled gets.
+    pub enabled_by: &'static str,
     pub approval: ApprovalClass,
 }
 
@@ -48,6 +51,7 @@ const fn standard(name: &'static str, approval: ApprovalClass) -> ToolDecl {
         name,
         standard: true,
         offered: |_| true,
+        enabled_by: "",
         approval,
     }
 }
@@ -57,6 +61,7 @@ const fn forking(name: &'static str) -> ToolDecl {
         name,
         standard: false,
         offered: |s| s.forking,
+        enabled_by: "`forking = true`",
         approval: ApprovalClass::Call,
     }
 }
@@ -76,12 +81,14 @@ pub const TOOLS: &[ToolDecl] = &[
         name: "run_command",
         standard: false,
         offered: |s| s.run_command.is_some(),
+        enabled_by: "a `[run_command]` table",
         approval: ApprovalClass::Command,
     },
     ToolDecl {
         name: "http_get",
         standard: false,
         offered: |s| s.http_get.is_some(),
+        enabled_by: "a `[tools.http_get]` table",
         approval: ApprovalClass::Call,
     },
     forking("fork_run"),
@@ -189,10 +196,11 @@ impl ToolSections {
 pub const HTTP_GET_TIMEOUT_S: f64 = 20.0;
 /// The longest `timeout_s`: 2 minutes.
 pub const HTTP_GET_MAX_TIMEOUT_S: f64 = 120.0;
-/// `http_get` without `max_bytes`: 100 kB of the body.
-pub const HTTP_GET_MAX_BYTES: u32 = 100_000;
-/// The largest `max_bytes`: 1 MB.
-pub const HTTP_GET_MAX_MAX_BYTES: u32 = 1_000_000;
+/// `http_get` without `max_bytes`: 20 kB of the body.
+pub const HTTP_GET_MAX_BYTES: u32 = 20_000;
+/// The largest `max_bytes`: 25 kB (a tool's whole answer is cut at 30,000 characters,
+/// and the status line, the content type and the notice of a cut come first).
+pub const HTTP_GET_MAX_MAX_BYTES: u32 = 25_000;
 
 /// The `http_get` tool: fetch a URL on an allowed host (over `http` or `https`, following
 /// redirects only to allowed hosts), its body as text.
@@ -221,19 +229,20 @@ impl HttpGet {
         Ok(())
     }
 
-    /// Whether `host` (lowercase, as a URL names it) on `port` may be fetched.
+    /// Whether `host` (lowercase, as a URL names it; an IPv6 address without brackets)
+    /// on `port` may be fetched. A wildcard matches names only, never an IP address.
     pub fn allows(&self, host: &str, port: u16) -> bool {
         let host = host.trim_end_matches('.');
-        self.allow.iter().any(|a| match a.strip_prefix("*.") {
-            Some(domain) => host
-                .strip_suffix(domain)
-                .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.')),
-            None => match a.rsplit_once(':') {
-                Some((h, p)) if !h.contains(':') || h.starts_with('[') => {
-                    h.trim_matches(['[', ']']) == host && p.parse::<u16>() == Ok(port)
-                }
-                _ => a.trim_matches(['[', ']']) == host,
-            },
+        let is_ip = host.parse::<std::net::IpAddr>().is_ok();
+        self.allow.iter().any(|a| {
+            if let Some(domain) = a.strip_prefix("*.") {
+                return !is_ip
+                    && host
+                        .strip_suffix(domain)
+                        .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.'));
+            }
+            let (h, p) = split_entry(a);
+            h == host && p.is_none_or(|p| p == port)
         })
     }
 }
@@ -282,9 +291,31 @@ impl HttpGetSection {
     }
 }
 
+/// An allow-list entry's host (an IPv6 address without its brackets, a trailing dot
+/// dropped) and port, if it names one.
+fn split_entry(entry: &str) -> (&str, Option<u16>) {
+    let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((ip, p)) => (ip, p.strip_prefix(':')),
+            None => (rest, None),
+        }
+    } else if entry.matches(':').count() > 1 {
+        (entry, None)
+    } else {
+        match entry.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (entry, None),
+        }
+    };
+    (
+        host.trim_end_matches('.'),
+        port.and_then(|p| p.parse::<u16>().ok()),
+    )
+}
+
 /// An allow-list entry, lowercased, or why it is not one.
 fn check_host(entry: &str) -> Result<String, &'static str> {
-    let e = entry.trim().to_ascii_lowercase();
+    let e = entry.trim().trim_end_matches('.').to_ascii_lowercase();
     if e.is_empty() {
         return Err("is empty");
     }
@@ -311,12 +342,32 @@ fn check_host(entry: &str) -> Result<String, &'static str> {
             return Err("has a bad port");
         }
     }
-    let name = host.strip_prefix("*.").unwrap_or(host);
-    if host.starts_with("*.") && port.is_some() {
+    let host = host.trim_end_matches('.');
+    let wildcard = host.strip_prefix("*.");
+    let name = wildcard.unwrap_or(host);
+    if wildcard.is_some() && port.is_some() {
         return Err("names a port with a wildcard");
     }
-    if name.parse::<std::net::IpAddr>().is_ok() {
+    if let Ok(ip) = name.parse::<std::net::IpAddr>() {
+        if wildcard.is_some() {
+            return Err("is a wildcard over an IP address (a wildcard matches names only)");
+        }
+        if ip.is_unspecified() {
+            return Err("is the unspecified address, which reaches every local port");
+        }
         return Ok(e);
+    }
+    if let Some(domain) = wildcard {
+        if !domain.contains('.') {
+            return Err("is a wildcard over a single label (give `*.example.com`, not `*.com`)");
+        }
+        if domain
+            .rsplit('.')
+            .next()
+            .is_some_and(|l| l.chars().all(|c| c.is_ascii_digit()))
+        {
+            return Err("is a wildcard over numbers, which would match IP addresses");
+        }
     }
     let label_ok = |l: &str| {
         !l.is_empty()
@@ -359,6 +410,22 @@ mod tests {
         assert!(!g.allows("xpython.org", 443));
         assert!(g.allows("::1", 9));
         assert!(!g.allows("::1", 10));
+        // An address without a port allows every port; a trailing dot is the same name.
+        let g = get(&["[::1]", "10.0.0.7", "localhost.", "*.example.com."]);
+        assert!(g.allows("::1", 80) && g.allows("::1", 8443));
+        assert!(g.allows("10.0.0.7", 1));
+        assert!(g.allows("localhost", 80) && g.allows("localhost.", 80));
+        assert!(g.allows("a.example.com", 443));
+        // A wildcard never matches an address.
+        let g = get(&["*.example.com"]);
+        assert!(g.allows("1.example.com", 443));
+        let unchecked = HttpGet {
+            allow: vec!["*.0.1".into()],
+            timeout_s: 1.0,
+            max_bytes: 1,
+        };
+        assert!(!unchecked.allows("127.0.0.1", 443));
+        assert!(unchecked.check().is_err());
     }
 
     #[test]
@@ -372,6 +439,12 @@ mod tests {
             (vec!["docs.rs:99999"], "bad port"),
             (vec!["*.x.org:80"], "wildcard"),
             (vec!["bad_host!"], "not a host name"),
+            (vec!["*.1"], "wildcard over a single label"),
+            (vec!["*.0.1"], "wildcard over numbers"),
+            (vec!["*.0.0.1"], "wildcard over numbers"),
+            (vec!["*.com"], "single label"),
+            (vec!["0.0.0.0"], "unspecified"),
+            (vec!["[::]:80"], "unspecified"),
         ] {
             let err = HttpGetSection {
                 allow: allow.iter().map(|s| s.to_string()).collect(),

@@ -93,6 +93,8 @@ pub(crate) async fn dry_run(loaded: &spec::LoadedSpec, json: bool) -> anyhow::Re
                 "max_turns": plan.limits.max_turns,
                 "run_command": plan.tools.run_command.is_some(),
                 "forking": plan.tools.forking,
+                "tools": optional_tools(plan),
+                "http_get": plan.tools.http_get,
             },
             "workspace": loaded.workspace.display().to_string(),
             "files": listing.files.len(),
@@ -136,6 +138,18 @@ pub(crate) async fn dry_run(loaded: &spec::LoadedSpec, json: bool) -> anyhow::Re
                 format!(" (judges {})", plan.resolve.judge_models.join(", "))
             }
         );
+        let mut tools = vec!["the standard ones".to_string()];
+        tools.extend(
+            optional_tools(plan)
+                .into_iter()
+                .map(|t| match &plan.tools.http_get {
+                    Some(get) if t == "http_get" => {
+                        format!("http_get (allow {})", get.allow.join(", "))
+                    }
+                    _ => t.to_string(),
+                }),
+        );
+        println!("tools: {}", tools.join(", "));
         println!(
             "workspace {}: {}, {} would be snapshotted",
             loaded.workspace.display(),
@@ -146,6 +160,15 @@ pub(crate) async fn dry_run(loaded: &spec::LoadedSpec, json: bool) -> anyhow::Re
         println!("dry run: nothing was uploaded, created or run");
     }
     Ok(())
+}
+
+/// The tools beyond the standard ones the plan's agents are offered, in order.
+fn optional_tools(plan: &forkfleet_shared::spec::ForkPlan) -> Vec<&'static str> {
+    plan.tools
+        .offered()
+        .filter(|t| !t.standard)
+        .map(|t| t.name)
+        .collect()
 }
 
 /// The spec `run` runs: the file (if any) with the flags' keys over it.

@@ -461,7 +461,12 @@ repeat = 20
     let opened = std::fs::read_to_string(ex.dir.path().join("opened.txt")).unwrap();
     assert!(opened.contains("y"), "{opened}");
     t.keys(&["Enter"]);
-    chat.wait("merge which branch into the chat?");
+    // Back at the modal once the diff tool's prompt is gone (the modal's text is on the
+    // screen before it too): an Enter sent earlier would only leave the tool.
+    t.wait_for("the merge modal again", |s| {
+        s.contains("merge which branch into the chat?")
+            && !s.contains("press Enter to go back to the chat")
+    });
     t.keys(&["Enter"]);
     chat.wait("merged `y` into the chat");
     chat.wait_file("way-y.md", "y");

@@ -161,4 +161,7 @@ fn bad_tool_tables_and_unknown_tools_are_refused_before_anything_runs() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
+    // The dry run says the tool is on, and for which hosts.
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("http_get (allow docs.rs)"), "{text}");
 }

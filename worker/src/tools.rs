@@ -57,7 +57,7 @@ use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use std::cell::Cell;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 
 /// Lines `read_file` shows when no limit is given.
 pub const DEFAULT_READ_LIMIT: usize = 2_000;
@@ -144,10 +144,11 @@ pub struct Offered {
 
 /// Every list handed out so far, by the set of tools in it: one per combination of the
 /// optional tools a worker has met.
-static OFFERED: Mutex<Vec<(u64, &'static Offered)>> = Mutex::new(Vec::new());
+static OFFERED: RwLock<Vec<(u64, &'static Offered)>> = RwLock::new(Vec::new());
 
-fn offered_lists() -> std::sync::MutexGuard<'static, Vec<(u64, &'static Offered)>> {
-    OFFERED.lock().unwrap_or_else(|p| p.into_inner())
+/// The lists handed out so far (read on every model call's estimate).
+fn offered_lists() -> std::sync::RwLockReadGuard<'static, Vec<(u64, &'static Offered)>> {
+    OFFERED.read().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The list offered to a branch with `settings`: the declared tools they enable, in
@@ -160,7 +161,10 @@ pub fn offered(settings: &ToolSettings) -> &'static Offered {
         .enumerate()
         .filter(|(_, t)| (t.offered)(settings))
         .fold(0u64, |m, (i, _)| m | (1 << i));
-    let mut lists = offered_lists();
+    if let Some((_, list)) = offered_lists().iter().find(|(m, _)| *m == mask) {
+        return list;
+    }
+    let mut lists = OFFERED.write().unwrap_or_else(|p| p.into_inner());
     if let Some((_, list)) = lists.iter().find(|(m, _)| *m == mask) {
         return list;
     }
@@ -315,9 +319,9 @@ impl ToolBox {
         };
         if !(decl.offered)(&self.settings) {
             return Ok(ToolOutcome::err(format!(
-                "`{}` is not enabled for this run (the fork spec does not enable it{}); available tools: {}",
+                "`{}` is not enabled for this run (the fork spec has no {}); available tools: {}",
                 call.name,
-                if call.name == RUN_COMMAND { ": it has no [run_command] table" } else { "" },
+                decl.enabled_by,
                 self.names().join(", ")
             )));
         }

@@ -58,8 +58,9 @@ pub(super) const TOOL: Tool = tool!(RUN_COMMAND, run_command_spec, |a, env| run(
 async fn run(a: CommandArgs, env: Env<'_>) -> Result<ToolOutcome, WorkerError> {
     match &env.settings.run_command {
         Some(tool) => run_command(tool, a, env.overlay, env.blobs, env.trees).await,
+        // (`ToolBox::run` answers first: its settings offer no tool they do not enable.)
         None => Ok(ToolOutcome::err(
-            "`run_command` is not enabled for this run (the fork spec has no [run_command] table)",
+            "`run_command` is not enabled for this run",
         )),
     }
 }

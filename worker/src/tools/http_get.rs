@@ -1,11 +1,13 @@
 //! `http_get`: fetch a URL on a host the spec allows (`[tools.http_get] allow = [...]`),
 //! and read its body as text. Off unless the spec enables it.
 //!
-//! The worker makes the request itself (not a confined command): the allow-list is the
-//! guard. Only `http` and `https`, no user or password in the URL, redirects followed (at
-//! most [`MAX_REDIRECTS`]) only to allowed hosts, no cookies kept; the body is read up to
-//! the spec's `max_bytes` within its `timeout_s`, and a binary body is not shown. A status
-//! other than 2xx is a failed result that still shows the body.
+//! The worker makes the request itself (not a confined command), directly (no proxy from
+//! the environment): the allow-list is the guard. Only `http` and `https`, no user or
+//! password in the URL, redirects followed (at most [`MAX_REDIRECTS`]) only to allowed
+//! hosts, no cookies kept and no `Referer` sent; the body is read up to the spec's
+//! `max_bytes` within its `timeout_s`, a binary body is not shown, and control characters
+//! (a remote server's terminal escapes) are replaced. A status other than 2xx is a failed
+//! result that still shows the body.
 
 use super::{tool, Env, Tool, ToolOutcome};
 use crate::error::WorkerError;
@@ -35,6 +37,7 @@ fn spec() -> ToolSpec {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct GetArgs {
     url: String,
 }
@@ -90,7 +93,7 @@ async fn get(url: &str, settings: &HttpGet) -> ToolOutcome {
         if attempt.previous().len() > MAX_REDIRECTS {
             attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
         } else if let Some(why) = refusal(attempt.url(), &policy_settings) {
-            let to = attempt.url().to_string();
+            let to = shown(attempt.url());
             attempt.error(format!("redirected to {to}: {why}"))
         } else {
             attempt.follow()
@@ -100,6 +103,8 @@ async fn get(url: &str, settings: &HttpGet) -> ToolOutcome {
         Duration::try_from_secs_f64(settings.timeout_s).unwrap_or(Duration::from_secs(20));
     let client = match reqwest::Client::builder()
         .redirect(policy)
+        .referer(false)
+        .no_proxy()
         .timeout(timeout)
         .user_agent(concat!("forkfleet-http-get/", env!("CARGO_PKG_VERSION")))
         .build()
@@ -109,7 +114,13 @@ async fn get(url: &str, settings: &HttpGet) -> ToolOutcome {
     };
     let mut response = match client.get(parsed.clone()).send().await {
         Ok(r) => r,
-        Err(e) => return ToolOutcome::err(format!("GET {parsed} failed: {}", error_chain(&e))),
+        Err(e) => {
+            return ToolOutcome::err(format!(
+                "GET {} failed: {}",
+                shown(&parsed),
+                error_chain(&e)
+            ))
+        }
     };
     let status = response.status();
     let content_type = response
@@ -136,7 +147,7 @@ async fn get(url: &str, settings: &HttpGet) -> ToolOutcome {
             Err(e) => {
                 return ToolOutcome::err(format!(
                     "GET {} ({status}): the body broke off after {} bytes: {}",
-                    response.url(),
+                    shown(response.url()),
                     body.len(),
                     error_chain(&e)
                 ))
@@ -144,26 +155,66 @@ async fn get(url: &str, settings: &HttpGet) -> ToolOutcome {
         }
     }
     let mut out = format!(
-        "GET {}: {status}\ncontent-type: {content_type}\n\n",
-        response.url()
+        "GET {}: {status}\ncontent-type: {}\n",
+        shown(response.url()),
+        clean(&content_type)
     );
     if is_binary(&content_type, &body) {
         out.push_str(&format!(
-            "[a binary body ({} bytes{}) is not shown]",
+            "\n[a binary body ({} bytes{}) is not shown]",
             body.len(),
             if cut { " read, more not" } else { "" }
         ));
     } else {
-        out.push_str(&String::from_utf8_lossy(&body));
         if cut {
-            out.push_str(&format!("\n[body cut at {max} bytes, the run's max_bytes]"));
+            // Said before the body: a long answer is cut at its end.
+            out.push_str(&format!(
+                "[the body is cut at {max} bytes, the run's max_bytes]\n"
+            ));
+            // Not in the middle of a character.
+            if let Err(e) = std::str::from_utf8(&body) {
+                if e.error_len().is_none() {
+                    body.truncate(e.valid_up_to());
+                }
+            }
         }
+        out.push('\n');
+        out.push_str(&clean(&String::from_utf8_lossy(&body)));
     }
     if status.is_success() {
         ToolOutcome::ok(out)
     } else {
         ToolOutcome::err(out)
     }
+}
+
+/// The longest URL an answer shows.
+const SHOWN_URL_CHARS: usize = 300;
+
+/// `url` as an answer shows it: without a user or password, and cut when long.
+fn shown(url: &reqwest::Url) -> String {
+    let mut url = url.clone();
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    let text = url.to_string();
+    match text.char_indices().nth(SHOWN_URL_CHARS) {
+        Some((i, _)) => format!("{}...", &text[..i]),
+        None => text,
+    }
+}
+
+/// `text` with its control characters (but newlines and tabs) replaced: what a remote
+/// server sends must not reach a terminal as escapes.
+fn clean(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                '\u{fffd}'
+            } else {
+                c
+            }
+        })
+        .collect()
 }
 
 /// A body to keep from the model: a type that is not text, or bytes that are not.

@@ -28,6 +28,28 @@ fn commands_are_words_or_a_line_split_like_a_shell() {
 }
 
 #[test]
+fn every_declared_tool_is_told_to_the_model_and_every_registered_one_declared() {
+    for decl in forkfleet_shared::tools::TOOLS {
+        let spec = spec_of(decl.name).unwrap_or_else(|| panic!("{} has no spec", decl.name));
+        assert_eq!(spec.name, decl.name);
+        assert!(!spec.description.is_empty(), "{}", decl.name);
+        let runs_here = registered(decl.name).is_some();
+        let forks = crate::forktools::is_fork_tool(decl.name);
+        assert!(runs_here != forks, "{}: runs in one place", decl.name);
+    }
+    for tool in REGISTRY {
+        assert!(
+            forkfleet_shared::tools::decl(tool.name).is_some(),
+            "{}",
+            tool.name
+        );
+    }
+    for name in crate::forktools::FORK_TOOL_NAMES {
+        assert!(forkfleet_shared::tools::decl(name).is_some(), "{name}");
+    }
+}
+
+#[test]
 fn the_static_tool_lists_are_measured_once() {
     let standard = ToolBox::standard();
     let with = ToolBox::with_command(Some(CommandTool {

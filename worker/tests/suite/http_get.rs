@@ -45,7 +45,15 @@ async fn serve(other: u16) -> u16 {
                     Redirect::temporary(&format!("http://127.0.0.1:{other}/page"))
                 }),
             )
-            .route("/loop", get(|| async { Redirect::temporary("/loop") }));
+            .route("/loop", get(|| async { Redirect::temporary("/loop") }))
+            .route(
+                "/huge",
+                get(|| async { ([(header::CONTENT_TYPE, "text/plain")], "é".repeat(40_000)) }),
+            )
+            .route(
+                "/escapes",
+                get(|| async { "before\x1b[2J\x1b]0;title\x07after\ttab\nline" }),
+            );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
@@ -142,10 +150,54 @@ async fn an_allowed_host_is_fetched_and_its_body_read_as_text() {
         "{}",
         bin.output
     );
+    // Control characters a server sends never reach the model (or a terminal) as such.
+    let esc = g.get(&format!("http://127.0.0.1:{port}/escapes")).await;
+    assert!(
+        !esc.output.contains('\x1b') && !esc.output.contains('\x07'),
+        "{:?}",
+        esc.output
+    );
+    assert!(esc.output.contains("after\ttab\nline"), "{:?}", esc.output);
+    // Arguments it does not take are refused, naming them.
+    let call = ToolCall {
+        id: "g2".into(),
+        name: "http_get".into(),
+        args: json!({ "url": format!("http://127.0.0.1:{port}/page"), "method": "POST" }),
+    };
+    let extra = g.tools.run(&call, &mut g.ov, &g.cache).await.unwrap();
+    assert!(
+        !extra.ok && extra.output.contains("method"),
+        "{}",
+        extra.output
+    );
     // A failing status is a failed result that shows the body.
     let missing = g.get(&format!("http://127.0.0.1:{port}/missing")).await;
     assert!(!missing.ok, "{}", missing.output);
     assert!(missing.output.contains("404") && missing.output.contains("no such page"));
+}
+
+#[tokio::test]
+async fn the_largest_max_bytes_fits_a_tools_answer_and_the_cut_is_said_first() {
+    let port = serve(closed_port()).await;
+    let most = forkfleet_shared::tools::HTTP_GET_MAX_MAX_BYTES;
+    let mut g = Get::allowing(&[format!("127.0.0.1:{port}")], Some(most));
+    let huge = g.get(&format!("http://127.0.0.1:{port}/huge")).await;
+    assert!(huge.ok, "{}", &huge.output[..200]);
+    assert!(
+        huge.output.contains(&format!("cut at {most} bytes")),
+        "{}",
+        &huge.output[..300]
+    );
+    assert!(
+        !huge.output.contains("[output truncated"),
+        "the tool's own cut never comes"
+    );
+    // Cut between characters (`é` is two bytes), never inside one.
+    assert!(!huge.output.contains('\u{fffd}'));
+    assert_eq!(huge.output.matches('é').count() as u32, most / 2);
+    // An address without a port in the list allows every port of it.
+    let mut any = Get::allowing(&["127.0.0.1".to_string()], None);
+    assert!(any.get(&format!("http://127.0.0.1:{port}/page")).await.ok);
 }
 
 #[tokio::test]
