@@ -251,6 +251,19 @@ pub trait Bus: Send + Sync + 'static {
     }
 
     async fn publish_event(&self, payload: Bytes) -> BusResult<()>;
+
+    /// Publish `payloads` as events, in order, as one batch: on NATS they are all sent
+    /// before any acknowledgement is awaited (one round trip for the batch), and one that
+    /// fails is sent again (its message id lets the stream drop a duplicate), so an event
+    /// may then arrive after a later one; the coordinator holds an event past a gap until
+    /// the gap fills. `Ok` once every one is stored.
+    async fn publish_events(&self, payloads: Vec<Bytes>) -> BusResult<()> {
+        for payload in payloads {
+            self.publish_event(payload).await?;
+        }
+        Ok(())
+    }
+
     async fn events(&self, durable: &str) -> BusResult<Box<dyn EventConsumer>>;
 
     async fn send_control(&self, run: RunId, payload: Bytes) -> BusResult<()>;

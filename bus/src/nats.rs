@@ -817,8 +817,20 @@ impl NatsBus {
         payload: Bytes,
         trace: Option<String>,
     ) -> BusResult<()> {
-        let js = &self.inner.js;
         let msg_id = uuid::Uuid::now_v7().to_string();
+        self.publish_js_id(subject, payload, trace, msg_id).await
+    }
+
+    /// [`Self::publish_js`] with the message id given (the stream drops a second message
+    /// with the same id within its duplicate window).
+    async fn publish_js_id(
+        &self,
+        subject: async_nats::Subject,
+        payload: Bytes,
+        trace: Option<String>,
+        msg_id: String,
+    ) -> BusResult<()> {
+        let js = &self.inner.js;
         let deadline = Instant::now() + self.inner.config.request_timeout;
         let mut backoff = Backoff::new();
         let mut first = true;
@@ -995,6 +1007,38 @@ impl Bus for NatsBus {
             None,
         )
         .await
+    }
+
+    async fn publish_events(&self, payloads: Vec<Bytes>) -> BusResult<()> {
+        let subject = async_nats::Subject::from_static(subjects::EVENT_SUBJECT);
+        if payloads.len() < 2 {
+            for payload in payloads {
+                self.publish_js(subject.clone(), payload, None).await?;
+            }
+            return Ok(());
+        }
+        // All sent first, in order, on the one connection; then their acks.
+        let mut sent = Vec::with_capacity(payloads.len());
+        for payload in payloads {
+            let msg_id = uuid::Uuid::now_v7().to_string();
+            let msg = jetstream::message::PublishMessage::build()
+                .payload(payload.clone())
+                .message_id(&msg_id);
+            let ack = self.inner.js.send_publish(subject.clone(), msg).await;
+            sent.push((msg_id, payload, ack));
+        }
+        for (msg_id, payload, ack) in sent {
+            let stored = match ack {
+                Ok(ack) => ack.await.is_ok(),
+                Err(_) => false,
+            };
+            if !stored {
+                // Again, with its id: retried as a single publish is.
+                self.publish_js_id(subject.clone(), payload, None, msg_id)
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     async fn events(&self, durable: &str) -> BusResult<Box<dyn EventConsumer>> {

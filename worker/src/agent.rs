@@ -222,10 +222,14 @@ struct Publisher {
     /// The task attempt (`task.attempt_base` plus the delivery count), on every event and
     /// every request to the coordinator (the coordinator fences older ones).
     attempt: u32,
+    /// Events published since the last [`Publisher::flush`], encoded: sent together, one
+    /// round trip on NATS.
+    pending: Vec<bytes::Bytes>,
 }
 
 impl Publisher {
-    /// Publish one event and hand it back (so its parts can move into the history).
+    /// Publish one event (sent at the next [`Publisher::flush`]) and hand it back (so its
+    /// parts can move into the history).
     async fn publish(&mut self, event: Event) -> Result<Event, WorkerError> {
         let msg = BranchEvent {
             fork_id: self.fork_id,
@@ -235,10 +239,22 @@ impl Publisher {
             event,
             attempt: self.attempt,
         };
-        let bytes = wire::encode(&msg)?;
-        self.bus.publish_event(bytes).await?;
+        self.pending.push(wire::encode(&msg)?);
         self.seq += 1;
         Ok(msg.event)
+    }
+
+    /// Send the events published since the last flush, and wait until the bus stored
+    /// them: before whatever depends on the coordinator having them (a model call, a
+    /// reservation, a tool that calls the coordinator or takes time, the task's ack or
+    /// its hand-back).
+    async fn flush(&mut self) -> Result<(), WorkerError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.pending);
+        self.bus.publish_events(batch).await?;
+        Ok(())
     }
 }
 
@@ -275,6 +291,7 @@ impl Actor for BranchAgent {
             run_id: task.run_id,
             seq: task.first_seq,
             attempt,
+            pending: Vec::new(),
         };
         Ok(AgentState {
             ctx: args.ctx,
@@ -309,7 +326,7 @@ impl Actor for BranchAgent {
         }
         let span = state.span.clone();
         let step = match msg {
-            AgentMsg::Start => start(state).instrument(span.clone()).await?,
+            AgentMsg::Start => start(state).instrument(span.clone()).await,
             AgentMsg::Turn => {
                 let turn = state.run.as_ref().map_or(0, |r| r.turns);
                 let turn_span = tracing::info_span!(
@@ -319,11 +336,23 @@ impl Actor for BranchAgent {
                     fork.id = %state.task.fork_id,
                     branch.id = %state.task.run_id,
                 );
-                run_turn(state).instrument(turn_span).await?
+                run_turn(state).instrument(turn_span).await
+            }
+        };
+        let step = match step {
+            Ok(step) => step,
+            Err(e) => {
+                // What the turn published before it failed is not lost.
+                if let Err(flush) = state.out.flush().await {
+                    tracing::warn!(parent: &span, error = %flush, "could not publish a failed turn's events");
+                }
+                return Err(e.into());
             }
         };
         match step {
             Step::Continue => {
+                // The turn's events, stored before the next turn (one round trip).
+                state.out.flush().await?;
                 // Fails only when the actor is already stopping (a hand-back).
                 let _ = myself.cast(AgentMsg::Turn);
             }
@@ -331,6 +360,7 @@ impl Actor for BranchAgent {
             // is not dropped: it starts one more turn, which applies it first.
             Step::Finish(BranchState::Done, _) if steers_waiting(state) => {
                 tracing::info!(parent: &span, "a steer came during the last model call: one more turn applies it");
+                state.out.flush().await?;
                 let _ = myself.cast(AgentMsg::Turn);
             }
             Step::Finish(end, error) => {
@@ -338,11 +368,18 @@ impl Actor for BranchAgent {
                 myself.stop(None);
             }
             Step::HandBack => {
+                // The next worker takes the branch over from what the coordinator has.
+                state.out.flush().await?;
                 record_cost(state);
                 tracing::info!(parent: &span, "call in flight dropped: the worker hands the branch back");
                 myself.stop(None);
             }
             Step::Lost(why) => {
+                // Counted even from a fenced attempt (a paid call's usage); the rest is
+                // dropped by the coordinator.
+                if let Err(e) = state.out.flush().await {
+                    tracing::warn!(parent: &span, error = %e, "could not publish a lost attempt's events");
+                }
                 record_cost(state);
                 tracing::warn!(
                     parent: &span,
@@ -359,6 +396,9 @@ impl Actor for BranchAgent {
             }
             Step::Drop(reason) => {
                 tracing::info!(parent: &span, reason = %reason, "task dropped");
+                if let Err(e) = state.out.flush().await {
+                    tracing::warn!(parent: &span, error = %e, "could not publish a dropped task's events");
+                }
                 state.finished = true;
                 if let Err(e) = state.lease.ack().await {
                     tracing::warn!(parent: &span, error = %e, "could not ack a dropped task");
@@ -476,6 +516,7 @@ async fn finish(
         .out
         .publish(Event::Status { state: end, error })
         .await?;
+    state.out.flush().await?;
     state.finished = true;
     record_cost(state);
     // Its command tree stays a while only, for a resolve's tests on this worker.

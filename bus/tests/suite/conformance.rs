@@ -118,6 +118,7 @@ conformance!(
     a_task_is_delivered_past_max_deliver_until_acked,
     tasks_are_shared_by_concurrent_pullers,
     events_in_publish_order,
+    a_batch_of_events_arrives_whole_and_in_order,
     unacked_events_return_to_the_next_consumer,
     control_sent_before_watch_arrives_in_order,
     blobs_put_get_missing_dedup,
@@ -329,6 +330,27 @@ async fn events_in_publish_order(fx: Fixture) {
         let d = within(c.next()).await.unwrap();
         assert_eq!(d.payload.as_ref(), i.to_be_bytes(), "event {i}");
         assert_eq!(d.attempt, 1);
+        within(d.ack()).await.unwrap();
+    }
+}
+
+async fn a_batch_of_events_arrives_whole_and_in_order(fx: Fixture) {
+    let bus = &fx.bus;
+    // Batches of one, of a few and of many, one after another: every event once, in the
+    // order published.
+    let mut next = 0u32;
+    for size in [1u32, 3, 250, 2] {
+        let batch: Vec<Bytes> = (next..next + size)
+            .map(|i| Bytes::from(i.to_be_bytes().to_vec()))
+            .collect();
+        within(bus.publish_events(batch)).await.unwrap();
+        next += size;
+    }
+    within(bus.publish_events(Vec::new())).await.unwrap();
+    let mut c = within(bus.events("coord")).await.unwrap();
+    for i in 0..next {
+        let d = within(c.next()).await.unwrap();
+        assert_eq!(d.payload.as_ref(), i.to_be_bytes(), "event {i}");
         within(d.ack()).await.unwrap();
     }
 }

@@ -294,6 +294,9 @@ impl Turn<'_> {
     ) -> Result<Result<Answer, Step>, WorkerError> {
         let task = self.task;
         let attempt = self.out.attempt;
+        // What this turn published so far (steers, a replay's inputs), stored before the
+        // call is reserved and made.
+        self.out.flush().await?;
         // Best-effort mode stopping at the branch's cap: the answer is metered as it
         // streams and cut when its running cost passes what is left.
         let spend_cap = match (task.reserve, task.on_exhausted, task.budget_usd, task.price) {
@@ -704,6 +707,11 @@ impl Calls<'_> {
         for call in calls {
             if let Some(step) = lease_lost(lease) {
                 return Ok(Some(step));
+            }
+            // A tool other than the file and search tools (all in memory, at once) calls
+            // the coordinator or takes time: what came before it is stored first.
+            if !forkfleet_shared::tools::decl(&call.name).is_some_and(|d| d.standard) {
+                out.flush().await?;
             }
             // A replay serves the recorded call: its recorded file changes, then its result.
             if let Some((changes, result)) = run.replay.as_mut().and_then(|r| r.serve_tool(call)) {
