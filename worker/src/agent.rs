@@ -246,8 +246,8 @@ impl Publisher {
 
     /// Send the events published since the last flush, and wait until the bus stored
     /// them: before whatever depends on the coordinator having them (a model call, a
-    /// reservation, a tool that calls the coordinator or takes time, the task's ack or
-    /// its hand-back).
+    /// reservation, a tool that calls the coordinator or takes time, reading the
+    /// branch's own log back after a rewind, the task's ack or its hand-back).
     async fn flush(&mut self) -> Result<(), WorkerError> {
         if self.pending.is_empty() {
             return Ok(());

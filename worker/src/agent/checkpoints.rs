@@ -155,6 +155,8 @@ async fn rewind(
         ),
     })
     .await?;
+    // Read back below: stored first.
+    out.flush().await?;
     let last = out.seq.saturating_sub(1);
     let api = BusApi::worker(ctx.bus.as_ref());
     let deadline = tokio::time::Instant::now() + LOG_WAIT;
