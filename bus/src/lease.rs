@@ -11,7 +11,6 @@
 use crate::nats::NatsBus;
 use crate::{BusError, BusResult};
 use async_nats::jetstream::kv;
-use forkfleet_shared::protocol::now_ms;
 use forkfleet_shared::subjects;
 use serde::{Deserialize, Serialize};
 
@@ -42,10 +41,10 @@ impl LeaseRecord {
         now_ms >= self.expires_at_ms
     }
 
-    /// The same record, expiring `ttl_ms` from now.
-    pub fn renewed(&self) -> LeaseRecord {
+    /// The same record, expiring `ttl_ms` after `now_ms` (the holder's clock).
+    pub fn renewed_at(&self, now_ms: u64) -> LeaseRecord {
         LeaseRecord {
-            expires_at_ms: now_ms().saturating_add(self.ttl_ms),
+            expires_at_ms: now_ms.saturating_add(self.ttl_ms),
             ..self.clone()
         }
     }

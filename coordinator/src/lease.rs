@@ -62,14 +62,6 @@ pub fn expired(record: &LeaseRecord, clock: &dyn Clock) -> bool {
     record.expired_at(clock.now_ms())
 }
 
-/// `record` renewed now by `clock`: expiring a TTL from now.
-fn renewed(record: &LeaseRecord, clock: &dyn Clock) -> LeaseRecord {
-    LeaseRecord {
-        expires_at_ms: clock.now_ms().saturating_add(record.ttl_ms),
-        ..record.clone()
-    }
-}
-
 /// This machine's host name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`), or `unknown`.
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -386,7 +378,7 @@ async fn renew(
             return None;
         }
         let started = Instant::now();
-        record = renewed(&record, clock.as_ref());
+        record = record.renewed_at(clock.now_ms());
         let written = tokio::time::timeout(
             valid_until.saturating_duration_since(started),
             bucket.write(&record, Some(revision)),
@@ -473,7 +465,7 @@ mod tests {
         let clock = ManualClock::new(START_MS);
         let record = candidate().record("holder-3", &clock);
         clock.advance(2_500);
-        let again = renewed(&record, &clock);
+        let again = record.renewed_at(clock.now_ms());
         assert_eq!(again.expires_at_ms, START_MS + 2_500 + 3_000);
         assert_eq!(
             LeaseRecord {

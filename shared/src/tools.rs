@@ -31,13 +31,23 @@ pub enum ApprovalClass {
     WritesPath,
 }
 
+/// What kind of tool a declaration is: where it runs and what offers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolKind {
+    /// Offered to every branch, run by the worker over the overlay in memory (the file and
+    /// search tools): nothing waits on it.
+    Standard,
+    /// Offered when a setting enables it, run by the worker (`run_command`, `http_get`).
+    Optional,
+    /// A fork tool (`forking = true`): run by the agent through the coordinator.
+    Fork,
+}
+
 /// One tool's declaration.
 #[derive(Debug, Clone, Copy)]
 pub struct ToolDecl {
     pub name: &'static str,
-    /// Offered to every branch (the file and search tools); else only when
-    /// [`ToolDecl::offered`] says a branch's settings enable it.
-    pub standard: bool,
+    pub kind: ToolKind,
     /// Whether a branch with these settings is offered the tool.
     pub offered: fn(&ToolSettings) -> bool,
     /// What in a spec enables it (`""` for a standard tool), for the error a call of a
@@ -49,7 +59,7 @@ pub struct ToolDecl {
 const fn standard(name: &'static str, approval: ApprovalClass) -> ToolDecl {
     ToolDecl {
         name,
-        standard: true,
+        kind: ToolKind::Standard,
         offered: |_| true,
         enabled_by: "",
         approval,
@@ -59,7 +69,7 @@ const fn standard(name: &'static str, approval: ApprovalClass) -> ToolDecl {
 const fn forking(name: &'static str) -> ToolDecl {
     ToolDecl {
         name,
-        standard: false,
+        kind: ToolKind::Fork,
         offered: |s| s.forking,
         enabled_by: "`forking = true`",
         approval: ApprovalClass::Call,
@@ -79,14 +89,14 @@ pub const TOOLS: &[ToolDecl] = &[
     standard("grep", ApprovalClass::Call),
     ToolDecl {
         name: "run_command",
-        standard: false,
+        kind: ToolKind::Optional,
         offered: |s| s.run_command.is_some(),
         enabled_by: "a `[run_command]` table",
         approval: ApprovalClass::Command,
     },
     ToolDecl {
         name: "http_get",
-        standard: false,
+        kind: ToolKind::Optional,
         offered: |s| s.http_get.is_some(),
         enabled_by: "a `[tools.http_get]` table",
         approval: ApprovalClass::Call,
@@ -109,13 +119,23 @@ pub fn is_known(name: &str) -> bool {
     decl(name).is_some()
 }
 
-/// The standard tools' names, in order.
-pub fn standard_names() -> Vec<&'static str> {
+/// The names of the tools of `kind`, in order.
+pub fn names_of(kind: ToolKind) -> Vec<&'static str> {
     TOOLS
         .iter()
-        .filter(|t| t.standard)
+        .filter(|t| t.kind == kind)
         .map(|t| t.name)
         .collect()
+}
+
+/// The standard tools' names, in order.
+pub fn standard_names() -> Vec<&'static str> {
+    names_of(ToolKind::Standard)
+}
+
+/// Whether `name` is a tool of `kind`.
+pub fn is(kind: ToolKind, name: &str) -> bool {
+    decl(name).is_some_and(|t| t.kind == kind)
 }
 
 /// Every tool's name, in order.
@@ -241,8 +261,7 @@ impl HttpGet {
                         .strip_suffix(domain)
                         .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.'));
             }
-            let (h, p) = split_entry(a);
-            h == host && p.is_none_or(|p| p == port)
+            split_entry(a).is_some_and(|(h, p)| h == host && p.is_none_or(|p| p == port))
         })
     }
 }
@@ -292,14 +311,16 @@ impl HttpGetSection {
 }
 
 /// An allow-list entry's host (an IPv6 address without its brackets, a trailing dot
-/// dropped) and port, if it names one.
-fn split_entry(entry: &str) -> (&str, Option<u16>) {
+/// dropped) and the text of its port, if it names one; or why it has no such parts.
+fn parts(entry: &str) -> Result<(&str, Option<&str>), &'static str> {
     let (host, port) = if let Some(rest) = entry.strip_prefix('[') {
         match rest.split_once(']') {
-            Some((ip, p)) => (ip, p.strip_prefix(':')),
-            None => (rest, None),
+            Some((ip, "")) => (ip, None),
+            Some((ip, p)) => (ip, Some(p.strip_prefix(':').ok_or("has a bad port")?)),
+            None => return Err("has an unclosed `[`"),
         }
     } else if entry.matches(':').count() > 1 {
+        // An IPv6 address without brackets (no port).
         (entry, None)
     } else {
         match entry.split_once(':') {
@@ -307,10 +328,17 @@ fn split_entry(entry: &str) -> (&str, Option<u16>) {
             None => (entry, None),
         }
     };
-    (
-        host.trim_end_matches('.'),
-        port.and_then(|p| p.parse::<u16>().ok()),
-    )
+    Ok((host.trim_end_matches('.'), port))
+}
+
+/// A checked allow-list entry's host and port (`None`: any port); `None` for an entry
+/// that does not parse (a plan's, unchecked), which allows nothing.
+fn split_entry(entry: &str) -> Option<(&str, Option<u16>)> {
+    let (host, port) = parts(entry).ok()?;
+    match port {
+        Some(p) => Some((host, Some(p.parse().ok()?))),
+        None => Some((host, None)),
+    }
 }
 
 /// An allow-list entry, lowercased, or why it is not one.
@@ -322,27 +350,12 @@ fn check_host(entry: &str) -> Result<String, &'static str> {
     if e.contains("://") || e.contains('/') || e.contains('@') || e.contains('?') {
         return Err("is not a host (no scheme, path, user or query)");
     }
-    let (host, port) = if let Some(rest) = e.strip_prefix('[') {
-        match rest.split_once(']') {
-            Some((ip, "")) => (ip, None),
-            Some((ip, p)) => (ip, Some(p.strip_prefix(':').ok_or("has a bad port")?)),
-            None => return Err("has an unclosed `[`"),
-        }
-    } else if e.matches(':').count() > 1 {
-        // An IPv6 address without brackets (no port).
-        (e.as_str(), None)
-    } else {
-        match e.split_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (e.as_str(), None),
-        }
-    };
+    let (host, port) = parts(&e)?;
     if let Some(p) = port {
         if p.parse::<u16>().map_or(true, |p| p == 0) {
             return Err("has a bad port");
         }
     }
-    let host = host.trim_end_matches('.');
     let wildcard = host.strip_prefix("*.");
     let name = wildcard.unwrap_or(host);
     if wildcard.is_some() && port.is_some() {

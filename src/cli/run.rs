@@ -166,7 +166,7 @@ pub(crate) async fn dry_run(loaded: &spec::LoadedSpec, json: bool) -> anyhow::Re
 fn optional_tools(plan: &forkfleet_shared::spec::ForkPlan) -> Vec<&'static str> {
     plan.tools
         .offered()
-        .filter(|t| !t.standard)
+        .filter(|t| t.kind != forkfleet_shared::tools::ToolKind::Standard)
         .map(|t| t.name)
         .collect()
 }

@@ -38,23 +38,8 @@ use forkfleet_shared::state::ForkState;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-/// The fork tools' names.
-pub const FORK_TOOL_NAMES: &[&str] = &[
-    FORK_RUN,
-    INSPECT_BRANCHES,
-    MERGE_OR_SELECT,
-    TERMINATE_BRANCH,
-    DIFF_BRANCHES,
-    FORK_COST,
-];
-
 /// Characters of a diff summary returned to the model.
 const MAX_DIFF_CHARS: usize = 12_000;
-
-/// True when `name` is one of the fork tools.
-pub fn is_fork_tool(name: &str) -> bool {
-    FORK_TOOL_NAMES.contains(&name)
-}
 
 /// What the fork tools need of the branch calling them.
 pub(crate) struct ForkCall<'a> {
@@ -110,7 +95,8 @@ impl AgentForks {
             FORK_COST => self.cost(&call.args, cx).await,
             other => Err(format!(
                 "unknown fork tool `{other}`; fork tools: {}",
-                FORK_TOOL_NAMES.join(", ")
+                forkfleet_shared::tools::names_of(forkfleet_shared::tools::ToolKind::Fork)
+                    .join(", ")
             )),
         };
         match result {

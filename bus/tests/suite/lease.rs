@@ -58,7 +58,13 @@ async fn writes_are_revision_checked() {
     assert!(held.expired_at(held.expires_at_ms));
 
     // The holder renews from its revision; a stale revision conflicts.
-    let renewed = la.write(&held.renewed(), Some(first)).await.unwrap();
+    let renewed = la
+        .write(
+            &held.renewed_at(forkfleet_shared::protocol::now_ms()),
+            Some(first),
+        )
+        .await
+        .unwrap();
     assert!(renewed > first);
     let stale = lb.write(&record("b", "s1", 1000), Some(first)).await;
     assert!(matches!(stale, Err(LeaseError::Conflict)), "{stale:?}");
@@ -68,7 +74,12 @@ async fn writes_are_revision_checked() {
         .write(&record("b", "s1", 1000), Some(renewed))
         .await
         .unwrap();
-    let late = la.write(&held.renewed(), Some(renewed)).await;
+    let late = la
+        .write(
+            &held.renewed_at(forkfleet_shared::protocol::now_ms()),
+            Some(renewed),
+        )
+        .await;
     assert!(matches!(late, Err(LeaseError::Conflict)), "{late:?}");
 
     // A release deletes only the lease its writer holds.

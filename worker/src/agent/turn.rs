@@ -8,7 +8,7 @@ use super::learn;
 use super::replay::{Answer, Next};
 use super::{lease_lost, AgentState, Publisher, Run, Step};
 use crate::error::WorkerError;
-use crate::forktools::{is_fork_tool, ForkCall, MERGE_OR_SELECT};
+use crate::forktools::{ForkCall, MERGE_OR_SELECT};
 use crate::genai::{error_type, tool_failed, tool_span, ChatSpan};
 use crate::provider::{
     is_refused, is_truncated, ModelRequest, SpendCap, StreamMeter, BUDGET_CUT, RESERVATION_CUT,
@@ -24,6 +24,7 @@ use forkfleet_shared::overlay::ChangeOp;
 use forkfleet_shared::protocol::BranchTask;
 use forkfleet_shared::spec::{OnTruncated, CONTINUE_TRUNCATED};
 use forkfleet_shared::state::BranchState;
+use forkfleet_shared::tools::{self, ToolKind};
 use tracing::Instrument;
 
 /// How far past its reservation a streamed answer may run before it is cut (strict mode):
@@ -710,7 +711,7 @@ impl Calls<'_> {
             }
             // A tool other than the file and search tools (all in memory, at once) calls
             // the coordinator or takes time: what came before it is stored first.
-            if !forkfleet_shared::tools::decl(&call.name).is_some_and(|d| d.standard) {
+            if !tools::is(ToolKind::Standard, &call.name) {
                 out.flush().await?;
             }
             // A replay serves the recorded call: its recorded file changes, then its result.
@@ -792,7 +793,7 @@ impl Calls<'_> {
             let before = run.overlay.changes().len();
             let tool_span = tool_span(call, task.fork_id, task.run_id);
             let running = async {
-                if task.tools.forking && is_fork_tool(&call.name) {
+                if task.tools.forking && tools::is(ToolKind::Fork, &call.name) {
                     let fork_call = ForkCall {
                         bus: ctx.bus.as_ref(),
                         blobs: &ctx.blobs,
