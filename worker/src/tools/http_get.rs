@@ -217,11 +217,16 @@ fn clean(text: &str) -> String {
         .collect()
 }
 
-/// A body to keep from the model: a type that is not text, or bytes that are not.
+/// A body to keep from the model: bytes that are not text. A NUL in its first 8 KiB is
+/// binary whatever the type says; a text type (`text/*`, JSON, XML, ...) is shown (bytes
+/// that are not UTF-8 replaced); any other type (servers send `application/octet-stream`
+/// for a file they cannot name, a README or a Makefile) is shown when it is UTF-8.
 fn is_binary(content_type: &str, body: &[u8]) -> bool {
+    if body.iter().take(8192).any(|&b| b == 0) {
+        return true;
+    }
     let ct = content_type.to_ascii_lowercase();
-    let texty = ct.is_empty()
-        || ct.starts_with("text/")
+    let texty = ct.starts_with("text/")
         || [
             "json",
             "xml",
@@ -233,7 +238,8 @@ fn is_binary(content_type: &str, body: &[u8]) -> bool {
         ]
         .iter()
         .any(|t| ct.contains(t));
-    !texty || body.iter().take(8192).any(|&b| b == 0)
+    // A body cut at max_bytes may end inside a character: that is still text.
+    !texty && std::str::from_utf8(body).is_err_and(|e| e.error_len().is_some())
 }
 
 /// An error with its causes (reqwest's own message alone says little).
