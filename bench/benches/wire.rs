@@ -10,6 +10,7 @@ use forkfleet_shared::manifest::FileEntry;
 use forkfleet_shared::overlay::ChangeOp;
 use forkfleet_shared::path::WsPath;
 use forkfleet_shared::protocol::{BranchEvent, BranchTask};
+use forkfleet_shared::script::Script;
 use forkfleet_shared::wire::{decode, encode};
 use std::hint::black_box;
 use std::time::Duration;
@@ -132,5 +133,18 @@ fn bench_wire(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_wire);
+/// The scripted model's script of `forkfleet bench fanout` (1,000 branches x 10 writes):
+/// parsed by every worker process at its first branch of the fork.
+fn bench_script(c: &mut Criterion) {
+    let script = forkfleet_bench::fanout_script(1000, 10, 10);
+    let text = toml::to_string(&script).unwrap();
+    let mut g = c.benchmark_group("script");
+    g.sample_size(10).measurement_time(Duration::from_secs(4));
+    g.bench_function("parse the fan-out script (1,000 x 10)", |b| {
+        b.iter(|| black_box(Script::parse(black_box(&text)).unwrap()))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_wire, bench_script);
 criterion_main!(benches);

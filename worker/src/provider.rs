@@ -368,7 +368,8 @@ impl Providers {
     }
 
     /// The provider for a task's model. A scripted model's script is fetched and parsed
-    /// once per worker and shared by every branch that uses it.
+    /// once per process ([`scripted::parsed_scripts`]) and shared by every branch that uses
+    /// it.
     pub async fn provider_for(
         &self,
         task: &BranchTask,
@@ -403,15 +404,18 @@ impl Providers {
                 let scripted = self
                     .scripts
                     .get_or_try_init(hash, || async {
-                        let bytes = self
-                            .blobs
-                            .get(&hash)
-                            .await
-                            .map_err(WorkerError::ScriptBlob)?;
-                        let text =
-                            std::str::from_utf8(&bytes).map_err(|_| WorkerError::ScriptEncoding)?;
+                        let script = scripted::parsed_scripts()
+                            .get_or_try_init(hash, || async {
+                                let bytes = self
+                                    .blobs
+                                    .get(&hash)
+                                    .await
+                                    .map_err(WorkerError::ScriptBlob)?;
+                                scripted::parse_blocking(bytes).await
+                            })
+                            .await?;
                         Ok::<_, WorkerError>(
-                            ScriptedProvider::parse(text)?
+                            ScriptedProvider::new(script)
                                 .with_usage_log(self.scripted_usage_log.clone()),
                         )
                     })
@@ -467,6 +471,41 @@ mod tests {
     use super::*;
     use crate::tools::ToolBox;
     use crate::toolspec::tool_specs;
+
+    /// Two workers of one process (two `Providers`, each with its own blob cache) share
+    /// one parse of a script: the second finds it parsed, and a bad script is an error for
+    /// both, never remembered.
+    #[tokio::test]
+    async fn workers_of_one_process_share_a_scripts_parse() {
+        use forkfleet_shared::blob::MemBlobStore;
+        let store = MemBlobStore::new();
+        // A text no other test uses, so the process-wide memo starts without it.
+        let text = "[[turns.\"*\"]]\ntext = \"shared parse\"\n";
+        let hash = store.insert(bytes::Bytes::from_static(text.as_bytes()));
+        let bad = store.insert(bytes::Bytes::from_static(b"[[turns.x]]\ntxt = 1"));
+        let workers: Vec<Providers> = (0..2)
+            .map(|_| {
+                let blobs = Arc::new(BlobCache::new(Arc::new(store.clone()), 1 << 20));
+                Providers::new(blobs, None, Arc::default())
+            })
+            .collect();
+        workers[0]
+            .provider("scripted:m", Some(hash), None)
+            .await
+            .unwrap();
+        let again = scripted::parsed_scripts()
+            .get_or_try_init(hash, || async { Err("parsed a second time") })
+            .await;
+        assert!(again.is_ok(), "the first worker's parse was not kept");
+        workers[1]
+            .provider("scripted:m", Some(hash), None)
+            .await
+            .unwrap();
+        for w in &workers {
+            let err = w.provider("scripted:m", Some(bad), None).await.err().unwrap();
+            assert!(matches!(err, WorkerError::Script(_)), "{err}");
+        }
+    }
 
     #[test]
     fn model_names_are_checked() {
