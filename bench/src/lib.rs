@@ -30,6 +30,7 @@ pub mod budget;
 pub mod cache;
 mod cluster;
 pub mod nats_server;
+pub mod stream;
 pub mod stream_model;
 pub mod workspace;
 
@@ -509,6 +510,9 @@ pub enum BenchCommand {
     /// parent history, against a local server that bills a prompt cache as Anthropic
     /// does; the fork's input cost with caching and without.
     Cache(self::cache::CacheArgs),
+    /// A live fork of 1,000 branches through the HTTP API: what its Server-Sent Events
+    /// stream sends in its first 20 s (the whole view once, then per-branch deltas).
+    Stream(self::stream::StreamArgs),
 }
 
 /// Run the benchmark `command` names.
@@ -518,6 +522,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Budget(args) => budget::cmd_budget(args).await,
         BenchCommand::Workspace(args) => workspace::cmd_workspace(args).await,
         BenchCommand::Cache(args) => cache::cmd_cache(args).await,
+        BenchCommand::Stream(args) => stream::cmd_stream(args).await,
     }
 }
 

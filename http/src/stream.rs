@@ -1,11 +1,13 @@
 //! The routes that are not one operation: Server-Sent Events of a fork's changes and of a
 //! run's events, blob uploads, stream tickets and forks from a spec document.
 //!
-//! - `GET /forks/{fork}/stream`: an event `fork` (id: the coordinator's start, in ms,
+//! - `GET /forks/{fork}/stream`: first an event `fork` (id: the coordinator's start, in ms,
 //!   times 10^6 plus the fork's version, so ids grow across restarts; data: its version,
-//!   view and costs) each time it changes, from the current state; with `Last-Event-ID`
-//!   (or `?last_event_id=`) of this start, only once it differs from that version. It ends after the fork is
-//!   merged or aborted.
+//!   view and costs), from the current state; with `Last-Event-ID` (or `?last_event_id=`)
+//!   of this start, only once it differs from that version. Then, as it changes, events
+//!   `delta`: the fields that changed and, of the branch lists, the rows that did (a fork
+//!   of 1,000 branches is not sent whole on every change), at most one every 250 ms. It
+//!   ends after the fork is merged or aborted.
 //! - `GET /runs/{run}/stream`: an event `event` (id: its seq; data: `{seq, event}`) for
 //!   each event of the run's log, from seq 0 or after `Last-Event-ID`, then as they land.
 //!   It ends once the run's fork is merged or aborted (a root run: after its log).
@@ -30,6 +32,7 @@ use forkfleet_shared::api::{
 };
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::ids::{ForkId, RunId};
+use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -125,9 +128,70 @@ fn error_event(p: &Problem) -> Event {
     Event::default().event("error").data(p.json().to_string())
 }
 
+/// The least time between two events of a fork stream: the changes in between go as one
+/// (a fork of 1,000 busy branches changes hundreds of times a second).
+const FORK_EVENT_GAP: std::time::Duration = std::time::Duration::from_millis(250);
+
 struct ForkRound {
     seen: Option<u64>,
     done: bool,
+    /// The view and cost this connection sent last (as JSON): what its deltas are of.
+    sent: Option<(Value, Value)>,
+    /// When this connection's last event went.
+    at: Option<tokio::time::Instant>,
+}
+
+/// What changed from `before` to `after` (two JSON objects): the keys whose values differ
+/// (`null` for one that is gone), and of the `branches` list the rows that differ, by
+/// position (`{"17": row}`); the whole list when it shrank. `None` when they are not both
+/// objects or a row is not comparable, so the caller sends the whole document instead.
+fn delta(before: &Value, after: &Value) -> Option<Value> {
+    let (Value::Object(b), Value::Object(a)) = (before, after) else {
+        return None;
+    };
+    let mut out = serde_json::Map::new();
+    for (k, v) in a {
+        if b.get(k) == Some(v) {
+            continue;
+        }
+        let rows = match (k.as_str(), b.get(k), v) {
+            ("branches", Some(Value::Array(old)), Value::Array(new)) if new.len() >= old.len() => {
+                let changed: serde_json::Map<String, Value> = new
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, row)| old.get(*i) != Some(row))
+                    .map(|(i, row)| (i.to_string(), row.clone()))
+                    .collect();
+                Value::Object(changed)
+            }
+            _ => v.clone(),
+        };
+        out.insert(k.clone(), rows);
+    }
+    for k in b.keys().filter(|k| !a.contains_key(*k)) {
+        out.insert(k.clone(), Value::Null);
+    }
+    Some(Value::Object(out))
+}
+
+/// A fork stream's event for `version`: the whole view and cost (`fork`) when the
+/// connection has sent nothing yet, else what changed since its last event (`delta`).
+fn fork_event(
+    since: u64,
+    version: u64,
+    view: Value,
+    cost: Value,
+    sent: Option<&(Value, Value)>,
+) -> Event {
+    let changes = sent.and_then(|(v, c)| Some((delta(v, &view)?, delta(c, &cost)?)));
+    let (name, data) = match changes {
+        Some((v, c)) => ("delta", json!({ "version": version, "view": v, "cost": c })),
+        None => ("fork", json!({ "version": version, "view": view, "cost": cost })),
+    };
+    Event::default()
+        .id(fork_event_id(since, version).to_string())
+        .event(name)
+        .data(data.to_string())
 }
 
 async fn fork_stream(
@@ -152,11 +216,20 @@ async fn fork_stream(
     // versions: the stream starts from the current state.
     let since = serving.since_ms;
     let seen = seen.and_then(|id| (id / VERSIONS == since).then_some(id % VERSIONS));
-    let rounds = futures::stream::unfold(ForkRound { seen, done: false }, move |r| {
+    let start = ForkRound {
+        seen,
+        done: false,
+        sent: None,
+        at: None,
+    };
+    let rounds = futures::stream::unfold(start, move |r| {
         let (serving, caller) = (serving.clone(), caller.clone());
         async move {
             if r.done {
                 return None;
+            }
+            if let Some(at) = r.at {
+                tokio::time::sleep_until(at + FORK_EVENT_GAP).await;
             }
             let watched = call(
                 &serving,
@@ -182,20 +255,19 @@ async fn fork_stream(
                 return Some((Ok(Event::default().comment("unchanged")), r));
             }
             let cost = match call(&serving, &caller, GetForkCost { fork }).await {
-                Ok(ApiReply::Cost(c)) => Some(c),
-                _ => None,
+                Ok(ApiReply::Cost(c)) => serde_json::to_value(c).unwrap_or(Value::Null),
+                _ => Value::Null,
             };
-            let data = serde_json::json!({ "version": w.version, "view": w.view, "cost": cost });
             let done = w.view.state.is_resolved();
-            let event = Event::default()
-                .id(fork_event_id(since, w.version).to_string())
-                .event("fork")
-                .data(data.to_string());
+            let view = serde_json::to_value(&w.view).unwrap_or(Value::Null);
+            let event = fork_event(since, w.version, view.clone(), cost.clone(), r.sent.as_ref());
             Some((
                 Ok(event),
                 ForkRound {
                     seen: Some(w.version),
                     done,
+                    sent: Some((view, cost)),
+                    at: Some(tokio::time::Instant::now()),
                 },
             ))
         }
@@ -578,5 +650,61 @@ mod tests {
         assert_eq!((id / VERSIONS, id % VERSIONS), (start, 42));
         // The last start u64 holds is far off.
         assert!(fork_event_id(17_000_000_000_000, VERSIONS) < u64::MAX);
+    }
+
+    /// Applies a delta as the console does: each key replaced, of `branches` the rows by
+    /// position (a list replaces the whole).
+    fn patch(target: &mut Value, d: &Value) {
+        for (k, v) in d.as_object().unwrap() {
+            match (k.as_str(), v) {
+                ("branches", Value::Object(rows)) => {
+                    let list = target["branches"].as_array_mut().unwrap();
+                    for (i, row) in rows {
+                        let i: usize = i.parse().unwrap();
+                        if i < list.len() {
+                            list[i] = row.clone();
+                        } else {
+                            assert_eq!(i, list.len(), "rows beyond the list come in order");
+                            list.push(row.clone());
+                        }
+                    }
+                }
+                _ => target[k] = v.clone(),
+            }
+        }
+    }
+
+    #[test]
+    fn a_delta_carries_what_changed_and_rebuilds_the_document() {
+        let row = |l: &str, turns: u32| json!({"label": l, "turns": turns, "state": "running"});
+        let before = json!({"state": "running", "goal": "g".repeat(500), "gone": 1,
+            "branches": (0..1000).map(|i| row(&format!("b{i}"), 1)).collect::<Vec<_>>()});
+        let mut after = before.clone();
+        after["state"] = json!("settled");
+        after.as_object_mut().unwrap().remove("gone");
+        after["branches"][17]["turns"] = json!(2);
+        after["branches"][999]["state"] = json!("done");
+        let d = delta(&before, &after).unwrap();
+        assert_eq!(
+            d,
+            json!({"state": "settled", "gone": null,
+                "branches": {"17": after["branches"][17], "999": after["branches"][999]}})
+        );
+        let mut rebuilt = before.clone();
+        patch(&mut rebuilt, &d);
+        rebuilt.as_object_mut().unwrap().remove("gone");
+        assert_eq!(rebuilt, after);
+        // Nothing changed: an empty delta. Rows added: sent by position; a list that
+        // shrank: whole.
+        assert_eq!(delta(&after, &after).unwrap(), json!({}));
+        let mut longer = after.clone();
+        longer["branches"].as_array_mut().unwrap().push(row("new", 0));
+        let d = delta(&after, &longer).unwrap();
+        assert_eq!(d, json!({"branches": {"1000": row("new", 0)}}));
+        let mut shorter = after.clone();
+        shorter["branches"].as_array_mut().unwrap().truncate(2);
+        assert_eq!(delta(&after, &shorter).unwrap()["branches"], shorter["branches"]);
+        // Not two objects (a cost that was not there): no delta, the whole document.
+        assert!(delta(&Value::Null, &after).is_none());
     }
 }

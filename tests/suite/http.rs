@@ -199,12 +199,21 @@ pub(super) fn create_from_spec(
 fn next_event(
     lines: &mut impl Iterator<Item = std::io::Result<String>>,
 ) -> (Option<String>, String, String) {
+    try_next_event(lines).expect("the stream ended")
+}
+
+/// The next SSE event of `lines`, or `None` once the stream has ended.
+fn try_next_event(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+) -> Option<(Option<String>, String, String)> {
     let (mut id, mut name, mut data) = (None, String::new(), String::new());
     for line in lines {
-        let line = line.unwrap();
+        let Ok(line) = line else {
+            return None;
+        };
         if line.is_empty() {
             if !data.is_empty() {
-                return (id, name, data);
+                return Some((id, name, data));
             }
             continue;
         }
@@ -216,7 +225,7 @@ fn next_event(
             data.push_str(v.trim_start());
         }
     }
-    panic!("the stream ended");
+    None
 }
 
 #[test]
@@ -1017,4 +1026,106 @@ fn browser_attacks_on_a_tokenless_api_are_refused() {
         "{}",
         resp.text().unwrap_or_default()
     );
+}
+
+/// Applies a fork stream's `delta` as the console does (http/src/console/app.js `patch`).
+fn patch(target: &mut Value, d: &Value) {
+    for (k, v) in d.as_object().unwrap() {
+        match (k.as_str(), v) {
+            ("branches", Value::Object(rows)) => {
+                let list = target["branches"].as_array_mut().unwrap();
+                for (i, row) in rows {
+                    list[i.parse::<usize>().unwrap()] = row.clone();
+                }
+            }
+            _ => target[k] = v.clone(),
+        }
+    }
+}
+
+/// A live fork of 1,000 branches streams its whole view once, then only what changes: the
+/// deltas, applied in order, give the view the API serves at the end, and no event after the
+/// first carries every row (a change of one branch is one row, not 1,000).
+#[test]
+fn a_thousand_branch_fork_streams_deltas_that_rebuild_its_view() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("workspace")).unwrap();
+    std::fs::write(dir.path().join("workspace/README.md"), "hi\n").unwrap();
+    // Turns that take a while, unevenly, so the fork changes over many events.
+    std::fs::write(
+        dir.path().join("script.toml"),
+        "[defaults]\nlatency_ms = 20\nlatency_jitter_ms = 400\n\n[[turns.\"*\"]]\ntool_calls = [{ name = \"write_file\", args = { path = \"{label}.txt\", content = \"x\" } }]\n\n[[turns.\"*\"]]\ntext = \"done {label}\"\n",
+    )
+    .unwrap();
+    let mut spec = String::from(
+        "goal = \"many\"\nworkspace = \"workspace\"\nmodel = \"scripted:many\"\nmax_branches = 1000\n\n[models.\"scripted:many\"]\nscript = \"script.toml\"\nprice = { input_per_mtok = 0.15, output_per_mtok = 0.60 }\n",
+    );
+    for i in 0..1000 {
+        spec.push_str(&format!("\n[[branches]]\nlabel = \"b{i:04}\"\n"));
+    }
+    let spec_path = dir.path().join("fork.toml");
+    std::fs::write(&spec_path, spec).unwrap();
+    let ui = Ui::start(&dir.path().join(".forkfleet"));
+    let http = Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let (view, _) = create_from_spec(&http, &ui.base, &ui.token, &spec_path, None);
+    let fork = view["fork_id"].as_str().unwrap().to_string();
+    let resp = http
+        .get(format!("{}/forks/{fork}/stream", ui.base))
+        .bearer_auth(&ui.token)
+        .send()
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    // Read on a thread, so that every wait here is bounded.
+    let (tx, events) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(resp).lines();
+        while let Some((_, name, data)) = try_next_event(&mut lines) {
+            if tx.send((name, data)).is_err() {
+                return;
+            }
+        }
+    });
+    let next = || events.recv_timeout(COMMAND_LIMIT).expect("a stream event");
+    let (name, data) = next();
+    assert_eq!(name, "fork", "a connection starts with the whole view");
+    let mut doc: Value = serde_json::from_str(&data).unwrap();
+    assert_eq!(doc["view"]["branches"].as_array().unwrap().len(), 1000);
+    let (mut deltas, mut rows_sent, mut largest) = (0, 0, 0);
+    while doc["view"]["state"]["state"] != "settled" {
+        let (name, data) = next();
+        assert_eq!(name, "delta", "{data}");
+        let d: Value = serde_json::from_str(&data).unwrap();
+        let rows = d["view"]["branches"].as_object().map_or(0, |r| r.len());
+        rows_sent += rows;
+        largest = largest.max(rows);
+        deltas += 1;
+        patch(&mut doc["view"], &d["view"]);
+        patch(&mut doc["cost"], &d["cost"]);
+        doc["version"] = d["version"].clone();
+    }
+    let served = http
+        .get(format!("{}/forks/{fork}", ui.base))
+        .bearer_auth(&ui.token)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let served: Value = serde_json::from_str(&served).unwrap();
+    assert_eq!(doc["view"], served, "the deltas did not rebuild the served view");
+    let cost = http
+        .get(format!("{}/forks/{fork}/cost", ui.base))
+        .bearer_auth(&ui.token)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let cost: Value = serde_json::from_str(&cost).unwrap();
+    assert_eq!(doc["cost"], cost, "the deltas did not rebuild the served cost");
+    assert!(deltas >= 2, "{deltas} deltas: the fork changed over too few events");
+    assert!(largest < 1000, "a delta carried every row: {largest}");
+    eprintln!("stream: {deltas} deltas, {rows_sent} rows sent, largest {largest}");
+    ui.stop();
 }

@@ -292,18 +292,43 @@ function forkPage(main, id) {
   // The first view at once, then live.
   call("GET", `/forks/${id}`).then(async (view) => {
     const cost = await call("GET", `/forks/${id}/cost`).catch(() => null);
-    onView({ view, cost });
+    // The stream's first event may have come first: the deltas after it are of it.
+    if (!s.streamed) onView({ view, cost });
     const verdict = await call("GET", `/forks/${id}/verdict`).catch(() => null);
     if (verdict) { s.verdict = verdict; drawVerdict(s); }
   }).catch((e) => ($("#fk-head").textContent = e.message));
   const es = openStream(
     `/forks/${id}/stream`,
-    (src) => src.addEventListener("fork", (e) => { setConn(true); onView(JSON.parse(e.data)); }),
+    (src) => {
+      src.addEventListener("fork", (e) => { setConn(true); s.streamed = true; onView(JSON.parse(e.data)); });
+      // After its first event a connection sends what changed (rows of 1,000 branches
+      // are not sent whole on every change).
+      src.addEventListener("delta", (e) => {
+        setConn(true);
+        const d = JSON.parse(e.data);
+        if (!s.view) return;
+        patch(s.view, d.view);
+        if (s.cost) patch(s.cost, d.cost);
+        onView({ view: s.view, cost: s.cost });
+      });
+    },
     () => (s.view && ["merged", "aborted"].includes(stateOf(s.view.state)) ? "close" : setConn(false)),
   );
   s.reload = () => call("GET", `/forks/${id}`).then((view) => onView({ view, cost: s.cost }));
   page = { close: () => { es.close(); s.closed = true; } };
   return page;
+}
+
+// A fork stream's `delta` applied to what it is of: each key replaced, and of a
+// `branches` object the rows by position (a list replaces the whole list).
+function patch(target, d) {
+  for (const [k, v] of Object.entries(d || {})) {
+    if (k === "branches" && v && !Array.isArray(v) && Array.isArray(target.branches)) {
+      for (const [i, row] of Object.entries(v)) target.branches[Number(i)] = row;
+    } else {
+      target[k] = v;
+    }
+  }
 }
 
 function spendBar(spent, cap, wide) {
