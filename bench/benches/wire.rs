@@ -140,8 +140,12 @@ fn bench_script(c: &mut Criterion) {
     let text = toml::to_string(&script).unwrap();
     let mut g = c.benchmark_group("script");
     g.sample_size(10).measurement_time(Duration::from_secs(4));
-    g.bench_function("parse the fan-out script (1,000 x 10)", |b| {
+    g.bench_function("parse the fan-out script (1,000 x 10), TOML", |b| {
         b.iter(|| black_box(Script::parse(black_box(&text)).unwrap()))
+    });
+    let json = serde_json::to_string(&script).unwrap();
+    g.bench_function("parse the fan-out script (1,000 x 10), JSON", |b| {
+        b.iter(|| black_box(Script::parse(black_box(&json)).unwrap()))
     });
     g.finish();
 }

@@ -245,6 +245,19 @@ pub async fn cmd_fanout(args: FanoutArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The environment variable that makes the fan-out's script TOML (`toml`), as builds
+/// before JSON scripts wrote it, for a comparison that parses the same text.
+pub const SCRIPT_FORMAT_ENV: &str = "FORKFLEET_BENCH_SCRIPT";
+
+/// The fan-out script's text: JSON, as a program writes a large script (1,000 branches x
+/// 10 writes is 11,000 turns), or TOML when [`SCRIPT_FORMAT_ENV`] says `toml`.
+fn script_text(script: &Script) -> anyhow::Result<Vec<u8>> {
+    Ok(match std::env::var(SCRIPT_FORMAT_ENV).as_deref() {
+        Ok("toml") => toml::to_string(script)?.into_bytes(),
+        _ => serde_json::to_vec(script)?,
+    })
+}
+
 /// The bench script: per branch label, K write turns then a final answer.
 pub fn fanout_script(n: usize, k: usize, lines: usize) -> Script {
     let usage = Some(ScriptUsage {
@@ -397,7 +410,7 @@ async fn run_fanout(
 ) -> anyhow::Result<(FanoutResult, ForkView)> {
     let (n, k) = (args.branches, args.writes);
     let script = fanout_script(n, k, args.lines);
-    let script_text = bytes::Bytes::from(toml::to_string(&script)?.into_bytes());
+    let script_text = bytes::Bytes::from(script_text(&script)?);
     let script_hash = BlobHash::of(&script_text);
     let blobs = coord.blobs();
     let t_up = Instant::now();
