@@ -293,8 +293,12 @@ fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 impl BlobStore for SledBlobStore {
     async fn put(&self, hash: BlobHash, bytes: Bytes) -> Result<(), BlobError> {
         // Hashing and writing a file block: off the runtime, so that puts in flight (an
-        // upload of a large workspace) run side by side.
+        // upload of a large workspace) run side by side. A blob that is a sled value (a
+        // file an agent wrote, mostly) is hashed and stored here: a hop to a blocking
+        // thread and back cost more than the work (about 1,000 context switches per 1,000
+        // writes, and dozens of blocking threads, on the fan-out benchmark).
         let store = self.clone();
+        let small = bytes.len() <= INLINE_MAX;
         let put = move || {
             let actual = BlobHash::of(&bytes);
             if actual != hash {
@@ -305,6 +309,9 @@ impl BlobStore for SledBlobStore {
             }
             store.store(hash, &bytes)
         };
+        if small {
+            return put();
+        }
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => rt
                 .spawn_blocking(put)
