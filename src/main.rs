@@ -14,8 +14,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options, read when it starts (`_RJEM_MALLOC_CONF` in the environment adds to
 /// them): an arena per CPU, not four (jemalloc's default peaked 30 to 40 % above glibc's
-/// RSS on the fan-out and the workspace benchmark), and freed pages given back within half
-/// a second.
+/// RSS on the fan-out and the workspace benchmark), and freed pages given back after half a
+/// second (as allocations go on: no background thread).
 #[cfg(all(target_os = "linux", not(target_env = "musl")))]
 #[export_name = "_rjem_malloc_conf"]
 static MALLOC_CONF: MallocConf =

@@ -254,7 +254,9 @@ pub const SCRIPT_FORMAT_ENV: &str = "FORKFLEET_BENCH_SCRIPT";
 fn script_text(script: &Script) -> anyhow::Result<Vec<u8>> {
     Ok(match std::env::var(SCRIPT_FORMAT_ENV).as_deref() {
         Ok("toml") => toml::to_string(script)?.into_bytes(),
-        _ => serde_json::to_vec(script)?,
+        Ok("json") | Err(std::env::VarError::NotPresent) => serde_json::to_vec(script)?,
+        Ok(other) => anyhow::bail!("{SCRIPT_FORMAT_ENV}=`{other}`: give `toml` or `json`"),
+        Err(e) => anyhow::bail!("{SCRIPT_FORMAT_ENV}: {e}"),
     })
 }
 

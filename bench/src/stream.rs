@@ -62,10 +62,11 @@ pub struct StreamResult {
     pub delta_events: u64,
     /// Bytes of the first event's data: the whole view of the fork.
     pub first_event_bytes: u64,
-    /// Branch rows the deltas carried, and the most one carried.
+    /// Branch rows the deltas carried (the view's and the cost's), and the most one carried.
     pub delta_rows: u64,
     pub largest_delta_rows: u64,
-    /// What the events would have weighed had each carried the whole view.
+    /// What the events would have weighed had each carried the whole view: the first
+    /// event's size times the events (a lower bound: the view grows as branches answer).
     pub whole_view_bytes: u64,
     /// Model turns the branches took in the window (the fork's work, for scale).
     pub model_turns: u64,
@@ -78,10 +79,11 @@ struct Sse {
     data: String,
 }
 
-/// Count what a stream's text carries; `pending` holds a line cut by the chunk's end.
+/// Count what a stream's text carries; `pending` holds a line cut by the chunk's end (a
+/// character of several bytes too).
 #[derive(Default)]
 struct Tally {
-    pending: String,
+    pending: Vec<u8>,
     event: Sse,
     result: Counts,
 }
@@ -96,10 +98,11 @@ struct Counts {
 }
 
 impl Tally {
-    fn feed(&mut self, text: &str) {
-        self.pending.push_str(text);
-        while let Some(end) = self.pending.find('\n') {
-            let line: String = self.pending.drain(..=end).collect();
+    fn feed(&mut self, chunk: &[u8]) {
+        self.pending.extend_from_slice(chunk);
+        while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line);
             self.line(line.trim_end_matches(['\n', '\r']));
         }
     }
@@ -126,10 +129,14 @@ impl Tally {
             }
             "delta" => {
                 c.delta += 1;
-                let rows = serde_json::from_str::<serde_json::Value>(&e.data)
-                    .ok()
-                    .and_then(|d| d["view"]["branches"].as_object().map(|r| r.len() as u64))
-                    .unwrap_or(0);
+                // Rows of the view's branches and of the cost's.
+                let rows = serde_json::from_str::<serde_json::Value>(&e.data).map_or(0, |d| {
+                    ["view", "cost"]
+                        .iter()
+                        .filter_map(|k| d[*k]["branches"].as_object())
+                        .map(|r| r.len() as u64)
+                        .sum()
+                });
                 c.rows += rows;
                 c.largest = c.largest.max(rows);
             }
@@ -269,13 +276,18 @@ async fn measure(
         .await?;
     let fork = view.fork_id;
     let window = Duration::from_secs(args.seconds);
-    let http = reqwest::Client::new();
-    let mut resp = http
-        .get(format!("{base}/forks/{fork}/stream"))
-        .bearer_auth(&token)
-        .send()
-        .await?
-        .error_for_status()?;
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .build()?;
+    let opened = tokio::time::timeout(
+        Duration::from_secs(30),
+        http.get(format!("{base}/forks/{fork}/stream"))
+            .bearer_auth(&token)
+            .send(),
+    )
+    .await
+    .context("the stream did not answer in 30 s")?;
+    let mut resp = opened?.error_for_status()?;
     let (mut bytes, mut tally) = (0u64, Tally::default());
     let deadline = tokio::time::Instant::from_std(start + window);
     loop {
@@ -285,12 +297,14 @@ async fn measure(
             Ok(Err(e)) => return Err(e.into()),
         };
         bytes += chunk.len() as u64;
-        tally.feed(&String::from_utf8_lossy(&chunk));
+        tally.feed(&chunk);
     }
     drop(resp);
     let settled = client.call(GetFork { fork }).await?;
     let model_turns = settled.branches.iter().map(|b| u64::from(b.turns)).sum();
-    let _ = client.call(Abort { fork }).await;
+    if let Err(e) = client.call(Abort { fork }).await {
+        tracing::warn!(error = %e, "bench stream: the fork could not be aborted");
+    }
     endpoint.stop().await;
     let c = tally.result;
     Ok(StreamResult {
@@ -315,7 +329,7 @@ pub async fn cmd_stream(args: StreamArgs) -> anyhow::Result<()> {
     }
     let mb = |b: u64| b as f64 / 1e6;
     println!(
-        "a live fork of {} branches, its stream's first {} s: {:.2} MB in {} events ({} whole view, {} deltas carrying {} rows, at most {}); each event the whole view: {:.1} MB; {} model turns in the window",
+        "a live fork of {} branches, its stream's first {} s: {:.2} MB in {} events ({} whole view, {} deltas carrying {} rows, at most {}); each event the whole view: at least {:.1} MB; {} model turns in the window",
         r.branches,
         r.seconds,
         mb(r.bytes),

@@ -161,7 +161,7 @@ fn extra_paths(paths: &mut Map<String, Value>) {
         json!({
             "operationId": "fork_stream", "summary": "A fork's changes as Server-Sent Events", "tags": ["forks"],
             "x-forkfleet-access": "read", "parameters": [id("fork", "uuid"), last.clone(), ticket.clone()],
-            "responses": with_problems(sse("`fork` events: {version, view, cost}; the id is the version")),
+            "responses": with_problems(sse("first a `fork` event, the whole state: {version, view, cost}; then `delta` events, {version, view, cost} with only the fields and `branches` rows (keyed by position) that changed (docs/HTTP.md); the id is the coordinator's start in ms times 10^6 plus the version")),
         }),
     );
     add(

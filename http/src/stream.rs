@@ -143,9 +143,13 @@ struct ForkRound {
 
 /// What changed from `before` to `after` (two JSON objects): the keys whose values differ
 /// (`null` for one that is gone), and of the `branches` list the rows that differ, by
-/// position (`{"17": row}`); the whole list when it shrank. `None` when they are not both
-/// objects or a row is not comparable, so the caller sends the whole document instead.
+/// position (`{"17": row}`); the whole list when it shrank. Nothing (`{}`) when they are
+/// equal; `None` when they differ and are not both objects (a cost that was not there), so
+/// the caller sends the whole document instead.
 fn delta(before: &Value, after: &Value) -> Option<Value> {
+    if before == after {
+        return Some(Value::Object(serde_json::Map::new()));
+    }
     let (Value::Object(b), Value::Object(a)) = (before, after) else {
         return None;
     };
@@ -186,7 +190,10 @@ fn fork_event(
     let changes = sent.and_then(|(v, c)| Some((delta(v, &view)?, delta(c, &cost)?)));
     let (name, data) = match changes {
         Some((v, c)) => ("delta", json!({ "version": version, "view": v, "cost": c })),
-        None => ("fork", json!({ "version": version, "view": view, "cost": cost })),
+        None => (
+            "fork",
+            json!({ "version": version, "view": view, "cost": cost }),
+        ),
     };
     Event::default()
         .id(fork_event_id(since, version).to_string())
@@ -254,13 +261,21 @@ async fn fork_stream(
             if Some(w.version) == r.seen {
                 return Some((Ok(Event::default().comment("unchanged")), r));
             }
+            // A cost that cannot be read this round is the one sent last (not a change
+            // to nothing and back, which would send the whole view twice).
             let cost = match call(&serving, &caller, GetForkCost { fork }).await {
                 Ok(ApiReply::Cost(c)) => serde_json::to_value(c).unwrap_or(Value::Null),
-                _ => Value::Null,
+                _ => r.sent.as_ref().map_or(Value::Null, |(_, c)| c.clone()),
             };
             let done = w.view.state.is_resolved();
             let view = serde_json::to_value(&w.view).unwrap_or(Value::Null);
-            let event = fork_event(since, w.version, view.clone(), cost.clone(), r.sent.as_ref());
+            let event = fork_event(
+                since,
+                w.version,
+                view.clone(),
+                cost.clone(),
+                r.sent.as_ref(),
+            );
             Some((
                 Ok(event),
                 ForkRound {
@@ -659,12 +674,14 @@ mod tests {
             match (k.as_str(), v) {
                 ("branches", Value::Object(rows)) => {
                     let list = target["branches"].as_array_mut().unwrap();
+                    let mut rows: Vec<(usize, &Value)> =
+                        rows.iter().map(|(i, r)| (i.parse().unwrap(), r)).collect();
+                    rows.sort_by_key(|(i, _)| *i);
                     for (i, row) in rows {
-                        let i: usize = i.parse().unwrap();
                         if i < list.len() {
                             list[i] = row.clone();
                         } else {
-                            assert_eq!(i, list.len(), "rows beyond the list come in order");
+                            assert_eq!(i, list.len(), "rows beyond the list follow it");
                             list.push(row.clone());
                         }
                     }
@@ -698,13 +715,27 @@ mod tests {
         // shrank: whole.
         assert_eq!(delta(&after, &after).unwrap(), json!({}));
         let mut longer = after.clone();
-        longer["branches"].as_array_mut().unwrap().push(row("new", 0));
+        longer["branches"]
+            .as_array_mut()
+            .unwrap()
+            .push(row("new", 0));
         let d = delta(&after, &longer).unwrap();
         assert_eq!(d, json!({"branches": {"1000": row("new", 0)}}));
         let mut shorter = after.clone();
         shorter["branches"].as_array_mut().unwrap().truncate(2);
-        assert_eq!(delta(&after, &shorter).unwrap()["branches"], shorter["branches"]);
-        // Not two objects (a cost that was not there): no delta, the whole document.
+        assert_eq!(
+            delta(&after, &shorter).unwrap()["branches"],
+            shorter["branches"]
+        );
+        // Not two objects (a cost that was not there): no delta, the whole document; a
+        // cost that stays away is no change.
         assert!(delta(&Value::Null, &after).is_none());
+        assert_eq!(delta(&Value::Null, &Value::Null).unwrap(), json!({}));
+        // Rows past a digit boundary (keys "9", "10", "11" sort as strings).
+        let mut grown = after.clone();
+        grown["branches"].as_array_mut().unwrap().truncate(9);
+        let mut rebuilt = grown.clone();
+        patch(&mut rebuilt, &delta(&grown, &after).unwrap());
+        assert_eq!(rebuilt, after);
     }
 }

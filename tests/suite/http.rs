@@ -1114,7 +1114,10 @@ fn a_thousand_branch_fork_streams_deltas_that_rebuild_its_view() {
         .text()
         .unwrap();
     let served: Value = serde_json::from_str(&served).unwrap();
-    assert_eq!(doc["view"], served, "the deltas did not rebuild the served view");
+    assert_eq!(
+        doc["view"], served,
+        "the deltas did not rebuild the served view"
+    );
     let cost = http
         .get(format!("{}/forks/{fork}/cost", ui.base))
         .bearer_auth(&ui.token)
@@ -1123,8 +1126,14 @@ fn a_thousand_branch_fork_streams_deltas_that_rebuild_its_view() {
         .text()
         .unwrap();
     let cost: Value = serde_json::from_str(&cost).unwrap();
-    assert_eq!(doc["cost"], cost, "the deltas did not rebuild the served cost");
-    assert!(deltas >= 2, "{deltas} deltas: the fork changed over too few events");
+    assert_eq!(
+        doc["cost"], cost,
+        "the deltas did not rebuild the served cost"
+    );
+    assert!(
+        deltas >= 2,
+        "{deltas} deltas: the fork changed over too few events"
+    );
     assert!(largest < 1000, "a delta carried every row: {largest}");
     eprintln!("stream: {deltas} deltas, {rows_sent} rows sent, largest {largest}");
     ui.stop();

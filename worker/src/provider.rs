@@ -502,7 +502,11 @@ mod tests {
             .await
             .unwrap();
         for w in &workers {
-            let err = w.provider("scripted:m", Some(bad), None).await.err().unwrap();
+            let err = w
+                .provider("scripted:m", Some(bad), None)
+                .await
+                .err()
+                .unwrap();
             assert!(matches!(err, WorkerError::Script(_)), "{err}");
         }
     }

@@ -309,12 +309,12 @@ function forkPage(main, id) {
         if (!s.view) return;
         patch(s.view, d.view);
         if (s.cost) patch(s.cost, d.cost);
+        else if (d.cost && Object.keys(d.cost).length) s.cost = d.cost;
         onView({ view: s.view, cost: s.cost });
       });
     },
     () => (s.view && ["merged", "aborted"].includes(stateOf(s.view.state)) ? "close" : setConn(false)),
   );
-  s.reload = () => call("GET", `/forks/${id}`).then((view) => onView({ view, cost: s.cost }));
   page = { close: () => { es.close(); s.closed = true; } };
   return page;
 }

@@ -92,7 +92,7 @@ pub(crate) async fn parse_blocking(bytes: bytes::Bytes) -> Result<Script, Worker
         Ok(Script::parse(text)?)
     })
     .await
-    .map_err(|e| ScriptError::Parse(format!("the parse stopped: {e}")))?
+    .map_err(|e| WorkerError::NodeStopped(format!("parsing a script stopped: {e}")))?
 }
 
 /// The usage a played turn reports for `req`: the script's, else estimated from sizes.
