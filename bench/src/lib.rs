@@ -12,7 +12,8 @@
 //!   branch writes differently (`shared/split_j.txt`, seeded in the parent), a file only
 //!   that branch writes (`unique/b<b>/f<j>.txt`), or a file every writer writes
 //!   identically (`shared/agree_j.txt`). Every model call reports 1,000 input and 200
-//!   output tokens, priced like gpt-4o-mini. Zero model latency. Where it runs (`--bus`):
+//!   output tokens, priced like gpt-4o-mini. Zero model latency. The script is JSON
+//!   (`FORKFLEET_BENCH_SCRIPT=toml`: TOML, as older builds wrote it). Where it runs (`--bus`):
 //!   `local` (the default), the embedded system in this process (the coordinator and
 //!   `--workers` in-process workers on the local bus); `nats`, a cluster on this machine
 //!   (`cluster`). Both run the same measurement (`run_fanout`) through a [`Client`].
@@ -23,6 +24,8 @@
 //! - [`cache`]: `forkfleet bench cache`, what fork-aware prompt caching saves (with its
 //!   local server billing a prompt cache as Anthropic does).
 //! - [`workspace`]: `forkfleet bench workspace`, forks of a large real tree.
+//! - [`stream`]: `forkfleet bench stream`, what a live 1,000-branch fork's Server-Sent
+//!   Events stream sends through the HTTP API (the console's view of it).
 //! - [`stream_model`]: a local OpenAI-compatible server that streams its answers.
 //! - [`nats_server`]: the bench's `nats-server` child, killed on every exit path.
 
@@ -331,21 +334,31 @@ fn seed_workspace(dir: &Path, k: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A bench's embedded system in `data`: `workers` in-process workers running `concurrency`
+/// branches each (at least one of each), nothing requeued from an earlier run.
+async fn start_embedded(
+    data: &Path,
+    workers: usize,
+    concurrency: usize,
+) -> anyhow::Result<Embedded> {
+    Embedded::start(
+        data,
+        EmbeddedOptions {
+            workers: workers.max(1),
+            concurrency: concurrency.max(1),
+            requeue_unfinished: false,
+            ..EmbeddedOptions::default()
+        },
+    )
+    .await
+}
+
 /// The fan-out on the embedded system (`--bus local`).
 pub async fn fanout(args: &FanoutArgs) -> anyhow::Result<FanoutResult> {
     let tmp = tempfile::tempdir().context("temporary directory")?;
     let workspace = tmp.path().join("workspace");
     seed_workspace(&workspace, args.writes)?;
-    let system = Embedded::start(
-        &tmp.path().join("data"),
-        EmbeddedOptions {
-            workers: args.workers.max(1),
-            concurrency: args.concurrency.max(1),
-            requeue_unfinished: false,
-            ..EmbeddedOptions::default()
-        },
-    )
-    .await?;
+    let system = start_embedded(&tmp.path().join("data"), args.workers, args.concurrency).await?;
     let result = run_fanout(&system.client(), &workspace, args).await;
     system.shutdown().await?;
     Ok(result?.0)

@@ -14,17 +14,11 @@ use clap::Args;
 use forkfleet_client::workspace as ws;
 use forkfleet_client::ApiClient;
 use forkfleet_http::{audit::Audit, auth, ApiHttp, Serving, Slot};
-use forkfleet_node::embedded::{Embedded, EmbeddedOptions};
+use forkfleet_node::embedded::Embedded;
 use forkfleet_shared::api::{Abort, Access, CreateFork, GetFork, ParentRun};
 use forkfleet_shared::blob::BlobHash;
-use forkfleet_shared::flush::ConflictPolicy;
-use forkfleet_shared::pricing::Price;
-use forkfleet_shared::spec::{BranchPlan, ForkPlan, Limits, ModelPlan};
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-
-const MODEL: &str = "scripted:stream";
 
 #[derive(Debug, Args)]
 pub struct StreamArgs {
@@ -153,71 +147,14 @@ fn script(turns: usize, latency_ms: u64) -> String {
     )
 }
 
-fn plan(args: &StreamArgs, script: BlobHash) -> ForkPlan {
-    let max_turns = (args.turns + 5) as u32;
-    ForkPlan {
-        name: None,
-        approval: None,
-        goal: "bench stream".into(),
-        system_prompt: None,
-        history: Vec::new(),
-        model: MODEL.into(),
-        limits: Limits {
-            max_branches: args.branches.max(1),
-            max_turns,
-            ..Limits::default()
-        },
-        conflict_policy: ConflictPolicy::KeepParent,
-        aggregate_budget_usd: None,
-        budget: Default::default(),
-        resolve: Default::default(),
-        models: BTreeMap::from([(
-            MODEL.to_string(),
-            ModelPlan {
-                price: Some(Price {
-                    input_per_mtok: 0.15,
-                    output_per_mtok: 0.60,
-                    cached_per_mtok: None,
-                    cache_write_per_mtok: None,
-                }),
-                script: Some(script),
-                endpoint: None,
-            },
-        )]),
-        branches: (0..args.branches.max(1))
-            .map(|b| BranchPlan {
-                approval: None,
-                label: format!("b{b:04}"),
-                steer: format!("stream bench branch {b}"),
-                model: MODEL.into(),
-                budget_usd: None,
-                extra_instructions: None,
-                max_turns,
-                max_output_tokens: None,
-                temperature: None,
-            })
-            .collect(),
-        tools: Default::default(),
-        solo: false,
-    }
-}
-
 /// Run the benchmark: the fork, the API, one client reading the stream for the window.
 pub async fn stream(args: &StreamArgs) -> anyhow::Result<StreamResult> {
     let tmp = tempfile::tempdir().context("temporary directory")?;
     let workspace = tmp.path().join("workspace");
     std::fs::create_dir_all(&workspace)?;
     std::fs::write(workspace.join("README.md"), "stream bench\n")?;
-    let system = Embedded::start(
-        &tmp.path().join("data"),
-        EmbeddedOptions {
-            workers: args.workers.max(1),
-            concurrency: args.concurrency.max(1),
-            requeue_unfinished: false,
-            ..EmbeddedOptions::default()
-        },
-    )
-    .await?;
+    let system =
+        super::start_embedded(&tmp.path().join("data"), args.workers, args.concurrency).await?;
     let result = measure(&system, &workspace, args).await;
     system.shutdown().await?;
     result
@@ -266,7 +203,8 @@ async fn measure(
     let start = Instant::now();
     let view = client
         .call(CreateFork {
-            plan: plan(args, hash),
+            // The fan-out's plan: its branches play the script's `*` turns.
+            plan: super::fanout_plan(args.branches.max(1), args.turns, hash),
             parent: ParentRun::New,
             snapshot: upload.snapshot,
             workspace: Some(workspace.display().to_string()),

@@ -39,6 +39,33 @@ fn fanout_bench_reports_every_field() {
     assert!((doc["total_cost_usd"].as_f64().unwrap() - 48.0 * 0.00027).abs() < 1e-9);
 }
 
+/// `bench stream`: a live fork's stream through the HTTP API, read for its window: one whole
+/// view, then deltas of rows (a small fork: 30 branches, 3 writes of 50 to 100 ms each).
+#[test]
+fn stream_bench_reports_a_whole_view_then_deltas() {
+    let doc = json(&forkfleet(&[
+        "bench",
+        "stream",
+        "--branches",
+        "30",
+        "--turns",
+        "3",
+        "--latency-ms",
+        "50",
+        "--seconds",
+        "2",
+        "--json",
+    ]));
+    assert_eq!(doc["fork_events"], 1, "{doc}");
+    assert!(doc["delta_events"].as_u64().unwrap() >= 1, "{doc}");
+    assert!(doc["delta_rows"].as_u64().unwrap() >= 1, "{doc}");
+    assert!(doc["model_turns"].as_u64().unwrap() >= 30, "{doc}");
+    assert!(
+        doc["bytes"].as_u64().unwrap() > doc["first_event_bytes"].as_u64().unwrap(),
+        "{doc}"
+    );
+}
+
 /// `--bus nats`: its own nats-server, the coordinator in the bench process, two worker
 /// processes. Needs nats-server (`scripts/setup`), like the other cluster tests.
 #[test]

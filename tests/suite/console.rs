@@ -276,23 +276,8 @@ fn the_console_follows_a_fork_live_compares_merges_and_shows_lineage() {
 #[test]
 fn a_fork_of_a_thousand_branches_renders_and_filters_with_few_rows_in_the_page() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("workspace")).unwrap();
-    std::fs::write(dir.path().join("workspace/README.md"), "hi\n").unwrap();
-    std::fs::write(
-        dir.path().join("script.toml"),
-        "[[turns.\"*\"]]\ntext = \"done {label}\"\n",
-    )
-    .unwrap();
-    let mut spec = String::from(
-        "goal = \"many\"\nworkspace = \"workspace\"\nmodel = \"scripted:many\"\nmax_branches = 1000\n\n[models.\"scripted:many\"]\nscript = \"script.toml\"\nprice = { input_per_mtok = 0.15, output_per_mtok = 0.60 }\n",
-    );
-    for i in 0..1000 {
-        spec.push_str(&format!(
-            "\n[[branches]]\nlabel = \"b{i:04}\"\nsteer = \"try {i}\"\n"
-        ));
-    }
-    let spec_path = dir.path().join("fork.toml");
-    std::fs::write(&spec_path, spec).unwrap();
+    let spec_path =
+        super::http::thousand_branch_spec(dir.path(), "[[turns.\"*\"]]\ntext = \"done {label}\"\n");
     let ui = Ui::start(&dir.path().join(".forkfleet"));
     let http = Client::builder()
         .timeout(Duration::from_secs(120))

@@ -1028,6 +1028,26 @@ fn browser_attacks_on_a_tokenless_api_are_refused() {
     );
 }
 
+/// A fork of 1,000 branches (`b0000` to `b0999`, each with a steer) on the scripted model
+/// `scripted:many` playing `script` (TOML), its workspace beside it under `dir`: the spec's
+/// path.
+pub(super) fn thousand_branch_spec(dir: &std::path::Path, script: &str) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir.join("workspace")).unwrap();
+    std::fs::write(dir.join("workspace/README.md"), "hi\n").unwrap();
+    std::fs::write(dir.join("script.toml"), script).unwrap();
+    let mut spec = String::from(
+        "goal = \"many\"\nworkspace = \"workspace\"\nmodel = \"scripted:many\"\nmax_branches = 1000\n\n[models.\"scripted:many\"]\nscript = \"script.toml\"\nprice = { input_per_mtok = 0.15, output_per_mtok = 0.60 }\n",
+    );
+    for i in 0..1000 {
+        spec.push_str(&format!(
+            "\n[[branches]]\nlabel = \"b{i:04}\"\nsteer = \"try {i}\"\n"
+        ));
+    }
+    let path = dir.join("fork.toml");
+    std::fs::write(&path, spec).unwrap();
+    path
+}
+
 /// Applies a fork stream's `delta` as the console does (http/src/console/app.js `patch`).
 fn patch(target: &mut Value, d: &Value) {
     for (k, v) in d.as_object().unwrap() {
@@ -1049,22 +1069,11 @@ fn patch(target: &mut Value, d: &Value) {
 #[test]
 fn a_thousand_branch_fork_streams_deltas_that_rebuild_its_view() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("workspace")).unwrap();
-    std::fs::write(dir.path().join("workspace/README.md"), "hi\n").unwrap();
     // Turns that take a while, unevenly, so the fork changes over many events.
-    std::fs::write(
-        dir.path().join("script.toml"),
+    let spec_path = thousand_branch_spec(
+        dir.path(),
         "[defaults]\nlatency_ms = 20\nlatency_jitter_ms = 400\n\n[[turns.\"*\"]]\ntool_calls = [{ name = \"write_file\", args = { path = \"{label}.txt\", content = \"x\" } }]\n\n[[turns.\"*\"]]\ntext = \"done {label}\"\n",
-    )
-    .unwrap();
-    let mut spec = String::from(
-        "goal = \"many\"\nworkspace = \"workspace\"\nmodel = \"scripted:many\"\nmax_branches = 1000\n\n[models.\"scripted:many\"]\nscript = \"script.toml\"\nprice = { input_per_mtok = 0.15, output_per_mtok = 0.60 }\n",
     );
-    for i in 0..1000 {
-        spec.push_str(&format!("\n[[branches]]\nlabel = \"b{i:04}\"\n"));
-    }
-    let spec_path = dir.path().join("fork.toml");
-    std::fs::write(&spec_path, spec).unwrap();
     let ui = Ui::start(&dir.path().join(".forkfleet"));
     let http = Client::builder()
         .timeout(Duration::from_secs(120))
