@@ -614,7 +614,15 @@ text = "steered too"
     fx.enqueue(&task).await;
     let mut events = fx.events().await;
     let worker = start(&fx, config(1)).await;
-    // The steer comes while the (last) call's turn is under way.
+    // The steer comes while the (last) call's turn is under way. On NATS a control message
+    // is stored, then pushed to each watcher: the call is released once a watcher of the
+    // test's own has it, so that the worker's has it too by then (not a later push racing
+    // the call's answer, which this test is not about). The local bus hands it over at once
+    // (and has one watcher per run: a second would take the worker's).
+    let mut watcher = match fx.local() {
+        None => Some(fx.bus.watch_control(task.run_id).await.unwrap()),
+        Some(_) => None,
+    };
     held.arrived().await;
     fx.send(
         task.run_id,
@@ -623,6 +631,12 @@ text = "steered too"
         },
     )
     .await;
+    if let Some(watcher) = watcher.as_mut() {
+        tokio::time::timeout(std::time::Duration::from_secs(30), watcher.recv())
+            .await
+            .expect("the steer is delivered within 30 s")
+            .expect("the control stream is open");
+    }
     held.release.send(()).unwrap();
     next_answer(&mut answered).await;
     events.until_terminal(&[task.run_id]).await;
