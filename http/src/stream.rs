@@ -183,11 +183,11 @@ fn delta(before: &Value, after: &Value) -> Option<Value> {
 fn fork_event(
     since: u64,
     version: u64,
-    view: Value,
-    cost: Value,
+    view: &Value,
+    cost: &Value,
     sent: Option<&(Value, Value)>,
 ) -> Event {
-    let changes = sent.and_then(|(v, c)| Some((delta(v, &view)?, delta(c, &cost)?)));
+    let changes = sent.and_then(|(v, c)| Some((delta(v, view)?, delta(c, cost)?)));
     let (name, data) = match changes {
         Some((v, c)) => ("delta", json!({ "version": version, "view": v, "cost": c })),
         None => (
@@ -269,13 +269,7 @@ async fn fork_stream(
             };
             let done = w.view.state.is_resolved();
             let view = serde_json::to_value(&w.view).unwrap_or(Value::Null);
-            let event = fork_event(
-                since,
-                w.version,
-                view.clone(),
-                cost.clone(),
-                r.sent.as_ref(),
-            );
+            let event = fork_event(since, w.version, &view, &cost, r.sent.as_ref());
             Some((
                 Ok(event),
                 ForkRound {

@@ -276,15 +276,8 @@ fn the_console_follows_a_fork_live_compares_merges_and_shows_lineage() {
 #[test]
 fn a_fork_of_a_thousand_branches_renders_and_filters_with_few_rows_in_the_page() {
     let dir = tempfile::tempdir().unwrap();
-    let spec_path =
-        super::http::thousand_branch_spec(dir.path(), "[[turns.\"*\"]]\ntext = \"done {label}\"\n");
-    let ui = Ui::start(&dir.path().join(".forkfleet"));
-    let http = Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap();
-    let (view, _) = create_from_spec(&http, &ui.base, &ui.token, &spec_path, None);
-    let fork = view["fork_id"].as_str().unwrap().to_string();
+    let (ui, _http, fork) =
+        super::http::thousand_branch_fork(dir.path(), "[[turns.\"*\"]]\ntext = \"done {label}\"\n");
     let b = Browser::start();
     b.goto(&format!("{}&page=/forks", ui.console));
     b.wait(

@@ -1028,10 +1028,24 @@ fn browser_attacks_on_a_tokenless_api_are_refused() {
     );
 }
 
+/// `forkfleet ui` on a store under `dir`, a client of its API, and the id of the fork of
+/// [`thousand_branch_spec`] it created.
+pub(super) fn thousand_branch_fork(dir: &std::path::Path, script: &str) -> (Ui, Client, String) {
+    let spec_path = thousand_branch_spec(dir, script);
+    let ui = Ui::start(&dir.join(".forkfleet"));
+    let http = Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let (view, _) = create_from_spec(&http, &ui.base, &ui.token, &spec_path, None);
+    let fork = view["fork_id"].as_str().unwrap().to_string();
+    (ui, http, fork)
+}
+
 /// A fork of 1,000 branches (`b0000` to `b0999`, each with a steer) on the scripted model
 /// `scripted:many` playing `script` (TOML), its workspace beside it under `dir`: the spec's
 /// path.
-pub(super) fn thousand_branch_spec(dir: &std::path::Path, script: &str) -> std::path::PathBuf {
+fn thousand_branch_spec(dir: &std::path::Path, script: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(dir.join("workspace")).unwrap();
     std::fs::write(dir.join("workspace/README.md"), "hi\n").unwrap();
     std::fs::write(dir.join("script.toml"), script).unwrap();
@@ -1070,17 +1084,10 @@ fn patch(target: &mut Value, d: &Value) {
 fn a_thousand_branch_fork_streams_deltas_that_rebuild_its_view() {
     let dir = tempfile::tempdir().unwrap();
     // Turns that take a while, unevenly, so the fork changes over many events.
-    let spec_path = thousand_branch_spec(
+    let (ui, http, fork) = thousand_branch_fork(
         dir.path(),
         "[defaults]\nlatency_ms = 20\nlatency_jitter_ms = 400\n\n[[turns.\"*\"]]\ntool_calls = [{ name = \"write_file\", args = { path = \"{label}.txt\", content = \"x\" } }]\n\n[[turns.\"*\"]]\ntext = \"done {label}\"\n",
     );
-    let ui = Ui::start(&dir.path().join(".forkfleet"));
-    let http = Client::builder()
-        .timeout(Duration::from_secs(120))
-        .build()
-        .unwrap();
-    let (view, _) = create_from_spec(&http, &ui.base, &ui.token, &spec_path, None);
-    let fork = view["fork_id"].as_str().unwrap().to_string();
     let resp = http
         .get(format!("{}/forks/{fork}/stream", ui.base))
         .bearer_auth(&ui.token)
@@ -1115,26 +1122,22 @@ fn a_thousand_branch_fork_streams_deltas_that_rebuild_its_view() {
         patch(&mut doc["cost"], &d["cost"]);
         doc["version"] = d["version"].clone();
     }
-    let served = http
-        .get(format!("{}/forks/{fork}", ui.base))
-        .bearer_auth(&ui.token)
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
-    let served: Value = serde_json::from_str(&served).unwrap();
+    let get = |path: &str| -> Value {
+        let text = http
+            .get(format!("{}{path}", ui.base))
+            .bearer_auth(&ui.token)
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
     assert_eq!(
-        doc["view"], served,
+        doc["view"],
+        get(&format!("/forks/{fork}")),
         "the deltas did not rebuild the served view"
     );
-    let cost = http
-        .get(format!("{}/forks/{fork}/cost", ui.base))
-        .bearer_auth(&ui.token)
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
-    let cost: Value = serde_json::from_str(&cost).unwrap();
+    let cost = get(&format!("/forks/{fork}/cost"));
     assert_eq!(
         doc["cost"], cost,
         "the deltas did not rebuild the served cost"

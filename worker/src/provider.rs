@@ -27,7 +27,7 @@ pub mod responses;
 pub mod scripted;
 pub mod sse;
 
-use crate::cache::{BlobCache, Memo};
+use crate::cache::BlobCache;
 use crate::error::WorkerError;
 use crate::tools::measured_json_bytes;
 use crate::toolspec::tools_json_bytes;
@@ -335,7 +335,6 @@ fn json_chars(v: &serde_json::Value) -> u64 {
 /// The worker's providers, built per task and cached where building is costly.
 pub struct Providers {
     blobs: Arc<BlobCache>,
-    scripts: Memo<ScriptedProvider>,
     /// Where scripted models log their calls ([`ScriptedProvider::with_usage_log`]).
     scripted_usage_log: Option<PathBuf>,
     /// The one HTTP client of the real providers, built on first use.
@@ -352,7 +351,6 @@ impl Providers {
     ) -> Self {
         Self {
             blobs,
-            scripts: Memo::new(64),
             scripted_usage_log,
             http: tokio::sync::OnceCell::new(),
             catalogue,
@@ -401,26 +399,20 @@ impl Providers {
                 let hash = script.ok_or_else(|| WorkerError::MissingScript {
                     model: model.to_string(),
                 })?;
-                let scripted = self
-                    .scripts
+                let script = scripted::parsed_scripts()
                     .get_or_try_init(hash, || async {
-                        let script = scripted::parsed_scripts()
-                            .get_or_try_init(hash, || async {
-                                let bytes = self
-                                    .blobs
-                                    .get(&hash)
-                                    .await
-                                    .map_err(WorkerError::ScriptBlob)?;
-                                scripted::parse_blocking(bytes).await
-                            })
-                            .await?;
-                        Ok::<_, WorkerError>(
-                            ScriptedProvider::new(script)
-                                .with_usage_log(self.scripted_usage_log.clone()),
-                        )
+                        let bytes = self
+                            .blobs
+                            .get(&hash)
+                            .await
+                            .map_err(WorkerError::ScriptBlob)?;
+                        scripted::parse_blocking(bytes).await
                     })
                     .await?;
-                Ok(scripted)
+                // The parse is shared; the provider around it is a pointer and a path.
+                Ok(Arc::new(
+                    ScriptedProvider::new(script).with_usage_log(self.scripted_usage_log.clone()),
+                ))
             }
             Provider::OpenAi => {
                 let route = self.route(model, endpoint)?;
@@ -473,8 +465,8 @@ mod tests {
     use crate::toolspec::tool_specs;
 
     /// Two workers of one process (two `Providers`, each with its own blob cache) share
-    /// one parse of a script: the second finds it parsed, and a bad script is an error for
-    /// both, never remembered.
+    /// one parse of a script: the second finds it parsed; a bad script is an error for
+    /// each.
     #[tokio::test]
     async fn workers_of_one_process_share_a_scripts_parse() {
         use forkfleet_shared::blob::MemBlobStore;
