@@ -100,6 +100,7 @@ fn task() -> BranchTask {
         replay: None,
         fork_root: None,
         on_truncated: Default::default(),
+        event_batches: false,
     }
 }
 

@@ -27,8 +27,7 @@ use forkfleet_node::serve;
 use forkfleet_shared::api::ForkView;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::RunId;
-use forkfleet_shared::protocol::{BranchEvent, DEFAULT_POOL};
-use forkfleet_shared::wire;
+use forkfleet_shared::protocol::{read_events, DEFAULT_POOL};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -369,19 +368,20 @@ async fn branch_times(bus: &Arc<dyn Bus>, view: &ForkView) -> anyhow::Result<Bra
             Ok(d) => d?,
             Err(_) => break,
         };
-        match wire::decode::<BranchEvent>(&delivery.payload) {
-            Ok(ev) if ev.fork_id == view.fork_id => {
-                events += 1;
-                let at = first.entry(ev.run_id).or_insert(ev.at_ms);
-                *at = (*at).min(ev.at_ms);
-                if let Event::Status { state, .. } = ev.event {
-                    if state.is_terminal() {
-                        let at = last.entry(ev.run_id).or_insert(ev.at_ms);
-                        *at = (*at).max(ev.at_ms);
+        match read_events(&delivery.payload) {
+            Ok(batch) => {
+                for ev in batch.into_iter().filter(|ev| ev.fork_id == view.fork_id) {
+                    events += 1;
+                    let at = first.entry(ev.run_id).or_insert(ev.at_ms);
+                    *at = (*at).min(ev.at_ms);
+                    if let Event::Status { state, .. } = ev.event {
+                        if state.is_terminal() {
+                            let at = last.entry(ev.run_id).or_insert(ev.at_ms);
+                            *at = (*at).max(ev.at_ms);
+                        }
                     }
                 }
             }
-            Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "bench: an event does not decode"),
         }
         acks.spawn(async move { delivery.ack().await });

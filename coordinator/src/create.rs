@@ -200,6 +200,7 @@ pub(crate) fn branch_task(
         fork_root: None,
         on_truncated: plan.limits.on_truncated,
         approval: plan.approval_for(b).cloned(),
+        event_batches: true,
     }
 }
 

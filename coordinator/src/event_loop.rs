@@ -9,8 +9,9 @@
 //!                                                      ApplyEvents          delivery
 //! ```
 //!
-//! - **apply** takes whatever is buffered (up to [`MAX_BATCH`] deliveries), decodes them,
-//!   and sends each fork one `ApplyEvents` call with its events in delivery order. The fork
+//! - **apply** takes whatever is buffered (up to [`MAX_BATCH`] deliveries), decodes them
+//!   (a delivery is one event, or a worker's batch of one run's events), and sends each
+//!   fork one `ApplyEvents` call with its events in delivery order. The fork
 //!   actor writes them to sled (not flushed) and applies them.
 //! - **acker** takes every batch written so far, flushes the database once, and only then
 //!   acks them: an acked event is durable. While it flushes, apply goes on with the next
@@ -27,8 +28,7 @@ use crate::store::RunStore;
 use forkfleet_bus::{Bus, BusError, Delivery, EventConsumer};
 use forkfleet_shared::ids::ForkId;
 use forkfleet_shared::metrics::catalog as metrics;
-use forkfleet_shared::protocol::BranchEvent;
-use forkfleet_shared::wire;
+use forkfleet_shared::protocol::{read_events, BranchEvent};
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -190,15 +190,35 @@ async fn apply_batch(
     let mut done = Vec::with_capacity(batch.len());
     let mut groups: Vec<(ForkId, Vec<BranchEvent>, Vec<Delivery>)> = Vec::new();
     for d in batch {
-        match wire::decode::<BranchEvent>(&d.payload) {
-            Ok(ev) => {
-                prefetch.event(&ev.event);
-                match groups.iter_mut().find(|g| g.0 == ev.fork_id) {
+        match read_events(&d.payload) {
+            Ok(events) => {
+                // A batch is one run's events: one fork's.
+                let Some(fork_id) = events.first().map(|e| e.fork_id) else {
+                    tracing::error!(
+                        attempt = d.attempt,
+                        "coordinator.events: an empty event batch; acked"
+                    );
+                    done.push(d);
+                    continue;
+                };
+                if events.iter().any(|e| e.fork_id != fork_id) {
+                    tracing::error!(
+                        attempt = d.attempt,
+                        events = events.len(),
+                        "coordinator.events: an event batch names more than one fork; acked and dropped"
+                    );
+                    done.push(d);
+                    continue;
+                }
+                for ev in &events {
+                    prefetch.event(&ev.event);
+                }
+                match groups.iter_mut().find(|g| g.0 == fork_id) {
                     Some(g) => {
-                        g.1.push(ev);
+                        g.1.extend(events);
                         g.2.push(d);
                     }
-                    None => groups.push((ev.fork_id, vec![ev], vec![d])),
+                    None => groups.push((fork_id, events, vec![d])),
                 }
             }
             Err(e) => {

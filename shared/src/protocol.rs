@@ -3,6 +3,8 @@
 //! - [`BranchTask`] on the task queue: run (or resume) one branch.
 //! - [`BranchEvent`] on the event stream: one event of a branch's log, numbered by
 //!   (run, seq) so delivery can be at-least-once and applying idempotent.
+//!   Between two flushes a worker may send several as one [`BranchEventBatch`]
+//!   ([`pack_events`]); the coordinator reads either ([`read_events`]).
 //! - [`Control`] to a running branch: terminate or steer.
 
 use crate::blob::BlobHash;
@@ -11,6 +13,7 @@ use crate::ids::{ForkId, RunId};
 use crate::pricing::Price;
 use crate::state::BranchState;
 use crate::wire::WireMessage;
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 /// The queue branch tasks are published to (one pool for now).
@@ -87,6 +90,11 @@ pub struct BranchTask {
     /// fork's; docs/APPROVALS.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<crate::approval::ApprovalRules>,
+    /// The coordinator reads [`BranchEventBatch`]es: the worker may publish the events
+    /// between two flushes as one message. Absent (false) from a coordinator that
+    /// predates them, whose workers then publish one message per event.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub event_batches: bool,
 }
 
 /// What a replaying child re-executes.
@@ -134,6 +142,84 @@ pub struct BranchEvent {
 
 impl WireMessage for BranchEvent {
     const KIND: &'static str = "branch_event";
+}
+
+/// Several [`BranchEvent`]s of one run in one bus message (what a worker publishes
+/// between two flushes, when its task says `event_batches`): on NATS one stored message,
+/// one delivery and one ack instead of one per event. Each element is a whole wire-encoded
+/// `branch_event`, in seq order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BranchEventBatch {
+    pub events: Vec<serde_bytes::ByteBuf>,
+}
+
+impl WireMessage for BranchEventBatch {
+    const KIND: &'static str = "branch_event_batch";
+}
+
+/// Room left in a bus message for the batch's envelope and the message's headers.
+const BATCH_MARGIN: usize = 1024;
+
+/// Wire-encoded `branch_event`s, in order, as the fewest messages of at most `max_payload`
+/// bytes: consecutive events packed into [`BranchEventBatch`]es, an event alone (or too
+/// large to share a message) as it is, so what a bus carries today it carries packed.
+pub fn pack_events(
+    payloads: Vec<Bytes>,
+    max_payload: Option<usize>,
+) -> Result<Vec<Bytes>, crate::wire::WireError> {
+    if payloads.len() < 2 {
+        return Ok(payloads);
+    }
+    let limit = max_payload.map_or(usize::MAX, |m| m.saturating_sub(BATCH_MARGIN));
+    let mut out = Vec::new();
+    let mut group: Vec<Bytes> = Vec::new();
+    let mut size = 0usize;
+    for payload in payloads {
+        // An element's size plus its `bin 32` header at most.
+        let n = payload.len().saturating_add(5);
+        if !group.is_empty() && size.saturating_add(n) > limit {
+            out.push(pack_group(std::mem::take(&mut group))?);
+            size = 0;
+        }
+        if n > limit {
+            out.push(payload);
+            continue;
+        }
+        size += n;
+        group.push(payload);
+    }
+    if !group.is_empty() {
+        out.push(pack_group(group)?);
+    }
+    Ok(out)
+}
+
+/// The events of one message of the event stream: a `branch_event`, or each of a
+/// `branch_event_batch`'s, in order.
+pub fn read_events(payload: &[u8]) -> Result<Vec<BranchEvent>, crate::wire::WireError> {
+    if crate::wire::kind_of(payload)? == BranchEventBatch::KIND {
+        let batch: BranchEventBatch = crate::wire::decode(payload)?;
+        return batch
+            .events
+            .iter()
+            .map(|e| crate::wire::decode::<BranchEvent>(e))
+            .collect();
+    }
+    Ok(vec![crate::wire::decode(payload)?])
+}
+
+fn pack_group(mut group: Vec<Bytes>) -> Result<Bytes, crate::wire::WireError> {
+    if group.len() == 1 {
+        if let Some(one) = group.pop() {
+            return Ok(one);
+        }
+    }
+    crate::wire::encode(&BranchEventBatch {
+        events: group
+            .into_iter()
+            .map(|b| serde_bytes::ByteBuf::from(Vec::from(b)))
+            .collect(),
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -482,4 +568,91 @@ pub struct JudgeRun {
     /// The judge's own usage and cost, never counted in the branches' spend.
     pub usage: crate::event::Usage,
     pub cost_usd: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire;
+    use uuid::Uuid;
+
+    fn event(seq: u64, text_len: usize) -> BranchEvent {
+        BranchEvent {
+            fork_id: ForkId(Uuid::from_u128(1)),
+            run_id: RunId(Uuid::from_u128(2)),
+            seq,
+            at_ms: 1_700_000_000_000,
+            event: Event::Steer {
+                text: "x".repeat(text_len),
+            },
+            attempt: 1,
+        }
+    }
+
+    fn read_all(messages: &[Bytes]) -> Vec<BranchEvent> {
+        messages
+            .iter()
+            .flat_map(|m| read_events(m).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn packed_events_read_back_in_order_within_the_payload_limit() {
+        let events: Vec<BranchEvent> = (0..40)
+            .map(|seq| event(seq, 100 + seq as usize * 50))
+            .collect();
+        let encoded: Vec<Bytes> = events.iter().map(|e| wire::encode(e).unwrap()).collect();
+        // No limit: one message.
+        let one = pack_events(encoded.clone(), None).unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(wire::kind_of(&one[0]).unwrap(), BranchEventBatch::KIND);
+        assert_eq!(read_all(&one), events);
+        // A limit: several messages, none over it, the same events in the same order.
+        let limit = 8 * 1024;
+        let many = pack_events(encoded.clone(), Some(limit)).unwrap();
+        assert!(many.len() > 2, "{} messages", many.len());
+        assert!(
+            many.iter().all(|m| m.len() <= limit),
+            "{:?}",
+            many.iter().map(Bytes::len).collect::<Vec<_>>()
+        );
+        assert_eq!(read_all(&many), events);
+    }
+
+    #[test]
+    fn an_event_too_large_to_share_a_message_goes_alone_and_one_event_is_not_wrapped() {
+        let limit = 4 * 1024;
+        let events = vec![event(0, 10), event(1, 10_000), event(2, 10), event(3, 10)];
+        let encoded: Vec<Bytes> = events.iter().map(|e| wire::encode(e).unwrap()).collect();
+        let messages = pack_events(encoded.clone(), Some(limit)).unwrap();
+        let kinds: Vec<_> = messages
+            .iter()
+            .map(|m| wire::kind_of(m).unwrap().into_owned())
+            .collect();
+        // The first alone (a group of one is sent as it is), the large one as it is, then a batch.
+        assert_eq!(
+            kinds,
+            ["branch_event", "branch_event", "branch_event_batch"]
+        );
+        assert_eq!(messages[1], encoded[1]);
+        assert_eq!(read_all(&messages), events);
+        let single = pack_events(vec![encoded[0].clone()], Some(limit)).unwrap();
+        assert_eq!(single, vec![encoded[0].clone()]);
+        assert!(pack_events(Vec::new(), None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_batch_with_a_bad_element_is_an_error_not_a_shorter_list() {
+        let good = wire::encode(&event(0, 5)).unwrap();
+        let batch = wire::encode(&BranchEventBatch {
+            events: vec![
+                serde_bytes::ByteBuf::from(good.to_vec()),
+                serde_bytes::ByteBuf::from(b"\x00 not an event".to_vec()),
+            ],
+        })
+        .unwrap();
+        assert!(read_events(&batch).is_err());
+        assert!(read_events(b"garbage").is_err());
+        assert_eq!(read_events(&good).unwrap(), vec![event(0, 5)]);
+    }
 }

@@ -101,6 +101,24 @@ fn check_header(v: u16, kind: &str, expected: &'static str) -> WireError {
     }
 }
 
+/// The kind named in an envelope, read from its first bytes when they are laid out as
+/// [`encode`] writes them (`v`, then `kind`), else as [`peek_kind`] reads it: a reader of
+/// several kinds picks the body's type without decoding the message twice.
+pub fn kind_of(bytes: &[u8]) -> Result<std::borrow::Cow<'_, str>, WireError> {
+    // fixmap(3), fixstr "v", positive fixint version, fixstr "kind", fixstr kind.
+    const HEAD: [u8; 8] = [0x83, 0xa1, b'v', WIRE_VERSION as u8, 0xa4, b'k', b'i', b'n'];
+    if WIRE_VERSION < 0x80 && bytes.len() > 10 && bytes[..8] == HEAD && bytes[8] == b'd' {
+        let tag = bytes[9];
+        let len = usize::from(tag & 0x1f);
+        if tag & 0xe0 == 0xa0 && bytes.len() >= 10 + len {
+            if let Ok(kind) = std::str::from_utf8(&bytes[10..10 + len]) {
+                return Ok(std::borrow::Cow::Borrowed(kind));
+            }
+        }
+    }
+    peek_kind(bytes).map(std::borrow::Cow::Owned)
+}
+
 /// The kind named in an envelope, without decoding the body.
 pub fn peek_kind(bytes: &[u8]) -> Result<String, WireError> {
     let h: Header = rmp_serde::from_slice(bytes).map_err(|e| WireError::NotAnEnvelope {
@@ -201,6 +219,7 @@ mod tests {
             replay: None,
             fork_root: None,
             on_truncated: Default::default(),
+            event_batches: false,
         }
     }
 
@@ -326,5 +345,50 @@ mod tests {
             Err(WireError::Body { .. })
         ));
         assert_eq!(peek_kind(&bytes).unwrap(), "control");
+    }
+
+    #[test]
+    fn kind_of_reads_the_kind_from_the_first_bytes_and_falls_back_to_a_decode() {
+        let event = encode(&golden_event()).unwrap();
+        let batch = encode(&crate::protocol::BranchEventBatch {
+            events: vec![serde_bytes::ByteBuf::from(event.to_vec())],
+        })
+        .unwrap();
+        for bytes in [&event, &batch] {
+            let fast = kind_of(bytes).unwrap();
+            assert!(matches!(fast, std::borrow::Cow::Borrowed(_)));
+            assert_eq!(fast, peek_kind(bytes).unwrap());
+        }
+        assert_eq!(kind_of(&batch).unwrap(), "branch_event_batch");
+        // Another writer's key order: read by decoding the header.
+        #[derive(Serialize)]
+        struct KindFirst<'a> {
+            kind: &'a str,
+            v: u16,
+            body: u8,
+        }
+        let other = rmp_serde::to_vec_named(&KindFirst {
+            kind: "branch_event",
+            v: WIRE_VERSION,
+            body: 0,
+        })
+        .unwrap();
+        assert!(
+            matches!(kind_of(&other).unwrap(), std::borrow::Cow::Owned(k) if k == "branch_event")
+        );
+        // Cut short after the head, or not an envelope at all: errors, never a kind.
+        assert!(kind_of(&event[..12]).is_err());
+        assert!(kind_of(b"\x00garbage").is_err());
+        assert!(kind_of(&[]).is_err());
+        let wrong_version = rmp_serde::to_vec_named(&EnvelopeOut {
+            v: 2,
+            kind: "branch_event",
+            body: &0u8,
+        })
+        .unwrap();
+        assert!(matches!(
+            kind_of(&wrong_version),
+            Err(WireError::Version { found: 2, .. })
+        ));
     }
 }

@@ -225,6 +225,9 @@ struct Publisher {
     /// Events published since the last [`Publisher::flush`], encoded: sent together, one
     /// round trip on NATS.
     pending: Vec<bytes::Bytes>,
+    /// The coordinator reads batches (the task's `event_batches`): a flush packs its
+    /// events into as few messages as the bus carries.
+    batches: bool,
 }
 
 impl Publisher {
@@ -252,7 +255,10 @@ impl Publisher {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let batch = std::mem::take(&mut self.pending);
+        let mut batch = std::mem::take(&mut self.pending);
+        if self.batches {
+            batch = forkfleet_shared::protocol::pack_events(batch, self.bus.max_payload())?;
+        }
         self.bus.publish_events(batch).await?;
         Ok(())
     }
@@ -292,6 +298,7 @@ impl Actor for BranchAgent {
             seq: task.first_seq,
             attempt,
             pending: Vec::new(),
+            batches: task.event_batches,
         };
         Ok(AgentState {
             ctx: args.ctx,

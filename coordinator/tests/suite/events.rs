@@ -157,6 +157,96 @@ async fn garbage_on_the_event_stream_does_not_stop_the_loop() {
     assert_eq!(v.branches[0].state, BranchState::Done);
 }
 
+/// A worker's batch (one message of a run's events) applies as its events would: once,
+/// in seq order, with a duplicate batch and an overlapping single event applied once. A
+/// batch that is empty or names two forks is dropped whole, and the loop goes on.
+#[tokio::test]
+async fn a_batch_of_events_applies_once_and_a_malformed_batch_is_dropped() {
+    use forkfleet_shared::protocol::{pack_events, BranchEvent, BranchEventBatch};
+    let fx = Fixture::start().await;
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    fx.create(plan(&["solo"]), ParentRun::New, snap).await;
+    let (task, _d) = fx.pull().await;
+    let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
+    let blobs = fx.blobs();
+    let encode = |seq: u64, event: Event, fork_id| {
+        forkfleet_shared::wire::encode(&BranchEvent {
+            fork_id,
+            run_id: run,
+            seq,
+            at_ms: 0,
+            event,
+            attempt: 1,
+        })
+        .unwrap()
+    };
+    let running = Step::Status(BranchState::Running).into_event(&blobs).await;
+    let w1 = Step::Write("one.txt".into(), "1".into())
+        .into_event(&blobs)
+        .await;
+    let w2 = Step::Write("two.txt".into(), "2".into())
+        .into_event(&blobs)
+        .await;
+    let batch = pack_events(
+        vec![
+            encode(s, running.clone(), fork),
+            encode(s + 1, w1.clone(), fork),
+            encode(s + 2, w2.clone(), fork),
+        ],
+        fx.bus.max_payload(),
+    )
+    .unwrap();
+    assert_eq!(batch.len(), 1);
+
+    // Malformed batches first: empty, and one naming another fork beside this one.
+    let empty = forkfleet_shared::wire::encode(&BranchEventBatch { events: vec![] }).unwrap();
+    let mixed = pack_events(
+        vec![
+            encode(
+                s + 3,
+                Event::Status {
+                    state: BranchState::Failed,
+                    error: None,
+                },
+                fork,
+            ),
+            encode(s + 4, running.clone(), forkfleet_shared::ids::ForkId::new()),
+        ],
+        None,
+    )
+    .unwrap();
+    for bad in [empty, mixed[0].clone()] {
+        fx.bus.publish_event(bad).await.unwrap();
+    }
+    // The batch twice, and its middle event alone.
+    fx.bus
+        .publish_events(vec![batch[0].clone(), batch[0].clone()])
+        .await
+        .unwrap();
+    fx.publish(fork, run, s + 1, w1.clone()).await;
+    let v = wait_view(&h, fork, |v| v.branches[0].events == s + 3).await;
+    assert_eq!(v.branches[0].state, BranchState::Running);
+    assert_eq!(v.branches[0].changes, 2);
+    fx.publish(
+        fork,
+        run,
+        s + 3,
+        Event::Status {
+            state: BranchState::Done,
+            error: None,
+        },
+    )
+    .await;
+    let v = within(h.wait_settled(fork, T)).await.unwrap();
+    // The mixed batch's `failed` never applied.
+    assert_eq!(v.branches[0].state, BranchState::Done);
+    let log = within(h.run_events(run)).await.unwrap();
+    let tail: Vec<Event> = log[s as usize..].iter().map(|(_, e)| e.clone()).collect();
+    assert_eq!(tail[..3], [running, w1, w2]);
+    assert_eq!(tail.len(), 4);
+}
+
 #[tokio::test]
 async fn a_fork_settles_when_every_branch_is_terminal_and_counts_add_up() {
     let fx = Fixture::start().await;

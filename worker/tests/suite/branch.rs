@@ -427,3 +427,44 @@ text = "resumed at turn {turn}"
     assert_eq!(last_text, "resumed at turn 2");
     assert_eq!(events.by_run[&task.run_id][0].seq, task.first_seq);
 }
+
+/// A coordinator that reads batches (the task's `event_batches`) gets what a branch
+/// publishes between two flushes as one message; one that predates them gets one message
+/// per event. The events, and their order, are the same.
+#[tokio::test]
+async fn a_flushs_events_are_one_message_when_the_coordinator_reads_batches() {
+    let mut logs = Vec::new();
+    for batches in [true, false] {
+        let fx = Fixture::new().await;
+        let (_, snap) = fx.snapshot(&[("README.md", "# project\nstatus: draft\n")]);
+        let mut task = fx.task("alpha", 0, snap, fx.script(WRITER));
+        task.event_batches = batches;
+        fx.enqueue(&task).await;
+        let mut events = fx.events().await;
+        let worker = start(&fx, config(1)).await;
+        events.until_terminal(&[task.run_id]).await;
+        shutdown(worker).await;
+        let published = &events.by_run[&task.run_id];
+        for (i, e) in published.iter().enumerate() {
+            assert_eq!(e.seq, task.first_seq + i as u64, "seq gap at {i}");
+        }
+        let n = published.len();
+        if batches {
+            // Five model turns: a turn's usage, answer, changes and results go together.
+            assert!(
+                events.messages * 2 < n,
+                "{} messages for {n} events",
+                events.messages
+            );
+        } else {
+            assert_eq!(events.messages, n);
+        }
+        logs.push(
+            published
+                .iter()
+                .map(|e| e.event.kind().to_string())
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(logs[0], logs[1]);
+}

@@ -201,6 +201,7 @@ impl Fixture {
             replay: None,
             fork_root: None,
             on_truncated: Default::default(),
+            event_batches: true,
         }
     }
 
@@ -237,6 +238,8 @@ impl Fixture {
             consumer: self.bus.events("test").await.unwrap(),
             by_run: HashMap::new(),
             order: Vec::new(),
+            queued: Default::default(),
+            messages: 0,
         }
     }
 
@@ -339,30 +342,36 @@ pub struct Events {
     consumer: Box<dyn EventConsumer>,
     pub by_run: HashMap<RunId, Vec<BranchEvent>>,
     pub order: Vec<BranchEvent>,
+    /// The rest of a batch read off the stream.
+    queued: std::collections::VecDeque<BranchEvent>,
+    /// Messages read off the stream (a batch is one).
+    pub messages: usize,
 }
 
 impl Events {
     /// The next event (acked), or a panic after [`WAIT`].
     pub async fn next(&mut self) -> BranchEvent {
-        let d = tokio::time::timeout(WAIT, self.consumer.next())
-            .await
-            .expect("no event within the wait")
-            .expect("event stream closed");
-        d.ack().await.unwrap();
-        let ev: BranchEvent = wire::decode(&d.payload).expect("a branch event");
+        let ev = self.next_raw().await;
         self.by_run.entry(ev.run_id).or_default().push(ev.clone());
         self.order.push(ev.clone());
         ev
     }
 
-    /// The next event (acked), not kept.
+    /// The next event (acked), not kept: the next of a batch already read, or of the next
+    /// message (an event or a batch).
     pub async fn next_raw(&mut self) -> BranchEvent {
+        if let Some(ev) = self.queued.pop_front() {
+            return ev;
+        }
         let d = tokio::time::timeout(WAIT, self.consumer.next())
             .await
             .expect("no event within the wait")
             .expect("event stream closed");
         d.ack().await.unwrap();
-        wire::decode(&d.payload).expect("a branch event")
+        self.messages += 1;
+        self.queued
+            .extend(forkfleet_shared::protocol::read_events(&d.payload).expect("branch events"));
+        self.queued.pop_front().expect("a message of no events")
     }
 
     /// Read until `pred` holds for an event; returns it.
