@@ -244,6 +244,13 @@ pub trait Bus: Send + Sync + 'static {
         0
     }
 
+    /// The bus crosses processes (NATS): the coordinator's run store is not the bus's blob
+    /// store, so what it needs of a blob travels (a worker sends small written texts along
+    /// with its events). `false` for the in-process bus, whose store the coordinator shares.
+    fn remote(&self) -> bool {
+        false
+    }
+
     /// The largest message the bus carries, in bytes (NATS: the server's `max_payload`);
     /// `None`: no limit (the in-process bus).
     fn max_payload(&self) -> Option<usize> {

@@ -992,6 +992,10 @@ impl Bus for NatsBus {
         self.inner.disruptions.last_ms()
     }
 
+    fn remote(&self) -> bool {
+        true
+    }
+
     fn max_payload(&self) -> Option<usize> {
         Some(self.inner.client.server_info().max_payload).filter(|n| *n > 0)
     }

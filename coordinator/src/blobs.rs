@@ -5,12 +5,14 @@
 
 use crate::error::CoordinatorError;
 use crate::store::RunStore;
+use bytes::Bytes;
 use forkfleet_bus::{Bus, BusError};
 use forkfleet_shared::api::CreateFork;
 use forkfleet_shared::blob::{BlobHash, BlobStore};
 use forkfleet_shared::diff::DiffReport;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::manifest::Manifest;
+use forkfleet_shared::protocol::BranchEvent;
 use futures::{StreamExt, TryStreamExt};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -38,7 +40,14 @@ const PREFETCH_IN_FLIGHT: usize = 64;
 /// copied by the diff that needs it.
 #[derive(Clone)]
 pub(crate) struct Prefetch {
-    tx: Option<mpsc::UnboundedSender<BlobHash>>,
+    tx: Option<mpsc::UnboundedSender<Written>>,
+}
+
+/// What one message of the event stream wrote: the text blobs its events write, and the
+/// contents its worker sent along (unchecked).
+struct Written {
+    hashes: Vec<BlobHash>,
+    sent: Vec<Bytes>,
 }
 
 impl Prefetch {
@@ -55,28 +64,48 @@ impl Prefetch {
         (Prefetch { tx: Some(tx) }, Some(task))
     }
 
-    /// Queue the text blob `event` writes, if it writes one.
-    pub(crate) fn event(&self, event: &Event) {
-        let (Some(tx), Event::FileChange { change }) = (&self.tx, event) else {
+    /// Queue the text blobs `events` write; `sent`, the contents a worker sent along
+    /// with them, are kept where they match one (checked by hash), the rest copied.
+    pub(crate) fn events(&self, events: &[BranchEvent], sent: Vec<Bytes>) {
+        let Some(tx) = &self.tx else {
             return;
         };
-        if let Some(entry) = change.written().filter(|e| !e.binary) {
-            let _ = tx.send(entry.hash);
+        let hashes: Vec<BlobHash> = events
+            .iter()
+            .filter_map(|ev| match &ev.event {
+                Event::FileChange { change } => change.written().filter(|e| !e.binary),
+                _ => None,
+            })
+            .map(|e| e.hash)
+            .collect();
+        if !hashes.is_empty() {
+            let _ = tx.send(Written { hashes, sent });
         }
     }
 }
 
 async fn prefetch(
-    mut rx: mpsc::UnboundedReceiver<BlobHash>,
+    mut rx: mpsc::UnboundedReceiver<Written>,
     to: Arc<dyn BlobStore>,
     from: Arc<dyn BlobStore>,
 ) {
     while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < PREFETCH_BATCH {
-            match rx.try_recv() {
-                Ok(h) => batch.push(h),
-                Err(_) => break,
+        let mut batch = Vec::new();
+        let mut next = Some(first);
+        while let Some(written) = next.take() {
+            // Contents sent along are kept only for a hash the events name: a worker cannot
+            // put anything else into the run store, nor anything under a wrong hash.
+            for bytes in written.sent {
+                let hash = BlobHash::of(&bytes);
+                if written.hashes.contains(&hash) {
+                    if let Err(e) = to.put(hash, bytes).await {
+                        tracing::debug!(error = %e, "coordinator.blobs: cannot keep a sent blob; a diff copies it");
+                    }
+                }
+            }
+            batch.extend(written.hashes);
+            if batch.len() < PREFETCH_BATCH {
+                next = rx.try_recv().ok();
             }
         }
         batch.sort_unstable();

@@ -28,7 +28,7 @@ use crate::store::RunStore;
 use forkfleet_bus::{Bus, BusError, Delivery, EventConsumer};
 use forkfleet_shared::ids::ForkId;
 use forkfleet_shared::metrics::catalog as metrics;
-use forkfleet_shared::protocol::{read_events, BranchEvent};
+use forkfleet_shared::protocol::{read_message, BranchEvent, EventMessage};
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -190,8 +190,8 @@ async fn apply_batch(
     let mut done = Vec::with_capacity(batch.len());
     let mut groups: Vec<(ForkId, Vec<BranchEvent>, Vec<Delivery>)> = Vec::new();
     for d in batch {
-        match read_events(&d.payload) {
-            Ok(events) => {
+        match read_message(&d.payload) {
+            Ok(EventMessage { events, blobs }) => {
                 // A batch is one run's events: one fork's.
                 let Some(fork_id) = events.first().map(|e| e.fork_id) else {
                     tracing::error!(
@@ -210,9 +210,7 @@ async fn apply_batch(
                     done.push(d);
                     continue;
                 }
-                for ev in &events {
-                    prefetch.event(&ev.event);
-                }
+                prefetch.events(&events, blobs);
                 match groups.iter_mut().find(|g| g.0 == fork_id) {
                     Some(g) => {
                         g.1.extend(events);

@@ -151,14 +151,32 @@ impl WireMessage for BranchEvent {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BranchEventBatch {
     pub events: Vec<serde_bytes::ByteBuf>,
+    /// The contents of small text blobs the events write, sent along so that the
+    /// coordinator need not fetch them from the bus's blob store (where the worker put them
+    /// first, as always). A reader checks each against its hash before keeping it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blobs: Vec<serde_bytes::ByteBuf>,
 }
 
 impl WireMessage for BranchEventBatch {
     const KIND: &'static str = "branch_event_batch";
 }
 
+/// What one message of the event stream carries: its events, and the blobs a batch brought
+/// along (unchecked: see [`BranchEventBatch::blobs`]).
+#[derive(Debug, Default)]
+pub struct EventMessage {
+    pub events: Vec<BranchEvent>,
+    pub blobs: Vec<Bytes>,
+}
+
 /// Room left in a bus message for the batch's envelope and the message's headers.
 const BATCH_MARGIN: usize = 1024;
+
+/// An element's size in a batch: its bytes and a `bin 32` header at most.
+fn element(bytes: &Bytes) -> usize {
+    bytes.len().saturating_add(5)
+}
 
 /// Wire-encoded `branch_event`s, in order, as the fewest messages of at most `max_payload`
 /// bytes: consecutive events packed into [`BranchEventBatch`]es, an event alone (or too
@@ -167,7 +185,17 @@ pub fn pack_events(
     payloads: Vec<Bytes>,
     max_payload: Option<usize>,
 ) -> Result<Vec<Bytes>, crate::wire::WireError> {
-    if payloads.len() < 2 {
+    pack_events_with(payloads, Vec::new(), max_payload)
+}
+
+/// [`pack_events`], with `blobs` (contents the events write) in the last message when they
+/// fit there; those that do not are left out (the coordinator fetches them).
+pub fn pack_events_with(
+    payloads: Vec<Bytes>,
+    mut blobs: Vec<Bytes>,
+    max_payload: Option<usize>,
+) -> Result<Vec<Bytes>, crate::wire::WireError> {
+    if payloads.len() < 2 && blobs.is_empty() {
         return Ok(payloads);
     }
     let limit = max_payload.map_or(usize::MAX, |m| m.saturating_sub(BATCH_MARGIN));
@@ -175,10 +203,9 @@ pub fn pack_events(
     let mut group: Vec<Bytes> = Vec::new();
     let mut size = 0usize;
     for payload in payloads {
-        // An element's size plus its `bin 32` header at most.
-        let n = payload.len().saturating_add(5);
+        let n = element(&payload);
         if !group.is_empty() && size.saturating_add(n) > limit {
-            out.push(pack_group(std::mem::take(&mut group))?);
+            out.push(pack_group(std::mem::take(&mut group), Vec::new())?);
             size = 0;
         }
         if n > limit {
@@ -188,37 +215,65 @@ pub fn pack_events(
         size += n;
         group.push(payload);
     }
-    if !group.is_empty() {
-        out.push(pack_group(group)?);
+    if group.is_empty() {
+        return Ok(out);
     }
+    blobs.retain(|b| {
+        let n = element(b);
+        let fits = size.saturating_add(n) <= limit;
+        if fits {
+            size += n;
+        }
+        fits
+    });
+    out.push(pack_group(group, blobs)?);
     Ok(out)
 }
 
 /// The events of one message of the event stream: a `branch_event`, or each of a
 /// `branch_event_batch`'s, in order.
 pub fn read_events(payload: &[u8]) -> Result<Vec<BranchEvent>, crate::wire::WireError> {
-    if crate::wire::kind_of(payload)? == BranchEventBatch::KIND {
-        let batch: BranchEventBatch = crate::wire::decode(payload)?;
-        return batch
-            .events
-            .iter()
-            .map(|e| crate::wire::decode::<BranchEvent>(e))
-            .collect();
-    }
-    Ok(vec![crate::wire::decode(payload)?])
+    read_message(payload).map(|m| m.events)
 }
 
-fn pack_group(mut group: Vec<Bytes>) -> Result<Bytes, crate::wire::WireError> {
-    if group.len() == 1 {
+/// The events of one message of the event stream, and the blobs a batch carries.
+pub fn read_message(payload: &[u8]) -> Result<EventMessage, crate::wire::WireError> {
+    if crate::wire::kind_of(payload)? == BranchEventBatch::KIND {
+        let batch: BranchEventBatch = crate::wire::decode(payload)?;
+        return Ok(EventMessage {
+            events: batch
+                .events
+                .iter()
+                .map(|e| crate::wire::decode::<BranchEvent>(e))
+                .collect::<Result<_, _>>()?,
+            blobs: batch
+                .blobs
+                .into_iter()
+                .map(|b| Bytes::from(b.into_vec()))
+                .collect(),
+        });
+    }
+    Ok(EventMessage {
+        events: vec![crate::wire::decode(payload)?],
+        blobs: Vec::new(),
+    })
+}
+
+/// One message of `group`'s events: the event itself when it is alone with no blobs.
+fn pack_group(mut group: Vec<Bytes>, blobs: Vec<Bytes>) -> Result<Bytes, crate::wire::WireError> {
+    if group.len() == 1 && blobs.is_empty() {
         if let Some(one) = group.pop() {
             return Ok(one);
         }
     }
-    crate::wire::encode(&BranchEventBatch {
-        events: group
-            .into_iter()
+    let bufs = |v: Vec<Bytes>| -> Vec<serde_bytes::ByteBuf> {
+        v.into_iter()
             .map(|b| serde_bytes::ByteBuf::from(Vec::from(b)))
-            .collect(),
+            .collect()
+    };
+    crate::wire::encode(&BranchEventBatch {
+        events: bufs(group),
+        blobs: bufs(blobs),
     })
 }
 
@@ -642,6 +697,33 @@ mod tests {
     }
 
     #[test]
+    fn blobs_ride_in_the_last_message_when_they_fit_and_are_left_out_when_not() {
+        let events: Vec<BranchEvent> = (0..3).map(|seq| event(seq, 10)).collect();
+        let encoded: Vec<Bytes> = events.iter().map(|e| wire::encode(e).unwrap()).collect();
+        let small = Bytes::from_static(b"note 1 of a\n");
+        let large = Bytes::from(vec![b'x'; 6 * 1024]);
+        let limit = 4 * 1024;
+        let messages = pack_events_with(
+            encoded.clone(),
+            vec![small.clone(), large.clone(), small.clone()],
+            Some(limit),
+        )
+        .unwrap();
+        assert_eq!(messages.len(), 1);
+        assert!(messages[0].len() <= limit);
+        let read = read_message(&messages[0]).unwrap();
+        assert_eq!(read.events, events);
+        assert_eq!(read.blobs, vec![small.clone(), small.clone()]);
+        // One event with a blob is still a batch (the blob needs a carrier); with none, the
+        // event as it is.
+        let one = pack_events_with(vec![encoded[0].clone()], vec![small.clone()], None).unwrap();
+        assert_eq!(wire::kind_of(&one[0]).unwrap(), BranchEventBatch::KIND);
+        assert_eq!(read_message(&one[0]).unwrap().blobs, vec![small]);
+        // A single event's message carries none.
+        assert!(read_message(&encoded[0]).unwrap().blobs.is_empty());
+    }
+
+    #[test]
     fn a_batch_with_a_bad_element_is_an_error_not_a_shorter_list() {
         let good = wire::encode(&event(0, 5)).unwrap();
         let batch = wire::encode(&BranchEventBatch {
@@ -649,6 +731,7 @@ mod tests {
                 serde_bytes::ByteBuf::from(good.to_vec()),
                 serde_bytes::ByteBuf::from(b"\x00 not an event".to_vec()),
             ],
+            blobs: Vec::new(),
         })
         .unwrap();
         assert!(read_events(&batch).is_err());

@@ -352,6 +352,7 @@ mod tests {
         let event = encode(&golden_event()).unwrap();
         let batch = encode(&crate::protocol::BranchEventBatch {
             events: vec![serde_bytes::ByteBuf::from(event.to_vec())],
+            blobs: Vec::new(),
         })
         .unwrap();
         for bytes in [&event, &batch] {

@@ -228,7 +228,14 @@ struct Publisher {
     /// The coordinator reads batches (the task's `event_batches`): a flush packs its
     /// events into as few messages as the bus carries.
     batches: bool,
+    /// Small texts the pending events write, sent along with them on a remote bus
+    /// ([`Publisher::attach`]).
+    blobs: Vec<bytes::Bytes>,
+    blob_bytes: usize,
 }
+
+/// A flush's texts sent along with its events, at most (the coordinator fetches the rest).
+const ATTACHED_BYTES_MAX: usize = 256 * 1024;
 
 impl Publisher {
     /// Publish one event (sent at the next [`Publisher::flush`]) and hand it back (so its
@@ -247,6 +254,21 @@ impl Publisher {
         Ok(msg.event)
     }
 
+    /// Whether [`Publisher::attach`] keeps anything.
+    fn attaching(&self) -> bool {
+        self.batches && self.bus.remote()
+    }
+
+    /// Send the contents of a text the pending events write along with them, when the
+    /// coordinator reads batches over a remote bus (it then need not fetch it; the blob is
+    /// in the bus's store already) and the flush's attachments stay small.
+    fn attach(&mut self, bytes: bytes::Bytes) {
+        if self.attaching() && self.blob_bytes.saturating_add(bytes.len()) <= ATTACHED_BYTES_MAX {
+            self.blob_bytes += bytes.len();
+            self.blobs.push(bytes);
+        }
+    }
+
     /// Send the events published since the last flush, and wait until the bus stored
     /// them: before whatever depends on the coordinator having them (a model call, a
     /// reservation, a tool that calls the coordinator or takes time, reading the
@@ -256,8 +278,11 @@ impl Publisher {
             return Ok(());
         }
         let mut batch = std::mem::take(&mut self.pending);
+        let blobs = std::mem::take(&mut self.blobs);
+        self.blob_bytes = 0;
         if self.batches {
-            batch = forkfleet_shared::protocol::pack_events(batch, self.bus.max_payload())?;
+            batch =
+                forkfleet_shared::protocol::pack_events_with(batch, blobs, self.bus.max_payload())?;
         }
         self.bus.publish_events(batch).await?;
         Ok(())
@@ -299,6 +324,8 @@ impl Actor for BranchAgent {
             attempt,
             pending: Vec::new(),
             batches: task.event_batches,
+            blobs: Vec::new(),
+            blob_bytes: 0,
         };
         Ok(AgentState {
             ctx: args.ctx,

@@ -200,7 +200,11 @@ async fn a_batch_of_events_applies_once_and_a_malformed_batch_is_dropped() {
     assert_eq!(batch.len(), 1);
 
     // Malformed batches first: empty, and one naming another fork beside this one.
-    let empty = forkfleet_shared::wire::encode(&BranchEventBatch { events: vec![] }).unwrap();
+    let empty = forkfleet_shared::wire::encode(&BranchEventBatch {
+        events: vec![],
+        blobs: vec![],
+    })
+    .unwrap();
     let mixed = pack_events(
         vec![
             encode(
@@ -329,4 +333,68 @@ async fn written_text_blobs_are_copied_into_the_run_store_as_their_events_arrive
         h.store().blob(&hash).unwrap().as_deref(),
         Some(&b"written by the branch\n"[..])
     );
+}
+
+/// On a cluster a worker sends the small texts a turn writes along with its events: the
+/// coordinator keeps those its events name (checked by their hash) without fetching them
+/// from the bus, and keeps nothing else a message brings.
+#[tokio::test]
+async fn texts_sent_along_with_a_batch_are_kept_when_its_events_name_them() {
+    use forkfleet_shared::blob::BlobHash;
+    use forkfleet_shared::manifest::FileEntry;
+    use forkfleet_shared::overlay::ChangeOp;
+    use forkfleet_shared::path::WsPath;
+    use forkfleet_shared::protocol::{pack_events_with, BranchEvent};
+    let fx = Fixture::start().await;
+    if !fx.bus.remote() {
+        // Embedded, the run store is the bus's store: nothing travels.
+        return;
+    }
+    let h = fx.h();
+    let snap = fx.upload(&[("a.txt", "a\n")]).await;
+    fx.create(plan(&["solo"]), ParentRun::New, snap).await;
+    let (task, _d) = fx.pull().await;
+    let text = Bytes::from_static(b"sent along, never put in the bus's store\n");
+    let junk = Bytes::from_static(b"named by no event\n");
+    let entry = FileEntry::for_bytes(&text, 0o644);
+    let events = [
+        Event::Status {
+            state: BranchState::Running,
+            error: None,
+        },
+        Event::FileChange {
+            change: ChangeOp::Write {
+                path: WsPath::parse("notes.txt").unwrap(),
+                entry: entry.clone(),
+            },
+        },
+    ];
+    let encoded = events
+        .into_iter()
+        .enumerate()
+        .map(|(i, event)| {
+            forkfleet_shared::wire::encode(&BranchEvent {
+                fork_id: task.fork_id,
+                run_id: task.run_id,
+                seq: task.first_seq + i as u64,
+                at_ms: 0,
+                event,
+                attempt: 1,
+            })
+            .unwrap()
+        })
+        .collect();
+    let message = pack_events_with(encoded, vec![junk.clone(), text.clone()], None).unwrap();
+    assert!(fx.bus.blobs().get(&entry.hash).await.unwrap().is_none());
+    fx.bus.publish_events(message).await.unwrap();
+    wait_view(&h, task.fork_id, |v| v.branches[0].changes == 1).await;
+    // Kept by the prefetch, which reads a message's texts in order (bounded wait).
+    within(async {
+        while h.store().blob(&entry.hash).unwrap().is_none() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(h.store().blob(&entry.hash).unwrap(), Some(text));
+    assert_eq!(h.store().blob(&BlobHash::of(&junk)).unwrap(), None);
 }

@@ -828,6 +828,13 @@ impl Calls<'_> {
                 }
             };
             for op in &run.overlay.changes()[before..] {
+                if let Some(bytes) = op
+                    .written()
+                    .filter(|e| !e.binary && out.attaching())
+                    .and_then(|e| ctx.blobs.get_now(&e.hash))
+                {
+                    out.attach(bytes);
+                }
                 out.publish(Event::FileChange { change: op.clone() })
                     .await?;
             }

@@ -430,7 +430,8 @@ text = "resumed at turn {turn}"
 
 /// A coordinator that reads batches (the task's `event_batches`) gets what a branch
 /// publishes between two flushes as one message; one that predates them gets one message
-/// per event. The events, and their order, are the same.
+/// per event. The events, and their order, are the same. On a cluster the texts a turn
+/// writes travel with its events.
 #[tokio::test]
 async fn a_flushs_events_are_one_message_when_the_coordinator_reads_batches() {
     let mut logs = Vec::new();
@@ -449,6 +450,16 @@ async fn a_flushs_events_are_one_message_when_the_coordinator_reads_batches() {
             assert_eq!(e.seq, task.first_seq + i as u64, "seq gap at {i}");
         }
         let n = published.len();
+        // The texts the branch wrote, each sent along with its events on a cluster.
+        let written: std::collections::BTreeSet<BlobHash> = published
+            .iter()
+            .filter_map(|e| match &e.event {
+                Event::FileChange { change } => change.written().map(|w| w.hash),
+                _ => None,
+            })
+            .collect();
+        let sent: std::collections::BTreeSet<BlobHash> =
+            events.sent_blobs.iter().map(|b| BlobHash::of(b)).collect();
         if batches {
             // Five model turns: a turn's usage, answer, changes and results go together.
             assert!(
@@ -456,8 +467,14 @@ async fn a_flushs_events_are_one_message_when_the_coordinator_reads_batches() {
                 "{} messages for {n} events",
                 events.messages
             );
+            if fx.bus.remote() {
+                assert_eq!(sent, written);
+            } else {
+                assert!(sent.is_empty());
+            }
         } else {
             assert_eq!(events.messages, n);
+            assert!(sent.is_empty());
         }
         logs.push(
             published

@@ -240,6 +240,7 @@ impl Fixture {
             order: Vec::new(),
             queued: Default::default(),
             messages: 0,
+            sent_blobs: Vec::new(),
         }
     }
 
@@ -346,6 +347,8 @@ pub struct Events {
     queued: std::collections::VecDeque<BranchEvent>,
     /// Messages read off the stream (a batch is one).
     pub messages: usize,
+    /// The texts batches carried along with their events.
+    pub sent_blobs: Vec<Bytes>,
 }
 
 impl Events {
@@ -369,8 +372,9 @@ impl Events {
             .expect("event stream closed");
         d.ack().await.unwrap();
         self.messages += 1;
-        self.queued
-            .extend(forkfleet_shared::protocol::read_events(&d.payload).expect("branch events"));
+        let message = forkfleet_shared::protocol::read_message(&d.payload).expect("branch events");
+        self.sent_blobs.extend(message.blobs);
+        self.queued.extend(message.events);
         self.queued.pop_front().expect("a message of no events")
     }
 
