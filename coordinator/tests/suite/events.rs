@@ -365,7 +365,7 @@ async fn texts_sent_along_with_a_batch_are_kept_when_its_events_name_them() {
         Event::FileChange {
             change: ChangeOp::Write {
                 path: WsPath::parse("notes.txt").unwrap(),
-                entry: entry.clone(),
+                entry,
             },
         },
     ];
