@@ -10,9 +10,7 @@ use forkfleet_bus::{Bus, BusError};
 use forkfleet_shared::api::CreateFork;
 use forkfleet_shared::blob::{BlobHash, BlobStore};
 use forkfleet_shared::diff::DiffReport;
-use forkfleet_shared::event::Event;
 use forkfleet_shared::manifest::Manifest;
-use forkfleet_shared::protocol::BranchEvent;
 use futures::{StreamExt, TryStreamExt};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -40,14 +38,18 @@ const PREFETCH_IN_FLIGHT: usize = 64;
 /// copied by the diff that needs it.
 #[derive(Clone)]
 pub(crate) struct Prefetch {
-    tx: Option<mpsc::UnboundedSender<Written>>,
+    tx: Option<mpsc::Sender<Written>>,
 }
 
-/// What one message of the event stream wrote: the text blobs its events write, and the
-/// contents its worker sent along (unchecked).
+/// Messages the prefetch holds at most; when it falls behind, what is written next is left
+/// for the diff to copy (memory stays bounded whatever workers send).
+const PREFETCH_QUEUE: usize = 1024;
+
+/// What a fork wrote from one apply: the text blobs its events write, and the contents
+/// workers sent along for them (matched by the hash they claim, checked when stored).
 struct Written {
     hashes: Vec<BlobHash>,
-    sent: Vec<Bytes>,
+    sent: Vec<(BlobHash, Bytes)>,
 }
 
 impl Prefetch {
@@ -59,33 +61,34 @@ impl Prefetch {
         if shared_with_bus(store, bus) {
             return (Prefetch { tx: None }, None);
         }
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(PREFETCH_QUEUE);
         let task = tokio::spawn(prefetch(rx, store.blob_store(), bus.blobs()));
         (Prefetch { tx: Some(tx) }, Some(task))
     }
 
-    /// Queue the text blobs `events` write; `sent`, the contents a worker sent along
-    /// with them, are kept where they match one (checked by hash), the rest copied.
-    pub(crate) fn events(&self, events: &[BranchEvent], sent: Vec<Bytes>) {
+    /// Queue the text blobs `hashes` (those a fork's applied events write) for a copy into
+    /// the run store; `sent`, contents workers sent along with the events, are kept instead
+    /// of fetched where they claim one of those hashes (the store checks the bytes), and
+    /// dropped otherwise.
+    pub(crate) fn written(&self, hashes: Vec<BlobHash>, mut sent: Vec<(BlobHash, Bytes)>) {
         let Some(tx) = &self.tx else {
             return;
         };
-        let hashes: Vec<BlobHash> = events
-            .iter()
-            .filter_map(|ev| match &ev.event {
-                Event::FileChange { change } => change.written().filter(|e| !e.binary),
-                _ => None,
-            })
-            .map(|e| e.hash)
-            .collect();
-        if !hashes.is_empty() {
-            let _ = tx.send(Written { hashes, sent });
+        if hashes.is_empty() {
+            return;
+        }
+        if !sent.is_empty() {
+            let named: std::collections::HashSet<&BlobHash> = hashes.iter().collect();
+            sent.retain(|(h, _)| named.contains(h));
+        }
+        if let Err(e) = tx.try_send(Written { hashes, sent }) {
+            tracing::debug!(error = %e, "coordinator.blobs: the prefetch is behind; a diff copies what it needs");
         }
     }
 }
 
 async fn prefetch(
-    mut rx: mpsc::UnboundedReceiver<Written>,
+    mut rx: mpsc::Receiver<Written>,
     to: Arc<dyn BlobStore>,
     from: Arc<dyn BlobStore>,
 ) {
@@ -93,14 +96,10 @@ async fn prefetch(
         let mut batch = Vec::new();
         let mut next = Some(first);
         while let Some(written) = next.take() {
-            // Contents sent along are kept only for a hash the events name: a worker cannot
-            // put anything else into the run store, nor anything under a wrong hash.
-            for bytes in written.sent {
-                let hash = BlobHash::of(&bytes);
-                if written.hashes.contains(&hash) {
-                    if let Err(e) = to.put(hash, bytes).await {
-                        tracing::debug!(error = %e, "coordinator.blobs: cannot keep a sent blob; a diff copies it");
-                    }
+            for (hash, bytes) in written.sent {
+                // Checked against its hash by the store: a wrong one is refused.
+                if let Err(e) = to.put(hash, bytes).await {
+                    tracing::debug!(error = %e, "coordinator.blobs: a sent blob not kept; a diff copies it");
                 }
             }
             batch.extend(written.hashes);

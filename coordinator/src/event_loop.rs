@@ -26,6 +26,7 @@ use crate::fork::ForkHandle;
 use crate::root::RootHandle;
 use crate::store::RunStore;
 use forkfleet_bus::{Bus, BusError, Delivery, EventConsumer};
+use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::ids::ForkId;
 use forkfleet_shared::metrics::catalog as metrics;
 use forkfleet_shared::protocol::{read_message, BranchEvent, EventMessage};
@@ -180,6 +181,12 @@ async fn apply(
     }
 }
 
+/// A blob sent along with events, under the hash it claims.
+type Sent = (BlobHash, bytes::Bytes);
+
+/// One fork's share of a batch: its events, their deliveries, the blobs sent with them.
+type Group = (ForkId, Vec<BranchEvent>, Vec<Delivery>, Vec<Sent>);
+
 /// Decode, route and apply one batch; the deliveries to ack once the store is flushed.
 async fn apply_batch(
     batch: Vec<Delivery>,
@@ -188,7 +195,7 @@ async fn apply_batch(
     prefetch: &Prefetch,
 ) -> Vec<Delivery> {
     let mut done = Vec::with_capacity(batch.len());
-    let mut groups: Vec<(ForkId, Vec<BranchEvent>, Vec<Delivery>)> = Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
     for d in batch {
         match read_message(&d.payload) {
             Ok(EventMessage { events, blobs }) => {
@@ -210,13 +217,13 @@ async fn apply_batch(
                     done.push(d);
                     continue;
                 }
-                prefetch.events(&events, blobs);
                 match groups.iter_mut().find(|g| g.0 == fork_id) {
                     Some(g) => {
                         g.1.extend(events);
                         g.2.push(d);
+                        g.3.extend(blobs);
                     }
-                    None => groups.push((fork_id, events, vec![d])),
+                    None => groups.push((fork_id, events, vec![d], blobs)),
                 }
             }
             Err(e) => {
@@ -230,7 +237,7 @@ async fn apply_batch(
             }
         }
     }
-    for (fork_id, events, deliveries) in groups {
+    for (fork_id, events, deliveries, sent) in groups {
         let handle = match routes.get(&fork_id) {
             Some(h) => Some(h.clone()),
             None => match root.lookup(fork_id).await {
@@ -250,9 +257,12 @@ async fn apply_batch(
         routes.insert(fork_id, handle.clone());
         let (n, started) = (events.len(), std::time::Instant::now());
         match handle.apply(events).await {
-            Ok(()) => {
+            Ok(texts) => {
                 metrics::EVENTS_APPLIED.add(&[], n as f64);
                 metrics::EVENTS_APPLY_DURATION.observe(&[], started.elapsed().as_secs_f64());
+                // Only what the fork wrote: never the texts of fenced, duplicate or
+                // unknown runs' events, nor of a batch that is redelivered.
+                prefetch.written(texts, sent);
                 done.extend(deliveries)
             }
             Err(e) => {

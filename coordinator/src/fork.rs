@@ -33,6 +33,7 @@ use forkfleet_shared::api::{
     AbortOutcome, ContinueOutcome, DecisionOutcome, ForkView, MergeOutcome, SteerOutcome,
     TerminateOutcome,
 };
+use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::clock::Clock;
 use forkfleet_shared::diff::{diff_overlays, DiffOptions, DiffReport};
 use forkfleet_shared::event::Event;
@@ -137,7 +138,11 @@ pub(crate) enum ForkMsg {
     View(RpcReplyPort<ForkView>),
     /// Write and apply a batch of events of this fork (in delivery order). The reply comes
     /// once they are written to the store (not yet flushed).
-    ApplyEvents(Vec<BranchEvent>, RpcReplyPort<Result<(), CoordinatorError>>),
+    /// Write and apply events; the answer names the text blobs the written ones write.
+    ApplyEvents(
+        Vec<BranchEvent>,
+        RpcReplyPort<Result<Vec<BlobHash>, CoordinatorError>>,
+    ),
     /// A receiver of the version counter.
     Subscribe(RpcReplyPort<watch::Receiver<u64>>),
     /// Answer with the view once every branch is terminal.
@@ -547,8 +552,7 @@ impl Actor for ForkActor {
                     let _enter = span.enter();
                     let inputs: Vec<(&str, &Overlay)> =
                         labelled.iter().map(|(l, o)| (l.as_str(), o)).collect();
-                    let lookup =
-                        |h: &forkfleet_shared::blob::BlobHash| store.blob(h).ok().flatten();
+                    let lookup = |h: &BlobHash| store.blob(h).ok().flatten();
                     let report = diff_overlays(&base, &inputs, &lookup, &opts);
                     tracing::info!(paths = report.summary.total_paths_touched, "fork.diff done");
                     let _ = reply.send(Ok(report));

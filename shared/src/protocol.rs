@@ -153,9 +153,17 @@ pub struct BranchEventBatch {
     pub events: Vec<serde_bytes::ByteBuf>,
     /// The contents of small text blobs the events write, sent along so that the
     /// coordinator need not fetch them from the bus's blob store (where the worker put them
-    /// first, as always). A reader checks each against its hash before keeping it.
+    /// first, as always). A reader keeps one only for a hash an applied event names, and
+    /// checks the bytes against it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub blobs: Vec<serde_bytes::ByteBuf>,
+    pub blobs: Vec<SentBlob>,
+}
+
+/// A blob's contents sent along with the events that write it, under the hash they claim.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SentBlob {
+    pub hash: BlobHash,
+    pub bytes: serde_bytes::ByteBuf,
 }
 
 impl WireMessage for BranchEventBatch {
@@ -163,11 +171,11 @@ impl WireMessage for BranchEventBatch {
 }
 
 /// What one message of the event stream carries: its events, and the blobs a batch brought
-/// along (unchecked: see [`BranchEventBatch::blobs`]).
+/// along under the hashes they claim (unchecked: see [`BranchEventBatch::blobs`]).
 #[derive(Debug, Default)]
 pub struct EventMessage {
     pub events: Vec<BranchEvent>,
-    pub blobs: Vec<Bytes>,
+    pub blobs: Vec<(BlobHash, Bytes)>,
 }
 
 /// Room left in a bus message for the batch's envelope and the message's headers.
@@ -176,6 +184,11 @@ const BATCH_MARGIN: usize = 1024;
 /// An element's size in a batch: its bytes and a `bin 32` header at most.
 fn element(bytes: &Bytes) -> usize {
     bytes.len().saturating_add(5)
+}
+
+/// A sent blob's size in a batch: its bytes, its hash, their keys and headers, at most.
+fn sent_size(bytes: &Bytes) -> usize {
+    bytes.len().saturating_add(64)
 }
 
 /// Wire-encoded `branch_event`s, in order, as the fewest messages of at most `max_payload`
@@ -188,11 +201,13 @@ pub fn pack_events(
     pack_events_with(payloads, Vec::new(), max_payload)
 }
 
-/// [`pack_events`], with `blobs` (contents the events write) in the last message when they
-/// fit there; those that do not are left out (the coordinator fetches them).
+/// [`pack_events`], with `blobs` (contents the events write, by hash) in the last message
+/// when they fit there; those that do not are left out (the coordinator fetches them). The
+/// coordinator matches a blob with the events it applied together with it: those of the
+/// last message, and as a rule the whole flush's (its messages arrive together).
 pub fn pack_events_with(
     payloads: Vec<Bytes>,
-    mut blobs: Vec<Bytes>,
+    mut blobs: Vec<(BlobHash, Bytes)>,
     max_payload: Option<usize>,
 ) -> Result<Vec<Bytes>, crate::wire::WireError> {
     if payloads.len() < 2 && blobs.is_empty() {
@@ -218,8 +233,8 @@ pub fn pack_events_with(
     if group.is_empty() {
         return Ok(out);
     }
-    blobs.retain(|b| {
-        let n = element(b);
+    blobs.retain(|(_, b)| {
+        let n = sent_size(b);
         let fits = size.saturating_add(n) <= limit;
         if fits {
             size += n;
@@ -249,7 +264,7 @@ pub fn read_message(payload: &[u8]) -> Result<EventMessage, crate::wire::WireErr
             blobs: batch
                 .blobs
                 .into_iter()
-                .map(|b| Bytes::from(b.into_vec()))
+                .map(|b| (b.hash, Bytes::from(b.bytes.into_vec())))
                 .collect(),
         });
     }
@@ -260,20 +275,25 @@ pub fn read_message(payload: &[u8]) -> Result<EventMessage, crate::wire::WireErr
 }
 
 /// One message of `group`'s events: the event itself when it is alone with no blobs.
-fn pack_group(mut group: Vec<Bytes>, blobs: Vec<Bytes>) -> Result<Bytes, crate::wire::WireError> {
+fn pack_group(
+    mut group: Vec<Bytes>,
+    blobs: Vec<(BlobHash, Bytes)>,
+) -> Result<Bytes, crate::wire::WireError> {
     if group.len() == 1 && blobs.is_empty() {
         if let Some(one) = group.pop() {
             return Ok(one);
         }
     }
-    let bufs = |v: Vec<Bytes>| -> Vec<serde_bytes::ByteBuf> {
-        v.into_iter()
-            .map(|b| serde_bytes::ByteBuf::from(Vec::from(b)))
-            .collect()
-    };
+    let buf = |b: Bytes| serde_bytes::ByteBuf::from(Vec::from(b));
     crate::wire::encode(&BranchEventBatch {
-        events: bufs(group),
-        blobs: bufs(blobs),
+        events: group.into_iter().map(buf).collect(),
+        blobs: blobs
+            .into_iter()
+            .map(|(hash, bytes)| SentBlob {
+                hash,
+                bytes: buf(bytes),
+            })
+            .collect(),
     })
 }
 
@@ -667,7 +687,7 @@ mod tests {
         let many = pack_events(encoded.clone(), Some(limit)).unwrap();
         assert!(many.len() > 2, "{} messages", many.len());
         assert!(
-            many.iter().all(|m| m.len() <= limit),
+            many.iter().all(|m| m.len() + BATCH_MARGIN / 2 <= limit),
             "{:?}",
             many.iter().map(Bytes::len).collect::<Vec<_>>()
         );
@@ -700,20 +720,26 @@ mod tests {
     fn blobs_ride_in_the_last_message_when_they_fit_and_are_left_out_when_not() {
         let events: Vec<BranchEvent> = (0..3).map(|seq| event(seq, 10)).collect();
         let encoded: Vec<Bytes> = events.iter().map(|e| wire::encode(e).unwrap()).collect();
-        let small = Bytes::from_static(b"note 1 of a\n");
+        let sent = |b: &'static [u8]| (BlobHash::of(b), Bytes::from_static(b));
+        let (small, other) = (sent(b"note 1 of a\n"), sent(b"note 2 of a\n"));
         let large = Bytes::from(vec![b'x'; 6 * 1024]);
         let limit = 4 * 1024;
         let messages = pack_events_with(
             encoded.clone(),
-            vec![small.clone(), large.clone(), small.clone()],
+            vec![
+                small.clone(),
+                (BlobHash::of(&large), large.clone()),
+                other.clone(),
+            ],
             Some(limit),
         )
         .unwrap();
         assert_eq!(messages.len(), 1);
-        assert!(messages[0].len() <= limit);
+        // Within the limit, most of its margin for headers kept.
+        assert!(messages[0].len() + BATCH_MARGIN / 2 <= limit);
         let read = read_message(&messages[0]).unwrap();
         assert_eq!(read.events, events);
-        assert_eq!(read.blobs, vec![small.clone(), small.clone()]);
+        assert_eq!(read.blobs, vec![small.clone(), other]);
         // One event with a blob is still a batch (the blob needs a carrier); with none, the
         // event as it is.
         let one = pack_events_with(vec![encoded[0].clone()], vec![small.clone()], None).unwrap();

@@ -103,7 +103,9 @@ fn check_header(v: u16, kind: &str, expected: &'static str) -> WireError {
 
 /// The kind named in an envelope, read from its first bytes when they are laid out as
 /// [`encode`] writes them (`v`, then `kind`), else as [`peek_kind`] reads it: a reader of
-/// several kinds picks the body's type without decoding the message twice.
+/// several kinds picks the body's type without decoding the message twice. The fast path
+/// reads the head only: a message cut short after its kind passes here, and its decode
+/// then fails.
 pub fn kind_of(bytes: &[u8]) -> Result<std::borrow::Cow<'_, str>, WireError> {
     // fixmap(3), fixstr "v", positive fixint version, fixstr "kind", fixstr kind.
     const HEAD: [u8; 8] = [0x83, 0xa1, b'v', WIRE_VERSION as u8, 0xa4, b'k', b'i', b'n'];
@@ -347,6 +349,34 @@ mod tests {
         assert_eq!(peek_kind(&bytes).unwrap(), "control");
     }
 
+    /// A batch of the golden event with one text sent along: the layout a coordinator of
+    /// this version reads from workers of this version (ADR 42).
+    const GOLDEN_BATCH: &str = "83a17601a46b696e64b26272616e63685f6576656e745f6261746368a4626f647982a66576656e747391c4e883a17601a46b696e64ac6272616e63685f6576656e74a4626f647986a7666f726b5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ba672756e5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ca373657107a561745f6d73cf0000018bcfe56800a56576656e7482a474797065ab66696c655f6368616e6765a66368616e676583a26f70a57772697465a470617468a97372632f612e747874a5656e74727984a468617368c42098ea6e4f216f2fb4b69fff9b3a44842c38686ca685f3f55dc48c5d3fb1107be4a473697a6503a46d6f6465cd01a4a662696e617279c2a7617474656d707402a5626c6f62739182a468617368c42098ea6e4f216f2fb4b69fff9b3a44842c38686ca685f3f55dc48c5d3fb1107be4a56279746573c40368690a";
+
+    fn golden_batch() -> crate::protocol::BranchEventBatch {
+        crate::protocol::BranchEventBatch {
+            events: vec![serde_bytes::ByteBuf::from(
+                encode(&golden_event()).unwrap().to_vec(),
+            )],
+            blobs: vec![crate::protocol::SentBlob {
+                hash: BlobHash::of(b"hi\n"),
+                bytes: serde_bytes::ByteBuf::from(b"hi\n".to_vec()),
+            }],
+        }
+    }
+
+    #[test]
+    fn golden_branch_event_batch_bytes() {
+        let bytes = encode(&golden_batch()).unwrap();
+        assert_eq!(hex::encode(&bytes), GOLDEN_BATCH);
+        let read = crate::protocol::read_message(&bytes).unwrap();
+        assert_eq!(read.events, vec![golden_event()]);
+        assert_eq!(
+            read.blobs,
+            vec![(BlobHash::of(b"hi\n"), Bytes::from_static(b"hi\n"))]
+        );
+    }
+
     #[test]
     fn kind_of_reads_the_kind_from_the_first_bytes_and_falls_back_to_a_decode() {
         let event = encode(&golden_event()).unwrap();
@@ -377,7 +407,7 @@ mod tests {
         assert!(
             matches!(kind_of(&other).unwrap(), std::borrow::Cow::Owned(k) if k == "branch_event")
         );
-        // Cut short after the head, or not an envelope at all: errors, never a kind.
+        // Cut short within the kind, or not an envelope at all: errors, never a kind.
         assert!(kind_of(&event[..12]).is_err());
         assert!(kind_of(b"\x00garbage").is_err());
         assert!(kind_of(&[]).is_err());

@@ -62,6 +62,7 @@ use crate::provider::ModelProvider;
 use bytes::Bytes;
 use coordinator::{resume_log, Resumed};
 use forkfleet_bus::Bus;
+use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::error::ErrorKind;
 use forkfleet_shared::event::{interrupted_results, Event, Message};
 use forkfleet_shared::ids::{ForkId, RunId};
@@ -228,9 +229,9 @@ struct Publisher {
     /// The coordinator reads batches (the task's `event_batches`): a flush packs its
     /// events into as few messages as the bus carries.
     batches: bool,
-    /// Small texts the pending events write, sent along with them on a remote bus
-    /// ([`Publisher::attach`]).
-    blobs: Vec<bytes::Bytes>,
+    /// Small texts the pending events write, by hash, sent along with them on a remote bus
+    /// ([`Publisher::attach`]); each once.
+    blobs: Vec<(BlobHash, bytes::Bytes)>,
     blob_bytes: usize,
 }
 
@@ -262,10 +263,13 @@ impl Publisher {
     /// Send the contents of a text the pending events write along with them, when the
     /// coordinator reads batches over a remote bus (it then need not fetch it; the blob is
     /// in the bus's store already) and the flush's attachments stay small.
-    fn attach(&mut self, bytes: bytes::Bytes) {
-        if self.attaching() && self.blob_bytes.saturating_add(bytes.len()) <= ATTACHED_BYTES_MAX {
+    fn attach(&mut self, hash: BlobHash, bytes: bytes::Bytes) {
+        if self.attaching()
+            && self.blob_bytes.saturating_add(bytes.len()) <= ATTACHED_BYTES_MAX
+            && !self.blobs.iter().any(|(h, _)| *h == hash)
+        {
             self.blob_bytes += bytes.len();
-            self.blobs.push(bytes);
+            self.blobs.push((hash, bytes));
         }
     }
 
@@ -277,13 +281,19 @@ impl Publisher {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let mut batch = std::mem::take(&mut self.pending);
-        let blobs = std::mem::take(&mut self.blobs);
+        // Packed before anything is taken (the pending events stay if packing fails).
+        let batch = if self.batches {
+            forkfleet_shared::protocol::pack_events_with(
+                self.pending.clone(),
+                self.blobs.clone(),
+                self.bus.max_payload(),
+            )?
+        } else {
+            self.pending.clone()
+        };
+        self.pending.clear();
+        self.blobs.clear();
         self.blob_bytes = 0;
-        if self.batches {
-            batch =
-                forkfleet_shared::protocol::pack_events_with(batch, blobs, self.bus.max_payload())?;
-        }
         self.bus.publish_events(batch).await?;
         Ok(())
     }

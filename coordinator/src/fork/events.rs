@@ -6,6 +6,7 @@ use super::ForkState;
 use crate::error::CoordinatorError;
 use crate::replica::Placement;
 use crate::store::{encode, event_key};
+use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::RunId;
 use forkfleet_shared::protocol::{now_ms, BranchEvent};
@@ -138,10 +139,11 @@ impl ForkState {
     }
 
     /// Write a batch, then apply it. Nothing in memory changes unless the write succeeded.
+    /// The answer: the text blobs the written events write (for the run store's prefetch).
     pub(super) fn apply_events(
         &mut self,
         events: Vec<BranchEvent>,
-    ) -> Result<(), CoordinatorError> {
+    ) -> Result<Vec<BlobHash>, CoordinatorError> {
         let fork_id = self.record.fork_id;
         // Pass 1: write every event that is not a duplicate as of now.
         // The first copy of a (run, seq) is the one applied, so it is the one written.
@@ -149,7 +151,8 @@ impl ForkState {
         let mut written: HashSet<(RunId, u64)> = HashSet::with_capacity(events.len());
         // The files its branches write belong to the fork's account (`crate::tenancy`).
         let account = self.record.plan.budget.account.as_deref();
-        let mut files: Vec<(forkfleet_shared::blob::BlobHash, u64)> = Vec::new();
+        let mut files: Vec<(BlobHash, u64)> = Vec::new();
+        let mut texts: Vec<BlobHash> = Vec::new();
         for ev in &events {
             let Some(&i) = self.by_run.get(&ev.run_id) else {
                 continue;
@@ -161,8 +164,15 @@ impl ForkState {
                 && written.insert((ev.run_id, ev.seq))
             {
                 batch.insert(&event_key(ev.run_id, ev.seq), encode("event", &ev.event)?);
-                if let (Some(_), Event::FileChange { change }) = (account, &ev.event) {
-                    files.extend(change.written().map(|e| (e.hash, e.size)));
+                if let Event::FileChange { change } = &ev.event {
+                    if let Some(e) = change.written() {
+                        if account.is_some() {
+                            files.push((e.hash, e.size));
+                        }
+                        if !e.binary {
+                            texts.push(e.hash);
+                        }
+                    }
                 }
             }
         }
@@ -281,6 +291,6 @@ impl ForkState {
             self.check_settled();
             self.bump();
         }
-        Ok(())
+        Ok(texts)
     }
 }

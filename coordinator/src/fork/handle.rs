@@ -7,6 +7,7 @@ use crate::merge::MergeInto;
 use forkfleet_shared::api::{
     AbortOutcome, ContinueOutcome, ForkView, MergeOutcome, SteerOutcome, TerminateOutcome,
 };
+use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::diff::{DiffOptions, DiffReport};
 use forkfleet_shared::event::Event;
 use forkfleet_shared::flush::FlushReport;
@@ -48,7 +49,9 @@ impl ForkHandle {
             .map_err(|e| call_error(e, "subscribing to a fork", CALL_TIMEOUT_MS))
     }
 
-    pub async fn apply(&self, events: Vec<BranchEvent>) -> Result<(), CoordinatorError> {
+    /// Write and apply `events`; the text blobs that those written (not duplicates, not of
+    /// a fenced attempt) write.
+    pub async fn apply(&self, events: Vec<BranchEvent>) -> Result<Vec<BlobHash>, CoordinatorError> {
         ractor::call_t!(self.actor, ForkMsg::ApplyEvents, CALL_TIMEOUT_MS, events)
             .map_err(|e| call_error(e, "applying events", CALL_TIMEOUT_MS))?
     }

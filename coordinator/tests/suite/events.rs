@@ -336,11 +336,14 @@ async fn written_text_blobs_are_copied_into_the_run_store_as_their_events_arrive
 }
 
 /// On a cluster a worker sends the small texts a turn writes along with its events: the
-/// coordinator keeps those its events name (checked by their hash) without fetching them
-/// from the bus, and keeps nothing else a message brings.
+/// coordinator keeps those its applied events name, checked against their hash, without
+/// fetching them from the bus; it keeps nothing else a message brings: not a text no event
+/// names, not bytes under a hash they do not have, not the text of an event it did not
+/// apply (a run that is not the fork's).
 #[tokio::test]
-async fn texts_sent_along_with_a_batch_are_kept_when_its_events_name_them() {
+async fn texts_sent_along_with_a_batch_are_kept_when_its_applied_events_name_them() {
     use forkfleet_shared::blob::BlobHash;
+    use forkfleet_shared::ids::RunId;
     use forkfleet_shared::manifest::FileEntry;
     use forkfleet_shared::overlay::ChangeOp;
     use forkfleet_shared::path::WsPath;
@@ -356,27 +359,44 @@ async fn texts_sent_along_with_a_batch_are_kept_when_its_events_name_them() {
     let (task, _d) = fx.pull().await;
     let text = Bytes::from_static(b"sent along, never put in the bus's store\n");
     let junk = Bytes::from_static(b"named by no event\n");
+    let stranger = Bytes::from_static(b"written by a run that is not the fork's\n");
+    let forged = Bytes::from_static(b"forged\n");
+    let forged_claim = FileEntry::for_bytes(b"what the forger claims\n", 0o644);
+    let write = |path: &str, entry: FileEntry| Event::FileChange {
+        change: ChangeOp::Write {
+            path: WsPath::parse(path).unwrap(),
+            entry,
+        },
+    };
     let entry = FileEntry::for_bytes(&text, 0o644);
+    let stranger_entry = FileEntry::for_bytes(&stranger, 0o644);
     let events = [
-        Event::Status {
-            state: BranchState::Running,
-            error: None,
-        },
-        Event::FileChange {
-            change: ChangeOp::Write {
-                path: WsPath::parse("notes.txt").unwrap(),
-                entry,
+        (
+            task.run_id,
+            Event::Status {
+                state: BranchState::Running,
+                error: None,
             },
-        },
+        ),
+        (task.run_id, write("forged.txt", forged_claim)),
+        (RunId::new(), write("stranger.txt", stranger_entry)),
+        (task.run_id, write("notes.txt", entry)),
     ];
+    let mut seq = task.first_seq;
     let encoded = events
         .into_iter()
-        .enumerate()
-        .map(|(i, event)| {
+        .map(|(run_id, event)| {
+            // The fork's run numbered on; the stranger's one event at 0.
+            let seq = if run_id == task.run_id {
+                seq += 1;
+                seq - 1
+            } else {
+                0
+            };
             forkfleet_shared::wire::encode(&BranchEvent {
                 fork_id: task.fork_id,
-                run_id: task.run_id,
-                seq: task.first_seq + i as u64,
+                run_id,
+                seq,
                 at_ms: 0,
                 event,
                 attempt: 1,
@@ -384,11 +404,21 @@ async fn texts_sent_along_with_a_batch_are_kept_when_its_events_name_them() {
             .unwrap()
         })
         .collect();
-    let message = pack_events_with(encoded, vec![junk.clone(), text.clone()], None).unwrap();
+    let message = pack_events_with(
+        encoded,
+        vec![
+            (BlobHash::of(&junk), junk.clone()),
+            (forged_claim.hash, forged.clone()),
+            (stranger_entry.hash, stranger.clone()),
+            (entry.hash, text.clone()),
+        ],
+        None,
+    )
+    .unwrap();
     assert!(fx.bus.blobs().get(&entry.hash).await.unwrap().is_none());
     fx.bus.publish_events(message).await.unwrap();
-    wait_view(&h, task.fork_id, |v| v.branches[0].changes == 1).await;
-    // Kept by the prefetch, which reads a message's texts in order (bounded wait).
+    wait_view(&h, task.fork_id, |v| v.branches[0].changes == 2).await;
+    // Kept by the prefetch, which takes a message's texts in order (bounded wait).
     within(async {
         while h.store().blob(&entry.hash).unwrap().is_none() {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -396,5 +426,12 @@ async fn texts_sent_along_with_a_batch_are_kept_when_its_events_name_them() {
     })
     .await;
     assert_eq!(h.store().blob(&entry.hash).unwrap(), Some(text));
-    assert_eq!(h.store().blob(&BlobHash::of(&junk)).unwrap(), None);
+    for (what, hash) in [
+        ("a text no event names", BlobHash::of(&junk)),
+        ("bytes under another hash", forged_claim.hash),
+        ("the forged bytes", BlobHash::of(&forged)),
+        ("a stranger run's text", stranger_entry.hash),
+    ] {
+        assert_eq!(h.store().blob(&hash).unwrap(), None, "{what} was kept");
+    }
 }

@@ -828,12 +828,12 @@ impl Calls<'_> {
                 }
             };
             for op in &run.overlay.changes()[before..] {
-                if let Some(bytes) = op
+                if let Some((hash, bytes)) = op
                     .written()
                     .filter(|e| !e.binary && out.attaching())
-                    .and_then(|e| ctx.blobs.get_now(&e.hash))
+                    .and_then(|e| Some((e.hash, ctx.blobs.get_now(&e.hash)?)))
                 {
-                    out.attach(bytes);
+                    out.attach(hash, bytes);
                 }
                 out.publish(Event::FileChange { change: op.clone() })
                     .await?;

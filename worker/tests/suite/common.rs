@@ -373,7 +373,8 @@ impl Events {
         d.ack().await.unwrap();
         self.messages += 1;
         let message = forkfleet_shared::protocol::read_message(&d.payload).expect("branch events");
-        self.sent_blobs.extend(message.blobs);
+        self.sent_blobs
+            .extend(message.blobs.into_iter().map(|(_, bytes)| bytes));
         self.queued.extend(message.events);
         self.queued.pop_front().expect("a message of no events")
     }
