@@ -24,6 +24,8 @@
 //!   errors, SSE streams, the OpenAPI document, and a service's `/metrics`, `/healthz`
 //!   and `/readyz` (`endpoint`).
 //! - [`telemetry`]: the process's log lines and trace context.
+//! - [`init`]: forkfleet as a container's PID 1: an init that runs forkfleet again as its
+//!   child, passes it signals and reaps every orphan (ADR 43).
 //! - [`auth`]: the `forkfleet-bus` crate's `forkfleet cluster auth`: the nats-server
 //!   permissions and the credentials of each role (ADR 17).
 //!
@@ -37,6 +39,7 @@ pub use forkfleet_bus::auth;
 pub mod config;
 pub use forkfleet_http as http_api;
 pub use forkfleet_node::embedded;
+pub mod init;
 pub mod service;
 pub mod telemetry;
 

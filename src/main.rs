@@ -29,6 +29,10 @@ struct MallocConf(*const std::ffi::c_char);
 unsafe impl Sync for MallocConf {}
 
 fn main() -> std::process::ExitCode {
+    // A container's first process with no init of its own: serve as one (ADR 43).
+    if let Some(code) = forkfleet::init::run_if_pid1() {
+        return std::process::ExitCode::from(code);
+    }
     limit_malloc_arenas();
     let cli = cli::Cli::parse();
     if cli.command.prints() {

@@ -299,6 +299,14 @@ pub async fn run_worker(
     config: &Config,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
+    // What its commands leave behind stays in its tree and is reaped here (ADR 43).
+    let reaper = match forkfleet_worker::reaper::install() {
+        Ok(task) => Some(task),
+        Err(e) => {
+            tracing::warn!(error = %e, "worker: cannot become a subreaper; orphans of commands go to the init");
+            None
+        }
+    };
     let readiness = Readiness::new("connecting to NATS");
     let endpoint = http::start_if(config.http_addr.value, &readiness, None).await?;
     let result = async {
@@ -309,6 +317,9 @@ pub async fn run_worker(
     }
     .await;
     http::stop(endpoint).await;
+    if let Some(task) = reaper {
+        task.abort();
+    }
     result
 }
 

@@ -75,7 +75,21 @@ const KEPT_ENV: &[&str] = &["FORKFLEET_NATS_SERVER"];
 /// The binary, to be given its arguments: every `FORKFLEET_*` variable of the test's
 /// environment removed (but [`KEPT_ENV`]), and every `OTEL_*` one, `RUST_LOG=warn`.
 pub fn command() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_forkfleet"));
+    command_under(&[])
+}
+
+/// [`command`], started by `wrapper` (its program and arguments, then the binary's path):
+/// `["unshare", "-rpf"]` runs it as PID 1 of a PID namespace of its own.
+pub fn command_under(wrapper: &[&str]) -> Command {
+    let bin = env!("CARGO_BIN_EXE_forkfleet");
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).arg(bin);
+            cmd
+        }
+        None => Command::new(bin),
+    };
     for (k, _) in std::env::vars_os() {
         if let Some(k) = k.to_str() {
             // OTEL_*: no test exports unless it says so.

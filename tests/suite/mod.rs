@@ -32,6 +32,7 @@ mod live_embedded;
 mod merge_policy;
 mod metrics;
 mod pipes;
+mod reaping;
 mod replay;
 mod resolve;
 mod restart;

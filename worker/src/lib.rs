@@ -45,6 +45,8 @@
 //! - `warmup`: the first call of a fork's branches on this worker goes alone, so the rest
 //!   hit the provider's prompt cache (ADR 26).
 //! - [`cache`]: the per-worker blob cache and the decoded-blob memo shared by branches.
+//! - [`reaper`]: a `forkfleet worker` process is a subreaper and reaps the orphans its
+//!   commands leave (never a command it started itself; ADR 43).
 //! - [`error`]: the one error type, [`WorkerError`].
 //!
 //! ## Supervision tree
@@ -70,6 +72,7 @@ pub mod error;
 pub mod forktools;
 pub mod genai;
 pub mod provider;
+pub mod reaper;
 pub mod runner;
 pub mod tools;
 pub mod toolspec;

@@ -33,7 +33,7 @@ pub mod layered;
 mod materialize;
 pub mod sandbox;
 pub mod setup;
-mod spawn;
+pub(crate) mod spawn;
 mod trees;
 
 pub use changes::{tree_changes, TreeChanges};

@@ -17,6 +17,7 @@
 
 use super::layered::Mount;
 use super::sandbox::Confinement;
+use std::collections::BTreeSet;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -26,6 +27,22 @@ use std::process::ExitStatus;
 use std::sync::atomic::{AtomicI32, Ordering};
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
+
+/// The commands this process started and reaps itself (by their pidfd), from the
+/// `clone` until they are reaped: `crate::reaper` never reaps one of them.
+static STARTED: std::sync::Mutex<BTreeSet<libc::pid_t>> = std::sync::Mutex::new(BTreeSet::new());
+
+/// The commands started and not yet reaped, locked: while held, no command starts.
+pub(crate) fn started() -> std::sync::MutexGuard<'static, BTreeSet<libc::pid_t>> {
+    STARTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A reaped command is no longer this process's to reap.
+fn forget(pid: libc::pid_t) {
+    started().remove(&pid);
+}
 
 /// The child's stack. It runs a few system calls; the pages it does not touch are never
 /// allocated.
@@ -195,6 +212,8 @@ pub fn spawn(start: &Start<'_>) -> std::io::Result<Child> {
     // handler of the worker's runs in the child), restored afterwards; `clone` runs
     // `child` on a stack of its own with `plan`, which outlives it: with CLONE_VFORK this
     // thread resumes only once the child has called `execve` or `_exit`.
+    // Registered before any reaper can see it end.
+    let mut registry = started();
     let pid = unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
@@ -214,6 +233,8 @@ pub fn spawn(start: &Start<'_>) -> std::io::Result<Child> {
         }
         pid
     };
+    registry.insert(pid);
+    drop(registry);
     drop(stack);
     drop((out_w, err_w, stdin));
     // SAFETY: CLONE_PIDFD gave this descriptor to the caller alone.
@@ -222,6 +243,7 @@ pub fn spawn(start: &Start<'_>) -> std::io::Result<Child> {
     if error != 0 {
         // The child has exited: reap it.
         let _ = reap(&pidfd, 0);
+        forget(pid);
         let cause = std::io::Error::from_raw_os_error(error);
         return Err(
             match Step::of(plan.step.load(Ordering::SeqCst)).and_then(Step::doing) {
@@ -239,6 +261,7 @@ pub fn spawn(start: &Start<'_>) -> std::io::Result<Child> {
                 // SAFETY: signalling the child just started, not yet reaped.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
                 let _ = reap(&pidfd, 0);
+                forget(pid);
                 return Err(cause);
             }
         };
@@ -457,6 +480,7 @@ impl Child {
             match reap(self.pidfd.get_ref(), libc::WNOHANG)? {
                 Some(s) => {
                     self.status = Some(s);
+                    forget(self.pid as libc::pid_t);
                     return Ok(s);
                 }
                 None => ready.clear_ready(),
@@ -476,10 +500,18 @@ impl Drop for Child {
         unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGKILL) };
         let fd = match self.pidfd.get_ref().try_clone() {
             Ok(fd) => fd,
-            Err(_) => return,
+            Err(_) => {
+                // Left to a reaper of orphans, if this process has one.
+                forget(self.pid as libc::pid_t);
+                return;
+            }
         };
+        let pid = self.pid as libc::pid_t;
         let _ = std::thread::Builder::new()
             .name("forkfleet-reap".into())
-            .spawn(move || reap(&fd, 0));
+            .spawn(move || {
+                let _ = reap(&fd, 0);
+                forget(pid);
+            });
     }
 }
