@@ -12,18 +12,24 @@ use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-/// The signals passed on to the child (SIGCHLD is the init's own; SIGKILL and SIGSTOP
-/// cannot be caught).
-const FORWARDED: [libc::c_int; 9] = [
-    libc::SIGTERM,
-    libc::SIGINT,
-    libc::SIGHUP,
-    libc::SIGQUIT,
-    libc::SIGUSR1,
-    libc::SIGUSR2,
-    libc::SIGWINCH,
-    libc::SIGCONT,
-    libc::SIGTSTP,
+/// The signals the init keeps to itself, or cannot take: SIGCHLD is its own; SIGKILL and
+/// SIGSTOP cannot be caught; the synchronous ones (a fault of the init itself) are not
+/// anyone's to pass on; SIGTTIN and SIGTTOU concern its own terminal. Every other signal
+/// (SIGTERM, a Dockerfile's STOPSIGNAL, `docker kill -s`, the real-time ones) goes to the
+/// child: as PID 1 a signal the init neither blocks nor handles would be dropped.
+const KEPT: [libc::c_int; 12] = [
+    libc::SIGCHLD,
+    libc::SIGKILL,
+    libc::SIGSTOP,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGTRAP,
+    libc::SIGSYS,
+    libc::SIGABRT,
+    libc::SIGTTIN,
+    libc::SIGTTOU,
 ];
 
 /// The environment variable that turns the init off (`off`).
@@ -37,7 +43,7 @@ pub fn run_if_pid1() -> Option<u8> {
     if unsafe { libc::getpid() } != 1 {
         return None;
     }
-    if std::env::var_os(INIT_ENV).is_some_and(|v| v == "off") {
+    if std::env::var_os(INIT_ENV).is_some_and(|v| v.eq_ignore_ascii_case("off")) {
         return None;
     }
     match serve() {
@@ -61,10 +67,12 @@ fn serve() -> std::io::Result<u8> {
     if rc != 0 {
         return Err(std::io::Error::from_raw_os_error(rc));
     }
-    let exe = std::env::current_exe()?;
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    let mut command = Command::new(exe);
-    command.args(args);
+    // The running binary itself, even if its file was replaced or deleted since, under the
+    // name it was started by.
+    let mut argv = std::env::args_os();
+    let arg0 = argv.next().unwrap_or_else(|| OsString::from("forkfleet"));
+    let mut command = Command::new("/proc/self/exe");
+    command.arg0(arg0).args(argv);
     // SAFETY: between fork and exec the closure calls only pthread_sigmask, which is
     // async-signal-safe, on a mask copied before the fork.
     unsafe {
@@ -124,17 +132,25 @@ fn reap(child: libc::pid_t) -> Option<u8> {
     }
 }
 
-fn signal_set() -> std::io::Result<libc::sigset_t> {
+/// Every signal but those of [`KEPT`]: what the init passes on.
+fn forwarded_set() -> std::io::Result<libc::sigset_t> {
     let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
-    // SAFETY: sigemptyset initialises the set it is given; sigaddset takes valid signals.
+    // SAFETY: sigfillset initialises the set it is given; sigdelset takes valid signals.
     unsafe {
-        check(libc::sigemptyset(set.as_mut_ptr()))?;
-        check(libc::sigaddset(set.as_mut_ptr(), libc::SIGCHLD))?;
-        for sig in FORWARDED {
-            check(libc::sigaddset(set.as_mut_ptr(), sig))?;
+        check(libc::sigfillset(set.as_mut_ptr()))?;
+        for sig in KEPT {
+            check(libc::sigdelset(set.as_mut_ptr(), sig))?;
         }
         Ok(set.assume_init())
     }
+}
+
+/// The signals the init waits for: those it passes on, and SIGCHLD.
+fn signal_set() -> std::io::Result<libc::sigset_t> {
+    let mut set = forwarded_set()?;
+    // SAFETY: sigaddset on an initialised set with a valid signal.
+    check(unsafe { libc::sigaddset(&mut set, libc::SIGCHLD) })?;
+    Ok(set)
 }
 
 fn check(rc: libc::c_int) -> std::io::Result<()> {

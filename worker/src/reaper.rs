@@ -10,6 +10,10 @@
 //! pidfd, `crate::runner::spawn`), nor a child in the worker's own process group.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// A sweep for ended orphans when no SIGCHLD came for this long.
+const SWEEP: Duration = Duration::from_secs(30);
 
 /// Make this process a subreaper and reap its orphans as they end, on the runtime. A
 /// process that is not a worker (the embedded system, the client) leaves orphans to its
@@ -22,12 +26,17 @@ pub fn install() -> std::io::Result<tokio::task::JoinHandle<()>> {
     let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
     Ok(tokio::spawn(async move {
         loop {
-            let n = reap_orphans();
-            if n > 0 {
-                tracing::debug!(reaped = n, "worker.reaper: orphans of commands reaped");
+            // Off the runtime: reading /proc, and the moments no command may start.
+            if let Ok(n) = tokio::task::spawn_blocking(reap_orphans).await {
+                if n > 0 {
+                    tracing::debug!(reaped = n, "worker.reaper: orphans of commands reaped");
+                }
             }
-            if sigchld.recv().await.is_none() {
-                break;
+            // On SIGCHLD, and a sweep now and then: the kernel's list of children can miss
+            // one that is ending while it is read.
+            tokio::select! {
+                got = sigchld.recv() => if got.is_none() { break },
+                _ = tokio::time::sleep(SWEEP) => {}
             }
         }
     }))
@@ -38,17 +47,17 @@ pub fn install() -> std::io::Result<tokio::task::JoinHandle<()>> {
 pub fn reap_orphans() -> usize {
     // SAFETY: getpgrp has no preconditions.
     let own_group = unsafe { libc::getpgrp() };
-    // Held while deciding, so a command started meanwhile is registered first.
-    let started = crate::runner::spawn::started();
     let mut reaped = 0;
     for pid in children() {
-        if started.contains(&pid) {
-            continue;
-        }
         let Some((state, group)) = state_and_group(pid) else {
             continue;
         };
         if state != 'Z' || group == own_group {
+            continue;
+        }
+        // Decided while no command starts, so every command started is registered.
+        let _gate = crate::runner::spawn::exclusive();
+        if crate::runner::spawn::started(pid) {
             continue;
         }
         let mut status = 0;

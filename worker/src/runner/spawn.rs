@@ -17,7 +17,7 @@
 
 use super::layered::Mount;
 use super::sandbox::Confinement;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -28,20 +28,48 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 
-/// The commands this process started and reaps itself (by their pidfd), from the
-/// `clone` until they are reaped: `crate::reaper` never reaps one of them.
-static STARTED: std::sync::Mutex<BTreeSet<libc::pid_t>> = std::sync::Mutex::new(BTreeSet::new());
+/// Held for reading by every `spawn` from before its `clone` until the child is
+/// registered (spawns run side by side), and for writing by `crate::reaper` while it decides
+/// whether to reap a process: a command is always registered before a reaper can see it.
+static GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-/// The commands started and not yet reaped, locked: while held, no command starts.
-pub(crate) fn started() -> std::sync::MutexGuard<'static, BTreeSet<libc::pid_t>> {
+/// The commands this process started and reaps itself (by their pidfd), counted by pid
+/// (a pid reused by a new command before the old one is forgotten stays registered), from
+/// the `clone` until they are reaped: `crate::reaper` never reaps one of them.
+static STARTED: std::sync::Mutex<BTreeMap<libc::pid_t, u32>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+fn registry() -> std::sync::MutexGuard<'static, BTreeMap<libc::pid_t, u32>> {
     STARTED
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// While the returned guard is held no command starts, and [`started`] says whether a
+/// process is a command this process reaps itself.
+pub(crate) fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+    GATE.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether `pid` is a command this process started and has not reaped.
+pub(crate) fn started(pid: libc::pid_t) -> bool {
+    registry().contains_key(&pid)
+}
+
+fn register(pid: libc::pid_t) {
+    *registry().entry(pid).or_insert(0) += 1;
+}
+
 /// A reaped command is no longer this process's to reap.
 fn forget(pid: libc::pid_t) {
-    started().remove(&pid);
+    let mut started = registry();
+    if let Some(n) = started.get_mut(&pid) {
+        *n -= 1;
+        if *n == 0 {
+            started.remove(&pid);
+        }
+    }
 }
 
 /// The child's stack. It runs a few system calls; the pages it does not touch are never
@@ -213,7 +241,9 @@ pub fn spawn(start: &Start<'_>) -> std::io::Result<Child> {
     // `child` on a stack of its own with `plan`, which outlives it: with CLONE_VFORK this
     // thread resumes only once the child has called `execve` or `_exit`.
     // Registered before any reaper can see it end.
-    let mut registry = started();
+    let gate = GATE
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let pid = unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
@@ -233,8 +263,8 @@ pub fn spawn(start: &Start<'_>) -> std::io::Result<Child> {
         }
         pid
     };
-    registry.insert(pid);
-    drop(registry);
+    register(pid);
+    drop(gate);
     drop(stack);
     drop((out_w, err_w, stdin));
     // SAFETY: CLONE_PIDFD gave this descriptor to the caller alone.
@@ -507,11 +537,15 @@ impl Drop for Child {
             }
         };
         let pid = self.pid as libc::pid_t;
-        let _ = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("forkfleet-reap".into())
             .spawn(move || {
                 let _ = reap(&fd, 0);
                 forget(pid);
             });
+        if spawned.is_err() {
+            // Left to a reaper of orphans, if this process has one.
+            forget(pid);
+        }
     }
 }
