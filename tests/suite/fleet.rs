@@ -285,6 +285,11 @@ impl Fleet {
         fleet
     }
 
+    /// The bus's URL, as every process is given it.
+    pub(super) fn url(&self) -> &str {
+        &self.url
+    }
+
     /// A worker process named `name`, started as [`Fleet::start`] started the first ones
     /// (not added to [`Fleet::workers`]).
     pub(super) fn spawn_worker(&self, name: &str) -> Service {

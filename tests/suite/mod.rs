@@ -24,6 +24,7 @@ mod gc;
 mod git;
 mod guides;
 mod harness;
+mod helm_smoke;
 mod hints;
 mod http;
 mod http_tool;
