@@ -489,11 +489,19 @@ fn a_three_node_nats_cluster_loses_a_node_mid_fork_and_nothing_is_lost() {
         .map(|p| format!("nats://127.0.0.1:{p}"))
         .collect::<Vec<_>>()
         .join(",");
+    // JetStream's own limit: by default 75 % of the disk's free space, which three servers
+    // on one disk, each reserving every R3 stream's and bucket's max_bytes (about 19 GiB by
+    // default), fall below once the disk is a quarter full ("insufficient storage").
+    let conf_dir = tempfile::tempdir().unwrap();
+    let conf = conf_dir.path().join("js.conf");
+    std::fs::write(&conf, "jetstream { max_file_store: 256GB }\n").unwrap();
     let mut nodes: Vec<NatsServer> = routes
         .iter()
         .enumerate()
         .map(|(i, port)| {
             NatsServer::start_with(&[
+                "-c",
+                path_str(&conf),
                 "--server_name",
                 &format!("n{i}"),
                 "--cluster_name",
@@ -538,7 +546,9 @@ fn a_three_node_nats_cluster_loses_a_node_mid_fork_and_nothing_is_lost() {
     };
     let client = |args: &[&str]| {
         let mut all = args.to_vec();
-        all.extend(["--nats", urls.as_str()]);
+        // The client creates what is missing too (`[nats] provision`): with the services'
+        // replicas, or a stream it makes first would live on one node, lost with it.
+        all.extend(["--nats", urls.as_str(), "--nats-replicas", "3"]);
         super::fleet::run(dir.path(), &all)
     };
     // Until the coordinator answers (JetStream's meta group forms first).
