@@ -147,27 +147,31 @@ impl WireMessage for BranchEvent {
 /// Several [`BranchEvent`]s of one run in one bus message (what a worker publishes
 /// between two flushes, when its task says `event_batches`): on NATS one stored message,
 /// one delivery and one ack instead of one per event. Each element is a whole wire-encoded
-/// `branch_event`, in seq order.
+/// `branch_event`, in seq order. It borrows what it carries both ways: the worker writes
+/// its encoded events into the message, the coordinator decodes each where it lies.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BranchEventBatch {
-    pub events: Vec<serde_bytes::ByteBuf>,
+pub struct BranchEventBatch<'a> {
+    #[serde(borrow)]
+    pub events: Vec<&'a serde_bytes::Bytes>,
     /// The contents of small text blobs the events write, sent along so that the
     /// coordinator need not fetch them from the bus's blob store (where the worker put them
     /// first, as always). A reader keeps one only for a hash an applied event names, and
     /// checks the bytes against it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub blobs: Vec<SentBlob>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty", borrow)]
+    pub blobs: Vec<SentBlob<'a>>,
 }
 
 /// A blob's contents sent along with the events that write it, under the hash they claim.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SentBlob {
+pub struct SentBlob<'a> {
     pub hash: BlobHash,
-    pub bytes: serde_bytes::ByteBuf,
+    #[serde(borrow)]
+    pub bytes: &'a serde_bytes::Bytes,
 }
 
-impl WireMessage for BranchEventBatch {
-    const KIND: &'static str = "branch_event_batch";
+impl BranchEventBatch<'_> {
+    /// Its wire kind (it borrows, so it is not a [`WireMessage`]: `wire::encode_kind`).
+    pub const KIND: &'static str = "branch_event_batch";
 }
 
 /// What one message of the event stream carries: its events, and the blobs a batch brought
@@ -195,10 +199,10 @@ fn sent_size(bytes: &Bytes) -> usize {
 /// bytes: consecutive events packed into [`BranchEventBatch`]es, an event alone (or too
 /// large to share a message) as it is, so what a bus carries today it carries packed.
 pub fn pack_events(
-    payloads: Vec<Bytes>,
+    payloads: &[Bytes],
     max_payload: Option<usize>,
 ) -> Result<Vec<Bytes>, crate::wire::WireError> {
-    pack_events_with(payloads, Vec::new(), max_payload)
+    pack_events_with(payloads, &[], max_payload)
 }
 
 /// [`pack_events`], with `blobs` (contents the events write, by hash) in the last message
@@ -206,25 +210,25 @@ pub fn pack_events(
 /// coordinator matches a blob with the events it applied together with it: those of the
 /// last message, and as a rule the whole flush's (its messages arrive together).
 pub fn pack_events_with(
-    payloads: Vec<Bytes>,
-    mut blobs: Vec<(BlobHash, Bytes)>,
+    payloads: &[Bytes],
+    blobs: &[(BlobHash, Bytes)],
     max_payload: Option<usize>,
 ) -> Result<Vec<Bytes>, crate::wire::WireError> {
     if payloads.len() < 2 && blobs.is_empty() {
-        return Ok(payloads);
+        return Ok(payloads.to_vec());
     }
     let limit = max_payload.map_or(usize::MAX, |m| m.saturating_sub(BATCH_MARGIN));
     let mut out = Vec::new();
-    let mut group: Vec<Bytes> = Vec::new();
+    let mut group: Vec<&Bytes> = Vec::new();
     let mut size = 0usize;
     for payload in payloads {
-        let n = element(&payload);
+        let n = element(payload);
         if !group.is_empty() && size.saturating_add(n) > limit {
-            out.push(pack_group(std::mem::take(&mut group), Vec::new())?);
+            out.push(pack_group(&std::mem::take(&mut group), &[])?);
             size = 0;
         }
         if n > limit {
-            out.push(payload);
+            out.push(payload.clone());
             continue;
         }
         size += n;
@@ -233,15 +237,15 @@ pub fn pack_events_with(
     if group.is_empty() {
         return Ok(out);
     }
-    blobs.retain(|(_, b)| {
-        let n = sent_size(b);
-        let fits = size.saturating_add(n) <= limit;
-        if fits {
+    let mut fitting = Vec::with_capacity(blobs.len());
+    for blob in blobs {
+        let n = sent_size(&blob.1);
+        if size.saturating_add(n) <= limit {
             size += n;
+            fitting.push(blob);
         }
-        fits
-    });
-    out.push(pack_group(group, blobs)?);
+    }
+    out.push(pack_group(&group, &fitting)?);
     Ok(out)
 }
 
@@ -254,7 +258,8 @@ pub fn read_events(payload: &[u8]) -> Result<Vec<BranchEvent>, crate::wire::Wire
 /// The events of one message of the event stream, and the blobs a batch carries.
 pub fn read_message(payload: &[u8]) -> Result<EventMessage, crate::wire::WireError> {
     if crate::wire::kind_of(payload)? == BranchEventBatch::KIND {
-        let batch: BranchEventBatch = crate::wire::decode(payload)?;
+        let batch: BranchEventBatch<'_> =
+            crate::wire::decode_kind(BranchEventBatch::KIND, payload)?;
         return Ok(EventMessage {
             events: batch
                 .events
@@ -263,8 +268,8 @@ pub fn read_message(payload: &[u8]) -> Result<EventMessage, crate::wire::WireErr
                 .collect::<Result<_, _>>()?,
             blobs: batch
                 .blobs
-                .into_iter()
-                .map(|b| (b.hash, Bytes::from(b.bytes.into_vec())))
+                .iter()
+                .map(|b| (b.hash, Bytes::copy_from_slice(b.bytes)))
                 .collect(),
         });
     }
@@ -274,27 +279,32 @@ pub fn read_message(payload: &[u8]) -> Result<EventMessage, crate::wire::WireErr
     })
 }
 
+/// Bytes as msgpack `bin` (not an array of numbers).
+fn as_bin(b: &Bytes) -> &serde_bytes::Bytes {
+    serde_bytes::Bytes::new(b)
+}
+
 /// One message of `group`'s events: the event itself when it is alone with no blobs.
 fn pack_group(
-    mut group: Vec<Bytes>,
-    blobs: Vec<(BlobHash, Bytes)>,
+    group: &[&Bytes],
+    blobs: &[&(BlobHash, Bytes)],
 ) -> Result<Bytes, crate::wire::WireError> {
-    if group.len() == 1 && blobs.is_empty() {
-        if let Some(one) = group.pop() {
-            return Ok(one);
-        }
+    if let ([one], []) = (group, blobs) {
+        return Ok((*one).clone());
     }
-    let buf = |b: Bytes| serde_bytes::ByteBuf::from(Vec::from(b));
-    crate::wire::encode(&BranchEventBatch {
-        events: group.into_iter().map(buf).collect(),
-        blobs: blobs
-            .into_iter()
-            .map(|(hash, bytes)| SentBlob {
-                hash,
-                bytes: buf(bytes),
-            })
-            .collect(),
-    })
+    crate::wire::encode_kind(
+        BranchEventBatch::KIND,
+        &BranchEventBatch {
+            events: group.iter().map(|b| as_bin(b)).collect(),
+            blobs: blobs
+                .iter()
+                .map(|(hash, b)| SentBlob {
+                    hash: *hash,
+                    bytes: as_bin(b),
+                })
+                .collect(),
+        },
+    )
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -678,13 +688,13 @@ mod tests {
             .collect();
         let encoded: Vec<Bytes> = events.iter().map(|e| wire::encode(e).unwrap()).collect();
         // No limit: one message.
-        let one = pack_events(encoded.clone(), None).unwrap();
+        let one = pack_events(&encoded, None).unwrap();
         assert_eq!(one.len(), 1);
         assert_eq!(wire::kind_of(&one[0]).unwrap(), BranchEventBatch::KIND);
         assert_eq!(read_all(&one), events);
         // A limit: several messages, none over it, the same events in the same order.
         let limit = 8 * 1024;
-        let many = pack_events(encoded.clone(), Some(limit)).unwrap();
+        let many = pack_events(&encoded, Some(limit)).unwrap();
         assert!(many.len() > 2, "{} messages", many.len());
         assert!(
             many.iter().all(|m| m.len() + BATCH_MARGIN / 2 <= limit),
@@ -699,7 +709,7 @@ mod tests {
         let limit = 4 * 1024;
         let events = vec![event(0, 10), event(1, 10_000), event(2, 10), event(3, 10)];
         let encoded: Vec<Bytes> = events.iter().map(|e| wire::encode(e).unwrap()).collect();
-        let messages = pack_events(encoded.clone(), Some(limit)).unwrap();
+        let messages = pack_events(&encoded, Some(limit)).unwrap();
         let kinds: Vec<_> = messages
             .iter()
             .map(|m| wire::kind_of(m).unwrap().into_owned())
@@ -711,9 +721,9 @@ mod tests {
         );
         assert_eq!(messages[1], encoded[1]);
         assert_eq!(read_all(&messages), events);
-        let single = pack_events(vec![encoded[0].clone()], Some(limit)).unwrap();
+        let single = pack_events(&encoded[..1], Some(limit)).unwrap();
         assert_eq!(single, vec![encoded[0].clone()]);
-        assert!(pack_events(Vec::new(), None).unwrap().is_empty());
+        assert!(pack_events(&[], None).unwrap().is_empty());
     }
 
     #[test]
@@ -725,8 +735,8 @@ mod tests {
         let large = Bytes::from(vec![b'x'; 6 * 1024]);
         let limit = 4 * 1024;
         let messages = pack_events_with(
-            encoded.clone(),
-            vec![
+            &encoded,
+            &[
                 small.clone(),
                 (BlobHash::of(&large), large.clone()),
                 other.clone(),
@@ -742,7 +752,7 @@ mod tests {
         assert_eq!(read.blobs, vec![small.clone(), other]);
         // One event with a blob is still a batch (the blob needs a carrier); with none, the
         // event as it is.
-        let one = pack_events_with(vec![encoded[0].clone()], vec![small.clone()], None).unwrap();
+        let one = pack_events_with(&encoded[..1], std::slice::from_ref(&small), None).unwrap();
         assert_eq!(wire::kind_of(&one[0]).unwrap(), BranchEventBatch::KIND);
         assert_eq!(read_message(&one[0]).unwrap().blobs, vec![small]);
         // A single event's message carries none.
@@ -752,15 +762,13 @@ mod tests {
     #[test]
     fn a_batch_with_a_bad_element_is_an_error_not_a_shorter_list() {
         let good = wire::encode(&event(0, 5)).unwrap();
-        let batch = wire::encode(&BranchEventBatch {
-            events: vec![
-                serde_bytes::ByteBuf::from(good.to_vec()),
-                serde_bytes::ByteBuf::from(b"\x00 not an event".to_vec()),
-            ],
-            blobs: Vec::new(),
-        })
+        let batch = pack_events(
+            &[good.clone(), Bytes::from_static(b"\x00 not an event")],
+            None,
+        )
         .unwrap();
-        assert!(read_events(&batch).is_err());
+        assert_eq!(batch.len(), 1);
+        assert!(read_events(&batch[0]).is_err());
         assert!(read_events(b"garbage").is_err());
         assert_eq!(read_events(&good).unwrap(), vec![event(0, 5)]);
     }

@@ -38,16 +38,17 @@ pub enum WireError {
 }
 
 #[derive(Serialize)]
-struct EnvelopeOut<'a, T> {
+struct EnvelopeOut<'a, T: ?Sized> {
     v: u16,
     kind: &'a str,
     body: &'a T,
 }
 
 #[derive(Deserialize)]
-struct EnvelopeIn<T> {
+struct EnvelopeIn<'a, T> {
     v: u16,
-    kind: String,
+    /// Borrowed from the message: no allocation per decode.
+    kind: &'a str,
     body: T,
 }
 
@@ -58,28 +59,42 @@ struct Header {
 }
 
 pub fn encode<T: WireMessage>(msg: &T) -> Result<Bytes, WireError> {
+    encode_kind(T::KIND, msg)
+}
+
+/// [`encode`] of a body that is not a [`WireMessage`] of its own (one that borrows what
+/// it carries, such as a [`crate::protocol::BranchEventBatch`]), under `kind`.
+pub fn encode_kind<T: Serialize + ?Sized>(kind: &'static str, msg: &T) -> Result<Bytes, WireError> {
     rmp_serde::to_vec_named(&EnvelopeOut {
         v: WIRE_VERSION,
-        kind: T::KIND,
+        kind,
         body: msg,
     })
     .map(Bytes::from)
     .map_err(|e| WireError::Encode {
-        kind: T::KIND,
+        kind,
         message: e.to_string(),
     })
 }
 
 pub fn decode<T: WireMessage>(bytes: &[u8]) -> Result<T, WireError> {
-    match rmp_serde::from_slice::<EnvelopeIn<T>>(bytes) {
-        Ok(env) if env.v == WIRE_VERSION && env.kind == T::KIND => Ok(env.body),
-        Ok(env) => Err(check_header(env.v, &env.kind, T::KIND)),
+    decode_kind(T::KIND, bytes)
+}
+
+/// [`decode`] of a `kind` message whose body may borrow from `bytes`.
+pub fn decode_kind<'a, T: Deserialize<'a>>(
+    kind: &'static str,
+    bytes: &'a [u8],
+) -> Result<T, WireError> {
+    match rmp_serde::from_slice::<EnvelopeIn<'a, T>>(bytes) {
+        Ok(env) if env.v == WIRE_VERSION && env.kind == kind => Ok(env.body),
+        Ok(env) => Err(check_header(env.v, env.kind, kind)),
         Err(body_err) => match rmp_serde::from_slice::<Header>(bytes) {
-            Ok(h) if h.v == WIRE_VERSION && h.kind == T::KIND => Err(WireError::Body {
-                kind: T::KIND,
+            Ok(h) if h.v == WIRE_VERSION && h.kind == kind => Err(WireError::Body {
+                kind,
                 message: body_err.to_string(),
             }),
-            Ok(h) => Err(check_header(h.v, &h.kind, T::KIND)),
+            Ok(h) => Err(check_header(h.v, &h.kind, kind)),
             Err(e) => Err(WireError::NotAnEnvelope {
                 message: e.to_string(),
             }),
@@ -353,21 +368,16 @@ mod tests {
     /// this version reads from workers of this version (ADR 42).
     const GOLDEN_BATCH: &str = "83a17601a46b696e64b26272616e63685f6576656e745f6261746368a4626f647982a66576656e747391c4e883a17601a46b696e64ac6272616e63685f6576656e74a4626f647986a7666f726b5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ba672756e5f6964c4100192d2f45b7e7c3a9f1e2b4c6d8e0a1ca373657107a561745f6d73cf0000018bcfe56800a56576656e7482a474797065ab66696c655f6368616e6765a66368616e676583a26f70a57772697465a470617468a97372632f612e747874a5656e74727984a468617368c42098ea6e4f216f2fb4b69fff9b3a44842c38686ca685f3f55dc48c5d3fb1107be4a473697a6503a46d6f6465cd01a4a662696e617279c2a7617474656d707402a5626c6f62739182a468617368c42098ea6e4f216f2fb4b69fff9b3a44842c38686ca685f3f55dc48c5d3fb1107be4a56279746573c40368690a";
 
-    fn golden_batch() -> crate::protocol::BranchEventBatch {
-        crate::protocol::BranchEventBatch {
-            events: vec![serde_bytes::ByteBuf::from(
-                encode(&golden_event()).unwrap().to_vec(),
-            )],
-            blobs: vec![crate::protocol::SentBlob {
-                hash: BlobHash::of(b"hi\n"),
-                bytes: serde_bytes::ByteBuf::from(b"hi\n".to_vec()),
-            }],
-        }
-    }
-
     #[test]
     fn golden_branch_event_batch_bytes() {
-        let bytes = encode(&golden_batch()).unwrap();
+        // Packed as a worker packs a flush.
+        let bytes = crate::protocol::pack_events_with(
+            &[encode(&golden_event()).unwrap()],
+            &[(BlobHash::of(b"hi\n"), Bytes::from_static(b"hi\n"))],
+            None,
+        )
+        .unwrap()
+        .remove(0);
         assert_eq!(hex::encode(&bytes), GOLDEN_BATCH);
         let read = crate::protocol::read_message(&bytes).unwrap();
         assert_eq!(read.events, vec![golden_event()]);
@@ -380,11 +390,9 @@ mod tests {
     #[test]
     fn kind_of_reads_the_kind_from_the_first_bytes_and_falls_back_to_a_decode() {
         let event = encode(&golden_event()).unwrap();
-        let batch = encode(&crate::protocol::BranchEventBatch {
-            events: vec![serde_bytes::ByteBuf::from(event.to_vec())],
-            blobs: Vec::new(),
-        })
-        .unwrap();
+        let batch = crate::protocol::pack_events(&[event.clone(), event.clone()], None)
+            .unwrap()
+            .remove(0);
         for bytes in [&event, &batch] {
             let fast = kind_of(bytes).unwrap();
             assert!(matches!(fast, std::borrow::Cow::Borrowed(_)));

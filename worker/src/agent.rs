@@ -281,15 +281,15 @@ impl Publisher {
         if self.pending.is_empty() {
             return Ok(());
         }
-        // Packed before anything is taken (the pending events stay if packing fails).
+        // Packed from where they lie (the pending events stay if packing fails).
         let batch = if self.batches {
             forkfleet_shared::protocol::pack_events_with(
-                self.pending.clone(),
-                self.blobs.clone(),
+                &self.pending,
+                &self.blobs,
                 self.bus.max_payload(),
             )?
         } else {
-            self.pending.clone()
+            std::mem::take(&mut self.pending)
         };
         self.pending.clear();
         self.blobs.clear();

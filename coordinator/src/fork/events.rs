@@ -139,7 +139,8 @@ impl ForkState {
     }
 
     /// Write a batch, then apply it. Nothing in memory changes unless the write succeeded.
-    /// The answer: the text blobs the written events write (for the run store's prefetch).
+    /// The answer: on a cluster, the text blobs the written events write (for the run
+    /// store's prefetch); embedded, the run store is the bus's and there is nothing to copy.
     pub(super) fn apply_events(
         &mut self,
         events: Vec<BranchEvent>,
@@ -152,6 +153,8 @@ impl ForkState {
         // The files its branches write belong to the fork's account (`crate::tenancy`).
         let account = self.record.plan.budget.account.as_deref();
         let mut files: Vec<(BlobHash, u64)> = Vec::new();
+        // On a cluster (the run store is not the bus's), the texts written, to copy over.
+        let cluster = !crate::blobs::shared_with_bus(&self.store, &self.bus);
         let mut texts: Vec<BlobHash> = Vec::new();
         for ev in &events {
             let Some(&i) = self.by_run.get(&ev.run_id) else {
@@ -169,7 +172,7 @@ impl ForkState {
                         if account.is_some() {
                             files.push((e.hash, e.size));
                         }
-                        if !e.binary {
+                        if cluster && !e.binary {
                             texts.push(e.hash);
                         }
                     }
@@ -183,8 +186,7 @@ impl ForkState {
             self.store.own_blobs(account, files.iter().map(|f| f.0))?;
             // Quotas hold tenants of a cluster's shared buckets apart; the embedded system
             // (one user, its own store) has none to hold apart.
-            let shared = !crate::blobs::shared_with_bus(&self.store, &self.bus);
-            let over = if shared {
+            let over = if cluster {
                 self.store.record_written(account, &files)?
             } else {
                 None

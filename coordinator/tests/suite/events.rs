@@ -162,7 +162,7 @@ async fn garbage_on_the_event_stream_does_not_stop_the_loop() {
 /// batch that is empty or names two forks is dropped whole, and the loop goes on.
 #[tokio::test]
 async fn a_batch_of_events_applies_once_and_a_malformed_batch_is_dropped() {
-    use forkfleet_shared::protocol::{pack_events, BranchEvent, BranchEventBatch};
+    use forkfleet_shared::protocol::{pack_events, BranchEventBatch};
     let fx = Fixture::start().await;
     let h = fx.h();
     let snap = fx.upload(&[("a.txt", "a\n")]).await;
@@ -170,17 +170,6 @@ async fn a_batch_of_events_applies_once_and_a_malformed_batch_is_dropped() {
     let (task, _d) = fx.pull().await;
     let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
     let blobs = fx.blobs();
-    let encode = |seq: u64, event: Event, fork_id| {
-        forkfleet_shared::wire::encode(&BranchEvent {
-            fork_id,
-            run_id: run,
-            seq,
-            at_ms: 0,
-            event,
-            attempt: 1,
-        })
-        .unwrap()
-    };
     let running = Step::Status(BranchState::Running).into_event(&blobs).await;
     let w1 = Step::Write("one.txt".into(), "1".into())
         .into_event(&blobs)
@@ -189,10 +178,10 @@ async fn a_batch_of_events_applies_once_and_a_malformed_batch_is_dropped() {
         .into_event(&blobs)
         .await;
     let batch = pack_events(
-        vec![
-            encode(s, running.clone(), fork),
-            encode(s + 1, w1.clone(), fork),
-            encode(s + 2, w2.clone(), fork),
+        &[
+            encoded(fork, run, s, running.clone()),
+            encoded(fork, run, s + 1, w1.clone()),
+            encoded(fork, run, s + 2, w2.clone()),
         ],
         fx.bus.max_payload(),
     )
@@ -200,22 +189,20 @@ async fn a_batch_of_events_applies_once_and_a_malformed_batch_is_dropped() {
     assert_eq!(batch.len(), 1);
 
     // Malformed batches first: empty, and one naming another fork beside this one.
-    let empty = forkfleet_shared::wire::encode(&BranchEventBatch {
-        events: vec![],
-        blobs: vec![],
-    })
+    let empty = forkfleet_shared::wire::encode_kind(
+        BranchEventBatch::KIND,
+        &BranchEventBatch {
+            events: vec![],
+            blobs: vec![],
+        },
+    )
     .unwrap();
+    let failed = Step::Status(BranchState::Failed).into_event(&blobs).await;
+    let other_fork = forkfleet_shared::ids::ForkId::new();
     let mixed = pack_events(
-        vec![
-            encode(
-                s + 3,
-                Event::Status {
-                    state: BranchState::Failed,
-                    error: None,
-                },
-                fork,
-            ),
-            encode(s + 4, running.clone(), forkfleet_shared::ids::ForkId::new()),
+        &[
+            encoded(fork, run, s + 3, failed),
+            encoded(other_fork, run, s + 4, running.clone()),
         ],
         None,
     )
@@ -232,16 +219,8 @@ async fn a_batch_of_events_applies_once_and_a_malformed_batch_is_dropped() {
     let v = wait_view(&h, fork, |v| v.branches[0].events == s + 3).await;
     assert_eq!(v.branches[0].state, BranchState::Running);
     assert_eq!(v.branches[0].changes, 2);
-    fx.publish(
-        fork,
-        run,
-        s + 3,
-        Event::Status {
-            state: BranchState::Done,
-            error: None,
-        },
-    )
-    .await;
+    let done = Step::Status(BranchState::Done).into_event(&blobs).await;
+    fx.publish(fork, run, s + 3, done).await;
     let v = within(h.wait_settled(fork, T)).await.unwrap();
     // The mixed batch's `failed` never applied.
     assert_eq!(v.branches[0].state, BranchState::Done);
@@ -347,7 +326,7 @@ async fn texts_sent_along_with_a_batch_are_kept_when_its_applied_events_name_the
     use forkfleet_shared::manifest::FileEntry;
     use forkfleet_shared::overlay::ChangeOp;
     use forkfleet_shared::path::WsPath;
-    use forkfleet_shared::protocol::{pack_events_with, BranchEvent};
+    use forkfleet_shared::protocol::pack_events_with;
     let fx = Fixture::start().await;
     if !fx.bus.remote() {
         // Embedded, the run store is the bus's store: nothing travels.
@@ -370,43 +349,19 @@ async fn texts_sent_along_with_a_batch_are_kept_when_its_applied_events_name_the
     };
     let entry = FileEntry::for_bytes(&text, 0o644);
     let stranger_entry = FileEntry::for_bytes(&stranger, 0o644);
-    let events = [
-        (
-            task.run_id,
-            Event::Status {
-                state: BranchState::Running,
-                error: None,
-            },
-        ),
-        (task.run_id, write("forged.txt", forged_claim)),
-        (RunId::new(), write("stranger.txt", stranger_entry)),
-        (task.run_id, write("notes.txt", entry)),
-    ];
-    let mut seq = task.first_seq;
-    let encoded = events
-        .into_iter()
-        .map(|(run_id, event)| {
-            // The fork's run numbered on; the stranger's one event at 0.
-            let seq = if run_id == task.run_id {
-                seq += 1;
-                seq - 1
-            } else {
-                0
-            };
-            forkfleet_shared::wire::encode(&BranchEvent {
-                fork_id: task.fork_id,
-                run_id,
-                seq,
-                at_ms: 0,
-                event,
-                attempt: 1,
-            })
-            .unwrap()
-        })
-        .collect();
+    let (fork, run, s) = (task.fork_id, task.run_id, task.first_seq);
+    let running = Event::Status {
+        state: BranchState::Running,
+        error: None,
+    };
     let message = pack_events_with(
-        encoded,
-        vec![
+        &[
+            encoded(fork, run, s, running),
+            encoded(fork, run, s + 1, write("forged.txt", forged_claim)),
+            encoded(fork, RunId::new(), 0, write("stranger.txt", stranger_entry)),
+            encoded(fork, run, s + 2, write("notes.txt", entry)),
+        ],
+        &[
             (BlobHash::of(&junk), junk.clone()),
             (forged_claim.hash, forged.clone()),
             (stranger_entry.hash, stranger.clone()),

@@ -226,16 +226,8 @@ impl Fixture {
 
     /// Publish an event as task attempt `attempt` produced it.
     pub async fn publish_as(&self, fork: ForkId, run: RunId, seq: u64, event: Event, attempt: u32) {
-        let ev = BranchEvent {
-            fork_id: fork,
-            run_id: run,
-            seq,
-            at_ms: 0,
-            event,
-            attempt,
-        };
         self.bus
-            .publish_event(wire::encode(&ev).unwrap())
+            .publish_event(encoded_as(fork, run, seq, event, attempt))
             .await
             .unwrap();
     }
@@ -414,4 +406,22 @@ pub async fn wait_view(
         }
     })
     .await
+}
+
+/// An event as a worker's first attempt publishes it: a wire-encoded `branch_event`.
+pub fn encoded(fork: ForkId, run: RunId, seq: u64, event: Event) -> Bytes {
+    encoded_as(fork, run, seq, event, 1)
+}
+
+/// [`encoded`], as task attempt `attempt` produced it.
+pub fn encoded_as(fork: ForkId, run: RunId, seq: u64, event: Event, attempt: u32) -> Bytes {
+    wire::encode(&BranchEvent {
+        fork_id: fork,
+        run_id: run,
+        seq,
+        at_ms: 0,
+        event,
+        attempt,
+    })
+    .unwrap()
 }
