@@ -13,6 +13,13 @@
 //! Every worker shares one identity (they are equally trusted); each client identity gets
 //! its own. `admin` has no permissions block: an operator may do everything. Existing
 //! files are not overwritten unless `force`.
+//!
+//! With [`AuthPlan::passwords_from`] (`--passwords-from DIR`) the identities are users with
+//! passwords instead: only `auth.conf` is written (mode 0600), each identity's password (or
+//! its bcrypt hash, which nats-server compares against) read from `DIR/<identity>`
+//! (`coordinator`, `worker`, `admin`, `client-<identity>`). The Helm chart's NATS pod makes
+//! its `auth.conf` so from the hashes of the passwords the chart keeps in each role's
+//! Secret (ADR 44): the permissions stay those of this one function.
 
 use forkfleet_shared::subjects::permissions::{self, Permissions};
 use std::fmt::Write as _;
@@ -28,6 +35,9 @@ pub struct AuthPlan {
     pub pools: Vec<String>,
     /// The NATS URL to put in the config files, if any.
     pub url: Option<String>,
+    /// Users with passwords read from this directory (one file per identity) instead of
+    /// nkeys: only `auth.conf` is written.
+    pub passwords_from: Option<PathBuf>,
 }
 
 /// Why the files could not be generated.
@@ -44,6 +54,12 @@ pub enum AuthError {
     },
     #[error("cannot make an nkey: {0}")]
     Key(String),
+    #[error("cannot read the password of `{identity}` from `{path}`: {source} (--passwords-from needs one file per identity: coordinator, worker, admin, client-<identity>)")]
+    ReadPassword {
+        identity: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// One NATS user: a name for the comments and file names, its key pair and permissions
@@ -51,8 +67,6 @@ pub enum AuthError {
 struct Identity {
     file_stem: String,
     comment: String,
-    seed: String,
-    public: String,
     permissions: Option<Permissions>,
     config: String,
 }
@@ -94,12 +108,9 @@ fn identities(plan: &AuthPlan) -> Result<Vec<Identity>, AuthError> {
         }
     }
     let mut out = Vec::new();
-    let (seed, public) = new_key()?;
     out.push(Identity {
         file_stem: "coordinator".into(),
         comment: "coordinator: every forkfleet subject, stream and bucket".into(),
-        seed,
-        public,
         permissions: Some(permissions::coordinator()),
         config: config_file(
             plan,
@@ -107,13 +118,10 @@ fn identities(plan: &AuthPlan) -> Result<Vec<Identity>, AuthError> {
             "\n# The accounts a client identity may use besides its own:\n# [access.\"alice\"]\n# accounts = [\"team-a\"]\n",
         ),
     });
-    let (seed, public) = new_key()?;
     let pools = plan.pools.join(", ");
     out.push(Identity {
         file_stem: "worker".into(),
         comment: format!("workers of pools {pools}"),
-        seed,
-        public,
         permissions: Some(permissions::worker(&plan.pools).map_err(invalid)?),
         config: {
             let mut c = config_file(
@@ -127,17 +135,13 @@ fn identities(plan: &AuthPlan) -> Result<Vec<Identity>, AuthError> {
             c
         },
     });
-    let (seed, public) = new_key()?;
     out.push(Identity {
         file_stem: "admin".into(),
         comment: "admin: an operator, no restriction".into(),
-        seed,
-        public,
         permissions: None,
         config: config_file(plan, "admin", ""),
     });
     for client in &plan.clients {
-        let (seed, public) = new_key()?;
         let stem = format!("client-{client}");
         let mut config = config_file(plan, &stem, "");
         let _ = writeln!(
@@ -148,8 +152,6 @@ fn identities(plan: &AuthPlan) -> Result<Vec<Identity>, AuthError> {
         out.push(Identity {
             file_stem: stem,
             comment: format!("client `{client}`"),
-            seed,
-            public,
             permissions: Some(permissions::client(client).map_err(invalid)?),
             config,
         });
@@ -162,21 +164,39 @@ fn list(subjects: &[String]) -> String {
     format!("[{}]", items.join(", "))
 }
 
-/// The nats-server `authorization` block for `users` (public key, comment, permissions).
+/// How a user logs in: its nkey's public key, or a name and a password (or its bcrypt hash).
+pub enum Login<'a> {
+    Nkey(&'a str),
+    Password { user: &'a str, password: &'a str },
+}
+
+impl Login<'_> {
+    fn clause(&self) -> String {
+        match self {
+            Login::Nkey(public) => format!("nkey: \"{public}\""),
+            Login::Password { user, password } => {
+                format!("user: \"{user}\", password: \"{password}\"")
+            }
+        }
+    }
+}
+
+/// The nats-server `authorization` block for `users` (login, comment, permissions).
 pub fn auth_conf<'a>(
-    users: impl IntoIterator<Item = (&'a str, &'a str, Option<&'a Permissions>)>,
+    users: impl IntoIterator<Item = (Login<'a>, &'a str, Option<&'a Permissions>)>,
 ) -> String {
     let mut out = String::from(
         "# forkfleet roles, generated by `forkfleet cluster auth` (docs/CLUSTER.md, \"Security\").\n# Include it in nats-server.conf: `include ./auth.conf`\nauthorization {\n  users = [\n",
     );
-    for (public, comment, perms) in users {
+    for (login, comment, perms) in users {
         let _ = writeln!(out, "    # {comment}");
+        let who = login.clause();
         match perms {
             None => {
-                let _ = writeln!(out, "    {{ nkey: \"{public}\" }}");
+                let _ = writeln!(out, "    {{ {who} }}");
             }
             Some(p) => {
-                let _ = writeln!(out, "    {{ nkey: \"{public}\", permissions: {{");
+                let _ = writeln!(out, "    {{ {who}, permissions: {{");
                 let _ = writeln!(out, "        publish: {{ allow: {} }}", list(&p.publish));
                 let _ = writeln!(
                     out,
@@ -229,32 +249,81 @@ fn write_file(path: &Path, text: &str, secret: bool, force: bool) -> Result<(), 
     file.write_all(text.as_bytes()).map_err(err)
 }
 
+/// One identity's password from `dir/<identity>`: its first line, which must be printable
+/// ASCII without quotes, backslashes or spaces (it is written into `auth.conf` as is).
+fn read_password(dir: &Path, identity: &str) -> Result<String, AuthError> {
+    let path = dir.join(identity);
+    let text = std::fs::read_to_string(&path).map_err(|source| AuthError::ReadPassword {
+        identity: identity.to_string(),
+        path: path.clone(),
+        source,
+    })?;
+    let password = text.strip_suffix('\n').unwrap_or(&text);
+    let password = password.strip_suffix('\r').unwrap_or(password);
+    if password.is_empty()
+        || !password
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+    {
+        return Err(AuthError::Invalid(format!(
+            "the password of `{identity}` in `{}` is empty or holds a space, a quote, a backslash, a line break or a character outside printable ASCII",
+            path.display()
+        )));
+    }
+    Ok(password.to_string())
+}
+
 /// Generate every file into `out` (created if missing); returns the paths written.
 pub fn generate(plan: &AuthPlan, out: &Path, force: bool) -> Result<Vec<PathBuf>, AuthError> {
     let ids = identities(plan)?;
     let mut files: Vec<(PathBuf, String, bool)> = Vec::new();
-    files.push((
-        out.join("auth.conf"),
-        auth_conf(ids.iter().map(|i| {
-            (
-                i.public.as_str(),
-                i.comment.as_str(),
-                i.permissions.as_ref(),
-            )
-        })),
-        false,
-    ));
-    for i in &ids {
+    if let Some(dir) = &plan.passwords_from {
+        let passwords = ids
+            .iter()
+            .map(|i| read_password(dir, &i.file_stem))
+            .collect::<Result<Vec<_>, _>>()?;
         files.push((
-            out.join(format!("{}.nk", i.file_stem)),
-            format!("{}\n", i.seed),
+            out.join("auth.conf"),
+            auth_conf(ids.iter().zip(&passwords).map(|(i, password)| {
+                (
+                    Login::Password {
+                        user: &i.file_stem,
+                        password,
+                    },
+                    i.comment.as_str(),
+                    i.permissions.as_ref(),
+                )
+            })),
             true,
         ));
+    } else {
+        let keys = ids
+            .iter()
+            .map(|_| new_key())
+            .collect::<Result<Vec<_>, _>>()?;
         files.push((
-            out.join(format!("{}.toml", i.file_stem)),
-            i.config.clone(),
+            out.join("auth.conf"),
+            auth_conf(ids.iter().zip(&keys).map(|(i, (_, public))| {
+                (
+                    Login::Nkey(public),
+                    i.comment.as_str(),
+                    i.permissions.as_ref(),
+                )
+            })),
             false,
         ));
+        for (i, (seed, _)) in ids.iter().zip(&keys) {
+            files.push((
+                out.join(format!("{}.nk", i.file_stem)),
+                format!("{seed}\n"),
+                true,
+            ));
+            files.push((
+                out.join(format!("{}.toml", i.file_stem)),
+                i.config.clone(),
+                false,
+            ));
+        }
     }
     if !force {
         // All or nothing: check before writing any.

@@ -44,6 +44,11 @@ pub struct AuthArgs {
     /// The NATS URL to write into the config files.
     #[arg(long, value_name = "URL")]
     pub url: Option<String>,
+    /// Users with passwords instead of nkeys: write only auth.conf (mode 0600), each
+    /// identity's password, or its bcrypt hash, read from DIR/<identity> (coordinator,
+    /// worker, admin, client-<identity>). The Helm chart's NATS pod does this (ADR 44).
+    #[arg(long, value_name = "DIR", conflicts_with = "url")]
+    pub passwords_from: Option<PathBuf>,
     /// Overwrite files a previous run wrote (new keys: every identity needs its new file).
     #[arg(long)]
     pub force: bool,
@@ -94,9 +99,11 @@ pub(crate) async fn cmd_cluster(command: ClusterCommand) -> anyhow::Result<()> {
                     args.pools
                 },
                 url: args.url,
+                passwords_from: args.passwords_from,
             };
+            let plan_has_passwords = plan.passwords_from.is_some();
             let files = auth::generate(&plan, &args.out, args.force).map_err(|e| match e {
-                AuthError::Invalid(_) | AuthError::Exists(_) => {
+                AuthError::Invalid(_) | AuthError::Exists(_) | AuthError::ReadPassword { .. } => {
                     anyhow::Error::new(BadInput(e.to_string()))
                 }
                 other => anyhow::Error::new(other),
@@ -104,10 +111,17 @@ pub(crate) async fn cmd_cluster(command: ClusterCommand) -> anyhow::Result<()> {
             for f in files {
                 println!("{}", f.display());
             }
-            eprintln!(
-                "include {} in nats-server.conf; give each process its .toml (--config) and .nk file",
-                args.out.join("auth.conf").display()
-            );
+            if plan_has_passwords {
+                eprintln!(
+                    "include {} in nats-server.conf; each identity logs in with its name and password",
+                    args.out.join("auth.conf").display()
+                );
+            } else {
+                eprintln!(
+                    "include {} in nats-server.conf; give each process its .toml (--config) and .nk file",
+                    args.out.join("auth.conf").display()
+                );
+            }
             Ok(())
         }
     }

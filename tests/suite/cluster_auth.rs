@@ -8,6 +8,7 @@ fn plan() -> AuthPlan {
         clients: vec!["alice".into(), "bob".into()],
         pools: vec!["default".into()],
         url: Some("nats://nats:4222".into()),
+        passwords_from: None,
     }
 }
 
@@ -92,4 +93,73 @@ fn bad_identities_are_refused() {
         .to_string()
         .contains("twice"));
     assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
+}
+
+#[test]
+fn passwords_from_a_directory_write_only_auth_conf_with_every_roles_permissions() {
+    let dir = tempfile::tempdir().unwrap();
+    let secrets = dir.path().join("users");
+    std::fs::create_dir(&secrets).unwrap();
+    let hash = "$2a$10$WEylJbGBirvyUuS644Bw.uUQj2EQirDXEaLskpZK7Q4KdhKBBLifa";
+    for (who, pw) in [
+        ("coordinator", "c0ord\n"),
+        ("worker", hash),
+        ("admin", "adm1n\r\n"),
+        ("client-alice", "al1ce"),
+        ("client-bob", "b0b"),
+    ] {
+        std::fs::write(secrets.join(who), pw).unwrap();
+    }
+    let out = dir.path().join("out");
+    let p = AuthPlan {
+        url: None,
+        passwords_from: Some(secrets.clone()),
+        ..plan()
+    };
+    let files = generate(&p, &out, false).unwrap();
+    assert_eq!(files, vec![out.join("auth.conf")]);
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1);
+    let conf = std::fs::read_to_string(out.join("auth.conf")).unwrap();
+    assert!(!conf.contains("nkey"), "{conf}");
+    assert!(
+        conf.contains("{ user: \"coordinator\", password: \"c0ord\", permissions: {"),
+        "{conf}"
+    );
+    assert!(
+        conf.contains(&format!(
+            "{{ user: \"worker\", password: \"{hash}\", permissions"
+        )),
+        "{conf}"
+    );
+    assert!(
+        conf.contains("{ user: \"admin\", password: \"adm1n\" }"),
+        "{conf}"
+    );
+    assert!(conf.contains("\"ff.api.client.alice\""), "{conf}");
+    assert!(conf.contains("\"_INBOX_ff.client.bob.>\""), "{conf}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(out.join("auth.conf"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "it holds the passwords");
+    }
+    // A missing identity's file, or a password that auth.conf could not hold as written,
+    // is refused naming it, and nothing is written.
+    let empty = dir.path().join("empty");
+    std::fs::remove_file(secrets.join("client-bob")).unwrap();
+    let err = generate(&p, &empty, false).unwrap_err();
+    assert!(err.to_string().contains("`client-bob`"), "{err}");
+    assert!(err.to_string().contains("--passwords-from"), "{err}");
+    for bad in ["a\"b", "a b", "a\\b", "", "\n", "two\nlines", "é"] {
+        std::fs::write(secrets.join("client-bob"), bad).unwrap();
+        let err = generate(&p, &empty, false).unwrap_err();
+        assert!(
+            matches!(err, AuthError::Invalid(_)) && err.to_string().contains("`client-bob`"),
+            "{bad:?}: {err}"
+        );
+    }
+    assert!(!empty.exists());
 }

@@ -4,6 +4,7 @@ mod approvals;
 mod bench;
 mod budget_cli;
 mod budget_cluster;
+mod chart_pods;
 mod chat;
 mod checkpoints;
 mod cli;
