@@ -120,7 +120,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(15);
 
 /// The valid keys, as the file spells them (listed in errors).
-const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, tree_cache_mb, http_addr, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, connect_timeout_s, blob_store_mb, stream_mb, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts, [http] audit_log, [http.tokens.\"NAME\"] sha256, scopes, accounts, [coordinator] lease_ttl_s, blob_quota_mb, [telemetry] log_format, otlp_endpoint, otlp_traces_endpoint, otlp_metrics_endpoint, otlp_protocol, otlp_headers, service_name, resource_attributes, sampler, sampler_arg, disabled, capture_message_content, metrics_interval_s";
+const FILE_KEYS: &str = "data, pool, concurrency, drain_grace_s, tree_cache_mb, http_addr, [nats] url, name, user, password, password_file, token, token_file, nkey_seed, nkey_seed_file, creds_file, ack_wait_s, max_deliver, replicas, identity, provision, connect_timeout_s, blob_store_mb, stream_mb, [nats.tls] ca_file, cert_file, key_file, require, [pricing.\"MODEL\"] input_per_mtok, output_per_mtok, cached_per_mtok, [models.\"MODEL\"] base_url, api_key_env, api_key_file, model, timeout_s, max_retries, [model_hosts] allow, [access.\"IDENTITY\"] accounts, [http] audit_log, tokens_file, [http.tokens.\"NAME\"] sha256, scopes, accounts, [coordinator] lease_ttl_s, blob_quota_mb, [telemetry] log_format, otlp_endpoint, otlp_traces_endpoint, otlp_metrics_endpoint, otlp_protocol, otlp_headers, service_name, resource_attributes, sampler, sampler_arg, disabled, capture_message_content, metrics_interval_s";
 
 /// The keys of one `[pricing."MODEL"]` entry.
 
@@ -371,6 +371,25 @@ impl Config {
                 c.http_tokens
                     .insert(name.clone(), parse_http_token(name, t)?);
             }
+            if let Some(path) = &layer.http.tokens_file {
+                // Its entries join the layer's; a name given twice is an error, not a
+                // silent replacement of one token by another.
+                for (name, t) in &read_tokens_file(path)? {
+                    if layer.http.tokens.contains_key(name) {
+                        return Err(ConfigError::Invalid {
+                            key: "http.tokens_file",
+                            expected: "token names not also in the config file",
+                            value: format!(
+                                "[http.tokens.\"{name}\"] is in `{}` and in {}",
+                                path.display(),
+                                o("http.tokens")
+                            ),
+                        });
+                    }
+                    c.http_tokens
+                        .insert(name.clone(), parse_http_token(name, t)?);
+                }
+            }
             if let Some(f) = &layer.http.audit_log {
                 c.audit_log = Some(f.clone());
             }
@@ -614,6 +633,21 @@ impl Config {
 }
 
 pub use forkfleet_http::auth::HttpToken;
+
+/// The entries of a tokens file (`[http] tokens_file`): `[http.tokens."NAME"]` tables
+/// only, as `forkfleet cluster token` prints them.
+fn read_tokens_file(path: &Path) -> Result<BTreeMap<String, layer::TokenLayer>, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let file: layer::TokensFile = toml::from_str(&text).map_err(|e| ConfigError::Invalid {
+        key: "http.tokens_file",
+        expected: "a file of [http.tokens.\"NAME\"] entries (sha256, scopes, accounts) only, as `forkfleet cluster token` prints them",
+        value: format!("`{}`: {}", path.display(), e.message()),
+    })?;
+    Ok(file.http.tokens)
+}
 
 /// `[http.tokens."NAME"]` checked: a 64-digit hex hash, scopes among read, write and
 /// admin, valid account names; the name is a client identity.

@@ -11,9 +11,9 @@ pub enum ClusterCommand {
     /// identity (mode 0600) and a forkfleet config file per identity. See docs/CLUSTER.md,
     /// "Security".
     Auth(AuthArgs),
-    /// Make a token for the HTTP API (docs/HTTP.md): prints the token once, and the
-    /// `[http.tokens."NAME"]` entry (its SHA-256, never the token) for the coordinator's
-    /// config.
+    /// Make a token for the HTTP API (docs/HTTP.md): prints the token once (on stderr),
+    /// and on stdout the `[http.tokens."NAME"]` entry (its SHA-256, never the token) for
+    /// the coordinator's config or its tokens file.
     Token(TokenArgs),
 }
 
@@ -74,11 +74,13 @@ pub(crate) async fn cmd_cluster(command: ClusterCommand) -> anyhow::Result<()> {
                     .collect::<Vec<_>>()
                     .join(", ")
             };
-            println!(
+            // The token on stderr, the entry alone on stdout: `>> tokens.toml` makes a
+            // tokens file ([http] tokens_file, e.g. the chart's Secret).
+            eprintln!(
                 "token for `{}` (shown once; keep it secret): {token}",
                 args.name
             );
-            println!("\nadd to the coordinator's config file:\n");
+            eprintln!("add this entry to the coordinator's config file or its tokens_file:");
             println!("[http.tokens.\"{}\"]", args.name);
             println!(
                 "sha256 = \"{}\"",

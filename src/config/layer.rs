@@ -64,6 +64,25 @@ pub struct HttpLayer {
     /// Where every write through the HTTP API is recorded (default: `audit.log` in the
     /// data directory).
     pub audit_log: Option<PathBuf>,
+    /// A file of more `[http.tokens."NAME"]` entries (as `forkfleet cluster token` prints
+    /// them, nothing else), e.g. a mounted Secret: `FORKFLEET_HTTP_TOKENS_FILE` too.
+    pub tokens_file: Option<PathBuf>,
+}
+
+/// A tokens file (`[http] tokens_file`): `[http.tokens."NAME"]` entries only.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokensFile {
+    #[serde(default)]
+    pub http: TokensFileHttp,
+}
+
+/// The `[http]` table of a tokens file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokensFileHttp {
+    #[serde(default)]
+    pub tokens: BTreeMap<String, TokenLayer>,
 }
 
 /// One `[http.tokens."NAME"]` entry: the token's SHA-256 (never the token), its scopes,
@@ -165,6 +184,7 @@ pub fn read_file(path: &Path) -> Result<Layer, ConfigError> {
         }
     };
     rebase(&mut layer.data);
+    rebase(&mut layer.http.tokens_file);
     // A catalogue entry's key file, too (left as written when it is not a string: the
     // merge reports it).
     for entry in layer.models.values_mut() {
@@ -298,7 +318,10 @@ pub fn env_layer(env: &dyn Fn(&str) -> Option<String>) -> Result<Layer, ConfigEr
     Ok(Layer {
         pricing,
         access: BTreeMap::new(),
-        http: HttpLayer::default(),
+        http: HttpLayer {
+            tokens_file: get("http.tokens_file").map(PathBuf::from),
+            ..HttpLayer::default()
+        },
         models,
         model_hosts: ModelHostsLayer { allow },
         telemetry: super::telemetry::env_layer(env)?,

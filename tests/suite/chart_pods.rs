@@ -31,7 +31,9 @@ struct Pods {
 }
 
 impl Pods {
-    fn lay_out(values: &str, replace: &[String]) -> Pods {
+    /// `scripts/chart-pods` with `values` and its other arguments (`--replace=...`,
+    /// `--secret=...`).
+    fn lay_out(values: &str, args: &[String]) -> Pods {
         let dir = tempfile::tempdir().unwrap();
         let python = std::env::var("FORKFLEET_PYTHON").unwrap_or_else(|_| "python3".into());
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -39,8 +41,9 @@ impl Pods {
         cmd.arg(root.join("scripts/chart-pods"))
             .args(["--out", super::harness::path_str(dir.path())])
             .args(["--values", values]);
-        for r in replace {
-            cmd.args(["--replace", r]);
+        for a in args {
+            let (flag, value) = a.split_once('=').unwrap();
+            cmd.args([flag, value]);
         }
         let out = cmd.output().unwrap();
         assert!(
@@ -94,14 +97,20 @@ impl Pods {
     }
 }
 
-/// `GET path` on 127.0.0.1:port: the status code, or `None` when nothing answers.
-fn http_status(port: u16, path: &str) -> Option<u16> {
+/// `GET path` on 127.0.0.1:port with `headers`: the status code and the whole answer, or
+/// `None` when nothing answers.
+fn http_get(port: u16, path: &str, headers: &str) -> Option<(u16, String)> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut head = String::new();
-    s.read_to_string(&mut head).ok()?;
-    head.split_whitespace().nth(1)?.parse().ok()
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n{headers}\r\n").ok()?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).ok()?;
+    let status = answer.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, answer))
+}
+
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    http_get(port, path, "").map(|(status, _)| status)
 }
 
 /// A child killed on drop.
@@ -139,12 +148,29 @@ fn the_charts_default_values_run_a_cluster_with_roles_and_tls() {
         panic!("no nats-server: set FORKFLEET_NATS_SERVER (scripts/setup installs it)");
     };
     let (port, monitor) = (free_port(), free_port());
+    // The API's tokens, as an operator makes them, for the Secret the chart mounts.
+    let scratch = tempfile::tempdir().unwrap();
+    let made = binary()
+        .args(["cluster", "token", "dashboards", "--scope", "read"])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let tokens = scratch.path().join("tokens.toml");
+    std::fs::write(&tokens, &made.stdout).unwrap();
+    let token = String::from_utf8_lossy(&made.stderr)
+        .lines()
+        .find_map(|l| l.split("keep it secret): ").nth(1).map(str::to_string))
+        .unwrap();
     let pods = Pods::lay_out(
-        r#"{"auth": {"clients": ["alice"]}}"#,
+        r#"{"auth": {"clients": ["alice"]}, "api": {"tokensSecret": "forkfleet-api-tokens"}}"#,
         &[
-            format!("port: 4222=port: {port}"),
-            format!("http_port: 8222=http_port: {monitor}"),
-            format!("forkfleet-nats:4222=localhost:{port}"),
+            format!("--replace=port: 4222=port: {port}"),
+            format!("--replace=http_port: 8222=http_port: {monitor}"),
+            format!("--replace=forkfleet-nats:4222=localhost:{port}"),
+            format!(
+                "--secret=forkfleet-api-tokens/tokens.toml={}",
+                tokens.display()
+            ),
         ],
     );
     let dir = pods.dir.path();
@@ -207,9 +233,9 @@ fn the_charts_default_values_run_a_cluster_with_roles_and_tls() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let service = |workload: &str, name: &str| {
+    let service = |workload: &str, name: &str, http_port: u16| {
         let c = pods.container(workload, false);
-        let http = format!("127.0.0.1:{}", free_port());
+        let http = format!("127.0.0.1:{http_port}");
         let mut env: Vec<(&str, &str)> = c
             .env
             .iter()
@@ -220,8 +246,9 @@ fn the_charts_default_values_run_a_cluster_with_roles_and_tls() {
         let args: Vec<&str> = c.program.iter().map(String::as_str).collect();
         Service::spawn_env(name, &args, dir, &env)
     };
-    let coordinator = service("forkfleet-coordinator", "coordinator");
-    let worker = service("forkfleet-worker", "worker");
+    let api = free_port();
+    let coordinator = service("forkfleet-coordinator", "coordinator", api);
+    let worker = service("forkfleet-worker", "worker", free_port());
 
     // `helm test`'s pod, as the admin.
     let smoke = pods.container("forkfleet-smoke", false);
@@ -259,6 +286,29 @@ fn the_charts_default_values_run_a_cluster_with_roles_and_tls() {
         "{}",
         coordinator.log()
     );
+
+    // The HTTP API takes the tokens of the Secret (api.tokensSecret), and only them.
+    let (status, answer) = http_get(
+        api,
+        "/api/v1/forks",
+        &format!("Authorization: Bearer {token}\r\n"),
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let fork = said
+        .lines()
+        .find_map(|l| l.strip_prefix("smoke: fork ")?.strip_suffix(" created"))
+        .unwrap();
+    assert!(answer.contains(fork), "the smoke fork {fork}: {answer}");
+    let (status, answer) = http_get(api, "/api/v1/forks", "").unwrap();
+    assert_eq!(status, 401, "{answer}");
+    let (status, answer) = http_get(
+        api,
+        "/api/v1/forks",
+        "Authorization: Bearer ff_not_a_token\r\n",
+    )
+    .unwrap();
+    assert_eq!(status, 401, "{answer}");
 
     // alice, with the Secret the chart made for her: her own forks only (the admin's smoke
     // fork is not hers).

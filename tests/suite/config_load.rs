@@ -691,3 +691,92 @@ fn bad_telemetry_values_name_what_is_valid() {
     .to_string();
     assert!(!e.contains("sec"), "{e}");
 }
+
+#[test]
+fn api_tokens_come_from_a_tokens_file_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let hash = |c: char| c.to_string().repeat(64);
+    // As `forkfleet cluster token` prints entries, appended to a file (a mounted Secret).
+    write(
+        dir.path(),
+        "tokens.toml",
+        &format!(
+            "[http.tokens.\"ci\"]\nsha256 = \"{}\"\nscopes = [\"write\"]\naccounts = [\"team-a\"]\n\n[http.tokens.\"ops\"]\nsha256 = \"{}\"\nscopes = [\"admin\"]\n",
+            hash('a'),
+            hash('b')
+        ),
+    );
+    let file = write(
+        dir.path(),
+        "forkfleet.toml",
+        &format!(
+            "[http]\ntokens_file = \"tokens.toml\"\n\n[http.tokens.\"dash\"]\nsha256 = \"{}\"\nscopes = [\"read\"]\n",
+            hash('c')
+        ),
+    );
+    let c = Config::load(Some(&file), &env_of(&[]), Layer::default()).unwrap();
+    assert_eq!(
+        c.http_tokens.keys().collect::<Vec<_>>(),
+        ["ci", "dash", "ops"],
+        "the file's entries join the config's (its path relative to the config file)"
+    );
+    assert!(c.http_tokens["ci"].accounts.is_some());
+
+    // From the environment (the chart's coordinator pod), without a config file.
+    let tokens = dir.path().join("tokens.toml");
+    let c = Config::load(
+        None,
+        &env_of(&[("FORKFLEET_HTTP_TOKENS_FILE", tokens.to_str().unwrap())]),
+        Layer::default(),
+    )
+    .unwrap();
+    assert_eq!(c.http_tokens.keys().collect::<Vec<_>>(), ["ci", "ops"]);
+
+    // A name in both is refused, naming it and both places.
+    let both = write(
+        dir.path(),
+        "both.toml",
+        &format!(
+            "[http]\ntokens_file = \"tokens.toml\"\n\n[http.tokens.\"ci\"]\nsha256 = \"{}\"\nscopes = [\"read\"]\n",
+            hash('d')
+        ),
+    );
+    let err = Config::load(Some(&both), &env_of(&[]), Layer::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("[http.tokens.\"ci\"]") && err.contains("tokens.toml"),
+        "{err}"
+    );
+
+    // Anything but token entries, a bad entry, a missing file: errors naming the file.
+    for (text, words) in [
+        ("data = \"x\"\n", "unknown field `data`"),
+        ("[http]\naudit_log = \"x\"\n", "unknown field `audit_log`"),
+        (
+            "[http.tokens.\"x\"]\nsha256 = \"nothex\"\nscopes = [\"read\"]\n",
+            "64 hex digits",
+        ),
+    ] {
+        write(dir.path(), "bad-tokens.toml", text);
+        let err = Config::load(
+            None,
+            &env_of(&[(
+                "FORKFLEET_HTTP_TOKENS_FILE",
+                dir.path().join("bad-tokens.toml").to_str().unwrap(),
+            )]),
+            Layer::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(words), "{text}: {err}");
+    }
+    let err = Config::load(
+        None,
+        &env_of(&[("FORKFLEET_HTTP_TOKENS_FILE", "/nonexistent/tokens.toml")]),
+        Layer::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("/nonexistent/tokens.toml"), "{err}");
+}

@@ -677,12 +677,20 @@ fn cluster_token_prints_a_token_once_and_the_entry_that_admits_it() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    let token = text
+    let said = String::from_utf8_lossy(&out.stderr);
+    let token = said
         .lines()
         .find_map(|l| l.split("keep it secret): ").nth(1))
         .unwrap()
         .trim()
         .to_string();
+    assert!(
+        !text.contains(&token),
+        "the token is not in the entry: {text}"
+    );
+    // stdout is the entry alone: appended to a file, it is a tokens file.
+    let entry: forkfleet::config::Layer = toml::from_str(&text).unwrap();
+    assert_eq!(entry.http.tokens.len(), 1, "{text}");
     assert!(token.starts_with("ff_") && token.len() == 67, "{text}");
     assert!(
         text.contains(&format!("sha256 = \"{}\"", hex::encode(hash(&token)))),
