@@ -14,6 +14,12 @@
 //! its own. `admin` has no permissions block: an operator may do everything. Existing
 //! files are not overwritten unless `force`.
 //!
+//! With [`AuthPlan::tls_names`] (`--tls-name NAME`, repeated) it also makes the
+//! certificates of mutual TLS: `ca.crt` and `ca.key` (a CA of its own), `nats-server.crt`
+//! and `.key` (the server's, for those names), `<identity>.crt` and `.key` (each
+//! identity's client certificate), and `tls.conf` (the server's `tls` block, absolute
+//! paths, `verify: true`); each config file gets its `[nats.tls]`. Keys are mode 0600.
+//!
 //! With [`AuthPlan::passwords_from`] (`--passwords-from DIR`) the identities are users with
 //! passwords instead: only `auth.conf` is written (mode 0600), each identity's password (or
 //! its bcrypt hash, which nats-server compares against) read from `DIR/<identity>`
@@ -38,6 +44,12 @@ pub struct AuthPlan {
     /// Users with passwords read from this directory (one file per identity) instead of
     /// nkeys: only `auth.conf` is written.
     pub passwords_from: Option<PathBuf>,
+    /// The server's names (DNS names or IP addresses): with any, the certificates of
+    /// mutual TLS too.
+    pub tls_names: Vec<String>,
+    /// When every file a run would write exists, keep them and write nothing (an init
+    /// step run at every start: compose's `auth` service).
+    pub keep_existing: bool,
 }
 
 /// Why the files could not be generated.
@@ -54,6 +66,8 @@ pub enum AuthError {
     },
     #[error("cannot make an nkey: {0}")]
     Key(String),
+    #[error("cannot make a certificate: {0}")]
+    Certificate(String),
     #[error("cannot read the password of `{identity}` from `{path}`: {source} (--passwords-from needs one file per identity: coordinator, worker, admin, client-<identity>)")]
     ReadPassword {
         identity: String,
@@ -93,6 +107,68 @@ fn config_file(plan: &AuthPlan, stem: &str, extra: &str) -> String {
     }
     let _ = writeln!(out, "nkey_seed_file = {}", quoted(&format!("{stem}.nk")));
     out
+}
+
+/// The `[nats.tls]` table of an identity's config file (paths relative to it).
+fn tls_table(stem: &str) -> String {
+    format!(
+        "\n[nats.tls]\nca_file = \"ca.crt\"\ncert_file = {}\nkey_file = {}\n",
+        quoted(&format!("{stem}.crt")),
+        quoted(&format!("{stem}.key"))
+    )
+}
+
+/// A certificate and its key, PEM.
+struct Pem {
+    cert: String,
+    key: String,
+}
+
+/// The CA, the server's certificate for `names` and one client certificate per `stems`.
+fn certificates(names: &[String], stems: &[&str]) -> Result<(Pem, Pem, Vec<Pem>), AuthError> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose as Eku, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose as Ku,
+    };
+    let err = |e: rcgen::Error| AuthError::Certificate(e.to_string());
+    let ca_key = KeyPair::generate().map_err(err)?;
+    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(err)?;
+    ca.distinguished_name
+        .push(DnType::CommonName, "forkfleet NATS CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![Ku::KeyCertSign, Ku::CrlSign, Ku::DigitalSignature];
+    let ca_cert = ca.self_signed(&ca_key).map_err(err)?;
+    let ca_pem = Pem {
+        cert: ca_cert.pem(),
+        key: ca_key.serialize_pem(),
+    };
+    let issuer = Issuer::new(ca, ca_key);
+    let leaf = |cn: &str, sans: Vec<String>, server: bool| -> Result<Pem, AuthError> {
+        let key = KeyPair::generate().map_err(err)?;
+        let mut p = CertificateParams::new(sans).map_err(|e| {
+            AuthError::Invalid(format!("--tls-name: {e} (give DNS names or IP addresses)"))
+        })?;
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.key_usages = vec![Ku::DigitalSignature, Ku::KeyEncipherment];
+        p.extended_key_usages = if server {
+            // The server's certificate also authenticates it on routes to its peers.
+            vec![Eku::ServerAuth, Eku::ClientAuth]
+        } else {
+            vec![Eku::ClientAuth]
+        };
+        p.use_authority_key_identifier_extension = true;
+        let cert = p.signed_by(&key, &issuer).map_err(err)?;
+        Ok(Pem {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        })
+    };
+    let server = leaf("nats", names.to_vec(), true)?;
+    let clients = stems
+        .iter()
+        .map(|s| leaf(s, Vec::new(), false))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((ca_pem, server, clients))
 }
 
 fn identities(plan: &AuthPlan) -> Result<Vec<Identity>, AuthError> {
@@ -273,7 +349,8 @@ fn read_password(dir: &Path, identity: &str) -> Result<String, AuthError> {
     Ok(password.to_string())
 }
 
-/// Generate every file into `out` (created if missing); returns the paths written.
+/// Generate every file into `out` (created if missing); returns the paths written (none
+/// when [`AuthPlan::keep_existing`] kept a previous run's).
 pub fn generate(plan: &AuthPlan, out: &Path, force: bool) -> Result<Vec<PathBuf>, AuthError> {
     let ids = identities(plan)?;
     let mut files: Vec<(PathBuf, String, bool)> = Vec::new();
@@ -312,18 +389,58 @@ pub fn generate(plan: &AuthPlan, out: &Path, force: bool) -> Result<Vec<PathBuf>
             })),
             false,
         ));
-        for (i, (seed, _)) in ids.iter().zip(&keys) {
+        let tls = if plan.tls_names.is_empty() {
+            None
+        } else {
+            let stems: Vec<&str> = ids.iter().map(|i| i.file_stem.as_str()).collect();
+            Some(certificates(&plan.tls_names, &stems)?)
+        };
+        for (n, (i, (seed, _))) in ids.iter().zip(&keys).enumerate() {
             files.push((
                 out.join(format!("{}.nk", i.file_stem)),
                 format!("{seed}\n"),
                 true,
             ));
+            let mut config = i.config.clone();
+            if let Some((_, _, clients)) = &tls {
+                config.push_str(&tls_table(&i.file_stem));
+                files.push((
+                    out.join(format!("{}.crt", i.file_stem)),
+                    clients[n].cert.clone(),
+                    false,
+                ));
+                files.push((
+                    out.join(format!("{}.key", i.file_stem)),
+                    clients[n].key.clone(),
+                    true,
+                ));
+            }
+            files.push((out.join(format!("{}.toml", i.file_stem)), config, false));
+        }
+        if let Some((ca, server, _)) = tls {
+            let abs = std::path::absolute(out).map_err(|source| AuthError::Write {
+                path: out.to_path_buf(),
+                source,
+            })?;
+            let at = |f: &str| abs.join(f).display().to_string();
             files.push((
-                out.join(format!("{}.toml", i.file_stem)),
-                i.config.clone(),
+                out.join("tls.conf"),
+                format!(
+                    "# forkfleet's mutual TLS, generated by `forkfleet cluster auth` (docs/CLUSTER.md, \"Security\").\n# Include it in nats-server.conf next to auth.conf: every client presents a certificate of ca.crt.\ntls {{\n  cert_file: {}\n  key_file: {}\n  ca_file: {}\n  verify: true\n}}\n",
+                    quoted(&at("nats-server.crt")),
+                    quoted(&at("nats-server.key")),
+                    quoted(&at("ca.crt"))
+                ),
                 false,
             ));
+            files.push((out.join("ca.crt"), ca.cert, false));
+            files.push((out.join("ca.key"), ca.key, true));
+            files.push((out.join("nats-server.crt"), server.cert, false));
+            files.push((out.join("nats-server.key"), server.key, true));
         }
+    }
+    if plan.keep_existing && files.iter().all(|(p, _, _)| p.exists()) {
+        return Ok(Vec::new());
     }
     if !force {
         // All or nothing: check before writing any.

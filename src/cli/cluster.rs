@@ -47,8 +47,17 @@ pub struct AuthArgs {
     /// Users with passwords instead of nkeys: write only auth.conf (mode 0600), each
     /// identity's password, or its bcrypt hash, read from DIR/<identity> (coordinator,
     /// worker, admin, client-<identity>). The Helm chart's NATS pod does this (ADR 44).
-    #[arg(long, value_name = "DIR", conflicts_with = "url")]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["url", "tls_names"])]
     pub passwords_from: Option<PathBuf>,
+    /// The NATS server's name as clients reach it (a DNS name or an IP address; repeat):
+    /// also make the certificates of mutual TLS (a CA, the server's for these names, one
+    /// per identity), tls.conf for the server, and [nats.tls] in each config file.
+    #[arg(long = "tls-name", value_name = "NAME")]
+    pub tls_names: Vec<String>,
+    /// When a previous run wrote every file, keep them and succeed (an init step run at
+    /// every start, as compose's `auth` service).
+    #[arg(long, conflicts_with = "force")]
+    pub keep_existing: bool,
     /// Overwrite files a previous run wrote (new keys: every identity needs its new file).
     #[arg(long)]
     pub force: bool,
@@ -102,6 +111,8 @@ pub(crate) async fn cmd_cluster(command: ClusterCommand) -> anyhow::Result<()> {
                 },
                 url: args.url,
                 passwords_from: args.passwords_from,
+                tls_names: args.tls_names,
+                keep_existing: args.keep_existing,
             };
             let plan_has_passwords = plan.passwords_from.is_some();
             let files = auth::generate(&plan, &args.out, args.force).map_err(|e| match e {
@@ -110,6 +121,13 @@ pub(crate) async fn cmd_cluster(command: ClusterCommand) -> anyhow::Result<()> {
                 }
                 other => anyhow::Error::new(other),
             })?;
+            if files.is_empty() {
+                eprintln!(
+                    "kept the files a previous run wrote in {} (--keep-existing)",
+                    args.out.display()
+                );
+                return Ok(());
+            }
             for f in files {
                 println!("{}", f.display());
             }

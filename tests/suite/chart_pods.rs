@@ -99,7 +99,7 @@ impl Pods {
 
 /// `GET path` on 127.0.0.1:port with `headers`: the status code and the whole answer, or
 /// `None` when nothing answers.
-fn http_get(port: u16, path: &str, headers: &str) -> Option<(u16, String)> {
+pub(super) fn http_get(port: u16, path: &str, headers: &str) -> Option<(u16, String)> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n{headers}\r\n").ok()?;
@@ -109,12 +109,12 @@ fn http_get(port: u16, path: &str, headers: &str) -> Option<(u16, String)> {
     Some((status, answer))
 }
 
-fn http_status(port: u16, path: &str) -> Option<u16> {
+pub(super) fn http_status(port: u16, path: &str) -> Option<u16> {
     http_get(port, path, "").map(|(status, _)| status)
 }
 
 /// A child killed on drop.
-struct Killed(Child);
+pub(super) struct Killed(pub(super) Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {

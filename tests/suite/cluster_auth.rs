@@ -9,6 +9,8 @@ fn plan() -> AuthPlan {
         pools: vec!["default".into()],
         url: Some("nats://nats:4222".into()),
         passwords_from: None,
+        tls_names: Vec::new(),
+        keep_existing: false,
     }
 }
 

@@ -13,6 +13,7 @@ mod cluster_cli;
 mod cluster_faults;
 mod cluster_tls;
 mod commands;
+mod compose_services;
 mod config;
 mod config_load;
 mod console;

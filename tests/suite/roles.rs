@@ -603,3 +603,155 @@ fn url_credentials_authenticate_and_no_password_reaches_the_logs() {
         "{stderr}"
     );
 }
+
+/// `forkfleet cluster auth --tls-name`: the certificates of mutual TLS with the roles. A
+/// nats-server that includes the generated `auth.conf` and `tls.conf`, a coordinator and a
+/// worker with their generated config files, and alice's fork completes; without her
+/// client certificate the server refuses her. `--keep-existing` keeps a previous run's
+/// files (compose's `auth` service runs it at every start).
+#[test]
+fn generated_certificates_make_a_mutual_tls_cluster_under_the_roles() {
+    let dir = tempfile::tempdir().unwrap();
+    let auth = dir.path().join("auth");
+    let generate = |extra: &[&str]| {
+        let mut args = vec![
+            "cluster",
+            "auth",
+            "--out",
+            path_str(&auth),
+            "--client",
+            "alice",
+            "--tls-name",
+            "localhost",
+            "--tls-name",
+            "127.0.0.1",
+        ];
+        args.extend(extra);
+        run(dir.path(), &args)
+    };
+    let made = generate(&[]);
+    assert_eq!(made.code, Some(0), "{}", made.stderr);
+    for f in [
+        "ca.crt",
+        "tls.conf",
+        "nats-server.crt",
+        "worker.crt",
+        "client-alice.crt",
+    ] {
+        assert!(made.stdout.contains(f), "{f}: {}", made.stdout);
+    }
+    #[cfg(unix)]
+    for key in [
+        "ca.key",
+        "nats-server.key",
+        "worker.key",
+        "client-alice.key",
+    ] {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(auth.join(key))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{key}");
+    }
+    let ca = std::fs::read_to_string(auth.join("ca.crt")).unwrap();
+    let kept = generate(&["--keep-existing"]);
+    assert_eq!(kept.code, Some(0), "{}", kept.stderr);
+    assert!(kept.stderr.contains("kept"), "{}", kept.stderr);
+    assert_eq!(std::fs::read_to_string(auth.join("ca.crt")).unwrap(), ca);
+    let both = generate(&["--keep-existing", "--force"]);
+    assert_eq!(both.code, Some(2), "{}", both.stderr);
+
+    let conf = auth.join("nats.conf");
+    std::fs::write(&conf, "include ./auth.conf\ninclude ./tls.conf\n").unwrap();
+    let nats = NatsServer::start_with_config(&conf);
+    let url = format!("tls://localhost:{}", nats.port());
+    let service = |name: &str, args: &[&str]| {
+        let mut all = vec![name, "--config"];
+        let config = auth.join(format!("{name}.toml"));
+        all.push(path_str(&config));
+        all.extend(["--nats", &url]);
+        all.extend(args);
+        Service::spawn(name, &all, dir.path())
+    };
+    let data = dir.path().join("data");
+    let coordinator = service("coordinator", &["--data", path_str(&data)]);
+    let worker = service("worker", &["--concurrency", "2"]);
+    let client = |who: &str, args: &[&str]| {
+        let config = auth.join(format!("{who}.toml"));
+        let mut all = args.to_vec();
+        all.extend(["--config", path_str(&config), "--nats", &url]);
+        run(dir.path(), &all)
+    };
+    let ex = Example::quickstart();
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    let created = loop {
+        let created = client(
+            "client-alice",
+            &["fork", "create", path_str(&ex.spec()), "--json"],
+        );
+        if created.code == Some(0) {
+            break created;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}\ncoordinator:\n{}\nworker:\n{}\n{}",
+            created.stderr,
+            coordinator.log(),
+            worker.log(),
+            nats.log_tail()
+        );
+        std::thread::sleep(POLL);
+    };
+    let id = created.json()["fork_id"].as_str().unwrap().to_string();
+    let watched = client(
+        "client-alice",
+        &["fork", "watch", &id, "--json", "--timeout-s", "50"],
+    );
+    assert_eq!(
+        watched.code,
+        Some(0),
+        "{}\n{}",
+        watched.stderr,
+        worker.log()
+    );
+    let doc = watched.json();
+    let branches = doc["branches"].as_array().unwrap();
+    assert!(
+        !branches.is_empty() && branches.iter().all(|b| b["state"] == "done"),
+        "{}",
+        watched.stdout
+    );
+
+    // Her config without its client certificate: the server asks for one.
+    let alice = std::fs::read_to_string(auth.join("client-alice.toml")).unwrap();
+    let no_cert = auth.join("alice-no-cert.toml");
+    std::fs::write(
+        &no_cert,
+        alice
+            .lines()
+            .filter(|l| !l.starts_with("cert_file") && !l.starts_with("key_file"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .unwrap();
+    let refused = run(
+        dir.path(),
+        &[
+            "fork",
+            "ls",
+            "--config",
+            path_str(&no_cert),
+            "--nats",
+            &url,
+            "--nats-connect-timeout-s",
+            "3",
+        ],
+    );
+    assert_ne!(refused.code, Some(0));
+    assert!(
+        refused.stderr.contains("CertificateRequired"),
+        "{}",
+        refused.stderr
+    );
+}
