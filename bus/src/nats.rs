@@ -1172,7 +1172,7 @@ impl Bus for NatsBus {
         let full = subjects::api_serve_subject(subject).map_err(invalid)?;
         let client = self.inner.client.clone();
         let mut sub = client
-            .queue_subscribe(full, subjects::SERVICE_QUEUE_GROUP.to_string())
+            .queue_subscribe(full.clone(), subjects::SERVICE_QUEUE_GROUP.to_string())
             .await
             .map_err(|e| backend(format!("cannot serve `{subject}`"), e))?;
         let (tx, rx) = mpsc::channel(1024);
@@ -1184,6 +1184,21 @@ impl Bus for NatsBus {
                     msg = sub.next() => msg,
                 };
                 let Some(msg) = msg else { break };
+                // Who asks is read from the subject a request names (ADR 17), so only a
+                // request published on it counts: a stream's push consumer can deliver a
+                // stored message here under the stream's own subject (a worker may write
+                // the blob buckets and create consumers on them), and a JetStream delivery
+                // replies to `$JS.ACK`. Either is dropped, never answered as an admin.
+                if !subjects::subject_matches(&full, &msg.subject)
+                    || msg.reply.as_ref().is_some_and(|r| r.starts_with("$JS."))
+                {
+                    tracing::warn!(
+                        nats.subject = %subject,
+                        nats.delivered_as = %msg.subject,
+                        "bus.serve a message delivered here that was not published on the service's subject (a stream consumer's delivery?): dropped"
+                    );
+                    continue;
+                }
                 let Some(reply) = msg.reply else {
                     tracing::debug!(nats.subject = %subject, "bus.serve request without reply");
                     continue;

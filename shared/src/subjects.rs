@@ -169,6 +169,21 @@ pub fn api_serve_subject(subject: &str) -> Result<String, SubjectError> {
     Ok(format!("{API_PREFIX}{subject}"))
 }
 
+/// Whether `subject` is one `pattern` names: token by token, `*` any one token, `>` one or
+/// more at the end (NATS's wildcards).
+pub fn subject_matches(pattern: &str, subject: &str) -> bool {
+    let mut s = subject.split('.');
+    for p in pattern.split('.') {
+        match (p, s.next()) {
+            (">", Some(_)) => return true,
+            ("*", Some(t)) if !t.is_empty() => {}
+            (p, Some(t)) if p == t => {}
+            _ => return false,
+        }
+    }
+    s.next().is_none()
+}
+
 /// The service subject of a request received on `full` (`ff.api.client.alice` →
 /// `client.alice`); `full` itself when it is not under `ff.api.`.
 pub fn service_of(full: &str) -> &str {
@@ -188,6 +203,23 @@ pub fn blob_key(hash: &BlobHash) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subjects_match_as_nats_matches_them() {
+        assert!(subject_matches("ff.api.coordinator", "ff.api.coordinator"));
+        assert!(subject_matches("ff.api.client.*", "ff.api.client.alice"));
+        assert!(subject_matches("ff.>", "ff.api.client.alice"));
+        for (pattern, subject) in [
+            ("ff.api.coordinator", "$KV.ff_blobs_small.x"),
+            ("ff.api.coordinator", "ff.api.coordinator.x"),
+            ("ff.api.client.*", "ff.api.client"),
+            ("ff.api.client.*", "ff.api.client.alice.x"),
+            ("ff.api.client.*", "ff.api.client."),
+            ("ff.>", "ff"),
+        ] {
+            assert!(!subject_matches(pattern, subject), "{pattern} {subject}");
+        }
+    }
 
     #[test]
     fn builds_names() {

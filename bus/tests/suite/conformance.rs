@@ -1130,3 +1130,59 @@ async fn measure() {
         rate(n, t.elapsed())
     );
 }
+
+/// Who asks is read from the subject a request names (ADR 17). A stream's push consumer
+/// can deliver a stored message onto a service's subject (a worker may write the blob
+/// buckets and create consumers on them); it arrives under the stream's subject and with a
+/// `$JS.ACK` reply, and must not count as a request (it would be an admin's). A request
+/// sent after it is the first the service sees.
+#[tokio::test]
+async fn nats_a_stream_delivery_onto_a_service_subject_is_not_a_request() {
+    use async_nats::jetstream::{consumer::push, stream};
+    let server = NatsServer::start();
+    let bus = within(NatsBus::connect(nats_config(&server)))
+        .await
+        .unwrap();
+    let mut svc = within(bus.serve("coordinator")).await.unwrap();
+    let raw = within(async_nats::connect(server.url())).await.unwrap();
+    let js = async_nats::jetstream::new(raw);
+    let forged = within(js.create_stream(stream::Config {
+        name: "FORGED".into(),
+        subjects: vec!["forged.>".into()],
+        ..Default::default()
+    }))
+    .await
+    .unwrap();
+    within(async { js.publish("forged.x", b("forged")).await.unwrap().await })
+        .await
+        .unwrap();
+    let mut consumer = within(forged.create_consumer(push::Config {
+        durable_name: Some("deliver-to-api".into()),
+        deliver_subject: "ff.api.coordinator".into(),
+        deliver_group: Some("ff".into()),
+        ..Default::default()
+    }))
+    .await
+    .unwrap();
+    // Until the server has delivered the stored message onto the service's subject.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while within(consumer.info())
+        .await
+        .unwrap()
+        .delivered
+        .stream_sequence
+        < 1
+    {
+        assert!(Instant::now() < deadline, "the consumer never delivered");
+        tokio::time::sleep(ms(20)).await;
+    }
+    let bus = Arc::new(bus);
+    let asker = bus.clone();
+    let asked =
+        tokio::spawn(async move { asker.request("coordinator", b("genuine"), ms(5000)).await });
+    let first = within(svc.recv()).await.unwrap();
+    assert_eq!(first.payload, b("genuine"), "the forged delivery was taken");
+    assert_eq!(first.subject, "coordinator");
+    first.respond(b("ok")).await.unwrap();
+    assert_eq!(within(asked).await.unwrap().unwrap(), b("ok"));
+}

@@ -87,6 +87,11 @@ seccompProfile:
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- range $role, $name := $t.clientSecrets -}}
+{{- if and $name (eq $name $t.existingSecret) -}}
+{{- fail (printf "nats.tls.clientSecrets.%s names nats.tls.existingSecret, the server's certificate: its pods would hold the server's private key; give each role a client certificate of its own" $role) -}}
+{{- end -}}
+{{- end -}}
 {{- if and $a.existingSecrets.nats (not .Values.nats.enabled) -}}
 {{- fail "auth.existingSecrets.nats configures the bundled NATS; with nats.enabled false give your server the auth.conf yourself" -}}
 {{- end -}}
