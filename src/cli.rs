@@ -279,6 +279,25 @@ impl Command {
         !matches!(self, Command::Coordinator(_) | Command::Worker(_))
     }
 
+    /// The command's words as typed (`fork create`, `run`): the subcommands of the
+    /// process's arguments, each found in the command tree below the last.
+    pub fn path() -> String {
+        use clap::CommandFactory as _;
+        let mut at = Cli::command();
+        let mut words = Vec::new();
+        for arg in std::env::args().skip(1) {
+            if arg.starts_with('-') {
+                continue;
+            }
+            let Some(sub) = at.find_subcommand(&arg).cloned() else {
+                break;
+            };
+            words.push(sub.get_name().to_string());
+            at = sub;
+        }
+        words.join(" ")
+    }
+
     /// What the process is, for its default `service.name`.
     pub fn service(&self) -> forkfleet::telemetry::Service {
         use forkfleet::telemetry::Service;

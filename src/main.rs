@@ -56,7 +56,20 @@ fn main() -> std::process::ExitCode {
         let _entered = runtime.enter();
         forkfleet::telemetry::init(cli.verbose, &settings, cli.command.service())
     };
-    let code = runtime.block_on(cli::run(cli));
+    // A command (not a service) is one span, the root of what it asks of the cluster:
+    // its requests carry its trace context, and the coordinator's and workers' spans
+    // continue it. `TRACEPARENT` in the environment makes it a child of the caller's trace.
+    let code = if cli.command.service() == forkfleet::telemetry::Service::Command {
+        let span = forkfleet::telemetry::command_span(&cli::Command::path());
+        let code = {
+            use tracing::Instrument as _;
+            runtime.block_on(cli::run(cli).instrument(span.clone()))
+        };
+        forkfleet::telemetry::end_command_span(&span, code);
+        code
+    } else {
+        runtime.block_on(cli::run(cli))
+    };
     // Every command and service ends here: the last spans go out before the process does.
     telemetry.shutdown();
     drop(runtime);

@@ -234,6 +234,31 @@ pub fn init(verbose: u8, settings: &TelemetrySettings, service: Service) -> Tele
     }
 }
 
+/// The span of one command (`forkfleet fork create`): the root of its trace, or a child of
+/// `TRACEPARENT` from the environment (a script's or a CI job's trace, as the OpenTelemetry
+/// environment carrier names it).
+pub fn command_span(path: &str) -> tracing::Span {
+    let span = tracing::info_span!(
+        "command",
+        otel.name = %format_args!("forkfleet {path}"),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        process.command = %format_args!("forkfleet {path}"),
+        process.exit.code = tracing::field::Empty,
+    );
+    let parent = std::env::var("TRACEPARENT").ok();
+    forkfleet_shared::trace::set_parent(&span, parent.as_deref());
+    span
+}
+
+/// Record how the command of [`command_span`] ended.
+pub fn end_command_span(span: &tracing::Span, code: u8) {
+    span.record("process.exit.code", i64::from(code));
+    if code != 0 {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
 /// The SDK sampler of a setting.
 fn sampler(setting: &SamplerSetting) -> opentelemetry_sdk::trace::Sampler {
     use opentelemetry_sdk::trace::Sampler;

@@ -172,6 +172,9 @@ pub trait Replier: Send {
 pub struct Request {
     pub subject: String,
     pub payload: Bytes,
+    /// The W3C `traceparent` of the span the request was sent in (a `traceparent` header
+    /// on NATS): the service's span of it continues the caller's trace.
+    pub traceparent: Option<String>,
     reply: Box<dyn Replier>,
 }
 
@@ -180,8 +183,15 @@ impl Request {
         Self {
             subject,
             payload,
+            traceparent: None,
             reply,
         }
+    }
+
+    /// The request, sent from the span of `traceparent`.
+    pub fn with_traceparent(mut self, traceparent: Option<String>) -> Self {
+        self.traceparent = traceparent;
+        self
     }
 
     pub async fn respond(self, payload: Bytes) -> BusResult<()> {

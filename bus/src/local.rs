@@ -447,7 +447,8 @@ impl Bus for LocalBus {
         };
         let service = service.ok_or_else(|| BusError::NoResponders(subject.to_string()))?;
         let (tx, rx) = oneshot::channel();
-        let req = Request::new(subject.to_string(), payload, Box::new(LocalReplier(tx)));
+        let req = Request::new(subject.to_string(), payload, Box::new(LocalReplier(tx)))
+            .with_traceparent(current_traceparent());
         let timed_out = || BusError::Timeout {
             subject: subject.to_string(),
             ms: timeout.as_millis() as u64,

@@ -1141,9 +1141,15 @@ impl Bus for NatsBus {
 
     async fn request(&self, subject: &str, payload: Bytes, timeout: Duration) -> BusResult<Bytes> {
         let full = subjects::api_subject(subject).map_err(invalid)?;
-        let request = async_nats::Request::new()
+        let mut request = async_nats::Request::new()
             .payload(payload)
             .timeout(Some(timeout));
+        // The caller's trace goes with the request: the service's span continues it.
+        if let Some(tp) = current_traceparent() {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(TRACEPARENT, tp.as_str());
+            request = request.headers(headers);
+        }
         // The client's own timeout covers the answer; this one covers a stalled send.
         let sent = tokio::time::timeout(
             timeout + Duration::from_millis(100),
@@ -1208,7 +1214,13 @@ impl Bus for NatsBus {
                     reply,
                 };
                 let service = subjects::service_of(&msg.subject).to_string();
-                let req = Request::new(service, msg.payload, Box::new(replier));
+                let traceparent = msg
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(TRACEPARENT))
+                    .map(|v| v.as_str().to_string());
+                let req = Request::new(service, msg.payload, Box::new(replier))
+                    .with_traceparent(traceparent);
                 if tx.send(req).await.is_err() {
                     break;
                 }

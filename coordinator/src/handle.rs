@@ -71,16 +71,15 @@ impl CoordinatorHandle {
     /// dropped request) cannot leave a fork written but not enqueued.
     pub async fn create_fork(&self, req: CreateFork) -> Result<ForkView, CoordinatorError> {
         let this = self.clone();
-        // The root of the fork's trace: its branches, resolve and merge hang under it. The
-        // request that asked (`api.request`) is linked, not its parent: it ends long before
-        // the fork does.
+        // The fork's span: its branches, resolve and merge hang under it. It is the child
+        // of the request that asked (`api.request`, an HTTP request's span, a command's in
+        // the embedded mode), which continues the caller's trace: the trace starts where
+        // the user acted (ADR 9), though the request ends long before the fork does.
         let span = tracing::info_span!(
-            parent: None,
             "fork.create",
             fork.id = tracing::field::Empty,
             fork.branches = i64::try_from(req.plan.branches.len()).unwrap_or(i64::MAX)
         );
-        span.follows_from(tracing::Span::current());
         tokio::spawn(async move { this.create_inner(req).await }.instrument(span)).await?
     }
 

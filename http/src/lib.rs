@@ -223,7 +223,44 @@ pub fn router(state: Arc<ApiHttp>) -> Router {
             state.clone(),
             guard::guard,
         ))
+        .layer(axum::middleware::from_fn(traced))
         .with_state(state)
+}
+
+/// Every request is a span, `{METHOD} {route}` (the HTTP semantic conventions' server
+/// span), the child of the caller's `traceparent` header when it sends one: what the
+/// request asks of the coordinator and the workers continues its trace. A ticket or a
+/// token never reaches it (only the route, not the path's values or the query).
+async fn traced(
+    matched: Option<axum::extract::MatchedPath>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use tracing::Instrument as _;
+    let route = matched.as_ref().map_or("(unrouted)", |m| m.as_str());
+    let method = req.method().as_str().to_string();
+    let span = tracing::info_span!(
+        "http.request",
+        otel.name = %format_args!("{method} {route}"),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = %method,
+        http.route = %route,
+        http.response.status_code = tracing::field::Empty,
+    );
+    let parent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    forkfleet_shared::trace::set_parent(&span, parent.as_deref());
+    let resp = next.run(req).instrument(span.clone()).await;
+    let status = resp.status().as_u16();
+    span.record("http.response.status_code", i64::from(status));
+    if status >= 500 {
+        span.record("otel.status_code", "ERROR");
+    }
+    resp
 }
 
 async fn not_found(uri: axum::http::Uri) -> Response {

@@ -226,6 +226,9 @@ fn assert_fork_trace<'a>(
         assert_eq!(a["branch.label"], *label, "{agent}");
         assert!(a["branch.id"].is_string(), "{agent}");
         assert!(a["fork.id"].is_string(), "{agent}");
+        assert_eq!(a["gen_ai.provider.name"], "forkfleet.scripted", "{agent}");
+        assert_eq!(a["gen_ai.agent.id"], a["branch.id"], "{agent}");
+        assert_eq!(a["gen_ai.conversation.id"], a["branch.id"], "{agent}");
         if let Some(root) = root {
             assert!(
                 ancestors(agent, &ids).iter().any(|p| p["name"] == root),
@@ -259,6 +262,9 @@ fn assert_fork_trace<'a>(
             assert!(c["gen_ai.response.finish_reasons"].is_array(), "{chat}");
             assert_eq!(c["fork.id"], a["fork.id"], "{chat}");
             assert_eq!(c["branch.id"], a["branch.id"], "{chat}");
+            assert_eq!(c["gen_ai.conversation.id"], a["branch.id"], "{chat}");
+            // The scripted model runs in the worker: no server to name.
+            assert!(c["server.address"].is_null(), "{chat}");
             let parent = ids
                 .get(chat["parent_span_id"].as_str().unwrap())
                 .unwrap_or_else(|| panic!("the parent of {chat} did not arrive"));
@@ -282,10 +288,12 @@ fn assert_fork_trace<'a>(
         assert_eq!(t["fork.id"], a["fork.id"]);
         agents.push(agent);
     }
-    // Every span of the fork names it.
+    // Every span of the fork names it (not those of the request or command that asked
+    // for it, which start its trace).
     let fork = agents[0]["attributes"]["fork.id"].clone();
     for s in spans {
-        if s["name"] != "api.request" {
+        let name = s["name"].as_str().unwrap();
+        if name != "api.request" && !name.starts_with("forkfleet ") {
             assert_eq!(
                 s["attributes"]["fork.id"], fork,
                 "a span without fork.id: {s}"
@@ -729,4 +737,205 @@ fn a_grpc_exporter_without_a_collector_is_reported_once_and_the_fork_finishes() 
     assert_eq!(warnings.len(), 1, "{stderr}");
     assert!(warnings[0].contains("cannot export spans"), "{stderr}");
     assert!(warnings[0].contains(&endpoint), "{stderr}");
+}
+
+/// A trace starts where the user acts: a client command is a span (`forkfleet fork
+/// create`, the child of `TRACEPARENT` when the environment has one), an HTTP call is a
+/// span (`POST /api/v1/forks/from-spec`, the child of its `traceparent` header), and the
+/// coordinator's and the workers' spans of what each asked continue that trace: the
+/// `fork.create` and every branch's `invoke_agent` are in it, under it.
+#[test]
+fn a_client_command_and_an_http_call_each_start_the_trace_the_services_continue() {
+    let receiver = Receiver::start();
+    let endpoint = receiver.endpoint();
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("coordinator-data");
+    let http_port = forkfleet_bus::testkit::free_port();
+    let http_addr = format!("127.0.0.1:{http_port}");
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    let mut coordinator = Service::spawn_env(
+        "coordinator",
+        &[
+            "coordinator",
+            "--nats",
+            &url,
+            "--data",
+            path_str(&data),
+            "--http-addr",
+            &http_addr,
+        ],
+        dir.path(),
+        &env,
+    );
+    let mut worker = Service::spawn_env(
+        "worker",
+        &["worker", "--nats", &url, "--concurrency", "4"],
+        dir.path(),
+        &env,
+    );
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    loop {
+        let listed = fleet::run(dir.path(), &["workers", "--json", "--nats", &url]);
+        if listed.code == Some(0) && listed.json().as_array().map(Vec::len) == Some(1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fleet did not come up\n{}\n{}",
+            coordinator.log(),
+            worker.log()
+        );
+        std::thread::sleep(POLL);
+    }
+    let ex = Example::quickstart();
+    let spec = traced_spec(&ex, &["a", "b"], 10);
+    let watch = |id: &str| {
+        let watched = fleet::run(
+            dir.path(),
+            &[
+                "fork",
+                "watch",
+                id,
+                "--json",
+                "--timeout-s",
+                "50",
+                "--nats",
+                &url,
+            ],
+        )
+        .json();
+        for b in watched["branches"].as_array().unwrap() {
+            assert_eq!(b["state"], "done", "{watched}");
+        }
+    };
+
+    // A client command, in a trace of the caller's.
+    let (cli_trace, cli_parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let traceparent = format!("00-{cli_trace}-{cli_parent}-01");
+    let created = forkfleet_env(
+        &["fork", "create", path_str(&spec), "--json", "--nats", &url],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("TRACEPARENT", traceparent.as_str()),
+        ],
+    );
+    let cli_fork = json(&created)["fork_id"].as_str().unwrap().to_string();
+    watch(&cli_fork);
+    // A command with no trace around it starts one.
+    let listed = forkfleet_env(
+        &["fork", "ls", "--json", "--nats", &url],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())],
+    );
+    assert!(listed.status.success());
+
+    // An HTTP call with a traceparent header: a fork from the spec and the first fork's
+    // snapshot.
+    let (http_trace, http_parent) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    let api = |method: &str, path: &str| {
+        reqwest::blocking::Client::new()
+            .request(
+                method.parse().unwrap(),
+                format!("http://{http_addr}/api/v1{path}"),
+            )
+            .timeout(Duration::from_secs(30))
+    };
+    let shown: Value = serde_json::from_str(
+        &api("GET", &format!("/forks/{cli_fork}"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap(),
+    )
+    .unwrap();
+    let doc = serde_json::json!({
+        "spec": std::fs::read_to_string(&spec).unwrap(),
+        "files": {"traced.toml": std::fs::read_to_string(ex.dir.path().join("traced.toml")).unwrap()},
+        "snapshot": shown["snapshot"],
+        "workspace": "over-http",
+    });
+    let resp = api("POST", "/forks/from-spec")
+        .header("content-type", "application/json")
+        .header("traceparent", format!("00-{http_trace}-{http_parent}-01"))
+        .body(doc.to_string())
+        .send()
+        .unwrap();
+    let status = resp.status().as_u16();
+    let made: Value = serde_json::from_str(&resp.text().unwrap()).unwrap();
+    assert_eq!(status, 200, "{made}");
+    let http_fork = made["fork_id"].as_str().unwrap().to_string();
+    watch(&http_fork);
+
+    assert!(worker.terminate().success());
+    assert!(coordinator.terminate().success());
+    let all = receiver.spans();
+    let ids = by_id(&all);
+    let in_trace =
+        |trace: &str| -> Vec<&Value> { all.iter().filter(|s| s["trace_id"] == trace).collect() };
+    for (trace, parent, root_name, root_service, fork) in [
+        (
+            cli_trace,
+            cli_parent,
+            "forkfleet fork create",
+            "forkfleet",
+            &cli_fork,
+        ),
+        (
+            http_trace,
+            http_parent,
+            "POST /api/v1/forks/from-spec",
+            "forkfleet-coordinator",
+            &http_fork,
+        ),
+    ] {
+        let spans = in_trace(trace);
+        let root = spans
+            .iter()
+            .find(|s| s["name"] == root_name)
+            .unwrap_or_else(|| panic!("no {root_name} in trace {trace}:\n{}", dump(&all)));
+        assert_eq!(root["parent_span_id"], parent, "{root}");
+        assert_eq!(root["resource"]["service.name"], root_service, "{root}");
+        let create = spans
+            .iter()
+            .find(|s| s["name"] == "fork.create")
+            .unwrap_or_else(|| panic!("no fork.create in trace {trace}:\n{}", dump(&all)));
+        assert_eq!(create["resource"]["service.name"], "forkfleet-coordinator");
+        assert_eq!(create["attributes"]["fork.id"], fork.as_str());
+        assert!(
+            ancestors(create, &ids)
+                .iter()
+                .any(|a| a["span_id"] == root["span_id"]),
+            "fork.create is not under {root_name}:\n{}",
+            dump(&all)
+        );
+        let agents: Vec<_> = spans
+            .iter()
+            .filter(|s| s["name"].as_str().unwrap().starts_with("invoke_agent"))
+            .collect();
+        assert_eq!(agents.len(), 2, "{}", dump(&all));
+        for a in agents {
+            assert_eq!(a["resource"]["service.name"], "forkfleet-worker");
+            assert!(
+                ancestors(a, &ids)
+                    .iter()
+                    .any(|s| s["span_id"] == root["span_id"]),
+                "{a} is not under {root_name}"
+            );
+        }
+    }
+    // `fork ls` with no TRACEPARENT: a root span, and the coordinator's answer in its trace.
+    let ls = all
+        .iter()
+        .find(|s| s["name"] == "forkfleet fork ls")
+        .unwrap_or_else(|| panic!("no forkfleet fork ls span:\n{}", dump(&all)));
+    assert_eq!(ls["parent_span_id"], "", "{ls}");
+    assert!(
+        in_trace(ls["trace_id"].as_str().unwrap())
+            .iter()
+            .any(|s| s["name"] == "api.request"
+                && s["resource"]["service.name"] == "forkfleet-coordinator"),
+        "{}",
+        dump(&all)
+    );
 }

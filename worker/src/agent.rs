@@ -316,7 +316,11 @@ impl Actor for BranchAgent {
             "branch.run",
             otel.name = %format_args!("invoke_agent {}", task.label),
             gen_ai.operation.name = "invoke_agent",
+            gen_ai.provider.name = crate::genai::provider_name(&task.model),
             gen_ai.agent.name = %task.label,
+            // The branch is the agent, its history one conversation: both its run id.
+            gen_ai.agent.id = %task.run_id,
+            gen_ai.conversation.id = %task.run_id,
             fork.id = %task.fork_id,
             branch.id = %task.run_id,
             branch.label = %task.label,

@@ -82,7 +82,12 @@ pub fn error_type(e: &WorkerError) -> String {
 pub(crate) struct ChatSpan(tracing::Span, ModelCall);
 
 impl ChatSpan {
-    pub(crate) fn new(req: &ModelRequest<'_>, fork_id: ForkId, branch_id: Option<RunId>) -> Self {
+    pub(crate) fn new(
+        req: &ModelRequest<'_>,
+        fork_id: ForkId,
+        branch_id: Option<RunId>,
+        server: Option<(&str, u16)>,
+    ) -> Self {
         let span = tracing::info_span!(
             "model.call",
             otel.name = %format_args!("chat {}", model_name(req.model)),
@@ -104,9 +109,18 @@ impl ChatSpan {
             forkfleet.cost_usd = Empty,
             fork.id = %fork_id,
             branch.id = Empty,
+            gen_ai.conversation.id = Empty,
+            server.address = Empty,
+            server.port = Empty,
         );
         if let Some(id) = branch_id {
             span.record("branch.id", tracing::field::display(id));
+            // A branch's history is one conversation, its run.
+            span.record("gen_ai.conversation.id", tracing::field::display(id));
+        }
+        if let Some((host, port)) = server {
+            span.record("server.address", host);
+            span.record("server.port", i64::from(port));
         }
         if capture_message_content() && !span.is_disabled() {
             span.record("gen_ai.input.messages", input_messages(req.messages));
@@ -199,14 +213,16 @@ pub(crate) fn tool_span(call: &ToolCall, fork_id: ForkId, branch_id: RunId) -> t
         gen_ai.tool.call.id = %call.id,
         gen_ai.tool.type = "function",
         error.type = Empty,
+        otel.status_code = Empty,
         fork.id = %fork_id,
         branch.id = %branch_id,
     )
 }
 
-/// Record that the tool call of `span` failed.
+/// Record that the tool call of `span` failed: `error.type`, and the span's status ERROR.
 pub(crate) fn tool_failed(span: &tracing::Span) {
     span.record("error.type", "tool_error");
+    span.record("otel.status_code", "ERROR");
 }
 
 /// A text part, cut to [`MAX_PART_CHARS`] characters.

@@ -214,6 +214,12 @@ pub trait ModelProvider: Send + Sync {
         upper_bound_estimate(req)
     }
 
+    /// The host and port the calls go to (`server.address`, `server.port` of the model
+    /// call's span); `None` for a model in the process (the scripted one).
+    fn server_address(&self) -> Option<(&str, u16)> {
+        None
+    }
+
     /// `estimate` is exactly what the call reports (the scripted model): a branch learns
     /// nothing to lower it from its calls (`agent::learn`).
     fn estimate_is_exact(&self) -> bool {

@@ -260,7 +260,7 @@ async fn call_once(
     price: Option<&forkfleet_shared::pricing::Price>,
     who: &str,
 ) -> Result<(crate::provider::ModelReply, Option<f64>), String> {
-    let chat = ChatSpan::new(req, span.0, span.1);
+    let chat = ChatSpan::new(req, span.0, span.1, provider.server_address());
     let call = provider.complete(req).instrument(chat.span().clone());
     match tokio::time::timeout(JUDGE_CALL_TIMEOUT, call).await {
         Ok(Ok(reply)) => {

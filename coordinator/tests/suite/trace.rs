@@ -1,6 +1,6 @@
 //! The coordinator's spans, read back from the OpenTelemetry SDK as the binary installs it:
-//! `fork.create` is the root of its fork's trace (the request that asked is linked), its
-//! tasks carry its context, and `budget.reserve`, `fork.diff` and `fork.resolve` join that
+//! `fork.create` is the child of the request that asked (the trace starts where the user
+//! acted), its tasks carry its context, and `budget.reserve`, `fork.diff` and `fork.resolve` join that
 //! trace; resolve jobs carry the context of `fork.resolve`.
 
 use super::support::*;
@@ -14,7 +14,6 @@ use forkfleet_shared::spec::TestPlan;
 use forkfleet_shared::state::{BranchState, ForkState};
 use forkfleet_shared::trace::{span_context_of, traceparent_of};
 use forkfleet_shared::wire;
-use opentelemetry::trace::SpanId;
 use opentelemetry::Value;
 use opentelemetry_sdk::trace::SpanData;
 use tracing::Instrument;
@@ -46,7 +45,7 @@ async fn reserve(fx: &Fixture, task: &BranchTask, usd: f64, trace: Option<String
 }
 
 #[tokio::test]
-async fn a_fork_is_one_trace_rooted_at_fork_create() {
+async fn a_fork_is_one_trace_under_the_request_that_created_it() {
     let collector = Collector::default();
     let subscriber = collector.0.subscriber("coordinator-test");
     // The test and the coordinator's actors run on this thread (a current-thread runtime).
@@ -56,7 +55,7 @@ async fn a_fork_is_one_trace_rooted_at_fork_create() {
     let snap = fx.upload(&[("a.txt", "1\n")]).await;
     let mut capped = plan(&["a", "b"]);
     capped.aggregate_budget_usd = Some(1.0);
-    // Created in a request's span: linked to the fork's trace, not its parent.
+    // Created in a request's span: the fork's trace is the request's.
     let request = tracing::info_span!("api.request");
     let request_sc = span_context_of(&traceparent_of(&request).unwrap()).unwrap();
     let view = fx
@@ -73,18 +72,10 @@ async fn a_fork_is_one_trace_rooted_at_fork_create() {
         .unwrap();
     assert_eq!(
         create.parent_span_id,
-        SpanId::INVALID,
-        "fork.create is a root"
+        request_sc.span_id(),
+        "fork.create is the request's child"
     );
-    assert_ne!(create.span_context.trace_id(), request_sc.trace_id());
-    assert!(
-        create
-            .links
-            .iter()
-            .any(|l| l.span_context.span_id() == request_sc.span_id()),
-        "the request is linked: {:?}",
-        create.links
-    );
+    assert_eq!(create.span_context.trace_id(), request_sc.trace_id());
     assert_eq!(
         value(&create, "fork.id"),
         Some(&Value::from(fork_id.clone()))

@@ -341,7 +341,12 @@ impl Turn<'_> {
         // answers or a command stops the branch; a cancelled call is dropped (aborted, its
         // stream closed); what it had streamed was paid for and is published as its usage
         // when a command ended the branch.
-        let chat = ChatSpan::new(&req, task.fork_id, Some(task.run_id));
+        let chat = ChatSpan::new(
+            &req,
+            task.fork_id,
+            Some(task.run_id),
+            run.provider.server_address(),
+        );
         let call = run.provider.complete(&req).instrument(chat.span().clone());
         let halted = until_halted(
             call,

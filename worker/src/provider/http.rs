@@ -469,6 +469,10 @@ fn running_usage<S: StreamState>(state: &S, req: &ModelRequest<'_>) -> Usage {
 
 #[async_trait]
 impl<D: Dialect> ModelProvider for HttpProvider<D> {
+    fn server_address(&self) -> Option<(&str, u16)> {
+        Some((self.api.server.0.as_str(), self.api.server.1))
+    }
+
     async fn complete(&self, req: &ModelRequest<'_>) -> Result<ModelReply, WorkerError> {
         let body = D::body(&self.api, req).map_err(|e| {
             self.api
@@ -639,6 +643,8 @@ pub struct Api {
     settings: CallSettings,
     /// The base URL is the vendor's own API (not a compatible server).
     vendor_api: bool,
+    /// The base URL's host and port (the scheme's default when none is written).
+    server: (String, u16),
 }
 
 impl fmt::Debug for Api {
@@ -715,6 +721,10 @@ impl Api {
             client,
             settings: CallSettings::default(),
             vendor_api: vendor_host,
+            server: (
+                parsed.host_str().unwrap_or_default().to_string(),
+                parsed.port_or_known_default().unwrap_or(0),
+            ),
         })
     }
 

@@ -161,7 +161,7 @@ text = "done"
 usage = { input_tokens = 200, output_tokens = 10 }
 
 [[turns.fails]]
-tool_calls = [{ name = "write_file", args = { path = "notes/{label}.md", content = "hi\n" } }]
+tool_calls = [{ name = "read_file", args = { path = "no/such/file.md" } }]
 usage = { input_tokens = 120, output_tokens = 30 }
 "#;
 
@@ -341,6 +341,22 @@ async fn branch_spans_follow_the_genai_conventions_and_capture_text_only_when_en
     );
     assert_eq!(int(last, "gen_ai.usage.input_tokens"), None);
     assert_eq!(value(&failed.chats[0], "error.type"), None);
+    // A tool call that failed (the file does not exist; the model is told): its span's
+    // error.type and status say so.
+    let [tool] = failed.tools.as_slice() else {
+        panic!("expected one tool span, got {:?}", failed.tools);
+    };
+    assert_eq!(tool.name, "execute_tool read_file");
+    assert_eq!(attribute(tool, "error.type"), Some("tool_error"));
+    assert!(
+        matches!(tool.status, opentelemetry::trace::Status::Error { .. }),
+        "{:?}",
+        tool.status
+    );
+    assert!(matches!(
+        spans.tools[0].status,
+        opentelemetry::trace::Status::Unset
+    ));
 
     // With capture on, the model call spans carry the messages (as JSON), and only them.
     forkfleet_shared::trace::set_capture_message_content(true);

@@ -135,6 +135,13 @@ fn settings_have_defaults_and_keys_come_from_the_route() {
     };
     let a = api(Some(&local)).unwrap();
     assert_eq!(a.base_url, "http://127.0.0.1:8080/v1");
+    // The model call's span names the server (`server.address`, `server.port`): the
+    // written port, else the scheme's.
+    assert_eq!(a.server, ("127.0.0.1".to_string(), 8080));
+    assert_eq!(
+        api(None).unwrap().server,
+        ("api.openai.com".to_string(), 443)
+    );
     assert_eq!(a.name, "provider-id", "the catalogue's model id is sent");
     assert_eq!(a.timeout, Duration::from_millis(2500));
     assert_eq!(a.max_retries, 0);
