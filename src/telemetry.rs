@@ -4,11 +4,14 @@
 //! [`init`] installs the subscriber and returns a [`Telemetry`] guard; every command and
 //! service calls [`Telemetry::shutdown`] before the process exits, which flushes the spans
 //! still buffered (within [`FLUSH_BOUND`]). Layout: `export` builds the OTLP exporter and
-//! reports a failing collector once; `json` the JSON log lines.
+//! reports a failing collector once; `json` the JSON log lines; `metrics` the OTLP export
+//! of the metric registry; `process` what every service serves from its start (build
+//! info, the process metrics from `/proc`, counters at zero).
 
 mod export;
 mod json;
 pub mod metrics;
+pub mod process;
 
 use crate::config::{LogFormat, RootSampler, SamplerSetting, TelemetrySettings};
 
@@ -81,6 +84,8 @@ pub struct Telemetry {
     provider: opentelemetry_sdk::trace::SdkTracerProvider,
     exporter: Option<export::Reporter>,
     metrics: Option<metrics::MetricsExport>,
+    /// A service's process metrics, read at every read of the registry.
+    _process: Option<forkfleet_shared::metrics::CollectorGuard>,
 }
 
 impl Telemetry {
@@ -208,6 +213,19 @@ pub fn init(verbose: u8, settings: &TelemetrySettings, service: Service) -> Tele
     if let Some(e) = build_error {
         tracing::warn!(error = %e, "traces: the OTLP exporter cannot be built; spans are not exported");
     }
+    // A service serves its build, its process's figures and its counters from the start.
+    let process = match service {
+        Service::Coordinator | Service::Worker => {
+            let name = resource
+                .get(&opentelemetry::Key::from_static_str("service.name"))
+                .map_or_else(
+                    || default_service_name(service).to_string(),
+                    |v| v.to_string(),
+                );
+            Some(process::install(service, &name))
+        }
+        Service::Command => None,
+    };
     // Metrics: the services' registry, exported as OTLP when an endpoint is configured
     // (the commands' metrics die with them; a service is what a stack watches).
     let metrics = match (service, settings.metrics_endpoint()) {
@@ -231,6 +249,7 @@ pub fn init(verbose: u8, settings: &TelemetrySettings, service: Service) -> Tele
         provider,
         exporter: reporter,
         metrics,
+        _process: process,
     }
 }
 

@@ -570,6 +570,7 @@ impl Ledger {
         run_id: RunId,
         cost_usd: f64,
         reservation: Option<ReservationId>,
+        model: &str,
     ) -> Actions {
         let now = self.clock.now_ms();
         let mut out = Actions::default();
@@ -593,6 +594,10 @@ impl Ledger {
         fork.spent += cost;
         let (mode, fork_cap, fork_spent) = (fork.policy.mode, fork.cap, fork.spent);
         let account = fork.policy.account.clone();
+        // Monotonic, unlike the spend gauges that go with their fork: a day's spend is its
+        // increase over the day.
+        forkfleet_shared::metrics::catalog::COST
+            .add(&[account.as_deref().unwrap_or(""), model], cost);
         // Past a cap: in strict mode only through estimation error; the branches are
         // stopped in either mode, as more calls cannot fit.
         if let Some(cap) = run_cap {

@@ -41,8 +41,8 @@ pub(crate) struct Effect {
     pub reopened: bool,
     /// Events applied (held successors included).
     pub applied: usize,
-    /// The cost and reservation of each `usage` event applied, in order.
-    pub usage: Vec<(f64, Option<ReservationId>)>,
+    /// The cost, reservation and model of each `usage` event applied, in order.
+    pub usage: Vec<(f64, Option<ReservationId>, String)>,
     /// Calls a replay served from the record (no spend).
     pub cached: u32,
     /// The model responses and tool results applied, in order (automatic checkpoints).
@@ -217,6 +217,7 @@ impl BranchReplica {
                 effect.cached += 1;
             }
             Event::Usage {
+                model,
                 usage,
                 cost_usd,
                 reservation,
@@ -227,7 +228,7 @@ impl BranchReplica {
                 if cost_usd.is_finite() {
                     r.cost_usd += cost_usd;
                 }
-                effect.usage.push((cost_usd, reservation));
+                effect.usage.push((cost_usd, reservation, model));
             }
             Event::FileChange { change } => {
                 let path = change.path().clone();

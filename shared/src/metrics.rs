@@ -221,6 +221,20 @@ impl Counter {
     pub fn get(&self, labels: &[&str]) -> Option<f64> {
         self.0.value(labels)
     }
+
+    /// Make the series of `labels` exist (at 0 when new): a counter is served from the
+    /// start, so `rate()` and `increase()` see its first increment.
+    pub fn touch(&self, labels: &[&str]) {
+        self.0.update(labels, |x| x);
+    }
+
+    /// Raise the series of `labels` to `total` (a monotonic total read elsewhere, such as
+    /// the process's CPU time); a lower or non-finite `total` is ignored.
+    pub fn advance_to(&self, labels: &[&str], total: f64) {
+        if total.is_finite() {
+            self.0.update(labels, |x| x.max(total));
+        }
+    }
 }
 
 /// A gauge family (see [`Family`]).

@@ -106,6 +106,38 @@ fn metrics_of_a_finished_fork_and_readiness_across_a_nats_outage() {
         "{}",
         fleet.logs()
     );
+    // Before any fork: every counter a dashboard or an alert rates is served at zero, with
+    // the build and the process's figures.
+    let fresh = until(&coordinator, "/metrics", "the endpoint", |r| {
+        r.status == 200
+    });
+    for (name, labels) in [
+        ("forkfleet_events_applied_total", &[][..]),
+        ("forkfleet_bus_reconnects_total", &[]),
+        ("forkfleet_branches_ended_total", &[("state", "failed")]),
+        ("forkfleet_branches_ended_total", &[("state", "done")]),
+        ("forkfleet_budget_refusals_total", &[("scope", "account")]),
+    ] {
+        assert_eq!(
+            sample(&fresh.body, name, labels),
+            Some(0.0),
+            "{name} {labels:?}\n{}",
+            fresh.body
+        );
+    }
+    assert_eq!(
+        sample(
+            &fresh.body,
+            "forkfleet_build_info",
+            &[("service", "forkfleet-coordinator")]
+        ),
+        Some(1.0),
+        "{}",
+        fresh.body
+    );
+    assert!(sample(&fresh.body, "process_resident_memory_bytes", &[]).unwrap() > 1e6);
+    assert!(sample(&fresh.body, "process_cpu_seconds_total", &[]).unwrap() > 0.0);
+
     let ex = Example::quickstart();
     let id = fleet.create(&ex.spec());
     let view = fleet.watch(&id);
@@ -146,6 +178,17 @@ fn metrics_of_a_finished_fork_and_readiness_across_a_nats_outage() {
         sample(text, "forkfleet_fork_reserved_usd", &[("fork_id", &id)]),
         Some(0.0),
         "{text}"
+    );
+    // The monotonic spend by account and model: the fork's, which has no account.
+    assert_eq!(
+        sample(
+            text,
+            "forkfleet_cost_usd_total",
+            &[("account", ""), ("model", "scripted:quickstart")]
+        )
+        .map(|v| (v - spent).abs() < 1e-9),
+        Some(true),
+        "{spent}\n{text}"
     );
     // Uncapped: no cap series.
     assert_eq!(

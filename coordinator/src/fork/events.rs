@@ -229,8 +229,8 @@ impl ForkState {
                 self.checkpoints
                     .on_applied(&self.store, run_id, &effect.steps);
             }
-            for (cost, reservation) in effect.usage {
-                let actions = self.ledger.on_usage(run_id, cost, reservation);
+            for (cost, reservation, model) in effect.usage {
+                let actions = self.ledger.on_usage(run_id, cost, reservation, &model);
                 self.ledger.send(actions);
             }
             for _ in 0..effect.cached {

@@ -86,6 +86,7 @@ impl ForkState {
         let fork_id = self.record.fork_id;
         match &ev.event {
             Event::Usage {
+                model,
                 cost_usd,
                 reservation,
                 ..
@@ -102,7 +103,9 @@ impl ForkState {
                     }
                 }
                 self.branches[i].count_fenced(*cost_usd);
-                let actions = self.ledger.on_usage(ev.run_id, *cost_usd, *reservation);
+                let actions = self
+                    .ledger
+                    .on_usage(ev.run_id, *cost_usd, *reservation, model);
                 self.ledger.send(actions);
                 tracing::info!(fork.id = %fork_id, run.id = %ev.run_id, attempt = ev.attempt, seq = ev.seq, cost_usd, "fork.fenced_usage: a fenced attempt's call counted");
                 true

@@ -40,6 +40,12 @@ pub static FORK_CAP: Gauge = Gauge::new(
     "USD",
     &[FORK_ID],
 );
+pub static COST: Counter = Counter::new(
+    "forkfleet.cost_usd",
+    "USD spent on model calls, by account (empty: a fork without one) and model; monotonic, so a day's spend is its increase over the day.",
+    "USD",
+    &["account", "model"],
+);
 pub static ACCOUNT_SPENT: Gauge = Gauge::new(
     "forkfleet.account.spent_usd",
     "USD an account's forks have spent (the forks the coordinator holds).",
@@ -164,12 +170,52 @@ pub static BUS_RECONNECTS: Counter = Counter::new(
 );
 
 /// Every family, in the order they are rendered.
+// Every service: what it is and what it uses (the Prometheus client libraries' process
+// metrics, read from /proc when the registry is read).
+pub static BUILD_INFO: Gauge = Gauge::new(
+    "forkfleet.build_info",
+    "1, labelled with the version and the service of the process.",
+    "1",
+    &["version", "service"],
+);
+pub static PROCESS_CPU: Counter = Counter::new(
+    "process.cpu",
+    "CPU time the process has used, user and system.",
+    "s",
+    &[],
+);
+pub static PROCESS_RESIDENT_MEMORY: Gauge = Gauge::new(
+    "process.resident_memory_bytes",
+    "Resident memory of the process.",
+    "By",
+    &[],
+);
+pub static PROCESS_START_TIME: Gauge = Gauge::new(
+    "process.start_time",
+    "When the process started, in seconds since the Unix epoch.",
+    "s",
+    &[],
+);
+pub static PROCESS_OPEN_FDS: Gauge = Gauge::new(
+    "process.open_fds",
+    "File descriptors the process holds open.",
+    "{fd}",
+    &[],
+);
+pub static PROCESS_THREADS: Gauge = Gauge::new(
+    "process.threads",
+    "Threads of the process.",
+    "{thread}",
+    &[],
+);
+
 pub static ALL: &[&Family] = &[
     &BRANCHES.0,
     &BRANCHES_ENDED.0,
     &FORK_SPENT.0,
     &FORK_RESERVED.0,
     &FORK_CAP.0,
+    &COST.0,
     &ACCOUNT_SPENT.0,
     &ACCOUNT_RESERVED.0,
     &ACCOUNT_CAP.0,
@@ -187,4 +233,10 @@ pub static ALL: &[&Family] = &[
     &TOKEN_USAGE.0,
     &OPERATION_DURATION.0,
     &BUS_RECONNECTS.0,
+    &BUILD_INFO.0,
+    &PROCESS_CPU.0,
+    &PROCESS_RESIDENT_MEMORY.0,
+    &PROCESS_START_TIME.0,
+    &PROCESS_OPEN_FDS.0,
+    &PROCESS_THREADS.0,
 ];
