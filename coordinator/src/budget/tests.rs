@@ -226,7 +226,9 @@ fn a_call_billed_past_its_reservation_gets_no_next_one_before_its_usage_arrives(
     assert!(matches!(reply, BudgetReply::Granted { .. }), "{reply:?}");
     // Once the event settles the reservation, the ledger has it for good; `settles` of a
     // reservation no longer held counts nothing twice.
-    let _ = fx.ledger.on_usage(fork.runs[0], 0.80, Some(first));
+    let _ = fx
+        .ledger
+        .on_usage(fork.runs[0], 0.80, Some(first), "scripted:t");
     let cost = fx.cost(&fork);
     assert!((cost.spent_usd - 0.80).abs() < 1e-9);
     let b = &cost.branches[0];
@@ -235,7 +237,9 @@ fn a_call_billed_past_its_reservation_gets_no_next_one_before_its_usage_arrives(
     // A spend at its cap gets nothing more, even a call estimated at nothing.
     let at_cap = fx.fork(None, &[Some(0.05)], BudgetPolicy::default());
     let r = granted(fx.reserve(&at_cap, 0, 1, 0.05));
-    let _ = fx.ledger.on_usage(at_cap.runs[0], 0.05, Some(r));
+    let _ = fx
+        .ledger
+        .on_usage(at_cap.runs[0], 0.05, Some(r), "scripted:t");
     assert!(matches!(
         fx.reserve(&at_cap, 0, 1, 0.0),
         BudgetReply::Refused { .. }
@@ -266,7 +270,9 @@ fn a_reservation_expires_after_its_ttl_and_not_before() {
     assert_eq!(cost.remaining_usd, Some(1.0));
     assert!(fx.store.reservations().unwrap().is_empty());
     // Settling the expired reservation late charges the cost but releases nothing more.
-    let _ = fx.ledger.on_usage(fork.runs[0], 0.25, Some(first));
+    let _ = fx
+        .ledger
+        .on_usage(fork.runs[0], 0.25, Some(first), "scripted:t");
     let cost = fx.cost(&fork);
     assert_eq!((cost.reserved_usd, cost.spent_usd), (0.0, 0.25));
 }
@@ -319,7 +325,7 @@ fn a_takeover_keeps_the_earlier_attempts_reservation_until_its_usage_settles_it(
         BudgetReply::Refused { .. }
     ));
     // The paused worker's call completes; its usage (a fenced attempt's) settles it.
-    let _ = fx.ledger.on_usage(run, 0.5, Some(old));
+    let _ = fx.ledger.on_usage(run, 0.5, Some(old), "scripted:t");
     let cost = fx.cost(&fork);
     assert_eq!(cost.reserved_usd, 0.0);
     assert_eq!(cost.spent_usd, 0.5);
@@ -379,7 +385,9 @@ fn fork_gauges_last_the_grace_period_after_the_fork_ends() {
     assert_eq!(catalog::FORK_CAP.get(&[&id]), Some(1.0));
     assert_eq!(p.branches.get("running"), Some(&2.0));
 
-    let _ = fx.ledger.on_usage(fork.runs[0], 0.125, Some(held));
+    let _ = fx
+        .ledger
+        .on_usage(fork.runs[0], 0.125, Some(held), "scripted:t");
     let ended_before = catalog::BRANCHES_ENDED.get(&["done"]).unwrap_or(0.0);
     fx.ledger.on_state(fork.runs[0], BranchState::Done);
     fx.ledger.on_state(fork.runs[1], BranchState::Done);
@@ -656,7 +664,9 @@ fn apply(fx: &Fx, fork: &Fork, m: &mut Model, op: &Op) -> Result<(), TestCaseErr
             let l = m.live.remove(pick % m.live.len());
             let cost = l.usd * f64::from(quarters) / 4.0;
             let before = fx.cost(fork);
-            let _ = fx.ledger.on_usage(fork.runs[l.branch], cost, Some(l.id));
+            let _ = fx
+                .ledger
+                .on_usage(fork.runs[l.branch], cost, Some(l.id), "scripted:t");
             let after = fx.cost(fork);
             // Settling releases exactly its reservation and charges exactly the cost.
             prop_assert_eq!(after.reserved_usd, before.reserved_usd - l.usd);
@@ -811,7 +821,7 @@ proptest! {
         for (f, est, settle, quarters) in ops {
             if settle && !live.is_empty() {
                 let (f, id, held) = live.remove(0);
-                let _ = fx.ledger.on_usage(forks[f].runs[0], held * f64::from(quarters) / 4.0, Some(id));
+                let _ = fx.ledger.on_usage(forks[f].runs[0], held * f64::from(quarters) / 4.0, Some(id), "scripted:t");
             } else if let BudgetReply::Granted { reservation } = fx.reserve(&forks[f], 0, 1, usd(est)) {
                 live.push((f, reservation, usd(est)));
             }
@@ -851,7 +861,9 @@ fn a_cap_short_of_the_bound_grants_its_room_and_reservations_in_flight_are_waite
     // $0.005 gets the $0.01 left; one that needs $0.02 is refused (nothing would free it).
     let fork = fx.fork(None, &[Some(0.05)], BudgetPolicy::default());
     let r = granted(fx.reserve(&fork, 0, 1, 0.04));
-    let _ = fx.ledger.on_usage(fork.runs[0], 0.04, Some(r));
+    let _ = fx
+        .ledger
+        .on_usage(fork.runs[0], 0.04, Some(r), "scripted:t");
     let reply = fx.reserve_least(&fork, 0, 0.04, 0.02);
     assert!(
         matches!(reply, BudgetReply::Refused { state: BranchState::BudgetExhausted, ref reason } if reason.contains("at least $0.020000")),
@@ -862,7 +874,9 @@ fn a_cap_short_of_the_bound_grants_its_room_and_reservations_in_flight_are_waite
     };
     assert!((usd - 0.01).abs() < 1e-12, "{usd}");
     assert!((fx.cost(&fork).branches[0].reserved_usd - 0.01).abs() < 1e-12);
-    let _ = fx.ledger.on_usage(fork.runs[0], 0.006, Some(reservation));
+    let _ = fx
+        .ledger
+        .on_usage(fork.runs[0], 0.006, Some(reservation), "scripted:t");
 
     // A fork cap of $0.10 with one branch holding $0.08 for a call in flight: another
     // branch that needs $0.03 waits (the fork is not exhausted), and is granted once the
@@ -886,7 +900,9 @@ fn a_cap_short_of_the_bound_grants_its_room_and_reservations_in_flight_are_waite
         fx.reserve_least(&fork, 1, 0.04, 0.03),
         BudgetReply::Wait { .. }
     ));
-    let _ = fx.ledger.on_usage(fork.runs[0], 0.01, Some(held2));
+    let _ = fx
+        .ledger
+        .on_usage(fork.runs[0], 0.01, Some(held2), "scripted:t");
     granted(fx.reserve_least(&fork, 1, 0.04, 0.03));
     let _ = held;
 
@@ -895,7 +911,9 @@ fn a_cap_short_of_the_bound_grants_its_room_and_reservations_in_flight_are_waite
     // oversized branch stopping the whole fork with 97% of its cap unused).
     let fork = fx.fork(Some(0.10), &[None, None], BudgetPolicy::default());
     let small = granted(fx.reserve_least(&fork, 0, 0.04, 0.003));
-    let _ = fx.ledger.on_usage(fork.runs[0], 0.003, Some(small));
+    let _ = fx
+        .ledger
+        .on_usage(fork.runs[0], 0.003, Some(small), "scripted:t");
     assert!(matches!(
         fx.reserve_least(&fork, 1, 0.108, 0.108),
         BudgetReply::Refused {
