@@ -383,7 +383,12 @@ pub async fn run(cli: Cli) -> u8 {
         Ok(()) => 0,
         Err(e) => {
             let code = exit_code(&e);
-            eprintln!("error: {}", render::error_chain(&*e));
+            if forkfleet_client::render::json_logs() {
+                // A log line like every other under JSON logs.
+                tracing::error!(target: "forkfleet::command", exit_code = code, "error: {}", render::error_chain(&*e));
+            } else {
+                eprintln!("error: {}", render::error_chain(&*e));
+            }
             code
         }
     }

@@ -148,6 +148,14 @@ pub fn init(verbose: u8, settings: &TelemetrySettings, service: Service) -> Tele
             filter = filter.add_directive(directive);
         }
     }
+    if settings.log_format.value == LogFormat::Json {
+        // What a command says on stderr becomes a log line (`forkfleet_client::render::say`),
+        // let through whatever the filter: under JSON logs stderr holds nothing else.
+        forkfleet_client::render::set_json_logs(true);
+        if let Ok(directive) = "forkfleet::progress=info".parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     let logs = match settings.log_format.value {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)

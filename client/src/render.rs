@@ -4,6 +4,32 @@
 pub mod runs;
 
 use crate::error::ClientError;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Log lines are JSON (`--log-format json`): set once at start by the CLI.
+static JSON_LOGS: AtomicBool = AtomicBool::new(false);
+
+/// Log lines are JSON: what a command says on stderr (progress, notes, warnings) becomes a
+/// log line too ([`say`]), so that stderr holds nothing else.
+pub fn set_json_logs(on: bool) {
+    JSON_LOGS.store(on, Ordering::Relaxed);
+}
+
+/// Whether log lines are JSON ([`set_json_logs`]).
+pub fn json_logs() -> bool {
+    JSON_LOGS.load(Ordering::Relaxed)
+}
+
+/// Say `text` on stderr: a line, or under JSON logs an INFO log line of target
+/// `forkfleet::progress` (which JSON logging always lets through), with the trace ids of
+/// the command.
+pub fn say(text: &str) {
+    if json_logs() {
+        tracing::info!(target: "forkfleet::progress", "{text}");
+    } else {
+        eprintln!("{text}");
+    }
+}
 use forkfleet_shared::api::{
     AbortOutcome, BranchView, ContinueOutcome, ForkView, SteerOutcome, TerminateOutcome,
 };

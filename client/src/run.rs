@@ -234,11 +234,11 @@ pub async fn run_fork(
 ) -> Result<RunOutcome, ClientError> {
     let (view, from_text) = create_fork(coord, loaded, None).await?;
     if opts.show {
-        eprintln!(
+        crate::render::say(&format!(
             "fork {}: {} · {from_text}",
             view.fork_id,
             count(view.branches.len(), "branch", "branches")
-        );
+        ));
     }
     let fork_id = view.fork_id;
     // The fork directory is announced only if it stays: a merge below removes it.

@@ -71,7 +71,8 @@ pub async fn follow_with(
     on_version: &mut (dyn FnMut(&ForkView) + Send),
 ) -> Result<ForkView, ClientError> {
     let started = Instant::now();
-    let tty = show && std::io::stderr().is_terminal();
+    // Redrawn in place on a terminal, unless log lines are JSON (each change a log line).
+    let tty = show && std::io::stderr().is_terminal() && !crate::render::json_logs();
     // A terminal redraws the elapsed time every second; a log only needs the changes.
     let poll = if tty { TTY_POLL } else { LOG_POLL };
     let mut drawn_lines = 0usize;
@@ -105,7 +106,9 @@ pub async fn follow_with(
                     return Err(e);
                 }
                 if show && since.elapsed() < RETRY_PAUSE {
-                    eprintln!("  (the coordinator does not answer: {e}; retrying)");
+                    crate::render::say(&format!(
+                        "  (the coordinator does not answer: {e}; retrying)"
+                    ));
                 }
                 tokio::time::sleep(RETRY_PAUSE).await;
                 continue;
@@ -138,21 +141,27 @@ pub async fn follow_with(
                 Until::Finished | Until::Asking => {
                     if show && !hinted {
                         if asking {
-                            eprint!(
-                                "  waiting for approval: {}",
-                                approvals_hint(&view, coord.reach())
+                            crate::render::say(
+                                format!(
+                                    "  waiting for approval: {}",
+                                    approvals_hint(&view, coord.reach())
+                                )
+                                .trim_end(),
                             );
                         }
                         if !paused.is_empty() {
-                            eprint!(
-                                "  waiting for a top-up: {}",
-                                paused_hint(
-                                    fork,
-                                    &paused,
-                                    view.branches.len(),
-                                    None,
-                                    coord.reach()
+                            crate::render::say(
+                                format!(
+                                    "  waiting for a top-up: {}",
+                                    paused_hint(
+                                        fork,
+                                        &paused,
+                                        view.branches.len(),
+                                        None,
+                                        coord.reach()
+                                    )
                                 )
+                                .trim_end(),
                             );
                         }
                         drawn_lines = 0;
@@ -224,6 +233,26 @@ pub fn progress_lines(view: &ForkView, elapsed: Duration) -> Vec<String> {
 }
 
 fn print_state_changes(view: &ForkView, last: &mut BTreeMap<String, BranchState>) {
+    if crate::render::json_logs() {
+        // Each change a log line with its figures as fields.
+        for b in &view.branches {
+            if last.get(&b.label) != Some(&b.state) {
+                tracing::info!(
+                    target: "forkfleet::progress",
+                    fork_id = %view.fork_id,
+                    label = %b.label,
+                    state = %b.state,
+                    turns = b.turns,
+                    cost_usd = b.cost_usd,
+                    "branch {}: {}",
+                    b.label,
+                    b.state
+                );
+                last.insert(b.label.clone(), b.state);
+            }
+        }
+        return;
+    }
     let mut err = std::io::stderr().lock();
     for b in &view.branches {
         if last.get(&b.label) != Some(&b.state) {

@@ -647,6 +647,76 @@ fn json_logs_are_one_object_a_line_with_the_trace_id_inside_a_fork() {
     );
 }
 
+/// Under `--log-format json` stderr holds nothing but JSON lines: `run`'s progress (no
+/// `--json`, at the default log level) is log lines of `forkfleet::progress`, a branch's
+/// state change with its figures as fields, and the error a command ends with is an ERROR
+/// line with its exit code.
+#[test]
+fn under_json_logs_progress_and_the_fatal_error_are_json_lines_too() {
+    let ex = Example::quickstart();
+    let spec = traced_spec(&ex, &["a"], 0);
+    let lines_of = |out: &std::process::Output| -> Vec<Value> {
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"))
+            })
+            .collect()
+    };
+    let out = command()
+        .args([
+            "run",
+            path_str(&spec),
+            "--timeout-s",
+            "120",
+            "--log-format",
+            "json",
+        ])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let lines = lines_of(&out);
+    let progress: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["target"] == "forkfleet::progress")
+        .collect();
+    assert!(
+        progress
+            .iter()
+            .any(|l| l["message"].as_str().unwrap().starts_with("fork ")),
+        "{lines:?}"
+    );
+    let done = progress
+        .iter()
+        .find(|l| l["fields"]["state"] == "done")
+        .unwrap_or_else(|| panic!("no state change of branch a: {lines:?}"));
+    assert_eq!(done["fields"]["label"], "a", "{done}");
+    assert_eq!(done["level"], "INFO");
+    assert!(done["fields"]["cost_usd"].is_number(), "{done}");
+
+    let failed = command()
+        .args(["run", "no-such-spec.toml", "--log-format", "json"])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(2), "{failed:?}");
+    let lines = lines_of(&failed);
+    let error = lines
+        .iter()
+        .find(|l| l["level"] == "ERROR")
+        .unwrap_or_else(|| panic!("no ERROR line: {lines:?}"));
+    assert!(
+        error["message"].as_str().unwrap().starts_with("error: ")
+            && error["message"]
+                .as_str()
+                .unwrap()
+                .contains("no-such-spec.toml"),
+        "{error}"
+    );
+    assert_eq!(error["fields"]["exit_code"], 2, "{error}");
+}
+
 #[test]
 fn print_config_shows_the_telemetry_settings_with_headers_redacted() {
     let dir = tempfile::tempdir().unwrap();

@@ -106,10 +106,10 @@ pub async fn cleanup_after_merge(coord: &Client, fork: ForkId) -> Option<Cleanup
     match result {
         Ok(c) => Some(c),
         Err(e) => {
-            eprintln!(
+            crate::render::say(&format!(
                 "warning: the fork directory was not removed: {}",
                 crate::render::error_chain(&e)
-            );
+            ));
             None
         }
     }

@@ -12,7 +12,9 @@ impl Warner {
     pub(crate) fn warn(&mut self, e: &ClientError) {
         let msg = crate::render::error_chain(e);
         if self.last.as_deref() != Some(msg.as_str()) {
-            eprintln!("warning: the fork directory is not up to date: {msg}");
+            crate::render::say(&format!(
+                "warning: the fork directory is not up to date: {msg}"
+            ));
             self.last = Some(msg);
         }
     }
@@ -48,10 +50,10 @@ impl LiveSync {
         match (&view.workspace, locate(view)) {
             (None, _) => return Self { inner: None },
             (Some(_), Err(e)) => {
-                eprintln!(
+                crate::render::say(&format!(
                     "warning: no fork directory: {}",
                     crate::render::error_chain(&e)
-                );
+                ));
                 return Self { inner: None };
             }
             (Some(_), Ok(_)) => {}
@@ -164,11 +166,11 @@ pub async fn follow(
 
 /// Say where the fork directory is, and how to open it.
 pub fn announce(coord: &Client, fork: ForkId, dir: &Path) {
-    eprintln!(
+    crate::render::say(&format!(
         "fork directory: {} (`forkfleet fork open {fork}{}` opens it in a diff tool)",
         dir.display(),
         coord.reach()
-    );
+    ));
 }
 
 /// [`follow`], without saying where the fork directory is: the directory (when a sync

@@ -387,15 +387,15 @@ pub async fn open(
     }
     if !json {
         let s = &synced.stats;
-        eprintln!(
+        crate::render::say(&format!(
             "fork directory: {} ({} written, {} removed, {} unchanged)",
             dir.display(),
             s.written,
             s.removed,
             s.unchanged
-        );
+        ));
         for n in &opened.notes {
-            eprintln!("note: {n}");
+            crate::render::say(&format!("note: {n}"));
         }
     }
     if tool == Tool::Terminal {
