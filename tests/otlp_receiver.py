@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A small OTLP/HTTP receiver for the tests: writes what it receives as JSON lines.
 
-    python3 tests/otlp_receiver.py [--count] OUT.jsonl
+    python3 tests/otlp_receiver.py [--count] [--tls CERT KEY [--client-ca CA]] OUT.jsonl
 
 Listens on a free loopback port and prints that port on stdout, then serves until killed:
 
@@ -16,6 +16,9 @@ Listens on a free loopback port and prints that port on stdout, then serves unti
 With `--count` (for benchmarks, where the receiver should cost little) a request is
 decoded but only counted: one line per request, `{"signal": "count", "spans": N}` or
 `"metrics": N`.
+
+With `--tls` it serves HTTPS with that certificate and key (PEM); with `--client-ca` it
+also requires a client certificate signed by that CA (mutual TLS).
 
 A request's lines are written and flushed before it is answered, so once the exporting
 process has exited after its final flush, the file holds everything it sent. Needs PyPI's
@@ -155,11 +158,28 @@ def main():
     if args[:1] == ["--count"]:
         Handler.count = True
         args = args[1:]
+    tls = None
+    client_ca = None
+    if args[:1] == ["--tls"] and len(args) >= 3:
+        tls = (args[1], args[2])
+        args = args[3:]
+        if args[:1] == ["--client-ca"] and len(args) >= 2:
+            client_ca = args[1]
+            args = args[2:]
     if len(args) != 1:
-        print("usage: otlp_receiver.py [--count] OUT.jsonl", file=sys.stderr)
+        print("usage: otlp_receiver.py [--count] [--tls CERT KEY [--client-ca CA]] OUT.jsonl",
+              file=sys.stderr)
         sys.exit(2)
     Handler.out = open(args[0], "a", encoding="utf-8")
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if tls:
+        import ssl
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+        if client_ca:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(client_ca)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     print(server.server_address[1], flush=True)
     server.serve_forever()
 

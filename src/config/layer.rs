@@ -185,6 +185,9 @@ pub fn read_file(path: &Path) -> Result<Layer, ConfigError> {
     };
     rebase(&mut layer.data);
     rebase(&mut layer.http.tokens_file);
+    rebase(&mut layer.telemetry.otlp_certificate);
+    rebase(&mut layer.telemetry.otlp_client_certificate);
+    rebase(&mut layer.telemetry.otlp_client_key);
     // A catalogue entry's key file, too (left as written when it is not a string: the
     // merge reports it).
     for entry in layer.models.values_mut() {

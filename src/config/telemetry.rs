@@ -24,7 +24,7 @@ use super::{Config, ConfigError, Layer, Origin, Secret, Sourced, SourcedLayer};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The default OTLP metric export period (the OpenTelemetry default).
@@ -49,6 +49,11 @@ pub struct TelemetryLayer {
     pub disabled: Option<bool>,
     pub capture_message_content: Option<bool>,
     pub metrics_interval_s: Option<u64>,
+    /// PEM: the CA that signed the collector's certificate (trusted besides the system's).
+    pub otlp_certificate: Option<PathBuf>,
+    /// PEM: a client certificate and its key, for a collector that asks for one.
+    pub otlp_client_certificate: Option<PathBuf>,
+    pub otlp_client_key: Option<PathBuf>,
 }
 
 /// `sampler_arg` as written: a number, or text to parse.
@@ -189,6 +194,11 @@ pub struct TelemetrySettings {
     pub capture_message_content: Sourced<bool>,
     /// The OTLP metric export period.
     pub metrics_interval: Sourced<Duration>,
+    /// A CA to trust for the collector's certificate (`OTEL_EXPORTER_OTLP_CERTIFICATE`).
+    pub otlp_certificate: Option<Sourced<PathBuf>>,
+    /// A client certificate and its key (`OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`, `_KEY`).
+    pub otlp_client_certificate: Option<Sourced<PathBuf>>,
+    pub otlp_client_key: Option<Sourced<PathBuf>>,
 }
 
 impl Default for TelemetrySettings {
@@ -206,6 +216,9 @@ impl Default for TelemetrySettings {
             disabled: super::default(false),
             capture_message_content: super::default(false),
             metrics_interval: super::default(DEFAULT_METRICS_INTERVAL),
+            otlp_certificate: None,
+            otlp_client_certificate: None,
+            otlp_client_key: None,
         }
     }
 }
@@ -320,6 +333,27 @@ impl TelemetrySettings {
                     origin: from,
                 };
             }
+            for (value, setting, key) in [
+                (
+                    &l.otlp_certificate,
+                    &mut t.otlp_certificate,
+                    "telemetry.otlp_certificate",
+                ),
+                (
+                    &l.otlp_client_certificate,
+                    &mut t.otlp_client_certificate,
+                    "telemetry.otlp_client_certificate",
+                ),
+                (
+                    &l.otlp_client_key,
+                    &mut t.otlp_client_key,
+                    "telemetry.otlp_client_key",
+                ),
+            ] {
+                if let Some(path) = value {
+                    *setting = Some(at(path.clone(), origin, key));
+                }
+            }
             if let Some(headers) = &l.otlp_headers {
                 for (name, value) in headers {
                     let from = origin("telemetry.otlp_headers");
@@ -400,6 +434,24 @@ impl TelemetrySettings {
                 value: setting,
                 origin: name.origin,
             };
+        }
+        // A client certificate goes with its key.
+        match (&t.otlp_client_certificate, &t.otlp_client_key) {
+            (Some(c), None) => {
+                return Err(ConfigError::Invalid {
+                    key: "telemetry.otlp_client_key",
+                    expected: "the client certificate's key too (OTEL_EXPORTER_OTLP_CLIENT_KEY)",
+                    value: format!("a client certificate from {} and no key", c.origin),
+                })
+            }
+            (None, Some(k)) => {
+                return Err(ConfigError::Invalid {
+                    key: "telemetry.otlp_client_certificate",
+                    expected: "the key's certificate too (OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE)",
+                    value: format!("a client key from {} and no certificate", k.origin),
+                })
+            }
+            _ => {}
         }
         Ok(t)
     }
@@ -484,6 +536,9 @@ pub fn env_var(key: &str) -> Option<&'static str> {
         "telemetry.disabled" => "OTEL_SDK_DISABLED",
         "telemetry.capture_message_content" => "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
         "telemetry.metrics_interval_s" => "OTEL_METRIC_EXPORT_INTERVAL",
+        "telemetry.otlp_certificate" => "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        "telemetry.otlp_client_certificate" => "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        "telemetry.otlp_client_key" => "OTEL_EXPORTER_OTLP_CLIENT_KEY",
         _ => return None,
     })
 }
@@ -556,6 +611,9 @@ pub(super) fn env_layer(
         disabled: boolean("telemetry.disabled")?,
         capture_message_content: boolean("telemetry.capture_message_content")?,
         metrics_interval_s,
+        otlp_certificate: get("telemetry.otlp_certificate").map(PathBuf::from),
+        otlp_client_certificate: get("telemetry.otlp_client_certificate").map(PathBuf::from),
+        otlp_client_key: get("telemetry.otlp_client_key").map(PathBuf::from),
     })
 }
 

@@ -96,8 +96,112 @@ impl<E: SpanExporter> SpanExporter for Reporting<E> {
     }
 }
 
-/// The exporter to `endpoint` over the configured protocol, with the configured headers,
-/// wrapped in its [`Reporter`]. gRPC needs the tokio runtime entered.
+/// The PEM files of the collector's TLS: a CA to trust besides the system's
+/// (`OTEL_EXPORTER_OTLP_CERTIFICATE`), a client certificate and its key.
+pub(super) struct OtlpTls {
+    ca: Option<Vec<u8>>,
+    client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl OtlpTls {
+    /// Read the files the settings name (an unreadable one is an error naming it).
+    pub(super) fn load(settings: &TelemetrySettings) -> Result<OtlpTls, String> {
+        let read = |p: &crate::config::Sourced<std::path::PathBuf>, what: &str| {
+            std::fs::read(&p.value).map_err(|e| {
+                format!(
+                    "cannot read the {what} `{}` (from {}): {e}",
+                    p.value.display(),
+                    p.origin
+                )
+            })
+        };
+        let ca = settings
+            .otlp_certificate
+            .as_ref()
+            .map(|p| read(p, "collector's CA certificate"))
+            .transpose()?;
+        let client = match (&settings.otlp_client_certificate, &settings.otlp_client_key) {
+            (Some(c), Some(k)) => Some((read(c, "client certificate")?, read(k, "client key")?)),
+            _ => None,
+        };
+        Ok(OtlpTls { ca, client })
+    }
+
+    fn is_default(&self) -> bool {
+        self.ca.is_none() && self.client.is_none()
+    }
+
+    /// A blocking HTTP client (the span exporter's) with these; `None`: the default one.
+    fn blocking_client(&self) -> Result<Option<reqwest::blocking::Client>, String> {
+        if self.is_default() {
+            return Ok(None);
+        }
+        let mut builder = reqwest::blocking::Client::builder()
+            .timeout(EXPORT_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(ca) = &self.ca {
+            for cert in reqwest::Certificate::from_pem_bundle(ca)
+                .map_err(|e| format!("the collector's CA certificate is not PEM: {e}"))?
+            {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        if let Some((cert, key)) = &self.client {
+            let pem = [cert.as_slice(), b"\n", key.as_slice()].concat();
+            builder = builder.identity(
+                reqwest::Identity::from_pem(&pem)
+                    .map_err(|e| format!("the client certificate and key are not PEM: {e}"))?,
+            );
+        }
+        // A blocking client runs a runtime of its own: built (and later dropped) off this
+        // thread, which may be inside the process's runtime.
+        std::thread::spawn(move || builder.build())
+            .join()
+            .map_err(|_| "building the HTTP client panicked".to_string())?
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The async HTTP client (the metric export's) with these.
+    pub(super) fn async_client(&self) -> Result<reqwest::Client, String> {
+        let mut builder = reqwest::Client::builder()
+            .timeout(EXPORT_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(ca) = &self.ca {
+            for cert in reqwest::Certificate::from_pem_bundle(ca)
+                .map_err(|e| format!("the collector's CA certificate is not PEM: {e}"))?
+            {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        if let Some((cert, key)) = &self.client {
+            let pem = [cert.as_slice(), b"\n", key.as_slice()].concat();
+            builder = builder.identity(
+                reqwest::Identity::from_pem(&pem)
+                    .map_err(|e| format!("the client certificate and key are not PEM: {e}"))?,
+            );
+        }
+        builder.build().map_err(|e| e.to_string())
+    }
+
+    /// gRPC's TLS settings with these (the system's roots too); `None`: the default ones.
+    pub(super) fn tonic(&self) -> Option<tonic::transport::ClientTlsConfig> {
+        if self.is_default() {
+            return None;
+        }
+        let mut tls = tonic::transport::ClientTlsConfig::new().with_enabled_roots();
+        if let Some(ca) = &self.ca {
+            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &self.client {
+            tls = tls.identity(tonic::transport::Identity::from_pem(cert, key));
+        }
+        Some(tls)
+    }
+}
+
+/// The exporter to `endpoint` over the configured protocol, with the configured headers
+/// and TLS files, wrapped in its [`Reporter`]. gRPC needs the tokio runtime entered.
 pub(super) fn build(
     settings: &TelemetrySettings,
     endpoint: &str,
@@ -108,14 +212,20 @@ pub(super) fn build(
         .iter()
         .map(|(k, v)| (k.clone(), v.value.expose().to_string()))
         .collect();
+    let tls = OtlpTls::load(settings)?;
     let exporter = match settings.otlp_protocol.value {
-        OtlpProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_endpoint(endpoint)
-            .with_timeout(EXPORT_TIMEOUT)
-            .with_headers(headers)
-            .build(),
+        OtlpProtocol::HttpProtobuf => {
+            let mut builder = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(endpoint)
+                .with_timeout(EXPORT_TIMEOUT)
+                .with_headers(headers);
+            if let Some(client) = tls.blocking_client()? {
+                builder = builder.with_http_client(client);
+            }
+            builder.build()
+        }
         OtlpProtocol::Grpc => {
             let mut metadata = tonic::metadata::MetadataMap::new();
             for (k, v) in &headers {
@@ -126,13 +236,16 @@ pub(super) fn build(
                     .map_err(|_| format!("the value of header `{k}` is not valid gRPC metadata"))?;
                 metadata.insert(key, value);
             }
-            opentelemetry_otlp::SpanExporter::builder()
+            let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_protocol(opentelemetry_otlp::Protocol::Grpc)
                 .with_endpoint(endpoint)
                 .with_timeout(EXPORT_TIMEOUT)
-                .with_metadata(metadata)
-                .build()
+                .with_metadata(metadata);
+            if let Some(config) = tls.tonic() {
+                builder = builder.with_tls_config(config);
+            }
+            builder.build()
         }
     }
     .map_err(|e| e.to_string())?;

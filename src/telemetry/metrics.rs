@@ -182,11 +182,7 @@ impl Sender {
                     headers.insert(name, value);
                 }
                 Sender::Http {
-                    client: reqwest::Client::builder()
-                        .timeout(EXPORT_TIMEOUT)
-                        .redirect(reqwest::redirect::Policy::none())
-                        .build()
-                        .map_err(|e| e.to_string())?,
+                    client: super::export::OtlpTls::load(settings)?.async_client()?,
                     url: endpoint.to_string(),
                     headers,
                 }
@@ -201,11 +197,16 @@ impl Sender {
                     })?;
                     metadata.insert(key, value);
                 }
-                let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+                let mut channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
                     .map_err(|e| format!("invalid gRPC endpoint: {e}"))?
                     .timeout(EXPORT_TIMEOUT)
-                    .connect_timeout(EXPORT_TIMEOUT)
-                    .connect_lazy();
+                    .connect_timeout(EXPORT_TIMEOUT);
+                if let Some(tls) = super::export::OtlpTls::load(settings)?.tonic() {
+                    channel = channel
+                        .tls_config(tls)
+                        .map_err(|e| format!("the collector's TLS settings: {e}"))?;
+                }
+                let channel = channel.connect_lazy();
                 Sender::Grpc {
                     client: MetricsServiceClient::new(channel),
                     metadata,

@@ -9,12 +9,12 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// A CA, a server certificate for 127.0.0.1 and a client certificate, all PEM.
-struct Certs {
+pub(super) struct Certs {
     dir: tempfile::TempDir,
 }
 
 impl Certs {
-    fn make() -> Certs {
+    pub(super) fn make() -> Certs {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let openssl = |args: &[&str]| {
@@ -84,7 +84,7 @@ impl Certs {
         Certs { dir }
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(super) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 

@@ -28,12 +28,18 @@ impl Receiver {
     /// Start `tests/otlp_receiver.py` with `$FORKFLEET_PYTHON` (else `python3`) and read
     /// its port.
     fn start() -> Receiver {
+        Self::start_with(&[])
+    }
+
+    /// [`Receiver::start`] with the receiver's options (`--tls CERT KEY`, ...).
+    fn start_with(options: &[&str]) -> Receiver {
         let python = std::env::var("FORKFLEET_PYTHON").unwrap_or_else(|_| "python3".into());
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("otlp.jsonl");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/otlp_receiver.py");
         let mut child = std::process::Command::new(&python)
             .arg(&script)
+            .args(options)
             .arg(&out)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -715,6 +721,76 @@ fn under_json_logs_progress_and_the_fatal_error_are_json_lines_too() {
         "{error}"
     );
     assert_eq!(error["fields"]["exit_code"], 2, "{error}");
+}
+
+/// A collector over HTTPS that asks for a client certificate: spans reach it with
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE` (its CA) and the client certificate and key; without
+/// the client certificate, or without the CA, none do, the run still succeeds and the
+/// failure is reported once.
+#[test]
+fn spans_reach_a_collector_over_mutual_tls_with_the_otlp_certificate_variables() {
+    let certs = super::cluster_tls::Certs::make();
+    let path = |n: &str| certs.path(n).display().to_string();
+    let (server, key, ca) = (path("server.pem"), path("server.key"), path("ca.pem"));
+    let receiver = Receiver::start_with(&["--tls", &server, &key, "--client-ca", &ca]);
+    let endpoint = format!("https://127.0.0.1:{}", receiver.port);
+    let ex = Example::quickstart();
+    let spec = traced_spec(&ex, &["a"], 0);
+    let run = |env: &[(&str, &str)]| {
+        let mut all = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+        all.extend_from_slice(env);
+        let out = forkfleet_env(
+            &["run", path_str(&spec), "--json", "--timeout-s", "120"],
+            &all,
+        );
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let (client, client_key) = (path("client.pem"), path("client.key"));
+    let said = run(&[
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca),
+        ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &client),
+        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &client_key),
+    ]);
+    assert!(!said.contains("cannot export"), "{said}");
+    let spans = receiver.spans();
+    assert_fork_trace(&fork_trace(&spans), &["a"], Some("fork.create"));
+    let received = spans.len();
+
+    for (what, env) in [
+        (
+            "no client certificate",
+            vec![("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str())],
+        ),
+        (
+            "no CA",
+            vec![
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", client.as_str()),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", client_key.as_str()),
+            ],
+        ),
+    ] {
+        let said = run(&env);
+        assert_eq!(
+            said.matches("cannot export spans").count(),
+            1,
+            "{what}: reported once\n{said}"
+        );
+        assert_eq!(receiver.spans().len(), received, "{what}: nothing arrived");
+    }
+    // A certificate without its key is a configuration error naming the missing one.
+    let out = forkfleet_env(
+        &["worker", "--print-config"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", client.as_str()),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("OTEL_EXPORTER_OTLP_CLIENT_KEY"),
+        "{out:?}"
+    );
 }
 
 #[test]
