@@ -49,6 +49,9 @@ pub struct TelemetryLayer {
     pub disabled: Option<bool>,
     pub capture_message_content: Option<bool>,
     pub metrics_interval_s: Option<u64>,
+    /// `otlp` (push the metrics when an endpoint is set), or `none`/`prometheus` (never:
+    /// they are scraped from `/metrics`).
+    pub metrics_exporter: Option<String>,
     /// PEM: the CA that signed the collector's certificate (trusted besides the system's).
     pub otlp_certificate: Option<PathBuf>,
     /// PEM: a client certificate and its key, for a collector that asks for one.
@@ -194,6 +197,9 @@ pub struct TelemetrySettings {
     pub capture_message_content: Sourced<bool>,
     /// The OTLP metric export period.
     pub metrics_interval: Sourced<Duration>,
+    /// Push the metrics over OTLP when an endpoint is set (`OTEL_METRICS_EXPORTER=otlp`,
+    /// the default); false for `none` or `prometheus` (scraped from `/metrics` only).
+    pub metrics_push: Sourced<bool>,
     /// A CA to trust for the collector's certificate (`OTEL_EXPORTER_OTLP_CERTIFICATE`).
     pub otlp_certificate: Option<Sourced<PathBuf>>,
     /// A client certificate and its key (`OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`, `_KEY`).
@@ -216,6 +222,7 @@ impl Default for TelemetrySettings {
             disabled: super::default(false),
             capture_message_content: super::default(false),
             metrics_interval: super::default(DEFAULT_METRICS_INTERVAL),
+            metrics_push: super::default(true),
             otlp_certificate: None,
             otlp_client_certificate: None,
             otlp_client_key: None,
@@ -234,6 +241,9 @@ impl TelemetrySettings {
     /// Where metrics are exported, or `None` when export is off (as
     /// [`TelemetrySettings::traces_endpoint`], with `/v1/metrics`).
     pub fn metrics_endpoint(&self) -> Option<String> {
+        if !self.metrics_push.value {
+            return None;
+        }
         self.signal_endpoint(&self.otlp_metrics_endpoint, "v1/metrics")
     }
 
@@ -353,6 +363,24 @@ impl TelemetrySettings {
                 if let Some(path) = value {
                     *setting = Some(at(path.clone(), origin, key));
                 }
+            }
+            if let Some(v) = &l.metrics_exporter {
+                let from = origin("telemetry.metrics_exporter");
+                let push = match v.trim().to_ascii_lowercase().as_str() {
+                    "otlp" => true,
+                    "none" | "prometheus" => false,
+                    _ => {
+                        return Err(ConfigError::Invalid {
+                            key: "telemetry.metrics_exporter",
+                            expected: "otlp (push when an endpoint is set), none or prometheus (never push: scraped from /metrics)",
+                            value: format!("`{v}` (from {from})"),
+                        })
+                    }
+                };
+                t.metrics_push = Sourced {
+                    value: push,
+                    origin: from,
+                };
             }
             if let Some(headers) = &l.otlp_headers {
                 for (name, value) in headers {
@@ -536,6 +564,7 @@ pub fn env_var(key: &str) -> Option<&'static str> {
         "telemetry.disabled" => "OTEL_SDK_DISABLED",
         "telemetry.capture_message_content" => "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
         "telemetry.metrics_interval_s" => "OTEL_METRIC_EXPORT_INTERVAL",
+        "telemetry.metrics_exporter" => "OTEL_METRICS_EXPORTER",
         "telemetry.otlp_certificate" => "OTEL_EXPORTER_OTLP_CERTIFICATE",
         "telemetry.otlp_client_certificate" => "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
         "telemetry.otlp_client_key" => "OTEL_EXPORTER_OTLP_CLIENT_KEY",
@@ -611,6 +640,7 @@ pub(super) fn env_layer(
         disabled: boolean("telemetry.disabled")?,
         capture_message_content: boolean("telemetry.capture_message_content")?,
         metrics_interval_s,
+        metrics_exporter: get("telemetry.metrics_exporter"),
         otlp_certificate: get("telemetry.otlp_certificate").map(PathBuf::from),
         otlp_client_certificate: get("telemetry.otlp_client_certificate").map(PathBuf::from),
         otlp_client_key: get("telemetry.otlp_client_key").map(PathBuf::from),

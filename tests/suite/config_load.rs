@@ -578,6 +578,34 @@ fn telemetry_is_off_without_an_endpoint_and_disabled_wins() {
 }
 
 #[test]
+fn metrics_are_pushed_unless_the_metrics_exporter_says_they_are_scraped() {
+    let with = |exporter: &str| {
+        let env = env_of(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_METRICS_EXPORTER", exporter),
+        ]);
+        Config::load(None, &env, Layer::default())
+    };
+    let c = with("").unwrap();
+    assert_eq!(
+        c.telemetry.metrics_endpoint().as_deref(),
+        Some("http://c:4318/v1/metrics")
+    );
+    assert!(with("otlp").unwrap().telemetry.metrics_endpoint().is_some());
+    for scraped in ["none", "prometheus", "NONE"] {
+        let c = with(scraped).unwrap();
+        assert_eq!(c.telemetry.metrics_endpoint(), None, "{scraped}");
+        // Traces still go.
+        assert!(c.telemetry.traces_endpoint().is_some(), "{scraped}");
+    }
+    let err = with("console").unwrap_err().to_string();
+    assert!(
+        err.contains("OTEL_METRICS_EXPORTER") && err.contains("otlp") && err.contains("none"),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_traces_endpoint_wins_over_the_base_one_which_gets_the_http_path() {
     let dir = tempfile::tempdir().unwrap();
     let file = write(
