@@ -135,7 +135,13 @@ impl Config {
                 nats.inbox_prefix = Some(forkfleet_shared::subjects::worker_inbox());
             }
             Role::Client => {
-                nats.provision = n.provision.value;
+                // A client command binds to the streams and buckets the coordinator made
+                // (waiting for them, bounded) unless `provision` is set: made by a client,
+                // they would have its replicas (1 by default), not the cluster's.
+                nats.provision = match n.provision.origin {
+                    super::Origin::Default => false,
+                    _ => n.provision.value,
+                };
                 // Checked when the configuration was loaded.
                 nats.inbox_prefix = n
                     .identity

@@ -547,8 +547,11 @@ fn url_credentials_authenticate_and_no_password_reaches_the_logs() {
         if let Some(level) = rust_log {
             cmd.env("RUST_LOG", level);
         }
+        // No coordinator here: the command makes the streams itself (a client only binds
+        // to the coordinator's unless told to provision).
         let out = cmd
             .env("FORKFLEET_NATS_URL", &url)
+            .env("FORKFLEET_NATS_PROVISION", "true")
             .args(["workers", "--json", verbose])
             .output()
             .unwrap();

@@ -188,7 +188,18 @@ fn a_client_command_waits_for_nats_and_the_coordinator_within_its_bound() {
     let client_log = || std::fs::read_to_string(&err).unwrap_or_default();
     wait_for_log("the client", "bus.nats connect retry", client_log);
     nats.resume();
-    wait_for_log("the client", "api.call retry", client_log);
+    // Connected, it waits for the streams and buckets the coordinator makes (a client
+    // does not make them: they would have its replicas, not the cluster's).
+    wait_for_log("the client", "is the coordinator running?", client_log);
+    // And has made none of them.
+    let made = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let raw = async_nats::connect(url.as_str()).await.unwrap();
+        let js = async_nats::jetstream::new(raw);
+        js.get_stream(forkfleet_shared::subjects::TASK_STREAM)
+            .await
+            .is_ok()
+    });
+    assert!(!made, "a client command made the task stream");
     let data = dir.path().join("data");
     let _coordinator = Service::spawn(
         "coordinator",
