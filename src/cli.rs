@@ -283,16 +283,15 @@ impl Command {
     /// process's arguments, each found in the command tree below the last.
     pub fn path() -> String {
         use clap::CommandFactory as _;
-        let mut at = Cli::command();
+        // The process's arguments parsed again (they parsed once already): the chain of
+        // subcommands clap matched, never an argument's value.
+        let Ok(matches) = Cli::command().try_get_matches_from(std::env::args_os()) else {
+            return String::new();
+        };
         let mut words = Vec::new();
-        for arg in std::env::args().skip(1) {
-            if arg.starts_with('-') {
-                continue;
-            }
-            let Some(sub) = at.find_subcommand(&arg).cloned() else {
-                break;
-            };
-            words.push(sub.get_name().to_string());
+        let mut at = &matches;
+        while let Some((name, sub)) = at.subcommand() {
+            words.push(name.to_string());
             at = sub;
         }
         words.join(" ")

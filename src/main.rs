@@ -59,8 +59,18 @@ fn main() -> std::process::ExitCode {
     // A command (not a service) is one span, the root of what it asks of the cluster:
     // its requests carry its trace context, and the coordinator's and workers' spans
     // continue it. `TRACEPARENT` in the environment makes it a child of the caller's trace.
-    let code = if cli.command.service() == forkfleet::telemetry::Service::Command {
-        let span = forkfleet::telemetry::command_span(&cli::Command::path());
+    let path = if cli.command.service() == forkfleet::telemetry::Service::Command {
+        cli::Command::path()
+    } else {
+        String::new()
+    };
+    // A session (`chat`, `ui`, `fork watch`) is no one trace: its requests are each their own.
+    let traced = !path.is_empty()
+        && !["chat", "ui", "fork watch"]
+            .iter()
+            .any(|p| path == *p || path.starts_with(&format!("{p} ")));
+    let code = if traced {
+        let span = forkfleet::telemetry::command_span(&path);
         let code = {
             use tracing::Instrument as _;
             runtime.block_on(cli::run(cli).instrument(span.clone()))

@@ -135,6 +135,9 @@ pub fn init(verbose: u8, settings: &TelemetrySettings, service: Service) -> Tele
     use tracing_subscriber::Layer as _;
 
     forkfleet_shared::trace::set_capture_message_content(settings.capture_message_content.value);
+    // A caller's trace (a command's, an HTTP request's) is recorded by this process's own
+    // root decision, whatever the caller's flag says.
+    forkfleet_shared::trace::set_caller_sample_ratio(caller_ratio(&settings.sampler.value));
     let default = match verbose {
         0 => "warn",
         1 => "info",
@@ -152,8 +155,10 @@ pub fn init(verbose: u8, settings: &TelemetrySettings, service: Service) -> Tele
         // What a command says on stderr becomes a log line (`forkfleet_client::render::say`),
         // let through whatever the filter: under JSON logs stderr holds nothing else.
         forkfleet_client::render::set_json_logs(true);
-        if let Ok(directive) = "forkfleet::progress=info".parse() {
-            filter = filter.add_directive(directive);
+        for d in ["forkfleet::progress=info", "forkfleet::command=error"] {
+            if let Ok(directive) = d.parse() {
+                filter = filter.add_directive(directive);
+            }
         }
     }
     let logs = match settings.log_format.value {
@@ -265,7 +270,10 @@ pub fn init(verbose: u8, settings: &TelemetrySettings, service: Service) -> Tele
 /// `TRACEPARENT` from the environment (a script's or a CI job's trace, as the OpenTelemetry
 /// environment carrier names it).
 pub fn command_span(path: &str) -> tracing::Span {
+    // Under the target JSON logging lets through, so the command's progress lines carry
+    // its trace ids.
     let span = tracing::info_span!(
+        target: "forkfleet::progress",
         "command",
         otel.name = %format_args!("forkfleet {path}"),
         otel.kind = "client",
@@ -283,6 +291,21 @@ pub fn end_command_span(span: &tracing::Span, code: u8) {
     span.record("process.exit.code", i64::from(code));
     if code != 0 {
         span.record("otel.status_code", "ERROR");
+    }
+}
+
+/// The share of callers' traces the sampler's root decision keeps.
+fn caller_ratio(setting: &SamplerSetting) -> f64 {
+    let root = |r: &RootSampler| match r {
+        RootSampler::AlwaysOn => 1.0,
+        RootSampler::AlwaysOff => 0.0,
+        RootSampler::TraceIdRatio(ratio) => *ratio,
+    };
+    match setting {
+        SamplerSetting::AlwaysOn => 1.0,
+        SamplerSetting::AlwaysOff => 0.0,
+        SamplerSetting::TraceIdRatio(r) => *r,
+        SamplerSetting::ParentBased(r) => root(r),
     }
 }
 

@@ -1184,6 +1184,7 @@ impl Bus for NatsBus {
         let (tx, rx) = mpsc::channel(1024);
         let subject = subject.to_string();
         tokio::spawn(async move {
+            let mut dropped: u64 = 0;
             loop {
                 let msg = tokio::select! {
                     _ = tx.closed() => break,
@@ -1198,11 +1199,17 @@ impl Bus for NatsBus {
                 if !subjects::subject_matches(&full, &msg.subject)
                     || msg.reply.as_ref().is_some_and(|r| r.starts_with("$JS."))
                 {
-                    tracing::warn!(
-                        nats.subject = %subject,
-                        nats.delivered_as = %msg.subject,
-                        "bus.serve a message delivered here that was not published on the service's subject (a stream consumer's delivery?): dropped"
-                    );
+                    // Warned of once, then every 1,000th: a consumer aimed here could
+                    // otherwise flood the log.
+                    dropped += 1;
+                    if dropped % 1000 == 1 {
+                        tracing::warn!(
+                            nats.subject = %subject,
+                            nats.delivered_as = %msg.subject,
+                            dropped,
+                            "bus.serve a message delivered here that was not published on the service's subject (a stream consumer's delivery?): dropped"
+                        );
+                    }
                     continue;
                 }
                 let Some(reply) = msg.reply else {

@@ -216,8 +216,9 @@ async fn answer(handle: CoordinatorHandle, bus: Arc<dyn Bus>, caller: Caller, re
     let response = match decoded {
         Ok(api) => {
             let span = tracing::info_span!("api.request", api.op = api.op(), api.caller = %caller, bytes_in);
-            // The caller's trace (a client command's, an agent's fork tool's) continues here.
-            forkfleet_shared::trace::set_parent(&span, req.traceparent.as_deref());
+            // The caller's trace (a client command's, an agent's fork tool's) continues
+            // here; whether it is recorded is this process's decision.
+            forkfleet_shared::trace::set_caller_parent(&span, req.traceparent.as_deref());
             let result = forkfleet_shared::api::dispatch(&handle, &caller, api)
                 .instrument(span.clone())
                 .await;

@@ -238,7 +238,12 @@ async fn traced(
 ) -> Response {
     use tracing::Instrument as _;
     let route = matched.as_ref().map_or("(unrouted)", |m| m.as_str());
-    let method = req.method().as_str().to_string();
+    // The conventions' known methods; any other is `_OTHER` (a span name of bounded kinds).
+    let method = match req.method().as_str() {
+        m @ ("GET" | "HEAD" | "POST" | "PUT" | "DELETE" | "CONNECT" | "OPTIONS" | "TRACE"
+        | "PATCH") => m.to_string(),
+        _ => "_OTHER".to_string(),
+    };
     let span = tracing::info_span!(
         "http.request",
         otel.name = %format_args!("{method} {route}"),
@@ -253,7 +258,8 @@ async fn traced(
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    forkfleet_shared::trace::set_parent(&span, parent.as_deref());
+    // The caller's trace continues; whether it is recorded is this process's decision.
+    forkfleet_shared::trace::set_caller_parent(&span, parent.as_deref());
     let resp = next.run(req).instrument(span.clone()).await;
     let status = resp.status().as_u16();
     span.record("http.response.status_code", i64::from(status));

@@ -138,10 +138,90 @@ pub fn set_parent(span: &tracing::Span, traceparent: Option<&str>) {
     }
 }
 
+/// How this process samples a trace a caller starts (its root sampler), as a ratio of the
+/// trace id space: 1 keeps every trace, 0 none. Set once by the binary's telemetry.
+static CALLER_SAMPLE_RATIO: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0x3ff0_0000_0000_0000); // 1.0
+
+/// Set the ratio [`set_caller_parent`] keeps (clamped to 0..=1).
+pub fn set_caller_sample_ratio(ratio: f64) {
+    let ratio = if ratio.is_finite() {
+        ratio.clamp(0.0, 1.0)
+    } else {
+        1.0
+    };
+    CALLER_SAMPLE_RATIO.store(ratio.to_bits(), Ordering::Relaxed);
+}
+
+/// Whether this process keeps the trace `trace_id` by its own ratio: the rule of the
+/// OpenTelemetry SDK's trace-id ratio sampler (the id's low 8 bytes, halved, under the
+/// ratio's share of 2^63), so every process with the same ratio decides alike.
+fn kept_by_ratio(trace_id: TraceId) -> bool {
+    let ratio = f64::from_bits(CALLER_SAMPLE_RATIO.load(Ordering::Relaxed));
+    if ratio >= 1.0 {
+        return true;
+    }
+    if ratio <= 0.0 {
+        return false;
+    }
+    let bytes = trace_id.to_bytes();
+    let mut low = [0u8; 8];
+    low.copy_from_slice(&bytes[8..]);
+    let rnd = u64::from_be_bytes(low) >> 1;
+    (rnd as f64) < ratio * (1u64 << 63) as f64
+}
+
+/// Make `span` a child of a *caller's* `traceparent` (a client command's, an HTTP request's
+/// header): the caller's trace continues here, but whether it is recorded is this
+/// process's decision (its sampler's ratio on the trace id), not the caller's flag, so a
+/// caller can neither force every fork to be traced nor hide one. Trace context between
+/// forkfleet's own processes ([`set_parent`]) keeps the flag: a worker follows the
+/// coordinator.
+pub fn set_caller_parent(span: &tracing::Span, traceparent: Option<&str>) {
+    let Some(sc) = traceparent.and_then(span_context_of) else {
+        return;
+    };
+    let flags = if kept_by_ratio(sc.trace_id()) {
+        TraceFlags::SAMPLED
+    } else {
+        TraceFlags::default()
+    };
+    let sc = SpanContext::new(
+        sc.trace_id(),
+        sc.span_id(),
+        flags,
+        true,
+        TraceState::default(),
+    );
+    let cx = Context::new().with_remote_span_context(sc);
+    match OpenTelemetrySpanExt::set_parent(span, cx) {
+        Ok(()) | Err(SetParentError::LayerNotFound | SetParentError::SpanDisabled) => {}
+        Err(e) => tracing::debug!(error = %e, "trace parent not set"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_callers_trace_is_kept_by_this_processs_ratio_not_its_flag() {
+        let id = |low: u64| {
+            let mut b = [0u8; 16];
+            b[0] = 1;
+            b[8..].copy_from_slice(&low.to_be_bytes());
+            TraceId::from_bytes(b)
+        };
+        set_caller_sample_ratio(1.0);
+        assert!(kept_by_ratio(id(u64::MAX)));
+        set_caller_sample_ratio(0.0);
+        assert!(!kept_by_ratio(id(0)));
+        set_caller_sample_ratio(0.5);
+        assert!(kept_by_ratio(id(0)));
+        assert!(!kept_by_ratio(id(u64::MAX)));
+        set_caller_sample_ratio(1.0);
+    }
 
     const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 

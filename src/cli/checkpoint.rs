@@ -196,13 +196,13 @@ pub async fn run(coord: &Client, command: &CheckpointCommand) -> anyhow::Result<
             if json_out {
                 print_json(&new_run_json(&outcome))
             } else {
-                eprintln!(
+                forkfleet_client::render::say(&format!(
                     "new run from checkpoint `{}` of run {} (seq {}): {}",
                     outcome.source.label,
                     outcome.source_run,
                     outcome.source.seq,
                     render::count(outcome.events as usize, "event", "events")
-                );
+                ));
                 println!("{}", outcome.run_id);
                 Ok(())
             }

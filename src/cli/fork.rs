@@ -1006,11 +1006,11 @@ pub(crate) async fn fork_create(
     };
     let (view, from_text) = flow::create_fork(coord, loaded, from).await?;
     if !json {
-        eprintln!(
+        forkfleet_client::render::say(&format!(
             "fork {}: {} · {from_text}",
             view.fork_id,
             render::count(view.branches.len(), "branch", "branches")
-        );
+        ));
     }
     // Embedded, the workers live in this process: the fork runs to the end here (or until
     // what is left waits, paused, for a top-up).

@@ -81,10 +81,10 @@ fn finish(report: &GcReport, json: bool) -> anyhow::Result<()> {
             match forkdir::remove_fork_dir(ws, *fork) {
                 Ok(forkdir::Cleanup::Removed(dir)) => dirs.push(dir.display().to_string()),
                 Ok(_) => {}
-                Err(e) => eprintln!(
+                Err(e) => forkfleet_client::render::say(&format!(
                     "warning: the fork directory of {fork} was not removed: {}",
                     render::error_chain(&e)
-                ),
+                )),
             }
         }
     }

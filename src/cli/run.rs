@@ -297,10 +297,10 @@ async fn run_fork(
     if !out.solo_unresolved.is_empty() {
         // On stderr whatever the output format: the run did not do what it usually does.
         let open: Vec<String> = out.solo_unresolved.iter().map(ForkId::to_string).collect();
-        eprintln!(
+        forkfleet_client::render::say(&format!(
             "the agent left its fork(s) {} unresolved, so its work is not merged yet: resolve each (`forkfleet fork merge FORK --pick LABEL{data_flag}` or `fork abort`), then `forkfleet fork merge {fork_id} --pick {SOLO_LABEL}{data_flag}`",
             open.join(", "),
-        );
+        ));
     }
     if args.json {
         let mut doc = render::fork_json(

@@ -142,6 +142,8 @@ impl Config {
                     super::Origin::Default => false,
                     _ => n.provision.value,
                 };
+                // A command waits for them as long as for NATS (`connect_timeout_s`).
+                nats.bind_wait = nats.connect_timeout;
                 // Checked when the configuration was loaded.
                 nats.inbox_prefix = n
                     .identity

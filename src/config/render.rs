@@ -125,7 +125,12 @@ impl Config {
         line(
             out,
             "provision",
-            n.provision.value.to_string(),
+            match n.provision.origin {
+                super::Origin::Default => {
+                    "true # client commands: false, they bind to the coordinator's".to_string()
+                }
+                _ => n.provision.value.to_string(),
+            },
             &n.provision.origin,
         );
         line(

@@ -366,17 +366,22 @@ impl TelemetrySettings {
             }
             if let Some(v) = &l.metrics_exporter {
                 let from = origin("telemetry.metrics_exporter");
-                let push = match v.trim().to_ascii_lowercase().as_str() {
-                    "otlp" => true,
-                    "none" | "prometheus" => false,
-                    _ => {
-                        return Err(ConfigError::Invalid {
-                            key: "telemetry.metrics_exporter",
-                            expected: "otlp (push when an endpoint is set), none or prometheus (never push: scraped from /metrics)",
-                            value: format!("`{v}` (from {from})"),
-                        })
+                // A list, as the specification allows (`otlp,prometheus`): push when it
+                // names otlp; `/metrics` serves the registry either way.
+                let mut push = false;
+                for name in v.split(',').map(|n| n.trim().to_ascii_lowercase()) {
+                    match name.as_str() {
+                        "otlp" => push = true,
+                        "none" | "prometheus" | "console" => {}
+                        _ => {
+                            return Err(ConfigError::Invalid {
+                                key: "telemetry.metrics_exporter",
+                                expected: "otlp (push when an endpoint is set), none, prometheus or console (not pushed: scraped from /metrics), or a list of them",
+                                value: format!("`{v}` (from {from})"),
+                            })
+                        }
                     }
-                };
+                }
                 t.metrics_push = Sourced {
                     value: push,
                     origin: from,

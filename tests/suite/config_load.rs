@@ -598,7 +598,17 @@ fn metrics_are_pushed_unless_the_metrics_exporter_says_they_are_scraped() {
         // Traces still go.
         assert!(c.telemetry.traces_endpoint().is_some(), "{scraped}");
     }
-    let err = with("console").unwrap_err().to_string();
+    assert!(with("otlp,prometheus")
+        .unwrap()
+        .telemetry
+        .metrics_endpoint()
+        .is_some());
+    assert!(with("prometheus, console")
+        .unwrap()
+        .telemetry
+        .metrics_endpoint()
+        .is_none());
+    let err = with("jaeger").unwrap_err().to_string();
     assert!(
         err.contains("OTEL_METRICS_EXPORTER") && err.contains("otlp") && err.contains("none"),
         "{err}"

@@ -700,6 +700,8 @@ fn under_json_logs_progress_and_the_fatal_error_are_json_lines_too() {
     assert_eq!(done["fields"]["label"], "a", "{done}");
     assert_eq!(done["level"], "INFO");
     assert!(done["fields"]["cost_usd"].is_number(), "{done}");
+    // In the command's span: its trace id on the line.
+    assert_eq!(done["trace_id"].as_str().map(str::len), Some(32), "{done}");
 
     let failed = command()
         .args(["run", "no-such-spec.toml", "--log-format", "json"])
@@ -889,7 +891,8 @@ fn a_grpc_exporter_without_a_collector_is_reported_once_and_the_fork_finishes() 
 /// create`, the child of `TRACEPARENT` when the environment has one), an HTTP call is a
 /// span (`POST /api/v1/forks/from-spec`, the child of its `traceparent` header), and the
 /// coordinator's and the workers' spans of what each asked continue that trace: the
-/// `fork.create` and every branch's `invoke_agent` are in it, under it.
+/// `fork.create` and every branch's `invoke_agent` are in it, under it. Whether it is
+/// recorded is the coordinator's decision, not the caller's flag.
 #[test]
 fn a_client_command_and_an_http_call_each_start_the_trace_the_services_continue() {
     let receiver = Receiver::start();
@@ -1003,7 +1006,9 @@ fn a_client_command_and_an_http_call_each_start_the_trace_the_services_continue(
     });
     let resp = api("POST", "/forks/from-spec")
         .header("content-type", "application/json")
-        .header("traceparent", format!("00-{http_trace}-{http_parent}-01"))
+        // Flagged "not sampled": a caller cannot hide a fork's trace, the coordinator
+        // decides (its sampler keeps every trace here).
+        .header("traceparent", format!("00-{http_trace}-{http_parent}-00"))
         .body(doc.to_string())
         .send()
         .unwrap();

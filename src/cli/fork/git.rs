@@ -62,7 +62,9 @@ pub(crate) async fn fork_diff_patch(
             out.write_all(&patch)?;
             out.flush()?;
             if files.is_empty() {
-                eprintln!("branch `{label}` of fork {id} changed nothing: the patch is empty");
+                forkfleet_client::render::say(&format!(
+                    "branch `{label}` of fork {id} changed nothing: the patch is empty"
+                ));
             }
         }
         PatchTo::File(path) => {
