@@ -136,22 +136,15 @@ impl OtlpTls {
         if self.is_default() {
             return Ok(None);
         }
+        let (roots, identity) = self.reqwest_parts()?;
         let mut builder = reqwest::blocking::Client::builder()
             .timeout(EXPORT_TIMEOUT)
             .redirect(reqwest::redirect::Policy::none());
-        if let Some(ca) = &self.ca {
-            for cert in reqwest::Certificate::from_pem_bundle(ca)
-                .map_err(|e| format!("the collector's CA certificate is not PEM: {e}"))?
-            {
-                builder = builder.add_root_certificate(cert);
-            }
+        for cert in roots {
+            builder = builder.add_root_certificate(cert);
         }
-        if let Some((cert, key)) = &self.client {
-            let pem = [cert.as_slice(), b"\n", key.as_slice()].concat();
-            builder = builder.identity(
-                reqwest::Identity::from_pem(&pem)
-                    .map_err(|e| format!("the client certificate and key are not PEM: {e}"))?,
-            );
+        if let Some(identity) = identity {
+            builder = builder.identity(identity);
         }
         // A blocking client runs a runtime of its own: built (and later dropped) off this
         // thread, which may be inside the process's runtime.
@@ -164,24 +157,39 @@ impl OtlpTls {
 
     /// The async HTTP client (the metric export's) with these.
     pub(super) fn async_client(&self) -> Result<reqwest::Client, String> {
+        let (roots, identity) = self.reqwest_parts()?;
         let mut builder = reqwest::Client::builder()
             .timeout(EXPORT_TIMEOUT)
             .redirect(reqwest::redirect::Policy::none());
-        if let Some(ca) = &self.ca {
-            for cert in reqwest::Certificate::from_pem_bundle(ca)
-                .map_err(|e| format!("the collector's CA certificate is not PEM: {e}"))?
-            {
-                builder = builder.add_root_certificate(cert);
-            }
+        for cert in roots {
+            builder = builder.add_root_certificate(cert);
         }
-        if let Some((cert, key)) = &self.client {
-            let pem = [cert.as_slice(), b"\n", key.as_slice()].concat();
-            builder = builder.identity(
-                reqwest::Identity::from_pem(&pem)
-                    .map_err(|e| format!("the client certificate and key are not PEM: {e}"))?,
-            );
+        if let Some(identity) = identity {
+            builder = builder.identity(identity);
         }
         builder.build().map_err(|e| e.to_string())
+    }
+
+    /// The CA's certificates and the client identity, as reqwest takes them.
+    fn reqwest_parts(
+        &self,
+    ) -> Result<(Vec<reqwest::Certificate>, Option<reqwest::Identity>), String> {
+        let roots = match &self.ca {
+            Some(ca) => reqwest::Certificate::from_pem_bundle(ca)
+                .map_err(|e| format!("the collector's CA certificate is not PEM: {e}"))?,
+            None => Vec::new(),
+        };
+        let identity = match &self.client {
+            Some((cert, key)) => {
+                let pem = [cert.as_slice(), b"\n", key.as_slice()].concat();
+                Some(
+                    reqwest::Identity::from_pem(&pem)
+                        .map_err(|e| format!("the client certificate and key are not PEM: {e}"))?,
+                )
+            }
+            None => None,
+        };
+        Ok((roots, identity))
     }
 
     /// gRPC's TLS settings with these (the system's roots too); `None`: the default ones.

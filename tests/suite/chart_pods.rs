@@ -113,6 +113,38 @@ pub(super) fn http_status(port: u16, path: &str) -> Option<u16> {
     http_get(port, path, "").map(|(status, _)| status)
 }
 
+/// `nats-server` with `args` and `env` (a pod's or a compose service's), its output in
+/// `dir`, once its monitoring port (`monitor`) answers the startup probe, as a pod's does.
+pub(super) fn start_nats(
+    nats_server: &Path,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+    monitor: u16,
+    dir: &Path,
+) -> Killed {
+    let (log, err) = (dir.join("nats.log"), dir.join("nats.err"));
+    let server = Killed(
+        Command::new(nats_server)
+            .args(args)
+            .envs(env)
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + SERVICE_LIMIT;
+    while http_status(monitor, "/healthz?js-enabled-only=true") != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "NATS did not start: {}{}",
+            std::fs::read_to_string(&log).unwrap_or_default(),
+            std::fs::read_to_string(&err).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server
+}
+
 /// A child killed on drop.
 pub(super) struct Killed(pub(super) Child);
 
@@ -211,27 +243,7 @@ fn the_charts_default_values_run_a_cluster_with_roles_and_tls() {
     assert!(auth.contains("user: \"client-alice\""), "{auth}");
     let nats = pods.container("forkfleet-nats", false);
     assert_eq!(nats.program[0], "nats-server");
-    let nats_log = dir.join("nats.log");
-    let _server = Killed(
-        Command::new(&nats_server)
-            .args(&nats.program[1..])
-            .envs(&nats.env)
-            .stdout(std::fs::File::create(&nats_log).unwrap())
-            .stderr(std::fs::File::create(dir.join("nats.err")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    // Its startup probe.
-    let deadline = Instant::now() + SERVICE_LIMIT;
-    while http_status(monitor, "/healthz?js-enabled-only=true") != Some(200) {
-        assert!(
-            Instant::now() < deadline,
-            "NATS did not start: {}{}",
-            std::fs::read_to_string(&nats_log).unwrap_or_default(),
-            std::fs::read_to_string(dir.join("nats.err")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let _server = start_nats(&nats_server, &nats.program[1..], &nats.env, monitor, dir);
 
     let service = |workload: &str, name: &str, http_port: u16| {
         let c = pods.container(workload, false);

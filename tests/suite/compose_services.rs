@@ -7,13 +7,13 @@
 //! server's address (`localhost`, which the certificate `auth` makes holds) and no OTLP
 //! export (no collector here).
 
-use super::chart_pods::{http_status, Killed};
+use super::chart_pods::start_nats;
 use super::fleet::{run, Service, POLL, SERVICE_LIMIT};
 use super::harness::{path_str, Example};
 use forkfleet_bus::testkit::{find_nats_server, free_port};
 use serde_json::Value;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 fn strings(v: &Value) -> Vec<String> {
     v.as_array()
@@ -78,25 +78,13 @@ fn the_compose_file_runs_a_cluster_with_roles_and_tls() {
         "-a".into(),
         "127.0.0.1".into(),
     ]);
-    let log = dir.path().join("nats.log");
-    let _nats = Killed(
-        Command::new(&nats_server)
-            .args(&args)
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(dir.path().join("nats.err")).unwrap())
-            .spawn()
-            .unwrap(),
+    let _nats = start_nats(
+        &nats_server,
+        &args,
+        &Default::default(),
+        monitor,
+        dir.path(),
     );
-    let deadline = Instant::now() + SERVICE_LIMIT;
-    while http_status(monitor, "/healthz?js-enabled-only=true") != Some(200) {
-        assert!(
-            Instant::now() < deadline,
-            "NATS did not start: {}{}",
-            std::fs::read_to_string(&log).unwrap_or_default(),
-            std::fs::read_to_string(dir.path().join("nats.err")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 
     let url = format!("tls://localhost:{port}");
     let start = |name: &str| {

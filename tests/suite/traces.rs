@@ -111,6 +111,23 @@ impl Drop for Receiver {
     }
 }
 
+/// Until `n` workers are listed on the cluster at `url` (bounded; `logs` says why not).
+fn wait_for_workers(dir: &Path, url: &str, n: usize, logs: impl Fn() -> String) {
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    loop {
+        let listed = fleet::run(dir, &["workers", "--json", "--nats", url]);
+        if listed.code == Some(0) && listed.json().as_array().map(Vec::len) == Some(n) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fleet did not come up\n{}",
+            logs()
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
 /// The spans by span id.
 fn by_id(spans: &[Value]) -> BTreeMap<String, &Value> {
     spans
@@ -394,19 +411,7 @@ fn a_fork_over_nats_is_one_trace_across_the_coordinator_and_two_workers() {
         }
         out
     };
-    let deadline = Instant::now() + COMMAND_LIMIT;
-    loop {
-        let listed = fleet::run(dir.path(), &["workers", "--json", "--nats", &url]);
-        if listed.code == Some(0) && listed.json().as_array().map(Vec::len) == Some(2) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the fleet did not come up\n{}",
-            logs(&coordinator, &workers)
-        );
-        std::thread::sleep(POLL);
-    }
+    wait_for_workers(dir.path(), &url, 2, || logs(&coordinator, &workers));
 
     let ex = Example::quickstart();
     let labels = ["a", "b", "c", "d"];
@@ -924,20 +929,9 @@ fn a_client_command_and_an_http_call_each_start_the_trace_the_services_continue(
         dir.path(),
         &env,
     );
-    let deadline = Instant::now() + COMMAND_LIMIT;
-    loop {
-        let listed = fleet::run(dir.path(), &["workers", "--json", "--nats", &url]);
-        if listed.code == Some(0) && listed.json().as_array().map(Vec::len) == Some(1) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the fleet did not come up\n{}\n{}",
-            coordinator.log(),
-            worker.log()
-        );
-        std::thread::sleep(POLL);
-    }
+    wait_for_workers(dir.path(), &url, 1, || {
+        format!("{}\n{}", coordinator.log(), worker.log())
+    });
     let ex = Example::quickstart();
     let spec = traced_spec(&ex, &["a", "b"], 10);
     let watch = |id: &str| {
