@@ -596,8 +596,7 @@ impl Ledger {
         let account = fork.policy.account.clone();
         // Monotonic, unlike the spend gauges that go with their fork: a day's spend is its
         // increase over the day.
-        forkfleet_shared::metrics::catalog::COST
-            .add(&[account.as_deref().unwrap_or(""), model], cost);
+        forkfleet_shared::metrics::catalog::add_cost(account.as_deref().unwrap_or(""), model, cost);
         // Past a cap: in strict mode only through estimation error; the branches are
         // stopped in either mode, as more calls cannot fit.
         if let Some(cap) = run_cap {

@@ -178,6 +178,17 @@ impl Family {
         }
     }
 
+    /// How many series the family has.
+    pub fn series_count(&self) -> usize {
+        lock(&self.series).len()
+    }
+
+    /// Whether the series of `values` exists.
+    pub fn has(&self, values: &[&str]) -> bool {
+        let key: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+        lock(&self.series).contains_key(&key)
+    }
+
     /// Remove the series of `values` (it is no longer rendered); absent is fine.
     pub fn remove(&self, values: &[&str]) {
         let key: Vec<String> = values.iter().map(|v| v.to_string()).collect();

@@ -40,6 +40,20 @@ pub static FORK_CAP: Gauge = Gauge::new(
     "USD",
     &[FORK_ID],
 );
+/// Series [`COST`] holds at most: past it a new (account, model) pair counts under model
+/// `_OTHER` (a spec may price models of its own naming: their names are not a catalogue).
+pub const COST_MAX_SERIES: usize = 512;
+
+/// Add `usd` to [`COST`] for `account` and `model`, within [`COST_MAX_SERIES`].
+pub fn add_cost(account: &str, model: &str, usd: f64) {
+    let model = if COST.0.has(&[account, model]) || COST.0.series_count() < COST_MAX_SERIES {
+        model
+    } else {
+        "_OTHER"
+    };
+    COST.add(&[account, model], usd);
+}
+
 pub static COST: Counter = Counter::new(
     "forkfleet.cost_usd",
     "USD spent on model calls, by account (empty: a fork without one) and model; monotonic, so a day's spend is its increase over the day.",

@@ -171,3 +171,21 @@ fn the_catalogue_is_the_dashboards_list() {
         .collect();
     assert_eq!(served, listed);
 }
+
+#[test]
+fn the_cost_counter_holds_a_bounded_number_of_models() {
+    // Within the bound, each model its own series; past it, new ones count as `_OTHER`
+    // (what exists keeps counting under its own name).
+    let account = "cost-bound-test";
+    catalog::add_cost(account, "m-0", 1.0);
+    let mut i = 1;
+    while catalog::COST.0.series_count() < catalog::COST_MAX_SERIES {
+        catalog::add_cost(account, &format!("m-{i}"), 1.0);
+        i += 1;
+    }
+    catalog::add_cost(account, "one-too-many", 2.0);
+    assert_eq!(catalog::COST.get(&[account, "one-too-many"]), None);
+    assert_eq!(catalog::COST.get(&[account, "_OTHER"]), Some(2.0));
+    catalog::add_cost(account, "m-0", 1.0);
+    assert_eq!(catalog::COST.get(&[account, "m-0"]), Some(2.0));
+}
