@@ -434,11 +434,25 @@ pub(crate) fn plan_child(
 
 /// Record `text` as the child's branch summary: after the copied prefix, or last in a
 /// replay's record (the worker appends it once the replay is done).
+///
+/// A cutoff between an assistant's tool calls and their results leaves those calls
+/// unanswered: in a copy they are answered as interrupted first (`interrupted_results`),
+/// so the summary never sits between a call and its result, which every model API
+/// refuses; a replay runs them again, and the worker appends the summary after.
 pub(crate) fn with_summary(child: &mut ChildPlan, text: String) {
     let event = Event::BranchSummary { text: text.clone() };
     match &mut child.record {
+        // A replay runs the record's last calls again before the summary is appended.
         Some(record) => record.push((child.outcome.cutoff_seq, event)),
-        None => child.tail.push(event),
+        None => {
+            let history = forkfleet_shared::event::messages_from_events(
+                child.prefix.iter().chain(child.tail.iter()),
+            );
+            child
+                .tail
+                .extend(forkfleet_shared::event::interrupted_results(&history));
+            child.tail.push(event);
+        }
     }
     child.outcome.summary = Some(text);
 }
@@ -507,6 +521,23 @@ pub(crate) fn write_child(
     mut child: ChildPlan,
     now_ms: u64,
 ) -> Result<WrittenChild, CoordinatorError> {
+    // What a model will be given must be in an order every model API takes: checked
+    // before anything is written (a child that breaks it could never be resumed).
+    let events: Vec<&Event> = match &child.record {
+        // A replay's summary is appended by the worker once the record's calls ran again.
+        Some(record) => match record.split_last() {
+            Some(((_, Event::BranchSummary { .. }), rest)) => rest.iter().map(|(_, e)| e).collect(),
+            _ => record.iter().map(|(_, e)| e).collect(),
+        },
+        None => child.prefix.iter().chain(child.tail.iter()).collect(),
+    };
+    let history = forkfleet_shared::event::messages_from_events(events);
+    if let Some((at, calls)) = forkfleet_shared::event::ordering_break(&history) {
+        return Err(CoordinatorError::Internal(format!(
+            "the child's history would put message {at} between tool call(s) {} and their results, which model APIs refuse; nothing was written",
+            calls.join(", ")
+        )));
+    }
     let fork_id = ForkId::new();
     let run_id = RunId::new();
     let parent = &child.parent;

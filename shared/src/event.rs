@@ -423,9 +423,65 @@ pub fn interrupted_results(history: &[Message]) -> Vec<Event> {
         .collect()
 }
 
+/// Where `history` breaks the order every model API enforces: a message after an
+/// assistant's tool calls before each has its result (OpenAI answers such a history with
+/// 400). Calls still unanswered at the very end are not a break: the worker answers them
+/// (runs them, or answers them as interrupted) before the next model call. `None` when
+/// the order holds; else the position of the offending message and the calls it cuts off.
+pub fn ordering_break(history: &[Message]) -> Option<(usize, Vec<String>)> {
+    let mut pending: Vec<&str> = Vec::new();
+    for (i, m) in history.iter().enumerate() {
+        match m {
+            Message::Tool { call_id, .. } => pending.retain(|c| *c != call_id.as_str()),
+            _ if !pending.is_empty() => {
+                return Some((i, pending.iter().map(|c| c.to_string()).collect()));
+            }
+            Message::Assistant { tool_calls, .. } => {
+                pending = tool_calls.iter().map(|c| c.id.as_str()).collect();
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_between_a_call_and_its_result_breaks_the_order() {
+        let call = |id: &str| ToolCall {
+            id: id.into(),
+            name: "read_file".into(),
+            args: serde_json::json!({}),
+        };
+        let assistant = Message::Assistant {
+            text: None,
+            tool_calls: vec![call("a"), call("b")],
+            reasoning: None,
+        };
+        let tool = |id: &str| Message::Tool {
+            call_id: id.into(),
+            name: "read_file".into(),
+            output: "x".into(),
+        };
+        let user = Message::User { text: "u".into() };
+        assert_eq!(
+            ordering_break(&[assistant.clone(), tool("a"), tool("b"), user.clone()]),
+            None
+        );
+        // Unanswered at the end: the worker answers them.
+        assert_eq!(ordering_break(&[assistant.clone(), tool("a")]), None);
+        assert_eq!(
+            ordering_break(&[assistant.clone(), user.clone(), tool("a"), tool("b")]),
+            Some((1, vec!["a".to_string(), "b".to_string()]))
+        );
+        assert_eq!(
+            ordering_break(&[assistant.clone(), tool("b"), user]),
+            Some((2, vec!["a".to_string()]))
+        );
+    }
 
     #[test]
     fn only_the_last_responses_unanswered_calls_are_interrupted() {

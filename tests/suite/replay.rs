@@ -596,6 +596,89 @@ fn a_summary_follows_the_copied_prefix_deterministic_or_by_the_model() {
     }
 }
 
+/// A cutoff between a tool call and its result, with a summary: the call is answered as
+/// interrupted first, then the summary, so no message ever sits between a call and its
+/// result (a server enforcing OpenAI's order answers such a history 400, and the child
+/// could never be resumed). Resumed, the child runs on from there.
+#[test]
+fn a_summary_at_a_cutoff_inside_a_tool_call_follows_its_interrupted_result() {
+    let (ex, spec) = example();
+    let main = parent(&ex, &spec);
+    let parent_log = log(&ex, &main);
+    // The first model response (a write_file call), before its tool result.
+    let at = seq_of(&parent_log, "model_response", 0);
+    for replay in [false, true] {
+        let mut args = vec![
+            "--at-event".to_string(),
+            at.to_string(),
+            "--summarize".into(),
+        ];
+        args.push("--label".into());
+        args.push(format!("inside-{replay}"));
+        if replay {
+            args.push("--replay".into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let child = fork(&ex, &main, &args);
+        // Embedded, a replay is followed to its end: the outcome is under `fork`.
+        let run = child["run_id"]
+            .as_str()
+            .or_else(|| child["fork"]["run_id"].as_str())
+            .unwrap_or_else(|| panic!("{child}"));
+        let child_log = log(&ex, run);
+        let conversational: Vec<&Value> = child_log
+            .iter()
+            .map(|e| &e["event"])
+            .filter(|e| {
+                e["type"].as_str().is_some_and(|t| {
+                    [
+                        "model_response",
+                        "tool_result",
+                        "branch_summary",
+                        "user_message",
+                    ]
+                    .contains(&t)
+                })
+            })
+            .collect();
+        let kinds: Vec<&str> = conversational
+            .iter()
+            .map(|e| e["type"].as_str().unwrap())
+            .collect();
+        let response = kinds
+            .iter()
+            .position(|k| *k == "model_response")
+            .unwrap_or_else(|| panic!("{kinds:?}"));
+        assert_eq!(
+            &kinds[response..response + 3],
+            ["model_response", "tool_result", "branch_summary"],
+            "{child_log:?}"
+        );
+        let result = conversational[response + 1];
+        if replay {
+            // The replay ran the call again: its real result, then the summary.
+            assert_eq!(result["ok"], true, "{result}");
+        } else {
+            // A copy answers it as interrupted, then the summary; nothing after (idle).
+            assert_eq!(kinds.len(), response + 3, "{kinds:?}");
+            assert_eq!(result["ok"], false, "{result}");
+            assert!(
+                result["output"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("interrupted"),
+                "{result}"
+            );
+        }
+        // One result per call.
+        let results_of_first = conversational
+            .iter()
+            .filter(|e| e["type"] == "tool_result" && e["call_id"] == "call_0_0")
+            .count();
+        assert_eq!(results_of_first, 1, "{child_log:?}");
+    }
+}
+
 /// The same replay over NATS: the parent ran on one worker, which is gone; the child
 /// replays on another, which calls no model (its `/metrics` counts none).
 #[test]
