@@ -267,6 +267,16 @@ fn terminate_and_abort_on_a_cluster() {
     assert_eq!(merge.code, Some(2), "{}", merge.stderr);
     assert!(merge.stderr.contains("aborted"), "{}", merge.stderr);
     assert_eq!(ex.read("slow/a-0.md"), None, "nothing applied");
+    // Terminating and aborting are quiet: the stopped attempts' events in flight are
+    // expected, not a warning each (a takeover's still is).
+    assert!(
+        !cluster
+            .coordinator
+            .log()
+            .contains("an earlier task attempt's event after a takeover"),
+        "{}",
+        cluster.coordinator.log()
+    );
 }
 
 #[test]

@@ -209,7 +209,13 @@ impl ForkState {
             };
             let b = &mut self.branches[i];
             if b.fenced(ev.attempt) {
-                tracing::warn!(fork.id = %fork_id, run.id = %ev.run_id, seq = ev.seq, attempt = ev.attempt, "fork.event: an earlier task attempt's event after a takeover; dropped");
+                // After a terminate or an abort (the branch stopped), the attempt that ran
+                // it has events in flight: expected, not worth a warning each.
+                if b.record.state.is_terminal() {
+                    tracing::debug!(fork.id = %fork_id, run.id = %ev.run_id, seq = ev.seq, attempt = ev.attempt, "fork.event: a stopped branch's earlier attempt's event; dropped");
+                } else {
+                    tracing::warn!(fork.id = %fork_id, run.id = %ev.run_id, seq = ev.seq, attempt = ev.attempt, "fork.event: an earlier task attempt's event after a takeover; dropped");
+                }
                 // Its spend still counts; its end may leave the branch without a runner.
                 changed |= self.fenced_event(i, &ev);
                 continue;
