@@ -541,18 +541,27 @@ const FILES_NAMED: usize = 12;
 /// record.
 pub fn deterministic_summary(parent: &str, cutoff: u64, history: &[&Event]) -> String {
     let mut turns = 0u32;
+    // Calls as the model made them: one whose result came after the cutoff counts too.
     let mut tools: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut unanswered: Vec<&str> = Vec::new();
     let mut files: Vec<String> = Vec::new();
     let mut last_answer: Option<&str> = None;
     for e in history {
         match e {
-            Event::ModelResponse { text, .. } => {
+            Event::ModelResponse {
+                text, tool_calls, ..
+            } => {
                 turns += 1;
                 if let Some(t) = text.as_deref().filter(|t| !t.trim().is_empty()) {
                     last_answer = Some(t);
                 }
+                unanswered.clear();
+                for c in tool_calls {
+                    *tools.entry(c.name.as_str()).or_default() += 1;
+                    unanswered.push(c.id.as_str());
+                }
             }
-            Event::ToolResult { name, .. } => *tools.entry(name.as_str()).or_default() += 1,
+            Event::ToolResult { call_id, .. } => unanswered.retain(|c| *c != call_id.as_str()),
             Event::FileChange { change } => {
                 let p = change.path().to_string();
                 if !files.contains(&p) {
@@ -571,6 +580,13 @@ pub fn deterministic_summary(parent: &str, cutoff: u64, history: &[&Event]) -> S
     } else {
         let list: Vec<String> = tools.iter().map(|(n, c)| format!("{n} x{c}")).collect();
         let _ = write!(out, "; tool calls: {}", list.join(", "));
+        if !unanswered.is_empty() {
+            let _ = write!(
+                out,
+                " ({} without a result at the cutoff)",
+                unanswered.len()
+            );
+        }
     }
     if files.is_empty() {
         out.push_str("; no files touched");

@@ -654,6 +654,12 @@ fn a_summary_at_a_cutoff_inside_a_tool_call_follows_its_interrupted_result() {
             ["model_response", "tool_result", "branch_summary"],
             "{child_log:?}"
         );
+        // The summary counts the call the cutoff cut off.
+        let summary = conversational[response + 2]["text"].as_str().unwrap();
+        assert!(
+            summary.contains("tool calls: write_file x1 (1 without a result at the cutoff)"),
+            "{summary}"
+        );
         let result = conversational[response + 1];
         if replay {
             // The replay ran the call again: its real result, then the summary.

@@ -362,6 +362,19 @@ fn the_deterministic_summary_counts_turns_tools_and_files() {
     assert!(s.contains("tool calls: write_file x1"), "{s}");
     assert!(s.contains("files touched: a.txt"), "{s}");
     assert!(s.contains("last answer: \"done\""), "{s}");
+    // A cutoff on the response that made the call, before its result: the call counts,
+    // and is said to have no result.
+    let at_call = history
+        .iter()
+        .position(
+            |e| matches!(e, Event::ModelResponse { tool_calls, .. } if !tool_calls.is_empty()),
+        )
+        .unwrap();
+    let inside = deterministic_summary("r1", 4, &history[..=at_call]);
+    assert!(
+        inside.contains("tool calls: write_file x1 (1 without a result at the cutoff)"),
+        "{inside}"
+    );
     let none = deterministic_summary("r1", 2, &history[..3]);
     assert!(
         none.contains("0 model turns; no tool calls; no files touched; no answer yet"),
