@@ -10,10 +10,10 @@
 //! which the chart's certificate holds by default, for `kubectl port-forward`).
 
 use super::fleet::{binary, wait_bounded, Service, COMMAND_LIMIT, SERVICE_LIMIT};
+use super::metrics::{get, get_with};
 use forkfleet_bus::testkit::{find_nats_server, free_port};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -97,22 +97,6 @@ impl Pods {
     }
 }
 
-/// `GET path` on 127.0.0.1:port with `headers`: the status code and the whole answer, or
-/// `None` when nothing answers.
-pub(super) fn http_get(port: u16, path: &str, headers: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n{headers}\r\n").ok()?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).ok()?;
-    let status = answer.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, answer))
-}
-
-pub(super) fn http_status(port: u16, path: &str) -> Option<u16> {
-    http_get(port, path, "").map(|(status, _)| status)
-}
-
 /// `nats-server` with `args` and `env` (a pod's or a compose service's), its output in
 /// `dir`, once its monitoring port (`monitor`) answers the startup probe, as a pod's does.
 pub(super) fn start_nats(
@@ -133,7 +117,8 @@ pub(super) fn start_nats(
             .unwrap(),
     );
     let deadline = Instant::now() + SERVICE_LIMIT;
-    while http_status(monitor, "/healthz?js-enabled-only=true") != Some(200) {
+    let probe = format!("127.0.0.1:{monitor}");
+    while get(&probe, "/healthz?js-enabled-only=true").map(|r| r.status) != Some(200) {
         assert!(
             Instant::now() < deadline,
             "NATS did not start: {}{}",
@@ -224,8 +209,8 @@ fn the_charts_default_values_run_a_cluster_with_roles_and_tls() {
         );
         passwords.push(password);
     }
-    passwords.dedup();
-    assert_eq!(passwords.len(), 3, "one password per role");
+    let distinct: std::collections::BTreeSet<&String> = passwords.iter().collect();
+    assert_eq!(distinct.len(), 3, "one password per role");
     // The server holds bcrypt hashes only.
     let users = pods.volume_file("forkfleet-nats", "users", "worker");
     assert!(users.starts_with("$2a$"), "{users}");
@@ -300,27 +285,29 @@ fn the_charts_default_values_run_a_cluster_with_roles_and_tls() {
     );
 
     // The HTTP API takes the tokens of the Secret (api.tokensSecret), and only them.
-    let (status, answer) = http_get(
-        api,
+    let api = format!("127.0.0.1:{api}");
+    let answer = get_with(
+        &api,
         "/api/v1/forks",
         &format!("Authorization: Bearer {token}\r\n"),
     )
     .unwrap();
-    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let answer = answer.body;
     let fork = said
         .lines()
         .find_map(|l| l.strip_prefix("smoke: fork ")?.strip_suffix(" created"))
         .unwrap();
     assert!(answer.contains(fork), "the smoke fork {fork}: {answer}");
-    let (status, answer) = http_get(api, "/api/v1/forks", "").unwrap();
-    assert_eq!(status, 401, "{answer}");
-    let (status, answer) = http_get(
-        api,
+    let none = get(&api, "/api/v1/forks").unwrap();
+    assert_eq!(none.status, 401, "{}", none.body);
+    let wrong = get_with(
+        &api,
         "/api/v1/forks",
         "Authorization: Bearer ff_not_a_token\r\n",
     )
     .unwrap();
-    assert_eq!(status, 401, "{answer}");
+    assert_eq!(wrong.status, 401, "{}", wrong.body);
 
     // alice, with the Secret the chart made for her: her own forks only (the admin's smoke
     // fork is not hers).

@@ -8,12 +8,11 @@
 //! export (no collector here).
 
 use super::chart_pods::start_nats;
-use super::fleet::{run, Service, POLL, SERVICE_LIMIT};
+use super::fleet::{fork_to_done, run, Service};
 use super::harness::{path_str, Example};
 use forkfleet_bus::testkit::{find_nats_server, free_port};
 use serde_json::Value;
 use std::process::Command;
-use std::time::Instant;
 
 fn strings(v: &Value) -> Vec<String> {
     v.as_array()
@@ -117,37 +116,13 @@ fn the_compose_file_runs_a_cluster_with_roles_and_tls() {
         run(dir.path(), &all)
     };
     let ex = Example::quickstart();
-    let deadline = Instant::now() + SERVICE_LIMIT;
-    let created = loop {
-        let created = client(&["fork", "create", path_str(&ex.spec()), "--json"]);
-        if created.code == Some(0) {
-            break created;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{}\ncoordinator:\n{}\nworker:\n{}",
-            created.stderr,
+    fork_to_done(client, &ex.spec(), || {
+        format!(
+            "coordinator:\n{}\nworker:\n{}",
             coordinator.log(),
             worker.log()
-        );
-        std::thread::sleep(POLL);
-    };
-    let id = created.json()["fork_id"].as_str().unwrap().to_string();
-    let watched = client(&["fork", "watch", &id, "--json", "--timeout-s", "60"]);
-    assert_eq!(
-        watched.code,
-        Some(0),
-        "{}\ncoordinator:\n{}\nworker:\n{}",
-        watched.stderr,
-        coordinator.log(),
-        worker.log()
-    );
-    let doc = watched.json();
-    let branches = doc["branches"].as_array().unwrap();
-    assert!(
-        !branches.is_empty() && branches.iter().all(|b| b["state"] == "done"),
-        "{doc}"
-    );
+        )
+    });
     // The worker registered under its role: the one started here is listed.
     let workers = client(&["workers", "--json"]);
     assert_eq!(workers.json().as_array().map(Vec::len), Some(1));

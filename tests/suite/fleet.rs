@@ -419,3 +419,33 @@ impl Fleet {
             .clone()
     }
 }
+
+/// `fork create SPEC --json` through `client` (a command with the cluster's own flags
+/// added), asked again while the coordinator does not answer yet (bounded), then `fork
+/// watch` to the end: every branch `done`. Returns the fork's id. `logs` says why not.
+pub(super) fn fork_to_done(
+    client: impl Fn(&[&str]) -> Ran,
+    spec: &Path,
+    logs: impl Fn() -> String,
+) -> String {
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    let created = loop {
+        let created = client(&["fork", "create", path_str(spec), "--json"]);
+        if created.code == Some(0) {
+            break created;
+        }
+        assert!(Instant::now() < deadline, "{}\n{}", created.stderr, logs());
+        std::thread::sleep(POLL);
+    };
+    let id = created.json()["fork_id"].as_str().unwrap().to_string();
+    let watched = client(&["fork", "watch", &id, "--json", "--timeout-s", "60"]);
+    assert_eq!(watched.code, Some(0), "{}\n{}", watched.stderr, logs());
+    let doc = watched.json();
+    let branches = doc["branches"].as_array().unwrap();
+    assert!(
+        !branches.is_empty() && branches.iter().all(|b| b["state"] == "done"),
+        "{doc}\n{}",
+        logs()
+    );
+    id
+}

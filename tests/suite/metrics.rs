@@ -19,11 +19,16 @@ pub(super) struct Response {
 
 /// `GET path` from `addr` over HTTP/1.1 (bounded); `None` when nothing answers.
 pub(super) fn get(addr: &str, path: &str) -> Option<Response> {
+    get_with(addr, path, "")
+}
+
+/// [`get`] with more header lines (each ending `\r\n`).
+pub(super) fn get_with(addr: &str, path: &str, headers: &str) -> Option<Response> {
     let mut s = TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(5)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}\r\n"
     )
     .ok()?;
     let mut raw = String::new();

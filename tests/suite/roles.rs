@@ -14,7 +14,7 @@
 //! - credentials in the URL authenticate, and no password reaches the logs at `-vv` or
 //!   `RUST_LOG=trace`.
 
-use super::fleet::{run, Ran, Service, COMMAND_LIMIT, POLL};
+use super::fleet::{fork_to_done, run, Ran, Service, COMMAND_LIMIT, POLL};
 use super::harness::{command, path_str, Example};
 use forkfleet_bus::testkit::NatsServer;
 use futures::StreamExt as _;
@@ -687,43 +687,17 @@ fn generated_certificates_make_a_mutual_tls_cluster_under_the_roles() {
         run(dir.path(), &all)
     };
     let ex = Example::quickstart();
-    let deadline = Instant::now() + COMMAND_LIMIT;
-    let created = loop {
-        let created = client(
-            "client-alice",
-            &["fork", "create", path_str(&ex.spec()), "--json"],
-        );
-        if created.code == Some(0) {
-            break created;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{}\ncoordinator:\n{}\nworker:\n{}\n{}",
-            created.stderr,
-            coordinator.log(),
-            worker.log(),
-            nats.log_tail()
-        );
-        std::thread::sleep(POLL);
-    };
-    let id = created.json()["fork_id"].as_str().unwrap().to_string();
-    let watched = client(
-        "client-alice",
-        &["fork", "watch", &id, "--json", "--timeout-s", "50"],
-    );
-    assert_eq!(
-        watched.code,
-        Some(0),
-        "{}\n{}",
-        watched.stderr,
-        worker.log()
-    );
-    let doc = watched.json();
-    let branches = doc["branches"].as_array().unwrap();
-    assert!(
-        !branches.is_empty() && branches.iter().all(|b| b["state"] == "done"),
-        "{}",
-        watched.stdout
+    fork_to_done(
+        |args| client("client-alice", args),
+        &ex.spec(),
+        || {
+            format!(
+                "coordinator:\n{}\nworker:\n{}\n{}",
+                coordinator.log(),
+                worker.log(),
+                nats.log_tail()
+            )
+        },
     );
 
     // Her config without its client certificate: the server asks for one.

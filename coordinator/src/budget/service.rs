@@ -64,7 +64,10 @@ async fn answer(ledger: Arc<Ledger>, store: RunStore, req: Request) {
                 budget.usd = r.estimate_usd,
                 budget.granted = tracing::field::Empty,
             );
-            forkfleet_shared::trace::set_parent(&span, r.trace.as_deref());
+            // The request's own header (every bus request carries its sender's), else the
+            // payload's `trace` (a worker from before the header).
+            let trace = req.traceparent.as_deref().or(r.trace.as_deref());
+            forkfleet_shared::trace::set_parent(&span, trace);
             let reply = decide(&ledger, &store, &r).instrument(span.clone()).await;
             span.record(
                 "budget.granted",

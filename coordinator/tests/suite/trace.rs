@@ -126,6 +126,21 @@ async fn a_fork_is_one_trace_under_the_request_that_created_it() {
         assert_eq!(value(span, "budget.granted"), Some(&Value::Bool(granted)));
     }
 
+    // A worker's turn sends its context as the request's header (no `trace` in the
+    // payload): the reservation is that turn's child.
+    let turn = tracing::info_span!("branch.turn");
+    forkfleet_shared::trace::set_parent(&turn, a_trace.as_deref());
+    let turn_sc = span_context_of(&traceparent_of(&turn).unwrap()).unwrap();
+    // (Refused: the refusal above stopped the fork; decided under the turn all the same.)
+    reserve(&fx, a, 0.1, None).instrument(turn.clone()).await;
+    let reserves = collector.wait_for("budget.reserve", 3).await;
+    let by_header = &reserves[2];
+    assert_eq!(by_header.parent_span_id, turn_sc.span_id());
+    assert_eq!(
+        by_header.span_context.trace_id(),
+        create.span_context.trace_id()
+    );
+
     // Later work on the fork, asked in another request's span, joins the fork's trace.
     let other = tracing::info_span!("api.request");
     within(fx.h().diff(view.fork_id, DiffOptions::default()))

@@ -46,7 +46,8 @@ pub const COST_MAX_SERIES: usize = 512;
 
 /// Add `usd` to [`COST`] for `account` and `model`, within [`COST_MAX_SERIES`].
 pub fn add_cost(account: &str, model: &str, usd: f64) {
-    let model = if COST.0.has(&[account, model]) || COST.0.series_count() < COST_MAX_SERIES {
+    // The count first: under the bound (the common case) no key is built to look up.
+    let model = if COST.0.series_count() < COST_MAX_SERIES || COST.0.has(&[account, model]) {
         model
     } else {
         "_OTHER"

@@ -256,7 +256,8 @@ pub(super) async fn reserve(
         attempt,
         estimate_usd,
         estimate,
-        trace: forkfleet_shared::trace::current_traceparent(),
+        // The bus request carries the turn's trace context as a header: not computed twice.
+        trace: None,
         settles,
         least_usd: Some(least_usd.min(estimate_usd)),
     })?;
