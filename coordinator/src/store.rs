@@ -3,7 +3,7 @@
 //! | tree          | key                                  | value (rmp, named fields)  |
 //! |---------------|--------------------------------------|----------------------------|
 //! | `runs`        | run id (16 bytes)                    | [`RunRecord`]              |
-//! | `events`      | run id ++ seq (u64 big-endian)       | [`Event`]                  |
+//! | `events`      | run id ++ seq (u64 big-endian)       | [`Event`], or consecutive ones from that seq as an array (`store/events.rs`) |
 //! | `forks`       | fork id                              | [`ForkRecord`]             |
 //! | `branches`    | fork id ++ run id                    | [`BranchRecord`]           |
 //! | `checkpoints` | run id ++ checkpoint id              | [`CheckpointView`]         |
@@ -28,6 +28,8 @@
 
 mod blobs;
 mod checkpoints;
+mod events;
+pub(crate) use events::EventWrites;
 mod fenced;
 mod id;
 mod owners;
@@ -288,7 +290,7 @@ impl RunStore {
         let i = &self.inner;
         Ok(StoreCounts {
             runs: i.runs.len(),
-            events: i.events.len(),
+            events: self.event_count()?,
             forks: i.forks.len(),
             branches: i.branches.len(),
             checkpoints: i.checkpoints.len(),
@@ -351,14 +353,6 @@ impl RunStore {
             .collect()
     }
 
-    /// One event of a run's log.
-    pub(crate) fn event(&self, run: RunId, seq: u64) -> Result<Option<Event>, CoordinatorError> {
-        match self.inner.events.get(event_key(run, seq))? {
-            Some(v) => Ok(Some(decode("event", &v)?)),
-            None => Ok(None),
-        }
-    }
-
     pub(crate) fn put_run(&self, run: &RunRecord) -> Result<(), CoordinatorError> {
         self.inner
             .runs
@@ -368,62 +362,7 @@ impl RunStore {
 
     // ---- events -------------------------------------------------------------------------
 
-    /// Write a run of events atomically (not flushed).
-    pub(crate) fn put_events<'a>(
-        &self,
-        events: impl IntoIterator<Item = (RunId, u64, &'a Event)>,
-    ) -> Result<(), CoordinatorError> {
-        let mut batch = sled::Batch::default();
-        for (run, seq, event) in events {
-            batch.insert(&event_key(run, seq), encode("event", event)?);
-        }
-        self.inner.events.apply_batch(batch)?;
-        Ok(())
-    }
-
-    /// Delete stored events of a run (held events of a fenced-off attempt).
-    pub(crate) fn delete_events(&self, run: RunId, seqs: &[u64]) -> Result<(), CoordinatorError> {
-        let mut batch = sled::Batch::default();
-        for seq in seqs {
-            batch.remove(&event_key(run, *seq));
-        }
-        self.inner.events.apply_batch(batch)?;
-        Ok(())
-    }
-
-    /// Apply a batch of event writes built by the caller (keys from [`event_key`]).
-    pub(crate) fn apply_event_batch(&self, batch: sled::Batch) -> Result<(), CoordinatorError> {
-        self.inner.events.apply_batch(batch)?;
-        Ok(())
-    }
-
-    /// Every stored event of a run, in seq order, gaps included (events held until an
-    /// earlier one arrives are stored too).
-    pub(crate) fn stored_events(&self, run: RunId) -> Result<Vec<(u64, Event)>, CoordinatorError> {
-        let mut out = Vec::new();
-        for kv in self.inner.events.scan_prefix(run.as_bytes()) {
-            let (k, v) = kv?;
-            let seq = k
-                .get(16..24)
-                .and_then(|s| <[u8; 8]>::try_from(s).ok())
-                .map(u64::from_be_bytes)
-                .ok_or_else(|| CoordinatorError::codec("event key", "not 24 bytes"))?;
-            out.push((seq, decode("event", &v)?));
-        }
-        Ok(out)
-    }
-
-    /// A run's log: its events from seq 0 up to the first gap.
-    pub fn run_log(&self, run: RunId) -> Result<Vec<(u64, Event)>, CoordinatorError> {
-        let mut events = self.stored_events(run)?;
-        let contiguous = events
-            .iter()
-            .enumerate()
-            .take_while(|(i, (seq, _))| *i as u64 == *seq)
-            .count();
-        events.truncate(contiguous);
-        Ok(events)
-    }
+    // The events tree's methods are in `store/events.rs` (packed values, ADR 45).
 
     // ---- forks and branches -------------------------------------------------------------
 
@@ -517,7 +456,7 @@ impl RunStore {
         let fenced = i.db.open_tree("fenced_usage")?;
         let (mut events, mut checkpoints) = (0, 0);
         for run in runs {
-            events += remove_prefix(&i.events, run.as_bytes())?;
+            events += self.remove_events(*run)?;
             checkpoints += remove_prefix(&i.checkpoints, run.as_bytes())?;
             remove_prefix(&fenced, run.as_bytes())?;
             i.checkpoint_marks.remove(run.as_bytes())?;

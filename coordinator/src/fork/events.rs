@@ -5,7 +5,7 @@
 use super::ForkState;
 use crate::error::CoordinatorError;
 use crate::replica::Placement;
-use crate::store::{encode, event_key};
+use crate::store::{encode, EventWrites};
 use forkfleet_shared::blob::BlobHash;
 use forkfleet_shared::event::Event;
 use forkfleet_shared::ids::RunId;
@@ -148,7 +148,7 @@ impl ForkState {
         let fork_id = self.record.fork_id;
         // Pass 1: write every event that is not a duplicate as of now.
         // The first copy of a (run, seq) is the one applied, so it is the one written.
-        let mut batch = sled::Batch::default();
+        let mut writes = EventWrites::with_capacity(events.len());
         let mut written: HashSet<(RunId, u64)> = HashSet::with_capacity(events.len());
         // The files its branches write belong to the fork's account (`crate::tenancy`).
         let account = self.record.plan.budget.account.as_deref();
@@ -166,7 +166,7 @@ impl ForkState {
             if self.branches[i].placement(ev.seq) != Placement::Duplicate
                 && written.insert((ev.run_id, ev.seq))
             {
-                batch.insert(&event_key(ev.run_id, ev.seq), encode("event", &ev.event)?);
+                writes.push(ev.run_id, ev.seq, encode("event", &ev.event)?);
                 if let Event::FileChange { change } = &ev.event {
                     if let Some(e) = change.written() {
                         if account.is_some() {
@@ -179,9 +179,7 @@ impl ForkState {
                 }
             }
         }
-        if !written.is_empty() {
-            self.store.apply_event_batch(batch)?;
-        }
+        self.store.write_events(writes)?;
         if let Some(account) = account.filter(|_| !files.is_empty()) {
             self.store.own_blobs(account, files.iter().map(|f| f.0))?;
             // Quotas hold tenants of a cluster's shared buckets apart; the embedded system
