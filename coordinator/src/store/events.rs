@@ -281,7 +281,11 @@ mod tests {
             [(0, "a"), (1, "b"), (2, "c"), (3, "d"), (5, "f"), (6, "g")]
                 .map(|(s, t)| (s, t.to_string()))
         );
-        assert_eq!(store.run_log(run).unwrap().len(), 4, "the log stops at the gap");
+        assert_eq!(
+            store.run_log(run).unwrap().len(),
+            4,
+            "the log stops at the gap"
+        );
         for (seq, t) in [(0, "a"), (2, "c"), (3, "d"), (6, "g")] {
             assert_eq!(store.event(run, seq).unwrap(), Some(ev(t)), "seq {seq}");
         }
