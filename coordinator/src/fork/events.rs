@@ -179,7 +179,6 @@ impl ForkState {
                 }
             }
         }
-        self.store.write_events(writes)?;
         if let Some(account) = account.filter(|_| !files.is_empty()) {
             self.store.own_blobs(account, files.iter().map(|f| f.0))?;
             // Quotas hold tenants of a cluster's shared buckets apart; the embedded system
@@ -198,6 +197,10 @@ impl ForkState {
                 ));
             }
         }
+        // Last, and nothing that can fail between it and pass 2: events written are applied.
+        // (Written but not applied, a redelivery could pack them otherwise, and two values
+        // would hold the same seqs: ADR 45.)
+        self.store.write_events(writes)?;
         // Pass 2: apply in memory.
         let mut changed = false;
         for ev in events {

@@ -5,9 +5,12 @@
 //! MessagePack array of those maps). A flush of a branch's turn (a model response, its tool
 //! calls, the files they change, their results) is one value, so one sled insert, not one
 //! per event: sled copies the leaf it inserts into, and the per-event inserts were the
-//! coordinator's largest share of a turn's CPU on a cluster (docs/BENCHMARKS.md). Values
-//! never overlap: a seq is written once (the replica drops duplicates), and deleting events
-//! rewrites the packs that hold them.
+//! coordinator's largest share of a turn's CPU on a cluster (docs/BENCHMARKS.md). Seq 0 (a
+//! run's lineage event, which listings read for every run) is always a value of its own.
+//!
+//! Values never overlap: a seq is written once (the replica drops duplicates, and the fork
+//! actor applies every event it writes, so a redelivery never packs written events
+//! otherwise), and deleting events rewrites the packs that hold them.
 //!
 //! Readers go through [`RunStore`]'s methods here; nothing else reads the tree.
 
@@ -41,8 +44,9 @@ impl EventWrites {
         self.events.is_empty()
     }
 
-    /// Add to `batch` a value per stretch of consecutive seqs of one run. (A sled batch
-    /// is a map: an insert replaces a removal of the same key made before it.)
+    /// Add to `batch` a value per stretch of consecutive seqs of one run, seq 0 always a
+    /// value of its own (a run's lineage event, read alone for every listed run). (A sled
+    /// batch is a map: an insert replaces a removal of the same key made before it.)
     fn add_to(mut self, batch: &mut sled::Batch) {
         // Stable: of a (run, seq) added twice, the first stays first.
         self.events.sort_by_key(|(run, seq, _)| (*run, *seq));
@@ -51,7 +55,9 @@ impl EventWrites {
         while let Some((run, first, encoded)) = events.next() {
             let mut pack = vec![encoded];
             while let Some((_, _, next)) =
-                events.next_if(|(r, s, _)| *r == run && *s == first + pack.len() as u64)
+                events.next_if(|(r, s, _)| {
+                    first > 0 && *r == run && *s == first + pack.len() as u64
+                })
             {
                 pack.push(next);
             }
@@ -267,14 +273,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = RunStore::open(dir.path()).unwrap();
         let (run, other) = (RunId::new(), RunId::new());
-        // Out of order, two runs, one gap (4): three values.
+        // Out of order, two runs, one gap (4): seq 0 alone, 1..=3, 5..=6, the other's 0.
         write(
             &store,
             run,
             &[(2, "c"), (0, "a"), (1, "b"), (3, "d"), (5, "f"), (6, "g")],
         );
         write(&store, other, &[(0, "x")]);
-        assert_eq!(store.inner.events.len(), 3);
+        assert_eq!(store.inner.events.len(), 4);
         assert_eq!(store.event_count().unwrap(), 7);
         assert_eq!(
             texts(&store.stored_events(run).unwrap()),
