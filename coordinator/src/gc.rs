@@ -260,13 +260,21 @@ fn apply(
         dry_run,
         ..GcReport::default()
     };
-    if !dry_run {
-        for f in &plan.remove {
-            let runs = plan.runs.get(&f.fork_id).cloned().unwrap_or_default();
-            let (events, checkpoints) = store.delete_fork(f.fork_id, &runs)?;
-            report.events += events;
-            report.checkpoints += checkpoints;
-        }
+    for f in &plan.remove {
+        let runs = plan.runs.get(&f.fork_id).cloned().unwrap_or_default();
+        // A dry run counts what the deletion would.
+        let (events, checkpoints) = if dry_run {
+            let mut counts = (0, 0);
+            for run in &runs {
+                counts.0 += store.run_event_count(*run)?;
+                counts.1 += store.checkpoints(*run)?.len();
+            }
+            counts
+        } else {
+            store.delete_fork(f.fork_id, &runs)?
+        };
+        report.events += events;
+        report.checkpoints += checkpoints;
     }
     // Mark: everything that stays.
     let mut marked: BTreeSet<BlobHash> = BTreeSet::new();

@@ -264,6 +264,36 @@ fn set_system_prompt<T>(
     }
 }
 
+/// The `file_change` events of the histories `run` was forked from, oldest first: its
+/// fork's parent run through the fork's cutoff, that run's own fork's parent through its
+/// cutoff, and so on up to a run no fork made. A branch's copied prefix holds the
+/// conversation only; the files it changed are in the fork's snapshot, so a summary of a
+/// fork of a child would otherwise say no file was touched.
+fn inherited_file_changes(
+    store: &RunStore,
+    run: &RunRecord,
+) -> Result<Vec<Event>, CoordinatorError> {
+    let mut generations = Vec::new();
+    let mut fork_id = run.fork_id;
+    // A lineage is as deep as forks nest (`max_depth`); the bound only guards the walk.
+    for _ in 0..=u8::MAX {
+        let Some(fork) = fork_id.map(|f| store.fork(f)).transpose()?.flatten() else {
+            break;
+        };
+        let log = store.run_log(fork.parent_run)?;
+        let changes: Vec<Event> = history_at(&log, Some(fork.cutoff_seq))
+            .into_iter()
+            .filter_map(|i| match &log[i].1 {
+                e @ Event::FileChange { .. } => Some(e.clone()),
+                _ => None,
+            })
+            .collect();
+        generations.push(changes);
+        fork_id = store.run(fork.parent_run)?.and_then(|r| r.fork_id);
+    }
+    Ok(generations.into_iter().rev().flatten().collect())
+}
+
 /// Plan a child of `req.parent` (reads only): every check a `runs fork` makes, and the
 /// outcome a dry run answers.
 pub(crate) fn plan_child(
@@ -320,7 +350,13 @@ pub(crate) fn plan_child(
         .map(|i| log[i].clone())
         .collect();
     let copy = copy_plan(&log, cutoff);
-    let summary_history: Vec<&Event> = history.iter().map(|(_, e)| e).collect();
+    // The files of the histories the parent was forked from come first: its copied prefix
+    // holds none of their changes (its fork snapshot does).
+    let inherited = inherited_file_changes(store, &parent)?;
+    let summary_history: Vec<&Event> = inherited
+        .iter()
+        .chain(history.iter().map(|(_, e)| e))
+        .collect();
     let (summary, wants_model_summary) = match o.summarize {
         None => (None, false),
         Some(SummaryMode::Deterministic) => (

@@ -57,8 +57,13 @@ fn gc_deletes_finished_forks_and_nothing_still_referenced() {
     ));
     let before = forks(&ex);
     let report = json(&ff(&ex, &["gc", "--older-than", "0s", "--json"]));
-    assert_eq!(dry["removed"], report["removed"], "{dry}\n{report}");
-    assert_eq!(dry["blobs"], report["blobs"]);
+    // Counted alike: forks, runs, events, checkpoints, blobs (a dry run counted no events
+    // or checkpoints).
+    for count in ["removed", "runs", "events", "checkpoints", "blobs"] {
+        assert_eq!(dry[count], report[count], "{count}: {dry}\n{report}");
+    }
+    assert_eq!(dry["dry_run"], true);
+    assert!(report["events"].as_u64().unwrap() > 0, "{report}");
     assert!(before.contains(&b_id));
     // B went, with its runs, checkpoints and blobs; A stayed, because of the child.
     assert_eq!(report["removed"], serde_json::json!([b_id]), "{report}");
@@ -128,8 +133,14 @@ fn gc_deletes_finished_forks_and_nothing_still_referenced() {
     let d_id = d["fork_id"].as_str().unwrap().to_string();
     let d_dir = ex.workspace().join(".forkfleet/forks").join(&d_id);
     assert!(d_dir.is_dir());
+    let dry = json(&ff(&ex, &["fork", "rm", &d_id, "--dry-run", "--json"]));
+    assert!(d_dir.is_dir(), "a dry run removes nothing");
     let removed = json(&ff(&ex, &["fork", "rm", &d_id, "--json"]));
     assert_eq!(removed["removed"], serde_json::json!([d_id]));
+    for count in ["removed", "runs", "events", "checkpoints"] {
+        assert_eq!(dry[count], removed[count], "{count}: {dry}\n{removed}");
+    }
+    assert!(removed["events"].as_u64().unwrap() > 0, "{removed}");
     assert!(!d_dir.exists(), "its fork directory goes too");
     assert!(!forks(&ex).contains(&d_id));
     let bad = ff(&ex, &["gc", "--older-than", "3 weeks"]);

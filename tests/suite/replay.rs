@@ -596,6 +596,32 @@ fn a_summary_follows_the_copied_prefix_deterministic_or_by_the_model() {
     }
 }
 
+/// A fork of a child summarises the files of the whole history it copies: the child's
+/// copied prefix holds the conversation only (its files are in its fork's snapshot), and
+/// its summary said "no files touched" where the parent wrote, deleted and wrote three.
+#[test]
+fn a_summary_of_a_fork_of_a_child_names_the_files_its_history_touched() {
+    let (ex, spec) = example();
+    let main = parent(&ex, &spec);
+    let child = fork(&ex, &main, &["--label", "copy"]);
+    let child_run = child["run_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{child}"));
+    let grandchild = fork(&ex, child_run, &["--summarize", "--label", "again"]);
+    let grandchild_log = log(&ex, grandchild["run_id"].as_str().unwrap());
+    let summary = grandchild_log
+        .iter()
+        .find(|e| e["event"]["type"] == "branch_summary")
+        .unwrap_or_else(|| panic!("{grandchild_log:?}"))["event"]["text"]
+        .as_str()
+        .unwrap();
+    assert!(
+        summary.contains("files touched: a.txt, b.txt, c.txt"),
+        "{summary}"
+    );
+    assert!(summary.contains("4 model turns"), "{summary}");
+}
+
 /// A cutoff between a tool call and its result, with a summary: the call is answered as
 /// interrupted first, then the summary, so no message ever sits between a call and its
 /// result (a server enforcing OpenAI's order answers such a history 400, and the child

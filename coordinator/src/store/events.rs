@@ -54,10 +54,8 @@ impl EventWrites {
         let mut events = self.events.into_iter().peekable();
         while let Some((run, first, encoded)) = events.next() {
             let mut pack = vec![encoded];
-            while let Some((_, _, next)) =
-                events.next_if(|(r, s, _)| {
-                    first > 0 && *r == run && *s == first + pack.len() as u64
-                })
+            while let Some((_, _, next)) = events
+                .next_if(|(r, s, _)| first > 0 && *r == run && *s == first + pack.len() as u64)
             {
                 pack.push(next);
             }
@@ -229,6 +227,15 @@ impl RunStore {
             self.inner.events.remove(k)?;
         }
         Ok(removed)
+    }
+
+    /// Events stored of `run`.
+    pub(crate) fn run_event_count(&self, run: RunId) -> Result<usize, CoordinatorError> {
+        let mut n = 0;
+        for v in self.inner.events.scan_prefix(run.as_bytes()).values() {
+            n += count(&v?);
+        }
+        Ok(n)
     }
 
     /// Events stored, over every run.
