@@ -215,11 +215,23 @@ impl Client {
         }
     }
 
-    /// A run by full id (no round trip) or unique prefix.
-    pub async fn find_run(&self, prefix: &str) -> Result<RunId, ClientError> {
-        match prefix.trim().parse::<RunId>() {
+    /// A run by full id (no round trip), unique prefix, or a fork's branch as `FORK/LABEL`
+    /// (FORK a fork's id or a unique prefix of one): every command that takes a run takes
+    /// all three.
+    pub async fn find_run(&self, arg: &str) -> Result<RunId, ClientError> {
+        let arg = arg.trim();
+        if let Some((fork, label)) = arg.split_once('/') {
+            forkfleet_shared::spec::check_label(label)
+                .map_err(|e| ClientError::BadInput(format!("`{arg}`: {e}")))?;
+            let view = self.fork(self.find_fork(fork).await?).await?;
+            return view
+                .branch(label)
+                .map(|b| b.run_id)
+                .ok_or_else(|| crate::render::no_branch(&view, label));
+        }
+        match arg.parse::<RunId>() {
             Ok(id) => Ok(id),
-            Err(_) => ApiClient::find_run(self, prefix).await,
+            Err(_) => ApiClient::find_run(self, arg).await,
         }
     }
 

@@ -32,14 +32,14 @@ const KEEP_NAMES: &[&str] = forkfleet_shared::spec::DEFAULT_EXCLUDE;
 pub enum CheckpointCommand {
     /// List a run's checkpoints in creation order: label, seq, turn, kind, age, id.
     Ls {
-        /// Run id (or a unique prefix of one).
+        /// The run: its id, a unique prefix of one, or a fork's branch as FORK/LABEL.
         run: String,
         #[command(flatten)]
         client: ClientArgs,
     },
     /// Save a checkpoint at the run's current end (a named one: never evicted).
     Save {
-        /// Run id (or a unique prefix of one).
+        /// The run: its id, a unique prefix of one, or a fork's branch as FORK/LABEL.
         run: String,
         /// 1 to 64 letters, digits, `-`, `_`, `.`; not `turn-...` or `tool-...`.
         label: String,
@@ -48,7 +48,7 @@ pub enum CheckpointCommand {
     },
     /// Remove one checkpoint.
     Rm {
-        /// Run id (or a unique prefix of one).
+        /// The run: its id, a unique prefix of one, or a fork's branch as FORK/LABEL.
         run: String,
         /// The checkpoint's label, id, or a unique prefix of its id.
         checkpoint: String,
@@ -57,7 +57,7 @@ pub enum CheckpointCommand {
     },
     /// Remove every checkpoint of a run.
     Clear {
-        /// Run id (or a unique prefix of one).
+        /// The run: its id, a unique prefix of one, or a fork's branch as FORK/LABEL.
         run: String,
         #[command(flatten)]
         client: ClientArgs,
@@ -70,7 +70,7 @@ pub enum CheckpointCommand {
     /// current version are kept and reported as conflicts (unless --overwrite, or the
     /// fork plan's `conflict_policy = "overwrite"` for a branch run).
     Rewind {
-        /// Run id (or a unique prefix of one).
+        /// The run: its id, a unique prefix of one, or a fork's branch as FORK/LABEL.
         run: String,
         /// The checkpoint's label, id, or a unique prefix of its id.
         checkpoint: String,
@@ -90,7 +90,7 @@ pub enum CheckpointCommand {
     /// Start a new run from a checkpoint: its conversation up to the checkpoint, on the
     /// checkpoint's workspace version. Prints the new run's id.
     Fork {
-        /// Run id (or a unique prefix of one).
+        /// The run: its id, a unique prefix of one, or a fork's branch as FORK/LABEL.
         run: String,
         /// The checkpoint's label, id, or a unique prefix of its id.
         checkpoint: String,

@@ -22,7 +22,7 @@ pub enum RunsCommand {
     },
     /// One run: lineage, settings, state, cost, workspace version, children.
     Show {
-        /// Run id (or a unique prefix of one).
+        /// The run: its id, a unique prefix of one, or a fork's branch as FORK/LABEL.
         run: String,
         #[command(flatten)]
         client: ClientArgs,
@@ -30,7 +30,7 @@ pub enum RunsCommand {
     /// The session tree: every run under its parent (forks of forks, branches of a fork,
     /// checkpoint forks, children of `runs fork`, merge winners), from lineage only.
     Tree {
-        /// Only the tree under this run (id or unique prefix).
+        /// Only the tree under this run (id, unique prefix, or FORK/LABEL).
         run: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
@@ -39,7 +39,7 @@ pub enum RunsCommand {
     /// the cutoff copied (or re-executed with --replay), its files as they were then, its
     /// settings with --set applied. Prints the child's id.
     Fork {
-        /// The parent run (id or unique prefix).
+        /// The parent run (id, unique prefix, or a fork's branch as FORK/LABEL).
         parent: String,
         /// The last parent event the child copies (default: the parent's last replayable
         /// one: a system, user_message, model_response, tool_result, steer or follow_up).
@@ -80,7 +80,7 @@ pub enum RunsCommand {
     /// Run a child on the workers: an idle child from its copied history (MESSAGE, when
     /// given, as a new user message first), or a finished run continued with MESSAGE.
     Resume {
-        /// The run (id or unique prefix).
+        /// The run (id, unique prefix, or a fork's branch as FORK/LABEL).
         run: String,
         message: Option<String>,
         /// On a cluster: wait for the run to finish and print its answer (always,

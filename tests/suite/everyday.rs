@@ -69,6 +69,41 @@ fn each_branch_answer_shows_and_runs_are_named_by_prefix_or_fork_and_label() {
     let by_prefix = json(&forkfleet(&["log", &run[..32], "--json", "--data", &data]));
     assert_eq!(by_label, by_prefix);
     assert!(by_label.as_array().unwrap().len() > 5);
+    // So do `runs` and `checkpoint` (they took ids only).
+    let tidy = format!("{short}/tidy");
+    let shown = json(&forkfleet(&[
+        "runs", "show", &tidy, "--json", "--data", &data,
+    ]));
+    assert_eq!(shown["run"]["run_id"], run.as_str(), "{shown}");
+    let listed = forkfleet(&["checkpoint", "ls", &tidy, "--json", "--data", &data]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let tree = forkfleet(&["runs", "tree", &tidy, "--data", &data]);
+    assert!(tree.status.success(), "{}", stderr(&tree));
+    let child = json(&forkfleet(&[
+        "runs",
+        "fork",
+        &tidy,
+        "--dry-run",
+        "--json",
+        "--data",
+        &data,
+    ]));
+    assert_eq!(child["parent_run"], run.as_str(), "{child}");
+    let wrong = forkfleet(&["runs", "show", &format!("{short}/nope"), "--data", &data]);
+    assert_eq!(wrong.status.code(), Some(2));
+    assert!(
+        stderr(&wrong).contains("its branches: concise, thorough, tidy"),
+        "{}",
+        stderr(&wrong)
+    );
+    // An id that matches nothing says how runs are named.
+    let unknown = forkfleet(&["runs", "show", "0000000", "--data", &data]);
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(
+        stderr(&unknown).contains("FORK/LABEL"),
+        "{}",
+        stderr(&unknown)
+    );
 
     // `log --follow` of a finished branch prints its log and ends (one object a line).
     let followed = forkfleet(&[
