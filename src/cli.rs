@@ -118,6 +118,38 @@ pub enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
+    /// Print the shell's completion script for forkfleet's commands and flags, e.g.
+    /// `forkfleet completions bash > ~/.local/share/bash-completion/completions/forkfleet`
+    /// (zsh: a file `_forkfleet` on `$fpath`; fish: `~/.config/fish/completions/forkfleet.fish`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+}
+
+/// The shells `forkfleet completions` writes for.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// `forkfleet completions SHELL`: the script on stdout.
+fn cmd_completions(shell: CompletionShell) -> anyhow::Result<()> {
+    use clap::CommandFactory as _;
+    use clap_complete::Shell;
+    let shell = match shell {
+        CompletionShell::Bash => Shell::Bash,
+        CompletionShell::Zsh => Shell::Zsh,
+        CompletionShell::Fish => Shell::Fish,
+    };
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "forkfleet", &mut out);
+    use std::io::Write as _;
+    std::io::stdout().write_all(&out)?;
+    Ok(())
 }
 
 /// Where the configuration comes from and how to reach NATS. Every key also comes from a
@@ -377,6 +409,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Runs { command } => runs::cmd_runs(command).await,
         Command::Checkpoint { command } => checkpoint::cmd_checkpoint(command).await,
         Command::Bench { command } => forkfleet_bench::run(command).await,
+        Command::Completions { shell } => cmd_completions(shell),
     };
     match result {
         Ok(()) => 0,

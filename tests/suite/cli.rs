@@ -209,3 +209,56 @@ fn blank_and_duplicate_labels_are_renamed() {
         .collect();
     assert_eq!(labels, ["branch-1", "x", "x-2"]);
 }
+
+/// `forkfleet completions SHELL`: bash's script, sourced in a real bash, completes
+/// commands, subcommands and flags; zsh's and fish's are their shells' formats; any other
+/// shell is refused naming the ones there are.
+#[test]
+fn completions_complete_commands_and_flags_in_bash() {
+    let out = forkfleet(&["completions", "bash"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("forkfleet.bash");
+    std::fs::write(&script, &out.stdout).unwrap();
+    // `_forkfleet CMD CUR PREV` with COMP_WORDS/COMP_CWORD set, as bash calls it.
+    let complete = |words: &[&str]| -> Vec<String> {
+        let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+        let cur = words.last().unwrap();
+        let prev = words[words.len() - 2];
+        let line = format!(
+            "source '{}'; COMP_WORDS=({}); COMP_CWORD={}; _forkfleet forkfleet '{cur}' '{prev}'; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            script.display(),
+            quoted.join(" "),
+            words.len() - 1
+        );
+        let out = std::process::Command::new("bash")
+            .args(["--norc", "--noprofile", "-c", &line])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(complete(&["forkfleet", "fo"]), ["fork"]);
+    let runs = complete(&["forkfleet", "runs", ""]);
+    for sub in ["ls", "show", "tree", "fork", "resume"] {
+        assert!(runs.iter().any(|w| w == sub), "{sub}: {runs:?}");
+    }
+    assert_eq!(
+        complete(&["forkfleet", "fork", "merge", "F", "--overw"]),
+        ["--overwrite"]
+    );
+    let zsh = forkfleet(&["completions", "zsh"]);
+    assert!(String::from_utf8_lossy(&zsh.stdout).starts_with("#compdef forkfleet"));
+    let fish = forkfleet(&["completions", "fish"]);
+    assert!(String::from_utf8_lossy(&fish.stdout).contains("complete -c forkfleet"));
+    let other = forkfleet(&["completions", "powershell"]);
+    assert_eq!(other.status.code(), Some(2));
+    assert!(
+        stderr(&other).contains("bash, zsh, fish"),
+        "{}",
+        stderr(&other)
+    );
+}
