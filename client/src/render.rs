@@ -411,14 +411,12 @@ pub fn branch_detail<'a>(
 ) -> BranchDetail<'a> {
     let log: Vec<(u64, Event)> = events.iter().map(|e| (e.seq, e.event.clone())).collect();
     let mut steers = Vec::new();
-    let mut answer = None;
+    // Its own: the answers of its copied prefix are its parent's.
+    let answer = forkfleet_shared::event::own_answer(&log, b.first_seq);
     let mut changes = BTreeMap::new();
     for (_, e) in forkfleet_shared::event::history_events(&log, None) {
         match e {
             Event::Steer { text } if !text.trim().is_empty() => steers.push(text.clone()),
-            Event::ModelResponse {
-                text: Some(text), ..
-            } if !text.trim().is_empty() => answer = Some(text.clone()),
             Event::FileChange { change } => {
                 changes.insert(change.path().to_string(), change.kind());
             }

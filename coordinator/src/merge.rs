@@ -20,7 +20,7 @@ use crate::create::post_fork_checkpoint_label;
 use crate::error::CoordinatorError;
 use crate::store::{BranchRecord, ForkRecord, RunStore};
 use forkfleet_shared::api::{CheckpointKind, CheckpointView, MergeOutcome};
-use forkfleet_shared::event::{history_at, Event};
+use forkfleet_shared::event::{history_at, own_answer, Event};
 use forkfleet_shared::flush::{flush, ManifestTarget};
 use forkfleet_shared::ids::CheckpointId;
 use forkfleet_shared::manifest::Manifest;
@@ -101,7 +101,7 @@ pub(crate) fn run(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
 
     // 2. The history (the winner's as it stands: a rewind of the winner is honoured).
     let winner_log = store.run_log(winner.run_id)?;
-    let summary = last_answer(&winner_log);
+    let summary = own_answer(&winner_log, winner.first_seq);
     let mut adopted = adopted_history(&winner_log, fork.prefix_len);
     adopted.push(Event::BranchSummary {
         text: format!(
@@ -175,19 +175,6 @@ pub(crate) fn run(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
     })
 }
 
-/// The last text the run's model answered, on its history.
-fn last_answer(log: &[(u64, Event)]) -> Option<String> {
-    history_at(log, None)
-        .into_iter()
-        .rev()
-        .find_map(|i| match &log[i].1 {
-            Event::ModelResponse {
-                text: Some(text), ..
-            } if !text.trim().is_empty() => Some(text.clone()),
-            _ => None,
-        })
-}
-
 /// A merge into the branch whose agent forked: record the fork as merged and hand back the
 /// winner's change log and last answer (the parent's workspace and log are not touched).
 fn into_agent(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
@@ -198,7 +185,7 @@ fn into_agent(job: MergeJob) -> Result<MergeDone, CoordinatorError> {
         changes,
         ..
     } = job;
-    let summary = last_answer(&store.run_log(winner.run_id)?);
+    let summary = own_answer(&store.run_log(winner.run_id)?, winner.first_seq);
     let mut fork = fork;
     fork.state = ForkState::Merged {
         winner: winner.label.clone(),

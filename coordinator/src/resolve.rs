@@ -608,14 +608,22 @@ async fn branch_logs(
     branches: &[(BranchRecord, forkfleet_shared::overlay::Overlay)],
 ) -> Result<Vec<LogSummary>, CoordinatorError> {
     let store = handle.store().clone();
-    let runs: Vec<_> = branches.iter().map(|(r, _)| r.run_id).collect();
+    let runs: Vec<_> = branches
+        .iter()
+        .map(|(r, _)| (r.run_id, r.first_seq))
+        .collect();
     tokio::task::spawn_blocking(move || {
         runs.into_iter()
-            .map(|run| {
-                // A rewound branch's history: the events it keeps.
-                store
-                    .run_log(run)
-                    .map(|log| LogSummary::of(forkfleet_shared::event::history_events(&log, None)))
+            .map(|(run, first_seq)| {
+                // A rewound branch's history: the events it keeps; its own, not the
+                // parent's answers its copied prefix holds.
+                store.run_log(run).map(|log| {
+                    LogSummary::of(
+                        forkfleet_shared::event::history_events(&log, None)
+                            .into_iter()
+                            .filter(|(seq, _)| *seq >= first_seq),
+                    )
+                })
             })
             .collect()
     })

@@ -288,6 +288,22 @@ pub fn history_events(log: &[(u64, Event)], at: Option<u64>) -> Vec<&(u64, Event
     history_at(log, at).into_iter().map(|i| &log[i]).collect()
 }
 
+/// The last text a run's own model answered on its history: from `first_seq` on (a
+/// branch's first event of its own; its copied prefix holds its parent's answers, which are
+/// not its own), rewinds honoured. `None` when it has not answered with text.
+pub fn own_answer(log: &[(u64, Event)], first_seq: u64) -> Option<String> {
+    history_events(log, None)
+        .into_iter()
+        .rev()
+        .take_while(|(seq, _)| *seq >= first_seq)
+        .find_map(|(_, e)| match e {
+            Event::ModelResponse {
+                text: Some(text), ..
+            } if !text.trim().is_empty() => Some(text.clone()),
+            _ => None,
+        })
+}
+
 /// A message as a model sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "role", rename_all = "snake_case")]

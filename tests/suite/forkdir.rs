@@ -350,6 +350,7 @@ fn branch_view(label: &str) -> BranchView {
         approval: None,
         blocked: Vec::new(),
         last_message_preview: None,
+        first_seq: 1,
     }
 }
 

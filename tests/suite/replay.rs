@@ -622,6 +622,38 @@ fn a_summary_of_a_fork_of_a_child_names_the_files_its_history_touched() {
     assert!(summary.contains("4 model turns"), "{summary}");
 }
 
+/// A branch with no answer of its own says so: its copied prefix holds its parent's
+/// answers, which `fork show FORK LABEL` showed as the child's final answer.
+#[test]
+fn a_child_without_an_answer_of_its_own_shows_none() {
+    let (ex, spec) = example();
+    let main = parent(&ex, &spec);
+    let d = data(&ex);
+    let main_fork = run_labelled(&ex, "main")["fork_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let shown = |fork: &str, label: &str, json_out: bool| {
+        let mut args = vec!["fork", "show", fork, label, "--data", &d];
+        if json_out {
+            args.push("--json");
+        }
+        forkfleet(&args)
+    };
+    let parents = json(&shown(&main_fork, "main", true));
+    assert!(parents["answer"].is_string(), "{parents}");
+    let child = fork(&ex, &main, &["--label", "quiet"]);
+    let child_fork = child["fork_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{child}"));
+    let detail = json(&shown(child_fork, "quiet", true));
+    assert_eq!(detail["turns"], 0, "{detail}");
+    assert!(detail["answer"].is_null(), "{detail}");
+    let text = shown(child_fork, "quiet", false);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("no answer yet"), "{text}");
+}
+
 /// A cutoff between a tool call and its result, with a summary: the call is answered as
 /// interrupted first, then the summary, so no message ever sits between a call and its
 /// result (a server enforcing OpenAI's order answers such a history 400, and the child

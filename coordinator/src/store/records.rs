@@ -151,6 +151,7 @@ impl BranchRecord {
             approval: self.approval.clone(),
             blocked: self.blocked.clone(),
             last_message_preview: self.answer.clone(),
+            first_seq: self.first_seq,
         }
     }
 }

@@ -62,6 +62,11 @@ pub struct BranchView {
     /// characters, `…` when cut); `None` before it answered with text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_message_preview: Option<String>,
+    /// The seq of the branch's first event of its own: the events before it (its lineage
+    /// event, the copied prefix, its instructions and steer) are not its work. 0 from a
+    /// coordinator before this field.
+    #[serde(default)]
+    pub first_seq: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
