@@ -512,8 +512,13 @@ pub(crate) fn failed_branches(view: &forkfleet_shared::api::ForkView) -> Option<
 }
 
 /// What applying `report` (a merge, a rewind) to `dir` means for the exit code: errors
-/// are a failure, conflicts kept are exit 3, a clean apply is success.
-pub(crate) fn applied_in_full(what: &str, report: &FlushReport) -> anyhow::Result<()> {
+/// are a failure, conflicts kept are exit 3, a clean apply is success. `again`: the
+/// command that applies it again over them (else: the same command with --overwrite).
+pub(crate) fn applied_in_full(
+    what: &str,
+    report: &FlushReport,
+    again: Option<String>,
+) -> anyhow::Result<()> {
     if !report.errors.is_empty() {
         return Err(Incomplete::Failed(format!(
             "{what} applied in part: {} failed (see above)",
@@ -523,13 +528,14 @@ pub(crate) fn applied_in_full(what: &str, report: &FlushReport) -> anyhow::Resul
     }
     if !report.conflicts.is_empty() {
         return Err(Incomplete::ConflictsKept(format!(
-            "{what} applied, but {} edited since kept as {} (--overwrite replaces them)",
+            "{what} applied, but {} edited since kept as {} ({} replaces them)",
             render::count(report.conflicts.len(), "path", "paths"),
             if report.conflicts.len() == 1 {
                 "it is"
             } else {
                 "they are"
-            }
+            },
+            again.as_deref().unwrap_or("--overwrite")
         ))
         .into());
     }
@@ -553,6 +559,13 @@ fn error_kind(e: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
     } else {
         None
     }
+}
+
+/// The command that applies fork `fork`'s merge to `dir` again over what it kept (`dir`:
+/// `--apply DIR` when it was given one; `reach`: the flags that reach the store).
+pub(crate) fn reapply_command(fork: ForkId, dir: Option<&Path>, reach: &str) -> String {
+    let apply = dir.map_or(String::new(), |d| format!(" --apply {}", d.display()));
+    format!("`forkfleet fork merge {fork} --reapply --overwrite{apply}{reach}`")
 }
 
 // ---- client sessions -----------------------------------------------------------------

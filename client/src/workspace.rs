@@ -229,6 +229,47 @@ pub async fn apply_version(
     replay_onto(dir, changes, base, contents, policy).await
 }
 
+/// Apply the changes from workspace version `from` to `to` to `dir` again (`fork merge
+/// --reapply`): as [`apply_version`], except that a path already as `to` has it (a file
+/// with its content, a path removed, a directory made) is left alone, neither applied
+/// nor a conflict; only paths edited since `from` to something else are conflicts (kept,
+/// or replaced under `overwrite`).
+pub async fn reapply_version(
+    store: &dyn BlobStore,
+    from: &BlobHash,
+    to: &BlobHash,
+    dir: &Path,
+    policy: ConflictPolicy,
+) -> Result<FlushReport, ClientError> {
+    let target = version(store, to).await?;
+    let base = version(store, from).await?;
+    let all = flush::changes_between(&base, &target);
+    let root = dir.to_path_buf();
+    let changes = tokio::task::spawn_blocking(move || {
+        all.into_iter()
+            .filter(|op| !already_applied(&root, op))
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    let contents = written_contents(store, &changes).await?;
+    replay_onto(dir, changes, base, contents, policy).await
+}
+
+/// Whether `dir` already holds what `op` makes of its path.
+fn already_applied(dir: &Path, op: &forkfleet_shared::overlay::ChangeOp) -> bool {
+    use forkfleet_shared::overlay::ChangeOp;
+    let path = dir.join(op.path().as_str());
+    let meta = std::fs::symlink_metadata(&path).ok();
+    match op {
+        ChangeOp::Write { entry, .. } | ChangeOp::Edit { entry, .. } => {
+            meta.is_some_and(|m| m.is_file())
+                && std::fs::read(&path).is_ok_and(|bytes| BlobHash::of(&bytes) == entry.hash)
+        }
+        ChangeOp::Delete { .. } | ChangeOp::Rmdir { .. } => meta.is_none(),
+        ChangeOp::Mkdir { .. } => meta.is_some_and(|m| m.is_dir()),
+    }
+}
+
 /// A workspace version (a `Manifest` blob) from `store`.
 async fn version(store: &dyn BlobStore, hash: &BlobHash) -> Result<Manifest, ClientError> {
     let bytes = fetch(store, hash)

@@ -247,7 +247,7 @@ async fn rewind(
         print!("{}", rewind_text(&outcome, applied.as_ref(), apply));
     }
     match &applied {
-        Some(report) => super::applied_in_full("the rewind", report),
+        Some(report) => super::applied_in_full("the rewind", report, None),
         None => Ok(()),
     }
 }

@@ -332,8 +332,13 @@ pub struct OpenArgs {
 pub struct MergeArgs {
     pub fork: String,
     /// The winning branch's label.
-    #[arg(long)]
-    pub pick: String,
+    #[arg(long, required_unless_present = "reapply")]
+    pub pick: Option<String>,
+    /// Apply a merged fork's merge to the directory again (the workspace it was made from,
+    /// or --apply DIR): what a merge kept because it was edited since the fork is replaced
+    /// with --overwrite. The store is not touched.
+    #[arg(long, conflicts_with_all = ["pick", "git_branch", "no_apply"])]
+    pub reapply: bool,
     #[command(flatten)]
     pub target: MergeTargetArgs,
     #[command(flatten)]
@@ -629,16 +634,25 @@ async fn fork_merge_cmd(args: MergeArgs) -> anyhow::Result<()> {
     let MergeArgs {
         fork,
         pick,
+        reapply,
         target,
         client,
     } = args;
-    with_session!(&client, Local::Read, |coord| fork_merge(
-        coord,
-        &fork,
-        &pick,
-        target.target(),
-        client.json
-    ))
+    match pick {
+        Some(pick) if !reapply => with_session!(&client, Local::Read, |coord| fork_merge(
+            coord,
+            &fork,
+            &pick,
+            target.target(),
+            client.json
+        )),
+        _ => with_session!(&client, Local::Read, |coord| resolve::fork_reapply(
+            coord,
+            &fork,
+            target.target(),
+            client.json
+        )),
+    }
 }
 
 async fn fork_move_budget_cmd(args: MoveBudgetArgs) -> anyhow::Result<()> {

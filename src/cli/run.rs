@@ -388,7 +388,8 @@ async fn run_fork(
         }
     }
     if let Some((_, report)) = &out.merge {
-        applied_in_full("the merge", report)?;
+        let again = crate::cli::reapply_command(out.view.fork_id, None, &data_flag);
+        applied_in_full("the merge", report, Some(again))?;
     }
     crate::cli::failed_branches(&out.view).map_or(Ok(()), |failed| Err(failed.into()))
 }

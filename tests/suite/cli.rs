@@ -262,3 +262,73 @@ fn completions_complete_commands_and_flags_in_bash() {
         stderr(&other)
     );
 }
+
+/// A merge that kept files edited since the fork (exit 3) names the command that applies
+/// it again over them, and that command works: `fork merge F --reapply --overwrite`
+/// (`--overwrite` on a second `--pick` was refused: a fork merges once).
+#[test]
+fn a_conflicted_merge_names_a_command_that_applies_it_again() {
+    let ex = Example::quickstart();
+    let data = path_str(&ex.data()).to_string();
+    let created = json(&forkfleet(&[
+        "fork",
+        "create",
+        path_str(&ex.spec()),
+        "--json",
+        "--data",
+        &data,
+    ]));
+    let fork = created["fork_id"].as_str().unwrap().to_string();
+    let greet = ex.workspace().join("greet.py");
+    std::fs::write(&greet, "print('mine')\n").unwrap();
+    let unmerged = forkfleet(&["fork", "merge", &fork, "--reapply", "--data", &data]);
+    assert_eq!(unmerged.status.code(), Some(2), "{}", stderr(&unmerged));
+    assert!(
+        stderr(&unmerged).contains("is not merged"),
+        "{}",
+        stderr(&unmerged)
+    );
+
+    let merged = forkfleet(&["fork", "merge", &fork, "--pick", "concise", "--data", &data]);
+    assert_eq!(merged.status.code(), Some(3), "{}", stderr(&merged));
+    assert_eq!(std::fs::read_to_string(&greet).unwrap(), "print('mine')\n");
+    let hint = stderr(&merged);
+    let again = format!("forkfleet fork merge {fork} --reapply --overwrite");
+    assert!(hint.contains(&again), "{hint}");
+    // The hint's command, as written (with the store's flag).
+    let both = forkfleet(&[
+        "fork",
+        "merge",
+        &fork,
+        "--reapply",
+        "--pick",
+        "concise",
+        "--data",
+        &data,
+    ]);
+    assert_eq!(both.status.code(), Some(2));
+    let kept_again = forkfleet(&["fork", "merge", &fork, "--reapply", "--data", &data]);
+    assert_eq!(kept_again.status.code(), Some(3), "{}", stderr(&kept_again));
+    assert_eq!(std::fs::read_to_string(&greet).unwrap(), "print('mine')\n");
+    let replaced = json(&forkfleet(&[
+        "fork",
+        "merge",
+        &fork,
+        "--reapply",
+        "--overwrite",
+        "--json",
+        "--data",
+        &data,
+    ]));
+    let winner = json(&forkfleet(&[
+        "fork", "show", &fork, "concise", "--json", "--data", &data,
+    ]));
+    assert_eq!(winner["label"], "concise");
+    let now = std::fs::read_to_string(&greet).unwrap();
+    assert_ne!(now, "print('mine')\n", "{replaced}");
+    assert!(!ex.workspace().join("docs/legacy.md").exists());
+    // Applying again over a directory already merged changes nothing and exits 0.
+    let clean = forkfleet(&["fork", "merge", &fork, "--reapply", "--data", &data]);
+    assert!(clean.status.success(), "{}", stderr(&clean));
+    assert_eq!(std::fs::read_to_string(&greet).unwrap(), now);
+}

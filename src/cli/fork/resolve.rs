@@ -335,7 +335,11 @@ nothing merged, so branch `{name}` was not made"
         return Err(Incomplete::Failed(e).into());
     }
     match &resolved.applied {
-        Some(applied) if resolved.report.merge.is_some() => applied_in_full("the merge", applied),
+        Some(applied) if resolved.report.merge.is_some() => applied_in_full(
+            "the merge",
+            applied,
+            Some(crate::cli::reapply_command(id, target.apply, coord.reach())),
+        ),
         _ => Ok(()),
     }
 }
@@ -394,7 +398,84 @@ pub(crate) async fn fork_merge(
             print!("{}", g.text());
         }
     }
-    applied_in_full("the merge", &report)
+    applied_in_full(
+        "the merge",
+        &report,
+        Some(crate::cli::reapply_command(id, target.apply, coord.reach())),
+    )
+}
+
+/// `fork merge FORK --reapply`: apply a merged fork's merge to the directory again, from
+/// the fork's snapshot to the parent's `post-fork` version; files edited since the fork
+/// are kept unless `--overwrite`. The store is not touched.
+pub(crate) async fn fork_reapply(
+    coord: &Client,
+    fork: &str,
+    target: MergeTarget<'_>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let id = coord.find_fork(fork).await?;
+    let view = coord.fork(id).await?;
+    let forkfleet_shared::state::ForkState::Merged { winner } = &view.state else {
+        return Err(BadInput(format!(
+            "fork {id} is not merged (it is {}): nothing to apply again; merge a branch with `forkfleet fork merge {id} --pick LABEL{}`",
+            view.state.as_str(),
+            coord.reach()
+        ))
+        .into());
+    };
+    let label = format!("post-fork:{id}");
+    let merged = coord
+        .checkpoints(view.parent_run)
+        .await?
+        .into_iter()
+        .find(|c| c.label == label)
+        .ok_or_else(|| {
+            BadInput(format!(
+                "fork {id}'s parent run {} has no checkpoint `{label}` to apply again (the merge went into the branch of the agent that forked, which has no directory)",
+                view.parent_run
+            ))
+        })?;
+    let (dir, _) = target.resolve(&view)?;
+    let Some(dir) = dir else {
+        return Err(BadInput(format!(
+            "fork {id} was made from no directory: name the one to apply its merge to with --apply DIR"
+        ))
+        .into());
+    };
+    // Edited files are kept unless --overwrite (whatever the plan's policy: applying
+    // again is asked for by hand).
+    let policy = if target.overwrite {
+        ConflictPolicy::Overwrite
+    } else {
+        ConflictPolicy::KeepParent
+    };
+    let report = forkfleet_client::workspace::reapply_version(
+        coord.blobs().as_ref(),
+        &view.snapshot,
+        &merged.snapshot,
+        &dir,
+        policy,
+    )
+    .await?;
+    if json {
+        print_json(&render::fork_json(
+            &view,
+            None,
+            Some((winner.as_str(), &report)),
+        ))?;
+    } else {
+        println!(
+            "fork {id}: the merge of `{winner}` applied again to {} (the store is as it was)",
+            dir.display()
+        );
+        print!("{}", render::merge_text(winner, &report));
+    }
+    applied_in_full(
+        "the merge",
+        &report,
+        Some(crate::cli::reapply_command(id, target.apply, coord.reach())),
+    )
 }
 
 #[cfg(test)]
