@@ -41,6 +41,7 @@ pub mod local;
 pub mod prompt;
 pub mod render;
 pub mod run;
+pub mod rundiff;
 pub mod watch;
 pub mod workspace;
 

@@ -77,6 +77,17 @@ pub enum RunsCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Where two runs part: the first seq whose events differ (and the first field of it
+    /// that does), and each path their workspaces hold differently, with unified diffs of
+    /// text (e.g. two branches of a fork, or a run and its child).
+    Diff {
+        /// Run A (id, unique prefix, or a fork's branch as FORK/LABEL).
+        a: String,
+        /// Run B, the same ways.
+        b: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Run a child on the workers: an idle child from its copied history (MESSAGE, when
     /// given, as a new user message first), or a finished run continued with MESSAGE.
     Resume {
@@ -100,6 +111,7 @@ impl RunsCommand {
         match self {
             RunsCommand::Ls { client }
             | RunsCommand::Show { client, .. }
+            | RunsCommand::Diff { client, .. }
             | RunsCommand::Tree { client, .. }
             | RunsCommand::Fork { client, .. }
             | RunsCommand::Resume { client, .. } => client,
@@ -148,6 +160,15 @@ async fn run(coord: &Client, command: &RunsCommand) -> anyhow::Result<()> {
                 return print_json(&serde_json::to_value(&detail)?);
             }
             print!("{}", show_text(&detail));
+            Ok(())
+        }
+        RunsCommand::Diff { a, b, .. } => {
+            let (a, b) = (coord.find_run(a).await?, coord.find_run(b).await?);
+            let diff = forkfleet_client::rundiff::runs_diff(coord, a, b).await?;
+            if json_out {
+                return print_json(&serde_json::to_value(&diff)?);
+            }
+            print!("{}", diff.text());
             Ok(())
         }
         RunsCommand::Tree { run, .. } => {
