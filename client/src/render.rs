@@ -285,7 +285,7 @@ pub(crate) fn label_width(view: &ForkView) -> usize {
 /// One line about a fork, its goal, and what its workspace snapshot left out (when told).
 pub fn fork_header(view: &ForkView) -> String {
     let mut out = format!(
-        "fork {}{} · {} · {} · ${:.6}\ngoal: {}\n",
+        "fork {}{} · {} · {} · {}\ngoal: {}\n",
         view.fork_id,
         view.name
             .as_deref()
@@ -293,7 +293,7 @@ pub fn fork_header(view: &ForkView) -> String {
             .unwrap_or_default(),
         list_state(view),
         count(view.branches.len(), "branch", "branches"),
-        view.total_cost_usd(),
+        total_cost_text(view),
         view.goal
     );
     if let Some(left_out) = &view.left_out {
@@ -343,6 +343,34 @@ fn list_state(view: &ForkView) -> String {
     }
 }
 
+/// A fork's spend: `$X`, or `at least $X (unknown: ...)` when a branch's model has no
+/// price.
+pub fn total_cost_text(view: &ForkView) -> String {
+    let total = view.total_cost_usd();
+    if !view.cost_unknown() {
+        return format!("${total:.6}");
+    }
+    let models: std::collections::BTreeSet<&str> = view
+        .branches
+        .iter()
+        .filter(|b| b.turns > 0)
+        .filter_map(|b| b.unpriced_model.as_deref())
+        .collect();
+    format!(
+        "at least ${total:.6} (unknown: no price for {})",
+        models.into_iter().collect::<Vec<_>>().join(", ")
+    )
+}
+
+/// A branch's cost as the tables show it: `unknown` for a model with no price.
+pub fn branch_cost_text(b: &BranchView) -> String {
+    if b.unpriced_model.is_some() && b.turns > 0 {
+        "unknown".to_string()
+    } else {
+        format!("{:.6}", b.cost_usd)
+    }
+}
+
 /// The branch table: label, state, turns, cost, changes, error.
 pub fn branch_table(view: &ForkView) -> String {
     let width = label_width(view);
@@ -355,11 +383,11 @@ pub fn branch_table(view: &ForkView) -> String {
     for b in &view.branches {
         let _ = writeln!(
             out,
-            "{:<width$}  {:<26}  {:>5}  {:>12.6}  {:>7}  {}",
+            "{:<width$}  {:<26}  {:>5}  {:>12}  {:>7}  {}",
             b.label,
             b.state.as_str(),
             b.turns,
-            b.cost_usd,
+            branch_cost_text(b),
             b.changes,
             b.error.as_deref().unwrap_or("")
         );
@@ -435,11 +463,14 @@ impl BranchDetail<'_> {
     pub fn text(&self, fork: ForkId) -> String {
         let b = self.branch;
         let mut out = format!(
-            "branch `{}` of fork {fork} · {} · turns {} · ${:.6} · {}\n",
+            "branch `{}` of fork {fork} · {} · turns {} · {} · {}\n",
             b.label,
             b.state,
             b.turns,
-            b.cost_usd,
+            match branch_cost_text(b).as_str() {
+                "unknown" => "cost unknown (its model has no price)".to_string(),
+                usd => format!("${usd}"),
+            },
             count(self.changes.len(), "path changed", "paths changed")
         );
         if let Some(e) = &b.error {
@@ -476,6 +507,7 @@ impl BranchDetail<'_> {
             "error": b.error,
             "turns": b.turns,
             "cost_usd": b.cost_usd,
+            "cost_unknown": b.unpriced_model.is_some() && b.turns > 0,
             "usage": b.usage,
             "steers": self.steers,
             "answer": self.answer,
@@ -837,6 +869,8 @@ pub fn fork_json(
                 "approval": b.approval,
                 "blocked": b.blocked,
                 "last_message_preview": b.last_message_preview,
+                // A model with no price: cost_usd counts none of its calls.
+                "cost_unknown": b.unpriced_model.is_some() && b.turns > 0,
             })
         })
         .collect();
@@ -850,6 +884,8 @@ pub fn fork_json(
         "workspace": view.workspace,
         "left_out": view.left_out,
         "total_cost_usd": view.total_cost_usd(),
+        // True: a branch's model has no price, and the total is a lower bound.
+        "cost_unknown": view.cost_unknown(),
         "branches": branches,
     });
     if let forkfleet_shared::state::ForkState::Merged { winner } = &view.state {

@@ -259,10 +259,32 @@ impl ForkState {
             snapshot: self.record.snapshot,
             workspace: self.record.workspace.clone(),
             left_out: self.record.left_out.clone(),
-            branches: self.branches.iter().map(|b| b.record.view()).collect(),
+            branches: self
+                .branches
+                .iter()
+                .map(|b| {
+                    let mut v = b.record.view();
+                    v.unpriced_model = self
+                        .unpriced(&b.record.model)
+                        .then(|| b.record.model.clone());
+                    v
+                })
+                .collect(),
             keep_artifacts: self.record.plan.resolve.keep_artifacts,
             git: self.record.git.clone(),
         }
+    }
+
+    /// Whether `model` is a provider's model the plan gives no price (a scripted model
+    /// costs nothing, so it is priced at zero).
+    fn unpriced(&self, model: &str) -> bool {
+        forkfleet_shared::catalogue::dialect_of(model).is_some()
+            && self
+                .record
+                .plan
+                .models
+                .get(model)
+                .is_none_or(|m| m.price.is_none())
     }
 
     fn all_terminal(&self) -> bool {

@@ -819,3 +819,64 @@ fn run_capped(
     let b = cost_of(doc["fork_id"].as_str().unwrap(), &data).branches[0].clone();
     (b, out)
 }
+
+/// A provider's model with no price (no cap asks for one): what its calls cost is unknown,
+/// and `fork show` says so, where it said `$0.000000` spent.
+#[test]
+fn a_model_with_no_price_shows_its_cost_as_unknown() {
+    use std::io::Write;
+    let port = serve_model(|_, out| {
+        let chunks = [
+            serde_json::json!({"choices": [{"index": 0, "delta": {"content": "done"}}]}),
+            serde_json::json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+            serde_json::json!({"choices": [], "usage": {"prompt_tokens": 1200, "completion_tokens": 3, "total_tokens": 1203}}),
+        ];
+        let mut sse: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+        sse.push_str("data: [DONE]\n\n");
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            sse.len()
+        );
+        let _ = out.write_all(head.as_bytes());
+        let _ = out.write_all(sse.as_bytes());
+    });
+    let ex = Example::quickstart();
+    let spec = ex.write_spec(&format!(
+        "goal = \"g\"\nworkspace = \"workspace\"\nmodel = \"openai:unpriced\"\n\
+         [models.\"openai:unpriced\"]\nbase_url = \"http://127.0.0.1:{port}/v1\"\nmax_retries = 0\n\
+         [[branches]]\nlabel = \"free\"\n"
+    ));
+    let data = path_str(&ex.data()).to_string();
+    let env = [("FORKFLEET_ALLOWED_MODEL_HOSTS", "127.0.0.1")];
+    let out = forkfleet_env(
+        &[
+            "run",
+            path_str(&spec),
+            "--data",
+            &data,
+            "--json",
+            "--timeout-s",
+            "120",
+        ],
+        &env,
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stderr(&out)));
+    let fork = doc["fork_id"].as_str().unwrap();
+    assert_eq!(doc["branches"][0]["turns"], 1, "{doc}");
+    assert_eq!(doc["branches"][0]["cost_unknown"], true, "{doc}");
+    assert_eq!(doc["cost_unknown"], true, "{doc}");
+    let text = forkfleet_env(&["fork", "show", fork, "--data", &data], &env);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("at least $0.000000 (unknown: no price for openai:unpriced)"),
+        "{text}"
+    );
+    assert!(text.contains("unknown"), "{text}");
+    let one = forkfleet_env(&["fork", "show", fork, "free", "--data", &data], &env);
+    let one = String::from_utf8_lossy(&one.stdout);
+    assert!(
+        one.contains("cost unknown (its model has no price)"),
+        "{one}"
+    );
+}

@@ -351,6 +351,7 @@ fn branch_view(label: &str) -> BranchView {
         blocked: Vec::new(),
         last_message_preview: None,
         first_seq: 1,
+        unpriced_model: None,
     }
 }
 

@@ -152,6 +152,7 @@ impl BranchRecord {
             blocked: self.blocked.clone(),
             last_message_preview: self.answer.clone(),
             first_seq: self.first_seq,
+            unpriced_model: None,
         }
     }
 }

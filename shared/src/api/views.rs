@@ -67,6 +67,10 @@ pub struct BranchView {
     /// coordinator before this field.
     #[serde(default)]
     pub first_seq: u64,
+    /// Its model, when it is a provider's with no price: what its calls cost is unknown,
+    /// and `cost_usd` counts none of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unpriced_model: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,6 +115,14 @@ pub struct GitHead {
 }
 
 impl ForkView {
+    /// Whether a branch that made calls has a model with no price: the total is then a
+    /// lower bound.
+    pub fn cost_unknown(&self) -> bool {
+        self.branches
+            .iter()
+            .any(|b| b.unpriced_model.is_some() && b.turns > 0)
+    }
+
     pub fn total_cost_usd(&self) -> f64 {
         self.branches.iter().map(|b| b.cost_usd).sum()
     }
