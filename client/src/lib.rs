@@ -26,6 +26,7 @@
 //! - [`prompt`]: one line from the person at the terminal, off the async runtime.
 //! - [`run`]: the run workflow (create from a spec, follow, merge or resolve, apply) as
 //!   library functions; [`run::run_fork`] is the whole of `forkfleet run`.
+//! - [`rundiff`]: `runs diff A B`: where two runs' events part and how their files differ.
 //!
 //! A typical embedded front end: `Client::in_process(coordinator_handle, bus)`; a cluster
 //! one: `Client::remote(nats_bus)`. Then `client.create_fork(..)`, `watch::follow(..)`,
