@@ -639,6 +639,9 @@ impl Session {
                     EmbeddedOptions {
                         workers: 0,
                         concurrency: 1,
+                        // No worker runs, but a fork or child it creates is checked
+                        // against what the workers would offer.
+                        catalogue: std::sync::Arc::new(config.catalogue()),
                         ..EmbeddedOptions::default()
                     }
                 }

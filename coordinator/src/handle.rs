@@ -156,10 +156,15 @@ impl CoordinatorHandle {
                 return Ok(());
             }
         };
-        if offers.is_empty() {
-            tracing::warn!(pool = %pool, "fork.create: no live worker in the pool; its models are checked by the workers when they run the branches");
-            return Ok(());
-        }
+        let offers = match (offers.is_empty(), &self.config.idle_offer) {
+            // The embedded system's workers, not started by this command.
+            (true, Some(offer)) => vec![offer.clone()],
+            (true, None) => {
+                tracing::warn!(pool = %pool, "fork.create: no live worker in the pool; its models are checked by the workers when they run the branches");
+                return Ok(());
+            }
+            (false, _) => offers,
+        };
         check_plan(plan, pool, &offers).map_err(|e| {
             tracing::info!(error = %e, "fork.create refused");
             CoordinatorError::ModelNotOffered(e)
@@ -556,6 +561,9 @@ impl CoordinatorHandle {
         let mut child = self
             .blocking(move |s| crate::lineage::plan_child(s, &planned))
             .await?;
+        // `--set model=` a model no worker offers is refused now, as a fork's would be
+        // (dry run or not), not when the child runs.
+        self.check_models_offered(&child.plan).await?;
         if child.wants_model_summary {
             let text = crate::resolve::model_summary(self, &req, &child).await?;
             let text = format!(

@@ -132,6 +132,12 @@ pub struct CoordinatorConfig {
     /// The bytes each scoped client identity's blob uploads may hold
     /// (`[coordinator] blob_quota_mb`; see `crate::tenancy`).
     pub blob_quota_bytes: u64,
+    /// What the workers this process starts when it needs them offer (the embedded
+    /// system's, from the same configuration): a fork's real models are checked against
+    /// it when no live worker is listed (a command that reads or writes the store starts
+    /// none), so a model no worker would take is refused at creation, not when it runs.
+    /// `None` (a cluster's coordinator): with no live worker the check is left to them.
+    pub idle_offer: Option<forkfleet_shared::catalogue::Offer>,
 }
 
 /// The default of [`CoordinatorConfig::blob_quota_bytes`]: 4 GiB.
@@ -149,6 +155,7 @@ impl Default for CoordinatorConfig {
             access: access::Grants::new(),
             release_reservations_at_start: false,
             blob_quota_bytes: DEFAULT_BLOB_QUOTA_BYTES,
+            idle_offer: None,
         }
     }
 }

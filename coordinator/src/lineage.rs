@@ -51,7 +51,7 @@ pub(crate) struct ForkRunRequest {
 pub(crate) struct ChildPlan {
     pub outcome: RunForkOutcome,
     parent: RunRecord,
-    plan: ForkPlan,
+    pub plan: ForkPlan,
     /// The copied prefix (copy mode), or nothing (replay).
     prefix: Vec<Event>,
     /// The events the child's own log starts with after the prefix (copy mode: the

@@ -91,6 +91,8 @@ impl Embedded {
                 // Its workers are in this process: the calls a previous run's
                 // reservations held died with it.
                 release_reservations_at_start: true,
+                // Its workers' catalogue, for the commands that start none.
+                idle_offer: Some(opts.catalogue.offer()),
                 ..CoordinatorConfig::default()
             },
             store,

@@ -525,7 +525,13 @@ async fn fork_create_cmd(args: CreateArgs) -> anyhow::Result<()> {
     }
     let loaded = spec::load_overridden(Some(&spec_path), over, &config.pricing)?;
     if dry_run {
-        return super::run::dry_run(&loaded, client.json).await;
+        // Embedded: the workers' catalogue is this configuration's.
+        let offer = config
+            .nats
+            .url
+            .is_none()
+            .then(|| config.catalogue().offer());
+        return super::run::dry_run(&loaded, offer.as_ref(), client.json).await;
     }
     with_session!(
         @open Session::connect(&client, &config, Local::Run),

@@ -58,9 +58,23 @@ pub struct RunArgs {
     pub dry_run: bool,
 }
 
-/// `--dry-run`: the spec is valid (loaded already); what the snapshot of its workspace
-/// would hold and leave out.
-pub(crate) async fn dry_run(loaded: &spec::LoadedSpec, json: bool) -> anyhow::Result<()> {
+/// `--dry-run`: the spec is valid (loaded already), its real models are offered by
+/// `workers` (the embedded system's catalogue; `None` on a cluster, whose coordinator
+/// checks them against its live workers when the fork is created); what the snapshot of
+/// its workspace would hold and leave out.
+pub(crate) async fn dry_run(
+    loaded: &spec::LoadedSpec,
+    workers: Option<&forkfleet_shared::catalogue::Offer>,
+    json: bool,
+) -> anyhow::Result<()> {
+    if let Some(offer) = workers {
+        forkfleet_shared::catalogue::check_plan(
+            &loaded.plan,
+            forkfleet_shared::protocol::DEFAULT_POOL,
+            std::slice::from_ref(offer),
+        )
+        .map_err(BadInput)?;
+    }
     let listing =
         forkfleet_client::workspace::list_workspace(&loaded.workspace, &loaded.scan).await?;
     let labels: Vec<&str> = loaded
@@ -242,7 +256,7 @@ pub(crate) async fn cmd_run(args: RunArgs) -> anyhow::Result<()> {
     let catalogue = Config::load_catalogue(args.config.as_deref(), &config::process_env)?;
     let loaded = load_spec(&args, &pricing)?;
     if args.dry_run {
-        return dry_run(&loaded, args.json).await;
+        return dry_run(&loaded, Some(&catalogue.offer()), args.json).await;
     }
     if let Some(pick) = &args.pick {
         if !loaded.plan.branches.iter().any(|b| &b.label == pick) {

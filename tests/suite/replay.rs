@@ -654,6 +654,43 @@ fn a_child_without_an_answer_of_its_own_shows_none() {
     assert!(text.contains("no answer yet"), "{text}");
 }
 
+/// A model no worker offers is refused when the child is asked for (dry run or not), and
+/// by a fork's dry run, as a fork's creation refuses it: they were accepted, and the child
+/// or the branch failed when it ran.
+#[test]
+fn a_model_no_worker_offers_is_refused_before_anything_runs() {
+    let (ex, spec) = example();
+    let main = parent(&ex, &spec);
+    let d = data(&ex);
+    for dry in [false, true] {
+        let mut args = vec![
+            "runs",
+            "fork",
+            main.as_str(),
+            "--set",
+            "model=openai:nosuch",
+            "--data",
+            &d,
+        ];
+        if dry {
+            args.push("--dry-run");
+        }
+        let out = forkfleet(&args);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains("openai:nosuch"), "{}", stderr(&out));
+    }
+    assert_eq!(runs(&ex).len(), 2, "no child was written");
+    let unoffered =
+        ex.write_spec("goal = \"g\"\nworkspace = \"workspace\"\nmodel = \"openai:nosuch\"\n");
+    for cmd in ["run", "fork create"] {
+        let mut args: Vec<&str> = cmd.split(' ').collect();
+        args.extend([path_str(&unoffered), "--dry-run", "--data", &d]);
+        let out = forkfleet(&args);
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {}", stderr(&out));
+        assert!(stderr(&out).contains("openai:nosuch"), "{}", stderr(&out));
+    }
+}
+
 /// A cutoff between a tool call and its result, with a summary: the call is answered as
 /// interrupted first, then the summary, so no message ever sits between a call and its
 /// result (a server enforcing OpenAI's order answers such a history 400, and the child
