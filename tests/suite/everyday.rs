@@ -298,7 +298,12 @@ fn quick_forks_from_flags_and_flags_over_a_spec() {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, "x").unwrap();
     }
+    // The embedded workers' catalogue offers the model (a dry run refuses one it does not).
     let plan = super::harness::command()
+        .env(
+            "FORKFLEET_MODELS",
+            r#""openai:gpt-4o-mini" = { api_key_env = "OPENAI_API_KEY" }"#,
+        )
         .args([
             "run",
             "--goal",
