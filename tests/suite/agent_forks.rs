@@ -15,7 +15,7 @@ usage = { input_tokens = 100, output_tokens = 10 }
 [[turns.main]]
 tool_calls = [{ name = "write_file", args = { path = "plan.md", content = "two ways\n" } }]
 [[turns.main]]
-tool_calls = [{ name = "fork_run", args = { branches = [{ label = "fast", steer = "be fast" }, { label = "careful", steer = "be careful" }] } }]
+tool_calls = [{ name = "fork_run", args = { branches = [{ label = "fast", steer = "be fast" }, { label = "careful", steer = "be careful" }], isolation = { history = "copy", backend = "copy", message_queue = "isolated" } } }]
 [[turns.main]]
 tool_calls = [{ name = "inspect_branches", args = { wait_s = 60 } }]
 [[turns.main]]
@@ -105,6 +105,7 @@ fn a_root_agent_forks_itself_merges_a_branch_and_its_work_lands_in_the_workspace
 
     // The agent saw its tools' results: the fork, the settled branches, the merge.
     let log = log_of(&ex, &main_run);
+    // Its call gave pydantic-deep's isolation flags, at the values forkfleet gives them.
     let forked = tool_results(&log, "fork_run");
     assert_eq!(forked.len(), 1);
     assert_eq!(forked[0]["ok"], true, "{}", forked[0]);

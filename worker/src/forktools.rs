@@ -126,8 +126,15 @@ impl AgentForks {
             strategy: Option<String>,
             #[serde(default)]
             aggregate_budget_usd: Option<f64>,
+            /// pydantic-deep's `BranchIsolation` flags: taken where they mean something
+            /// here, at the one value forkfleet gives them ([`check_isolation`]).
+            #[serde(default)]
+            isolation: Option<Value>,
         }
         let a: Args = parse(FORK_RUN, args)?;
+        if let Some(isolation) = &a.isolation {
+            check_isolation(isolation)?;
+        }
         if let Some(current) = self.current {
             let view = fork_view(cx.bus, current).await?;
             if !view.state.is_resolved() {
@@ -340,6 +347,39 @@ fn parse<T: serde::de::DeserializeOwned>(tool: &str, args: &Value) -> Result<T, 
     serde_json::from_value(args.clone()).map_err(|e| format!("{tool}: bad arguments: {e}"))
 }
 
+/// `fork_run`'s `isolation` (pydantic-deep's `BranchIsolation`): each flag forkfleet has
+/// a meaning for is taken at the value that meaning gives it (a branch's history is a
+/// copy, its workspace a copy-on-write copy, its steering its own); any other value, and
+/// any flag with no meaning here, is refused by name.
+fn check_isolation(isolation: &Value) -> Result<(), String> {
+    let Some(flags) = isolation.as_object() else {
+        return Err(format!(
+            "{FORK_RUN}: isolation must be an object of history, backend and message_queue; got {isolation}"
+        ));
+    };
+    for (flag, value) in flags {
+        let (only, why) = match flag.as_str() {
+            "history" => ("copy", "each branch starts from a copy of your conversation"),
+            "backend" => (
+                "copy",
+                "each branch works in its own copy-on-write copy of the workspace; only the winner's changes come back, at the merge",
+            ),
+            "message_queue" => ("isolated", "each branch is steered on its own"),
+            other => {
+                return Err(format!(
+                    "{FORK_RUN}: isolation.{other} is not a setting here: forkfleet branches have no {other} to copy or share; the settings are history (copy), backend (copy) and message_queue (isolated)"
+                ))
+            }
+        };
+        if value.as_str() != Some(only) {
+            return Err(format!(
+                "{FORK_RUN}: isolation.{flag} = {value} is not offered: {why} ({flag} = \"{only}\", the default, is the only value)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn strategy(name: &str) -> Result<Strategy, String> {
     Strategy::from_name(name, DEFAULT_THRESHOLD)
         .ok_or_else(|| format!("strategy `{name}` is not valid: {STRATEGY_NAMES}"))
@@ -381,4 +421,34 @@ fn cut(mut s: String, max: usize) -> String {
         s.push_str("\n[... cut: ask for fewer paths with `paths`]");
     }
     s
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn isolation_flags_are_taken_where_they_mean_something_and_refused_by_name() {
+        let ok =
+            serde_json::json!({"history": "copy", "backend": "copy", "message_queue": "isolated"});
+        assert!(check_isolation(&ok).is_ok());
+        assert!(check_isolation(&serde_json::json!({})).is_ok());
+        let shared = check_isolation(&serde_json::json!({"backend": "share"})).unwrap_err();
+        assert!(
+            shared.contains("isolation.backend = \"share\" is not offered")
+                && shared.contains("copy-on-write"),
+            "{shared}"
+        );
+        let queue = check_isolation(&serde_json::json!({"message_queue": "shared"})).unwrap_err();
+        assert!(queue.contains("steered on its own"), "{queue}");
+        let bus = check_isolation(&serde_json::json!({"team_bus": "shared"})).unwrap_err();
+        assert!(
+            bus.contains("isolation.team_bus is not a setting here"),
+            "{bus}"
+        );
+        assert!(check_isolation(&serde_json::json!("copy"))
+            .unwrap_err()
+            .contains("must be an object"));
+    }
 }

@@ -262,7 +262,12 @@ pub fn fork_tool_specs() -> &'static [ToolSpec] {
                         "extra_instructions": {"type": "string"}
                     }, "required": ["label", "steer"]}},
                     "strategy": {"type": "string", "enum": ["manual", "auto", "auto_with_fallback", "vote"]},
-                    "aggregate_budget_usd": {"type": "number", "minimum": 0, "description": "A cap on the whole fork's spend."}
+                    "aggregate_budget_usd": {"type": "number", "minimum": 0, "description": "A cap on the whole fork's spend."},
+                    "isolation": {"type": "object", "description": "What the branches share with you; these are the only values (and the defaults): each starts from a copy of this conversation, works in its own copy of the workspace, and is steered on its own.", "properties": {
+                        "history": {"type": "string", "enum": ["copy"]},
+                        "backend": {"type": "string", "enum": ["copy"]},
+                        "message_queue": {"type": "string", "enum": ["isolated"]}
+                    }, "additionalProperties": false}
                 }, "required": ["branches"]}),
             ),
             spec(
