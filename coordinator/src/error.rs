@@ -133,7 +133,7 @@ pub enum CoordinatorError {
     #[error("task attempt {attempt} is below the branch's fence: attempt {fence} took it over")]
     Superseded { attempt: u32, fence: u32 },
     /// No run id starts with `prefix`.
-    #[error("no run matches `{prefix}`: name a fork's branch as FORK/LABEL (its labels are in `forkfleet fork show FORK`), or a run by its id or a unique prefix of one (`forkfleet runs ls` lists them)")]
+    #[error("no run matches `{prefix}`: name a fork's branch as FORK/LABEL (its labels are in `forkfleet fork show FORK`), or a run by its id, a unique prefix of one or the end of one (`forkfleet runs ls` lists them)")]
     UnknownRunPrefix { prefix: String },
     #[error("fork {fork} has no branch labelled `{label}`; valid labels: {valid}")]
     UnknownLabel {

@@ -96,6 +96,20 @@ fn each_branch_answer_shows_and_runs_are_named_by_prefix_or_fork_and_label() {
         "{}",
         stderr(&wrong)
     );
+    // The random tail of an id finds it too: the runs of one fork share their first 26
+    // characters (UUID v7 made in the same millisecond).
+    let tail = &run[run.len() - 8..];
+    for given in [tail.to_string(), format!("…{tail}")] {
+        let by_tail = json(&forkfleet(&[
+            "runs", "show", &given, "--json", "--data", &data,
+        ]));
+        assert_eq!(by_tail["run"]["run_id"], run.as_str(), "{by_tail}");
+    }
+    let fork_tail = &fork[fork.len() - 8..];
+    let shown = json(&forkfleet(&[
+        "fork", "show", fork_tail, "--json", "--data", &data,
+    ]));
+    assert_eq!(shown["fork_id"], fork.as_str());
     // An id that matches nothing says how runs are named.
     let unknown = forkfleet(&["runs", "show", "0000000", "--data", &data]);
     assert_eq!(unknown.status.code(), Some(2));

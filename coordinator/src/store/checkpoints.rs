@@ -117,27 +117,35 @@ impl RunStore {
 
     // ---- what checkpoints need besides ------------------------------------------------
 
-    /// Up to `limit` runs whose id (as text, lower case) starts with `prefix`.
+    /// Up to `limit` runs whose id (as text, lower case) starts with `prefix`, else ends with
+    /// it (at least `crate::prefix::MIN_TAIL` characters: a random tail).
     pub(crate) fn run_ids_with_prefix(
         &self,
         prefix: &str,
         limit: usize,
     ) -> Result<Vec<RunId>, CoordinatorError> {
-        let mut out = Vec::new();
-        for k in self.inner.runs.iter().keys() {
-            let k = k?;
-            let Ok(bytes) = <[u8; 16]>::try_from(k.as_ref()) else {
-                continue;
-            };
-            let id = RunId::from_bytes(bytes);
-            if id.to_string().starts_with(prefix) {
-                out.push(id);
-                if out.len() >= limit {
-                    break;
+        // By the id's start; when nothing starts so, by its random tail
+        // (`crate::prefix::matching`'s rule).
+        for tail in [false, true] {
+            let mut out = Vec::new();
+            for k in self.inner.runs.iter().keys() {
+                let k = k?;
+                let Ok(bytes) = <[u8; 16]>::try_from(k.as_ref()) else {
+                    continue;
+                };
+                let id = RunId::from_bytes(bytes);
+                if crate::prefix::id_matches(&id.to_string(), prefix, tail) {
+                    out.push(id);
+                    if out.len() >= limit {
+                        break;
+                    }
                 }
             }
+            if !out.is_empty() {
+                return Ok(out);
+            }
         }
-        Ok(out)
+        Ok(Vec::new())
     }
 
     /// Write a root run's rewind in one transaction: the marker event at `seq` and the
