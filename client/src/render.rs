@@ -661,8 +661,16 @@ pub fn cost_table(cost: &ForkCost) -> String {
     if cost.judge_usage.input_tokens + cost.judge_usage.output_tokens > 0 {
         let _ = writeln!(
             out,
-            "judges (last resolve): ${:.6} · {} input + {} output tokens (not charged to the branches' caps)",
-            money(cost.judge_cost_usd),
+            "judges (last resolve): {} · {} input + {} output tokens (not charged to the branches' caps)",
+            if cost.judge_unpriced.is_empty() {
+                format!("${:.6}", money(cost.judge_cost_usd))
+            } else {
+                format!(
+                    "at least ${:.6} (unknown: no price for {})",
+                    money(cost.judge_cost_usd),
+                    cost.judge_unpriced.join(", ")
+                )
+            },
             cost.judge_usage.input_tokens,
             cost.judge_usage.output_tokens
         );

@@ -365,6 +365,7 @@ impl State {
                 .and_then(|n| self.accounts.get(n))
                 .map(|a| self.account_view(a)),
             judge_cost_usd: 0.0,
+            judge_unpriced: Vec::new(),
             judge_usage: Default::default(),
             usage: Default::default(),
             cache_saved_usd: 0.0,

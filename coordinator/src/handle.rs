@@ -669,6 +669,7 @@ impl CoordinatorHandle {
         let mut cost = self.ledger.fork_cost(id)?;
         if let Some(report) = self.blocking(move |s| s.resolution(id)).await? {
             cost.judge_cost_usd = report.judge_cost_usd;
+            cost.judge_unpriced = report.judge_unpriced.clone();
             cost.judge_usage = report.judge_usage;
         }
         // Tokens per branch from its log's summary, and what the prompt cache saved at its

@@ -240,9 +240,15 @@ async fn run(
     let decision = decide(&strategy, &verdicts);
     let mut judge_usage = Usage::default();
     let mut judge_cost_usd = 0.0;
+    let mut judge_unpriced: Vec<String> = Vec::new();
     for j in &judged {
         judge_usage.add(&j.run.usage);
         judge_cost_usd += j.run.cost_usd;
+        let model = &j.run.model;
+        let real = forkfleet_shared::catalogue::dialect_of(model).is_some();
+        if real && judge_price(&plan.models, model).is_none() && !judge_unpriced.contains(model) {
+            judge_unpriced.push(model.clone());
+        }
     }
     let mut report = ResolveReport {
         fork_id,
@@ -256,6 +262,7 @@ async fn run(
         no_commit: options.no_commit,
         judge_usage,
         judge_cost_usd,
+        judge_unpriced,
         resolved_at_ms: now_ms(),
     };
     if let (Decision::Commit { winner, confidence }, true) = (&report.decision, options.no_commit) {
@@ -385,7 +392,7 @@ async fn run_judges(
             let job = ResolveJob::Judge(JudgeJob {
                 fork_id,
                 model: model.clone(),
-                price: model_plan.and_then(|m| m.price),
+                price: judge_price(&plan.models, model),
                 script: model_plan.and_then(|m| m.script),
                 prompt: prompt.clone(),
                 labels: labels.clone(),
@@ -602,6 +609,18 @@ fn same_calls(
             .all(|(x, y)| x.name == y.name && x.args == y.args)
 }
 
+/// A judge's price: the fork's plan's for its model, else the built-in table's (a judge
+/// named by `--judge-model` need not be in the spec); `None` when neither has one.
+fn judge_price(
+    models: &std::collections::BTreeMap<String, forkfleet_shared::spec::ModelPlan>,
+    model: &str,
+) -> Option<forkfleet_shared::pricing::Price> {
+    models
+        .get(model)
+        .and_then(|m| m.price)
+        .or_else(|| forkfleet_shared::pricing::builtin_price(model))
+}
+
 /// Every branch's log summary, read on a blocking thread.
 async fn branch_logs(
     handle: &CoordinatorHandle,
@@ -701,6 +720,19 @@ pub(crate) async fn model_summary(
 mod tests {
     use super::*;
     use forkfleet_shared::testsignal::{test_signal, TestOutcome};
+
+    /// A judge named by `--judge-model` is not in the fork's plan: it is priced from the
+    /// built-in table (it cost $0), and one neither knows has no price (its cost unknown).
+    #[test]
+    fn a_judge_outside_the_plan_is_priced_from_the_built_in_table() {
+        let none = std::collections::BTreeMap::new();
+        assert_eq!(
+            judge_price(&none, "openai:gpt-4o-mini"),
+            forkfleet_shared::pricing::builtin_price("openai:gpt-4o-mini")
+        );
+        assert!(judge_price(&none, "openai:gpt-4o-mini").is_some());
+        assert_eq!(judge_price(&none, "openai:house-model"), None);
+    }
 
     fn run(label: &str, outcome: TestOutcome, output: &str) -> TestRun {
         TestRun {

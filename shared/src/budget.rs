@@ -315,6 +315,10 @@ pub struct ForkCost {
     /// its cap or its account: they run after the branches, on the coordinator's behalf).
     #[serde(default)]
     pub judge_cost_usd: f64,
+    /// The judges' models with no price: their spend is unknown (not in
+    /// `judge_cost_usd`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub judge_unpriced: Vec<String>,
     #[serde(default)]
     pub judge_usage: crate::event::Usage,
     /// The branches' tokens, summed.

@@ -379,6 +379,10 @@ pub struct ResolveReport {
     /// The judges' usage and cost together (not part of any branch's spend).
     pub judge_usage: Usage,
     pub judge_cost_usd: f64,
+    /// The judges' models with no price (the fork's plan and the built-in table name
+    /// none): what they spent is unknown, and `judge_cost_usd` counts none of it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub judge_unpriced: Vec<String>,
     pub resolved_at_ms: u64,
 }
 
