@@ -564,7 +564,9 @@ fn error_kind(e: &(dyn std::error::Error + 'static)) -> Option<ErrorKind> {
 /// The command that applies fork `fork`'s merge to `dir` again over what it kept (`dir`:
 /// `--apply DIR` when it was given one; `reach`: the flags that reach the store).
 pub(crate) fn reapply_command(fork: ForkId, dir: Option<&Path>, reach: &str) -> String {
-    let apply = dir.map_or(String::new(), |d| format!(" --apply {}", d.display()));
+    let apply = dir.map_or(String::new(), |d| {
+        format!(" --apply {}", render::shell_word(&d.display().to_string()))
+    });
     format!("`forkfleet fork merge {fork} --reapply --overwrite{apply}{reach}`")
 }
 

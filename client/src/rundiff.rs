@@ -1,6 +1,7 @@
-//! `forkfleet runs diff A B`: where two runs' events part (the first seq whose events
-//! differ, and the first field of it that does) and how their files differ (each path one
-//! run's workspace has differently from the other's, with a unified diff of text).
+//! `forkfleet runs diff A B`: where two runs' histories part (their conversational events
+//! compared in order, whatever their seqs: the first that differ, each run's seq there, and
+//! the first field of it that does) and how their files differ (each path one run's
+//! workspace has differently from the other's, with a unified diff of text).
 
 use crate::client::Client;
 use crate::error::ClientError;
@@ -21,6 +22,8 @@ use std::sync::Arc;
 const DIFF_LINES: usize = 200;
 /// A file larger than this gets no unified diff, only its sizes.
 const DIFF_BYTES: u64 = 1 << 20;
+/// The longest one file's diff may compute before it approximates.
+const DIFF_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
 /// Characters of a differing value a text report quotes.
 const QUOTE_CHARS: usize = 160;
 
@@ -32,11 +35,12 @@ pub struct RunsDiff {
     /// Events in each run's log.
     pub a_events: usize,
     pub b_events: usize,
-    /// The last seq through which the two logs are the same (`None`: they differ at their
-    /// first event). Two runs that both start with a lineage event (seq 0: a fork's
-    /// branch, a child) are compared from seq 1.
-    pub same_through: Option<u64>,
-    /// Where they part; `None` when the logs are the same.
+    /// How many conversational events (system, user, model, tool result, steer, follow-up,
+    /// summary; rewinds honoured) the two histories share from their start. Their seqs
+    /// need not be alike: a child copies its parent's conversation under seqs of its own,
+    /// without its status, usage and file events.
+    pub same_events: usize,
+    /// Where they part; `None` when the histories are the same.
     pub parted: Option<Parting>,
     /// Each run's current workspace version (a branch's is computed, not stored).
     pub a_workspace: BlobHash,
@@ -45,12 +49,14 @@ pub struct RunsDiff {
     pub files: Vec<FileDiff>,
 }
 
-/// The first place two logs differ.
+/// The first place two histories differ.
 #[derive(Debug, Clone, Serialize)]
 pub struct Parting {
-    pub seq: u64,
-    /// The first differing field of the event at `seq`, as a JSON path into it (`type`,
-    /// `text`, `tool_calls[0].args.path`); `(end)` where one log has no event at `seq`.
+    /// The seq of each run's event there (`None`: its history has ended).
+    pub a_seq: Option<u64>,
+    pub b_seq: Option<u64>,
+    /// The first differing field of the two events, as a JSON path into them (`type`,
+    /// `text`, `tool_calls[0].args.path`); `(end)` where one history has ended.
     pub field: String,
     /// Each run's value of that field (`null` where it has none).
     pub a: Value,
@@ -73,7 +79,7 @@ pub struct FileDiff {
 pub async fn runs_diff(coord: &Client, a: RunId, b: RunId) -> Result<RunsDiff, ClientError> {
     let (a_log, b_log) = (coord.run_events(a).await?, coord.run_events(b).await?);
     let (a_detail, b_detail) = (coord.run(a).await?, coord.run(b).await?);
-    let (same_through, parted) = parting(&a_log, &b_log)?;
+    let (same_events, parted) = parting(&a_log, &b_log)?;
     let a_files = files_of(coord, &a_detail, &a_log).await?;
     let b_files = files_of(coord, &b_detail, &b_log).await?;
     let mut files = Vec::new();
@@ -98,7 +104,7 @@ pub async fn runs_diff(coord: &Client, a: RunId, b: RunId) -> Result<RunsDiff, C
         b,
         a_events: a_log.len(),
         b_events: b_log.len(),
-        same_through,
+        same_events,
         parted,
         a_workspace: a_detail.workspace,
         b_workspace: b_detail.workspace,
@@ -106,58 +112,46 @@ pub async fn runs_diff(coord: &Client, a: RunId, b: RunId) -> Result<RunsDiff, C
     })
 }
 
-/// Where two logs part: the last seq they share, and the first difference.
-fn parting(
-    a: &[LoggedEvent],
-    b: &[LoggedEvent],
-) -> Result<(Option<u64>, Option<Parting>), ClientError> {
-    let json = |e: &LoggedEvent| {
-        serde_json::to_value(&e.event).map_err(|e| ClientError::decode("an event", e))
+/// Where two runs' histories part: how many conversational events they share, and the
+/// first difference.
+fn parting(a: &[LoggedEvent], b: &[LoggedEvent]) -> Result<(usize, Option<Parting>), ClientError> {
+    let history = |log: &[LoggedEvent]| -> Result<Vec<(u64, Value)>, ClientError> {
+        let events: Vec<(u64, Event)> = log.iter().map(|e| (e.seq, e.event.clone())).collect();
+        history_events(&events, None)
+            .into_iter()
+            .filter(|(_, e)| e.is_conversational())
+            .map(|(seq, e)| {
+                serde_json::to_value(e)
+                    .map(|v| (*seq, v))
+                    .map_err(|e| ClientError::decode("an event", e))
+            })
+            .collect()
     };
-    // Each branch's seq 0 is its own lineage event (its fork, label, cutoff): not where
-    // two runs' work parts, so not compared.
-    let lineage = |log: &[LoggedEvent]| {
-        log.first()
-            .is_some_and(|e| e.seq == 0 && matches!(e.event, Event::Fork { .. }))
-    };
-    let first = usize::from(lineage(a) && lineage(b));
-    let mut same_through = None;
-    for i in first..a.len().max(b.len()) {
-        let (x, y) = (a.get(i), b.get(i));
-        let parted = match (x, y) {
-            (Some(x), Some(y)) if x.seq == y.seq => {
-                let (vx, vy) = (json(x)?, json(y)?);
-                first_difference(&vx, &vy, String::new()).map(|(field, a, b)| Parting {
-                    seq: x.seq,
+    let (a, b) = (history(a)?, history(b)?);
+    for i in 0..a.len().max(b.len()) {
+        let parted = match (a.get(i), b.get(i)) {
+            (Some((sa, va)), Some((sb, vb))) => {
+                first_difference(va, vb, String::new()).map(|(field, x, y)| Parting {
+                    a_seq: Some(*sa),
+                    b_seq: Some(*sb),
                     field,
-                    a,
-                    b,
+                    a: x,
+                    b: y,
                 })
             }
-            (x, y) => {
-                let seq = x
-                    .map_or(u64::MAX, |e| e.seq)
-                    .min(y.map_or(u64::MAX, |e| e.seq));
-                let at = |e: Option<&LoggedEvent>| -> Result<Value, ClientError> {
-                    match e.filter(|e| e.seq == seq) {
-                        Some(e) => json(e),
-                        None => Ok(Value::Null),
-                    }
-                };
-                Some(Parting {
-                    seq,
-                    field: "(end)".to_string(),
-                    a: at(x)?,
-                    b: at(y)?,
-                })
-            }
+            (x, y) => Some(Parting {
+                a_seq: x.map(|(s, _)| *s),
+                b_seq: y.map(|(s, _)| *s),
+                field: "(end)".to_string(),
+                a: x.map_or(Value::Null, |(_, v)| v.clone()),
+                b: y.map_or(Value::Null, |(_, v)| v.clone()),
+            }),
         };
-        match parted {
-            Some(p) => return Ok((same_through, Some(p))),
-            None => same_through = x.map(|e| e.seq),
+        if let Some(p) = parted {
+            return Ok((i, Some(p)));
         }
     }
-    Ok((same_through, None))
+    Ok((a.len(), None))
 }
 
 /// The first field where `a` and `b` differ, as a JSON path (`type` first: events of
@@ -258,7 +252,10 @@ async fn text_diff(
             None => String::new(),
         });
     }
-    let diff = similar::TextDiff::from_lines(&sides[0], &sides[1])
+    // Bounded: past the timeout `similar` approximates rather than search on.
+    let diff = similar::TextDiff::configure()
+        .timeout(DIFF_TIMEOUT)
+        .diff_lines(&sides[0], &sides[1])
         .unified_diff()
         .context_radius(3)
         .header(&format!("a/{path}"), &format!("b/{path}"))
@@ -282,16 +279,24 @@ impl RunsDiff {
             "A {} ({} events)\nB {} ({} events)\n",
             self.a, self.a_events, self.b, self.b_events
         );
-        match (&self.parted, self.same_through) {
-            (None, _) => out.push_str("events: the same\n"),
-            (Some(p), through) => {
-                match through {
-                    Some(s) => {
-                        let _ = writeln!(out, "events: the same through seq {s}");
-                    }
-                    None => out.push_str("events: different from the first compared\n"),
-                }
-                let _ = writeln!(out, "parted at seq {}, field `{}`:", p.seq, p.field);
+        match &self.parted {
+            None => {
+                let _ = writeln!(
+                    out,
+                    "history: the same ({} conversational events)",
+                    self.same_events
+                );
+            }
+            Some(p) => {
+                let seq = |s: Option<u64>| s.map_or("its end".to_string(), |s| format!("seq {s}"));
+                let _ = writeln!(
+                    out,
+                    "history: the same for {} conversational events, then parts at A's {} and B's {}, field `{}`:",
+                    self.same_events,
+                    seq(p.a_seq),
+                    seq(p.b_seq),
+                    p.field
+                );
                 let _ = writeln!(out, "  A: {}", quote(&p.a));
                 let _ = writeln!(out, "  B: {}", quote(&p.b));
             }

@@ -230,10 +230,11 @@ pub async fn apply_version(
 }
 
 /// Apply the changes from workspace version `from` to `to` to `dir` again (`fork merge
-/// --reapply`): as [`apply_version`], except that a path already as `to` has it (a file
-/// with its content, a path removed, a directory made) is left alone, neither applied
-/// nor a conflict; only paths edited since `from` to something else are conflicts (kept,
-/// or replaced under `overwrite`).
+/// --reapply`): as [`apply_version`], except that a path `dir` already holds as `to` has it
+/// (a file with its content and mode, a directory, nothing) is left alone, every change to
+/// it dropped (a directory replaced by a file is a removal and a write of one path), so it
+/// is neither applied again nor a conflict; only paths edited since `from` to something
+/// else are conflicts (kept, or replaced under `overwrite`).
 pub async fn reapply_version(
     store: &dyn BlobStore,
     from: &BlobHash,
@@ -241,33 +242,28 @@ pub async fn reapply_version(
     dir: &Path,
     policy: ConflictPolicy,
 ) -> Result<FlushReport, ClientError> {
+    use flush::FlushTarget as _;
     let target = version(store, to).await?;
     let base = version(store, from).await?;
     let all = flush::changes_between(&base, &target);
     let root = dir.to_path_buf();
     let changes = tokio::task::spawn_blocking(move || {
-        all.into_iter()
-            .filter(|op| !already_applied(&root, op))
-            .collect::<Vec<_>>()
+        let now =
+            DirTarget::new(&root, HashMap::new()).map_err(|e| ClientError::io("read", &root, e))?;
+        let done: std::collections::BTreeSet<_> = all
+            .iter()
+            .map(|op| op.path().clone())
+            .filter(|p| flush::nodes_match(&now.node(p), &target.node(p)))
+            .collect();
+        Ok::<_, ClientError>(
+            all.into_iter()
+                .filter(|op| !done.contains(op.path()))
+                .collect::<Vec<_>>(),
+        )
     })
-    .await?;
+    .await??;
     let contents = written_contents(store, &changes).await?;
     replay_onto(dir, changes, base, contents, policy).await
-}
-
-/// Whether `dir` already holds what `op` makes of its path.
-fn already_applied(dir: &Path, op: &forkfleet_shared::overlay::ChangeOp) -> bool {
-    use forkfleet_shared::overlay::ChangeOp;
-    let path = dir.join(op.path().as_str());
-    let meta = std::fs::symlink_metadata(&path).ok();
-    match op {
-        ChangeOp::Write { entry, .. } | ChangeOp::Edit { entry, .. } => {
-            meta.is_some_and(|m| m.is_file())
-                && std::fs::read(&path).is_ok_and(|bytes| BlobHash::of(&bytes) == entry.hash)
-        }
-        ChangeOp::Delete { .. } | ChangeOp::Rmdir { .. } => meta.is_none(),
-        ChangeOp::Mkdir { .. } => meta.is_some_and(|m| m.is_dir()),
-    }
 }
 
 /// A workspace version (a `Manifest` blob) from `store`.
@@ -325,4 +321,60 @@ async fn written_contents(
         contents.insert(h, bytes);
     }
     Ok(contents)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod reapply_tests {
+    use super::*;
+    use forkfleet_shared::blob::MemBlobStore;
+    use forkfleet_shared::manifest::{MODE_EXEC, MODE_FILE};
+    use forkfleet_shared::path::WsPath;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn file(store: &MemBlobStore, text: &str, mode: u32) -> FileEntry {
+        store.insert(Bytes::from(text.to_string()));
+        FileEntry::for_bytes(text.as_bytes(), mode)
+    }
+
+    /// A merge that turned a directory into a file, applied already: applying it again
+    /// changes nothing and keeps nothing (it removed the merged file under --overwrite);
+    /// a mode the merge set that the directory lacks is applied again (it was skipped).
+    #[tokio::test]
+    async fn applying_a_merge_again_leaves_what_it_made_and_restores_what_it_lacks() {
+        let store = MemBlobStore::new();
+        let p = |s: &str| WsPath::parse(s).unwrap();
+        let mut before = Manifest::default();
+        before.insert_file(p("a/x"), file(&store, "x\n", MODE_FILE));
+        before.insert_file(p("run.sh"), file(&store, "echo\n", MODE_FILE));
+        let mut after = Manifest::default();
+        after.insert_file(p("a"), file(&store, "a file now\n", MODE_FILE));
+        after.insert_file(p("run.sh"), file(&store, "echo\n", MODE_EXEC));
+        let from = store.insert(before.to_blob().unwrap());
+        let to = store.insert(after.to_blob().unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), "a file now\n").unwrap();
+        std::fs::write(dir.path().join("run.sh"), "echo\n").unwrap();
+        std::fs::set_permissions(
+            dir.path().join("run.sh"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        for policy in [ConflictPolicy::KeepParent, ConflictPolicy::Overwrite] {
+            let report = reapply_version(&store, &from, &to, dir.path(), policy)
+                .await
+                .unwrap();
+            assert!(report.conflicts.is_empty(), "{report:?}");
+            assert!(report.errors.is_empty(), "{report:?}");
+            assert_eq!(
+                std::fs::read_to_string(dir.path().join("a")).unwrap(),
+                "a file now\n"
+            );
+            let mode = std::fs::metadata(dir.path().join("run.sh"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o111, 0o111, "{policy:?}: {mode:o}");
+        }
+    }
 }

@@ -16,7 +16,7 @@
 
 use crate::error::CoordinatorError;
 use crate::handle::CoordinatorHandle;
-use crate::prefix::{matching, one_fork, one_run};
+use crate::prefix::{keyed, matching, matching_by, one_fork, one_run};
 use forkfleet_shared::api::{Caller, CreateFork, ForkView};
 use forkfleet_shared::budget::AccountView;
 use forkfleet_shared::ids::{ForkId, RunId};
@@ -214,24 +214,29 @@ impl CoordinatorHandle {
         caller: &Caller,
         prefix: &str,
     ) -> Result<ForkId, CoordinatorError> {
+        // The start of an id, then a name, then the end of an id (a name like `cafe` is
+        // the fork of that name, not one whose id ends so).
         let found = if self.usable_accounts(caller).is_none() {
             self.find_fork(prefix).await
         } else {
-            let ids = self.forks_for(caller).await?.into_iter().map(|f| f.fork_id);
-            one_fork(&matching(ids, prefix), prefix)
+            let ids = keyed(self.forks_for(caller).await?.into_iter().map(|f| f.fork_id));
+            one_fork(&matching_by(ids, prefix, false), prefix)
         };
         match found {
-            // Not an id: a fork's name (the newest fork of that name the caller may see).
+            // Not an id's start: a fork's name (the newest fork of that name the caller
+            // may see), else the end of an id.
             Err(CoordinatorError::UnknownFork(_)) => {
-                let named = self
-                    .forks_for(caller)
-                    .await?
-                    .into_iter()
+                let forks = self.forks_for(caller).await?;
+                let named = forks
+                    .iter()
                     .filter(|f| f.name.as_deref() == Some(prefix))
                     .max_by_key(|f| f.created_at_ms);
                 match named {
                     Some(f) => Ok(f.fork_id),
-                    None => found,
+                    None => {
+                        let ids = keyed(forks.iter().map(|f| f.fork_id));
+                        one_fork(&matching_by(ids, prefix, true), prefix)
+                    }
                 }
             }
             other => other,

@@ -562,8 +562,12 @@ impl CoordinatorHandle {
             .blocking(move |s| crate::lineage::plan_child(s, &planned))
             .await?;
         // `--set model=` a model no worker offers is refused now, as a fork's would be
-        // (dry run or not), not when the child runs.
-        self.check_models_offered(&child.plan).await?;
+        // (dry run or not), not when the child runs. Only the child's model: the plan
+        // keeps the source's other models, which the child never calls.
+        let mut used = child.plan.clone();
+        used.models
+            .retain(|name, _| used.branches.iter().any(|b| &b.model == name));
+        self.check_models_offered(&used).await?;
         if child.wants_model_summary {
             let text = crate::resolve::model_summary(self, &req, &child).await?;
             let text = format!(

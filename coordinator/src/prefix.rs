@@ -31,16 +31,27 @@ pub(crate) fn id_matches(id: &str, needle: &str, tail: bool) -> bool {
 /// The ids among `ids` that start with `prefix` (see [`needle`]); when none does, those
 /// that end with it (at least [`MIN_TAIL`] characters). An empty prefix matches nothing.
 pub(crate) fn matching<T: ToString>(ids: impl Iterator<Item = T>, prefix: &str) -> Vec<T> {
+    let all: Vec<(String, T)> = ids.map(|id| (id.to_string(), id)).collect();
+    let needle = needle(prefix);
+    let by_start = all.iter().any(|(s, _)| id_matches(s, &needle, false));
+    matching_by(all, prefix, !by_start)
+}
+
+/// The ids among `ids` that start with `prefix`, or (`tail`) end with it.
+pub(crate) fn matching_by<T>(ids: Vec<(String, T)>, prefix: &str, tail: bool) -> Vec<T> {
     let needle = needle(prefix);
     if needle.is_empty() {
         return Vec::new();
     }
-    let all: Vec<(String, T)> = ids.map(|id| (id.to_string(), id)).collect();
-    let by_start = all.iter().any(|(s, _)| id_matches(s, &needle, false));
-    all.into_iter()
-        .filter(|(s, _)| id_matches(s, &needle, !by_start))
+    ids.into_iter()
+        .filter(|(s, _)| id_matches(s, &needle, tail))
         .map(|(_, id)| id)
         .collect()
+}
+
+/// `ids` as [`matching_by`] takes them.
+pub(crate) fn keyed<T: ToString>(ids: impl Iterator<Item = T>) -> Vec<(String, T)> {
+    ids.map(|id| (id.to_string(), id)).collect()
 }
 
 /// The one fork `matches` holds for `prefix`, or the error saying none or which.

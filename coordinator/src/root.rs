@@ -139,7 +139,10 @@ impl RootState {
                 Err(CoordinatorError::UnknownFork(prefix.to_string()))
             };
         }
-        let matches = crate::prefix::matching(self.forks.keys().copied(), prefix);
+        // By the start of the id only: a fork's name is looked for before its tail
+        // (`CoordinatorHandle::find_fork_for`).
+        let ids = crate::prefix::keyed(self.forks.keys().copied());
+        let matches = crate::prefix::matching_by(ids, prefix, false);
         crate::prefix::one_fork(&matches, prefix)
     }
 }

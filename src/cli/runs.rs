@@ -77,9 +77,10 @@ pub enum RunsCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Where two runs part: the first seq whose events differ (and the first field of it
-    /// that does), and each path their workspaces hold differently, with unified diffs of
-    /// text (e.g. two branches of a fork, or a run and its child).
+    /// Where two runs part: their conversational events compared in order (each run's seq
+    /// where they first differ, and the first field that does), and each path their
+    /// workspaces hold differently, with unified diffs of text (e.g. two branches of a
+    /// fork, or a run and its child).
     Diff {
         /// Run A (id, unique prefix, or a fork's branch as FORK/LABEL).
         a: String,

@@ -424,6 +424,21 @@ fn a_named_fork_is_listed_and_found_by_its_name() {
         "{}",
         stderr(&bad)
     );
+    // A name that is also the end of another fork's id names its fork: names come before
+    // tails.
+    let first_id = first["fork_id"].as_str().unwrap();
+    let tail = &first_id[first_id.len() - 6..];
+    let named_as_tail = json(&forkfleet(&[
+        "run",
+        path_str(&ex.spec()),
+        "--name",
+        tail,
+        "--json",
+    ]));
+    let shown = json(&forkfleet(&[
+        "fork", "show", tail, "--json", "--data", &data,
+    ]));
+    assert_eq!(shown["fork_id"], named_as_tail["fork_id"], "{shown}");
     let none = forkfleet(&["fork", "show", "nameless", "--data", &data]);
     assert_eq!(none.status.code(), Some(2));
     assert!(stderr(&none).contains("no fork has the id, id prefix or name `nameless`"));

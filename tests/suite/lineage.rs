@@ -195,9 +195,10 @@ fn fork_create_from_run_forks_a_root_run_as_it_is_now() {
     assert_eq!(doc["parent_run"], concise.as_str(), "{doc}");
 }
 
-/// `runs diff A B`: two branches part at their steers (seq 0, each one's lineage, is not
-/// compared), and their files differ with unified diffs; a run against itself is the
-/// same; text says the same as JSON.
+/// `runs diff A B`: two branches part at their steers (their lineage and status events
+/// are not the conversation), and their files differ with unified diffs; a run and its
+/// copied child have the same history (under other seqs) and files; a run against itself
+/// is the same; text says the same as JSON.
 #[test]
 fn runs_diff_shows_where_two_runs_part_and_how_their_files_differ() {
     let ex = Example::quickstart();
@@ -214,18 +215,21 @@ fn runs_diff_shows_where_two_runs_part_and_how_their_files_differ() {
     let diff = json(&forkfleet(&[
         "runs", "diff", &a, &b, "--json", "--data", &data,
     ]));
-    let steer_seq = log(&data, &a)
-        .iter()
-        .find(|e| e["event"]["type"] == "steer")
-        .unwrap()["seq"]
-        .clone();
-    assert_eq!(diff["parted"]["seq"], steer_seq, "{diff}");
+    let steer_seq = |run: &str| {
+        log(&data, run)
+            .iter()
+            .find(|e| e["event"]["type"] == "steer")
+            .unwrap()["seq"]
+            .clone()
+    };
+    assert_eq!(diff["parted"]["a_seq"], steer_seq(&a), "{diff}");
+    assert_eq!(diff["parted"]["b_seq"], steer_seq(&b), "{diff}");
     assert_eq!(diff["parted"]["field"], "text");
     assert_eq!(
         diff["parted"]["b"],
         "Only tidy up: close finished to-dos and remove stale docs."
     );
-    assert_eq!(diff["same_through"], steer_seq.as_u64().unwrap() - 1);
+    assert!(diff["same_events"].as_u64().unwrap() >= 2, "{diff}");
     let files: Vec<&Value> = diff["files"].as_array().unwrap().iter().collect();
     let greet = files.iter().find(|f| f["path"] == "greet.py").unwrap();
     let unified = greet["diff"].as_str().unwrap();
@@ -236,14 +240,23 @@ fn runs_diff_shows_where_two_runs_part_and_how_their_files_differ() {
     assert!(files.iter().all(|f| f["a"] != f["b"]), "{diff}");
     let text = forkfleet(&["runs", "diff", &a, &b, "--data", &data]);
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("parted at seq"), "{text}");
+    assert!(text.contains("then parts at A's seq"), "{text}");
     assert!(text.contains("--- a/greet.py"), "{text}");
 
+    // A copied child: its conversation is its parent's under other seqs, its files too.
+    let child = json(&forkfleet(&[
+        "runs", "fork", &a, "--label", "copy", "--json", "--data", &data,
+    ]));
+    let child = child["run_id"].as_str().unwrap();
     let same = json(&forkfleet(&[
-        "runs", "diff", &a, &a, "--json", "--data", &data,
+        "runs", "diff", &a, child, "--json", "--data", &data,
     ]));
     assert!(same["parted"].is_null(), "{same}");
-    assert_eq!(same["files"], serde_json::json!([]));
+    assert_eq!(same["files"], serde_json::json!([]), "{same}");
+    let itself = json(&forkfleet(&[
+        "runs", "diff", &a, &a, "--json", "--data", &data,
+    ]));
+    assert!(itself["parted"].is_null(), "{itself}");
     let unknown = forkfleet(&["runs", "diff", &a, "0000000", "--data", &data]);
     assert_eq!(unknown.status.code(), Some(2));
 }
