@@ -244,6 +244,13 @@ pub async fn run_fork(
     // The fork directory is announced only if it stays: a merge below removes it.
     let (view, fork_dir) =
         forkdir::follow_quietly(coord, fork_id, opts.timeout, AT_ONCE, opts.show).await?;
+    // Aborted while it ran (`fork abort` from another terminal or process): nothing is
+    // merged or resolved, and the fork directory goes as after a merge (the live sync
+    // that kept it has ended, so nothing makes it again).
+    let aborted = matches!(view.state, forkfleet_shared::state::ForkState::Aborted);
+    if aborted {
+        forkdir::cleanup_after_merge(coord, fork_id).await;
+    }
     let diff = coord.diff(fork_id, DiffOptions::default()).await?;
     let paused: Vec<String> = paused_labels(&view)
         .into_iter()
@@ -268,10 +275,12 @@ pub async fn run_fork(
     // Nothing runs now: merge the pick only if it finished (not paused, not waiting) and
     // did not fail or refuse (its partial work stays in the fork, for `fork merge`).
     let pick = requested.filter(|p| {
-        view.branch(p).is_some_and(|b| {
-            use forkfleet_shared::state::BranchState;
-            b.state.is_terminal() && !matches!(b.state, BranchState::Failed | BranchState::Refused)
-        })
+        !aborted
+            && view.branch(p).is_some_and(|b| {
+                use forkfleet_shared::state::BranchState;
+                b.state.is_terminal()
+                    && !matches!(b.state, BranchState::Failed | BranchState::Refused)
+            })
     });
     let merge = match pick {
         Some(pick) => {
@@ -288,7 +297,8 @@ pub async fn run_fork(
         && (!awaiting || loaded.plan.resolve.strategy.needs_judge())
         && requested.is_none()
         && paused.is_empty()
-        && !loaded.plan.solo;
+        && !loaded.plan.solo
+        && !aborted;
     let resolved = if resolves {
         Some(
             resolve_and_apply(

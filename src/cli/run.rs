@@ -338,6 +338,7 @@ async fn run_fork(
         match &out.merge {
             Some((winner, report)) => print!("{}", render::merge_text(winner, report)),
             None if out.paused.is_empty()
+                && !out.view.state.is_resolved()
                 && out.resolved.is_none()
                 && render::awaiting_labels(&out.view).is_empty() =>
             {
@@ -347,6 +348,12 @@ async fn run_fork(
             }
             None => {}
         }
+    }
+    if matches!(out.view.state, forkfleet_shared::state::ForkState::Aborted) {
+        return Err(Incomplete::Failed(format!(
+            "fork {fork_id} was aborted while it ran (`fork abort`, from another terminal or process): nothing was merged"
+        ))
+        .into());
     }
     if let Some(e) = out
         .resolved

@@ -277,3 +277,47 @@ fn a_stale_socket_is_removed_and_ignored() {
     assert!(!socket.exists(), "the stale socket file is removed");
     drop(store);
 }
+
+/// A `run` whose fork another process aborts ends with exit 1 saying so, suggests no merge
+/// (it exited 0 and suggested a merge that fails), and leaves no fork directory behind.
+#[test]
+fn a_run_whose_fork_is_aborted_from_another_process_fails_and_says_so() {
+    let ex = Example::quickstart();
+    let spec = live_spec(&ex);
+    let data = ex.data();
+    let run = command()
+        .args([
+            "run",
+            path_str(&spec),
+            "--data",
+            path_str(&data),
+            "--timeout-s",
+            "120",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut run = run;
+    let socket = local::socket_path(&data);
+    wait_for(&mut run, "the socket", || socket.exists().then_some(()));
+    let fork = wait_for(&mut run, "the fork, running", || {
+        let list = ok_json(&["fork", "ls"], &data);
+        let view = list.as_array()?.first()?.clone();
+        (state(&view, "a") == "running").then(|| view["fork_id"].as_str().unwrap().to_string())
+    });
+    let fork_dir = ex.workspace().join(".forkfleet/forks").join(&fork);
+    let aborted = forkfleet(&["fork", "abort", &fork, "--data", path_str(&data)]);
+    assert!(aborted.status.success(), "{}", stderr(&aborted));
+    let out = finish(run);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("was aborted while it ran")
+            && stderr(&out).contains("nothing was merged"),
+        "{}",
+        stderr(&out)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("merge a branch with"), "{text}");
+    assert!(!fork_dir.exists(), "the fork directory is left behind");
+}
