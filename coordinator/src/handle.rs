@@ -568,7 +568,9 @@ impl CoordinatorHandle {
         used.models
             .retain(|name, _| used.branches.iter().any(|b| &b.model == name));
         self.check_models_offered(&used).await?;
-        if child.wants_model_summary {
+        // A dry run calls no model: the summary is written (and paid for) only when the
+        // child is.
+        if child.wants_model_summary && !dry_run {
             let text = crate::resolve::model_summary(self, &req, &child).await?;
             let text = format!(
                 "[model summary by {}; lossy: the events before this are the record] {text}",

@@ -576,6 +576,13 @@ fn a_summary_follows_the_copied_prefix_deterministic_or_by_the_model() {
             "The run wrote a.txt, deleted b.txt and wrote c.txt.",
         ),
     ] {
+        // A dry run calls no model: a model summary is not written, nor paid for.
+        let dry = fork(&ex, &main, &[how, "--dry-run", "--label", "dry"]);
+        if how == "--summarize=model" {
+            assert!(dry["summary"].is_null(), "{dry}");
+        } else {
+            assert!(dry["summary"].as_str().unwrap().contains(says), "{dry}");
+        }
         let child = fork(&ex, &main, &[how]);
         let child_log = log(&ex, child["run_id"].as_str().unwrap());
         let n = child["replay_event_count"].as_u64().unwrap() as usize;
