@@ -247,6 +247,9 @@ fn keep_artifacts_keeps_the_directory_after_a_merge_and_run_pick_removes_it_othe
         files_under(&dir)
     );
     assert_eq!(manifest(&dir)["keep_artifacts"], true);
+    // Brought up to date at the merge: it said `settled`, winner null.
+    assert_eq!(manifest(&dir)["state"], "merged");
+    assert_eq!(manifest(&dir)["winner"], "concise");
 
     // Without it, `run --pick` removes the directory once merged.
     let ex = Example::quickstart();

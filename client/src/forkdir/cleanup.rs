@@ -96,18 +96,26 @@ pub fn remove_fork_dir(workspace: &str, fork: ForkId) -> Result<Cleanup, ClientE
     Ok(Cleanup::Removed(dir))
 }
 
-/// After a merge of `fork` committed: [`remove_after_merge`] with the fork's view, any
-/// error printed as a warning on stderr (the merge stands either way).
+/// After a merge of `fork` committed: [`remove_after_merge`] with the fork's view; a
+/// directory the plan keeps is synced once more, so its `manifest.json` says merged and
+/// names the winner. Any error is printed as a warning on stderr (the merge stands either
+/// way).
 pub async fn cleanup_after_merge(coord: &Client, fork: ForkId) -> Option<Cleanup> {
     let result = match coord.fork(fork).await {
-        Ok(view) => remove_after_merge(&view),
+        Ok(view) => match remove_after_merge(&view) {
+            Ok(Cleanup::Kept(dir)) => super::sync::Materializer::new()
+                .sync(coord, &view, false)
+                .await
+                .map(|_| Cleanup::Kept(dir)),
+            other => other,
+        },
         Err(e) => Err(e),
     };
     match result {
         Ok(c) => Some(c),
         Err(e) => {
             crate::render::say(&format!(
-                "warning: the fork directory was not removed: {}",
+                "warning: the fork directory was not removed (or, kept, not brought up to date): {}",
                 crate::render::error_chain(&e)
             ));
             None
