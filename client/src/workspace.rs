@@ -222,11 +222,7 @@ pub async fn apply_version(
     dir: &Path,
     policy: ConflictPolicy,
 ) -> Result<FlushReport, ClientError> {
-    let target = version(store, to).await?;
-    let base = version(store, from).await?;
-    let changes = flush::changes_between(&base, &target);
-    let contents = written_contents(store, &changes).await?;
-    replay_onto(dir, changes, base, contents, policy).await
+    bring_to_version(store, (from, to), dir, policy, false).await
 }
 
 /// Apply the changes from workspace version `from` to `to` to `dir` again (`fork merge
@@ -242,26 +238,36 @@ pub async fn reapply_version(
     dir: &Path,
     policy: ConflictPolicy,
 ) -> Result<FlushReport, ClientError> {
+    bring_to_version(store, (from, to), dir, policy, true).await
+}
+
+/// [`apply_version`], or with `skip_done` [`reapply_version`].
+async fn bring_to_version(
+    store: &dyn BlobStore,
+    (from, to): (&BlobHash, &BlobHash),
+    dir: &Path,
+    policy: ConflictPolicy,
+    skip_done: bool,
+) -> Result<FlushReport, ClientError> {
     use flush::FlushTarget as _;
     let target = version(store, to).await?;
     let base = version(store, from).await?;
-    let all = flush::changes_between(&base, &target);
-    let root = dir.to_path_buf();
-    let changes = tokio::task::spawn_blocking(move || {
-        let now =
-            DirTarget::new(&root, HashMap::new()).map_err(|e| ClientError::io("read", &root, e))?;
-        let done: std::collections::BTreeSet<_> = all
-            .iter()
-            .map(|op| op.path().clone())
-            .filter(|p| flush::nodes_match(&now.node(p), &target.node(p)))
-            .collect();
-        Ok::<_, ClientError>(
-            all.into_iter()
-                .filter(|op| !done.contains(op.path()))
-                .collect::<Vec<_>>(),
-        )
-    })
-    .await??;
+    let mut changes = flush::changes_between(&base, &target);
+    if skip_done {
+        let root = dir.to_path_buf();
+        changes = tokio::task::spawn_blocking(move || {
+            let now = DirTarget::new(&root, HashMap::new())
+                .map_err(|e| ClientError::io("read", &root, e))?;
+            let done: std::collections::BTreeSet<_> = changes
+                .iter()
+                .map(|op| op.path().clone())
+                .filter(|p| flush::nodes_match(&now.node(p), &target.node(p)))
+                .collect();
+            changes.retain(|op| !done.contains(op.path()));
+            Ok::<_, ClientError>(changes)
+        })
+        .await??;
+    }
     let contents = written_contents(store, &changes).await?;
     replay_onto(dir, changes, base, contents, policy).await
 }

@@ -37,6 +37,26 @@ fn live_spec(ex: &Example) -> PathBuf {
     )
 }
 
+/// `forkfleet run SPEC --data DATA --timeout-s 120 EXTRA...`, started with its output
+/// piped.
+fn spawn_run(spec: &Path, data: &Path, extra: &[&str]) -> Child {
+    let mut args = vec![
+        "run",
+        path_str(spec),
+        "--data",
+        path_str(data),
+        "--timeout-s",
+        "120",
+    ];
+    args.extend_from_slice(extra);
+    command()
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// `forkfleet ARGS --data DATA --json`, which must succeed, as JSON.
 fn ok_json(args: &[&str], data: &Path) -> Value {
     let mut all = args.to_vec();
@@ -96,20 +116,7 @@ fn a_second_process_costs_steers_terminates_tops_up_and_watches_a_live_run() {
     let spec = live_spec(&ex);
     let data = ex.data();
     let socket = local::socket_path(&data);
-    let mut run = command()
-        .args([
-            "run",
-            path_str(&spec),
-            "--data",
-            path_str(&data),
-            "--json",
-            "--timeout-s",
-            "120",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut run = spawn_run(&spec, &data, &["--json"]);
 
     // The socket appears once the first process holds the store (before that a client
     // would open the store itself).
@@ -285,20 +292,7 @@ fn a_run_whose_fork_is_aborted_from_another_process_fails_and_says_so() {
     let ex = Example::quickstart();
     let spec = live_spec(&ex);
     let data = ex.data();
-    let run = command()
-        .args([
-            "run",
-            path_str(&spec),
-            "--data",
-            path_str(&data),
-            "--timeout-s",
-            "120",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut run = run;
+    let mut run = spawn_run(&spec, &data, &[]);
     let socket = local::socket_path(&data);
     wait_for(&mut run, "the socket", || socket.exists().then_some(()));
     let fork = wait_for(&mut run, "the fork, running", || {
