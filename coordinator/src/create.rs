@@ -309,6 +309,7 @@ pub(crate) fn create_fork(
             label: b.label.clone(),
             replay_event_count: 0,
             strategy: None,
+            workspaces: vec![req.snapshot],
         };
         logs.push((run_id, lineage, tail));
     }

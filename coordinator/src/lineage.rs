@@ -610,6 +610,7 @@ pub(crate) fn write_child(
         label: child.outcome.label.clone(),
         replay_event_count: child.outcome.replay_event_count,
         strategy: Some(STRATEGY.to_string()),
+        workspaces: vec![child.snapshot],
     };
     let first_seq = 1 + prefix_len;
     let next_seq = first_seq + child.tail.len() as u64;
@@ -752,6 +753,7 @@ fn view_of(
             label,
             replay_event_count,
             strategy,
+            workspaces,
         }) => Some(Lineage {
             fork_id,
             parent_run,
@@ -760,6 +762,7 @@ fn view_of(
             label,
             replay_event_count,
             strategy,
+            workspaces,
         }),
         _ => None,
     };

@@ -89,6 +89,11 @@ pub enum Event {
         /// A child of `runs fork`: how its prefix was made ([`crate::lineage::STRATEGY`]).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         strategy: Option<String>,
+        /// The workspaces the run starts from, as Pixir's lineage names them: its fork's
+        /// snapshot (a workspace version, a `Manifest` blob). Empty in logs written
+        /// before this field.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        workspaces: Vec<crate::blob::BlobHash>,
     },
     System {
         text: String,

@@ -260,6 +260,7 @@ mod tests {
                 label: "a".into(),
                 replay_event_count: 0,
                 strategy: None,
+                workspaces: Vec::new(),
             },
             Event::System { text: "s".into() },
             Event::UserMessage { text: "u".into() },

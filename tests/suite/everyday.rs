@@ -75,6 +75,12 @@ fn each_branch_answer_shows_and_runs_are_named_by_prefix_or_fork_and_label() {
         "runs", "show", &tidy, "--json", "--data", &data,
     ]));
     assert_eq!(shown["run"]["run_id"], run.as_str(), "{shown}");
+    // Its lineage names the workspace it starts from (Pixir's `workspaces`).
+    assert_eq!(
+        shown["run"]["lineage"]["workspaces"],
+        serde_json::json!([shown["run"]["workspace"]]),
+        "{shown}"
+    );
     let listed = forkfleet(&["checkpoint", "ls", &tidy, "--json", "--data", &data]);
     assert!(listed.status.success(), "{}", stderr(&listed));
     let tree = forkfleet(&["runs", "tree", &tidy, "--data", &data]);

@@ -51,7 +51,10 @@ async fn branch_logs_start_with_the_fork_event_then_prefix_then_steer() {
             label,
             replay_event_count: 0,
             strategy: None,
+            workspaces,
         } => {
+            // Pixir's lineage field: the version the branch starts from.
+            assert_eq!(workspaces, &vec![view.snapshot]);
             assert_eq!(*fork_id, view.fork_id);
             assert_eq!(*parent_run, view.parent_run);
             assert_eq!(*fork_root, view.parent_run);

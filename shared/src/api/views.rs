@@ -470,6 +470,10 @@ pub struct Lineage {
     pub replay_event_count: u64,
     /// A child: how its prefix was made (`replay_v1`).
     pub strategy: Option<String>,
+    /// The workspace versions it starts from (its fork's snapshot); empty for a run
+    /// written before the field.
+    #[serde(default)]
+    pub workspaces: Vec<crate::blob::BlobHash>,
 }
 
 /// A root run made by `checkpoint fork`: where it came from (its `from:<run>` checkpoint).

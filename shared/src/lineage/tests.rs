@@ -53,6 +53,7 @@ fn log() -> Vec<(u64, Event)> {
             label: "main".into(),
             replay_event_count: 0,
             strategy: None,
+            workspaces: Vec::new(),
         },
         Event::System { text: "sys".into() },
         user("goal"),

@@ -121,6 +121,7 @@ fn event() -> impl Strategy<Value = Event> {
                 label,
                 replay_event_count: 0,
                 strategy: None,
+                workspaces: Vec::new(),
             }
         ),
         text().prop_map(|text| Event::System { text }),

@@ -165,6 +165,7 @@ impl Fixture {
                 label: label.to_string(),
                 replay_event_count: 0,
                 strategy: None,
+                workspaces: Vec::new(),
             },
             Event::System {
                 text: "You are a careful engineer.".into(),
@@ -285,6 +286,7 @@ impl Fixture {
                 label: task.label.clone(),
                 replay_event_count: 0,
                 strategy: None,
+                workspaces: Vec::new(),
             },
         )];
         log.extend((1u64..).zip(self.initial_log(task)));
