@@ -604,10 +604,13 @@ pub fn cost_table(cost: &ForkCost) -> String {
     for b in &cost.branches {
         let _ = writeln!(
             out,
-            "{:<width$}  {:<26}  {:>12.6}  {:>12.6}  {:>12}  {:>13}  {:>5}  {:>6}  {:>12}  {:>12.6}",
+            "{:<width$}  {:<26}  {:>12}  {:>12.6}  {:>12}  {:>13}  {:>5}  {:>6}  {:>12}  {:>12.6}",
             b.label,
             b.state.as_str(),
-            money(b.spent_usd),
+            match &b.unpriced_model {
+                Some(_) => "unknown".to_string(),
+                None => format!("{:.6}", money(b.spent_usd)),
+            },
             money(b.reserved_usd),
             usd(b.cap_usd),
             usd(b.remaining_usd),
@@ -619,9 +622,24 @@ pub fn cost_table(cost: &ForkCost) -> String {
     }
     let _ = writeln!(
         out,
-        "\nfork {}: spent ${:.6} · reserved ${:.6} · {} · mode {} · on_exhausted {}",
+        "\nfork {}: spent {} · reserved ${:.6} · {} · mode {} · on_exhausted {}",
         cost.fork_id,
-        money(cost.spent_usd),
+        {
+            let unpriced: std::collections::BTreeSet<&str> = cost
+                .branches
+                .iter()
+                .filter_map(|b| b.unpriced_model.as_deref())
+                .collect();
+            if unpriced.is_empty() {
+                format!("${:.6}", money(cost.spent_usd))
+            } else {
+                format!(
+                    "at least ${:.6} (unknown: no price for {})",
+                    money(cost.spent_usd),
+                    unpriced.into_iter().collect::<Vec<_>>().join(", ")
+                )
+            }
+        },
         money(cost.reserved_usd),
         cap_text(cost.cap_usd, cost.remaining_usd),
         cost.mode.as_str(),

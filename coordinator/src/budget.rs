@@ -341,6 +341,7 @@ impl State {
             stopped_at_ms: r.stopped_at_ms,
             usage: Default::default(),
             cache_saved_usd: 0.0,
+            unpriced_model: None,
         })
     }
 

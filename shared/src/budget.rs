@@ -277,6 +277,10 @@ pub struct BranchCost {
     /// ([`crate::pricing::Price::cache_saving`]).
     #[serde(default)]
     pub cache_saved_usd: f64,
+    /// Its model, when it is a provider's with no price: what its calls cost is unknown,
+    /// and `spent_usd` counts none of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unpriced_model: Option<String>,
 }
 
 /// A named ledger shared by every fork that charges it.

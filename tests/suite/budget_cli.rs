@@ -879,4 +879,16 @@ fn a_model_with_no_price_shows_its_cost_as_unknown() {
         one.contains("cost unknown (its model has no price)"),
         "{one}"
     );
+    // `fork cost` says it too: the branch's spend, and the fork's as a lower bound.
+    let cost = cost_of(fork, &ex.data());
+    assert_eq!(
+        cost.branches[0].unpriced_model.as_deref(),
+        Some("openai:unpriced")
+    );
+    let text = forkfleet_env(&["fork", "cost", fork, "--data", &data], &env);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("spent at least $0.000000 (unknown: no price for openai:unpriced)"),
+        "{text}"
+    );
 }
