@@ -432,7 +432,7 @@ pub(crate) async fn fork_reapply(
         .find(|c| c.label == label)
         .ok_or_else(|| {
             BadInput(format!(
-                "fork {id}'s parent run {} has no checkpoint `{label}` to apply again (the merge went into the branch of the agent that forked, which has no directory)",
+                "fork {id}'s parent run {} has no checkpoint `{label}` to apply again: it was removed (`checkpoint rm`), or the merge went into the branch of the agent that forked, which has no directory",
                 view.parent_run
             ))
         })?;
