@@ -217,9 +217,16 @@ async fn run(coord: &Client, command: &RunsCommand) -> anyhow::Result<()> {
                 )
                 .await?;
             let follow = outcome.replay && !outcome.dry_run && (*wait || !coord.is_remote());
+            // One JSON shape whatever the mode: the outcome's fields, and `run`, the
+            // child's detail once followed to its end (null when not followed).
+            let doc = |detail: Option<&forkfleet_shared::api::RunDetail>| {
+                let mut doc = serde_json::to_value(&outcome)?;
+                doc["run"] = serde_json::to_value(detail)?;
+                Ok::<_, serde_json::Error>(doc)
+            };
             if !follow {
                 if json_out {
-                    return print_json(&serde_json::to_value(&outcome)?);
+                    return print_json(&doc(None)?);
                 }
                 print!("{}", fork_text(&outcome, coord.reach()));
                 return Ok(());
@@ -239,7 +246,7 @@ async fn run(coord: &Client, command: &RunsCommand) -> anyhow::Result<()> {
             .await?;
             let detail = coord.run(run).await?;
             if json_out {
-                return print_json(&json!({"fork": outcome, "run": detail}));
+                return print_json(&doc(Some(&detail))?);
             }
             print!("{}", end_text(&detail));
             finished_ok(&view, &outcome.label)

@@ -466,7 +466,9 @@ fn a_replay_is_served_from_the_record_at_no_cost() {
     assert_eq!(run["calls"], 0, "no model call paid: {doc}");
     assert_eq!(run["cached_calls"], 4, "every call served: {doc}");
     assert_eq!(run["cost_usd"], 0.0);
-    let fork_id = doc["fork"]["fork_id"].as_str().unwrap();
+    // The outcome's fields at the top, as when the child is not followed.
+    assert_eq!(doc["label"], "again", "{doc}");
+    let fork_id = doc["fork_id"].as_str().unwrap();
     let cost = json(&forkfleet(&[
         "fork", "cost", fork_id, "--data", &d, "--json",
     ]));
@@ -725,7 +727,7 @@ fn a_summary_at_a_cutoff_inside_a_tool_call_follows_its_interrupted_result() {
         // Embedded, a replay is followed to its end: the outcome is under `fork`.
         let run = child["run_id"]
             .as_str()
-            .or_else(|| child["fork"]["run_id"].as_str())
+            .or_else(|| child["run"]["run"]["run_id"].as_str())
             .unwrap_or_else(|| panic!("{child}"));
         let child_log = log(&ex, run);
         let conversational: Vec<&Value> = child_log
