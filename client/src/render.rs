@@ -343,28 +343,34 @@ fn list_state(view: &ForkView) -> String {
     }
 }
 
-/// A fork's spend: `$X`, or `at least $X (unknown: ...)` when a branch's model has no
-/// price.
-pub fn total_cost_text(view: &ForkView) -> String {
-    let total = view.total_cost_usd();
-    if !view.cost_unknown() {
-        return format!("${total:.6}");
+/// A spend: `$X`, or `at least $X (unknown: no price for M, ...)` when calls of `unpriced`
+/// models are in it, uncounted.
+pub fn spend_text<'a>(usd: f64, unpriced: impl IntoIterator<Item = &'a str>) -> String {
+    let models: std::collections::BTreeSet<&str> = unpriced.into_iter().collect();
+    if models.is_empty() {
+        return format!("${:.6}", money(usd));
     }
-    let models: std::collections::BTreeSet<&str> = view
-        .branches
-        .iter()
-        .filter(|b| b.turns > 0)
-        .filter_map(|b| b.unpriced_model.as_deref())
-        .collect();
+    let models: Vec<&str> = models.into_iter().collect();
     format!(
-        "at least ${total:.6} (unknown: no price for {})",
-        models.into_iter().collect::<Vec<_>>().join(", ")
+        "at least ${:.6} (unknown: no price for {})",
+        money(usd),
+        models.join(", ")
+    )
+}
+
+/// A fork's spend ([`spend_text`]).
+pub fn total_cost_text(view: &ForkView) -> String {
+    spend_text(
+        view.total_cost_usd(),
+        view.branches
+            .iter()
+            .filter_map(|b| b.unpriced_model.as_deref()),
     )
 }
 
 /// A branch's cost as the tables show it: `unknown` for a model with no price.
 pub fn branch_cost_text(b: &BranchView) -> String {
-    if b.unpriced_model.is_some() && b.turns > 0 {
+    if b.unpriced_model.is_some() {
         "unknown".to_string()
     } else {
         format!("{:.6}", b.cost_usd)
@@ -507,7 +513,7 @@ impl BranchDetail<'_> {
             "error": b.error,
             "turns": b.turns,
             "cost_usd": b.cost_usd,
-            "cost_unknown": b.unpriced_model.is_some() && b.turns > 0,
+            "cost_unknown": b.unpriced_model.is_some(),
             "usage": b.usage,
             "steers": self.steers,
             "answer": self.answer,
@@ -624,22 +630,12 @@ pub fn cost_table(cost: &ForkCost) -> String {
         out,
         "\nfork {}: spent {} · reserved ${:.6} · {} · mode {} · on_exhausted {}",
         cost.fork_id,
-        {
-            let unpriced: std::collections::BTreeSet<&str> = cost
-                .branches
+        spend_text(
+            cost.spent_usd,
+            cost.branches
                 .iter()
                 .filter_map(|b| b.unpriced_model.as_deref())
-                .collect();
-            if unpriced.is_empty() {
-                format!("${:.6}", money(cost.spent_usd))
-            } else {
-                format!(
-                    "at least ${:.6} (unknown: no price for {})",
-                    money(cost.spent_usd),
-                    unpriced.into_iter().collect::<Vec<_>>().join(", ")
-                )
-            }
-        },
+        ),
         money(cost.reserved_usd),
         cap_text(cost.cap_usd, cost.remaining_usd),
         cost.mode.as_str(),
@@ -680,15 +676,10 @@ pub fn cost_table(cost: &ForkCost) -> String {
         let _ = writeln!(
             out,
             "judges (last resolve): {} · {} input + {} output tokens (not charged to the branches' caps)",
-            if cost.judge_unpriced.is_empty() {
-                format!("${:.6}", money(cost.judge_cost_usd))
-            } else {
-                format!(
-                    "at least ${:.6} (unknown: no price for {})",
-                    money(cost.judge_cost_usd),
-                    cost.judge_unpriced.join(", ")
-                )
-            },
+            spend_text(
+                cost.judge_cost_usd,
+                cost.judge_unpriced.iter().map(String::as_str)
+            ),
             cost.judge_usage.input_tokens,
             cost.judge_usage.output_tokens
         );
@@ -896,7 +887,7 @@ pub fn fork_json(
                 "blocked": b.blocked,
                 "last_message_preview": b.last_message_preview,
                 // A model with no price: cost_usd counts none of its calls.
-                "cost_unknown": b.unpriced_model.is_some() && b.turns > 0,
+                "cost_unknown": b.unpriced_model.is_some(),
             })
         })
         .collect();

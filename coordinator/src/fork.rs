@@ -264,8 +264,7 @@ impl ForkState {
                 .iter()
                 .map(|b| {
                     let mut v = b.record.view();
-                    v.unpriced_model = self
-                        .unpriced(&b.record.model)
+                    v.unpriced_model = (b.record.turns > 0 && self.unpriced(&b.record.model))
                         .then(|| b.record.model.clone());
                     v
                 })

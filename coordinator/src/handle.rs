@@ -687,7 +687,7 @@ impl CoordinatorHandle {
                 continue;
             };
             b.usage = v.usage;
-            b.unpriced_model = v.unpriced_model.clone().filter(|_| b.calls > 0);
+            b.unpriced_model = v.unpriced_model.clone();
             let price = plan.as_ref().and_then(|p| {
                 let model = &p.branches.iter().find(|x| x.label == b.label)?.model;
                 p.models.get(model)?.price

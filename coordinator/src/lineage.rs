@@ -350,23 +350,26 @@ pub(crate) fn plan_child(
         .map(|i| log[i].clone())
         .collect();
     let copy = copy_plan(&log, cutoff);
-    // The files of the histories the parent was forked from come first: its copied prefix
-    // holds none of their changes (its fork snapshot does).
-    let inherited = inherited_file_changes(store, &parent)?;
-    let summary_history: Vec<&Event> = inherited
-        .iter()
-        .chain(history.iter().map(|(_, e)| e))
-        .collect();
     let (summary, wants_model_summary) = match o.summarize {
         None => (None, false),
-        Some(SummaryMode::Deterministic) => (
-            Some(deterministic_summary(
-                &req.parent.to_string(),
-                cutoff,
-                &summary_history,
-            )),
-            false,
-        ),
+        Some(SummaryMode::Deterministic) => {
+            // The files of the histories the parent was forked from come first: its
+            // copied prefix holds none of their changes (its fork snapshot does). Read
+            // only for a summary: a walk up the lineage, each ancestor's log.
+            let inherited = inherited_file_changes(store, &parent)?;
+            let summary_history: Vec<&Event> = inherited
+                .iter()
+                .chain(history.iter().map(|(_, e)| e))
+                .collect();
+            (
+                Some(deterministic_summary(
+                    &req.parent.to_string(),
+                    cutoff,
+                    &summary_history,
+                )),
+                false,
+            )
+        }
         Some(SummaryMode::Model) => (None, true),
     };
     let (at_cutoff, cutoff_manifest, version_blob) = workspace_at(store, &parent, &log, cutoff)?;

@@ -26,20 +26,9 @@ pub(crate) struct NamedRun {
     pub branch: Option<(ForkId, String)>,
 }
 
-/// Find the run `arg` names: `FORK/LABEL`, a run id, or a unique prefix of one.
+/// Find the run `arg` names (every way the client's `find_run` takes), with its fork and
+/// label when it is a fork's branch.
 pub(crate) async fn find_run(coord: &Client, arg: &str) -> anyhow::Result<NamedRun> {
-    if let Some((fork, label)) = arg.split_once('/') {
-        spec::check_label(label).map_err(|e| BadInput(format!("`{arg}`: {e}")))?;
-        let id = coord.find_fork(fork).await?;
-        let view = coord.fork(id).await?;
-        let Some(b) = view.branch(label) else {
-            return Err(render::no_branch(&view, label).into());
-        };
-        return Ok(NamedRun {
-            run: b.run_id,
-            branch: Some((id, label.to_string())),
-        });
-    }
     let run = coord.find_run(arg).await?;
     let detail = coord.run(run).await?;
     let branch = match (detail.run.fork_id, detail.run.label) {

@@ -67,8 +67,8 @@ pub struct BranchView {
     /// coordinator before this field.
     #[serde(default)]
     pub first_seq: u64,
-    /// Its model, when it is a provider's with no price: what its calls cost is unknown,
-    /// and `cost_usd` counts none of it.
+    /// Its model, when it is a provider's with no price and the branch made calls: what
+    /// they cost is unknown, and `cost_usd` counts none of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unpriced_model: Option<String>,
 }
@@ -118,9 +118,7 @@ impl ForkView {
     /// Whether a branch that made calls has a model with no price: the total is then a
     /// lower bound.
     pub fn cost_unknown(&self) -> bool {
-        self.branches
-            .iter()
-            .any(|b| b.unpriced_model.is_some() && b.turns > 0)
+        self.branches.iter().any(|b| b.unpriced_model.is_some())
     }
 
     pub fn total_cost_usd(&self) -> f64 {
